@@ -1,0 +1,31 @@
+"""Exceptions raised by drivers. Each carries enough context to print one clear line."""
+from __future__ import annotations
+
+
+class DeviceError(Exception):
+    """A device answered, but not with success (or not in a form we understand)."""
+
+
+class DeviceTimeout(DeviceError):
+    """No complete answer before the deadline. `partial` holds whatever did arrive."""
+
+    def __init__(self, message: str, partial: str = ""):
+        super().__init__(message if not partial else f"{message} (partial reply: {partial[-200:]!r})")
+        self.partial = partial
+
+
+class DeviceDenied(DeviceError):
+    """The device refused a command with its own error code (TL1 DENY, SCPI error queue)."""
+
+    def __init__(self, command: str, code: str, text: str = ""):
+        detail = f"{code}" + (f" ({text})" if text else "")
+        super().__init__(f"{command!r} denied by device: {detail}")
+        self.command, self.code, self.text = command, code, text
+
+
+class PortNotAllowed(DeviceError):
+    """A command would touch an OCS port that the inventory does not list. Nothing was sent."""
+
+
+class TransportClosed(DeviceError):
+    """The connection dropped; the caller may reconnect."""

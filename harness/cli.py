@@ -1,0 +1,42 @@
+"""`harness` command line. Each sub-command lives in its own module under harness/commands/ and exposes
+`register(subparsers)`; the module's parser sets `func(args) -> int`. Labs add commands by adding a module.
+
+Exit codes: 0 ok; 1 the run ran but a check failed; 2 bad input or usage.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import harness.commands
+from harness.errors import InputError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's default exits 2 too; keep its one-line style
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="harness", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for info in sorted(pkgutil.iter_modules(harness.commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"harness.commands.{info.name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        print(f"harness: {exc.format()}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("harness: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,40 @@
+"""The one event schema, end to end: emulator ground truth, recorded events, Parquet, analysis."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# Stage names are a contract (ARCHITECTURE.md).
+STAGES_UP = ("ocs_command_sent", "ocs_command_completed", "light_detected", "cdr_locked", "phy_up",
+             "port_active", "first_packet")
+STAGES_DOWN = ("light_lost", "port_down")
+STAGES = STAGES_UP + STAGES_DOWN + ("fault",)
+
+EVENT_COLUMNS = ("run_id", "cycle", "stage", "host", "device", "port", "ocs_port", "t_ns", "offset_ns",
+                 "uncertainty_ns", "source")
+GROUND_TRUTH_COLUMNS = ("cycle", "stage", "host", "port", "t_ns")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One timestamped stage. `t_ns` is on the harness clock (CLOCK_MONOTONIC), already corrected by
+    `offset_ns` (host clock minus harness clock) when it came from a host; the true time lies within
+    t_ns ± uncertainty_ns."""
+
+    run_id: str
+    cycle: int
+    stage: str
+    host: str
+    device: str
+    port: str
+    ocs_port: int
+    t_ns: int
+    offset_ns: int
+    uncertainty_ns: int
+    source: str
+
+    def __post_init__(self):
+        if self.stage not in STAGES:
+            raise ValueError(f"unknown stage {self.stage!r}; expected one of {', '.join(STAGES)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
