@@ -1,0 +1,444 @@
+"""The physical truth of the emulated bench: switch mirrors, fibres, NIC port state machines, host clocks.
+
+Protocol servers (TL1/SCPI, SSH hosts) are thin views over one `OpticalBench`. Every state change happens
+on one scheduler thread, so changes are totally ordered and their times are the times they became
+observable; each is appended to the ground-truth log on the harness clock (CLOCK_MONOTONIC).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable
+
+import numpy as np
+
+from devices.emulated.profile import Profile
+from devices.timing import now_ns
+
+WIRE_LATENCY_NS = 2_000  # fibre + serialisation of one probe frame
+DARK_DBM = -60.0
+
+
+class OcsCommandError(Exception):
+    """The switch refuses a command. `code` is a GR-831 error code, `text` the switch's comment."""
+
+    def __init__(self, code: str, text: str):
+        super().__init__(f"{code}: {text}")
+        self.code, self.text = code, text
+
+
+@dataclass(frozen=True)
+class NicModel:
+    host: str
+    netdev: str
+    rdma_dev: str
+    rdma_port: int
+    mac: str
+    ifindex: int
+    ocs_tx: int
+    ocs_rx: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}:{self.netdev}"
+
+
+@dataclass(frozen=True)
+class NicSnapshot:
+    rx_los: bool = True
+    rx_lol: bool = True
+    carrier: bool = False
+    phys_state: str = "Polling"
+    ib_state: str = "DOWN"
+    operstate: str = "down"
+    carrier_up_count: int = 0
+    carrier_down_count: int = 0
+    link_downed: int = 0
+    rx_power_dbm: float = DARK_DBM
+    speed_mbps: int = 400_000
+
+
+@dataclass(frozen=True)
+class NicChange:
+    t_ns: int
+    host: str
+    netdev: str
+    field: str
+    value: str
+
+
+@dataclass
+class _Port:
+    model: NicModel
+    state: NicSnapshot = field(default_factory=NicSnapshot)
+    gen: int = 0  # bumped on every light change; stale scheduled transitions check it
+    probe_interval_ns: int = 0
+    probe_t0_ns: int = 0
+    dp_gen: int = 0  # data-plane generation for first-packet scheduling
+    dp_up: bool = False
+    fault: str | None = None  # "never_up" | None
+
+
+@dataclass
+class _HostClock:
+    epoch_ns: int
+    offset_ns: int
+    drift_ppm: float
+    t0_ns: int
+    step_ns: int = 0
+
+    def at(self, mono_ns: int) -> int:
+        drift = int(self.drift_ppm * 1e-6 * (mono_ns - self.t0_ns))
+        return mono_ns + self.epoch_ns + self.offset_ns + self.step_ns + drift
+
+
+class OpticalBench:
+    """One N×M switch, `hosts × nics_per_host` NIC ports, each NIC's TX on an ingress and RX on an egress."""
+
+    def __init__(self, profile: Profile, seed: int = 0, host_prefix: str = "gpu"):
+        self.profile = profile
+        self._rng = np.random.default_rng(seed)
+        topo = profile.topology
+        self.ocs_size = topo.ocs_size
+        n_in = topo.ocs_size[0]
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._heap: list[tuple[int, int, Callable[[int], None]]] = []
+        self._seq = itertools.count()
+        self._patches: dict[int, int] = {}  # commanded: ingress -> egress
+        self._settled: dict[int, int] = {}  # mirrors in place: ingress -> egress
+        self._lit_egress: set[int] = set()
+        self._truth: list[dict] = []
+        self._subs: dict[str, list[Callable[[NicChange], None]]] = {}
+        self._pending: list[NicChange] = []
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.hosts = [f"{host_prefix}{h + 1}" for h in range(topo.hosts)]
+        self._ports: dict[tuple[str, str], _Port] = {}
+        epoch = time.time_ns() - time.monotonic_ns()
+        start = now_ns()
+        lo, hi = profile.clock_offset_ms
+        dlo, dhi = profile.drift_ppm
+        self._clocks = {h: _HostClock(epoch, int(self._rng.uniform(lo, hi) * 1e6), float(self._rng.uniform(dlo, dhi)),
+                                      start) for h in self.hosts}
+        for i in range(topo.nic_count):
+            h, j = divmod(i, topo.nics_per_host)
+            host = self.hosts[h]
+            model = NicModel(host=host, netdev=f"ens{j + 1}f0np0", rdma_dev=f"mlx5_{j}", rdma_port=1,
+                             mac=f"0c:42:a1:{h:02x}:{j:02x}:01", ifindex=3 + j, ocs_tx=i + 1, ocs_rx=n_in + i + 1)
+            self._ports[(host, model.netdev)] = _Port(model)
+        self._by_rx = {p.model.ocs_rx: p for p in self._ports.values()}
+        self._by_tx = {p.model.ocs_tx: p for p in self._ports.values()}
+        self._lit_ingress = set(self._by_tx)  # every NIC laser is on
+        for key in profile.faults.get("never_up") or []:
+            self._port_by_key(str(key)).fault = "never_up"
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "OpticalBench":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="optical-bench", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop:
+                    if self._heap:
+                        wait = (self._heap[0][0] - now_ns()) / 1e9
+                        if wait <= 0:
+                            break
+                        self._wake.wait(wait)
+                    else:
+                        self._wake.wait()
+                if self._stop:
+                    return
+                _, _, action = heapq.heappop(self._heap)
+                action(now_ns())
+                pending, self._pending = self._pending, []
+                subs = {h: list(cbs) for h, cbs in self._subs.items()}
+            for change in pending:  # outside the lock: a subscriber may read snapshots
+                for cb in subs.get(change.host, ()):
+                    cb(change)
+
+    def _at(self, due_ns: int, action: Callable[[int], None]) -> None:
+        """Schedule `action(t_now)` on the scheduler thread. Caller holds the lock."""
+        heapq.heappush(self._heap, (due_ns, next(self._seq), action))
+        self._wake.notify()
+
+    def _sample(self, delay) -> int:
+        return int(delay.sample(self._rng) * 1e9)
+
+    # ------------------------------------------------------------------ OCS view
+    def ocs_patches(self) -> dict[int, int]:
+        with self._lock:
+            return dict(self._patches)
+
+    def ocs_apply(self, adds: dict[int, int], removes: Iterable[int] = ()) -> int:
+        """Validate, then move mirrors. Returns the monotonic ns when every moved mirror has settled."""
+        removes = list(removes)
+        n, m = self.ocs_size
+        with self._lock:
+            for port in list(removes) + list(adds):
+                if not 1 <= port <= n:
+                    raise OcsCommandError("IIAC", f"Invalid ingress port {port}")
+            for egress in adds.values():
+                if not n < egress <= n + m:
+                    raise OcsCommandError("IIAC", f"Invalid egress port {egress}")
+            if len(set(removes)) != len(removes):
+                raise OcsCommandError("IDNV", "Port listed twice")
+            for ingress in removes:
+                if ingress not in self._patches:
+                    raise OcsCommandError("IDNV", f"No patch on port {ingress}")
+            remaining = {i: e for i, e in self._patches.items() if i not in set(removes)}
+            used_egress = set(remaining.values())
+            if len(set(adds.values())) != len(adds):
+                raise OcsCommandError("SROF", "Egress port used twice in one command")
+            for ingress, egress in adds.items():
+                if ingress in remaining:
+                    raise OcsCommandError("SROF", f"Port {ingress} already connected to {remaining[ingress]}")
+                if egress in used_egress:
+                    raise OcsCommandError("SROF", f"Port {egress} already connected")
+            t0 = now_ns()
+            dark = self._sample(self.profile.ocs["dark"])
+            for ingress in removes:
+                egress = self._patches.pop(ingress)
+                self._at(t0 + dark, lambda t, i=ingress, e=egress: self._mirror_away(t, i, e))
+            settle = t0
+            if adds:
+                base = self._sample(self.profile.ocs["switch"])
+                settle = t0 + base
+                for ingress, egress in adds.items():
+                    self._patches[ingress] = egress
+                    self._at(settle, lambda t, i=ingress, e=egress: self._mirror_settled(t, i, e))
+            return settle
+
+    def ocs_port_power(self, port: int) -> float:
+        n, _ = self.ocs_size
+        with self._lock:
+            if port <= n:
+                return 1.0 if port in self._lit_ingress else DARK_DBM
+            if port in self._lit_egress:
+                return -3.0 - 0.05 * (port % 7)  # a per-port insertion loss, stable across runs
+            return DARK_DBM
+
+    def _mirror_away(self, t: int, ingress: int, egress: int) -> None:
+        if self._settled.get(ingress) == egress:
+            del self._settled[ingress]
+        self._truth.append(dict(t_ns=t, stage="mirror_released", host="ocs", port=str(egress), ocs_port=egress))
+        self._set_light(t, egress, False)
+
+    def _mirror_settled(self, t: int, ingress: int, egress: int) -> None:
+        if self._patches.get(ingress) != egress:
+            return  # superseded before it settled
+        self._settled[ingress] = egress
+        self._truth.append(dict(t_ns=t, stage="mirror_settled", host="ocs", port=str(egress), ocs_port=egress))
+        self._set_light(t, egress, ingress in self._lit_ingress)
+
+    def _set_light(self, t: int, egress: int, on: bool) -> None:
+        was = egress in self._lit_egress
+        if on == was:
+            return
+        (self._lit_egress.add if on else self._lit_egress.discard)(egress)
+        port = self._by_rx.get(egress)
+        if port is not None:
+            self._light_changed(port, t, on)
+
+    # ------------------------------------------------------------------ NIC state machine
+    def _emit(self, port: _Port, t: int, stage: str | None, **changes) -> None:
+        old = port.state
+        port.state = replace(old, **changes)
+        fields = {"rx_los": "rx_los", "rx_lol": "rx_lol", "carrier": "carrier", "phys_state": "phys_state",
+                  "ib_state": "state", "operstate": "operstate"}
+        for attr, name in fields.items():
+            if attr in changes and getattr(old, attr) != changes[attr]:
+                value = changes[attr]
+                value = str(int(value)) if isinstance(value, bool) else str(value)
+                self._pending.append(NicChange(t, port.model.host, port.model.netdev, name, value))
+        if stage:
+            self._truth.append(dict(t_ns=t, stage=stage, host=port.model.host, port=port.model.netdev,
+                                    ocs_port=port.model.ocs_rx))
+
+    def _light_changed(self, port: _Port, t: int, on: bool) -> None:
+        port.gen += 1
+        gen = port.gen
+        delays = lambda stage: self._sample(self.profile.nic_delay(port.model.key, stage))  # noqa: E731
+        if on:
+            power = -3.0 - 0.05 * (port.model.ocs_rx % 7)
+
+            def los_clear(t, gen=gen):
+                if port.gen != gen:
+                    return
+                self._emit(port, t, "light_detected", rx_los=False, rx_power_dbm=power)
+                self._at(t + delays("cdr_lock"), cdr_lock)
+
+            def cdr_lock(t, gen=gen):
+                if port.gen != gen:
+                    return
+                self._emit(port, t, "cdr_locked", rx_lol=False)
+                if port.fault != "never_up":
+                    self._at(t + delays("phy_up"), phy_up)
+
+            def phy_up(t, gen=gen):
+                if port.gen != gen:
+                    return
+                self._emit(port, t, "phy_up", carrier=True, phys_state="LinkUp",
+                           carrier_up_count=port.state.carrier_up_count + 1)
+                self._at(t + delays("port_active"), port_active)
+
+            def port_active(t, gen=gen):
+                if port.gen != gen:
+                    return
+                self._emit(port, t, "port_active", ib_state="ACTIVE", operstate="up")
+                self._update_data_plane(t)
+
+            self._at(t + delays("los_clear"), los_clear)
+        else:
+            self._emit(port, t, "light_lost", rx_los=True, rx_lol=True, rx_power_dbm=DARK_DBM)
+            self._update_data_plane(t)
+
+            def link_down(t, gen=gen):
+                if port.gen != gen or not (port.state.carrier or port.state.ib_state != "DOWN"):
+                    return
+                had_carrier = port.state.carrier
+                self._emit(port, t, "port_down", carrier=False, phys_state="Polling", ib_state="DOWN",
+                           operstate="down",
+                           carrier_down_count=port.state.carrier_down_count + int(had_carrier),
+                           link_downed=(port.state.link_downed + int(had_carrier)) % 256)
+                self._update_data_plane(t)
+
+            self._at(t + delays("link_down"), link_down)
+
+    # ------------------------------------------------------------------ data plane (probes)
+    def _peer_of(self, port: _Port) -> _Port | None:
+        """The NIC whose transmitter currently lights this port's receiver."""
+        for ingress, egress in self._settled.items():
+            if egress == port.model.ocs_rx:
+                return self._by_tx.get(ingress)
+        return None
+
+    def _update_data_plane(self, t: int) -> None:
+        """Re-evaluate, for every receiving port, whether probes from its peer get through."""
+        for port in self._ports.values():
+            peer = self._peer_of(port) if port.model.ocs_rx in self._lit_egress else None
+            up = (peer is not None and peer.probe_interval_ns > 0 and port.state.ib_state == "ACTIVE"
+                  and peer.state.ib_state == "ACTIVE")
+            if up == port.dp_up:
+                continue
+            port.dp_up = up
+            port.dp_gen += 1
+            if up:
+                interval, t0 = peer.probe_interval_ns, peer.probe_t0_ns
+                seq = -(-(t - t0) // interval)  # first send tick at or after t
+                arrival = t0 + seq * interval + WIRE_LATENCY_NS
+                gen = port.dp_gen
+
+                def first(t_now, port=port, peer=peer, seq=seq, gen=gen):
+                    if port.dp_gen != gen:
+                        return
+                    self._pending.append(NicChange(t_now, port.model.host, port.model.netdev, "probe_first",
+                                                   f"{peer.model.mac} {seq}"))
+                    self._truth.append(dict(t_ns=t_now, stage="first_packet", host=port.model.host,
+                                            port=port.model.netdev, ocs_port=port.model.ocs_rx))
+
+                self._at(arrival, first)
+
+    def probe_start(self, host: str, netdev: str, interval_ns: int) -> None:
+        if interval_ns <= 0:
+            raise ValueError("probe interval must be > 0")
+        with self._lock:
+            port = self._port(host, netdev)
+            port.probe_interval_ns, port.probe_t0_ns = int(interval_ns), now_ns()
+            self._at(now_ns(), self._update_data_plane)
+
+    def probe_stop(self, host: str, netdev: str) -> None:
+        with self._lock:
+            self._port(host, netdev).probe_interval_ns = 0
+            self._at(now_ns(), self._update_data_plane)
+
+    # ------------------------------------------------------------------ host view
+    def _port(self, host: str, netdev: str) -> _Port:
+        try:
+            return self._ports[(host, netdev)]
+        except KeyError:
+            raise KeyError(f"no NIC {netdev} on host {host}") from None
+
+    def _port_by_key(self, key: str) -> _Port:
+        host, _, netdev = key.partition(":")
+        return self._port(host, netdev)
+
+    def nic_ports(self, host: str) -> list[NicModel]:
+        return [p.model for (h, _), p in self._ports.items() if h == host]
+
+    def all_nic_ports(self) -> list[NicModel]:
+        return [p.model for p in self._ports.values()]
+
+    def nic_snapshot(self, host: str, netdev: str) -> NicSnapshot:
+        with self._lock:
+            return self._port(host, netdev).state
+
+    def host_time(self, host: str, mono_ns: int) -> int:
+        return self._clocks[host].at(mono_ns)
+
+    def host_clock_ns(self, host: str) -> int:
+        return self._clocks[host].at(now_ns())
+
+    def host_clock_params(self, host: str) -> dict:
+        c = self._clocks[host]
+        return {"offset_ns": c.offset_ns + c.step_ns, "drift_ppm": c.drift_ppm, "t0_ns": c.t0_ns,
+                "epoch_ns": c.epoch_ns}
+
+    def step_host_clock(self, host: str, delta_ns: int) -> None:
+        """Fault injection: the host's clock jumps (an NTP step)."""
+        with self._lock:
+            self._clocks[host].step_ns += int(delta_ns)
+            self._truth.append(dict(t_ns=now_ns(), stage="clock_step", host=host, port="", ocs_port=0))
+
+    def set_port_fault(self, host: str, netdev: str, fault: str | None) -> None:
+        """Fault injection: "never_up" keeps the PHY from training after CDR lock."""
+        if fault not in (None, "never_up"):
+            raise ValueError(f"unknown port fault {fault!r}")
+        with self._lock:
+            self._port(host, netdev).fault = fault
+
+    def subscribe(self, host: str, callback: Callable[[NicChange], None]) -> Callable[[], None]:
+        with self._lock:
+            self._subs.setdefault(host, []).append(callback)
+
+        def unsubscribe():
+            with self._lock:
+                if callback in self._subs.get(host, []):
+                    self._subs[host].remove(callback)
+
+        return unsubscribe
+
+    def ground_truth(self) -> list[dict]:
+        with self._lock:
+            return list(self._truth)
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Block until no transition is scheduled (for tests)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self._lock:
+                if not self._heap:
+                    return True
+            time.sleep(0.001)
+        return False
