@@ -1,0 +1,42 @@
+"""`harness validate FILE...`: check inventories and playbooks without touching any hardware."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from harness.config import bench_from_data, discover_steps, load_yaml, looks_like, playbook_from_data
+from harness.errors import InputError
+
+
+def describe_file(path: str) -> str:
+    """Validate one file; return a one-line description, raise InputError on the first problem."""
+    loaded = load_yaml(path)
+    kind = looks_like(loaded.data)
+    if kind == "inventory":
+        bench = bench_from_data(loaded.data, path)
+        return (f"inventory {bench.name!r}: {len(bench.ocs)} OCS, {len(bench.hosts)} hosts, "
+                f"{len(bench.nic_ports)} NIC ports{', emulated' if bench.emulated else ''}")
+    if kind == "playbook":
+        playbook = playbook_from_data(loaded, path, discover_steps())
+        return (f"playbook {playbook.name!r}: {len(playbook.steps)} steps, {playbook.cycles} cycles, "
+                f"bench {playbook.bench}")
+    raise InputError("cannot tell what this is: an inventory has 'bench', 'ocs' and 'hosts'; a playbook "
+                     "has 'steps'", path, loaded.data.line)
+
+
+def run(args: argparse.Namespace) -> int:
+    status = 0
+    for path in args.files:
+        try:
+            print(f"{path}: ok ({describe_file(path)})")
+        except InputError as exc:
+            print(f"harness: {exc.format()}", file=sys.stderr)
+            status = 2
+    return status
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("validate", help="check inventory and playbook files",
+                                   description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", metavar="FILE", help="inventory or playbook YAML")
+    parser.set_defaults(func=run)
