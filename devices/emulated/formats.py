@@ -1,0 +1,362 @@
+"""Renderers of real tool output from emulated NIC state (formats: shared spec protocols.md §2–§4).
+
+Pure functions of (NicModel-like, NicSnapshot-like, host time) -> text, byte-for-byte in the layout the
+real tools print (TABs, column widths, trailing newlines), so that the parsers in devices/parsers read the
+emulator exactly as they read a bench. Inputs are duck-typed: anything with the NicModel / NicSnapshot
+attributes works (unit tests use tiny stand-ins).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Iterable, Protocol, Sequence
+
+
+class NicModelLike(Protocol):
+    netdev: str
+    rdma_dev: str
+    rdma_port: int
+    mac: str
+    ifindex: int
+
+
+class NicSnapshotLike(Protocol):
+    rx_los: bool
+    rx_lol: bool
+    carrier: bool
+    phys_state: str
+    ib_state: str
+    operstate: str
+    carrier_up_count: int
+    carrier_down_count: int
+    link_downed: int
+    rx_power_dbm: float
+    speed_mbps: int
+
+
+IB_STATE_CODES = {"NOP": 0, "DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5}
+IB_PHYS_CODES = {"Sleep": 1, "Polling": 2, "Disabled": 3, "PortConfigurationTraining": 4, "LinkUp": 5,
+                 "LinkErrorRecovery": 6, "Phy Test": 7}
+RDMA_PHYS_WORDS = {"Sleep": "SLEEP", "Polling": "POLLING", "Disabled": "DISABLED",
+                   "PortConfigurationTraining": "ARMED", "LinkUp": "LINK_UP",
+                   "LinkErrorRecovery": "LINK_ERROR_RECOVER", "Phy Test": "PHY_TEST"}
+# Per-lane signalling of common IB/RoCE speeds: total Gb/s -> (width, speed name).
+IB_RATES = {400: (4, "NDR"), 200: (4, "HDR"), 100: (4, "EDR"), 56: (4, "FDR"), 40: (4, "QDR"),
+            50: (2, "HDR"), 25: (1, "EDR"), 10: (1, "QDR")}
+MODULE_LANES = 4
+MTU = 9000
+
+
+# ---------------------------------------------------------------- sysfs
+
+
+def sysfs_ib_state(snapshot: NicSnapshotLike) -> str:
+    """`/sys/class/infiniband/<dev>/ports/<n>/state`: `"%d: %s\\n"`."""
+    return f"{IB_STATE_CODES.get(snapshot.ib_state, 0)}: {snapshot.ib_state}\n"
+
+
+def sysfs_ib_phys_state(snapshot: NicSnapshotLike) -> str:
+    """`/sys/class/infiniband/<dev>/ports/<n>/phys_state`: `"%u: %s\\n"`."""
+    return f"{IB_PHYS_CODES.get(snapshot.phys_state, 0)}: {snapshot.phys_state}\n"
+
+
+def sysfs_ib_rate(speed_mbps: int) -> str:
+    """`/sys/class/infiniband/<dev>/ports/<n>/rate`: `"%d%s Gb/sec (%dX%s)\\n"`."""
+    gbps = speed_mbps // 1000
+    width, name = IB_RATES.get(gbps, (1, ""))
+    return f"{gbps} Gb/sec ({width}X{' ' + name if name else ''})\n"
+
+
+def sysfs_net_file(snapshot: NicSnapshotLike, model: NicModelLike, name: str) -> str | None:
+    """Contents of `/sys/class/net/<if>/<name>`, or None when the emulator does not provide that file."""
+    values = {
+        "carrier": str(int(snapshot.carrier)),
+        "operstate": snapshot.operstate,
+        "carrier_changes": str(snapshot.carrier_up_count + snapshot.carrier_down_count),
+        "carrier_up_count": str(snapshot.carrier_up_count),
+        "carrier_down_count": str(snapshot.carrier_down_count),
+        "address": model.mac,
+        "ifindex": str(model.ifindex),
+        "mtu": str(MTU),
+        "speed": str(snapshot.speed_mbps if snapshot.carrier else -1),
+    }
+    value = values.get(name)
+    return None if value is None else value + "\n"
+
+
+def sysfs_ib_port_file(snapshot: NicSnapshotLike, name: str) -> str | None:
+    """Contents of `/sys/class/infiniband/<dev>/ports/<n>/<name>` (None if not emulated)."""
+    if name == "state":
+        return sysfs_ib_state(snapshot)
+    if name == "phys_state":
+        return sysfs_ib_phys_state(snapshot)
+    if name == "rate":
+        return sysfs_ib_rate(snapshot.speed_mbps)
+    if name == "link_layer":
+        return "Ethernet\n"
+    if name == "counters/link_downed":
+        return f"{snapshot.link_downed & 0xFF}\n"
+    if name == "counters/link_error_recovery":
+        return "0\n"
+    return None
+
+
+# ---------------------------------------------------------------- iproute2
+
+
+def ip_stamp(host_ns: int) -> str:
+    """`-ts` prefix: `[%Y-%m-%dT%H:%M:%S.%06ld] ` in local time."""
+    seconds, rest = divmod(host_ns, 1_000_000_000)
+    return time.strftime("[%Y-%m-%dT%H:%M:%S", time.localtime(seconds)) + f".{rest // 1000:06d}] "
+
+
+def _link_flags(carrier: bool) -> str:
+    return "<BROADCAST,MULTICAST,UP,LOWER_UP>" if carrier else "<NO-CARRIER,BROADCAST,MULTICAST,UP>"
+
+
+def ip_link_lines(model: NicModelLike, carrier: bool, operstate: str, *, oneline: bool,
+                  monitor: bool, host_ns: int | None = None) -> str:
+    """One link as `ip link` (monitor=False) or `ip monitor link` (monitor=True) prints it.
+
+    `ip link` adds `mode DEFAULT … qlen 1000`; the monitor event does not. `-o` joins the address line
+    with a backslash; `-ts` (host_ns given) prefixes the event line.
+    """
+    head = f"{model.ifindex}: {model.netdev}: {_link_flags(carrier)} mtu {MTU} qdisc mq state {operstate.upper()}"
+    head += " group default" if monitor else " mode DEFAULT group default qlen 1000"
+    address = f"    link/ether {model.mac} brd ff:ff:ff:ff:ff:ff"
+    prefix = ip_stamp(host_ns) if host_ns is not None else ""
+    if oneline:
+        return f"{prefix}{head}\\{address}\n"
+    return f"{prefix}{head}\n{address}\n"
+
+
+def ip_o_link(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> str:
+    """`ip -o link`: loopback first, then every NIC port."""
+    lines = ["1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT group default "
+             "qlen 1000\\    link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00\n"]
+    for model, snapshot in ports:
+        lines.append(ip_link_lines(model, snapshot.carrier, snapshot.operstate, oneline=True, monitor=False))
+    return "".join(lines)
+
+
+def rdma_link(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]], *, as_json: bool) -> str:
+    """`rdma link` (iproute2 rdma/link.c) as text or, with `-j`, as one JSON array line."""
+    if as_json:
+        records = [{"ifindex": i, "ifname": m.rdma_dev, "port": m.rdma_port, "state": s.ib_state,
+                    "physical_state": RDMA_PHYS_WORDS.get(s.phys_state, "UNKNOWN"), "netdev": m.netdev,
+                    "netdev_index": m.ifindex} for i, (m, s) in enumerate(ports)]
+        return json.dumps(records, separators=(",", ":")) + "\n"
+    return "".join(f"link {m.rdma_dev}/{m.rdma_port} state {s.ib_state} physical_state "
+                   f"{RDMA_PHYS_WORDS.get(s.phys_state, 'UNKNOWN')} netdev {m.netdev}\n" for m, s in ports)
+
+
+# ---------------------------------------------------------------- ethtool
+
+
+def ethtool(model: NicModelLike, snapshot: NicSnapshotLike) -> str:
+    """`ethtool <if>`: `Settings for IF:` then TAB-indented fields (ethtool.c)."""
+    speed = f"{snapshot.speed_mbps}Mb/s" if snapshot.carrier else "Unknown!"
+    duplex = "Full" if snapshot.carrier else "Unknown! (255)"
+    modes = "400000baseCR4/Full" if snapshot.speed_mbps >= 400_000 else f"{snapshot.speed_mbps}baseCR4/Full"
+    return (f"Settings for {model.netdev}:\n"
+            f"\tSupported ports: [ FIBRE ]\n"
+            f"\tSupported link modes:   {modes}\n"
+            f"\tSupported pause frame use: Symmetric\n"
+            f"\tSupports auto-negotiation: Yes\n"
+            f"\tSupported FEC modes: RS\n"
+            f"\tAdvertised link modes:  {modes}\n"
+            f"\tAdvertised pause frame use: Symmetric\n"
+            f"\tAdvertised auto-negotiation: Yes\n"
+            f"\tAdvertised FEC modes: RS\n"
+            f"\tSpeed: {speed}\n"
+            + (f"\tLanes: {MODULE_LANES}\n" if snapshot.carrier else "")
+            + f"\tDuplex: {duplex}\n"
+            f"\tAuto-negotiation: on\n"
+            f"\tPort: FIBRE\n"
+            f"\tPHYAD: 0\n"
+            f"\tTransceiver: internal\n"
+            f"\tSupports Wake-on: d\n"
+            f"\tWake-on: d\n"
+            f"\tLink detected: {'yes' if snapshot.carrier else 'no'}\n")
+
+
+def _module_line(name: str, value: str) -> str:
+    return f"\t{name:<41} : {value}\n"
+
+
+def _lanes(flagged: bool) -> str:
+    return "[ " + ", ".join(["Yes"] * MODULE_LANES) + " ]" if flagged else "None"
+
+
+def ethtool_module(snapshot: NicSnapshotLike, *, rx_los: bool | None = None, rx_lol: bool | None = None) -> str:
+    """`ethtool -m <if>` of a QSFP112 module (SFF-8636 layout, `\\t%-41s : ` records).
+
+    `rx_los` / `rx_lol` override the snapshot with the latched flags (clear-on-read on real modules).
+    """
+    los = snapshot.rx_los if rx_los is None else rx_los
+    lol = snapshot.rx_lol if rx_lol is None else rx_lol
+    dbm = snapshot.rx_power_dbm
+    mw = 10 ** (dbm / 10) if dbm > -40 else 0.0
+    power_dbm = f"{10 * math.log10(mw):.2f}" if mw > 0 else "-inf"
+    out = [
+        _module_line("Identifier", "0x11 (QSFP28)"),
+        _module_line("Extended identifier", "0xcf"),
+        _module_line("Connector", "0x0c (MPO Parallel Optic)"),
+        _module_line("Vendor name", "NVIDIA"),
+        _module_line("Vendor PN", "MMA4Z00-NS400"),
+        _module_line("Module temperature", "45.00 degrees C / 113.00 degrees F"),
+        _module_line("Module voltage", "3.3000 V"),
+    ]
+    for lane in range(1, MODULE_LANES + 1):
+        out.append(_module_line(f"Rcvr signal avg optical power(Channel {lane})", f"{mw:.4f} mW / {power_dbm} dBm"))
+    out += [
+        _module_line("Rx loss of signal", _lanes(los)),
+        _module_line("Tx loss of signal", "None"),
+        _module_line("Rx loss of lock", _lanes(lol)),
+        _module_line("Tx loss of lock", "None"),
+        _module_line("Tx fault", "None"),
+        _module_line("Tx adaptive eq fault", "None"),
+    ]
+    return "".join(out)
+
+
+# ---------------------------------------------------------------- mlxlink
+
+
+def _mlx_record(key: str, value: str) -> str:
+    return key + ": ".rjust(37 - len(key)) + value + "\n"
+
+
+def _mlx_section(title: str, records: Sequence[tuple[str, str]]) -> str:
+    return title + "\n" + "-" * len(title) + "\n" + "".join(_mlx_record(k, v) for k, v in records)
+
+
+def mlxlink(model: NicModelLike, snapshot: NicSnapshotLike) -> str:
+    """`mlxlink -d <dev>`: Operational Info and Troubleshooting Info (mstflint mlxlink layout)."""
+    up = snapshot.phys_state == "LinkUp"
+    if up and snapshot.ib_state == "ACTIVE":
+        state, phys = "Active", "LinkUp"
+    elif up:
+        state, phys = "Physical LinkUp", "LinkUp"
+    elif snapshot.phys_state == "Disabled":
+        state, phys = "Disable", "N/A"
+    elif snapshot.rx_los:
+        state, phys = "Polling", "ETH_AN_FSM_ENABLE"
+    else:
+        state, phys = "Training", "ETH_AN_FSM_LINK_TRAINING"
+    speed = f"{snapshot.speed_mbps // 1000}G" if up else "N/A"
+    if up:
+        opcode, advice = "0", "No issue was observed"
+    elif snapshot.rx_los:
+        opcode, advice = "57", "signal not detected"
+    else:
+        opcode, advice = "0", "No issue was observed"
+    operational = [("State", state), ("Physical state", phys), ("Speed", speed),
+                   ("Width", f"{MODULE_LANES}x" if up else "N/A"),
+                   ("FEC", "Standard_RS-FEC - (544,514)" if up else "N/A"),
+                   ("Loopback Mode", "No Loopback"), ("Auto Negotiation", "ON")]
+    trouble = [("Status Opcode", opcode), ("Group Opcode", "N/A"), ("Recommendation", advice)]
+    return _mlx_section("Operational Info", operational) + "\n" + _mlx_section("Troubleshooting Info", trouble)
+
+
+# ---------------------------------------------------------------- nvidia-smi
+
+
+@dataclass(frozen=True)
+class EmulatedGpu:
+    index: int
+    name: str = "NVIDIA H100 80GB HBM3"
+    memory_total_mib: int = 81559
+    memory_used_mib: int = 0
+    utilization_gpu: int = 0
+    utilization_memory: int = 0
+    temperature_c: int = 31
+    power_draw_w: float = 69.87
+    power_limit_w: float = 700.0
+    clocks_sm_mhz: int = 1980
+    driver_version: str = "550.54.15"
+    pstate: str = "P0"
+
+    @property
+    def uuid(self) -> str:
+        return f"GPU-{self.index:08x}-0000-4000-8000-{self.index:012x}"
+
+    @property
+    def pci_bus_id(self) -> str:
+        return f"00000000:{0x18 + 0x10 * self.index:02X}:00.0"
+
+
+# field -> (unit or None, value getter)
+GPU_FIELDS = {
+    "index": (None, lambda g, t: str(g.index)),
+    "name": (None, lambda g, t: g.name),
+    "uuid": (None, lambda g, t: g.uuid),
+    "pci.bus_id": (None, lambda g, t: g.pci_bus_id),
+    "driver_version": (None, lambda g, t: g.driver_version),
+    "pstate": (None, lambda g, t: g.pstate),
+    "timestamp": (None, lambda g, t: nvidia_timestamp(t)),
+    "temperature.gpu": (None, lambda g, t: str(g.temperature_c)),
+    "utilization.gpu": ("%", lambda g, t: str(g.utilization_gpu)),
+    "utilization.memory": ("%", lambda g, t: str(g.utilization_memory)),
+    "memory.total": ("MiB", lambda g, t: str(g.memory_total_mib)),
+    "memory.used": ("MiB", lambda g, t: str(g.memory_used_mib)),
+    "memory.free": ("MiB", lambda g, t: str(g.memory_total_mib - g.memory_used_mib)),
+    "power.draw": ("W", lambda g, t: f"{g.power_draw_w:.2f}"),
+    "power.limit": ("W", lambda g, t: f"{g.power_limit_w:.2f}"),
+    "clocks.sm": ("MHz", lambda g, t: str(g.clocks_sm_mhz)),
+    "fan.speed": ("%", lambda g, t: "[N/A]"),
+}
+
+
+def nvidia_timestamp(host_ns: int) -> str:
+    """`YYYY/MM/DD HH:MM:SS.mmm` in local time."""
+    seconds, rest = divmod(host_ns, 1_000_000_000)
+    return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(seconds)) + f".{rest // 1_000_000:03d}"
+
+
+def nvidia_smi_query(gpus: Sequence[EmulatedGpu], fields: Sequence[str], host_ns: int, *,
+                     header: bool, units: bool) -> str:
+    """`nvidia-smi --query-gpu=FIELDS --format=csv[,noheader][,nounits]`. Unknown fields: KeyError."""
+    specs = [GPU_FIELDS[f] for f in fields]
+    lines = []
+    if header:
+        lines.append(", ".join(f"{f} [{u}]" if u else f for f, (u, _) in zip(fields, specs)))
+    for gpu in gpus:
+        cells = []
+        for unit, get in specs:
+            value = get(gpu, host_ns)
+            cells.append(f"{value} {unit}" if units and unit and not value.startswith("[") else value)
+        lines.append(", ".join(cells))
+    return "".join(line + "\n" for line in lines)
+
+
+# ---------------------------------------------------------------- clocks
+
+
+def date_ns(host_ns: int) -> str:
+    """`date +%s.%N`."""
+    seconds, rest = divmod(host_ns, 1_000_000_000)
+    return f"{seconds}.{rest:09d}\n"
+
+
+def chronyc_tracking(offset_s: float, freq_ppm: float, *, ref_id: str = "7F7F0101",
+                     ref_name: str = "ntp1.example", stratum: int = 3) -> str:
+    """`chronyc tracking` (chrony client.c). `offset_s` > 0: system clock ahead ("fast")."""
+    def seconds(x: float) -> str:
+        return f"{abs(x):.9f} seconds"
+
+    return (f"Reference ID    : {ref_id} ({ref_name})\n"
+            f"Stratum         : {stratum}\n"
+            f"Ref time (UTC)  : Thu May 01 10:00:00 2025\n"
+            f"System time     : {seconds(offset_s)} {'fast' if offset_s >= 0 else 'slow'} of NTP time\n"
+            f"Last offset     : {-offset_s:+.9f} seconds\n"
+            f"RMS offset      : {abs(offset_s):.9f} seconds\n"
+            f"Frequency       : {abs(freq_ppm):.3f} ppm {'fast' if freq_ppm >= 0 else 'slow'}\n"
+            f"Residual freq   : +0.001 ppm\n"
+            f"Skew            : 0.020 ppm\n"
+            f"Root delay      : 0.000345678 seconds\n"
+            f"Root dispersion : 0.000123456 seconds\n"
+            f"Update interval : 64.2 seconds\n"
+            f"Leap status     : Normal\n")

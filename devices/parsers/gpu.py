@@ -1,0 +1,79 @@
+"""Parser of `nvidia-smi --query-gpu=FIELDS --format=csv[,noheader][,nounits]` (spec protocols.md §3.1)."""
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+
+from devices.parsers.common import ParseError
+
+GpuValue = int | float | str | None  # None for [N/A] / [Not Supported]
+
+_NOT_AVAILABLE = ("[N/A]", "[Not Supported]", "N/A", "[Unknown Error]")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_HEADER_FIELD = re.compile(r"([^\[\]]+?)(?: \[([^\]]+)\])?")
+
+
+@dataclass(frozen=True)
+class GpuQuery:
+    """Rows of a `--query-gpu` answer. `fields` as queried; `units` from the header (None if unitless
+    or not printed); each row holds typed values (numbers without their unit, None when unsupported)."""
+
+    fields: tuple[str, ...]
+    units: tuple[str | None, ...]
+    rows: tuple[tuple[GpuValue, ...], ...]
+
+    def records(self) -> list[dict[str, GpuValue]]:
+        return [dict(zip(self.fields, row)) for row in self.rows]
+
+    def column(self, field: str) -> list[GpuValue]:
+        i = self.fields.index(field)
+        return [row[i] for row in self.rows]
+
+
+def _value(raw: str, unit: str | None) -> GpuValue:
+    text = raw.strip()
+    if text in _NOT_AVAILABLE:
+        return None
+    if unit and text.endswith(" " + unit):
+        text = text[: -len(unit) - 1]
+    elif not unit:
+        # `nounits` plus `noheader`: the unit is unknown, but a lone trailing unit word still goes
+        number, _, tail = text.partition(" ")
+        if _NUMBER.fullmatch(number) and tail in ("MiB", "%", "W", "MHz", "C"):
+            text = number
+    if _NUMBER.fullmatch(text):
+        return int(text) if re.fullmatch(r"-?\d+", text) else float(text)
+    return text
+
+
+def parse_nvidia_smi_csv(text: str, fields: list[str] | tuple[str, ...] | None = None, *,
+                         header: bool = True) -> GpuQuery:
+    """Parse the CSV answer. With `header=False` (`noheader`), pass the queried `fields` (their order is
+    the column order); with a header, `fields` (if given) must match it."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    units: list[str | None]
+    if header:
+        if not lines:
+            raise ParseError("a CSV header 'field [unit], ...' (nvidia-smi)", text)
+        names, units = [], []
+        for cell in lines[0].split(", "):
+            m = _HEADER_FIELD.fullmatch(cell.strip())
+            if not m:
+                raise ParseError("a header cell 'field' or 'field [unit]'", cell)
+            names.append(m.group(1))
+            units.append(m.group(2))
+        if fields is not None and list(fields) != names:
+            raise ParseError(f"header fields {list(fields)}", lines[0])
+        lines = lines[1:]
+    else:
+        if not fields:
+            raise ParseError("the queried field list (needed with noheader)", text)
+        names, units = list(fields), [None] * len(fields)
+    rows = []
+    for line in lines:
+        cells = next(csv.reader([line], skipinitialspace=True))
+        if len(cells) != len(names):
+            raise ParseError(f"{len(names)} comma-separated values ({', '.join(names)})", line)
+        rows.append(tuple(_value(cell, unit) for cell, unit in zip(cells, units)))
+    return GpuQuery(tuple(names), tuple(units), tuple(rows))

@@ -1,0 +1,404 @@
+"""Parsers of NIC port state as Linux tools print it (formats: shared spec protocols.md §2).
+
+sysfs (`/sys/class/infiniband/<dev>/ports/<n>/…`, `/sys/class/net/<if>/…`), `ip -ts monitor link`,
+`ip -o link`, `rdma link` (text and `-j`), `ethtool <if>`, `ethtool -m` lane flags, `mlxlink -d`.
+"""
+from __future__ import annotations
+
+import calendar
+import json
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from devices.parsers.common import ParseError, single_line
+
+# Kernel drivers/infiniband/core/sysfs.c word tables (index = numeric code).
+IB_STATES = ("NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER")
+IB_PHYS_STATES = ("<unknown>", "Sleep", "Polling", "Disabled", "PortConfigurationTraining", "LinkUp",
+                  "LinkErrorRecovery", "Phy Test")
+OPERSTATES = ("unknown", "notpresent", "down", "lowerlayerdown", "testing", "dormant", "up")
+# iproute2 rdma/link.c physical_state words; index 4 prints ARMED (an upstream quirk).
+RDMA_PHYS_STATES = ("NOP", "SLEEP", "POLLING", "DISABLED", "ARMED", "LINK_UP", "LINK_ERROR_RECOVER",
+                    "PHY_TEST")
+
+
+# ---------------------------------------------------------------- sysfs
+
+
+@dataclass(frozen=True)
+class IbPortState:
+    """`/sys/class/infiniband/<dev>/ports/<n>/state` or `phys_state`: `4: ACTIVE`, `5: LinkUp`."""
+
+    code: int
+    name: str
+
+
+@dataclass(frozen=True)
+class IbRate:
+    """`/sys/class/infiniband/<dev>/ports/<n>/rate`: `400 Gb/sec (4X NDR)`."""
+
+    gbps: float
+    width: int
+    speed: str  # SDR, QDR, EDR, HDR, NDR, ... ('' when the kernel prints none)
+
+    @property
+    def mbps(self) -> int:
+        return round(self.gbps * 1000)
+
+
+_CODE_WORD = re.compile(r"(\d+): (.+)")
+
+
+def _code_word(text: str, what: str, words: tuple[str, ...]) -> IbPortState:
+    line = single_line(text, what)
+    m = _CODE_WORD.fullmatch(line)
+    if not m:
+        raise ParseError(f"'<code>: <word>' ({what})", text)
+    code, name = int(m.group(1)), m.group(2)
+    known = words[code] if code < len(words) else None
+    if known is not None and known != name:
+        raise ParseError(f"{what} code {code} to read {known!r}", text)
+    if known is None and name != "UNKNOWN":
+        raise ParseError(f"{what} word for code {code}", text)
+    return IbPortState(code, name)
+
+
+def parse_ib_state(text: str) -> IbPortState:
+    """`4: ACTIVE` -> IbPortState(4, 'ACTIVE')."""
+    return _code_word(text, "IB port state", IB_STATES)
+
+
+def parse_ib_phys_state(text: str) -> IbPortState:
+    """`5: LinkUp` -> IbPortState(5, 'LinkUp')."""
+    return _code_word(text, "IB port phys_state", IB_PHYS_STATES)
+
+
+_RATE = re.compile(r"(\d+(?:\.\d+)?) Gb/sec \((\d+)X ?([A-Z0-9]*)\)")
+
+
+def parse_ib_rate(text: str) -> IbRate:
+    """`400 Gb/sec (4X NDR)` -> IbRate(400.0, 4, 'NDR')."""
+    line = single_line(text, "IB port rate")
+    m = _RATE.fullmatch(line)
+    if not m:
+        raise ParseError("'<n> Gb/sec (<w>X <speed>)'", text)
+    return IbRate(float(m.group(1)), int(m.group(2)), m.group(3))
+
+
+def parse_sysfs_int(text: str) -> int:
+    """A `%d\\n` sysfs counter such as carrier_changes, carrier_up_count, counters/link_downed."""
+    line = single_line(text, "an integer sysfs value")
+    try:
+        return int(line)
+    except ValueError:
+        raise ParseError("a decimal integer", text) from None
+
+
+def parse_carrier(text: str) -> bool:
+    """`/sys/class/net/<if>/carrier`: `1` -> True, `0` -> False."""
+    line = single_line(text, "carrier")
+    if line not in ("0", "1"):
+        raise ParseError("carrier '0' or '1'", text)
+    return line == "1"
+
+
+def parse_operstate(text: str) -> str:
+    """`/sys/class/net/<if>/operstate`: one of OPERSTATES."""
+    line = single_line(text, "operstate")
+    if line not in OPERSTATES:
+        raise ParseError(f"operstate in {OPERSTATES}", text)
+    return line
+
+
+# ---------------------------------------------------------------- iproute2 link lines
+
+
+@dataclass(frozen=True)
+class IpLink:
+    """One link as `ip link` / `ip monitor link` prints it."""
+
+    ifindex: int
+    ifname: str
+    flags: frozenset[str]
+    mtu: int | None
+    operstate: str  # upper case as printed: UP, DOWN, LOWERLAYERDOWN, UNKNOWN, ...
+    mac: str | None
+    peer: str | None = None  # the part after '@' (e.g. 'if2' of a veth)
+    deleted: bool = False
+    stamp: datetime | None = None  # `-ts` prefix: the host's *local* time, µs resolution, naive
+
+    @property
+    def carrier(self) -> bool:
+        """Carrier as the flags show it (`LOWER_UP` present, `NO-CARRIER` absent)."""
+        return "LOWER_UP" in self.flags and "NO-CARRIER" not in self.flags
+
+    def stamp_ns(self, utc_offset_s: int | None = None) -> int:
+        """The `-ts` stamp as Unix ns. `utc_offset_s` is the host's offset from UTC (seconds east);
+        None means the local time zone of this process (right for emulated hosts on this machine)."""
+        if self.stamp is None:
+            raise ParseError("an event with a -ts timestamp", self.ifname)
+        tt = self.stamp.timetuple()
+        if utc_offset_s is None:
+            seconds = int(time.mktime(tt[:8] + (-1,)))
+        else:
+            seconds = calendar.timegm(tt) - utc_offset_s
+        return seconds * 1_000_000_000 + self.stamp.microsecond * 1000
+
+
+_TS = re.compile(r"\[(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})\.(\d{6})\] ")
+_LINK_HEAD = re.compile(r"(Deleted )?(\d+): ([^:@\s]+)(?:@([^:\s]+))?: <([^>]*)>(.*)")
+_MAC = re.compile(r"link/\S+ ([0-9a-f]{2}(?::[0-9a-f]{2})+)")
+
+
+def _parse_link_text(text: str, what: str, stamp: datetime | None) -> IpLink:
+    m = _LINK_HEAD.match(text)
+    if not m:
+        raise ParseError(f"{what}: 'N: IFNAME: <FLAGS> ...'", text)
+    deleted, ifindex, ifname, peer, flags, rest = m.groups()
+    words = rest.split()
+    attrs: dict[str, str] = {}
+    for i, word in enumerate(words[:-1]):
+        if word in ("mtu", "state", "qdisc"):
+            attrs[word] = words[i + 1]
+    if "state" not in attrs:
+        raise ParseError(f"{what} with 'state <OPERSTATE>'", text)
+    try:
+        mtu = int(attrs["mtu"]) if "mtu" in attrs else None
+    except ValueError:
+        raise ParseError(f"{what} with an integer mtu", text) from None
+    mac = _MAC.search(rest)
+    return IpLink(ifindex=int(ifindex), ifname=ifname, flags=frozenset(f for f in flags.split(",") if f),
+                  mtu=mtu, operstate=attrs["state"], mac=mac.group(1) if mac else None, peer=peer,
+                  deleted=bool(deleted), stamp=stamp)
+
+
+def parse_ip_link_oneline(text: str) -> list[IpLink]:
+    """`ip -o link [show]` output: one link per line (continuations joined with a backslash)."""
+    links = []
+    for line in text.splitlines():
+        if line.strip():
+            links.append(_parse_link_text(line.replace("\\", " "), "an 'ip -o link' line", None))
+    return links
+
+
+def parse_ip_monitor_line(line: str) -> IpLink | None:
+    """One line of `ip [-ts] [-o] monitor link`. Returns None for a continuation line
+    (`    link/ether …`) of the multi-line form; those carry only the address."""
+    body = line.rstrip("\n")
+    stamp = None
+    m = _TS.match(body)
+    if m:
+        stamp = datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S").replace(microsecond=int(m.group(2)))
+        body = body[m.end():]
+    elif body.startswith("["):
+        raise ParseError("'[YYYY-MM-DDTHH:MM:SS.uuuuuu] ' timestamp", line)
+    if body.startswith((" ", "\t")) and "link/" in body:
+        return None
+    return _parse_link_text(body.replace("\\", " "), "an 'ip monitor link' event", stamp)
+
+
+# ---------------------------------------------------------------- rdma link
+
+
+@dataclass(frozen=True)
+class RdmaLink:
+    """One port of `rdma link`: `link mlx5_0/1 state ACTIVE physical_state LINK_UP netdev ens1f0np0`."""
+
+    dev: str
+    port: int
+    state: str
+    physical_state: str  # rdma's word (LINK_UP, POLLING, ARMED, ...)
+    netdev: str | None
+
+    @property
+    def phys_state(self) -> str:
+        """The sysfs word for physical_state (LinkUp, Polling, ...), for comparing across tools."""
+        try:
+            return IB_PHYS_STATES[RDMA_PHYS_STATES.index(self.physical_state)]
+        except ValueError:
+            return self.physical_state
+
+
+def parse_rdma_link(text: str) -> list[RdmaLink]:
+    """`rdma link [show]` text output."""
+    links = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        words = line.split()
+        if len(words) < 2 or words[0] != "link" or "/" not in words[1]:
+            raise ParseError("'link DEV/PORT key value ...'", line)
+        dev, _, port = words[1].partition("/")
+        attrs = dict(zip(words[2::2], words[3::2]))
+        if "state" not in attrs or "physical_state" not in attrs or not port.isdigit():
+            raise ParseError("'link DEV/PORT ... state S physical_state P'", line)
+        links.append(RdmaLink(dev, int(port), attrs["state"], attrs["physical_state"], attrs.get("netdev")))
+    return links
+
+
+def parse_rdma_link_json(text: str) -> list[RdmaLink]:
+    """`rdma -j link` output: a JSON array of objects with ifname, port, state, physical_state, netdev."""
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError:
+        raise ParseError("a JSON array from 'rdma -j link'", text) from None
+    if not isinstance(records, list):
+        raise ParseError("a JSON array from 'rdma -j link'", text)
+    links = []
+    for record in records:
+        try:
+            links.append(RdmaLink(record["ifname"], int(record["port"]), record["state"],
+                                  record["physical_state"], record.get("netdev")))
+        except (KeyError, TypeError, ValueError):
+            raise ParseError("objects with ifname, port, state, physical_state", json.dumps(record)) from None
+    return links
+
+
+# ---------------------------------------------------------------- ethtool
+
+
+@dataclass(frozen=True)
+class EthtoolSettings:
+    """`ethtool <if>`: the fields the harness reads."""
+
+    ifname: str
+    speed_mbps: int | None  # None for `Unknown!`
+    duplex: str | None
+    autoneg: bool | None
+    link_detected: bool
+
+
+def _tab_fields(lines: list[str]) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for line in lines:
+        key, sep, value = line.strip().partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def parse_ethtool(text: str) -> EthtoolSettings:
+    """`Settings for IF:` followed by TAB-indented `Key: value` lines."""
+    lines = text.splitlines()
+    head = re.fullmatch(r"Settings for (\S+):", lines[0].strip()) if lines else None
+    if not head:
+        raise ParseError("'Settings for IF:' (ethtool)", text)
+    fields = _tab_fields(lines[1:])
+    if "Link detected" not in fields or fields["Link detected"] not in ("yes", "no"):
+        raise ParseError("'Link detected: yes|no' (ethtool)", text)
+    speed = fields.get("Speed")
+    speed_mbps = None
+    if speed is not None and not speed.startswith("Unknown"):
+        m = re.fullmatch(r"(\d+)Mb/s", speed)
+        if not m:
+            raise ParseError("'Speed: <n>Mb/s' or 'Speed: Unknown!' (ethtool)", speed)
+        speed_mbps = int(m.group(1))
+    duplex = fields.get("Duplex")
+    if duplex is not None and duplex.startswith("Unknown"):
+        duplex = None
+    autoneg = {"on": True, "off": False}.get(fields.get("Auto-negotiation", ""))
+    return EthtoolSettings(head.group(1), speed_mbps, duplex, autoneg, fields["Link detected"] == "yes")
+
+
+@dataclass(frozen=True)
+class ModuleFlags:
+    """`ethtool -m <if>` per-lane flags (lane 1 first). An empty tuple means the tool printed `None`
+    (no lane flagged). `rx_power_dbm` holds per-lane receive power when the module reports it."""
+
+    rx_loss_of_signal: tuple[bool, ...]
+    rx_loss_of_lock: tuple[bool, ...]
+    tx_fault: tuple[bool, ...] = ()
+    rx_power_dbm: tuple[float, ...] = ()
+
+    @property
+    def rx_los(self) -> bool:
+        """Any lane has Rx loss of signal."""
+        return any(self.rx_loss_of_signal)
+
+    @property
+    def rx_lol(self) -> bool:
+        """Any lane has Rx loss of lock."""
+        return any(self.rx_loss_of_lock)
+
+
+_LANES = re.compile(r"\[ ((?:Yes|No)(?:, (?:Yes|No))*) \]")
+_RX_POWER = re.compile(r".*(?:Rx|Rcvr|Receiver).*power.*?\(?Channel (\d+)\)?.*?:.*?(-?[\d.]+|-inf) dBm")
+
+
+def _lane_flags(fields: dict[str, str], name: str, required: bool) -> tuple[bool, ...]:
+    if name not in fields:
+        if required:
+            raise ParseError(f"'{name} : None|[ Yes, No, ... ]' (ethtool -m)", "\n".join(fields))
+        return ()
+    value = fields[name]
+    if value == "None":
+        return ()
+    m = _LANES.fullmatch(value)
+    if not m:
+        raise ParseError(f"'{name}' value None or '[ Yes, No, ... ]'", value)
+    return tuple(word == "Yes" for word in m.group(1).split(", "))
+
+
+def parse_ethtool_module(text: str) -> ModuleFlags:
+    """`ethtool -m <if>`: `\\t%-41s : value` lines; reads the lane flags and per-lane Rx power."""
+    lines = text.splitlines()
+    fields = {}
+    for line in lines:
+        key, sep, value = line.partition(" : ")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    power: dict[int, float] = {}
+    for line in lines:
+        m = _RX_POWER.match(line)
+        if m:
+            power[int(m.group(1))] = float(m.group(2))
+    return ModuleFlags(
+        rx_loss_of_signal=_lane_flags(fields, "Rx loss of signal", True),
+        rx_loss_of_lock=_lane_flags(fields, "Rx loss of lock", False),
+        tx_fault=_lane_flags(fields, "Tx fault", False),
+        rx_power_dbm=tuple(power[k] for k in sorted(power)),
+    )
+
+
+# ---------------------------------------------------------------- mlxlink
+
+
+@dataclass(frozen=True)
+class MlxlinkInfo:
+    """`mlxlink -d <dev>`: Operational Info plus every section as (title, ((key, value), ...))."""
+
+    state: str
+    physical_state: str
+    speed: str | None
+    width: str | None
+    fec: str | None
+    sections: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
+
+    def section(self, title: str) -> dict[str, str]:
+        for name, records in self.sections:
+            if name == title:
+                return dict(records)
+        raise KeyError(title)
+
+
+def parse_mlxlink(text: str) -> MlxlinkInfo:
+    """Sections are a title, a dash underline, then `Key<pad>: value` records (value from column 38)."""
+    lines = text.splitlines()
+    sections: list[tuple[str, list[tuple[str, str]]]] = []
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if i + 1 < len(lines) and stripped and set(lines[i + 1].strip()) == {"-"}:
+            sections.append((stripped, []))
+        elif sections and " : " in line:
+            key, _, value = line.partition(" : ")
+            sections[-1][1].append((key.strip(), value.strip()))
+        elif sections and line.rstrip().endswith(" :"):
+            sections[-1][1].append((line.rstrip()[:-2].strip(), ""))
+    frozen = tuple((title, tuple(records)) for title, records in sections)
+    operational = dict(next((r for t, r in frozen if t == "Operational Info"), ()))
+    if "State" not in operational or "Physical state" not in operational:
+        raise ParseError("an 'Operational Info' section with State and Physical state (mlxlink)", text)
+    return MlxlinkInfo(operational["State"], operational["Physical state"], operational.get("Speed"),
+                       operational.get("Width"), operational.get("FEC"), frozen)
