@@ -1,0 +1,149 @@
+"""Event log: JSONL append + fsync, torn last line, corruption, ENOSPC, Parquet dtypes."""
+from __future__ import annotations
+
+import errno
+import json
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from harness.errors import InputError
+from harness.eventlog import EventLog, EventLogError, GroundTruth, read_events, read_parquet_events, to_parquet
+from harness.events import EVENT_COLUMNS, GROUND_TRUTH_COLUMNS, STAGES, Event
+
+
+def make_event(i: int, stage: str = "phy_up") -> Event:
+    return Event(run_id="r1", cycle=i // 3, stage=stage, host=f"gpu{i % 4}", device="mlx5_0", port="ens1f0np0",
+                 ocs_port=17 + i % 8, t_ns=10**12 + i * 1_000_003, offset_ns=-40_000_000 + i,
+                 uncertainty_ns=150_000, source="watch")
+
+
+def events_equal(frame: pd.DataFrame, events: list[Event]) -> bool:
+    expected = pd.DataFrame([e.to_dict() for e in events], columns=list(EVENT_COLUMNS))
+    return frame.astype(object).values.tolist() == expected.astype(object).values.tolist()
+
+
+def test_roundtrip_and_parquet_dtypes(tmp_path):
+    events = [make_event(i, STAGES[i % len(STAGES)]) for i in range(50)]
+    with EventLog(tmp_path / "events.jsonl") as log:
+        for i, e in enumerate(events):
+            log.append(e)
+            if i % 10 == 9:
+                log.flush()
+    frame = read_events(tmp_path / "events.jsonl")
+    assert events_equal(frame, events) and frame.attrs["torn_line"] is None
+    out = to_parquet(tmp_path / "events.jsonl", tmp_path / "events.parquet")
+    back = read_parquet_events(tmp_path / "events.parquet")
+    assert list(back.columns) == list(EVENT_COLUMNS)
+    for column in EVENT_COLUMNS:
+        want = "int64" if column in ("cycle", "ocs_port", "t_ns", "offset_ns", "uncertainty_ns") else "string"
+        assert str(back[column].dtype) == want, column
+    pd.testing.assert_frame_equal(back, out)
+
+
+def test_empty_log_gives_typed_empty_frame(tmp_path):
+    EventLog(tmp_path / "e.jsonl").close()
+    frame = to_parquet(tmp_path / "e.jsonl", tmp_path / "e.parquet")
+    assert len(frame) == 0 and str(read_parquet_events(tmp_path / "e.parquet")["t_ns"].dtype) == "int64"
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 20), cut=st.integers(1, 400))
+def test_torn_last_line_is_skipped(tmp_path_factory, n, cut):
+    path = tmp_path_factory.mktemp("torn") / "events.jsonl"
+    events = [make_event(i) for i in range(n)]
+    with EventLog(path) as log:
+        log.extend(events)
+    raw = path.read_bytes()
+    last_start = raw[:-1].rfind(b"\n") + 1
+    cut = min(cut, len(raw) - last_start - 2)  # keep the last line incomplete (its "}" and "\n" gone)
+    path.write_bytes(raw[: last_start + cut])
+    frame = read_events(path)
+    torn = cut > 0
+    assert frame.attrs["torn_line"] == (n if torn else None)
+    assert events_equal(frame, events[:-1])
+
+
+def test_complete_last_line_without_newline_is_kept(tmp_path):
+    path = tmp_path / "events.jsonl"
+    with EventLog(path) as log:
+        log.extend(make_event(i) for i in range(3))
+    path.write_bytes(path.read_bytes()[:-1])
+    frame = read_events(path)
+    assert frame.attrs["torn_line"] is None and len(frame) == 3
+
+
+@pytest.mark.parametrize("line,why", [
+    (b"{not json}\n", "corrupt"), (b"[1, 2]\n", "JSON object"), (b'{"run_id": "r"}\n', "missing"),
+])
+def test_corruption_before_the_end_names_the_line(tmp_path, line, why):
+    path = tmp_path / "events.jsonl"
+    with EventLog(path) as log:
+        log.extend(make_event(i) for i in range(3))
+    good = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(good[0] + line + good[1] + good[2])
+    with pytest.raises(InputError) as info:
+        read_events(path)
+    assert info.value.line == 2 and why in info.value.message and info.value.file == str(path)
+
+
+@pytest.mark.parametrize("field,value", [("t_ns", 1.5), ("t_ns", "1"), ("host", 3), ("stage", "warp"),
+                                         ("cycle", True), ("extra", 1)])
+def test_field_types_are_checked(tmp_path, field, value):
+    record = make_event(0).to_dict() | {field: value}
+    path = tmp_path / "events.jsonl"
+    path.write_text(json.dumps(make_event(1).to_dict()) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(InputError) as info:
+        read_events(path)
+    assert info.value.line == 2
+
+
+class FullDisk:
+    """Wraps the real file; accepts `budget` more bytes (a short write), then raises ENOSPC."""
+
+    def __init__(self, real, budget: int):
+        self.real, self.budget = real, budget
+
+    def write(self, data):
+        if self.budget <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = self.real.write(bytes(data[: self.budget]))
+        self.budget -= n
+        return n
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+@pytest.mark.parametrize("budget", [0, 1, 150, 10_000])
+def test_disk_full_keeps_fsynced_events(tmp_path, budget):
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    durable = [make_event(i) for i in range(10)]
+    log.extend(durable)
+    log.flush()
+    log._file = FullDisk(log._file, budget)
+    log.extend(make_event(i) for i in range(10, 200))
+    with pytest.raises(EventLogError) as info:
+        log.flush()
+    assert info.value.errno == errno.ENOSPC and "disk full" in str(info.value)
+    assert info.value.durable_events == 10 and info.value.lost_events == 190
+    with pytest.raises(EventLogError):  # stays failed: no silent gaps later in the log
+        log.append(make_event(500))
+    log.close()
+    frame = read_events(path)
+    assert frame.attrs["torn_line"] is None and events_equal(frame, durable)
+
+
+def test_ground_truth_parquet(tmp_path):
+    truth = GroundTruth()
+    truth.add(0, "light_detected", "gpu1", "ens1f0np0", 123)
+    truth.add(1, "phy_up", "gpu2", "ens1f1np1", 2**62)
+    with pytest.raises(ValueError):
+        truth.add(0, "nope", "h", "p", 1)
+    frame = truth.write(tmp_path / "gt.parquet")
+    back = pd.read_parquet(tmp_path / "gt.parquet")
+    assert list(back.columns) == list(GROUND_TRUTH_COLUMNS) and len(truth) == 2
+    assert back["t_ns"].tolist() == [123, 2**62] and str(back["stage"].dtype) == "string"
+    pd.testing.assert_frame_equal(back, frame)
