@@ -1,0 +1,443 @@
+"""TL1 (TCP) and SCPI (TCP and a pty serial line) servers: thin protocol views of one `OpticalBench`.
+
+Replies follow the Polatis formats in spec/protocols.md §1.1–1.2: TL1 answers with a header line
+(`   <SID> YY-MM-DD HH:MM:SS`), `M  <ctag> COMPLD` or `DENY` + GR-831 code + `/* comment */`, and `;`.
+A change is answered (TL1 COMPLD, SCPI `*OPC?` -> 1) no earlier than the bench says its mirrors settle.
+Every session must log in with ACT-USER on TL1 (commands before that get DENY PLNA); SCPI has no login.
+"""
+from __future__ import annotations
+
+import os
+import re
+import select
+import socket
+import socketserver
+import threading
+import time
+import tty
+from typing import Callable
+
+from devices.emulated.physics import OcsCommandError, OpticalBench
+from devices.timing import now_ns
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+def _sleep_until(t_ns: int) -> None:
+    delay = (t_ns - now_ns()) / 1e9
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _port_list(text: str) -> list[int]:
+    """TL1 AID list: `1&5&9`, ranges `1&&4`. Raises ValueError."""
+    ports: list[int] = []
+    for item in text.replace("&&", "..").split("&"):
+        lo, sep, hi = item.strip().partition("..")
+        ports.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    return ports
+
+
+class _Tl1Session:
+    """One TL1 connection: login state and command dispatch."""
+
+    def __init__(self, servers: "OcsServers"):
+        self.servers = servers
+        self.user: str | None = None
+
+    def reply(self, ctag: str, ok: bool, body: list[str] = (), code: str = "", comment: str = "") -> bytes:
+        lines = ["", "", f"   {self.servers.sid} {time.strftime('%y-%m-%d %H:%M:%S', time.gmtime())}",
+                 f"M  {ctag} {'COMPLD' if ok else 'DENY'}"]
+        if not ok:
+            lines.append(f"   {code}")
+            if comment:
+                lines.append(f"   /* {comment} */")
+        lines += [f"   {line}" for line in body]
+        lines.append(";")
+        return "\r\n".join(lines).encode() + b"\r\n"
+
+    def handle(self, command: str) -> bytes:
+        parts = command.strip().split(":")
+        verb = parts[0].strip().upper()
+        aid = parts[2].strip() if len(parts) > 2 else ""
+        ctag = parts[3].strip() if len(parts) > 3 else ""
+        if not re.fullmatch(r"[A-Za-z0-9]{1,6}", ctag):
+            return self.reply(ctag or "0", False, code="IICT", comment="Invalid correlation tag")
+        if verb == "ACT-USER":
+            password = ":".join(parts[5:]).strip() if len(parts) > 5 else ""
+            if self.servers.users.get(aid) == password:
+                self.user = aid
+                return self.reply(ctag, True)
+            return self.reply(ctag, False, code="PIUI", comment="Invalid user name or password")
+        if verb == "RTRV-HDR":
+            return self.reply(ctag, True)
+        if self.user is None:
+            return self.reply(ctag, False, code="PLNA", comment="Login not active")
+        if verb == "CANC-USER":
+            self.user = None
+            return self.reply(ctag, True)
+        handler: Callable[[str, list[str]], list[str]] | None = {
+            "ENT-PATCH": self._ent_patch, "DLT-PATCH": self._dlt_patch, "RTRV-PATCH": self._rtrv_patch,
+            "RTRV-PORT-POWER": self._rtrv_power, "RTRV-NETYPE": self._rtrv_netype,
+            "RTRV-EQPT": self._rtrv_eqpt,
+        }.get(verb)
+        if handler is None:
+            return self.reply(ctag, False, code="ICNV", comment=f"Command not valid: {verb}")
+        try:
+            return self.reply(ctag, True, handler(aid, parts[4:]))
+        except OcsCommandError as exc:
+            return self.reply(ctag, False, code=exc.code, comment=exc.text)
+        except ValueError:
+            return self.reply(ctag, False, code="IIAC", comment=f"Invalid access identifier {aid!r}")
+
+    def _ent_patch(self, aid: str, _params: list[str]) -> list[str]:
+        ins_text, sep, outs_text = aid.partition(",")
+        ins, outs = _port_list(ins_text), _port_list(outs_text) if sep else []
+        if not ins or len(ins) != len(outs):
+            raise ValueError(aid)
+        if len(set(ins)) != len(ins):
+            raise OcsCommandError("IDNV", "Port listed twice")
+        self.servers.apply(dict(zip(ins, outs)), ())
+        return []
+
+    def _dlt_patch(self, aid: str, _params: list[str]) -> list[str]:
+        if aid.upper() == "ALL":
+            self.servers.apply({}, None)
+        else:
+            self.servers.apply({}, _port_list(aid))
+        return []
+
+    def _rtrv_patch(self, aid: str, _params: list[str]) -> list[str]:
+        patches = self.servers.bench.ocs_patches()
+        if aid and aid.upper() != "ALL":
+            wanted = set(_port_list(aid))
+            n, m = self.servers.bench.ocs_size
+            if any(not 1 <= p <= n + m for p in wanted):
+                raise OcsCommandError("IIAC", "Invalid port")
+            patches = {i: e for i, e in patches.items() if i in wanted or e in wanted}
+        return [f'"{i},{e}"' for i, e in sorted(patches.items())]
+
+    def _rtrv_power(self, aid: str, _params: list[str]) -> list[str]:
+        n, m = self.servers.bench.ocs_size
+        ports = list(range(1, n + m + 1)) if aid.upper() in ("", "ALL") else _port_list(aid)
+        for p in ports:
+            if not 1 <= p <= n + m:
+                raise OcsCommandError("IIAC", f"Invalid port {p}")
+        return [f'"{p}:{self.servers.bench.ocs_port_power(p):.2f}"' for p in ports]
+
+    def _rtrv_netype(self, _aid: str, _params: list[str]) -> list[str]:
+        n, m = self.servers.bench.ocs_size
+        return [f'"POLATIS,EMU-{n}x{m},OXC,{self.servers.version}"']
+
+    def _rtrv_eqpt(self, aid: str, params: list[str]) -> list[str]:
+        if "PARAMETER=SIZE" in ":".join(params).upper().replace(" ", ""):
+            n, m = self.servers.bench.ocs_size
+            return [f'"{aid or "SYSTEM"}::SIZE={n}x{m}"']
+        raise OcsCommandError("IDNV", "Only PARAMETER=SIZE is emulated")
+
+
+_SCPI_LONG = {"SWITCH": "SWIT", "CONNECT": "CONN", "SUBTRACT": "SUB", "DISCONNECT": "DISC",
+              "STATE": "STAT", "SYSTEM": "SYST", "ERROR": "ERR", "MONITOR": "MON", "POWER": "POW"}
+_CHANNELS = re.compile(r"^\s*\(@([^)]*)\)\s*,\s*\(@([^)]*)\)\s*$")
+_SCPI_ERRORS = {"IIAC": (-222, "Data out of range"), "SROF": (-221, "Settings conflict"),
+                "IDNV": (-224, "Illegal parameter value")}
+
+
+def _scpi_ports(text: str) -> list[int]:
+    """`1,2,5:7` -> [1, 2, 5, 6, 7]. Raises ValueError."""
+    ports: list[int] = []
+    for item in text.replace(" ", "").split(","):
+        if item:
+            lo, sep, hi = item.partition(":")
+            ports.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    return ports
+
+
+class _ScpiSession:
+    """One SCPI connection (TCP or the pty): error queue and the settle time `*OPC?` waits for."""
+
+    def __init__(self, servers: "OcsServers"):
+        self.servers = servers
+        self.errors: list[tuple[int, str]] = []
+        self.settle_ns = 0
+
+    def error(self, code: int, text: str) -> None:
+        if len(self.errors) < 32:
+            self.errors.append((code, text))
+
+    def handle_line(self, line: str) -> str | None:
+        """Execute one program message (commands joined by `;`); the joined query replies, or None."""
+        replies: list[str] = []
+        prefix: list[str] = []
+        for unit in line.split(";"):
+            unit = unit.strip()
+            if not unit:
+                continue
+            header, _, args = unit.partition(" ")
+            if header.startswith("*"):
+                nodes = [header.upper()]
+            else:
+                nodes = [_SCPI_LONG.get(n.upper(), n.upper()) for n in header.strip(":").split(":")]
+                nodes = nodes if header.startswith(":") or not prefix else prefix + nodes
+                prefix = nodes[:-1]
+            reply = self.execute(":".join(nodes), args.strip())
+            if reply is not None:
+                replies.append(reply)
+        return ";".join(replies) if replies else None
+
+    def execute(self, path: str, args: str) -> str | None:
+        bench = self.servers.bench
+        n, m = bench.ocs_size
+        try:
+            if path == "*IDN?":
+                return f"Polatis,EMU-{n}x{m},{self.servers.serial},{self.servers.version}"
+            if path == "*OPC?":
+                _sleep_until(self.settle_ns)
+                return "1"
+            if path == "*CLS":
+                self.errors.clear()
+                return None
+            if path in ("SYST:ERR?", "SYST:ERR:NEXT?"):
+                code, text = self.errors.pop(0) if self.errors else (0, "No error")
+                return f'{code},"{text}"'
+            if path == "SYST:ERR:ALL?":
+                errors, self.errors = self.errors or [(0, "No error")], []
+                return ",".join(f'{c},"{t}"' for c, t in errors)
+            if path == "OXC:SWIT:SIZE?":
+                return f"{n},{m}"
+            if path == "OXC:SWIT:CONN:STAT?":
+                patches = sorted(bench.ocs_patches().items())
+                return (f"(@{','.join(str(i) for i, _ in patches)}),"
+                        f"(@{','.join(str(e) for _, e in patches)})")
+            if path == "OXC:SWIT:CONN:PORT?":
+                port = int(args)
+                patches = bench.ocs_patches()
+                peer = patches.get(port) or next((i for i, e in patches.items() if e == port), 0)
+                return f'"{peer}"'
+            if path == "MON:POW?":
+                ports = _scpi_ports(args.strip().removeprefix("(@").removesuffix(")"))
+                if any(not 1 <= p <= n + m for p in ports) or not ports:
+                    raise OcsCommandError("IIAC", "Invalid port")
+                return ",".join(f"{bench.ocs_port_power(p):.2f}" for p in ports)
+            if path in ("OXC:SWIT:CONN:ADD", "OXC:SWIT:CONN:ONLY", "OXC:SWIT:CONN:SUB"):
+                match = _CHANNELS.match(args)
+                if not match:
+                    self.error(-109, "Missing parameter; expected (@ingress...),(@egress...)")
+                    return None
+                ins, outs = _scpi_ports(match.group(1)), _scpi_ports(match.group(2))
+                self._connect(path.rsplit(":", 1)[1], ins, outs)
+                return None
+            if path in ("OXC:SWIT:DISC:ALL", "*RST"):
+                self.settle_ns = max(self.settle_ns, self.servers.apply({}, None))
+                return None
+        except OcsCommandError as exc:
+            code, text = _SCPI_ERRORS.get(exc.code, (-200, "Execution error"))
+            self.error(code, f"{text}; {exc.text}")
+            return None
+        except ValueError:
+            self.error(-224, f"Illegal parameter value; {args!r}")
+            return None
+        self.error(-113, f"Undefined header; {path}")
+        return None
+
+    def _connect(self, action: str, ins: list[int], outs: list[int]) -> None:
+        if action == "SUB":
+            patches = self.servers.bench.ocs_patches()
+            if outs and ins and len(ins) != len(outs):
+                raise OcsCommandError("IDNV", "Ingress and egress lists differ in length")
+            removes = list(ins)
+            if outs and not ins:  # by egress only
+                owner = {e: i for i, e in patches.items()}
+                missing = [e for e in outs if e not in owner]
+                if missing:
+                    raise OcsCommandError("IDNV", f"No patch on port {missing[0]}")
+                removes = [owner[e] for e in outs]
+            for i, e in zip(ins, outs):
+                if patches.get(i) != e:
+                    raise OcsCommandError("IDNV", f"No patch {i}->{e}")
+            settle = self.servers.apply({}, removes)
+        else:
+            if len(ins) != len(outs):
+                raise OcsCommandError("IDNV", "Ingress and egress lists differ in length")
+            if len(set(ins)) != len(ins):
+                raise OcsCommandError("IDNV", "Port listed twice")
+            settle = self.servers.apply(dict(zip(ins, outs)), None if action == "ONLY" else ())
+        self.settle_ns = max(self.settle_ns, settle)
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address, handler, servers: "OcsServers"):
+        self.servers = servers
+        super().__init__(address, handler)
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    protocol = ""
+
+    def handle(self) -> None:
+        servers: OcsServers = self.server.servers
+        sock: socket.socket = self.request
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        servers._track(sock, True)
+        try:
+            if self.protocol == "tl1":
+                self._tl1(servers, sock)
+            else:
+                session = _ScpiSession(servers)
+                servers._serve_lines(lambda: sock.recv(4096), sock.sendall, session, b"\n")
+        except OSError:
+            pass  # the client went away
+        finally:
+            servers._track(sock, False)
+
+    def _tl1(self, servers: "OcsServers", sock: socket.socket) -> None:
+        session = _Tl1Session(servers)
+        buffer = b""
+        while data := sock.recv(4096):
+            buffer += data
+            while b";" in buffer:
+                command, _, buffer = buffer.partition(b";")
+                text = command.decode("utf-8", "replace").strip()
+                if text:
+                    sock.sendall(session.handle(text))
+
+
+class _Tl1Handler(_Handler):
+    protocol = "tl1"
+
+
+class _ScpiHandler(_Handler):
+    protocol = "scpi"
+
+
+class OcsServers:
+    """TL1 and SCPI servers on 127.0.0.1 (ephemeral ports by default) plus an SCPI pty, over one bench."""
+
+    def __init__(self, bench: OpticalBench, host: str = "127.0.0.1", tl1_port: int = 0, scpi_port: int = 0,
+                 pty: bool = True, *, user: str = "admin", password: str = "root",
+                 users: dict[str, str] | None = None, sid: str = "POLATIS"):
+        self.bench = bench
+        self.host = host
+        self.users = dict(users) if users is not None else {user: password}
+        self.sid = sid
+        self.serial = "000001"
+        self.version = "ocs-hil-emulator-1"
+        self._ports = (tl1_port, scpi_port)
+        self._want_pty = pty
+        self._apply_lock = threading.Lock()
+        self._clients: set[socket.socket] = set()
+        self._clients_lock = threading.Lock()
+        self._servers: list[_Server] = []
+        self._threads: list[threading.Thread] = []
+        self._pty_fds: tuple[int, int] | None = None
+        self._stop = threading.Event()
+        self.pty_path: str | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> "OcsServers":
+        for port, handler in zip(self._ports, (_Tl1Handler, _ScpiHandler)):
+            server = _Server((self.host, port), handler, self)
+            self._servers.append(server)
+            self._spawn(server.serve_forever, f"ocs-{handler.protocol}")
+        if self._want_pty:
+            master, slave = os.openpty()
+            tty.setraw(slave)  # at once: a cooked slave would echo our replies back to us
+            self._pty_fds = (master, slave)  # keep the slave open, or reads on the master fail with EIO
+            self.pty_path = os.ttyname(slave)
+            self._spawn(self._serve_pty, "ocs-scpi-pty")
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()
+        with self._clients_lock:
+            for sock in self._clients:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        for thread in self._threads:
+            thread.join(timeout=5)
+        if self._pty_fds:
+            for fd in self._pty_fds:
+                os.close(fd)
+            self._pty_fds = None
+        self._servers, self._threads = [], []
+
+    def __enter__(self) -> "OcsServers":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def tl1_address(self) -> tuple[str, int]:
+        return self._servers[0].server_address[:2]
+
+    @property
+    def scpi_address(self) -> tuple[str, int]:
+        return self._servers[1].server_address[:2]
+
+    # ---- shared state -------------------------------------------------------------------------
+    def apply(self, adds: dict[int, int], removes) -> int:
+        """Change the bench and wait until the mirrors settle. `removes=None` replaces the whole state
+        (`adds` is then the complete wanted mapping; unchanged patches are not moved)."""
+        with self._apply_lock:  # read-diff-apply must not interleave between sessions
+            if removes is None:
+                current = self.bench.ocs_patches()
+                removes = [i for i, e in current.items() if adds.get(i) != e]
+                adds = {i: e for i, e in adds.items() if current.get(i) != e}
+            settle_ns = self.bench.ocs_apply(adds, removes)
+        _sleep_until(settle_ns)
+        return settle_ns
+
+    # ---- plumbing -------------------------------------------------------------------------------
+    def _spawn(self, target, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _track(self, sock: socket.socket, add: bool) -> None:
+        with self._clients_lock:
+            (self._clients.add if add else self._clients.discard)(sock)
+
+    def _serve_lines(self, read: Callable[[], bytes], write: Callable[[bytes], object],
+                     session: _ScpiSession, eol: bytes) -> None:
+        """Feed SCPI lines (CR, LF or CRLF) to `session` until `read` returns b''."""
+        buffer = b""
+        while data := read():
+            buffer += data
+            *lines, buffer = _LINE_END.split(buffer)
+            for line in lines:
+                text = line.decode("utf-8", "replace").strip()
+                if text:
+                    reply = session.handle_line(text)
+                    if reply is not None:
+                        write(reply.encode() + eol)
+
+    def _serve_pty(self) -> None:
+        master = self._pty_fds[0]
+
+        def read() -> bytes:
+            while not self._stop.is_set():
+                ready, _, _ = select.select([master], [], [], 0.1)
+                if ready:
+                    try:
+                        return os.read(master, 4096)
+                    except OSError:
+                        return b""
+            return b""
+
+        def write(data: bytes) -> None:
+            os.write(master, data)
+
+        # Serial consoles end replies with CR LF; one session for the life of the line.
+        try:
+            self._serve_lines(read, write, _ScpiSession(self), b"\r\n")
+        except OSError:
+            pass

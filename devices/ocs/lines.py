@@ -1,0 +1,174 @@
+"""Line-oriented byte channels to a switch: raw TCP (TCP_NODELAY) or pyserial URLs.
+
+Both channels send one `write()` per line, accept `\\r`, `\\n` or `\\r\\n` from the peer, stamp each line with
+the harness clock when its terminator arrived, and enforce the caller's `Deadline` themselves (pyserial
+read timeouts return short data silently).
+"""
+from __future__ import annotations
+
+import socket
+from abc import ABC, abstractmethod
+
+from devices.errors import DeviceTimeout, TransportClosed
+from devices.timing import Deadline, now_ns
+
+# How long one blocking read may wait before the deadline is re-checked.
+_POLL_S = 0.05
+
+
+class LineSplitter:
+    """Splits a byte stream into lines on CR, LF or CRLF; drops empty lines."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._after_cr = False
+
+    def feed(self, data: bytes) -> list[str]:
+        lines: list[str] = []
+        for byte in data:
+            if byte == 0x0A and self._after_cr:  # LF of a CRLF pair: already ended the line
+                self._after_cr = False
+                continue
+            self._after_cr = byte == 0x0D
+            if byte in (0x0A, 0x0D):
+                if self._buf:
+                    lines.append(self._buf.decode("utf-8", "replace"))
+                    self._buf.clear()
+            else:
+                self._buf.append(byte)
+        return lines
+
+    @property
+    def pending(self) -> str:
+        """Bytes received after the last line end (e.g. a `<` prompt)."""
+        return self._buf.decode("utf-8", "replace")
+
+
+class LineChannel(ABC):
+    """Send lines, receive lines with their arrival time."""
+
+    def __init__(self, description: str):
+        self.description = description
+        self._splitter = LineSplitter()
+        self._ready: list[tuple[int, str]] = []
+
+    def write_line(self, text: str, eol: str = "\r\n") -> int:
+        """Send `text` + `eol` in one write; returns the harness time just before the write."""
+        data = (text + eol).encode("utf-8")
+        sent_ns = now_ns()
+        self._write(data)
+        return sent_ns
+
+    def read_line(self, deadline: Deadline) -> tuple[int, str]:
+        """Next non-empty line as (recv_ns, text). Raises DeviceTimeout (with the partial data) or
+        TransportClosed."""
+        while not self._ready:
+            if deadline.expired():
+                raise DeviceTimeout(f"no complete line from {self.description} before the deadline",
+                                    self._splitter.pending)
+            remaining = deadline.remaining()
+            chunk = self._read(_POLL_S if remaining is None else min(_POLL_S, remaining))
+            if chunk:
+                stamp = now_ns()
+                self._ready.extend((stamp, line) for line in self._splitter.feed(chunk))
+        return self._ready.pop(0)
+
+    def drain(self) -> list[str]:
+        """Discard and return whatever has been received but not read (lines and partial data)."""
+        lines = [line for _, line in self._ready]
+        self._ready.clear()
+        while chunk := self._read(0.0):
+            lines.extend(self._splitter.feed(chunk))
+        return lines
+
+    @abstractmethod
+    def _write(self, data: bytes) -> None: ...
+
+    @abstractmethod
+    def _read(self, timeout_s: float) -> bytes:
+        """Up to a few KiB, b'' when nothing arrived in timeout_s; raises TransportClosed at EOF."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class TcpLineChannel(LineChannel):
+    """A plain TCP connection with Nagle disabled (a split write otherwise costs ~40 ms)."""
+
+    def __init__(self, host: str, port: int, connect_timeout_s: float = 10.0):
+        super().__init__(f"tcp://{host}:{port}")
+        try:
+            self._sock = socket.create_connection((host, port), timeout=connect_timeout_s)
+        except OSError as exc:
+            raise TransportClosed(f"cannot connect to {self.description}: {exc}") from exc
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except OSError as exc:
+            raise TransportClosed(f"{self.description}: send failed: {exc}") from exc
+
+    def _read(self, timeout_s: float) -> bytes:
+        self._sock.settimeout(timeout_s if timeout_s > 0 else 0.0)
+        try:
+            data = self._sock.recv(4096)
+        except (socket.timeout, BlockingIOError):
+            return b""
+        except OSError as exc:
+            raise TransportClosed(f"{self.description}: receive failed: {exc}") from exc
+        if not data:
+            raise TransportClosed(f"{self.description} closed the connection")
+        return data
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+
+class SerialLineChannel(LineChannel):
+    """Any pyserial URL or device path: `socket://`, `rfc2217://`, `loop://`, `/dev/ttyUSB0`, a pty."""
+
+    def __init__(self, url: str, baudrate: int = 38400, exclusive: bool = True):
+        super().__init__(url)
+        import serial  # pyserial; imported here so TCP-only users do not pay for it
+
+        kwargs = {"baudrate": baudrate, "timeout": _POLL_S, "write_timeout": 10.0}
+        if "://" not in url:
+            kwargs["exclusive"] = exclusive  # only local device paths support locking
+        try:
+            self._port = serial.serial_for_url(url, **kwargs)
+        except (serial.SerialException, ValueError, OSError) as exc:
+            raise TransportClosed(f"cannot open serial line {url}: {exc}") from exc
+        sock = getattr(self._port, "_socket", None)
+        if isinstance(sock, socket.socket):  # socket:// and rfc2217:// leave Nagle on
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._serial_exception = serial.SerialException
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self._port.write(data)
+            self._port.flush()
+        except (self._serial_exception, OSError) as exc:
+            raise TransportClosed(f"{self.description}: write failed: {exc}") from exc
+
+    def _read(self, timeout_s: float) -> bytes:
+        try:
+            waiting = self._port.in_waiting
+            if waiting:
+                return self._port.read(waiting)
+            if timeout_s <= 0:
+                return b""
+            if self._port.timeout != timeout_s:
+                self._port.timeout = timeout_s
+            return self._port.read(1)
+        except (self._serial_exception, OSError) as exc:
+            raise TransportClosed(f"{self.description}: read failed: {exc}") from exc
+
+    def close(self) -> None:
+        try:
+            self._port.close()
+        except (self._serial_exception, OSError):
+            pass
