@@ -1,0 +1,92 @@
+"""Replay fidelity: the Azure 2023 conversation trace, time-scaled to >= 1000 requests/s, against the
+emulated vLLM endpoint running in its own process. Prints send-time error p50/p99 (actual − scheduled
+send on the monotonic clock). Goal: p99 <= 1 ms.
+
+    .venv/bin/python benchmarks/replay_fidelity.py [--scale 200] [--limit N] [--in-process]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+# Scripts run with benchmarks/ on sys.path; put the repo root first so the project's packages win.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import traces  # noqa: E402
+from traces.replay import ReplayConfig, replay_requests  # noqa: E402
+
+TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "azure-llm-2023" / \
+    "AzureLLMInferenceTrace_conv.csv"
+
+
+def start_server(scale: float) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "devices.emulated.vllm_server", "--port", "0",
+                             "--time-scale", str(scale)], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().strip()
+    if not line.startswith("listening "):
+        proc.kill()
+        raise SystemExit(f"emulator did not start: {line!r}")
+    return proc, "http://" + line.split()[1]
+
+
+async def run(args, url: str | None) -> None:
+    requests = traces.load_requests(TRACE)
+    if args.limit:
+        requests = requests.iloc[: args.limit]
+    span = requests["arrival_s"].iloc[-1] - requests["arrival_s"].iloc[0]
+    emulator = None
+    if url is None:
+        from devices.emulated.vllm_server import ServiceModel, VllmEmulator
+        emulator = VllmEmulator(ServiceModel(time_scale=args.scale), keep_records=False)
+        await emulator.start()
+        url = emulator.url
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        summary = await replay_requests(requests, ReplayConfig(url=url, time_scale=args.scale,
+                                                               max_connections=args.connections),
+                                        Path(tmp) / "replay.jsonl")
+        wall = time.perf_counter() - started
+    if emulator:
+        await emulator.stop()
+    err = summary.records["send_error_ns"].to_numpy() / 1e3
+    rate = len(requests) / (span / args.scale)
+    print(f"trace: {TRACE.name}, {len(requests)} requests, span {span:.0f} s, time scale {args.scale:g} "
+          f"-> {rate:.0f} requests/s mean; server {'in-process' if emulator else 'separate process'}")
+    print(f"statuses: {summary.by_status}; max in flight {summary.max_in_flight}; wall {wall:.1f} s")
+    print(f"send-time error: p50 {np.percentile(err, 50):.0f} us, p99 {np.percentile(err, 99):.0f} us, "
+          f"p99.9 {np.percentile(err, 99.9):.0f} us, max {err.max():.0f} us; "
+          f"goal p99 <= 1000 us: {'met' if np.percentile(err, 99) <= 1000 else 'NOT met'}")
+    print(f"TTFT (emulated service, scaled): p50 {summary.ttft_ms['p50']:.2f} ms, p99 {summary.ttft_ms['p99']:.2f} ms")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, default=200.0)
+    parser.add_argument("--limit", type=int, default=0, help="replay only the first N requests")
+    parser.add_argument("--connections", type=int, default=512)
+    parser.add_argument("--in-process", action="store_true", help="run the emulator in the replay's own loop")
+    args = parser.parse_args()
+    if not TRACE.exists():
+        print(f"skipped: {TRACE} not found (the shared traces folder is absent)")
+        return 0
+    proc = None
+    url = None
+    if not args.in_process:
+        proc, url = start_server(args.scale)
+    try:
+        asyncio.run(run(args, url))
+    finally:
+        if proc:
+            proc.terminate()
+            proc.wait(timeout=10)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,279 @@
+"""Timed replay of inference requests against an OpenAI-compatible `/v1/completions` endpoint (vLLM or the
+emulator), with a durable replay log.
+
+Timing: request i is due at origin + arrival_s[i] / time_scale on the monotonic harness clock. Deadlines are
+absolute, so lateness never accumulates. The scheduler sleeps until `spin_s` before a deadline (asyncio's
+timers have millisecond granularity) and then yields to the loop until the deadline passes. `sent_ns` is
+taken when the request is handed to the HTTP client; send error = sent_ns − scheduled_ns.
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from devices.timing import now_ns
+from traces.errors import TraceFormatError
+
+REPLAY_LOG_COLUMNS = ("index", "scheduled_ns", "sent_ns", "send_error_ns", "first_token_ns", "completed_ns",
+                      "prompt_tokens", "output_tokens_requested", "output_tokens", "status", "http_status", "error")
+STATUSES = ("ok", "http_error", "timeout", "error")
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    url: str  # base URL, e.g. http://127.0.0.1:8000
+    model: str = "emulated-llm"
+    time_scale: float = 1.0  # > 1 replays faster than recorded
+    timeout_s: float = 60.0  # per request, send to last byte
+    max_connections: int = 256
+    stream: bool = True
+    lead_s: float = 0.2  # origin = start + lead_s when origin_ns is not given
+    origin_ns: int | None = None  # share it with an emulator's interference epoch
+    spin_s: float = 0.002
+    fsync_interval_s: float = 0.5
+    pause_gc: bool = True  # cyclic GC pauses reach milliseconds; the replay makes few cycles
+
+
+    def __post_init__(self):
+        if self.time_scale <= 0 or self.timeout_s <= 0 or self.max_connections < 1:
+            raise ValueError("time_scale and timeout_s must be > 0, max_connections >= 1")
+
+
+@dataclass
+class ReplaySummary:
+    requests: int
+    by_status: dict[str, int]
+    send_error_us: dict[str, float]  # p50, p99, max
+    ttft_ms: dict[str, float]
+    duration_s: float
+    max_in_flight: int
+    connection_limit_reached: int  # requests sent while every connection was busy (they queued in the client)
+    log_path: str
+    records: pd.DataFrame = field(repr=False)
+
+
+class ReplayLog:
+    """Append-only JSON Lines; records are buffered and written + fsynced every `interval_s` (off the
+    event loop) and on close. A crash loses at most the last interval."""
+
+    def __init__(self, path: str | Path, interval_s: float = 0.5):
+        self.path = Path(path)
+        self.interval_s = interval_s
+        self._fh = open(self.path, "a", encoding="utf-8")
+        self._pending: list[str] = []
+        self._task: asyncio.Task | None = None
+        self._closed = False
+
+    def append(self, record: dict) -> None:
+        self._pending.append(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def _write(self, lines: list[str]) -> None:
+        self._fh.write("".join(lines))
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    async def _flush(self) -> None:
+        lines, self._pending = self._pending, []
+        if lines:
+            await asyncio.to_thread(self._write, lines)
+
+    async def _periodic(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self._flush()
+
+    async def __aenter__(self) -> "ReplayLog":
+        self._task = asyncio.create_task(self._periodic())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        await self._flush()
+        self._fh.close()
+
+
+def read_replay_log(path: str | Path) -> pd.DataFrame:
+    """Replay log as a DataFrame. A truncated last line (crash mid-write) is ignored; any other bad line is
+    an error naming file and line."""
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.readlines()
+    for lineno, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            rows.append(json.loads(text))
+        except json.JSONDecodeError as exc:
+            if lineno == len(lines) and not text.endswith("\n"):
+                break
+            raise TraceFormatError(f"invalid JSON: {exc.msg}", file=str(path), line=lineno) from exc
+    frame = pd.DataFrame(rows, columns=list(REPLAY_LOG_COLUMNS))
+    for col in ("index", "scheduled_ns", "sent_ns", "send_error_ns", "prompt_tokens", "output_tokens_requested"):
+        frame[col] = frame[col].astype(np.int64)
+    for col in ("first_token_ns", "completed_ns", "output_tokens", "http_status"):
+        frame[col] = frame[col].astype("Int64")
+    return frame
+
+
+def replay_log_to_parquet(jsonl_path: str | Path, parquet_path: str | Path) -> pd.DataFrame:
+    frame = read_replay_log(jsonl_path)
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), str(parquet_path))
+    return frame
+
+
+def _body(model: str, prompt_tokens: int, max_tokens: int, stream: bool) -> bytes:
+    # Token ids, not text, so the server sees exactly prompt_tokens tokens; built by string repetition
+    # because json.dumps of long lists costs more than the send itself.
+    ids = "[" + ",".join(["1"] * prompt_tokens) + "]"
+    extra = ',"stream":true,"stream_options":{"include_usage":true}' if stream else ""
+    return (f'{{"model":{json.dumps(model)},"prompt":{ids},"max_tokens":{max_tokens},'
+            f'"min_tokens":{max_tokens},"ignore_eos":true,"temperature":0{extra}}}').encode()
+
+
+class _Replayer:
+    def __init__(self, config: ReplayConfig, log: ReplayLog):
+        self.config, self.log = config, log
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.limit_reached = 0
+        self.results: list[dict] = []
+
+    async def send(self, session: aiohttp.ClientSession, index: int, scheduled_ns: int, prompt_tokens: int,
+                   max_tokens: int) -> None:
+        cfg = self.config
+        body = _body(cfg.model, prompt_tokens, max_tokens, cfg.stream)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        if self.in_flight > cfg.max_connections:
+            self.limit_reached += 1
+        sent_ns = now_ns()
+        record = {"index": index, "scheduled_ns": scheduled_ns, "sent_ns": sent_ns,
+                  "send_error_ns": sent_ns - scheduled_ns, "first_token_ns": None, "completed_ns": None,
+                  "prompt_tokens": prompt_tokens, "output_tokens_requested": max_tokens, "output_tokens": None,
+                  "status": "error", "http_status": None, "error": None}
+        try:
+            async with asyncio.timeout(cfg.timeout_s):
+                async with session.post(cfg.url.rstrip("/") + "/v1/completions", data=body,
+                                        headers={"Content-Type": "application/json"}) as resp:
+                    record["http_status"] = resp.status
+                    if resp.status != 200:
+                        text = await resp.text()
+                        record["status"], record["error"] = "http_error", text[:300]
+                    elif cfg.stream:
+                        await self._read_stream(resp, record)
+                    else:
+                        payload = await resp.json(content_type=None)
+                        record["first_token_ns"] = now_ns()
+                        record["output_tokens"] = int((payload.get("usage") or {}).get("completion_tokens", 0))
+                        record["status"] = "ok"
+        except TimeoutError:
+            record["status"], record["error"] = "timeout", f"no complete answer within {cfg.timeout_s} s"
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            record["status"], record["error"] = "error", f"{type(exc).__name__}: {exc}"[:300]
+        finally:
+            record["completed_ns"] = now_ns()
+            self.in_flight -= 1
+            self.log.append(record)
+            self.results.append(record)
+
+    @staticmethod
+    async def _read_stream(resp: aiohttp.ClientResponse, record: dict) -> None:
+        chunks, usage_tokens, done = 0, None, False
+        async for line in resp.content:
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                break
+            payload = json.loads(data)
+            if payload.get("choices") and payload["choices"][0].get("text"):
+                chunks += 1
+                if record["first_token_ns"] is None:
+                    record["first_token_ns"] = now_ns()
+            if payload.get("usage"):
+                usage_tokens = int(payload["usage"].get("completion_tokens", 0))
+        # Servers may coalesce tokens into one chunk; usage is exact, the chunk count a lower bound.
+        record["output_tokens"] = usage_tokens if usage_tokens is not None else chunks
+        if done:
+            record["status"] = "ok"
+        else:
+            record["status"], record["error"] = "error", "stream ended without [DONE]"
+
+
+async def replay_requests(requests: pd.DataFrame, config: ReplayConfig, log_path: str | Path) -> ReplaySummary:
+    """Replay `requests` (canonical frame) in real time; every request gets a log record."""
+    was_enabled = gc.isenabled()
+    if config.pause_gc:
+        gc.collect()
+        gc.disable()
+    try:
+        return await _replay(requests, config, log_path)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | Path) -> ReplaySummary:
+    arrival_ns = np.round(requests["arrival_s"].to_numpy(dtype=float) * 1e9 / config.time_scale).astype(np.int64)
+    arrival_ns -= arrival_ns[0] if len(arrival_ns) else 0
+    prompts = requests["prompt_tokens"].to_numpy(dtype=np.int64)
+    outputs = requests["output_tokens"].to_numpy(dtype=np.int64)
+    connector = aiohttp.TCPConnector(limit=config.max_connections, force_close=False)
+    spin_ns = int(config.spin_s * 1e9)
+    async with ReplayLog(log_path, config.fsync_interval_s) as log:
+        replayer = _Replayer(config, log)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+            origin = config.origin_ns if config.origin_ns is not None else now_ns() + int(config.lead_s * 1e9)
+            tasks = set()
+            for i in range(len(arrival_ns)):
+                deadline = origin + int(arrival_ns[i])
+                coarse = (deadline - spin_ns - now_ns()) / 1e9
+                if coarse > 0:
+                    await asyncio.sleep(coarse)
+                while now_ns() < deadline:
+                    await asyncio.sleep(0)
+                task = asyncio.create_task(replayer.send(session, i, deadline, int(prompts[i]),
+                                                         max(1, int(outputs[i]))))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*list(tasks), return_exceptions=True)
+            finished = now_ns()
+    records = pd.DataFrame(replayer.results, columns=list(REPLAY_LOG_COLUMNS)).sort_values("index")
+    return _summarise(records, origin, finished, replayer, str(log_path))
+
+
+def replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | Path) -> ReplaySummary:
+    """Blocking wrapper around `replay_requests` (one asyncio loop)."""
+    return asyncio.run(replay_requests(requests, config, log_path))
+
+
+def _summarise(records: pd.DataFrame, origin: int, finished: int, replayer: _Replayer, log_path: str
+               ) -> ReplaySummary:
+    err = records["send_error_ns"].to_numpy(dtype=float) / 1e3
+    ok = records[records["status"] == "ok"]
+    ttft = (ok["first_token_ns"].astype(float) - ok["sent_ns"].astype(float)).to_numpy() / 1e6
+    pct = lambda a, q: float(np.percentile(a, q)) if len(a) else float("nan")  # noqa: E731
+    return ReplaySummary(
+        requests=len(records),
+        by_status={s: int((records["status"] == s).sum()) for s in STATUSES},
+        send_error_us={"p50": pct(err, 50), "p99": pct(err, 99), "max": float(err.max()) if len(err) else float("nan")},
+        ttft_ms={"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
+        duration_s=(finished - origin) / 1e9, max_in_flight=replayer.max_in_flight,
+        connection_limit_reached=replayer.limit_reached, log_path=log_path, records=records)
