@@ -341,7 +341,7 @@ class OcsServers:
         for port, handler in zip(self._ports, (_Tl1Handler, _ScpiHandler)):
             server = _Server((self.host, port), handler, self)
             self._servers.append(server)
-            self._spawn(server.serve_forever, f"ocs-{handler.protocol}")
+            self._spawn(lambda s=server: s.serve_forever(poll_interval=0.05), f"ocs-{handler.protocol}")
         if self._want_pty:
             master, slave = os.openpty()
             tty.setraw(slave)  # at once: a cooked slave would echo our replies back to us

@@ -145,6 +145,7 @@ class ScpiSwitch(CircuitSwitch):
     def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
         """One atomic `:CONN:ONLY` when the whole switch state lies on allowed ports (so replacing it
         cannot touch anything else); otherwise `:CONN:SUB` of the conflicts, then `:CONN:ADD`."""
+        check_allowed(self.allowed, [p for pair in mapping.items() for p in pair], "apply")
         current, read_timing = self._read_patches()
         plan = plan_apply(current, mapping, self.allowed, exclusive)
         if plan.empty:

@@ -163,6 +163,7 @@ class Tl1Switch(CircuitSwitch):
         return self.last_timing
 
     def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
+        check_allowed(self.allowed, [p for pair in mapping.items() for p in pair], "apply")
         current, read_timing = self._read_patches()
         plan = plan_apply(current, mapping, self.allowed, exclusive)
         if plan.empty:

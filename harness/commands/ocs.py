@@ -1,0 +1,139 @@
+"""`harness ocs`: talk to one optical circuit switch (Polatis TL1 or SCPI) from the command line.
+
+    harness ocs --url tcp://127.0.0.1:3082 --protocol polatis-tl1 --user admin --password root connect 1 17
+    harness ocs --url /dev/ttyUSB0 --protocol polatis-scpi list
+
+Only the ports named on the command line may be touched unless `--allowed-ports` says otherwise.
+Exit codes: 0 ok; 1 the switch refused or did not answer; 2 bad input (URL, protocol, port numbers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from devices.errors import DeviceError
+from devices.ocs import OcsConfigError, PROTOCOLS, open_switch, parse_url
+from devices.ocs.base import format_ports, parse_port_ranges
+from devices.resources import OcsResource
+from harness.errors import InputError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("ocs", help="query or change an optical circuit switch",
+                                   description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True,
+                        help="tcp://HOST:PORT, or for SCPI a pyserial URL (socket://, rfc2217://) or device path")
+    parser.add_argument("--protocol", default="polatis-tl1", help=f"one of {', '.join(PROTOCOLS)}")
+    parser.add_argument("--user", help="TL1 login (ACT-USER); none: no login")
+    parser.add_argument("--password", help="TL1 password (default: $OCS_PASSWORD)")
+    parser.add_argument("--allowed-ports", metavar="RANGES",
+                        help="ports the command may touch, e.g. 1-8,17-24 (default: the ports named)")
+    parser.add_argument("--size", default="0x0", metavar="NxM", help="switch size, informational")
+    parser.add_argument("--baudrate", type=int, default=38400, help="serial line speed (SCPI over serial)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per command (default 30)")
+    parser.add_argument("--json", action="store_true", help="print results as JSON")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    connect = actions.add_parser("connect", help="patch INGRESS to EGRESS (the switch refuses a busy port)")
+    connect.add_argument("ingress")
+    connect.add_argument("egress")
+    disconnect = actions.add_parser("disconnect", help="delete the patches on the given ingress ports")
+    disconnect.add_argument("ports", nargs="+")
+    apply = actions.add_parser("apply", help="reconcile to IN:OUT pairs (removes conflicting patches)")
+    apply.add_argument("pairs", nargs="+", metavar="IN:OUT")
+    apply.add_argument("--exclusive", action="store_true", help="also drop other patches on allowed ports")
+    actions.add_parser("list", help="list cross-connects")
+    power = actions.add_parser("power", help="optical power per port in dBm")
+    power.add_argument("ports", nargs="+")
+    actions.add_parser("identify", help="the switch's identity string")
+    parser.set_defaults(func=run)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise InputError(f"port {text!r} is not a number") from None
+    if value < 1:
+        raise InputError(f"port {value} out of range (ports start at 1)")
+    return value
+
+
+def _resource(args: argparse.Namespace, named_ports: list[int]) -> OcsResource:
+    try:
+        parse_url(args.url, args.protocol)
+        allowed = parse_port_ranges(args.allowed_ports) if args.allowed_ports else frozenset(named_ports)
+    except OcsConfigError as exc:
+        raise InputError(str(exc)) from None
+    except ValueError as exc:
+        raise InputError(f"--allowed-ports: {exc}") from None
+    try:
+        n, m = (int(x) for x in args.size.lower().split("x"))
+    except ValueError:
+        raise InputError(f"--size {args.size!r}: expected NxM, e.g. 16x16") from None
+    password = args.password if args.password is not None else os.environ.get("OCS_PASSWORD")
+    return OcsResource(name="cli", protocol=args.protocol, url=args.url, size=(n, m), allowed_ports=allowed,
+                       user=args.user, password=password, baudrate=args.baudrate)
+
+
+def run(args: argparse.Namespace) -> int:
+    pairs: dict[int, int] = {}
+    named: list[int] = []
+    if args.action == "connect":
+        named = [_port(args.ingress), _port(args.egress)]
+    elif args.action in ("disconnect", "power"):
+        named = [_port(p) for p in args.ports]
+    elif args.action == "apply":
+        for item in args.pairs:
+            ingress, sep, egress = item.partition(":")
+            if not sep:
+                raise InputError(f"pair {item!r}: expected IN:OUT, e.g. 1:17")
+            pairs[_port(ingress)] = _port(egress)
+        named = list(pairs) + list(pairs.values())
+    resource = _resource(args, named)
+    try:
+        switch = open_switch(resource, timeout_s=args.timeout)
+    except DeviceError as exc:
+        print(f"harness ocs: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return _act(switch, args, named, pairs)
+    except DeviceError as exc:
+        hint = " (log in with --user and --password)" if getattr(exc, "code", "") == "PLNA" else ""
+        print(f"harness ocs: {exc}{hint}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    finally:
+        switch.close()
+
+
+def _act(switch, args: argparse.Namespace, named: list[int], pairs: dict[int, int]) -> int:
+    def emit(data, text: str) -> None:
+        print(json.dumps(data) if args.json else text)
+
+    def timed(timing) -> dict:
+        return {"sent_ns": timing.sent_ns, "completed_ns": timing.completed_ns}
+
+    if args.action == "identify":
+        ident = switch.identify()
+        emit({"identity": ident}, ident)
+    elif args.action == "list":
+        patches = switch.patches()
+        emit({str(i): e for i, e in sorted(patches.items())},
+             "\n".join(f"{i} -> {e}" for i, e in sorted(patches.items())) or "no patches")
+    elif args.action == "power":
+        power = switch.port_power(named)
+        emit({str(p): v for p, v in power.items()}, "\n".join(f"{p} {v:.2f} dBm" for p, v in power.items()))
+    elif args.action == "connect":
+        timing = switch.connect(*named)
+        emit(timed(timing), f"connected {named[0]} -> {named[1]} in {timing.elapsed_s * 1e3:.2f} ms")
+    elif args.action == "disconnect":
+        timing = switch.disconnect(named)
+        emit(timed(timing), f"disconnected {format_ports(named)} in {timing.elapsed_s * 1e3:.2f} ms")
+    elif args.action == "apply":
+        timing = switch.apply(pairs, exclusive=args.exclusive)
+        emit(timed(timing), f"applied {len(pairs)} pair(s) in {timing.elapsed_s * 1e3:.2f} ms")
+    return 0

@@ -1,0 +1,286 @@
+"""Polatis TL1 driver: against an independent minimal TL1 responder (written here, not our emulator) and
+against the emulator over real TCP."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import socket
+import socketserver
+import threading
+
+import pytest
+
+from devices.emulated.ocs_server import OcsServers
+from devices.emulated.physics import OpticalBench
+from devices.emulated.profile import Delay, load_profile
+from devices.errors import DeviceDenied, DeviceTimeout, PortNotAllowed
+from devices.ocs import open_switch
+from devices.ocs.tl1 import Tl1Switch
+from devices.resources import OcsResource
+
+N = 16  # the `instant` profile's switch is 16x16
+ALL_PORTS = frozenset(range(1, 2 * N + 1))
+
+
+# ---------------------------------------------------------------- an independent, quirky TL1 responder
+class _Quirky(socketserver.BaseRequestHandler):
+    """Writes LF-only lines, a `<` prompt without a newline after each reply, and an autonomous
+    `A  ... REPT` message before every reply. Knows only what the TL1 grammar says."""
+
+    def handle(self):
+        state = self.server.state
+        buf = b""
+        self.request.sendall(b"\n<")
+        while data := self.request.recv(4096):
+            buf += data
+            while b";" in buf:
+                raw, _, buf = buf.partition(b";")
+                text = raw.decode().strip()
+                state["log"].append(text)
+                verb, _tid, aid, ctag, *rest = text.split(":") + [""] * 4
+                out = ["   NODE-7 24-05-01 12:00:00", "A  77 REPT EVT", '   "17:LOS,TC,,,,,,"', ";",
+                       "   NODE-7 24-05-01 12:00:01"]
+                body, deny = [], None
+                patches = state["patches"]
+                if verb == "ACT-USER":
+                    deny = None if rest[1] == "secret" else "PICC"
+                elif verb == "RTRV-PATCH":
+                    body = [f'   "{i},{e}"' for i, e in sorted(patches.items())]
+                elif verb == "ENT-PATCH":
+                    i, e = (int(x) for x in aid.split(","))
+                    if i in patches or e in patches.values():
+                        deny = "SROF"
+                    else:
+                        patches[i] = e
+                elif verb == "DLT-PATCH":
+                    ports = [int(x) for x in aid.split("&")]
+                    if any(p not in patches for p in ports):
+                        deny = "IDNV"
+                    for p in ports:
+                        patches.pop(p, None)
+                elif verb == "RTRV-PORT-POWER":
+                    body = [f'   "{p}:{-3.5 if p in patches or p in patches.values() else -60:.2f}"'
+                            for p in map(int, aid.split("&"))]
+                elif verb == "RTRV-NETYPE":
+                    body = ['   "POLATIS,IOST,OXC,7.1"']
+                elif verb != "CANC-USER":
+                    deny = "ICNV"
+                out.append(f"M  {ctag} {'DENY' if deny else 'COMPLD'}")
+                out += [f"   {deny}", "   /* refused */"] if deny else body
+                out.append(";")
+                self.request.sendall(("\n".join(out) + "\n<").encode())
+
+
+@pytest.fixture()
+def quirky():
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Quirky)
+    server.daemon_threads = True
+    server.state = {"patches": {}, "log": []}
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _resource(address, allowed=ALL_PORTS, user="admin", password="root") -> OcsResource:
+    return OcsResource(name="ocs1", protocol="polatis-tl1", url=f"tcp://{address[0]}:{address[1]}",
+                       size=(N, N), allowed_ports=frozenset(allowed), user=user, password=password)
+
+
+def test_driver_speaks_tl1_not_our_emulator(quirky):
+    with_log = quirky.state["log"]
+    switch = open_switch(_resource(quirky.server_address, password="secret"), timeout_s=5)
+    try:
+        assert with_log[0] == "ACT-USER::admin:1::secret"
+        assert switch.identify() == "POLATIS,IOST,OXC,7.1"
+        switch.connect(3, 20)
+        assert switch.patches() == {3: 20}
+        assert switch.port_power([3, 4]) == {3: -3.5, 4: -60.0}
+        with pytest.raises(DeviceDenied) as denied:
+            switch.connect(5, 20)
+        assert denied.value.code == "SROF"
+        switch.apply({5: 20, 6: 21})  # reconcile: drop 3->20, then add
+        assert switch.patches() == {5: 20, 6: 21}
+        switch.disconnect([5, 6])
+        assert switch.patches() == {}
+        with pytest.raises(DeviceDenied) as denied:
+            switch.disconnect([9])
+        assert denied.value.code == "IDNV"
+    finally:
+        switch.close()
+    assert with_log[-1].startswith("CANC-USER::admin:")
+
+
+def test_wrong_password_is_denied_and_password_not_echoed(quirky):
+    with pytest.raises(DeviceDenied) as denied:
+        open_switch(_resource(quirky.server_address, password="nope"), timeout_s=5)
+    assert denied.value.code == "PICC"
+    assert "nope" not in str(denied.value)
+
+
+def test_port_outside_allowlist_sends_nothing(quirky):
+    switch = open_switch(_resource(quirky.server_address, allowed={1, 17}, password="secret"), timeout_s=5)
+    try:
+        sent_before = list(quirky.state["log"])
+        for action in (lambda: switch.connect(1, 18), lambda: switch.connect(2, 17),
+                       lambda: switch.port_power([1, 30]), lambda: switch.apply({2: 18})):
+            with pytest.raises(PortNotAllowed):
+                action()
+        assert quirky.state["log"] == sent_before
+        quirky.state["patches"][1] = 20  # set behind our back: 20 is not allowed
+        with pytest.raises(PortNotAllowed):
+            switch.disconnect([1])  # the patch's egress is outside the allowlist
+        with pytest.raises(PortNotAllowed):
+            switch.apply({1: 17})  # moving it away from 20 touches 20
+        assert all(not c.startswith(("DLT", "ENT")) for c in quirky.state["log"])
+    finally:
+        switch.close()
+
+
+def test_silent_peer_times_out_with_partial_reply():
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def serve():
+        conn, _ = listener.accept()
+        accepted.append(conn)
+        conn.recv(100)
+        conn.sendall(b"   NODE 24-05-01 12:00:00\r\nM  1 COMPL")  # never finishes
+
+    threading.Thread(target=serve, daemon=True).start()
+    resource = _resource(listener.getsockname(), user=None)
+    switch = open_switch(resource, timeout_s=0.3)
+    try:
+        with pytest.raises(DeviceTimeout) as timeout:
+            switch.patches()
+        assert "M  1 COMPL" in str(timeout.value) and "RTRV-PATCH" in str(timeout.value)
+    finally:
+        switch.close()
+        listener.close()
+        for conn in accepted:
+            conn.close()
+
+
+# ---------------------------------------------------------------- against the emulator
+@pytest.fixture(scope="module")
+def emulator():
+    bench = OpticalBench(load_profile("instant"), seed=1).start()
+    servers = OcsServers(bench, pty=False).start()
+    yield bench, servers
+    servers.stop()
+    bench.stop()
+
+
+@pytest.fixture()
+def tl1(emulator):
+    bench, servers = emulator
+    switch = open_switch(_resource(servers.tl1_address, allowed=ALL_PORTS | {99}), timeout_s=10)
+    switch.command("DLT-PATCH", "ALL")  # raw command: every test starts from an empty switch
+    yield switch
+    switch.close()
+
+
+def _raw(address, payload: bytes, replies: int) -> str:
+    with socket.create_connection(address, timeout=5) as sock:
+        sock.sendall(payload)
+        data = b""
+        while data.count(b"\r\n;") < replies:
+            data += sock.recv(4096)
+    return data.decode()
+
+
+def test_raw_client_login_and_list(emulator, tl1):
+    _, servers = emulator
+    tl1.connect(2, 18)
+    text = _raw(servers.tl1_address, b"RTRV-PATCH:::1:;ACT-USER::admin:2::root;RTRV-PATCH:::3:;\r\n", 3)
+    header = r"\r\n   POLATIS \d\d-\d\d-\d\d \d\d:\d\d:\d\d\r\n"
+    assert re.search(header + r"M  1 DENY\r\n   PLNA\r\n   /\* .* \*/\r\n;", text)
+    assert re.search(header + r"M  2 COMPLD\r\n;", text)
+    assert re.search(header + r'M  3 COMPLD\r\n   "2,18"\r\n;', text)
+
+
+def test_login_required_and_checked(emulator):
+    _, servers = emulator
+    with pytest.raises(DeviceDenied) as denied:
+        open_switch(_resource(servers.tl1_address, password="wrong"), timeout_s=5)
+    assert denied.value.code == "PIUI"
+    anonymous = open_switch(_resource(servers.tl1_address, user=None), timeout_s=5)
+    try:
+        with pytest.raises(DeviceDenied) as denied:
+            anonymous.patches()
+        assert denied.value.code == "PLNA"
+    finally:
+        anonymous.close()
+
+
+def test_switch_errors_surface_with_their_codes(tl1):
+    cases = [(lambda: tl1.connect(99, 17), "IIAC"),        # no such port
+             (lambda: tl1.connect(1, 2), "IIAC"),          # ingress where an egress belongs
+             (lambda: tl1.disconnect([4]), "IDNV")]        # no patch to delete
+    tl1.connect(1, 17)
+    cases += [(lambda: tl1.connect(1, 18), "SROF"),         # ingress busy
+              (lambda: tl1.connect(3, 17), "SROF")]         # egress busy
+    for action, code in cases:
+        with pytest.raises(DeviceDenied) as denied:
+            action()
+        assert denied.value.code == code, denied.value
+        assert code in str(denied.value)
+    assert tl1.patches() == {1: 17}  # nothing changed by the refusals
+    with pytest.raises(DeviceDenied) as denied:
+        tl1.command("RTRV-NOTHING")
+    assert denied.value.code == "ICNV"
+
+
+def test_apply_is_an_idempotent_reconcile(tl1):
+    tl1.connect(1, 17)
+    tl1.connect(2, 18)
+    tl1.connect(5, 25)
+    first = tl1.apply({1: 18, 3: 17})  # 1 moves, 2 loses its egress, 3 takes 17
+    assert tl1.patches() == {1: 18, 3: 17, 5: 25}
+    assert first.sent_ns <= first.completed_ns
+    again = tl1.apply({1: 18, 3: 17})
+    assert tl1.patches() == {1: 18, 3: 17, 5: 25}
+    assert again.completed_ns > first.completed_ns
+    tl1.apply({4: 20}, exclusive=True)
+    assert tl1.patches() == {4: 20}
+    with pytest.raises(ValueError):
+        tl1.apply({1: 20, 2: 20})
+
+
+def test_full_traverse_of_every_port_pair(tl1):
+    """Every ingress to every egress, one at a time, each confirmed by reading the switch back."""
+    seen = 0
+    for ingress in range(1, N + 1):
+        for egress in range(N + 1, 2 * N + 1):
+            tl1.apply({ingress: egress}, exclusive=True)
+            assert tl1.patches() == {ingress: egress}
+            seen += 1
+    assert seen == N * N
+
+
+def test_completion_waits_for_the_mirrors():
+    profile = load_profile("instant")
+    slow = dataclasses.replace(profile, ocs={"switch": Delay.fixed(0.05), "dark": Delay.fixed(0.0)})
+    bench = OpticalBench(slow).start()
+    servers = OcsServers(bench, pty=False).start()
+    try:
+        switch = open_switch(_resource(servers.tl1_address), timeout_s=5)
+        timing = switch.connect(1, 17)
+        switch.close()
+        bench.wait_idle()
+        settled = [t["t_ns"] for t in bench.ground_truth() if t["stage"] == "mirror_settled"]
+        assert timing.completed_ns - timing.sent_ns >= 50_000_000
+        assert len(settled) == 1 and timing.sent_ns < settled[0] <= timing.completed_ns + 5_000_000
+        # power reflects the settled mirror: egress lit, a dark egress not
+        reader = open_switch(_resource(servers.tl1_address), timeout_s=5)
+        power = reader.port_power([17, 18])
+        reader.close()
+        assert power[17] > -20 and power[18] <= -50
+    finally:
+        servers.stop()
+        bench.stop()
+
+
+def test_tl1_driver_type(tl1):
+    assert isinstance(tl1, Tl1Switch)
+    assert "POLATIS" in tl1.identify()
