@@ -1,0 +1,161 @@
+"""Clock correction against synthetic host clocks with known offset, drift and a step."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from devices.errors import DeviceTimeout
+from devices.protocols import LineStream
+from harness.clock import ClockSample, ClockSyncError, ClockTracker, clock_table, probe
+
+EPOCH = 1_764_000_000 * 10**9  # realtime vs monotonic: offsets are ~1.7e18 ns, beyond float precision
+
+
+class SimTime:
+    def __init__(self, start: int = 5 * 10**12):
+        self.t = start
+
+    def __call__(self) -> int:
+        return self.t
+
+
+class FakeTimesrv(LineStream):
+    """The agent's `timesrv` with a host clock `host(t)` and random one-way delays (ns)."""
+
+    def __init__(self, clock: SimTime, host, rng, forward, backward, granularity=1_000, stale=0):
+        self.clock, self.host, self.rng = clock, host, rng
+        self.forward, self.backward, self.granularity = forward, backward, granularity
+        self.queue: list[tuple[int, str]] = [(clock.t, f"old{i} 1") for i in range(stale)]
+
+    def write(self, data: str) -> None:
+        token = data.strip()
+        self.clock.t += int(self.forward(self.rng))
+        stamp = self.host(self.clock.t) // self.granularity * self.granularity
+        self.clock.t += int(self.backward(self.rng))
+        self.queue.append((self.clock.t, f"{token} {stamp}"))
+
+    def readline(self, deadline):
+        return self.queue.pop(0) if self.queue else None
+
+    def __iter__(self):
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def host_clock(offset, drift_ppm, t0, steps=()):
+    """realtime(t) = t + EPOCH + offset + drift·(t − t0) + Σ jumps after their time."""
+    def host(t: int) -> int:
+        value = t + EPOCH + offset + round(drift_ppm * 1e-6 * (t - t0))
+        return value + sum(j for at, j in steps if t >= at)
+    return host
+
+
+def true_offset(host, t):
+    return host(t) - t
+
+
+def exp_delay(mean_ns):
+    return lambda rng: 20_000 + rng.exponential(mean_ns)
+
+
+def test_probe_keeps_min_delay_sample_and_bounds_offset():
+    clock, rng = SimTime(), np.random.default_rng(1)
+    host = host_clock(offset=-37_000_000, drift_ppm=0, t0=clock.t)
+    # Strongly asymmetric: the request path is slow, the reply fast (exec-style bias).
+    stream = FakeTimesrv(clock, host, rng, exp_delay(400_000), exp_delay(10_000), stale=2)
+    sample = probe(stream, count=32, now=clock)
+    assert abs(sample.offset_ns - true_offset(host, sample.t_ns)) <= sample.uncertainty_ns
+    assert sample.uncertainty_ns >= sample.delay_ns // 2 + 1000
+
+
+def test_probe_errors():
+    clock = SimTime()
+    stream = FakeTimesrv(clock, lambda t: t, np.random.default_rng(0), exp_delay(1), exp_delay(1))
+    stream.write = lambda data: None  # the responder never answers
+    with pytest.raises(DeviceTimeout):
+        probe(stream, count=1, now=clock)
+    stream.queue = [(clock.t, "c1")]
+    with pytest.raises(ClockSyncError):
+        probe(stream, count=1, now=clock)
+
+
+@pytest.mark.parametrize("seed,drift_ppm,asymmetric", [(0, 15.0, False), (1, -20.0, True), (2, 0.0, True),
+                                                       (3, 3.7, False)])
+def test_tracker_bounds_hold_through_drift_and_step(seed, drift_ppm, asymmetric):
+    rng = np.random.default_rng(seed)
+    clock = SimTime()
+    start = clock.t
+    step_at, jump = start + 31 * 10**9 + 123_456_789, 2_500_000
+    host = host_clock(offset=int(rng.integers(-40, 40) * 10**6), drift_ppm=drift_ppm, t0=start,
+                      steps=[(step_at, jump)])
+    forward = exp_delay(300_000 if asymmetric else 60_000)
+    stream = FakeTimesrv(clock, host, rng, forward, exp_delay(60_000))
+    tracker = ClockTracker("gpu1")
+    for _ in range(60):  # one sync per second for a minute
+        tracker.sync(stream, count=8, now=clock)
+        clock.t += 10**9 + int(rng.integers(0, 10**8))
+    # Exactly one step, located between the samples around it, with the right size.
+    assert len(tracker.steps) == 1
+    step = tracker.steps[0]
+    assert step.after_ns < step_at <= step.t_ns
+    assert abs(step.jump_ns - jump) <= step.uncertainty_ns
+    assert abs(tracker.drift_ppm - drift_ppm) < 5
+    # Host timestamps anywhere in the run (and 20 s past it) map back within the stated bound.
+    end = clock.t
+    for t_true in np.linspace(start - 5 * 10**9, end + 20 * 10**9, 3001).astype(np.int64):
+        t_true = int(t_true)
+        t, offset, bound = tracker.to_harness(host(t_true))
+        assert abs(t - t_true) <= bound, (t_true - start, t - t_true, bound)
+        assert offset == host(t_true) - t
+    # The bound grows with extrapolation past the last sample.
+    last = tracker.segments[-1].last_t
+    bounds = [tracker.offset_at(last + k * 10**9)[1] for k in range(0, 50, 10)]
+    assert bounds == sorted(bounds) and bounds[-1] > bounds[0]
+    # Interpolated offsets are tight compared with the single-probe RTT/2 bound.
+    _, within = tracker.offset_at(last - 10**10)
+    assert within < 400_000
+
+
+def test_single_sample_uses_prior_drift_and_reports_table():
+    tracker = ClockTracker("gpu2", max_drift_ppm=100)
+    with pytest.raises(ClockSyncError):
+        tracker.to_harness(1)
+    tracker.add(ClockSample(t_ns=10**12, offset_ns=EPOCH, delay_ns=200_000, uncertainty_ns=101_000))
+    assert tracker.offset_at(10**12) == (EPOCH, 101_000)
+    assert tracker.offset_at(10**12 + 10**9)[1] == pytest.approx(101_000 + 100_000 + 100, abs=2)
+    with pytest.raises(ValueError):
+        tracker.add(ClockSample(t_ns=10**11, offset_ns=EPOCH, delay_ns=1, uncertainty_ns=1))
+    table = clock_table({"gpu2": tracker})
+    assert table[0]["host"] == "gpu2" and table[0]["segments"][0]["offset_ns"] == EPOCH
+
+
+def test_worst_case_asymmetry_is_just_inside_the_bound():
+    """All delay on the request path: every estimate is off by exactly δ/2, which the bound must cover
+    (and nearly equal: a looser bound than necessary would not be caught by random delays)."""
+    clock = SimTime()
+    host = host_clock(offset=12_345_678, drift_ppm=-8.0, t0=clock.t)
+    stream = FakeTimesrv(clock, host, None, lambda rng: 500_000, lambda rng: 0, granularity=1)
+    tracker = ClockTracker("gpu3", drift_wander_ppm=0)
+    for _ in range(20):
+        tracker.sync(stream, count=4, now=clock, granularity_ns=1)
+        clock.t += 10**9
+    for t_true in range(clock.t - 19 * 10**9, clock.t, 10**8):
+        t, _, bound = tracker.to_harness(host(t_true))
+        assert abs(t - t_true) <= bound
+        assert abs(t - t_true) >= 0.99 * 250_000 and bound <= 250_000 + 100
+    assert tracker.drift_ppm == pytest.approx(-8.0, abs=0.01)
+
+
+def test_estimates_are_much_better_than_their_bound():
+    rng = np.random.default_rng(7)
+    clock = SimTime()
+    host = host_clock(offset=-5_000_000, drift_ppm=11.0, t0=clock.t)
+    stream = FakeTimesrv(clock, host, rng, exp_delay(80_000), exp_delay(80_000))
+    tracker = ClockTracker("gpu4")
+    for _ in range(30):
+        tracker.sync(stream, count=16, now=clock)
+        clock.t += 10**9
+    errors = [abs(tracker.to_harness(host(t))[0] - t) for t in range(clock.t - 29 * 10**9, clock.t, 10**8)]
+    assert np.median(errors) < 10_000 and max(errors) < 40_000
