@@ -1,0 +1,931 @@
+"""An emulated lab host: a real SSH server (paramiko) on 127.0.0.1 answering what the drivers run.
+
+Commands are answered from the `OpticalBench` in the real tools' formats (devices/emulated/formats.py):
+`cat` of sysfs files, `ip [-ts] [-o] monitor link` (streaming), `ip -o link`, `rdma [-j] link`, `ethtool`,
+`ethtool -m`, `mlxlink -d`, `nvidia-smi --query-gpu=…`, `date +%s.%N`, `chronyc tracking`, plus the host
+agent protocol of ARCHITECTURE.md (upload with `mkdir -p … && cat > PATH`, `python3 -u PATH SUBCOMMAND`).
+Every timestamp a host prints comes from `bench.host_clock_ns` / `bench.host_time` (offset + drift).
+
+Command handlers form a registry (`server.commands`, name -> handler(ctx, argv) -> exit status);
+`extra_commands` adds or overrides entries, and the key "*" catches names nobody else handles.
+
+Channel lifecycle (shared spec feasibility.md §1): a handler ends by sending exit status + EOF and lets
+the client close; closing from the handler can overtake paramiko's exec reply and fail the command.
+A reaper closes channels the client leaves open (e.g. a stock `ssh` whose stdin stays open).
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import logging
+import os
+import posixpath
+import queue
+import random
+import shlex
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import paramiko
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from devices.emulated import formats
+from devices.resources import HostResource
+from devices.timing import now_ns
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[["ExecContext", list[str]], int]
+
+_CLOSE_AFTER_S = 2.0  # the reaper closes a finished channel the client has not closed by then
+_POLL_S = 0.1  # how often blocked streaming handlers check whether the client went away
+PYTHON_NAMES = ("python3", "python")  # how the harness launches the agent (HostResource.python)
+AGENT_FIELDS = ("rx_los", "rx_lol", "carrier", "operstate", "phys_state", "state")
+_ETHTOOL_FIELDS = ("rx_los", "rx_lol")
+
+
+class ChannelGone(Exception):
+    """The client closed the channel (or the connection dropped) while a handler was writing."""
+
+
+class ExecContext:
+    """What a command handler sees: the host, the bench, the exec'd command line and the channel I/O."""
+
+    def __init__(self, server: "EmulatedHostServer", channel: paramiko.Channel, command: str):
+        self.server = server
+        self.bench = server.bench
+        self.host = server.host_name
+        self.channel = channel
+        self.command = command
+        self._redirect: list[bytes] | None = None
+        self._stdin_buffer = b""
+
+    # ---- output
+    def out(self, text: str | bytes) -> None:
+        data = text.encode() if isinstance(text, str) else text
+        if self._redirect is not None:
+            self._redirect.append(data)
+            return
+        try:
+            self.channel.sendall(data)
+        except (OSError, EOFError) as exc:
+            raise ChannelGone() from exc
+
+    def err(self, text: str) -> None:
+        try:
+            self.channel.sendall_stderr(text.encode())
+        except (OSError, EOFError) as exc:
+            raise ChannelGone() from exc
+
+    # ---- input
+    def read_stdin(self) -> bytes:
+        """All of stdin, up to EOF (or the client closing)."""
+        chunks = [self._stdin_buffer]
+        self._stdin_buffer = b""
+        while True:
+            data = self.channel.recv(65536)
+            if not data:
+                return b"".join(chunks)
+            chunks.append(data)
+
+    def stdin_lines(self) -> Iterator[bytes]:
+        """Stdin line by line (without newline) until EOF."""
+        while True:
+            cut = self._stdin_buffer.find(b"\n")
+            if cut >= 0:
+                line, self._stdin_buffer = self._stdin_buffer[:cut], self._stdin_buffer[cut + 1:]
+                yield line
+                continue
+            data = self.channel.recv(65536)
+            if not data:
+                return
+            self._stdin_buffer += data
+
+    def gone(self) -> bool:
+        """The client closed the channel or the connection dropped."""
+        transport = self.channel.get_transport()
+        return self.channel.closed or transport is None or not transport.is_active()
+
+    def wait_stdin_eof_or_gone(self) -> None:
+        """Block until stdin reaches EOF or the client goes away (discarding stdin)."""
+        self.channel.settimeout(_POLL_S)
+        try:
+            while not self.gone():
+                try:
+                    if not self.channel.recv(65536):
+                        return
+                except socket.timeout:
+                    continue
+        finally:
+            self.channel.settimeout(None)
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep, returning early (False) if the client goes away."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if self.gone():
+                return False
+            time.sleep(min(left, _POLL_S))
+        return True
+
+    def path(self, word: str) -> str:
+        """A shell word as an absolute path (`~` is the user's home)."""
+        if word == "~" or word.startswith("~/"):
+            word = self.server.home + word[1:]
+        if not word.startswith("/"):
+            word = posixpath.join(self.server.home, word)
+        return posixpath.normpath(word)
+
+
+class _VirtualFs:
+    """Files uploaded to the host (the agent program), kept in memory per host."""
+
+    def __init__(self, home: str):
+        self.lock = threading.Lock()
+        self.files: dict[str, bytes] = {}
+        self.dirs = {"/", "/home", home, "/tmp"}
+
+    def mkdir(self, path: str) -> None:
+        with self.lock:
+            while path not in self.dirs:
+                self.dirs.add(path)
+                path = posixpath.dirname(path)
+
+
+def _generate_ed25519(path: Path) -> paramiko.Ed25519Key:
+    """A fresh Ed25519 key in OpenSSH format (mode 600). paramiko has no Ed25519 generate()."""
+    pem = Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM,
+                                                     serialization.PrivateFormat.OpenSSH,
+                                                     serialization.NoEncryption())
+    path.write_bytes(pem)
+    os.chmod(path, 0o600)
+    return paramiko.Ed25519Key(filename=str(path))
+
+
+class _SshServer(paramiko.ServerInterface):
+    def __init__(self, host: "EmulatedHostServer"):
+        self.host = host
+
+    def get_allowed_auths(self, username: str) -> str:
+        return "publickey"
+
+    def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
+        if username == self.host.user and key == self.host.client_public_key:
+            return paramiko.AUTH_SUCCESSFUL
+        return paramiko.AUTH_FAILED
+
+    def check_channel_request(self, kind: str, chanid: int) -> int:
+        if kind == "session":
+            return paramiko.OPEN_SUCCEEDED
+        return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+
+    def check_channel_env_request(self, channel, name, value) -> bool:
+        return True  # stock OpenSSH sends LANG/LC_*; accept and ignore
+
+    def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
+        text = command.decode(errors="replace")
+        threading.Thread(target=self.host._exec, args=(channel, text), daemon=True,
+                         name=f"ssh-{self.host.host_name}-exec").start()
+        return True
+
+
+class EmulatedHostServer:
+    """One emulated host on 127.0.0.1:`port`. Key files live in a temp dir this object owns."""
+
+    def __init__(self, bench, host_name: str, *, user: str = "lab",
+                 extra_commands: dict[str, Handler] | None = None, gpus: int = 8):
+        self.bench = bench
+        self.host_name = host_name
+        self.user = user
+        self.home = f"/home/{user}"
+        self.gpus = [formats.EmulatedGpu(i) for i in range(gpus)]
+        self.commands: dict[str, Handler] = dict(DEFAULT_COMMANDS)
+        self.commands.update(extra_commands or {})
+        self.agent_commands: dict[str, Handler] = dict(AGENT_COMMANDS)
+        self.fs = _VirtualFs(self.home)
+        self.port = 0
+        self._dir: tempfile.TemporaryDirectory | None = None
+        self._listener: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._transports: list[paramiko.Transport] = []
+        self._lock = threading.Lock()
+        self._reap: list[tuple[float, int, paramiko.Channel]] = []
+        self._reap_cv = threading.Condition()
+        self._reap_seq = itertools.count()
+        self._running = False
+        self._latched: set[tuple[str, str]] = set()
+        self._unsubscribe: Callable[[], None] | None = None
+        self.host_key: paramiko.Ed25519Key | None = None
+        self.client_public_key: paramiko.PKey | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def host_key_path(self) -> Path:
+        return self._keydir / "ssh_host_ed25519_key"
+
+    @property
+    def client_key_path(self) -> Path:
+        return self._keydir / "id_ed25519"
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self._keydir / "known_hosts"
+
+    @property
+    def _keydir(self) -> Path:
+        if self._dir is None:
+            raise RuntimeError("EmulatedHostServer not started")
+        return Path(self._dir.name)
+
+    def start(self) -> "EmulatedHostServer":
+        self._dir = tempfile.TemporaryDirectory(prefix=f"ocs-hil-{self.host_name}-")
+        self.host_key = _generate_ed25519(self.host_key_path)
+        client_key = _generate_ed25519(self.client_key_path)
+        self.client_public_key = paramiko.Ed25519Key(data=client_key.asbytes())
+        self.client_key_path.with_suffix(".pub").write_text(
+            f"{client_key.get_name()} {client_key.get_base64()} {self.user}@harness\n")
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port = self._listener.getsockname()[1]
+        self.known_hosts_path.write_text(
+            f"[127.0.0.1]:{self.port} {self.host_key.get_name()} {self.host_key.get_base64()}\n")
+        self._unsubscribe = self.bench.subscribe(self.host_name, self._latch)
+        self._running = True
+        self._thread = threading.Thread(target=self._serve, name=f"ssh-{self.host_name}", daemon=True)
+        self._thread.start()
+        threading.Thread(target=self._reaper, name=f"ssh-{self.host_name}-reaper", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._running = False
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._listener.close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        self.drop_connections()
+        with self._reap_cv:
+            self._reap_cv.notify_all()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def drop_connections(self) -> int:
+        """Close every client connection (fault injection: a dropped link). Returns how many."""
+        with self._lock:
+            transports, self._transports = self._transports, []
+        for transport in transports:
+            transport.close()
+        return len(transports)
+
+    def __enter__(self) -> "EmulatedHostServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def resource(self) -> HostResource:
+        """How the harness reaches this host. Emulated: host-key checking relaxed, known_hosts still given."""
+        return HostResource(name=self.host_name, address="127.0.0.1", port=self.port, user=self.user,
+                            identity_file=str(self.client_key_path), known_hosts=str(self.known_hosts_path),
+                            strict_host_key=False)
+
+    def inventory_entry(self, ocs: str = "ocs1") -> dict:
+        """This host as an inventory `hosts:` entry (ARCHITECTURE.md contract)."""
+        r = self.resource()
+        return {"address": r.address, "port": r.port, "user": r.user, "identity_file": r.identity_file,
+                "known_hosts": r.known_hosts,
+                "nics": [{"netdev": p.netdev, "rdma_dev": p.rdma_dev, "rdma_port": p.rdma_port, "ocs": ocs,
+                          "tx": p.ocs_tx, "rx": p.ocs_rx} for p in self.bench.nic_ports(self.host_name)]}
+
+    # ------------------------------------------------------------------ connections
+    def _serve(self) -> None:
+        assert self._listener is not None
+        while self._running:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            transport = paramiko.Transport(sock)
+            transport.add_server_key(self.host_key)
+            try:
+                transport.start_server(event=threading.Event(), server=_SshServer(self))
+            except (paramiko.SSHException, OSError, EOFError):
+                transport.close()
+                continue
+            with self._lock:
+                self._transports = [t for t in self._transports if t.is_active()] + [transport]
+
+    def _reaper(self) -> None:
+        while True:
+            with self._reap_cv:
+                while self._running and (not self._reap or self._reap[0][0] > time.monotonic()):
+                    self._reap_cv.wait(None if not self._reap else self._reap[0][0] - time.monotonic())
+                if not self._running:
+                    return
+                _, _, channel = heapq.heappop(self._reap)
+            channel.close()
+
+    def _exec(self, channel: paramiko.Channel, command: str) -> None:
+        transport = channel.get_transport()
+        if transport is not None:
+            transport.accept(timeout=0)  # keep paramiko's queue of accepted channels from growing
+        ctx = ExecContext(self, channel, command)
+        try:
+            status = run_shell(ctx, command)
+        except ChannelGone:
+            return
+        except Exception as exc:  # a handler bug must not leave the client hanging
+            log.exception("emulated host %s: %r failed", self.host_name, command)
+            try:
+                ctx.err(f"emulator: {type(exc).__name__}: {exc}\n")
+            except ChannelGone:
+                return
+            status = 1
+        try:
+            channel.send_exit_status(status)
+            channel.shutdown_write()
+        except (OSError, EOFError):
+            return
+        with self._reap_cv:
+            heapq.heappush(self._reap, (time.monotonic() + _CLOSE_AFTER_S, next(self._reap_seq), channel))
+            self._reap_cv.notify()
+
+    # ------------------------------------------------------------------ state helpers
+    def _latch(self, change) -> None:
+        """Latched module flags: a LOS/LOL seen since the last `ethtool -m` read (clear-on-read)."""
+        if change.field in _ETHTOOL_FIELDS and change.value == "1":
+            self._latched.add((change.netdev, change.field))
+
+    def take_latched(self, netdev: str) -> tuple[bool, bool]:
+        los = (netdev, "rx_los") in self._latched
+        lol = (netdev, "rx_lol") in self._latched
+        self._latched.discard((netdev, "rx_los"))
+        self._latched.discard((netdev, "rx_lol"))
+        return los, lol
+
+    def nic_by_netdev(self, netdev: str):
+        return next((m for m in self.bench.nic_ports(self.host_name) if m.netdev == netdev), None)
+
+    def nic_by_rdma(self, dev: str, port: int | None = None):
+        return next((m for m in self.bench.nic_ports(self.host_name)
+                     if m.rdma_dev == dev and (port is None or m.rdma_port == port)), None)
+
+    def ports_with_state(self) -> list:
+        return [(m, self.bench.nic_snapshot(self.host_name, m.netdev)) for m in self.bench.nic_ports(self.host_name)]
+
+
+# ====================================================================== a minimal shell
+
+
+def _split_commands(command: str) -> list[tuple[str, list[str]]]:
+    """`a && b ; c` -> [('', a-words), ('&&', b-words), (';', c-words)]."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|<>")
+    lexer.whitespace_split = True
+    pieces: list[tuple[str, list[str]]] = [("", [])]
+    for token in lexer:
+        if token in ("&&", ";", "||"):
+            pieces.append((token, []))
+        else:
+            pieces[-1][1].append(token)
+    return [(op, words) for op, words in pieces if words]
+
+
+def run_shell(ctx: ExecContext, command: str) -> int:
+    """Run `command` with `&&`, `||`, `;` and `> FILE` (stdout into the virtual file system)."""
+    try:
+        pieces = _split_commands(command)
+    except ValueError as exc:
+        ctx.err(f"sh: 1: Syntax error: {exc}\n")
+        return 2
+    status = 0
+    for op, words in pieces:
+        if (op == "&&" and status != 0) or (op == "||" and status == 0):
+            continue
+        status = _run_simple(ctx, words)
+    return status
+
+
+def _run_simple(ctx: ExecContext, words: list[str]) -> int:
+    home = ctx.server.home
+    words = [home + w[1:] if w == "~" or w.startswith("~/") else w for w in words]  # tilde expansion
+    target = None
+    if ">" in words:
+        at = words.index(">")
+        if at + 1 >= len(words):
+            ctx.err("sh: 1: Syntax error: newline unexpected\n")
+            return 2
+        target = ctx.path(words[at + 1])
+        words = words[:at] + words[at + 2:]
+        if posixpath.dirname(target) not in ctx.server.fs.dirs:
+            ctx.err(f"sh: 1: cannot create {target}: Directory nonexistent\n")
+            return 2
+    if any(w in ("|", "<", ">>", "&", "|&") for w in words):
+        ctx.err("sh: 1: emulated host: pipes and input redirection are not supported\n")
+        return 2
+    if words and words[0] == "exec":
+        words = words[1:]
+    if not words:
+        return 0
+    name = words[0]
+    handler = ctx.server.commands.get(name) or ctx.server.commands.get(posixpath.basename(name))
+    if handler is None and posixpath.basename(name) in PYTHON_NAMES:
+        handler = _python
+    if handler is None:
+        handler = ctx.server.commands.get("*")
+    if handler is None:
+        ctx.err(f"sh: 1: {name}: not found\n")
+        return 127
+    if target is None:
+        return handler(ctx, words)
+    ctx._redirect = []
+    try:
+        status = handler(ctx, words)
+    finally:
+        data, ctx._redirect = b"".join(ctx._redirect), None
+    with ctx.server.fs.lock:
+        ctx.server.fs.files[target] = data
+    return status
+
+
+# ====================================================================== tool commands
+
+
+def _true(ctx: ExecContext, argv: list[str]) -> int:
+    return 0
+
+
+def _false(ctx: ExecContext, argv: list[str]) -> int:
+    return 1
+
+
+def _echo(ctx: ExecContext, argv: list[str]) -> int:
+    ctx.out(" ".join(argv[1:]) + "\n")
+    return 0
+
+
+def _hostname(ctx: ExecContext, argv: list[str]) -> int:
+    ctx.out(ctx.host + "\n")
+    return 0
+
+
+def _sleep(ctx: ExecContext, argv: list[str]) -> int:
+    try:
+        seconds = float(argv[1])
+    except (IndexError, ValueError):
+        ctx.err("sleep: missing or invalid operand\n")
+        return 1
+    ctx.sleep(seconds)
+    return 0
+
+
+def _mkdir(ctx: ExecContext, argv: list[str]) -> int:
+    paths = [a for a in argv[1:] if not a.startswith("-")]
+    if not paths:
+        ctx.err("mkdir: missing operand\n")
+        return 1
+    for path in paths:
+        ctx.server.fs.mkdir(ctx.path(path))
+    return 0
+
+
+def _rm(ctx: ExecContext, argv: list[str]) -> int:
+    with ctx.server.fs.lock:
+        for path in (a for a in argv[1:] if not a.startswith("-")):
+            ctx.server.fs.files.pop(ctx.path(path), None)
+    return 0
+
+
+def _read_file(ctx: ExecContext, path: str) -> str | bytes | None:
+    """A virtual file, or an emulated sysfs file rendered from the bench now."""
+    with ctx.server.fs.lock:
+        if path in ctx.server.fs.files:
+            return ctx.server.fs.files[path]
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["sys", "class", "infiniband"] and len(parts) >= 7 and parts[4] == "ports":
+        model = ctx.server.nic_by_rdma(parts[3], int(parts[5]) if parts[5].isdigit() else -1)
+        if model is not None:
+            return formats.sysfs_ib_port_file(ctx.bench.nic_snapshot(ctx.host, model.netdev), "/".join(parts[6:]))
+    if parts[:3] == ["sys", "class", "net"] and len(parts) == 5:
+        model = ctx.server.nic_by_netdev(parts[3])
+        if model is not None:
+            return formats.sysfs_net_file(ctx.bench.nic_snapshot(ctx.host, model.netdev), model, parts[4])
+    return None
+
+
+def _cat(ctx: ExecContext, argv: list[str]) -> int:
+    paths = [a for a in argv[1:] if a != "-"]
+    if not paths:
+        ctx.out(ctx.read_stdin())
+        return 0
+    status = 0
+    for word in paths:
+        content = _read_file(ctx, ctx.path(word))
+        if content is None:
+            ctx.err(f"cat: {word}: No such file or directory\n")
+            status = 1
+        else:
+            ctx.out(content)
+    return status
+
+
+def _sha256sum(ctx: ExecContext, argv: list[str]) -> int:
+    status = 0
+    for word in argv[1:]:
+        content = _read_file(ctx, ctx.path(word))
+        if content is None:
+            ctx.err(f"sha256sum: {word}: No such file or directory\n")
+            status = 1
+            continue
+        data = content.encode() if isinstance(content, str) else content
+        ctx.out(f"{hashlib.sha256(data).hexdigest()}  {word}\n")
+    return status
+
+
+def _date(ctx: ExecContext, argv: list[str]) -> int:
+    host_ns = ctx.bench.host_clock_ns(ctx.host)
+    fmt = argv[1] if len(argv) > 1 else None
+    if fmt == "+%s.%N":
+        ctx.out(formats.date_ns(host_ns))
+    elif fmt == "+%s%N":
+        ctx.out(f"{host_ns}\n")
+    elif fmt == "+%s":
+        ctx.out(f"{host_ns // 1_000_000_000}\n")
+    elif fmt is None:
+        ctx.out(time.strftime("%a %b %e %H:%M:%S %Z %Y\n", time.localtime(host_ns // 1_000_000_000)))
+    else:
+        ctx.err(f"date: emulated host supports +%s.%N, +%s%N, +%s; got {fmt!r}\n")
+        return 1
+    return 0
+
+
+def _chronyc(ctx: ExecContext, argv: list[str]) -> int:
+    if argv[1:] != ["tracking"]:
+        ctx.err("chronyc: emulated host supports 'chronyc tracking' only\n")
+        return 1
+    offset_s = (ctx.bench.host_clock_ns(ctx.host) - time.time_ns()) / 1e9
+    params = getattr(ctx.bench, "host_clock_params", None)
+    drift = params(ctx.host)["drift_ppm"] if params else 0.0
+    ctx.out(formats.chronyc_tracking(offset_s, drift))
+    return 0
+
+
+def _ip(ctx: ExecContext, argv: list[str]) -> int:
+    opts = {"ts": False, "oneline": False}
+    rest = argv[1:]
+    while rest and rest[0].startswith("-"):
+        flag = rest.pop(0)
+        if flag in ("-ts", "-tshort"):
+            opts["ts"] = True
+        elif flag in ("-o", "-oneline"):
+            opts["oneline"] = True
+        elif flag in ("-d", "-details", "-s", "-stats"):
+            pass
+        else:
+            ctx.err(f'Option "{flag}" is unknown, try "ip -help".\n')
+            return 255
+    if rest[:1] == ["monitor"] and rest[1:] in ([], ["link"]):
+        return _ip_monitor(ctx, opts["ts"], opts["oneline"])
+    if rest[:1] in (["link"], ["l"]):
+        words = [w for w in rest[1:] if w not in ("show", "dev")]
+        ports = ctx.server.ports_with_state()
+        if words:
+            ports = [(m, s) for m, s in ports if m.netdev == words[0]]
+            if not ports:
+                ctx.err(f'Device "{words[0]}" does not exist.\n')
+                return 1
+            text = "".join(formats.ip_link_lines(m, s.carrier, s.operstate, oneline=opts["oneline"], monitor=False)
+                           for m, s in ports)
+        elif opts["oneline"]:
+            text = formats.ip_o_link(ports)
+        else:
+            text = "".join(formats.ip_link_lines(m, s.carrier, s.operstate, oneline=False, monitor=False)
+                           for m, s in ports)
+        ctx.out(text)
+        return 0
+    ctx.err(f'Object "{rest[0] if rest else ""}" is unknown, try "ip help".\n')
+    return 255
+
+
+def _subscribe(ctx: ExecContext) -> tuple[queue.SimpleQueue, Callable[[], None]]:
+    changes: queue.SimpleQueue = queue.SimpleQueue()
+    return changes, ctx.bench.subscribe(ctx.host, changes.put)
+
+
+def _ip_monitor(ctx: ExecContext, stamps: bool, oneline: bool) -> int:
+    """Stream a link event whenever carrier or operstate changes (netlink is immediate here: the
+    emulator does not model linkwatch's up-to-1-s batching of carrier-down events)."""
+    changes, unsubscribe = _subscribe(ctx)
+    try:
+        state = {m.netdev: [m, s.carrier, s.operstate] for m, s in ctx.server.ports_with_state()}
+        while not ctx.gone():
+            try:
+                change = changes.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+            entry = state.get(change.netdev)
+            if entry is None or change.field not in ("carrier", "operstate"):
+                continue
+            new = (change.value == "1") if change.field == "carrier" else change.value
+            index = 1 if change.field == "carrier" else 2
+            if entry[index] == new:
+                continue
+            entry[index] = new
+            host_ns = ctx.bench.host_time(ctx.host, change.t_ns) if stamps else None
+            ctx.out(formats.ip_link_lines(entry[0], entry[1], entry[2], oneline=oneline, monitor=True,
+                                          host_ns=host_ns))
+    finally:
+        unsubscribe()
+    return 0
+
+
+def _rdma(ctx: ExecContext, argv: list[str]) -> int:
+    words = argv[1:]
+    as_json = any(w in ("-j", "-json", "--json") for w in words)
+    words = [w for w in words if not w.startswith("-")]
+    if words[:1] != ["link"]:
+        ctx.err(f'Unknown object "{words[0] if words else ""}"\n')
+        return 1
+    ports = ctx.server.ports_with_state()
+    select = [w for w in words[1:] if w != "show"]
+    if select:
+        dev, _, port = select[0].partition("/")
+        ports = [(m, s) for m, s in ports if m.rdma_dev == dev and (not port or str(m.rdma_port) == port)]
+        if not ports:
+            ctx.err("Wrong device name\n")
+            return 1
+    ctx.out(formats.rdma_link(ports, as_json=as_json))
+    return 0
+
+
+def _ethtool(ctx: ExecContext, argv: list[str]) -> int:
+    words = argv[1:]
+    module = bool(words) and words[0] in ("-m", "--dump-module-eeprom", "--module-info")
+    if module:
+        words = words[1:]
+    if len(words) != 1:
+        ctx.err("ethtool: bad command line argument(s)\nFor more information run ethtool -h\n")
+        return 1
+    model = ctx.server.nic_by_netdev(words[0])
+    if model is None:
+        ctx.err("netlink error: no device matches name (offset 24)\nnetlink error: No such device\n")
+        return 1
+    snapshot = ctx.bench.nic_snapshot(ctx.host, model.netdev)
+    if module:
+        los, lol = ctx.server.take_latched(model.netdev)
+        ctx.out(formats.ethtool_module(snapshot, rx_los=los or snapshot.rx_los, rx_lol=lol or snapshot.rx_lol))
+    else:
+        ctx.out(formats.ethtool(model, snapshot))
+    return 0
+
+
+def _mlxlink(ctx: ExecContext, argv: list[str]) -> int:
+    dev = argv[argv.index("-d") + 1] if "-d" in argv[:-1] else None
+    port = int(argv[argv.index("-p") + 1]) if "-p" in argv[:-1] and argv[argv.index("-p") + 1].isdigit() else None
+    model = ctx.server.nic_by_rdma(dev, port) if dev else None
+    if model is None:
+        ctx.err(f"-E- Failed to open device: {dev}\n")
+        return 1
+    ctx.out(formats.mlxlink(model, ctx.bench.nic_snapshot(ctx.host, model.netdev)))
+    return 0
+
+
+def _nvidia_smi(ctx: ExecContext, argv: list[str]) -> int:
+    fields: list[str] | None = None
+    fmt: list[str] = []
+    index: set[int] | None = None
+    args = argv[1:]
+    for i, arg in enumerate(args):
+        if arg.startswith("--query-gpu="):
+            fields = [f.strip() for f in arg.split("=", 1)[1].split(",") if f.strip()]
+        elif arg.startswith("--format="):
+            fmt = arg.split("=", 1)[1].split(",")
+        elif arg in ("-i", "--id") and i + 1 < len(args):
+            index = {int(x) for x in args[i + 1].split(",") if x.isdigit()}
+        elif arg.startswith("--id="):
+            index = {int(x) for x in arg.split("=", 1)[1].split(",") if x.isdigit()}
+    if fields is None or "csv" not in fmt:
+        ctx.err("emulated nvidia-smi supports --query-gpu=FIELDS --format=csv[,noheader][,nounits] only\n")
+        return 2
+    for field in fields:
+        if field not in formats.GPU_FIELDS:
+            ctx.out(f'Field "{field}" is not a valid field to query.\n\n')
+            return 2
+    gpus = [g for g in ctx.server.gpus if index is None or g.index in index]
+    ctx.out(formats.nvidia_smi_query(gpus, fields, ctx.bench.host_clock_ns(ctx.host),
+                                     header="noheader" not in fmt, units="nounits" not in fmt))
+    return 0
+
+
+# ====================================================================== host agent (ARCHITECTURE.md)
+
+
+def _python(ctx: ExecContext, argv: list[str]) -> int:
+    args = [a for a in argv[1:] if a != "-u"]
+    if not args or args[0].startswith("-"):
+        ctx.err("emulated host: python3 runs uploaded agent programs only\n")
+        return 2
+    path = ctx.path(args[0])
+    with ctx.server.fs.lock:
+        present = path in ctx.server.fs.files
+    if not present:
+        ctx.err(f"{argv[0]}: can't open file '{args[0]}': [Errno 2] No such file or directory\n")
+        return 2
+    if len(args) < 2 or args[1] not in ctx.server.agent_commands:
+        ctx.err(f"usage: {posixpath.basename(path)} {{{','.join(ctx.server.agent_commands)}}} ...\n")
+        return 2
+    return ctx.server.agent_commands[args[1]](ctx, args[1:])
+
+
+def _agent_timesrv(ctx: ExecContext, argv: list[str]) -> int:
+    """`TOKEN` -> `TOKEN HOST_NS` at once. The clock-sync path: lean on purpose."""
+    clock, host, channel = ctx.bench.host_clock_ns, ctx.host, ctx.channel
+    buffer = b""
+    while True:
+        data = channel.recv(65536)
+        if not data:
+            return 0
+        buffer += data
+        if b"\n" not in buffer:
+            continue
+        *lines, buffer = buffer.split(b"\n")
+        reply = b"".join(b"%s %d\n" % (line.strip(), clock(host)) for line in lines)
+        try:
+            channel.sendall(reply)
+        except (OSError, EOFError):
+            raise ChannelGone() from None
+
+
+def _options(argv: list[str], known: dict[str, type]) -> tuple[dict[str, object], list[str]]:
+    """`--name value` options (with defaults None) and the positional words."""
+    values: dict[str, object] = {name: None for name in known}
+    positional = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word.startswith("--"):
+            name, eq, value = word[2:].partition("=")
+            if name not in known:
+                raise ValueError(f"unknown option --{name}")
+            if not eq:
+                i += 1
+                if i >= len(argv):
+                    raise ValueError(f"--{name} needs a value")
+                value = argv[i]
+            values[name] = known[name](value)
+        else:
+            positional.append(word)
+        i += 1
+    return values, positional
+
+
+def _snapshot_fields(snapshot) -> dict[str, str]:
+    return {"rx_los": str(int(snapshot.rx_los)), "rx_lol": str(int(snapshot.rx_lol)),
+            "carrier": str(int(snapshot.carrier)), "operstate": snapshot.operstate,
+            "phys_state": snapshot.phys_state, "state": snapshot.ib_state}
+
+
+def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
+    """Emulates the agent's local poller: each change is reported at the first poll tick at or after it
+    (a grid of `interval` with a random phase; ethtool fields on their own grid), stamped with the host
+    clock at that tick, and printed no earlier than that tick. Changes that revert between two ticks are
+    never seen, as with a real poller."""
+    try:
+        opts, targets = _options(argv[1:], {"interval-us": int, "ethtool-interval-us": int})
+    except ValueError as exc:
+        ctx.err(f"watch: {exc}\n")
+        return 2
+    if not opts["interval-us"] or opts["interval-us"] <= 0 or not targets:
+        ctx.err("usage: watch --interval-us N [--ethtool-interval-us M] NETDEV=RDMADEV/PORT ...\n")
+        return 2
+    netdevs = []
+    for target in targets:
+        netdev, _, rdma = target.partition("=")
+        model = ctx.server.nic_by_netdev(netdev)
+        dev, _, port = rdma.partition("/")
+        if model is None or model.rdma_dev != dev or str(model.rdma_port) != port:
+            ctx.err(f"watch: no such port {target}\n")
+            return 2
+        netdevs.append(netdev)
+    interval = int(opts["interval-us"]) * 1000
+    ethtool_interval = int(opts["ethtool-interval-us"] or opts["interval-us"]) * 1000
+    rng = random.Random()
+    start = now_ns()
+    phase = {False: start + rng.randrange(interval), True: start + rng.randrange(ethtool_interval)}
+
+    def tick_at_or_after(t_ns: int, field: str) -> tuple[int, int]:
+        step = ethtool_interval if field in _ETHTOOL_FIELDS else interval
+        origin = phase[field in _ETHTOOL_FIELDS]
+        return origin + -(-(t_ns - origin) // step) * step, step
+
+    changes, unsubscribe = _subscribe(ctx)
+    try:
+        last: dict[tuple[str, str], str] = {}
+        lines = []
+        host_now = ctx.bench.host_clock_ns(ctx.host)
+        for netdev in netdevs:
+            for field, value in _snapshot_fields(ctx.bench.nic_snapshot(ctx.host, netdev)).items():
+                last[(netdev, field)] = value
+                step = ethtool_interval if field in _ETHTOOL_FIELDS else interval
+                lines.append(f"{host_now} {netdev} {field} {value} {step}\n")
+        ctx.out("".join(lines))
+        due: list[tuple[int, int, object, int]] = []  # (tick_ns, seq, change, step)
+        seq = itertools.count()
+        while not ctx.gone():
+            wait = _POLL_S if not due else max(0.0, min(_POLL_S, (due[0][0] - now_ns()) / 1e9))
+            try:
+                change = changes.get(timeout=wait) if wait > 0 else changes.get_nowait()
+                if change.netdev in netdevs and change.field in AGENT_FIELDS:
+                    tick, step = tick_at_or_after(change.t_ns, change.field)
+                    heapq.heappush(due, (tick, next(seq), change, step))
+                continue
+            except queue.Empty:
+                pass
+            now = now_ns()
+            if not due or due[0][0] > now:
+                continue
+            # everything due at the same tick: a poller sees only the value at the tick
+            tick = due[0][0]
+            seen: dict[tuple[str, str], tuple[str, int]] = {}
+            while due and due[0][0] == tick:
+                _, _, change, step = heapq.heappop(due)
+                seen[(change.netdev, change.field)] = (change.value, step)
+            out = []
+            host_ns = ctx.bench.host_time(ctx.host, tick)
+            for key, (value, step) in seen.items():
+                if last.get(key) != value:
+                    last[key] = value
+                    out.append(f"{host_ns} {key[0]} {key[1]} {value} {step}\n")
+            if out:
+                ctx.out("".join(out))
+    finally:
+        unsubscribe()
+    return 0
+
+
+def _agent_probe_send(ctx: ExecContext, argv: list[str]) -> int:
+    try:
+        opts, _ = _options(argv[1:], {"iface": str, "dst-mac": str, "interval-us": int, "udp-port": int})
+    except ValueError as exc:
+        ctx.err(f"probe-send: {exc}\n")
+        return 2
+    if ctx.server.nic_by_netdev(str(opts["iface"])) is None or not opts["interval-us"]:
+        ctx.err("usage: probe-send --iface NETDEV --dst-mac MAC --interval-us N [--udp-port P]\n")
+        return 2
+    ctx.bench.probe_start(ctx.host, opts["iface"], int(opts["interval-us"]) * 1000)
+    try:
+        ctx.wait_stdin_eof_or_gone()
+    finally:
+        ctx.bench.probe_stop(ctx.host, opts["iface"])
+    return 0
+
+
+def _agent_probe_recv(ctx: ExecContext, argv: list[str]) -> int:
+    try:
+        opts, _ = _options(argv[1:], {"iface": str, "gap-us": int, "udp-port": int})
+    except ValueError as exc:
+        ctx.err(f"probe-recv: {exc}\n")
+        return 2
+    netdev = opts["iface"]
+    if ctx.server.nic_by_netdev(str(netdev)) is None:
+        ctx.err("usage: probe-recv --iface NETDEV --gap-us G [--udp-port P]\n")
+        return 2
+    changes, unsubscribe = _subscribe(ctx)
+    try:
+        while not ctx.gone():
+            try:
+                change = changes.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+            if change.netdev == netdev and change.field == "probe_first":
+                ctx.out(f"{ctx.bench.host_time(ctx.host, change.t_ns)} first {change.value}\n")
+    finally:
+        unsubscribe()
+    return 0
+
+
+DEFAULT_COMMANDS: dict[str, Handler] = {
+    "true": _true, "false": _false, "echo": _echo, "hostname": _hostname, "sleep": _sleep,
+    "mkdir": _mkdir, "rm": _rm, "cat": _cat, "sha256sum": _sha256sum, "date": _date, "chronyc": _chronyc,
+    "ip": _ip, "rdma": _rdma, "ethtool": _ethtool, "mlxlink": _mlxlink, "nvidia-smi": _nvidia_smi,
+}
+AGENT_COMMANDS: dict[str, Handler] = {
+    "timesrv": _agent_timesrv, "watch": _agent_watch, "probe-send": _agent_probe_send,
+    "probe-recv": _agent_probe_recv,
+}

@@ -1,0 +1,324 @@
+"""SSH command transport (paramiko): one persistent connection per host.
+
+Why it looks like this (shared spec feasibility.md §1, §4):
+- the TCP socket is created here with TCP_NODELAY and handed to paramiko via `sock=`; paramiko's own
+  socket stalls ~40 ms per round trip on Nagle + delayed ACK;
+- commands run as channels on one long-lived transport (~1 ms each); monitors stream over one channel;
+- strict host-key checking (known_hosts + RejectPolicy) unless the inventory marks the bench emulated;
+- a dropped connection is re-established with bounded retries and backoff before a command is sent;
+  a command whose connection drops mid-way is not re-run (it may have had effects): TransportClosed.
+Secrets (passwords, key material) never appear in error messages.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Iterator
+
+import paramiko
+
+from devices.errors import DeviceError, DeviceTimeout, TransportClosed
+from devices.protocols import CommandResult, CommandTransport, LineStream
+from devices.resources import HostResource
+from devices.timing import CommandTiming, Deadline, now_ns
+
+_CHUNK = 65536
+_POLL_S = 0.05  # how often a blocked read wakes to drain stderr and check its deadline
+
+
+class HostKeyError(DeviceError):
+    """The host's key is unknown (strict checking) or differs from known_hosts. Never retried."""
+
+
+class AuthenticationFailed(DeviceError):
+    """The host refused our credentials. Never retried."""
+
+
+class CommandFailed(DeviceError):
+    """`run(..., check=True)` and the command exited non-zero."""
+
+    def __init__(self, host: str, result: CommandResult):
+        tail = result.stderr.strip().splitlines()[-1:] or [""]
+        super().__init__(f"{host}: {result.command!r} exited {result.exit_status}: {tail[0][:200]}")
+        self.result = result
+
+
+class SshTransport(CommandTransport):
+    """`CommandTransport` over SSH to one `HostResource`. Thread-safe: many channels may run at once.
+
+    connect_timeout bounds TCP connect + handshake + auth of one attempt; command deadlines are separate.
+    """
+
+    def __init__(self, resource: HostResource, *, connect_timeout: float = 10.0, keepalive_s: float = 15.0,
+                 retries: int = 3, backoff_s: float = 0.2, password: str | None = None):
+        self.resource = resource
+        self.connect_timeout = connect_timeout
+        self.keepalive_s = keepalive_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._password = password
+        self._client: paramiko.SSHClient | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.connects = 0  # successful connections so far (1 + reconnects)
+
+    # ------------------------------------------------------------------ connection
+    @property
+    def _where(self) -> str:
+        r = self.resource
+        return f"{r.name} ({r.user}@{r.address}:{r.port})"
+
+    def _scrub(self, text: str) -> str:
+        if self._password:
+            text = text.replace(self._password, "***")
+        return text
+
+    def _connect_once(self) -> paramiko.SSHClient:
+        r = self.resource
+        sock = socket.create_connection((r.address, r.port), timeout=self.connect_timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client = paramiko.SSHClient()
+            if r.known_hosts:
+                path = os.path.expanduser(r.known_hosts)
+                if os.path.exists(path):
+                    client.load_host_keys(path)
+                elif r.strict_host_key:
+                    raise HostKeyError(f"{self._where}: known_hosts file {r.known_hosts} does not exist")
+            elif r.strict_host_key:
+                client.load_system_host_keys()
+            client.set_missing_host_key_policy(
+                paramiko.RejectPolicy() if r.strict_host_key else paramiko.AutoAddPolicy())
+            key_file = os.path.expanduser(r.identity_file) if r.identity_file else None
+            client.connect(r.address, port=r.port, username=r.user, password=self._password,
+                           key_filename=key_file, sock=sock, timeout=self.connect_timeout,
+                           banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
+                           channel_timeout=self.connect_timeout,
+                           look_for_keys=key_file is None and self._password is None,
+                           allow_agent=key_file is None and self._password is None)
+        except BaseException:
+            sock.close()
+            raise
+        transport = client.get_transport()
+        assert transport is not None
+        transport.set_keepalive(max(1, int(self.keepalive_s)))
+        return client
+
+    def _transport(self) -> paramiko.Transport:
+        """The live transport, (re)connecting with bounded retries and backoff."""
+        with self._lock:
+            if self._closed:
+                raise TransportClosed(f"{self._where}: transport was closed")
+            client = self._client
+            if client is not None:
+                transport = client.get_transport()
+                if transport is not None and transport.is_active():
+                    return transport
+                client.close()
+                self._client = None
+            last = ""
+            for attempt in range(self.retries + 1):
+                if attempt:
+                    time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                try:
+                    self._client = self._connect_once()
+                    self.connects += 1
+                    transport = self._client.get_transport()
+                    assert transport is not None
+                    return transport
+                except paramiko.BadHostKeyException:
+                    raise HostKeyError(f"{self._where}: host key does not match known_hosts") from None
+                except paramiko.AuthenticationException:
+                    raise AuthenticationFailed(f"{self._where}: authentication failed") from None
+                except paramiko.SSHException as exc:
+                    if "not found in known_hosts" in str(exc):
+                        raise HostKeyError(f"{self._where}: host key not in known_hosts "
+                                           f"({self.resource.known_hosts or 'system file'})") from None
+                    last = self._scrub(str(exc))
+                except (OSError, EOFError) as exc:
+                    last = self._scrub(f"{type(exc).__name__}: {exc}")
+            raise TransportClosed(f"{self._where}: cannot connect after {self.retries + 1} attempts ({last})")
+
+    def connect(self) -> None:
+        """Open the connection now instead of at the first command."""
+        self._transport()
+
+    def _open_channel(self, deadline: Deadline) -> paramiko.Channel:
+        for attempt in range(2):
+            transport = self._transport()
+            try:
+                timeout = deadline.remaining()
+                return transport.open_session(timeout=self.connect_timeout if timeout is None
+                                              else min(timeout, self.connect_timeout))
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                # nothing ran yet, so one reconnect-and-retry is safe
+                if attempt or transport.is_active():
+                    raise TransportClosed(f"{self._where}: cannot open a channel: {self._scrub(str(exc))}") from None
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ commands
+    def run(self, command: str, *, deadline: Deadline | None = None, stdin: str | bytes | None = None,
+            check: bool = False) -> CommandResult:
+        """Run `command`, feed `stdin` (then EOF), collect stdout/stderr/exit status before `deadline`."""
+        deadline = deadline or Deadline(None)
+        channel = self._open_channel(deadline)
+        out: list[bytes] = []
+        err: list[bytes] = []
+        try:
+            sent = now_ns()
+            channel.exec_command(command)
+            if stdin:
+                channel.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
+            channel.shutdown_write()
+            while True:
+                remaining = deadline.remaining()
+                if remaining is not None and remaining <= 0:
+                    raise DeviceTimeout(f"{self._where}: {command!r} did not finish before its deadline",
+                                        partial=b"".join(out).decode(errors="replace"))
+                channel.settimeout(_POLL_S if remaining is None else min(_POLL_S, remaining))
+                try:
+                    data = channel.recv(_CHUNK)
+                except socket.timeout:
+                    while channel.recv_stderr_ready():
+                        err.append(channel.recv_stderr(_CHUNK))
+                    if channel.closed:
+                        break
+                    continue
+                if not data:
+                    break
+                out.append(data)
+            channel.settimeout(None)
+            while True:  # stdout hit EOF, so stderr is complete too
+                data = channel.recv_stderr(_CHUNK)
+                if not data:
+                    break
+                err.append(data)
+            remaining = deadline.remaining()
+            if not channel.status_event.wait(timeout=self.connect_timeout if remaining is None else remaining):
+                raise DeviceTimeout(f"{self._where}: {command!r}: no exit status before its deadline",
+                                    partial=b"".join(out).decode(errors="replace"))
+            completed = now_ns()
+            status = channel.exit_status
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise TransportClosed(f"{self._where}: connection lost during {command!r}: "
+                                  f"{self._scrub(str(exc)) or type(exc).__name__}") from None
+        finally:
+            channel.close()
+        if status == -1 and not channel.get_transport().is_active():  # type: ignore[union-attr]
+            raise TransportClosed(f"{self._where}: connection lost during {command!r}")
+        result = CommandResult(command, status, b"".join(out).decode(errors="replace"),
+                               b"".join(err).decode(errors="replace"), CommandTiming(sent, completed))
+        if check and status != 0:
+            raise CommandFailed(self._where, result)
+        return result
+
+    def stream(self, command: str) -> "SshLineStream":
+        """Start a long-running command; read its stdout line by line, write to its stdin."""
+        channel = self._open_channel(Deadline(None))
+        try:
+            channel.exec_command(command)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            channel.close()
+            raise TransportClosed(f"{self._where}: cannot start {command!r}: {self._scrub(str(exc))}") from None
+        return SshLineStream(channel, command, self._where)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def __enter__(self) -> "SshTransport":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class SshLineStream(LineStream):
+    """Stdout lines of one remote command, each with the harness time its last byte arrived."""
+
+    def __init__(self, channel: paramiko.Channel, command: str, where: str):
+        self._channel = channel
+        self.command = command
+        self._where = where
+        self._buffer = b""
+        self._recv_ns = 0
+        self._eof = False
+        self._stderr: list[bytes] = []
+
+    def readline(self, deadline: Deadline) -> tuple[int, str] | None:
+        """Next (recv_ns, line without newline), None when `deadline` passes; TransportClosed at EOF."""
+        while True:
+            cut = self._buffer.find(b"\n")
+            if cut >= 0:
+                line, self._buffer = self._buffer[:cut], self._buffer[cut + 1:]
+                return self._recv_ns, line.decode(errors="replace")
+            if self._eof:
+                if self._buffer:  # a last line without newline
+                    line, self._buffer = self._buffer, b""
+                    return self._recv_ns, line.decode(errors="replace")
+                raise TransportClosed(f"{self._where}: {self.command!r} ended (exit {self.exit_status})")
+            remaining = deadline.remaining()
+            if remaining is not None and remaining <= 0:
+                return None
+            self._channel.settimeout(_POLL_S if remaining is None else min(_POLL_S, remaining))
+            try:
+                data = self._channel.recv(_CHUNK)
+            except socket.timeout:
+                self._drain_stderr()
+                continue
+            except (OSError, EOFError) as exc:
+                raise TransportClosed(f"{self._where}: {self.command!r}: {exc}") from None
+            if not data:
+                self._eof = True
+                self._drain_stderr()
+            else:
+                self._recv_ns = now_ns()
+                self._buffer += data
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        """Lines until the command ends."""
+        forever = Deadline(None)
+        while True:
+            try:
+                item = self.readline(forever)
+            except TransportClosed:
+                return
+            if item is not None:
+                yield item
+
+    def write(self, data: str) -> None:
+        try:
+            self._channel.sendall(data.encode())
+        except (OSError, EOFError) as exc:
+            raise TransportClosed(f"{self._where}: {self.command!r}: cannot write: {exc}") from None
+
+    def close_stdin(self) -> None:
+        """Send EOF on the command's stdin (e.g. to end `probe-send`)."""
+        self._channel.shutdown_write()
+
+    def _drain_stderr(self) -> None:
+        while self._channel.recv_stderr_ready():
+            self._stderr.append(self._channel.recv_stderr(_CHUNK))
+
+    @property
+    def stderr(self) -> str:
+        self._drain_stderr()
+        return b"".join(self._stderr).decode(errors="replace")
+
+    @property
+    def exit_status(self) -> int | None:
+        return self._channel.exit_status if self._channel.exit_status_ready() else None
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "SshLineStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
