@@ -1,0 +1,738 @@
+"""MixNet (regionally reconfigurable OCS for MoE training): circuits, all-to-all time, iteration timeline.
+
+Spec: algorithms.md §6. Units: bytes, bytes/s, seconds. Pure numpy/scipy; no I/O.
+
+- `greedy_circuits`: the paper's Algorithm 1 with a lazy max-heap (`code_compat=True` reproduces the
+  released simulator's repeated division); `exact_circuits`: MILP (HiGHS) or brute force; `greedy_gap_report`.
+- `all_to_all_time`: dedicated circuits for paired servers, the rest over each server's EPS NICs.
+- `moe_dispatch_bytes` / `server_demand`: the regional demand matrix of one MoE layer and micro-batch.
+- `build_timeline` → `Timeline`: per-iteration pipeline timeline with one reconfiguration per
+  (region, layer, micro-batch, direction); `Timeline.times(delays)` evaluates it for any per-trigger delays,
+  `sample_iteration_times` draws each delay as the maximum over the ports switched.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from analysis import moe_models as mm
+
+GBPS = 1.25e8  # bytes/s per Gb/s
+
+__all__ = [
+    "MixnetInputError", "greedy_circuits", "all_to_all_time", "hybrid_all_to_all_time", "exact_circuits", "greedy_gap_report",
+    "expert_popularity", "moe_dispatch_bytes", "server_demand", "rank_servers", "Fabric",
+    "fabric_a2a_time", "ports_switched", "Timeline", "build_timeline", "sample_iteration_times",
+    "constant_delay_times", "break_even_delay",
+]
+
+
+class MixnetInputError(ValueError):
+    """Invalid demand matrix, circuit matrix, port budget or bandwidth."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# validation helpers
+
+def _demand(demand) -> np.ndarray:
+    d = np.asarray(demand, dtype=float)
+    if d.ndim != 2 or d.shape[0] != d.shape[1]:
+        raise MixnetInputError(f"demand must be a square matrix, got shape {d.shape}")
+    if not np.all(np.isfinite(d)) or np.any(d < 0):
+        raise MixnetInputError("demand must be finite and non-negative")
+    d = d.copy()
+    np.fill_diagonal(d, 0.0)  # a server's traffic to itself never crosses the network
+    return d
+
+
+def _per_server(value, n: int, what: str, integer: bool = False) -> np.ndarray:
+    v = np.broadcast_to(np.asarray(value, dtype=float), (n,)).copy() if np.ndim(value) == 0 else \
+        np.asarray(value, dtype=float)
+    if v.shape != (n,):
+        raise MixnetInputError(f"{what} must be a scalar or have length {n}, got shape {v.shape}")
+    if not np.all(np.isfinite(v)) or np.any(v < 0):
+        raise MixnetInputError(f"{what} must be finite and non-negative")
+    if integer:
+        if np.any(v != np.round(v)):
+            raise MixnetInputError(f"{what} must be integers")
+        return v.astype(np.int64)
+    return v
+
+
+def _positive(x: float, what: str) -> float:
+    x = float(x)
+    if not np.isfinite(x) or x <= 0:
+        raise MixnetInputError(f"{what} must be a positive finite number, got {x}")
+    return x
+
+
+def _pair_demand(d: np.ndarray) -> np.ndarray:
+    # circuits are full duplex: a pair's transfer time is set by its heavier direction
+    return np.maximum(d, d.T)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# circuits
+
+def greedy_circuits(demand, ports_per_server, b_ocs: float, b_eps, code_compat: bool = False,
+                    method: Literal["heap", "argmax"] = "heap") -> np.ndarray:
+    """Algorithm 1: repeatedly give one more circuit to the pair whose transfer is currently slowest.
+
+    Returns an n×n symmetric int matrix of circuit counts, zero diagonal, row sums ≤ ports_per_server.
+    Paper reading: T starts at D/B_eps and becomes D/(c·B_ocs); `code_compat` starts at raw D and divides
+    the current value by c·B_ocs each time (the released simulator). Ties go to the lowest (i, j).
+    `method="argmax"` is the literal O(n²)-per-step loop of the spec (reference for tests/benchmarks).
+    """
+    d = _demand(demand)
+    n = d.shape[0]
+    ports = _per_server(ports_per_server, n, "ports_per_server", integer=True)
+    b_ocs = _positive(b_ocs, "b_ocs")
+    eps = _per_server(b_eps, n, "b_eps")
+    pair = _pair_demand(d)
+    if code_compat:
+        t0 = pair.copy()
+    else:
+        if np.any(eps <= 0):
+            raise MixnetInputError("b_eps must be positive (the paper's T = D/B_eps)")
+        t0 = pair / np.minimum.outer(eps, eps)
+    np.fill_diagonal(t0, 0.0)
+    circuits = np.zeros((n, n), dtype=np.int64)
+    free = ports.copy()
+
+    def next_time(i: int, j: int, current: float) -> float:
+        c = circuits[i, j]
+        return current / (c * b_ocs) if code_compat else pair[i, j] / (c * b_ocs)
+
+    if method == "argmax":
+        t = t0.copy()
+        t[free == 0, :] = 0.0
+        t[:, free == 0] = 0.0
+        while free.sum() > 0:
+            flat = int(np.argmax(t))
+            i, j = divmod(flat, n)
+            if t[i, j] <= 0:
+                break
+            circuits[i, j] += 1
+            circuits[j, i] += 1
+            free[i] -= 1
+            free[j] -= 1
+            t[i, j] = t[j, i] = next_time(i, j, t[i, j])
+            for k in (i, j):
+                if free[k] == 0:
+                    t[k, :] = 0.0
+                    t[:, k] = 0.0
+        return circuits
+    if method != "heap":
+        raise MixnetInputError(f"unknown method {method!r}")
+
+    # lazy max-heap over pairs i<j: entries (-T, i, j, version); stale or exhausted entries are skipped
+    iu, ju = np.triu_indices(n, 1)
+    vals = t0[iu, ju]
+    live = (vals > 0) & (free[iu] > 0) & (free[ju] > 0)
+    heap = [(-float(v), int(i), int(j), 0) for v, i, j in zip(vals[live], iu[live], ju[live])]
+    heapq.heapify(heap)
+    version = np.zeros((n, n), dtype=np.int64)
+    while heap:
+        neg_t, i, j, ver = heapq.heappop(heap)
+        if ver != version[i, j] or free[i] == 0 or free[j] == 0:
+            continue
+        circuits[i, j] += 1
+        circuits[j, i] += 1
+        free[i] -= 1
+        free[j] -= 1
+        new_t = next_time(i, j, -neg_t)
+        version[i, j] += 1
+        if new_t > 0 and free[i] > 0 and free[j] > 0:
+            heapq.heappush(heap, (-new_t, i, j, int(version[i, j])))
+    return circuits
+
+
+def _check_circuits(circuits, n: int) -> np.ndarray:
+    c = np.asarray(circuits)
+    if c.shape != (n, n):
+        raise MixnetInputError(f"circuits must have shape {(n, n)}, got {c.shape}")
+    if np.any(c < 0) or np.any(c != np.round(c)) or np.any(c != c.T) or np.any(np.diag(c) != 0):
+        raise MixnetInputError("circuits must be a symmetric non-negative integer matrix with zero diagonal")
+    return c.astype(np.int64)
+
+
+def all_to_all_time(demand, circuits, b_ocs: float, b_eps) -> float:
+    """T = max(max over circuit pairs of D/(c·B_ocs), max over servers of uncovered egress/ingress / B_eps).
+
+    For a symmetric D this is exactly the spec's model; for an asymmetric D a circuit pair is limited by
+    its heavier direction and a server's EPS NICs by the larger of egress and ingress.
+    """
+    d = _demand(demand)
+    n = d.shape[0]
+    c = _check_circuits(circuits, n)
+    b_ocs = _positive(b_ocs, "b_ocs")
+    eps = _per_server(b_eps, n, "b_eps")
+    pair = _pair_demand(d)
+    with_circuit = c > 0
+    circuit_time = float(np.max(pair[with_circuit] / (c[with_circuit] * b_ocs), initial=0.0))
+    uncovered = np.where(with_circuit, 0.0, d)
+    load = np.maximum(uncovered.sum(axis=1), uncovered.sum(axis=0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eps_time = np.where(load > 0, load / eps, 0.0)
+    return max(circuit_time, float(eps_time.max(initial=0.0)))
+
+
+def _eps_root(m: np.ndarray, cap: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """Per row i: least T with sum_j max(0, m_ij - cap_ij*T) <= eps_i*T (exact, piecewise linear)."""
+    n = m.shape[0]
+    out = np.zeros(n)
+    for i in range(n):
+        has = cap[i] > 0
+        fixed = float(m[i, ~has].sum())                 # pairs without a circuit: all bytes on the EPS
+        bp = m[i, has] / cap[i, has]
+        order = np.argsort(bp)
+        bp, mi, ci = bp[order], m[i, has][order], cap[i, has][order]
+        # on (bp[r-1], bp[r]] the pairs r.. still spill: load = fixed + sum(m) - T*sum(cap) over them
+        a = fixed + np.concatenate([np.cumsum(mi[::-1])[::-1], [0.0]])
+        s = np.concatenate([np.cumsum(ci[::-1])[::-1], [0.0]])
+        lower = np.concatenate([[0.0], bp])
+        upper = np.concatenate([bp, [np.inf]])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(a > 0, a / (s + eps[i]), 0.0)
+        ok = (t >= lower * (1 - 1e-12)) & (t <= upper * (1 + 1e-12))
+        out[i] = float(t[np.argmax(ok)]) if ok.any() else float(np.inf)
+    return out
+
+
+def hybrid_all_to_all_time(demand, circuits, b_ocs: float, b_eps) -> float:
+    """All-to-all time when a pair's bytes may be split between its circuits and the EPS.
+
+    The EPS is non-blocking and limited only by each server's EPS NICs (egress and ingress); a pair's
+    spill at time T is max(0, D_ij − c_ij·B_ocs·T), which is the least any schedule must send over the
+    EPS, so T* = max over servers and directions of the root of spill(T) = B_eps,i·T. Never slower than
+    `all_to_all_time`.
+    """
+    d = _demand(demand)
+    n = d.shape[0]
+    c = _check_circuits(circuits, n)
+    b_ocs = _positive(b_ocs, "b_ocs")
+    eps = _per_server(b_eps, n, "b_eps")
+    cap = c * b_ocs
+    return float(max(_eps_root(d, cap, eps).max(initial=0.0), _eps_root(d.T, cap, eps).max(initial=0.0)))
+
+
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.triu_indices(n, 1)
+
+
+def _exact_milp(d: np.ndarray, ports: np.ndarray, b_ocs: float, eps: np.ndarray) -> np.ndarray:
+    n = d.shape[0]
+    iu, ju = _pairs(n)
+    n_pairs = iu.size
+    k_max = int(ports.max(initial=0))
+    width = k_max + 1
+    n_var = n_pairs * width + 1  # one-hot z[e, k] for k = 0..k_max, then T
+    t_col = n_var - 1
+    pair = _pair_demand(d)[iu, ju]
+    rows, lo, hi = [], [], []
+
+    def add_row(coeffs: dict[int, float], lower: float, upper: float) -> None:
+        row = np.zeros(n_var)
+        for idx, v in coeffs.items():
+            row[idx] += v
+        rows.append(row)
+        lo.append(lower)
+        hi.append(upper)
+
+    for e in range(n_pairs):                                      # exactly one count per pair
+        add_row({e * width + k: 1.0 for k in range(width)}, 1.0, 1.0)
+    for i in range(n):                                            # port budgets
+        coeffs: dict[int, float] = {}
+        for e in np.flatnonzero((iu == i) | (ju == i)):
+            for k in range(1, width):
+                coeffs[e * width + k] = float(k)
+        add_row(coeffs, -np.inf, float(ports[i]))
+    for e in range(n_pairs):                                      # T >= D_e / (k B_ocs) for the chosen k
+        if pair[e] > 0:
+            coeffs = {t_col: 1.0}
+            for k in range(1, width):
+                coeffs[e * width + k] = -pair[e] / (k * b_ocs)
+            add_row(coeffs, 0.0, np.inf)
+    for i in range(n):                                            # T >= uncovered egress / ingress over EPS
+        for direction in (d[i, :], d[:, i]):
+            coeffs = {t_col: 1.0}
+            for e in np.flatnonzero((iu == i) | (ju == i)):
+                other = ju[e] if iu[e] == i else iu[e]
+                if direction[other] > 0:
+                    if eps[i] <= 0:
+                        raise MixnetInputError("b_eps must be positive when demand can stay on the EPS")
+                    coeffs[e * width] = -direction[other] / eps[i]
+            add_row(coeffs, 0.0, np.inf)
+    upper = np.ones(n_var)
+    upper[t_col] = np.inf
+    for e in range(n_pairs):                                      # a pair cannot exceed either budget
+        cap = min(ports[iu[e]], ports[ju[e]])
+        upper[e * width + cap + 1:(e + 1) * width] = 0.0
+    objective = np.zeros(n_var)
+    objective[t_col] = 1.0
+    integrality = np.ones(n_var)
+    integrality[t_col] = 0
+    res = milp(objective, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=integrality,
+               bounds=Bounds(np.zeros(n_var), upper), options={"mip_rel_gap": 1e-9})
+    if not res.success:
+        raise RuntimeError(f"MILP failed: {res.message}")
+    z = np.round(res.x[:t_col]).reshape(n_pairs, width)
+    counts = z.argmax(axis=1)
+    c = np.zeros((n, n), dtype=np.int64)
+    c[iu, ju] = counts
+    c[ju, iu] = counts
+    return c
+
+
+def _exact_brute(d: np.ndarray, ports: np.ndarray, b_ocs: float, eps: np.ndarray,
+                 max_combinations: int) -> np.ndarray:
+    n = d.shape[0]
+    iu, ju = _pairs(n)
+    k_max = int(ports.max(initial=0))
+    total = (k_max + 1) ** iu.size
+    if total > max_combinations:
+        raise MixnetInputError(f"brute force needs {total} combinations (> {max_combinations}); use milp")
+    pair = _pair_demand(d)[iu, ju]
+    incidence = np.zeros((n, iu.size))
+    incidence[iu, np.arange(iu.size)] = 1
+    incidence[ju, np.arange(iu.size)] = 1
+    egress = np.zeros((n, iu.size))
+    ingress = np.zeros((n, iu.size))
+    egress[iu, np.arange(iu.size)] = d[iu, ju]
+    egress[ju, np.arange(iu.size)] = d[ju, iu]
+    ingress[iu, np.arange(iu.size)] = d[ju, iu]
+    ingress[ju, np.arange(iu.size)] = d[iu, ju]
+    best_t, best = np.inf, None
+    combos = itertools.product(range(k_max + 1), repeat=iu.size)
+    while True:
+        chunk = np.array(list(itertools.islice(combos, 200_000)), dtype=float)
+        if chunk.size == 0:
+            break
+        chunk = chunk[np.all(chunk @ incidence.T <= ports, axis=1)]
+        if chunk.size == 0:
+            continue
+        with np.errstate(divide="ignore"):
+            circ = np.where(chunk > 0, pair / (np.maximum(chunk, 1) * b_ocs), 0.0).max(axis=1)
+        off = (chunk == 0).astype(float)
+        load = np.maximum(off @ egress.T, off @ ingress.T)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            eps_t = np.where(load > 0, load / eps, 0.0).max(axis=1)
+        t = np.maximum(circ, eps_t)
+        k = int(np.argmin(t))
+        if t[k] < best_t:
+            best_t, best = t[k], chunk[k]
+    c = np.zeros((n, n), dtype=np.int64)
+    c[iu, ju] = best.astype(np.int64)
+    c[ju, iu] = best.astype(np.int64)
+    return c
+
+
+def exact_circuits(demand, ports_per_server, b_ocs: float, b_eps,
+                   method: Literal["milp", "brute"] = "milp",
+                   max_combinations: int = 5_000_000) -> tuple[np.ndarray, float]:
+    """Circuits minimising `all_to_all_time`: MILP with one-hot circuit counts, or brute force (small n)."""
+    d = _demand(demand)
+    n = d.shape[0]
+    ports = _per_server(ports_per_server, n, "ports_per_server", integer=True)
+    b_ocs = _positive(b_ocs, "b_ocs")
+    eps = _per_server(b_eps, n, "b_eps")
+    if method == "milp":
+        c = _exact_milp(d, ports, b_ocs, eps)
+    elif method == "brute":
+        c = _exact_brute(d, ports, b_ocs, eps, max_combinations)
+    else:
+        raise MixnetInputError(f"unknown method {method!r}")
+    return c, all_to_all_time(d, c, b_ocs, eps)
+
+
+def greedy_gap_report(n_instances: int, n_servers: int, ports_per_server: int, b_ocs: float, b_eps: float,
+                      seed: int = 0, method: Literal["milp", "brute"] = "milp",
+                      code_compat: bool = False) -> dict:
+    """Greedy vs exact all-to-all time on random symmetric U(0,1) demands: ratio statistics and worst case."""
+    rng = np.random.default_rng(seed)
+    ratios = np.empty(n_instances)
+    worst: dict = {}
+    for k in range(n_instances):
+        upper = np.triu(rng.random((n_servers, n_servers)), 1)
+        d = upper + upper.T
+        g = all_to_all_time(d, greedy_circuits(d, ports_per_server, b_ocs, b_eps, code_compat), b_ocs, b_eps)
+        _, opt = exact_circuits(d, ports_per_server, b_ocs, b_eps, method=method)
+        ratios[k] = g / opt
+        if ratios[k] >= ratios[: k + 1].max():
+            worst = {"demand": d.round(6).tolist(), "greedy_time": float(g), "exact_time": float(opt)}
+    return {
+        "n_instances": int(n_instances), "n_servers": int(n_servers), "ports_per_server": int(ports_per_server),
+        "b_ocs": float(b_ocs), "b_eps": float(b_eps), "seed": int(seed), "code_compat": bool(code_compat),
+        "worst_ratio": float(ratios.max()), "mean_ratio": float(ratios.mean()),
+        "p50_ratio": float(np.percentile(ratios, 50)), "p99_ratio": float(np.percentile(ratios, 99)),
+        "fraction_optimal": float(np.mean(ratios <= 1 + 1e-9)), "worst_instance": worst,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# MoE traffic
+
+def expert_popularity(n_layers: int, n_experts: int, skew: float, rng: np.random.Generator) -> np.ndarray:
+    """Per-layer routing probabilities: Zipf(skew) over experts, randomly permuted per layer (skew 0 = uniform)."""
+    if n_layers < 0 or n_experts < 1 or skew < 0:
+        raise MixnetInputError("need n_layers >= 0, n_experts >= 1, skew >= 0")
+    base = np.arange(1, n_experts + 1, dtype=float) ** -float(skew)
+    base /= base.sum()
+    return np.stack([base[rng.permutation(n_experts)] for _ in range(n_layers)]) if n_layers else \
+        np.zeros((0, n_experts))
+
+
+def moe_dispatch_bytes(tokens_per_rank: int, top_k: int, hidden: int, dtype_bytes: int,
+                       expert_rank, popularity, rng: np.random.Generator | None = None,
+                       n_ranks: int | None = None) -> np.ndarray:
+    """Rank-to-rank dispatch bytes of one MoE layer and micro-batch (combine is the transpose).
+
+    Each EP rank routes tokens_per_rank·top_k (token, expert) pairs with probabilities `popularity`;
+    expected counts, or multinomial draws when `rng` is given (top-k sampled with replacement).
+    `expert_rank[e]` is the EP rank hosting expert e. Entry [src, dst] includes src == dst (local).
+    """
+    expert_rank = np.asarray(expert_rank, dtype=np.int64)
+    p = np.asarray(popularity, dtype=float)
+    if p.shape != expert_rank.shape or p.ndim != 1:
+        raise MixnetInputError("popularity and expert_rank must be 1-D with one entry per expert")
+    if np.any(p < 0) or p.sum() <= 0 or np.any(expert_rank < 0):
+        raise MixnetInputError("popularity must be non-negative with a positive sum; ranks >= 0")
+    if min(tokens_per_rank, top_k, hidden, dtype_bytes) < 1:
+        raise MixnetInputError("tokens_per_rank, top_k, hidden and dtype_bytes must be >= 1")
+    p = p / p.sum()
+    ranks = int(expert_rank.max()) + 1 if n_ranks is None else int(n_ranks)
+    pairs = tokens_per_rank * top_k
+    if rng is None:
+        per_expert = np.broadcast_to(pairs * p, (ranks, p.size))
+    else:
+        per_expert = rng.multinomial(pairs, p, size=ranks).astype(float)
+    placement = np.zeros((p.size, ranks))
+    placement[np.arange(p.size), expert_rank] = 1.0
+    return per_expert @ placement * float(hidden * dtype_bytes)
+
+
+def rank_servers(n_ranks: int, tp: int, gpus_per_server: int = 8) -> np.ndarray:
+    """Server index of each EP rank when rank r holds GPUs r·tp .. r·tp+tp−1."""
+    return (np.arange(n_ranks) * tp) // gpus_per_server
+
+
+def server_demand(rank_bytes, rank_server) -> np.ndarray:
+    """Aggregate a rank×rank bytes matrix to servers; intra-server traffic (NVLink) is dropped."""
+    r = np.asarray(rank_bytes, dtype=float)
+    rank_server = np.asarray(rank_server, dtype=np.int64)
+    if r.ndim != 2 or r.shape[0] != r.shape[1] or rank_server.shape != (r.shape[0],):
+        raise MixnetInputError("rank_bytes must be square with one server index per rank")
+    onehot = np.zeros((r.shape[0], int(rank_server.max()) + 1))
+    onehot[np.arange(r.shape[0]), rank_server] = 1.0
+    s = onehot.T @ r @ onehot
+    np.fill_diagonal(s, 0.0)
+    return s
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fabrics
+
+@dataclass(frozen=True)
+class Fabric:
+    """A network fabric for the iteration model. `alpha` of the NICs go to the regional OCS (MixNet only)."""
+
+    kind: Literal["fat_tree", "rail_optimized", "mixnet"]
+    link_gbps: float
+    alpha: int = 6
+    nics_per_server: int = 8
+    nvlink_bytes_per_s: float = 450e9     # per GPU; rail-optimized forwards cross-rail bytes over NVLink
+    code_compat_greedy: bool = True   # the simulator's greedy: spreads circuits, MixNet's best case here
+    a2a_model: Literal["hybrid", "dedicated"] = "hybrid"   # may circuit pairs also use the EPS?
+    greedy_eps: Literal["nic", "server"] = "nic"   # B_eps in the greedy's T = D/B_eps: one NIC or all EPS NICs
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("fat_tree", "rail_optimized", "mixnet"):
+            raise MixnetInputError(f"unknown fabric {self.kind!r}")
+        _positive(self.link_gbps, "link_gbps")
+        if self.greedy_eps not in ("nic", "server"):
+            raise MixnetInputError(f"unknown greedy_eps {self.greedy_eps!r}")
+        if self.a2a_model not in ("hybrid", "dedicated"):
+            raise MixnetInputError(f"unknown a2a_model {self.a2a_model!r}")
+        if self.kind == "mixnet" and not 1 <= self.alpha < self.nics_per_server:
+            raise MixnetInputError(f"alpha must be in [1, {self.nics_per_server - 1}], got {self.alpha}")
+
+    @property
+    def nic_bytes_per_s(self) -> float:
+        return self.link_gbps * GBPS
+
+    @property
+    def eps_bytes_per_s(self) -> float:
+        """Per-server bandwidth into the packet-switched fabric."""
+        eps_nics = self.nics_per_server - (self.alpha if self.kind == "mixnet" else 0)
+        return eps_nics * self.nic_bytes_per_s
+
+
+def fabric_a2a_time(demand, fabric: Fabric, circuits=None) -> float:
+    """All-to-all time of a server-level demand on `fabric` (MixNet needs `circuits`)."""
+    d = _demand(demand)
+    if fabric.kind == "mixnet":
+        if circuits is None:
+            raise MixnetInputError("mixnet needs circuits")
+        model = hybrid_all_to_all_time if fabric.a2a_model == "hybrid" else all_to_all_time
+        return model(d, circuits, fabric.nic_bytes_per_s, fabric.eps_bytes_per_s)
+    load = float(np.maximum(d.sum(axis=1), d.sum(axis=0)).max(initial=0.0))
+    t = load / fabric.eps_bytes_per_s     # non-blocking: only the server's NICs limit
+    if fabric.kind == "rail_optimized":
+        # all but 1/g of a server's traffic changes rail: one NVLink hop first (PXN)
+        g = fabric.nics_per_server
+        t = max(t, load * (g - 1) / g / (g * fabric.nvlink_bytes_per_s))
+    return t
+
+
+def ports_switched(old, new) -> int:
+    """OCS ports re-pointed when moving from circuit matrix `old` to `new` (kept circuits stay put)."""
+    return int(np.maximum(np.asarray(new) - np.asarray(old), 0).sum())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# iteration timeline
+
+@dataclass
+class Timeline:
+    """One training iteration on one fabric; evaluate with per-trigger delays.
+
+    Pipeline (GPipe): stage s runs forward of micro-batches 0..m−1, then backward 0..m−1; activations and
+    gradients cross stages over the EPS (`p2p_s`). Triggers (MixNet only) are the reconfigurations, one per
+    (stage, MoE layer, micro-batch, direction); trigger k adds max(0, d_k − window_k) to its
+    (stage, direction, micro-batch) when ports_k > 0.
+    """
+
+    fabric: Fabric
+    overlap: str
+    fwd_base: np.ndarray           # (S, m) seconds at d = 0
+    bwd_base: np.ndarray           # (S, m)
+    p2p_s: float
+    dp: int
+    trig_stage: np.ndarray         # (K,)
+    trig_dir: np.ndarray           # (K,) 0 forward, 1 backward
+    trig_mb: np.ndarray            # (K,)
+    trig_window: np.ndarray        # (K,) seconds of compute that overlaps the reconfiguration
+    trig_ports: np.ndarray         # (K,) OCS ports switched
+    a2a_time: np.ndarray = field(default_factory=lambda: np.zeros(0))   # (K_layers,) for reporting
+    circuits: list = field(default_factory=list)                         # per forward trigger
+
+    @property
+    def n_triggers(self) -> int:
+        return int(self.trig_stage.size)
+
+    @property
+    def reconfigurations_per_region(self) -> int:
+        """N_r = 2·L_r·m for the stage with the most MoE layers."""
+        if not self.n_triggers:
+            return 0
+        return int(np.bincount(self.trig_stage).max())
+
+    def times(self, delays) -> np.ndarray:
+        """Iteration time (s) for per-trigger delays of shape (R, K) or (K,); returns (R,)."""
+        s_count, m = self.fwd_base.shape
+        d = np.atleast_2d(np.asarray(delays, dtype=float))
+        if d.shape[1] != self.n_triggers:
+            raise MixnetInputError(f"need {self.n_triggers} delays per replicate, got {d.shape[1]}")
+        reps = d.shape[0]
+        exposed = np.clip(d - self.trig_window, 0.0, None) * (self.trig_ports > 0)
+        slot = (self.trig_stage * 2 + self.trig_dir) * m + self.trig_mb
+        extra = np.zeros((reps, s_count * 2 * m))
+        if self.n_triggers:
+            onehot = np.zeros((self.n_triggers, s_count * 2 * m))
+            onehot[np.arange(self.n_triggers), slot] = 1.0
+            extra = exposed @ onehot
+        extra = extra.reshape(reps, s_count, 2, m)
+        fwd = self.fwd_base[None] + extra[:, :, 0, :]
+        bwd = self.bwd_base[None] + extra[:, :, 1, :]
+        return _gpipe(fwd, bwd, self.p2p_s)
+
+
+def _gpipe(fwd: np.ndarray, bwd: np.ndarray, p2p: float) -> np.ndarray:
+    """Finish time of a GPipe schedule, vectorised over replicates: fwd, bwd of shape (R, S, m)."""
+    reps, s_count, m = fwd.shape
+    fe = np.zeros((reps, s_count, m))
+    for s in range(s_count):
+        for b in range(m):
+            start = np.zeros(reps)
+            if s > 0:
+                start = np.maximum(start, fe[:, s - 1, b] + p2p)
+            if b > 0:
+                start = np.maximum(start, fe[:, s, b - 1])
+            fe[:, s, b] = start + fwd[:, s, b]
+    be = np.zeros((reps, s_count, m))
+    for s in reversed(range(s_count)):
+        for b in range(m):
+            start = fe[:, s, m - 1].copy()
+            if s < s_count - 1:
+                start = np.maximum(start, be[:, s + 1, b] + p2p)
+            if b > 0:
+                start = np.maximum(start, be[:, s, b - 1])
+            be[:, s, b] = start + bwd[:, s, b]
+    return be[:, :, m - 1].max(axis=1)
+
+
+TrafficFn = Callable[[int, int, int], np.ndarray]
+
+
+def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fabric: Fabric, *,
+                   overlap: Literal["simulator", "all_hidden"] = "simulator",
+                   reconfigure: Literal["always", "on_change"] = "always",
+                   skew: float = 0.5, sampled_routing: bool = True, seed: int = 0,
+                   traffic: TrafficFn | None = None, traffic_level: Literal["rank", "server"] = "rank",
+                   dtype_bytes: int = mm.DTYPE_BYTES) -> Timeline:
+    """Per-iteration timeline of `model` under `par` on `fabric` (see `Timeline`).
+
+    Traffic per (stage, MoE layer within stage, micro-batch) is `traffic(s, l, b)` — a rank×rank bytes
+    matrix (`traffic_level="rank"`) or a server×server one — or, by default, `moe_dispatch_bytes` with
+    per-layer Zipf(skew) popularity and contiguous expert placement, seeded by `seed`.
+    Overlap windows: "simulator" = forward exposed, backward hidden behind the backward expert compute;
+    "all_hidden" = both directions hidden behind the expert compute (the paper's claim).
+    Reconfiguration: "always" = every trigger re-applies the region's topology and waits for all its
+    α·n OCS ports (the simulator pauses the region at every trigger); "on_change" = only ports whose
+    circuit changes are switched, and a trigger that changes nothing costs nothing.
+    """
+    mm.validate(model, par)
+    if overlap not in ("simulator", "all_hidden"):
+        raise MixnetInputError(f"unknown overlap {overlap!r}")
+    if reconfigure not in ("always", "on_change"):
+        raise MixnetInputError(f"unknown reconfigure {reconfigure!r}")
+    rng = np.random.default_rng(seed)
+    stages = mm.stage_layers(model, par.pp)
+    m = par.micro_batches
+    rate = par.tp * gpu.flops                        # FLOP/s of one EP rank (a TP group)
+    tokens = par.tokens_per_rank
+    t_attn = tokens * mm.attention_flops_per_token(model, par.seq_len) / rate
+    t_shared = tokens * mm.local_ffn_flops_per_token(model, dense=False) / rate
+    t_dense = tokens * mm.local_ffn_flops_per_token(model, dense=True) / rate
+    t_head = tokens * mm.head_flops_per_token(model) / rate
+    per_assignment = mm.expert_flops_per_assignment(model) / rate
+    expert_rank = np.arange(model.n_experts) // (model.n_experts // par.ep)
+    servers_of_rank = rank_servers(par.ep, par.tp, par.gpus_per_server)
+    popularity = expert_popularity(model.n_moe_layers, model.n_experts, skew, rng)
+    ranks_per_server = par.gpus_per_server // par.tp
+    p2p = ranks_per_server * tokens * model.hidden * dtype_bytes / fabric.eps_bytes_per_s if par.pp > 1 else 0.0
+
+    fwd_base = np.zeros((par.pp, m))
+    bwd_base = np.zeros((par.pp, m))
+    trig = {k: [] for k in ("stage", "dir", "mb", "window", "ports")}
+    a2a_log, circuit_log = [], []
+    moe_offset = 0
+    for s, (n_dense, n_moe) in enumerate(stages):
+        head = t_head if s == par.pp - 1 else 0.0
+        fwd_base[s] += n_dense * (t_attn + t_dense) + head
+        bwd_base[s] += 2 * (n_dense * (t_attn + t_dense) + head)
+        demands, expert_times = {}, {}
+        for b in range(m):
+            for l in range(n_moe):
+                if traffic is not None:
+                    mat = np.asarray(traffic(s, l, b), dtype=float)
+                    if traffic_level == "rank":
+                        recv = mat.sum(axis=0) / (model.hidden * dtype_bytes)
+                        demands[l, b] = server_demand(mat, servers_of_rank)
+                    else:
+                        recv = np.full(par.ep, tokens * model.top_k)   # unknown per rank: balanced
+                        demands[l, b] = _demand(mat)
+                else:
+                    mat = moe_dispatch_bytes(tokens, model.top_k, model.hidden, dtype_bytes, expert_rank,
+                                             popularity[moe_offset + l], rng if sampled_routing else None,
+                                             n_ranks=par.ep)
+                    recv = mat.sum(axis=0) / (model.hidden * dtype_bytes)
+                    demands[l, b] = server_demand(mat, servers_of_rank)
+                expert_times[l, b] = float(recv.max()) * per_assignment
+        # the order in which this stage's region meets its triggers: forward (b, l), then backward (b, l↓)
+        sequence = [(0, b, l) for b in range(m) for l in range(n_moe)] + \
+                   [(1, b, l) for b in range(m) for l in reversed(range(n_moe))]
+        circuits = {}
+        greedy_eps = fabric.nic_bytes_per_s if fabric.greedy_eps == "nic" else fabric.eps_bytes_per_s
+        if fabric.kind == "mixnet":
+            for l, b in demands:
+                circuits[l, b] = greedy_circuits(demands[l, b], fabric.alpha, fabric.nic_bytes_per_s,
+                                                 greedy_eps, code_compat=fabric.code_compat_greedy)
+        previous = circuits[sequence[-1][2], sequence[-1][1]] if circuits and sequence else None
+        for direction, b, l in sequence:
+            dem, t_exp = demands[l, b], expert_times[l, b]
+            if fabric.kind == "mixnet":
+                now = circuits[l, b]
+                a2a_new = fabric_a2a_time(dem, fabric, now)
+                a2a_old = fabric_a2a_time(dem, fabric, previous)
+                trig["stage"].append(s)
+                trig["dir"].append(direction)
+                trig["mb"].append(b)
+                if direction == 0:
+                    trig["window"].append(t_exp if overlap == "all_hidden" else 0.0)
+                else:
+                    trig["window"].append(2 * t_exp)
+                trig["ports"].append(fabric.alpha * par.region_servers if reconfigure == "always"
+                                     else ports_switched(previous, now))
+                previous = now
+                if direction == 0:
+                    circuit_log.append(now)
+            else:
+                a2a_new = a2a_old = fabric_a2a_time(dem, fabric)
+            if direction == 0:
+                fwd_base[s, b] += t_attn + t_shared + 2 * a2a_new + t_exp
+                a2a_log.append(a2a_new)
+            else:  # combine-grad all-to-all still runs on the previous circuits
+                bwd_base[s, b] += 2 * (t_attn + t_shared) + a2a_old + 2 * t_exp + a2a_new
+        moe_offset += n_moe
+    as_array = {k: np.asarray(v, dtype=float if k == "window" else np.int64) for k, v in trig.items()}
+    return Timeline(fabric=fabric, overlap=overlap, fwd_base=fwd_base, bwd_base=bwd_base, p2p_s=p2p,
+                    dp=par.dp, trig_stage=as_array["stage"], trig_dir=as_array["dir"], trig_mb=as_array["mb"],
+                    trig_window=as_array["window"], trig_ports=as_array["ports"],
+                    a2a_time=np.asarray(a2a_log), circuits=circuit_log)
+
+
+def constant_delay_times(timeline: Timeline, delays_s) -> np.ndarray:
+    """Iteration time for each constant delay d (every reconfiguration that switches ports takes d)."""
+    d = np.atleast_1d(np.asarray(delays_s, dtype=float))
+    return timeline.times(np.repeat(d[:, None], timeline.n_triggers, axis=1))
+
+
+def sample_iteration_times(timeline: Timeline, delay_samples, n_reps: int, rng: np.random.Generator,
+                           per_port_max: bool = True) -> np.ndarray:
+    """Monte Carlo iteration times: each trigger's delay is the max of `ports` draws from the samples.
+
+    The max of k i.i.d. draws from the empirical distribution is drawn exactly by inverse CDF:
+    index = floor(n·U^(1/k)). With `per_port_max=False` each reconfiguration takes a single draw.
+    Data-parallel replicas draw independently; the iteration waits for the slowest.
+    """
+    samples = np.sort(np.asarray(delay_samples, dtype=float).ravel())
+    if samples.size == 0 or not np.all(np.isfinite(samples)) or np.any(samples < 0):
+        raise MixnetInputError("delay samples must be a non-empty array of finite non-negative seconds")
+    if timeline.n_triggers == 0:
+        return timeline.times(np.zeros((n_reps, 0)))
+    k = np.maximum(timeline.trig_ports, 1) if per_port_max else np.ones_like(timeline.trig_ports)
+    u = rng.random((n_reps * timeline.dp, timeline.n_triggers))
+    idx = np.minimum((samples.size * u ** (1.0 / k)).astype(np.int64), samples.size - 1)
+    t = timeline.times(samples[idx])
+    return t.reshape(n_reps, timeline.dp).max(axis=1)
+
+
+def break_even_delay(timeline: Timeline, target_s: float, d_max: float = 1e4) -> float | None:
+    """Constant delay d at which the iteration time reaches `target_s` (None if even d = 0 exceeds it).
+
+    T(d) is continuous, convex and non-decreasing (a max of sums of max(0, d − W)), so bisection is exact
+    up to the tolerance. Returns inf if the target is never reached (no triggers).
+    """
+    t0 = float(constant_delay_times(timeline, [0.0])[0])
+    if t0 > target_s:
+        return None
+    if timeline.n_triggers == 0 or not np.any(timeline.trig_ports > 0):
+        return float("inf")
+    lo, hi = 0.0, 1e-3
+    while float(constant_delay_times(timeline, [hi])[0]) < target_s:
+        lo, hi = hi, hi * 2
+        if hi > d_max:
+            return float("inf")
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        if float(constant_delay_times(timeline, [mid])[0]) < target_s:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
