@@ -113,6 +113,9 @@ class OpticalBench:
         self._lit_egress: set[int] = set()
         self._truth: list[dict] = []
         self._subs: dict[str, list[Callable[[NicChange], None]]] = {}
+        # Observers of mirror moves, called (t_ns, ingress, egress, settled) on the scheduler thread with
+        # the bench lock held: they must return quickly and not call back into the bench.
+        self.on_mirror: list[Callable[[int, int, int, bool], None]] = []
         self._pending: list[NicChange] = []
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -243,6 +246,8 @@ class OpticalBench:
         if self._settled.get(ingress) == egress:
             del self._settled[ingress]
         self._truth.append(dict(t_ns=t, stage="mirror_released", host="ocs", port=str(egress), ocs_port=egress))
+        for observer in self.on_mirror:
+            observer(t, ingress, egress, False)
         self._set_light(t, egress, False)
 
     def _mirror_settled(self, t: int, ingress: int, egress: int) -> None:
@@ -250,6 +255,8 @@ class OpticalBench:
             return  # superseded before it settled
         self._settled[ingress] = egress
         self._truth.append(dict(t_ns=t, stage="mirror_settled", host="ocs", port=str(egress), ocs_port=egress))
+        for observer in self.on_mirror:
+            observer(t, ingress, egress, True)
         self._set_light(t, egress, ingress in self._lit_ingress)
 
     def _set_light(self, t: int, egress: int, on: bool) -> None:
