@@ -144,7 +144,7 @@ def load_moe(path: str | Path, *, hidden_size: int | None = None, dtype_bytes: i
         routing, n_experts, n_ranks = _read_megatron(path, ep)
         ep = ep or n_ranks
     n_experts = num_experts or n_experts
-    if int(routing["expert"].max(initial=-1)) >= n_experts:
+    if int(routing["expert"].to_numpy().max(initial=-1)) >= n_experts:
         raise TraceFormatError(f"expert id beyond num_experts {n_experts}", file=str(path))
     try:
         header = MoeHeader(num_experts=n_experts, top_k=top_k or 1, hidden_size=hidden_size,

@@ -102,9 +102,10 @@ def normalise_moe_frame(frame: pd.DataFrame) -> pd.DataFrame:
     out = frame.loc[:, list(MOE_COLUMNS)].copy()
     for col in ("iteration", "layer", "micro_batch", "src_rank", "dst_rank", "bytes"):
         out[col] = out[col].astype(np.int64)
-    out["phase"] = pd.Categorical(out["phase"].astype(str), categories=list(MOE_PHASES))
-    if out["phase"].isna().any():
-        raise ValueError(f"MoE traffic has phases outside {MOE_PHASES}")
+    phase = out["phase"].astype(str)
+    if not phase.isin(MOE_PHASES).all():
+        raise ValueError(f"MoE traffic has phases outside {MOE_PHASES}: {sorted(set(phase) - set(MOE_PHASES))}")
+    out["phase"] = pd.Categorical(phase, categories=list(MOE_PHASES))
     out = out.sort_values(["iteration", "layer", "micro_batch", "phase", "src_rank", "dst_rank"],
                           kind="stable").reset_index(drop=True)
     return out
@@ -116,14 +117,14 @@ def validate_requests(frame: pd.DataFrame, file: str) -> pd.DataFrame:
         if col not in frame.columns:
             raise TraceFormatError(f"missing column {col!r}", file=file, line=1)
     arrival = pd.to_numeric(frame["arrival_s"], errors="coerce").to_numpy(dtype=float)
-    bad = ~np.isfinite(arrival) | (arrival < 0)
-    _raise_first(bad, frame, file, "arrival_s must be a finite number >= 0")
+    _raise_first(~np.isfinite(arrival), frame, file, "arrival_s must be a finite number")
+    decreasing = np.r_[False, np.diff(arrival) < 0]
+    _raise_first(decreasing, frame, file, "arrival_s decreases (requests must be time-sorted)")
+    _raise_first(arrival < 0, frame, file, "arrival_s must be >= 0")
     for col in ("prompt_tokens", "output_tokens"):
         values = pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype=float)
         bad = ~np.isfinite(values) | (values < 0) | (values != np.round(values))
         _raise_first(bad, frame, file, f"{col} must be an integer >= 0")
-    decreasing = np.r_[False, np.diff(arrival) < 0]
-    _raise_first(decreasing, frame, file, "arrival_s decreases (requests must be time-sorted)")
     out = frame.copy()
     out["arrival_s"] = arrival
     out["prompt_tokens"] = out["prompt_tokens"].astype(np.int64)
