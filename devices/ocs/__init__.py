@@ -93,4 +93,4 @@ def open_switch(resource: OcsResource, *, timeout_s: float = 30.0) -> CircuitSwi
         raise
 
 
-__all__ = ["OcsConfigError", "PROTOCOLS", "open_switch", "parse_url"]
+__all__ = ["Endpoint", "OcsConfigError", "PROTOCOLS", "open_switch", "parse_url"]

@@ -56,9 +56,12 @@ class FakeSwitch(CircuitSwitch):
         command = "disconnect " + " ".join(map(str, ingresses))
         check_allowed(self.allowed, ingresses, command)
         check_allowed(self.allowed, [self._patches[i] for i in ingresses if i in self._patches], command)
+        # the switch checks every port first, then duplicates, then that each patch exists
+        if not all(self._is_ingress(i) for i in ingresses):
+            raise DeviceDenied(command, "IIAC", "invalid port")
+        if len(set(ingresses)) != len(ingresses):
+            raise DeviceDenied(command, "IDNV", "port listed twice")
         for i in ingresses:
-            if not self._is_ingress(i):
-                raise DeviceDenied(command, "IIAC", "invalid port")
             if i not in self._patches:
                 raise DeviceDenied(command, "IDNV", f"port {i} has no patch")
         for i in ingresses:

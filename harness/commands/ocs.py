@@ -3,7 +3,8 @@
     harness ocs --url tcp://127.0.0.1:3082 --protocol polatis-tl1 --user admin --password root connect 1 17
     harness ocs --url /dev/ttyUSB0 --protocol polatis-scpi list
 
-Only the ports named on the command line may be touched unless `--allowed-ports` says otherwise.
+Only the ports named on the command line (for `disconnect`: the named ingresses and the far ends of their
+patches) may be touched unless `--allowed-ports` says otherwise.
 Exit codes: 0 ok; 1 the switch refused or did not answer; 2 bad input (URL, protocol, port numbers).
 """
 from __future__ import annotations
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
             pairs[_port(ingress)] = _port(egress)
         named = list(pairs) + list(pairs.values())
     resource = _resource(args, named)
+    args.allow_ports_given = bool(args.allowed_ports)
     try:
         switch = open_switch(resource, timeout_s=args.timeout)
     except DeviceError as exc:
@@ -117,6 +119,10 @@ def _act(switch, args: argparse.Namespace, named: list[int], pairs: dict[int, in
     def timed(timing) -> dict:
         return {"sent_ns": timing.sent_ns, "completed_ns": timing.completed_ns}
 
+    if args.action == "disconnect" and not args.allow_ports_given:
+        # naming an ingress names its patch: the far end may be touched too
+        current = switch.patches()
+        switch.allowed = switch.allowed | {current[i] for i in named if i in current}
     if args.action == "identify":
         ident = switch.identify()
         emit({"identity": ident}, ident)
