@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[["ExecContext", list[str]], int]
 
-_CLOSE_AFTER_S = 2.0  # the reaper closes a finished channel the client has not closed by then
+_CLOSE_AFTER_S = 0.25  # then the reaper closes a finished channel the client left open (stock ssh waits for it)
 _POLL_S = 0.1  # how often blocked streaming handlers check whether the client went away
 PYTHON_NAMES = ("python3", "python")  # how the harness launches the agent (HostResource.python)
 AGENT_FIELDS = ("rx_los", "rx_lol", "carrier", "operstate", "phys_state", "state")
