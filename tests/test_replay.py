@@ -1,0 +1,105 @@
+"""Timed replay against the emulated endpoint: every request recorded (failures too), absolute deadlines,
+durable log convertible to Parquet."""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from devices.emulated.vllm_server import ServiceModel, VllmEmulator
+from traces.errors import TraceFormatError
+from traces.replay import ReplayConfig, ReplayLog, read_replay_log, replay, replay_log_to_parquet, replay_requests
+
+
+def frame(arrivals, prompts, outputs):
+    return pd.DataFrame({"arrival_s": np.asarray(arrivals, dtype=float), "prompt_tokens": prompts,
+                         "output_tokens": outputs})
+
+
+async def _replay_with(service, requests, log, **config):
+    em = VllmEmulator(service)
+    await em.start()
+    try:
+        return await replay_requests(requests, ReplayConfig(url=em.url, **config), log), em
+    finally:
+        await em.stop()
+
+
+def test_every_request_recorded_with_absolute_deadlines(tmp_path):
+    rng = np.random.default_rng(0)
+    arrivals = np.cumsum(rng.exponential(0.5, size=60))
+    requests = frame(arrivals, rng.integers(1, 300, 60), rng.integers(1, 20, 60))
+    log = tmp_path / "replay.jsonl"
+    service = ServiceModel(prefill_tokens_per_s=1e5, decode_tokens_per_s=500, time_scale=50,
+                           stream_interval_s=0.005)
+    summary, em = asyncio.run(_replay_with(service, requests, log, time_scale=50))
+    rec = summary.records
+    assert summary.by_status == {"ok": 60, "http_error": 0, "timeout": 0, "error": 0}
+    assert rec["index"].tolist() == list(range(60))
+    # Deadlines are origin + arrival/scale, computed independently of when earlier requests went out.
+    expected = np.round((arrivals - arrivals[0]) * 1e9 / 50).astype(np.int64)
+    np.testing.assert_array_equal(rec["scheduled_ns"].to_numpy() - rec["scheduled_ns"].iloc[0], expected)
+    assert (rec["send_error_ns"] >= 0).all()
+    assert (rec["sent_ns"] - rec["scheduled_ns"] == rec["send_error_ns"]).all()
+    assert rec["output_tokens"].tolist() == requests["output_tokens"].tolist()
+    assert (rec["first_token_ns"] >= rec["sent_ns"]).all() and (rec["completed_ns"] >= rec["first_token_ns"]).all()
+    assert em.stats.completed == 60
+    on_disk = read_replay_log(log)
+    assert len(on_disk) == 60 and set(on_disk["index"]) == set(range(60))
+
+
+def test_failures_are_recorded_not_dropped(tmp_path):
+    # Request 1 exceeds the context length (HTTP 400); request 2 takes ~4 s of decode but times out at 0.3 s.
+    requests = frame([0.0, 0.01, 0.02, 0.03], [10, 5000, 10, 10], [2, 2, 400, 2])
+    service = ServiceModel(prefill_tokens_per_s=1e6, decode_tokens_per_s=100, max_model_len=1000)
+    summary, _ = asyncio.run(_replay_with(service, requests, tmp_path / "r.jsonl", timeout_s=0.3))
+    status = summary.records.set_index("index")["status"].to_dict()
+    assert status == {0: "ok", 1: "http_error", 2: "timeout", 3: "ok"}
+    rec = summary.records.set_index("index")
+    assert rec.loc[1, "http_status"] == 400 and "maximum context length" in rec.loc[1, "error"]
+    assert len(read_replay_log(tmp_path / "r.jsonl")) == 4
+
+
+def test_unreachable_endpoint_counts_errors(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    requests = frame([0.0, 0.001, 0.002], [1, 1, 1], [1, 1, 1])
+    summary = replay(requests, ReplayConfig(url=f"http://127.0.0.1:{port}", timeout_s=5), tmp_path / "r.jsonl")
+    assert summary.by_status["error"] == 3 and summary.requests == 3
+    assert all("Connect" in e or "refused" in e for e in summary.records["error"])
+
+
+def test_log_reader_tolerates_torn_tail_but_not_corruption(tmp_path):
+    good = {"index": 0, "scheduled_ns": 1, "sent_ns": 2, "send_error_ns": 1, "first_token_ns": None,
+            "completed_ns": 3, "prompt_tokens": 1, "output_tokens_requested": 1, "output_tokens": None,
+            "status": "error", "http_status": None, "error": "x"}
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text(json.dumps(good) + "\n" + json.dumps(good)[:25])
+    assert len(read_replay_log(torn)) == 1
+    out = replay_log_to_parquet(torn, tmp_path / "t.parquet")
+    assert pq.read_table(tmp_path / "t.parquet").num_rows == len(out) == 1
+    corrupt = tmp_path / "corrupt.jsonl"
+    corrupt.write_text(json.dumps(good) + "\n{bad\n" + json.dumps(good) + "\n")
+    with pytest.raises(TraceFormatError) as info:
+        read_replay_log(corrupt)
+    assert info.value.line == 2
+
+
+def test_replay_log_flushes_periodically_before_close(tmp_path):
+    path = tmp_path / "p.jsonl"
+
+    async def body():
+        async with ReplayLog(path, interval_s=0.02) as log:
+            log.append({"index": 7})
+            for _ in range(500):  # the periodic flush writes it without closing the log
+                await asyncio.sleep(0.01)
+                if path.read_text():
+                    return path.read_text()
+        return None
+    assert asyncio.run(body()) == '{"index":7}\n'

@@ -1,0 +1,140 @@
+"""Emulated vLLM endpoint: OpenAI wire format, token-level service model, slots, interference windows."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import numpy as np
+import pytest
+from scipy import integrate
+
+from devices.emulated.vllm_server import InterferenceWindow, ServiceModel, VllmEmulator
+from devices.timing import now_ns
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _with_server(service, body):
+    emulator = VllmEmulator(service)
+    await emulator.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            return emulator, await body(emulator, session)
+    finally:
+        await emulator.stop()
+
+
+def test_loopback_only():
+    with pytest.raises(ValueError, match="127.0.0.1"):
+        VllmEmulator(host="0.0.0.0")
+
+
+def test_token_times_closed_form_without_windows():
+    em = VllmEmulator(ServiceModel(prefill_tokens_per_s=1000, decode_tokens_per_s=50, time_scale=4))
+    start = 10**12
+    times = em.token_times_ns(start, prompt_tokens=200, output_tokens=5)
+    expected = start + (200 / 1000 + np.arange(5) / 50) / 4 * 1e9
+    np.testing.assert_allclose(times, expected, atol=2)
+
+
+def test_token_times_integrate_the_capacity_profile():
+    async def body():
+        em = VllmEmulator(ServiceModel(prefill_tokens_per_s=100, decode_tokens_per_s=10, time_scale=2))
+        epoch = now_ns()
+        em.set_interference([InterferenceWindow(1.0, 2.0, 0.25), InterferenceWindow(2.5, 1.0, 0.5)], epoch)
+        start = epoch + int(0.1e9)
+        times = em.token_times_ns(start, prompt_tokens=50, output_tokens=40)
+        return em, epoch, start, times
+    em, epoch, start, times = run(body())
+
+    def speed(t_s):  # model seconds per real second at real time t_s after the epoch (scale 2)
+        trace_t = 2 * t_s
+        factor = (0.25 if 1.0 <= trace_t < 3.0 else 1.0) * (0.5 if 2.5 <= trace_t < 3.5 else 1.0)
+        return 2 * factor
+
+    work = 50 / 100 + np.arange(40) / 10
+    edges = [0.5, 1.25, 1.5, 1.75]
+    for w, t in zip(work, times):
+        lo, hi = (start - epoch) / 1e9, (t - epoch) / 1e9
+        done, _ = integrate.quad(speed, lo, hi, points=[e for e in edges if lo < e < hi], limit=200)
+        assert done == pytest.approx(w, abs=1e-6)
+    assert em.capacity_at(epoch + int(1.3e9)) == pytest.approx(0.125)  # trace t = 2.6: both windows
+
+
+def test_streaming_wire_format_and_errors():
+    async def body(em, session):
+        req = {"model": "m", "prompt": [1] * 30, "max_tokens": 12, "stream": True,
+               "stream_options": {"include_usage": True}}
+        texts, usage, done = [], None, False
+        async with session.post(em.url + "/v1/completions", json=req) as resp:
+            assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+            async for line in resp.content:
+                if line.startswith(b"data: "):
+                    data = line[6:].strip()
+                    if data == b"[DONE]":
+                        done = True
+                        continue
+                    chunk = json.loads(data)
+                    if chunk["choices"]:
+                        texts.append(chunk["choices"][0]["text"])
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+        statuses = []
+        for bad in ({"model": "m", "prompt": [1] * 10, "max_tokens": 200},  # over max_model_len
+                    {"model": "m", "prompt": [[1, 2], [3]], "max_tokens": 2},  # batches unsupported
+                    {"model": "m"}):  # no prompt
+            async with session.post(em.url + "/v1/completions", json=bad) as resp:
+                statuses.append((resp.status, (await resp.json())["object"]))
+        async with session.post(em.url + "/v1/completions", data=b"{not json") as resp:
+            statuses.append((resp.status, "raw"))
+        async with session.post(em.url + "/v1/completions", json={"prompt": "a b c", "max_tokens": 3}) as resp:
+            plain = await resp.json()
+        async with session.get(em.url + "/v1/models") as resp:
+            models = await resp.json()
+        async with session.get(em.url + "/stats") as resp:
+            stats = await resp.json()
+        return texts, usage, done, statuses, plain, models, stats
+
+    service = ServiceModel(prefill_tokens_per_s=1e5, decode_tokens_per_s=2000, max_model_len=100,
+                           stream_interval_s=0.0)
+    _, (texts, usage, done, statuses, plain, models, stats) = run(_with_server(service, body))
+    assert done and sum(t.count(" t") for t in texts) == 12
+    assert usage == {"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42}
+    assert statuses == [(400, "error"), (400, "error"), (400, "error"), (400, "raw")]
+    assert plain["usage"]["prompt_tokens"] == 3 and plain["choices"][0]["finish_reason"] == "length"
+    assert models["data"][0]["id"] == "emulated-llm"
+    assert stats["received"] == 6 and stats["rejected"] == 4 and stats["completed"] == 2
+
+
+def test_batch_slots_queue_requests():
+    async def body(em, session):
+        async def one():
+            async with session.post(em.url + "/v1/completions", json={"prompt": [1], "max_tokens": 5}) as r:
+                return r.status
+        return await asyncio.gather(*(one() for _ in range(6)))
+
+    service = ServiceModel(prefill_tokens_per_s=1e6, decode_tokens_per_s=200, batch_slots=2)
+    em, statuses = run(_with_server(service, body))
+    assert statuses == [200] * 6
+    assert em.stats.max_running == 2 and em.stats.max_waiting >= 1
+    records = sorted(em.stats.records, key=lambda r: r[1])  # by admission
+    done = sorted(r[3] for r in records)
+    # The k-th admission (k >= 2) waits for the (k-1)-th completion: never more than 2 in service.
+    for k, rec in enumerate(records[2:], start=2):
+        assert rec[1] >= done[k - 2]
+
+
+def test_interference_window_cuts_slots():
+    async def body(em, session):
+        em.set_interference([InterferenceWindow(0.0, 30.0, 0.5)])  # from now on, half capacity
+        async def one():
+            async with session.post(em.url + "/v1/completions", json={"prompt": [1], "max_tokens": 3}) as r:
+                return r.status
+        return await asyncio.gather(*(one() for _ in range(8)))
+
+    service = ServiceModel(prefill_tokens_per_s=1e6, decode_tokens_per_s=300, batch_slots=4)
+    em, statuses = run(_with_server(service, body))
+    assert statuses == [200] * 8 and em.stats.max_running == 2
