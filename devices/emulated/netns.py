@@ -1,0 +1,448 @@
+"""A real data plane for the emulated bench: network namespaces, veth pairs and an OCS cross-connect.
+
+Each emulated host gets a namespace (`<prefix>h1`, ...) holding one veth end per NIC port, named like the
+NIC (`ens1f0np0`), with the NIC's MAC and an address in 198.18.0.0/15. The other ends live in one OCS
+namespace (`<prefix>ocs`). The OCS is a `tc` ingress u32 filter per port: while the mirror of a patch
+X.tx → Y.rx is settled, frames entering X's OCS-side veth leave on Y's; otherwise they are dropped.
+The physics (OpticalBench) drives the carrier: the OCS-side veth of port X is up exactly while X's
+`carrier` is 1, so host X's veth shows carrier and frames flow only then.
+
+Mirror moves re-point filters with the `tc` tool (about 4 ms each, off the bench's thread); carrier
+changes are raw RTM_NEWLINK messages on a netlink socket opened inside the OCS namespace (about 0.3 ms;
+an `ip link set` fork is about 2 ms). Both run in order on one worker thread.
+
+Real processes in the namespaces read the machine's real clock, so a bench with a data plane must give
+its hosts clock offset 0 and drift 0 (profile `hosts: {clock_offset_ms: [0, 0], drift_ppm: [0, 0]}`);
+`start()` refuses otherwise. Needs root. Traffic stays inside the namespaces this object creates.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import ipaddress
+import logging
+import os
+import queue
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from devices.emulated.physics import NicChange, NicModel, OpticalBench
+from devices.timing import now_ns
+
+log = logging.getLogger(__name__)
+
+PORT_NETWORK = ipaddress.ip_network("198.18.0.0/15")  # RFC 2544 benchmarking range
+OCS_IFINDEX_BASE = 1000  # OCS-side ifindex = base + ingress port; never equal to the host side's
+FILTER_PREF = 10
+FILTER_HANDLE = "800::800"
+CLONE_NEWNET = 0x40000000
+_NAME = re.compile(r"[a-z][a-z0-9_-]{0,11}")
+
+# rtnetlink
+_NLMSG_ERROR = 2
+_RTM_NEWLINK = 16
+_NLM_F_REQUEST, _NLM_F_ACK = 0x1, 0x4
+_IFF_UP = 0x1
+
+
+class NetnsError(RuntimeError):
+    """The data plane could not be built or changed (a failed `ip`/`tc` command, or no permission)."""
+
+
+@dataclass(frozen=True)
+class PortPlane:
+    """Where one NIC port lives in the data plane."""
+
+    model: NicModel
+    netns: str  # the host's namespace; the veth there is named model.netdev
+    ip: str  # host-side address, prefix PORT_NETWORK.prefixlen
+    ocs_dev: str  # OCS-side veth name in the OCS namespace
+    ocs_ifindex: int
+
+
+def _run(argv: list[str], stdin: str | None = None) -> str:
+    done = subprocess.run(argv, input=stdin, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise NetnsError(f"{' '.join(argv[:6])}{' …' if len(argv) > 6 else ''} failed: "
+                         f"{(done.stderr or done.stdout).strip()}")
+    return done.stdout
+
+
+def netns_available() -> str | None:
+    """None when namespaces can be made here, else the reason they cannot."""
+    if os.geteuid() != 0:
+        return "needs root"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "needs iproute2 (ip, tc)"
+    name = f"hilchk{os.getpid()}"
+    try:
+        _run(["ip", "netns", "add", name])
+    except NetnsError as exc:
+        return f"`ip netns add` does not work here: {exc}"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return None
+
+
+def list_netns() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+_libc = None
+
+
+def _setns(fd: int) -> None:
+    global _libc
+    if hasattr(os, "setns"):  # Python >= 3.12
+        os.setns(fd, CLONE_NEWNET)
+        return
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+@contextmanager
+def in_netns(name: str) -> Iterator[None]:
+    """Run the body with this thread in namespace `name` (sockets made here stay in it)."""
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        _setns(target)
+        try:
+            yield
+        finally:
+            _setns(home)
+    finally:
+        os.close(target)
+        os.close(home)
+
+
+class LinkSwitch:
+    """Admin up/down of links by ifindex over an rtnetlink socket bound to one namespace."""
+
+    def __init__(self, netns: str):
+        with in_netns(netns):
+            self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        self._sock.bind((0, 0))
+        self._sock.settimeout(2.0)
+        self._seq = 0
+
+    def set_up(self, ifindex: int, up: bool) -> None:
+        self._seq += 1
+        ifinfo = struct.pack("=BxHiII", socket.AF_UNSPEC, 0, ifindex, _IFF_UP if up else 0, _IFF_UP)
+        header = struct.pack("=IHHII", 16 + len(ifinfo), _RTM_NEWLINK, _NLM_F_REQUEST | _NLM_F_ACK, self._seq, 0)
+        self._sock.send(header + ifinfo)
+        while True:
+            reply = self._sock.recv(65536)
+            _, kind, _, seq, _ = struct.unpack_from("=IHHII", reply)
+            if kind == _NLMSG_ERROR and seq == self._seq:
+                error = struct.unpack_from("=i", reply, 16)[0]
+                if error:
+                    raise NetnsError(f"RTM_NEWLINK ifindex {ifindex}: {os.strerror(-error)}")
+                return
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class NetnsPlane:
+    """The namespaces, veths and cross-connect of one OpticalBench. Use as a context manager."""
+
+    def __init__(self, bench: OpticalBench, prefix: str):
+        if not _NAME.fullmatch(prefix):
+            raise ValueError(f"netns prefix must match {_NAME.pattern}, got {prefix!r}")
+        self.bench = bench
+        self.prefix = prefix
+        self.ocs_netns = f"{prefix}ocs"
+        self.host_netns = {host: f"{prefix}h{i + 1}" for i, host in enumerate(bench.hosts)}
+        self.ports: dict[str, PortPlane] = {}
+        for i, model in enumerate(bench.all_nic_ports()):
+            self.ports[model.key] = PortPlane(
+                model=model, netns=self.host_netns[model.host], ip=str(PORT_NETWORK[i + 1]),
+                ocs_dev=f"t{model.ocs_tx}r{model.ocs_rx}", ocs_ifindex=OCS_IFINDEX_BASE + model.ocs_tx)
+        self._by_tx = {p.model.ocs_tx: p for p in self.ports.values()}
+        self._by_rx = {p.model.ocs_rx: p for p in self.ports.values()}
+        self._created: list[str] = []
+        self._redirects: dict[int, int] = {}  # ingress -> egress currently wired
+        self._ops: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._links: LinkSwitch | None = None
+        self._unsubscribes: list[Callable[[], None]] = []
+        self._procs: list[subprocess.Popen] = []
+        self._agent_dir: tempfile.TemporaryDirectory | None = None
+        self.errors: list[str] = []
+        self.op_log: list[tuple[str, int, int]] = []  # (kind, queued mono ns, done mono ns)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "NetnsPlane":
+        reason = netns_available()
+        if reason:
+            raise NetnsError(f"network namespaces unavailable: {reason}")
+        for host in self.bench.hosts:
+            clock = self.bench.host_clock_params(host)
+            if clock["offset_ns"] or clock["drift_ppm"]:
+                raise NetnsError(f"host {host} has clock offset {clock['offset_ns']} ns / drift "
+                                 f"{clock['drift_ppm']} ppm; a netns bench needs 0 and 0 (real processes "
+                                 "read the real clock)")
+        if self.bench.ocs_patches():
+            raise NetnsError("start the data plane before the first patch")
+        clash = set(list_netns()) & {self.ocs_netns, *self.host_netns.values()}
+        if clash:
+            raise NetnsError(f"namespaces already exist: {', '.join(sorted(clash))}")
+        try:
+            self._build()
+            self._links = LinkSwitch(self.ocs_netns)
+            self._worker = threading.Thread(target=self._work, name=f"netns-{self.prefix}", daemon=True)
+            self._worker.start()
+            self.bench.on_mirror.append(self._on_mirror)
+            for host in self.bench.hosts:
+                self._unsubscribes.append(self.bench.subscribe(host, self._on_change))
+            for port in self.ports.values():  # carrier already up (light without patches: never, but be exact)
+                if self.bench.nic_snapshot(port.model.host, port.model.netdev).carrier:
+                    self._ops.put(("carrier", now_ns(), port, True))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _build(self) -> None:
+        for name in [self.ocs_netns, *self.host_netns.values()]:
+            _run(["ip", "netns", "add", name])
+            self._created.append(name)
+            # No IPv6 chatter (router/neighbour solicitations) on the emulated links.
+            _run(["ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
+                  "net.ipv6.conf.default.disable_ipv6=1"])
+        root_batch = []
+        for p in self.ports.values():
+            root_batch.append(f"link add {p.model.netdev} netns {p.netns} index {p.model.ifindex} address "
+                              f"{p.model.mac} type veth peer name {p.ocs_dev} netns {self.ocs_netns} "
+                              f"index {p.ocs_ifindex}")
+        _run(["ip", "-batch", "-"], "\n".join(root_batch) + "\n")
+        for host, netns in self.host_netns.items():
+            batch = ["link set lo up"]
+            for p in self.ports.values():
+                if p.model.host == host:
+                    batch += [f"addr add {p.ip}/{PORT_NETWORK.prefixlen} dev {p.model.netdev}",
+                              f"link set {p.model.netdev} up"]
+            _run(["ip", "-n", netns, "-batch", "-"], "\n".join(batch) + "\n")
+        tc = []
+        for p in self.ports.values():  # OCS-side veths stay admin-down until the physics says carrier
+            tc.append(f"qdisc add dev {p.ocs_dev} ingress")
+        _run(["tc", "-n", self.ocs_netns, "-batch", "-"], "\n".join(tc) + "\n")
+
+    def stop(self) -> None:
+        """Stop following the bench, end started processes, delete every namespace this plane created."""
+        if self._on_mirror in self.bench.on_mirror:
+            self.bench.on_mirror.remove(self._on_mirror)
+        for unsubscribe in self._unsubscribes:
+            unsubscribe()
+        self._unsubscribes.clear()
+        if self._worker is not None:
+            self._ops.put(None)
+            self._worker.join(timeout=10)
+            self._worker = None
+        if self._links is not None:
+            self._links.close()
+            self._links = None
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self._procs.clear()
+        for name in reversed(self._created):
+            done = subprocess.run(["ip", "netns", "del", name], capture_output=True, text=True)
+            if done.returncode != 0:
+                self.errors.append(f"ip netns del {name}: {done.stderr.strip()}")
+        self._created.clear()
+        if self._agent_dir is not None:
+            self._agent_dir.cleanup()
+            self._agent_dir = None
+
+    def __enter__(self) -> "NetnsPlane":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ following the physics
+    def _on_mirror(self, t_ns: int, ingress: int, egress: int, settled: bool) -> None:
+        """Called by the bench with its lock held: only queue work."""
+        source = self._by_tx.get(ingress)
+        if source is None:
+            return
+        target = self._by_rx.get(egress) if settled else None
+        wired = ingress in self._redirects
+        if settled and target is not None:
+            self._redirects[ingress] = egress
+            self._ops.put(("redirect", now_ns(), source, target))
+        elif wired and (settled or self._redirects[ingress] == egress):
+            del self._redirects[ingress]  # released, or re-pointed to an egress without a NIC
+            self._ops.put(("redirect", now_ns(), source, None))
+
+    def _on_change(self, change: NicChange) -> None:
+        if change.field == "carrier":
+            port = self.ports.get(f"{change.host}:{change.netdev}")
+            if port is not None:
+                self._ops.put(("carrier", now_ns(), port, change.value == "1"))
+
+    def _work(self) -> None:
+        while True:
+            op = self._ops.get()
+            if op is None:
+                return
+            kind, queued, port, arg = op
+            if kind == "barrier":
+                arg.set()
+                continue
+            try:
+                if kind == "carrier":
+                    self._links.set_up(port.ocs_ifindex, arg)
+                else:
+                    _run(["tc", "-n", self.ocs_netns, *self._filter_line(port, arg).split()])
+            except (NetnsError, OSError) as exc:
+                log.error("netns plane %s: %s", self.prefix, exc)
+                self.errors.append(str(exc))
+            self.op_log.append((kind, queued, now_ns()))
+
+    def _filter_line(self, source: PortPlane, target: PortPlane | None) -> str:
+        """`tc` words wiring `source` to `target`, or unwiring it. This kernel has no gact (`action drop`),
+        so an unpatched port has no filter: its frames reach the OCS namespace's own stack, which has no
+        address and does not forward, and are discarded there."""
+        if target is None:
+            return f"filter del dev {source.ocs_dev} parent ffff: protocol all pref {FILTER_PREF}"
+        return (f"filter replace dev {source.ocs_dev} parent ffff: protocol all pref {FILTER_PREF} "
+                f"handle {FILTER_HANDLE} u32 match u32 0 0 action mirred egress redirect dev {target.ocs_dev}")
+
+    def settle(self, timeout: float = 5.0) -> bool:
+        """Block until every queued data-plane change is applied (for tests and benchmarks)."""
+        done = threading.Event()
+        self._ops.put(("barrier", now_ns(), None, done))
+        return done.wait(timeout)
+
+    # ------------------------------------------------------------------ direct control
+    def set_carrier(self, host: str, netdev: str, up: bool) -> int:
+        """Bypass the physics: set port's OCS-side veth up/down now (benchmarks). Returns the realtime ns
+        just before the netlink request."""
+        if self._links is None:
+            raise NetnsError("plane not started")
+        port = self.port(host, netdev)
+        sent = time.time_ns()
+        self._ops.put(("carrier", now_ns(), port, up))
+        return sent
+
+    # ------------------------------------------------------------------ views
+    def port(self, host: str, netdev: str) -> PortPlane:
+        try:
+            return self.ports[f"{host}:{netdev}"]
+        except KeyError:
+            raise KeyError(f"no NIC {netdev} on host {host}") from None
+
+    def netns_of(self, host: str) -> str:
+        return self.host_netns[host]
+
+    def redirects(self) -> dict[int, int]:
+        """ingress -> egress as currently wired (or queued to be)."""
+        return dict(self._redirects)
+
+    def run_in(self, host: str, argv: list[str], **popen_kwargs) -> subprocess.Popen:
+        """Start `argv` inside `host`'s namespace (`ip netns exec`). stop() kills it if still running."""
+        proc = subprocess.Popen(["ip", "netns", "exec", self.host_netns[host], *argv], **popen_kwargs)
+        self._procs.append(proc)
+        return proc
+
+    def agent_file(self, source: bytes) -> str:
+        """A local copy of an uploaded agent program that processes in the namespaces can run."""
+        if self._agent_dir is None:
+            self._agent_dir = tempfile.TemporaryDirectory(prefix="hil-netns-agent-")
+        path = Path(self._agent_dir.name) / f"hilagent-{hashlib.sha256(source).hexdigest()[:12]}.py"
+        if not path.exists():
+            path.write_bytes(source)
+        return str(path)
+
+
+# ---------------------------------------------------------------------- emulated SSH host passthrough
+PASSTHROUGH_AGENT = ("probe-send", "probe-recv")
+
+
+def _pump(ctx, proc: subprocess.Popen) -> int:
+    """Relay a real process's stdout/stderr to an SSH channel until the client closes stdin or goes away."""
+    from devices.emulated.ssh_host import ChannelGone
+
+    def relay(stream, write):
+        try:
+            for line in iter(stream.readline, b""):
+                write(line)
+        except ChannelGone:
+            pass
+
+    threads = [threading.Thread(target=relay, args=(proc.stdout, ctx.out), daemon=True),
+               threading.Thread(target=relay, args=(proc.stderr, lambda b: ctx.err(b.decode(errors="replace"))),
+                                daemon=True)]
+    for thread in threads:
+        thread.start()
+    try:
+        watcher = threading.Thread(target=ctx.wait_stdin_eof_or_gone, daemon=True)
+        watcher.start()
+        while watcher.is_alive() and proc.poll() is None:
+            watcher.join(0.05)
+    finally:
+        if proc.poll() is None:
+            try:
+                proc.stdin.close()  # the agent stops on stdin EOF and prints its summary
+            except OSError:
+                pass
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for thread in threads:
+            thread.join(timeout=5)
+    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+
+
+def passthrough_commands(plane: NetnsPlane, host: str) -> dict:
+    """Command handlers for `EmulatedHostServer(..., extra_commands=...)` that run the real tools inside
+    `host`'s namespace: `ip ... monitor ...`, and the uploaded agent's probe-send / probe-recv. Every
+    other command (and the agent's timesrv and watch, which read the physics' full NIC state) stays
+    emulated."""
+    from devices.emulated.ssh_host import DEFAULT_COMMANDS, PYTHON_NAMES
+    from devices.emulated.ssh_host import _python as emulated_python  # file checks, usage, other subcommands
+
+    emulated_ip = DEFAULT_COMMANDS["ip"]
+
+    def ip(ctx, argv: list[str]) -> int:
+        if "monitor" not in argv[1:]:
+            return emulated_ip(ctx, argv)
+        proc = plane.run_in(host, ["ip", *argv[1:]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+        return _pump(ctx, proc)
+
+    def python(ctx, argv: list[str]) -> int:
+        args = [a for a in argv[1:] if a != "-u"]
+        if len(args) >= 2 and args[1] in PASSTHROUGH_AGENT:
+            with ctx.server.fs.lock:
+                source = ctx.server.fs.files.get(ctx.path(args[0]))
+            if source is not None:
+                local = plane.agent_file(source if isinstance(source, bytes) else source.encode())
+                proc = plane.run_in(host, ["python3", "-u", local, *args[1:]], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                return _pump(ctx, proc)
+        return emulated_python(ctx, argv)
+
+    return {"ip": ip, **{name: python for name in PYTHON_NAMES}}
