@@ -1,0 +1,259 @@
+"""Run directory helpers: atomic JSON, the manifest, summaries, and an immutable run record handed to
+pluggable writers (OpenHTF-style output callbacks). See docs/records.md."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Mapping
+
+MANIFEST_FORMAT = 1
+PACKAGES = ("ocs-hil", "numpy", "pandas", "pyarrow", "scipy", "paramiko", "pyserial", "pyyaml", "scapy",
+            "matplotlib", "aiohttp", "cryptography")
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def utc_stamp(when: datetime | None = None) -> str:
+    return (when or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+
+
+def new_run_dir(out: str | os.PathLike, playbook_name: str, *, when: datetime | None = None) -> Path:
+    """Create and return `out/<UTC timestamp>-<playbook>` (with -2, -3... if that exists already)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", playbook_name).strip("._") or "run"
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = f"{utc_stamp(when)}-{name}"
+    for attempt in range(1, 1000):
+        path = out / (base if attempt == 1 else f"{base}-{attempt}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"too many runs named {base} in {out}")
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Plain JSON types: mappings, dataclasses, numpy scalars/arrays, paths; NaN/inf become null."""
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if f.repr}  # repr=False fields (e.g. passwords) stay out
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = sorted(obj) if isinstance(obj, (set, frozenset)) else obj
+        return [to_jsonable(v) for v in items]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy scalar or array
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
+    """Write JSON so that readers see the old file or the new one, never a partial one."""
+    path = Path(path)
+    text = json.dumps(to_jsonable(obj), indent=2, allow_nan=False) + "\n"
+    write_text_atomic(path, text)
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+    return path
+
+
+def package_versions(names: Iterable[str] = PACKAGES) -> dict[str, str | None]:
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_describe(root: Path = PROJECT_ROOT) -> str | None:
+    """`git describe --always --dirty` of the project checkout, or None outside a git checkout."""
+    try:
+        result = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True,
+                                text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() or None if result.returncode == 0 else None
+
+
+def sha256_text(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
+
+
+def build_manifest(playbook: Any, *, inventory_text: str | bytes | None = None, profile: Any = None,
+                   seed: int | None = None, clock_table: Any = None, extra: Mapping | None = None) -> dict:
+    """What a run needs to be reproduced: inputs by hash, seed, software versions, clock corrections.
+
+    `playbook` is a harness.config.Playbook (name, source, sha256, bench, cycles). Only the inventory's
+    hash is kept (its text names hosts; secrets never are in it, see password_env).
+    """
+    return to_jsonable({
+        "format": MANIFEST_FORMAT,
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "playbook": {"name": getattr(playbook, "name", None), "source": getattr(playbook, "source", None),
+                     "sha256": getattr(playbook, "sha256", None), "bench": getattr(playbook, "bench", None),
+                     "cycles": getattr(playbook, "cycles", None)},
+        "inventory": None if inventory_text is None else {"sha256": sha256_text(inventory_text)},
+        "profile": profile,
+        "seed": seed if seed is not None else getattr(playbook, "seed", None),
+        "clock": clock_table,
+        "versions": {"python": sys.version.split()[0], "implementation": platform.python_implementation(),
+                     "platform": platform.platform(), "packages": package_versions()},
+        "git": git_describe(),
+        "extra": dict(extra or {}),
+    })
+
+
+# --------------------------------------------------------------------------------------- summary
+_SUMMARY_ROWS = (("ocs_switch", "OCS switch (completed − sent)"),
+                 ("turnaround", "turnaround (max first_packet − sent)"))
+
+
+def _fmt(v: Any) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    if isinstance(v, (list, tuple)):
+        return f"[{_fmt(v[0])}, {_fmt(v[1])}]"
+    if isinstance(v, int):
+        return str(v)
+    return f"{v:.6g}"
+
+
+def summary_markdown(summary: Mapping, title: str = "Run summary") -> str:
+    """A markdown table from analysis.stats.summarize_events output (times in ms)."""
+    rows: list[tuple[str, Mapping]] = []
+    for key, label in _SUMMARY_ROWS:
+        if key in summary:
+            rows.append((label, summary[key]))
+    for stage, s in (summary.get("stages") or {}).items():
+        rows.append((f"{stage} (after sent)", s))
+    for name, s in (summary.get("chain") or {}).items():
+        rows.append((f"chain: {name}", s))
+    unit = "ms" if summary.get("unit_scale", 1e-6) == 1e-6 else f"×{summary.get('unit_scale')} ns"
+    lines = [f"# {title}", ""]
+    if "cycles" in summary:
+        lines += [f"Cycles: {summary['cycles']}", ""]
+    lines += [f"| delay ({unit}) | n | mean | p50 | p90 | p99 | max | mean 95% CI | p99 95% CI |",
+              "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    for label, s in rows:
+        lines.append(f"| {label} | {_fmt(s.get('n'))} | {_fmt(s.get('mean'))} | {_fmt(s.get('p50'))} | "
+                     f"{_fmt(s.get('p90'))} | {_fmt(s.get('p99'))} | {_fmt(s.get('max'))} | "
+                     f"{_fmt(s.get('mean_ci95'))} | {_fmt(s.get('p99_ci95'))} |")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------ record + writers
+def _freeze(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return MappingProxyType({k: _freeze(v) for k, v in obj.items()})
+    if isinstance(obj, (list, tuple)):
+        return tuple(_freeze(v) for v in obj)
+    return obj
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Everything about a finished run, frozen. Writers turn it into files."""
+
+    run_id: str
+    run_dir: Path
+    playbook: str
+    outcome: str  # "completed" | "failed" | "aborted"
+    started_utc: str
+    ended_utc: str
+    manifest: Mapping = field(default_factory=dict)
+    summary: Mapping = field(default_factory=dict)
+    error: str | None = None
+    artifacts: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "run_dir", Path(self.run_dir))
+        object.__setattr__(self, "manifest", _freeze(self.manifest))
+        object.__setattr__(self, "summary", _freeze(self.summary))
+        object.__setattr__(self, "artifacts", tuple(self.artifacts))
+
+
+Writer = Callable[[RunRecord], Any]
+
+
+def write_manifest(record: RunRecord) -> Path:
+    return write_json_atomic(record.run_dir / "manifest.json", record.manifest)
+
+
+def write_summary_json(record: RunRecord) -> Path:
+    return write_json_atomic(record.run_dir / "summary.json", {
+        "run_id": record.run_id, "playbook": record.playbook, "outcome": record.outcome,
+        "started_utc": record.started_utc, "ended_utc": record.ended_utc, "error": record.error,
+        "artifacts": record.artifacts, "summary": record.summary})
+
+
+def write_summary_md(record: RunRecord) -> Path:
+    text = summary_markdown(record.summary, title=f"Run {record.run_id}")
+    head = f"Playbook `{record.playbook}` — outcome **{record.outcome}** ({record.started_utc} → {record.ended_utc})\n"
+    if record.error:
+        head += f"\nError: {record.error}\n"
+    body = text.split("\n", 2)
+    return write_text_atomic(record.run_dir / "summary.md", "\n".join([body[0], "", head, body[2]]))
+
+
+DEFAULT_WRITERS: tuple[Writer, ...] = (write_manifest, write_summary_json, write_summary_md)
+
+
+class RecordWriteError(RuntimeError):
+    """One or more writers failed; the others still ran."""
+
+
+def publish(record: RunRecord, writers: Iterable[Writer] = DEFAULT_WRITERS) -> None:
+    """Run every writer on the record; a failing writer does not stop the rest."""
+    failures = []
+    for writer in writers:
+        try:
+            writer(record)
+        except Exception as exc:  # noqa: BLE001 - collected and re-raised below
+            failures.append(f"{getattr(writer, '__name__', writer)!s}: {exc}")
+    if failures:
+        raise RecordWriteError("run record writers failed: " + "; ".join(failures))
