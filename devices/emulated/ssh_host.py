@@ -168,6 +168,21 @@ def _generate_ed25519(path: Path) -> paramiko.Ed25519Key:
     return paramiko.Ed25519Key(filename=str(path))
 
 
+def _forget_accepted(channel: paramiko.Channel) -> None:
+    """Drop this channel from paramiko's queue of channels awaiting `Transport.accept()` (we never call
+    it), or the queue grows by one per command. `accept()` itself would pop *other* channels, whose only
+    strong reference that queue is until their exec request arrives: paramiko's __del__ then closes them."""
+    transport = channel.get_transport()
+    queue_ = getattr(transport, "server_accepts", None)
+    if transport is None or queue_ is None:
+        return
+    with transport.lock:
+        try:
+            queue_.remove(channel)
+        except ValueError:
+            pass
+
+
 class _SshServer(paramiko.ServerInterface):
     def __init__(self, host: "EmulatedHostServer"):
         self.host = host
@@ -343,9 +358,7 @@ class EmulatedHostServer:
             channel.close()
 
     def _exec(self, channel: paramiko.Channel, command: str) -> None:
-        transport = channel.get_transport()
-        if transport is not None:
-            transport.accept(timeout=0)  # keep paramiko's queue of accepted channels from growing
+        _forget_accepted(channel)
         ctx = ExecContext(self, channel, command)
         try:
             status = run_shell(ctx, command)
