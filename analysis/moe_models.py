@@ -187,6 +187,20 @@ def head_flops_per_token(model: MoeModel) -> float:
     return float(2 * model.hidden * model.vocab)
 
 
+def parameter_counts(model: MoeModel) -> tuple[float, float]:
+    """(total, active per token) parameters implied by the config (norms and biases ignored)."""
+    h, hd = model.hidden, model.head_dim
+    attention = h * (2 * model.n_heads * hd + 2 * model.n_kv_heads * hd)
+    expert = 3 * h * model.expert_ffn
+    shared = model.n_shared_experts * 3 * h * model.shared_ffn
+    router = h * model.n_experts
+    dense = model.first_dense_layers * 3 * h * model.dense_ffn
+    embeddings = 2 * model.vocab * h     # untied input embedding and LM head
+    base = model.n_layers * attention + dense + embeddings + model.n_moe_layers * (shared + router)
+    return (float(base + model.n_moe_layers * model.n_experts * expert),
+            float(base + model.n_moe_layers * model.top_k * expert))
+
+
 def with_overrides(par: Parallelism, **changes) -> Parallelism:
     """A copy of `par` with some fields changed (e.g. micro_batches=16)."""
     return replace(par, **changes)
