@@ -1,0 +1,176 @@
+"""The host agent without namespaces: probe framing against scapy, parsers against the emulator's formats,
+the time responder and the watcher on the loopback interface, and its stdlib-only / Python 3.8 contract."""
+import ast
+import hashlib
+import importlib.util
+import queue
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+
+from devices.agent import AGENT_FILE, PROBE_UDP_SPORT, agent_path, agent_source, build_probe_template
+from devices.emulated import formats
+from devices.emulated.physics import NicSnapshot
+from devices.parsers.nic import parse_ethtool_module
+
+spec = importlib.util.spec_from_file_location("hilagent", AGENT_FILE)
+hilagent = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(hilagent)
+
+MAC_A, MAC_B = "0c:42:a1:00:00:01", "0c:42:a1:01:00:01"
+
+
+def scapy_frame(port: int, dqpn: int, seq: int, payload: bytes) -> bytes:
+    """scapy's own build of a probe with this PSN and payload (scapy computes IP checksum and ICRC)."""
+    return bytes(Ether(src=MAC_A, dst=MAC_B) / IP(src="198.18.0.1", dst="198.18.0.2", id=1, ttl=64)
+                 / UDP(sport=PROBE_UDP_SPORT, dport=port, chksum=0)
+                 / BTH(opcode=4, pkey=0xFFFF, dqpn=dqpn, psn=seq & 0xFFFFFF) / Raw(payload))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seq=st.integers(0, 2**64 - 1), tx_ns=st.integers(0, 2**64 - 1), port=st.sampled_from([4791, 5791]),
+       dqpn=st.integers(0, 2**24 - 1))
+def test_incremental_icrc_is_byte_identical_to_scapy(seq, tx_ns, port, dqpn):
+    template = build_probe_template(MAC_A, MAC_B, "198.18.0.1", "198.18.0.2", port, dqpn)
+    payload = struct.pack("!QQ", seq, tx_ns)
+    agent_frame = hilagent.ProbeLayout(template).frame(seq, payload)
+    assert agent_frame == scapy_frame(port, dqpn, seq, payload)
+
+
+def test_template_is_a_74_byte_rc_send_only_frame_with_zero_udp_checksum():
+    template = build_probe_template(MAC_A, MAC_B, "198.18.0.1", "198.18.0.2", 4791, 17)
+    pkt = Ether(template)
+    assert len(template) == 74
+    assert (pkt[BTH].opcode, pkt[BTH].dqpn, pkt[BTH].psn, pkt[UDP].chksum, pkt[UDP].dport) == (4, 17, 0, 0, 4791)
+    assert (pkt.src, pkt.dst, pkt[IP].src, pkt[IP].dst) == (MAC_A, MAC_B, "198.18.0.1", "198.18.0.2")
+
+
+@pytest.mark.parametrize("port,dqpn", [(4791, 1), (4791, 0xABCDEF), (6000, 5)])
+def test_stdlib_frame_builder_matches_scapy_template(port, dqpn):
+    ours = hilagent.build_probe_frame(MAC_A, MAC_B, "198.18.0.1", "198.19.255.254", port, dqpn)
+    assert ours == build_probe_template(MAC_A, MAC_B, "198.18.0.1", "198.19.255.254", port, dqpn)
+
+
+def test_icrc_depends_on_psn_and_payload():
+    layout = hilagent.ProbeLayout(build_probe_template(MAC_A, MAC_B, "198.18.0.1", "198.18.0.2"))
+    frames = {layout.frame(seq, struct.pack("!QQ", seq, 7))[-4:] for seq in range(50)}
+    assert len(frames) == 50
+
+
+def test_probe_layout_rejects_other_frames():
+    template = build_probe_template(MAC_A, MAC_B, "198.18.0.1", "198.18.0.2")
+    with pytest.raises(ValueError, match="Ether/IPv4/UDP/BTH"):
+        hilagent.ProbeLayout(template + b"\0")
+    with pytest.raises(ValueError, match="IPv4"):
+        hilagent.ProbeLayout(template[:12] + b"\x86\xdd" + template[14:])
+
+
+def test_probe_parser_reads_source_and_sequence_and_filters_the_port():
+    layout = hilagent.ProbeLayout(build_probe_template(MAC_A, MAC_B, "198.18.0.1", "198.18.0.2", 5000))
+    frame = layout.frame(123456, struct.pack("!QQ", 123456, 99))
+    assert hilagent.ProbeParser(5000)(frame) == (MAC_A, 123456)
+    assert hilagent.ProbeParser(4791)(frame) is None
+    assert hilagent.ProbeParser(5000)(frame[:40]) is None
+
+
+@pytest.mark.parametrize("los,lol", [(False, False), (True, True), (True, False), (False, True)])
+def test_module_flags_agree_with_the_project_parser(los, lol):
+    text = formats.ethtool_module(NicSnapshot(rx_los=los, rx_lol=lol))
+    expected = parse_ethtool_module(text)
+    assert hilagent.parse_module_flags(text) == {"rx_los": str(int(expected.rx_los)),
+                                                 "rx_lol": str(int(expected.rx_lol))}
+    assert (expected.rx_los, expected.rx_lol) == (los, lol)
+
+
+def test_watch_specs():
+    assert hilagent.parse_watch_spec("ens1f0np0=mlx5_0/1") == ("ens1f0np0", "mlx5_0", 1)
+    assert hilagent.parse_watch_spec("eth0") == ("eth0", None, None)
+    for bad in ("=mlx5_0/1", "eth0=mlx5_0", "eth0=mlx5_0/x", "a/b"):
+        with pytest.raises(Exception, match="expected"):
+            hilagent.parse_watch_spec(bad)
+    assert hilagent._word_after_code("4: ACTIVE") == "ACTIVE"
+    assert hilagent._word_after_code("5: LinkUp") == "LinkUp"
+
+
+def test_install_path_is_content_addressed():
+    digest = hashlib.sha256(AGENT_FILE.read_bytes()).hexdigest()[:12]
+    assert agent_path() == f"~/.cache/ocs-hil/hilagent-{digest}.py"
+    assert agent_source() == AGENT_FILE.read_text()
+
+
+def test_agent_is_stdlib_only_and_python38_syntax():
+    tree = ast.parse(agent_source(), feature_version=(3, 8))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+
+
+def _lines(proc) -> "queue.SimpleQueue[str]":
+    out: queue.SimpleQueue = queue.SimpleQueue()
+
+    def pump():
+        for line in proc.stdout:
+            out.put(line.rstrip("\n"))
+        out.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return out
+
+
+def test_timesrv_answers_each_token_with_the_current_time():
+    proc = subprocess.Popen([sys.executable, "-u", str(AGENT_FILE), "timesrv"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    lines = _lines(proc)
+    try:
+        for token in ("a1", "b2", "c3"):
+            before = time.time_ns()
+            proc.stdin.write(token + "\n")
+            proc.stdin.flush()
+            reply = lines.get(timeout=20)
+            after = time.time_ns()
+            word, stamp = reply.split()
+            assert word == token and before <= int(stamp) <= after
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=20) == 0
+    assert lines.get(timeout=5) is None
+
+
+def test_watch_reports_initial_values_notes_missing_sources_and_stops_on_stdin_eof():
+    proc = subprocess.Popen([sys.executable, "-u", str(AGENT_FILE), "watch", "--interval-us", "2000",
+                             "--ethtool-interval-us", "0", "lo=nosuchdev/1"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = _lines(proc)
+    before = time.time_ns()
+    first = [lines.get(timeout=20).split() for _ in range(2)]
+    proc.stdin.close()
+    assert proc.wait(timeout=20) == 0
+    by_field = {f[2]: f for f in first}
+    assert set(by_field) == {"carrier", "operstate"}
+    carrier = open("/sys/class/net/lo/carrier").read().strip()
+    operstate = open("/sys/class/net/lo/operstate").read().strip()
+    assert by_field["carrier"][1:] == ["lo", "carrier", carrier, "0"]
+    assert by_field["operstate"][1:] == ["lo", "operstate", operstate, "0"]
+    assert all(before <= int(f[0]) <= time.time_ns() for f in first)
+    stderr = proc.stderr.read()
+    assert "phys_state unavailable" in stderr and "state unavailable" in stderr
+
+
+def test_bad_arguments_exit_with_usage_not_traceback():
+    done = subprocess.run([sys.executable, str(AGENT_FILE), "watch", "--interval-us", "0", "lo"],
+                          capture_output=True, text=True, timeout=20)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    done = subprocess.run([sys.executable, str(AGENT_FILE), "probe-send", "--iface", "lo", "--interval-us", "10",
+                           "--template", "zz"], capture_output=True, text=True, timeout=20)
+    assert done.returncode != 0 and "hex" in done.stderr and "Traceback" not in done.stderr
