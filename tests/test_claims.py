@@ -1,0 +1,124 @@
+"""Claim evaluation: output contract, determinism, verdicts decided by the numbers."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from analysis import claims
+from analysis import mixnet as mx
+from analysis import moe_models as mm
+
+PAR = {
+    "mixtral-8x7b": mm.Parallelism(ep=8, tp=4, pp=2, micro_batches=2, micro_batch_sequences=1, seq_len=2048),
+    "deepseek-moe-16b": mm.Parallelism(ep=16, tp=2, pp=2, micro_batches=2, micro_batch_sequences=1,
+                                       seq_len=2048),
+}
+FAST = dict(n_reps=8, n_boot=20)
+
+
+@pytest.fixture(scope="module")
+def scenarios():
+    return claims.build_scenarios(models=list(PAR), parallelism=PAR, seed=0)
+
+
+@pytest.fixture(scope="module")
+def measured():
+    rng = np.random.default_rng(11)
+    ocs = rng.lognormal(np.log(0.043), 0.17, 120)
+    return {"ocs": ocs, "total": ocs + rng.lognormal(np.log(5.6), 0.05, 120)}
+
+
+def test_contract_json_and_determinism(scenarios, measured):
+    a = claims.evaluate_claims(measured, scenarios=scenarios, seed=5, **FAST)
+    b = claims.evaluate_claims(measured, scenarios=scenarios, seed=5, **FAST)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert json.loads(json.dumps(a, allow_nan=False)) == a
+    assert [c["id"] for c in a["claims"]] == ["iteration_time_within_fat_tree", "cost_efficiency_100g",
+                                               "cost_efficiency_400g"]
+    for c in a["claims"]:
+        assert set(c) == {"id", "statement", "criterion", "verdict", "evidence"}
+        assert c["verdict"] in {"holds", "falsified", "inconclusive"}
+    for kind in ("ocs", "total"):
+        m = a["measured"][f"{kind}_ms"]
+        assert m["n"] == 120 and m["mean"] == pytest.approx(measured[kind].mean() * 1e3)
+        assert m["p50"] == pytest.approx(np.median(measured[kind]) * 1e3)
+    assert set(a["break_even_ms"]) == set(PAR)
+    other = claims.evaluate_claims(measured, scenarios=scenarios, seed=6, **FAST)
+    first = a["claims"][0]["evidence"]["scenarios"][0]["t_mixnet_ocs_s"]["mean"]
+    assert other["claims"][0]["evidence"]["scenarios"][0]["t_mixnet_ocs_s"]["mean"] != first
+
+
+def test_zero_delay_verdicts_follow_the_zero_delay_timeline(scenarios):
+    out = claims.evaluate_claims({"ocs": np.zeros(10), "total": np.zeros(10)}, scenarios=scenarios, **FAST)
+    rows = out["claims"][0]["evidence"]["scenarios"]
+    for sc, row in zip(scenarios, rows):
+        t0 = mx.constant_delay_times(sc.mixnet, [0.0])[0]
+        assert row["t_mixnet_total_s"]["mean"] == pytest.approx(t0)
+        assert row["verdict"] == ("holds" if t0 <= 1.05 * sc.t_fat_tree else "falsified")
+        ce = sc.t_fat_tree * sc.cost_fat_tree / (t0 * sc.cost_mixnet)
+        assert row["cost_efficiency"]["zero_delay"] == pytest.approx(ce)
+
+
+def test_large_delays_falsify_every_claim(scenarios):
+    out = claims.evaluate_claims({"ocs": np.full(5, 10.0), "total": np.full(5, 12.0)}, scenarios=scenarios,
+                                 **FAST)
+    assert [c["verdict"] for c in out["claims"]] == ["falsified"] * 3
+
+
+def test_delay_interval_straddling_the_critical_delay_is_inconclusive(scenarios):
+    sc = scenarios[0]
+    threshold = 1.05 * sc.t_fat_tree
+    d_c = mx.break_even_delay(sc.mixnet, threshold)
+    assert d_c is not None and 0 < d_c < np.inf
+    z = np.random.default_rng(0).standard_normal(100)
+    samples = d_c * (1 + 0.05 * np.concatenate([z, -z]))          # sample mean exactly d_c
+    out = claims.evaluate_claims({"ocs": samples, "total": samples}, scenarios=[sc], per_port_max=False,
+                                 n_reps=8, n_boot=50)
+    row = out["claims"][0]["evidence"]["scenarios"][0]
+    lo, hi = row["delay_per_reconfiguration_total_ms"]["ci"]
+    assert lo <= d_c * 1e3 <= hi
+    assert row["critical_delay_ms"] == pytest.approx(d_c * 1e3)
+    assert out["claims"][0]["verdict"] == "inconclusive"
+
+
+def test_verdict_rule():
+    assert claims._verdict([1.0, 2.0], 2.5, [0.01, 0.02], 0.05) == "holds"
+    assert claims._verdict([3.0, 4.0], 2.5, [0.01, 0.02], 0.05) == "falsified"
+    assert claims._verdict([2.0, 3.0], 2.5, None, None) == "inconclusive"
+    assert claims._verdict([3.0, 4.0], 2.5, [0.04, 0.06], 0.05) == "inconclusive"
+    assert claims._combine(["holds", "inconclusive"]) == "inconclusive"
+    assert claims._combine(["holds", "falsified", "inconclusive"]) == "falsified"
+    assert claims._combine(["holds", "holds"]) == "holds"
+
+
+def test_break_even_and_plot_series(scenarios, measured):
+    out = claims.evaluate_claims(measured, scenarios=scenarios, **FAST)
+    for sc in scenarios:
+        d_star = out["break_even_ms_by_link"][sc.model][str(sc.link_gbps)]
+        if d_star is not None:
+            t = mx.constant_delay_times(sc.mixnet, [d_star / 1e3])[0]
+            assert t == pytest.approx(sc.t_fat_tree, rel=1e-6)
+    for model, by_link in out["break_even_ms_by_link"].items():
+        values = list(by_link.values())
+        assert out["break_even_ms"][model] == (None if None in values else min(values))
+    for p in out["plot"]:
+        assert len(p["delay_ms"]) == len(p["t_mixnet_s"]) and p["delay_ms"] == sorted(p["delay_ms"])
+        assert np.all(np.diff(p["t_mixnet_s"]) >= -1e-12)
+        assert 25.0 in p["delay_ms"] and p["markers"]["ocs_mean_ms"] in p["delay_ms"]
+        assert p["delay_ms"][-1] >= p["markers"]["total_mean_ms"]
+
+
+def test_per_link_measurements_and_bad_input(scenarios, measured):
+    per_link = {100: measured, "400": {"ocs": measured["ocs"] * 2, "total": measured["total"]}}
+    out = claims.evaluate_claims(per_link, scenarios=scenarios, **FAST)
+    assert out["measured"]["ocs_ms"]["n"] == 240
+    with pytest.raises(claims.ClaimInputError):
+        claims.evaluate_claims({"ocs": measured["ocs"]}, scenarios=scenarios, **FAST)
+    with pytest.raises(claims.ClaimInputError):
+        claims.evaluate_claims({"ocs": [-1.0], "total": [1.0]}, scenarios=scenarios, **FAST)
+    with pytest.raises(claims.ClaimInputError):
+        claims.evaluate_claims({"ocs": [], "total": [1.0]}, scenarios=scenarios, **FAST)
+    with pytest.raises(claims.ClaimInputError):
+        claims.evaluate_claims(measured, scenarios=scenarios, verdict_delay="nic", **FAST)
