@@ -90,3 +90,14 @@ def test_ports_differ():
     flag, p = ports_differ(differ)
     assert flag and p < 1e-6
     assert ports_differ({"a": [1.0, 1.0], "b": [1.0, 1.0]}) == (False, 1.0)
+
+
+def test_ci_coverage_is_near_nominal():
+    rng = np.random.default_rng(12)
+    hits = total = 0
+    for i in range(60):
+        fit = fit_delay(rng.gamma(4.0, 0.5, 200), rng_seed=i, n_mc=50, n_boot=300)
+        if fit.choice == "gamma":
+            total += 1
+            hits += inside(fit.ci95["mean_ms"], 2.0)
+    assert total >= 45 and 0.85 <= hits / total <= 1.0
