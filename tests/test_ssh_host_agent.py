@@ -1,0 +1,129 @@
+"""The host agent protocol (ARCHITECTURE.md) as the emulated host implements it, checked over real SSH
+against the bench's host clocks and ground truth."""
+from __future__ import annotations
+
+import pytest
+
+from devices.emulated.physics import OpticalBench
+from devices.emulated.profile import load_profile
+from devices.emulated.ssh_host import AGENT_FIELDS, EmulatedHostServer
+from devices.errors import TransportClosed
+from devices.ssh import SshTransport
+from devices.timing import Deadline, now_ns
+
+AGENT = "~/.cache/ocs-hil/hilagent-test.py"
+# ground-truth stage -> the watch line it must produce
+STAGE_FIELD = {"light_detected": ("rx_los", "0"), "cdr_locked": ("rx_lol", "0"), "phy_up": ("carrier", "1"),
+               "port_active": ("state", "ACTIVE"), "light_lost": ("rx_los", "1"), "port_down": ("carrier", "0")}
+
+
+@pytest.fixture(scope="module")
+def bench():
+    with OpticalBench(load_profile("instant"), seed=5) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def server(bench):
+    with EmulatedHostServer(bench, bench.hosts[0]) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def ssh(server):
+    with SshTransport(server.resource()) as t:
+        t.run(f"mkdir -p ~/.cache/ocs-hil && cat > {AGENT}", stdin="# the agent program\n", check=True)
+        yield t
+
+
+def test_timesrv_answers_with_the_host_clock(ssh, bench, server):
+    host = server.host_name
+    with ssh.stream(f"python3 -u {AGENT} timesrv") as stream:
+        for i in range(200):
+            sent = now_ns()
+            stream.write(f"t{i}\n")
+            recv_ns, line = stream.readline(Deadline(10))
+            token, host_ns = line.split()
+            assert token == f"t{i}"
+            # causality: the host read its clock between our send and our receive
+            assert bench.host_time(host, sent) <= int(host_ns) <= bench.host_time(host, recv_ns)
+
+
+def _read_watch(stream, until, deadline_s=10.0):
+    lines = []
+    deadline = Deadline(deadline_s)
+    while not until(lines):
+        item = stream.readline(deadline)
+        assert item is not None, f"watch output stopped after {lines}"
+        host_ns, netdev, field, value, interval = item[1].split()
+        lines.append((int(host_ns), netdev, field, value, int(interval)))
+    return lines
+
+
+def test_watch_reports_each_change_at_the_next_poll_tick(ssh, bench, server):
+    host = server.host_name
+    nic = bench.nic_ports(host)[0]
+    other = bench.nic_ports(host)[1]
+    interval_us, ethtool_us = 2000, 5000
+    command = (f"python3 -u {AGENT} watch --interval-us {interval_us} --ethtool-interval-us {ethtool_us} "
+               f"{nic.netdev}={nic.rdma_dev}/{nic.rdma_port} {other.netdev}={other.rdma_dev}/{other.rdma_port}")
+    with ssh.stream(command) as stream:
+        initial = _read_watch(stream, lambda lines: len(lines) == 2 * len(AGENT_FIELDS))
+        for netdev in (nic.netdev, other.netdev):
+            snap = bench.nic_snapshot(host, netdev)
+            got = {field: value for _, n, field, value, _ in initial if n == netdev}
+            assert got == {"rx_los": "1", "rx_lol": "1", "carrier": "0", "operstate": snap.operstate,
+                           "phys_state": snap.phys_state, "state": snap.ib_state}
+        start = len(bench.ground_truth())
+        bench.ocs_apply({nic.ocs_tx: nic.ocs_rx})
+        changes = _read_watch(stream, lambda lines: ("state", "ACTIVE") in [(f, v) for _, _, f, v, _ in lines]
+                              and ("rx_lol", "0") in [(f, v) for _, _, f, v, _ in lines])
+        bench.ocs_apply({}, removes=[nic.ocs_tx])
+        changes += _read_watch(stream, lambda lines: ("carrier", "0") in [(f, v) for _, _, f, v, _ in lines]
+                               and ("rx_los", "1") in [(f, v) for _, _, f, v, _ in lines])
+    truth = [g for g in bench.ground_truth()[start:] if g["host"] == host and g["port"] == nic.netdev
+             and g["stage"] in STAGE_FIELD]
+    assert {g["stage"] for g in truth} == set(STAGE_FIELD)
+    assert all(netdev == nic.netdev for _, netdev, *_ in changes)  # the untouched port stayed silent
+    for g in truth:
+        field, value = STAGE_FIELD[g["stage"]]
+        (line,) = [c for c in changes if (c[2], c[3]) == (field, value)]
+        step_ns = (ethtool_us if field in ("rx_los", "rx_lol") else interval_us) * 1000
+        assert line[4] == step_ns
+        # the change happened in (HOST_NS - INTERVAL_NS, HOST_NS] on the host clock
+        assert bench.host_time(host, g["t_ns"]) <= line[0] <= bench.host_time(host, g["t_ns"] + step_ns)
+    final = bench.nic_snapshot(host, nic.netdev)
+    last = {field: value for _, netdev, field, value, _ in initial + changes if netdev == nic.netdev}
+    assert last["carrier"] == str(int(final.carrier)) and last["state"] == final.ib_state
+
+
+def test_watch_rejects_unknown_ports(ssh):
+    result = ssh.run(f"python3 -u {AGENT} watch --interval-us 1000 eth9=mlx5_9/1")
+    assert result.exit_status == 2 and "no such port eth9=mlx5_9/1" in result.stderr
+    assert ssh.run(f"python3 -u {AGENT} watch ens1f0np0=mlx5_0/1").exit_status == 2
+    assert ssh.run(f"python3 -u {AGENT} frobnicate").exit_status == 2
+
+
+def test_probe_first_packet_after_the_link_comes_up(ssh, bench, server):
+    host = server.host_name
+    nic = bench.nic_ports(host)[1]
+    with ssh.stream(f"python3 -u {AGENT} probe-recv --iface {nic.netdev} --gap-us 1000") as recv:
+        sender = ssh.stream(f"python3 -u {AGENT} probe-send --iface {nic.netdev} --dst-mac {nic.mac} "
+                            f"--interval-us 100")
+        start = len(bench.ground_truth())
+        bench.ocs_apply({nic.ocs_tx: nic.ocs_rx})  # loopback: the port receives its own probes
+        item = recv.readline(Deadline(10))
+        assert item is not None, "no first packet"
+        host_ns, kind, mac, seq = item[1].split()
+        (first,) = [g for g in bench.ground_truth()[start:] if g["stage"] == "first_packet"]
+        active = [g for g in bench.ground_truth()[start:] if g["stage"] == "port_active"]
+        assert (kind, mac) == ("first", nic.mac) and int(seq) >= 0
+        assert int(host_ns) == bench.host_time(host, first["t_ns"])  # a kernel stamp: exact
+        assert first["t_ns"] >= active[0]["t_ns"]
+        sender.close_stdin()  # probe-send ends when its stdin closes
+        with pytest.raises(TransportClosed):
+            while sender.readline(Deadline(10)) is not None:
+                pass
+        assert sender.exit_status == 0 and sender.stderr == ""
+        sender.close()
+    bench.ocs_apply({}, removes=[nic.ocs_tx])
