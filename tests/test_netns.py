@@ -1,0 +1,186 @@
+"""The real data plane: agent processes inside network namespaces, carrier driven by the physics, probes
+through the u32+mirred OCS cross-connect. Needs root; skipped otherwise. Bounds are loose on purpose
+(a loaded 2-core machine); speed is measured in benchmarks/bench_probe.py."""
+import itertools
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from devices.agent import AGENT_FILE, build_probe_template
+from devices.emulated.netns import NetnsError, NetnsPlane, list_netns, netns_available
+from devices.emulated.physics import OpticalBench
+from devices.emulated.profile import profile_from_dict
+
+pytestmark = pytest.mark.netns
+_UNAVAILABLE = netns_available()
+if _UNAVAILABLE:
+    pytest.skip(f"network namespaces: {_UNAVAILABLE}", allow_module_level=True)
+
+_COUNTER = itertools.count()
+WAIT_S = 20.0  # generous: only a broken plane takes this long
+
+
+def fast_profile(hosts: int = 3, offset_ms: float = 0.0) -> dict:
+    return {
+        "name": "netns-fast",
+        "ocs": {"switch": {"dist": "fixed", "ms": 15}, "dark": {"dist": "fixed", "ms": 1}},
+        "nic": {"los_clear": {"dist": "fixed", "ms": 1}, "cdr_lock": {"dist": "fixed", "ms": 2},
+                "phy_up": {"dist": "fixed", "ms": 5}, "port_active": {"dist": "fixed", "ms": 0},
+                "link_down": {"dist": "fixed", "ms": 2}},
+        "hosts": {"clock_offset_ms": [offset_ms, offset_ms], "drift_ppm": [0, 0]},
+        "topology": {"hosts": hosts, "nics_per_host": 1, "ocs_size": [4, 4]},
+    }
+
+
+@pytest.fixture
+def prefix():
+    name = f"hilt{os.getpid() % 100000}{next(_COUNTER)}"
+    yield name
+    assert not [n for n in list_netns() if n.startswith(name)], "namespaces left behind"
+
+
+@pytest.fixture
+def bench():
+    b = OpticalBench(profile_from_dict(fast_profile()), seed=3).start()
+    yield b
+    b.stop()
+
+
+class Lines:
+    """A process's stdout lines, read on a thread, fetched with a timeout."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self._q.put(line.split())
+        self._q.put(None)
+
+    def next_matching(self, predicate, timeout: float = WAIT_S) -> list[str]:
+        end = time.monotonic() + timeout
+        while (left := end - time.monotonic()) > 0:
+            try:
+                words = self._q.get(timeout=left)
+            except queue.Empty:
+                break
+            if words is None:
+                raise AssertionError(f"process ended (rc {self.proc.wait()}) before the expected line")
+            if predicate(words):
+                return words
+        raise AssertionError("expected line did not come")
+
+    def finish(self) -> list[list[str]]:
+        """Close stdin (the agent's stop signal) and return the remaining lines."""
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=WAIT_S) == 0
+        rest = []
+        while (words := self._q.get(timeout=WAIT_S)) is not None:
+            rest.append(words)
+        return rest
+
+
+def agent(plane: NetnsPlane, host: str, *args: str) -> Lines:
+    proc = plane.run_in(host, [sys.executable, "-u", str(AGENT_FILE), *args], stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, text=True)
+    return Lines(proc)
+
+
+def truth_ns(bench: OpticalBench, stage: str, host: str, after: int = 0) -> int:
+    return next(t["t_ns"] for t in bench.ground_truth() if t["stage"] == stage and t["host"] == host
+                and t["t_ns"] >= after)
+
+
+def test_plane_layout_and_cleanup(bench, prefix):
+    with NetnsPlane(bench, prefix) as plane:
+        names = list_netns()
+        assert {f"{prefix}ocs", f"{prefix}h1", f"{prefix}h2", f"{prefix}h3"} <= set(names)
+        a = bench.all_nic_ports()[0]
+        out = subprocess.run(["ip", "-n", plane.netns_of(a.host), "-o", "link", "show", a.netdev],
+                             capture_output=True, text=True, check=True).stdout
+        assert out.startswith(f"{a.ifindex}: {a.netdev}@if{plane.port(a.host, a.netdev).ocs_ifindex}:")
+        assert a.mac in out and "NO-CARRIER" in out  # no light yet
+        addr = subprocess.run(["ip", "-n", plane.netns_of(a.host), "-o", "-4", "addr", "show", a.netdev],
+                              capture_output=True, text=True, check=True).stdout
+        assert f"inet {plane.port(a.host, a.netdev).ip}/15" in addr
+
+
+def test_refuses_host_clock_offsets(prefix):
+    b = OpticalBench(profile_from_dict(fast_profile(offset_ms=3.0)))
+    with pytest.raises(NetnsError, match="clock offset"):
+        NetnsPlane(b, prefix).start()
+
+
+def test_agent_timesrv_and_watch_inside_a_namespace(bench, prefix):
+    with NetnsPlane(bench, prefix) as plane:
+        a = bench.all_nic_ports()[0]
+        ts = agent(plane, a.host, "timesrv")
+        before = time.time_ns()
+        ts.proc.stdin.write("x1\n")
+        ts.proc.stdin.flush()
+        token, stamp = ts.next_matching(lambda w: True)
+        assert token == "x1" and before <= int(stamp) <= time.time_ns()
+        ts.finish()
+
+        watch = agent(plane, a.host, "watch", "--interval-us", "500", "--ethtool-interval-us", "0", a.netdev)
+        assert watch.next_matching(lambda w: w[2] == "carrier")[1:4] == [a.netdev, "carrier", "0"]
+        for up in (True, False, True):
+            sent = plane.set_carrier(a.host, a.netdev, up)
+            assert plane.settle()
+            acked = time.time_ns()
+            line = watch.next_matching(lambda w: w[2] == "carrier")
+            host_ns, interval = int(line[0]), int(line[4])
+            assert line[3] == str(int(up))
+            # The change happened between our request and the kernel's ack; the line's window must hold it.
+            assert host_ns > sent and host_ns - interval < acked
+        watch.finish()
+        assert not plane.errors
+
+
+def test_probes_follow_the_physics_and_the_mirrors(bench, prefix):
+    with NetnsPlane(bench, prefix) as plane:
+        a, b, c = bench.all_nic_ports()
+        pa, pb = plane.port(a.host, a.netdev), plane.port(b.host, b.netdev)
+        epoch = bench.host_clock_params(a.host)["epoch_ns"]  # host realtime = monotonic + epoch (offset 0)
+        gap_us = "20000"
+        rx_b = agent(plane, b.host, "probe-recv", "--iface", b.netdev, "--gap-us", gap_us)
+        rx_c = agent(plane, c.host, "probe-recv", "--iface", c.netdev, "--gap-us", gap_us)
+        template = build_probe_template(a.mac, b.mac, pa.ip, pb.ip)
+        tx = agent(plane, a.host, "probe-send", "--iface", a.netdev, "--template", template.hex(),
+                   "--interval-us", "1000")
+        time.sleep(0.2)  # probes run into a dark switch: nothing may arrive
+
+        t_apply = bench.ocs_apply({a.ocs_tx: b.ocs_rx, b.ocs_tx: a.ocs_rx})
+        first_b = rx_b.next_matching(lambda w: w[1] == "first")
+        assert first_b[2] == a.mac
+        active = max(truth_ns(bench, "port_active", a.host), truth_ns(bench, "port_active", b.host))
+        first_mono = int(first_b[0]) - epoch
+        assert active >= t_apply
+        # Frames can only pass once both OCS-side veths are up, which follows the physics' events.
+        assert -1_000_000 <= first_mono - active <= 5_000_000_000
+
+        # Re-point A's transmitter from B to C: probes now reach C and stop at B.
+        repoint = bench.ocs_apply({a.ocs_tx: c.ocs_rx}, removes=[a.ocs_tx])
+        first_c = rx_c.next_matching(lambda w: w[1] == "first")
+        assert first_c[2] == a.mac
+        c_active = truth_ns(bench, "port_active", c.host, after=repoint)
+        assert -1_000_000 <= int(first_c[0]) - epoch - c_active <= 5_000_000_000
+        last_b = rx_b.next_matching(lambda w: w[1] == "last")
+        assert last_b[2] == a.mac
+        time.sleep(0.1)
+        summary = tx.finish()
+        assert summary and summary[-1][0] == "sent" and int(summary[-1][1]) > 0
+        late_b = rx_b.finish()
+        rx_c.finish()
+        assert int(last_b[3]) < int(first_c[3])
+        # Nothing reached B after the re-point (a stall could add first/last pairs, but only older ones).
+        assert all(int(w[3]) < int(first_c[3]) for w in late_b)
+        assert plane.redirects() == {a.ocs_tx: c.ocs_rx, b.ocs_tx: a.ocs_rx}
+        assert not plane.errors
