@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,15 @@ TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "azur
     "AzureLLMInferenceTrace_conv.csv"
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """utime + stime of another process (Linux /proc), or None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def start_server(scale: float) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "devices.emulated.vllm_server", "--port", "0",
                              "--time-scale", str(scale)], stdout=subprocess.PIPE, text=True)
@@ -35,7 +45,7 @@ def start_server(scale: float) -> tuple[subprocess.Popen, str]:
     return proc, "http://" + line.split()[1]
 
 
-async def run(args, url: str | None) -> None:
+async def run(args, url: str | None, server_pid: int | None) -> None:
     requests = traces.load_requests(TRACE)
     if args.limit:
         requests = requests.iloc[: args.limit]
@@ -47,11 +57,13 @@ async def run(args, url: str | None) -> None:
         await emulator.start()
         url = emulator.url
     with tempfile.TemporaryDirectory() as tmp:
-        started = time.perf_counter()
+        started, cpu0 = time.perf_counter(), time.process_time()
+        server_cpu0 = process_cpu_s(server_pid) if server_pid else None
         summary = await replay_requests(requests, ReplayConfig(url=url, time_scale=args.scale,
                                                                max_connections=args.connections),
                                         Path(tmp) / "replay.jsonl")
-        wall = time.perf_counter() - started
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
+        server_cpu = process_cpu_s(server_pid) if server_pid else None
     if emulator:
         await emulator.stop()
     err = summary.records["send_error_ns"].to_numpy() / 1e3
@@ -62,6 +74,10 @@ async def run(args, url: str | None) -> None:
     print(f"send-time error: p50 {np.percentile(err, 50):.0f} us, p99 {np.percentile(err, 99):.0f} us, "
           f"p99.9 {np.percentile(err, 99.9):.0f} us, max {err.max():.0f} us; "
           f"goal p99 <= 1000 us: {'met' if np.percentile(err, 99) <= 1000 else 'NOT met'}")
+    n = len(requests)
+    server_part = f", server {1e6 * (server_cpu - server_cpu0) / n:.0f} us/request" \
+        if server_cpu is not None and server_cpu0 is not None else ""
+    print(f"CPU: replay {1e6 * cpu / n:.0f} us/request{server_part}; load average at start {args.load}")
     print(f"TTFT (emulated service, scaled): p50 {summary.ttft_ms['p50']:.2f} ms, p99 {summary.ttft_ms['p99']:.2f} ms")
 
 
@@ -77,10 +93,11 @@ def main() -> int:
         return 0
     proc = None
     url = None
+    args.load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     if not args.in_process:
         proc, url = start_server(args.scale)
     try:
-        asyncio.run(run(args, url))
+        asyncio.run(run(args, url, proc.pid if proc else None))
     finally:
         if proc:
             proc.terminate()

@@ -54,6 +54,11 @@ class InterferenceWindow:
         if not 0 < self.capacity <= 1 or self.duration_s <= 0:
             raise ValueError("interference window needs duration > 0 and capacity in (0, 1]")
 
+    @classmethod
+    def from_frame(cls, frame, capacity: float) -> list["InterferenceWindow"]:
+        """Windows from any table with `start_s` and `duration_s` columns (e.g. DiLoCo sync windows)."""
+        return [cls(float(a), float(d), capacity) for a, d in zip(frame["start_s"], frame["duration_s"])]
+
 
 @dataclass
 class _Stats:
