@@ -1,0 +1,115 @@
+"""The whole emulated bench: physics, OCS protocol servers and one SSH server per host, on 127.0.0.1.
+
+It writes an ordinary inventory, so the harness drives it exactly as it drives a real bench.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from devices.emulated.physics import OpticalBench
+from devices.emulated.profile import Profile, load_profile
+
+PASSWORD_ENV = "OCS_HIL_EMULATED_PASSWORD"
+EMULATED_USER, EMULATED_PASSWORD = "admin", "root"
+
+
+class EmulatedBench:
+    """Start with `with EmulatedBench("mixnet-testbed", seed=1) as bench: bench.inventory_path ...`."""
+
+    def __init__(self, profile: Profile | str, seed: int = 0, protocol: str = "polatis-tl1",
+                 workdir: str | os.PathLike | None = None, netns_prefix: str | None = None):
+        self.profile = load_profile(profile) if isinstance(profile, str) else profile
+        self.seed = seed
+        self.protocol = protocol
+        self.physics = OpticalBench(self.profile, seed=seed)
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ocs-hil-bench-")
+        self.workdir = Path(workdir or self._tmp.name)
+        self.netns_prefix = netns_prefix
+        self.netns = None
+        self.ocs_servers = None
+        self.host_servers: dict = {}
+        self.inventory_path = self.workdir / "inventory.yaml"
+
+    def start(self) -> "EmulatedBench":
+        from devices.emulated.ocs_server import OcsServers
+        from devices.emulated.ssh_host import EmulatedHostServer
+
+        try:
+            self.physics.start()
+            extra = {}
+            if self.netns_prefix:
+                from devices.emulated.netns import NetnsPlane, passthrough_commands
+
+                self.netns = NetnsPlane(self.physics, self.netns_prefix)
+                self.netns.start()
+                extra = {h: passthrough_commands(self.netns, h) for h in self.physics.hosts}
+            self.ocs_servers = OcsServers(self.physics, user=EMULATED_USER, password=EMULATED_PASSWORD)
+            self.ocs_servers.start()
+            for host in self.physics.hosts:
+                server = EmulatedHostServer(self.physics, host, extra_commands=extra.get(host))
+                server.start()
+                self.host_servers[host] = server
+            os.environ.setdefault(PASSWORD_ENV, EMULATED_PASSWORD)
+            self.inventory_path.write_text(yaml.safe_dump(self.inventory(), sort_keys=False))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def inventory(self) -> dict:
+        """The bench as an inventory (ARCHITECTURE.md contract)."""
+        n, m = self.physics.ocs_size
+        nics = self.physics.all_nic_ports()
+        allowed = sorted({p.ocs_tx for p in nics} | {p.ocs_rx for p in nics})
+        host_, port_ = (self.ocs_servers.tl1_address if self.protocol == "polatis-tl1"
+                        else self.ocs_servers.scpi_address)
+        hosts = {}
+        for name, server in self.host_servers.items():
+            res = server.resource()
+            hosts[name] = {
+                "address": res.address, "port": res.port, "user": res.user,
+                "identity_file": str(server.client_key_path), "known_hosts": str(server.known_hosts_path),
+                "nics": [{"netdev": p.netdev, "rdma_dev": p.rdma_dev, "rdma_port": p.rdma_port, "ocs": "ocs1",
+                          "tx": p.ocs_tx, "rx": p.ocs_rx} for p in self.physics.nic_ports(name)],
+            }
+        return {
+            "bench": {"name": f"emulated-{self.profile.name}", "emulated": True},
+            "ocs": {"ocs1": {"protocol": self.protocol, "url": f"tcp://{host_}:{port_}", "size": [n, m],
+                             "allowed_ports": [str(p) for p in allowed], "user": EMULATED_USER,
+                             "password_env": PASSWORD_ENV}},
+            "hosts": hosts,
+        }
+
+    def ground_truth(self) -> list[dict]:
+        return self.physics.ground_truth()
+
+    def stop(self) -> None:
+        for server in self.host_servers.values():
+            try:
+                server.stop()
+            except Exception:  # teardown must reach every server
+                pass
+        self.host_servers = {}
+        if self.ocs_servers is not None:
+            try:
+                self.ocs_servers.stop()
+            except Exception:
+                pass
+            self.ocs_servers = None
+        if self.netns is not None:
+            self.netns.stop()
+            self.netns = None
+        self.physics.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> "EmulatedBench":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

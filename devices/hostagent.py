@@ -1,0 +1,101 @@
+"""Driver for the host agent (devices/agent/hilagent.py): install it over a CommandTransport, then use its
+time responder, local watcher and probes. The protocol is in ARCHITECTURE.md ("Host agent protocol")."""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Iterable
+
+from devices.errors import DeviceError
+from devices.protocols import CommandTransport, LineStream
+from devices.timing import Deadline
+
+WATCH_FIELDS = ("rx_los", "rx_lol", "carrier", "operstate", "phys_state", "state")
+
+
+@dataclass(frozen=True)
+class WatchLine:
+    """One watcher line: `field` of `netdev` changed to `value`, seen by the poll at host time `host_ns`;
+    the change happened in (host_ns - interval_ns, host_ns]."""
+
+    host_ns: int
+    netdev: str
+    field: str
+    value: str
+    interval_ns: int
+
+
+@dataclass(frozen=True)
+class ProbeLine:
+    """`first`: the first probe after a silence; `last`: the last probe before one. Kernel rx time."""
+
+    host_ns: int
+    kind: str
+    src_mac: str
+    seq: int
+
+
+def parse_watch_line(line: str) -> WatchLine:
+    parts = line.split()
+    if len(parts) != 5 or parts[2] not in WATCH_FIELDS:
+        raise DeviceError(f"agent watch: expected 'HOST_NS NETDEV FIELD VALUE INTERVAL_NS', got {line!r}")
+    try:
+        return WatchLine(int(parts[0]), parts[1], parts[2], parts[3], int(parts[4]))
+    except ValueError:
+        raise DeviceError(f"agent watch: bad number in {line!r}") from None
+
+
+def parse_probe_line(line: str) -> ProbeLine:
+    parts = line.split()
+    if len(parts) != 4 or parts[1] not in ("first", "last"):
+        raise DeviceError(f"agent probe-recv: expected 'HOST_NS first|last SRC_MAC SEQ', got {line!r}")
+    try:
+        return ProbeLine(int(parts[0]), parts[1], parts[2].lower(), int(parts[3]))
+    except ValueError:
+        raise DeviceError(f"agent probe-recv: bad number in {line!r}") from None
+
+
+class HostAgent:
+    """The agent on one host. `install()` uploads it once (content-addressed path), then sub-commands run
+    as long-lived streams over the host's one SSH connection."""
+
+    def __init__(self, transport: CommandTransport, python: str = "python3"):
+        self.transport = transport
+        self.python = python
+        self._path: str | None = None
+
+    def install(self, deadline: Deadline | None = None) -> str:
+        from devices.agent import agent_path, agent_source
+
+        path = agent_path()
+        if path.startswith("~/"):
+            path = path[2:]  # SSH commands start in the home directory; a quoted "~" would not expand
+        quoted = shlex.quote(path)
+        folder = shlex.quote(path.rsplit("/", 1)[0])
+        self.transport.run(f"mkdir -p {folder} && cat > {quoted}", stdin=agent_source(),
+                           deadline=deadline or Deadline(10), check=True)
+        self._path = quoted
+        return path
+
+    def _cmd(self, *args: str) -> str:
+        if self._path is None:
+            raise DeviceError("host agent not installed: call install() first")
+        return " ".join([shlex.quote(self.python), "-u", self._path, *map(shlex.quote, args)])
+
+    def timesrv(self) -> LineStream:
+        return self.transport.stream(self._cmd("timesrv"))
+
+    def watch(self, ports: Iterable[tuple[str, str | None, int | None]], interval_us: int,
+              ethtool_interval_us: int) -> LineStream:
+        """ports: (netdev, rdma_dev or None, rdma_port or None)."""
+        specs = [n if d is None else f"{n}={d}/{p}" for n, d, p in ports]
+        return self.transport.stream(self._cmd("watch", "--interval-us", str(int(interval_us)),
+                                               "--ethtool-interval-us", str(int(ethtool_interval_us)), *specs))
+
+    def probe_send(self, iface: str, template: bytes, interval_us: int) -> LineStream:
+        return self.transport.stream(self._cmd("probe-send", "--iface", iface, "--template", template.hex(),
+                                               "--interval-us", str(int(interval_us))))
+
+    def probe_recv(self, iface: str, gap_us: int, udp_port: int = 4791) -> LineStream:
+        return self.transport.stream(self._cmd("probe-recv", "--iface", iface, "--gap-us", str(int(gap_us)),
+                                               "--udp-port", str(int(udp_port))))

@@ -1,0 +1,54 @@
+"""`harness emulate`: run the emulated bench (OCS TL1/SCPI servers, SSH hosts) until interrupted."""
+from __future__ import annotations
+
+import signal
+import threading
+
+
+def register(sub) -> None:
+    p = sub.add_parser("emulate", help="run the emulated bench until interrupted", description=__doc__)
+    p.add_argument("--profile", default="mixnet-testbed", help="built-in profile name or a profile YAML")
+    p.add_argument("--inventory-out", required=True, help="where to write the bench inventory YAML")
+    p.add_argument("--truth-out", help="write the ground-truth log (JSON Lines) here on exit")
+    p.add_argument("--protocol", default="polatis-tl1", choices=("polatis-tl1", "polatis-scpi"))
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_emulate)
+
+
+def _emulate(args) -> int:
+    import json
+    import shutil
+    from pathlib import Path
+
+    from devices.emulated.bench import PASSWORD_ENV, EmulatedBench
+    from devices.emulated.profile import ProfileError, load_profile
+    from harness.errors import InputError
+
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as exc:
+        raise InputError(str(exc)) from None
+    out = Path(args.inventory_out)
+    if not out.parent.exists():
+        raise InputError("--inventory-out: the folder does not exist", str(out.parent))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    workdir = out.parent / (out.stem + ".bench")
+    workdir.mkdir(exist_ok=True)
+    with EmulatedBench(profile, seed=args.seed, protocol=args.protocol, workdir=workdir) as bench:
+        shutil.copyfile(bench.inventory_path, out)
+        ocs = bench.ocs_servers
+        print(f"emulated bench '{profile.name}' up; inventory: {out}", flush=True)
+        print(f"  TL1  tcp://{ocs.tl1_address[0]}:{ocs.tl1_address[1]}   SCPI tcp://{ocs.scpi_address[0]}:"
+              f"{ocs.scpi_address[1]}   SCPI serial {ocs.pty_path}", flush=True)
+        print(f"  OCS login admin / password in ${PASSWORD_ENV} (emulator default: root)", flush=True)
+        for name, server in bench.host_servers.items():
+            print(f"  {name}: ssh -i {server.client_key_path} -o UserKnownHostsFile={server.known_hosts_path} "
+                  f"-p {server.port} {server.resource().user}@127.0.0.1", flush=True)
+        stop.wait()
+        if args.truth_out:
+            with open(args.truth_out, "w") as f:
+                for row in bench.ground_truth():
+                    f.write(json.dumps(row) + "\n")
+    return 0

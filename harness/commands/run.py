@@ -1,0 +1,23 @@
+"""`harness run PLAYBOOK`: execute a playbook on the emulated bench or a real one."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run a playbook", description=__doc__)
+    p.add_argument("playbook", help="playbook YAML")
+    p.add_argument("--bench", help="emulated:PROFILE, emulated-netns:PROFILE or an inventory YAML "
+                                   "(default: the playbook's bench)")
+    p.add_argument("--out", help="run directory (default runs/<UTC timestamp>-<playbook>)")
+    p.add_argument("--seed", type=int, help="override the playbook's seed")
+    p.add_argument("--cycles", type=int, help="override the number of cycles")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last complete cycle")
+    p.add_argument("--dry-run", action="store_true", help="print the planned reconfigurations; touch nothing")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from harness.runner import RunOptions, run
+
+    return run(RunOptions(playbook=args.playbook, bench=args.bench, out=args.out, seed=args.seed,
+                          cycles=args.cycles, resume=args.resume, dry_run=args.dry_run, quiet=args.quiet))

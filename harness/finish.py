@@ -1,0 +1,103 @@
+"""End of a run: Parquet from the log, ground truth (emulated benches), summary, then one immutable
+RunRecord handed to the writers (harness.record).
+
+Cycle 0 of a turnaround step brings the bench into the pattern's first state from whatever it was: it is
+logged, but not summarised.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pandas as pd
+
+from harness import record as rec
+from harness.eventlog import GroundTruth, to_parquet
+from harness.events import STAGES
+
+
+def truth_frame(ctx) -> pd.DataFrame | None:
+    """The emulator's ground truth with cycles assigned from the turnaround steps' cycle starts."""
+    if ctx.emulated is None:
+        return None
+    from analysis.accuracy import assign_cycles
+
+    starts = [tuple(w) for r in ctx.results.values() for w in r.data.get("truth_windows", [])]
+    raw = pd.DataFrame(ctx.emulated.ground_truth(), columns=["t_ns", "stage", "host", "port", "ocs_port"])
+    return assign_cycles(raw[raw["stage"].isin(STAGES)], starts)
+
+
+def write_ground_truth(ctx, truth: pd.DataFrame) -> None:
+    gt = GroundTruth()
+    for row in truth.itertuples(index=False):
+        gt.add(row.cycle, row.stage, row.host, row.port, row.t_ns)
+    gt.write(ctx.run_dir / "ground_truth.parquet")
+
+
+def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict:
+    from analysis.stats import summarize_events
+
+    measured = events[events["cycle"] > 0]
+    summary = {"status": status, "wall_s": round(wall_s, 3), "bench": ctx.bench.name,
+               "faults": int((events["stage"] == "fault").sum()),
+               "steps": {name: {"ok": r.ok, "checks": r.checks} for name, r in ctx.results.items()}}
+    if len(measured):
+        summary["delays_ms"] = summarize_events(measured, ctx.seed)
+    truth = truth_frame(ctx)
+    if truth is not None:
+        from analysis.accuracy import accuracy_table, match
+
+        write_ground_truth(ctx, truth)
+        matched = match(measured, truth[truth["cycle"] > 0])
+        if len(matched):
+            summary["accuracy"] = accuracy_table(matched).to_dict(orient="records")
+    for name, r in ctx.results.items():
+        if r.data.get("summary"):
+            summary.setdefault("results", {})[name] = r.data["summary"]
+    return summary
+
+
+def summary_markdown(ctx, summary: dict) -> str:
+    lines = [f"# Run {ctx.run_id}", "", f"Playbook `{ctx.playbook.name}` on `{ctx.bench.name}`: "
+             f"**{summary['status']}** in {summary['wall_s']:.1f} s; faults: {summary['faults']}.", ""]
+    if summary.get("delays_ms"):
+        lines.append(rec.summary_markdown(summary["delays_ms"], title="Delays after ocs_command_sent")
+                     .replace("# Delays", "## Delays", 1))
+    if summary.get("accuracy"):
+        lines += ["## Timestamps against emulator ground truth", "",
+                  "| stage | n | abs error p50 (ms) | p99 (ms) | bias (ms) | true time within ± uncertainty |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for r in summary["accuracy"]:
+            lines.append(f"| {r['stage']} | {r['n']} | {r['abs_err_p50_ms']:.4f} | {r['abs_err_p99_ms']:.4f} | "
+                         f"{r['bias_ms']:+.4f} | {100 * r['coverage']:.2f} % |")
+        lines.append("")
+    checks = [(n, c) for n, s in summary["steps"].items() for c in s["checks"]]
+    if checks:
+        lines += ["## Checks", ""] + [f"- {'✔' if c['ok'] else '✘'} {n}: {c['name']} — {c.get('detail', '')}"
+                                      for n, c in checks] + [""]
+    lines += [r.summary_md for r in ctx.results.values() if r.summary_md]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(ctx, summary: dict):
+    def writer(record: rec.RunRecord):
+        return rec.write_text_atomic(record.run_dir / "summary.md", summary_markdown(ctx, summary))
+    return writer
+
+
+def finish_run(ctx, manifest: dict, *, status: str, wall_s: float, started_utc: str) -> rec.RunRecord:
+    events = to_parquet(ctx.run_dir / "events.jsonl", ctx.run_dir / "events.parquet")
+    summary = build_summary(ctx, events, status, wall_s)
+    clocks = [s.clock.table() for s in ctx._sessions.values() if s.clock is not None]
+    manifest = {**manifest, "clock": clocks or manifest.get("clock"), "status": status,
+                "extra": {**manifest.get("extra", {}), **ctx.manifest_extra}}
+    if ctx.emulated is not None:
+        manifest["emulated_clocks"] = {h: ctx.emulated.physics.host_clock_params(h)
+                                       for h in ctx.emulated.physics.hosts}
+    record = rec.RunRecord(run_id=ctx.run_id, run_dir=ctx.run_dir, playbook=ctx.playbook.name,
+                           outcome={"ok": "completed"}.get(status, status), started_utc=started_utc,
+                           ended_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                           manifest=rec.to_jsonable(manifest), summary=rec.to_jsonable(summary),
+                           error=ctx.manifest_extra.get("error"),
+                           artifacts=sorted(p.name for p in ctx.run_dir.iterdir() if p.is_file()))
+    rec.publish(record, (rec.write_manifest, rec.write_summary_json, write_markdown(ctx, summary)))
+    return record

@@ -1,0 +1,143 @@
+"""One host during a run: its SSH connection, the agent, the clock tracker, and reader threads that turn the
+agent's streams into observations on one queue (one event stream end to end)."""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+
+from devices.errors import DeviceError, TransportClosed
+from devices.hostagent import HostAgent, parse_probe_line, parse_watch_line
+from devices.protocols import LineStream
+from devices.resources import HostResource
+from devices.ssh import SshTransport
+from devices.timing import Deadline
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A host-side fact, still on the host's clock. kind: 'watch' | 'probe' | 'fault'."""
+
+    kind: str
+    host: str
+    netdev: str
+    field: str  # watch field, 'first'/'last' for probes, or the fault cause
+    value: str
+    host_ns: int
+    interval_ns: int  # the change happened within (host_ns - interval_ns, host_ns]
+    recv_ns: int  # harness time the line arrived (for ordering and overhead accounting)
+
+
+class HostSession:
+    """Opened once per host per run; `close()` ends every stream and the connection."""
+
+    def __init__(self, resource: HostResource, clock_probes: int = 24):
+        self.resource = resource
+        self.name = resource.name
+        self.clock_probes = clock_probes
+        self.transport = SshTransport(resource)
+        self.agent = HostAgent(self.transport, python=resource.python)
+        self._streams: list[LineStream] = []
+        self._threads: list[threading.Thread] = []
+        self._timesrv: LineStream | None = None
+        self.clock = None
+        self._clock_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sync_error: Exception | None = None
+
+    def open(self) -> None:
+        from harness.clock import ClockTracker
+
+        self.transport.connect()
+        self.agent.install(Deadline(15))
+        self._timesrv = self._keep(self.agent.timesrv())
+        self.clock = ClockTracker(self.name)
+        self.sync_clock()
+
+    def sync_clock(self):
+        """One min-delay estimate over the long-lived responder, added to the tracker."""
+        from harness.clock import probe
+
+        sample = probe(self._timesrv, count=self.clock_probes, deadline=Deadline(10))
+        with self._clock_lock:
+            return self.clock.add(sample)
+
+    def to_harness(self, host_ns: int) -> tuple[int, int, int]:
+        """(t_ns, offset_ns, uncertainty_ns) of a host timestamp, with the tracker's current model."""
+        with self._clock_lock:
+            return self.clock.to_harness(host_ns)
+
+    def start_clock_sync(self, period_s: float) -> None:
+        """Re-estimate the offset every `period_s` in the background, to track drift and catch steps."""
+        def loop():
+            while not self._stop.wait(period_s):
+                try:
+                    self.sync_clock()
+                except Exception as exc:  # a dead responder is a fault of this host, reported once
+                    self._sync_error = exc
+                    return
+
+        t = threading.Thread(target=loop, daemon=True, name=f"{self.name}-clock")
+        t.start()
+        self._threads.append(t)
+
+    def _keep(self, stream: LineStream) -> LineStream:
+        self._streams.append(stream)
+        return stream
+
+    def _reader(self, stream: LineStream, sink: "queue.Queue[Observation]", parse, what: str) -> None:
+        try:
+            for recv_ns, line in stream:
+                if not line.strip() or parse is None:
+                    continue
+                try:
+                    sink.put(parse(recv_ns, line))
+                except DeviceError as exc:
+                    sink.put(Observation("fault", self.name, "", "agent_output", str(exc), 0, 0, recv_ns))
+            ended = f"ended (exit status {getattr(stream, 'exit_status', None)}): {getattr(stream, 'stderr', '')}"
+        except (TransportClosed, DeviceError, OSError, EOFError) as exc:
+            ended = str(exc)
+        if not getattr(stream, "closed_by_us", False) and not self._stop.is_set():
+            sink.put(Observation("fault", self.name, "", f"agent {what}", ended.strip()[:300], 0, 0, 0))
+
+    def _spawn(self, stream: LineStream, sink, parse, what: str) -> None:
+        t = threading.Thread(target=self._reader, args=(stream, sink, parse, what), daemon=True,
+                             name=f"{self.name}-{what}")
+        t.start()
+        self._threads.append(t)
+
+    def start_watch(self, ports: list[tuple[str, str | None, int | None]], interval_us: int,
+                    ethtool_interval_us: int, sink: "queue.Queue[Observation]") -> None:
+        stream = self._keep(self.agent.watch(ports, interval_us, ethtool_interval_us))
+
+        def parse(recv_ns: int, line: str) -> Observation:
+            w = parse_watch_line(line)
+            return Observation("watch", self.name, w.netdev, w.field, w.value, w.host_ns, w.interval_ns, recv_ns)
+
+        self._spawn(stream, sink, parse, "watch")
+
+    def start_probe_recv(self, netdev: str, gap_us: int, udp_port: int, sink) -> None:
+        stream = self._keep(self.agent.probe_recv(netdev, gap_us, udp_port))
+
+        def parse(recv_ns: int, line: str) -> Observation:
+            p = parse_probe_line(line)
+            return Observation("probe", self.name, netdev, p.kind, f"{p.src_mac} {p.seq}", p.host_ns, 0, recv_ns)
+
+        self._spawn(stream, sink, parse, f"probe-recv-{netdev}")
+
+    def start_probe_send(self, netdev: str, template: bytes, interval_us: int, sink) -> None:
+        stream = self._keep(self.agent.probe_send(netdev, template, interval_us))
+        self._spawn(stream, sink, None, f"probe-send-{netdev}")
+
+    def close(self) -> None:
+        self._stop.set()
+        for stream in reversed(self._streams):
+            stream.closed_by_us = True
+            try:
+                stream.close()
+            except Exception:  # teardown reaches every stream
+                pass
+        self._streams = []
+        for t in self._threads:
+            t.join(timeout=2)
+        self.transport.close()

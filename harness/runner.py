@@ -1,0 +1,227 @@
+"""Playbook execution: resolve the bench, open drivers lazily, run steps, keep the run record.
+
+Teardown is one ExitStack unwound in reverse order on success, error, SIGINT and SIGTERM, so circuits are
+restored and connections closed however the run ends.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from datetime import datetime, timezone
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from devices.errors import DeviceError
+from devices.protocols import CircuitSwitch
+from devices.resources import Bench
+from harness.config import Playbook, load_inventory, load_playbook
+from harness.errors import InputError
+from harness.eventlog import EventLog
+from harness.events import Event
+from harness.steps import StepResult
+
+BENCH_KINDS = ("emulated:PROFILE", "emulated-netns:PROFILE", "INVENTORY.yaml")
+
+
+class Aborted(Exception):
+    """SIGTERM (or SIGINT) arrived; the run stops and tears down."""
+
+
+@dataclass
+class RunOptions:
+    playbook: str
+    bench: str | None = None
+    out: str | None = None
+    seed: int | None = None
+    cycles: int | None = None
+    resume: str | None = None
+    dry_run: bool = False
+    quiet: bool = False
+
+
+@dataclass
+class RunContext:
+    """Everything a step may use. Drivers open on first use and close when the run ends."""
+
+    playbook: Playbook
+    bench: Bench
+    run_dir: Path
+    run_id: str
+    seed: int
+    cycles: int
+    log: EventLog
+    stack: contextlib.ExitStack
+    emulated: Any = None  # EmulatedBench when the bench is emulated
+    dry_run: bool = False
+    quiet: bool = False
+    results: dict[str, StepResult] = field(default_factory=dict)
+    manifest_extra: dict[str, Any] = field(default_factory=dict)
+    _switches: dict[str, CircuitSwitch] = field(default_factory=dict)
+    _sessions: dict[str, Any] = field(default_factory=dict)
+
+    def rng(self, stream: str) -> np.random.Generator:
+        """An independent, reproducible random stream per purpose (same seed → same stream on resume)."""
+        key = [self.seed] + [ord(c) for c in stream]
+        return np.random.default_rng(key)
+
+    def switch(self, name: str | None = None) -> CircuitSwitch:
+        name = name or next(iter(self.bench.ocs))
+        if name not in self._switches:
+            from devices.ocs import open_switch
+
+            resource = self.bench.ocs[name]
+            if self.dry_run:
+                from devices.ocs.fake import FakeSwitch
+
+                self._switches[name] = FakeSwitch(resource)
+            else:
+                self._switches[name] = open_switch(resource)
+                self.stack.callback(self._switches[name].close)
+        return self._switches[name]
+
+    def session(self, host: str):
+        """The host's SSH session with its agent and clock tracker (harness.hostsession)."""
+        if host not in self._sessions:
+            from harness.hostsession import HostSession
+
+            session = HostSession(self.bench.hosts[host])
+            self.stack.callback(session.close)
+            session.open()
+            self._sessions[host] = session
+        return self._sessions[host]
+
+    def sessions(self) -> dict[str, Any]:
+        return {h: self.session(h) for h in self.bench.hosts}
+
+    def record(self, events: list[Event]) -> None:
+        self.log.extend(events)
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            from rich.console import Console
+
+            Console(stderr=True, highlight=False).print(text)
+
+
+def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Path):
+    """'emulated:PROFILE', 'emulated-netns:PROFILE' or an inventory path → (Bench, EmulatedBench|None)."""
+    kind, _, profile = spec.partition(":")
+    if kind in ("emulated", "emulated-netns") and profile:
+        from devices.emulated.bench import EmulatedBench
+        from devices.emulated.profile import ProfileError, load_profile
+
+        try:
+            prof = load_profile(profile)
+        except ProfileError as exc:
+            raise InputError(str(exc)) from None
+        netns = None
+        if kind == "emulated-netns":
+            if os.geteuid() != 0:
+                raise InputError("--bench emulated-netns needs root (network namespaces)")
+            netns = f"hil{os.getpid() % 100000}"
+        emulated = EmulatedBench(prof, seed=seed, workdir=workdir / "bench", netns_prefix=netns)
+        (workdir / "bench").mkdir(parents=True, exist_ok=True)
+        stack.callback(emulated.stop)
+        emulated.start()
+        return load_inventory(emulated.inventory_path), emulated
+    path = Path(spec)
+    if not path.exists():
+        raise InputError(f"--bench: no such inventory file, and not one of {', '.join(BENCH_KINDS)}", spec)
+    return load_inventory(path), None
+
+
+def run(options: RunOptions) -> int:
+    from harness import record as rec
+    from harness.finish import finish_run
+
+    playbook = load_playbook(options.playbook)
+    seed = playbook.seed if options.seed is None else options.seed
+    cycles = playbook.cycles if options.cycles is None else options.cycles
+    if cycles < 1:
+        raise InputError(f"--cycles: expected a positive number, found {cycles}")
+    if options.resume:
+        run_dir = Path(options.resume)
+        if not (run_dir / "manifest.json").exists():
+            raise InputError("--resume: not a run directory (no manifest.json)", str(run_dir))
+        seed = json.loads((run_dir / "manifest.json").read_text())["seed"]
+    else:
+        run_dir = rec.new_run_dir(options.out or "runs", playbook.name)
+    run_id = run_dir.name
+    bench_spec = options.bench or playbook.bench
+
+    previous = _install_signal_handlers()
+    status = "error"
+    with contextlib.ExitStack() as stack:
+        stack.callback(_restore_signal_handlers, previous)
+        log = EventLog(run_dir / "events.jsonl")
+        stack.callback(log.close)
+        bench, emulated = resolve_bench(bench_spec, seed, stack, run_dir)
+        ctx = RunContext(playbook=playbook, bench=bench, run_dir=run_dir, run_id=run_id, seed=seed,
+                         cycles=cycles, log=log, stack=stack, emulated=emulated, dry_run=options.dry_run,
+                         quiet=options.quiet)
+        inventory_text = None if emulated else Path(bench_spec).read_bytes()
+        manifest = rec.build_manifest(playbook, inventory_text=inventory_text, seed=seed,
+                                      profile=_profile_record(emulated.profile) if emulated else None,
+                                      extra={"run_id": run_id, "bench": bench_spec, "cycles": cycles})
+        if not options.resume:
+            rec.write_json_atomic(run_dir / "manifest.json", manifest)
+        ctx.say(f"[bold]{playbook.name}[/] on {bench.name} → {run_dir}")
+        started = time.monotonic()
+        started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        try:
+            for step in playbook.steps:
+                impl = _step_impl(step.type)
+                ctx.say(f"step [cyan]{step.name}[/] ({step.type})")
+                ctx.results[step.name] = impl(ctx, step)
+            status = "ok" if all(r.ok for r in ctx.results.values()) else "failed"
+        except (DeviceError, OSError) as exc:
+            status = "error"
+            ctx.say(f"[red]run stopped:[/] {exc}")
+            ctx.manifest_extra["error"] = str(exc)
+        except (KeyboardInterrupt, Aborted):
+            status = "aborted"
+            ctx.say("[yellow]run aborted; restoring the bench[/]")
+        finally:
+            log.flush()
+            wall = time.monotonic() - started
+        # The bench is still up here (the stack unwinds after), so ground truth is complete.
+        finish_run(ctx, manifest, status=status, wall_s=wall, started_utc=started_utc)
+    ctx.say(f"done: {status} in {wall:.1f} s — {run_dir}")
+    return {"ok": 0, "failed": 1, "aborted": 130}.get(status, 1)
+
+
+def _profile_record(profile) -> dict:
+    return {"name": profile.name, "path": profile.path, "source": profile.source,
+            "ocs": {k: d.spec for k, d in profile.ocs.items()}, "nic": {k: d.spec for k, d in profile.nic.items()},
+            "clock_offset_ms": list(profile.clock_offset_ms), "drift_ppm": list(profile.drift_ppm)}
+
+
+def _step_impl(step_type: str):
+    from harness.config import STEP_TYPES
+
+    spec = STEP_TYPES[step_type]
+    if spec.impl is None:
+        raise InputError(f"step type {step_type!r} is declared but has no implementation")
+    return spec.impl
+
+
+def _raise_aborted(signum, frame):
+    raise Aborted(signal.Signals(signum).name)
+
+
+def _install_signal_handlers():
+    try:
+        return signal.signal(signal.SIGTERM, _raise_aborted)
+    except ValueError:  # not the main thread (e.g. called from a test thread)
+        return None
+
+
+def _restore_signal_handlers(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
