@@ -379,8 +379,9 @@ class NetnsPlane:
 PASSTHROUGH_AGENT = ("probe-send", "probe-recv")
 
 
-def _pump(ctx, proc: subprocess.Popen) -> int:
-    """Relay a real process's stdout/stderr to an SSH channel until the client closes stdin or goes away."""
+def _pump(ctx, proc: subprocess.Popen, stops_on_stdin_eof: bool) -> int:
+    """Relay a real process's stdout/stderr to an SSH channel until the client closes stdin or goes away;
+    then end the process (by closing its stdin if it stops on EOF, else by SIGTERM)."""
     from devices.emulated.ssh_host import ChannelGone
 
     def relay(stream, write):
@@ -406,6 +407,8 @@ def _pump(ctx, proc: subprocess.Popen) -> int:
                 proc.stdin.close()  # the agent stops on stdin EOF and prints its summary
             except OSError:
                 pass
+            if not stops_on_stdin_eof:
+                proc.terminate()
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -431,7 +434,7 @@ def passthrough_commands(plane: NetnsPlane, host: str) -> dict:
             return emulated_ip(ctx, argv)
         proc = plane.run_in(host, ["ip", *argv[1:]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
-        return _pump(ctx, proc)
+        return _pump(ctx, proc, stops_on_stdin_eof=False)
 
     def python(ctx, argv: list[str]) -> int:
         args = [a for a in argv[1:] if a != "-u"]
@@ -442,7 +445,7 @@ def passthrough_commands(plane: NetnsPlane, host: str) -> dict:
                 local = plane.agent_file(source if isinstance(source, bytes) else source.encode())
                 proc = plane.run_in(host, ["python3", "-u", local, *args[1:]], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                return _pump(ctx, proc)
+                return _pump(ctx, proc, stops_on_stdin_eof=True)
         return emulated_python(ctx, argv)
 
     return {"ip": ip, **{name: python for name in PYTHON_NAMES}}

@@ -1,0 +1,86 @@
+"""Netns mode over SSH: the harness's HostAgent driver, talking to emulated hosts whose `ip monitor` and
+agent probes really run inside the namespaces. Needs root; skipped otherwise."""
+import itertools
+import os
+
+import pytest
+
+from devices.agent import build_probe_template
+from devices.emulated.netns import NetnsPlane, list_netns, netns_available, passthrough_commands
+from devices.emulated.physics import OpticalBench
+from devices.emulated.profile import profile_from_dict
+from devices.emulated.ssh_host import EmulatedHostServer
+from devices.errors import TransportClosed
+from devices.hostagent import HostAgent, parse_probe_line
+from devices.parsers.nic import parse_ip_monitor_line
+from devices.ssh import SshTransport
+from devices.timing import Deadline
+
+pytestmark = pytest.mark.netns
+_UNAVAILABLE = netns_available()
+if _UNAVAILABLE:
+    pytest.skip(f"network namespaces: {_UNAVAILABLE}", allow_module_level=True)
+
+PROFILE = {
+    "name": "netns-ssh",
+    "ocs": {"switch": {"dist": "fixed", "ms": 10}, "dark": {"dist": "fixed", "ms": 1}},
+    "nic": {"los_clear": {"dist": "fixed", "ms": 1}, "cdr_lock": {"dist": "fixed", "ms": 1},
+            "phy_up": {"dist": "fixed", "ms": 3}, "port_active": {"dist": "fixed", "ms": 0},
+            "link_down": {"dist": "fixed", "ms": 1}},
+    "hosts": {"clock_offset_ms": [0, 0], "drift_ppm": [0, 0]},
+    "topology": {"hosts": 2, "nics_per_host": 1, "ocs_size": [2, 2]},
+}
+
+
+def read_until(stream, predicate, seconds=20.0) -> str:
+    deadline = Deadline(seconds)
+    while True:
+        item = stream.readline(deadline)
+        assert item is not None, "expected line did not come"
+        if predicate(item[1]):
+            return item[1]
+
+
+def test_driver_probes_and_ip_monitor_run_inside_the_namespaces():
+    prefix = f"hils{os.getpid() % 100000}"
+    with OpticalBench(profile_from_dict(PROFILE), seed=2) as bench, NetnsPlane(bench, prefix) as plane:
+        a, b = bench.all_nic_ports()
+        with EmulatedHostServer(bench, a.host, extra_commands=passthrough_commands(plane, a.host)) as sa, \
+                EmulatedHostServer(bench, b.host, extra_commands=passthrough_commands(plane, b.host)) as sb, \
+                SshTransport(sa.resource()) as ta, SshTransport(sb.resource()) as tb:
+            agent_a, agent_b = HostAgent(ta), HostAgent(tb)
+            agent_a.install()
+            agent_b.install()
+            monitor = tb.stream("ip -ts monitor link")
+            receiver = agent_b.probe_recv(b.netdev, gap_us=20_000)
+            template = build_probe_template(a.mac, b.mac, plane.port(a.host, a.netdev).ip,
+                                            plane.port(b.host, b.netdev).ip)
+            sender = agent_a.probe_send(a.netdev, template, interval_us=1000)
+
+            bench.ocs_apply({a.ocs_tx: b.ocs_rx, b.ocs_tx: a.ocs_rx})
+            first = parse_probe_line(read_until(receiver, lambda line: " first " in line))
+            assert (first.kind, first.src_mac) == ("first", a.mac)
+            active = max(t["t_ns"] for t in bench.ground_truth() if t["stage"] == "port_active")
+            epoch = bench.host_clock_params(b.host)["epoch_ns"]
+            assert -1_000_000 <= first.host_ns - epoch - active <= 5_000_000_000
+
+            # The real `ip monitor` in B's namespace saw B's veth get carrier.
+            line = read_until(monitor, lambda text: b.netdev in text and "LOWER_UP" in text)
+            link = parse_ip_monitor_line(line)
+            assert link is not None and link.ifname == b.netdev and link.carrier
+            phy_up_b = next(t["t_ns"] for t in bench.ground_truth() if t["stage"] == "phy_up" and t["host"] == b.host)
+            assert -1_000_000 <= link.stamp_ns() - epoch - phy_up_b <= 5_000_000_000
+
+            sender.close_stdin()
+            summary = read_until(sender, lambda text: text.startswith("sent "))
+            words = summary.split()
+            assert words[0] == "sent" and int(words[1]) > 0 and words[2] == "errors"
+            receiver.close_stdin()
+            with pytest.raises(TransportClosed):
+                read_until(receiver, lambda text: False, seconds=20)
+            assert receiver.exit_status == 0
+            monitor.close()
+            receiver.close()
+            sender.close()
+        assert not plane.errors
+    assert not [n for n in list_netns() if n.startswith(prefix)]
