@@ -74,3 +74,29 @@ def test_routing_import_without_hidden_size_is_input_error(tmp_path, capsys):
     assert "hidden_size" in capsys.readouterr().err
     assert main(["traces", "inspect", str(log), "--hidden-size", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["bytes_by_phase"]["dispatch_fwd"] == 3 * 8 * 2
+
+
+def test_replay_command_against_standalone_emulator(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    proc = subprocess.Popen([sys.executable, "-m", "devices.emulated.vllm_server", "--port", "0", "--time-scale",
+                             "20", "--decode-tokens-per-s", "500"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        assert line.startswith("listening 127.0.0.1:")
+        trace = tmp_path / "t.csv"
+        trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,5,3\n0.5,6,4\n1.0,7,2\n1.0,100000,1\n")
+        log, table = tmp_path / "r.jsonl", tmp_path / "r.parquet"
+        code = main(["traces", "replay", str(trace), "--url", "http://" + line.split()[1], "--log", str(log),
+                     "--parquet", str(table), "--time-scale", "20", "--json"])
+        out = json.loads(capsys.readouterr().out)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert code == 1  # the last request exceeds the context length: recorded, and the run is flagged
+    assert out["by_status"] == {"ok": 3, "http_error": 1, "timeout": 0, "error": 0}
+    rows = pq.read_table(table).to_pandas().sort_values("index")
+    assert rows["index"].tolist() == [0, 1, 2, 3] and rows["output_tokens"].tolist()[:3] == [3, 4, 2]
