@@ -87,6 +87,9 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=0, help="replay only the first N requests")
     parser.add_argument("--connections", type=int, default=512)
     parser.add_argument("--in-process", action="store_true", help="run the emulator in the replay's own loop")
+    parser.add_argument("--nice", type=int, default=0,
+                        help="scheduling niceness for replay and emulator (negative needs root; as on a real bench, "
+                             "a replay host should not share its cores with other work)")
     args = parser.parse_args()
     if not TRACE.exists():
         print(f"skipped: {TRACE} not found (the shared traces folder is absent)")
@@ -94,6 +97,8 @@ def main() -> int:
     proc = None
     url = None
     args.load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    if args.nice:
+        os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # inherited by the emulator process
     if not args.in_process:
         proc, url = start_server(args.scale)
     try:

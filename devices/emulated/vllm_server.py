@@ -273,14 +273,16 @@ class VllmEmulator:
                      "choices": [{"index": 0, "text": " t" * count, "logprobs": None, "finish_reason": finish}]}
             if usage is not None:
                 chunk["usage"] = None
-            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            payload = b"data: " + json.dumps(chunk).encode() + b"\n\n"
             sent += count
             last_write = now
-        if usage is not None:
-            final = {"id": ident, "object": "text_completion", "created": created, "model": self.model,
-                     "choices": [], "usage": usage}
-            await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
+            if sent == n:  # the last chunk, usage and [DONE] leave in one write
+                if usage is not None:
+                    final = {"id": ident, "object": "text_completion", "created": created, "model": self.model,
+                             "choices": [], "usage": usage}
+                    payload += b"data: " + json.dumps(final).encode() + b"\n\n"
+                payload += b"data: [DONE]\n\n"
+            await response.write(payload)
         await response.write_eof()
         return response
 
