@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import pkgutil
 import sys
 
@@ -31,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # paramiko logs every reset socket on its own threads; the harness reports transport failures itself.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

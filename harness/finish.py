@@ -23,7 +23,8 @@ def truth_frame(ctx) -> pd.DataFrame | None:
 
     starts = [tuple(w) for r in ctx.results.values() for w in r.data.get("truth_windows", [])]
     raw = pd.DataFrame(ctx.emulated.ground_truth(), columns=["t_ns", "stage", "host", "port", "ocs_port"])
-    return assign_cycles(raw[raw["stage"].isin(STAGES)], starts)
+    truth = assign_cycles(raw[raw["stage"].isin(STAGES)], starts)
+    return truth[truth["cycle"] >= 1]
 
 
 def write_ground_truth(ctx, truth: pd.DataFrame) -> None:
@@ -47,7 +48,7 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
         from analysis.accuracy import accuracy_table, match
 
         write_ground_truth(ctx, truth)
-        matched = match(measured, truth[truth["cycle"] > 0])
+        matched = match(measured, truth)
         if len(matched):
             summary["accuracy"] = accuracy_table(matched).to_dict(orient="records")
     for name, r in ctx.results.items():

@@ -5,7 +5,6 @@ A pattern yields, per cycle, a directed map `source port -> destination port` ov
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -83,9 +82,9 @@ def load_schedule(path: str, ports: list[str]) -> list[dict[str, str]]:
 
 
 def cycle_mappings(pattern: str, ports: list[str], cycles: int, rng: np.random.Generator,
-                   schedule: str = "", first_cycle: int = 1) -> Iterator[tuple[int, dict[str, str]]]:
-    """(cycle, mapping) for cycles 0..cycles: cycle 0 brings the bench into the pattern's first state and
-    is not measured. Every cycle's mapping is drawn even when skipped (resume keeps the same stream)."""
+                   schedule: str = "") -> Iterator[tuple[int, dict[str, str]]]:
+    """(cycle, mapping) for cycles 0..cycles. Cycle 0 is the state the bench starts from; a resumed run
+    draws the same stream and skips what it already measured."""
     if pattern not in PATTERNS:
         raise InputError(f"pattern: expected one of {', '.join(PATTERNS)}, found {pattern!r}")
     if pattern != "schedule" and (len(ports) < 2 or (pattern != "permutation" and len(ports) % 2)):
@@ -93,15 +92,13 @@ def cycle_mappings(pattern: str, ports: list[str], cycles: int, rng: np.random.G
     plan = load_schedule(schedule, ports) if pattern == "schedule" else None
     for cycle in range(cycles + 1):
         if pattern == "ring-shift":
-            mapping = round_robin(ports, cycle)
+            yield cycle, round_robin(ports, cycle)
         elif pattern == "random-matching":
-            mapping = random_matching(ports, rng)
+            yield cycle, random_matching(ports, rng)
         elif pattern == "permutation":
-            mapping = random_derangement(ports, rng)
+            yield cycle, random_derangement(ports, rng)
         else:
-            mapping = plan[cycle % len(plan)]
-        if cycle == 0 or cycle >= first_cycle:
-            yield cycle, mapping
+            yield cycle, plan[cycle % len(plan)]
 
 
 def ocs_mapping(mapping: dict[str, str], tx: dict[str, int], rx: dict[str, int]) -> dict[int, int]:
@@ -112,8 +109,3 @@ def ocs_mapping(mapping: dict[str, str], tx: dict[str, int], rx: dict[str, int])
 def sources(mapping: dict[str, str]) -> dict[str, str]:
     """destination -> source: which port lights each receiver."""
     return {dst: src for src, dst in mapping.items()}
-
-
-def check_schedule_file(path: str) -> None:
-    if not Path(path).exists():
-        raise InputError("schedule: no such file", path)

@@ -20,6 +20,7 @@ import numpy as np
 from devices.errors import DeviceError
 from devices.protocols import CircuitSwitch
 from devices.resources import Bench
+from harness import record as rec
 from harness.config import Playbook, load_inventory, load_playbook
 from harness.errors import InputError
 from harness.eventlog import EventLog
@@ -61,6 +62,7 @@ class RunContext:
     dry_run: bool = False
     quiet: bool = False
     results: dict[str, StepResult] = field(default_factory=dict)
+    resume_after: dict[str, int] = field(default_factory=dict)  # step name -> last cycle already logged
     manifest_extra: dict[str, Any] = field(default_factory=dict)
     _switches: dict[str, CircuitSwitch] = field(default_factory=dict)
     _sessions: dict[str, Any] = field(default_factory=dict)
@@ -137,7 +139,6 @@ def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Pa
 
 
 def run(options: RunOptions) -> int:
-    from harness import record as rec
     from harness.finish import finish_run
 
     playbook = load_playbook(options.playbook)
@@ -149,9 +150,13 @@ def run(options: RunOptions) -> int:
         run_dir = Path(options.resume)
         if not (run_dir / "manifest.json").exists():
             raise InputError("--resume: not a run directory (no manifest.json)", str(run_dir))
-        seed = json.loads((run_dir / "manifest.json").read_text())["seed"]
+        previous_manifest = json.loads((run_dir / "manifest.json").read_text())
+        seed = previous_manifest["seed"]
+        resume_after = _logged_cycles(run_dir, playbook)
     else:
         run_dir = rec.new_run_dir(options.out or "runs", playbook.name)
+    if not options.resume:
+        resume_after = {}
     run_id = run_dir.name
     bench_spec = options.bench or playbook.bench
 
@@ -164,13 +169,16 @@ def run(options: RunOptions) -> int:
         bench, emulated = resolve_bench(bench_spec, seed, stack, run_dir)
         ctx = RunContext(playbook=playbook, bench=bench, run_dir=run_dir, run_id=run_id, seed=seed,
                          cycles=cycles, log=log, stack=stack, emulated=emulated, dry_run=options.dry_run,
-                         quiet=options.quiet)
+                         quiet=options.quiet, resume_after=resume_after)
         inventory_text = None if emulated else Path(bench_spec).read_bytes()
         manifest = rec.build_manifest(playbook, inventory_text=inventory_text, seed=seed,
                                       profile=_profile_record(emulated.profile) if emulated else None,
                                       extra={"run_id": run_id, "bench": bench_spec, "cycles": cycles})
-        if not options.resume:
-            rec.write_json_atomic(run_dir / "manifest.json", manifest)
+        if options.resume:
+            manifest = previous_manifest
+            manifest.setdefault("extra", {}).setdefault("resumed", []).append(
+                {"after_cycles": resume_after, "utc": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        rec.write_json_atomic(run_dir / "manifest.json", manifest)
         ctx.say(f"[bold]{playbook.name}[/] on {bench.name} → {run_dir}")
         started = time.monotonic()
         started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -196,8 +204,33 @@ def run(options: RunOptions) -> int:
     return {"ok": 0, "failed": 1, "aborted": 130}.get(status, 1)
 
 
+def _logged_cycles(run_dir: Path, playbook: Playbook) -> dict[str, int]:
+    """The last complete cycle in the log. Each cycle is written and fsynced whole, so only a log whose
+    tail was torn by a crash can hold a partial cycle: its lines move to events.incomplete.jsonl (kept,
+    not lost) and that cycle is measured again."""
+    log_path = run_dir / "events.jsonl"
+    raw = log_path.read_bytes() if log_path.exists() else b""
+    last = 0
+    if raw:
+        lines = raw.split(b"\n")
+        torn = lines.pop() != b""  # text after the final newline was being written when the run died
+        cycles = [json.loads(line).get("cycle", 0) for line in lines]
+        last = max(cycles, default=0)
+        if torn:
+            keep = [ln for ln, c in zip(lines, cycles) if c != last]
+            partial = [ln for ln, c in zip(lines, cycles) if c == last] + [raw.rsplit(b"\n", 1)[-1]]
+            with open(run_dir / "events.incomplete.jsonl", "ab") as f:
+                f.write(b"\n".join(partial) + b"\n")
+            rec.write_text_atomic(log_path, b"".join(ln + b"\n" for ln in keep).decode())
+            last -= 1
+    return {s.name: max(0, last) for s in playbook.steps if s.type == "turnaround"}
+
+
 def _profile_record(profile) -> dict:
-    return {"name": profile.name, "path": profile.path, "source": profile.source,
+    from devices.emulated.profile import PROFILE_DIR
+
+    builtin = profile.path and Path(profile.path).resolve().parent == PROFILE_DIR
+    return {"name": profile.name, "path": None if builtin else profile.path, "source": profile.source,
             "ocs": {k: d.spec for k, d in profile.ocs.items()}, "nic": {k: d.spec for k, d in profile.nic.items()},
             "clock_offset_ms": list(profile.clock_offset_ms), "drift_ppm": list(profile.drift_ppm)}
 

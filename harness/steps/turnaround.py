@@ -156,17 +156,23 @@ class TurnaroundRun:
                             transient=False)
         with progress:
             task = progress.add_task("turnaround", total=self.cycles, last="")
-            for cycle, mapping in cycle_mappings(p["pattern"], keys, self.cycles, rng, p["schedule"]):
+            resume = ctx.resume_after.get(self.step.name, 0)
+            progress.update(task, completed=resume)
+            plan = list(cycle_mappings(p["pattern"], keys, self.cycles, rng, p["schedule"]))
+            for cycle, mapping in plan[resume:]:
                 if ctx.dry_run:
                     ocs_map = ocs_mapping(mapping, self.tx, self.rx)
                     ctx.say(f"cycle {cycle}: " + ", ".join(f"{i}->{e}" for i, e in sorted(ocs_map.items())))
                     self.switch.apply(ocs_map, exclusive=True)
                     continue
-                outcome = self.run_cycle(cycle, mapping, current)
-                current = mapping
-                if cycle == 0:
+                if cycle == resume:
+                    # Bring the bench into the state the next measured cycle starts from; not measured.
+                    self.run_cycle(cycle, mapping, current, record=False)
+                    current = mapping
                     self._warm_up_clocks()
                     continue
+                outcome = self.run_cycle(cycle, mapping, current)
+                current = mapping
                 self.outcomes.append(outcome)
                 total = (max((t for t in self._last_up.values()), default=outcome.done_ns) - outcome.sent_ns) / 1e6
                 progress.update(task, advance=1, last=f"{outcome.status} {total:8.1f} ms")
@@ -184,13 +190,14 @@ class TurnaroundRun:
         return Event(self.ctx.run_id, cycle, stage, host, device, port, int(ocs_port), int(t_ns), int(offset_ns),
                      int(uncertainty_ns), source)
 
-    def run_cycle(self, cycle: int, mapping: dict[str, str], current: dict[str, str]) -> CycleOutcome:
+    def run_cycle(self, cycle: int, mapping: dict[str, str], current: dict[str, str],
+                  record: bool = True) -> CycleOutcome:
         ctx, p = self.ctx, self.p
         self._drain_stale()
         old_src, new_src = sources(current), sources(mapping)
         affected = [k for k in (x.key for x in self.ports) if new_src.get(k) != old_src.get(k)]
         begin = now_ns()
-        self.truth_windows.append((cycle, begin))
+        self.truth_windows.append((cycle if record else -1, begin))
         timing = self.switch.apply(ocs_mapping(mapping, self.tx, self.rx), exclusive=True)
         need = {k: set(UP_STAGES if p["probes"] else UP_STAGES[:-1]) for k in affected}
         kept: dict[tuple[str, str], Observation] = {}
@@ -224,8 +231,9 @@ class TurnaroundRun:
             x = self.by_key[key]
             events.append(self._event(cycle, "fault", done, host=x.host, device=x.rdma_dev, port=x.netdev,
                                       ocs_port=x.rx, source=f"timeout:missing {'+'.join(stages)}"))
-        ctx.record(events)
-        ctx.log.flush()  # durable before the next cycle starts
+        if record:
+            ctx.record(events)
+            ctx.log.flush()  # durable before the next cycle starts
         return CycleOutcome(cycle, "faulted" if missing else "ok", begin, timing.sent_ns, timing.completed_ns,
                             done, affected, missing)
 
