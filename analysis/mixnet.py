@@ -108,24 +108,21 @@ def greedy_circuits(demand, ports_per_server, b_ocs: float, b_eps, code_compat: 
         c = circuits[i, j]
         return current / (c * b_ocs) if code_compat else pair[i, j] / (c * b_ocs)
 
+    # a pair stays a candidate while it has demand and both ends have a free port; liveness is decided on D,
+    # not on T, so that a T that underflows to 0 (subnormal demand) does not end the loop early
     if method == "argmax":
         t = t0.copy()
-        t[free == 0, :] = 0.0
-        t[:, free == 0] = 0.0
-        while free.sum() > 0:
-            flat = int(np.argmax(t))
-            i, j = divmod(flat, n)
-            if t[i, j] <= 0:
+        while True:
+            live = (pair > 0) & (free[:, None] > 0) & (free[None, :] > 0)
+            if not live.any():
                 break
+            flat = int(np.argmax(np.where(live, t, -1.0)))
+            i, j = divmod(flat, n)
             circuits[i, j] += 1
             circuits[j, i] += 1
             free[i] -= 1
             free[j] -= 1
             t[i, j] = t[j, i] = next_time(i, j, t[i, j])
-            for k in (i, j):
-                if free[k] == 0:
-                    t[k, :] = 0.0
-                    t[:, k] = 0.0
         return circuits
     if method != "heap":
         raise MixnetInputError(f"unknown method {method!r}")
@@ -133,7 +130,7 @@ def greedy_circuits(demand, ports_per_server, b_ocs: float, b_eps, code_compat: 
     # lazy max-heap over pairs i<j: entries (-T, i, j, version); stale or exhausted entries are skipped
     iu, ju = np.triu_indices(n, 1)
     vals = t0[iu, ju]
-    live = (vals > 0) & (free[iu] > 0) & (free[ju] > 0)
+    live = (pair[iu, ju] > 0) & (free[iu] > 0) & (free[ju] > 0)
     heap = [(-float(v), int(i), int(j), 0) for v, i, j in zip(vals[live], iu[live], ju[live])]
     heapq.heapify(heap)
     version = np.zeros((n, n), dtype=np.int64)
@@ -147,7 +144,7 @@ def greedy_circuits(demand, ports_per_server, b_ocs: float, b_eps, code_compat: 
         free[j] -= 1
         new_t = next_time(i, j, -neg_t)
         version[i, j] += 1
-        if new_t > 0 and free[i] > 0 and free[j] > 0:
+        if free[i] > 0 and free[j] > 0:
             heapq.heappush(heap, (-new_t, i, j, int(version[i, j])))
     return circuits
 
@@ -227,6 +224,9 @@ def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _exact_milp(d: np.ndarray, ports: np.ndarray, b_ocs: float, eps: np.ndarray) -> np.ndarray:
     n = d.shape[0]
+    if d.max(initial=0.0) > 0:
+        # times scale linearly with D: solve at unit scale so HiGHS's absolute tolerances do not dominate
+        d = d / (d.max() / b_ocs)
     iu, ju = _pairs(n)
     n_pairs = iu.size
     k_max = int(ports.max(initial=0))

@@ -44,7 +44,7 @@ def test_costs_scale_linearly_and_mixnet_is_cheaper(servers, alpha):
     a = cost.fabric_costs(servers, 400, alpha=alpha)
     b = cost.fabric_costs(2 * servers, 400, alpha=alpha)
     assert b["fat_tree"] == pytest.approx(2 * a["fat_tree"])
-    assert b["mixnet"] == pytest.approx(2 * a["mixnet"], rel=1e-3)   # ceil on odd fiber counts
+    assert b["mixnet"] == pytest.approx(2 * a["mixnet"], abs=500 * 0.3 + 1e-6)   # ceil: one fiber at most
     assert a["mixnet"] < a["fat_tree"]
 
 

@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
@@ -23,14 +23,18 @@ def _symmetric(n: int, values: list[float]) -> np.ndarray:
     return d + d.T
 
 
+# demands are 0 or >= 1e-3: the LP/MILP oracles have ~1e-7 feasibility tolerances
+DEMAND = st.one_of(st.just(0.0), st.floats(1e-3, 10))
+
+
 @st.composite
 def instances(draw, max_n: int = 6, symmetric: bool = True):
     n = draw(st.integers(2, max_n))
     k = n * (n - 1) // 2
-    vals = draw(st.lists(st.floats(0, 10, allow_nan=False), min_size=k, max_size=k))
+    vals = draw(st.lists(DEMAND, min_size=k, max_size=k))
     d = _symmetric(n, vals)
     if not symmetric:
-        noise = draw(st.lists(st.floats(0, 5, allow_nan=False), min_size=n * n, max_size=n * n))
+        noise = draw(st.lists(DEMAND, min_size=n * n, max_size=n * n))
         d = d + np.array(noise).reshape(n, n)
         np.fill_diagonal(d, 0)
     ports = draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))
@@ -66,6 +70,7 @@ def test_code_compat_repeated_division_changes_the_choice():
 
 @settings(max_examples=60, deadline=None)
 @given(instances(), st.booleans(), st.floats(0.1, 4), st.floats(0.1, 4))
+@example((np.array([[0, 5e-324, 0], [5e-324, 0, 0], [0, 0, 0.]]), np.array([1, 1, 0])), False, 1.0, 2.0)
 def test_greedy_feasible_and_maximal(inst, code_compat, b_ocs, b_eps):
     d, ports = inst
     c = mx.greedy_circuits(d, ports, b_ocs, b_eps, code_compat=code_compat)
@@ -96,7 +101,7 @@ def test_exact_is_optimal_and_no_worse_than_greedy(inst, b_eps):
     c_opt, t_opt = mx.exact_circuits(d, ports, 1.0, b_eps, method="milp")
     assert np.array_equal(c_opt, c_opt.T) and np.all(c_opt.sum(axis=1) <= ports)
     _, t_brute = mx.exact_circuits(d, ports, 1.0, b_eps, method="brute")
-    assert t_opt == pytest.approx(t_brute, rel=1e-9, abs=1e-12)
+    assert t_opt == pytest.approx(t_brute, rel=1e-6)
     t_greedy = mx.all_to_all_time(d, mx.greedy_circuits(d, ports, 1.0, b_eps), 1.0, b_eps)
     assert t_greedy >= t_opt - 1e-12
 
