@@ -206,13 +206,25 @@ class SshTransport(CommandTransport):
                                   f"{self._scrub(str(exc)) or type(exc).__name__}") from None
         finally:
             channel.close()
-        if status == -1 and not channel.get_transport().is_active():  # type: ignore[union-attr]
+        if status == -1 and self._transport_dying(channel):
             raise TransportClosed(f"{self._where}: connection lost during {command!r}")
         result = CommandResult(command, status, b"".join(out).decode(errors="replace"),
                                b"".join(err).decode(errors="replace"), CommandTiming(sent, completed))
         if check and status != 0:
             raise CommandFailed(self._where, result)
         return result
+
+    @staticmethod
+    def _transport_dying(channel: paramiko.Channel, grace_s: float = 0.5) -> bool:
+        """A channel closed without exit status: a dropped connection (paramiko closes the channels just
+        before it marks the transport inactive, hence the grace) or a command killed by a signal."""
+        transport = channel.get_transport()
+        end = time.monotonic() + grace_s
+        while transport is not None and transport.is_active():
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.01)
+        return True
 
     def stream(self, command: str) -> "SshLineStream":
         """Start a long-running command; read its stdout line by line, write to its stdin."""
