@@ -8,6 +8,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import traces
 from harness.cli import main
@@ -222,3 +223,23 @@ def test_header_validation():
     with pytest.raises(ValueError):
         MoeTrace(MoeHeader(4, 2, 8, 2, 2), pd.DataFrame({"iteration": [0], "layer": [0], "micro_batch": [0],
                  "phase": ["sideways"], "src_rank": [0], "dst_rank": [1], "bytes": [1]}))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**11), st.integers(0, 20000), st.integers(0, 4000)), min_size=1,
+                max_size=40))
+def test_azure_roundtrip_property(tmp_path_factory, rows):
+    # Offsets in units of 100 ns (the format's 7 fractional digits) from an arbitrary origin.
+    rows = sorted(rows)
+    origin = pd.Timestamp("2023-11-16 18:00:00")
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for ticks, prompt, output in rows:
+        stamp = origin + pd.Timedelta(ticks * 100, "ns")
+        lines.append(f"{stamp.strftime('%Y-%m-%d %H:%M:%S')}.{(ticks % 10**7):07d},{prompt},{output}")
+    path = tmp_path_factory.mktemp("azure") / "a.csv"
+    path.write_text("\n".join(lines) + "\n")
+    frame = traces.load_requests(path)
+    expected = np.asarray([t for t, _, _ in rows], dtype=np.int64) - rows[0][0]
+    np.testing.assert_array_equal(np.round(frame["arrival_s"].to_numpy() * 1e7).astype(np.int64), expected)
+    assert frame["prompt_tokens"].tolist() == [p for _, p, _ in rows]
+    assert frame["output_tokens"].tolist() == [o for _, _, o in rows]
