@@ -183,7 +183,7 @@ class NetnsPlane:
         self._procs: list[subprocess.Popen] = []
         self._agent_dir: tempfile.TemporaryDirectory | None = None
         self.errors: list[str] = []
-        self.op_log: list[tuple[str, int, int]] = []  # (kind, queued mono ns, done mono ns)
+        self.op_log: list[tuple[str, str, int, int]] = []  # (kind, port key, queued mono ns, done mono ns)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "NetnsPlane":
@@ -317,7 +317,7 @@ class NetnsPlane:
             except (NetnsError, OSError) as exc:
                 log.error("netns plane %s: %s", self.prefix, exc)
                 self.errors.append(str(exc))
-            self.op_log.append((kind, queued, now_ns()))
+            self.op_log.append((kind, port.model.key, queued, now_ns()))
 
     def _filter_line(self, source: PortPlane, target: PortPlane | None) -> str:
         """`tc` words wiring `source` to `target`, or unwiring it. This kernel has no gact (`action drop`),
