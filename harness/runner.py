@@ -128,7 +128,6 @@ def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Pa
                 raise InputError("--bench emulated-netns needs root (network namespaces)")
             netns = f"hil{os.getpid() % 100000}"
         emulated = EmulatedBench(prof, seed=seed, workdir=workdir / "bench", netns_prefix=netns)
-        (workdir / "bench").mkdir(parents=True, exist_ok=True)
         stack.callback(emulated.stop)
         emulated.start()
         return load_inventory(emulated.inventory_path), emulated

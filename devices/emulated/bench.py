@@ -28,6 +28,7 @@ class EmulatedBench:
         self.physics = OpticalBench(self.profile, seed=seed)
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ocs-hil-bench-")
         self.workdir = Path(workdir or self._tmp.name)
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.netns_prefix = netns_prefix
         self.netns = None
         self.ocs_servers = None

@@ -1,0 +1,168 @@
+"""The runner end to end on the emulated bench: run records, ground truth, restore, dry run, SIGINT,
+SIGKILL + resume. Bounds are loose: these check behaviour, benchmarks check speed."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from devices.emulated.bench import EmulatedBench
+from devices.emulated.profile import profile_from_dict
+from harness.cli import main
+from harness.events import EVENT_COLUMNS, GROUND_TRUTH_COLUMNS, STAGES_UP
+
+FAST = {
+    "name": "test-fast",
+    "ocs": {"switch": {"dist": "uniform", "low_ms": 3, "high_ms": 6}, "dark": {"dist": "fixed", "ms": 0.2}},
+    "nic": {"los_clear": {"dist": "fixed", "ms": 0.05}, "cdr_lock": {"dist": "uniform", "low_ms": 0.5, "high_ms": 1},
+            "phy_up": {"dist": "uniform", "low_ms": 2, "high_ms": 4}, "port_active": {"dist": "fixed", "ms": 1},
+            "link_down": {"dist": "fixed", "ms": 0.5}},
+    "hosts": {"clock_offset_ms": [-30, 30], "drift_ppm": [-20, 20]},
+    "topology": {"hosts": 2, "nics_per_host": 2, "ocs_size": [8, 8]},
+}
+
+
+def playbook(tmp_path: Path, cycles: int = 3, **step) -> Path:
+    params = {"type": "turnaround", "name": "measure", "cycle_timeout_s": 20, "clock_warmup_s": 0.3, **step}
+    path = tmp_path / "pb.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "bench": "emulated:instant", "seed": 3, "cycles": cycles,
+                                    "steps": [params]}))
+    return path
+
+
+@pytest.fixture
+def fast_profile(tmp_path) -> Path:
+    path = tmp_path / "fast.yaml"
+    path.write_text(yaml.safe_dump(FAST))
+    return path
+
+
+def only_run_dir(out: Path) -> Path:
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    return run
+
+
+def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile):
+    out = tmp_path / "runs"
+    assert main(["run", str(playbook(tmp_path, cycles=4)), "--bench", f"emulated:{fast_profile}",
+                 "--out", str(out), "-q"]) == 0
+    run = only_run_dir(out)
+    events = pd.read_parquet(run / "events.parquet")
+    assert tuple(events.columns) == EVENT_COLUMNS
+    truth = pd.read_parquet(run / "ground_truth.parquet")
+    assert tuple(truth.columns) == GROUND_TRUTH_COLUMNS
+    assert sorted(events["cycle"].unique()) == [1, 2, 3, 4]
+    # every port, every cycle, every up-stage, exactly once
+    per = events[events["stage"].isin(STAGES_UP[2:])].groupby(["cycle", "host", "port", "stage"]).size()
+    assert len(per) == 4 * 4 * 5 and (per == 1).all()
+    assert not (events["stage"] == "fault").any()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "completed"
+    acc = {r["stage"]: r for r in summary["summary"]["accuracy"]}
+    # Recorded times agree with the emulator's truth far inside one profile delay (0.5-6 ms),
+    # and the stated uncertainty covers the truth.
+    assert acc["all"]["n"] >= 4 * 4 * 5
+    assert acc["all"]["abs_err_p99_ms"] < 2.0
+    assert acc["all"]["coverage"] >= 0.95
+    # stage order per port is physical: light, lock, PHY, active, first packet
+    wide = events.pivot_table(index=["cycle", "host", "port"], columns="stage", values="t_ns")
+    for a, b in zip(STAGES_UP[2:], STAGES_UP[3:]):
+        assert (wide[b] + 1_000_000 >= wide[a]).all(), (a, b)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["seed"] == 3 and manifest["extra"]["restored"] == {"ocs1": True}
+    assert len(manifest["clock"]) == 2
+
+
+def test_inventory_bench_is_restored_and_dry_run_touches_nothing(tmp_path, fast_profile, capsys):
+    with EmulatedBench(profile_from_dict(FAST), seed=2, workdir=tmp_path / "bench") as bench:
+        physics = bench.physics
+        physics.ocs_apply({1: 10, 2: 9})  # what another user left on the switch
+        original = physics.ocs_patches()
+        pb = playbook(tmp_path, cycles=2, probes=False)
+        out = tmp_path / "runs"
+        assert main(["run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out), "--dry-run"]) == 0
+        assert physics.ocs_patches() == original
+        assert "cycle 1:" in capsys.readouterr().err
+        assert main(["run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out), "-q"]) == 0
+        assert physics.ocs_patches() == original
+
+
+def _wait_for_cycle(log: Path, cycle: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        if log.exists() and any(json.loads(l)["cycle"] >= cycle for l in log.read_text().splitlines() if l):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"cycle {cycle} never logged")
+
+
+def _harness(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def test_sigint_mid_run_restores_the_switch(tmp_path, fast_profile):
+    with EmulatedBench(profile_from_dict(FAST), seed=4, workdir=tmp_path / "bench") as bench:
+        bench.physics.ocs_apply({3: 12})
+        original = bench.physics.ocs_patches()
+        out = tmp_path / "runs"
+        proc = _harness("run", str(playbook(tmp_path, cycles=500)), "--bench", str(bench.inventory_path),
+                        "--out", str(out), "-q")
+        run_log = None
+        end = time.monotonic() + 60
+        while run_log is None and time.monotonic() < end:
+            runs = [p for p in out.glob("*/events.jsonl")] if out.exists() else []
+            run_log = runs[0] if runs else None
+            time.sleep(0.05)
+        _wait_for_cycle(run_log, 2, proc)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        assert bench.physics.ocs_patches() == original
+        manifest = json.loads((run_log.parent / "manifest.json").read_text())
+        assert manifest["status"] == "aborted" and manifest["extra"]["restored"] == {"ocs1": True}
+
+
+def test_sigkill_then_resume_completes_every_cycle_once(tmp_path, fast_profile):
+    out = tmp_path / "runs"
+    pb = playbook(tmp_path, cycles=6)
+    proc = _harness("run", str(pb), "--bench", f"emulated:{fast_profile}", "--out", str(out), "-q")
+    end = time.monotonic() + 60
+    while not list(out.glob("*/events.jsonl")) and time.monotonic() < end:
+        time.sleep(0.05)
+    run = list(out.glob("*/events.jsonl"))[0].parent
+    _wait_for_cycle(run / "events.jsonl", 2, proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    # A crash mid-write leaves a torn line; simulate the worst case on top of the kill.
+    with open(run / "events.jsonl", "ab") as f:
+        f.write(b'{"run_id": "x", "cycle": 99, "stage": "phy')
+    resumed = _harness("run", str(pb), "--bench", f"emulated:{fast_profile}", "--resume", str(run), "-q")
+    assert resumed.wait(timeout=120) == 0, resumed.stderr.read().decode()
+    events = pd.read_parquet(run / "events.parquet")
+    assert sorted(events["cycle"].unique()) == [1, 2, 3, 4, 5, 6]
+    sent = events[events["stage"] == "ocs_command_sent"].groupby("cycle").size()
+    assert (sent == 1).all()
+    assert (run / "events.incomplete.jsonl").exists()
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["extra"]["resumed"]
+
+
+def test_bad_bench_and_playbook_exit_2(tmp_path, capsys):
+    pb = playbook(tmp_path)
+    assert main(["run", str(pb), "--bench", "emulated:no-such-profile"]) == 2
+    assert "unknown profile" in capsys.readouterr().err
+    assert main(["run", str(pb), "--bench", str(tmp_path / "missing.yaml")]) == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nsteps:\n  - type: turnaround\n    pattern: 3\n")
+    assert main(["run", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml:4" in err and "Traceback" not in err
