@@ -72,6 +72,7 @@ def test_watch_reports_each_change_at_the_next_poll_tick(ssh, bench, server):
         for netdev in (nic.netdev, other.netdev):
             snap = bench.nic_snapshot(host, netdev)
             got = {field: value for _, n, field, value, _ in initial if n == netdev}
+            assert {interval for *_, interval in initial} == {0}  # initial values, as the real agent
             assert got == {"rx_los": "1", "rx_lol": "1", "carrier": "0", "operstate": snap.operstate,
                            "phys_state": snap.phys_state, "state": snap.ib_state}
         start = len(bench.ground_truth())
@@ -97,6 +98,18 @@ def test_watch_reports_each_change_at_the_next_poll_tick(ssh, bench, server):
     assert last["carrier"] == str(int(final.carrier)) and last["state"] == final.ib_state
 
 
+def test_watch_without_rdma_or_ethtool_watches_netdev_fields_until_stdin_closes(ssh, bench, server):
+    nic = bench.nic_ports(server.host_name)[1]
+    with ssh.stream(f"python3 -u {AGENT} watch --interval-us 1000 --ethtool-interval-us 0 {nic.netdev}") as s:
+        initial = _read_watch(s, lambda lines: len(lines) == 2)
+        assert sorted(field for _, _, field, _, _ in initial) == ["carrier", "operstate"]
+        assert s.readline(Deadline(0.2)) is None
+        s.close_stdin()
+        with pytest.raises(TransportClosed):
+            s.readline(Deadline(10))
+        assert s.exit_status == 0
+
+
 def test_watch_rejects_unknown_ports(ssh):
     result = ssh.run(f"python3 -u {AGENT} watch --interval-us 1000 eth9=mlx5_9/1")
     assert result.exit_status == 2 and "no such port eth9=mlx5_9/1" in result.stderr
@@ -108,7 +121,7 @@ def test_probe_first_packet_after_the_link_comes_up(ssh, bench, server):
     host = server.host_name
     nic = bench.nic_ports(host)[1]
     with ssh.stream(f"python3 -u {AGENT} probe-recv --iface {nic.netdev} --gap-us 1000") as recv:
-        sender = ssh.stream(f"python3 -u {AGENT} probe-send --iface {nic.netdev} --dst-mac {nic.mac} "
+        sender = ssh.stream(f"python3 -u {AGENT} probe-send --iface {nic.netdev} --template {'00' * 74} "
                             f"--interval-us 100")
         start = len(bench.ground_truth())
         bench.ocs_apply({nic.ocs_tx: nic.ocs_rx})  # loopback: the port receives its own probes

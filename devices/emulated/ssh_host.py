@@ -46,6 +46,7 @@ Handler = Callable[["ExecContext", list[str]], int]
 _CLOSE_AFTER_S = 0.25  # then the reaper closes a finished channel the client left open (stock ssh waits for it)
 _POLL_S = 0.1  # how often blocked streaming handlers check whether the client went away
 PYTHON_NAMES = ("python3", "python")  # how the harness launches the agent (HostResource.python)
+WATCH_ETHTOOL_DEFAULT_US = 100_000  # the agent's default --ethtool-interval-us
 AGENT_FIELDS = ("rx_los", "rx_lol", "carrier", "operstate", "phys_state", "state")
 _ETHTOOL_FIELDS = ("rx_los", "rx_lol")
 
@@ -111,6 +112,10 @@ class ExecContext:
         """The client closed the channel or the connection dropped."""
         transport = self.channel.get_transport()
         return self.channel.closed or transport is None or not transport.is_active()
+
+    def stdin_closed(self) -> bool:
+        """The client sent EOF on stdin (the agent's streaming subcommands stop then)."""
+        return bool(self.channel.eof_received)
 
     def wait_stdin_eof_or_gone(self) -> None:
         """Block until stdin reaches EOF or the client goes away (discarding stdin)."""
@@ -815,29 +820,32 @@ def _snapshot_fields(snapshot) -> dict[str, str]:
 
 
 def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
-    """Emulates the agent's local poller: each change is reported at the first poll tick at or after it
-    (a grid of `interval` with a random phase; ethtool fields on their own grid), stamped with the host
-    clock at that tick, and printed no earlier than that tick. Changes that revert between two ticks are
-    never seen, as with a real poller."""
+    """Emulates the agent's local poller (devices/agent/hilagent.py): each change is reported at the first
+    poll tick at or after it (a grid of `interval` with a random phase; ethtool fields on their own grid,
+    `--ethtool-interval-us 0` turns them off), stamped with the host clock at that tick, and printed no
+    earlier than that tick. Changes that revert between two ticks are never seen, as with a real poller.
+    Initial values carry INTERVAL_NS 0. Ends when stdin closes or the client goes away."""
     try:
         opts, targets = _options(argv[1:], {"interval-us": int, "ethtool-interval-us": int})
     except ValueError as exc:
         ctx.err(f"watch: {exc}\n")
         return 2
     if not opts["interval-us"] or opts["interval-us"] <= 0 or not targets:
-        ctx.err("usage: watch --interval-us N [--ethtool-interval-us M] NETDEV=RDMADEV/PORT ...\n")
+        ctx.err("usage: watch --interval-us N [--ethtool-interval-us M] NETDEV[=RDMADEV/PORT] ...\n")
         return 2
-    netdevs = []
+    ethtool_us = WATCH_ETHTOOL_DEFAULT_US if opts["ethtool-interval-us"] is None else opts["ethtool-interval-us"]
+    watched: dict[str, tuple[str, ...]] = {}  # netdev -> fields
     for target in targets:
-        netdev, _, rdma = target.partition("=")
+        netdev, eq, rdma = target.partition("=")
         model = ctx.server.nic_by_netdev(netdev)
         dev, _, port = rdma.partition("/")
-        if model is None or model.rdma_dev != dev or str(model.rdma_port) != port:
+        if model is None or (eq and (model.rdma_dev != dev or str(model.rdma_port) != port)):
             ctx.err(f"watch: no such port {target}\n")
             return 2
-        netdevs.append(netdev)
+        fields = ("carrier", "operstate") + (("phys_state", "state") if eq else ())
+        watched[netdev] = fields + (_ETHTOOL_FIELDS if ethtool_us > 0 else ())
     interval = int(opts["interval-us"]) * 1000
-    ethtool_interval = int(opts["ethtool-interval-us"] or opts["interval-us"]) * 1000
+    ethtool_interval = int(ethtool_us) * 1000 or interval
     rng = random.Random()
     start = now_ns()
     phase = {False: start + rng.randrange(interval), True: start + rng.randrange(ethtool_interval)}
@@ -852,19 +860,19 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
         last: dict[tuple[str, str], str] = {}
         lines = []
         host_now = ctx.bench.host_clock_ns(ctx.host)
-        for netdev in netdevs:
-            for field, value in _snapshot_fields(ctx.bench.nic_snapshot(ctx.host, netdev)).items():
-                last[(netdev, field)] = value
-                step = ethtool_interval if field in _ETHTOOL_FIELDS else interval
-                lines.append(f"{host_now} {netdev} {field} {value} {step}\n")
+        for netdev, fields in watched.items():
+            values = _snapshot_fields(ctx.bench.nic_snapshot(ctx.host, netdev))
+            for field in fields:
+                last[(netdev, field)] = values[field]
+                lines.append(f"{host_now} {netdev} {field} {values[field]} 0\n")
         ctx.out("".join(lines))
         due: list[tuple[int, int, object, int]] = []  # (tick_ns, seq, change, step)
         seq = itertools.count()
-        while not ctx.gone():
+        while not ctx.gone() and not ctx.stdin_closed():
             wait = _POLL_S if not due else max(0.0, min(_POLL_S, (due[0][0] - now_ns()) / 1e9))
             try:
                 change = changes.get(timeout=wait) if wait > 0 else changes.get_nowait()
-                if change.netdev in netdevs and change.field in AGENT_FIELDS:
+                if change.field in watched.get(change.netdev, ()):
                     tick, step = tick_at_or_after(change.t_ns, change.field)
                     heapq.heappush(due, (tick, next(seq), change, step))
                 continue
@@ -894,12 +902,14 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
 
 def _agent_probe_send(ctx: ExecContext, argv: list[str]) -> int:
     try:
-        opts, _ = _options(argv[1:], {"iface": str, "dst-mac": str, "interval-us": int, "udp-port": int})
+        opts, _ = _options(argv[1:], {"iface": str, "dst-mac": str, "dst-ip": str, "template": bytes.fromhex,
+                                      "interval-us": int, "udp-port": int, "dqpn": int})
     except ValueError as exc:
         ctx.err(f"probe-send: {exc}\n")
         return 2
-    if ctx.server.nic_by_netdev(str(opts["iface"])) is None or not opts["interval-us"]:
-        ctx.err("usage: probe-send --iface NETDEV --dst-mac MAC --interval-us N [--udp-port P]\n")
+    if ctx.server.nic_by_netdev(str(opts["iface"])) is None or not opts["interval-us"] \
+            or (opts["template"] is None and opts["dst-mac"] is None):
+        ctx.err("usage: probe-send --iface NETDEV (--template HEX | --dst-mac MAC) --interval-us N\n")
         return 2
     ctx.bench.probe_start(ctx.host, opts["iface"], int(opts["interval-us"]) * 1000)
     try:
@@ -921,7 +931,7 @@ def _agent_probe_recv(ctx: ExecContext, argv: list[str]) -> int:
         return 2
     changes, unsubscribe = _subscribe(ctx)
     try:
-        while not ctx.gone():
+        while not ctx.gone() and not ctx.stdin_closed():
             try:
                 change = changes.get(timeout=_POLL_S)
             except queue.Empty:
