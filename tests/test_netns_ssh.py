@@ -72,6 +72,9 @@ def test_driver_probes_and_ip_monitor_run_inside_the_namespaces():
             assert -1_000_000 <= link.stamp_ns() - epoch - phy_up_b <= 5_000_000_000
 
             sender.close_stdin()
+            # The physics still models the probe stream, so ground truth keeps a first_packet event.
+            modelled = [t["t_ns"] for t in bench.ground_truth() if t["stage"] == "first_packet" and t["host"] == b.host]
+            assert modelled and abs(first.host_ns - epoch - modelled[0]) < 1_000_000_000
             summary = read_until(sender, lambda text: text.startswith("sent "))
             words = summary.split()
             assert words[0] == "sent" and int(words[1]) > 0 and words[2] == "errors"

@@ -419,6 +419,22 @@ def _pump(ctx, proc: subprocess.Popen, stops_on_stdin_eof: bool) -> int:
     return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
 
 
+def _modelled_probe(bench: OpticalBench, host: str, agent_args: list[str]) -> str | None:
+    """Mirror a real `probe-send` in the physics' probe model, so the ground truth keeps its modelled
+    `first_packet` events (the real receiver's kernel timestamps are the measurement)."""
+    if agent_args[0] != "probe-send":
+        return None
+    opts = dict(zip(agent_args[1::2], agent_args[2::2]))
+    iface, interval = opts.get("--iface"), opts.get("--interval-us", "")
+    if iface is None or not interval.isdigit() or int(interval) <= 0:
+        return None
+    try:
+        bench.probe_start(host, iface, int(interval) * 1000)
+    except KeyError:
+        return None
+    return iface
+
+
 def passthrough_commands(plane: NetnsPlane, host: str) -> dict:
     """Command handlers for `EmulatedHostServer(..., extra_commands=...)` that run the real tools inside
     `host`'s namespace: `ip ... monitor ...`, and the uploaded agent's probe-send / probe-recv. Every
@@ -445,7 +461,12 @@ def passthrough_commands(plane: NetnsPlane, host: str) -> dict:
                 local = plane.agent_file(source if isinstance(source, bytes) else source.encode())
                 proc = plane.run_in(host, ["python3", "-u", local, *args[1:]], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                return _pump(ctx, proc, stops_on_stdin_eof=True)
+                modelled = _modelled_probe(ctx.bench, host, args[1:])
+                try:
+                    return _pump(ctx, proc, stops_on_stdin_eof=True)
+                finally:
+                    if modelled:
+                        ctx.bench.probe_stop(host, modelled)
         return emulated_python(ctx, argv)
 
     return {"ip": ip, **{name: python for name in PYTHON_NAMES}}
