@@ -3,7 +3,7 @@ the TL1 driver talking to the emulator (same states, same refusal codes)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from devices.emulated.ocs_server import OcsServers
 from devices.emulated.physics import OpticalBench
@@ -72,6 +72,7 @@ def test_fake_validates_like_a_switch():
     fake = FakeSwitch(_resource(allowed=ALL_PORTS | {40}))
     fake.connect(1, 17)
     for action, code in [(lambda: fake.connect(1, 18), "SROF"), (lambda: fake.connect(2, 17), "SROF"),
+                         (lambda: fake.connect(1, 17), "SROF"),
                          (lambda: fake.connect(40, 18), "IIAC"), (lambda: fake.connect(2, 3), "IIAC"),
                          (lambda: fake.disconnect([2]), "IDNV")]:
         with pytest.raises(DeviceDenied) as denied:
@@ -106,8 +107,10 @@ operations = st.lists(st.one_of(
 ), max_size=12)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=operations)
+@example(ops=[("connect", 1, 17), ("connect", 1, 17)])
+@example(ops=[("connect", 1, 17), ("disconnect", [1, 17])])
 def test_fake_agrees_with_emulator(live_tl1, ops):
     live_tl1.command("DLT-PATCH", "ALL")
     fake = FakeSwitch(_resource(allowed=ALL_PORTS | {40}))

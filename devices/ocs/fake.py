@@ -45,8 +45,8 @@ class FakeSwitch(CircuitSwitch):
         check_allowed(self.allowed, (ingress, egress), command)
         if not self._is_ingress(ingress) or not self._is_egress(egress):
             raise DeviceDenied(command, "IIAC", "invalid port")
-        owner = next((i for i, e in self._patches.items() if e == egress), None)
-        if self._patches.get(ingress, egress) != egress or owner not in (None, ingress):
+        # like the switch, a second ENT-PATCH of an existing pair is refused too (the ingress is busy)
+        if ingress in self._patches or egress in self._patches.values():
             raise DeviceDenied(command, "SROF", "port already connected")
         self._patches[ingress] = egress
         return self._timed(command)
