@@ -168,8 +168,8 @@ def _parse(path: Path, shown: str) -> tuple[Any, bytes]:
         raise InputError("file not found", shown) from None
     except IsADirectoryError:
         raise InputError("is a directory, expected a YAML file", shown) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", shown) from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read: {getattr(exc, 'strerror', None) or exc}", shown) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -187,10 +187,10 @@ def _parse(path: Path, shown: str) -> tuple[Any, bytes]:
     except yaml.reader.ReaderError as exc:
         line = text[: exc.position].count("\n") + 1
         raise InputError(f"invalid YAML: unacceptable character #x{exc.character:04x}", shown, line) from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"invalid YAML: {exc}", shown) from None
+    except yaml.YAMLError as exc:  # unmarked errors concern the document, which starts on line 1
+        raise InputError(f"invalid YAML: {exc}", shown, 1) from None
     except RecursionError:
-        raise InputError("invalid YAML: nesting too deep", shown) from None
+        raise InputError("invalid YAML: nesting too deep", shown, 1) from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -229,12 +229,15 @@ def _resolve_includes(node: Any, path: Path, stack: tuple[Path, ...], files: lis
     merged = YamlMap()
     merged.file, merged.line = node.file, node.line
     for name in names:
-        target = (path.parent / os.path.expanduser(name)).resolve()
+        try:
+            target = (path.parent / os.path.expanduser(name)).resolve()
+        except (OSError, ValueError, RuntimeError) as exc:  # NUL bytes, symlink loops
+            raise InputError(f"include: bad file name {name!r}: {exc}", file, line) from None
         if target in stack:
             chain = " -> ".join(p.name for p in (*stack[stack.index(target):], target))
             raise InputError(f"include cycle: {chain}", file, line)
         if not target.is_file():
-            raise InputError(f"included file {name!r} not found (looked for {target})", file, line)
+            raise InputError(f"included file {name!r} not found (looked for {str(target)!r})", file, line)
         included = _load_file(target, stack, files)
         if not isinstance(included, YamlMap):
             raise InputError(f"included file {name!r} must contain a mapping", file, line)

@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             print(f"{path}: ok ({describe_file(path)})")
         except InputError as exc:
-            print(f"harness: {exc.format()}", file=sys.stderr)
+            # One line per problem, whatever characters the file smuggled into the message.
+            print("harness: " + exc.format().replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
             status = 2
     return status
 
