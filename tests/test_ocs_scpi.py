@@ -192,3 +192,21 @@ def test_loop_url_framing_and_silent_timeout():
         assert "no-terminator" in str(timeout.value)
     finally:
         channel.close()
+
+
+def test_timeout_closes_the_untagged_stream():
+    """SCPI replies carry no tag: after a timeout the driver refuses to reuse the stream."""
+    from devices.errors import TransportClosed
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        host, port = listener.getsockname()
+        switch = open_switch(OcsResource(name="x", protocol="polatis-scpi", url=f"tcp://{host}:{port}",
+                                         size=(N, N), allowed_ports=ALL_PORTS), timeout_s=0.2)
+        with pytest.raises(DeviceTimeout):
+            switch.identify()
+        with pytest.raises(TransportClosed):
+            switch.patches()
+        switch.close()
+    finally:
+        listener.close()

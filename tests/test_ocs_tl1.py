@@ -137,6 +137,42 @@ def test_port_outside_allowlist_sends_nothing(quirky):
         switch.close()
 
 
+def _scripted_peer(replies: list[bytes]):
+    """A listener answering each received chunk with the next scripted reply."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def serve():
+        conn, _ = listener.accept()
+        accepted.append(conn)
+        for reply in replies:
+            if not conn.recv(100):
+                return
+            conn.sendall(reply)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, accepted
+
+
+def test_error_code_on_the_status_line_and_a_late_stale_reply():
+    listener, accepted = _scripted_peer([
+        b"   NE 24-05-01 12:00:00\r\nM  1 DENY IIAC\r\n   /* Invalid AID */\r\n;\r\n",
+        # a reply to an old ctag arriving first must be skipped, not taken for ours
+        b"M  1 COMPLD\r\n   \"9,25\"\r\n;\r\nIP 2\r\n<M  2 COMPLD\r\n   \" 3 , 19 \"\r\n;\r\n",
+    ])
+    switch = open_switch(_resource(listener.getsockname(), user=None), timeout_s=5)
+    try:
+        with pytest.raises(DeviceDenied) as denied:
+            switch.connect(1, 17)
+        assert denied.value.code == "IIAC" and "Invalid AID" in str(denied.value)
+        assert switch.patches() == {3: 19}
+    finally:
+        switch.close()
+        listener.close()
+        for conn in accepted:
+            conn.close()
+
+
 def test_silent_peer_times_out_with_partial_reply():
     listener = socket.create_server(("127.0.0.1", 0))
     accepted = []

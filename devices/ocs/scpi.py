@@ -10,7 +10,7 @@ import re
 import threading
 from typing import Mapping, Sequence
 
-from devices.errors import DeviceDenied, DeviceError, DeviceTimeout
+from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportClosed
 from devices.ocs.base import check_allowed, confirm, plan_apply
 from devices.ocs.lines import LineChannel
 from devices.protocols import CircuitSwitch
@@ -61,10 +61,14 @@ class ScpiSwitch(CircuitSwitch):
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self.last_timing: CommandTiming | None = None
+        self._broken = False
         self._write("*CLS")  # start from an empty error queue
 
     # ---- raw protocol -------------------------------------------------------------------------
     def _write(self, text: str) -> int:
+        if self._broken:
+            raise TransportClosed(f"{self._channel.description}: closed after an earlier timeout "
+                                  f"(a late reply would be taken for the next one); reopen the switch")
         self._channel.drain()
         return self._channel.write_line(text)
 
@@ -73,6 +77,9 @@ class ScpiSwitch(CircuitSwitch):
             try:
                 recv_ns, line = self._channel.read_line(deadline)
             except DeviceTimeout as exc:
+                # SCPI replies carry no tag: after a timeout the stream cannot be trusted any more
+                self._broken = True
+                self._channel.close()
                 raise DeviceTimeout(f"{sent!r}: {exc}") from exc
             if line.strip() != sent.strip():  # some serial consoles echo the command
                 return recv_ns, line.strip()

@@ -19,7 +19,7 @@ from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
 from devices.timing import CommandTiming, Deadline
 
-_STATUS = re.compile(r"^M\s+(\S+)\s+(COMPLD|DENY|PRTL|DELAY|RTRV)\b")
+_STATUS = re.compile(r"^M\s+(\S+)\s+(COMPLD|DENY|PRTL|DELAY|RTRV)\b\s*(.*)$")
 _AUTONOMOUS = re.compile(r"^(\*C|\*\*|\*\^|\*|A)\s+\S+\s+\S")
 _ACK = re.compile(r"^(IP|PF|OK|NA|NG|RL)\s+\S+\s*$")
 _CODE = re.compile(r"^([A-Z]{4})\b")
@@ -81,6 +81,8 @@ def read_response(channel: LineChannel, ctag: str, deadline: Deadline) -> Tl1Res
             block = "ours" if m.group(1) == ctag else "other"
             if block == "ours" and (not status or m.group(2) == "DENY"):
                 status = m.group(2)
+            if block == "ours" and m.group(3).strip():  # some NEs put the error code on the status line
+                body.append(m.group(3).strip())
         elif _AUTONOMOUS.match(text):
             block = "other"
         # anything else outside a message: header (SID date time), ack (`IP ctag`), stray `;`: skip
