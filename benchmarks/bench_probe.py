@@ -1,7 +1,8 @@
 """RoCEv2 probes through the netns data plane (needs root).
 
-1. Paced send rate achieved by the agent's `probe-send` at 10 k and 50 kpps, and loss, counted by a raw
-   AF_PACKET receiver with kernel timestamps in the receiving namespace.
+1. Paced send rate achieved by the agent's `probe-send` at 10 k and 50 kpps (busy-waiting the last 50 µs,
+   and always), and loss, counted by a raw AF_PACKET receiver with kernel timestamps in the receiving
+   namespace.
 2. Carrier up-toggle (raw RTM_NEWLINK on the sender's OCS-side veth) → first probe's kernel rx timestamp
    as the agent's `probe-recv` reports it (`first` line), n cycles of 30 ms down / 70 ms up per rate.
 3. The plane's own costs: netlink up/down vs an `ip link set` fork, `tc filter replace` (re-point), and
@@ -12,6 +13,7 @@ Run: sudo .venv/bin/python benchmarks/bench_probe.py [--cycles 40] [--seconds 2]
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import socket
 import struct
@@ -106,12 +108,13 @@ def wait_carrier(plane: NetnsPlane, host: str, netdev: str, timeout: float = 5.0
 
 
 def bench_rates(plane, a, b, template: bytes, seconds: float) -> None:
-    print(f"\n-- paced send rate and loss ({seconds:.0f} s per rate; sender busy-waits one core)")
-    for pps in (10_000, 50_000):
+    print(f"\n-- paced send rate and loss ({seconds:.0f} s per rate)")
+    for pps, spin_us in itertools.product((10_000, 50_000), (50, 1_000_000)):
+        print(f"spin {'last 50 µs (default)' if spin_us == 50 else 'always (100 % of a core)'}:")
         counter = RawCounter(plane.netns_of(b.host), b.netdev)
         interval_us = 1_000_000 // pps
         tx = agent(plane, a.host, "probe-send", "--iface", a.netdev, "--template", template.hex(),
-                   "--interval-us", str(interval_us))
+                   "--interval-us", str(interval_us), "--spin-us", str(spin_us))
         time.sleep(seconds)
         tx.stdin.close()
         summary = tx.stdout.read().split()

@@ -27,7 +27,7 @@ ROCE_V2_PORT = 4791
 RC_SEND_ONLY = 0x04
 PACKET_OUTGOING = 4
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
-SPIN_NS = 50_000  # busy-wait only the last 50 µs before a probe is due
+SPIN_US = 50  # default: busy-wait only the last 50 µs before a probe is due, sleep before that
 MAX_CATCH_UP_NS = 1_000_000  # after a stall longer than this, skip missed ticks instead of bursting
 
 _out_lock = threading.Lock()
@@ -348,6 +348,7 @@ def cmd_probe_send(args):
     stop = stdin_closed_event()
     buf = bytearray(layout.template)
     interval = args.interval_us * 1000
+    spin_ns = args.spin_us * 1000
     ignored = (errno.ENOBUFS, errno.ENETDOWN, errno.EAGAIN)  # carrier down: the kernel refuses, we go on
     sent = errors = skipped = 0
     monotonic_ns, time_ns, pack, patch, send = (time.monotonic_ns, time.time_ns, struct.pack, layout.patch,
@@ -357,8 +358,8 @@ def cmd_probe_send(args):
     while not stop.is_set():
         due = t0 + seq * interval
         remaining = due - monotonic_ns()
-        if remaining > SPIN_NS:
-            time.sleep((remaining - SPIN_NS) / 1e9)
+        if remaining > spin_ns:
+            time.sleep((remaining - spin_ns) / 1e9)
         while monotonic_ns() < due:
             pass
         patch(buf, seq, pack("!QQ", seq, time_ns()))
@@ -482,6 +483,9 @@ def make_parser():
     s.add_argument("--dst-ip", help="with --dst-mac (default: the interface's address)")
     s.add_argument("--udp-port", type=int, default=ROCE_V2_PORT)
     s.add_argument("--dqpn", type=int, default=1)
+    s.add_argument("--spin-us", type=int, default=SPIN_US,
+                   help="busy-wait this long before each probe, sleep before that (a sleeping sender can wake "
+                        "late on a busy machine)")
     s.set_defaults(func=cmd_probe_send)
     r = sub.add_parser("probe-recv", help="print the first and last probe around each silence")
     r.add_argument("--iface", required=True)
