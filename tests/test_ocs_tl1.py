@@ -47,11 +47,11 @@ class _Quirky(socketserver.BaseRequestHandler):
                 elif verb == "RTRV-PATCH":
                     body = [f'   "{i},{e}"' for i, e in sorted(patches.items())]
                 elif verb == "ENT-PATCH":
-                    i, e = (int(x) for x in aid.split(","))
-                    if i in patches or e in patches.values():
+                    ins, outs = ([int(x) for x in side.split("&")] for side in aid.split(","))
+                    if any(i in patches for i in ins) or any(e in patches.values() for e in outs):
                         deny = "SROF"
                     else:
-                        patches[i] = e
+                        patches.update(zip(ins, outs))
                 elif verb == "DLT-PATCH":
                     ports = [int(x) for x in aid.split("&")]
                     if any(p not in patches for p in ports):
@@ -321,3 +321,31 @@ def test_completion_waits_for_the_mirrors():
 def test_tl1_driver_type(tl1):
     assert isinstance(tl1, Tl1Switch)
     assert "POLATIS" in tl1.identify()
+
+
+def test_apply_moves_all_mirrors_in_one_command():
+    """New pairs go out as one ENT-PATCH list, so the mirrors move together; one pair per command makes
+    them settle one after another (40 ms mirror delay)."""
+    profile = load_profile("instant")
+    slow = dataclasses.replace(profile, ocs={"switch": Delay.fixed(0.04), "dark": Delay.fixed(0.0)})
+    bench = OpticalBench(slow).start()
+    servers = OcsServers(bench, pty=False).start()
+    try:
+        switch = open_switch(_resource(servers.tl1_address), timeout_s=5)
+        sent: list[str] = []
+        write_line = switch._channel.write_line
+        switch._channel.write_line = lambda text, eol="\r\n": (sent.append(text), write_line(text, eol))[1]
+        switch.apply({1: 17, 2: 18, 3: 19, 4: 20})
+        entered = [c for c in sent if c.startswith("ENT-PATCH")]
+        assert entered == ["ENT-PATCH::1&2&3&4,17&18&19&20:3:;"]  # ctag 1 was the login, 2 the read
+        switch.ent_patch_lists = False
+        switch.apply({5: 21, 6: 22})
+        assert len([c for c in sent if c.startswith("ENT-PATCH")]) == 3
+        switch.close()
+        bench.wait_idle()
+        assert bench.ocs_patches() == {i: 16 + i for i in range(1, 7)}
+        settled = sorted(t["t_ns"] for t in bench.ground_truth() if t["stage"] == "mirror_settled")
+        assert settled[5] - settled[4] >= 40_000_000  # the second pair waited for the first
+    finally:
+        servers.stop()
+        bench.stop()

@@ -89,7 +89,13 @@ def read_response(channel: LineChannel, ctag: str, deadline: Deadline) -> Tl1Res
 
 
 class Tl1Switch(CircuitSwitch):
-    """A Polatis switch over TL1. Not safe for concurrent use from several threads without its lock."""
+    """A Polatis switch over TL1. One command at a time (an internal lock serialises callers).
+
+    `ent_patch_lists`: `apply` sends all new pairs in one `ENT-PATCH::1&2,17&18` (TL1 `&` AID lists, as
+    DLT-PATCH uses); set False for a unit that accepts only one pair per ENT-PATCH.
+    """
+
+    ent_patch_lists = True
 
     def __init__(self, resource: OcsResource, channel: LineChannel, *, timeout_s: float = 30.0,
                  tid: str = ""):
@@ -174,9 +180,16 @@ class Tl1Switch(CircuitSwitch):
         if plan.removes:
             self.command("DLT-PATCH", "&".join(map(str, sorted(plan.removes))))
             timings.append(self.last_timing)
-        for ingress, egress in sorted(plan.adds.items()):
-            self.command("ENT-PATCH", f"{ingress},{egress}")
+        adds = sorted(plan.adds.items())
+        if self.ent_patch_lists and len(adds) > 1:
+            # one command, so the mirrors move together instead of settling one after another
+            self.command("ENT-PATCH", "&".join(str(i) for i, _ in adds) + ","
+                         + "&".join(str(e) for _, e in adds))
             timings.append(self.last_timing)
+        else:
+            for ingress, egress in adds:
+                self.command("ENT-PATCH", f"{ingress},{egress}")
+                timings.append(self.last_timing)
         confirm(self.patches(), mapping, plan.removes)
         return CommandTiming(timings[0].sent_ns, timings[-1].completed_ns)
 
