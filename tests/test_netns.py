@@ -184,3 +184,21 @@ def test_probes_follow_the_physics_and_the_mirrors(bench, prefix):
         assert all(int(w[3]) < int(first_c[3]) for w in late_b)
         assert plane.redirects() == {a.ocs_tx: c.ocs_rx, b.ocs_tx: a.ocs_rx}
         assert not plane.errors
+
+
+def test_a_failed_start_removes_what_it_built(bench, prefix, monkeypatch):
+    import devices.emulated.netns as netns
+
+    real_run = netns._run
+
+    def failing_tc(argv, stdin=None):
+        if argv[0] == "tc":
+            raise NetnsError("injected tc failure")
+        return real_run(argv, stdin)
+
+    monkeypatch.setattr(netns, "_run", failing_tc)
+    plane = NetnsPlane(bench, prefix)
+    with pytest.raises(NetnsError, match="injected"):
+        plane.start()
+    assert not [n for n in list_netns() if n.startswith(prefix)]
+    assert plane._on_mirror not in bench.on_mirror
