@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Literal
 
 import numpy as np
@@ -27,7 +28,7 @@ GBPS = 1.25e8  # bytes/s per Gb/s
 __all__ = [
     "MixnetInputError", "greedy_circuits", "all_to_all_time", "hybrid_all_to_all_time", "exact_circuits", "greedy_gap_report",
     "expert_popularity", "moe_dispatch_bytes", "server_demand", "rank_servers", "Fabric",
-    "fabric_a2a_time", "ports_switched", "Timeline", "build_timeline", "sample_iteration_times",
+    "fabric_a2a_time", "ports_switched", "Timeline", "build_timeline", "draw_delays", "sample_iteration_times",
     "constant_delay_times", "break_even_delay",
 ]
 
@@ -180,25 +181,29 @@ def all_to_all_time(demand, circuits, b_ocs: float, b_eps) -> float:
 
 
 def _eps_root(m: np.ndarray, cap: np.ndarray, eps: np.ndarray) -> np.ndarray:
-    """Per row i: least T with sum_j max(0, m_ij - cap_ij*T) <= eps_i*T (exact, piecewise linear)."""
+    """Per row i: least T with sum_j max(0, m_ij - cap_ij*T) <= eps_i*T (exact, piecewise linear).
+
+    Pair j stops spilling at its breakpoint m_ij/cap_ij (never without a circuit). Between consecutive
+    sorted breakpoints the spill is linear, A − S·T, so each segment has one candidate root A/(S + eps);
+    the answer is the candidate that lies inside its own segment (the spill minus eps·T is decreasing).
+    """
     n = m.shape[0]
-    out = np.zeros(n)
-    for i in range(n):
-        has = cap[i] > 0
-        fixed = float(m[i, ~has].sum())                 # pairs without a circuit: all bytes on the EPS
-        bp = m[i, has] / cap[i, has]
-        order = np.argsort(bp)
-        bp, mi, ci = bp[order], m[i, has][order], cap[i, has][order]
-        # on (bp[r-1], bp[r]] the pairs r.. still spill: load = fixed + sum(m) - T*sum(cap) over them
-        a = fixed + np.concatenate([np.cumsum(mi[::-1])[::-1], [0.0]])
-        s = np.concatenate([np.cumsum(ci[::-1])[::-1], [0.0]])
-        lower = np.concatenate([[0.0], bp])
-        upper = np.concatenate([bp, [np.inf]])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = np.where(a > 0, a / (s + eps[i]), 0.0)
-        ok = (t >= lower * (1 - 1e-12)) & (t <= upper * (1 + 1e-12))
-        out[i] = float(t[np.argmax(ok)]) if ok.any() else float(np.inf)
-    return out
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bp = np.where(cap > 0, m / np.where(cap > 0, cap, 1.0), np.inf)
+    order = np.argsort(bp, axis=1, kind="stable")
+    bp = np.take_along_axis(bp, order, axis=1)
+    mi = np.take_along_axis(m, order, axis=1)
+    ci = np.take_along_axis(cap, order, axis=1)
+    zero = np.zeros((n, 1))
+    a = np.concatenate([np.cumsum(mi[:, ::-1], axis=1)[:, ::-1], zero], axis=1)   # spill still active from r
+    s = np.concatenate([np.cumsum(ci[:, ::-1], axis=1)[:, ::-1], zero], axis=1)
+    lower = np.concatenate([zero, bp], axis=1)
+    upper = np.concatenate([bp, np.full((n, 1), np.inf)], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(a > 0, a / (s + eps[:, None]), 0.0)
+    ok = (t >= lower * (1 - 1e-12)) & (t <= upper * (1 + 1e-12))
+    first = np.argmax(ok, axis=1)
+    return np.where(ok.any(axis=1), t[np.arange(n), first], np.inf)
 
 
 def hybrid_all_to_all_time(demand, circuits, b_ocs: float, b_eps) -> float:
@@ -532,6 +537,15 @@ class Timeline:
             return 0
         return int(np.bincount(self.trig_stage).max())
 
+    @cached_property
+    def _slots(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Triggers grouped by (stage, direction, micro-batch) slot: order, segment starts, slot ids."""
+        m = self.fwd_base.shape[1]
+        slot = (self.trig_stage * 2 + self.trig_dir) * m + self.trig_mb
+        order = np.argsort(slot, kind="stable")
+        starts = np.flatnonzero(np.r_[True, np.diff(slot[order]) != 0]) if slot.size else np.zeros(0, int)
+        return order, starts, slot[order][starts]
+
     def times(self, delays) -> np.ndarray:
         """Iteration time (s) for per-trigger delays of shape (R, K) or (K,); returns (R,)."""
         s_count, m = self.fwd_base.shape
@@ -539,13 +553,11 @@ class Timeline:
         if d.shape[1] != self.n_triggers:
             raise MixnetInputError(f"need {self.n_triggers} delays per replicate, got {d.shape[1]}")
         reps = d.shape[0]
-        exposed = np.clip(d - self.trig_window, 0.0, None) * (self.trig_ports > 0)
-        slot = (self.trig_stage * 2 + self.trig_dir) * m + self.trig_mb
         extra = np.zeros((reps, s_count * 2 * m))
         if self.n_triggers:
-            onehot = np.zeros((self.n_triggers, s_count * 2 * m))
-            onehot[np.arange(self.n_triggers), slot] = 1.0
-            extra = exposed @ onehot
+            exposed = np.clip(d - self.trig_window, 0.0, None) * (self.trig_ports > 0)
+            order, starts, slots = self._slots
+            extra[:, slots] = np.add.reduceat(exposed[:, order], starts, axis=1)
         extra = extra.reshape(reps, s_count, 2, m)
         fwd = self.fwd_base[None] + extra[:, :, 0, :]
         bwd = self.bwd_base[None] + extra[:, :, 1, :]
@@ -693,23 +705,36 @@ def constant_delay_times(timeline: Timeline, delays_s) -> np.ndarray:
     return timeline.times(np.repeat(d[:, None], timeline.n_triggers, axis=1))
 
 
+def draw_delays(timeline: Timeline, sorted_samples: np.ndarray, n_rows: int, rng: np.random.Generator,
+                per_port_max: bool = True, sample_row: np.ndarray | None = None) -> np.ndarray:
+    """Per-trigger delays (n_rows, K): each the max of `ports` draws from ascending `sorted_samples`.
+
+    The max of k i.i.d. draws from the empirical distribution is drawn exactly by inverse CDF:
+    index = floor(n·U^(1/k)). `sorted_samples` may be 2-D (one distribution per row of it, e.g. bootstrap
+    resamples), then `sample_row[r]` picks the distribution of output row r.
+    """
+    k = np.maximum(timeline.trig_ports, 1) if per_port_max else np.ones_like(timeline.trig_ports)
+    u = rng.random((n_rows, timeline.n_triggers))
+    n = sorted_samples.shape[-1]
+    idx = np.minimum((n * u ** (1.0 / k)).astype(np.int64), n - 1)
+    if sorted_samples.ndim == 1:
+        return sorted_samples[idx]
+    return sorted_samples[np.asarray(sample_row)[:, None], idx]
+
+
 def sample_iteration_times(timeline: Timeline, delay_samples, n_reps: int, rng: np.random.Generator,
                            per_port_max: bool = True) -> np.ndarray:
     """Monte Carlo iteration times: each trigger's delay is the max of `ports` draws from the samples.
 
-    The max of k i.i.d. draws from the empirical distribution is drawn exactly by inverse CDF:
-    index = floor(n·U^(1/k)). With `per_port_max=False` each reconfiguration takes a single draw.
-    Data-parallel replicas draw independently; the iteration waits for the slowest.
+    With `per_port_max=False` each reconfiguration takes a single draw. Data-parallel replicas draw
+    independently; the iteration waits for the slowest.
     """
     samples = np.sort(np.asarray(delay_samples, dtype=float).ravel())
     if samples.size == 0 or not np.all(np.isfinite(samples)) or np.any(samples < 0):
         raise MixnetInputError("delay samples must be a non-empty array of finite non-negative seconds")
     if timeline.n_triggers == 0:
         return timeline.times(np.zeros((n_reps, 0)))
-    k = np.maximum(timeline.trig_ports, 1) if per_port_max else np.ones_like(timeline.trig_ports)
-    u = rng.random((n_reps * timeline.dp, timeline.n_triggers))
-    idx = np.minimum((samples.size * u ** (1.0 / k)).astype(np.int64), samples.size - 1)
-    t = timeline.times(samples[idx])
+    t = timeline.times(draw_delays(timeline, samples, n_reps * timeline.dp, rng, per_port_max))
     return t.reshape(n_reps, timeline.dp).max(axis=1)
 
 

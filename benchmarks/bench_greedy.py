@@ -1,0 +1,81 @@
+"""MixNet greedy circuits: lazy heap vs the literal argmax loop, greedy/exact gap, claim-evaluation cost.
+
+Run: .venv/bin/python benchmarks/bench_greedy.py [--quick]
+Prints p50/p99 wall times and ratios; no assertions.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from analysis import claims, mixnet as mx
+
+
+def _timed(fn, reps: int) -> np.ndarray:
+    out = np.empty(reps)
+    for k in range(reps):
+        t = time.perf_counter()
+        fn()
+        out[k] = time.perf_counter() - t
+    return out
+
+
+def _ms(a: np.ndarray) -> str:
+    return f"p50 {np.percentile(a, 50) * 1e3:8.3f} ms  p99 {np.percentile(a, 99) * 1e3:8.3f} ms"
+
+
+def bench_heap_vs_argmax(quick: bool) -> None:
+    print("== greedy_circuits: lazy heap vs literal argmax loop (alpha = 6, U(0,1) symmetric demand)")
+    rng = np.random.default_rng(0)
+    for n in (8, 16, 32) if quick else (8, 16, 32, 64, 128):
+        upper = np.triu(rng.random((n, n)), 1)
+        d = upper + upper.T
+        reps = 20 if quick else 50
+        heap = _timed(lambda: mx.greedy_circuits(d, 6, 1.0, 0.5, method="heap"), reps)
+        literal = _timed(lambda: mx.greedy_circuits(d, 6, 1.0, 0.5, method="argmax"), reps)
+        same = np.array_equal(mx.greedy_circuits(d, 6, 1.0, 0.5), mx.greedy_circuits(d, 6, 1.0, 0.5,
+                                                                                       method="argmax"))
+        print(f"n={n:4d}  heap {_ms(heap)}   argmax {_ms(literal)}   "
+              f"speed-up {np.median(literal) / np.median(heap):6.1f}x  identical={same}")
+
+
+def bench_gap(quick: bool) -> None:
+    print("== greedy / exact all-to-all time on random U(0,1) instances (B_ocs = 1, B_eps = 0.5)")
+    cases = [(300, 4, 2, "brute"), (100 if quick else 300, 5, 2, "milp"), (30 if quick else 100, 6, 3, "milp")]
+    for n_inst, n, ports, method in cases:
+        for compat in (False, True):
+            t = time.perf_counter()
+            rep = mx.greedy_gap_report(n_inst, n, ports, 1.0, 0.5, seed=0, method=method, code_compat=compat)
+            print(f"n={n} ports={ports} {n_inst:3d} instances ({method:5s}) code_compat={compat!s:5}: "
+                  f"worst {rep['worst_ratio']:.3f}  mean {rep['mean_ratio']:.3f}  p99 {rep['p99_ratio']:.3f}  "
+                  f"optimal {rep['fraction_optimal']:.0%}  [{time.perf_counter() - t:.1f} s]")
+
+
+def bench_claims(quick: bool) -> None:
+    print("== evaluate_claims on the four default models x {100, 400} Gb/s")
+    rng = np.random.default_rng(1)
+    ocs = rng.lognormal(np.log(0.043), 0.17, 500)     # shaped like the MixNet prototype's OCS figures
+    total = ocs + rng.lognormal(np.log(5.6), 0.05, 500)
+    t = time.perf_counter()
+    scenarios = claims.build_scenarios(seed=0)
+    built = time.perf_counter() - t
+    n_boot = 50 if quick else 200
+    t = time.perf_counter()
+    out = claims.evaluate_claims({"ocs": ocs, "total": total}, scenarios=scenarios, seed=0, n_boot=n_boot)
+    print(f"build {built:.2f} s, evaluate (n_boot={n_boot}, n_reps=32) {time.perf_counter() - t:.2f} s; "
+          f"verdicts: " + ", ".join(f"{c['id']}={c['verdict']}" for c in out["claims"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and instances")
+    args = parser.parse_args()
+    bench_heap_vs_argmax(args.quick)
+    bench_gap(args.quick)
+    bench_claims(args.quick)
+
+
+if __name__ == "__main__":
+    main()
