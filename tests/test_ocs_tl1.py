@@ -349,3 +349,40 @@ def test_apply_moves_all_mirrors_in_one_command():
     finally:
         servers.stop()
         bench.stop()
+
+
+def test_emulator_autonomous_reports_interleave_with_replies():
+    bench = OpticalBench(load_profile("instant")).start()
+    servers = OcsServers(bench, pty=False, autonomous=True).start()
+    try:
+        watcher = open_switch(_resource(servers.tl1_address), timeout_s=5)
+        writer = open_switch(_resource(servers.tl1_address), timeout_s=5)
+        with socket.create_connection(servers.tl1_address, timeout=5) as raw:
+            raw.sendall(b"ACT-USER::admin:1::root;")
+            data = b""
+            while b"M  1 COMPLD" not in data:
+                data += raw.recv(4096)
+            errors: list[BaseException] = []
+
+            def churn():
+                try:
+                    for k in range(60):
+                        writer.apply({1 + k % 8: 17 + (k * 3) % 8}, exclusive=True)
+                except BaseException as exc:  # reported by the main thread
+                    errors.append(exc)
+
+            thread = threading.Thread(target=churn)
+            thread.start()
+            reads = [watcher.patches() for _ in range(200)]  # replies arrive among REPT messages
+            thread.join()
+            assert not errors, errors
+            assert all(len(r) <= 1 and all(1 <= i <= 8 and 17 <= e <= 24 for i, e in r.items()) for r in reads)
+            assert watcher.patches() == writer.patches() == bench.ocs_patches()
+            while b'"' not in data.split(b"REPT EVT PATCH", 1)[-1]:
+                data += raw.recv(4096)
+            assert re.search(rb'A  \d+ REPT EVT PATCH\r\n   "\d+(,\d+:ENT|:DLT)"', data)
+        watcher.close()
+        writer.close()
+    finally:
+        servers.stop()
+        bench.stop()

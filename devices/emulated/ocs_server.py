@@ -4,6 +4,7 @@ Replies follow the Polatis formats in spec/protocols.md §1.1–1.2: TL1 answers
 (`   <SID> YY-MM-DD HH:MM:SS`), `M  <ctag> COMPLD` or `DENY` + GR-831 code + `/* comment */`, and `;`.
 A change is answered (TL1 COMPLD, SCPI `*OPC?` -> 1) no earlier than the bench says its mirrors settle.
 Every session must log in with ACT-USER on TL1 (commands before that get DENY PLNA); SCPI has no login.
+With `autonomous=True`, logged-in TL1 sessions also receive `A  <atag> REPT EVT PATCH` on every change.
 """
 from __future__ import annotations
 
@@ -41,9 +42,21 @@ def _port_list(text: str) -> list[int]:
 class _Tl1Session:
     """One TL1 connection: login state and command dispatch."""
 
-    def __init__(self, servers: "OcsServers"):
+    def __init__(self, servers: "OcsServers", send: Callable[[bytes], object] | None = None):
         self.servers = servers
         self.user: str | None = None
+        self._send = send
+        self._send_lock = threading.Lock()  # a reply and an autonomous message must not interleave
+
+    def send(self, data: bytes) -> None:
+        with self._send_lock:
+            self._send(data)
+
+    def report(self, atag: int, lines: list[str]) -> bytes:
+        """An autonomous message (`A  <atag> REPT EVT ...`)."""
+        head = ["", "", f"   {self.servers.sid} {time.strftime('%y-%m-%d %H:%M:%S', time.gmtime())}",
+                f"A  {atag} REPT EVT PATCH"]
+        return "\r\n".join(head + [f"   {line}" for line in lines] + [";"]).encode() + b"\r\n"
 
     def reply(self, ctag: str, ok: bool, body: list[str] = (), code: str = "", comment: str = "") -> bytes:
         lines = ["", "", f"   {self.servers.sid} {time.strftime('%y-%m-%d %H:%M:%S', time.gmtime())}",
@@ -294,15 +307,19 @@ class _Handler(socketserver.BaseRequestHandler):
             servers._track(sock, False)
 
     def _tl1(self, servers: "OcsServers", sock: socket.socket) -> None:
-        session = _Tl1Session(servers)
+        session = _Tl1Session(servers, sock.sendall)
+        servers._tl1_sessions.add(session)
         buffer = b""
-        while data := sock.recv(4096):
-            buffer += data
-            while b";" in buffer:
-                command, _, buffer = buffer.partition(b";")
-                text = command.decode("utf-8", "replace").strip()
-                if text:
-                    sock.sendall(session.handle(text))
+        try:
+            while data := sock.recv(4096):
+                buffer += data
+                while b";" in buffer:
+                    command, _, buffer = buffer.partition(b";")
+                    text = command.decode("utf-8", "replace").strip()
+                    if text:
+                        session.send(session.handle(text))
+        finally:
+            servers._tl1_sessions.discard(session)
 
 
 class _Tl1Handler(_Handler):
@@ -318,11 +335,14 @@ class OcsServers:
 
     def __init__(self, bench: OpticalBench, host: str = "127.0.0.1", tl1_port: int = 0, scpi_port: int = 0,
                  pty: bool = True, *, user: str = "admin", password: str = "root",
-                 users: dict[str, str] | None = None, sid: str = "POLATIS"):
+                 users: dict[str, str] | None = None, sid: str = "POLATIS", autonomous: bool = False):
         self.bench = bench
         self.host = host
         self.users = dict(users) if users is not None else {user: password}
         self.sid = sid
+        self.autonomous = autonomous  # send `A ... REPT EVT PATCH` to logged-in TL1 sessions on changes
+        self._tl1_sessions: set[_Tl1Session] = set()
+        self._atag = 0
         self.serial = "000001"
         self.version = "ocs-hil-emulator-1"
         self._ports = (tl1_port, scpi_port)
@@ -394,7 +414,21 @@ class OcsServers:
                 adds = {i: e for i, e in adds.items() if current.get(i) != e}
             settle_ns = self.bench.ocs_apply(adds, removes)
         _sleep_until(settle_ns)
+        if self.autonomous and (adds or removes):
+            self._report([f'"{i}:DLT"' for i in removes] + [f'"{i},{e}:ENT"' for i, e in adds.items()])
         return settle_ns
+
+    def _report(self, lines: list[str]) -> None:
+        """Send an autonomous `REPT EVT` to every logged-in TL1 session (they interleave with replies)."""
+        with self._clients_lock:
+            self._atag += 1
+            atag = self._atag
+        for session in list(self._tl1_sessions):
+            if session.user is not None:
+                try:
+                    session.send(session.report(atag, lines))
+                except OSError:
+                    pass  # that client is going away
 
     # ---- plumbing -------------------------------------------------------------------------------
     def _spawn(self, target, name: str) -> None:
