@@ -156,7 +156,7 @@ def _scripted_peer(replies: list[bytes]):
 
 def test_error_code_on_the_status_line_and_a_late_stale_reply():
     listener, accepted = _scripted_peer([
-        b"   NE 24-05-01 12:00:00\r\nM  1 DENY IIAC\r\n   /* Invalid AID */\r\n;\r\n",
+        b"   A 24-05-01 12:00:00\r\nM  1 DENY IIAC\r\n   /* Invalid AID */\r\n;\r\n",  # a node named A
         # a reply to an old ctag arriving first must be skipped, not taken for ours
         b"M  1 COMPLD\r\n   \"9,25\"\r\n;\r\nIP 2\r\n<M  2 COMPLD\r\n   \" 3 , 19 \"\r\n;\r\n",
     ])

@@ -20,7 +20,8 @@ from devices.resources import OcsResource
 from devices.timing import CommandTiming, Deadline
 
 _STATUS = re.compile(r"^M\s+(\S+)\s+(COMPLD|DENY|PRTL|DELAY|RTRV)\b\s*(.*)$")
-_AUTONOMOUS = re.compile(r"^(\*C|\*\*|\*\^|\*|A)\s+\S+\s+\S")
+_AUTONOMOUS = re.compile(r"^(\*C|\*\*|\*\^|\*|A)\s+\d+\s+\S")
+_HEADER = re.compile(r"\d{2,4}-\d\d-\d\d\s+\d\d:\d\d:\d\d\s*$")
 _ACK = re.compile(r"^(IP|PF|OK|NA|NG|RL)\s+\S+\s*$")
 _CODE = re.compile(r"^([A-Z]{4})\b")
 _COMMENT = re.compile(r"/\*\s*(.*?)\s*\*/")
@@ -77,6 +78,8 @@ def read_response(channel: LineChannel, ctag: str, deadline: Deadline) -> Tl1Res
             elif block == "ours":
                 body.append(text)
             continue
+        if _HEADER.search(text):
+            continue  # `<SID> YY-MM-DD HH:MM:SS`, whatever the SID is called
         if m := _STATUS.match(text):
             block = "ours" if m.group(1) == ctag else "other"
             if block == "ours" and (not status or m.group(2) == "DENY"):
