@@ -140,6 +140,13 @@ def test_ethtool_module_real_captures():
               "Module State                              : 0x03 (ModuleReady)\n")
     flags = parse_ethtool_module(arista)
     assert not flags.rx_los and not flags.rx_lol and flags.rx_loss_of_signal == ()
+    powers = ("\tRcvr signal avg optical power(Channel 1)  : 0.7682 mW / -1.15 dBm\n"
+              "\tRcvr signal avg optical power(Channel 2)  : 0.0000 mW / -inf dBm\n"
+              "\tRcvr signal avg optical power (Channel 3) : 0.9720 mW / -0.12 dBm\n"  # newer ethtool spacing
+              "\tRx loss of signal                         : [ No, Yes, No ]\n")
+    flags = parse_ethtool_module(powers)
+    assert flags.rx_power_dbm[0] == -1.15 and flags.rx_power_dbm[1] == float("-inf")
+    assert flags.rx_power_dbm[2] == -0.12 and flags.rx_loss_of_signal == (False, True, False)
     one_lane = parse_ethtool_module("\tRx loss of signal                         : [ No, Yes, No, No ]\n")
     assert one_lane.rx_los and one_lane.rx_loss_of_signal == (False, True, False, False)
 
