@@ -190,3 +190,16 @@ def test_stock_openssh_client_reads_sysfs(server, bench):
     missing = subprocess.run(command + ["no-such-tool"], capture_output=True, text=True, timeout=60,
                              stdin=subprocess.DEVNULL)
     assert missing.returncode == 127 and "sh: 1: no-such-tool: not found" in missing.stderr
+
+
+def test_inventory_entry_names_everything_a_client_needs(server, bench):
+    entry = server.inventory_entry(ocs="ocs7")
+    resource = server.resource()
+    assert (entry["address"], entry["port"], entry["user"]) == ("127.0.0.1", server.port, server.user)
+    assert entry["identity_file"] == str(server.client_key_path) == resource.identity_file
+    assert entry["known_hosts"] == str(server.known_hosts_path) == resource.known_hosts
+    assert not resource.strict_host_key
+    assert server.known_hosts_path.read_text().startswith(f"[127.0.0.1]:{server.port} ssh-ed25519 ")
+    assert (server.client_key_path.stat().st_mode & 0o777) == 0o600
+    assert [(n["netdev"], n["rdma_dev"], n["tx"], n["rx"], n["ocs"]) for n in entry["nics"]] == \
+        [(m.netdev, m.rdma_dev, m.ocs_tx, m.ocs_rx, "ocs7") for m in bench.nic_ports(server.host_name)]
