@@ -57,7 +57,8 @@ class RunContext:
     seed: int
     cycles: int
     log: EventLog
-    stack: contextlib.ExitStack
+    stack: contextlib.ExitStack  # connections and emulators: closed last
+    teardown: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # bench restores: before the record
     emulated: Any = None  # EmulatedBench when the bench is emulated
     dry_run: bool = False
     quiet: bool = False
@@ -195,6 +196,10 @@ def run(options: RunOptions) -> int:
             status = "aborted"
             ctx.say("[yellow]run aborted; restoring the bench[/]")
         finally:
+            try:
+                ctx.teardown.close()  # restore the bench before the record is written (and on abort)
+            except (KeyboardInterrupt, Aborted):
+                ctx.teardown.close()  # a second signal must not skip the restore
             log.flush()
             wall = time.monotonic() - started
         # The bench is still up here (the stack unwinds after), so ground truth is complete.

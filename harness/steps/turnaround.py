@@ -112,7 +112,7 @@ class TurnaroundRun:
         ctx, p = self.ctx, self.p
         self.switch = ctx.switch(self.ocs)
         self.original = self.switch.patches()
-        ctx.stack.callback(self._restore)
+        ctx.teardown.callback(self._restore)
         if ctx.dry_run:
             return
         hosts = sorted({x.host for x in self.ports})
