@@ -28,7 +28,7 @@ GBPS = 1.25e8  # bytes/s per Gb/s
 __all__ = [
     "MixnetInputError", "greedy_circuits", "all_to_all_time", "hybrid_all_to_all_time", "exact_circuits", "greedy_gap_report",
     "expert_popularity", "moe_dispatch_bytes", "server_demand", "rank_servers", "Fabric",
-    "fabric_a2a_time", "ports_switched", "Timeline", "build_timeline", "draw_delays", "sample_iteration_times",
+    "fabric_a2a_time", "ports_switched", "Timeline", "build_timeline", "traffic_from_matrices", "draw_delays", "sample_iteration_times",
     "constant_delay_times", "break_even_delay",
 ]
 
@@ -589,6 +589,22 @@ def _gpipe(fwd: np.ndarray, bwd: np.ndarray, p2p: float) -> np.ndarray:
 
 
 TrafficFn = Callable[[int, int, int], np.ndarray]
+
+
+def traffic_from_matrices(matrices, model: mm.MoeModel, par: mm.Parallelism) -> TrafficFn:
+    """A `build_timeline` traffic function from {(moe_layer, micro_batch): rank×rank bytes} (global MoE
+    layer index, e.g. the forward "dispatch_fwd" phases of one iteration of a `traces` MoE trace)."""
+    offsets = np.cumsum([0] + [n_moe for _, n_moe in mm.stage_layers(model, par.pp)])
+    table = {(int(k[0]), int(k[1])): v for k, v in dict(matrices).items()}
+
+    def traffic(stage: int, layer: int, micro_batch: int) -> np.ndarray:
+        key = (int(offsets[stage] + layer), micro_batch)
+        if key not in table:
+            raise MixnetInputError(f"no traffic matrix for MoE layer {key[0]}, micro-batch {key[1]} "
+                                   f"(have {len(table)} matrices; the layout needs {model.n_moe_layers} layers "
+                                   f"x {par.micro_batches} micro-batches)")
+        return table[key]
+    return traffic
 
 
 def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fabric: Fabric, *,

@@ -407,3 +407,19 @@ def test_external_traffic_matrix_feeds_the_timeline():
     tl_srv = mx.build_timeline(model, par, gpu, mx.Fabric("fat_tree", 100), traffic=lambda s, l, b: server,
                                traffic_level="server")
     assert np.allclose(tl_srv.a2a_time, tl.a2a_time)
+
+
+def test_traffic_from_matrices_maps_global_layers_to_stages():
+    model, par, gpu, _ = _small(pp=2, m=2)
+    rng = np.random.default_rng(4)
+    mats = {(layer, b): rng.random((par.ep, par.ep)) * 1e7 for layer in range(model.n_moe_layers) for b in range(2)}
+    stages = mm.stage_layers(model, 2)
+    direct = mx.build_timeline(model, par, gpu, mx.Fabric("fat_tree", 100),
+                               traffic=lambda s, l, b: mats[sum(n for _, n in stages[:s]) + l, b])
+    mapped = mx.build_timeline(model, par, gpu, mx.Fabric("fat_tree", 100),
+                               traffic=mx.traffic_from_matrices(mats, model, par))
+    assert np.array_equal(direct.a2a_time, mapped.a2a_time) and np.array_equal(direct.fwd_base, mapped.fwd_base)
+    partial = {k: v for k, v in mats.items() if k[0] != 3}
+    with pytest.raises(mx.MixnetInputError, match="MoE layer 3"):
+        mx.build_timeline(model, par, gpu, mx.Fabric("fat_tree", 100),
+                          traffic=mx.traffic_from_matrices(partial, model, par))
