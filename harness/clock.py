@@ -10,7 +10,9 @@ with the smallest δ is kept (feasibility.md §4: a long-lived responder, min-RT
 two samples bounds it everywhere: interpolated between samples, and growing by at most
 (E_first + E_last)/(t_last − t_first) per ns beyond them. A small `drift_wander_ppm` term covers real
 oscillators whose frequency wanders. A new estimate outside that band (plus its own uncertainty and a
-threshold) is a clock step and starts a new segment.
+threshold) is a clock step and starts a new segment; so is an estimate that would make the fitted drift
+exceed `max_drift_ppm`. A step smaller than that band, close after a segment's first sample, can be taken
+for drift until later samples contradict it.
 """
 from __future__ import annotations
 
@@ -137,15 +139,19 @@ class ClockTracker:
                 raise ValueError("clock samples must be added in time order")
             predicted, bound = self._predict(segment, sample.t_ns)
             miss = abs((sample.offset_ns - segment.base) - predicted)
-            if miss > bound + sample.uncertainty_ns + self.step_threshold_ns:
+            stepped = miss > bound + sample.uncertainty_ns + self.step_threshold_ns
+            if not stepped:
+                # A "drift" faster than any oscillator drifts is a step the band was too wide to see.
+                trial = self._fit(_Segment(samples=[*segment.samples, sample]))
+                stepped = abs(trial.b) > self.max_drift and miss > sample.uncertainty_ns + segment.bounds[-1]
+            if stepped:
                 step = ClockStep(t_ns=sample.t_ns, after_ns=segment.last_t,
                                  jump_ns=round((sample.offset_ns - segment.base) - predicted),
                                  uncertainty_ns=math.ceil(bound + sample.uncertainty_ns))
                 self.steps.append(step)
                 self.segments.append(self._fit(_Segment(samples=[sample])))
                 return step
-            segment.samples.append(sample)
-            self._fit(segment)
+            self.segments[-1] = trial
             return None
         self.segments.append(self._fit(_Segment(samples=[sample])))
         return None

@@ -249,8 +249,7 @@ def _resolve_includes(node: Any, path: Path, stack: tuple[Path, ...], files: lis
 
 
 def _load_file(path: Path, stack: tuple[Path, ...], files: list[Path]) -> Any:
-    shown = str(path) if stack else str(path)
-    data, _raw = _parse(path, shown)
+    data, _raw = _parse(path, str(path))
     files.append(path)
     return _resolve_includes(data, path, (*stack, path.resolve()), files)
 

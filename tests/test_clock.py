@@ -159,3 +159,20 @@ def test_estimates_are_much_better_than_their_bound():
         clock.t += 10**9
     errors = [abs(tracker.to_harness(host(t))[0] - t) for t in range(clock.t - 29 * 10**9, clock.t, 10**8)]
     assert np.median(errors) < 10_000 and max(errors) < 40_000
+
+
+def test_step_right_after_the_first_sample_is_not_taken_for_drift():
+    """A 600 µs step 1 s after the first sample hides inside the single-sample band (200 ppm × 2 s),
+    but the drift it would imply (300 ppm) is impossible, so it is a step."""
+    clock = SimTime()
+    step_at = clock.t + 10**9
+    host = host_clock(offset=0, drift_ppm=5.0, t0=clock.t, steps=[(step_at, 600_000)])
+    stream = FakeTimesrv(clock, host, np.random.default_rng(3), exp_delay(30_000), exp_delay(30_000))
+    tracker = ClockTracker("gpu5")
+    for _ in range(10):
+        tracker.sync(stream, count=8, now=clock)
+        clock.t += 2 * 10**9
+    assert len(tracker.steps) == 1 and tracker.steps[0].after_ns < step_at <= tracker.steps[0].t_ns
+    for t_true in range(tracker.segments[0].first_t, clock.t, 10**8):
+        t, _, bound = tracker.to_harness(host(t_true))
+        assert abs(t - t_true) <= bound
