@@ -162,11 +162,11 @@ def test_estimates_are_much_better_than_their_bound():
 
 
 def test_step_right_after_the_first_sample_is_not_taken_for_drift():
-    """A 600 µs step 1 s after the first sample hides inside the single-sample band (200 ppm × 2 s),
-    but the drift it would imply (300 ppm) is impossible, so it is a step."""
+    """A 500 µs step 1 s after the first sample hides inside the single-sample band (200 ppm × 2 s),
+    but the drift it would imply (250 ppm) is impossible, so it is a step."""
     clock = SimTime()
     step_at = clock.t + 10**9
-    host = host_clock(offset=0, drift_ppm=5.0, t0=clock.t, steps=[(step_at, 600_000)])
+    host = host_clock(offset=0, drift_ppm=5.0, t0=clock.t, steps=[(step_at, 500_000)])
     stream = FakeTimesrv(clock, host, np.random.default_rng(3), exp_delay(30_000), exp_delay(30_000))
     tracker = ClockTracker("gpu5")
     for _ in range(10):
