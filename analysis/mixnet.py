@@ -4,7 +4,8 @@ Spec: algorithms.md §6. Units: bytes, bytes/s, seconds. Pure numpy/scipy; no I/
 
 - `greedy_circuits`: the paper's Algorithm 1 with a lazy max-heap (`code_compat=True` reproduces the
   released simulator's repeated division); `exact_circuits`: MILP (HiGHS) or brute force; `greedy_gap_report`.
-- `all_to_all_time`: dedicated circuits for paired servers, the rest over each server's EPS NICs.
+- `all_to_all_time`: dedicated circuits for paired servers, the rest over each server's EPS NICs;
+  `hybrid_all_to_all_time`: paired servers may also spill onto the EPS.
 - `moe_dispatch_bytes` / `server_demand`: the regional demand matrix of one MoE layer and micro-batch.
 - `build_timeline` → `Timeline`: per-iteration pipeline timeline with one reconfiguration per
   (region, layer, micro-batch, direction); `Timeline.times(delays)` evaluates it for any per-trigger delays,
@@ -26,10 +27,10 @@ from analysis import moe_models as mm
 GBPS = 1.25e8  # bytes/s per Gb/s
 
 __all__ = [
-    "MixnetInputError", "greedy_circuits", "all_to_all_time", "hybrid_all_to_all_time", "exact_circuits", "greedy_gap_report",
-    "expert_popularity", "moe_dispatch_bytes", "server_demand", "rank_servers", "Fabric",
-    "fabric_a2a_time", "ports_switched", "Timeline", "build_timeline", "traffic_from_matrices", "draw_delays", "sample_iteration_times",
-    "constant_delay_times", "break_even_delay",
+    "MixnetInputError", "greedy_circuits", "all_to_all_time", "hybrid_all_to_all_time", "exact_circuits",
+    "greedy_gap_report", "expert_popularity", "moe_dispatch_bytes", "server_demand", "rank_servers", "Fabric",
+    "fabric_a2a_time", "ports_switched", "Timeline", "build_timeline", "traffic_from_matrices", "draw_delays",
+    "sample_iteration_times", "constant_delay_times", "break_even_delay",
 ]
 
 
@@ -52,8 +53,7 @@ def _demand(demand) -> np.ndarray:
 
 
 def _per_server(value, n: int, what: str, integer: bool = False) -> np.ndarray:
-    v = np.broadcast_to(np.asarray(value, dtype=float), (n,)).copy() if np.ndim(value) == 0 else \
-        np.asarray(value, dtype=float)
+    v = np.full(n, float(value)) if np.ndim(value) == 0 else np.asarray(value, dtype=float)
     if v.shape != (n,):
         raise MixnetInputError(f"{what} must be a scalar or have length {n}, got shape {v.shape}")
     if not np.all(np.isfinite(v)) or np.any(v < 0):

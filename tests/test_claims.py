@@ -50,6 +50,18 @@ def test_contract_json_and_determinism(scenarios, measured):
     assert other["claims"][0]["evidence"]["scenarios"][0]["t_mixnet_ocs_s"]["mean"] != first
 
 
+def test_scenarios_are_reproducible_from_the_seed(scenarios):
+    again = claims.build_scenarios(models=list(PAR), parallelism=PAR, seed=0)
+    other = claims.build_scenarios(models=["mixtral-8x7b"], links=[100], parallelism=PAR, seed=1)
+    for a, b in zip(scenarios, again):
+        assert np.array_equal(a.mixnet.fwd_base, b.mixnet.fwd_base)
+        assert np.array_equal(a.mixnet.trig_window, b.mixnet.trig_window)
+        assert a.cost_mixnet == b.cost_mixnet and a.t_fat_tree == b.t_fat_tree
+    assert not np.array_equal(other[0].mixnet.fwd_base, scenarios[0].mixnet.fwd_base)
+    for sc in scenarios:   # rail-optimized is never faster than the non-blocking fat-tree
+        assert sc.rail_optimized.times(np.zeros((1, 0)))[0] >= sc.t_fat_tree * (1 - 1e-12)
+
+
 def test_zero_delay_verdicts_follow_the_zero_delay_timeline(scenarios):
     out = claims.evaluate_claims({"ocs": np.zeros(10), "total": np.zeros(10)}, scenarios=scenarios, **FAST)
     rows = out["claims"][0]["evidence"]["scenarios"]
