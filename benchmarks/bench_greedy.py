@@ -43,7 +43,8 @@ def bench_heap_vs_argmax(quick: bool) -> None:
 
 def bench_gap(quick: bool) -> None:
     print("== greedy / exact all-to-all time on random U(0,1) instances (B_ocs = 1, B_eps = 0.5)")
-    cases = [(300, 4, 2, "brute"), (100 if quick else 300, 5, 2, "milp"), (30 if quick else 100, 6, 3, "milp")]
+    cases = [(300, 4, 2, "brute"), (100 if quick else 300, 5, 2, "milp"), (30 if quick else 100, 6, 3, "milp"),
+             (30 if quick else 100, 8, 6, "milp")]              # the last: a MixNet region (alpha = 6)
     for n_inst, n, ports, method in cases:
         for compat in (False, True):
             t = time.perf_counter()
