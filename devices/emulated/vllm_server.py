@@ -150,8 +150,11 @@ class VllmEmulator:
         """Real (harness-clock) completion time of each output token for a sequence admitted at start_ns."""
         svc = self.service
         work = prompt_tokens / svc.prefill_tokens_per_s + np.arange(output_tokens) / svc.decode_tokens_per_s
-        # Speed = model seconds per real ns: piecewise constant between window edges.
         later = self._edges_ns[self._edges_ns > start_ns]
+        if not len(later):  # no window ahead: constant speed (the common case, kept cheap)
+            speed = svc.time_scale * self.capacity_at(start_ns) / 1e9
+            return (start_ns + work / speed).astype(np.int64)
+        # Speed = model seconds per real ns: piecewise constant between window edges.
         starts = np.r_[start_ns, later].astype(np.float64)
         speed = svc.time_scale / 1e9 * np.asarray([self.capacity_at(int(t)) for t in starts])
         cum = np.r_[0.0, np.cumsum(np.diff(starts) * speed[:-1])]
@@ -217,7 +220,9 @@ class VllmEmulator:
         except (ValueError, KeyError, TypeError) as exc:
             self.stats.rejected += 1
             return self._error(400, f"invalid request: {exc}")
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        # A batch is a list of lists or strings: checking the first element tells them apart without a
+        # per-token loop (which cost more than the rest of the request).
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             prompt_tokens = len(prompt)
         elif isinstance(prompt, str):
             prompt_tokens = len(prompt.split())
