@@ -5,8 +5,8 @@
    namespace.
 2. Carrier up-toggle (raw RTM_NEWLINK on the sender's OCS-side veth) → first probe's kernel rx timestamp
    as the agent's `probe-recv` reports it (`first` line), n cycles of 30 ms down / 70 ms up per rate.
-3. The plane's own costs: netlink up/down vs an `ip link set` fork, `tc filter replace` (re-point), and
-   physics `phy_up` → OCS-side veth up through NetnsPlane's subscription.
+3. The plane's own costs: netlink link up/down vs an `ip link set` fork, netlink filter replace vs a
+   `tc filter replace` fork (re-point), and physics `phy_up` → OCS-side veth up through NetnsPlane.
 
 Run: sudo .venv/bin/python benchmarks/bench_probe.py [--cycles 40] [--seconds 2] [--nice -10]
 """
@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from devices.agent import AGENT_FILE, build_probe_template
-from devices.emulated.netns import LinkSwitch, NetnsPlane, in_netns, netns_available
+from devices.emulated.netns import NetnsPlane, Rtnetlink, in_netns, netns_available
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import profile_from_dict
 from devices.timing import now_ns
@@ -132,7 +132,7 @@ def bench_rates(plane, a, b, template: bytes, seconds: float) -> None:
         report(f"  inter-arrival at {pps} pps", np.diff(times), "µs")
 
 
-def bench_first_probe(plane, links: LinkSwitch, a, b, template: bytes, cycles: int) -> None:
+def bench_first_probe(plane, links: Rtnetlink, a, b, template: bytes, cycles: int) -> None:
     print(f"\n-- carrier up-toggle → first probe (kernel rx ts via agent probe-recv), {cycles} cycles per rate")
     pa = plane.port(a.host, a.netdev)
     for pps in (10_000, 50_000):
@@ -172,7 +172,7 @@ def bench_first_probe(plane, links: LinkSwitch, a, b, template: bytes, cycles: i
         report("  RTM_NEWLINK up: send → ack", np.array(acks), "µs")
 
 
-def bench_plane_costs(plane, bench, links: LinkSwitch, a, b, cycles: int) -> None:
+def bench_plane_costs(plane, bench, links: Rtnetlink, a, b, cycles: int) -> None:
     print("\n-- data-plane control costs")
     pa = plane.port(a.host, a.netdev)
     fork = []
@@ -187,15 +187,19 @@ def bench_plane_costs(plane, bench, links: LinkSwitch, a, b, cycles: int) -> Non
         links.set_up(pa.ocs_ifindex, i % 2 == 1)
         nl.append(now_ns() - t)
     report("`ip -n NS link set` (fork + netlink)", np.array(fork), "µs")
-    report("raw RTM_NEWLINK (LinkSwitch) send → ack", np.array(nl), "µs")
-    repoint = []
+    report("raw RTM_NEWLINK send → ack", np.array(nl), "µs")
+    repoint_fork, repoint_nl = [], []
     other = plane.port(b.host, b.netdev)
     for i in range(cycles):
         t = now_ns()
-        subprocess.run(["tc", "-n", plane.ocs_netns, *plane._filter_line(pa, other if i % 2 else pa).split()],
-                       check=True)
-        repoint.append(now_ns() - t)
-    report("`tc filter replace` (re-point one port)", np.array(repoint), "µs")
+        subprocess.run(plane.tc_command(pa, other if i % 2 else pa), check=True)
+        repoint_fork.append(now_ns() - t)
+    for i in range(cycles):
+        t = now_ns()
+        links.redirect(pa.ocs_ifindex, (other if i % 2 else pa).ocs_ifindex)
+        repoint_nl.append(now_ns() - t)
+    report("`tc filter replace` fork (re-point one port)", np.array(repoint_fork), "µs")
+    report("raw RTM_NEWTFILTER u32+mirred send → ack", np.array(repoint_nl), "µs")
 
     bench.ocs_apply({}, removes=list(bench.ocs_patches()))
     bench.wait_idle()
@@ -241,7 +245,7 @@ def main() -> int:
         wait_carrier(plane, b.host, b.netdev)
         template = build_probe_template(a.mac, b.mac, plane.port(a.host, a.netdev).ip,
                                         plane.port(b.host, b.netdev).ip)
-        links = LinkSwitch(plane.ocs_netns)
+        links = Rtnetlink(plane.ocs_netns)
         try:
             bench_rates(plane, a, b, template, args.seconds)
             bench_first_probe(plane, links, a, b, template, args.cycles)

@@ -202,3 +202,31 @@ def test_a_failed_start_removes_what_it_built(bench, prefix, monkeypatch):
         plane.start()
     assert not [n for n in list_netns() if n.startswith(prefix)]
     assert plane._on_mirror not in bench.on_mirror
+
+
+def tc_show(plane: NetnsPlane, dev: str) -> str:
+    return subprocess.run(["tc", "-n", plane.ocs_netns, "filter", "show", "dev", dev, "ingress"],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_mirror_moves_rewire_the_ocs_filters_as_tc_sees_them(bench, prefix):
+    with NetnsPlane(bench, prefix) as plane:
+        a, b, c = bench.all_nic_ports()
+        pa, pb, pc = (plane.port(m.host, m.netdev) for m in (a, b, c))
+        assert "mirred" not in tc_show(plane, pa.ocs_dev)
+        bench.ocs_apply({a.ocs_tx: b.ocs_rx})
+        assert bench.wait_idle() and plane.settle()
+        shown = tc_show(plane, pa.ocs_dev)
+        assert f"mirred (Egress Redirect to device {pb.ocs_dev})" in shown and "800::800" in shown
+        bench.ocs_apply({a.ocs_tx: c.ocs_rx}, removes=[a.ocs_tx])
+        assert bench.wait_idle() and plane.settle()
+        assert f"mirred (Egress Redirect to device {pc.ocs_dev})" in tc_show(plane, pa.ocs_dev)
+        bench.ocs_apply({}, removes=[a.ocs_tx])
+        assert bench.wait_idle() and plane.settle()
+        assert tc_show(plane, pa.ocs_dev).strip() == ""
+        # The netlink requests mean what the equivalent tc command means.
+        subprocess.run(plane.tc_command(pa, pb), check=True)
+        assert f"mirred (Egress Redirect to device {pb.ocs_dev})" in tc_show(plane, pa.ocs_dev)
+        subprocess.run(plane.tc_command(pa, None), check=True)
+        assert tc_show(plane, pa.ocs_dev).strip() == ""
+        assert not plane.errors

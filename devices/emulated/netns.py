@@ -3,13 +3,13 @@
 Each emulated host gets a namespace (`<prefix>h1`, ...) holding one veth end per NIC port, named like the
 NIC (`ens1f0np0`), with the NIC's MAC and an address in 198.18.0.0/15. The other ends live in one OCS
 namespace (`<prefix>ocs`). The OCS is a `tc` ingress u32 filter per port: while the mirror of a patch
-X.tx → Y.rx is settled, frames entering X's OCS-side veth leave on Y's; otherwise they are dropped.
+X.tx → Y.rx is settled, frames entering X's OCS-side veth leave on Y's; otherwise they are discarded.
 The physics (OpticalBench) drives the carrier: the OCS-side veth of port X is up exactly while X's
 `carrier` is 1, so host X's veth shows carrier and frames flow only then.
 
-Mirror moves re-point filters with the `tc` tool (about 4 ms each, off the bench's thread); carrier
-changes are raw RTM_NEWLINK messages on a netlink socket opened inside the OCS namespace (about 0.3 ms;
-an `ip link set` fork is about 2 ms). Both run in order on one worker thread.
+Mirror moves (u32+mirred filter replace/delete) and carrier changes (link up/down) are raw rtnetlink
+requests on one socket opened inside the OCS namespace: tens of µs each, where a `tc` or `ip` fork costs
+milliseconds (benchmarks/bench_probe.py). They run in order on one worker thread, never on the bench's.
 
 Real processes in the namespaces read the machine's real clock, so a bench with a data plane must give
 its hosts clock offset 0 and drift 0 (profile `hosts: {clock_offset_ms: [0, 0], drift_ppm: [0, 0]}`);
@@ -18,6 +18,7 @@ its hosts clock offset 0 and drift 0 (profile `hosts: {clock_offset_ms: [0, 0], 
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import ipaddress
 import logging
@@ -48,11 +49,21 @@ FILTER_HANDLE = "800::800"
 CLONE_NEWNET = 0x40000000
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,11}")
 
-# rtnetlink
+# rtnetlink and tc constants (linux/rtnetlink.h, pkt_sched.h, pkt_cls.h, tc_act/tc_mirred.h)
 _NLMSG_ERROR = 2
-_RTM_NEWLINK = 16
-_NLM_F_REQUEST, _NLM_F_ACK = 0x1, 0x4
+_RTM_NEWLINK, _RTM_NEWTFILTER, _RTM_DELTFILTER = 16, 44, 45
+_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_CREATE = 0x1, 0x4, 0x400
 _IFF_UP = 0x1
+_ETH_P_ALL = 0x0003
+_TC_H_INGRESS = 0xFFFF0000  # parent ffff:
+_U32_HANDLE = 0x80000800  # 800::800
+_TCA_KIND, _TCA_OPTIONS = 1, 2
+_TCA_U32_SEL, _TCA_U32_ACT = 5, 7
+_TC_U32_TERMINAL = 1
+_TCA_ACT_KIND, _TCA_ACT_OPTIONS = 1, 2
+_TCA_MIRRED_PARMS = 2
+_TC_ACT_STOLEN = 4
+_TCA_EGRESS_REDIR = 1
 
 
 class NetnsError(RuntimeError):
@@ -129,8 +140,15 @@ def in_netns(name: str) -> Iterator[None]:
         os.close(home)
 
 
-class LinkSwitch:
-    """Admin up/down of links by ifindex over an rtnetlink socket bound to one namespace."""
+def _attr(kind: int, payload: bytes) -> bytes:
+    """One netlink attribute (type, length, payload padded to 4 bytes)."""
+    length = 4 + len(payload)
+    return struct.pack("=HH", length, kind) + payload + b"\0" * (-length % 4)
+
+
+class Rtnetlink:
+    """Link up/down and u32+mirred ingress filters over an rtnetlink socket bound to one namespace: the
+    same requests `ip link set` and `tc filter replace|del` send, without a fork (tens of µs, not ms)."""
 
     def __init__(self, netns: str):
         with in_netns(netns):
@@ -139,19 +157,43 @@ class LinkSwitch:
         self._sock.settimeout(2.0)
         self._seq = 0
 
-    def set_up(self, ifindex: int, up: bool) -> None:
+    def _request(self, kind: int, flags: int, body: bytes, what: str, missing_ok: bool = False) -> None:
         self._seq += 1
-        ifinfo = struct.pack("=BxHiII", socket.AF_UNSPEC, 0, ifindex, _IFF_UP if up else 0, _IFF_UP)
-        header = struct.pack("=IHHII", 16 + len(ifinfo), _RTM_NEWLINK, _NLM_F_REQUEST | _NLM_F_ACK, self._seq, 0)
-        self._sock.send(header + ifinfo)
+        header = struct.pack("=IHHII", 16 + len(body), kind, _NLM_F_REQUEST | _NLM_F_ACK | flags, self._seq, 0)
+        self._sock.send(header + body)
         while True:
             reply = self._sock.recv(65536)
-            _, kind, _, seq, _ = struct.unpack_from("=IHHII", reply)
-            if kind == _NLMSG_ERROR and seq == self._seq:
-                error = struct.unpack_from("=i", reply, 16)[0]
-                if error:
-                    raise NetnsError(f"RTM_NEWLINK ifindex {ifindex}: {os.strerror(-error)}")
+            _, reply_kind, _, seq, _ = struct.unpack_from("=IHHII", reply)
+            if reply_kind == _NLMSG_ERROR and seq == self._seq:
+                error = -struct.unpack_from("=i", reply, 16)[0]
+                if error and not (missing_ok and error in (errno.ENOENT, errno.EINVAL)):
+                    raise NetnsError(f"{what}: {os.strerror(error)}")
                 return
+
+    def set_up(self, ifindex: int, up: bool) -> None:
+        """`ip link set DEV up|down`."""
+        ifinfo = struct.pack("=BxHiII", socket.AF_UNSPEC, 0, ifindex, _IFF_UP if up else 0, _IFF_UP)
+        self._request(_RTM_NEWLINK, 0, ifinfo, f"link {ifindex} {'up' if up else 'down'}")
+
+    @staticmethod
+    def _tcmsg(ifindex: int, handle: int) -> bytes:
+        info = (FILTER_PREF << 16) | socket.htons(_ETH_P_ALL)
+        return struct.pack("=BxxxiIII", socket.AF_UNSPEC, ifindex, handle, _TC_H_INGRESS, info)
+
+    def redirect(self, ifindex: int, target_ifindex: int) -> None:
+        """`tc filter replace dev IN parent ffff: protocol all pref P handle 800::800 u32 match u32 0 0
+        action mirred egress redirect dev OUT`."""
+        selector = struct.pack("=BBBxHHhhI", _TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0)
+        selector += struct.pack("=IIii", 0, 0, 0, 0)  # one key: mask 0, value 0 (matches every frame)
+        mirred = struct.pack("=IIiiiiI", 0, 0, _TC_ACT_STOLEN, 0, 0, _TCA_EGRESS_REDIR, target_ifindex)
+        action = _attr(_TCA_ACT_KIND, b"mirred\0") + _attr(_TCA_ACT_OPTIONS, _attr(_TCA_MIRRED_PARMS, mirred))
+        options = _attr(_TCA_U32_SEL, selector) + _attr(_TCA_U32_ACT, _attr(1, action))  # action order 1
+        body = self._tcmsg(ifindex, _U32_HANDLE) + _attr(_TCA_KIND, b"u32\0") + _attr(_TCA_OPTIONS, options)
+        self._request(_RTM_NEWTFILTER, _NLM_F_CREATE, body, f"redirect {ifindex} -> {target_ifindex}")
+
+    def unredirect(self, ifindex: int) -> None:
+        """`tc filter del dev IN parent ffff: protocol all pref P` (no error if there is none)."""
+        self._request(_RTM_DELTFILTER, 0, self._tcmsg(ifindex, 0), f"unredirect {ifindex}", missing_ok=True)
 
     def close(self) -> None:
         self._sock.close()
@@ -178,7 +220,7 @@ class NetnsPlane:
         self._redirects: dict[int, int] = {}  # ingress -> egress currently wired
         self._ops: queue.SimpleQueue = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
-        self._links: LinkSwitch | None = None
+        self._netlink: Rtnetlink | None = None
         self._unsubscribes: list[Callable[[], None]] = []
         self._procs: list[subprocess.Popen] = []
         self._agent_dir: tempfile.TemporaryDirectory | None = None
@@ -203,7 +245,7 @@ class NetnsPlane:
             raise NetnsError(f"namespaces already exist: {', '.join(sorted(clash))}")
         try:
             self._build()
-            self._links = LinkSwitch(self.ocs_netns)
+            self._netlink = Rtnetlink(self.ocs_netns)
             self._worker = threading.Thread(target=self._work, name=f"netns-{self.prefix}", daemon=True)
             self._worker.start()
             self.bench.on_mirror.append(self._on_mirror)
@@ -253,9 +295,9 @@ class NetnsPlane:
             self._ops.put(None)
             self._worker.join(timeout=10)
             self._worker = None
-        if self._links is not None:
-            self._links.close()
-            self._links = None
+        if self._netlink is not None:
+            self._netlink.close()
+            self._netlink = None
         for proc in self._procs:
             if proc.poll() is None:
                 proc.kill()
@@ -311,22 +353,26 @@ class NetnsPlane:
                 continue
             try:
                 if kind == "carrier":
-                    self._links.set_up(port.ocs_ifindex, arg)
+                    self._netlink.set_up(port.ocs_ifindex, arg)
+                elif arg is None:
+                    self._netlink.unredirect(port.ocs_ifindex)
                 else:
-                    _run(["tc", "-n", self.ocs_netns, *self._filter_line(port, arg).split()])
+                    self._netlink.redirect(port.ocs_ifindex, arg.ocs_ifindex)
             except (NetnsError, OSError) as exc:
                 log.error("netns plane %s: %s", self.prefix, exc)
                 self.errors.append(str(exc))
             self.op_log.append((kind, port.model.key, queued, now_ns()))
 
-    def _filter_line(self, source: PortPlane, target: PortPlane | None) -> str:
-        """`tc` words wiring `source` to `target`, or unwiring it. This kernel has no gact (`action drop`),
-        so an unpatched port has no filter: its frames reach the OCS namespace's own stack, which has no
-        address and does not forward, and are discarded there."""
+    def tc_command(self, source: PortPlane, target: PortPlane | None) -> list[str]:
+        """The `tc` command equivalent to what the plane sends over netlink to wire `source` to `target`,
+        or to unwire it. This kernel has no gact (`action drop`), so an unpatched port has no filter: its
+        frames reach the OCS namespace's own stack, which has no address and does not forward them."""
+        where = ["tc", "-n", self.ocs_netns, "filter"]
+        common = ["dev", source.ocs_dev, "parent", "ffff:", "protocol", "all", "pref", str(FILTER_PREF)]
         if target is None:
-            return f"filter del dev {source.ocs_dev} parent ffff: protocol all pref {FILTER_PREF}"
-        return (f"filter replace dev {source.ocs_dev} parent ffff: protocol all pref {FILTER_PREF} "
-                f"handle {FILTER_HANDLE} u32 match u32 0 0 action mirred egress redirect dev {target.ocs_dev}")
+            return [*where, "del", *common]
+        return [*where, "replace", *common, "handle", FILTER_HANDLE, "u32", "match", "u32", "0", "0",
+                "action", "mirred", "egress", "redirect", "dev", target.ocs_dev]
 
     def settle(self, timeout: float = 5.0) -> bool:
         """Block until every queued data-plane change is applied (for tests and benchmarks)."""
@@ -338,7 +384,7 @@ class NetnsPlane:
     def set_carrier(self, host: str, netdev: str, up: bool) -> int:
         """Bypass the physics: set port's OCS-side veth up/down now (benchmarks). Returns the realtime ns
         just before the netlink request."""
-        if self._links is None:
+        if self._netlink is None:
             raise NetnsError("plane not started")
         port = self.port(host, netdev)
         sent = time.time_ns()
