@@ -85,8 +85,18 @@ def write_markdown(ctx, summary: dict):
     return writer
 
 
+def write_cycles(ctx) -> None:
+    """Per-cycle bookkeeping of turnaround steps (harness clock): begin, command sent/completed, done."""
+    rows = [{"step": name, **{k: v for k, v in c.items() if k in ("cycle", "status", "begin_ns", "sent_ns",
+                                                                  "completed_ns", "done_ns")}}
+            for name, r in ctx.results.items() for c in r.data.get("cycles", [])]
+    if rows:
+        pd.DataFrame(rows).to_parquet(ctx.run_dir / "cycles.parquet", index=False)
+
+
 def finish_run(ctx, manifest: dict, *, status: str, wall_s: float, started_utc: str) -> rec.RunRecord:
     events = to_parquet(ctx.run_dir / "events.jsonl", ctx.run_dir / "events.parquet")
+    write_cycles(ctx)
     summary = build_summary(ctx, events, status, wall_s)
     clocks = [s.clock.table() for s in ctx._sessions.values() if s.clock is not None]
     manifest = {**manifest, "clock": clocks or manifest.get("clock"), "status": status,

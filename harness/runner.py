@@ -164,7 +164,7 @@ def run(options: RunOptions) -> int:
     status = "error"
     with contextlib.ExitStack() as stack:
         stack.callback(_restore_signal_handlers, previous)
-        log = EventLog(run_dir / "events.jsonl")
+        log = EventLog(run_dir / "events.jsonl", background_fsync=True)  # fsync overlaps the next cycle
         stack.callback(log.close)
         bench, emulated = resolve_bench(bench_spec, seed, stack, run_dir)
         ctx = RunContext(playbook=playbook, bench=bench, run_dir=run_dir, run_id=run_id, seed=seed,

@@ -147,3 +147,46 @@ def test_ground_truth_parquet(tmp_path):
     assert list(back.columns) == list(GROUND_TRUTH_COLUMNS) and len(truth) == 2
     assert back["t_ns"].tolist() == [123, 2**62] and str(back["stage"].dtype) == "string"
     pd.testing.assert_frame_equal(back, frame)
+
+
+def test_background_fsync_makes_events_visible_at_once_and_durable_by_the_next_flush(tmp_path, monkeypatch):
+    import os as _os
+
+    from harness.eventlog import EventLog, read_events
+
+    synced = []
+    real_fsync = _os.fsync
+    monkeypatch.setattr("harness.eventlog.os.fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    log = EventLog(tmp_path / "e.jsonl", background_fsync=True)
+    log.append(make_event(1))
+    log.flush()
+    assert len(read_events(tmp_path / "e.jsonl")) == 1  # written before flush() returns
+    log.append(make_event(2))
+    log.flush()  # joins the first fsync before writing
+    assert log.durable_events >= 1 and len(synced) >= 1
+    log.close()
+    assert log.durable_events == 2
+
+
+def test_background_fsync_error_surfaces_on_the_next_flush(tmp_path, monkeypatch):
+    import errno
+
+    import pytest
+
+    from harness.eventlog import EventLog, EventLogError
+
+    log = EventLog(tmp_path / "e.jsonl", background_fsync=True)
+    log.append(make_event(1))
+    log.flush()
+    log._sync_thread.join()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("harness.eventlog.os.fsync", full)
+    log.append(make_event(2))
+    log.flush()
+    log.append(make_event(3))
+    with pytest.raises(EventLogError) as info:
+        log.flush()
+    assert "disk full" in str(info.value) and info.value.durable_events == 1
