@@ -22,7 +22,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="harness", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="harness", description="Hardware-in-the-loop harness for reconfigurable optical "
+                     "networks: measure OCS reconfiguration turnaround and test the claims built on it.",
+                     epilog="Exit codes: 0 ok; 1 the run ran but a check failed; 2 bad input or usage.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for info in sorted(pkgutil.iter_modules(harness.commands.__path__), key=lambda m: m.name):
@@ -43,3 +45,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("harness: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and closed early
+        sys.stderr.close()
+        return 0

@@ -1,0 +1,36 @@
+"""`harness report RUN_DIR`: print a run's summary; rebuild events.parquet from the event log if the run was
+interrupted before it could."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="print a run's summary (rebuilds events.parquet if missing)",
+                       description=__doc__)
+    p.add_argument("run_dir")
+    p.set_defaults(func=_report)
+
+
+def _report(args) -> int:
+    from pathlib import Path
+
+    from harness.errors import InputError
+    from harness.eventlog import to_parquet
+
+    run = Path(args.run_dir)
+    log = run / "events.jsonl"
+    if not log.exists():
+        raise InputError("not a run directory (no events.jsonl)", str(run))
+    if not (run / "events.parquet").exists():
+        frame = to_parquet(log, run / "events.parquet")
+        print(f"rebuilt {run / 'events.parquet'} from the event log: {len(frame)} events")
+    for name in ("summary.md", "report.md"):
+        if (run / name).exists():
+            print((run / name).read_text())
+    if not (run / "summary.md").exists():
+        from analysis.stats import summarize_events
+        from harness.eventlog import read_parquet_events
+        from harness.record import summary_markdown
+
+        events = read_parquet_events(run / "events.parquet")
+        print(summary_markdown(summarize_events(events[events["cycle"] > 0], 0), title=f"Run {run.name} (partial)"))
+    return 0
