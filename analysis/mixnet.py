@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Callable, Literal
 
@@ -525,6 +525,17 @@ class Timeline:
     trig_ports: np.ndarray         # (K,) OCS ports switched
     a2a_time: np.ndarray = field(default_factory=lambda: np.zeros(0))   # (K_layers,) for reporting
     circuits: list = field(default_factory=list)                         # per forward trigger
+    trig_expert_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (K,) expert compute next to k
+
+    def with_overlap(self, overlap: Literal["simulator", "all_hidden"]) -> "Timeline":
+        """The same timeline under another overlap variant (windows re-derived from `trig_expert_s`)."""
+        if overlap not in ("simulator", "all_hidden"):
+            raise MixnetInputError(f"unknown overlap {overlap!r}")
+        if self.trig_expert_s.shape != self.trig_window.shape:
+            raise MixnetInputError("this timeline has no per-trigger expert compute times (build it with "
+                                   "build_timeline, or pass trig_expert_s)")
+        hidden = (self.trig_dir == 1) | (overlap == "all_hidden")
+        return replace(self, overlap=overlap, trig_window=np.where(hidden, self.trig_expert_s, 0.0))
 
     @property
     def n_triggers(self) -> int:
@@ -647,7 +658,7 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
 
     fwd_base = np.zeros((par.pp, m))
     bwd_base = np.zeros((par.pp, m))
-    trig = {k: [] for k in ("stage", "dir", "mb", "window", "ports")}
+    trig = {k: [] for k in ("stage", "dir", "mb", "window", "ports", "expert")}
     a2a_log, circuit_log = [], []
     moe_offset = 0
     for s, (n_dense, n_moe) in enumerate(stages):
@@ -691,10 +702,10 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
                 trig["stage"].append(s)
                 trig["dir"].append(direction)
                 trig["mb"].append(b)
-                if direction == 0:
-                    trig["window"].append(t_exp if overlap == "all_hidden" else 0.0)
-                else:
-                    trig["window"].append(2 * t_exp)
+                # the expert compute beside the reconfiguration: forward t_exp, backward 2·t_exp
+                trig["expert"].append(t_exp if direction == 0 else 2 * t_exp)
+                hidden = direction == 1 or overlap == "all_hidden"
+                trig["window"].append(trig["expert"][-1] if hidden else 0.0)
                 trig["ports"].append(fabric.alpha * par.region_servers if reconfigure == "always"
                                      else ports_switched(previous, now))
                 previous = now
@@ -708,11 +719,11 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
             else:  # combine-grad all-to-all still runs on the previous circuits
                 bwd_base[s, b] += 2 * (t_attn + t_shared) + a2a_old + 2 * t_exp + a2a_new
         moe_offset += n_moe
-    as_array = {k: np.asarray(v, dtype=float if k == "window" else np.int64) for k, v in trig.items()}
+    as_array = {k: np.asarray(v, dtype=float if k in ("window", "expert") else np.int64) for k, v in trig.items()}
     return Timeline(fabric=fabric, overlap=overlap, fwd_base=fwd_base, bwd_base=bwd_base, p2p_s=p2p,
                     dp=par.dp, trig_stage=as_array["stage"], trig_dir=as_array["dir"], trig_mb=as_array["mb"],
                     trig_window=as_array["window"], trig_ports=as_array["ports"],
-                    a2a_time=np.asarray(a2a_log), circuits=circuit_log)
+                    a2a_time=np.asarray(a2a_log), circuits=circuit_log, trig_expert_s=as_array["expert"])
 
 
 def constant_delay_times(timeline: Timeline, delays_s) -> np.ndarray:

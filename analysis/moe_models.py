@@ -118,14 +118,25 @@ GPUS: dict[str, GpuSpec] = {
 }
 
 # Assumed layouts: each region spans >= 4 servers so the regional OCS matters, EP divides the expert
-# count, and PP divides the layers roughly evenly. 2 sequences x 4096 tokens per rank per micro-batch.
+# count, and PP divides the layers roughly evenly (Mixtral-8x7B's EP 8 x TP 4 x PP 4 and Mixtral-8x22B's
+# EP 8 x TP 8 x PP 8 are the MixNet authors' own layouts). Micro-batch sizing (an assumption, see
+# docs/mixnet.md): one 4096-token sequence per GPU per micro-batch. An EP rank is a TP group of tp GPUs,
+# so it routes tp sequences; the expert compute per GPU is then that of a TP = 1 layout at micro-batch
+# size 1, the low end of common MoE training practice.
+SEQUENCES_PER_GPU = 1
+SEQ_LEN = 4096
+
+
+def _layout(ep: int, tp: int, pp: int, micro_batches: int = 8) -> Parallelism:
+    return Parallelism(ep=ep, tp=tp, pp=pp, micro_batches=micro_batches,
+                       micro_batch_sequences=SEQUENCES_PER_GPU * tp, seq_len=SEQ_LEN)
+
+
 DEFAULT_PARALLELISM: dict[str, Parallelism] = {
-    "mixtral-8x7b": Parallelism(ep=8, tp=4, pp=4, micro_batches=8, micro_batch_sequences=2, seq_len=4096),
-    "mixtral-8x22b": Parallelism(ep=8, tp=8, pp=8, micro_batches=8, micro_batch_sequences=2, seq_len=4096),
-    "qwen1.5-moe-a2.7b": Parallelism(ep=12, tp=4, pp=2, micro_batches=8, micro_batch_sequences=2,
-                                     seq_len=4096),
-    "deepseek-moe-16b": Parallelism(ep=16, tp=2, pp=4, micro_batches=8, micro_batch_sequences=2,
-                                    seq_len=4096),
+    "mixtral-8x7b": _layout(ep=8, tp=4, pp=4),
+    "mixtral-8x22b": _layout(ep=8, tp=8, pp=8),
+    "qwen1.5-moe-a2.7b": _layout(ep=12, tp=4, pp=2),
+    "deepseek-moe-16b": _layout(ep=16, tp=2, pp=4),
 }
 
 DTYPE_BYTES = 2  # BF16 activations on the wire

@@ -423,3 +423,21 @@ def test_traffic_from_matrices_maps_global_layers_to_stages():
     with pytest.raises(mx.MixnetInputError, match="MoE layer 3"):
         mx.build_timeline(model, par, gpu, mx.Fabric("fat_tree", 100),
                           traffic=mx.traffic_from_matrices(partial, model, par))
+
+
+def test_with_overlap_rederives_the_windows():
+    model, par, gpu, _ = _small(pp=2)
+    sim = mx.build_timeline(model, par, gpu, mx.Fabric("mixnet", 100), overlap="simulator")
+    hidden = mx.build_timeline(model, par, gpu, mx.Fabric("mixnet", 100), overlap="all_hidden")
+    assert np.array_equal(sim.with_overlap("all_hidden").trig_window, hidden.trig_window)
+    assert np.array_equal(hidden.with_overlap("simulator").trig_window, sim.trig_window)
+    assert np.array_equal(hidden.trig_window, hidden.trig_expert_s)
+    # backward windows are twice the forward expert compute of the same (layer, micro-batch)
+    fwd = hidden.trig_dir == 0
+    assert np.allclose(np.sort(hidden.trig_expert_s[~fwd]), np.sort(2 * hidden.trig_expert_s[fwd]))
+    assert sim.with_overlap("all_hidden").overlap == "all_hidden"
+    d = [0.0, 0.01, 0.03]
+    assert np.array_equal(mx.constant_delay_times(sim.with_overlap("all_hidden"), d),
+                          mx.constant_delay_times(hidden, d))
+    with pytest.raises(mx.MixnetInputError):
+        sim.with_overlap("none")
