@@ -131,3 +131,38 @@ def test_replay_through_declared_sync_windows_slows_only_those_requests(tmp_path
     # 39 tokens at 100 tok/s ×4 = 0.0975 s outside; 5× longer inside. Compare medians with a wide margin.
     assert np.median(decode_s[inside.to_numpy()]) > 3 * np.median(decode_s[(requests["arrival_s"] < 1.5).to_numpy()])
     assert (rec["status"] == "ok").all()
+
+
+def test_sse_split_across_writes_crlf_and_missing_done(tmp_path):
+    """A hand-made server: events split mid-line, CRLF line ends, no usage; and one stream cut short."""
+    from aiohttp import web
+
+    async def handler(request):
+        body = await request.json()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        events = b"".join(b'data: {"choices": [{"text": "x"}]}\r\n\r\n' for _ in range(body["max_tokens"]))
+        if len(body["prompt"]) == 1:
+            events += b"data: [DONE]\r\n\r\n"
+        for i in range(0, len(events), 7):  # 7-byte pieces cut through lines and events
+            await resp.write(events[i:i + 7])
+            await asyncio.sleep(0)
+        await resp.write_eof()
+        return resp
+
+    async def body():
+        app = web.Application()
+        app.router.add_post("/v1/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        try:
+            return await replay_requests(frame([0.0, 0.0], [1, 2], [5, 3]),
+                                         ReplayConfig(url=url, warm_connections=0), tmp_path / "r.jsonl")
+        finally:
+            await runner.cleanup()
+    rec = asyncio.run(body()).records.set_index("index")
+    assert rec.loc[0, "status"] == "ok" and rec.loc[0, "output_tokens"] == 5  # counted from chunks
+    assert rec.loc[1, "status"] == "error" and "[DONE]" in rec.loc[1, "error"]
