@@ -3,7 +3,7 @@ emulator), with a durable replay log.
 
 Timing: request i is due at origin + arrival_s[i] / time_scale on the monotonic harness clock. Deadlines are
 absolute, so lateness never accumulates. The scheduler sleeps until `spin_s` before a deadline (asyncio's
-timers have millisecond granularity) and then yields to the loop until the deadline passes. `sent_ns` is
+timers round up to whole milliseconds) and then yields to the loop until the deadline passes. `sent_ns` is
 taken when the request is handed to the HTTP client; send error = sent_ns − scheduled_ns.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ class ReplayConfig:
     stream: bool = True
     lead_s: float = 0.2  # origin = start + lead_s when origin_ns is not given
     origin_ns: int | None = None  # share it with an emulator's interference epoch
-    spin_s: float = 0.002
+    spin_s: float = 0.0015  # asyncio timers round up to 1 ms (epoll), so the last stretch is spun
     fsync_interval_s: float = 0.5
     pause_gc: bool = True  # cyclic GC pauses reach milliseconds; the replay makes few cycles
     warm_connections: int = 16  # open this many keep-alive connections (GET /health) before the origin
