@@ -44,7 +44,6 @@ class ReplayConfig:
     pause_gc: bool = True  # cyclic GC pauses reach milliseconds; the replay makes few cycles
     warm_connections: int = 16  # open this many keep-alive connections (GET /health) before the origin
 
-
     def __post_init__(self):
         if self.time_scale <= 0 or self.timeout_s <= 0 or self.max_connections < 1:
             raise ValueError("time_scale and timeout_s must be > 0, max_connections >= 1")
