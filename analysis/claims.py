@@ -205,7 +205,8 @@ def _combine(verdicts: Sequence[str]) -> str:
 
 def _calibration_note(rows: Sequence[dict]) -> dict:
     """Claim-level calibration summary; a reason when some scenario's falsification was withheld."""
-    missing = [f"{r['model']}@{r['link_gbps']}G" for r in rows if not r["calibration"]["reproduced"]]
+    missing = [f"{r['model']}@{r['link_gbps']}G" for r in rows
+               if not (r["calibration"]["reproduced"] and r["calibration"]["reproduced_as_built"])]
     note = {"calibration": {"scenarios_reproduced": len(rows) - len(missing), "of": len(rows),
                             "not_reproduced": missing}}
     if any(r["verdict_reason"] for r in rows):
@@ -270,10 +271,11 @@ def evaluate_claims(measured: Mapping, *, scenarios: Sequence[Scenario] | None =
     MixNet misses the target even at d = 0.
 
     Calibration: each scenario's mixnet timeline is also evaluated at the constant `paper_delay_s` under
-    `calibration_overlap` (the paper's variant by default). Where a claim's criterion fails there, the
-    model does not reproduce the paper under its own assumptions, so that scenario's verdict against the
-    measured delays is "inconclusive" instead of "falsified" (`verdict_reason` says why). The top-level
-    "calibration" summarises this for the iteration-time claim (plus `by_claim` for every claim).
+    `calibration_overlap` (the paper's variant by default) and as built. Where a claim's criterion fails
+    under either, the model does not reproduce the paper under its own assumptions, so that scenario's
+    verdict against the measured delays is "inconclusive" instead of "falsified" (`verdict_reason` says
+    why). The top-level "calibration" summarises the iteration-time claim (`by_claim`: every claim);
+    `reproduces_paper_at_25ms` refers to `calibration_overlap`.
     """
     if verdict_delay not in DELAY_KINDS:
         raise ClaimInputError(f"verdict_delay must be one of {DELAY_KINDS}")
@@ -315,7 +317,11 @@ def evaluate_claims(measured: Mapping, *, scenarios: Sequence[Scenario] | None =
             d_c = mx.break_even_delay(sc.mixnet, thr)
             by_delay = {"paper_25ms": "holds" if row["t_paper"] <= thr else "falsified", "zero_delay":
                         "holds" if row["t0"] <= thr else "falsified"}
-            calibrated = row["t_calibration"] <= thr     # every criterion here is "T_mix <= threshold"
+            # every criterion here is "T_mix <= threshold". The paper's claim must be reproduced at 25 ms both
+            # under the paper's overlap and by the timeline the verdict uses (which may be built harsher)
+            reproduced = row["t_calibration"] <= thr
+            reproduced_as_built = row["t_paper"] <= thr
+            calibrated = reproduced and reproduced_as_built
             raw = {}
             for kind in DELAY_KINDS:
                 st = row["stats"][kind]
@@ -340,7 +346,8 @@ def evaluate_claims(measured: Mapping, *, scenarios: Sequence[Scenario] | None =
                                     **{k: row["ce_factor"] / row["stats"][k]["t_mean_s"] for k in DELAY_KINDS}},
                 "cost_fat_tree_usd": sc.cost_fat_tree, "cost_mixnet_usd": sc.cost_mixnet,
                 "reconfigurations_per_region": sc.mixnet.reconfigurations_per_region,
-                "calibration": {"reproduced": calibrated, "overlap": calibration_overlap,
+                "calibration": {"reproduced": reproduced, "reproduced_as_built": reproduced_as_built,
+                                "overlap": calibration_overlap, "overlap_as_built": sc.mixnet.overlap,
                                 "delay_ms": paper_delay_s * 1e3, "t_mixnet_s": row["t_calibration"],
                                 "paper_reported_ratio": paper_reported_ratio(sc.model, sc.link_gbps)},
                 "verdict_by_delay": by_delay, "verdict": by_delay[verdict_delay],
@@ -401,12 +408,14 @@ def evaluate_claims(measured: Mapping, *, scenarios: Sequence[Scenario] | None =
     time_rows = claims[0]["evidence"]["scenarios"]
     calibration = {
         "reproduces_paper_at_25ms": bool(time_rows) and all(r["calibration"]["reproduced"] for r in time_rows),
-        "scenarios_reproduced": by_claim[claims[0]["id"]]["scenarios_reproduced"], "of": len(time_rows),
+        "scenarios_reproduced": sum(r["calibration"]["reproduced"] for r in time_rows), "of": len(time_rows),
+        "scenarios_reproduced_as_built": sum(r["calibration"]["reproduced_as_built"] for r in time_rows),
         "overlap": calibration_overlap, "delay_ms": paper_delay_s * 1e3, "claim": claims[0]["id"],
         "scenarios": [{"model": r["model"], "link_gbps": r["link_gbps"], "t_fat_tree_s": r["t_fat_tree_s"],
                        "t_mixnet_s": r["calibration"]["t_mixnet_s"],
                        "ratio": r["calibration"]["t_mixnet_s"] / r["t_fat_tree_s"],
                        "reproduced": r["calibration"]["reproduced"],
+                       "reproduced_as_built": r["calibration"]["reproduced_as_built"],
                        "paper_reported_ratio": r["calibration"]["paper_reported_ratio"]} for r in time_rows],
         "by_claim": by_claim,
     }
