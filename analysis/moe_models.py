@@ -67,6 +67,12 @@ MODELS: dict[str, MoeModel] = {
     # first_k_dense_replace 1, intermediate_size 10944 (dense layer), vocab_size 102400
     "deepseek-moe-16b": MoeModel("deepseek-moe-16b", 28, 2048, 16, 16, 64, 6, 1408, 2, 1408, 1, 10944,
                                  102400, "huggingface.co/deepseek-ai/deepseek-moe-16b-base config.json"),
+    # huggingface.co/llama-moe/LLaMA-MoE-v1-3_5B-2_8 (configuration_llama_moe.py defaults and the org card):
+    # hidden_size 4096, num_hidden_layers 32, num_attention_heads 32 (KV heads = heads), vocab_size 32000,
+    # 8 experts, 2 selected ("2/8"); LLaMA-2-7B's intermediate_size 11008 split evenly, 1376 per expert
+    # (the 2/16 sibling's config lists size_experts 688 = 11008/16). One of the MixNet paper's four models.
+    "llama-moe-3.5b": MoeModel("llama-moe-3.5b", 32, 4096, 32, 32, 8, 2, 1376, 0, 0, 0, 0, 32000,
+                               "huggingface.co/llama-moe/LLaMA-MoE-v1-3_5B-2_8 config"),
 }
 
 
@@ -137,6 +143,7 @@ DEFAULT_PARALLELISM: dict[str, Parallelism] = {
     "mixtral-8x22b": _layout(ep=8, tp=8, pp=8),
     "qwen1.5-moe-a2.7b": _layout(ep=12, tp=4, pp=2),
     "deepseek-moe-16b": _layout(ep=16, tp=2, pp=4),
+    "llama-moe-3.5b": _layout(ep=8, tp=4, pp=4),     # as Mixtral-8x7B: same width, depth and expert count
 }
 
 DTYPE_BYTES = 2  # BF16 activations on the wire

@@ -11,6 +11,7 @@ CARD_PARAMETERS = {
     "mixtral-8x22b": (141.0, 39.0),      # mistral.ai/news/mixtral-8x22b
     "qwen1.5-moe-a2.7b": (14.3, 2.7),    # Qwen/Qwen1.5-MoE-A2.7B model card
     "deepseek-moe-16b": (16.4, 2.8),     # deepseek-ai/deepseek-moe-16b-base card (arXiv 2401.06066)
+    "llama-moe-3.5b": (6.7, 3.5),        # llama-moe org card: 3.5B activated; LLaMA-2-7B split (arXiv 2406.16554)
 }
 
 
