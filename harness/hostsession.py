@@ -1,5 +1,8 @@
 """One host during a run: its SSH connection, the agent, the clock tracker, and reader threads that turn the
-agent's streams into observations on one queue (one event stream end to end)."""
+agent's streams into observations on one queue (one event stream end to end).
+
+A dropped connection ends every stream; each reader reports it once as a 'fault' observation, and
+`reconnect()` brings the session back (new connection, agent, time responder and the same streams)."""
 from __future__ import annotations
 
 import queue
@@ -11,7 +14,7 @@ from devices.hostagent import HostAgent, parse_probe_line, parse_watch_line
 from devices.protocols import LineStream
 from devices.resources import HostResource
 from devices.ssh import SshTransport
-from devices.timing import Deadline
+from devices.timing import Deadline, now_ns
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,9 @@ class HostSession:
         self._clock_lock = threading.Lock()
         self._stop = threading.Event()
         self._sync_error: Exception | None = None
+        self._probe_lock = threading.Lock()  # one clock probe at a time over the shared time responder
+        self._starters: list = []  # how to start each stream again after a reconnect
+        self.reconnects = 0
 
     def open(self) -> None:
         from harness.clock import ClockTracker
@@ -54,13 +60,39 @@ class HostSession:
         self.clock = ClockTracker(self.name)
         self.sync_clock()
 
-    def sync_clock(self):
+    def sync_clock(self, count: int | None = None):
         """One min-delay estimate over the long-lived responder, added to the tracker."""
         from harness.clock import probe
 
-        sample = probe(self._timesrv, count=self.clock_probes, deadline=Deadline(10))
+        with self._probe_lock:
+            sample = probe(self._timesrv, count=count or self.clock_probes, deadline=Deadline(10))
         with self._clock_lock:
             return self.clock.add(sample)
+
+    @property
+    def clock_steps(self) -> int:
+        with self._clock_lock:
+            return len(self.clock.steps)
+
+    def reconnect(self, deadline: Deadline) -> None:
+        """After a dropped connection: end what is left of the old streams, connect again (the transport
+        retries with backoff), reinstall the agent and restart the time responder and every stream.
+        Watch streams start with the current values (INTERVAL 0), which are states, not transitions."""
+        old, self._streams = self._streams, []
+        for stream in old:
+            stream.closed_by_us = True
+            try:
+                stream.close()
+            except Exception:  # the connection is gone anyway
+                pass
+        self.transport.connect()
+        self.agent.install(deadline)
+        with self._probe_lock:
+            self._timesrv = self._keep(self.agent.timesrv())
+        for start in self._starters:
+            start()
+        self.sync_clock()
+        self.reconnects += 1
 
     def to_harness(self, host_ns: int) -> tuple[int, int, int]:
         """(t_ns, offset_ns, uncertainty_ns) of a host timestamp, with the tracker's current model."""
@@ -73,9 +105,9 @@ class HostSession:
             while not self._stop.wait(period_s):
                 try:
                     self.sync_clock()
-                except Exception as exc:  # a dead responder is a fault of this host, reported once
+                    self._sync_error = None
+                except Exception as exc:  # a dead responder: the streams report the drop; retry later
                     self._sync_error = exc
-                    return
 
         t = threading.Thread(target=loop, daemon=True, name=f"{self.name}-clock")
         t.start()
@@ -93,12 +125,12 @@ class HostSession:
                 try:
                     sink.put(parse(recv_ns, line))
                 except DeviceError as exc:
-                    sink.put(Observation("fault", self.name, "", "agent_output", str(exc), 0, 0, recv_ns))
+                    sink.put(Observation("fault", self.name, "", "agent_output", str(exc)[:300], 0, 0, recv_ns))
             ended = f"ended (exit status {getattr(stream, 'exit_status', None)}): {getattr(stream, 'stderr', '')}"
         except (TransportClosed, DeviceError, OSError, EOFError) as exc:
             ended = str(exc)
         if not getattr(stream, "closed_by_us", False) and not self._stop.is_set():
-            sink.put(Observation("fault", self.name, "", f"agent {what}", ended.strip()[:300], 0, 0, 0))
+            sink.put(Observation("fault", self.name, "", f"agent {what}", ended.strip()[:300], 0, 0, now_ns()))
 
     def _spawn(self, stream: LineStream, sink, parse, what: str) -> None:
         t = threading.Thread(target=self._reader, args=(stream, sink, parse, what), daemon=True,
@@ -108,6 +140,10 @@ class HostSession:
 
     def start_watch(self, ports: list[tuple[str, str | None, int | None]], interval_us: int,
                     ethtool_interval_us: int, sink: "queue.Queue[Observation]") -> None:
+        self._starters.append(lambda: self._start_watch(ports, interval_us, ethtool_interval_us, sink))
+        self._start_watch(ports, interval_us, ethtool_interval_us, sink)
+
+    def _start_watch(self, ports, interval_us: int, ethtool_interval_us: int, sink) -> None:
         stream = self._keep(self.agent.watch(ports, interval_us, ethtool_interval_us))
 
         def parse(recv_ns: int, line: str) -> Observation:
@@ -117,6 +153,10 @@ class HostSession:
         self._spawn(stream, sink, parse, "watch")
 
     def start_probe_recv(self, netdev: str, gap_us: int, udp_port: int, sink) -> None:
+        self._starters.append(lambda: self._start_probe_recv(netdev, gap_us, udp_port, sink))
+        self._start_probe_recv(netdev, gap_us, udp_port, sink)
+
+    def _start_probe_recv(self, netdev: str, gap_us: int, udp_port: int, sink) -> None:
         stream = self._keep(self.agent.probe_recv(netdev, gap_us, udp_port))
 
         def parse(recv_ns: int, line: str) -> Observation:
@@ -126,10 +166,16 @@ class HostSession:
         self._spawn(stream, sink, parse, f"probe-recv-{netdev}")
 
     def start_probe_send(self, netdev: str, template: bytes, interval_us: int, sink) -> None:
+        self._starters.append(lambda: self._start_probe_send(netdev, template, interval_us, sink))
+        self._start_probe_send(netdev, template, interval_us, sink)
+
+    def _start_probe_send(self, netdev: str, template: bytes, interval_us: int, sink) -> None:
         stream = self._keep(self.agent.probe_send(netdev, template, interval_us))
         self._spawn(stream, sink, None, f"probe-send-{netdev}")
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End every stream and the connection; waits at most `timeout_s` for the reader threads."""
+        deadline = Deadline(timeout_s)
         self._stop.set()
         for stream in reversed(self._streams):
             stream.closed_by_us = True
@@ -139,5 +185,5 @@ class HostSession:
                 pass
         self._streams = []
         for t in self._threads:
-            t.join(timeout=2)
+            t.join(timeout=deadline.remaining())
         self.transport.close()

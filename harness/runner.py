@@ -1,7 +1,9 @@
 """Playbook execution: resolve the bench, open drivers lazily, run steps, keep the run record.
 
 Teardown is one ExitStack unwound in reverse order on success, error, SIGINT and SIGTERM, so circuits are
-restored and connections closed however the run ends.
+restored and connections closed however the run ends; each restore is bounded in time. A step that meets
+an unrecoverable fault latches the bench broken (`ctx.broken`): later steps are skipped, not attempted.
+On a real inventory the run holds a lease on every OCS (harness.lock) from start to the end of teardown.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import time
 from datetime import datetime, timezone
 from dataclasses import dataclass, field
@@ -32,6 +35,10 @@ BENCH_KINDS = ("emulated:PROFILE", "emulated-netns:PROFILE", "INVENTORY.yaml")
 
 class Aborted(Exception):
     """SIGTERM (or SIGINT) arrived; the run stops and tears down."""
+
+    def __init__(self, signame: str = "SIGTERM"):
+        super().__init__(signame)
+        self.signame = signame
 
 
 @dataclass
@@ -65,6 +72,8 @@ class RunContext:
     results: dict[str, StepResult] = field(default_factory=dict)
     resume_after: dict[str, int] = field(default_factory=dict)  # step name -> last cycle already logged
     manifest_extra: dict[str, Any] = field(default_factory=dict)
+    broken: str | None = None  # set by a step on an unrecoverable fault: the rest of the run is skipped
+    lease: Any = None  # harness.lock.BenchLease on a real bench
     _switches: dict[str, CircuitSwitch] = field(default_factory=dict)
     _sessions: dict[str, Any] = field(default_factory=dict)
 
@@ -139,13 +148,23 @@ def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Pa
 
 
 def run(options: RunOptions) -> int:
-    from harness.finish import finish_run
-
     playbook = load_playbook(options.playbook)
     seed = playbook.seed if options.seed is None else options.seed
     cycles = playbook.cycles if options.cycles is None else options.cycles
     if cycles < 1:
         raise InputError(f"--cycles: expected a positive number, found {cycles}")
+    bench_spec = options.bench or playbook.bench
+    lease = _acquire_lease(bench_spec, options.resume or f"new {playbook.name} run", options)
+    try:
+        return _run(options, playbook, seed, cycles, bench_spec, lease)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _run(options: RunOptions, playbook: Playbook, seed: int, cycles: int, bench_spec: str, lease) -> int:
+    from harness.finish import finish_run
+
     if options.resume:
         run_dir = Path(options.resume)
         if not (run_dir / "manifest.json").exists():
@@ -158,10 +177,12 @@ def run(options: RunOptions) -> int:
     if not options.resume:
         resume_after = {}
     run_id = run_dir.name
-    bench_spec = options.bench or playbook.bench
+    if lease is not None:
+        lease.run_id = run_id
 
     previous = _install_signal_handlers()
     status = "error"
+    signame = ""
     with contextlib.ExitStack() as stack:
         stack.callback(_restore_signal_handlers, previous)
         log = EventLog(run_dir / "events.jsonl", background_fsync=True)  # fsync overlaps the next cycle
@@ -169,7 +190,7 @@ def run(options: RunOptions) -> int:
         bench, emulated = resolve_bench(bench_spec, seed, stack, run_dir)
         ctx = RunContext(playbook=playbook, bench=bench, run_dir=run_dir, run_id=run_id, seed=seed,
                          cycles=cycles, log=log, stack=stack, emulated=emulated, dry_run=options.dry_run,
-                         quiet=options.quiet, resume_after=resume_after)
+                         quiet=options.quiet, resume_after=resume_after, lease=lease)
         inventory_text = None if emulated else Path(bench_spec).read_bytes()
         manifest = rec.build_manifest(playbook, inventory_text=inventory_text, seed=seed,
                                       profile=_profile_record(emulated.profile) if emulated else None,
@@ -184,28 +205,74 @@ def run(options: RunOptions) -> int:
         started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
         try:
             for step in playbook.steps:
+                if ctx.broken:
+                    ctx.results[step.name] = StepResult(ok=False, data={"skipped": True}, checks=[
+                        {"name": "skipped: the bench is latched broken", "ok": False, "detail": ctx.broken}])
+                    continue
                 impl = _step_impl(step.type)
                 ctx.say(f"step [cyan]{step.name}[/] ({step.type})")
                 ctx.results[step.name] = impl(ctx, step)
-            status = "ok" if all(r.ok for r in ctx.results.values()) else "failed"
+            status = "broken" if ctx.broken else "ok" if all(r.ok for r in ctx.results.values()) else "failed"
+            if ctx.broken:
+                ctx.manifest_extra["broken"] = ctx.broken
         except (DeviceError, OSError) as exc:
             status = "error"
-            ctx.say(f"[red]run stopped:[/] {exc}")
+            _error_line(f"run stopped: {exc}")
             ctx.manifest_extra["error"] = str(exc)
-        except (KeyboardInterrupt, Aborted):
-            status = "aborted"
+        except KeyboardInterrupt:
+            status, signame = "aborted", "SIGINT"
+            ctx.say("[yellow]run aborted; restoring the bench[/]")
+        except Aborted as exc:
+            status, signame = "aborted", exc.signame
             ctx.say("[yellow]run aborted; restoring the bench[/]")
         finally:
             try:
                 ctx.teardown.close()  # restore the bench before the record is written (and on abort)
             except (KeyboardInterrupt, Aborted):
                 ctx.teardown.close()  # a second signal must not skip the restore
-            log.flush()
+            try:
+                log.flush()
+            except OSError:
+                pass  # already reported: the log failed during the run
             wall = time.monotonic() - started
+        if ctx.manifest_extra.get("restore_error"):
+            for ocs, why in ctx.manifest_extra["restore_error"].items():
+                _error_line(f"{ocs}: bench NOT restored: {why}")
+        ctx.manifest_extra["signal"] = signame or None
         # The bench is still up here (the stack unwinds after), so ground truth is complete.
-        finish_run(ctx, manifest, status=status, wall_s=wall, started_utc=started_utc)
+        try:
+            finish_run(ctx, manifest, status=status, wall_s=wall, started_utc=started_utc)
+        except OSError as exc:  # e.g. the disk filled up: the JSONL log is still the record
+            _error_line(f"cannot write the run record in {run_dir}: {exc}")
+            status = "error"
     ctx.say(f"done: {status} in {wall:.1f} s — {run_dir}")
-    return {"ok": 0, "failed": 1, "aborted": 130}.get(status, 1)
+    if status == "aborted":
+        return 128 + getattr(signal, signame or "SIGINT")
+    return {"ok": 0, "failed": 1, "broken": 1}.get(status, 1)
+
+
+def _error_line(text: str) -> None:
+    """One line on stderr, also in quiet mode (what stopped the run must never be silent)."""
+    print(" ".join(str(text).split()), file=sys.stderr)
+
+
+def _acquire_lease(bench_spec: str, run_id: str, options: RunOptions):
+    """A lease on every OCS of a real inventory (emulated benches and dry runs skip it)."""
+    if options.dry_run or bench_spec.partition(":")[0] in ("emulated", "emulated-netns"):
+        return None
+    path = Path(bench_spec)
+    if not path.exists():
+        return None  # resolve_bench reports it
+    bench = load_inventory(path)
+    if bench.emulated:
+        return None
+    from harness.lock import BenchLease, BenchLocked, ocs_lock_key
+
+    lease = BenchLease([ocs_lock_key(name, r.url) for name, r in bench.ocs.items()], run_id=run_id)
+    try:
+        return lease.acquire()
+    except BenchLocked as exc:
+        raise InputError(f"bench is locked: {exc}", bench_spec) from None
 
 
 def _logged_cycles(run_dir: Path, playbook: Playbook) -> dict[str, int]:

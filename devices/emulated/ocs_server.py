@@ -9,6 +9,7 @@ With `autonomous=True`, logged-in TL1 sessions also receive `A  <atag> REPT EVT 
 from __future__ import annotations
 
 import os
+import random
 import re
 import select
 import socket
@@ -37,6 +38,65 @@ def _port_list(text: str) -> list[int]:
         lo, sep, hi = item.strip().partition("..")
         ports.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
     return ports
+
+
+class CommandFaults:
+    """OCS faults armed for the next matching commands (devices/emulated/faults.py arms them).
+
+    deny: refuse the command without acting (TL1 DENY SNVS, SCPI error -213); silence: swallow it (no
+    effect, no reply); garbage: act, then bury the reply in line noise; drop_chars: act, then lose a few
+    characters of the reply. Each fired fault is logged in `fired` as (t_ns, kind, command).
+    """
+
+    KINDS = ("deny", "silence", "garbage", "drop_chars")
+
+    def __init__(self, seed: int = 0):
+        self._lock = threading.Lock()
+        self._armed: list[list] = []  # [kind, commands left, changes only]
+        self.rng = random.Random(seed)
+        self.fired: list[tuple[int, str, str]] = []
+
+    def arm(self, kind: str, count: int = 1, changes_only: bool = True) -> None:
+        if kind not in self.KINDS:
+            raise ValueError(f"unknown OCS fault {kind!r} (choose from {', '.join(self.KINDS)})")
+        if count < 1:
+            raise ValueError("count must be >= 1")
+        with self._lock:
+            self._armed.append([kind, int(count), bool(changes_only)])
+
+    def clear(self) -> None:
+        with self._lock:
+            self._armed.clear()
+
+    def take(self, command: str, is_change: bool) -> str | None:
+        """The fault that applies to this command, if any (consumes one use)."""
+        with self._lock:
+            for entry in self._armed:
+                if is_change or not entry[2]:
+                    entry[1] -= 1
+                    if entry[1] <= 0:
+                        self._armed.remove(entry)
+                    self.fired.append((now_ns(), entry[0], command))
+                    return entry[0]
+        return None
+
+    def corrupt(self, data: bytes, kind: str) -> bytes:
+        with self._lock:
+            if kind == "garbage":  # a burst of noise on its own line, anywhere between lines
+                noise = bytes(self.rng.choice([b for b in range(32, 256) if b != ord(";")])
+                              for _ in range(self.rng.randint(3, 12)))
+                cuts = [i + 2 for i in range(len(data) - 1) if data[i:i + 2] == b"\r\n"] or [0]
+                at = self.rng.choice(cuts)
+                return data[:at] + noise + b"\r\n" + data[at:]
+            if kind == "drop_chars":
+                keep = bytearray(data)
+                for _ in range(min(len(keep) - 1, self.rng.randint(1, 3))):
+                    del keep[self.rng.randrange(len(keep))]
+                return bytes(keep)
+        return data
+
+
+_TL1_CHANGES = ("ENT-PATCH", "DLT-PATCH")
 
 
 class _Tl1Session:
@@ -317,9 +377,22 @@ class _Handler(socketserver.BaseRequestHandler):
                     command, _, buffer = buffer.partition(b";")
                     text = command.decode("utf-8", "replace").strip()
                     if text:
-                        session.send(session.handle(text))
+                        session.send(self._tl1_reply(servers, session, text))
         finally:
             servers._tl1_sessions.discard(session)
+
+
+    @staticmethod
+    def _tl1_reply(servers: "OcsServers", session: _Tl1Session, text: str) -> bytes:
+        parts = text.split(":")
+        fault = servers.faults.take(text, parts[0].strip().upper() in _TL1_CHANGES)
+        if fault == "silence":
+            return b""
+        if fault == "deny":
+            ctag = parts[3].strip() if len(parts) > 3 else "0"
+            return session.reply(ctag or "0", False, code="SNVS", comment="Switch busy")
+        reply = session.handle(text)
+        return servers.faults.corrupt(reply, fault) if fault else reply
 
 
 class _Tl1Handler(_Handler):
@@ -355,6 +428,7 @@ class OcsServers:
         self._pty_fds: tuple[int, int] | None = None
         self._stop = threading.Event()
         self.pty_path: str | None = None
+        self.faults = CommandFaults()
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "OcsServers":
@@ -449,10 +523,20 @@ class OcsServers:
             *lines, buffer = _LINE_END.split(buffer)
             for line in lines:
                 text = line.decode("utf-8", "replace").strip()
-                if text:
+                if not text:
+                    continue
+                upper = text.upper()
+                fault = self.faults.take(text, "CONN" in upper or "DISC" in upper or "*RST" in upper)
+                if fault == "silence":
+                    continue
+                if fault == "deny":
+                    session.error(-213, "Init ignored; switch busy")
+                    reply = "1" if "*OPC?" in upper else None
+                else:
                     reply = session.handle_line(text)
-                    if reply is not None:
-                        write(reply.encode() + eol)
+                if reply is not None:
+                    data = reply.encode() + eol
+                    write(self.faults.corrupt(data, fault) if fault else data)
 
     def _serve_pty(self) -> None:
         master = self._pty_fds[0]

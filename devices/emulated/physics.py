@@ -79,7 +79,9 @@ class _Port:
     probe_t0_ns: int = 0
     dp_gen: int = 0  # data-plane generation for first-packet scheduling
     dp_up: bool = False
-    fault: str | None = None  # "never_up" | None
+    fault: str | None = None  # "never_up" | "flap" | None
+    flaps: int = 0  # "flap": carrier down/up cycles after each PHY training, light staying on
+    flap_ns: int = 1_000_000  # "flap": how long each carrier-down and carrier-up phase lasts
 
 
 @dataclass
@@ -138,6 +140,9 @@ class OpticalBench:
         self._lit_ingress = set(self._by_tx)  # every NIC laser is on
         for key in profile.faults.get("never_up") or []:
             self._port_by_key(str(key)).fault = "never_up"
+        for key in profile.faults.get("flap") or []:
+            port = self._port_by_key(str(key))
+            port.fault, port.flaps = "flap", 3
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "OpticalBench":
@@ -303,12 +308,27 @@ class OpticalBench:
                 if port.fault != "never_up":
                     self._at(t + delays("phy_up"), phy_up)
 
+            flaps_left = [port.flaps if port.fault == "flap" else 0]
+
             def phy_up(t, gen=gen):
                 if port.gen != gen:
                     return
                 self._emit(port, t, "phy_up", carrier=True, phys_state="LinkUp",
                            carrier_up_count=port.state.carrier_up_count + 1)
-                self._at(t + delays("port_active"), port_active)
+                if flaps_left[0] > 0:
+                    flaps_left[0] -= 1
+                    self._at(t + port.flap_ns, flap_down)
+                else:
+                    self._at(t + delays("port_active"), port_active)
+
+            def flap_down(t, gen=gen):
+                # The light stays; the PHY loses and retrains the link (a marginal transceiver).
+                if port.gen != gen:
+                    return
+                self._emit(port, t, "port_down", carrier=False, phys_state="Polling",
+                           carrier_down_count=port.state.carrier_down_count + 1,
+                           link_downed=(port.state.link_downed + 1) % 256)
+                self._at(t + port.flap_ns, phy_up)
 
             def port_active(t, gen=gen):
                 if port.gen != gen:
@@ -418,12 +438,18 @@ class OpticalBench:
             self._clocks[host].step_ns += int(delta_ns)
             self._truth.append(dict(t_ns=now_ns(), stage="clock_step", host=host, port="", ocs_port=0))
 
-    def set_port_fault(self, host: str, netdev: str, fault: str | None) -> None:
-        """Fault injection: "never_up" keeps the PHY from training after CDR lock."""
-        if fault not in (None, "never_up"):
+    def set_port_fault(self, host: str, netdev: str, fault: str | None, *, flaps: int = 3,
+                       flap_ms: float = 1.0) -> None:
+        """Fault injection, from the next light-on: "never_up" keeps the PHY from training after CDR lock;
+        "flap" drops and retrains the carrier `flaps` times (each phase `flap_ms`) before the port goes
+        ACTIVE, while the light stays on."""
+        if fault not in (None, "never_up", "flap"):
             raise ValueError(f"unknown port fault {fault!r}")
+        if fault == "flap" and (flaps < 1 or flap_ms <= 0):
+            raise ValueError("a flap needs flaps >= 1 and flap_ms > 0")
         with self._lock:
-            self._port(host, netdev).fault = fault
+            port = self._port(host, netdev)
+            port.fault, port.flaps, port.flap_ns = fault, int(flaps), int(flap_ms * 1e6)
 
     def subscribe(self, host: str, callback: Callable[[NicChange], None]) -> Callable[[], None]:
         with self._lock:

@@ -73,6 +73,8 @@ class ExecContext:
         if self._redirect is not None:
             self._redirect.append(data)
             return
+        if self.server.reply_delay_s > 0:  # fault injection: a slow (loaded) host
+            time.sleep(self.server.reply_delay_s)
         try:
             self.channel.sendall(data)
         except (OSError, EOFError) as exc:
@@ -241,6 +243,7 @@ class EmulatedHostServer:
         self._running = False
         self._latched: set[tuple[str, str]] = set()
         self._unsubscribe: Callable[[], None] | None = None
+        self.reply_delay_s = 0.0  # fault injection: every output write of a command waits this long
         self.host_key: paramiko.Ed25519Key | None = None
         self.client_public_key: paramiko.PKey | None = None
 

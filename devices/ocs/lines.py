@@ -91,14 +91,28 @@ class LineChannel(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def reopen(self) -> None:
+        """Close and open the connection again (after a timeout or a drop), dropping anything buffered."""
+        self.close()
+        self._splitter = LineSplitter()
+        self._ready.clear()
+        self._open()
+
+    def _open(self) -> None:
+        raise TransportClosed(f"{self.description}: this channel cannot be reopened")
+
 
 class TcpLineChannel(LineChannel):
     """A plain TCP connection with Nagle disabled (a split write otherwise costs ~40 ms)."""
 
     def __init__(self, host: str, port: int, connect_timeout_s: float = 10.0):
         super().__init__(f"tcp://{host}:{port}")
+        self._address, self._connect_timeout_s = (host, port), connect_timeout_s
+        self._open()
+
+    def _open(self) -> None:
         try:
-            self._sock = socket.create_connection((host, port), timeout=connect_timeout_s)
+            self._sock = socket.create_connection(self._address, timeout=self._connect_timeout_s)
         except OSError as exc:
             raise TransportClosed(f"cannot connect to {self.description}: {exc}") from exc
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -133,11 +147,16 @@ class SerialLineChannel(LineChannel):
 
     def __init__(self, url: str, baudrate: int = 38400, exclusive: bool = True):
         super().__init__(url)
+        self._url, self._baudrate, self._exclusive = url, baudrate, exclusive
+        self._open()
+
+    def _open(self) -> None:
         import serial  # pyserial; imported here so TCP-only users do not pay for it
 
-        kwargs = {"baudrate": baudrate, "timeout": _POLL_S, "write_timeout": 10.0}
+        url = self._url
+        kwargs = {"baudrate": self._baudrate, "timeout": _POLL_S, "write_timeout": 10.0}
         if "://" not in url:
-            kwargs["exclusive"] = exclusive  # only local device paths support locking
+            kwargs["exclusive"] = self._exclusive  # only local device paths support locking
         try:
             self._port = serial.serial_for_url(url, **kwargs)
         except (serial.SerialException, ValueError, OSError) as exc:

@@ -64,6 +64,22 @@ class ScpiSwitch(CircuitSwitch):
         self._broken = False
         self._write("*CLS")  # start from an empty error queue
 
+    @property
+    def timeout_s(self) -> float:
+        """Default deadline of one command (seconds)."""
+        return self._timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, value: float) -> None:
+        self._timeout_s = float(value)
+
+    def reconnect(self) -> None:
+        """Reopen the line after a timeout (SCPI replies carry no tag, so the old stream is abandoned)."""
+        with self._lock:
+            self._channel.reopen()
+            self._broken = False
+        self._write("*CLS")
+
     # ---- raw protocol -------------------------------------------------------------------------
     def _write(self, text: str) -> int:
         if self._broken:

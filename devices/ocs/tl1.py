@@ -134,6 +134,24 @@ class Tl1Switch(CircuitSwitch):
             raise DeviceDenied(shown, response.error_code or response.status, response.comment)
         return response
 
+    @property
+    def timeout_s(self) -> float:
+        """Default deadline of one command (seconds)."""
+        return self._timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, value: float) -> None:
+        self._timeout_s = float(value)
+
+    def reconnect(self) -> None:
+        """A fresh session after a timeout or a dropped connection: reopen the channel, log in again.
+        A hung session is abandoned without CANC-USER (it would not answer)."""
+        with self._lock:
+            self._logged_in = False
+            self._channel.reopen()
+        if self.resource.user:
+            self.login(self.resource.user, self.resource.password or "")
+
     def login(self, user: str, password: str) -> CommandTiming:
         self.command("ACT-USER", user, password, redact=True)
         self._logged_in = True

@@ -1,0 +1,175 @@
+"""Bench lock: a lease per OCS, so two runs never drive the same switch.
+
+A lease is a small JSON file `<dir>/<key>.json` (owner, host, pid, run id, expiry in wall-clock seconds,
+a random token). It is taken only if absent, expired, or left by a dead process on this machine, and a
+keep-alive thread renews it every ttl/3 — so a crashed run (SIGKILL, power loss) holds the bench for at
+most `ttl_s`, never forever. Check-and-write happens under an flock on `<key>.guard`, so two runs on one
+machine cannot both win; put the directory (`OCS_HIL_LOCK_DIR`) on a shared file system to lock across
+machines. Emulated benches skip the lock (each run has its own switch).
+"""
+from __future__ import annotations
+
+import fcntl
+import getpass
+import json
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+LOCK_DIR_ENV = "OCS_HIL_LOCK_DIR"
+DEFAULT_TTL_S = 60.0
+
+
+class BenchLocked(Exception):
+    """Another live run holds the lease; the message names it and when the lease expires."""
+
+
+def lock_dir() -> Path:
+    return Path(os.environ.get(LOCK_DIR_ENV) or Path.home() / ".cache" / "ocs-hil" / "locks")
+
+
+def ocs_lock_key(name: str, url: str) -> str:
+    """A file-name-safe key for one switch, by its address (two inventories naming it differently still
+    collide, as they must)."""
+    return "ocs-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", url.strip().lower()).strip("_")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+@contextmanager
+def _guard(directory: Path, key: str):
+    with open(directory / f"{key}.guard", "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def read_lease(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}  # unreadable: treated as expired (it cannot name a live owner)
+    return data if isinstance(data, dict) else {}
+
+
+def lease_is_live(lease: dict | None, now: float | None = None) -> bool:
+    """Held by someone: not expired, and not left by a dead process on this very machine."""
+    if not lease:
+        return False
+    now = time.time() if now is None else now
+    if float(lease.get("expires", 0)) <= now:
+        return False
+    if lease.get("hostname") == socket.gethostname() and isinstance(lease.get("pid"), int):
+        return _pid_alive(lease["pid"])
+    return True
+
+
+class BenchLease:
+    """Leases on `keys` (all or none). `with BenchLease([...], run_id=...):` or acquire()/release()."""
+
+    def __init__(self, keys: list[str], *, run_id: str = "", ttl_s: float = DEFAULT_TTL_S,
+                 directory: str | os.PathLike | None = None):
+        if ttl_s <= 0:
+            raise ValueError("ttl_s must be > 0")
+        self.keys = sorted(set(keys))
+        self.run_id = run_id
+        self.ttl_s = float(ttl_s)
+        self.directory = Path(directory) if directory is not None else lock_dir()
+        self.token = secrets.token_hex(8)
+        self.owner = f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
+        self.lost: str | None = None  # set by the keep-alive when the lease was taken over or cannot be renewed
+        self._held: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}.json"
+
+    def _record(self) -> dict:
+        return {"owner": self.owner, "hostname": socket.gethostname(), "pid": os.getpid(), "run_id": self.run_id,
+                "token": self.token, "expires": time.time() + self.ttl_s,
+                "acquired_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+    def _write(self, key: str, record: dict) -> None:
+        path = self._path(key)
+        tmp = path.with_name(f".{path.name}.{self.token}.tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+
+    def acquire(self, keepalive: bool = True) -> "BenchLease":
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            for key in self.keys:
+                with _guard(self.directory, key):
+                    current = read_lease(self._path(key))
+                    if lease_is_live(current) and current.get("token") != self.token:
+                        until = datetime.fromtimestamp(float(current["expires"]), timezone.utc)
+                        raise BenchLocked(f"{key} is in use by {current.get('owner', '?')} (run "
+                                          f"{current.get('run_id') or '?'}); its lease expires "
+                                          f"{until.isoformat(timespec='seconds')} unless renewed")
+                    self._write(key, self._record())
+                    self._held.append(key)
+        except BaseException:
+            self.release()
+            raise
+        if keepalive:
+            self._thread = threading.Thread(target=self._keepalive, daemon=True, name="bench-lease")
+            self._thread.start()
+        return self
+
+    def renew(self) -> None:
+        """Push every expiry ttl_s ahead; sets `lost` if another run took a lease over meanwhile."""
+        for key in self._held:
+            with _guard(self.directory, key):
+                current = read_lease(self._path(key))
+                if not current or current.get("token") != self.token:
+                    self.lost = f"lease {key} was taken over by {(current or {}).get('owner', 'nobody')}"
+                    continue
+                current["expires"] = time.time() + self.ttl_s
+                current["run_id"] = self.run_id
+                self._write(key, current)
+
+    def _keepalive(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                self.renew()
+            except OSError as exc:
+                self.lost = f"cannot renew the bench lease: {exc}"
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        for key in self._held:
+            try:
+                with _guard(self.directory, key):
+                    current = read_lease(self._path(key))
+                    if current and current.get("token") == self.token:
+                        self._path(key).unlink()
+            except OSError:
+                pass  # it expires on its own
+        self._held = []
+
+    def __enter__(self) -> "BenchLease":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
