@@ -1,7 +1,8 @@
 """MixNet greedy circuits: lazy heap vs the literal argmax loop, greedy/exact gap, claim-evaluation cost.
 
-Run: .venv/bin/python benchmarks/bench_greedy.py [--quick]
-Prints p50/p99 wall times and ratios; no assertions.
+Run: .venv/bin/python benchmarks/bench_greedy.py [--quick] [--table]
+Prints p50/p99 wall times and ratios; no assertions. `--table` prints only the per-model iteration time at
+constant delays 0 / 25 ms / 45 ms / 5.7 s (defaults, then the released simulator's overlap and policy).
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def bench_gap(quick: bool) -> None:
 
 
 def bench_claims(quick: bool) -> None:
-    print("== evaluate_claims on the four default models x {100, 400} Gb/s")
+    print("== evaluate_claims on the default models x {100, 400} Gb/s")
     rng = np.random.default_rng(1)
     ocs = rng.lognormal(np.log(0.043), 0.17, 500)     # shaped like the MixNet prototype's OCS figures
     total = ocs + rng.lognormal(np.log(5.6), 0.05, 500)
@@ -65,14 +66,37 @@ def bench_claims(quick: bool) -> None:
     n_boot = 50 if quick else 200
     t = time.perf_counter()
     out = claims.evaluate_claims({"ocs": ocs, "total": total}, scenarios=scenarios, seed=0, n_boot=n_boot)
+    cal = out["calibration"]
     print(f"build {built:.2f} s, evaluate (n_boot={n_boot}, n_reps=32) {time.perf_counter() - t:.2f} s; "
-          f"verdicts: " + ", ".join(f"{c['id']}={c['verdict']}" for c in out["claims"]))
+          f"verdicts: " + ", ".join(f"{c['id']}={c['verdict']}" for c in out["claims"])
+          + f"; paper reproduced at 25 ms in {cal['scenarios_reproduced']}/{cal['of']} scenarios")
+
+
+def print_delay_table(**scenario_options) -> None:
+    """T_ft and T_mix at d = 0 / 25 ms / 45 ms (OCS-like) / 5.7 s (NIC-like) with the break-even d*."""
+    label = ", ".join(f"{k}={v}" for k, v in scenario_options.items()) or "defaults"
+    print(f"== iteration time vs constant reconfiguration delay ({label}); d*: T_mix(d*) = 1.05 x T_ft")
+    print(f"{'model':18s} {'link':>4s} {'T_ft s':>8s} {'d=0':>8s} {'25 ms':>8s} {'45 ms':>8s} {'5.7 s':>9s} "
+          f"{'x T_ft at 25ms':>14s} {'d* ms':>8s} {'paper':>6s}")
+    scenarios = claims.build_scenarios(seed=0, **scenario_options)
+    for row in claims.delay_table(scenarios, (0.0, 0.025, 0.045, 5.7)):
+        d_star = "inf" if row["break_even_never_reached"] else \
+            "-" if row["break_even_ms"] is None else f"{row['break_even_ms']:.1f}"
+        paper = "-" if row["paper_reported_ratio"] is None else f"{row['paper_reported_ratio']:.3f}"
+        print(f"{row['model']:18s} {row['link_gbps']:4d} {row['t_fat_tree_s']:8.3f} "
+              + " ".join(f"{t:8.3f}" for t in row["t_mixnet_s"][:3]) + f" {row['t_mixnet_s'][3]:9.1f} "
+              f"{row['ratio'][1]:14.3f} {d_star:>8s} {paper:>6s}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and instances")
+    parser.add_argument("--table", action="store_true", help="only the per-model delay table")
     args = parser.parse_args()
+    if args.table:
+        print_delay_table()
+        print_delay_table(overlap="simulator", reconfigure="always")
+        return
     bench_heap_vs_argmax(args.quick)
     bench_gap(args.quick)
     bench_claims(args.quick)
