@@ -44,6 +44,10 @@ def test_contract_json_and_determinism(scenarios, measured):
     for c in a["claims"]:
         assert set(c) == {"id", "statement", "criterion", "verdict", "evidence"}
         assert c["verdict"] in {"holds", "falsified", "inconclusive"}
+        for row in c["evidence"]["scenarios"]:       # only a calibrated model may falsify
+            cal = row["calibration"]
+            assert row["verdict"] != "falsified" or (cal["reproduced"] and cal["reproduced_as_built"])
+            assert cal["reproduced_as_built"] == (row["verdict_by_delay"]["paper_25ms"] == "holds")
     for kind in ("ocs", "total"):
         m = a["measured"][f"{kind}_ms"]
         assert m["n"] == 120 and m["mean"] == pytest.approx(measured[kind].mean() * 1e3)
