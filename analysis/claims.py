@@ -306,8 +306,7 @@ def evaluate_claims(measured: Mapping, *, scenarios: Sequence[Scenario] | None =
                                            n_boot=n_boot, per_port_max=per_port_max, confidence=confidence)
         ce_factor = t_ft * sc.cost_fat_tree / sc.cost_mixnet     # CE = ce_factor / T_mix
         per_scenario.append({"sc": sc, "t_ft": t_ft, "t0": t0, "t_paper": t_paper, "t_calibration": t_calibration,
-                             "stats": stats,
-                             "ce_factor": ce_factor,
+                             "stats": stats, "ce_factor": ce_factor,
                              "break_even_s": mx.break_even_delay(sc.mixnet, (1 + tolerance) * t_ft),
                              "break_even_strict_s": mx.break_even_delay(sc.mixnet, t_ft)})
 
