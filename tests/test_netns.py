@@ -230,3 +230,16 @@ def test_mirror_moves_rewire_the_ocs_filters_as_tc_sees_them(bench, prefix):
         subprocess.run(plane.tc_command(pa, None), check=True)
         assert tc_show(plane, pa.ocs_dev).strip() == ""
         assert not plane.errors
+
+
+def test_probe_send_builds_its_own_frame_from_dst_mac(bench, prefix):
+    with NetnsPlane(bench, prefix) as plane:
+        a, b, _ = bench.all_nic_ports()
+        bench.ocs_apply({a.ocs_tx: b.ocs_rx, b.ocs_tx: a.ocs_rx})
+        rx = agent(plane, b.host, "probe-recv", "--iface", b.netdev, "--gap-us", "20000", "--udp-port", "5000")
+        tx = agent(plane, a.host, "probe-send", "--iface", a.netdev, "--dst-mac", b.mac, "--interval-us", "1000",
+                   "--udp-port", "5000")
+        first = rx.next_matching(lambda w: w[1] == "first")
+        assert first[2] == a.mac  # the agent read its own MAC from sysfs
+        assert tx.finish()[-1][0] == "sent"
+        rx.finish()
