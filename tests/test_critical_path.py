@@ -1,0 +1,138 @@
+"""Spec §1 oracles for the smoothed critical path."""
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from analysis.critical_path import DagPlan, log_num_paths, longest_path, smoothed_critical_path
+
+DIAMOND = dict(num_nodes=4, src=[0, 1, 0, 2], dst=[1, 3, 2, 3], length=[1.0, 2.0, 2.0, 2.0])
+
+
+def test_diamond_oracle():
+    U, mu = smoothed_critical_path(**DIAMOND, beta=1.0)
+    assert U == pytest.approx(4 + np.log1p(np.exp(-1)), abs=1e-12)
+    assert U == pytest.approx(4.313262, abs=1e-6)
+    assert mu[2] == pytest.approx(0.731059, abs=1e-6) and mu[3] == pytest.approx(0.731059, abs=1e-6)
+    assert mu[0] == pytest.approx(0.268941, abs=1e-6)
+    U100, mu100 = smoothed_critical_path(**DIAMOND, beta=100.0)
+    assert U100 == pytest.approx(4.0, abs=1e-3)
+    np.testing.assert_allclose(mu100, [0, 0, 1, 1], atol=1e-12)
+    Uinf, muinf = smoothed_critical_path(**DIAMOND, beta=np.inf)
+    assert Uinf == 4.0
+    np.testing.assert_array_equal(muinf, [0, 0, 1, 1])
+
+
+def random_dag(draw_or_rng, n, p):
+    rng = draw_or_rng
+    src, dst = [], []
+    for v in range(1, n):
+        preds = [u for u in range(v) if rng.random() < p] or [int(rng.integers(0, v))]
+        src += preds
+        dst += [v] * len(preds)
+    return np.array(src), np.array(dst)
+
+
+def enumerate_paths(n, src, dst):
+    out = {u: [] for u in range(n)}
+    for a, (u, v) in enumerate(zip(src, dst)):
+        out[u].append((a, v))
+    paths = []
+
+    def rec(u, acc):
+        if u == n - 1:
+            paths.append(list(acc))
+            return
+        for a, v in out[u]:
+            rec(v, acc + [a])
+    rec(0, [])
+    return paths
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 12), p=st.floats(0.1, 0.7), seed=st.integers(0, 10_000),
+       beta=st.sampled_from([0.3, 1.0, 5.0, 40.0]))
+def test_random_dag_vs_path_enumeration(n, p, seed, beta):
+    rng = np.random.default_rng(seed)
+    src, dst = random_dag(rng, n, p)
+    ell = rng.uniform(0, 3, src.size)
+    paths = enumerate_paths(n, src, dst)
+    if not paths:
+        with pytest.raises(ValueError):
+            smoothed_critical_path(n, src, dst, ell, beta)
+        return
+    L = np.array([ell[pth].sum() for pth in paths])
+    U, mu = smoothed_critical_path(n, src, dst, ell, beta)
+    from scipy.special import logsumexp
+    assert U == pytest.approx(logsumexp(beta * L) / beta, rel=1e-12, abs=1e-12)
+    # bounds: max L <= U <= max L + log N / beta
+    assert L.max() - 1e-12 <= U <= L.max() + np.log(len(paths)) / beta + 1e-12
+    # marginals = Gibbs probability that an arc is on the path
+    pg = np.exp(beta * L - logsumexp(beta * L))
+    mu_ref = np.zeros(src.size)
+    for w, pth in zip(pg, paths):
+        mu_ref[pth] += w
+    np.testing.assert_allclose(mu, mu_ref, atol=1e-12)
+    assert log_num_paths(n, src, dst) == pytest.approx(np.log(len(paths)), abs=1e-12)
+    # hard limit = max-plus longest path, one-hot on a longest path
+    Uh, muh = longest_path(n, src, dst, ell)
+    assert Uh == pytest.approx(L.max(), abs=1e-12)
+    assert set(np.unique(muh)) <= {0.0, 1.0}
+    assert ell[muh == 1].sum() == pytest.approx(L.max(), abs=1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(3, 12), seed=st.integers(0, 10_000))
+def test_marginals_are_finite_difference_gradient(n, seed):
+    rng = np.random.default_rng(seed)
+    src, dst = random_dag(rng, n, 0.4)
+    if not enumerate_paths(n, src, dst):
+        return
+    ell = rng.uniform(0, 2, src.size)
+    beta = 2.0
+    plan = DagPlan.build(n, src, dst)
+    _, mu = smoothed_critical_path(n, src, dst, ell, beta, plan=plan)
+    h = 1e-6
+    for a in range(src.size):
+        e = np.zeros(src.size)
+        e[a] = h
+        fd = (smoothed_critical_path(n, src, dst, ell + e, beta, plan=plan)[0]
+              - smoothed_critical_path(n, src, dst, ell - e, beta, plan=plan)[0]) / (2 * h)
+        assert fd == pytest.approx(mu[a], abs=1e-7)
+
+
+def test_unit_flow_and_large_beta_stability():
+    rng = np.random.default_rng(3)
+    src, dst = random_dag(rng, 60, 0.3)
+    ell = rng.uniform(0, 1000, src.size)     # beta * l up to 1e7: only the log domain survives this
+    U, mu = smoothed_critical_path(60, src, dst, ell, 1e4)
+    Uh, _ = longest_path(60, src, dst, ell)
+    tol = 1e-12 * Uh
+    assert Uh - tol <= U <= Uh + log_num_paths(60, src, dst) / 1e4 + tol
+    out = np.bincount(src, mu, 60) - np.bincount(dst, mu, 60)
+    assert out[0] == pytest.approx(1.0) and out[-1] == pytest.approx(-1.0)
+    np.testing.assert_allclose(out[1:-1], 0, atol=1e-9)
+
+
+def test_input_validation_and_unreachable_nodes():
+    with pytest.raises(ValueError):
+        smoothed_critical_path(3, [1], [0], [1.0], 1.0)          # not topological
+    with pytest.raises(ValueError):
+        smoothed_critical_path(3, [0], [1], [1.0], 1.0)          # sink unreachable
+    # node 1 unreachable from source (root other than 0); node 2 a dead end: both must get mu = 0
+    U, mu = smoothed_critical_path(5, [1, 0, 0, 1], [3, 2, 4, 4], [5.0, 1.0, 2.0, 9.0], 1.0)
+    assert U == pytest.approx(2.0)
+    np.testing.assert_allclose(mu, [0, 0, 1, 0])
+
+
+def test_layered_dag_matches_generic_order():
+    """Permuting arc order must not change anything (level grouping is internal)."""
+    rng = np.random.default_rng(0)
+    src, dst = random_dag(rng, 40, 0.2)
+    ell = rng.uniform(0, 1, src.size)
+    perm = rng.permutation(src.size)
+    U1, mu1 = smoothed_critical_path(40, src, dst, ell, 3.0)
+    U2, mu2 = smoothed_critical_path(40, src[perm], dst[perm], ell[perm], 3.0)
+    assert U1 == pytest.approx(U2, abs=1e-12)
+    np.testing.assert_allclose(mu1[perm], mu2, atol=1e-13)

@@ -1,0 +1,90 @@
+"""Spec §4 oracles: GLR-CUSUM / KT statistic, false-alarm bounds, calibration, detection delay."""
+import numpy as np
+import pytest
+from scipy.special import betaln
+
+from analysis.detect import (GlrCusum, analytic_threshold, calibrate_threshold, false_alarm_rate, glr_statistics,
+                             log_kt)
+
+P0 = np.array([0.4, 0.3, 0.2, 0.1])
+
+
+@pytest.mark.parametrize("variant", ["glr", "kt"])
+def test_streaming_equals_batch(variant):
+    rng = np.random.default_rng(0)
+    counts = np.vstack([rng.multinomial(30, P0, 40), rng.multinomial(30, [.1, .2, .3, .4], 20)])
+    det = GlrCusum(P0, window=12, threshold=np.inf, variant=variant)
+    stream = []
+    for c in counts:
+        det.update(c)
+        stream.append(det.statistic)
+    np.testing.assert_allclose(stream, glr_statistics(counts, P0, 12, variant), rtol=1e-10, atol=1e-10)
+
+
+def test_bernoulli_glr_and_kt_closed_forms():
+    """m = 2: GLR = max_k of the Bernoulli GLR (Besson et al. 2022); KT = Beta(1/2,1/2) mixture."""
+    rng = np.random.default_rng(1)
+    p0 = np.array([0.3, 0.7])
+    counts = rng.multinomial(10, [0.6, 0.4], 15)
+    S = glr_statistics(counts, p0, 6)
+    for t in range(15):
+        best = 0.0
+        for k in range(max(0, t - 5), t + 1):
+            x, n = counts[k:t + 1, 0].sum(), counts[k:t + 1].sum()
+            ph = x / n
+            llr = sum(c * np.log(q / p) for c, q, p in ((x, ph, p0[0]), (n - x, 1 - ph, p0[1])) if c > 0)
+            best = max(best, llr)
+        assert S[t] == pytest.approx(best, abs=1e-10)
+    for a, b in [(0, 0), (3, 5), (10, 0), (7, 7)]:
+        assert log_kt(np.array([a, b])) == pytest.approx(betaln(a + .5, b + .5) - betaln(.5, .5), abs=1e-12)
+
+
+@pytest.mark.parametrize("variant", ["glr", "kt"])
+def test_false_alarm_at_analytic_threshold_below_delta(variant):
+    """>= 10^4 H0 runs: frequency of any alarm before the horizon <= delta (the bound's guarantee)."""
+    m, n, W, T, delta = 3, 20, 10, 50, 0.05
+    h = analytic_threshold(m, W, T, delta, n_max=W * n, variant=variant)
+    fa = false_alarm_rate(np.ones(m) / m, n, W, T, h, runs=10_000, seed=2, variant=variant)
+    assert fa <= delta
+
+
+def test_calibrated_threshold_hits_target_and_sits_below_bound():
+    cal = calibrate_threshold(P0, 20, 10, 100, 0.1, runs=3000, seed=3)
+    assert cal["threshold"] < cal["bound"]
+    fa = false_alarm_rate(P0, 20, 10, 100, cal["threshold"], runs=3000, seed=4)
+    se = np.sqrt(0.1 * 0.9 / 3000)
+    assert abs(fa - 0.1) < 5 * np.sqrt(2) * se
+    kt = calibrate_threshold(P0, 20, 10, 100, 0.1, runs=1000, seed=3, variant="kt")
+    assert kt["threshold"] < kt["bound"] == pytest.approx(np.log(100 / 0.1))
+
+
+def test_detection_delay_and_change_estimate():
+    """Shift p0 -> p1 at epoch 100: delay ~ h / (n KL(p1||p0)) (Lorden), k_hat near the change."""
+    p1 = np.array([0.3, 0.3, 0.2, 0.2])
+    kl = np.sum(p1 * np.log(p1 / P0))
+    n, h = 50, 13.5
+    rng = np.random.default_rng(5)
+    delays, errs = [], []
+    for _ in range(40):
+        det = GlrCusum(P0, window=50, threshold=h)
+        counts = np.vstack([rng.multinomial(n, P0, 100), rng.multinomial(n, p1, 100)])
+        for t, c in enumerate(counts):
+            if det.update(c):
+                break
+        if det.alarm_time is not None and det.alarm_time >= 100:
+            delays.append(det.alarm_time - 99)
+            errs.append(det.change_estimate - 100)
+    assert len(delays) >= 30
+    assert 0.5 * h / (n * kl) <= np.mean(delays) <= 2.0 * h / (n * kl)
+    assert np.median(np.abs(errs)) <= 3
+
+
+def test_reset_and_validation():
+    det = GlrCusum(P0, 5, 1.0)
+    assert det.update([50, 0, 0, 0])
+    det.reset(p0=[1, 1, 1, 1])
+    assert det.statistic == 0 and det.alarm_time is None and det.p0[0] == pytest.approx(0.25)
+    with pytest.raises(ValueError):
+        det.update([1, 2, 3])
+    with pytest.raises(ValueError):
+        GlrCusum(P0, 5, 1.0, variant="x")
