@@ -24,11 +24,6 @@ TRUE = {
 }
 
 
-def _close(true: float, fit: dict, key: str, rel: float) -> bool:
-    lo, hi = fit["ci95"][key]
-    return lo <= true <= hi or abs(fit["spec"][key] - true) <= rel * true
-
-
 def test_fitting_an_emulator_run_recovers_its_profile(tmp_path):
     profile = tmp_path / "true.yaml"
     profile.write_text(yaml.safe_dump(TRUE))
@@ -46,10 +41,14 @@ def test_fitting_an_emulator_run_recovers_its_profile(tmp_path):
     assert phy["n"] == 160 and cdr["n"] == 160
     # The family is recovered where the data can tell (phy_up is lognormal with a long tail) ...
     assert phy["choice"] in ("lognormal", "empirical")
-    # ... and the parameters: the true value inside the fit's 95 % CI, or within 10 % when scheduler
-    # lateness on a loaded machine shifts every delay by a little.
-    assert _close(30.0, phy, "mean_ms", 0.10)
-    assert _close(60.0, phy, "p99_ms", 0.15)
-    assert _close(15.0, cdr, "mean_ms", 0.10)
+    # ... and so is each distribution: the true mean inside the fit's 95 % CI, or within 10 % when
+    # scheduler lateness on a loaded machine shifts every delay a little; the p99 within 20 %.
+    true = load_profile(str(profile))
+    for key, fit in (("phy_up", phy), ("cdr_lock", cdr)):
+        want, got = true.nic[key], fitted.nic[key]
+        ci = fit["ci95"].get("mean_ms")
+        inside = ci is not None and ci[0] <= want.mean_s * 1e3 <= ci[1]
+        assert inside or abs(got.mean_s - want.mean_s) <= 0.10 * want.mean_s, (key, fit)
+        assert abs(got.quantile(0.99) - want.quantile(0.99)) <= 0.20 * want.quantile(0.99), (key, fit)
     assert abs(fitted.ocs["switch"].mean_s - 0.020) < 0.004
     assert abs(fitted.nic["port_active"].mean_s - 0.002) < 0.001
