@@ -1,7 +1,8 @@
 """Fault matrix: one run on the emulated bench per fault kind, scored against the emulator's ground truth.
 
 For each fault: cycles ok / faulted, true physical events (ground truth) the harness should have recorded
-and did not — in cycles it called ok ("lost", goal 0) and in cycles it labelled faulted (allowed, with the
+and did not — within each cycle's watch window (its start to the moment it stopped watching), in
+cycles it called ok ("lost", goal 0) and in cycles it labelled faulted (allowed, with the
 cause recorded) — whether every injected fault left a `fault` event in its cycle, the exit code, and
 whether the switch was restored (the runner's check of `patches()` against its start snapshot).
 `harness_kill` is a SIGKILL in the middle of a reconfiguration followed by `--resume`.
@@ -69,6 +70,9 @@ def score(run: Path) -> dict:
     lost_ok = lost_faulted = true_events = 0
     if truth is not None:
         truth = truth[truth["cycle"].isin(cycles)]  # cycles never recorded (run stopped) are reported apart
+        # a cycle's watch window ends when it stops watching (the restore after the last one is no event)
+        windows = pd.read_parquet(run / "cycles.parquet").set_index("cycle")
+        truth = truth[truth["t_ns"].to_numpy() <= windows.loc[truth["cycle"], "done_ns"].to_numpy()]
         true_keys = set(map(tuple, truth[KEY].drop_duplicates().to_numpy()))
         got = set(map(tuple, measured[KEY].drop_duplicates().to_numpy()))
         missing = true_keys - got

@@ -169,9 +169,20 @@ class Tl1Switch(CircuitSwitch):
     def _read_patches(self) -> tuple[dict[int, int], CommandTiming]:
         response = self.command("RTRV-PATCH")
         patches: dict[int, int] = {}
-        for payload in response.payloads:
-            if m := _PATCH.match(payload):
-                patches[int(m.group(1))] = int(m.group(2))
+        n, m = self.resource.size
+        for line in response.body:
+            # Strict: TL1 has no checksum, so a line hit by noise must fail the read, not vanish from it.
+            quoted = _QUOTED.match(line)
+            pair = _PATCH.match(quoted.group(1)) if quoted else None
+            if pair is None:
+                if _COMMENT.fullmatch(line.strip()):
+                    continue
+                raise DeviceError(f"RTRV-PATCH: malformed reply line {line[:80]!r}")
+            ingress, egress = int(pair.group(1)), int(pair.group(2))
+            in_range = 1 <= ingress <= n < egress <= n + m if n and m else 1 <= ingress and 1 <= egress
+            if not in_range or ingress in patches or egress in patches.values():
+                raise DeviceError(f"RTRV-PATCH: impossible patch {ingress},{egress} in the reply")
+            patches[ingress] = egress
         return patches, self.last_timing
 
     def connect(self, ingress: int, egress: int) -> CommandTiming:

@@ -72,7 +72,12 @@ REACHED = {"light_detected": ("rx_los", "0"), "cdr_locked": ("rx_lol", "0"), "ph
 
 
 class BenchBroken(DeviceError):
-    """An unrecoverable fault: the bench is latched broken and what depends on it is skipped."""
+    """An unrecoverable fault: the bench is latched broken and what depends on it is skipped. `causes`:
+    the transient faults met on the way (each retry)."""
+
+    def __init__(self, message: str, causes: list[str] | None = None):
+        super().__init__(message)
+        self.causes = list(causes or [])
 
 
 @dataclass
@@ -182,17 +187,22 @@ class TurnaroundRun:
         outcome: dict[str, object] = {}
 
         def work():
+            touched = set(self.tx.values()) | set(self.rx.values())
+            wanted = {i: e for i, e in self.original.items() if i in touched or e in touched}
             try:
                 if self.switch_suspect and hasattr(self.switch, "reconnect"):
                     self.switch.reconnect()
-                touched = set(self.tx.values()) | set(self.rx.values())
-                wanted = {i: e for i, e in self.original.items() if i in touched or e in touched}
                 self._apply_retrying(wanted, Deadline(self.p["teardown_s"]))
-                now = self.switch.patches()
-                outcome["restored"] = all(now.get(i) == e for i, e in wanted.items()) and not any(
-                    i in touched and i not in wanted for i in now)
             except Exception as exc:  # report, never mask the original error
                 outcome["error"] = str(exc)
+            try:  # verify what the switch reports, whether or not the apply went through
+                now = self.switch.patches()
+                outcome["restored"] = all(now.get(i) == e for i, e in wanted.items()) and not any(
+                    (i in touched or e in touched) and now.get(i) != wanted.get(i) for i, e in now.items())
+                if outcome["restored"]:
+                    outcome.pop("error", None)
+            except Exception as exc:
+                outcome.setdefault("error", str(exc))
 
         worker = threading.Thread(target=work, daemon=True, name="restore")
         worker.start()
@@ -228,7 +238,7 @@ class TurnaroundRun:
                 raise
             except DeviceDenied as exc:
                 if exc.code in PERMANENT_DENY:
-                    raise BenchBroken(f"ocs {self.ocs}: {exc}") from exc
+                    raise BenchBroken(f"ocs {self.ocs}: {exc}", causes) from exc
                 causes.append(f"ocs-retry:{self.ocs}: denied {exc.code}")
             except (DeviceTimeout, TransportClosed) as exc:
                 self.switch_suspect = True
@@ -236,7 +246,8 @@ class TurnaroundRun:
             except DeviceError as exc:  # e.g. a garbled reply that parsed as something else
                 self.switch_suspect = True
                 causes.append(f"ocs-retry:{self.ocs}: {str(exc)[:120]}")
-        raise BenchBroken(f"ocs {self.ocs}: gave up after {len(causes)} attempts ({causes[-1] if causes else 'no time left'})")
+        raise BenchBroken(f"ocs {self.ocs}: gave up after {len(causes)} attempts "
+                          f"({causes[-1] if causes else 'no time left'})", causes)
 
     def _host_fault(self, obs: Observation, reconnected: dict[str, int]) -> str | None:
         """A host's stream ended or sent nonsense: reconnect it once per drop. Returns the fault source
@@ -364,7 +375,8 @@ class TurnaroundRun:
             try:
                 timing, first_sent, ocs_causes = self._apply_retrying(ocs_mapping(mapping, self.tx, self.rx))
             except BenchBroken as exc:
-                return self._latch(cycle, begin, affected, causes, str(exc), record)
+                return self._latch(cycle, begin, affected, causes + [("", c) for c in exc.causes], str(exc),
+                                   record)
             causes += [("", c) for c in ocs_causes]
             need = {k: set(UP_STAGES if p["probes"] else UP_STAGES[:-1]) for k in affected}
             lost: dict[str, set[str]] = {}

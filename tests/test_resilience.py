@@ -1,0 +1,298 @@
+"""The runner under injected faults, end to end on the emulated bench: every cycle ends ok or faulted with
+its cause, nothing true is lost in an ok cycle (emulator ground truth), the broken-bench latch, disk full,
+signals in the middle of a reconfiguration (SIGINT, SIGTERM, SIGKILL + --resume), a bounded teardown
+against a switch that stopped answering, the port allowlist, and secrets kept out of the run record.
+Bounds are loose: these check behaviour, benchmarks/fault_matrix.py reports the figures."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from analysis.accuracy import KEY
+from devices.emulated.bench import PASSWORD_ENV, EmulatedBench
+from devices.emulated.profile import profile_from_dict
+from harness.cli import main
+
+PROFILE = {
+    "name": "resilience",
+    "ocs": {"switch": {"dist": "uniform", "low_ms": 15, "high_ms": 20}, "dark": {"dist": "fixed", "ms": 0.2}},
+    "nic": {"los_clear": {"dist": "fixed", "ms": 0.05}, "cdr_lock": {"dist": "uniform", "low_ms": 0.5, "high_ms": 1},
+            "phy_up": {"dist": "uniform", "low_ms": 2, "high_ms": 4}, "port_active": {"dist": "fixed", "ms": 1},
+            "link_down": {"dist": "fixed", "ms": 0.5}},
+    "hosts": {"clock_offset_ms": [-30, 30], "drift_ppm": [-20, 20]},
+    "topology": {"hosts": 2, "nics_per_host": 2, "ocs_size": [8, 8]},
+}
+
+
+def playbook(tmp_path: Path, cycles: int, faults: list | None = None, name: str = "pb", **step) -> Path:
+    params = {"type": "turnaround", "name": "measure", "cycle_timeout_s": 5, "clock_warmup_s": 0.3,
+              "ocs_timeout_s": 0.5, **step}
+    if faults:
+        params["faults"] = faults
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": "r", "seed": 5, "cycles": cycles, "steps": [params]}))
+    return path
+
+
+@pytest.fixture
+def profile(tmp_path) -> str:
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(PROFILE))
+    return f"emulated:{path}"
+
+
+def only_run(out: Path) -> Path:
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    return run
+
+
+def record(run: Path):
+    events = pd.read_parquet(run / "events.parquet")
+    manifest = json.loads((run / "manifest.json").read_text())
+    return events, manifest
+
+
+def faulted_cycles(events: pd.DataFrame) -> dict[int, list[str]]:
+    faults = events[events["stage"] == "fault"]
+    return {int(c): sorted(g["source"]) for c, g in faults.groupby("cycle")}
+
+
+def lost_in_ok_cycles(run: Path, events: pd.DataFrame) -> set:
+    """True (ground truth) events the harness should have recorded — those inside a cycle's watch window,
+    from its start to when it stopped watching — in cycles it called ok, and did not."""
+    truth = pd.read_parquet(run / "ground_truth.parquet")
+    windows = pd.read_parquet(run / "cycles.parquet").set_index("cycle")
+    faulted = set(faulted_cycles(events))
+    ok = set(events["cycle"].unique()) - faulted
+    truth = truth[truth["cycle"].isin(ok)]
+    truth = truth[truth["t_ns"].to_numpy() <= windows.loc[truth["cycle"], "done_ns"].to_numpy()]
+    return set(map(tuple, truth[KEY].to_numpy())) - set(map(tuple, events[KEY].to_numpy()))
+
+
+def test_transient_faults_label_their_cycle_and_lose_nothing_elsewhere(tmp_path, profile):
+    faults = [{"kind": "ssh_drop", "cycles": [2], "target": "gpu1", "after_ms": 3},
+              {"kind": "ocs_silence", "cycles": [3]},
+              {"kind": "ocs_deny", "cycles": [4], "count": 2},
+              {"kind": "port_flap", "cycles": [5], "target": "gpu2:ens1f0np0", "flaps": 2},
+              {"kind": "clock_step", "cycles": [6], "target": "gpu2", "step_ms": 40},
+              {"kind": "port_never_up", "cycles": [7], "target": "gpu1:ens2f0np0"}]
+    out = tmp_path / "runs"
+    assert main(["run", str(playbook(tmp_path, 8, faults)), "--bench", profile, "--out", str(out), "-q"]) == 1
+    run = only_run(out)
+    events, manifest = record(run)
+    assert sorted(events["cycle"].unique()) == list(range(1, 9))
+    labelled = faulted_cycles(events)
+    assert set(labelled) == {2, 3, 4, 5, 6, 7}, labelled  # cycles 1 and 8: no fault, none recorded
+    assert any(s.startswith("host:gpu1:") for s in labelled[2])
+    assert any(s.startswith("ocs-retry:ocs1: timeout") for s in labelled[3])
+    assert sum(s.startswith("ocs-retry:ocs1: denied SNVS") for s in labelled[4]) == 2
+    assert labelled[5] == ["link-flap:gpu2:ens1f0np0: carrier dropped 2x after phy_up"]
+    (step,) = [s for s in labelled[6] if s.startswith("clock-step:gpu2: ")]
+    assert float(step.split()[1]) == pytest.approx(40.0, abs=0.5)  # the jump the tracker measured, ms
+    # the port that never trains, and possibly its peer, which then never receives a probe
+    assert "timeout:missing first_packet+phy_up+port_active" in labelled[7]
+    assert set(labelled[7]) <= {"timeout:missing first_packet+phy_up+port_active", "timeout:missing first_packet"}
+    # every cycle ran to its end: the OCS change was made and timed once per cycle
+    assert (events[events["stage"] == "ocs_command_sent"].groupby("cycle").size() == 1).all()
+    assert lost_in_ok_cycles(run, events) == set()
+    # the injection record agrees with what the harness labelled
+    fired = manifest["extra"]["faults_injected"]["measure"]
+    assert sorted({f["cycle"] for f in fired}) == [2, 3, 4, 5, 6, 7]
+    assert manifest["extra"]["restored"] == {"ocs1": True} and manifest["status"] == "failed"
+    # after the drop the session is whole again: cycle 8 is complete on every port of gpu1
+    eight = events[(events["cycle"] == 8) & (events["host"] == "gpu1")]
+    assert set(eight["stage"]) >= {"light_detected", "cdr_locked", "phy_up", "port_active", "first_packet"}
+
+
+def test_unrecoverable_ocs_latches_the_bench_and_skips_the_rest(tmp_path, profile, capsys):
+    faults = [{"kind": "ocs_deny", "cycles": [3], "count": 50}]
+    out = tmp_path / "runs"
+    pb = playbook(tmp_path, 6, faults, retries=2, retry_backoff_s=0.01)
+    assert main(["run", str(pb), "--bench", profile, "--out", str(out), "-q"]) == 1
+    run = only_run(out)
+    events, manifest = record(run)
+    assert sorted(events["cycle"].unique()) == [1, 2, 3]  # 4-6 skipped, not attempted
+    sources = faulted_cycles(events)[3]
+    assert sum(s.startswith("ocs-retry:") for s in sources) == 3
+    assert any(s.startswith("broken:ocs ocs1: gave up after 3 attempts") for s in sources)
+    assert manifest["status"] == "broken" and "gave up" in manifest["extra"]["broken"]
+    assert manifest["extra"]["restored"] == {"ocs1": True}  # the fault clears with its cycle
+    summary = json.loads((run / "summary.json").read_text())
+    checks = summary["summary"]["steps"]["measure"]["checks"]
+    assert "3 skipped" in checks[0]["detail"] and checks[1]["name"] == "bench usable"
+
+
+def test_disk_full_stops_cleanly_with_one_line(tmp_path, profile, capsys):
+    out = tmp_path / "runs"
+    pb = playbook(tmp_path, 6, [{"kind": "disk_full", "cycles": [3]}])
+    assert main(["run", str(pb), "--bench", profile, "--out", str(out), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if "disk full" in x]
+    assert "events are safely on disk" in line
+    run = only_run(out)
+    events, manifest = record(run)
+    assert sorted(events["cycle"].unique()) == [1, 2]
+    assert manifest["status"] == "error" and manifest["extra"]["restored"] == {"ocs1": True}
+    assert lost_in_ok_cycles(run, events) == set()
+
+
+def test_faults_on_a_real_inventory_are_input_errors(tmp_path, capsys):
+    with EmulatedBench(profile_from_dict(PROFILE), seed=1, workdir=tmp_path / "bench") as bench:
+        inventory = yaml.safe_load(bench.inventory_path.read_text())
+        inventory["bench"]["emulated"] = False
+        real = tmp_path / "real.yaml"
+        real.write_text(yaml.safe_dump(inventory))
+        pb = playbook(tmp_path, 2, [{"kind": "ssh_drop", "cycles": [1]}])
+        assert main(["run", str(pb), "--bench", str(real), "--dry-run", "--out", str(tmp_path / "o")]) == 2
+        assert "pb.yaml:" in capsys.readouterr().err
+        pb = playbook(tmp_path, 2, [{"kind": "ssh_drop", "cycles": [9]}], name="bad")
+        assert main(["run", str(pb), "--bench", f"emulated:{tmp_path / 'p.yaml'}"]) == 2
+
+
+# ------------------------------------------------------------------------------------------ signals
+def _harness(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def _signal_mid_reconfiguration(bench: EmulatedBench, proc: subprocess.Popen, log_dir: Path, signum: int,
+                                after_cycle: int = 2) -> threading.Event:
+    """Send `signum` when a mirror is released (the switch is mid-move) once `after_cycle` is logged."""
+    sent = threading.Event()
+
+    def logged() -> int:
+        logs = list(log_dir.glob("*/events.jsonl"))
+        lines = logs[0].read_text().splitlines() if logs else []
+        return max((json.loads(x)["cycle"] for x in lines if x.endswith("}")), default=0)
+
+    def on_mirror(t_ns, ingress, egress, settled):
+        if not settled and not sent.is_set() and logged() >= after_cycle:
+            sent.set()
+            os.kill(proc.pid, signum)
+
+    bench.physics.on_mirror.append(on_mirror)
+    return sent
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_mid_reconfiguration_restores_and_verifies(tmp_path, signum, code):
+    with EmulatedBench(profile_from_dict(PROFILE), seed=4, workdir=tmp_path / "bench") as bench:
+        bench.physics.ocs_apply({3: 12, 1: 9})  # circuits found at start (inside the allowlist)
+        original = bench.physics.ocs_patches()
+        out = tmp_path / "runs"
+        proc = _harness("run", str(playbook(tmp_path, 300)), "--bench", str(bench.inventory_path), "--out",
+                        str(out), "-q")
+        sent = _signal_mid_reconfiguration(bench, proc, out, signum)
+        assert proc.wait(timeout=90) == code, proc.stderr.read().decode()
+        assert sent.is_set()
+        assert bench.physics.ocs_patches() == original
+        manifest = json.loads((only_run(out) / "manifest.json").read_text())
+        assert manifest["status"] == "aborted" and manifest["extra"]["restored"] == {"ocs1": True}
+        assert manifest["extra"]["signal"] == signal.Signals(signum).name
+
+
+def test_sigkill_mid_reconfiguration_then_resume_restores_the_original(tmp_path):
+    with EmulatedBench(profile_from_dict(PROFILE), seed=6, workdir=tmp_path / "bench") as bench:
+        bench.physics.ocs_apply({2: 11})
+        original = bench.physics.ocs_patches()
+        out = tmp_path / "runs"
+        pb = playbook(tmp_path, 6)
+        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out), "-q")
+        sent = _signal_mid_reconfiguration(bench, proc, out, signal.SIGKILL)
+        assert proc.wait(timeout=90) == -signal.SIGKILL and sent.is_set()
+        bench.physics.on_mirror.clear()
+        assert bench.physics.ocs_patches() != original  # nobody restored: the process died
+        run = only_run(out)
+        resumed = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--resume", str(run), "-q")
+        assert resumed.wait(timeout=90) == 0, resumed.stderr.read().decode()
+        # restored to what the *first* run found, not to the state the kill left behind
+        assert bench.physics.ocs_patches() == original
+        events, manifest = record(run)
+        assert sorted(events["cycle"].unique()) == list(range(1, 7))
+        assert (events[events["stage"] == "ocs_command_sent"].groupby("cycle").size() == 1).all()
+        assert manifest["extra"]["restored"] == {"ocs1": True} and manifest["extra"]["resumed"]
+
+
+def test_teardown_is_bounded_when_the_switch_stops_answering(tmp_path):
+    with EmulatedBench(profile_from_dict(PROFILE), seed=8, workdir=tmp_path / "bench") as bench:
+        out = tmp_path / "runs"
+        pb = playbook(tmp_path, 50, retries=1, retry_backoff_s=0.01, teardown_s=2.0)
+        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out), "-q")
+        silenced = threading.Event()
+
+        def on_mirror(t_ns, ingress, egress, settled):
+            logs = list(out.glob("*/events.jsonl"))
+            if settled and not silenced.is_set() and logs and logs[0].stat().st_size > 0:
+                silenced.set()  # from now on the switch answers nothing, not even the login
+                bench.ocs_servers.faults.arm("silence", count=10**6, changes_only=False)
+
+        bench.physics.on_mirror.append(on_mirror)
+        assert proc.wait(timeout=90) == 1
+        err = proc.stderr.read().decode()
+        assert "bench NOT restored" in err and "Traceback" not in err
+        manifest = json.loads((only_run(out) / "manifest.json").read_text())
+        assert manifest["status"] == "broken" and manifest["extra"]["restored"] == {"ocs1": False}
+        assert manifest["extra"]["restore_error"]["ocs1"]
+
+
+# ------------------------------------------------------------------------------------------ safety
+def test_port_allowlist_is_enforced_before_anything_is_sent(tmp_path, capsys):
+    with EmulatedBench(profile_from_dict(PROFILE), seed=2, workdir=tmp_path / "bench") as bench:
+        inventory = yaml.safe_load(bench.inventory_path.read_text())
+        moves = []
+        bench.physics.on_mirror.append(lambda *a: moves.append(a))
+        # 1. an inventory whose NIC sits on a port the harness may not touch: refused at load time
+        narrow = json.loads(json.dumps(inventory))
+        nic = narrow["hosts"]["gpu2"]["nics"][1]
+        narrow["ocs"]["ocs1"]["allowed_ports"] = [
+            p for p in narrow["ocs"]["ocs1"]["allowed_ports"] if int(p) != nic["tx"]]
+        path = tmp_path / "narrow.yaml"
+        path.write_text(yaml.safe_dump(narrow))
+        assert main(["run", str(playbook(tmp_path, 3)), "--bench", str(path), "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert "narrow.yaml:" in err and f"port {nic['tx']} is not in ocs1.allowed_ports" in err
+        # 2. somebody else's circuit from a port outside the allowlist onto one of ours: the run stops,
+        #    and neither the measurement nor the restore moves a single mirror
+        bench.physics.ocs_apply({5: 10})
+        assert bench.physics.wait_idle()
+        original = bench.physics.ocs_patches()
+        moves.clear()
+        assert main(["run", str(playbook(tmp_path, 3)), "--bench", str(bench.inventory_path), "--out",
+                     str(tmp_path / "o2"), "-q"]) == 1
+        err = capsys.readouterr().err
+        assert "would touch port(s) 5, not in the allowed ports" in err and "nothing was sent" in err
+        assert moves == [] and bench.physics.ocs_patches() == original
+        manifest = json.loads((only_run(tmp_path / "o2") / "manifest.json").read_text())
+        assert manifest["status"] == "error" and manifest["extra"]["restored"] == {"ocs1": True}
+
+
+def test_secrets_from_the_environment_never_reach_the_run_record(tmp_path, monkeypatch, capsys):
+    secret = "s3cr3t-Pa55-" + os.urandom(6).hex()
+    with EmulatedBench(profile_from_dict(PROFILE), seed=3, workdir=tmp_path / "bench") as bench:
+        bench.ocs_servers.users = {"admin": secret}
+        monkeypatch.setenv(PASSWORD_ENV, secret)
+        out = tmp_path / "runs"
+        assert main(["run", str(playbook(tmp_path, 2)), "--bench", str(bench.inventory_path), "--out", str(out),
+                     "-q"]) == 0
+        monkeypatch.setenv(PASSWORD_ENV, secret[::-1])  # a wrong password: the error path too
+        assert main(["run", str(playbook(tmp_path, 2)), "--bench", str(bench.inventory_path), "--out", str(out),
+                     "-q"]) == 1
+        err = capsys.readouterr().err
+    assert "PIUI" in err
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) >= 10
+    for path in files:
+        data = path.read_bytes()
+        assert secret.encode() not in data and secret[::-1].encode() not in data, path
+    assert secret not in err and secret[::-1] not in err
