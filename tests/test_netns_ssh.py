@@ -1,6 +1,5 @@
 """Netns mode over SSH: the harness's HostAgent driver, talking to emulated hosts whose `ip monitor` and
 agent probes really run inside the namespaces. Needs root; skipped otherwise."""
-import itertools
 import os
 
 import pytest
