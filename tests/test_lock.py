@@ -1,0 +1,129 @@
+"""Bench lock: leases with owner and expiry — contention, expiry, a crashed holder, keep-alive, takeover,
+and the runner refusing a locked OCS on a real inventory (and releasing its own lease)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from devices.emulated.bench import EmulatedBench
+from devices.emulated.profile import profile_from_dict
+from harness.cli import main
+from harness.lock import LOCK_DIR_ENV, BenchLease, BenchLocked, ocs_lock_key, read_lease
+
+KEY = ocs_lock_key("ocs1", "tcp://192.0.2.10:3082")
+
+
+def test_second_run_is_refused_and_told_who_holds_it(tmp_path):
+    first = BenchLease([KEY], run_id="run-A", directory=tmp_path).acquire(keepalive=False)
+    with pytest.raises(BenchLocked) as info:
+        BenchLease([KEY], run_id="run-B", directory=tmp_path).acquire(keepalive=False)
+    assert "run-A" in str(info.value) and first.owner in str(info.value)
+    first.release()
+    assert not (tmp_path / f"{KEY}.json").exists()
+    BenchLease([KEY], run_id="run-B", directory=tmp_path).acquire(keepalive=False).release()
+
+
+def test_all_or_nothing_over_several_switches(tmp_path):
+    other = ocs_lock_key("ocs2", "tcp://192.0.2.11:3082")
+    holder = BenchLease([other], directory=tmp_path).acquire(keepalive=False)
+    with pytest.raises(BenchLocked):
+        BenchLease([KEY, other], directory=tmp_path).acquire(keepalive=False)
+    assert not (tmp_path / f"{KEY}.json").exists()  # the free one was not left held
+    holder.release()
+
+
+def test_same_switch_under_two_names_collides():
+    assert ocs_lock_key("a", "tcp://192.0.2.10:3082") == ocs_lock_key("b", "TCP://192.0.2.10:3082 ")
+
+
+def test_an_expired_lease_is_taken_over(tmp_path):
+    stale = BenchLease([KEY], run_id="old", ttl_s=1.0, directory=tmp_path)
+    stale.acquire(keepalive=False)
+    # Pretend the holder is on another machine (so only the expiry can free it), then let it expire.
+    path = tmp_path / f"{KEY}.json"
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "hostname": "elsewhere"}))
+    with pytest.raises(BenchLocked):
+        BenchLease([KEY], directory=tmp_path).acquire(keepalive=False)
+    time.sleep(1.05)
+    new = BenchLease([KEY], run_id="new", directory=tmp_path).acquire(keepalive=False)
+    assert read_lease(path)["run_id"] == "new"
+    stale.renew()
+    assert stale.lost and "taken over" in stale.lost
+    stale.release()  # does not remove the new holder's lease
+    assert read_lease(path)["token"] == new.token
+    new.release()
+
+
+def test_a_crashed_holder_on_this_machine_does_not_block(tmp_path):
+    code = ("import sys; from harness.lock import BenchLease; "
+            f"BenchLease([{KEY!r}], run_id='crashed', ttl_s=3600, directory={str(tmp_path)!r})"
+            ".acquire(keepalive=False); sys.exit(0)")  # exits without releasing, like a SIGKILL
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert read_lease(tmp_path / f"{KEY}.json")["run_id"] == "crashed"
+    BenchLease([KEY], run_id="next", directory=tmp_path).acquire(keepalive=False).release()
+
+
+def test_keepalive_renews_before_expiry(tmp_path):
+    with BenchLease([KEY], ttl_s=1.0, directory=tmp_path) as held:
+        path = tmp_path / f"{KEY}.json"
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, "hostname": "elsewhere"}))  # only expiry could free it
+        time.sleep(2.2)  # two ttl: only renewals (every ttl/3) keep it
+        with pytest.raises(BenchLocked):
+            BenchLease([KEY], directory=tmp_path).acquire(keepalive=False)
+        assert held.lost is None
+
+
+def test_concurrent_acquires_have_one_winner(tmp_path):
+    winners, barrier = [], threading.Barrier(8)
+
+    def attempt(i):
+        barrier.wait()
+        try:
+            BenchLease([KEY], run_id=str(i), directory=tmp_path).acquire(keepalive=False)
+            winners.append(i)
+        except BenchLocked:
+            pass
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(winners) == 1
+    assert read_lease(tmp_path / f"{KEY}.json")["run_id"] == str(winners[0])
+
+
+PROFILE = {"name": "lock", "ocs": {"switch": {"dist": "fixed", "ms": 2}},
+           "topology": {"hosts": 2, "nics_per_host": 1, "ocs_size": [4, 4]}}
+
+
+def test_runner_refuses_a_locked_ocs_and_releases_its_own_lease(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path / "locks"))
+    with EmulatedBench(profile_from_dict(PROFILE), seed=1, workdir=tmp_path / "bench") as bench:
+        inventory = yaml.safe_load(bench.inventory_path.read_text())
+        inventory["bench"]["emulated"] = False  # a "real" bench: locked, strict host keys
+        real = tmp_path / "real.yaml"
+        real.write_text(yaml.safe_dump(inventory))
+        key = ocs_lock_key("ocs1", inventory["ocs"]["ocs1"]["url"])
+        pb = tmp_path / "pb.yaml"
+        pb.write_text(yaml.safe_dump({"name": "l", "cycles": 2, "steps": [
+            {"type": "turnaround", "clock_warmup_s": 0.2, "cycle_timeout_s": 10}]}))
+        out = tmp_path / "runs"
+        other = BenchLease([key], run_id="someone-else").acquire(keepalive=False)
+        assert main(["run", str(pb), "--bench", str(real), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "bench is locked" in err and "someone-else" in err and "Traceback" not in err
+        assert not out.exists()  # refused before anything was created or touched
+        assert main(["run", str(pb), "--bench", str(real), "--out", str(out), "--dry-run"]) == 0  # touches nothing
+        other.release()
+        assert main(["run", str(pb), "--bench", str(real), "--out", str(out), "-q"]) == 0
+        assert not (Path(tmp_path / "locks") / f"{key}.json").exists()
