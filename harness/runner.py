@@ -8,6 +8,7 @@ On a real inventory the run holds a lease on every OCS (harness.lock) from start
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -137,6 +138,8 @@ def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Pa
             if os.geteuid() != 0:
                 raise InputError("--bench emulated-netns needs root (network namespaces)")
             netns = f"hil{os.getpid() % 100000}"
+            # Real processes in the namespaces read the real clock: no emulated offset or drift there.
+            prof = dataclasses.replace(prof, clock_offset_ms=(0.0, 0.0), drift_ppm=(0.0, 0.0))
         emulated = EmulatedBench(prof, seed=seed, workdir=workdir / "bench", netns_prefix=netns)
         stack.callback(emulated.stop)
         emulated.start()
