@@ -41,13 +41,19 @@ MATRIX: dict[str, dict] = {
     "slow_host": {"delay_ms": 20},
     "harness_kill": {},
     "disk_full": {},
+    "mixed": {},  # every transient kind at once, each with probability MIXED_P per cycle (seeded)
 }
+MIXED = ("ssh_drop", "ocs_deny", "ocs_silence", "line_garbage", "line_drop", "port_never_up", "port_flap",
+         "clock_step", "slow_host")
+MIXED_P = 0.1
 
 
 def playbook(path: Path, kind: str, cycles: int, params: dict) -> Path:
     step = {"type": "turnaround", "name": "measure", "cycle_timeout_s": 5, "ocs_timeout_s": 1.0,
             "clock_warmup_s": 0.5}
-    if kind != "none":
+    if kind == "mixed":
+        step["faults"] = [{"kind": k, "probability": MIXED_P, **MATRIX[k]} for k in MIXED]
+    elif kind != "none":
         at = {"harness_kill": 4, "disk_full": 5}.get(kind, 3)
         step["faults"] = [{"kind": kind, "cycles": [at], **params}]
     path.write_text(yaml.safe_dump({"name": f"faults-{kind}", "seed": 7, "cycles": cycles, "steps": [step]}))
@@ -93,7 +99,7 @@ def score(run: Path) -> dict:
 
 
 def run_one(kind: str, profile: str, cycles: int, work: Path) -> dict:
-    pb = playbook(work / f"{kind}.yaml", kind, cycles, MATRIX[kind])
+    pb = playbook(work / f"{kind}.yaml", kind, cycles * (3 if kind == "mixed" else 1), MATRIX[kind])
     out = work / kind
     started = time.monotonic()
     first = harness("run", str(pb), "--bench", f"emulated:{profile}", "--out", str(out), "-q")
@@ -108,7 +114,8 @@ def run_one(kind: str, profile: str, cycles: int, work: Path) -> dict:
         row["error"] = (first.stderr.decode()[-300:] or "no run record")
         return row
     row.update(score(run))
-    row["stderr"] = " ".join((resumed or first).stderr.decode().split())[-160:]
+    lines = (resumed or first).stderr.decode().strip().splitlines()
+    row["stderr"] = lines[-1][:300] if lines else ""
     return row
 
 
@@ -125,7 +132,9 @@ def main() -> int:
             r = rows[-1]
             print(f"{kind}: exit {r['exit']}, {r.get('error') or ''}", file=sys.stderr, flush=True)
     print(f"\nFault matrix: emulated:{args.profile}, {args.cycles} cycles per run, fault at cycle 3 "
-          f"(harness_kill 4, disk_full 5)\n")
+          f"(harness_kill 4, disk_full 5); mixed: {3 * args.cycles} cycles, each of {len(MIXED)} kinds with "
+          f"p={MIXED_P} per cycle. harness_kill: true events of the resumed part (the killed emulator's "
+          f"truth dies with it); disk_full: cycles before the failed write.\n")
     print("| fault | exit | cycles ok | cycles faulted | injected / cycle labelled | true events | lost (ok cycles) "
           "| missed in faulted cycles | fault sources recorded | bench restored | wall s |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|")

@@ -147,6 +147,20 @@ def test_disk_full_stops_cleanly_with_one_line(tmp_path, profile, capsys):
     assert lost_in_ok_cycles(run, events) == set()
 
 
+def test_profile_can_inject_faults_too(tmp_path, capsys):
+    path = tmp_path / "flaky.yaml"
+    path.write_text(yaml.safe_dump({**PROFILE, "faults": {"inject": [
+        {"kind": "clock_step", "cycles": [2], "target": "gpu1", "step_ms": -25}]}}))
+    out = tmp_path / "runs"
+    assert main(["run", str(playbook(tmp_path, 3)), "--bench", f"emulated:{path}", "--out", str(out), "-q"]) == 1
+    events, _ = record(only_run(out))
+    labelled = faulted_cycles(events)
+    assert list(labelled) == [2] and labelled[2][0].startswith("clock-step:gpu1: -2")
+    path.write_text(yaml.safe_dump({**PROFILE, "faults": {"inject": [{"kind": "clock_step"}]}}))
+    assert main(["run", str(playbook(tmp_path, 3)), "--bench", f"emulated:{path}", "--out", str(out)]) == 2
+    assert "flaky.yaml: profile faults.inject[0]" in capsys.readouterr().err
+
+
 def test_faults_on_a_real_inventory_are_input_errors(tmp_path, capsys):
     with EmulatedBench(profile_from_dict(PROFILE), seed=1, workdir=tmp_path / "bench") as bench:
         inventory = yaml.safe_load(bench.inventory_path.read_text())

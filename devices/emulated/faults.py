@@ -107,7 +107,8 @@ def parse_fault_plan(entries: list, cycles: int) -> list[tuple[Fault, set[int] |
             elif key in schema:
                 if not _type_ok(value, schema[key][0]):
                     raise FaultSpecError(f"faults[{i}].{key}: wrong type {type(value).__name__}", i, key)
-                if isinstance(value, (int, float)) and value < 0 or (key in ("count", "flaps") and value < 1):
+                negative = key != "step_ms" and isinstance(value, (int, float)) and value < 0  # clocks step back too
+                if negative or (key in ("count", "flaps") and value < 1) or (key == "flap_ms" and value <= 0):
                     raise FaultSpecError(f"faults[{i}].{key}: out of range ({value})", i, key)
                 params[key] = value
             else:

@@ -284,7 +284,10 @@ class TurnaroundRun:
         try:
             return plan_faults(entries, self.cycles, rng)
         except FaultSpecError as exc:
-            node = p["faults"][exc.index] if 0 <= exc.index < len(p["faults"]) else p["faults"]
+            if exc.index >= len(p["faults"]):  # from the profile's `faults: {inject: [...]}`
+                raise InputError(f"profile faults.inject[{exc.index - len(p['faults'])}]: "
+                                 f"{str(exc).split(': ', 1)[-1]}", self.ctx.emulated.profile.path) from None
+            node = p["faults"][exc.index] if exc.index >= 0 else p["faults"]
             raise InputError(f"step {step.name}: {exc}", *_where(node, step, exc.key)) from None
 
     # ------------------------------------------------------------------ cycles
