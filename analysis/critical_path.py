@@ -24,6 +24,20 @@ def _segment_starts(keys: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
 
 
+class _Level:
+    """Arcs of one level, grouped into segments (one per node being computed)."""
+
+    __slots__ = ("arcs", "other", "starts", "rep", "nodes", "singleton")
+
+    def __init__(self, arcs, other, starts, nodes):
+        self.arcs = arcs
+        self.other = other                      # the already-computed endpoint of each arc
+        self.starts = starts
+        self.nodes = nodes
+        self.singleton = starts.size == arcs.size
+        self.rep = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, arcs.size]))
+
+
 @dataclass
 class DagPlan:
     """Graph-only precomputation: node levels and the two arc orders used by the recursions."""
@@ -34,11 +48,11 @@ class DagPlan:
     level: np.ndarray           # longest hop distance from any root
     fwd_order: np.ndarray       # arcs sorted by (level[dst], dst)
     fwd_level_bounds: np.ndarray  # slice bounds into fwd_order per level (levels 1..max)
-    fwd_seg_starts: list        # per level: segment starts (relative) of equal dst
+    fwd_seg_starts: list        # per level: _Level (arcs, their tails, segment starts/ids, head nodes)
     fwd_seg_nodes: list         # per level: the dst node of each segment
     bwd_order: np.ndarray       # arcs sorted by (level[src] desc, src)
     bwd_level_bounds: np.ndarray
-    bwd_seg_starts: list
+    bwd_seg_starts: list        # per level: _Level (arcs, their heads, segment starts/ids, tail nodes)
     bwd_seg_nodes: list
 
     @classmethod
@@ -61,7 +75,7 @@ class DagPlan:
         for k in range(len(fwd_bounds) - 1):
             a, b = fwd_bounds[k], fwd_bounds[k + 1]
             st = _segment_starts(d_sorted[a:b])
-            fwd_starts.append(st)
+            fwd_starts.append(_Level(order[a:b], src[order[a:b]], st, d_sorted[a:b][st]))
             fwd_nodes.append(d_sorted[a:b][st])
         # backward: group arcs by tail level (descending), then tail node
         maxlev = level.max(initial=0)
@@ -74,7 +88,7 @@ class DagPlan:
         for k in range(len(bwd_bounds) - 1):
             a, b = bwd_bounds[k], bwd_bounds[k + 1]
             st = _segment_starts(s_sorted[a:b])
-            bwd_starts.append(st)
+            bwd_starts.append(_Level(border[a:b], dst[border[a:b]], st, s_sorted[a:b][st]))
             bwd_nodes.append(s_sorted[a:b][st])
         return cls(num_nodes, src, dst, level, order, fwd_bounds, fwd_starts, fwd_nodes,
                    border, bwd_bounds, bwd_starts, bwd_nodes)
@@ -120,39 +134,39 @@ def _lse_segments(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
         return np.where(np.isfinite(m), m_safe + np.log(s), m)
 
 
+def _sweep(levels, pot: np.ndarray, w: np.ndarray, hard: bool) -> np.ndarray:
+    """pot[node] = LSE (or max) over the level's arcs of pot[other end] + w; in place, level by level."""
+    with np.errstate(invalid="ignore", under="ignore", divide="ignore"):
+        for lv in levels:
+            if lv.arcs.size == 0:
+                continue
+            x = pot[lv.other] + w[lv.arcs]
+            if lv.singleton:
+                pot[lv.nodes] = x
+                continue
+            m = np.maximum.reduceat(x, lv.starts)
+            if hard:
+                pot[lv.nodes] = m
+                continue
+            m_safe = np.where(m == -np.inf, 0.0, m)
+            s = np.add.reduceat(np.exp(x - m_safe[lv.rep]), lv.starts)
+            pot[lv.nodes] = m_safe + np.log(s)
+    return pot
+
+
 def _forward(plan: DagPlan, w: np.ndarray, source: int, hard: bool) -> np.ndarray:
-    """alpha[v] = LSE (or max) over in-arcs of alpha[u] + w_uv; alpha[source] = 0; w = beta*l."""
+    """alpha[v] = LSE (or max) over in-arcs of alpha[u] + w_uv; alpha[source] = 0; w = beta*l.
+    The source has no in-arcs (src < dst), so it is never overwritten."""
     alpha = np.full(plan.num_nodes, -np.inf)
     alpha[source] = 0.0
-    src, o = plan.src, plan.fwd_order
-    for k in range(len(plan.fwd_level_bounds) - 1):
-        a, b = plan.fwd_level_bounds[k], plan.fwd_level_bounds[k + 1]
-        if a == b:
-            continue
-        arcs = o[a:b]
-        x = alpha[src[arcs]] + w[arcs]
-        st = plan.fwd_seg_starts[k]
-        val = np.maximum.reduceat(x, st) if hard else _lse_segments(x, st)
-        nodes = plan.fwd_seg_nodes[k]
-        alpha[nodes] = np.where(nodes == source, 0.0, val)
-    return alpha
+    return _sweep(plan.fwd_seg_starts, alpha, w, hard)
 
 
 def _backward(plan: DagPlan, w: np.ndarray, sink: int, hard: bool) -> np.ndarray:
+    """gamma[u] = LSE (or max) over out-arcs of w_uv + gamma[v]; gamma[sink] = 0 (no out-arcs)."""
     gamma = np.full(plan.num_nodes, -np.inf)
     gamma[sink] = 0.0
-    dst, o = plan.dst, plan.bwd_order
-    for k in range(len(plan.bwd_level_bounds) - 1):
-        a, b = plan.bwd_level_bounds[k], plan.bwd_level_bounds[k + 1]
-        if a == b:
-            continue
-        arcs = o[a:b]
-        x = w[arcs] + gamma[dst[arcs]]
-        st = plan.bwd_seg_starts[k]
-        val = np.maximum.reduceat(x, st) if hard else _lse_segments(x, st)
-        nodes = plan.bwd_seg_nodes[k]
-        gamma[nodes] = np.where(nodes == sink, 0.0, val)
-    return gamma
+    return _sweep(plan.bwd_seg_starts, gamma, w, hard)
 
 
 def check_unit_flow(num_nodes: int, src, dst, mu, source: int = 0, sink: int | None = None,

@@ -330,7 +330,7 @@ def optimize_wiring(problem: WiringProblem, b1: float, beta: float, *, w0=None, 
     if anneal:
         w_start = w0
         for bt in anneal:
-            r = optimize_wiring(problem, b1, bt, w0=w_start, eta0=eta0, max_iter=max_iter, tol=max(tol, 1e-9),
+            r = optimize_wiring(problem, b1, bt, w0=w_start, eta0=eta0, max_iter=max_iter, tol=max(tol, 1e-6),
                                 proj_tol=proj_tol)
             w_start = r.w
         w0 = w_start
@@ -579,13 +579,15 @@ def _fill_free_ports(x, target, edges, d, budget_left=None):
 
 
 def polish_wiring(problem: WiringProblem, x, *, beta_tiebreak: float | None = None, max_evals: int = 20_000,
-                  time_limit: float | None = None) -> tuple[np.ndarray, dict]:
+                  time_limit: float | None = None, neighborhood: str = "all") -> tuple[np.ndarray, dict]:
     """Local search on an integer wiring (e.g. a rounded relaxation) for the hard makespan.
 
     Moves (all keep the port budgets): add a circuit between two nodes with free ports; shift one
     circuit (a,b) -> (a,c) when c has a free port; swap two circuits (a,b),(c,d) -> (a,c),(b,d) or
     (a,d),(b,c). Accept the first move that lowers (makespan, U_beta) lexicographically; the smoothed
     U_beta (beta_tiebreak, default 50 / mean arc length) moves the search across the plateaus of the max.
+    Moves that put a circuit on an edge of the current critical path are tried first (only those can
+    lower the makespan); `neighborhood="critical"` tries only those (faster, may stop earlier).
     Returns (x, {"makespan", "evals", "moves", "seconds"})."""
     t0 = time.perf_counter()
     x = np.asarray(x, dtype=np.int64).copy()
@@ -620,6 +622,10 @@ def polish_wiring(problem: WiringProblem, x, *, beta_tiebreak: float | None = No
             break
         improved = False
         free = free_ports(x)
+        ell_now = problem.lengths(x)
+        _, mu_now = smoothed_critical_path(problem.num_nodes, problem.src, problem.dst, ell_now, np.inf,
+                                           plan=problem.plan, check=False)
+        crit = set(problem.arc_edge[(mu_now > 0.5) & (problem.arc_edge >= 0)].tolist())
         cand = []
         fr = np.flatnonzero(free >= 1)
         for a_i, a in enumerate(fr):                     # add
@@ -647,6 +653,9 @@ def polish_wiring(problem: WiringProblem, x, *, beta_tiebreak: float | None = No
                     e1, e2 = eid[p, q], eid[r, s]
                     if e1 >= 0 and e2 >= 0:
                         cand.append(((on[i1], -1), (on[i2], -1), (e1, +1), (e2, +1)))
+        adds_crit = [any(dl > 0 and e in crit for e, dl in mv) for mv in cand]
+        cand = [mv for mv, c in zip(cand, adds_crit) if c] + \
+            ([] if neighborhood == "critical" else [mv for mv, c in zip(cand, adds_crit) if not c])
         for mv in cand:
             y = x.copy()
             for e, dlt in mv:

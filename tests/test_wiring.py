@@ -197,3 +197,22 @@ def test_rounding_respects_budgets_and_milp_is_l1_optimal(seed, n):
             best = min(best, np.abs(x - M * w).sum())
     xm = round_wiring(w, edges, d, method="milp", fill=False)
     assert np.abs(xm - M * w).sum() == pytest.approx(best, abs=1e-6)
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), nb=st.sampled_from(["all", "critical"]))
+def test_polish_never_worse_and_respects_budgets(seed, nb):
+    from analysis.wiring import polish_wiring
+    rng = np.random.default_rng(seed)
+    n = 5
+    chains = []
+    for _ in range(6):
+        i, j = sorted(rng.choice(n, 2, replace=False))
+        chains.append(((int(i), int(j)), float(rng.uniform(0.5, 5)), float(rng.uniform(0, 1))))
+    p = chains_problem(n, chains, 2.0, b_eps=0.2)
+    x0 = round_wiring(p.prior, p.edges, p.degree)
+    x, info = polish_wiring(p, x0, neighborhood=nb)
+    load = np.bincount(p.edges[:, 0], x, n) + np.bincount(p.edges[:, 1], x, n)
+    assert np.all(load <= p.degree) and np.all(x >= 0)
+    assert info["makespan"] <= p.makespan(x0) + 1e-12
+    assert info["makespan"] >= exact_wiring_milp(p)["makespan"] - 1e-9
