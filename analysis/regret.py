@@ -15,6 +15,7 @@ import numpy as np
 __all__ = ["switch_matrix", "schedule_cost", "offline_optimum", "best_static", "free_switching",
            "threshold_policy", "default_threshold", "estimate_variation", "regret_report",
            "brute_force_schedule", "exposed_reconfiguration_samples", "lognormal_from_mean_p99",
+           "switch_cost_from_profile",
            "regime_costs", "regret_experiment", "loglog_slope", "regret_curves"]
 
 
@@ -239,6 +240,48 @@ def lognormal_from_mean_p99(mean: float, p99: float, size: int, seed=None) -> np
     return np.random.default_rng(seed).lognormal(mu, s, size)
 
 
+def _sample_delay_spec(spec: dict, size, rng) -> np.ndarray:
+    """Samples (s) of one delay entry of an emulator timing profile (devices/profiles/*.yaml format:
+    fixed, lognormal (mean_ms+p99_ms or median_ms+sigma), gamma (mean_ms+cv or shape+scale_ms), uniform,
+    empirical (quantiles_ms at equally spaced levels)). Kept here so analysis/ does not import devices/."""
+    kind = spec["dist"]
+    if kind == "fixed":
+        return np.full(size, float(spec["ms"]) / 1e3)
+    if kind == "lognormal":
+        if "mean_ms" in spec:
+            return lognormal_from_mean_p99(float(spec["mean_ms"]) / 1e3, float(spec["p99_ms"]) / 1e3, size, rng)
+        return rng.lognormal(np.log(float(spec["median_ms"]) / 1e3), float(spec["sigma"]), size)
+    if kind == "gamma":
+        if "mean_ms" in spec:
+            shape = 1.0 / float(spec["cv"]) ** 2
+            return rng.gamma(shape, float(spec["mean_ms"]) / 1e3 / shape, size)
+        return rng.gamma(float(spec["shape"]), float(spec["scale_ms"]) / 1e3, size)
+    if kind == "uniform":
+        return rng.uniform(float(spec["low_ms"]) / 1e3, float(spec["high_ms"]) / 1e3, size)
+    if kind == "empirical":
+        q = np.asarray(spec["quantiles_ms"], dtype=np.float64) / 1e3
+        return np.interp(rng.random(size), np.linspace(0, 1, q.size), q)
+    raise ValueError(f"unknown dist {kind!r}")
+
+
+def switch_cost_from_profile(profile: dict, size: int, *, ports: int = 1, overlap_s: float = 0.0,
+                             include_nic: bool = True, seed=None) -> np.ndarray:
+    """Exposed reconfiguration time samples (s) from a timing profile mapping (the parsed YAML):
+    d = ocs.switch + max over `ports` switched ports of (los_clear + cdr_lock + phy_up + port_active)
+    (done when the last link is ready, §6.3); exposed = max(0, d - overlap_s). `include_nic=False` keeps
+    only the mirror time (what MixNet's results assumed)."""
+    rng = np.random.default_rng(seed)
+    d = _sample_delay_spec(profile["ocs"]["switch"], size, rng)
+    if include_nic:
+        nic = profile.get("nic", {})
+        per_port = np.zeros((size, ports))
+        for stage in ("los_clear", "cdr_lock", "phy_up", "port_active"):
+            if stage in nic:
+                per_port += _sample_delay_spec(nic[stage], (size, ports), rng)
+        d = d + per_port.max(axis=1)
+    return np.maximum(0.0, d - overlap_s)
+
+
 # ---------------------------------------------------------------------------------------------
 # experiment: regret vs switching-cost scale
 
@@ -276,7 +319,8 @@ def regret_experiment(traffic_epochs, candidate_costs=None, switch_cost_samples=
                       use_alarms: bool = False, detector_kw: dict | None = None, n_draws: int = 200,
                       threshold_scale: float = 1.0) -> dict:
     """Regret of the threshold policy vs the best static wiring and the offline optimum, per switching-cost
-    scale. `candidate_costs` (T x W, s/epoch) or `cost_builder(traffic_epochs) -> T x W`.
+    scale. `candidate_costs` (T x W, s/epoch) or a cost builder `f(traffic_epochs) -> T x W` (passed in that
+    position or as `cost_builder=`).
     `switch_cost_samples`: measured exposed reconfiguration times (s); C at scale k is k * samples.
 
     For each scale the policy (tau* = threshold_scale * sqrt(C V1 T / Gamma), C = mean of the scaled
@@ -292,6 +336,8 @@ def regret_experiment(traffic_epochs, candidate_costs=None, switch_cost_samples=
     import pandas as pd
 
     rng = np.random.default_rng(seed)
+    if callable(candidate_costs):
+        candidate_costs, cost_builder = None, candidate_costs
     if candidate_costs is None:
         if cost_builder is None:
             raise ValueError("give candidate_costs or cost_builder")

@@ -85,3 +85,32 @@ def test_trace_adapters():
     np.testing.assert_allclose(Dx[0], [[0, 10], [30, 0]])
     dag = build_training_dag(Dx, MoEConfig(num_layers=1), b_ocs=1.0, b_eps=0.5)
     assert dag.arc_bytes.max() == 30.0                                  # symmetrised max(D01, D10)
+
+
+def test_symmetry_principle_on_the_dag_and_policy_never_reconfigures():
+    """Uniform all-to-all on K_n with uniform ports: the optimizer returns the prior, the symmetric
+    wiring is the best candidate every epoch, and the threshold policy never switches."""
+    from analysis.regret import threshold_policy
+    n, L = 5, 2
+    D = np.ones((L, n, n)) * 4e6
+    D[:, np.arange(n), np.arange(n)] = 0
+    cfg = MoEConfig(num_layers=L, attn_fwd_s=1e-3, expert_fwd_s=1e-3)
+    dag = build_training_dag(D, cfg, b_ocs=12.5e9, b_eps=1.25e9)
+    prob = dag.to_wiring_problem(degree=n - 1, reconfig_delay=0.01)
+    for b1 in (10.0, 1e4):
+        r = optimize_wiring(prob, b1, 1e3)
+        np.testing.assert_allclose(r.w, prob.prior, atol=1e-9)
+    x_sym = round_wiring(prob.prior, prob.edges, prob.degree)
+    np.testing.assert_array_equal(x_sym, np.ones(len(prob.edges)))
+    rng = np.random.default_rng(0)
+    cands = [x_sym]
+    for _ in range(3):                           # other integer wirings within the budgets
+        y = np.zeros(len(prob.edges), int)
+        cands.append(polish_wiring(prob, y, max_evals=5)[0])
+    volume = rng.uniform(0.5, 2.0, 60)           # per-epoch traffic volume, always uniform in shape
+    costs = np.array([[build_training_dag(D * v, cfg, b_ocs=12.5e9, b_eps=1.25e9).iteration_time(c, 0.01)
+                       for c in cands] for v in volume[:6]])
+    costs = np.vstack([costs] * 10)
+    assert np.all(np.argmin(costs, axis=1) == 0)
+    _, sched = threshold_policy(costs, 0.01, None, start=0)
+    assert np.all(sched == 0)

@@ -88,3 +88,12 @@ def test_reset_and_validation():
         det.update([1, 2, 3])
     with pytest.raises(ValueError):
         GlrCusum(P0, 5, 1.0, variant="x")
+
+
+def test_spec_prototype_table():
+    """m=4, p0=(.4,.3,.2,.1), n=50, W=50, T=1000, 200 runs: 95 % quantiles ~13.5 (GLR) / ~6.2 (KT);
+    bounds 37.3 / 9.9."""
+    g = calibrate_threshold(P0, 50, 50, 1000, 0.05, runs=200, seed=0)
+    k = calibrate_threshold(P0, 50, 50, 1000, 0.05, runs=200, seed=0, variant="kt")
+    assert g["bound"] == pytest.approx(37.3, abs=0.05) and k["bound"] == pytest.approx(9.9, abs=0.05)
+    assert 12.0 < g["threshold"] < 15.5 and 5.2 < k["threshold"] < 7.5

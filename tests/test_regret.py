@@ -117,3 +117,32 @@ def test_regret_experiment_table_and_sqrt_scaling():
     out2 = regret_experiment(traffic, None, samples, cost_builder=builder, use_alarms=True, cost_scales=(1, 4),
                              n_draws=20)
     assert out2["alarms"].any() and len(out2["table"]) == 2
+
+
+def test_switch_cost_from_profile_yaml():
+    import yaml
+    from pathlib import Path
+    from analysis.regret import switch_cost_from_profile
+    root = Path(__file__).resolve().parents[1] / "devices" / "profiles"
+    sim = {"ocs": {"switch": {"dist": "fixed", "ms": 25.0}},
+           "nic": {k: {"dist": "fixed", "ms": 0.01} for k in ("los_clear", "cdr_lock", "phy_up", "port_active")}}
+    np.testing.assert_allclose(switch_cost_from_profile(sim, 5, ports=4), 0.02504)
+    np.testing.assert_allclose(switch_cost_from_profile(sim, 5, include_nic=False, overlap_s=0.01), 0.015)
+    spec = {"ocs": {"switch": {"dist": "empirical", "quantiles_ms": [40, 44, 60]}},
+            "nic": {"phy_up": {"dist": "uniform", "low_ms": 1, "high_ms": 2},
+                    "cdr_lock": {"dist": "gamma", "mean_ms": 2.0, "cv": 0.5},
+                    "port_active": {"dist": "lognormal", "median_ms": 1.0, "sigma": 0.1}}}
+    s = switch_cost_from_profile(spec, 20_000, ports=3, seed=0)
+    assert 0.040 + 0.001 < s.min() and s.max() < 0.060 + 0.020
+    one = switch_cost_from_profile(spec, 20_000, ports=1, seed=0)
+    assert s.mean() > one.mean()                       # the last of several ports is later
+    p = root / "mixnet-testbed.yaml"
+    if p.exists():
+        m = switch_cost_from_profile(yaml.safe_load(p.read_text()), 4000, ports=2, seed=1)
+        assert 5.0 < np.mean(m) < 7.5                   # NIC activation (~5.67 s) dominates
+
+
+def test_regret_experiment_accepts_builder_positionally():
+    costs, regime = regime_costs(300, 2, 3, gap=0.1, noise=0.01, seed=0)
+    out = regret_experiment(costs, lambda tr: tr, [0.05], cost_scales=(1, 2), n_draws=10)
+    assert len(out["table"]) == 2
