@@ -137,6 +137,7 @@ class TurnaroundRun:
         self.truth_windows: list[tuple[int, int]] = []  # (cycle, sent_ns)
         self.skipped: list[int] = []  # cycles not run because the bench was latched broken
         self.switch_suspect = False  # the OCS session timed out or dropped: reconnect before use
+        self.reconnected: dict[str, int] = {}  # host -> harness time of its last reconnect
         self.injector = None
         self.fault_plan: dict = {}
 
@@ -206,7 +207,12 @@ class TurnaroundRun:
 
         worker = threading.Thread(target=work, daemon=True, name="restore")
         worker.start()
-        worker.join(self.p["teardown_s"])
+        deadline = Deadline(self.p["teardown_s"])
+        while worker.is_alive() and not deadline.expired():
+            try:
+                worker.join(min(0.1, deadline.remaining() or 0.1))
+            except (KeyboardInterrupt, Exception):  # another signal: the restore is bounded, let it finish
+                outcome["interrupted"] = True
         if worker.is_alive():
             outcome.setdefault("error", f"restore did not finish within {self.p['teardown_s']} s")
         self.ctx.manifest_extra.setdefault("restored", {})[self.ocs] = bool(outcome.get("restored", False))
@@ -362,7 +368,7 @@ class TurnaroundRun:
                   record: bool = True) -> CycleOutcome:
         ctx, p = self.ctx, self.p
         causes: list[tuple[str, str]] = []  # (host, source) of every fault met in this cycle
-        reconnected: dict[str, int] = {}
+        reconnected = self.reconnected
         self._drain_stale(causes, reconnected)
         old_src, new_src = sources(current), sources(mapping)
         affected = [k for k in (x.key for x in self.ports) if new_src.get(k) != old_src.get(k)]
@@ -409,11 +415,13 @@ class TurnaroundRun:
                 if port is None or port.key not in need:
                     continue
                 if obs.kind == "watch" and obs.interval_ns == 0:
-                    # A (re)started watch prints current values: after a reconnect, a stage already
-                    # reached happened while nobody was looking.
+                    # A (re)started watch prints current values. After a reconnect during this cycle, a
+                    # stage already reached — once the mirrors have settled, so the old light is gone —
+                    # happened while nobody was looking.
+                    after_settle = reconnected.get(obs.host, 0) >= first_sent and \
+                        self.sessions[obs.host].to_harness(obs.host_ns)[0] > timing.completed_ns
                     for gone, (fld, value) in REACHED.items():
-                        if obs.host in reconnected and (obs.field, obs.value) == (fld, value) \
-                                and gone in need[port.key]:
+                        if after_settle and (obs.field, obs.value) == (fld, value) and gone in need[port.key]:
                             need[port.key].discard(gone)
                             lost.setdefault(port.key, set()).add(gone)
                             if gone == "port_active" and "first_packet" in need[port.key]:
