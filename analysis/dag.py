@@ -24,7 +24,8 @@ from .critical_path import DagPlan, smoothed_critical_path
 from .wiring import WiringProblem, complete_graph_edges
 
 __all__ = ["MoEConfig", "TrainingDag", "build_training_dag", "traffic_from_frame",
-           "traffic_from_expert_counts", "KIND_NAMES"]
+           "traffic_from_expert_counts", "KIND_NAMES", "candidate_wirings",
+           "iteration_cost_builder"]
 
 KIND_NAMES = ("compute", "dispatch", "combine", "reconfig", "sync")
 COMPUTE, DISPATCH, COMBINE, RECONFIG, SYNC = range(5)
@@ -304,3 +305,50 @@ def traffic_from_expert_counts(tokens_to_expert, expert_to_endpoint, num_endpoin
     idx = np.arange(num_endpoints)
     D[:, idx, idx] = 0.0
     return D
+
+
+def candidate_wirings(regime_traffic, config: MoEConfig, degree, *, b_ocs: float, b_eps: float,
+                      reconfig_delay: float = 0.0, b1: float = 1e6, schedule=((3.0,), 30.0, 40)) -> np.ndarray:
+    """Candidate set W of §3: the rounded symmetric prior plus, per traffic regime ((L, n, n) bytes each),
+    the optimizer's wiring (entropic prox-gradient, beta annealed in units of 1 / median comm arc,
+    rounded, then critical-edge polish). Returns (W, E) integer circuits, duplicates removed, prior first."""
+    from .wiring import optimize_wiring, polish_wiring, round_wiring
+
+    out = []
+    prob = None
+    for D in regime_traffic:
+        dag = build_training_dag(D, config, b_ocs=b_ocs, b_eps=b_eps)
+        prob = dag.to_wiring_problem(degree, reconfig_delay)
+        if not out:
+            out.append(round_wiring(prob.prior, prob.edges, prob.degree))
+        ell = prob.lengths(np.ones(prob.num_edges))
+        comm = prob.arc_edge >= 0
+        scale = float(np.median(ell[comm])) if comm.any() else 1.0
+        betas, final, iters = schedule
+        res = optimize_wiring(prob, b1, final / scale, anneal=tuple(b / scale for b in betas), max_iter=iters,
+                              tol=1e-6)
+        x, _ = polish_wiring(prob, round_wiring(res.w, prob.edges, prob.degree), neighborhood="critical")
+        out.append(x)
+    uniq = []
+    for x in out:
+        if not any(np.array_equal(x, u) for u in uniq):
+            uniq.append(x)
+    return np.array(uniq, dtype=np.int64)
+
+
+def iteration_cost_builder(config: MoEConfig, candidates, *, b_ocs: float, b_eps: float,
+                           reconfig_delay: float = 0.0):
+    """Cost builder for `regret_experiment`: f(traffic_epochs) -> T x W iteration times (s), where
+    traffic_epochs is (T, L, n, n) (or (T, L, m, n, n)) bytes and candidates is (W, E) circuits."""
+    cands = np.asarray(candidates)
+
+    def build(traffic_epochs):
+        T = len(traffic_epochs)
+        out = np.empty((T, len(cands)))
+        for t in range(T):
+            dag = build_training_dag(traffic_epochs[t], config, b_ocs=b_ocs, b_eps=b_eps)
+            for k, x in enumerate(cands):
+                out[t, k] = dag.iteration_time(x, reconfig_delay)
+        return out
+
+    return build

@@ -309,10 +309,6 @@ class WiringResult:
     proj_sweeps: int = 0
     seconds: float = 0.0
 
-    @property
-    def x(self):  # pragma: no cover - convenience
-        return None
-
 
 def optimize_wiring(problem: WiringProblem, b1: float, beta: float, *, w0=None, eta0: float | None = None,
                     max_iter: int = 1000, tol: float = 1e-11, proj_tol: float = 1e-12,

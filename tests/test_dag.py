@@ -114,3 +114,19 @@ def test_symmetry_principle_on_the_dag_and_policy_never_reconfigures():
     assert np.all(np.argmin(costs, axis=1) == 0)
     _, sched = threshold_policy(costs, 0.01, None, start=0)
     assert np.all(sched == 0)
+
+
+def test_candidates_and_cost_builder_feed_regret_experiment():
+    from analysis.dag import candidate_wirings, iteration_cost_builder
+    from analysis.regret import regret_experiment
+    rng = np.random.default_rng(1)
+    n, L = 4, 1
+    cfg = MoEConfig(num_layers=L, attn_fwd_s=1e-3, expert_fwd_s=1e-3)
+    A = rng.gamma(0.5, 8e6, (L, n, n))
+    B = rng.gamma(0.5, 8e6, (L, n, n))
+    cands = candidate_wirings([A, B], cfg, 2, b_ocs=12.5e9, b_eps=1.25e9)
+    assert cands.shape[1] == n * (n - 1) // 2 and 1 <= len(cands) <= 3
+    traffic = np.stack([A * rng.uniform(0.9, 1.1) for _ in range(20)] + [B * rng.uniform(0.9, 1.1) for _ in range(20)])
+    f = iteration_cost_builder(cfg, cands, b_ocs=12.5e9, b_eps=1.25e9)
+    out = regret_experiment(traffic, f, [0.045, 0.05], cost_scales=(1, 4), n_draws=10)
+    assert out["table"].shape[0] == 2 and np.all(out["table"]["regret_offline"] >= -1e-12)
