@@ -326,8 +326,9 @@ def regret_experiment(traffic_epochs, candidate_costs=None, switch_cost_samples=
     For each scale the policy (tau* = threshold_scale * sqrt(C V1 T / Gamma), C = mean of the scaled
     samples) and OPT_C (DP on the mean C) are compared at the mean C; `n_draws` Monte Carlo replays then
     charge every switch of both schedules an independent draw from the scaled samples, giving the regret
-    distribution (mean, p5, p95). With `use_alarms`, a GLR-CUSUM on `traffic_epochs` (T x m counts) adds
-    alarm triggers. Returns {"table": DataFrame, "slope_static", "slope_offline", "theory_slope": 0.5,
+    distribution (mean, p5, p95). With `use_alarms`, a GLR-CUSUM (KT, h = log(T/0.05) unless
+    `detector_kw` says otherwise) on `traffic_epochs` adds alarm triggers; traffic is flattened per epoch
+    and, if it is bytes (non-integer or > 1e7), counted in `detector_kw["chunk_bytes"]` (1 MiB) units. Returns {"table": DataFrame, "slope_static", "slope_offline", "theory_slope": 0.5,
     "V1", "Gamma", ...}. Slopes are fitted on the scales with positive regret only; with regime changes the
     policy often beats every fixed wiring (negative regret vs best static), then "slope_static" is NaN or
     rests on few points and "static_regret_negative" is True. The sqrt(C) law is an upper bound
@@ -349,21 +350,30 @@ def regret_experiment(traffic_epochs, candidate_costs=None, switch_cost_samples=
     alarms = None
     if use_alarms:
         from .detect import GlrCusum
-        counts = np.asarray(traffic_epochs)
-        kw = dict(window=20, threshold=None)
+        kw = dict(window=20, threshold=None, chunk_bytes=2**20)
         kw.update(detector_kw or {})
-        tot = counts.sum(axis=0).astype(float)
-        p0 = kw.pop("p0", tot / tot.sum())
+        counts = np.asarray(traffic_epochs, dtype=np.float64).reshape(T, -1)
+        chunk = kw.pop("chunk_bytes")
+        if not np.allclose(counts, np.round(counts)) or counts.max(initial=0) > 1e7:
+            counts = np.round(counts / chunk)       # bytes -> independent units (chunks), spec §4
+        window = int(kw.pop("window"))
+        ref = int(kw.pop("reference_epochs", window))
+        p0 = kw.pop("p0", None)
+        if p0 is None:                              # pre-change law from a reference window (spec §4)
+            p0 = counts[:max(1, ref)].sum(axis=0) + 0.5
         h = kw.pop("threshold")
         if h is None:
             h = float(np.log(T / 0.05))
             kw.setdefault("variant", "kt")
-        det = GlrCusum(p0, kw.pop("window"), h, **kw)
+        det = GlrCusum(p0, window, h, **kw)
         alarms = np.zeros(T, dtype=bool)
+        origin = 0
         for t in range(T):
             if det.update(counts[t]):
                 alarms[t] = True
-                det.reset(p0=counts[max(0, t - det.window + 1): t + 1].sum(axis=0))
+                k_hat = origin + det.change_estimate     # new regime's law from the post-change epochs
+                det.reset(p0=counts[k_hat: t + 1].sum(axis=0) + 0.5)
+                origin = t + 1
     rows = []
     static, _ = best_static(costs)
     free, _ = free_switching(costs)

@@ -130,3 +130,5 @@ def test_candidates_and_cost_builder_feed_regret_experiment():
     f = iteration_cost_builder(cfg, cands, b_ocs=12.5e9, b_eps=1.25e9)
     out = regret_experiment(traffic, f, [0.045, 0.05], cost_scales=(1, 4), n_draws=10)
     assert out["table"].shape[0] == 2 and np.all(out["table"]["regret_offline"] >= -1e-12)
+    out2 = regret_experiment(traffic, f, [0.045, 0.05], cost_scales=(1,), n_draws=10, use_alarms=True)
+    assert out2["alarms"][20:26].any() and not out2["alarms"][:20].any()   # the regime change is detected
