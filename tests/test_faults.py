@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from devices.emulated.bench import EmulatedBench
 from devices.emulated.faults import FaultInjector, FaultSpecError, FullDiskFile, plan_faults
-from devices.emulated.ocs_server import OcsServers
+from devices.emulated.ocs_server import CommandFaults, OcsServers
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import load_profile, profile_from_dict
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout
@@ -75,6 +75,28 @@ def test_bad_fault_entries_name_the_key(entry, key):
     with pytest.raises(FaultSpecError) as info:
         plan_faults([{"kind": "ssh_drop", "cycles": [1]}, entry], 10, np.random.default_rng(0))
     assert info.value.index == 1 and info.value.key == key
+
+
+def _is_subsequence(short: bytes, long: bytes) -> bool:
+    it = iter(long)
+    return all(b in it for b in short)
+
+
+@settings(max_examples=80, deadline=None)
+@given(reply=st.lists(st.binary(min_size=1, max_size=30).filter(lambda b: b"\r\n" not in b), min_size=1,
+                      max_size=5).map(lambda lines: b"\r\n".join(lines) + b"\r\n"), seed=st.integers(0, 2**32))
+def test_line_noise_model(reply, seed):
+    """garbage: the reply survives intact around a noise line without `;` (framing is never faked);
+    drop_chars: a subsequence 1-3 bytes shorter."""
+    faults = CommandFaults(seed)
+    noisy = faults.corrupt(reply, "garbage")
+    assert _is_subsequence(reply, noisy) and len(noisy) > len(reply)
+    extra = bytearray(noisy)
+    for b in reply:  # remove the reply's bytes in order; what is left is the noise + its line end
+        del extra[extra.index(b)]
+    assert b";" not in extra
+    dropped = faults.corrupt(reply, "drop_chars")
+    assert _is_subsequence(dropped, reply) and 1 <= len(reply) - len(dropped) <= 3 or len(reply) == 1
 
 
 # ------------------------------------------------------------------------------------------ physics

@@ -310,3 +310,10 @@ def test_secrets_from_the_environment_never_reach_the_run_record(tmp_path, monke
         data = path.read_bytes()
         assert secret.encode() not in data and secret[::-1].encode() not in data, path
     assert secret not in err and secret[::-1] not in err
+
+
+def test_emulators_listen_on_loopback_only(tmp_path):
+    with EmulatedBench(profile_from_dict(PROFILE), seed=1, workdir=tmp_path / "bench") as bench:
+        addresses = [bench.ocs_servers.tl1_address, bench.ocs_servers.scpi_address]
+        addresses += [server._listener.getsockname() for server in bench.host_servers.values()]
+        assert addresses and all(host == "127.0.0.1" for host, *_ in addresses)
