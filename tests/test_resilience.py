@@ -260,6 +260,23 @@ def test_teardown_is_bounded_when_the_switch_stops_answering(tmp_path):
         assert manifest["extra"]["restore_error"]["ocs1"]
 
 
+def test_a_host_that_cannot_be_reached_again_latches_the_bench(tmp_path):
+    with EmulatedBench(profile_from_dict(PROFILE), seed=9, workdir=tmp_path / "bench") as bench:
+        original = bench.physics.ocs_patches()
+        out = tmp_path / "runs"
+        pb = playbook(tmp_path, 40, retries=1, retry_backoff_s=0.01)
+        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out), "-q")
+        moving = _signal_mid_reconfiguration(bench, proc, out, 0)  # signal 0: only tells us when
+        assert moving.wait(timeout=60)
+        bench.host_servers["gpu2"].stop()  # the host is gone for good, mid-reconfiguration
+        assert proc.wait(timeout=90) == 1, proc.stderr.read().decode()
+        events, manifest = record(only_run(out))
+        assert manifest["status"] == "broken" and "host gpu2: cannot reconnect" in manifest["extra"]["broken"]
+        last = int(events["cycle"].max())
+        assert last < 40 and any(s.startswith("broken:host gpu2") for s in faulted_cycles(events)[last])
+        assert manifest["extra"]["restored"] == {"ocs1": True} and bench.physics.ocs_patches() == original
+
+
 # ------------------------------------------------------------------------------------------ safety
 def test_port_allowlist_is_enforced_before_anything_is_sent(tmp_path, capsys):
     with EmulatedBench(profile_from_dict(PROFILE), seed=2, workdir=tmp_path / "bench") as bench:

@@ -369,9 +369,12 @@ class TurnaroundRun:
         ctx, p = self.ctx, self.p
         causes: list[tuple[str, str]] = []  # (host, source) of every fault met in this cycle
         reconnected = self.reconnected
-        self._drain_stale(causes, reconnected)
         old_src, new_src = sources(current), sources(mapping)
         affected = [k for k in (x.key for x in self.ports) if new_src.get(k) != old_src.get(k)]
+        try:
+            self._drain_stale(causes, reconnected)
+        except BenchBroken as exc:  # a host dropped between cycles and cannot be reached again
+            return self._latch(cycle, now_ns(), affected, causes, str(exc), record)
         steps_before = {h: s.clock_steps for h, s in self.sessions.items()}
         faults = self.fault_plan.get(cycle, []) if record and self.injector else []
         if any(f.kind == "harness_kill" for f in faults) and ctx.resume_after:
