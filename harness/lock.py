@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 LOCK_DIR_ENV = "OCS_HIL_LOCK_DIR"
+TTL_ENV = "OCS_HIL_LEASE_TTL_S"
 DEFAULT_TTL_S = 60.0
 
 
@@ -32,6 +33,18 @@ class BenchLocked(Exception):
 
 def lock_dir() -> Path:
     return Path(os.environ.get(LOCK_DIR_ENV) or Path.home() / ".cache" / "ocs-hil" / "locks")
+
+
+def lease_ttl() -> float:
+    """The station's lease time-to-live: `OCS_HIL_LEASE_TTL_S`, default 60 s."""
+    text = os.environ.get(TTL_ENV, "")
+    try:
+        ttl = float(text) if text else DEFAULT_TTL_S
+    except ValueError:
+        raise ValueError(f"{TTL_ENV}={text!r}: expected a number of seconds") from None
+    if not ttl > 0:
+        raise ValueError(f"{TTL_ENV}={text!r}: expected a positive number of seconds")
+    return ttl
 
 
 def ocs_lock_key(name: str, url: str) -> str:

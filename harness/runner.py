@@ -269,13 +269,16 @@ def _acquire_lease(bench_spec: str, run_id: str, options: RunOptions):
     bench = load_inventory(path)
     if bench.emulated:
         return None
-    from harness.lock import BenchLease, BenchLocked, ocs_lock_key
+    from harness.lock import BenchLease, BenchLocked, lease_ttl, ocs_lock_key
 
-    lease = BenchLease([ocs_lock_key(name, r.url) for name, r in bench.ocs.items()], run_id=run_id)
     try:
+        lease = BenchLease([ocs_lock_key(name, r.url) for name, r in bench.ocs.items()], run_id=run_id,
+                           ttl_s=lease_ttl())
         return lease.acquire()
     except BenchLocked as exc:
         raise InputError(f"bench is locked: {exc}", bench_spec) from None
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
 
 
 def _logged_cycles(run_dir: Path, playbook: Playbook) -> dict[str, int]:

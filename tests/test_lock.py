@@ -3,6 +3,7 @@ and the runner refusing a locked OCS on a real inventory (and releasing its own 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ import yaml
 from devices.emulated.bench import EmulatedBench
 from devices.emulated.profile import profile_from_dict
 from harness.cli import main
-from harness.lock import LOCK_DIR_ENV, BenchLease, BenchLocked, ocs_lock_key, read_lease
+from harness.lock import LOCK_DIR_ENV, TTL_ENV, BenchLease, BenchLocked, ocs_lock_key, read_lease
 
 KEY = ocs_lock_key("ocs1", "tcp://192.0.2.10:3082")
 
@@ -127,3 +128,35 @@ def test_runner_refuses_a_locked_ocs_and_releases_its_own_lease(tmp_path, monkey
         other.release()
         assert main(["run", str(pb), "--bench", str(real), "--out", str(out), "-q"]) == 0
         assert not (Path(tmp_path / "locks") / f"{key}.json").exists()
+
+
+def test_a_run_whose_lease_is_taken_over_stops_and_restores(tmp_path):
+    locks = tmp_path / "locks"
+    env = {**os.environ, LOCK_DIR_ENV: str(locks), TTL_ENV: "0.6"}
+    with EmulatedBench(profile_from_dict(PROFILE), seed=2, workdir=tmp_path / "bench") as bench:
+        original = bench.physics.ocs_patches()
+        inventory = yaml.safe_load(bench.inventory_path.read_text())
+        inventory["bench"]["emulated"] = False
+        real = tmp_path / "real.yaml"
+        real.write_text(yaml.safe_dump(inventory))
+        key = ocs_lock_key("ocs1", inventory["ocs"]["ocs1"]["url"])
+        pb = tmp_path / "pb.yaml"
+        pb.write_text(yaml.safe_dump({"name": "l", "cycles": 500, "steps": [
+            {"type": "turnaround", "clock_warmup_s": 0.2, "cycle_timeout_s": 10}]}))
+        out = tmp_path / "runs"
+        proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(pb), "--bench", str(real), "--out",
+                                 str(out), "-q"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        end = time.monotonic() + 60
+        while not list(out.glob("*/events.jsonl")) or not list(out.glob("*/events.jsonl"))[0].stat().st_size:
+            assert proc.poll() is None and time.monotonic() < end, proc.stderr.read().decode()
+            time.sleep(0.05)
+        # an operator (wrongly) breaks the lock and takes the switch over
+        intruder = {"owner": "intruder@elsewhere pid 1", "hostname": "elsewhere", "pid": 1, "run_id": "theirs",
+                    "token": "0" * 16, "expires": time.time() + 3600}
+        (locks / f"{key}.json").write_text(json.dumps(intruder))
+        assert proc.wait(timeout=60) == 1, proc.stderr.read().decode()
+        (run,) = list(out.iterdir())
+        manifest = json.loads((run / "manifest.json").read_text())
+        assert manifest["status"] == "broken" and "taken over by intruder@elsewhere" in manifest["extra"]["broken"]
+        assert manifest["extra"]["restored"] == {"ocs1": True} and bench.physics.ocs_patches() == original
+        assert read_lease(locks / f"{key}.json")["run_id"] == "theirs"  # ours is gone, theirs is left alone
