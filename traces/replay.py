@@ -2,9 +2,10 @@
 emulator), with a durable replay log.
 
 Timing: request i is due at origin + arrival_s[i] / time_scale on the monotonic harness clock. Deadlines are
-absolute, so lateness never accumulates. The scheduler sleeps until `spin_s` before a deadline (asyncio's
-timers round up to whole milliseconds) and then yields to the loop until the deadline passes. `sent_ns` is
-taken when the request is handed to the HTTP client; send error = sent_ns − scheduled_ns.
+absolute, so lateness never accumulates. Each request gets its own task shortly before it is due; the task
+sleeps until `spin_s` before the deadline (asyncio's timers round up to whole milliseconds), yields to the
+loop until the deadline passes and sends at once. `sent_ns` is taken when the request is handed to the HTTP
+client; send error = sent_ns − scheduled_ns.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class ReplayConfig:
     lead_s: float = 0.2  # origin = start + lead_s when origin_ns is not given
     origin_ns: int | None = None  # share it with an emulator's interference epoch
     spin_s: float = 0.0015  # asyncio timers round up to 1 ms (epoll), so the last stretch is spun
+    lookahead_s: float = 0.05  # a request's task is created this long before its deadline
     fsync_interval_s: float = 0.5
     pause_gc: bool = True  # cyclic GC pauses reach milliseconds; the replay makes few cycles
     warm_connections: int = 16  # open this many keep-alive connections (GET /health) before the origin
@@ -248,15 +250,25 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
             origin = config.origin_ns if config.origin_ns is not None else now_ns() + int(config.lead_s * 1e9)
             await _warm_up(session, config, origin)
             tasks = set()
-            for i in range(len(arrival_ns)):
-                deadline = origin + int(arrival_ns[i])
+
+            async def timed(i: int, deadline: int) -> None:
                 coarse = (deadline - spin_ns - now_ns()) / 1e9
                 if coarse > 0:
                     await asyncio.sleep(coarse)
                 while now_ns() < deadline:
                     await asyncio.sleep(0)
-                task = asyncio.create_task(replayer.send(session, i, deadline, int(prompts[i]),
-                                                         max(1, int(outputs[i]))))
+                await replayer.send(session, i, deadline, int(prompts[i]), max(1, int(outputs[i])))
+
+            # Each request's own task waits for its deadline and sends at once; a feeder creates the tasks
+            # `lookahead` ahead, so the feeder's own lateness never reaches the send (and there is no
+            # extra loop turn between "due" and "sent", as there would be with one scheduler task).
+            lookahead_ns = int(config.lookahead_s * 1e9)
+            for i in range(len(arrival_ns)):
+                deadline = origin + int(arrival_ns[i])
+                ahead = (deadline - lookahead_ns - now_ns()) / 1e9
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+                task = asyncio.create_task(timed(i, deadline))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             while tasks:
