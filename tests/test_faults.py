@@ -161,11 +161,13 @@ def test_tl1_deny_is_the_switchs_refusal_and_changes_nothing(ocs):
 
 def test_tl1_silence_times_out_then_a_reconnect_recovers(ocs):
     bench, servers = ocs
-    switch = _tl1(servers, timeout_s=0.3)
+    switch = _tl1(servers)
     try:
         servers.faults.arm("silence", count=1)
+        switch.timeout_s = 0.3  # short only where a timeout is the point; clean calls keep 5 s
         with pytest.raises(DeviceTimeout):
             switch.apply({2: 18})
+        switch.timeout_s = 5
         assert bench.ocs_patches() == {}  # a swallowed command has no effect
         switch.reconnect()
         switch.apply({2: 18})
@@ -179,15 +181,18 @@ def test_tl1_line_noise_never_yields_a_wrong_answer(ocs, kind):
     """Noise is skipped or makes the command fail (then a reconnect resynchronises); the driver never
     reports a state the switch is not in."""
     bench, servers = ocs
-    switch = _tl1(servers, timeout_s=0.3)
+    switch = _tl1(servers)
     try:
         for i in range(1, 9):
             servers.faults.arm(kind, count=1, changes_only=False)
+            switch.timeout_s = 0.3
             try:
                 got = switch.patches()
                 assert got == bench.ocs_patches()
             except DeviceError:
+                switch.timeout_s = 5
                 switch.reconnect()
+            switch.timeout_s = 5
             servers.faults.clear()
             switch.apply({i: 16 + i})
             assert switch.patches() == bench.ocs_patches()
@@ -199,17 +204,20 @@ def test_tl1_line_noise_never_yields_a_wrong_answer(ocs, kind):
 def test_scpi_serial_line_noise_then_reopen_of_the_pty(ocs):
     bench, servers = ocs
     switch = open_switch(OcsResource(name="ocs1", protocol="polatis-scpi", url=servers.pty_path, size=(N, N),
-                                     allowed_ports=ALL), timeout_s=0.3)
+                                     allowed_ports=ALL), timeout_s=5)
     try:
         outcomes = set()
         for i in range(1, 7):
             servers.faults.arm("garbage" if i % 2 else "drop_chars", count=1, changes_only=False)
+            switch.timeout_s = 0.3
             try:
                 switch.apply({i: 16 + i})
                 outcomes.add("ok")
             except DeviceError:
                 outcomes.add("error")
+                switch.timeout_s = 5
                 switch.reconnect()  # reopens the serial line
+            switch.timeout_s = 5
             servers.faults.clear()
             switch.apply({i: 16 + i})  # idempotent: reconciles from the reported state
             assert switch.patches() == bench.ocs_patches()

@@ -36,7 +36,7 @@ PROFILE = {
 
 def playbook(tmp_path: Path, cycles: int, faults: list | None = None, name: str = "pb", **step) -> Path:
     params = {"type": "turnaround", "name": "measure", "cycle_timeout_s": 5, "clock_warmup_s": 0.3,
-              "ocs_timeout_s": 0.5, **step}
+              "ocs_timeout_s": 2.0, **step}
     if faults:
         params["faults"] = faults
     path = tmp_path / f"{name}.yaml"
@@ -80,7 +80,7 @@ def lost_in_ok_cycles(run: Path, events: pd.DataFrame) -> set:
 
 
 def test_transient_faults_label_their_cycle_and_lose_nothing_elsewhere(tmp_path, profile):
-    faults = [{"kind": "ssh_drop", "cycles": [2], "target": "gpu1", "after_ms": 3},
+    faults = [{"kind": "ssh_drop", "cycles": [2], "target": "gpu1", "after_ms": 0},  # 0: sure to be in cycle 2
               {"kind": "ocs_silence", "cycles": [3]},
               {"kind": "ocs_deny", "cycles": [4], "count": 2},
               {"kind": "port_flap", "cycles": [5], "target": "gpu2:ens1f0np0", "flaps": 2},

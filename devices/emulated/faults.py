@@ -8,7 +8,8 @@ outlasts the cycle. Every fault that actually fired is appended to `injector.fir
 ground truth: kind, cycle, target, harness-clock time).
 
 Kinds (targets default to one drawn from the step's ports or hosts):
-- ssh_drop       the host's SSH server drops every connection `after_ms` after arming (mid-command)
+- ssh_drop       the host's SSH server drops every connection `after_ms` after arming (mid-command;
+                 0: at once, before the cycle's command)
 - ocs_deny       the switch refuses the next `count` changes (TL1 DENY SNVS / SCPI -213)
 - ocs_silence    the switch swallows the next `count` changes: no effect, no reply (a timeout)
 - line_garbage   noise bytes between the lines of the next `count` replies (serial/TCP line noise)
@@ -214,6 +215,9 @@ class FaultInjector:
                     dropped = server.drop_connections()
                     self._fired(cycle, fault, target, connections=dropped)
 
+                if float(p["after_ms"]) == 0:
+                    drop()  # at once, just before the cycle's command: the cycle is sure to see it
+                    continue
                 timer = threading.Timer(float(p["after_ms"]) / 1e3, drop)
                 timer.daemon = True
                 timer.start()
