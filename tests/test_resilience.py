@@ -200,20 +200,29 @@ def _signal_mid_reconfiguration(bench: EmulatedBench, proc: subprocess.Popen, lo
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_mid_reconfiguration_restores_and_verifies(tmp_path, signum, code):
+def test_signal_mid_reconfiguration_restores_verifies_and_resumes(tmp_path, signum, code):
     with EmulatedBench(profile_from_dict(PROFILE), seed=4, workdir=tmp_path / "bench") as bench:
         bench.physics.ocs_apply({3: 12, 1: 9})  # circuits found at start (inside the allowlist)
         original = bench.physics.ocs_patches()
         out = tmp_path / "runs"
-        proc = _harness("run", str(playbook(tmp_path, 300)), "--bench", str(bench.inventory_path), "--out",
-                        str(out), "-q")
+        pb = playbook(tmp_path, 6)
+        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out), "-q")
         sent = _signal_mid_reconfiguration(bench, proc, out, signum)
         assert proc.wait(timeout=90) == code, proc.stderr.read().decode()
         assert sent.is_set()
+        bench.physics.on_mirror.clear()
         assert bench.physics.ocs_patches() == original
-        manifest = json.loads((only_run(out) / "manifest.json").read_text())
+        run = only_run(out)
+        manifest = json.loads((run / "manifest.json").read_text())
         assert manifest["status"] == "aborted" and manifest["extra"]["restored"] == {"ocs1": True}
         assert manifest["extra"]["signal"] == signal.Signals(signum).name
+        # and the run can be completed
+        resumed = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--resume", str(run), "-q")
+        assert resumed.wait(timeout=90) == 0, resumed.stderr.read().decode()
+        events, manifest = record(run)
+        assert sorted(events["cycle"].unique()) == list(range(1, 7))
+        assert (events[events["stage"] == "ocs_command_sent"].groupby("cycle").size() == 1).all()
+        assert bench.physics.ocs_patches() == original and manifest["status"] == "ok"
 
 
 def test_sigkill_mid_reconfiguration_then_resume_restores_the_original(tmp_path):

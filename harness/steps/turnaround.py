@@ -263,6 +263,8 @@ class TurnaroundRun:
             return None  # another stream reporting the same drop
         session = self.sessions[host]
         cause = f"host:{host}: {obs.field}: {obs.value}"[:300]
+        if obs.field == "agent_output":
+            return cause  # one unparsable line: the stream itself is alive
         last = ""
         for attempt in range(self.p["retries"] + 1):
             if attempt:
