@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from devices.emulated.physics import OpticalBench
-from devices.emulated.profile import load_profile
 from devices.emulated.ssh_host import AGENT_FIELDS, EmulatedHostServer
 from devices.errors import TransportClosed
 from devices.ssh import SshTransport
@@ -15,18 +13,6 @@ AGENT = "~/.cache/ocs-hil/hilagent-test.py"
 # ground-truth stage -> the watch line it must produce
 STAGE_FIELD = {"light_detected": ("rx_los", "0"), "cdr_locked": ("rx_lol", "0"), "phy_up": ("carrier", "1"),
                "port_active": ("state", "ACTIVE"), "light_lost": ("rx_los", "1"), "port_down": ("carrier", "0")}
-
-
-@pytest.fixture(scope="module")
-def bench():
-    with OpticalBench(load_profile("instant"), seed=5) as b:
-        yield b
-
-
-@pytest.fixture(scope="module")
-def server(bench):
-    with EmulatedHostServer(bench, bench.hosts[0]) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,6 @@ import subprocess
 
 import pytest
 
-from devices.emulated.physics import OpticalBench
-from devices.emulated.profile import load_profile
 from devices.emulated.ssh_host import EmulatedHostServer
 from devices.parsers.gpu import parse_nvidia_smi_csv
 from devices.parsers.nic import (parse_carrier, parse_ethtool, parse_ethtool_module, parse_ib_phys_state,
@@ -18,24 +16,6 @@ from devices.parsers.nic import (parse_carrier, parse_ethtool, parse_ethtool_mod
                                  parse_sysfs_int)
 from devices.ssh import SshTransport
 from devices.timing import Deadline
-
-
-@pytest.fixture(scope="module")
-def bench():
-    with OpticalBench(load_profile("instant"), seed=11) as b:
-        yield b
-
-
-@pytest.fixture(scope="module")
-def server(bench):
-    with EmulatedHostServer(bench, bench.hosts[0]) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def ssh(server):
-    with SshTransport(server.resource()) as t:
-        yield t
 
 
 def _connect(bench, nic, on: bool) -> None:

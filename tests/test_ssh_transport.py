@@ -8,31 +8,11 @@ import time
 
 import pytest
 
-from devices.emulated.physics import OpticalBench
-from devices.emulated.profile import load_profile
 from devices.emulated.ssh_host import EmulatedHostServer
 from devices.errors import DeviceTimeout, TransportClosed
 from devices.parsers.clock_tools import parse_date_ns
 from devices.ssh import AuthenticationFailed, CommandFailed, HostKeyError, SshTransport
 from devices.timing import Deadline
-
-
-@pytest.fixture(scope="module")
-def bench():
-    with OpticalBench(load_profile("instant"), seed=3) as b:
-        yield b
-
-
-@pytest.fixture(scope="module")
-def server(bench):
-    with EmulatedHostServer(bench, bench.hosts[0]) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def ssh(server):
-    with SshTransport(server.resource()) as t:
-        yield t
 
 
 def test_run_returns_stdout_stderr_status_and_timing(ssh, bench, server):

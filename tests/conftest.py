@@ -1,0 +1,27 @@
+"""Shared fixtures: one emulated host reachable over real SSH, per test module."""
+from __future__ import annotations
+
+import pytest
+
+from devices.emulated.physics import OpticalBench
+from devices.emulated.profile import load_profile
+from devices.emulated.ssh_host import EmulatedHostServer
+from devices.ssh import SshTransport
+
+
+@pytest.fixture(scope="module")
+def bench():
+    with OpticalBench(load_profile("instant"), seed=3) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def server(bench):
+    with EmulatedHostServer(bench, bench.hosts[0]) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def ssh(server):
+    with SshTransport(server.resource()) as t:
+        yield t
