@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from devices.emulated.ssh_host import AGENT_FIELDS, EmulatedHostServer
+from devices.emulated.ssh_host import AGENT_FIELDS
 from devices.errors import TransportClosed
 from devices.ssh import SshTransport
 from devices.timing import Deadline, now_ns
