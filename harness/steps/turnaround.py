@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import queue
+import re
+import shlex
 import threading
 import time
 from dataclasses import dataclass, field
@@ -104,12 +106,25 @@ class CycleOutcome:
     causes: list[str] = field(default_factory=list)  # every fault source recorded for this cycle
 
 
-def _probe_template(port: _PortInfo, index: int, udp_port: int) -> bytes:
+_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+
+
+def _probe_template(mac: str, index: int, udp_port: int) -> bytes:
     from devices.agent import build_probe_template
 
-    mac = f"02:00:00:00:{index // 256:02x}:{index % 256:02x}"
     return build_probe_template(src_mac=mac, dst_mac="ff:ff:ff:ff:ff:ff", src_ip=f"198.18.{index // 250}.{index % 250 + 1}",
                                 dst_ip="198.19.255.255", udp_port=udp_port, dqpn=0x100 + index)
+
+
+def _port_mac(session, port: _PortInfo, index: int) -> str:
+    """The NIC's own MAC (probes carry it, so a receiver can tell its new peer's frames from stale ones);
+    a locally administered stand-in when the host does not say."""
+    try:
+        mac = session.transport.run(f"cat /sys/class/net/{shlex.quote(port.netdev)}/address",
+                                    deadline=Deadline(5)).stdout.strip().lower()
+    except DeviceError:
+        mac = ""
+    return mac if _MAC.match(mac) else f"02:00:00:00:{index // 256:02x}:{index % 256:02x}"
 
 
 class TurnaroundRun:
@@ -140,6 +155,7 @@ class TurnaroundRun:
         self.reconnected: dict[str, int] = {}  # host -> harness time of its last reconnect
         self.injector = None
         self.fault_plan: dict = {}
+        self.mac_of: dict[str, str] = {}  # port key -> MAC its probes carry
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -162,8 +178,9 @@ class TurnaroundRun:
                         s.start_probe_recv(x.netdev, p["probe_gap_us"], p["udp_port"], self.queue)
                 for i, x in enumerate(self.ports):
                     if x.host == h:
-                        s.start_probe_send(x.netdev, _probe_template(x, i, p["udp_port"]), p["probe_interval_us"],
-                                           self.queue)
+                        self.mac_of[x.key] = _port_mac(s, x, i)
+                        s.start_probe_send(x.netdev, _probe_template(self.mac_of[x.key], i, p["udp_port"]),
+                                           p["probe_interval_us"], self.queue)
             s.start_clock_sync(p["clock_resync_s"])
 
     def _snapshot(self) -> dict[int, int]:
@@ -437,6 +454,8 @@ class TurnaroundRun:
                     flaps[port.key] = flaps.get(port.key, 0) + 1  # carrier lost with the light on
                 if stage is None or (port.key, stage) in kept:
                     continue
+                if stage == "first_packet" and obs.value.split()[0].lower() != self.mac_of.get(new_src.get(port.key)):
+                    continue  # a probe from the old peer (its flow resumed), not through the new circuit
                 t_ns, _, unc = self.sessions[obs.host].to_harness(obs.host_ns - obs.interval_ns // 2)
                 if t_ns + unc + obs.interval_ns < first_sent:
                     continue  # happened before this cycle's command
