@@ -166,3 +166,34 @@ def test_sse_split_across_writes_crlf_and_missing_done(tmp_path):
     rec = asyncio.run(body()).records.set_index("index")
     assert rec.loc[0, "status"] == "ok" and rec.loc[0, "output_tokens"] == 5  # counted from chunks
     assert rec.loc[1, "status"] == "error" and "[DONE]" in rec.loc[1, "error"]
+
+
+def test_monotonic_timer_never_fires_early_and_keeps_order():
+    from devices.timing import now_ns
+    from traces._timerfd import MonotonicTimer
+
+    async def body():
+        timer = MonotonicTimer.create(asyncio.get_running_loop())
+        if timer is None:
+            pytest.skip("no timerfd on this platform")
+        start = now_ns()
+        deadlines = [start + d for d in (3_000_000, 1_000_000, 2_000_000, 1_000_000, -5)]
+        fired = []
+
+        async def wait(k, deadline):
+            await timer.wait_until(deadline)
+            fired.append((k, now_ns()))
+        await asyncio.gather(*(wait(k, d) for k, d in enumerate(deadlines)))
+        timer.close()
+        return deadlines, fired
+    deadlines, fired = asyncio.run(body())
+    assert all(t >= deadlines[k] for k, t in fired)
+    order = [k for k, _ in fired]
+    assert order.index(4) < order.index(1) < order.index(2) < order.index(0)
+
+
+def test_spin_fallback_replays_too(tmp_path):
+    requests = frame([0.0, 0.002, 0.004, 0.004], [3, 3, 3, 3], [2, 2, 2, 2])
+    service = ServiceModel(prefill_tokens_per_s=1e6, decode_tokens_per_s=1e4, stream_interval_s=0.0)
+    summary, _ = asyncio.run(_replay_with(service, requests, tmp_path / "r.jsonl", use_timerfd=False))
+    assert summary.by_status["ok"] == 4 and (summary.records["send_error_ns"] >= 0).all()

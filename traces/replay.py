@@ -2,9 +2,10 @@
 emulator), with a durable replay log.
 
 Timing: request i is due at origin + arrival_s[i] / time_scale on the monotonic harness clock. Deadlines are
-absolute, so lateness never accumulates. Each request gets its own task shortly before it is due; the task
-sleeps until `spin_s` before the deadline (asyncio's timers round up to whole milliseconds), yields to the
-loop until the deadline passes and sends at once. `sent_ns` is taken when the request is handed to the HTTP
+absolute, so lateness never accumulates. Each request gets its own task shortly before it is due. On Linux
+the task waits on a timerfd (nanosecond deadlines; asyncio's own timers round up to whole milliseconds)
+armed `timerfd_early_s` before the deadline, then yields to the loop until the deadline and sends at once;
+elsewhere it sleeps until `spin_s` before the deadline and yields from there. `sent_ns` is taken when the request is handed to the HTTP
 client; send error = sent_ns − scheduled_ns.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from devices.timing import now_ns
+from traces._timerfd import MonotonicTimer
 from traces.errors import TraceFormatError
 
 REPLAY_LOG_COLUMNS = ("index", "scheduled_ns", "sent_ns", "send_error_ns", "first_token_ns", "completed_ns",
@@ -40,7 +42,9 @@ class ReplayConfig:
     stream: bool = True
     lead_s: float = 0.2  # origin = start + lead_s when origin_ns is not given
     origin_ns: int | None = None  # share it with an emulator's interference epoch
-    spin_s: float = 0.0015  # asyncio timers round up to 1 ms (epoll), so the last stretch is spun
+    spin_s: float = 0.0015  # without timerfd: asyncio timers round up to 1 ms, so the last stretch is spun
+    use_timerfd: bool = True  # Linux: wake on time via a timerfd instead of spinning
+    timerfd_early_s: float = 0.0003
     lookahead_s: float = 0.05  # a request's task is created this long before its deadline
     fsync_interval_s: float = 0.5
     pause_gc: bool = True  # cyclic GC pauses reach milliseconds; the replay makes few cycles
@@ -244,6 +248,7 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
     outputs = requests["output_tokens"].to_numpy(dtype=np.int64)
     connector = aiohttp.TCPConnector(limit=config.max_connections, force_close=False)
     spin_ns = int(config.spin_s * 1e9)
+    timer_early_ns = int(config.timerfd_early_s * 1e9)
     async with ReplayLog(log_path, config.fsync_interval_s) as log:
         replayer = _Replayer(config, log)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
@@ -251,10 +256,16 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
             await _warm_up(session, config, origin)
             tasks = set()
 
+            timer = MonotonicTimer.create(asyncio.get_running_loop()) if config.use_timerfd else None
+
             async def timed(i: int, deadline: int) -> None:
-                coarse = (deadline - spin_ns - now_ns()) / 1e9
-                if coarse > 0:
-                    await asyncio.sleep(coarse)
+                if timer is not None:
+                    # Wake a little early (a sleeping process takes ~0.1 ms to run again), then yield briefly.
+                    await timer.wait_until(deadline - timer_early_ns)
+                else:
+                    coarse = (deadline - spin_ns - now_ns()) / 1e9
+                    if coarse > 0:
+                        await asyncio.sleep(coarse)
                 while now_ns() < deadline:
                     await asyncio.sleep(0)
                 await replayer.send(session, i, deadline, int(prompts[i]), max(1, int(outputs[i])))
@@ -273,6 +284,8 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
                 task.add_done_callback(tasks.discard)
             while tasks:
                 await asyncio.gather(*list(tasks), return_exceptions=True)
+            if timer is not None:
+                timer.close()
             finished = now_ns()
     records = pd.DataFrame(replayer.results, columns=list(REPLAY_LOG_COLUMNS)).sort_values("index")
     return _summarise(records, origin, finished, replayer, str(log_path))
