@@ -2,7 +2,7 @@
 emulated vLLM endpoint running in its own process. Prints send-time error p50/p99 (actual − scheduled
 send on the monotonic clock). Goal: p99 <= 1 ms.
 
-    .venv/bin/python benchmarks/replay_fidelity.py [--scale 200] [--limit N] [--in-process]
+    .venv/bin/python benchmarks/replay_fidelity.py [--scale 200] [--limit N] [--in-process] [--no-timerfd]
 """
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ async def run(args, url: str | None, server_pid: int | None) -> None:
         started, cpu0 = time.perf_counter(), time.process_time()
         server_cpu0 = process_cpu_s(server_pid) if server_pid else None
         summary = await replay_requests(requests, ReplayConfig(url=url, time_scale=args.scale,
-                                                               max_connections=args.connections),
+                                                               max_connections=args.connections,
+                                                               use_timerfd=not args.no_timerfd),
                                         Path(tmp) / "replay.jsonl")
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
         server_cpu = process_cpu_s(server_pid) if server_pid else None
@@ -69,7 +70,8 @@ async def run(args, url: str | None, server_pid: int | None) -> None:
     err = summary.records["send_error_ns"].to_numpy() / 1e3
     rate = len(requests) / (span / args.scale)
     print(f"trace: {TRACE.name}, {len(requests)} requests, span {span:.0f} s, time scale {args.scale:g} "
-          f"-> {rate:.0f} requests/s mean; server {'in-process' if emulator else 'separate process'}")
+          f"-> {rate:.0f} requests/s mean; server {'in-process' if emulator else 'separate process'}; "
+          f"final wait {'spin' if args.no_timerfd else 'timerfd'}")
     print(f"statuses: {summary.by_status}; max in flight {summary.max_in_flight}; wall {wall:.1f} s")
     print(f"send-time error: p50 {np.percentile(err, 50):.0f} us, p99 {np.percentile(err, 99):.0f} us, "
           f"p99.9 {np.percentile(err, 99.9):.0f} us, max {err.max():.0f} us; "
@@ -87,6 +89,7 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=0, help="replay only the first N requests")
     parser.add_argument("--connections", type=int, default=512)
     parser.add_argument("--in-process", action="store_true", help="run the emulator in the replay's own loop")
+    parser.add_argument("--no-timerfd", action="store_true", help="spin the last 1.5 ms instead (the fallback)")
     parser.add_argument("--nice", type=int, default=0,
                         help="scheduling niceness for replay and emulator (negative needs root; as on a real bench, "
                              "a replay host should not share its cores with other work)")
