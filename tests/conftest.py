@@ -1,12 +1,20 @@
 """Shared fixtures: one emulated host reachable over real SSH, per test module."""
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
 
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import load_profile
 from devices.emulated.ssh_host import EmulatedHostServer
 from devices.ssh import SshTransport
+
+# CI runs property tests derandomized: the same examples every time, so a red CI is a real failure.
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="module")
