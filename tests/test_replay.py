@@ -54,10 +54,10 @@ def test_every_request_recorded_with_absolute_deadlines(tmp_path):
 
 
 def test_failures_are_recorded_not_dropped(tmp_path):
-    # Request 1 exceeds the context length (HTTP 400); request 2 takes ~4 s of decode but times out at 0.3 s.
-    requests = frame([0.0, 0.01, 0.02, 0.03], [10, 5000, 10, 10], [2, 2, 400, 2])
-    service = ServiceModel(prefill_tokens_per_s=1e6, decode_tokens_per_s=100, max_model_len=1000)
-    summary, _ = asyncio.run(_replay_with(service, requests, tmp_path / "r.jsonl", timeout_s=0.3))
+    # Request 1 exceeds the context length (HTTP 400); request 2 needs 40 s of decode but times out at 1 s.
+    requests = frame([0.0, 0.01, 0.02, 0.03], [10, 50000, 10, 10], [2, 2, 4000, 2])
+    service = ServiceModel(prefill_tokens_per_s=1e6, decode_tokens_per_s=100, max_model_len=10000)
+    summary, _ = asyncio.run(_replay_with(service, requests, tmp_path / "r.jsonl", timeout_s=1.0))
     status = summary.records.set_index("index")["status"].to_dict()
     assert status == {0: "ok", 1: "http_error", 2: "timeout", 3: "ok"}
     rec = summary.records.set_index("index")

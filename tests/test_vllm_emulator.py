@@ -116,7 +116,7 @@ def test_batch_slots_queue_requests():
                 return r.status
         return await asyncio.gather(*(one() for _ in range(6)))
 
-    service = ServiceModel(prefill_tokens_per_s=1e6, decode_tokens_per_s=200, batch_slots=2)
+    service = ServiceModel(prefill_tokens_per_s=1e6, decode_tokens_per_s=20, batch_slots=2)  # 0.2 s each
     em, statuses = run(_with_server(service, body))
     assert statuses == [200] * 6
     assert em.stats.max_running == 2 and em.stats.max_waiting >= 1
@@ -135,6 +135,6 @@ def test_interference_window_cuts_slots():
                 return r.status
         return await asyncio.gather(*(one() for _ in range(8)))
 
-    service = ServiceModel(prefill_tokens_per_s=1e6, decode_tokens_per_s=300, batch_slots=4)
+    service = ServiceModel(prefill_tokens_per_s=1e6, decode_tokens_per_s=30, batch_slots=4)  # ~0.07 s each
     em, statuses = run(_with_server(service, body))
     assert statuses == [200] * 8 and em.stats.max_running == 2
