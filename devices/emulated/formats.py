@@ -360,3 +360,141 @@ def chronyc_tracking(offset_s: float, freq_ppm: float, *, ref_id: str = "7F7F010
             f"Root dispersion : 0.000123456 seconds\n"
             f"Update interval : 64.2 seconds\n"
             f"Leap status     : Normal\n")
+
+
+# ---------------------------------------------------------------- benchmark tools (protocols.md §3.2, §3.3)
+
+
+def nccl_float(value: float, width: int) -> str:
+    """nccl-tests' getFloatStr: by the count of integer digits, `%*.2f`, `.1f` or `.0f` (always leaving a
+    leading blank), else `%*.1e` (e.g. a time of 1.2e+06 µs in a 7-wide column)."""
+    digits, bound = 0, 1
+    while value >= bound:
+        digits, bound = digits + 1, bound * 10
+    if digits < width - 2:
+        return f"{value:{width}.2f}"
+    if digits < width - 1:
+        return f"{value:{width}.1f}"
+    if digits < width:
+        return f"{value:{width}.0f}"
+    return f"{value:{width}.1e}"
+
+
+@dataclass(frozen=True)
+class NcclTiming:
+    """One phase (out-of-place or in-place) of an nccl-tests row. `wrong` None prints `N/A`."""
+
+    time_us: float
+    algbw_gbs: float
+    busbw_gbs: float
+    wrong: int | None
+
+
+@dataclass(frozen=True)
+class NcclRank:
+    rank: int
+    host: str
+    device: int
+    pid: int
+    bus: int
+    gpu_name: str
+
+
+_NCCL_HEADER = (
+    "#\n"
+    "#                                                              out-of-place                       in-place  "
+    "        \n"
+    "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   "
+    "busbw  #wrong \n"
+    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  "
+    "(GB/s)         \n")
+
+
+def _nccl_phase(t: NcclTiming) -> str:
+    wrong = "N/A" if t.wrong is None else str(t.wrong)
+    return (f"  {nccl_float(t.time_us, 7)}  {nccl_float(t.algbw_gbs, 6)}  {nccl_float(t.busbw_gbs, 6)}"
+            f"  {wrong:>6}")
+
+
+def nccl_tests_output(collective: str, ranks: Sequence[NcclRank],
+                      rows: Sequence[tuple[int, int, str, str, int, NcclTiming, NcclTiming]], *,
+                      min_bytes: int, max_bytes: int, step_factor: int, warmup_iters: int, iters: int,
+                      check: bool) -> str:
+    """What an nccl-tests binary (e.g. `alltoall_perf`) prints: settings line, devices, the table
+    (`%12li  %12li  %8s  %6s  %6i` then per phase `  %7s  %6s  %6s  %6s`), out-of-bounds and average
+    bus bandwidth trailer. Rows: (size, count, type, redop, root, out-of-place, in-place)."""
+    lines = [f"# nThread 1 nGpus 1 minBytes {min_bytes} maxBytes {max_bytes} step: {step_factor}(factor) "
+             f"warmup iters: {warmup_iters} iters: {iters} agg iters: 1 validation: {int(check)} graph: 0\n",
+             "#\n", "# Using devices\n"]
+    for r in ranks:
+        lines.append(f"#  Rank {r.rank:2d} Group  0 Pid {r.pid:6d} on {r.host:>10s} device {r.device:2d} "
+                     f"[0x{r.bus:02x}] {r.gpu_name}\n")
+    lines.append(_NCCL_HEADER)
+    busbw = []
+    for size, count, dtype, redop, root, out_of_place, in_place in rows:
+        lines.append(f"{size:12d}  {count:12d}  {dtype:>8s}  {redop:>6s}  {root:6d}"
+                     f"{_nccl_phase(out_of_place)}{_nccl_phase(in_place)}\n")
+        busbw += [out_of_place.busbw_gbs, in_place.busbw_gbs]
+    avg = sum(busbw) / len(busbw) if busbw else 0.0
+    lines.append(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {avg:g} \n#\n"
+                 f"# Collective test concluded: {collective}\n#\n")
+    return "".join(lines)
+
+
+PERFTEST_RULE = "-" * 87
+
+
+def _c_alt_hex(value: int, width: int) -> str:
+    """C's `%#0Nx`: `0x` and zero padding, except that zero prints without the prefix."""
+    return f"{value:0{width}x}" if value == 0 else f"{value:#0{width}x}"
+
+
+@dataclass(frozen=True)
+class PerftestEnd:
+    """One side of a perftest connection: the `local/remote address:` line and its GID line."""
+
+    lid: int
+    qpn: int
+    psn: int
+    rkey: int
+    vaddr: int
+    gid: bytes  # 16 bytes
+
+
+def _perftest_address(side: str, end: PerftestEnd) -> str:
+    gid = ":".join(f"{b:02d}" for b in end.gid)
+    return (f" {side} address: LID {_c_alt_hex(end.lid, 4)} QPN {_c_alt_hex(end.qpn, 6)} "
+            f"PSN {_c_alt_hex(end.psn, 6)} RKey {_c_alt_hex(end.rkey, 8)} VAddr {_c_alt_hex(end.vaddr, 16)}\n"
+            f" GID: {gid}\n")
+
+
+def ib_write_bw_output(device: str, local: PerftestEnd, remote: PerftestEnd,
+                       rows: Sequence[tuple[int, int, float, float, float]], *, report_gbits: bool,
+                       qps: int = 1, mtu: int = 4096, gid_index: int = 3, link_type: str = "Ethernet") -> str:
+    """perftest `ib_write_bw` client output: settings block, both addresses, the result table
+    (`" %-7lu    %-10lu       %-7.2lf            %-7.2lf\\t\\t     %-7.6lf"`). Rows: (bytes, iterations,
+    BW peak, BW average, MsgRate) with bandwidths already in the printed unit (MiB/sec or Gb/sec)."""
+    unit = "Gb/sec" if report_gbits else "MiB/sec"
+    head = (f"{PERFTEST_RULE}\n"
+            f"                    RDMA_Write BW Test\n"
+            f" Dual-port       : OFF\t\tDevice         : {device}\n"
+            f" Number of qps   : {qps}\t\tTransport type : IB\n"
+            f" Connection type : RC\t\tUsing SRQ      : OFF\n"
+            f" PCIe relax order: ON\n"
+            f" ibv_wr* API     : ON\n"
+            f" TX depth        : 128\n"
+            f" CQ Moderation   : 100\n"
+            f" Mtu             : {mtu}[B]\n"
+            f" Link type       : {link_type}\n"
+            f" GID index       : {gid_index}\n"
+            f" Max inline data : 0[B]\n"
+            f" rdma_cm QPs\t : OFF\n"
+            f" Data ex. method : Ethernet\n"
+            f"{PERFTEST_RULE}\n")
+    table = [f"{PERFTEST_RULE}\n",
+             f" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]\n"]
+    for size, iters, peak, average, rate in rows:
+        table.append(" %-7lu    %-10lu       %-7.2lf            %-7.2lf\t\t     %-7.6lf\n"
+                     % (size, iters, peak, average, rate))
+    table.append(f"{PERFTEST_RULE}\n")
+    return head + _perftest_address("local", local) + _perftest_address("remote", remote) + "".join(table)
