@@ -1,0 +1,418 @@
+"""The `replay` step: replay an inference trace in real time against a serving endpoint during a run, and
+measure SLO violations inside and outside interference windows (e.g. DiLoCo sync windows).
+
+- Trace: a file (any format `traces.load_requests` reads; relative to the playbook's folder) or a seeded
+  generated one (`generate:poisson`, `generate:mmpp`; the seed comes from the run's seed and the step name).
+- Endpoint: `emulated` starts a `VllmEmulator` on 127.0.0.1 for the step (service model from the step's
+  knobs, time-scaled like the replay); or an `http://` URL, which must be loopback unless the run is on a
+  real bench.
+- Interference: windows (generated DiLoCo sync windows, or a sync-window file) cut the emulated endpoint's
+  capacity; the same windows split the SLO metrics by arrival time (inside vs outside), the WA-DiLoCo
+  "sync-excess" view (spec/algorithms.md §7.2).
+
+Latencies are reported in trace time: with the emulated endpoint the service is time-scaled with the replay,
+so measured latencies are multiplied back by `time_scale`; a real endpoint is not scaled (factor 1).
+Failed and timed-out requests are data (they count as SLO violations); the step fails only if a request
+has no record in the durable log.
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import math
+import signal
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import numpy as np
+import pandas as pd
+
+from harness.config import register_step
+from harness.errors import InputError
+from harness.steps import StepResult
+
+GENERATORS = ("generate:poisson", "generate:mmpp")
+SCHEMA = {
+    "requests": (str, "generate:mmpp"),  # trace path, or generate:poisson | generate:mmpp
+    "rate": (float, 2.0),  # generated: requests/s of trace time (mmpp: the calm rate)
+    "burst_factor": (float, 5.0),  # mmpp: burst rate = burst_factor × rate
+    "mean_burst_s": (float, 5.0),
+    "mean_gap_s": (float, 30.0),
+    "duration_s": (float, 60.0),  # generated trace length (trace seconds)
+    "prompt_median": (float, 1020.0),  # generated token counts: lognormal around these medians
+    "output_median": (float, 129.0),
+    "limit": (int, 0),  # the first N requests only; 0: all
+    "time_scale": (float, 1.0),  # > 1 replays faster than the trace (and speeds the emulated service alike)
+    "endpoint": (str, "emulated"),  # or http://127.0.0.1:PORT (other hosts only on a real bench)
+    "model": (str, "emulated-llm"),
+    "prefill_tokens_per_s": (float, 20_000.0),  # emulated service model (model seconds)
+    "decode_tokens_per_s": (float, 50.0),
+    "batch_slots": (int, 64),
+    "max_model_len": (int, 32_768),
+    "interference": (str, "none"),  # none | generate:diloco | a sync-window file (CSV or Parquet)
+    "interference_capacity": (float, 0.5),  # fraction of rates and slots left inside a window
+    "sync_count": (int, 3),  # generate:diloco
+    "sync_window_s": (float, 8.0),
+    "sync_min_gap_s": (float, 18.0),
+    "slo_ttft_ms": (float, 0.0),  # 0: not part of the SLO
+    "slo_tpot_ms": (float, 0.0),
+    "slo_e2e_ms": (float, 0.0),
+    "timeout_s": (float, 60.0),  # per request, wall seconds
+    "max_connections": (int, 256),
+    "lead_s": (float, 0.5),  # wall time between start-up and the first request
+}
+LOOPBACK_NAMES = ("localhost",)
+
+
+# ---- pure summary ------------------------------------------------------------------------------------------
+def _pct(values: np.ndarray, q: float) -> float | None:
+    values = values[np.isfinite(values)]
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def in_windows(times_s: np.ndarray, windows: pd.DataFrame | None) -> np.ndarray:
+    """True where a time falls in some [start_s, start_s + duration_s)."""
+    times_s = np.asarray(times_s, dtype=float)
+    if windows is None or not len(windows):
+        return np.zeros(len(times_s), dtype=bool)
+    starts = windows["start_s"].to_numpy(dtype=float)
+    ends = starts + windows["duration_s"].to_numpy(dtype=float)
+    order = np.argsort(starts)
+    starts, ends = starts[order], ends[order]
+    # Windows do not overlap (validated / generated so): the candidate is the last one starting at or before t.
+    k = np.searchsorted(starts, times_s, side="right") - 1
+    return (k >= 0) & (times_s < ends[np.clip(k, 0, None)])
+
+
+def request_latencies(records: pd.DataFrame, latency_scale: float = 1.0) -> pd.DataFrame:
+    """Per request (sorted by index): ttft_ms, tpot_ms, e2e_ms in trace time (measured × latency_scale);
+    NaN where undefined (failed requests; TPOT needs ≥ 2 output tokens)."""
+    rec = records.sort_values("index")
+    sent = rec["sent_ns"].to_numpy(dtype=float)
+    first = rec["first_token_ns"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    done = rec["completed_ns"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    tokens = rec["output_tokens"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    ok = (rec["status"] == "ok").to_numpy()
+    scale = latency_scale / 1e6
+    ttft = np.where(ok, (first - sent) * scale, np.nan)
+    e2e = np.where(ok, (done - sent) * scale, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(ok & (tokens >= 2), (done - first) * scale / (tokens - 1), np.nan)
+    return pd.DataFrame({"index": rec["index"].to_numpy(), "status": rec["status"].to_numpy(),
+                         "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e})
+
+
+def slo_violations(latencies: pd.DataFrame, slo_ttft_ms: float = 0.0, slo_tpot_ms: float = 0.0,
+                   slo_e2e_ms: float = 0.0) -> np.ndarray:
+    """A request violates the SLO if it did not finish ok or exceeds any configured bound (0 = unset)."""
+    bad = (latencies["status"] != "ok").to_numpy().copy()
+    for column, bound in (("ttft_ms", slo_ttft_ms), ("tpot_ms", slo_tpot_ms), ("e2e_ms", slo_e2e_ms)):
+        if bound > 0:
+            bad |= latencies[column].to_numpy(dtype=float) > bound  # NaN (undefined) compares False
+    return bad
+
+
+def summarise(records: pd.DataFrame, arrival_s: np.ndarray, windows: pd.DataFrame | None, *,
+              slo_ttft_ms: float = 0.0, slo_tpot_ms: float = 0.0, slo_e2e_ms: float = 0.0,
+              latency_scale: float = 1.0) -> dict:
+    """The step's summary from the replay records (one per request, `index` into `arrival_s`)."""
+    from scipy.stats import fisher_exact
+
+    n = len(arrival_s)
+    lat = request_latencies(records, latency_scale)
+    status = lat["status"].to_numpy()
+    send_error_us = records.sort_values("index")["send_error_ns"].to_numpy(dtype=float) / 1e3
+    summary: dict = {
+        "n": n, "recorded": int(len(records)), "ok": int((status == "ok").sum()),
+        "failed": int(np.isin(status, ("http_error", "error")).sum()), "timeout": int((status == "timeout").sum()),
+        "send_error_us": {"p50": _pct(send_error_us, 50), "p99": _pct(send_error_us, 99)},
+        "latency_scale": latency_scale,
+    }
+    for column in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        values = lat[column].to_numpy(dtype=float)
+        summary[column] = {"p50": _pct(values, 50), "p99": _pct(values, 99)}
+    slo = {"ttft_ms": slo_ttft_ms or None, "tpot_ms": slo_tpot_ms or None, "e2e_ms": slo_e2e_ms or None}
+    summary["slo"] = slo
+    inside = in_windows(np.asarray(arrival_s, dtype=float)[lat["index"].to_numpy()], windows)
+    summary["windows"] = {"count": 0 if windows is None else int(len(windows)),
+                          "requests_inside": int(inside.sum()), "requests_outside": int((~inside).sum())}
+    if not any(slo.values()):
+        summary["violation_rate"] = None
+        return summary
+    bad = slo_violations(lat, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms)
+    rate = lambda mask: float(bad[mask].mean()) if mask.any() else None  # noqa: E731
+    v_in, v_out = rate(inside), rate(~inside)
+    summary["violations"] = int(bad.sum())
+    summary["violation_rate"] = rate(np.ones_like(bad))
+    summary["violation_rate_inside"] = v_in
+    summary["violation_rate_outside"] = v_out
+    summary["sync_excess"] = None if v_in is None or v_out is None else v_in - v_out
+    if v_in is not None and v_out is not None:
+        table = [[int(bad[inside].sum()), int((~bad[inside]).sum())],
+                 [int(bad[~inside].sum()), int((~bad[~inside]).sum())]]
+        summary["inside_greater_p"] = float(fisher_exact(table, alternative="greater").pvalue)
+    else:
+        summary["inside_greater_p"] = None
+    return summary
+
+
+def summary_markdown(name: str, s: dict, source: str, endpoint: str) -> str:
+    f = lambda v, d=1: "—" if v is None else f"{v:.{d}f}"  # noqa: E731
+    pct = lambda v: "—" if v is None else f"{100 * v:.1f} %"  # noqa: E731
+    slo = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {v:g} ms" for k, v in s["slo"].items() if v) or "none"
+    lines = [f"## Serving replay `{name}`", "",
+             f"Trace {source} → {endpoint}: {s['n']} requests, {s['ok']} ok, {s['failed']} failed, "
+             f"{s['timeout']} timed out; {s['recorded']} recorded. Latencies in trace time "
+             f"(measured × {s['latency_scale']:g}); SLO: {slo}.", "",
+             "| metric | p50 | p99 |", "|---|---:|---:|",
+             f"| send error (µs, wall) | {f(s['send_error_us']['p50'])} | {f(s['send_error_us']['p99'])} |",
+             f"| TTFT (ms) | {f(s['ttft_ms']['p50'])} | {f(s['ttft_ms']['p99'])} |",
+             f"| TPOT (ms) | {f(s['tpot_ms']['p50'], 2)} | {f(s['tpot_ms']['p99'], 2)} |",
+             f"| completion (ms) | {f(s['e2e_ms']['p50'])} | {f(s['e2e_ms']['p99'])} |", ""]
+    if s.get("violation_rate") is not None:
+        w = s["windows"]
+        excess = "—" if s["sync_excess"] is None else f"{100 * s['sync_excess']:+.1f} pp"
+        p_value = "—" if s["inside_greater_p"] is None else f"{s['inside_greater_p']:.3g}"
+        lines += ["| SLO violations | all | inside windows | outside | sync-excess (in − out) | p (in > out) |",
+                  "|---|---:|---:|---:|---:|---:|",
+                  f"| {s['violations']} of {s['n']} | {pct(s['violation_rate'])} | "
+                  f"{pct(s['violation_rate_inside'])} (n={w['requests_inside']}) | "
+                  f"{pct(s['violation_rate_outside'])} (n={w['requests_outside']}) | {excess} | {p_value} |", ""]
+    return "\n".join(lines)
+
+
+# ---- parameters ----------------------------------------------------------------------------------------------
+def _bad(step, message: str) -> InputError:
+    return InputError(f"step {step.name}: {message}", step.file, step.line)
+
+
+def _resolve_path(step, value: str) -> Path:
+    path = Path(value).expanduser()
+    if not path.is_absolute() and step.file:
+        path = Path(step.file).resolve().parent / path
+    return path
+
+
+def _check_params(step, p: dict) -> None:
+    positive = ("rate", "duration_s", "time_scale", "timeout_s", "prefill_tokens_per_s", "decode_tokens_per_s",
+                "burst_factor", "mean_burst_s", "mean_gap_s", "prompt_median", "output_median", "sync_window_s")
+    for key in positive:
+        if not (math.isfinite(p[key]) and p[key] > 0):
+            raise _bad(step, f"{key} must be a number > 0, found {p[key]}")
+    for key in ("limit", "sync_min_gap_s", "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "lead_s"):
+        if not p[key] >= 0:
+            raise _bad(step, f"{key} must be >= 0, found {p[key]}")
+    for key in ("batch_slots", "max_model_len", "max_connections", "sync_count"):
+        if p[key] < 1:
+            raise _bad(step, f"{key} must be >= 1, found {p[key]}")
+    if not 0 < p["interference_capacity"] <= 1:
+        raise _bad(step, f"interference_capacity must be in (0, 1], found {p['interference_capacity']}")
+
+
+def check_endpoint(step, endpoint: str, real_bench: bool) -> str | None:
+    """None for the emulated endpoint, else the validated base URL."""
+    if endpoint == "emulated":
+        return None
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _bad(step, f"endpoint must be 'emulated' or an http://HOST:PORT URL, found {endpoint!r}")
+    try:
+        parts.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        raise _bad(step, f"endpoint has an invalid port: {endpoint!r}") from None
+    host = parts.hostname
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host.lower() in LOOPBACK_NAMES
+    if not loopback and not real_bench:
+        raise _bad(step, f"endpoint {host} is not a loopback address: on an emulated bench the replay only "
+                         "talks to 127.0.0.1 (use 'emulated', or run on a real bench inventory)")
+    return endpoint.rstrip("/")
+
+
+def stream_seed(ctx, step, purpose: str) -> int:
+    """A generator seed from the run's seed, the step name and the purpose (reproducible on resume)."""
+    return int(ctx.rng(f"replay-{purpose}:{step.name}").integers(2**62))
+
+
+def load_trace(ctx, step, p: dict) -> tuple[pd.DataFrame, str]:
+    """The requests to replay (canonical frame, index 0..n-1) and a short description of their source."""
+    import traces
+
+    source = p["requests"]
+    seed = stream_seed(ctx, step, "trace")
+    common = {"seed": seed, "duration_s": p["duration_s"], "prompt_median": p["prompt_median"],
+              "output_median": p["output_median"]}
+    if source == "generate:poisson":
+        frame = traces.poisson_arrivals(rate=p["rate"], **common)
+        label = f"Poisson {p['rate']:g}/s × {p['duration_s']:g} s"
+    elif source == "generate:mmpp":
+        frame = traces.mmpp_arrivals(base_rate=p["rate"], burst_rate=p["rate"] * p["burst_factor"],
+                                     mean_burst_s=p["mean_burst_s"], mean_gap_s=p["mean_gap_s"], **common).requests
+        label = f"MMPP {p['rate']:g}/s, bursts ×{p['burst_factor']:g}, {p['duration_s']:g} s"
+    elif source.startswith("generate:"):
+        raise _bad(step, f"requests: unknown generator {source!r} (known: {', '.join(GENERATORS)})")
+    else:
+        path = _resolve_path(step, source)
+        if not path.is_file():
+            raise _bad(step, f"requests: no such trace file {str(path)!r}")
+        frame = traces.load_requests(path)  # TraceFormatError names the trace file and line
+        label = path.name
+    if p["limit"]:
+        frame = frame.iloc[: p["limit"]]
+    if not len(frame):
+        raise _bad(step, f"requests: the trace ({label}) has no requests to replay")
+    return frame.reset_index(drop=True), label
+
+
+def load_windows(ctx, step, p: dict, trace_end_s: float, emulated_endpoint: bool) -> pd.DataFrame | None:
+    import traces
+
+    choice = p["interference"]
+    if choice == "none":
+        return None
+    if choice == "generate:diloco":
+        if not emulated_endpoint:
+            raise _bad(step, "interference: generated windows can only be applied to the emulated endpoint "
+                             "(give a sync-window file to split the metrics of a real endpoint)")
+        seed = stream_seed(ctx, step, "sync")
+        try:
+            return traces.diloco_sync_windows(seed=seed, count=p["sync_count"], duration_s=trace_end_s,
+                                              window_s=p["sync_window_s"], min_gap_s=p["sync_min_gap_s"])
+        except ValueError as exc:
+            raise _bad(step, f"interference: {exc} (the trace spans {trace_end_s:g} s)") from None
+    if choice.startswith("generate:"):
+        raise _bad(step, f"interference: unknown generator {choice!r} (known: generate:diloco)")
+    path = _resolve_path(step, choice)
+    if not path.is_file():
+        raise _bad(step, f"interference: no such sync-window file {str(path)!r}")
+    return traces.load_sync_windows(path)
+
+
+# ---- the step --------------------------------------------------------------------------------------------
+async def _serve_and_replay(requests: pd.DataFrame, url: str | None, p: dict, windows: pd.DataFrame | None,
+                            log_path: Path):
+    from devices.emulated.vllm_server import InterferenceWindow, ServiceModel, VllmEmulator
+    from devices.timing import now_ns
+    from traces.replay import ReplayConfig, replay_requests
+
+    emulator = None
+    if url is None:
+        service = ServiceModel(prefill_tokens_per_s=p["prefill_tokens_per_s"],
+                               decode_tokens_per_s=p["decode_tokens_per_s"], batch_slots=p["batch_slots"],
+                               max_model_len=p["max_model_len"], time_scale=p["time_scale"])
+        emulator = VllmEmulator(service, model=p["model"])
+        await emulator.start()
+        url = emulator.url
+    try:
+        origin = now_ns() + int(p["lead_s"] * 1e9)
+        if emulator is not None and windows is not None and len(windows):
+            # The replay sends the first request at the origin; windows are in the trace's own seconds.
+            epoch = origin - int(round(float(requests["arrival_s"].iloc[0]) * 1e9 / p["time_scale"]))
+            emulator.set_interference(InterferenceWindow.from_frame(windows, p["interference_capacity"]),
+                                      epoch_ns=epoch)
+        config = ReplayConfig(url=url, model=p["model"], time_scale=p["time_scale"], timeout_s=p["timeout_s"],
+                              max_connections=p["max_connections"], origin_ns=origin)
+        return await replay_requests(requests, config, log_path)
+    finally:
+        if emulator is not None:
+            await emulator.stop()
+
+
+def run_replay(requests: pd.DataFrame, url: str | None, p: dict, windows: pd.DataFrame | None,
+               log_path: Path) -> None:
+    """One asyncio loop for the endpoint and the replay. SIGTERM cancels the replay (in-flight requests get
+    their records, the log is flushed) and then raises the runner's Aborted, so teardown runs as usual."""
+    from harness.runner import Aborted
+
+    terminated: list[bool] = []
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGTERM, lambda: (terminated.append(True), task.cancel()))
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signal support
+            pass
+        await _serve_and_replay(requests, url, p, windows, log_path)
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
+    try:
+        asyncio.run(main())
+    except asyncio.CancelledError:
+        if terminated:
+            raise Aborted("SIGTERM") from None
+        raise
+    finally:
+        if in_main_thread and previous is not None:
+            signal.signal(signal.SIGTERM, previous)  # the loop reset it to the default on close
+
+
+@register_step("replay", SCHEMA)
+def replay_step(ctx, step) -> StepResult:
+    import json
+
+    from harness import record as rec
+    from traces.replay import replay_log_to_parquet
+    from traces.schema import write_requests, write_sync_windows
+
+    p = dict(step.params)
+    _check_params(step, p)
+    url = check_endpoint(step, p["endpoint"], real_bench=ctx.emulated is None)
+    requests, label = load_trace(ctx, step, p)
+    arrival_s = requests["arrival_s"].to_numpy(dtype=float)
+    trace_end = float(p["duration_s"]) if p["requests"] in GENERATORS else float(arrival_s[-1])
+    windows = load_windows(ctx, step, p, max(trace_end, float(arrival_s[-1])), url is None)
+    slo = {k: p[k] for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")}
+    endpoint_label = "emulated vLLM endpoint" if url is None else url
+    if ctx.dry_run:
+        return StepResult(ok=True, summary_md=f"(dry run: would replay {len(requests)} requests of {label})")
+
+    base = ctx.run_dir / f"replay_{step.name}"
+    log_path, parquet_path, summary_path = (base.with_suffix(s) for s in (".jsonl", ".parquet", ".json"))
+    if summary_path.exists():  # a resumed run: this replay already finished
+        summary = json.loads(summary_path.read_text())["summary"]
+        return _result(step, summary, label, endpoint_label)
+    if log_path.exists():  # an interrupted replay: keep its records aside, replay from the start
+        log_path.replace(base.with_name(base.name + ".incomplete.jsonl"))
+    if p["requests"] in GENERATORS:
+        write_requests(requests, base.with_name(base.name + "_requests.parquet"))
+    if windows is not None:
+        write_sync_windows(windows, base.with_name(base.name + "_windows.parquet"))
+
+    span_s = (arrival_s[-1] - arrival_s[0]) / p["time_scale"]
+    interference = "" if windows is None else (f", {len(windows)} interference windows at capacity "
+                                               f"{p['interference_capacity']:g}")
+    ctx.say(f"  replaying {len(requests)} requests ({label}) over {span_s:.1f} s at ×{p['time_scale']:g} → "
+            f"{endpoint_label}{interference}")
+    run_replay(requests, url, p, windows, log_path)
+    records = replay_log_to_parquet(log_path, parquet_path)  # the durable log is the source of truth
+    latency_scale = p["time_scale"] if url is None else 1.0
+    summary = summarise(records, arrival_s, windows, latency_scale=latency_scale, **slo)
+    summary.update({"source": label, "endpoint": endpoint_label, "time_scale": p["time_scale"],
+                    "interference": p["interference"],
+                    "interference_capacity": p["interference_capacity"] if windows is not None else None,
+                    "log": log_path.name, "parquet": parquet_path.name,
+                    "trace_seed": stream_seed(ctx, step, "trace") if p["requests"] in GENERATORS else None,
+                    "sync_seed": stream_seed(ctx, step, "sync") if p["interference"] == "generate:diloco" else None})
+    rec.write_json_atomic(summary_path, {"step": step.name, "summary": summary,
+                                         "windows": None if windows is None else windows.to_dict(orient="list")})
+    return _result(step, summary, label, endpoint_label, records)
+
+
+def _result(step, summary: dict, label: str, endpoint: str, records: pd.DataFrame | None = None) -> StepResult:
+    n = summary["n"]
+    if records is not None:
+        indices = records["index"].to_numpy()
+        complete = len(records) == n and np.array_equal(np.sort(indices), np.arange(n))
+    else:
+        complete = summary["recorded"] == n
+    # Failed and timed-out requests are data (SLO violations), not a step failure: only a lost record is.
+    checks = [{"name": "every request has a record", "ok": bool(complete),
+               "detail": f"{summary['recorded']} records for {n} requests ({summary['ok']} ok, "
+                         f"{summary['failed']} failed, {summary['timeout']} timed out)"}]
+    return StepResult(ok=bool(complete), data={"summary": summary}, checks=checks,
+                      summary_md=summary_markdown(step.name, summary, label, endpoint))
