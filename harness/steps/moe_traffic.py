@@ -1,0 +1,467 @@
+"""The `moe_traffic` step: a MoE trace's all-to-all phases as real transfers over the current circuits.
+
+Endpoints are NIC ports ("host:netdev") of one OCS region; EP rank r of the trace's first group runs on
+endpoint r. Before the phases of each iteration (`reconfigure: per_iteration`) or each regime
+(`per_regime`: the trace's regime changes), MixNet's greedy circuits (one port per endpoint) are computed
+on that demand, applied with `apply(..., exclusive=True)`, and the step waits until every re-pointed port
+has trained a new link (`carrier_up_count` grew and the RDMA port is ACTIVE). `none` keeps the circuits
+found at start.
+
+Each phase runs the transfer command once per endpoint, all in parallel (one SSH connection per host), and
+parses the tool's output (nccl-tests or perftest format). Per phase it records the measured time (the
+slowest rank), the model's prediction (`analysis.mixnet.all_to_all_time` with the circuits in place),
+bytes and circuits: `moe_traffic_<step>.parquet`, `moe_traffic_<step>.json`.
+"""
+from __future__ import annotations
+
+import shlex
+import string
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from devices.errors import DeviceError
+from devices.parsers.common import ParseError
+from devices.timing import Deadline, now_ns
+from harness.config import register_step
+from harness.errors import InputError
+from harness.steps import StepResult
+
+RECONFIGURE = ("none", "per_regime", "per_iteration")
+# The emulated hosts' alltoall_perf: one rank per endpoint, its own row and column of the phase matrix.
+BUILTIN_COMMANDS = {
+    "alltoall_perf": "alltoall_perf -b {bytes} -e {bytes} -g 1 -n {iters} -w 0 -c 0 --self {self} --peers {peers} "
+                     "--link-gbps {link_gbps} --eps-gbps {eps_gbps} --time-scale {time_scale} {args}",
+}
+PLACEHOLDERS = ("bytes", "recv_bytes", "host", "netdev", "rdma_dev", "rdma_port", "self", "peers", "iters",
+                "link_gbps", "eps_gbps", "time_scale", "args")
+
+SCHEMA = {
+    "trace": (str, "generate"),  # a MoE trace file (traces.load_moe) or "generate" (traces.generate_moe)
+    "iterations": (int, 6),
+    "layers": (int, 2),
+    "micro_batches": (int, 1),
+    "regime_changes": ((int, list), 1),
+    "tokens_per_micro_batch": (int, 4096),
+    "hidden_size": (int, 4096),  # also turns routing-trace tokens into bytes
+    "top_k": (int, 2),
+    "num_experts": (int, 0),  # 0: two per endpoint
+    "zipf_s": (float, 1.2),
+    "drift": (float, 0.02),
+    "backward": (bool, True),
+    "max_phases": (int, 0),  # 0: every phase of the trace
+    "endpoints": (list, []),  # NIC ports "host:netdev" of one OCS; empty: every port
+    "reconfigure": (str, "per_regime"),
+    "command": (str, "alltoall_perf"),  # or a template with {placeholders}, each value shell-quoted
+    "args": (list, []),  # extra words for {args}, each shell-quoted
+    "iters": (int, 1),  # tool iterations per phase
+    "link_gbps": (float, 400.0),  # per circuit
+    "eps_gbps": (float, 100.0),  # packet fabric, per NIC
+    "time_scale": (float, 1.0),  # emulated tools: sleep time / time_scale, report × time_scale
+    "link_timeout_s": (float, 15.0),
+    "command_timeout_s": (float, 120.0),
+    "poll_interval_s": (float, 0.005),
+}
+
+
+class PhaseFailed(DeviceError):
+    """A transfer command failed or printed something unparsable."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    key: str
+    host: str
+    netdev: str
+    rdma_dev: str
+    rdma_port: int
+    ocs: str
+    tx: int
+    rx: int
+
+
+def check_template(template: str, where: tuple[str | None, int | None]) -> None:
+    """Only known placeholders, without conversions or format specs (the values are quoted strings)."""
+    try:
+        fields = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise InputError(f"command: bad template ({exc})", *where) from None
+    for _, name, spec, conversion in fields:
+        if name is None:
+            continue
+        if name not in PLACEHOLDERS:
+            raise InputError(f"command: unknown placeholder {{{name}}} (known: "
+                             f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)})", *where)
+        if spec or conversion:
+            raise InputError(f"command: placeholder {{{name}}} takes no conversion or format spec", *where)
+
+
+def render_command(template: str, values: dict[str, object], args: list) -> str:
+    """Fill the template; every substituted value is one shell word (shlex.quote), so nothing from a
+    playbook or a trace reaches the remote shell unquoted."""
+    fields = {name: shlex.quote(str(value)) for name, value in values.items()}
+    fields["args"] = " ".join(shlex.quote(str(a)) for a in args)
+    return template.format(**fields)
+
+
+def transfer_seconds(stdout: str, size_bytes: int) -> float:
+    """The transfer time a tool printed: nccl-tests — the out-of-place time of the row for `size_bytes`
+    (else the last row); perftest — Σ bytes·iterations / average bandwidth over its rows."""
+    from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests
+
+    if "BW peak[" in stdout:
+        rows = parse_ib_write_bw(stdout).rows
+        return sum(r.size_bytes * r.iterations / (r.bw_average_gbps * 1.25e8) for r in rows)
+    rows = parse_nccl_tests(stdout).rows
+    row = next((r for r in rows if r.size_bytes == size_bytes), rows[-1])
+    return row.out_of_place.time_us / 1e6
+
+
+def circuits_from_patches(patches: dict[int, int], endpoints: list[Endpoint]) -> np.ndarray:
+    """Pairs patched both ways, as MixNet's symmetric circuit matrix."""
+    n = len(endpoints)
+    c = np.zeros((n, n), dtype=np.int64)
+    for i, a in enumerate(endpoints):
+        for j, b in enumerate(endpoints):
+            if i != j and patches.get(a.tx) == b.rx and patches.get(b.tx) == a.rx:
+                c[i, j] = 1
+    return c
+
+
+def circuit_mapping(circuits: np.ndarray, endpoints: list[Endpoint]) -> dict[int, int]:
+    """OCS cross-connects (ingress -> egress) for a one-port-per-endpoint circuit matrix."""
+    mapping = {}
+    for i, j in zip(*np.nonzero(np.triu(circuits, 1))):
+        a, b = endpoints[i], endpoints[j]
+        mapping[a.tx], mapping[b.tx] = b.rx, a.rx
+    return mapping
+
+
+def _peer_of(circuits: np.ndarray) -> list[int | None]:
+    return [int(np.flatnonzero(row)[0]) if row.any() else None for row in circuits]
+
+
+def _circuit_labels(circuits: np.ndarray, endpoints: list[Endpoint]) -> list[str]:
+    return [f"{endpoints[i].key}<->{endpoints[j].key}" for i, j in zip(*np.nonzero(np.triu(circuits, 1)))]
+
+
+class MoeTrafficRun:
+    def __init__(self, ctx, step):
+        self.ctx, self.step, self.p = ctx, step, step.params
+        p, where = self.p, (step.file, step.line)
+        if p["reconfigure"] not in RECONFIGURE:
+            raise InputError(f"step {step.name}: reconfigure must be one of {', '.join(RECONFIGURE)}, "
+                             f"found {p['reconfigure']!r}", *where)
+        for key in ("link_gbps", "eps_gbps", "time_scale", "link_timeout_s", "command_timeout_s",
+                    "poll_interval_s"):
+            if not p[key] > 0:
+                raise InputError(f"step {step.name}: {key} must be > 0, found {p[key]}", *where)
+        if p["iters"] < 1 or p["max_phases"] < 0:
+            raise InputError(f"step {step.name}: iters must be >= 1 and max_phases >= 0", *where)
+        self.template = BUILTIN_COMMANDS.get(p["command"], p["command"])
+        check_template(self.template, where)
+        ports = {n.key: n for n in ctx.bench.nic_ports}
+        wanted = [str(k) for k in p["endpoints"]] or list(ports)
+        unknown = [k for k in wanted if k not in ports]
+        if unknown or len(set(wanted)) != len(wanted) or len(wanted) < 2:
+            raise InputError(f"step {step.name}: endpoints must be >= 2 distinct NIC ports of the inventory "
+                             f"(unknown: {', '.join(unknown) or 'none'}; known: {', '.join(ports)})", *where)
+        self.endpoints = [Endpoint(k, ports[k].host, ports[k].netdev, ports[k].rdma_dev, ports[k].rdma_port,
+                                   ports[k].ocs, ports[k].ocs_tx, ports[k].ocs_rx) for k in wanted]
+        if len({e.ocs for e in self.endpoints}) != 1:
+            raise InputError(f"step {step.name}: all endpoints must be on one OCS (one region)", *where)
+        self.ocs = self.endpoints[0].ocs
+        self.b_ocs = p["link_gbps"] * 1.25e8
+        self.b_eps = p["eps_gbps"] * 1.25e8
+
+    # ------------------------------------------------------------------ trace
+    def load_trace(self):
+        p, step, n = self.p, self.step, len(self.endpoints)
+        where = (step.file, step.line)
+        if p["trace"] == "generate":
+            from traces.generate import generate_moe
+
+            try:
+                trace = generate_moe(seed=self.ctx.seed, iterations=p["iterations"], layers=p["layers"],
+                                     micro_batches=p["micro_batches"], num_experts=p["num_experts"] or 2 * n,
+                                     top_k=p["top_k"], ep=n, ranks_per_server=1,
+                                     tokens_per_micro_batch=p["tokens_per_micro_batch"],
+                                     hidden_size=p["hidden_size"], zipf_s=p["zipf_s"], drift=p["drift"],
+                                     regime_changes=p["regime_changes"], backward=p["backward"])
+            except ValueError as exc:
+                raise InputError(f"step {step.name}: cannot generate the trace: {exc}", *where) from None
+        else:
+            from traces.moe import load_moe
+
+            path = Path(p["trace"]).expanduser()
+            if not path.is_absolute() and step.file and not path.exists():
+                path = Path(step.file).resolve().parent / path  # relative to the playbook
+            if not path.exists():
+                raise InputError(f"step {step.name}: trace {p['trace']!r} not found", *where)
+            trace = load_moe(path, hidden_size=p["hidden_size"], backward=p["backward"])
+            if trace.header.ep > n:
+                raise InputError(f"step {step.name}: the trace's EP groups have {trace.header.ep} ranks, but "
+                                 f"only {n} endpoints are given", *where)
+        return trace
+
+    def phases(self, trace) -> tuple[list, dict[int, np.ndarray]]:
+        """The phases to run (rank matrices of the first EP group) and every iteration's summed demand."""
+        from traces.moe import moe_phases
+
+        ep = trace.header.ep
+        phases, demand = [], {}
+        for ph in moe_phases(trace):
+            m = ph.matrix[:ep, :ep].astype(float)
+            demand[ph.iteration] = demand.get(ph.iteration, 0.0) + m
+            if not self.p["max_phases"] or len(phases) < self.p["max_phases"]:
+                phases.append(ph._replace(matrix=m))
+        if not phases:
+            raise InputError(f"step {self.step.name}: the trace has no all-to-all traffic", self.step.file,
+                             self.step.line)
+        return phases, demand
+
+    def plan(self, trace, phases, demand) -> dict[int, np.ndarray]:
+        """Iteration -> demand to wire for, at each iteration where a reconfiguration is due."""
+        mode = self.p["reconfigure"]
+        iterations = sorted(demand)
+        if mode == "none":
+            return {}
+        if mode == "per_iteration":
+            return {it: demand[it] for it in iterations}
+        starts = sorted({iterations[0]} | {int(c) for c in trace.regime_changes if iterations[0] < c <= iterations[-1]})
+        plan = {}
+        for k, start in enumerate(starts):
+            end = starts[k + 1] if k + 1 < len(starts) else iterations[-1] + 1
+            # MixNet wires a regime for its routing: the regime's mean demand (an offline oracle per regime)
+            plan[start] = np.mean([demand[it] for it in iterations if start <= it < end], axis=0)
+        return plan
+
+    # ------------------------------------------------------------------ bench
+    def _cat(self, host: str, paths: list[str]) -> list[str]:
+        cmd = "cat " + " ".join(shlex.quote(x) for x in paths)
+        result = self.sessions[host].transport.run(cmd, deadline=Deadline(10))
+        lines = result.stdout.splitlines()
+        if result.exit_status != 0 or len(lines) != len(paths):
+            raise PhaseFailed(f"{host}: {cmd!r} failed: {result.stderr.strip()[:200]}")
+        return lines
+
+    def _link_files(self, e: Endpoint) -> list[str]:
+        return [f"/sys/class/net/{e.netdev}/carrier_up_count",
+                f"/sys/class/infiniband/{e.rdma_dev}/ports/{e.rdma_port}/state"]
+
+    def _link_states(self, ends: list[Endpoint]) -> dict[str, tuple[int, bool]]:
+        """endpoint key -> (carrier_up_count, RDMA port ACTIVE), one command per host, hosts in parallel."""
+        by_host: dict[str, list[Endpoint]] = {}
+        for e in ends:
+            by_host.setdefault(e.host, []).append(e)
+
+        def read(host: str) -> dict[str, tuple[int, bool]]:
+            lines = self._cat(host, [f for e in by_host[host] for f in self._link_files(e)])
+            out = {}
+            for k, e in enumerate(by_host[host]):
+                count, state = lines[2 * k].strip(), lines[2 * k + 1]
+                out[e.key] = (int(count) if count.isdigit() else -1, "ACTIVE" in state)
+            return out
+
+        states: dict[str, tuple[int, bool]] = {}
+        for part in self.pool.map(read, by_host):
+            states.update(part)
+        return states
+
+    def reconfigure(self, circuits: np.ndarray) -> tuple[float, bool]:
+        """Apply `circuits`, wait until every re-pointed port trained a new link. (seconds, all up)."""
+        old_peer, new_peer = _peer_of(self.current), _peer_of(circuits)
+        moved = [e for i, e in enumerate(self.endpoints) if new_peer[i] is not None and new_peer[i] != old_peer[i]]
+        begin = now_ns()
+        before = self._link_states(moved) if moved else {}
+        self.switch.apply(self.others | circuit_mapping(circuits, self.endpoints), exclusive=True)
+        self.current = circuits
+        deadline = Deadline(self.p["link_timeout_s"])
+        waiting = list(moved)
+        while waiting and not deadline.expired():
+            states = self._link_states(waiting)
+            waiting = [e for e in waiting if not (states[e.key][0] > before[e.key][0] and states[e.key][1])]
+            if waiting:
+                time.sleep(self.p["poll_interval_s"])
+        if waiting:
+            self.ctx.say(f"[yellow]{self.step.name}: links not up after {self.p['link_timeout_s']} s: "
+                         f"{', '.join(e.key for e in waiting)}[/]")
+        return (now_ns() - begin) / 1e9, not waiting
+
+    def restore(self) -> None:
+        try:
+            self.switch.apply(self.original, exclusive=True)
+        except Exception as exc:  # report, never mask the step's own error
+            self.ctx.manifest_extra.setdefault("restore_error", {})[self.ocs] = str(exc)
+
+    # ------------------------------------------------------------------ phases
+    def commands(self, matrix: np.ndarray) -> list[str]:
+        eps = self.endpoints[: matrix.shape[0]]
+        out = []
+        for i, e in enumerate(eps):
+            peers = ",".join(f"{f.key}={int(matrix[i, j])}/{int(matrix[j, i])}" for j, f in enumerate(eps) if j != i)
+            send = int(matrix[i].sum() - matrix[i, i])
+            recv = int(matrix[:, i].sum() - matrix[i, i])
+            values = {"bytes": send, "recv_bytes": recv, "host": e.host, "netdev": e.netdev, "rdma_dev": e.rdma_dev,
+                      "rdma_port": e.rdma_port, "self": e.key, "peers": peers, "iters": self.p["iters"],
+                      "link_gbps": f"{self.p['link_gbps']:g}", "eps_gbps": f"{self.p['eps_gbps']:g}",
+                      "time_scale": f"{self.p['time_scale']:g}"}
+            out.append((e, send, render_command(self.template, values, self.p["args"])))
+        return out
+
+    def run_phase(self, matrix: np.ndarray) -> tuple[list[float], float]:
+        """Every rank's transfer at once; (per-rank seconds as the tools measured, harness wall seconds)."""
+        def one(item):
+            e, size, command = item
+            try:
+                result = self.sessions[e.host].transport.run(command, deadline=Deadline(self.p["command_timeout_s"]))
+            except DeviceError as exc:
+                raise PhaseFailed(f"{e.key}: {exc}") from exc
+            if result.exit_status != 0:
+                raise PhaseFailed(f"{e.key}: {command!r} exited {result.exit_status}: "
+                                  f"{result.stderr.strip()[-300:]}")
+            try:
+                return transfer_seconds(result.stdout, size)
+            except ParseError as exc:
+                raise PhaseFailed(f"{e.key}: unparsable output of {command!r}: {exc}") from exc
+
+        begin = now_ns()
+        seconds = list(self.pool.map(one, self.commands(matrix)))
+        return seconds, (now_ns() - begin) / 1e9
+
+    def run(self) -> StepResult:
+        from analysis.mixnet import all_to_all_time, greedy_circuits
+        from harness import record as rec
+
+        ctx, p, step = self.ctx, self.p, self.step
+        trace = self.load_trace()
+        phases, demand = self.phases(trace)
+        plan = self.plan(trace, phases, demand)
+        n = phases[0].matrix.shape[0]
+        if ctx.dry_run:
+            return StepResult(ok=True, summary_md=f"(dry run: {len(phases)} phases on {n} endpoints, not run)")
+        self.switch = ctx.switch(self.ocs)
+        self.original = self.switch.patches()
+        ctx.teardown.callback(self.restore)
+        used = {x for e in self.endpoints for x in (e.tx, e.rx)}
+        self.others = {i: e for i, e in self.original.items() if i not in used and e not in used}
+        self.current = circuits_from_patches(self.original, self.endpoints)
+        initial = self.current[:n, :n]
+        hosts = sorted({e.host for e in self.endpoints[:n]})
+        self.sessions = {h: ctx.session(h) for h in hosts}
+        records, failure = [], None
+        reconfigurations: list[dict] = []
+        zero = np.zeros((n, n), dtype=np.int64)
+        with ThreadPoolExecutor(max_workers=max(n, len(hosts)), thread_name_prefix=f"moe-{step.name}") as pool:
+            self.pool = pool
+            planned = set()
+            for ph in phases:
+                reconf_s, links_up, reconfigured = 0.0, True, False
+                if ph.iteration in plan and ph.iteration not in planned:
+                    planned.add(ph.iteration)
+                    wanted = np.zeros_like(self.current)
+                    wanted[:n, :n] = greedy_circuits(plan[ph.iteration], 1, self.b_ocs, self.b_eps)
+                    if not np.array_equal(wanted, self.current):
+                        try:
+                            reconf_s, links_up = self.reconfigure(wanted)
+                        except DeviceError as exc:
+                            failure = f"reconfiguration before iteration {ph.iteration}: {exc}"
+                            break
+                        reconfigured = True
+                        reconfigurations.append({"iteration": ph.iteration, "seconds": reconf_s,
+                                                 "links_up": links_up,
+                                                 "circuits": _circuit_labels(wanted, self.endpoints)})
+                circuits = self.current[:n, :n]
+                try:
+                    rank_s, wall_s = self.run_phase(ph.matrix)
+                except PhaseFailed as exc:
+                    failure = f"iteration {ph.iteration} layer {ph.layer} {ph.phase}: {exc}"
+                    break
+                measured = max(rank_s)
+                modelled = all_to_all_time(ph.matrix, circuits, self.b_ocs, self.b_eps)
+                off = ph.matrix - np.diag(np.diag(ph.matrix))
+                records.append({
+                    "iteration": ph.iteration, "layer": ph.layer, "micro_batch": ph.micro_batch, "phase": ph.phase,
+                    "bytes": int(off.sum()), "max_rank_bytes": int(max(off.sum(axis=1).max(), off.sum(axis=0).max())),
+                    "circuits": _circuit_labels(circuits, self.endpoints), "n_circuits": int(np.triu(circuits).sum()),
+                    "circuit_bytes": int(off[circuits > 0].sum()),
+                    "measured_s": measured, "modelled_s": modelled,
+                    "ratio": measured / modelled if modelled > 0 else float("nan"),
+                    "modelled_initial_s": all_to_all_time(ph.matrix, initial, self.b_ocs, self.b_eps),
+                    "modelled_packet_only_s": all_to_all_time(ph.matrix, zero, self.b_ocs, self.b_eps),
+                    "rank_s": rank_s, "wall_s": wall_s, "reconfigured": reconfigured,
+                    "reconfiguration_s": reconf_s, "links_up": links_up})
+        frame = pd.DataFrame.from_records(records, columns=[
+            "iteration", "layer", "micro_batch", "phase", "bytes", "max_rank_bytes", "circuits", "n_circuits",
+            "circuit_bytes", "measured_s", "modelled_s", "ratio", "modelled_initial_s", "modelled_packet_only_s",
+            "rank_s", "wall_s", "reconfigured", "reconfiguration_s", "links_up"])
+        parquet = ctx.run_dir / f"moe_traffic_{step.name}.parquet"
+        frame.to_parquet(parquet, index=False)
+        summary = summarize(frame, reconfigurations)
+        summary.update({"endpoints": [e.key for e in self.endpoints[:n]], "reconfigure": p["reconfigure"],
+                        "command": self.template, "link_gbps": p["link_gbps"], "eps_gbps": p["eps_gbps"],
+                        "phases_planned": len(phases), "failure": failure,
+                        "regime_changes": [int(c) for c in trace.regime_changes], "parquet": parquet.name})
+        rec.write_json_atomic(ctx.run_dir / f"moe_traffic_{step.name}.json", summary)
+        checks = [{"name": "every phase ran", "ok": failure is None and len(frame) == len(phases),
+                   "detail": failure or f"{len(frame)}/{len(phases)} phases"},
+                  {"name": "links up after every reconfiguration", "ok": all(r["links_up"] for r in reconfigurations),
+                   "detail": f"{sum(r['links_up'] for r in reconfigurations)}/{len(reconfigurations)}"}]
+        return StepResult(ok=all(c["ok"] for c in checks), data={"summary": summary}, checks=checks,
+                          summary_md=markdown(step.name, summary, frame))
+
+
+def summarize(frame: pd.DataFrame, reconfigurations: list[dict]) -> dict:
+    """Measured vs modelled ratio quantiles and total times with and without the reconfigurations."""
+    ratio = frame["ratio"].to_numpy(dtype=float) if len(frame) else np.empty(0)
+    ratio = ratio[np.isfinite(ratio)]
+    q = (lambda x: float(np.quantile(ratio, x)) if ratio.size else None)  # noqa: E731
+    transfer = float(frame["measured_s"].sum()) if len(frame) else 0.0
+    reconf = float(sum(r["seconds"] for r in reconfigurations))
+    return {
+        "phases": int(len(frame)), "ratio_p50": q(0.5), "ratio_p99": q(0.99),
+        "ratio_min": q(0.0), "ratio_max": q(1.0),
+        "measured_transfer_s": transfer, "reconfiguration_s": reconf,
+        "measured_total_s": transfer + reconf,
+        "modelled_transfer_s": float(frame["modelled_s"].sum()) if len(frame) else 0.0,
+        "modelled_without_reconfiguration_s": float(frame["modelled_initial_s"].sum()) if len(frame) else 0.0,
+        "modelled_packet_only_s": float(frame["modelled_packet_only_s"].sum()) if len(frame) else 0.0,
+        "reconfigurations": len(reconfigurations), "reconfiguration_list": reconfigurations,
+    }
+
+
+def markdown(name: str, s: dict, frame: pd.DataFrame) -> str:
+    fmt = (lambda v: "–" if v is None else f"{v:.3f}")  # noqa: E731
+    ms = (lambda v: f"{v * 1e3:.2f}")  # noqa: E731
+    lines = [f"## MoE traffic ({name})", "",
+             f"{s['phases']} all-to-all phases on {len(s['endpoints'])} endpoints, reconfigure "
+             f"`{s['reconfigure']}` ({s['reconfigurations']} reconfigurations); circuits {s['link_gbps']:g} Gb/s, "
+             f"packet fabric {s['eps_gbps']:g} Gb/s per NIC.", "",
+             "| quantity | value |", "|---|---|",
+             f"| measured / modelled, p50 | {fmt(s['ratio_p50'])} |",
+             f"| measured / modelled, p99 | {fmt(s['ratio_p99'])} |",
+             f"| measured transfer time (ms) | {ms(s['measured_transfer_s'])} |",
+             f"| reconfiguration time (ms) | {ms(s['reconfiguration_s'])} |",
+             f"| total with reconfiguration (ms) | {ms(s['measured_total_s'])} |",
+             f"| modelled transfer time (ms) | {ms(s['modelled_transfer_s'])} |",
+             f"| modelled without reconfiguration (circuits at start) (ms) | "
+             f"{ms(s['modelled_without_reconfiguration_s'])} |",
+             f"| modelled, packet fabric only (ms) | {ms(s['modelled_packet_only_s'])} |", ""]
+    if len(frame):
+        lines += ["| phase | n | measured mean (ms) | modelled mean (ms) | ratio p50 |", "|---|---|---|---|---|"]
+        for phase, g in frame.groupby("phase", sort=False):
+            lines.append(f"| {phase} | {len(g)} | {ms(g['measured_s'].mean())} | {ms(g['modelled_s'].mean())} | "
+                         f"{fmt(float(g['ratio'].median()))} |")
+        lines.append("")
+    if s.get("failure"):
+        lines += [f"**Stopped:** {s['failure']}", ""]
+    return "\n".join(lines)
+
+
+@register_step("moe_traffic", SCHEMA)
+def moe_traffic(ctx, step) -> StepResult:
+    return MoeTrafficRun(ctx, step).run()
