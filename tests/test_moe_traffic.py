@@ -2,9 +2,26 @@
 current circuits) and the `moe_traffic` playbook step."""
 from __future__ import annotations
 
-import pytest
+import json
+import shlex
 
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from analysis.mixnet import all_to_all_time, greedy_circuits
+from devices.emulated.physics import OpticalBench
+from devices.emulated.profile import load_profile
+from devices.emulated.ssh_host import EmulatedHostServer
 from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests
+from devices.ssh import SshTransport
+from harness.cli import main
+from harness.errors import InputError
+from harness.steps.moe_traffic import check_template, render_command, transfer_seconds
+from traces.generate import generate_moe
+from traces.moe import moe_phases
+from traces.schema import write_moe
 
 GBIT = 1.25e8  # bytes/s per Gb/s
 LATENCY_S = 10e-6  # the emulated tools' default fixed latency
@@ -104,3 +121,171 @@ def test_a_circuit_needs_both_directions_and_both_ports_up(bench, ssh):
 def test_bad_tool_command_lines_fail_cleanly(ssh, command):
     result = ssh.run(command)
     assert result.exit_status == 1 and result.stderr.strip() and "emulator:" not in result.stderr
+
+
+# ---------------------------------------------------------------------------------------- the step
+
+FILE_ENDPOINTS = ["gpu2:ens2f0np0", "gpu4:ens1f0np0", "gpu1:ens1f0np0", "gpu3:ens2f0np0"]
+TRACE = {"iterations": 4, "layers": 1, "micro_batches": 1, "regime_changes": [2], "tokens_per_micro_batch": 2048,
+         "hidden_size": 4096, "top_k": 2}
+
+
+def _playbook(path, steps: list[dict]) -> str:
+    path.write_text(yaml.safe_dump({"name": "moe-test", "bench": "emulated:burst-mode", "seed": 4, "cycles": 1,
+                                    "steps": steps}, sort_keys=False))
+    return str(path)
+
+
+def _circuit_matrix(labels, keys) -> np.ndarray:
+    c = np.zeros((len(keys), len(keys)), dtype=np.int64)
+    for label in labels:
+        a, b = label.split("<->")
+        c[keys.index(a), keys.index(b)] = c[keys.index(b), keys.index(a)] = 1
+    return c
+
+
+@pytest.fixture(scope="module")
+def moe_run(tmp_path_factory):
+    """One run, two steps: no reconfiguration (the bench starts unpatched), then greedy circuits per regime."""
+    tmp = tmp_path_factory.mktemp("moe")
+    write_moe(generate_moe(seed=9, ep=4, num_experts=8, ranks_per_server=1, **TRACE), tmp / "ep4.parquet")
+    book = _playbook(tmp / "moe.yaml", [
+        {"type": "moe_traffic", "name": "static", "reconfigure": "none", **TRACE},
+        {"type": "moe_traffic", "name": "regimes", "reconfigure": "per_regime", **TRACE},
+        {"type": "moe_traffic", "name": "file", "trace": "ep4.parquet", "reconfigure": "per_iteration",
+         "endpoints": FILE_ENDPOINTS, "max_phases": 6}])
+    assert main(["run", book, "--out", str(tmp / "runs"), "--quiet"]) == 0
+    (run_dir,) = (tmp / "runs").iterdir()
+    return run_dir
+
+
+def test_step_records_every_phase_and_measured_matches_the_model(moe_run):
+    trace = generate_moe(seed=4, ep=8, num_experts=16, ranks_per_server=1, **TRACE)
+    phases = list(moe_phases(trace))
+    for name, reconfigurations in (("static", 0), ("regimes", 2)):
+        frame = pd.read_parquet(moe_run / f"moe_traffic_{name}.parquet")
+        summary = json.loads((moe_run / f"moe_traffic_{name}.json").read_text())
+        assert len(frame) == len(phases) == summary["phases"] == 4 * 4
+        assert summary["reconfigurations"] == reconfigurations and frame["links_up"].all()
+        keys = summary["endpoints"]
+        for row, ph in zip(frame.itertuples(), phases):
+            assert (row.iteration, row.layer, row.phase) == (ph.iteration, ph.layer, ph.phase)
+            off = ph.matrix - np.diag(np.diag(ph.matrix))
+            assert row.bytes == off.sum()
+            circuits = _circuit_matrix(row.circuits, keys)
+            assert (circuits.sum(axis=1) <= 1).all()  # one OCS port per endpoint: a matching
+            assert row.modelled_s == pytest.approx(all_to_all_time(ph.matrix, circuits, 400 * GBIT, 100 * GBIT))
+            assert row.measured_s == pytest.approx(max(row.rank_s))
+        # Sleeps never end early and the emulator adds only its fixed latency: measured >= model. The upper
+        # bound is generous (a loaded 2-core machine wakes sleepers late), yet far below what a pair
+        # mistaken for packet-fabric-only (or a circuit not up) would cost on the slowest phases.
+        assert (frame["measured_s"] >= frame["modelled_s"] * 0.999).all()
+        assert frame["ratio"].median() < 1.5
+        assert summary["ratio_p50"] == pytest.approx(frame["ratio"].median())
+    static = pd.read_parquet(moe_run / "moe_traffic_static.parquet")
+    regimes = pd.read_parquet(moe_run / "moe_traffic_regimes.parquet")
+    assert (static["n_circuits"] == 0).all() and (regimes["n_circuits"] == 4).all()
+    assert np.allclose(static["modelled_s"], static["modelled_packet_only_s"])
+    # the circuits carry real traffic: the model (exact, no noise) says per-regime wiring is faster
+    assert (regimes["modelled_s"] < regimes["modelled_packet_only_s"]).all()
+    # oracle: greedy circuits on each regime's mean demand (the trace's regime change is at iteration 2)
+    trace = generate_moe(seed=4, ep=8, num_experts=16, ranks_per_server=1, **TRACE)
+    per_iteration = [sum(ph.matrix for ph in moe_phases(trace) if ph.iteration == it) for it in range(4)]
+    wiring = [greedy_circuits(np.mean(per_iteration[a:b], axis=0), 1, 400 * GBIT, 100 * GBIT)
+              for a, b in ((0, 2), (2, 4))]
+    keys = json.loads((moe_run / "moe_traffic_regimes.json").read_text())["endpoints"]
+    for row in regimes.itertuples():
+        assert np.array_equal(_circuit_matrix(row.circuits, keys), wiring[row.iteration >= 2])
+    assert regimes.loc[regimes["reconfigured"], "iteration"].tolist() == [0, 2]  # the two wirings differ
+    assert (regimes.loc[regimes["reconfigured"], "reconfiguration_s"] > 0.02).all()  # burst-mode OCS: ~25 ms
+
+
+def test_step_runs_a_trace_file_on_chosen_endpoints(moe_run):
+    """A canonical Parquet trace (path relative to the playbook), 4 of the 8 ports in the given order,
+    rewired before every iteration; max_phases cuts the run short."""
+    trace = generate_moe(seed=9, ep=4, num_experts=8, ranks_per_server=1, **TRACE)
+    phases = list(moe_phases(trace))[:6]
+    frame = pd.read_parquet(moe_run / "moe_traffic_file.parquet")
+    summary = json.loads((moe_run / "moe_traffic_file.json").read_text())
+    assert summary["endpoints"] == FILE_ENDPOINTS and summary["phases"] == len(frame) == 6
+    # oracle: MixNet's greedy on each iteration's total demand; a rewiring only where it changes
+    wiring, changed, previous = {}, [], np.zeros((4, 4), dtype=np.int64)
+    for it in sorted({ph.iteration for ph in phases}):
+        demand = sum(ph.matrix for ph in moe_phases(trace) if ph.iteration == it)
+        wiring[it] = greedy_circuits(demand, 1, 400 * GBIT, 100 * GBIT)
+        if not np.array_equal(wiring[it], previous):
+            changed.append(it)
+        previous = wiring[it]
+    assert frame.loc[frame["reconfigured"], "iteration"].tolist() == changed
+    for row, ph in zip(frame.itertuples(), phases):
+        circuits = _circuit_matrix(row.circuits, FILE_ENDPOINTS)
+        assert np.array_equal(circuits, wiring[ph.iteration]) and row.n_circuits == 2
+        assert row.modelled_s == pytest.approx(all_to_all_time(ph.matrix, circuits, 400 * GBIT, 100 * GBIT))
+        assert len(row.rank_s) == 4 and row.measured_s >= row.modelled_s * 0.999
+
+
+def test_step_summary_and_restore(moe_run):
+    summary_md = (moe_run / "summary.md").read_text()
+    assert "measured / modelled, p50" in summary_md and "dispatch_fwd" in summary_md
+    regimes = json.loads((moe_run / "moe_traffic_regimes.json").read_text())
+    assert regimes["measured_total_s"] == pytest.approx(regimes["measured_transfer_s"] + regimes["reconfiguration_s"])
+    manifest = json.loads((moe_run / "manifest.json").read_text())
+    assert "restore_error" not in json.dumps(manifest)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"reconfigure": "sometimes"}, "reconfigure must be one of"),
+    ({"command": "alltoall_perf -b {size}"}, "unknown placeholder {size}"),
+    ({"command": "x {bytes!r}"}, "takes no conversion"),
+    ({"endpoints": ["gpu1:ens1f0np0", "gpu9:eth0"]}, "endpoints must be"),
+    ({"trace": "no-such-trace.parquet"}, "not found"),
+    ({"regime_changes": 9}, "cannot generate the trace"),
+])
+def test_bad_step_params_are_input_errors(tmp_path, capsys, change, message):
+    book = _playbook(tmp_path / "bad.yaml", [{"type": "moe_traffic", "name": "m", **TRACE, **change}])
+    assert main(["run", book, "--dry-run", "--out", str(tmp_path / "runs"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "bad.yaml:" in err
+
+
+HOSTILE = ["x; echo pwned > /tmp/pwned", "$(touch /tmp/pwned)", "`id`", "a && echo pwned > /tmp/pwned2", "'\"", ""]
+
+
+def test_template_values_are_shell_quoted():
+    template = "probe {self} {args} -b {bytes}"
+    check_template(template, ("p.yaml", 3))
+    values = {"self": HOSTILE[0], "bytes": HOSTILE[1]}
+    words = shlex.split(render_command(template, values, HOSTILE))
+    assert words == ["probe", HOSTILE[0], *HOSTILE, "-b", HOSTILE[1]]
+    with pytest.raises(InputError):
+        check_template("probe {bytes.real}", ("p.yaml", 3))
+
+
+def test_no_injection_through_a_remote_shell():
+    seen: list[list[str]] = []
+
+    def probe(ctx, argv):
+        seen.append(argv)
+        return 0
+
+    with OpticalBench(load_profile("instant"), seed=1) as bench, \
+            EmulatedHostServer(bench, bench.hosts[0], extra_commands={"probe": probe}) as server, \
+            SshTransport(server.resource()) as ssh:
+        command = render_command("probe {self} {args}", {"self": HOSTILE[3]}, HOSTILE)
+        assert ssh.run(command).exit_status == 0
+        assert seen == [["probe", HOSTILE[3], *HOSTILE]]
+        assert not any("pwned" in path for path in server.fs.files)
+        # the control: the same words unquoted do reach the shell as commands
+        ssh.run("probe " + " ".join(HOSTILE[:1]))
+        assert "/tmp/pwned" in server.fs.files
+
+
+def test_transfer_seconds_reads_both_tool_formats(bench, ssh):
+    _wire(bench, pairs=[(A, B)])
+    out = _run(ssh, "ib_write_bw -d mlx5_0 -s 1M -n 100 gpu2")
+    row = parse_ib_write_bw(out).rows[0]
+    assert transfer_seconds(out, MIB) == pytest.approx(MIB * 100 / (row.bw_average_gbps * GBIT))
+    out = _run(ssh, f"alltoall_perf -b 1M -e 4M -n 1 -w 0 --self {A} --peers {B}")
+    rows = parse_nccl_tests(out).rows
+    assert transfer_seconds(out, 2 * MIB) == rows[1].out_of_place.time_us / 1e6
+    assert transfer_seconds(out, 3) == rows[-1].out_of_place.time_us / 1e6
