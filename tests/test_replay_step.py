@@ -76,7 +76,7 @@ def test_capacity_cut_raises_violations_inside_sync_windows(tmp_path):
     assert code == 0
     out = json.loads((run / "replay_serve.json").read_text())["summary"]
     windows = pd.read_parquet(run / "replay_serve_windows.parquet")
-    assert len(windows) == 2 and (windows["duration_s"] == 2.0).all()
+    assert len(windows) == 2 and (windows["duration_s"] == 2.0).all() and out["interference_applied"]
     assert out["windows"]["requests_inside"] > 5 and out["windows"]["requests_outside"] > 10
     assert out["violation_rate_inside"] >= out["violation_rate_outside"]
     assert out["violation_rate_inside"] - out["violation_rate_outside"] > 0.3  # a large effect, not a tilt
@@ -132,6 +132,7 @@ def test_real_azure_trace_with_limit(tmp_path):
     ({"requests": "generate:zipf"}, "unknown generator"),
     ({"interference": "generate:diloco", "sync_count": 9, "sync_window_s": 8.0}, "do not fit"),
     ({"interference_capacity": 0.0}, "interference_capacity"),
+    ({"endpoint": "http://127.0.0.1:9", "interference": "generate:diloco"}, "only be applied to the emulated"),
 ])
 def test_bad_params_exit_2_naming_the_playbook_line(tmp_path, capsys, params, message):
     code, _ = run_playbook(tmp_path, {**TINY, **params})
@@ -151,6 +152,46 @@ def test_relative_trace_path_resolves_against_the_playbook(tmp_path):
     log = read_replay_log(run / "replay_serve.jsonl").sort_values("index")
     assert log["prompt_tokens"].tolist() == [5, 6, 7] and (log["status"] == "ok").all()
     assert log["output_tokens"].tolist() == [2, 3, 1]  # 0 is sent as 1 (vLLM needs at least one)
+
+
+def test_loopback_url_endpoint_with_a_sync_window_file(tmp_path):
+    """An endpoint the step does not own (here an emulator on its own thread): windows from a file only split
+    the metrics, latencies are wall time (no service scaling), and the endpoint saw every request."""
+    import asyncio
+    import threading
+
+    import traces
+    from devices.emulated.vllm_server import ServiceModel, VllmEmulator
+
+    emulator = VllmEmulator(ServiceModel(prefill_tokens_per_s=1e6, decode_tokens_per_s=2000))
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+
+    def serve():
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(emulator.start())
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(emulator.stop())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    traces.write_sync_windows(pd.DataFrame({"start_s": [0.5], "duration_s": [0.5], "bytes": [1]}),
+                              tmp_path / "sync.parquet")
+    try:
+        code, run = run_playbook(tmp_path, {**TINY, "duration_s": 1.5, "time_scale": 1.0, "endpoint": emulator.url,
+                                            "interference": "sync.parquet", "slo_ttft_ms": 500})
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+    assert code == 0
+    out = json.loads((run / "replay_serve.json").read_text())["summary"]
+    requests = pd.read_parquet(run / "replay_serve_requests.parquet")
+    arrivals = requests["arrival_s"].to_numpy()
+    assert (out["latency_scale"], out["endpoint"], out["interference_applied"]) == (1.0, emulator.url, False)
+    assert out["windows"]["requests_inside"] == int(((arrivals >= 0.5) & (arrivals < 1.0)).sum())
+    assert emulator.stats.completed == out["n"] == len(requests)
 
 
 # ---- summary arithmetic ----------------------------------------------------------------------------------

@@ -384,17 +384,20 @@ def replay_step(ctx, step) -> StepResult:
         write_sync_windows(windows, base.with_name(base.name + "_windows.parquet"))
 
     span_s = (arrival_s[-1] - arrival_s[0]) / p["time_scale"]
-    interference = "" if windows is None else (f", {len(windows)} interference windows at capacity "
-                                               f"{p['interference_capacity']:g}")
+    interference = "" if windows is None else (
+        f", {len(windows)} interference windows at capacity {p['interference_capacity']:g}" if url is None
+        else f", {len(windows)} declared sync windows (metrics split only)")
     ctx.say(f"  replaying {len(requests)} requests ({label}) over {span_s:.1f} s at ×{p['time_scale']:g} → "
             f"{endpoint_label}{interference}")
     run_replay(requests, url, p, windows, log_path)
     records = replay_log_to_parquet(log_path, parquet_path)  # the durable log is the source of truth
     latency_scale = p["time_scale"] if url is None else 1.0
+    applied = url is None and windows is not None
     summary = summarise(records, arrival_s, windows, latency_scale=latency_scale, **slo)
     summary.update({"source": label, "endpoint": endpoint_label, "time_scale": p["time_scale"],
                     "interference": p["interference"],
-                    "interference_capacity": p["interference_capacity"] if windows is not None else None,
+                    "interference_applied": applied,  # False: windows only split the metrics
+                    "interference_capacity": p["interference_capacity"] if applied else None,
                     "log": log_path.name, "parquet": parquet_path.name,
                     "trace_seed": stream_seed(ctx, step, "trace") if p["requests"] in GENERATORS else None,
                     "sync_seed": stream_seed(ctx, step, "sync") if p["interference"] == "generate:diloco" else None})
