@@ -4,7 +4,8 @@ Commands are answered from the `OpticalBench` in the real tools' formats (device
 `cat` of sysfs files, `ip [-ts] [-o] monitor link` (streaming), `ip -o link`, `rdma [-j] link`, `ethtool`,
 `ethtool -m`, `mlxlink -d`, `nvidia-smi --query-gpu=…`, `date +%s.%N`, `chronyc tracking`, the benchmark
 tools `alltoall_perf` (nccl-tests) and `ib_write_bw` (perftest) with transfer times derived from the current
-circuits (see `_alltoall_perf`), plus the host agent protocol of ARCHITECTURE.md (upload with `mkdir -p … && cat > PATH`, `python3 -u PATH SUBCOMMAND`).
+circuits (see the benchmark tools section), plus the host agent protocol of ARCHITECTURE.md (upload with
+`mkdir -p … && cat > PATH`, `python3 -u PATH SUBCOMMAND`).
 Every timestamp a host prints comes from `bench.host_clock_ns` / `bench.host_time` (offset + drift).
 
 Command handlers form a registry (`server.commands`, name -> handler(ctx, argv) -> exit status);
