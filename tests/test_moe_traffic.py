@@ -9,8 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from hypothesis import given, strategies as st
 
 from analysis.mixnet import all_to_all_time, greedy_circuits
+from devices.emulated import formats
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import load_profile
 from devices.emulated.ssh_host import EmulatedHostServer
@@ -83,6 +85,46 @@ def test_alltoall_uniform_split_and_size_sweep(bench, ssh):
         assert r.out_of_place.time_us / 1e6 >= (r.size_bytes * 2 / 3 / (100 * GBIT) + LATENCY_S) * 0.999
 
 
+_times = st.floats(0.001, 1e9, allow_nan=False)
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**40), _times, st.floats(0, 1e5), st.booleans()), min_size=1, max_size=5))
+def test_nccl_renderer_roundtrips_through_the_real_parser(rows):
+    """Any row the emulator renders parses back, within the printed precision (getFloatStr: 2 decimals,
+    or 2 significant digits in e-notation)."""
+    rendered = []
+    for size, time_us, algbw, check in rows:
+        for value, width in ((time_us, 7), (algbw, 6)):
+            assert len(formats.nccl_float(value, width)) <= width
+        t = formats.NcclTiming(time_us, algbw, algbw * 3 / 4, 0 if check else None)
+        rendered.append((size, size // 4, "float", "none", -1, t, t))
+    ranks = [formats.NcclRank(0, "gpu1", 0, 4242, 0x18, "NVIDIA H100 80GB HBM3")]
+    text = formats.nccl_tests_output("alltoall_perf", ranks, rendered, min_bytes=1, max_bytes=2, step_factor=2,
+                                     warmup_iters=0, iters=1, check=True)
+    parsed = parse_nccl_tests(text)
+    assert parsed.ranks == [{"rank": 0, "host": "gpu1", "device": 0}]
+    for (size, time_us, algbw, check), row in zip(rows, parsed.rows):
+        assert (row.size_bytes, row.count) == (size, size // 4)
+        for phase in (row.out_of_place, row.in_place):
+            assert phase.time_us == pytest.approx(time_us, rel=0.05, abs=0.0051)
+            assert phase.algbw_gbs == pytest.approx(algbw, rel=0.05, abs=0.0051)
+            assert phase.wrong == (0 if check else None)
+
+
+@given(st.integers(1, 2**40), st.integers(1, 10**7), st.floats(0.01, 1e6), st.floats(0.01, 1e6), st.booleans())
+def test_perftest_renderer_roundtrips_through_the_real_parser(size, iters, peak, average, gbits):
+    end = formats.PerftestEnd(lid=0, qpn=0x108, psn=0x6F2A11, rkey=0x1FFFBD, vaddr=0x7F5A4C000000, gid=bytes(16))
+    text = formats.ib_write_bw_output("mlx5_3", end, end, [(size, iters, peak, average, average / 100)],
+                                      report_gbits=gbits)
+    parsed = parse_ib_write_bw(text)
+    row = parsed.rows[0]
+    assert parsed.unit == ("Gb/sec" if gbits else "MiB/sec") and parsed.settings["Device"] == "mlx5_3"
+    assert (row.size_bytes, row.iterations) == (size, iters)
+    assert row.bw_peak == round(peak, 2) and row.bw_average == round(average, 2)
+    assert parsed.local == {"LID": "0000", "QPN": "0x0108", "PSN": "0x6f2a11", "RKey": "0x1fffbd",
+                            "VAddr": "0x007f5a4c000000", "GID": ":".join(["00"] * 16)}
+
+
 def _write_bw(ssh, peer: str, *extra: str):
     row = parse_ib_write_bw(_run(ssh, " ".join(["ib_write_bw -d mlx5_0 -s 1M -n 200", *extra, peer]))).rows[0]
     assert (row.size_bytes, row.iterations) == (MIB, 200)
@@ -125,6 +167,7 @@ def test_bad_tool_command_lines_fail_cleanly(ssh, command):
 
 # ---------------------------------------------------------------------------------------- the step
 
+PAIR = ["gpu1:ens2f0np0", "gpu3:ens1f0np0"]
 FILE_ENDPOINTS = ["gpu2:ens2f0np0", "gpu4:ens1f0np0", "gpu1:ens1f0np0", "gpu3:ens2f0np0"]
 TRACE = {"iterations": 4, "layers": 1, "micro_batches": 1, "regime_changes": [2], "tokens_per_micro_batch": 2048,
          "hidden_size": 4096, "top_k": 2}
@@ -153,7 +196,11 @@ def moe_run(tmp_path_factory):
         {"type": "moe_traffic", "name": "static", "reconfigure": "none", **TRACE},
         {"type": "moe_traffic", "name": "regimes", "reconfigure": "per_regime", **TRACE},
         {"type": "moe_traffic", "name": "file", "trace": "ep4.parquet", "reconfigure": "per_iteration",
-         "endpoints": FILE_ENDPOINTS, "max_phases": 6}])
+         "endpoints": FILE_ENDPOINTS, "max_phases": 6},
+        # two ranks: all traffic fits one circuit (4x the packet fabric); slowed 10x so that late wake-ups
+        # of a loaded machine stay small against the transfer
+        {"type": "moe_traffic", "name": "pair", "reconfigure": "per_regime", "endpoints": PAIR, "time_scale": 0.1,
+         **TRACE}])
     assert main(["run", book, "--out", str(tmp / "runs"), "--quiet"]) == 0
     (run_dir,) = (tmp / "runs").iterdir()
     return run_dir
@@ -222,6 +269,16 @@ def test_step_runs_a_trace_file_on_chosen_endpoints(moe_run):
         assert np.array_equal(circuits, wiring[ph.iteration]) and row.n_circuits == 2
         assert row.modelled_s == pytest.approx(all_to_all_time(ph.matrix, circuits, 400 * GBIT, 100 * GBIT))
         assert len(row.rank_s) == 4 and row.measured_s >= row.modelled_s * 0.999
+
+
+def test_step_measures_the_circuit_effect(moe_run):
+    """Two ranks with a circuit between them: measured follows the circuit rate, far below what the packet
+    fabric would take (a port left down or a circuit the tools do not see would show here)."""
+    frame = pd.read_parquet(moe_run / "moe_traffic_pair.parquet")
+    assert len(frame) == 16 and (frame["n_circuits"] == 1).all() and frame["links_up"].all()
+    assert np.allclose(frame["modelled_packet_only_s"], 4 * frame["modelled_s"])
+    assert (frame["measured_s"] >= frame["modelled_s"] * 0.999).all()
+    assert frame["measured_s"].median() < frame["modelled_packet_only_s"].median() / 2
 
 
 def test_step_summary_and_restore(moe_run):
