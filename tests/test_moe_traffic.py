@@ -200,7 +200,12 @@ def moe_run(tmp_path_factory):
         # two ranks: all traffic fits one circuit (4x the packet fabric); slowed 10x so that late wake-ups
         # of a loaded machine stay small against the transfer
         {"type": "moe_traffic", "name": "pair", "reconfigure": "per_regime", "endpoints": PAIR, "time_scale": 0.1,
-         **TRACE}])
+         **TRACE},
+        # one command per phase from a launch host (how mpirun-launched nccl-tests run on a real bench)
+        {"type": "moe_traffic", "name": "once", "reconfigure": "per_regime", "endpoints": PAIR, "time_scale": 0.1,
+         "launch": "once", "launch_host": "gpu1", **TRACE,
+         "command": "ib_write_bw -d mlx5_1 -s {bytes} -n 1 --time-scale {time_scale} --report_gbits {args}",
+         "args": ["gpu3:ens1f0np0"]}])
     assert main(["run", book, "--out", str(tmp / "runs"), "--quiet"]) == 0
     (run_dir,) = (tmp / "runs").iterdir()
     return run_dir
@@ -281,6 +286,18 @@ def test_step_measures_the_circuit_effect(moe_run):
     assert frame["measured_s"].median() < frame["modelled_packet_only_s"].median() / 2
 
 
+def test_step_launch_once_runs_one_command_per_phase(moe_run):
+    """Two ranks over one circuit: a single ib_write_bw of the heavier rank's bytes is the whole phase, and the
+    model (the pair's heavier direction over the circuit) predicts it."""
+    frame = pd.read_parquet(moe_run / "moe_traffic_once.parquet")
+    summary = json.loads((moe_run / "moe_traffic_once.json").read_text())
+    assert summary["launch"] == "once" and len(frame) == 16 and (frame["rank_s"].map(len) == 1).all()
+    assert (frame["n_circuits"] == 1).all()
+    assert (frame["measured_s"] >= frame["modelled_s"] * 0.999).all()
+    assert frame["ratio"].median() < 1.5
+    assert frame["measured_s"].median() < frame["modelled_packet_only_s"].median() / 2
+
+
 def test_step_summary_and_restore(moe_run):
     summary_md = (moe_run / "summary.md").read_text()
     assert "measured / modelled, p50" in summary_md and "dispatch_fwd" in summary_md
@@ -297,6 +314,10 @@ def test_step_summary_and_restore(moe_run):
     ({"endpoints": ["gpu1:ens1f0np0", "gpu9:eth0"]}, "endpoints must be"),
     ({"trace": "no-such-trace.parquet"}, "not found"),
     ({"regime_changes": 9}, "cannot generate the trace"),
+    ({"launch": "twice"}, "launch must be one of"),
+    ({"launch": "once"}, "needs a command template"),
+    ({"launch": "once", "command": "run {self}"}, "unknown placeholder {self}"),
+    ({"launch": "once", "command": "run {hosts}", "launch_host": "gpu9"}, "launch_host 'gpu9'"),
 ])
 def test_bad_step_params_are_input_errors(tmp_path, capsys, change, message):
     book = _playbook(tmp_path / "bad.yaml", [{"type": "moe_traffic", "name": "m", **TRACE, **change}])

@@ -39,6 +39,11 @@ BUILTIN_COMMANDS = {
 }
 PLACEHOLDERS = ("bytes", "recv_bytes", "host", "netdev", "rdma_dev", "rdma_port", "self", "peers", "iters",
                 "link_gbps", "eps_gbps", "time_scale", "args")
+# `launch: once`: one collective command per phase (e.g. `mpirun -H {hosts} … alltoall_perf -b {bytes} …`),
+# {bytes}/{recv_bytes} then being the heaviest rank's, {hosts} every endpoint's host in rank order.
+ONCE_PLACEHOLDERS = ("bytes", "recv_bytes", "hosts", "nranks", "iters", "link_gbps", "eps_gbps", "time_scale",
+                     "args")
+LAUNCH = ("per_endpoint", "once")
 
 SCHEMA = {
     "trace": (str, "generate"),  # a MoE trace file (traces.load_moe) or "generate" (traces.generate_moe)
@@ -57,6 +62,8 @@ SCHEMA = {
     "endpoints": (list, []),  # NIC ports "host:netdev" of one OCS; empty: every port
     "reconfigure": (str, "per_regime"),
     "command": (str, "alltoall_perf"),  # or a template with {placeholders}, each value shell-quoted
+    "launch": (str, "per_endpoint"),  # per_endpoint: one command per rank | once: one per phase
+    "launch_host": (str, ""),  # launch: once — where (default: the first endpoint's host)
     "args": (list, []),  # extra words for {args}, each shell-quoted
     "iters": (int, 1),  # tool iterations per phase
     "link_gbps": (float, 400.0),  # per circuit
@@ -84,8 +91,9 @@ class Endpoint:
     rx: int
 
 
-def check_template(template: str, where: tuple[str | None, int | None]) -> None:
-    """Only known placeholders, without conversions or format specs (the values are quoted strings)."""
+def check_template(template: str, where: tuple[str | None, int | None],
+                   known: tuple[str, ...] = PLACEHOLDERS) -> None:
+    """Only `known` placeholders, without conversions or format specs (the values are quoted strings)."""
     try:
         fields = list(string.Formatter().parse(template))
     except ValueError as exc:
@@ -93,9 +101,9 @@ def check_template(template: str, where: tuple[str | None, int | None]) -> None:
     for _, name, spec, conversion in fields:
         if name is None:
             continue
-        if name not in PLACEHOLDERS:
+        if name not in known:
             raise InputError(f"command: unknown placeholder {{{name}}} (known: "
-                             f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)})", *where)
+                             f"{', '.join('{' + p + '}' for p in known)})", *where)
         if spec or conversion:
             raise InputError(f"command: placeholder {{{name}}} takes no conversion or format spec", *where)
 
@@ -162,8 +170,17 @@ class MoeTrafficRun:
                 raise InputError(f"step {step.name}: {key} must be > 0, found {p[key]}", *where)
         if p["iters"] < 1 or p["max_phases"] < 0:
             raise InputError(f"step {step.name}: iters must be >= 1 and max_phases >= 0", *where)
+        if p["launch"] not in LAUNCH:
+            raise InputError(f"step {step.name}: launch must be one of {', '.join(LAUNCH)}, found {p['launch']!r}",
+                             *where)
+        self.once = p["launch"] == "once"
+        if self.once and p["command"] in BUILTIN_COMMANDS:
+            raise InputError(f"step {step.name}: the built-in {p['command']} runs one rank per endpoint; "
+                             "launch: once needs a command template", *where)
         self.template = BUILTIN_COMMANDS.get(p["command"], p["command"])
-        check_template(self.template, where)
+        check_template(self.template, where, ONCE_PLACEHOLDERS if self.once else PLACEHOLDERS)
+        if p["launch_host"] and p["launch_host"] not in ctx.bench.hosts:
+            raise InputError(f"step {step.name}: launch_host {p['launch_host']!r} is not in the inventory", *where)
         ports = {n.key: n for n in ctx.bench.nic_ports}
         wanted = [str(k) for k in p["endpoints"]] or list(ports)
         unknown = [k for k in wanted if k not in ports]
@@ -299,35 +316,44 @@ class MoeTrafficRun:
             self.ctx.manifest_extra.setdefault("restore_error", {})[self.ocs] = str(exc)
 
     # ------------------------------------------------------------------ phases
-    def commands(self, matrix: np.ndarray) -> list[str]:
+    def _common(self) -> dict[str, object]:
+        return {"iters": self.p["iters"], "link_gbps": f"{self.p['link_gbps']:g}",
+                "eps_gbps": f"{self.p['eps_gbps']:g}", "time_scale": f"{self.p['time_scale']:g}"}
+
+    def commands(self, matrix: np.ndarray) -> list[tuple[str, str, int, str]]:
+        """(host, label, bytes, command line) per command of one phase."""
         eps = self.endpoints[: matrix.shape[0]]
+        off = matrix - np.diag(np.diag(matrix))
+        if self.once:
+            send, recv = int(off.sum(axis=1).max()), int(off.sum(axis=0).max())
+            values = {"bytes": send, "recv_bytes": recv, "hosts": ",".join(e.host for e in eps),
+                      "nranks": len(eps), **self._common()}
+            host = self.p["launch_host"] or eps[0].host
+            return [(host, host, send, render_command(self.template, values, self.p["args"]))]
         out = []
         for i, e in enumerate(eps):
             peers = ",".join(f"{f.key}={int(matrix[i, j])}/{int(matrix[j, i])}" for j, f in enumerate(eps) if j != i)
-            send = int(matrix[i].sum() - matrix[i, i])
-            recv = int(matrix[:, i].sum() - matrix[i, i])
+            send, recv = int(off[i].sum()), int(off[:, i].sum())
             values = {"bytes": send, "recv_bytes": recv, "host": e.host, "netdev": e.netdev, "rdma_dev": e.rdma_dev,
-                      "rdma_port": e.rdma_port, "self": e.key, "peers": peers, "iters": self.p["iters"],
-                      "link_gbps": f"{self.p['link_gbps']:g}", "eps_gbps": f"{self.p['eps_gbps']:g}",
-                      "time_scale": f"{self.p['time_scale']:g}"}
-            out.append((e, send, render_command(self.template, values, self.p["args"])))
+                      "rdma_port": e.rdma_port, "self": e.key, "peers": peers, **self._common()}
+            out.append((e.host, e.key, send, render_command(self.template, values, self.p["args"])))
         return out
 
     def run_phase(self, matrix: np.ndarray) -> tuple[list[float], float]:
-        """Every rank's transfer at once; (per-rank seconds as the tools measured, harness wall seconds)."""
+        """Every command of the phase at once; (seconds as the tools measured, per command; harness wall s)."""
         def one(item):
-            e, size, command = item
+            host, label, size, command = item
             try:
-                result = self.sessions[e.host].transport.run(command, deadline=Deadline(self.p["command_timeout_s"]))
+                result = self.sessions[host].transport.run(command, deadline=Deadline(self.p["command_timeout_s"]))
             except DeviceError as exc:
-                raise PhaseFailed(f"{e.key}: {exc}") from exc
+                raise PhaseFailed(f"{label}: {exc}") from exc
             if result.exit_status != 0:
-                raise PhaseFailed(f"{e.key}: {command!r} exited {result.exit_status}: "
+                raise PhaseFailed(f"{label}: {command!r} exited {result.exit_status}: "
                                   f"{result.stderr.strip()[-300:]}")
             try:
                 return transfer_seconds(result.stdout, size)
             except ParseError as exc:
-                raise PhaseFailed(f"{e.key}: unparsable output of {command!r}: {exc}") from exc
+                raise PhaseFailed(f"{label}: unparsable output of {command!r}: {exc}") from exc
 
         begin = now_ns()
         seconds = list(self.pool.map(one, self.commands(matrix)))
@@ -351,7 +377,7 @@ class MoeTrafficRun:
         self.others = {i: e for i, e in self.original.items() if i not in used and e not in used}
         self.current = circuits_from_patches(self.original, self.endpoints)
         initial = self.current[:n, :n]
-        hosts = sorted({e.host for e in self.endpoints[:n]})
+        hosts = sorted({e.host for e in self.endpoints[:n]} | ({p["launch_host"]} if p["launch_host"] else set()))
         self.sessions = {h: ctx.session(h) for h in hosts}
         records, failure = [], None
         reconfigurations: list[dict] = []
@@ -403,6 +429,7 @@ class MoeTrafficRun:
         frame.to_parquet(parquet, index=False)
         summary = summarize(frame, reconfigurations)
         summary.update({"endpoints": [e.key for e in self.endpoints[:n]], "reconfigure": p["reconfigure"],
+                        "launch": p["launch"],
                         "command": self.template, "link_gbps": p["link_gbps"], "eps_gbps": p["eps_gbps"],
                         "phases_planned": len(phases), "failure": failure,
                         "regime_changes": [int(c) for c in trace.regime_changes], "parquet": parquet.name})
