@@ -50,7 +50,7 @@ def test_every_request_recorded_and_summary_matches_the_log(tmp_path):
     np.testing.assert_array_equal(log["scheduled_ns"] - log["scheduled_ns"][0], expected - expected[0])
     assert (log["prompt_tokens"] == requests["prompt_tokens"]).all()
     out = json.loads((run / "replay_serve.json").read_text())["summary"]
-    assert (out["n"], out["recorded"]) == (n, n)
+    assert (out["n"], out["recorded"], out["connection_limit_reached"]) == (n, n, 0)
     assert out["ok"] + out["failed"] + out["timeout"] == n
     # Independent recomputation of the reported percentiles from the log (trace time = wall × 2).
     ok = log[log["status"] == "ok"]
@@ -88,13 +88,25 @@ def test_sigterm_mid_replay_aborts_then_resume_replays_everything(tmp_path):
     import signal
     import threading
 
-    step = {**TINY, "duration_s": 8.0, "time_scale": 2.0}  # ~4 s of wall time; SIGTERM after 1.5 s
-    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
-    timer.start()
+    step = {**TINY, "duration_s": 8.0, "time_scale": 2.0}  # ~4 s of wall time
+    stop = threading.Event()
+
+    def terminate_once_records_are_on_disk():  # the log is fsynced every 0.5 s while the replay runs
+        while not stop.wait(0.05):
+            if any(f.stat().st_size for f in (tmp_path / "runs").glob("*/replay_serve.jsonl")):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    # Outside the run a late SIGTERM is ignored instead of killing the test process.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    watcher = threading.Thread(target=terminate_once_records_are_on_disk, daemon=True)
+    watcher.start()
     try:
         code, run = run_playbook(tmp_path, step)
     finally:
-        timer.cancel()
+        stop.set()
+        watcher.join()
+        signal.signal(signal.SIGTERM, previous)
     assert code == 128 + signal.SIGTERM
     partial = read_replay_log(run / "replay_serve.jsonl")
     n = len(pd.read_parquet(run / "replay_serve_requests.parquet"))

@@ -170,6 +170,9 @@ def summary_markdown(name: str, s: dict, source: str, endpoint: str) -> str:
              f"| TTFT (ms) | {f(s['ttft_ms']['p50'])} | {f(s['ttft_ms']['p99'])} |",
              f"| TPOT (ms) | {f(s['tpot_ms']['p50'], 2)} | {f(s['tpot_ms']['p99'], 2)} |",
              f"| completion (ms) | {f(s['e2e_ms']['p50'])} | {f(s['e2e_ms']['p99'])} |", ""]
+    if s.get("connection_limit_reached"):
+        lines += [f"{s['connection_limit_reached']} requests waited for a free client connection: their latencies "
+                  "start at the hand-over to the client, before the real send (raise max_connections).", ""]
     if s.get("violation_rate") is not None:
         w = s["windows"]
         excess = "—" if s["sync_excess"] is None else f"{100 * s['sync_excess']:+.1f} pp"
@@ -322,26 +325,26 @@ async def _serve_and_replay(requests: pd.DataFrame, url: str | None, p: dict, wi
 
 
 def run_replay(requests: pd.DataFrame, url: str | None, p: dict, windows: pd.DataFrame | None,
-               log_path: Path) -> None:
+               log_path: Path):
     """One asyncio loop for the endpoint and the replay. SIGTERM cancels the replay (in-flight requests get
     their records, the log is flushed) and then raises the runner's Aborted, so teardown runs as usual."""
     from harness.runner import Aborted
 
     terminated: list[bool] = []
 
-    async def main() -> None:
+    async def main():
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         try:
             loop.add_signal_handler(signal.SIGTERM, lambda: (terminated.append(True), task.cancel()))
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signal support
             pass
-        await _serve_and_replay(requests, url, p, windows, log_path)
+        return await _serve_and_replay(requests, url, p, windows, log_path)
 
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
     try:
-        asyncio.run(main())
+        return asyncio.run(main())
     except asyncio.CancelledError:
         if terminated:
             raise Aborted("SIGTERM") from None
@@ -389,7 +392,7 @@ def replay_step(ctx, step) -> StepResult:
         else f", {len(windows)} declared sync windows (metrics split only)")
     ctx.say(f"  replaying {len(requests)} requests ({label}) over {span_s:.1f} s at ×{p['time_scale']:g} → "
             f"{endpoint_label}{interference}")
-    run_replay(requests, url, p, windows, log_path)
+    replayed = run_replay(requests, url, p, windows, log_path)
     records = replay_log_to_parquet(log_path, parquet_path)  # the durable log is the source of truth
     latency_scale = p["time_scale"] if url is None else 1.0
     applied = url is None and windows is not None
@@ -399,6 +402,9 @@ def replay_step(ctx, step) -> StepResult:
                     "interference_applied": applied,  # False: windows only split the metrics
                     "interference_capacity": p["interference_capacity"] if applied else None,
                     "log": log_path.name, "parquet": parquet_path.name,
+                    "replay_wall_s": replayed.duration_s, "max_in_flight": replayed.max_in_flight,
+                    # sent while every connection was busy: their real send (and latency start) was later
+                    "connection_limit_reached": replayed.connection_limit_reached,
                     "trace_seed": stream_seed(ctx, step, "trace") if p["requests"] in GENERATORS else None,
                     "sync_seed": stream_seed(ctx, step, "sync") if p["interference"] == "generate:diloco" else None})
     rec.write_json_atomic(summary_path, {"step": step.name, "summary": summary,
