@@ -384,13 +384,14 @@ class MoeTrafficRun:
         zero = np.zeros((n, n), dtype=np.int64)
         with ThreadPoolExecutor(max_workers=max(n, len(hosts)), thread_name_prefix=f"moe-{step.name}") as pool:
             self.pool = pool
-            planned = set()
+            pending = sorted(plan)
             for ph in phases:
                 reconf_s, links_up, reconfigured = 0.0, True, False
-                if ph.iteration in plan and ph.iteration not in planned:
-                    planned.add(ph.iteration)
+                due = [it for it in pending if it <= ph.iteration]  # a regime may start on an idle iteration
+                if due:
+                    pending = pending[len(due):]
                     wanted = np.zeros_like(self.current)
-                    wanted[:n, :n] = greedy_circuits(plan[ph.iteration], 1, self.b_ocs, self.b_eps)
+                    wanted[:n, :n] = greedy_circuits(plan[due[-1]], 1, self.b_ocs, self.b_eps)
                     if not np.array_equal(wanted, self.current):
                         try:
                             reconf_s, links_up = self.reconfigure(wanted)
