@@ -95,7 +95,8 @@ def test_nccl_renderer_roundtrips_through_the_real_parser(rows):
     rendered = []
     for size, time_us, algbw, check in rows:
         for value, width in ((time_us, 7), (algbw, 6)):
-            assert len(formats.nccl_float(value, width)) <= width
+            if value < 10 ** (width - 1):  # fixed point keeps the column; e-notation may overflow it, as in C
+                assert len(formats.nccl_float(value, width)) == width
         t = formats.NcclTiming(time_us, algbw, algbw * 3 / 4, 0 if check else None)
         rendered.append((size, size // 4, "float", "none", -1, t, t))
     ranks = [formats.NcclRank(0, "gpu1", 0, 4242, 0x18, "NVIDIA H100 80GB HBM3")]

@@ -367,16 +367,16 @@ def chronyc_tracking(offset_s: float, freq_ppm: float, *, ref_id: str = "7F7F010
 
 def nccl_float(value: float, width: int) -> str:
     """nccl-tests' getFloatStr: by the count of integer digits, `%*.2f`, `.1f` or `.0f` (always leaving a
-    leading blank), else `%*.1e` (e.g. a time of 1.2e+06 µs in a 7-wide column)."""
+    leading blank), else `%*.1e` (e.g. a time of 1.2e+06 µs in a 7-wide column). A value that rounds up
+    into one more digit (9999.996) takes the next, shorter form."""
     digits, bound = 0, 1
     while value >= bound:
         digits, bound = digits + 1, bound * 10
-    if digits < width - 2:
-        return f"{value:{width}.2f}"
-    if digits < width - 1:
-        return f"{value:{width}.1f}"
-    if digits < width:
-        return f"{value:{width}.0f}"
+    forms = [".2f", ".1f", ".0f"][max(0, digits - (width - 3)):]
+    for form in forms:
+        text = f"{value:{width}{form}}"
+        if len(text) <= width:
+            return text
     return f"{value:{width}.1e}"
 
 
