@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +27,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.accuracy import accuracy_table, match  # noqa: E402
+from analysis.accuracy import accuracy_table, assign_cycles, match  # noqa: E402
+from harness.events import STAGES  # noqa: E402
 from harness.cli import main  # noqa: E402
 
 
@@ -40,26 +45,62 @@ def overhead_ms(cycles: pd.DataFrame, truth: pd.DataFrame) -> dict[str, np.ndarr
     return {k: (v.dropna() / 1e6).to_numpy() for k, v in parts.items()}
 
 
-def run(cycles: int, profile: str, watch_us: int, out: Path) -> Path:
+def _playbook(out: Path, cycles: int, bench: str, watch_us: int) -> Path:
     playbook = out / "accuracy.yaml"
     playbook.write_text(json.dumps({
-        "name": "accuracy", "bench": f"emulated:{profile}", "seed": 11, "cycles": cycles,
+        "name": "accuracy", "bench": bench, "seed": 11, "cycles": cycles,
         "steps": [{"type": "turnaround", "name": "measure", "watch_interval_us": watch_us,
                    "ethtool_interval_us": watch_us, "probe_interval_us": 100, "cycle_timeout_s": 30}]}))
-    code = main(["run", str(playbook), "--out", str(out / "runs"), "-q"])
+    return playbook
+
+
+def run_in_process(cycles: int, profile: str, watch_us: int, out: Path) -> tuple[Path, pd.DataFrame, dict]:
+    """The emulator inside the harness process (what `--bench emulated:PROFILE` does)."""
+    code = main(["run", str(_playbook(out, cycles, f"emulated:{profile}", watch_us)), "--out", str(out / "runs"),
+                 "-q"])
     if code != 0:
         raise SystemExit(f"run failed with exit code {code}")
-    return next((out / "runs").iterdir())
+    run_dir = next((out / "runs").iterdir())
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return run_dir, pd.read_parquet(run_dir / "ground_truth.parquet"), manifest["emulated_clocks"]
 
 
-def report(run_dir: Path) -> dict:
+def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path) -> tuple[Path, pd.DataFrame, dict]:
+    """`harness emulate` in its own process and the harness driving its inventory, as on a real bench:
+    the overhead measured is then the harness's own, not the emulator's sharing its interpreter."""
+    inventory, truth_file = out / "bench.yaml", out / "truth.jsonl"
+    emulator = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--profile", profile, "--seed", "11",
+                                 "--inventory-out", str(inventory), "--truth-out", str(truth_file)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        end = time.monotonic() + 60
+        while not inventory.exists():
+            if emulator.poll() is not None or time.monotonic() > end:
+                raise SystemExit(f"emulator did not start: {emulator.stderr.read().decode()[-500:]}")
+            time.sleep(0.05)
+        os.environ.setdefault("OCS_HIL_EMULATED_PASSWORD", "root")
+        os.environ.setdefault("OCS_HIL_LOCK_DIR", str(out / "locks"))
+        code = main(["run", str(_playbook(out, cycles, str(inventory), watch_us)), "--out", str(out / "runs"), "-q"])
+        if code != 0:
+            raise SystemExit(f"run failed with exit code {code}")
+    finally:
+        emulator.send_signal(signal.SIGINT)
+        emulator.wait(timeout=30)
+    run_dir = next((out / "runs").iterdir())
+    rows = [json.loads(line) for line in truth_file.read_text().splitlines()]
+    clocks = {r["host"]: r for r in rows if r["stage"] == "host_clock"}
+    truth = pd.DataFrame([r for r in rows if r["stage"] in STAGES])
+    cycles_df = pd.read_parquet(run_dir / "cycles.parquet")
+    truth = assign_cycles(truth, list(zip(cycles_df["cycle"], cycles_df["begin_ns"])))
+    return run_dir, truth, clocks
+
+
+def report(run_dir: Path, truth: pd.DataFrame, clocks: dict) -> dict:
     events = pd.read_parquet(run_dir / "events.parquet")
-    truth = pd.read_parquet(run_dir / "ground_truth.parquet")
     cycles = pd.read_parquet(run_dir / "cycles.parquet")
     table = accuracy_table(match(events[events["cycle"] > 0], truth))
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    offsets = {h: round(c["offset_ns"] / 1e6, 3) for h, c in manifest["emulated_clocks"].items()}
-    drifts = {h: round(c["drift_ppm"], 2) for h, c in manifest["emulated_clocks"].items()}
+    offsets = {h: round(c["offset_ns"] / 1e6, 3) for h, c in clocks.items()}
+    drifts = {h: round(c["drift_ppm"], 2) for h, c in clocks.items()}
     ports = events[events["stage"] == "phy_up"].groupby(["host", "port"]).ngroups
     parts = overhead_ms(cycles, truth)
     return {"cycles": int(cycles["cycle"].nunique()), "ports": int(ports), "host_offsets_ms": offsets,
@@ -73,10 +114,14 @@ if __name__ == "__main__":
     ap.add_argument("--cycles", type=int, default=200)
     ap.add_argument("--profile", default="burst-mode")
     ap.add_argument("--watch-us", type=int, default=200, help="agent poll interval (sysfs and ethtool -m)")
+    ap.add_argument("--emulator", choices=("process", "in-process"), default="process",
+                    help="`harness emulate` in its own process (default, as on a bench) or inside the harness")
     args = ap.parse_args()
+    runner = run_separate_process if args.emulator == "process" else run_in_process
     with tempfile.TemporaryDirectory() as tmp:
-        r = report(run(args.cycles, args.profile, args.watch_us, Path(tmp)))
-    print(f"{r['cycles']} cycles x {r['ports']} ports, profile {args.profile}, poll {args.watch_us} µs")
+        r = report(*runner(args.cycles, args.profile, args.watch_us, Path(tmp)))
+    print(f"{r['cycles']} cycles x {r['ports']} ports, profile {args.profile}, poll {args.watch_us} µs, "
+          f"emulator {args.emulator}")
     print(f"host clock offsets (ms): {r['host_offsets_ms']}  drift (ppm): {r['host_drift_ppm']}")
     print(r["accuracy"].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     for part, o in r["overhead_ms"].items():

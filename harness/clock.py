@@ -80,6 +80,42 @@ def probe(stream: LineStream, *, count: int = 16, deadline: Deadline | None = No
     return best
 
 
+def probe_each(streams: dict[str, LineStream], *, deadline: Deadline | None = None,
+               granularity_ns: int = 1_000, now: Callable[[], int] = now_ns) -> dict[str, ClockSample]:
+    """One probe per host, pipelined: every token is written before any reply is read, so N hosts cost
+    about one round trip, not N. A reply read after another's may be stamped late; that only widens its
+    delay and so its (still valid) bound."""
+    deadline = deadline or Deadline(5.0)
+    sent: dict[str, tuple[str, int]] = {}
+    for name, stream in streams.items():
+        token = f"c{next(_tokens)}"
+        sent[name] = (token, now())
+        stream.write(token + "\n")
+    samples = {}
+    for name, stream in streams.items():
+        token, t1 = sent[name]
+        while True:
+            got = stream.readline(deadline)
+            if got is None:
+                raise DeviceTimeout(f"time responder of {name}: no reply to {token} before the deadline")
+            recv_ns, line = got
+            after = now()
+            parts = line.split()
+            if len(parts) != 2:
+                raise ClockSyncError(f"time responder: expected 'TOKEN HOST_NS', got {line!r}"[:200])
+            if parts[0] == token:
+                break
+        try:
+            host_ns = int(parts[1])
+        except ValueError:
+            raise ClockSyncError(f"time responder: bad timestamp in {line!r}"[:200]) from None
+        t4 = recv_ns if t1 <= recv_ns <= after else after
+        delay = t4 - t1
+        samples[name] = ClockSample(t_ns=(t1 + t4) // 2, offset_ns=host_ns - (t1 + t4) // 2, delay_ns=delay,
+                                    uncertainty_ns=(delay + 1) // 2 + 1 + granularity_ns)
+    return samples
+
+
 @dataclass(frozen=True)
 class ClockStep:
     """A discontinuity: at harness time ~`t_ns` the offset jumped by `jump_ns` (± `uncertainty_ns`)."""
@@ -141,9 +177,10 @@ class ClockTracker:
             miss = abs((sample.offset_ns - segment.base) - predicted)
             stepped = miss > bound + sample.uncertainty_ns + self.step_threshold_ns
             if not stepped:
-                # A "drift" faster than any oscillator drifts is a step the band was too wide to see.
-                trial = self._fit(_Segment(samples=[*segment.samples, sample]))
-                stepped = abs(trial.b) > self.max_drift and miss > sample.uncertainty_ns + segment.bounds[-1]
+                # A "drift" faster than any oscillator drifts is a step the band was too wide to see: no
+                # line with |slope| <= max_drift passes through this sample's band and every earlier one.
+                stepped = not self._drift_possible(segment, sample)
+                trial = None if stepped else self._fit(_Segment(samples=[*segment.samples, sample]))
             if stepped:
                 step = ClockStep(t_ns=sample.t_ns, after_ns=segment.last_t,
                                  jump_ns=round((sample.offset_ns - segment.base) - predicted),
@@ -155,6 +192,21 @@ class ClockTracker:
             return None
         self.segments.append(self._fit(_Segment(samples=[sample])))
         return None
+
+    def _drift_possible(self, seg: _Segment, sample: ClockSample) -> bool:
+        """Whether some slope within ±max_drift joins the new sample's band to each earlier sample's band.
+        The bands are rigorous (causality), so an empty intersection proves a step; noisy but valid
+        samples never produce one."""
+        lo, hi = -self.max_drift, self.max_drift
+        # The first and the latest samples carry the information; any subset keeps the test rigorous.
+        for old in seg.samples[:1] + seg.samples[-32:]:
+            dt = sample.t_ns - old.t_ns
+            if dt <= 0:
+                continue
+            dy = sample.offset_ns - old.offset_ns
+            slack = sample.uncertainty_ns + old.uncertainty_ns
+            lo, hi = max(lo, (dy - slack) / dt), min(hi, (dy + slack) / dt)
+        return lo <= hi
 
     def _fit(self, seg: _Segment) -> _Segment:
         s = seg.samples
@@ -168,6 +220,12 @@ class ClockTracker:
         else:
             # Weighted least squares, weights 1/u²: the tight (low-delay) estimates dominate.
             seg.b, seg.a = (float(v) for v in np.polyfit(t, y, 1, w=1 / u))
+            if abs(seg.b) > self.max_drift:
+                # Over a short span a few noisy samples can suggest an impossible drift; extrapolating it
+                # would call every next sample a step. Keep the drift physical and refit the offset.
+                seg.b = float(np.clip(seg.b, -self.max_drift, self.max_drift))
+                w = 1 / u**2
+                seg.a = float(np.sum(w * (y - seg.b * t)) / np.sum(w))
         residual = np.abs(y - (seg.a + seg.b * t))
         seg.times, seg.bounds = t, u + residual
         if len(s) == 1 or np.ptp(t) == 0:

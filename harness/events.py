@@ -1,7 +1,7 @@
 """The one event schema, end to end: emulator ground truth, recorded events, Parquet, analysis."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 # Stage names are a contract (ARCHITECTURE.md).
 STAGES_UP = ("ocs_command_sent", "ocs_command_completed", "light_detected", "cdr_locked", "phy_up",
@@ -37,4 +37,5 @@ class Event:
             raise ValueError(f"unknown stage {self.stage!r}; expected one of {', '.join(STAGES)}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # not dataclasses.asdict: it deep-copies every field and costs ~10 µs an event on the cycle's path
+        return {name: getattr(self, name) for name in EVENT_COLUMNS}

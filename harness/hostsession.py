@@ -5,6 +5,7 @@ A dropped connection ends every stream; each reader reports it once as a 'fault'
 `reconnect()` brings the session back (new connection, agent, time responder and the same streams)."""
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from dataclasses import dataclass
@@ -68,6 +69,19 @@ class HostSession:
             sample = probe(self._timesrv, count=count or self.clock_probes, deadline=Deadline(10))
         with self._clock_lock:
             return self.clock.add(sample)
+
+    @staticmethod
+    def sync_clocks_together(sessions: list["HostSession"]) -> None:
+        """One pipelined probe per host (about one round trip in all), each added to its tracker."""
+        from harness.clock import probe_each
+
+        with contextlib.ExitStack() as held:
+            for session in sessions:
+                held.enter_context(session._probe_lock)
+            samples = probe_each({s.name: s._timesrv for s in sessions}, deadline=Deadline(10))
+        for session in sessions:
+            with session._clock_lock:
+                session.clock.add(samples[session.name])
 
     @property
     def clock_steps(self) -> int:

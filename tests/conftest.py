@@ -17,6 +17,12 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+@pytest.fixture(autouse=True)
+def private_lock_dir(tmp_path_factory, monkeypatch):
+    """Bench leases per test: emulated OCS ports are reused across tests, a stale lease must not leak."""
+    monkeypatch.setenv("OCS_HIL_LOCK_DIR", str(tmp_path_factory.mktemp("locks")))
+
+
 @pytest.fixture(scope="module")
 def bench():
     with OpticalBench(load_profile("instant"), seed=3) as b:

@@ -19,7 +19,7 @@ from devices.emulated.profile import Profile
 from devices.timing import now_ns
 
 WIRE_LATENCY_NS = 2_000  # fibre + serialisation of one probe frame
-SPIN_S = 0.001  # the scheduler spins (yielding) when the next transition is closer than this
+SPIN_S = 0.0  # no spinning: a spinning scheduler steals the GIL from the harness in the same process
 DARK_DBM = -60.0
 
 

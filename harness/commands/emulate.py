@@ -49,6 +49,9 @@ def _emulate(args) -> int:
         stop.wait()
         if args.truth_out:
             with open(args.truth_out, "w") as f:
+                for host in bench.physics.hosts:  # each host's true clock, for checking clock correction
+                    f.write(json.dumps({"stage": "host_clock", "host": host,
+                                        **bench.physics.host_clock_params(host)}) + "\n")
                 for row in bench.ground_truth():
                     f.write(json.dumps(row) + "\n")
     return 0
