@@ -19,7 +19,6 @@ from devices.emulated.profile import Profile
 from devices.timing import now_ns
 
 WIRE_LATENCY_NS = 2_000  # fibre + serialisation of one probe frame
-SPIN_S = 0.0  # no spinning: a spinning scheduler steals the GIL from the harness in the same process
 DARK_DBM = -60.0
 
 
@@ -174,14 +173,7 @@ class OpticalBench:
                         wait = (self._heap[0][0] - now_ns()) / 1e9
                         if wait <= 0:
                             break
-                        if wait > SPIN_S:
-                            self._wake.wait(wait - SPIN_S)  # a timed wait wakes late by up to ~1 ms
-                        else:
-                            self._lock.release()  # spin the last stretch so µs-scale stages stay µs-scale
-                            try:
-                                time.sleep(0)
-                            finally:
-                                self._lock.acquire()
+                        self._wake.wait(wait)
                     else:
                         self._wake.wait()
                 if self._stop:
