@@ -44,40 +44,46 @@ class ClockSample:
     uncertainty_ns: int
 
 
+def _send(stream: LineStream, now: Callable[[], int]) -> tuple[str, int]:
+    token = f"c{next(_tokens)}"
+    t1 = now()
+    stream.write(token + "\n")
+    return token, t1
+
+
+def _reply(stream: LineStream, token: str, t1: int, deadline: Deadline, granularity_ns: int,
+           now: Callable[[], int], who: str = "time responder") -> ClockSample:
+    """Read up to the reply to `token` and turn it into a sample."""
+    while True:
+        got = stream.readline(deadline)
+        if got is None:
+            raise DeviceTimeout(f"{who}: no reply to {token} before the deadline")
+        recv_ns, line = got
+        after = now()
+        parts = line.split()
+        if len(parts) != 2:
+            raise ClockSyncError(f"{who}: expected 'TOKEN HOST_NS', got {line!r}"[:200])
+        if parts[0] == token:
+            break  # anything else is a late reply to an earlier, abandoned probe
+    try:
+        host_ns = int(parts[1])
+    except ValueError:
+        raise ClockSyncError(f"{who}: bad timestamp in {line!r}"[:200]) from None
+    # The stream's receive stamp is the tighter t4, if it is consistent.
+    t4 = recv_ns if t1 <= recv_ns <= after else after
+    delay = t4 - t1
+    return ClockSample(t_ns=(t1 + t4) // 2, offset_ns=host_ns - (t1 + t4) // 2, delay_ns=delay,
+                       uncertainty_ns=(delay + 1) // 2 + 1 + granularity_ns)
+
+
 def probe(stream: LineStream, *, count: int = 16, deadline: Deadline | None = None,
           granularity_ns: int = 1_000, now: Callable[[], int] = now_ns) -> ClockSample:
     """Send `count` probes over a `timesrv` stream; return the minimum-delay sample."""
     if count < 1:
         raise ValueError("count must be >= 1")
     deadline = deadline or Deadline(5.0)
-    best: ClockSample | None = None
-    for _ in range(count):
-        token = f"c{next(_tokens)}"
-        t1 = now()
-        stream.write(token + "\n")
-        while True:
-            got = stream.readline(deadline)
-            if got is None:
-                raise DeviceTimeout(f"time responder: no reply to {token} before the deadline")
-            recv_ns, line = got
-            after = now()
-            parts = line.split()
-            if len(parts) != 2:
-                raise ClockSyncError(f"time responder: expected 'TOKEN HOST_NS', got {line!r}"[:200])
-            if parts[0] == token:
-                break  # anything else is a late reply to an earlier, abandoned probe
-        try:
-            host_ns = int(parts[1])
-        except ValueError:
-            raise ClockSyncError(f"time responder: bad timestamp in {line!r}"[:200]) from None
-        # The stream's receive stamp is the tighter t4, if it is consistent.
-        t4 = recv_ns if t1 <= recv_ns <= after else after
-        delay = t4 - t1
-        sample = ClockSample(t_ns=(t1 + t4) // 2, offset_ns=host_ns - (t1 + t4) // 2, delay_ns=delay,
-                             uncertainty_ns=(delay + 1) // 2 + 1 + granularity_ns)
-        if best is None or sample.delay_ns < best.delay_ns:
-            best = sample
-    return best
+    samples = [_reply(stream, *_send(stream, now), deadline, granularity_ns, now) for _ in range(count)]
+    return min(samples, key=lambda s: s.delay_ns)
 
 
 def probe_each(streams: dict[str, LineStream], *, deadline: Deadline | None = None,
@@ -86,34 +92,9 @@ def probe_each(streams: dict[str, LineStream], *, deadline: Deadline | None = No
     about one round trip, not N. A reply read after another's may be stamped late; that only widens its
     delay and so its (still valid) bound."""
     deadline = deadline or Deadline(5.0)
-    sent: dict[str, tuple[str, int]] = {}
-    for name, stream in streams.items():
-        token = f"c{next(_tokens)}"
-        sent[name] = (token, now())
-        stream.write(token + "\n")
-    samples = {}
-    for name, stream in streams.items():
-        token, t1 = sent[name]
-        while True:
-            got = stream.readline(deadline)
-            if got is None:
-                raise DeviceTimeout(f"time responder of {name}: no reply to {token} before the deadline")
-            recv_ns, line = got
-            after = now()
-            parts = line.split()
-            if len(parts) != 2:
-                raise ClockSyncError(f"time responder: expected 'TOKEN HOST_NS', got {line!r}"[:200])
-            if parts[0] == token:
-                break
-        try:
-            host_ns = int(parts[1])
-        except ValueError:
-            raise ClockSyncError(f"time responder: bad timestamp in {line!r}"[:200]) from None
-        t4 = recv_ns if t1 <= recv_ns <= after else after
-        delay = t4 - t1
-        samples[name] = ClockSample(t_ns=(t1 + t4) // 2, offset_ns=host_ns - (t1 + t4) // 2, delay_ns=delay,
-                                    uncertainty_ns=(delay + 1) // 2 + 1 + granularity_ns)
-    return samples
+    sent = {name: _send(stream, now) for name, stream in streams.items()}
+    return {name: _reply(stream, *sent[name], deadline, granularity_ns, now, f"time responder of {name}")
+            for name, stream in streams.items()}
 
 
 @dataclass(frozen=True)

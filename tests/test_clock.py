@@ -6,7 +6,7 @@ import pytest
 
 from devices.errors import DeviceTimeout
 from devices.protocols import LineStream
-from harness.clock import ClockSample, ClockSyncError, ClockTracker, clock_table, probe
+from harness.clock import ClockSample, ClockSyncError, ClockTracker, clock_table, probe, probe_each
 
 EPOCH = 1_764_000_000 * 10**9  # realtime vs monotonic: offsets are ~1.7e18 ns, beyond float precision
 
@@ -176,3 +176,18 @@ def test_step_right_after_the_first_sample_is_not_taken_for_drift():
     for t_true in range(tracker.segments[0].first_t, clock.t, 10**8):
         t, _, bound = tracker.to_harness(host(t_true))
         assert abs(t - t_true) <= bound
+
+
+def test_pipelined_probes_of_several_hosts_bound_each_true_offset():
+    """Replies read one after another are stamped late; their bounds widen but still hold."""
+    clock = SimTime()
+    offsets = {"a": 5_000_000, "b": -12_000_000, "c": 40_000}
+    rng = np.random.default_rng(7)
+    streams = {h: FakeTimesrv(clock, host_clock(o, 3.0, clock.t), rng, exp_delay(40_000), exp_delay(40_000))
+               for h, o in offsets.items()}
+    for _ in range(50):
+        samples = probe_each(streams, now=clock)
+        assert set(samples) == set(offsets)
+        for h, s in samples.items():
+            true = streams[h].host(s.t_ns) - s.t_ns
+            assert abs(s.offset_ns - true) <= s.uncertainty_ns
