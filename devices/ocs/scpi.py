@@ -58,20 +58,11 @@ class ScpiSwitch(CircuitSwitch):
         self.resource = resource
         self.allowed = frozenset(resource.allowed_ports)
         self._channel = channel
-        self._timeout_s = timeout_s
+        self.timeout_s = float(timeout_s)  # default deadline of one command (s)
         self._lock = threading.Lock()
         self.last_timing: CommandTiming | None = None
         self._broken = False
         self._write("*CLS")  # start from an empty error queue
-
-    @property
-    def timeout_s(self) -> float:
-        """Default deadline of one command (seconds)."""
-        return self._timeout_s
-
-    @timeout_s.setter
-    def timeout_s(self, value: float) -> None:
-        self._timeout_s = float(value)
 
     def reconnect(self) -> None:
         """Reopen the line after a timeout (SCPI replies carry no tag, so the old stream is abandoned)."""
@@ -103,7 +94,7 @@ class ScpiSwitch(CircuitSwitch):
     def query(self, text: str, *, deadline: Deadline | None = None) -> str:
         """Send a query, return its reply line. Sets last_timing."""
         with self._lock:
-            deadline = deadline or Deadline(self._timeout_s)
+            deadline = deadline or Deadline(self.timeout_s)
             sent_ns = self._write(text)
             recv_ns, reply = self._reply(text, deadline)
             self.last_timing = CommandTiming(sent_ns, recv_ns)
@@ -112,7 +103,7 @@ class ScpiSwitch(CircuitSwitch):
     def execute(self, text: str, *, deadline: Deadline | None = None) -> CommandTiming:
         """Send a command followed by `*OPC?`, then check the error queue; DeviceDenied on error."""
         with self._lock:
-            deadline = deadline or Deadline(self._timeout_s)
+            deadline = deadline or Deadline(self.timeout_s)
             line = f"{text};*OPC?"
             sent_ns = self._write(line)
             recv_ns, reply = self._reply(line, deadline)

@@ -105,7 +105,7 @@ class Tl1Switch(CircuitSwitch):
         self.resource = resource
         self.allowed = frozenset(resource.allowed_ports)
         self._channel = channel
-        self._timeout_s = timeout_s
+        self.timeout_s = float(timeout_s)  # default deadline of one command (s)
         self._tid = tid
         self._ctags = itertools.count(1)
         self._lock = threading.Lock()
@@ -122,7 +122,7 @@ class Tl1Switch(CircuitSwitch):
             ctag = str(next(self._ctags))
             text = f"{verb}:{self._tid}:{aid}:{ctag}:" + (f":{params}" if params else "") + ";"
             shown = f"{verb}:{self._tid}:{aid}:{ctag}::***;" if redact else text
-            deadline = deadline or Deadline(self._timeout_s)
+            deadline = deadline or Deadline(self.timeout_s)
             self._channel.drain()  # stale autonomous output must not be taken for our reply
             sent_ns = self._channel.write_line(text)
             try:
@@ -133,15 +133,6 @@ class Tl1Switch(CircuitSwitch):
         if response.status != "COMPLD":
             raise DeviceDenied(shown, response.error_code or response.status, response.comment)
         return response
-
-    @property
-    def timeout_s(self) -> float:
-        """Default deadline of one command (seconds)."""
-        return self._timeout_s
-
-    @timeout_s.setter
-    def timeout_s(self, value: float) -> None:
-        self._timeout_s = float(value)
 
     def reconnect(self) -> None:
         """A fresh session after a timeout or a dropped connection: reopen the channel, log in again.
