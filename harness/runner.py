@@ -177,7 +177,6 @@ def _run(options: RunOptions, playbook: Playbook, seed: int, cycles: int, bench_
         resume_after = _logged_cycles(run_dir, playbook)
     else:
         run_dir = rec.new_run_dir(options.out or "runs", playbook.name)
-    if not options.resume:
         resume_after = {}
     run_id = run_dir.name
     if lease is not None:
