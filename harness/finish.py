@@ -115,3 +115,36 @@ def finish_run(ctx, manifest: dict, *, status: str, wall_s: float, started_utc: 
                            artifacts=sorted(p.name for p in ctx.run_dir.iterdir() if p.is_file()))
     rec.publish(record, (rec.write_manifest, rec.write_summary_json, write_markdown(ctx, summary)))
     return record
+
+
+def console_summary(ctx, record: rec.RunRecord) -> None:
+    """One screen at the end of a run: stage delays, accuracy against truth, checks."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=True, highlight=False)
+    summary = record.summary
+    delays = summary.get("delays_ms")
+    if delays:
+        table = Table(title=f"{ctx.playbook.name}: delays after ocs_command_sent (ms)", title_justify="left")
+        for column in ("stage", "n", "mean", "p50", "p99", "p99 95 % CI"):
+            table.add_column(column, justify="left" if column == "stage" else "right")
+        rows = [("OCS command → completed", delays["ocs_switch"])] + list(delays["stages"].items())[1:] + [
+            ("turnaround (last first packet)", delays["turnaround"])]
+        for name, s in rows:
+            if s["n"]:
+                table.add_row(name, str(s["n"]), f"{s['mean']:.3f}", f"{s['p50']:.3f}", f"{s['p99']:.3f}",
+                              f"{s['p99_ci95'][0]:.3f}–{s['p99_ci95'][1]:.3f}")
+        console.print(table)
+    accuracy = {r["stage"]: r for r in summary.get("accuracy", ())}
+    if "all" in accuracy:
+        a = accuracy["all"]
+        console.print(f"vs emulator truth: |error| p50 {a['abs_err_p50_ms']:.3f} ms, p99 {a['abs_err_p99_ms']:.3f} ms, "
+                      f"{100 * a['coverage']:.1f} % within ±uncertainty (n={a['n']})")
+    for name, results in summary.get("results", {}).items():
+        console.print(f"{name}: " + ", ".join(f"{k} [bold]{v:.3g}[/]" if isinstance(v, float) else f"{k} [bold]{v}[/]"
+                                              for k, v in results.items() if isinstance(v, (str, int, float))))
+    for name, step in summary.get("steps", {}).items():
+        for check in step["checks"]:
+            mark = "[green]✔[/]" if check["ok"] else "[red]✘[/]"
+            console.print(f"{mark} {name}: {check['name']} — {check.get('detail', '')}")

@@ -166,7 +166,7 @@ def run(options: RunOptions) -> int:
 
 
 def _run(options: RunOptions, playbook: Playbook, seed: int, cycles: int, bench_spec: str, lease) -> int:
-    from harness.finish import finish_run
+    from harness.finish import console_summary, finish_run
 
     if options.resume:
         run_dir = Path(options.resume)
@@ -243,7 +243,9 @@ def _run(options: RunOptions, playbook: Playbook, seed: int, cycles: int, bench_
         ctx.manifest_extra["signal"] = signame or None
         # The bench is still up here (the stack unwinds after), so ground truth is complete.
         try:
-            finish_run(ctx, manifest, status=status, wall_s=wall, started_utc=started_utc)
+            record = finish_run(ctx, manifest, status=status, wall_s=wall, started_utc=started_utc)
+            if not ctx.quiet:
+                console_summary(ctx, record)
         except OSError as exc:  # e.g. the disk filled up: the JSONL log is still the record
             _error_line(f"cannot write the run record in {run_dir}: {exc}")
             status = "error"
