@@ -15,12 +15,15 @@ class DeviceTimeout(DeviceError):
 
 
 class DeviceDenied(DeviceError):
-    """The device refused a command with its own error code (TL1 DENY, SCPI error queue)."""
+    """The device refused a command with its own error code (TL1 DENY, SCPI error queue).
 
-    def __init__(self, command: str, code: str, text: str = ""):
+    `permanent`: the driver knows the refusal will not go away by retrying (bad port, bad command, bad
+    login); callers retry only refusals that are not permanent (e.g. a busy switch)."""
+
+    def __init__(self, command: str, code: str, text: str = "", *, permanent: bool = False):
         detail = f"{code}" + (f" ({text})" if text else "")
         super().__init__(f"{command!r} denied by device: {detail}")
-        self.command, self.code, self.text = command, code, text
+        self.command, self.code, self.text, self.permanent = command, code, text, bool(permanent)
 
 
 class PortNotAllowed(DeviceError):

@@ -12,8 +12,14 @@ class CircuitSwitch(ABC):
     """An optical circuit switch. Ports are integers as the switch numbers them (ingress 1..N, egress N+1..N+M).
 
     Every mutating call returns the CommandTiming of the command(s) it sent; `apply` is an idempotent
-    reconcile: read the state, remove conflicts, add what is missing, confirm.
+    reconcile: read the state, remove conflicts, add what is missing, confirm. Refusals raise
+    DeviceDenied with `permanent` set by the driver, which alone knows its protocol's codes.
     """
+
+    timeout_s: float = 30.0  # default deadline of one command (s); callers may set it
+
+    def reconnect(self) -> None:
+        """Open a fresh session after a timeout or a dropped connection (no-op where there is none)."""
 
     @abstractmethod
     def identify(self) -> str: ...

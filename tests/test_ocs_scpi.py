@@ -62,18 +62,18 @@ def test_identify_connect_list_power(scpi, emulator):
 
 def test_switch_errors_surface_with_their_codes(scpi):
     scpi.connect(1, 17)
-    cases = [(lambda: scpi.connect(99, 18), "-222"),   # no such port
-             (lambda: scpi.connect(2, 17), "-221"),    # egress busy
-             (lambda: scpi.connect(1, 18), "-221"),    # ingress busy
-             (lambda: scpi.disconnect([3]), "-224")]   # no patch to delete
-    for action, code in cases:
+    cases = [(lambda: scpi.connect(99, 18), "-222", True),   # no such port
+             (lambda: scpi.connect(2, 17), "-221", False),   # egress busy (may clear)
+             (lambda: scpi.connect(1, 18), "-221", False),   # ingress busy
+             (lambda: scpi.disconnect([3]), "-224", True)]   # no patch to delete
+    for action, code, permanent in cases:
         with pytest.raises(DeviceDenied) as denied:
             action()
-        assert denied.value.code == code, denied.value
+        assert (denied.value.code, denied.value.permanent) == (code, permanent), denied.value
     assert scpi.patches() == {1: 17}
     with pytest.raises(DeviceDenied) as denied:
         scpi.execute(":OXC:SWIT:FROB")
-    assert denied.value.code == "-113"
+    assert (denied.value.code, denied.value.permanent) == ("-113", True)
     scpi.connect(2, 18)  # the error queue was drained: the next command succeeds cleanly
 
 

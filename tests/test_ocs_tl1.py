@@ -260,11 +260,12 @@ def test_switch_errors_surface_with_their_codes(tl1):
         with pytest.raises(DeviceDenied) as denied:
             action()
         assert denied.value.code == code, denied.value
+        assert denied.value.permanent == (code != "SROF")  # a busy port may clear; a bad port will not
         assert code in str(denied.value)
     assert tl1.patches() == {1: 17}  # nothing changed by the refusals
     with pytest.raises(DeviceDenied) as denied:
         tl1.command("RTRV-NOTHING")
-    assert denied.value.code == "ICNV"
+    assert (denied.value.code, denied.value.permanent) == ("ICNV", True)
 
 
 def test_apply_is_an_idempotent_reconcile(tl1):

@@ -1,7 +1,8 @@
 """`FakeSwitch`: an in-memory CircuitSwitch for dry runs and unit tests of callers (no I/O, no delays).
 
 It validates like the switch does and raises the same DeviceDenied codes as the emulator: IIAC for a
-port that is not an ingress/egress of this size, SROF for a busy port, IDNV for deleting a missing patch.
+port that is not an ingress/egress of this size, SROF for a busy port, IDNV for deleting a missing patch
+(IIAC and IDNV permanent, as the TL1 driver classifies them).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class FakeSwitch(CircuitSwitch):
         command = f"connect {ingress} {egress}"
         check_allowed(self.allowed, (ingress, egress), command)
         if not self._is_ingress(ingress) or not self._is_egress(egress):
-            raise DeviceDenied(command, "IIAC", "invalid port")
+            raise DeviceDenied(command, "IIAC", "invalid port", permanent=True)
         # like the switch, a second ENT-PATCH of an existing pair is refused too (the ingress is busy)
         if ingress in self._patches or egress in self._patches.values():
             raise DeviceDenied(command, "SROF", "port already connected")
@@ -58,12 +59,12 @@ class FakeSwitch(CircuitSwitch):
         check_allowed(self.allowed, [self._patches[i] for i in ingresses if i in self._patches], command)
         # the switch checks every port first, then duplicates, then that each patch exists
         if not all(self._is_ingress(i) for i in ingresses):
-            raise DeviceDenied(command, "IIAC", "invalid port")
+            raise DeviceDenied(command, "IIAC", "invalid port", permanent=True)
         if len(set(ingresses)) != len(ingresses):
-            raise DeviceDenied(command, "IDNV", "port listed twice")
+            raise DeviceDenied(command, "IDNV", "port listed twice", permanent=True)
         for i in ingresses:
             if i not in self._patches:
-                raise DeviceDenied(command, "IDNV", f"port {i} has no patch")
+                raise DeviceDenied(command, "IDNV", f"port {i} has no patch", permanent=True)
         for i in ingresses:
             del self._patches[i]
         return self._timed(command)
@@ -72,7 +73,8 @@ class FakeSwitch(CircuitSwitch):
         plan = plan_apply(self._patches, mapping, self.allowed, exclusive)
         for i, e in plan.adds.items():
             if not self._is_ingress(i) or not self._is_egress(e):
-                raise DeviceDenied(f"apply {dict(mapping)}", "IIAC", f"invalid port in {i}->{e}")
+                raise DeviceDenied(f"apply {dict(mapping)}", "IIAC", f"invalid port in {i}->{e}",
+                                   permanent=True)
         if plan.empty:
             return self._timed("read")
         for i in plan.removes:
@@ -87,5 +89,5 @@ class FakeSwitch(CircuitSwitch):
         lit = set(self._patches) | set(self._patches.values())
         for p in ports:
             if not (self._is_ingress(p) or self._is_egress(p)):
-                raise DeviceDenied(f"port power {p}", "IIAC", "invalid port")
+                raise DeviceDenied(f"port power {p}", "IIAC", "invalid port", permanent=True)
         return {p: self._lit_dbm if p in lit else self._dark_dbm for p in ports}

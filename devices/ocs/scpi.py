@@ -19,7 +19,20 @@ from devices.timing import CommandTiming, Deadline
 
 _STATE = re.compile(r"\(@([^)]*)\)\s*,\s*\(@([^)]*)\)")
 _ERROR = re.compile(r'^\s*([+-]?\d+)\s*,\s*"?(.*?)"?\s*$')
+# SCPI-99 error classes that retrying will not clear: command errors (-100..-199: syntax, undefined
+# header, missing parameter) and parameter errors (-220 parameter, -222 data out of range, -224 illegal
+# value). Execution errors such as -213 "init ignored" (busy) or -221 "settings conflict" may clear.
+_PERMANENT_PARAMETER = frozenset({-220, -222, -224})
 _MAX_ERRORS = 32  # a queue deeper than this is drained over several commands
+
+
+def is_permanent(code: str) -> bool:
+    """Whether an SCPI error code names a refusal that retrying will not clear."""
+    try:
+        value = int(code)
+    except ValueError:
+        return False
+    return -199 <= value <= -100 or value in _PERMANENT_PARAMETER
 
 
 def channel_list(ports: Sequence[int]) -> str:
@@ -115,7 +128,7 @@ class ScpiSwitch(CircuitSwitch):
         if errors:
             code, message = errors[0]
             more = f" (+{len(errors) - 1} more: {errors[1:]})" if len(errors) > 1 else ""
-            raise DeviceDenied(text, code, message + more)
+            raise DeviceDenied(text, code, message + more, permanent=is_permanent(code))
         return timing
 
     def _errors(self, deadline: Deadline) -> list[tuple[str, str]]:

@@ -28,6 +28,9 @@ _COMMENT = re.compile(r"/\*\s*(.*?)\s*\*/")
 _QUOTED = re.compile(r'^"(.*)"\s*$')
 _PATCH = re.compile(r"^\s*(\d+)\s*,\s*(\d+)\s*$")
 _POWER = re.compile(r"^\s*(\d+)\s*:\s*([-+0-9.eE]+)")
+# DENY codes that retrying will not clear: bad port/AID, bad ctag, bad command, bad parameter, bad login,
+# login not active. (SROF "busy", SNVS "not in valid state" may clear.)
+PERMANENT_CODES = frozenset({"IIAC", "IICT", "ICNV", "IDNV", "PIUI", "PLNA"})
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,8 @@ class Tl1Switch(CircuitSwitch):
                 raise DeviceTimeout(f"{shown}: {exc}") from exc
             self.last_timing = CommandTiming(sent_ns, response.completed_ns)
         if response.status != "COMPLD":
-            raise DeviceDenied(shown, response.error_code or response.status, response.comment)
+            code = response.error_code or response.status
+            raise DeviceDenied(shown, code, response.comment, permanent=code in PERMANENT_CODES)
         return response
 
     def reconnect(self) -> None:

@@ -66,8 +66,6 @@ SCHEMA = {
     "teardown_s": (float, 15.0),  # the restore at the end of the run must finish within this
     "faults": (list, []),  # emulated bench only: [{kind, cycles: [..] | probability: p, ...}]
 }
-# A DENY with these codes will not go away by retrying (bad port, bad command, bad login).
-PERMANENT_DENY = frozenset({"IIAC", "IICT", "ICNV", "IDNV", "PIUI", "PLNA"})
 # Watch fields whose (current) value shows that a stage has been reached.
 REACHED = {"light_detected": ("rx_los", "0"), "cdr_locked": ("rx_lol", "0"), "phy_up": ("carrier", "1"),
            "port_active": ("state", "ACTIVE")}
@@ -88,6 +86,7 @@ class _PortInfo:
     host: str
     netdev: str
     rdma_dev: str
+    rdma_port: int
     ocs: str
     tx: int
     rx: int
@@ -132,7 +131,7 @@ class TurnaroundRun:
         self.ctx, self.step, p = ctx, step, step.params
         self.p = p
         self.cycles = p["cycles"] or ctx.cycles
-        ports = [_PortInfo(n.key, n.host, n.netdev, n.rdma_dev, n.ocs, n.ocs_tx, n.ocs_rx) for n in ctx.bench.nic_ports]
+        ports = [_PortInfo(n.key, n.host, n.netdev, n.rdma_dev, n.rdma_port, n.ocs, n.ocs_tx, n.ocs_rx) for n in ctx.bench.nic_ports]
         wanted = p["ports"] or [x.key for x in ports]
         by_key = {x.key: x for x in ports}
         unknown = [k for k in wanted if k not in by_key]
@@ -161,8 +160,7 @@ class TurnaroundRun:
     def setup(self) -> None:
         ctx, p = self.ctx, self.p
         self.switch = ctx.switch(self.ocs)
-        if hasattr(self.switch, "timeout_s"):
-            self.switch.timeout_s = p["ocs_timeout_s"]
+        self.switch.timeout_s = p["ocs_timeout_s"]
         self.original = self._snapshot()
         ctx.teardown.callback(self._restore)
         if ctx.dry_run:
@@ -170,7 +168,7 @@ class TurnaroundRun:
         hosts = sorted({x.host for x in self.ports})
         self.sessions = {h: ctx.session(h) for h in hosts}
         for h, s in self.sessions.items():
-            specs = [(x.netdev, x.rdma_dev, 1) for x in self.ports if x.host == h]
+            specs = [(x.netdev, x.rdma_dev, x.rdma_port) for x in self.ports if x.host == h]
             s.start_watch(specs, p["watch_interval_us"], p["ethtool_interval_us"], self.queue)
             if p["probes"]:
                 for x in self.ports:
@@ -208,7 +206,7 @@ class TurnaroundRun:
             touched = set(self.tx.values()) | set(self.rx.values())
             wanted = {i: e for i, e in self.original.items() if i in touched or e in touched}
             try:
-                if self.switch_suspect and hasattr(self.switch, "reconnect"):
+                if self.switch_suspect:
                     self.switch.reconnect()
                 self._apply_retrying(wanted, Deadline(self.p["teardown_s"]))
             except Exception as exc:  # report, never mask the original error
@@ -253,14 +251,14 @@ class TurnaroundRun:
                 time.sleep(wait)
             first_sent = first_sent or now_ns()
             try:
-                if self.switch_suspect and hasattr(self.switch, "reconnect"):
+                if self.switch_suspect:
                     self.switch.reconnect()
                     self.switch_suspect = False
                 return self.switch.apply(mapping, exclusive=True), first_sent, causes
             except PortNotAllowed:
                 raise
             except DeviceDenied as exc:
-                if exc.code in PERMANENT_DENY:
+                if exc.permanent:
                     raise BenchBroken(f"ocs {self.ocs}: {exc}", causes) from exc
                 causes.append(f"ocs-retry:{self.ocs}: denied {exc.code}")
             except (DeviceTimeout, TransportClosed) as exc:
