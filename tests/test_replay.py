@@ -49,6 +49,10 @@ def test_every_request_recorded_with_absolute_deadlines(tmp_path):
     assert rec["output_tokens"].tolist() == requests["output_tokens"].tolist()
     assert (rec["first_token_ns"] >= rec["sent_ns"]).all() and (rec["completed_ns"] >= rec["first_token_ns"]).all()
     assert em.stats.completed == 60
+    # The server saw each synthesised prompt at the trace's exact length (vLLM's prompt-token counter).
+    from prometheus_client.parser import text_string_to_metric_families
+    served = {s.name: s.value for f in text_string_to_metric_families(em.metrics.render().decode()) for s in f.samples}
+    assert served["vllm:prompt_tokens_total"] == requests["prompt_tokens"].sum()
     on_disk = read_replay_log(log)
     assert len(on_disk) == 60 and set(on_disk["index"]) == set(range(60))
 

@@ -66,7 +66,7 @@ def test_token_times_integrate_the_capacity_profile():
 
 def test_streaming_wire_format_and_errors():
     async def body(em, session):
-        req = {"model": "m", "prompt": [1] * 30, "max_tokens": 12, "stream": True,
+        req = {"model": "emulated-llm", "prompt": [1] * 30, "max_tokens": 12, "stream": True,
                "stream_options": {"include_usage": True}}
         texts, usage, done = [], None, False
         async with session.post(em.url + "/v1/completions", json=req) as resp:
@@ -83,11 +83,11 @@ def test_streaming_wire_format_and_errors():
                     if chunk.get("usage"):
                         usage = chunk["usage"]
         statuses = []
-        for bad in ({"model": "m", "prompt": [1] * 10, "max_tokens": 200},  # over max_model_len
-                    {"model": "m", "prompt": [[1, 2], [3]], "max_tokens": 2},  # batches unsupported
-                    {"model": "m"}):  # no prompt
+        for bad in ({"model": "emulated-llm", "prompt": [1] * 10, "max_tokens": 200},  # over max_model_len
+                    {"model": "emulated-llm", "prompt": [[1, 2], [3]], "max_tokens": 2},  # batches unsupported
+                    {"model": "emulated-llm"}):  # no prompt
             async with session.post(em.url + "/v1/completions", json=bad) as resp:
-                statuses.append((resp.status, (await resp.json())["object"]))
+                statuses.append((resp.status, (await resp.json())["error"]["type"]))
         async with session.post(em.url + "/v1/completions", data=b"{not json") as resp:
             statuses.append((resp.status, "raw"))
         async with session.post(em.url + "/v1/completions", json={"prompt": "a b c", "max_tokens": 3}) as resp:
@@ -103,7 +103,7 @@ def test_streaming_wire_format_and_errors():
     _, (texts, usage, done, statuses, plain, models, stats) = run(_with_server(service, body))
     assert done and sum(t.count(" t") for t in texts) == 12
     assert usage == {"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42}
-    assert statuses == [(400, "error"), (400, "error"), (400, "error"), (400, "raw")]
+    assert statuses == [(400, "BadRequestError")] * 3 + [(400, "raw")]
     assert plain["usage"]["prompt_tokens"] == 3 and plain["choices"][0]["finish_reason"] == "length"
     assert models["data"][0]["id"] == "emulated-llm"
     assert stats["received"] == 6 and stats["rejected"] == 4 and stats["completed"] == 2

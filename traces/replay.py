@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from devices.timing import now_ns
 from traces._timerfd import MonotonicTimer
 from traces.errors import TraceFormatError
+from traces.requests import PromptSynthesizer
 
 REPLAY_LOG_COLUMNS = ("index", "scheduled_ns", "sent_ns", "send_error_ns", "first_token_ns", "completed_ns",
                       "prompt_tokens", "output_tokens_requested", "output_tokens", "status", "http_status", "error")
@@ -49,6 +50,7 @@ class ReplayConfig:
     fsync_interval_s: float = 0.5
     pause_gc: bool = True  # cyclic GC pauses reach milliseconds; the replay makes few cycles
     warm_connections: int = 16  # open this many keep-alive connections (GET /health) before the origin
+    prompt_seed: int = 0  # seeds the synthesised prompt contents (traces.requests.PromptSynthesizer)
 
     def __post_init__(self):
         if self.time_scale <= 0 or self.timeout_s <= 0 or self.max_connections < 1:
@@ -142,10 +144,9 @@ def replay_log_to_parquet(jsonl_path: str | Path, parquet_path: str | Path) -> p
     return frame
 
 
-def _body(model: str, prompt_tokens: int, max_tokens: int, stream: bool) -> bytes:
-    # Token ids, not text, so the server sees exactly prompt_tokens tokens; built by string repetition
-    # because json.dumps of long lists costs more than the send itself.
-    ids = "[" + ",".join(["1"] * prompt_tokens) + "]"
+def _body(model: str, ids: str, max_tokens: int, stream: bool) -> bytes:
+    # Token ids (a JSON array text from PromptSynthesizer), not text, so the server sees exactly the trace's
+    # prompt length; the body is assembled as text because json.dumps of long lists costs more than the send.
     extra = ',"stream":true,"stream_options":{"include_usage":true}' if stream else ""
     return (f'{{"model":{json.dumps(model)},"prompt":{ids},"max_tokens":{max_tokens},'
             f'"min_tokens":{max_tokens},"ignore_eos":true,"temperature":0{extra}}}').encode()
@@ -160,9 +161,8 @@ class _Replayer:
         self.results: list[dict] = []
 
     async def send(self, session: aiohttp.ClientSession, index: int, scheduled_ns: int, prompt_tokens: int,
-                   max_tokens: int) -> None:
+                   max_tokens: int, body: bytes) -> None:
         cfg = self.config
-        body = _body(cfg.model, prompt_tokens, max_tokens, cfg.stream)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         if self.in_flight > cfg.max_connections:
@@ -258,7 +258,12 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
 
             timer = MonotonicTimer.create(asyncio.get_running_loop()) if config.use_timerfd else None
 
+            prompts_text = PromptSynthesizer(requests, seed=config.prompt_seed)
+
             async def timed(i: int, deadline: int) -> None:
+                # The body is built before the wait (the task starts `lookahead` ahead), never on the send path.
+                max_tokens = max(1, int(outputs[i]))
+                body = _body(config.model, prompts_text.json_ids(i), max_tokens, config.stream)
                 if timer is not None:
                     # Wake a little early (a sleeping process takes ~0.1 ms to run again), then yield briefly.
                     await timer.wait_until(deadline - timer_early_ns)
@@ -268,7 +273,7 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
                         await asyncio.sleep(coarse)
                 while now_ns() < deadline:
                     await asyncio.sleep(0)
-                await replayer.send(session, i, deadline, int(prompts[i]), max(1, int(outputs[i])))
+                await replayer.send(session, i, deadline, int(prompts[i]), max_tokens, body)
 
             # Each request's own task waits for its deadline and sends at once; a feeder creates the tasks
             # `lookahead` ahead, so the feeder's own lateness never reaches the send (and there is no

@@ -217,3 +217,50 @@ def _load_jsonl(path: Path, mooncake: bool) -> pd.DataFrame:
     if any(s is not None for s in sessions):
         out["session_id"] = sessions
     return validate_requests(out, str(path))
+
+
+# ---- prompts ---------------------------------------------------------------------------------------------
+
+PROMPT_TOKEN_IDS = (1000, 30000)  # ids every common vocabulary has (GPT-2 50k, Llama 32k), past the specials
+
+
+class PromptSynthesizer:
+    """Distinct prompts of each request's exact length, as token ids, so a real server's prefix cache sees
+    what the trace implies: a request with prefix block ids (Mooncake `hash_ids`, one per `block_tokens`
+    tokens) is the concatenation of its blocks' contents, so requests sharing a block share that prefix;
+    a request without them gets content of its own. Contents are seeded random ids: same seed, same prompts.
+    `json_ids(i)` is the JSON array text of request i (cached per block: shared blocks are built once)."""
+
+    def __init__(self, requests: pd.DataFrame, seed: int = 0, block_tokens: int = MOONCAKE_BLOCK_TOKENS):
+        self.prompt_tokens = requests["prompt_tokens"].to_numpy(dtype=np.int64)
+        self.blocks = (requests["prefix_block_ids"].tolist() if "prefix_block_ids" in requests.columns
+                       else [None] * len(requests))
+        self.seed, self.block_tokens = int(seed), int(block_tokens)
+        self._cache: dict[int, str] = {}
+
+    def _ids(self, key: tuple, n: int) -> np.ndarray:
+        return np.random.default_rng((self.seed, *key)).integers(*PROMPT_TOKEN_IDS, size=n)
+
+    def _block(self, block_id: int) -> str:
+        text = self._cache.get(block_id)
+        if text is None:
+            text = self._cache[block_id] = ",".join(map(str, self._ids((0, block_id), self.block_tokens).tolist()))
+        return text
+
+    def json_ids(self, index: int) -> str:
+        n = int(self.prompt_tokens[index])
+        blocks = self.blocks[index]
+        if not blocks:
+            return "[" + ",".join(map(str, self._ids((1, index), n).tolist())) + "]"
+        full, rest = divmod(n, self.block_tokens)
+        parts = [self._block(int(b)) for b in blocks[:full]]
+        covered = min(full, len(blocks)) * self.block_tokens
+        if rest and len(blocks) > full:  # the last block, cut to the prompt's length
+            parts.append(",".join(self._block(int(blocks[full])).split(",")[:rest]))
+            covered += rest
+        if covered < n:  # more tokens than the listed blocks cover: the request's own tail
+            parts.append(",".join(map(str, self._ids((1, index), n - covered).tolist())))
+        return "[" + ",".join(p for p in parts if p) + "]"
+
+    def token_ids(self, index: int) -> list[int]:
+        return json.loads(self.json_ids(index))

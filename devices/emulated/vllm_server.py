@@ -1,5 +1,10 @@
-"""Emulated vLLM-compatible endpoint (aiohttp, 127.0.0.1 only): `POST /v1/completions` (streaming SSE or
-not), `GET /v1/models`, `GET /health`, `GET /stats`.
+"""Emulated vLLM-compatible endpoint (aiohttp, 127.0.0.1 only): `POST /v1/completions` and
+`POST /v1/chat/completions` (streaming SSE or not, `usage`, `stream_options.include_usage`), `GET /v1/models`,
+`GET /health`, `GET /metrics` (Prometheus text with vLLM's metric names), `GET /stats`.
+
+As vLLM does: one token per SSE chunk; `{"error": {message, type, param, code}}` bodies with 404 for an
+unknown model and 400 for unsupported parameters (`n` > 1, `best_of`, `logprobs`, `echo`) or an over-long
+request. Prompt length: token ids count exactly, text one token per whitespace-separated word.
 
 Service model, per sequence and token by token: a request waits for one of `batch_slots` slots, its prompt
 is prefilled at `prefill_tokens_per_s` (the first output token appears when prefill ends), then each further
@@ -35,7 +40,7 @@ class ServiceModel:
     batch_slots: int = 64
     max_model_len: int = 32_768
     time_scale: float = 1.0
-    stream_interval_s: float = 0.02  # real seconds between SSE chunks of one request (tokens are coalesced)
+    stream_interval_s: float = 0.0  # > 0: real seconds between SSE chunks, tokens coalesced (0: one per chunk)
 
     def __post_init__(self):
         if min(self.prefill_tokens_per_s, self.decode_tokens_per_s, self.time_scale) <= 0 or self.batch_slots < 1:
@@ -71,6 +76,83 @@ class _Stats:
     records: list = field(default_factory=list)  # (t_received_ns, t_admitted_ns, t_first_ns, t_done_ns)
 
 
+# Histogram buckets of vLLM's V1 Prometheus logger (vllm/v1/metrics/loggers.py).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                           240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+def _1_2_5_buckets(max_value: int) -> list[int]:
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return out
+            out.append(m * scale)
+        scale *= 10
+
+
+class VllmMetrics:
+    """`/metrics` under vLLM's V1 names and labels (`model_name`, `engine`), rendered by prometheus_client as
+    vLLM itself does. Times are service-model seconds (real × time_scale), like the latencies of a replay."""
+
+    def __init__(self, model: str, max_model_len: int, queue_depths):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        labels, values = ["model_name", "engine"], (model, "0")
+        self._queue_depths = queue_depths
+        gauge = lambda name, doc: Gauge(name, doc, labels, registry=self.registry).labels(*values)  # noqa: E731
+        counter = lambda name, doc: Counter(name, doc, labels, registry=self.registry).labels(*values)  # noqa: E731
+
+        def histogram(name, doc, buckets):
+            return Histogram(name, doc, labels, buckets=buckets, registry=self.registry).labels(*values)
+
+        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                               labels + ["finished_reason"], registry=self.registry).labels(*values, "length")
+        sizes = _1_2_5_buckets(max_model_len)
+        self.request_prompt = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", sizes)
+        self.request_generation = histogram("vllm:request_generation_tokens",
+                                            "Number of generation tokens processed.", sizes)
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              TTFT_BUCKETS)
+        self.tpot = histogram("vllm:time_per_output_token_seconds",
+                              "Histogram of time per output token in seconds.", TPOT_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             REQUEST_LATENCY_BUCKETS)
+        self.queue = histogram("vllm:request_queue_time_seconds",
+                               "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
+
+    def observe(self, time_scale: float, received_ns: int, admitted_ns: int, token_ns: np.ndarray,
+                prompt_tokens: int) -> None:
+        to_s = time_scale / 1e9
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(len(token_ns))
+        self.success.inc()
+        self.request_prompt.observe(prompt_tokens)
+        self.request_generation.observe(len(token_ns))
+        self.ttft.observe((int(token_ns[0]) - received_ns) * to_s)
+        for gap in np.diff(token_ns):
+            self.tpot.observe(float(gap) * to_s)
+        self.e2e.observe((int(token_ns[-1]) - received_ns) * to_s)
+        self.queue.observe((admitted_ns - received_ns) * to_s)
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        running, waiting = self._queue_depths()
+        self.running.set(running)
+        self.waiting.set(waiting)
+        return generate_latest(self.registry)
+
+
 class VllmEmulator:
     """One emulated endpoint. `await start()` binds 127.0.0.1 and returns the port; `await stop()`."""
 
@@ -82,6 +164,8 @@ class VllmEmulator:
         self.model, self.host, self.port = model, host, port
         self.keep_records = keep_records
         self.stats = _Stats()
+        self.metrics = VllmMetrics(self.model, self.service.max_model_len, lambda: (self._running,
+                                                                                    len(self._waiting)))
         self._epoch_ns = now_ns()
         self._windows: list[InterferenceWindow] = []
         self._edges_ns = np.empty(0, dtype=np.int64)  # window edges (real ns), sorted
@@ -95,6 +179,8 @@ class VllmEmulator:
     async def start(self) -> int:
         app = web.Application()
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/stats", self._stats)
@@ -198,6 +284,11 @@ class VllmEmulator:
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model",
                                                               "owned_by": "ocs-hil-emulator"}]})
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
     async def _stats(self, request: web.Request) -> web.Response:
         s = self.stats
         return web.json_response({"received": s.received, "completed": s.completed, "rejected": s.rejected,
@@ -206,90 +297,156 @@ class VllmEmulator:
                                   "max_waiting": s.max_waiting})
 
     @staticmethod
-    def _error(status: int, message: str) -> web.Response:
-        return web.json_response({"object": "error", "message": message, "type": "BadRequestError",
-                                  "code": status}, status=status)
+    def _error(status: int, message: str, param: str | None = None) -> web.Response:
+        # vLLM's ErrorResponse: OpenAI's {"error": {...}} envelope, `code` = the HTTP status.
+        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+        return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                                 status=status)
+
+    def _parse(self, body, chat: bool) -> tuple[int, int] | web.Response:
+        """(prompt_tokens, max_tokens) of a valid request, else the error response."""
+        if not isinstance(body, dict):
+            return self._error(400, "request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model:
+            return self._error(404, f"The model `{model}` does not exist.", "model")
+        for key, ok in (("n", lambda v: v in (None, 1)), ("best_of", lambda v: v in (None, 1)),
+                        ("logprobs", lambda v: v in (None, False)), ("top_logprobs", lambda v: v in (None, 0)),
+                        ("prompt_logprobs", lambda v: v is None), ("echo", lambda v: v in (None, False))):
+            if not ok(body.get(key)):
+                return self._error(400, f"{key}={body[key]!r} is not supported by this endpoint", key)
+        try:
+            limit = body.get("max_completion_tokens") if chat else None
+            max_tokens = int(body.get("max_tokens", 16) if limit is None else limit)
+            prompt_tokens = _count_messages(body["messages"]) if chat else _count_prompt(body["prompt"])
+        except KeyError as exc:
+            return self._error(400, f"invalid request: missing {exc.args[0]!r}", exc.args[0])
+        except (ValueError, TypeError) as exc:
+            return self._error(400, f"invalid request: {exc}")
+        if max_tokens < 1 or prompt_tokens + max_tokens > self.service.max_model_len:
+            return self._error(400, f"This model's maximum context length is {self.service.max_model_len} "
+                                    f"tokens; requested {prompt_tokens + max_tokens} (prompt {prompt_tokens}, "
+                                    f"max_tokens {max_tokens})", "max_tokens")
+        return prompt_tokens, max_tokens
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         t_received = now_ns()
         self.stats.received += 1
         try:
             body = await request.json(loads=json.loads)
-            prompt = body["prompt"]
-            max_tokens = int(body.get("max_tokens", 16))
-        except (ValueError, KeyError, TypeError) as exc:
+        except ValueError as exc:
+            body = exc
+        parsed = self._error(400, f"invalid JSON body: {body}") if isinstance(body, ValueError) \
+            else self._parse(body, chat)
+        if isinstance(parsed, web.Response):
             self.stats.rejected += 1
-            return self._error(400, f"invalid request: {exc}")
-        # A batch is a list of lists or strings: checking the first element tells them apart without a
-        # per-token loop (which cost more than the rest of the request).
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-            prompt_tokens = len(prompt)
-        elif isinstance(prompt, str):
-            prompt_tokens = len(prompt.split())
-        else:
-            self.stats.rejected += 1
-            return self._error(400, "prompt must be a string or a list of token ids (batches unsupported)")
-        if max_tokens < 1 or prompt_tokens + max_tokens > self.service.max_model_len:
-            self.stats.rejected += 1
-            return self._error(400, f"This model's maximum context length is {self.service.max_model_len} "
-                                    f"tokens; requested {prompt_tokens + max_tokens} (prompt {prompt_tokens}, "
-                                    f"max_tokens {max_tokens})")
+            return parsed
+        prompt_tokens, max_tokens = parsed
         stream = bool(body.get("stream", False))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
         await self._acquire()
         t_admitted = now_ns()
         try:
             times = self.token_times_ns(t_admitted, prompt_tokens, max_tokens)
-            ident = f"cmpl-{self.stats.received}"
+            ident = f"{'chatcmpl' if chat else 'cmpl'}-{self.stats.received}"
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
                      "total_tokens": prompt_tokens + max_tokens}
             if stream:
-                response = await self._stream(request, ident, times, usage if include_usage else None)
+                response = await self._stream(request, ident, times, usage if include_usage else None, chat)
             else:
                 await _sleep_until(int(times[-1]))
+                text = TOKEN_TEXT * max_tokens
+                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                           "finish_reason": "length"} if chat else
+                          {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
                 response = web.json_response({
-                    "id": ident, "object": "text_completion", "created": int(time.time()), "model": self.model,
-                    "choices": [{"index": 0, "text": " t" * max_tokens, "logprobs": None,
-                                 "finish_reason": "length"}], "usage": usage})
+                    "id": ident, "object": "chat.completion" if chat else "text_completion",
+                    "created": int(time.time()), "model": self.model, "choices": [choice], "usage": usage})
         except (ConnectionResetError, asyncio.CancelledError):
             self.stats.disconnected += 1
             raise
         finally:
             self._release()
         self.stats.completed += 1
+        self.metrics.observe(self.service.time_scale, t_received, t_admitted, times, prompt_tokens)
         if self.keep_records:
             self.stats.records.append((t_received, t_admitted, int(times[0]), int(times[-1])))
         return response
 
-    async def _stream(self, request: web.Request, ident: str, times: np.ndarray, usage: dict | None
+    async def _stream(self, request: web.Request, ident: str, times: np.ndarray, usage: dict | None, chat: bool
                       ) -> web.StreamResponse:
+        """One token per SSE chunk (as vLLM streams); tokens that are already due when the writer wakes leave
+        in one network write, still one chunk each. `stream_interval_s` > 0 coalesces instead."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        created = int(time.time())
+        head = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": self.model}
+        tail = ', "usage": null}' if usage is not None else "}"
+
+        def chunk(count: int, finish: str | None) -> bytes:
+            text = json.dumps(TOKEN_TEXT * count)
+            delta = f'"delta": {{"content": {text}}}' if chat else f'"text": {text}'
+            return (f'data: {json.dumps(head)[:-1]}, "choices": [{{"index": 0, {delta}, "logprobs": null, '
+                    f'"finish_reason": {json.dumps(finish)}}}]{tail}\n\n').encode()
+
+        if chat:  # the first chunk carries the role, as OpenAI's and vLLM's do
+            role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": None, "finish_reason": None}]}
+            await response.write(b"data: " + json.dumps(role).encode() + b"\n\n")
         interval_ns = int(self.service.stream_interval_s * 1e9)
         sent, last_write, n = 0, -interval_ns, len(times)
+        one = chunk(1, None)
         while sent < n:
             await _sleep_until(max(int(times[sent]), last_write + interval_ns))
             now = now_ns()
-            ready = int(np.searchsorted(times, now, side="right"))
-            count = max(ready, sent + 1) - sent
-            finish = "length" if sent + count == n else None
-            chunk = {"id": ident, "object": "text_completion", "created": created, "model": self.model,
-                     "choices": [{"index": 0, "text": " t" * count, "logprobs": None, "finish_reason": finish}]}
-            if usage is not None:
-                chunk["usage"] = None
-            payload = b"data: " + json.dumps(chunk).encode() + b"\n\n"
-            sent += count
-            last_write = now
+            ready = max(int(np.searchsorted(times, now, side="right")), sent + 1)
+            if interval_ns:
+                parts = [chunk(ready - sent, "length" if ready == n else None)]
+            else:
+                parts = [one] * (ready - sent - (ready == n)) + ([chunk(1, "length")] if ready == n else [])
+            sent, last_write = ready, now
             if sent == n:  # the last chunk, usage and [DONE] leave in one write
                 if usage is not None:
-                    final = {"id": ident, "object": "text_completion", "created": created, "model": self.model,
-                             "choices": [], "usage": usage}
-                    payload += b"data: " + json.dumps(final).encode() + b"\n\n"
-                payload += b"data: [DONE]\n\n"
-            await response.write(payload)
+                    parts.append(b"data: " + json.dumps({**head, "choices": [], "usage": usage}).encode() + b"\n\n")
+                parts.append(b"data: [DONE]\n\n")
+            await response.write(b"".join(parts))
         await response.write_eof()
         return response
+
+
+TOKEN_TEXT = " t"  # every emulated output token
+
+
+def _count_prompt(prompt) -> int:
+    """Tokens in a completions prompt: a list of token ids counts exactly; text counts one token per
+    whitespace-separated word. Batches (lists of prompts) are refused."""
+    # Checking the first element tells a token list from a batch without a per-token loop.
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        return len(prompt)
+    if isinstance(prompt, str):
+        return len(prompt.split())
+    raise ValueError("prompt must be a string or a list of token ids (batches unsupported)")
+
+
+def _count_messages(messages) -> int:
+    """Tokens of a chat: one per word of every message's text content (no chat-template overhead)."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    total = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):  # content parts: only text parts carry tokens here
+            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if not isinstance(content, str):
+            raise ValueError("each message needs a string content (or text parts)")
+        total += len(content.split())
+    return total
 
 
 async def _sleep_until(t_ns: int) -> None:
