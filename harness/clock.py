@@ -16,9 +16,11 @@ for drift until later samples contradict it.
 """
 from __future__ import annotations
 
+import bisect
+import collections
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -108,35 +110,80 @@ class ClockStep:
 
 
 @dataclass
-class _Segment:
-    samples: list[ClockSample] = field(default_factory=list)
-    # Model: offset(t) = base + a + b * (t - t_ref); base is an exact int (offsets can be ~1.7e18 ns).
-    base: int = 0
-    t_ref: int = 0
-    a: float = 0.0
-    b: float = 0.0
-    bounds: np.ndarray = field(default_factory=lambda: np.zeros(0))  # E_i per sample
-    times: np.ndarray = field(default_factory=lambda: np.zeros(0))  # t_i - t_ref
-    slope_bound: float = 0.0
+class _Fit:
+    """One line fitted over a window of consecutive samples: offset(t) = base + a + b * (t - t_ref), with
+    `base` an exact int (offsets can be ~1.7e18 ns) and the bound E_i = u_i + |residual_i| per sample."""
+
+    base: int
+    t_ref: int
+    a: float
+    b: float
+    times: np.ndarray  # t_i - t_ref
+    bounds: np.ndarray  # E_i
+    slope_bound: float
 
     @property
     def first_t(self) -> int:
-        return self.samples[0].t_ns
+        return self.t_ref + int(self.times[0])
+
+
+class _Segment:
+    """The samples between two steps. The line is fitted over the last `window` samples only, so adding a
+    sample costs O(window) whatever the run length; every `window // 2` samples the current fit is kept in
+    `history` (consecutive fits overlap by half a window), so a past time is still bounded by a fit whose
+    window contains it. Per window the bound argument is the one above, needing linearity only there."""
+
+    def __init__(self, first: ClockSample, window: int):
+        self.first = first
+        self.window = window
+        self.recent: collections.deque[ClockSample] = collections.deque(maxlen=window)
+        self.count = 0
+        self.min_delay_ns = first.delay_ns
+        self.history: list[_Fit] = []
+        self.history_starts: list[int] = []
+        self.fit: _Fit | None = None
+
+    @property
+    def first_t(self) -> int:
+        return self.first.t_ns
 
     @property
     def last_t(self) -> int:
-        return self.samples[-1].t_ns
+        return self.recent[-1].t_ns
+
+    def add(self, sample: ClockSample, fit: _Fit) -> None:
+        """Take `sample` with `fit`, the line over the window that now ends with it."""
+        self.recent.append(sample)
+        self.count += 1
+        self.min_delay_ns = min(self.min_delay_ns, sample.delay_ns)
+        self.fit = fit
+        if self.count >= self.window and (self.count - self.window) % (self.window // 2) == 0:
+            self.history.append(fit)
+            self.history_starts.append(fit.first_t)
+
+    def fit_at(self, t_ns: int) -> _Fit:
+        """The fit to use at harness time t_ns: the latest whose window starts at or before it."""
+        if not self.history or t_ns >= self.fit.first_t:
+            return self.fit
+        k = bisect.bisect_right(self.history_starts, t_ns) - 1
+        return self.history[max(k, 0)]
 
 
 class ClockTracker:
-    """Per-host offset model over a run: drift fit, step detection, host → harness conversion."""
+    """Per-host offset model over a run: drift fit, step detection, host → harness conversion.
+
+    Samples must come in time order (the caller owns the ordering: HostSession adds under the same lock
+    that serialises its probes)."""
 
     def __init__(self, host: str, *, step_threshold_ns: int = 100_000, max_drift_ppm: float = 200.0,
-                 drift_wander_ppm: float = 0.1):
+                 drift_wander_ppm: float = 0.1, window: int = 128):
+        if window < 4:
+            raise ValueError("window must be >= 4")
         self.host = host
         self.step_threshold_ns = step_threshold_ns
         self.max_drift = max_drift_ppm * 1e-6
         self.wander = drift_wander_ppm * 1e-6
+        self.window = window
         self.segments: list[_Segment] = []
         self.steps: list[ClockStep] = []
 
@@ -149,30 +196,34 @@ class ClockTracker:
         return sample
 
     def add(self, sample: ClockSample) -> ClockStep | None:
-        """Add an estimate; return the step it reveals, if any."""
+        """Add an estimate; return the step it reveals, if any. O(window) per sample."""
         if self.segments:
             segment = self.segments[-1]
             if sample.t_ns < segment.last_t:
                 raise ValueError("clock samples must be added in time order")
-            predicted, bound = self._predict(segment, sample.t_ns)
-            miss = abs((sample.offset_ns - segment.base) - predicted)
+            predicted, bound = self._predict(segment.fit, sample.t_ns)
+            miss = abs((sample.offset_ns - segment.fit.base) - predicted)
             stepped = miss > bound + sample.uncertainty_ns + self.step_threshold_ns
             if not stepped:
                 # A "drift" faster than any oscillator drifts is a step the band was too wide to see: no
                 # line with |slope| <= max_drift passes through this sample's band and every earlier one.
                 stepped = not self._drift_possible(segment, sample)
-                trial = None if stepped else self._fit(_Segment(samples=[*segment.samples, sample]))
             if stepped:
                 step = ClockStep(t_ns=sample.t_ns, after_ns=segment.last_t,
-                                 jump_ns=round((sample.offset_ns - segment.base) - predicted),
+                                 jump_ns=round((sample.offset_ns - segment.fit.base) - predicted),
                                  uncertainty_ns=math.ceil(bound + sample.uncertainty_ns))
                 self.steps.append(step)
-                self.segments.append(self._fit(_Segment(samples=[sample])))
+                self._start_segment(sample)
                 return step
-            self.segments[-1] = trial
+            segment.add(sample, self._fit([*segment.recent, sample][-self.window:]))
             return None
-        self.segments.append(self._fit(_Segment(samples=[sample])))
+        self._start_segment(sample)
         return None
+
+    def _start_segment(self, sample: ClockSample) -> None:
+        segment = _Segment(sample, self.window)
+        segment.add(sample, self._fit([sample]))
+        self.segments.append(segment)
 
     def _drift_possible(self, seg: _Segment, sample: ClockSample) -> bool:
         """Whether some slope within ±max_drift joins the new sample's band to each earlier sample's band.
@@ -180,7 +231,7 @@ class ClockTracker:
         samples never produce one."""
         lo, hi = -self.max_drift, self.max_drift
         # The first and the latest samples carry the information; any subset keeps the test rigorous.
-        for old in seg.samples[:1] + seg.samples[-32:]:
+        for old in itertools.chain((seg.first,), itertools.islice(seg.recent, max(len(seg.recent) - 32, 0), None)):
             dt = sample.t_ns - old.t_ns
             if dt <= 0:
                 continue
@@ -189,46 +240,41 @@ class ClockTracker:
             lo, hi = max(lo, (dy - slack) / dt), min(hi, (dy + slack) / dt)
         return lo <= hi
 
-    def _fit(self, seg: _Segment) -> _Segment:
-        s = seg.samples
-        seg.base, seg.t_ref = s[0].offset_ns, s[-1].t_ns
-        t = np.array([x.t_ns - seg.t_ref for x in s], dtype=float)
-        y = np.array([x.offset_ns - seg.base for x in s], dtype=float)
+    def _fit(self, s: list[ClockSample]) -> _Fit:
+        base, t_ref = s[0].offset_ns, s[-1].t_ns
+        t = np.array([x.t_ns - t_ref for x in s], dtype=float)
+        y = np.array([x.offset_ns - base for x in s], dtype=float)
         u = np.array([x.uncertainty_ns for x in s], dtype=float)
-        if len(s) == 1 or np.ptp(t) == 0:
-            w = 1 / u**2
-            seg.a, seg.b = float(np.sum(w * y) / np.sum(w)), 0.0
-        else:
-            # Weighted least squares, weights 1/u²: the tight (low-delay) estimates dominate.
-            seg.b, seg.a = (float(v) for v in np.polyfit(t, y, 1, w=1 / u))
-            if abs(seg.b) > self.max_drift:
-                # Over a short span a few noisy samples can suggest an impossible drift; extrapolating it
-                # would call every next sample a step. Keep the drift physical and refit the offset.
-                seg.b = float(np.clip(seg.b, -self.max_drift, self.max_drift))
-                w = 1 / u**2
-                seg.a = float(np.sum(w * (y - seg.b * t)) / np.sum(w))
-        residual = np.abs(y - (seg.a + seg.b * t))
-        seg.times, seg.bounds = t, u + residual
-        if len(s) == 1 or np.ptp(t) == 0:
-            seg.slope_bound = self.max_drift + abs(seg.b)
-        else:
-            span = t[-1] - t[0]
-            seg.slope_bound = min((seg.bounds[0] + seg.bounds[-1]) / span, self.max_drift + abs(seg.b))
-        return seg
+        # Weighted least squares, weights 1/u²: the tight (low-delay) estimates dominate.
+        w = 1 / u**2
+        t_mean, y_mean = np.sum(w * t) / np.sum(w), np.sum(w * y) / np.sum(w)
+        spread = np.sum(w * (t - t_mean) ** 2)
+        b = float(np.sum(w * (t - t_mean) * (y - y_mean)) / spread) if spread > 0 else 0.0
+        if abs(b) > self.max_drift:
+            # Over a short span a few noisy samples can suggest an impossible drift; extrapolating it
+            # would call every next sample a step. Keep the drift physical and refit the offset.
+            b = float(np.clip(b, -self.max_drift, self.max_drift))
+        a = float(y_mean - b * t_mean)
+        bounds = u + np.abs(y - (a + b * t))
+        span = t[-1] - t[0]
+        slope_bound = self.max_drift + abs(b)
+        if span > 0:
+            slope_bound = min((bounds[0] + bounds[-1]) / span, slope_bound)
+        return _Fit(base=base, t_ref=t_ref, a=a, b=b, times=t, bounds=bounds, slope_bound=float(slope_bound))
 
     # ---- queries
-    def _predict(self, seg: _Segment, t_ns: int) -> tuple[float, float]:
-        """(offset − seg.base, bound) at harness time t_ns. Offsets stay split into an exact int base
+    def _predict(self, fit: _Fit, t_ns: int) -> tuple[float, float]:
+        """(offset − fit.base, bound) at harness time t_ns. Offsets stay split into an exact int base
         and a small float part: a host's realtime minus harness monotonic is ~1.7e18 ns."""
-        x = float(t_ns - seg.t_ref)
-        offset = seg.a + seg.b * x
-        t, e = seg.times, seg.bounds
+        x = float(t_ns - fit.t_ref)
+        offset = fit.a + fit.b * x
+        t, e = fit.times, fit.bounds
         if x >= t[-1]:
             distance = x - t[-1]
-            bound = e[-1] + (seg.slope_bound + self.wander) * distance
+            bound = e[-1] + (fit.slope_bound + self.wander) * distance
         elif x <= t[0]:
             distance = t[0] - x
-            bound = e[0] + (seg.slope_bound + self.wander) * distance
+            bound = e[0] + (fit.slope_bound + self.wander) * distance
         else:
             j = int(np.searchsorted(t, x))  # t[j-1] < x <= t[j]
             lam = (x - t[j - 1]) / (t[j] - t[j - 1]) if t[j] > t[j - 1] else 0.0
@@ -238,18 +284,20 @@ class ClockTracker:
 
     def offset_at(self, t_ns: int) -> tuple[int, int]:
         """(offset_ns, uncertainty_ns) of this host at harness time t_ns."""
-        seg = self._segment_at_harness(t_ns)
-        offset, bound = self._predict(seg, t_ns)
-        return seg.base + round(offset), math.ceil(bound)
+        fit = self._segment_at_harness(t_ns).fit_at(t_ns)
+        offset, bound = self._predict(fit, t_ns)
+        return fit.base + round(offset), math.ceil(bound)
 
     def _segment_at_harness(self, t_ns: int) -> _Segment:
         if not self.segments:
             raise ClockSyncError(f"no clock estimate for host {self.host} yet")
-        chosen = self.segments[0]
-        for seg in self.segments[1:]:
-            if seg.first_t <= t_ns:
-                chosen = seg
-        return chosen
+        k = bisect.bisect_right([seg.first_t for seg in self.segments], t_ns) - 1
+        return self.segments[max(k, 0)]
+
+    @staticmethod
+    def _solve(fit: _Fit, host_ns: int) -> float:
+        """Solve t = host - offset(t) for the fit's line."""
+        return fit.t_ref + (float(host_ns - fit.base - fit.t_ref) - fit.a) / (1.0 + fit.b)
 
     def to_harness(self, host_ns: int) -> tuple[int, int, int]:
         """A host timestamp on the harness clock: (t_ns, offset_ns, uncertainty_ns).
@@ -262,11 +310,10 @@ class ClockTracker:
         intervals = []
         nearest: tuple[float, float, float] | None = None
         for k, seg in enumerate(self.segments):
-            # Solve t = host - offset(t) for the linear model.
-            x = (float(host_ns - seg.base - seg.t_ref) - seg.a) / (1.0 + seg.b)
-            t = seg.t_ref + x
-            _, bound = self._predict(seg, round(t))
-            bound *= 1.0 + abs(seg.b)  # conversion back through the model; negligible but safe
+            fit = seg.fit_at(round(self._solve(seg.fit, host_ns)))  # the window around that time
+            t = self._solve(fit, host_ns)
+            _, bound = self._predict(fit, round(t))
+            bound *= 1.0 + abs(fit.b)  # conversion back through the model; negligible but safe
             lo_window = self.segments[k - 1].last_t if k > 0 else -math.inf
             hi_window = self.segments[k + 1].first_t if k + 1 < len(self.segments) else math.inf
             if lo_window - bound < t < hi_window + bound:
@@ -284,17 +331,16 @@ class ClockTracker:
     # ---- reporting
     @property
     def drift_ppm(self) -> float | None:
-        return self.segments[-1].b * 1e6 if self.segments else None
+        return self.segments[-1].fit.b * 1e6 if self.segments else None
 
     def table(self) -> dict:
         """A JSON-ready summary for the run manifest."""
         segments = []
         for seg in self.segments:
-            offset, bound = self._predict(seg, seg.last_t)
-            segments.append({"from_ns": seg.first_t, "to_ns": seg.last_t, "samples": len(seg.samples),
-                             "offset_ns": seg.base + round(offset), "uncertainty_ns": math.ceil(bound),
-                             "drift_ppm": seg.b * 1e6,
-                             "min_delay_ns": min(s.delay_ns for s in seg.samples)})
+            offset, bound = self._predict(seg.fit, seg.last_t)
+            segments.append({"from_ns": seg.first_t, "to_ns": seg.last_t, "samples": seg.count,
+                             "offset_ns": seg.fit.base + round(offset), "uncertainty_ns": math.ceil(bound),
+                             "drift_ppm": seg.fit.b * 1e6, "min_delay_ns": seg.min_delay_ns})
         return {"host": self.host, "segments": segments,
                 "steps": [{"t_ns": s.t_ns, "after_ns": s.after_ns, "jump_ns": s.jump_ns,
                            "uncertainty_ns": s.uncertainty_ns} for s in self.steps]}

@@ -65,10 +65,12 @@ class HostSession:
         """One min-delay estimate over the long-lived responder, added to the tracker."""
         from harness.clock import probe
 
+        # Adding under the probe lock orders the tracker's samples by construction: a concurrent probe
+        # can neither finish nor be added before this one is.
         with self._probe_lock:
             sample = probe(self._timesrv, count=count or self.clock_probes, deadline=Deadline(10))
-        with self._clock_lock:
-            return self.clock.add(sample)
+            with self._clock_lock:
+                return self.clock.add(sample)
 
     @staticmethod
     def sync_clocks_together(sessions: list["HostSession"]) -> None:
@@ -79,9 +81,9 @@ class HostSession:
             for session in sessions:
                 held.enter_context(session._probe_lock)
             samples = probe_each({s.name: s._timesrv for s in sessions}, deadline=Deadline(10))
-        for session in sessions:
-            with session._clock_lock:
-                session.clock.add(samples[session.name])
+            for session in sessions:  # still under the probe locks (see sync_clock)
+                with session._clock_lock:
+                    session.clock.add(samples[session.name])
 
     @property
     def clock_steps(self) -> int:

@@ -191,3 +191,59 @@ def test_pipelined_probes_of_several_hosts_bound_each_true_offset():
         for h, s in samples.items():
             true = streams[h].host(s.t_ns) - s.t_ns
             assert abs(s.offset_ns - true) <= s.uncertainty_ns
+
+
+def test_windowed_fit_bounds_every_past_time_of_a_long_run():
+    """Thousands of samples through a small window: the fit stays O(window) and past times (in any
+    earlier window) still map back within their bound, with a wandering drift the full-run line misses."""
+    rng = np.random.default_rng(11)
+    clock = SimTime()
+    start = clock.t
+    wander = lambda t: round(2e-6 * 40e9 / (2 * np.pi) * np.sin(2 * np.pi * (t - start) / 40e9))  # noqa: E731
+    base = host_clock(offset=3_000_000, drift_ppm=7.0, t0=start)
+    host = lambda t: base(t) + wander(t)  # noqa: E731
+    stream = FakeTimesrv(clock, host, rng, exp_delay(50_000), exp_delay(50_000))
+    tracker = ClockTracker("gpu6", window=16, drift_wander_ppm=2.5)
+    for _ in range(1500):
+        tracker.sync(stream, count=2, now=clock)
+        clock.t += 10**8
+    seg = tracker.segments[-1]
+    assert tracker.steps == [] and seg.count == 1500
+    assert len(seg.recent) == 16 and len(seg.fit.times) == 16 and len(seg.history) > 150
+    bounds = []
+    for t_true in np.linspace(start, clock.t, 2001).astype(np.int64):
+        t, _, bound = tracker.to_harness(host(int(t_true)))
+        assert abs(t - int(t_true)) <= bound, (int(t_true) - start, t - int(t_true), bound)
+        bounds.append(bound)
+    assert np.median(bounds) < 150_000  # a window-local line: no wander-sized bound
+
+
+def test_host_session_adds_clock_samples_under_the_probe_lock():
+    """The race that crashed long runs: a sample added after the probe lock is released can be overtaken
+    by a later one. Both sync paths add while holding it."""
+    from harness.hostsession import HostSession
+
+    clock = SimTime()
+    sessions = []
+    for name in ("a", "b"):
+        session = object.__new__(HostSession)
+        session.name, session.clock_probes = name, 2
+        session._probe_lock, session._clock_lock = __import__("threading").Lock(), __import__("threading").Lock()
+        session._timesrv = FakeTimesrv(clock, host_clock(0, 0.0, clock.t), np.random.default_rng(1),
+                                       exp_delay(1000), exp_delay(1000))
+        tracker = ClockTracker(name)
+        held = []
+        tracker.add = (lambda add, s, h: lambda sample: (h.append(s._probe_lock.locked()), add(sample))[1])(
+            tracker.add, session, held)
+        session.clock, session.held = tracker, held
+        sessions.append(session)
+    import harness.clock as clock_module
+    real_probe, real_each = clock_module.probe, clock_module.probe_each
+    try:
+        clock_module.probe = lambda stream, **kw: real_probe(stream, count=kw["count"], now=clock)
+        clock_module.probe_each = lambda streams, **kw: real_each(streams, now=clock)
+        sessions[0].sync_clock()
+        HostSession.sync_clocks_together(sessions)
+    finally:
+        clock_module.probe, clock_module.probe_each = real_probe, real_each
+    assert sessions[0].held == [True, True] and sessions[1].held == [True]
