@@ -2,19 +2,26 @@
 
 U_beta = (1/beta) log sum_{paths s->t} exp(beta L(path)); dU/dl_a = mu_a, the probability that arc a lies
 on a path drawn from the Gibbs law. Forward-backward recursion in the log domain, vectorised level by
-level: arcs are grouped by the (longest-hop) level of their head node, and each level is one
-`np.maximum.reduceat` / `np.add.reduceat` over a contiguous slice. O(|N|+|A|) per evaluation; the plan
-(levels, sort orders) depends only on the graph and is cached in `DagPlan` for repeated evaluations.
+level: arcs are grouped by the (longest-hop) level of their head node; a wide level is one
+`np.maximum.reduceat` / `np.add.reduceat` over a contiguous slice, and runs of narrow levels are swept node by
+node, so both wide and deep DAGs cost O(|N|+|A|) per evaluation. The plan (levels, blocks) depends only on the
+graph and is cached in `DagPlan` for repeated evaluations.
 
 beta = np.inf gives the hard (max-plus) critical path; its marginals are one-hot on one longest path.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 __all__ = ["DagPlan", "smoothed_critical_path", "longest_path", "log_num_paths", "check_unit_flow"]
+
+
+# Levels with at least this many arcs are swept with numpy; runs of smaller levels are swept node by node
+# in plain Python, so a deep, narrow DAG costs O(arcs) instead of a few numpy calls per level.
+VECTOR_MIN_ARCS = 48
 
 
 def _segment_starts(keys: np.ndarray) -> np.ndarray:
@@ -25,38 +32,67 @@ def _segment_starts(keys: np.ndarray) -> np.ndarray:
 
 
 class _Level:
-    """Arcs of one level, grouped into segments (one per node being computed)."""
+    """Arcs of one wide level, grouped into segments (one per node being computed), swept with numpy."""
 
     __slots__ = ("arcs", "other", "starts", "rep", "nodes", "singleton")
 
-    def __init__(self, arcs, other, starts, nodes):
+    def __init__(self, arcs, other, nodes_sorted):
+        starts = _segment_starts(nodes_sorted)
         self.arcs = arcs
         self.other = other                      # the already-computed endpoint of each arc
         self.starts = starts
-        self.nodes = nodes
+        self.nodes = nodes_sorted[starts]
         self.singleton = starts.size == arcs.size
         self.rep = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, arcs.size]))
 
 
+class _Run:
+    """Consecutive narrow levels, swept node by node in order (each node's inputs are already final)."""
+
+    __slots__ = ("arcs", "other", "nodes", "bounds")
+
+    def __init__(self, arcs, other, nodes_sorted):
+        starts = _segment_starts(nodes_sorted)
+        self.arcs = arcs
+        self.other = other.tolist()
+        self.nodes = nodes_sorted[starts].tolist()
+        self.bounds = np.r_[starts, arcs.size].tolist()
+
+
+def _blocks(order: np.ndarray, level_key: np.ndarray, other: np.ndarray, node: np.ndarray,
+            vector_min: int) -> list:
+    """Split arcs (already sorted by level, then node) into wide `_Level`s and narrow `_Run`s."""
+    if order.size == 0:
+        return []
+    keys = level_key[order]
+    starts = _segment_starts(keys)
+    sizes = np.diff(np.r_[starts, order.size])
+    wide = sizes >= vector_min
+    # block boundaries: every wide level is its own block; consecutive narrow levels merge into one
+    new_block = wide | np.r_[True, wide[:-1]]
+    bstarts = starts[new_block]
+    bends = np.r_[bstarts[1:], order.size]
+    bwide = wide[new_block]
+    blocks = []
+    for a, b, is_wide in zip(bstarts.tolist(), bends.tolist(), bwide.tolist()):
+        arcs = order[a:b]
+        blocks.append((_Level if is_wide else _Run)(arcs, other[arcs], node[arcs]))
+    return blocks
+
+
 @dataclass
 class DagPlan:
-    """Graph-only precomputation: node levels and the two arc orders used by the recursions."""
+    """Graph-only precomputation: node levels and the blocks used by the two recursions."""
 
     num_nodes: int
     src: np.ndarray
     dst: np.ndarray
     level: np.ndarray           # longest hop distance from any root
-    fwd_order: np.ndarray       # arcs sorted by (level[dst], dst)
-    fwd_level_bounds: np.ndarray  # slice bounds into fwd_order per level (levels 1..max)
-    fwd_seg_starts: list        # per level: _Level (arcs, their tails, segment starts/ids, head nodes)
-    fwd_seg_nodes: list         # per level: the dst node of each segment
-    bwd_order: np.ndarray       # arcs sorted by (level[src] desc, src)
-    bwd_level_bounds: np.ndarray
-    bwd_seg_starts: list        # per level: _Level (arcs, their heads, segment starts/ids, tail nodes)
-    bwd_seg_nodes: list
+    fwd_blocks: list            # arcs by (level[dst], dst): _Level / _Run, swept in order
+    bwd_blocks: list            # arcs by (level[src] desc, src)
 
     @classmethod
-    def build(cls, num_nodes: int, src, dst) -> "DagPlan":
+    def build(cls, num_nodes: int, src, dst, *, vector_min_arcs: int = VECTOR_MIN_ARCS) -> "DagPlan":
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
         if src.shape != dst.shape or src.ndim != 1:
@@ -66,79 +102,86 @@ class DagPlan:
         if np.any(src >= dst):
             raise ValueError("nodes must be numbered in topological order (src < dst on every arc)")
         level = _levels(num_nodes, src, dst)
-        # forward: group arcs by head level, then head node
-        order = np.lexsort((dst, level[dst]))
-        fl = level[dst][order]
-        fwd_bounds = np.searchsorted(fl, np.arange(1, level.max(initial=0) + 2))
-        fwd_starts, fwd_nodes = [], []
-        d_sorted = dst[order]
-        for k in range(len(fwd_bounds) - 1):
-            a, b = fwd_bounds[k], fwd_bounds[k + 1]
-            st = _segment_starts(d_sorted[a:b])
-            fwd_starts.append(_Level(order[a:b], src[order[a:b]], st, d_sorted[a:b][st]))
-            fwd_nodes.append(d_sorted[a:b][st])
-        # backward: group arcs by tail level (descending), then tail node
         maxlev = level.max(initial=0)
-        border = np.lexsort((src, maxlev - level[src]))
-        bl = (maxlev - level[src])[border]
-        bwd_bounds = np.searchsorted(bl, np.arange(0, maxlev + 1))
-        bwd_bounds = np.r_[bwd_bounds, src.size]
-        bwd_starts, bwd_nodes = [], []
-        s_sorted = src[border]
-        for k in range(len(bwd_bounds) - 1):
-            a, b = bwd_bounds[k], bwd_bounds[k + 1]
-            st = _segment_starts(s_sorted[a:b])
-            bwd_starts.append(_Level(border[a:b], dst[border[a:b]], st, s_sorted[a:b][st]))
-            bwd_nodes.append(s_sorted[a:b][st])
-        return cls(num_nodes, src, dst, level, order, fwd_bounds, fwd_starts, fwd_nodes,
-                   border, bwd_bounds, bwd_starts, bwd_nodes)
+        fwd = np.lexsort((dst, level[dst]))
+        bwd = np.lexsort((src, maxlev - level[src]))
+        return cls(num_nodes, src, dst, level,
+                   _blocks(fwd, level[dst], src, dst, vector_min_arcs),
+                   _blocks(bwd, maxlev - level[src], dst, src, vector_min_arcs))
 
 
 def _levels(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Longest hop distance from a root, by vectorised Kahn rounds (one round per level)."""
+    """Longest hop distance from a root.
+
+    Vectorised Kahn rounds while the frontier is wide; once it narrows, the remaining nodes are finished
+    by one pass over their arcs in tail order (src < dst, so a tail's level is final when its arcs are
+    read). Each round costs O(frontier + its arcs), so the whole is linear in arcs for any depth.
+    """
     indeg = np.bincount(dst, minlength=num_nodes)
     out_order = np.argsort(src, kind="stable")
     out_ptr = np.r_[0, np.cumsum(np.bincount(src, minlength=num_nodes))]
     level = np.zeros(num_nodes, dtype=np.int64)
-    frontier = np.flatnonzero(indeg == 0)
+    done = np.zeros(num_nodes, dtype=bool)
     remaining = indeg.copy()
+    frontier = np.flatnonzero(indeg == 0)
     lev = 0
-    seen = frontier.size
-    while frontier.size:
+    while frontier.size >= 32:
         level[frontier] = lev
+        done[frontier] = True
         starts, ends = out_ptr[frontier], out_ptr[frontier + 1]
         cnt = ends - starts
-        if cnt.sum() == 0:
+        total = int(cnt.sum())
+        if total == 0:
+            frontier = frontier[:0]
             break
-        idx = np.repeat(starts - np.r_[0, np.cumsum(cnt)[:-1]], cnt) + np.arange(cnt.sum())
-        heads = dst[out_order[idx]]
-        dec = np.bincount(heads, minlength=num_nodes)
-        touched = np.flatnonzero(dec)
-        remaining[touched] -= dec[touched]
-        frontier = touched[remaining[touched] == 0]
-        seen += frontier.size
+        idx = np.repeat(starts - np.r_[0, np.cumsum(cnt)[:-1]], cnt) + np.arange(total)
+        tails_heads = dst[out_order[idx]]
+        if total * 8 >= num_nodes:          # a wide round: one dense count beats sorting
+            dec = np.bincount(tails_heads, minlength=num_nodes)
+            heads = np.flatnonzero(dec)
+            dec = dec[heads]
+        else:
+            heads, dec = np.unique(tails_heads, return_counts=True)
+        remaining[heads] -= dec
+        frontier = heads[remaining[heads] == 0]
         lev += 1
-    if seen != num_nodes:  # pragma: no cover - src<dst already excludes cycles
-        raise ValueError("graph has a cycle")
+    level[frontier] = lev
+    done[frontier] = True
+    if not done.all():
+        # finish sequentially: seed every open node from its finished tails, then relax in tail order
+        open_arcs = ~done[dst]
+        from_done = open_arcs & done[src]
+        np.maximum.at(level, dst[from_done], level[src[from_done]] + 1)
+        rest = np.flatnonzero(open_arcs & ~done[src])
+        rest = rest[np.argsort(src[rest], kind="stable")]
+        lv = level.tolist()
+        for u, v in zip(src[rest].tolist(), dst[rest].tolist()):
+            x = lv[u] + 1
+            if x > lv[v]:
+                lv[v] = x
+        level = np.asarray(lv, dtype=np.int64)
     return level
 
 
-def _lse_segments(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """log-sum-exp of each segment of x (segments start at `starts`), -inf safe."""
-    m = np.maximum.reduceat(x, starts)
-    m_safe = np.where(np.isfinite(m), m, 0.0)
-    seg_len = np.diff(np.r_[starts, x.size])
-    with np.errstate(invalid="ignore", under="ignore"):
-        s = np.add.reduceat(np.exp(x - np.repeat(m_safe, seg_len)), starts)
-    with np.errstate(divide="ignore"):
-        return np.where(np.isfinite(m), m_safe + np.log(s), m)
-
-
-def _sweep(levels, pot: np.ndarray, w: np.ndarray, hard: bool) -> np.ndarray:
-    """pot[node] = LSE (or max) over the level's arcs of pot[other end] + w; in place, level by level."""
+def _sweep(blocks, pot: np.ndarray, w: np.ndarray, hard: bool) -> np.ndarray:
+    """pot[node] = LSE (or max) over the block's arcs of pot[other end] + w; in place, block by block."""
+    exp, log, inf = math.exp, math.log, math.inf
     with np.errstate(invalid="ignore", under="ignore", divide="ignore"):
-        for lv in levels:
-            if lv.arcs.size == 0:
+        for lv in blocks:
+            if isinstance(lv, _Run):
+                wl = w[lv.arcs].tolist()
+                other, bounds = lv.other, lv.bounds
+                for i, node in enumerate(lv.nodes):
+                    lo, hi = bounds[i], bounds[i + 1]
+                    if hi - lo == 1:
+                        pot[node] = pot[other[lo]] + wl[lo]
+                        continue
+                    xs = [float(pot[other[k]]) + wl[k] for k in range(lo, hi)]
+                    m = max(xs)
+                    if hard or m == -inf:
+                        pot[node] = m
+                    else:
+                        pot[node] = m + log(sum(exp(x - m) for x in xs))
                 continue
             x = pot[lv.other] + w[lv.arcs]
             if lv.singleton:
@@ -159,14 +202,14 @@ def _forward(plan: DagPlan, w: np.ndarray, source: int, hard: bool) -> np.ndarra
     The source has no in-arcs (src < dst), so it is never overwritten."""
     alpha = np.full(plan.num_nodes, -np.inf)
     alpha[source] = 0.0
-    return _sweep(plan.fwd_seg_starts, alpha, w, hard)
+    return _sweep(plan.fwd_blocks, alpha, w, hard)
 
 
 def _backward(plan: DagPlan, w: np.ndarray, sink: int, hard: bool) -> np.ndarray:
     """gamma[u] = LSE (or max) over out-arcs of w_uv + gamma[v]; gamma[sink] = 0 (no out-arcs)."""
     gamma = np.full(plan.num_nodes, -np.inf)
     gamma[sink] = 0.0
-    return _sweep(plan.bwd_seg_starts, gamma, w, hard)
+    return _sweep(plan.bwd_blocks, gamma, w, hard)
 
 
 def check_unit_flow(num_nodes: int, src, dst, mu, source: int = 0, sink: int | None = None,

@@ -1,6 +1,7 @@
 """U_beta + gradient (arc marginals) on a 10^6-arc layered DAG. Goal: <= 1 s per evaluation.
 
     .venv/bin/python benchmarks/bench_critical_path.py [--layers 100 --width 100 --repeat 5]
+    .venv/bin/python benchmarks/bench_critical_path.py --layers 100000 --width 1     # deep: 10^5 levels
 
 Layered DAG: source -> layer 0 -> ... -> layer K-1 -> sink, complete bipartite between consecutive
 layers (width^2 arcs each), random lengths. Reports plan build (graph-only, cached across evaluations

@@ -136,3 +136,70 @@ def test_layered_dag_matches_generic_order():
     U2, mu2 = smoothed_critical_path(40, src[perm], dst[perm], ell[perm], 3.0)
     assert U1 == pytest.approx(U2, abs=1e-12)
     np.testing.assert_allclose(mu1[perm], mu2, atol=1e-13)
+
+
+def _hop_levels_brute(n, src, dst):
+    level = [0] * n
+    for v in range(n):                                  # nodes are in topological order
+        for u, w in zip(src, dst):
+            if w == v:
+                level[v] = max(level[v], level[u] + 1)
+    return level
+
+
+def _hourglass(rng, widths):
+    """Layers of the given widths, each node fed by 1..3 nodes of the previous layer; source and sink."""
+    layers, n = [[0]], 1
+    for w in widths:
+        layers.append(list(range(n, n + w)))
+        n += w
+    layers.append([n])
+    src, dst = [], []
+    for prev, cur in zip(layers, layers[1:]):
+        for v in cur:
+            for u in rng.choice(prev, size=min(len(prev), int(rng.integers(1, 4))), replace=False):
+                src.append(int(u)); dst.append(v)
+        for u in prev:                                  # every node keeps an out-arc
+            if u not in src:
+                src.append(u); dst.append(int(rng.choice(cur)))
+    return n + 1, np.array(src), np.array(dst)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_narrow_runs_and_wide_levels_agree(seed):
+    """A DAG that widens and narrows: node-by-node runs and numpy levels give the same values and marginals,
+    and the plan's levels equal longest hop distances by brute force."""
+    rng = np.random.default_rng(seed)
+    widths = [int(w) for w in rng.choice([1, 2, 60, 200], size=12)]
+    n, src, dst = _hourglass(rng, widths)
+    ell = rng.uniform(0, 1, src.size)
+    plans = {k: DagPlan.build(n, src, dst, vector_min_arcs=k) for k in (1, 48, 10**9)}
+    assert plans[48].level.tolist() == _hop_levels_brute(n, src.tolist(), dst.tolist())
+    for k, plan in plans.items():
+        assert plan.level.tolist() == plans[1].level.tolist(), k
+    for beta in (0.5, 20.0, np.inf):
+        ref_U, ref_mu = smoothed_critical_path(n, src, dst, ell, beta, plan=plans[1])
+        for k in (48, 10**9):
+            U, mu = smoothed_critical_path(n, src, dst, ell, beta, plan=plans[k])
+            assert U == pytest.approx(ref_U, rel=1e-12, abs=1e-12)
+            np.testing.assert_allclose(mu, ref_mu, rtol=1e-9, atol=1e-12)
+
+
+def test_deep_chain_levels_and_path():
+    """10^4 levels of a two-wide ladder: levels are exact and the hard path is the closed-form sum."""
+    depth = 10_000
+    n = 2 + 2 * depth
+    src, dst = [0, 0], [1, 2]
+    for k in range(depth - 1):
+        a, b = 1 + 2 * k, 2 + 2 * k
+        src += [a, a, b, b]
+        dst += [a + 2, b + 2, a + 2, b + 2]
+    src += [n - 3, n - 2]
+    dst += [n - 1, n - 1]
+    src, dst = np.array(src), np.array(dst)
+    ell = np.where(src % 2 == 1, 2.0, 1.0)             # arcs out of odd nodes are longer
+    plan = DagPlan.build(n, src, dst)
+    assert plan.level[n - 1] == depth + 1 and plan.level[n - 2] == depth
+    U, mu = longest_path(n, src, dst, ell, plan=plan)
+    assert U == 1.0 + 2.0 * depth                       # source arc, then always from an odd node
+    assert mu.sum() == depth + 1
