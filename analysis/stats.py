@@ -1,4 +1,4 @@
-"""Per-stage delay tables and summaries with bootstrap confidence intervals. Pure: DataFrames in, numbers out.
+"""Per-stage delay tables and summaries whose unit of replication is the cycle. Pure: DataFrames in, numbers out.
 
 Conventions:
 - A cycle's reference time is its earliest `ocs_command_sent`; its `ocs_command_completed` is the latest
@@ -6,11 +6,16 @@ Conventions:
 - Per port (host, port) the first event of each stage in a cycle counts (later repeats are flaps).
 - Delays are in the events' unit (ns); missing stages give NaN.
 - Stage-delay columns are named by stage; chain-duration columns are `chain_<name>` (CHAIN).
+- The ports of one cycle share one OCS draw: intervals treat the cycle, never the port, as the independent
+  unit (per-cycle means, one port per cycle for order statistics, resampling whole cycles).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 UP_STAGES = ("ocs_command_completed", "light_detected", "cdr_locked", "phy_up", "port_active", "first_packet")
 NIC_STAGES = ("light_detected", "cdr_locked", "phy_up", "port_active", "first_packet", "light_lost", "port_down")
@@ -81,45 +86,192 @@ def turnaround(events: pd.DataFrame) -> pd.Series:
     return per_cycle.dropna().rename("turnaround")
 
 
-def summarize(samples, rng_seed: int, *, n_resamples: int = 2000, confidence: float = 0.95) -> dict:
-    """n, mean, p50, p90, p99, max, and percentile-bootstrap CIs of the mean and the p99."""
+def _units(x: np.ndarray, cycles) -> np.ndarray | None:
+    """Cycle ids aligned with x (None: every sample is its own independent unit)."""
+    if cycles is None:
+        return None
+    c = np.asarray(cycles)
+    if c.shape != x.shape:
+        raise ValueError(f"cycles has shape {c.shape}, samples {x.shape}")
+    return c
+
+
+def cycle_means(samples, cycles) -> np.ndarray:
+    """One value per cycle: the mean of that cycle's finite samples (cycles without any are dropped)."""
     x = np.asarray(samples, dtype=float)
-    x = x[np.isfinite(x)]
-    n = int(x.size)
-    if n == 0:
-        nan = float("nan")
-        return {"n": 0, "mean": nan, "p50": nan, "p90": nan, "p99": nan, "max": nan,
-                "mean_ci95": [nan, nan], "p99_ci95": [nan, nan]}
-    p50, p90, p99 = np.quantile(x, [0.5, 0.9, 0.99])
-    rng = np.random.default_rng(rng_seed)
-    means = np.empty(n_resamples)
-    p99s = np.empty(n_resamples)
-    chunk = max(1, min(n_resamples, 4_000_000 // n))  # bound memory: chunk × n indices at a time
-    for start in range(0, n_resamples, chunk):
-        stop = min(n_resamples, start + chunk)
-        resampled = x[rng.integers(0, n, size=(stop - start, n))]
-        means[start:stop] = resampled.mean(axis=1)
-        p99s[start:stop] = np.quantile(resampled, 0.99, axis=1)
+    c = _units(x, cycles)
+    keep = np.isfinite(x)
+    return pd.Series(x[keep]).groupby(c[keep]).mean().to_numpy()
+
+
+def per_cycle(table: pd.DataFrame, column: str, how: str = "max") -> pd.Series:
+    """One value per cycle from a per-port table (stage_table): e.g. the slowest port's delay (`how="max"`).
+    NaN rows do not count; cycles without any value are dropped."""
+    return table[column].dropna().groupby(level="cycle").agg(how).rename(column)
+
+
+def one_per_cycle(samples, cycles, rng: np.random.Generator) -> np.ndarray:
+    """One sample drawn at random from each cycle: independent draws from the per-port (marginal)
+    distribution whatever the dependence between the ports of one cycle."""
+    x = np.asarray(samples, dtype=float)
+    c = _units(x, cycles)
+    keep = np.isfinite(x)
+    x, c = x[keep], c[keep]
+    order = np.argsort(c, kind="stable")
+    x, c = x[order], c[order]
+    starts = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
+    sizes = np.diff(np.r_[starts, len(c)])
+    return x[starts + (rng.random(len(starts)) * sizes).astype(int)]
+
+
+def cluster_bootstrap(samples, cycles, statistic, *, rng_seed: int, n_resamples: int = 2000,
+                      confidence: float = 0.95, method: str = "percentile") -> dict:
+    """Bootstrap that resamples whole cycles (a cluster bootstrap) through scipy.stats.bootstrap.
+
+    `statistic(values, cycle_index)` gets the pooled samples of the resampled cycles and, aligned with
+    them, the position of their cycle in the resample (0..k-1), and returns a float. The samples of one
+    cycle always travel together: ports sharing one OCS draw are never treated as independent.
+    Returns {"estimate", "ci": [low, high], "n_cycles"}.
+    """
+    x = np.asarray(samples, dtype=float)
+    c = _units(x, cycles)
+    keep = np.isfinite(x)
+    x, c = x[keep], c[keep]
+    ids, inverse = np.unique(c, return_inverse=True)
+    groups = [x[inverse == k] for k in range(len(ids))]
+
+    def on_cycles(picked):
+        chosen = [groups[int(k)] for k in picked]
+        values = np.concatenate(chosen) if chosen else np.array([])
+        index = np.repeat(np.arange(len(chosen)), [len(g) for g in chosen])
+        return float(statistic(values, index))
+
+    estimate = on_cycles(np.arange(len(ids)))
+    if len(ids) < 2:
+        return {"estimate": estimate, "ci": [float("nan")] * 2, "n_cycles": int(len(ids))}
+    res = stats.bootstrap((np.arange(len(ids)),), on_cycles, vectorized=False, n_resamples=n_resamples,
+                          confidence_level=confidence, method=method, random_state=np.random.default_rng(rng_seed))
+    ci = res.confidence_interval
+    return {"estimate": estimate, "ci": [float(ci.low), float(ci.high)], "n_cycles": int(len(ids))}
+
+
+def quantile_needs_n(p: float, confidence: float = 0.95) -> int:
+    """Smallest n for which a two-sided distribution-free (order-statistic) interval for the p-quantile
+    exists at `confidence`: the sample maximum must exceed the quantile with probability >= 1 - α/2."""
     tail = (1 - confidence) / 2
-    levels = [tail, 1 - tail]
-    return {"n": n, "mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99),
-            "max": float(x.max()),
-            "mean_ci95": [float(v) for v in np.quantile(means, levels)],
-            "p99_ci95": [float(v) for v in np.quantile(p99s, levels)]}
+    far = max(p, 1 - p)
+    return int(math.floor(math.log(tail) / math.log(far))) + 1
+
+
+def quantile_interval(units, p: float, confidence: float = 0.95) -> dict:
+    """Distribution-free interval for the p-quantile from independent units (scipy.stats.quantile_test's
+    order-statistic interval; coverage >= `confidence` for any continuous distribution).
+
+    Where n is too small for both ends, "ci" is None, "needs_n" says how many units would do and
+    "lower" / "upper" hold the one-sided bound at `confidence` that the data do support (else None).
+    """
+    x = np.asarray(units, dtype=float)
+    x = x[np.isfinite(x)]
+    out = {"ci": None, "lower": None, "upper": None, "needs_n": quantile_needs_n(p, confidence)}
+    if x.size == 0:
+        return out
+    if x.size >= out["needs_n"] and np.ptp(x) > 0:
+        ci = stats.quantile_test(x, q=float(np.median(x)), p=p).confidence_interval(confidence)
+        if np.isfinite(ci.low) and np.isfinite(ci.high):
+            out["ci"] = [float(ci.low), float(ci.high)]
+            return out
+    if np.ptp(x) == 0 and x.size >= out["needs_n"]:
+        out["ci"] = [float(x[0]), float(x[0])]
+        return out
+    for side, key, attr in (("greater", "lower", "low"), ("less", "upper", "high")):
+        bound = getattr(stats.quantile_test(x, q=float(np.median(x)), p=p, alternative=side)
+                        .confidence_interval(confidence), attr)
+        if np.isfinite(bound):
+            out[key] = float(bound)
+    return out
+
+
+def mean_interval(units, confidence: float = 0.95) -> list[float] | None:
+    """Student-t interval of the mean over independent units (per-cycle means when ports share a cycle);
+    None below 2 units. Its coverage is checked by benchmarks/coverage.py."""
+    x = np.asarray(units, dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size < 2:
+        return None
+    if np.ptp(x) == 0:
+        return [float(x[0]), float(x[0])]
+    ci = stats.ttest_1samp(x, 0.0).confidence_interval(confidence)
+    return [float(ci.low), float(ci.high)]
+
+
+def summarize(samples, rng_seed: int, *, cycles=None, confidence: float = 0.95) -> dict:
+    """n, n_cycles, mean, p50, p90, p99, max, and intervals whose unit is the cycle.
+
+    `cycles` (aligned with `samples`) says which cycle each sample came from; without it every sample is
+    one independent unit (a per-cycle quantity such as turnaround). The mean's interval is a t-interval over
+    per-cycle means; the p99's is an order-statistic interval over one port drawn per cycle (the ports of a
+    cycle share one OCS draw, so only cycles are independent). Where the cycles are too few for a two-sided
+    p99 interval, `p99_ci95` is None, `p99_needs_cycles` says how many would do and `p99_bound95` holds the
+    one-sided bounds the data support.
+    """
+    x = np.asarray(samples, dtype=float)
+    c = _units(x, cycles)
+    keep = np.isfinite(x)
+    x = x[keep]
+    n = int(x.size)
+    nan = float("nan")
+    if n == 0:
+        return {"n": 0, "n_cycles": 0, "mean": nan, "p50": nan, "p90": nan, "p99": nan, "max": nan,
+                "mean_ci95": None, "p99_ci95": None, "p99_needs_cycles": quantile_needs_n(0.99, confidence),
+                "p99_bound95": {"lower": None, "upper": None}}
+    if c is None:
+        units_mean = units_quantile = x
+    else:
+        c = c[keep]
+        units_mean = cycle_means(x, c)
+        units_quantile = one_per_cycle(x, c, np.random.default_rng(rng_seed))
+    p50, p90, p99 = np.quantile(x, [0.5, 0.9, 0.99])
+    q = quantile_interval(units_quantile, 0.99, confidence)
+    return {"n": n, "n_cycles": int(len(units_mean)), "mean": float(x.mean()), "p50": float(p50),
+            "p90": float(p90), "p99": float(p99), "max": float(x.max()),
+            "mean_ci95": mean_interval(units_mean, confidence), "p99_ci95": q["ci"],
+            "p99_needs_cycles": q["needs_n"], "p99_bound95": {"lower": q["lower"], "upper": q["upper"]}}
+
+
+def p99_interval_text(s: dict, unit: str = "", digits: int = 3) -> str:
+    """How a summary's p99 interval reads in a report: the interval, or what n it needs and the bound held."""
+    if s.get("p99_ci95") is not None:
+        lo, hi = s["p99_ci95"]
+        return f"{lo:.{digits}f}–{hi:.{digits}f}{unit}"
+    if not s.get("n"):
+        return "–"
+    text = f"p99 needs ≥ {s['p99_needs_cycles']} cycles"
+    lower = (s.get("p99_bound95") or {}).get("lower")
+    if lower is not None:
+        text += f"; p99 ≥ {lower:.{digits}f}{unit}"
+    return text
 
 
 def summarize_events(events: pd.DataFrame, rng_seed: int, *, scale: float = 1e-6) -> dict:
     """Summaries of every stage delay, chain duration, OCS switch time and turnaround.
 
-    `scale` converts event units to report units (default ns → ms).
+    Per-port rows are summarised with their cycles as the unit of replication; the OCS switch time and the
+    turnaround are per-cycle quantities, counted once per cycle. `scale` converts event units to report
+    units (default ns → ms).
     """
     table = stage_table(events)
+    cycles = table.index.get_level_values("cycle").to_numpy()
     out = {"unit_scale": scale, "stages": {}, "chain": {}}
+    per_cycle_ocs = ocs_switch_times(events)
     for i, stage in enumerate(UP_STAGES):
-        out["stages"][stage] = summarize(table[stage].to_numpy() * scale, rng_seed + i)
+        if stage == "ocs_command_completed":  # one value per cycle, not one per port
+            out["stages"][stage] = summarize(per_cycle_ocs.to_numpy() * scale, rng_seed + i)
+        else:
+            out["stages"][stage] = summarize(table[stage].to_numpy() * scale, rng_seed + i, cycles=cycles)
     for i, name in enumerate(CHAIN):
-        out["chain"][name] = summarize(table[f"chain_{name}"].to_numpy() * scale, rng_seed + 100 + i)
-    out["ocs_switch"] = summarize(ocs_switch_times(events).to_numpy() * scale, rng_seed + 200)
+        out["chain"][name] = summarize(table[f"chain_{name}"].to_numpy() * scale, rng_seed + 100 + i,
+                                       cycles=cycles)
+    out["ocs_switch"] = summarize(per_cycle_ocs.to_numpy() * scale, rng_seed + 200)
     out["turnaround"] = summarize(turnaround(events).to_numpy() * scale, rng_seed + 300)
     out["cycles"] = int(events["cycle"].nunique()) if len(events) else 0
     return out

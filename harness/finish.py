@@ -122,6 +122,8 @@ def console_summary(ctx, record: rec.RunRecord) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from analysis.stats import p99_interval_text
+
     console = Console(stderr=True, highlight=False)
     summary = record.summary
     delays = summary.get("delays_ms")
@@ -134,7 +136,7 @@ def console_summary(ctx, record: rec.RunRecord) -> None:
         for name, s in rows:
             if s["n"]:
                 table.add_row(name, str(s["n"]), f"{s['mean']:.3f}", f"{s['p50']:.3f}", f"{s['p99']:.3f}",
-                              f"{s['p99_ci95'][0]:.3f}–{s['p99_ci95'][1]:.3f}")
+                              p99_interval_text(s))
         console.print(table)
     accuracy = {r["stage"]: r for r in summary.get("accuracy", ())}
     if "all" in accuracy:

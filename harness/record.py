@@ -165,6 +165,8 @@ def _fmt(v: Any) -> str:
 
 def summary_markdown(summary: Mapping, title: str = "Run summary") -> str:
     """A markdown table from analysis.stats.summarize_events output (times in ms)."""
+    from analysis.stats import p99_interval_text
+
     rows: list[tuple[str, Mapping]] = []
     for key, label in _SUMMARY_ROWS:
         if key in summary:
@@ -177,12 +179,12 @@ def summary_markdown(summary: Mapping, title: str = "Run summary") -> str:
     lines = [f"# {title}", ""]
     if "cycles" in summary:
         lines += [f"Cycles: {summary['cycles']}", ""]
-    lines += [f"| delay ({unit}) | n | mean | p50 | p90 | p99 | max | mean 95% CI | p99 95% CI |",
-              "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines += [f"| delay ({unit}) | n | cycles | mean | p50 | p90 | p99 | max | mean 95% CI | p99 95% CI |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for label, s in rows:
-        lines.append(f"| {label} | {_fmt(s.get('n'))} | {_fmt(s.get('mean'))} | {_fmt(s.get('p50'))} | "
+        lines.append(f"| {label} | {_fmt(s.get('n'))} | {_fmt(s.get('n_cycles'))} | {_fmt(s.get('mean'))} | {_fmt(s.get('p50'))} | "
                      f"{_fmt(s.get('p90'))} | {_fmt(s.get('p99'))} | {_fmt(s.get('max'))} | "
-                     f"{_fmt(s.get('mean_ci95'))} | {_fmt(s.get('p99_ci95'))} |")
+                     f"{_fmt(s.get('mean_ci95'))} | {p99_interval_text(s, digits=4) if s.get('n') else '–'} |")
     return "\n".join(lines) + "\n"
 
 

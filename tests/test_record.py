@@ -83,8 +83,10 @@ def test_summary_markdown_table():
     lines = [l for l in text.splitlines() if l.startswith("| turnaround")]
     assert len(lines) == 1
     cells = [c.strip() for c in lines[0].split("|")[1:-1]]
-    assert cells[1] == "4" and float(cells[2]) == pytest.approx(5722.5) and float(cells[6]) == pytest.approx(5724)
-    assert "| chain: phy_up | 4 |" in text and "Cycles: 4" in text
+    assert cells[1] == "4" and cells[2] == "4" and float(cells[3]) == pytest.approx(5722.5)
+    assert float(cells[7]) == pytest.approx(5724)
+    assert cells[9].startswith("p99 needs ≥ 368 cycles")  # 4 cycles support no two-sided p99 interval
+    assert "| chain: phy_up | 4 | 4 |" in text and "Cycles: 4" in text
 
 
 def test_record_is_immutable_and_writers_run(tmp_path, monkeypatch):

@@ -7,7 +7,9 @@ import pytest
 import scipy.stats
 from hypothesis import given, settings, strategies as st
 
-from analysis.stats import CHAIN, UP_STAGES, ocs_switch_times, stage_table, summarize, summarize_events, turnaround
+from analysis.stats import (CHAIN, UP_STAGES, cluster_bootstrap, ocs_switch_times, p99_interval_text, per_cycle,
+                            quantile_needs_n, stage_table, summarize, summarize_events, turnaround)
+from harness.record import summary_markdown
 
 
 def synthetic_events(rng, cycles=5, ports=(("gpu1", "p0"), ("gpu1", "p1"), ("gpu2", "p0")), drop=0.0):
@@ -71,34 +73,133 @@ def test_empty_events():
     assert summarize_events(events, 0)["turnaround"]["n"] == 0
 
 
-def test_summarize_against_numpy_and_scipy_bootstrap():
+def test_summarize_against_numpy_and_scipy():
     rng = np.random.default_rng(3)
     x = rng.lognormal(3.0, 0.4, size=400)
     s = summarize(np.append(x, np.nan), rng_seed=11)
-    assert s["n"] == 400 and s["max"] == x.max() and s["mean"] == pytest.approx(x.mean())
+    assert s["n"] == s["n_cycles"] == 400 and s["max"] == x.max() and s["mean"] == pytest.approx(x.mean())
     assert [s["p50"], s["p90"], s["p99"]] == pytest.approx(np.quantile(x, [0.5, 0.9, 0.99]).tolist())
-    ref = scipy.stats.bootstrap((x,), np.mean, n_resamples=4000, method="percentile", random_state=5)
-    lo, hi = s["mean_ci95"]
-    assert lo == pytest.approx(ref.confidence_interval.low, rel=0.01)
-    assert hi == pytest.approx(ref.confidence_interval.high, rel=0.01)
-    ref99 = scipy.stats.bootstrap((x,), lambda v, axis: np.quantile(v, 0.99, axis=axis), n_resamples=4000,
-                                  method="percentile", random_state=5)
-    assert s["p99_ci95"][0] == pytest.approx(ref99.confidence_interval.low, rel=0.05)
-    assert s["p99_ci95"][1] == pytest.approx(ref99.confidence_interval.high, rel=0.05)
+    ref = scipy.stats.ttest_1samp(x, 0.0).confidence_interval(0.95)
+    assert s["mean_ci95"] == pytest.approx([ref.low, ref.high])
+    lo, hi = s["p99_ci95"]
+    assert [lo, hi] == order_statistic_interval(x, 0.99, 0.95)
     assert summarize(x, rng_seed=11) == s  # seeded: reproducible
 
 
-def test_mean_ci_coverage_is_near_nominal():
+def order_statistic_interval(x, p, confidence):
+    """Brute force: the equal-tailed ranks (1-based) whose binomial tails each stay below α/2."""
+    n, tail = len(x), (1 - confidence) / 2
+    xs = np.sort(x)
+    cdf = scipy.stats.binom.cdf(np.arange(n + 1), n, p)  # P(#below the quantile <= k)
+    r = max(k for k in range(1, n + 1) if cdf[k - 1] <= tail)  # P(X_(r) > q) <= α/2
+    s = min(k for k in range(1, n + 1) if 1 - cdf[k - 1] <= tail)  # P(X_(s) < q) <= α/2
+    return [float(xs[r - 1]), float(xs[s - 1])]
+
+
+def test_p99_needs_368_units_for_a_two_sided_95_interval():
+    assert quantile_needs_n(0.99) == 368 and quantile_needs_n(0.5) == 6
+    rng = np.random.default_rng(0)
+    for p, n, supported in ((0.99, 367, False), (0.99, 368, True), (0.5, 5, False), (0.5, 6, True)):
+        ci = scipy.stats.quantile_test(rng.normal(size=n), p=p).confidence_interval(0.95)
+        assert (np.isfinite(ci.high) and np.isfinite(ci.low)) == supported, (p, n)
+    # exact coverage of the order-statistic interval at n = 400 is at least nominal and not far above
+    n, tail = 400, 0.025
+    cdf = scipy.stats.binom.cdf(np.arange(n + 1), n, 0.99)
+    r = max(k for k in range(1, n + 1) if cdf[k - 1] <= tail)
+    s_ = min(k for k in range(1, n + 1) if 1 - cdf[k - 1] <= tail)
+    coverage = cdf[s_ - 1] - cdf[r - 1]
+    assert 0.95 <= coverage <= 0.98
+
+
+@pytest.mark.parametrize("n", [2, 10, 80, 367])
+def test_no_p99_interval_where_n_cannot_support_it(n):
+    x = np.random.default_rng(n).lognormal(3.0, 0.4, size=n)
+    s = summarize(x, rng_seed=0)
+    assert s["p99_ci95"] is None and s["p99_needs_cycles"] == 368
+    # the one-sided lower bound the data do support: the largest order statistic whose
+    # P(X_(r) > q99) = P(Bin(n, 0.99) < r) stays <= 5 %
+    cdf = scipy.stats.binom.cdf(np.arange(n + 1), n, 0.99)
+    r = max(k for k in range(1, n + 1) if cdf[k - 1] <= 0.05)
+    assert s["p99_bound95"]["lower"] == np.sort(x)[r - 1]
+    text = p99_interval_text(s)
+    assert text.startswith("p99 needs ≥ 368 cycles; p99 ≥ ") and "–" not in text
+    assert "p99 needs ≥ 368 cycles" in summary_markdown({"turnaround": s})
+
+
+def test_p99_interval_counts_cycles_not_ports():
+    """400 per-port samples from 50 cycles are 50 independent units: no p99 interval."""
+    rng = np.random.default_rng(1)
+    cycles = np.repeat(np.arange(50), 8)
+    x = np.repeat(rng.normal(50, 7, 50), 8) + rng.normal(0, 0.1, 400)
+    s = summarize(x, rng_seed=0, cycles=cycles)
+    assert s["n"] == 400 and s["n_cycles"] == 50 and s["p99_ci95"] is None
+    assert summarize(x, rng_seed=0)["p99_ci95"] is not None  # the i.i.d. reading would print one
+
+
+def test_mean_interval_is_over_cycle_means():
+    rng = np.random.default_rng(2)
+    cycles = np.repeat(np.arange(10), 8)
+    x = np.repeat(rng.normal(50, 7, 10), 8) + rng.normal(0, 0.1, 80)
+    s = summarize(x, rng_seed=0, cycles=cycles)
+    ref = scipy.stats.ttest_1samp(x.reshape(10, 8).mean(axis=1), 0.0).confidence_interval(0.95)
+    assert s["mean_ci95"] == pytest.approx([ref.low, ref.high])
+    naive = scipy.stats.ttest_1samp(x, 0.0).confidence_interval(0.95)
+    assert (ref.high - ref.low) > 2.5 * (naive.high - naive.low)  # pseudo-replication would be this narrow
+
+
+def test_cluster_bootstrap_keeps_each_cycle_whole():
+    """Every resample holds whole cycles: a cycle's 8 port samples never split or mix."""
+    cycles = np.repeat(np.arange(12), 8)
+    x = cycles * 10.0 + np.tile(np.arange(8), 12) / 100  # cycle k: k*10 + port/100
+    seen = []
+
+    def statistic(values, index):
+        for k in range(index.max() + 1):
+            group = values[index == k]
+            assert len(group) == 8 and np.ptp(np.floor(group / 10)) == 0
+            assert sorted(np.round(group % 10, 2)) == [p / 100 for p in range(8)]
+        seen.append(len(values))
+        return values.mean()
+
+    out = cluster_bootstrap(x, cycles, statistic, rng_seed=0, n_resamples=50)
+    assert out["n_cycles"] == 12 and out["estimate"] == pytest.approx(x.mean())
+    assert out["ci"][0] < x.mean() < out["ci"][1] and set(seen) == {96}
+
+
+def test_cluster_bootstrap_matches_scipy_on_cycle_means():
+    """With equal cycle sizes, resampling whole cycles for the pooled mean is the bootstrap of cycle means."""
+    rng = np.random.default_rng(5)
+    cycles = np.repeat(np.arange(30), 4)
+    x = np.repeat(rng.normal(0, 1, 30), 4) + rng.normal(0, 0.2, 120)
+    out = cluster_bootstrap(x, cycles, lambda v, i: v.mean(), rng_seed=7, n_resamples=999)
+    ref = scipy.stats.bootstrap((x.reshape(30, 4).mean(axis=1),), np.mean, n_resamples=999, method="percentile",
+                                random_state=np.random.default_rng(7)).confidence_interval
+    assert out["ci"] == pytest.approx([ref.low, ref.high])
+
+
+def test_mean_ci_coverage_is_near_nominal_for_clustered_data():
     rng = np.random.default_rng(4)
-    true_mean = np.exp(1.0 + 0.5**2 / 2)
     hits = 0
-    for i in range(200):
-        lo, hi = summarize(rng.lognormal(1.0, 0.5, size=80), rng_seed=i, n_resamples=500)["mean_ci95"]
-        hits += lo <= true_mean <= hi
-    assert 0.88 <= hits / 200 <= 0.99
+    for i in range(400):
+        shared = rng.normal(50, 7, 10)
+        x = np.repeat(shared, 8) + rng.normal(0, 1, 80)
+        lo, hi = summarize(x, rng_seed=i, cycles=np.repeat(np.arange(10), 8))["mean_ci95"]
+        hits += lo <= 50 <= hi
+    assert 0.92 <= hits / 400 <= 0.98
+
+
+def test_per_cycle_quantities_count_once_per_cycle():
+    rng = np.random.default_rng(9)
+    events, _, _ = synthetic_events(rng, cycles=4)
+    out = summarize_events(events, 0)
+    assert out["stages"]["ocs_command_completed"]["n"] == 4 and out["ocs_switch"]["n"] == 4
+    assert out["stages"]["light_detected"]["n"] == 12 and out["stages"]["light_detected"]["n_cycles"] == 4
+    table = stage_table(events)
+    assert per_cycle(table, "first_packet").to_numpy() == pytest.approx(turnaround(events).to_numpy())
 
 
 def test_summarize_small_inputs():
     assert summarize([], 0)["n"] == 0 and np.isnan(summarize([], 0)["mean"])
     one = summarize([5.0], 0)
-    assert one["mean_ci95"] == [5.0, 5.0] and one["p99"] == 5.0
+    assert one["mean_ci95"] is None and one["p99"] == 5.0 and one["p99_ci95"] is None
+    assert summarize([5.0, 5.0], 0)["mean_ci95"] == [5.0, 5.0]
