@@ -473,6 +473,12 @@ class StepType:
     name: str
     schema: dict[str, tuple]
     impl: Any = None
+    # resume_point(run_dir, step, last_logged_cycle) -> cycles already done; None: the step reruns whole
+    resume_point: Any = None
+
+
+class RegistrationError(TypeError):
+    """A step type registered twice (two modules would silently fight over one name)."""
 
 
 STEP_TYPES: dict[str, StepType] = {}
@@ -481,23 +487,28 @@ PLAYBOOK_OPTIONS: dict[str, tuple] = {}
 
 
 def register_step(type_name: str, schema: Mapping[str, tuple] | None = None,
-                  registry: dict[str, StepType] | None = None):
+                  registry: dict[str, StepType] | None = None, *, resume_point=None):
     """Declare a step type and its params {param: (type, default | REQUIRED)}.
 
     Registers at once; the returned decorator attaches the implementation:
-    `@register_step("ocs_apply", {"mapping": (dict, REQUIRED)})` above a function or class.
+    `@register_step("ocs_apply", {"mapping": (dict, REQUIRED)})` above a function or class. A name already
+    registered is refused (RegistrationError). `resume_point`: see StepType.
     """
     registry = STEP_TYPES if registry is None else registry
+    if type_name in registry:
+        raise RegistrationError(f"step type {type_name!r} is already registered")
     schema = dict(schema or {})
     for param, spec in schema.items():
         if not isinstance(spec, tuple) or len(spec) < 2:
             raise TypeError(f"step {type_name}: schema for {param!r} must be (type, default|REQUIRED)")
         if param in ("type", "name"):
             raise TypeError(f"step {type_name}: 'type' and 'name' are reserved step keys")
-    registry[type_name] = StepType(type_name, schema)
+    registry[type_name] = StepType(type_name, schema, resume_point=resume_point)
 
     def attach(impl):
-        registry[type_name] = StepType(type_name, schema, impl)
+        if registry[type_name].impl is not None:
+            raise RegistrationError(f"step type {type_name!r} already has an implementation")
+        registry[type_name] = StepType(type_name, schema, impl, resume_point)
         return impl
 
     return attach

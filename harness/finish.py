@@ -21,7 +21,7 @@ def truth_frame(ctx) -> pd.DataFrame | None:
         return None
     from analysis.accuracy import assign_cycles
 
-    starts = [tuple(w) for r in ctx.results.values() for w in r.data.get("truth_windows", [])]
+    starts = [tuple(w) for r in ctx.results.values() for w in r.truth_windows]
     raw = pd.DataFrame(ctx.emulated.ground_truth(), columns=["t_ns", "stage", "host", "port", "ocs_port"])
     if ctx.emulated.netns is not None:
         # Real frames cross the namespaces: the physics' modelled first packet is not the truth there.
@@ -55,8 +55,8 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
         if len(matched):
             summary["accuracy"] = accuracy_table(matched).to_dict(orient="records")
     for name, r in ctx.results.items():
-        if r.data.get("summary"):
-            summary.setdefault("results", {})[name] = r.data["summary"]
+        if r.summary:
+            summary.setdefault("results", {})[name] = r.summary
     return summary
 
 
@@ -89,10 +89,8 @@ def write_markdown(ctx, summary: dict):
 
 
 def write_cycles(ctx) -> None:
-    """Per-cycle bookkeeping of turnaround steps (harness clock): begin, command sent/completed, done."""
-    rows = [{"step": name, **{k: v for k, v in c.items() if k in ("cycle", "status", "begin_ns", "sent_ns",
-                                                                  "completed_ns", "done_ns")}}
-            for name, r in ctx.results.items() for c in r.data.get("cycles", [])]
+    """Per-cycle bookkeeping of measuring steps (harness clock): begin, command sent/completed, done."""
+    rows = [{"step": name, **c.row()} for name, r in ctx.results.items() for c in r.cycles]
     if rows:
         pd.DataFrame(rows).to_parquet(ctx.run_dir / "cycles.parquet", index=False)
 

@@ -29,7 +29,7 @@ from harness.config import Playbook, load_inventory, load_playbook
 from harness.errors import InputError
 from harness.eventlog import EventLog
 from harness.events import Event
-from harness.steps import StepResult
+from harness.steps import StepOutcome
 
 BENCH_KINDS = ("emulated:PROFILE", "emulated-netns:PROFILE", "INVENTORY.yaml")
 
@@ -70,11 +70,12 @@ class RunContext:
     emulated: Any = None  # EmulatedBench when the bench is emulated
     dry_run: bool = False
     quiet: bool = False
-    results: dict[str, StepResult] = field(default_factory=dict)
+    results: dict[str, StepOutcome] = field(default_factory=dict)
     resume_after: dict[str, int] = field(default_factory=dict)  # step name -> last cycle already logged
     manifest_extra: dict[str, Any] = field(default_factory=dict)
     broken: str | None = None  # set by a step on an unrecoverable fault: the rest of the run is skipped
     lease: Any = None  # harness.lock.BenchLease on a real bench
+    guards: dict[str, Any] = field(default_factory=dict)  # OCS name -> harness.bench.circuits.CircuitGuard
     _switches: dict[str, CircuitSwitch] = field(default_factory=dict)
     _sessions: dict[str, Any] = field(default_factory=dict)
 
@@ -208,8 +209,7 @@ def _run(options: RunOptions, playbook: Playbook, seed: int, cycles: int, bench_
         try:
             for step in playbook.steps:
                 if ctx.broken:
-                    ctx.results[step.name] = StepResult(ok=False, data={"skipped": True}, checks=[
-                        {"name": "skipped: the bench is latched broken", "ok": False, "detail": ctx.broken}])
+                    ctx.results[step.name] = StepOutcome.skipped(ctx.broken)
                     continue
                 impl = _step_impl(step.type)
                 ctx.say(f"step [cyan]{step.name}[/] ({step.type})")
@@ -283,7 +283,7 @@ def _acquire_lease(bench_spec: str, run_id: str, options: RunOptions):
 
 
 def _logged_cycles(run_dir: Path, playbook: Playbook) -> dict[str, int]:
-    """The last complete cycle in the log. Each cycle is written and fsynced whole, so only a log whose
+    """Where each resumable step continues: its `resume_point` given the last complete cycle in the log. Each cycle is written and fsynced whole, so only a log whose
     tail was torn by a crash can hold a partial cycle: its lines move to events.incomplete.jsonl (kept,
     not lost) and that cycle is measured again."""
     log_path = run_dir / "events.jsonl"
@@ -301,7 +301,10 @@ def _logged_cycles(run_dir: Path, playbook: Playbook) -> dict[str, int]:
                 f.write(b"\n".join(partial) + b"\n")
             rec.write_text_atomic(log_path, b"".join(ln + b"\n" for ln in keep).decode())
             last -= 1
-    return {s.name: max(0, last) for s in playbook.steps if s.type == "turnaround"}
+    from harness.config import STEP_TYPES
+
+    return {s.name: STEP_TYPES[s.type].resume_point(run_dir, s, max(0, last)) for s in playbook.steps
+            if STEP_TYPES[s.type].resume_point is not None}
 
 
 def _profile_record(profile) -> dict:

@@ -7,7 +7,7 @@ import pytest
 
 from harness import config
 from harness.cli import main
-from harness.config import REQUIRED, StepType, load_inventory, load_playbook, load_yaml, register_step
+from harness.config import REQUIRED, RegistrationError, StepType, load_inventory, load_playbook, load_yaml, register_step
 from harness.errors import InputError
 
 INVENTORY = """\
@@ -231,6 +231,16 @@ def test_register_step_rejects_bad_schema():
         register_step("x", {"a": int}, registry={})
     with pytest.raises(TypeError):
         register_step("x", {"name": (str, "")}, registry={})
+
+
+def test_duplicate_step_registration_is_refused(registry):
+    with pytest.raises(RegistrationError, match="'wait' is already registered"):
+        register_step("wait", {"seconds": (float, 1.0)}, registry=registry)
+    attach = register_step("nap", {}, registry=registry)
+    attach(lambda ctx, step: None)
+    with pytest.raises(RegistrationError, match="already has an implementation"):
+        attach(lambda ctx, step: None)
+    assert registry["wait"].schema == {"seconds": (float, REQUIRED)}  # the first registration stands
 
 
 def test_validate_command(tmp_path, capsys, monkeypatch):

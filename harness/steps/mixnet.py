@@ -120,5 +120,5 @@ def mixnet_verdict(ctx, step) -> StepResult:
     checks = [{"name": f"claim {c['id']} not falsified", "ok": c["verdict"] != "falsified",
                "detail": c["verdict"]} for c in verdict["claims"]] if p["fail_on_falsified"] else []
     return StepResult(ok=not (falsified and p["fail_on_falsified"]), checks=checks, summary_md=md,
-                      data={"summary": {c["id"]: c["verdict"] for c in verdict["claims"]},
-                            "break_even_ms": verdict["break_even_ms"]})
+                      summary={c["id"]: c["verdict"] for c in verdict["claims"]},
+                      data={"break_even_ms": verdict["break_even_ms"]})

@@ -439,7 +439,7 @@ class MoeTrafficRun:
                    "detail": failure or f"{len(frame)}/{len(phases)} phases"},
                   {"name": "links up after every reconfiguration", "ok": all(r["links_up"] for r in reconfigurations),
                    "detail": f"{sum(r['links_up'] for r in reconfigurations)}/{len(reconfigurations)}"}]
-        return StepResult(ok=all(c["ok"] for c in checks), data={"summary": summary}, checks=checks,
+        return StepResult(ok=all(c["ok"] for c in checks), summary=summary, checks=checks,
                           summary_md=markdown(step.name, summary, frame))
 
 

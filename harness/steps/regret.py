@@ -134,5 +134,5 @@ def regret(ctx, step) -> StepResult:
                f"{result['slope_offline']:.2f} (vs offline optimum); theory: 0.5.", "",
            f"![regret vs C]({plot.name})", ""]
     return StepResult(ok=True, summary_md="\n".join(md),
-                      data={"summary": {"slope_static": result["slope_static"],
-                                        "slope_offline": result["slope_offline"]}})
+                      summary={"slope_static": result["slope_static"],
+                               "slope_offline": result["slope_offline"]})

@@ -423,5 +423,5 @@ def _result(step, summary: dict, label: str, endpoint: str, records: pd.DataFram
     checks = [{"name": "every request has a record", "ok": bool(complete),
                "detail": f"{summary['recorded']} records for {n} requests ({summary['ok']} ok, "
                          f"{summary['failed']} failed, {summary['timeout']} timed out)"}]
-    return StepResult(ok=bool(complete), data={"summary": summary}, checks=checks,
+    return StepResult(ok=bool(complete), summary=summary, checks=checks,
                       summary_md=summary_markdown(step.name, summary, label, endpoint))

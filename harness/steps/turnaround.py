@@ -19,7 +19,7 @@ import re
 import shlex
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -30,7 +30,7 @@ from harness.errors import InputError
 from harness.events import Event
 from harness.hostsession import HostSession, Observation
 from harness.patterns import cycle_mappings, ocs_mapping, sources
-from harness.steps import StepResult
+from harness.steps import CycleOutcome, StepOutcome, resume_after_logged
 
 # (watch field, value) -> stage. rx_los/rx_lol come from `ethtool -m`, carrier from sysfs, state from the
 # RDMA port; operstate stands in for state on a NIC without an RDMA device.
@@ -90,19 +90,6 @@ class _PortInfo:
     ocs: str
     tx: int
     rx: int
-
-
-@dataclass
-class CycleOutcome:
-    cycle: int
-    status: str  # ok | faulted
-    begin_ns: int
-    sent_ns: int
-    completed_ns: int
-    done_ns: int
-    affected: list[str]
-    missing: dict[str, list[str]] = field(default_factory=dict)
-    causes: list[str] = field(default_factory=list)  # every fault source recorded for this cycle
 
 
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
@@ -319,8 +306,7 @@ class TurnaroundRun:
         rng = ctx.rng(f"turnaround:{self.step.name}")
         self.fault_plan = self._plan_faults(ctx.rng(f"faults:{self.step.name}"))
         if getattr(ctx, "broken", None):
-            return StepResult(ok=False, data={"skipped": True}, checks=[
-                {"name": "skipped: the bench is latched broken", "ok": False, "detail": ctx.broken}])
+            return StepOutcome.skipped(ctx.broken)
         self.setup()
         self.injector = None
         if self.fault_plan and not ctx.dry_run:
@@ -364,8 +350,7 @@ class TurnaroundRun:
                 if p["settle_s"] > 0:
                     threading.Event().wait(p["settle_s"])
         ok = all(o.status == "ok" for o in self.outcomes) and not self.skipped
-        data = {"cycles": [o.__dict__ for o in self.outcomes], "ports": keys, "ocs": self.ocs,
-                "truth_windows": self.truth_windows, "skipped_cycles": self.skipped,
+        data = {"ports": keys, "ocs": self.ocs, "skipped_cycles": self.skipped,
                 "faults_injected": self.injector.fired if self.injector else []}
         checks = [{"name": "all cycles completed", "ok": ok,
                    "detail": f"{sum(o.status == 'ok' for o in self.outcomes)}/{len(self.outcomes)} ok"
@@ -374,7 +359,8 @@ class TurnaroundRun:
             checks.append({"name": "bench usable", "ok": False, "detail": ctx.broken})
         if self.injector is not None:
             ctx.manifest_extra.setdefault("faults_injected", {})[self.step.name] = self.injector.fired
-        return StepResult(ok=ok, data=data, checks=checks)
+        return StepOutcome(ok=ok, checks=checks, cycles=list(self.outcomes), truth_windows=self.truth_windows,
+                           data=data)
 
     def _event(self, cycle: int, stage: str, t_ns: int, *, host: str = "", device: str = "", port: str = "",
                ocs_port: int = 0, offset_ns: int = 0, uncertainty_ns: int = 0, source: str = "") -> Event:
@@ -494,7 +480,7 @@ class TurnaroundRun:
             ctx.record(events)
             ctx.log.flush()  # durable before the next cycle starts
         return CycleOutcome(cycle, "faulted" if sources_ else "ok", begin, first_sent, timing.completed_ns,
-                            done, affected, missing, sources_)
+                            done, tuple(affected), missing, tuple(sources_))
 
     def _arm(self, cycle: int, faults: list) -> None:
         self.injector.arm(cycle, faults)
@@ -524,8 +510,8 @@ class TurnaroundRun:
             self.ctx.record(events)
             self.ctx.log.flush()
         return CycleOutcome(cycle, "faulted", begin, first_sent or begin,
-                            timing.completed_ns if timing else done, done, affected, {},
-                            [e.source for e in events if e.stage == "fault"])
+                            timing.completed_ns if timing else done, done, tuple(affected), {},
+                            tuple(e.source for e in events if e.stage == "fault"))
 
     def _check_clocks(self, steps_before: dict[str, int], causes: list[tuple[str, str]]) -> None:
         """Probe every host's clock now, so a step during the cycle is caught before its events are
@@ -597,16 +583,15 @@ def _where(node, step, key=None) -> tuple[str | None, int | None]:
     return step.file, step.line
 
 
-@register_step("turnaround", SCHEMA)
-def turnaround(ctx, step) -> StepResult:
+@register_step("turnaround", SCHEMA, resume_point=resume_after_logged)
+def turnaround(ctx, step) -> StepOutcome:
     run = TurnaroundRun(ctx, step)
     try:
         result = run.run()
     except BaseException:
         # The run stops (disk full, signal, ...): leave what was measured for the record and ground truth.
-        ctx.results[step.name] = StepResult(ok=False, data={
-            "cycles": [o.__dict__ for o in run.outcomes], "truth_windows": run.truth_windows,
-            "faults_injected": run.injector.fired if run.injector else []})
+        ctx.results[step.name] = StepOutcome(ok=False, cycles=list(run.outcomes), truth_windows=run.truth_windows,
+                                             data={"faults_injected": run.injector.fired if run.injector else []})
         if run.injector is not None:
             ctx.manifest_extra.setdefault("faults_injected", {})[step.name] = run.injector.fired
         raise
