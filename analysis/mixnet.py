@@ -2,8 +2,8 @@
 
 Spec: algorithms.md §6. Units: bytes, bytes/s, seconds. Pure numpy/scipy; no I/O.
 
-- `greedy_circuits`: the paper's Algorithm 1 with a lazy max-heap (`code_compat=True` reproduces the
-  released simulator's repeated division); `exact_circuits`: MILP (HiGHS) or brute force; `greedy_gap_report`.
+- `greedy_circuits`: the paper's Algorithm 1, one walk over the pairs sorted by T plus a re-insertion
+  heap (`code_compat=True` reproduces the released simulator's repeated division); `exact_circuits`: MILP (HiGHS) or brute force; `greedy_gap_report`.
 - `all_to_all_time`: dedicated circuits for paired servers, the rest over each server's EPS NICs;
   `hybrid_all_to_all_time`: paired servers may also spill onto the EPS.
 - `moe_dispatch_bytes` / `server_demand`: the regional demand matrix of one MoE layer and micro-batch.
@@ -128,25 +128,36 @@ def greedy_circuits(demand, ports_per_server, b_ocs: float, b_eps, code_compat: 
     if method != "heap":
         raise MixnetInputError(f"unknown method {method!r}")
 
-    # lazy max-heap over pairs i<j: entries (-T, i, j, version); stale or exhausted entries are skipped
+    # Pairs i<j in descending (T, then lowest (i, j)) order, walked once; a pair that got a circuit goes back,
+    # with its smaller T, into a small heap of (-T, i, j). The next pick is the better of the two heads, so
+    # the order is exactly Algorithm 1's; pairs whose ends are full are skipped as the walk reaches them.
     iu, ju = np.triu_indices(n, 1)
-    vals = t0[iu, ju]
     live = (pair[iu, ju] > 0) & (free[iu] > 0) & (free[ju] > 0)
-    heap = [(-float(v), int(i), int(j), 0) for v, i, j in zip(vals[live], iu[live], ju[live])]
-    heapq.heapify(heap)
-    version = np.zeros((n, n), dtype=np.int64)
-    while heap:
-        neg_t, i, j, ver = heapq.heappop(heap)
-        if ver != version[i, j] or free[i] == 0 or free[j] == 0:
-            continue
+    iu, ju = iu[live], ju[live]
+    neg = -t0[iu, ju]
+    order = np.lexsort((ju, iu, neg))
+    walk_t, walk_i, walk_j = neg[order].tolist(), iu[order].tolist(), ju[order].tolist()
+    left = free.tolist()
+    again: list[tuple[float, int, int]] = []
+    p, end = 0, len(walk_t)
+    while True:
+        while p < end and (left[walk_i[p]] == 0 or left[walk_j[p]] == 0):
+            p += 1
+        while again and (left[again[0][1]] == 0 or left[again[0][2]] == 0):
+            heapq.heappop(again)
+        if p < end and (not again or (walk_t[p], walk_i[p], walk_j[p]) < again[0]):
+            neg_t, i, j = walk_t[p], walk_i[p], walk_j[p]
+            p += 1
+        elif again:
+            neg_t, i, j = heapq.heappop(again)
+        else:
+            break
         circuits[i, j] += 1
         circuits[j, i] += 1
-        free[i] -= 1
-        free[j] -= 1
-        new_t = next_time(i, j, -neg_t)
-        version[i, j] += 1
-        if free[i] > 0 and free[j] > 0:
-            heapq.heappush(heap, (-new_t, i, j, int(version[i, j])))
+        left[i] -= 1
+        left[j] -= 1
+        if left[i] > 0 and left[j] > 0:
+            heapq.heappush(again, (-next_time(i, j, -neg_t), i, j))
     return circuits
 
 

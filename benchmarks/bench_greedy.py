@@ -28,9 +28,9 @@ def _ms(a: np.ndarray) -> str:
 
 
 def bench_heap_vs_argmax(quick: bool) -> None:
-    print("== greedy_circuits: lazy heap vs literal argmax loop (alpha = 6, U(0,1) symmetric demand)")
+    print("== greedy_circuits: sorted walk + heap vs literal argmax loop (alpha = 6, U(0,1) symmetric demand)")
     rng = np.random.default_rng(0)
-    for n in (8, 16, 32) if quick else (8, 16, 32, 64, 128):
+    for n in (8, 16, 32) if quick else (8, 16, 32, 64, 128, 512):
         upper = np.triu(rng.random((n, n)), 1)
         d = upper + upper.T
         reps = 20 if quick else 50

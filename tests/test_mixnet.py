@@ -93,6 +93,21 @@ def test_heap_matches_literal_argmax_loop(inst, code_compat):
     assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("code_compat", [False, True])
+def test_walk_matches_literal_loop_on_larger_instances_with_ties(seed, code_compat):
+    """40 servers, uneven ports, integer demands (many ties) and some zero pairs: the sorted walk with its
+    re-insertion heap picks exactly the pairs the literal argmax loop picks."""
+    rng = np.random.default_rng(seed)
+    n = 40
+    upper = np.triu(rng.integers(0, 4, (n, n)).astype(float), 1)
+    d = upper + upper.T * rng.integers(0, 2, (n, n))       # asymmetric: the heavier direction counts
+    ports = rng.integers(0, 7, n)
+    a = mx.greedy_circuits(d, ports, 1.3, 0.7, code_compat=code_compat)
+    b = mx.greedy_circuits(d, ports, 1.3, 0.7, code_compat=code_compat, method="argmax")
+    assert np.array_equal(a, b) and a.sum() > 0
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances(max_n=4), st.floats(0.2, 2))
 def test_exact_is_optimal_and_no_worse_than_greedy(inst, b_eps):
