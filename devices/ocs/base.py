@@ -1,10 +1,79 @@
-"""What every switch driver shares: the port allowlist and the reconcile plan behind `apply`."""
+"""What every switch driver shares: the port allowlist, the check that a reported switch state is
+physically possible, the reconcile plan behind `apply`, and the queue of what the switch said on its own."""
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from devices.errors import DeviceError, PortNotAllowed
+
+# Autonomous messages kept per switch until the harness takes them; older ones are counted as dropped.
+MAX_EVENTS = 1024
+
+
+class ImpossibleState(DeviceError):
+    """The switch reported a cross-connect map that cannot exist on it (port out of range, an egress
+    fed twice, ...). Such a state is never believed, so it can never become a restore target."""
+
+
+def check_state(pairs: Iterable[tuple[int, int]], size: tuple[int, int], what: str) -> dict[int, int]:
+    """`pairs` (ingress, egress) as the switch reported them -> ingress -> egress, or ImpossibleState.
+
+    A Polatis N x M switch numbers ingress 1..N and egress N+1..N+M, and a beam goes from one ingress to
+    one egress: no ingress or egress appears twice. With an unknown size (0) only port >= 1 is checked.
+    """
+    n, m = size
+    patches: dict[int, int] = {}
+    owner: dict[int, int] = {}
+    for ingress, egress in pairs:
+        if n and m:
+            if not 1 <= ingress <= n:
+                raise ImpossibleState(f"{what}: ingress {ingress} out of range 1-{n} on this {n}x{m} switch")
+            if not n < egress <= n + m:
+                raise ImpossibleState(f"{what}: egress {egress} out of range {n + 1}-{n + m} "
+                                      f"on this {n}x{m} switch")
+        elif ingress < 1 or egress < 1:
+            raise ImpossibleState(f"{what}: port {min(ingress, egress)} (ports start at 1)")
+        if ingress in patches:
+            raise ImpossibleState(f"{what}: ingress {ingress} connected twice (to {patches[ingress]} and "
+                                  f"{egress}) on a 1:1 switch")
+        if egress in owner:
+            raise ImpossibleState(f"{what}: egress {egress} fed by both ingress {owner[egress]} and "
+                                  f"{ingress} on a 1:1 switch")
+        patches[ingress], owner[egress] = egress, ingress
+    return patches
+
+
+@dataclass(frozen=True)
+class DeviceEvent:
+    """Something a switch said on its own (a TL1 autonomous message, an SCPI error-queue entry found
+    before our own command): evidence about the bench, stamped on the harness clock when it arrived."""
+
+    t_ns: int
+    device: str
+    kind: str  # e.g. "REPT EVT PATCH", "REPT ALM EQPT", "error-queue", "unsolicited"
+    severity: str = ""  # TL1 alarm code: "*C" critical, "**" major, "*^" minor, "A" not an alarm
+    tag: str = ""  # TL1 atag (a gap in the sequence shows lost messages)
+    text: tuple[str, ...] = ()  # the message's lines as received
+
+
+class DeviceEvents:
+    """A bounded queue of DeviceEvents: `take()` hands them over, `dropped` counts those that did not fit."""
+
+    def __init__(self, maxlen: int = MAX_EVENTS):
+        self._events: deque[DeviceEvent] = deque(maxlen=maxlen)
+        self.dropped = 0
+
+    def add(self, event: DeviceEvent) -> None:
+        if len(self._events) == self._events.maxlen:
+            self.dropped += 1
+        self._events.append(event)
+
+    def take(self) -> list[DeviceEvent]:
+        events = list(self._events)
+        self._events.clear()
+        return events
 
 
 def check_allowed(allowed: frozenset[int], ports: Iterable[int], what: str) -> None:

@@ -6,36 +6,78 @@ read timeouts return short data silently).
 """
 from __future__ import annotations
 
+import re
 import socket
 from abc import ABC, abstractmethod
+from collections import deque
 
-from devices.errors import DeviceTimeout, TransportClosed
+from devices.errors import DeviceError, DeviceTimeout, TransportClosed
 from devices.timing import Deadline, now_ns
 
 # How long one blocking read may wait before the deadline is re-checked.
 _POLL_S = 0.05
+# The longest line a peer may send. Polatis lines are < 100 bytes; a longer one is noise or a flood, and
+# the driver must stay bounded whatever arrives: the rest of such a line is discarded up to its end.
+MAX_LINE_BYTES = 64 * 1024
+# The most a driver keeps of one reply (TL1 body, drained backlog) before it calls the reply a flood.
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+_EOL = re.compile(rb"[\r\n]")
+
+
+class LineTooLong(DeviceError):
+    """The peer sent a line longer than MAX_LINE_BYTES (it was cut and the rest of it discarded)."""
+
+
+def excerpt(text: str, limit: int = 200) -> str:
+    """`text` for an error message: repr'd, cut to `limit` characters with the full length said."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+class CutLine(str):
+    """The first MAX_LINE_BYTES of an over-long line, in its place among the lines."""
 
 
 class LineSplitter:
-    """Splits a byte stream into lines on CR, LF or CRLF; drops empty lines."""
+    """Splits a byte stream into lines on CR, LF or CRLF; drops empty lines. A line longer than
+    `max_line` is cut: its head comes out as a `CutLine` in its place, the rest up to the next line end
+    is dropped, so memory stays bounded whatever the peer sends."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
         self._buf = bytearray()
         self._after_cr = False
+        self._discarding = False  # inside the tail of an over-long line
+        self._max_line = max_line
 
     def feed(self, data: bytes) -> list[str]:
         lines: list[str] = []
-        for byte in data:
-            if byte == 0x0A and self._after_cr:  # LF of a CRLF pair: already ended the line
-                self._after_cr = False
-                continue
-            self._after_cr = byte == 0x0D
-            if byte in (0x0A, 0x0D):
-                if self._buf:
-                    lines.append(self._buf.decode("utf-8", "replace"))
+        start = 0
+        if self._after_cr and data[:1] == b"\n":  # LF of a CRLF pair split across reads
+            start = 1
+        self._after_cr = False
+        while start < len(data):
+            match = _EOL.search(data, start)
+            end = match.start() if match else len(data)
+            if not self._discarding:
+                self._buf += data[start:end]
+                if len(self._buf) > self._max_line:
+                    lines.append(CutLine(self._buf[:self._max_line].decode("utf-8", "replace")))
                     self._buf.clear()
-            else:
-                self._buf.append(byte)
+                    self._discarding = True
+            if match is None:
+                break
+            if self._buf:
+                lines.append(self._buf.decode("utf-8", "replace"))
+                self._buf.clear()
+            self._discarding = False
+            start = end + 1
+            if data[end:end + 1] == b"\r":
+                if start < len(data):
+                    if data[start:start + 1] == b"\n":
+                        start += 1
+                else:
+                    self._after_cr = True
         return lines
 
     @property
@@ -50,7 +92,7 @@ class LineChannel(ABC):
     def __init__(self, description: str):
         self.description = description
         self._splitter = LineSplitter()
-        self._ready: list[tuple[int, str]] = []
+        self._ready: deque[tuple[int, str]] = deque()
 
     def write_line(self, text: str, eol: str = "\r\n") -> int:
         """Send `text` + `eol` in one write; returns the harness time just before the write."""
@@ -60,8 +102,8 @@ class LineChannel(ABC):
         return sent_ns
 
     def read_line(self, deadline: Deadline) -> tuple[int, str]:
-        """Next non-empty line as (recv_ns, text). Raises DeviceTimeout (with the partial data) or
-        TransportClosed."""
+        """Next non-empty line as (recv_ns, text). Raises DeviceTimeout (with the partial data),
+        LineTooLong (the rest of that line is skipped, the stream goes on) or TransportClosed."""
         while not self._ready:
             if deadline.expired():
                 raise DeviceTimeout(f"no complete line from {self.description} before the deadline",
@@ -71,14 +113,22 @@ class LineChannel(ABC):
             if chunk:
                 stamp = now_ns()
                 self._ready.extend((stamp, line) for line in self._splitter.feed(chunk))
-        return self._ready.pop(0)
+        recv_ns, line = self._ready.popleft()
+        if isinstance(line, CutLine):
+            raise LineTooLong(f"{self.description} sent a line longer than {MAX_LINE_BYTES} bytes "
+                              f"(the rest was discarded): {excerpt(line)}")
+        return recv_ns, line
 
-    def drain(self) -> list[str]:
-        """Discard and return whatever has been received but not read (lines and partial data)."""
-        lines = [line for _, line in self._ready]
+    def drain(self) -> list[tuple[int, str]]:
+        """Take whatever has been received but not read, as (recv_ns, line): at most about
+        MAX_REPLY_BYTES, so a peer that floods the line cannot keep this going."""
+        lines = list(self._ready)
         self._ready.clear()
-        while chunk := self._read(0.0):
-            lines.extend(self._splitter.feed(chunk))
+        taken = 0
+        while taken < MAX_REPLY_BYTES and (chunk := self._read(0.0)):
+            taken += len(chunk)
+            stamp = now_ns()
+            lines.extend((stamp, line) for line in self._splitter.feed(chunk))
         return lines
 
     @abstractmethod

@@ -1,33 +1,37 @@
 """Polatis TL1 driver (TCP port 3082): `VERB-MOD:[TID]:[AID]:CTAG[::params];`.
 
-Replies are read by ctag. Header lines, `<` prompts, `IP` acknowledgements and autonomous messages
-(`A  <atag> REPT ...`, `*C`/`**`/`*^` alarms) interleaved with the reply are skipped; `COMPLD` returns the
-body, `DENY` raises DeviceDenied with the switch's own code (IIAC, SROF, IDNV, PLNA, ...).
+Replies are read by ctag. Header lines, `<` prompts, `IP` acknowledgements and other ctags' replies are
+skipped; `COMPLD` returns the body, `DENY` raises DeviceDenied with the switch's own code (IIAC, SROF,
+IDNV, PLNA, ...). Autonomous messages (GR-831: `<almcde> <atag> REPT ALM|EVT ...` with alarm code `*C`
+critical, `**` major, `*^` minor, `A` none) are set aside as DeviceEvents wherever they arrive: between
+commands, before our reply, or in the middle of it (with or without their own header line).
 """
 from __future__ import annotations
 
 import itertools
 import re
 import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout
-from devices.ocs.base import check_allowed, confirm, plan_apply
-from devices.ocs.lines import LineChannel
+from devices.ocs.base import DeviceEvent, DeviceEvents, check_allowed, check_state, confirm, plan_apply
+from devices.ocs.lines import MAX_REPLY_BYTES, LineChannel, LineTooLong, excerpt
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
-from devices.timing import CommandTiming, Deadline
+from devices.timing import CommandTiming, Deadline, now_ns
 
 _STATUS = re.compile(r"^M\s+(\S+)\s+(COMPLD|DENY|PRTL|DELAY|RTRV)\b\s*(.*)$")
-_AUTONOMOUS = re.compile(r"^(\*C|\*\*|\*\^|\*|A)\s+\d+\s+\S")
+_AUTONOMOUS = re.compile(r"^(\*C|\*\*|\*\^|\*|A)\s+(\d{1,10}(?:\.\d{1,10})?)\s+([A-Z].*)$")
 _HEADER = re.compile(r"\d{2,4}-\d\d-\d\d\s+\d\d:\d\d:\d\d\s*$")
-_ACK = re.compile(r"^(IP|PF|OK|NA|NG|RL)\s+\S+\s*$")
 _CODE = re.compile(r"^([A-Z]{4})\b")
 _COMMENT = re.compile(r"/\*\s*(.*?)\s*\*/")
 _QUOTED = re.compile(r'^"(.*)"\s*$')
-_PATCH = re.compile(r"^\s*(\d+)\s*,\s*(\d+)\s*$")
-_POWER = re.compile(r"^\s*(\d+)\s*:\s*([-+0-9.eE]+)")
+_PATCH = re.compile(r"^\s*(\d{1,9})\s*,\s*(\d{1,9})\s*$")
+_POWER = re.compile(r"^\s*(\d{1,9})\s*:\s*([-+]?\d{1,6}(?:\.\d{0,9})?(?:[eE][-+]?\d{1,3})?)(?:[,\s]|$)")
+# What one autonomous message keeps (a real one is a few lines); the rest is counted, not stored.
+_MAX_EVENT_LINES = 64
 # DENY codes that retrying will not clear: bad port/AID, bad ctag, bad command, bad parameter, bad login,
 # login not active. (SROF "busy", SNVS "not in valid state" may clear.)
 PERMANENT_CODES = frozenset({"IIAC", "IICT", "ICNV", "IDNV", "PIUI", "PLNA"})
@@ -59,39 +63,104 @@ class Tl1Response:
         return " ".join(m.group(1) for line in self.body if (m := _COMMENT.search(line)))
 
 
-def read_response(channel: LineChannel, ctag: str, deadline: Deadline) -> Tl1Response:
-    """Read lines until the response for `ctag` is complete; skip everything else."""
-    block: str | None = None  # None outside a message, "ours" or "other" inside one
-    status = ""
-    body: list[str] = []
-    while True:
-        recv_ns, raw = channel.read_line(deadline)
+class Tl1Reader:
+    """The TL1 message stream of one session, line by line: our response (by ctag) comes back from
+    `read`; autonomous messages go to `events`; everything else is skipped. State carries across
+    commands, so a message split between the backlog and the next reply is still read whole."""
+
+    def __init__(self, channel: LineChannel, device: str, events: DeviceEvents):
+        self.channel, self.device, self.events = channel, device, events
+        self._ctag: str | None = None  # the ctag being waited for
+        self._block: str | None = None  # ctag of the response message being read, if inside one
+        self._status = ""
+        self._body: list[str] = []
+        self._body_bytes = 0
+        self._auto: list | None = None  # [t_ns, severity, atag, kind, lines, lines cut]
+        self.recent: deque[str] = deque(maxlen=12)  # last lines seen, for error messages
+
+    def read(self, ctag: str, deadline: Deadline) -> Tl1Response:
+        """Lines until the response for `ctag` is complete. DeviceTimeout carries what did arrive."""
+        self._ctag, self._status, self._body, self._body_bytes = ctag, "", [], 0
+        self.recent.clear()
+        try:
+            while True:
+                recv_ns, raw = self.channel.read_line(deadline)
+                self.recent.append(raw)
+                if (response := self.feed(recv_ns, raw)) is not None:
+                    return response
+        except DeviceTimeout as exc:
+            partial = "\n".join(self.recent) + ("\n" + exc.partial if exc.partial else "")
+            raise DeviceTimeout(f"no complete reply to ctag {ctag} from {self.channel.description} "
+                                f"before the deadline", partial) from None
+        finally:
+            self._ctag = None
+
+    def take_backlog(self) -> None:
+        """Read what arrived since the last command (stale replies, autonomous messages)."""
+        for recv_ns, raw in self.channel.drain():
+            self.feed(recv_ns, raw)
+
+    def feed(self, recv_ns: int, raw: str) -> Tl1Response | None:
         text = raw.strip()
-        if text == ">":  # continuation: the rest of this response follows as another message
-            block = None
-            continue
+        if text == ">":  # continuation: the rest of this message follows as another message
+            self._end_autonomous()
+            self._block = None
+            return None
         text = text.lstrip("<").strip()  # a prompt sent without a newline prefixes the next line
         if not text:
-            continue
-        if block is not None:
+            return None
+        status = _STATUS.match(text)
+        if self._auto is not None:
             if text == ";":
-                if block == "ours":
-                    return Tl1Response(ctag, status, tuple(body), recv_ns)
-                block = None
-            elif block == "ours":
-                body.append(text)
-            continue
+                self._end_autonomous()
+                return None
+            if status is None and not _AUTONOMOUS.match(text) and not _HEADER.search(text):
+                self._add_autonomous_line(text)
+                return None
+            self._end_autonomous()  # cut short: the next message began without its terminator
+        if auto := _AUTONOMOUS.match(text):
+            self._auto = [recv_ns, auto.group(1), auto.group(2), " ".join(auto.group(3).split()), [], 0]
+            return None
         if _HEADER.search(text):
-            continue  # `<SID> YY-MM-DD HH:MM:SS`, whatever the SID is called
-        if m := _STATUS.match(text):
-            block = "ours" if m.group(1) == ctag else "other"
-            if block == "ours" and (not status or m.group(2) == "DENY"):
-                status = m.group(2)
-            if block == "ours" and m.group(3).strip():  # some NEs put the error code on the status line
-                body.append(m.group(3).strip())
-        elif _AUTONOMOUS.match(text):
-            block = "other"
-        # anything else outside a message: header (SID date time), ack (`IP ctag`), stray `;`: skip
+            return None  # `<SID> YY-MM-DD HH:MM:SS`, whatever the SID is called; also inside a reply
+        if self._block is not None and status is None:
+            if text == ";":
+                block, self._block = self._block, None
+                if block == self._ctag:
+                    return Tl1Response(block, self._status, tuple(self._body), recv_ns)
+            elif self._block == self._ctag:
+                self._body_bytes += len(text)
+                if self._body_bytes > MAX_REPLY_BYTES:
+                    self._block = "?"  # skip the rest of this flood
+                    raise DeviceError(f"reply to ctag {self._ctag} is longer than {MAX_REPLY_BYTES} "
+                                      f"bytes: {excerpt(text)}")
+                self._body.append(text)
+            return None
+        if status is not None:
+            self._block = status.group(1)
+            if self._block == self._ctag:
+                if not self._status or status.group(2) == "DENY":
+                    self._status = status.group(2)
+                if status.group(3).strip():  # some NEs put the error code on the status line
+                    self._body.append(status.group(3).strip())
+        # anything else outside a message (ack `IP ctag`, a stray `;`, noise): skip
+        return None
+
+    def _add_autonomous_line(self, text: str) -> None:
+        lines = self._auto[4]
+        if len(lines) < _MAX_EVENT_LINES:
+            lines.append(text[:1024])
+        else:
+            self._auto[5] += 1
+
+    def _end_autonomous(self) -> None:
+        if self._auto is None:
+            return
+        t_ns, severity, atag, kind, lines, cut = self._auto
+        self._auto = None
+        if cut:
+            lines.append(f"... {cut} more lines")
+        self.events.add(DeviceEvent(t_ns, self.device, kind, severity, atag, tuple(lines)))
 
 
 class Tl1Switch(CircuitSwitch):
@@ -114,6 +183,8 @@ class Tl1Switch(CircuitSwitch):
         self._lock = threading.Lock()
         self._logged_in = False
         self.last_timing: CommandTiming | None = None
+        self.events = DeviceEvents()
+        self._reader = Tl1Reader(channel, resource.name, self.events)
         if resource.user:
             self.login(resource.user, resource.password or "")
 
@@ -126,12 +197,14 @@ class Tl1Switch(CircuitSwitch):
             text = f"{verb}:{self._tid}:{aid}:{ctag}:" + (f":{params}" if params else "") + ";"
             shown = f"{verb}:{self._tid}:{aid}:{ctag}::***;" if redact else text
             deadline = deadline or Deadline(self.timeout_s)
-            self._channel.drain()  # stale autonomous output must not be taken for our reply
+            self._reader.take_backlog()  # stale output must not be taken for our reply
             sent_ns = self._channel.write_line(text)
             try:
-                response = read_response(self._channel, ctag, deadline)
+                response = self._reader.read(ctag, deadline)
             except DeviceTimeout as exc:
                 raise DeviceTimeout(f"{shown}: {exc}") from exc
+            except LineTooLong as exc:  # name the command; the session goes on
+                raise type(exc)(f"{shown}: {exc}") from exc
             self.last_timing = CommandTiming(sent_ns, response.completed_ns)
         if response.status != "COMPLD":
             code = response.error_code or response.status
@@ -144,6 +217,7 @@ class Tl1Switch(CircuitSwitch):
         with self._lock:
             self._logged_in = False
             self._channel.reopen()
+            self._reader = Tl1Reader(self._channel, self.resource.name, self.events)
         if self.resource.user:
             self.login(self.resource.user, self.resource.password or "")
 
@@ -152,6 +226,12 @@ class Tl1Switch(CircuitSwitch):
         self._logged_in = True
         self._user = user
         return self.last_timing
+
+    def take_events(self) -> list[DeviceEvent]:
+        """Autonomous messages received since the last call (REPT ALM / EVT ...), oldest first."""
+        with self._lock:
+            self._reader.take_backlog()
+            return self.events.take()
 
     # ---- CircuitSwitch --------------------------------------------------------------------------
     def identify(self) -> str:
@@ -163,8 +243,7 @@ class Tl1Switch(CircuitSwitch):
 
     def _read_patches(self) -> tuple[dict[int, int], CommandTiming]:
         response = self.command("RTRV-PATCH")
-        patches: dict[int, int] = {}
-        n, m = self.resource.size
+        pairs: list[tuple[int, int]] = []
         for line in response.body:
             # Strict: TL1 has no checksum, so a line hit by noise must fail the read, not vanish from it.
             quoted = _QUOTED.match(line)
@@ -172,13 +251,9 @@ class Tl1Switch(CircuitSwitch):
             if pair is None:
                 if _COMMENT.fullmatch(line.strip()):
                     continue
-                raise DeviceError(f"RTRV-PATCH: malformed reply line {line[:80]!r}")
-            ingress, egress = int(pair.group(1)), int(pair.group(2))
-            in_range = 1 <= ingress <= n < egress <= n + m if n and m else 1 <= ingress and 1 <= egress
-            if not in_range or ingress in patches or egress in patches.values():
-                raise DeviceError(f"RTRV-PATCH: impossible patch {ingress},{egress} in the reply")
-            patches[ingress] = egress
-        return patches, self.last_timing
+                raise DeviceError(f"RTRV-PATCH: malformed reply line {excerpt(line, 80)}")
+            pairs.append((int(pair.group(1)), int(pair.group(2))))
+        return check_state(pairs, self.resource.size, "RTRV-PATCH reply"), self.last_timing
 
     def connect(self, ingress: int, egress: int) -> CommandTiming:
         """ENT-PATCH as is: a conflicting patch is the switch's error (use `apply` to reconcile)."""
@@ -232,7 +307,8 @@ class Tl1Switch(CircuitSwitch):
                 power[int(m.group(1))] = float(m.group(2))
         missing = [p for p in ports if p not in power]
         if missing:
-            raise DeviceError(f"RTRV-PORT-POWER returned no value for port(s) {missing}: {response.body}")
+            raise DeviceError(f"RTRV-PORT-POWER returned no value for port(s) {missing[:20]}: "
+                              f"{excerpt(' '.join(response.body))}")
         return power
 
     def close(self) -> None:
