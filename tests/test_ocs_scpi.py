@@ -196,9 +196,20 @@ def test_loop_url_framing_and_silent_timeout():
 
 def test_timeout_closes_the_untagged_stream():
     """SCPI replies carry no tag: after a timeout the driver refuses to reuse the stream."""
+    import threading
+
     from devices.errors import TransportClosed
 
     listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def answer_once():  # the error queue at connect, then silence
+        conn, _ = listener.accept()
+        accepted.append(conn)
+        conn.recv(100)
+        conn.sendall(b'0,"No error"\n')
+
+    threading.Thread(target=answer_once, daemon=True).start()
     try:
         host, port = listener.getsockname()
         switch = open_switch(OcsResource(name="x", protocol="polatis-scpi", url=f"tcp://{host}:{port}",
@@ -210,3 +221,5 @@ def test_timeout_closes_the_untagged_stream():
         switch.close()
     finally:
         listener.close()
+        for conn in accepted:
+            conn.close()

@@ -174,9 +174,9 @@ class TcpLineChannel(LineChannel):
             raise TransportClosed(f"{self.description}: send failed: {exc}") from exc
 
     def _read(self, timeout_s: float) -> bytes:
-        self._sock.settimeout(timeout_s if timeout_s > 0 else 0.0)
         try:
-            data = self._sock.recv(4096)
+            self._sock.settimeout(timeout_s if timeout_s > 0 else 0.0)
+            data = self._sock.recv(65536)
         except (socket.timeout, BlockingIOError):
             return b""
         except OSError as exc:

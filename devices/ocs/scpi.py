@@ -11,18 +11,21 @@ import threading
 from typing import Mapping, Sequence
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportClosed
-from devices.ocs.base import check_allowed, confirm, plan_apply
-from devices.ocs.lines import LineChannel
+from devices.ocs.base import (DeviceEvent, DeviceEvents, ImpossibleState, check_allowed, check_state, confirm,
+                              plan_apply)
+from devices.ocs.lines import LineChannel, LineTooLong, excerpt
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
-from devices.timing import CommandTiming, Deadline
+from devices.timing import CommandTiming, Deadline, now_ns
 
 _STATE = re.compile(r"\(@([^)]*)\)\s*,\s*\(@([^)]*)\)")
-_ERROR = re.compile(r'^\s*([+-]?\d+)\s*,\s*"?(.*?)"?\s*$')
+_ERROR = re.compile(r'^\s*([+-]?\d{1,6})\s*,\s*"?(.*?)"?\s*$')
 # SCPI-99 error classes that retrying will not clear: command errors (-100..-199: syntax, undefined
 # header, missing parameter) and parameter errors (-220 parameter, -222 data out of range, -224 illegal
 # value). Execution errors such as -213 "init ignored" (busy) or -221 "settings conflict" may clear.
 _PERMANENT_PARAMETER = frozenset({-220, -222, -224})
+_PORT_ITEM = re.compile(r"(\d{1,9})(?::(\d{1,9}))?")
+_MAX_PORTS = 4096  # ranges expand only within the switch size; this when the size is unknown
 _MAX_ERRORS = 32  # a queue deeper than this is drained over several commands
 
 
@@ -39,29 +42,39 @@ def channel_list(ports: Sequence[int]) -> str:
     return "(@" + ",".join(str(int(p)) for p in ports) + ")"
 
 
-def parse_channel_list(text: str) -> list[int]:
-    """`1,2,5:7` -> [1, 2, 5, 6, 7]."""
+def parse_channel_list(text: str, top: int = 0) -> list[int]:
+    """`1,2,5:7` -> [1, 2, 5, 6, 7]. With `top` (the highest port of the switch), a port or range end
+    outside 1..top is an ImpossibleState before anything is expanded, so `1:30000000` costs nothing."""
     ports: list[int] = []
     for part in text.replace(" ", "").split(","):
         if not part:
             continue
-        lo, sep, hi = part.partition(":")
-        ports.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+        bounds = _PORT_ITEM.fullmatch(part)
+        if bounds is None:
+            raise DeviceError(f"channel list item {excerpt(part, 40)} is not a port or a range a:b")
+        lo = int(bounds.group(1))
+        hi = int(bounds.group(2)) if bounds.group(2) is not None else lo
+        if lo < 1 or hi < lo or hi > (top or _MAX_PORTS):
+            raise ImpossibleState(f"channel list item {part!r} is not a range of ports within "
+                                  f"1-{top or _MAX_PORTS}")
+        ports.extend(range(lo, hi + 1))
     return ports
 
 
-def parse_state(text: str) -> dict[int, int]:
-    """`(@1,2),(@17,18)` -> {1: 17, 2: 18}; several groups may be joined by `;`."""
-    patches: dict[int, int] = {}
+def parse_state(text: str, size: tuple[int, int] = (0, 0)) -> dict[int, int]:
+    """`(@1,2),(@17,18)` -> {1: 17, 2: 18}; several groups may be joined by `;`. The state is checked
+    against the switch `size` (ports in range, 1:1) before it is believed (base.check_state)."""
     groups = _STATE.findall(text)
     if not groups:
-        raise DeviceError(f"cannot parse connection state {text!r}")
+        raise DeviceError(f"cannot parse connection state {excerpt(text)}")
+    top = sum(size)
+    pairs: list[tuple[int, int]] = []
     for ins, outs in groups:
-        ingress, egress = parse_channel_list(ins), parse_channel_list(outs)
+        ingress, egress = parse_channel_list(ins, top), parse_channel_list(outs, top)
         if len(ingress) != len(egress):
-            raise DeviceError(f"connection state lists differ in length: {text!r}")
-        patches.update(zip(ingress, egress))
-    return patches
+            raise ImpossibleState(f"connection state lists differ in length: {excerpt(text)}")
+        pairs += zip(ingress, egress)
+    return check_state(pairs, size, "connection state")
 
 
 class ScpiSwitch(CircuitSwitch):
@@ -75,32 +88,60 @@ class ScpiSwitch(CircuitSwitch):
         self._lock = threading.Lock()
         self.last_timing: CommandTiming | None = None
         self._broken = False
-        self._write("*CLS")  # start from an empty error queue
+        self.events = DeviceEvents()
+        self._start_session()
+
+    def _start_session(self) -> None:
+        """Set aside what the error/event queue holds from before us (evidence, not our errors), then
+        start from an empty queue."""
+        with self._lock:
+            deadline = Deadline(self.timeout_s)
+            for code, text in self._errors(deadline):
+                self.events.add(DeviceEvent(now_ns(), self.resource.name, "error-queue", tag=code,
+                                            text=(text,)))
+            self._write("*CLS")
 
     def reconnect(self) -> None:
         """Reopen the line after a timeout (SCPI replies carry no tag, so the old stream is abandoned)."""
         with self._lock:
             self._channel.reopen()
             self._broken = False
-        self._write("*CLS")
+        self._start_session()
+
+    def take_events(self) -> list[DeviceEvent]:
+        """Error-queue entries found at (re)connect and lines nobody asked for, oldest first."""
+        with self._lock:
+            try:
+                if not self._broken:
+                    self._take_backlog()
+            except DeviceError:
+                pass  # a closed session: what was set aside is still handed over
+            return self.events.take()
 
     # ---- raw protocol -------------------------------------------------------------------------
     def _write(self, text: str) -> int:
         if self._broken:
             raise TransportClosed(f"{self._channel.description}: closed after an earlier timeout "
                                   f"(a late reply would be taken for the next one); reopen the switch")
-        self._channel.drain()
+        self._take_backlog()
         return self._channel.write_line(text)
+
+    def _take_backlog(self) -> None:
+        """Lines nobody asked for (SCPI devices speak only when asked): kept as events, never replies."""
+        for recv_ns, line in self._channel.drain():
+            self.events.add(DeviceEvent(recv_ns, self.resource.name, "unsolicited", text=(line[:1024],)))
 
     def _reply(self, sent: str, deadline: Deadline) -> tuple[int, str]:
         while True:
             try:
                 recv_ns, line = self._channel.read_line(deadline)
-            except DeviceTimeout as exc:
-                # SCPI replies carry no tag: after a timeout the stream cannot be trusted any more
+            except (DeviceTimeout, LineTooLong, TransportClosed) as exc:
+                # SCPI replies carry no tag: after a timeout or a cut line the stream cannot be trusted
                 self._broken = True
                 self._channel.close()
-                raise DeviceTimeout(f"{sent!r}: {exc}") from exc
+                renamed = type(exc)(f"{sent!r}: {exc}")
+                renamed.partial = getattr(exc, "partial", "")
+                raise renamed from exc
             if line.strip() != sent.strip():  # some serial consoles echo the command
                 return recv_ns, line.strip()
 
@@ -121,7 +162,7 @@ class ScpiSwitch(CircuitSwitch):
             sent_ns = self._write(line)
             recv_ns, reply = self._reply(line, deadline)
             if reply.rsplit(";", 1)[-1].strip() != "1":
-                raise DeviceError(f"{text!r}: expected *OPC? reply 1, got {reply!r}")
+                raise DeviceError(f"{text!r}: expected *OPC? reply 1, got {excerpt(reply)}")
             timing = CommandTiming(sent_ns, recv_ns)
             errors = self._errors(deadline)
             self.last_timing = timing
@@ -138,7 +179,7 @@ class ScpiSwitch(CircuitSwitch):
             _, reply = self._reply(":SYST:ERR?", deadline)
             m = _ERROR.match(reply)
             if not m:
-                raise DeviceError(f"cannot parse :SYST:ERR? reply {reply!r}")
+                raise DeviceError(f"cannot parse :SYST:ERR? reply {excerpt(reply)}")
             if int(m.group(1)) == 0:
                 break
             errors.append((m.group(1), m.group(2)))
@@ -152,7 +193,7 @@ class ScpiSwitch(CircuitSwitch):
         return self._read_patches()[0]
 
     def _read_patches(self) -> tuple[dict[int, int], CommandTiming]:
-        return parse_state(self.query(":OXC:SWIT:CONN:STAT?")), self.last_timing
+        return parse_state(self.query(":OXC:SWIT:CONN:STAT?"), self.resource.size), self.last_timing
 
     def connect(self, ingress: int, egress: int) -> CommandTiming:
         """`:OXC:SWIT:CONN:ADD` as is: a conflict is the switch's error (use `apply` to reconcile)."""
@@ -205,9 +246,10 @@ class ScpiSwitch(CircuitSwitch):
         try:
             values = [float(v) for v in reply.strip("()").split(",")]
         except ValueError:
-            raise DeviceError(f":MON:POW? reply is not a list of numbers: {reply!r}") from None
+            raise DeviceError(f":MON:POW? reply is not a list of numbers: {excerpt(reply)}") from None
         if len(values) != len(ports):
-            raise DeviceError(f":MON:POW? returned {len(values)} values for {len(ports)} ports: {reply!r}")
+            raise DeviceError(f":MON:POW? returned {len(values)} values for {len(ports)} ports: "
+                              f"{excerpt(reply)}")
         return dict(zip(ports, values))
 
     def close(self) -> None:

@@ -230,7 +230,10 @@ class Tl1Switch(CircuitSwitch):
     def take_events(self) -> list[DeviceEvent]:
         """Autonomous messages received since the last call (REPT ALM / EVT ...), oldest first."""
         with self._lock:
-            self._reader.take_backlog()
+            try:
+                self._reader.take_backlog()
+            except DeviceError:
+                pass  # a closed or broken session: what was set aside is still handed over
             return self.events.take()
 
     # ---- CircuitSwitch --------------------------------------------------------------------------
