@@ -155,6 +155,24 @@ def test_raw_scpi_forms(emulator):
         assert sock.recv(100) == b"16,16\n"
 
 
+def test_scpi_long_forms_in_any_case(emulator):
+    """SCPI-99 keywords: the short or the long form, any case (`STATe?`, `ERRor?`); a form in between
+    (`SWITC`) is an undefined header (-113), answered through the error queue, not by a hang."""
+    _, servers = emulator
+    with socket.create_connection(servers.scpi_address, timeout=5) as sock:
+        def ask(text: bytes) -> bytes:
+            sock.sendall(text + b"\n")
+            data = b""
+            while not data.endswith(b"\n"):
+                data += sock.recv(100)
+            return data
+
+        assert ask(b":OXC:SWITch:CONNect:ONLY (@3),(@19);:OXC:SWITch:CONNect:STATe?") == b"(@3),(@19)\n"
+        assert ask(b":oxc:switch:connect:state?") == ask(b":OXC:SWIT:CONN:STAT?") == b"(@3),(@19)\n"
+        assert ask(b":SYSTem:ERRor?") == ask(b":system:error:next?") == b'0,"No error"\n'
+        assert ask(b":OXC:SWITC:CONN:STAT?;:SYSTem:ERRor?").startswith(b'-113,"Undefined header')
+
+
 def test_pty_client_without_pyserial(emulator):
     """A client that opens the pty device itself and sends CRLF gets CRLF-terminated answers."""
     _, servers = emulator

@@ -5,15 +5,18 @@ Replies follow the Polatis formats in spec/protocols.md §1.1–1.2: TL1 answers
 A change is answered (TL1 COMPLD, SCPI `*OPC?` -> 1) no earlier than the bench says its mirrors settle.
 Every session must log in with ACT-USER on TL1 (commands before that get DENY PLNA); SCPI has no login.
 With `autonomous=True`, logged-in TL1 sessions also receive `A  <atag> REPT EVT PATCH` on every change.
+
+All connections (TL1, SCPI, the pty) are served by one asyncio event loop in one thread: an idle
+connection costs a socket, not a thread; a session waiting for its mirrors, or a client that stops
+reading or sends half a command, never delays another. Each session handles its commands in order.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import re
-import select
 import socket
-import socketserver
 import threading
 import time
 import tty
@@ -23,12 +26,16 @@ from devices.emulated.physics import OcsCommandError, OpticalBench
 from devices.timing import now_ns
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+# A command longer than this is dropped unread (real units have small input buffers); what a client
+# does not read is buffered up to _MAX_UNREAD bytes, then the client is dropped.
+_MAX_COMMAND = 64 * 1024
+_MAX_UNREAD = 1 << 20
 
 
-def _sleep_until(t_ns: int) -> None:
+async def _until(t_ns: int) -> None:
     delay = (t_ns - now_ns()) / 1e9
     if delay > 0:
-        time.sleep(delay)
+        await asyncio.sleep(delay)
 
 
 def _port_list(text: str) -> list[int]:
@@ -105,12 +112,12 @@ class _Tl1Session:
     def __init__(self, servers: "OcsServers", send: Callable[[bytes], object] | None = None):
         self.servers = servers
         self.user: str | None = None
+        self.settle_ns = 0  # the reply to a change waits until its mirrors settle
         self._send = send
-        self._send_lock = threading.Lock()  # a reply and an autonomous message must not interleave
 
     def send(self, data: bytes) -> None:
-        with self._send_lock:
-            self._send(data)
+        """Queue bytes for the client (whole messages: a reply and a report never interleave)."""
+        self._send(data)
 
     def report(self, atag: int, lines: list[str]) -> bytes:
         """An autonomous message (`A  <atag> REPT EVT ...`)."""
@@ -170,14 +177,17 @@ class _Tl1Session:
             raise ValueError(aid)
         if len(set(ins)) != len(ins):
             raise OcsCommandError("IDNV", "Port listed twice")
-        self.servers.apply(dict(zip(ins, outs)), ())
+        self._settle(self.servers.apply(dict(zip(ins, outs)), ()))
         return []
+
+    def _settle(self, settle_ns: int) -> None:
+        self.settle_ns = max(self.settle_ns, settle_ns)
 
     def _dlt_patch(self, aid: str, _params: list[str]) -> list[str]:
         if aid.upper() == "ALL":
-            self.servers.apply({}, None)
+            self._settle(self.servers.apply({}, None))
         else:
-            self.servers.apply({}, _port_list(aid))
+            self._settle(self.servers.apply({}, _port_list(aid)))
         return []
 
     def _rtrv_patch(self, aid: str, _params: list[str]) -> list[str]:
@@ -209,8 +219,19 @@ class _Tl1Session:
         raise OcsCommandError("IDNV", "Only PARAMETER=SIZE is emulated")
 
 
-_SCPI_LONG = {"SWITCH": "SWIT", "CONNECT": "CONN", "SUBTRACT": "SUB", "DISCONNECT": "DISC",
-              "STATE": "STAT", "SYSTEM": "SYST", "ERROR": "ERR", "MONITOR": "MON", "POWER": "POW"}
+# SCPI mnemonics as the standard writes them: the upper-case part is the short form. A parser accepts
+# exactly the short or the long form, in any case (SCPI-99 §6.2.1): `STAT`, `stat`, `STATe`, `state`.
+_SCPI_MNEMONICS = ("OXC", "SWITch", "CONNect", "STATe", "SUBtract", "DISConnect", "SYSTem", "ERRor",
+                   "MONitor", "POWer", "SIZE", "PORT", "ONLY", "ADD", "ALL", "NEXT")
+_SCPI_KEYWORDS = {form.upper(): "".join(c for c in name if c.isupper())
+                  for name in _SCPI_MNEMONICS for form in (name, "".join(c for c in name if c.isupper()))}
+
+
+def _scpi_node(keyword: str) -> str:
+    """One header node in its short upper-case form (`STATe?` -> `STAT?`); unknown ones as sent."""
+    query = keyword.endswith("?")
+    word = keyword.removesuffix("?").upper()
+    return _SCPI_KEYWORDS.get(word, word) + ("?" if query else "")
 _CHANNELS = re.compile(r"^\s*\(@([^)]*)\)\s*,\s*\(@([^)]*)\)\s*$")
 _SCPI_ERRORS = {"IIAC": (-222, "Data out of range"), "SROF": (-221, "Settings conflict"),
                 "IDNV": (-224, "Illegal parameter value")}
@@ -238,8 +259,9 @@ class _ScpiSession:
         if len(self.errors) < 32:
             self.errors.append((code, text))
 
-    def handle_line(self, line: str) -> str | None:
-        """Execute one program message (commands joined by `;`); the joined query replies, or None."""
+    async def handle_line(self, line: str) -> str | None:
+        """Execute one program message (commands joined by `;`); the joined query replies, or None.
+        `*OPC?` answers once the mirrors of every change before it have settled."""
         replies: list[str] = []
         prefix: list[str] = []
         for unit in line.split(";"):
@@ -250,9 +272,11 @@ class _ScpiSession:
             if header.startswith("*"):
                 nodes = [header.upper()]
             else:
-                nodes = [_SCPI_LONG.get(n.upper(), n.upper()) for n in header.strip(":").split(":")]
+                nodes = [_scpi_node(n) for n in header.strip(":").split(":")]
                 nodes = nodes if header.startswith(":") or not prefix else prefix + nodes
                 prefix = nodes[:-1]
+            if nodes == ["*OPC?"]:
+                await _until(self.settle_ns)
             reply = self.execute(":".join(nodes), args.strip())
             if reply is not None:
                 replies.append(reply)
@@ -265,7 +289,6 @@ class _ScpiSession:
             if path == "*IDN?":
                 return f"Polatis,EMU-{n}x{m},{self.servers.serial},{self.servers.version}"
             if path == "*OPC?":
-                _sleep_until(self.settle_ns)
                 return "1"
             if path == "*CLS":
                 self.errors.clear()
@@ -338,71 +361,6 @@ class _ScpiSession:
         self.settle_ns = max(self.settle_ns, settle)
 
 
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, address, handler, servers: "OcsServers"):
-        self.servers = servers
-        super().__init__(address, handler)
-
-
-class _Handler(socketserver.BaseRequestHandler):
-    protocol = ""
-
-    def handle(self) -> None:
-        servers: OcsServers = self.server.servers
-        sock: socket.socket = self.request
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        servers._track(sock, True)
-        try:
-            if self.protocol == "tl1":
-                self._tl1(servers, sock)
-            else:
-                session = _ScpiSession(servers)
-                servers._serve_lines(lambda: sock.recv(4096), sock.sendall, session, b"\n")
-        except OSError:
-            pass  # the client went away
-        finally:
-            servers._track(sock, False)
-
-    def _tl1(self, servers: "OcsServers", sock: socket.socket) -> None:
-        session = _Tl1Session(servers, sock.sendall)
-        servers._tl1_sessions.add(session)
-        buffer = b""
-        try:
-            while data := sock.recv(4096):
-                buffer += data
-                while b";" in buffer:
-                    command, _, buffer = buffer.partition(b";")
-                    text = command.decode("utf-8", "replace").strip()
-                    if text:
-                        session.send(self._tl1_reply(servers, session, text))
-        finally:
-            servers._tl1_sessions.discard(session)
-
-
-    @staticmethod
-    def _tl1_reply(servers: "OcsServers", session: _Tl1Session, text: str) -> bytes:
-        parts = text.split(":")
-        fault = servers.faults.take(text, parts[0].strip().upper() in _TL1_CHANGES)
-        if fault == "silence":
-            return b""
-        if fault == "deny":
-            ctag = parts[3].strip() if len(parts) > 3 else "0"
-            return session.reply(ctag or "0", False, code="SNVS", comment="Switch busy")
-        reply = session.handle(text)
-        return servers.faults.corrupt(reply, fault) if fault else reply
-
-
-class _Tl1Handler(_Handler):
-    protocol = "tl1"
-
-
-class _ScpiHandler(_Handler):
-    protocol = "scpi"
-
-
 class OcsServers:
     """TL1 and SCPI servers on 127.0.0.1 (ephemeral ports by default) plus an SCPI pty, over one bench."""
 
@@ -421,47 +379,66 @@ class OcsServers:
         self._ports = (tl1_port, scpi_port)
         self._want_pty = pty
         self._apply_lock = threading.Lock()
-        self._clients: set[socket.socket] = set()
-        self._clients_lock = threading.Lock()
-        self._servers: list[_Server] = []
-        self._threads: list[threading.Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._listeners: list[asyncio.base_events.Server] = []
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task] = set()
         self._pty_fds: tuple[int, int] | None = None
-        self._stop = threading.Event()
         self.pty_path: str | None = None
         self.faults = CommandFaults()
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "OcsServers":
-        for port, handler in zip(self._ports, (_Tl1Handler, _ScpiHandler)):
-            server = _Server((self.host, port), handler, self)
-            self._servers.append(server)
-            self._spawn(lambda s=server: s.serve_forever(poll_interval=0.05), f"ocs-{handler.protocol}")
+        loop = asyncio.new_event_loop()
+        opened = loop.run_until_complete(self._open(loop))  # errors (port in use) surface here
+        self._loop = loop
+        self._thread = threading.Thread(target=loop.run_forever, name="ocs-servers", daemon=True)
+        self._thread.start()
+        return opened
+
+    async def _open(self, loop: asyncio.AbstractEventLoop) -> "OcsServers":
+        for port, serve in zip(self._ports, (self._tl1_client, self._scpi_client)):
+            self._listeners.append(await asyncio.start_server(serve, self.host, port, backlog=1024,
+                                                              limit=_MAX_COMMAND))
         if self._want_pty:
             master, slave = os.openpty()
             tty.setraw(slave)  # at once: a cooked slave would echo our replies back to us
             self._pty_fds = (master, slave)  # keep the slave open, or reads on the master fail with EIO
             self.pty_path = os.ttyname(slave)
-            self._spawn(self._serve_pty, "ocs-scpi-pty")
+            reader = asyncio.StreamReader(limit=_MAX_COMMAND)
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                         os.fdopen(os.dup(master), "rb", buffering=0))
+            transport, protocol = await loop.connect_write_pipe(
+                lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader()),
+                os.fdopen(os.dup(master), "wb", buffering=0))
+            writer = asyncio.StreamWriter(transport, protocol, None, loop)
+            # Serial consoles end replies with CR LF; one session for the life of the line.
+            self._spawn(self._serve_scpi(reader, writer, _ScpiSession(self), b"\r\n"))
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        for server in self._servers:
-            server.shutdown()
-            server.server_close()
-        with self._clients_lock:
-            for sock in self._clients:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        for thread in self._threads:
-            thread.join(timeout=5)
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._close(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        self._thread.join(timeout=5)
+        loop.close()
         if self._pty_fds:
             for fd in self._pty_fds:
                 os.close(fd)
             self._pty_fds = None
-        self._servers, self._threads = [], []
+        self._listeners = []
+
+    async def _close(self) -> None:
+        for listener in self._listeners:
+            listener.close()
+        for writer in list(self._writers):
+            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def __enter__(self) -> "OcsServers":
         return self.start()
@@ -471,91 +448,129 @@ class OcsServers:
 
     @property
     def tl1_address(self) -> tuple[str, int]:
-        return self._servers[0].server_address[:2]
+        return self._listeners[0].sockets[0].getsockname()[:2]
 
     @property
     def scpi_address(self) -> tuple[str, int]:
-        return self._servers[1].server_address[:2]
+        return self._listeners[1].sockets[0].getsockname()[:2]
 
     # ---- shared state -------------------------------------------------------------------------
     def apply(self, adds: dict[int, int], removes) -> int:
-        """Change the bench and wait until the mirrors settle. `removes=None` replaces the whole state
-        (`adds` is then the complete wanted mapping; unchanged patches are not moved)."""
+        """Change the bench; returns when its mirrors settle (the reply waits until then). `removes=None`
+        replaces the whole state (`adds` is then the complete wanted mapping; unchanged patches are not
+        moved)."""
         with self._apply_lock:  # read-diff-apply must not interleave between sessions
             if removes is None:
                 current = self.bench.ocs_patches()
                 removes = [i for i, e in current.items() if adds.get(i) != e]
                 adds = {i: e for i, e in adds.items() if current.get(i) != e}
             settle_ns = self.bench.ocs_apply(adds, removes)
-        _sleep_until(settle_ns)
-        if self.autonomous and (adds or removes):
-            self._report([f'"{i}:DLT"' for i in removes] + [f'"{i},{e}:ENT"' for i, e in adds.items()])
+        if self.autonomous and (adds or removes) and self._loop is not None:
+            lines = [f'"{i}:DLT"' for i in removes] + [f'"{i},{e}:ENT"' for i, e in adds.items()]
+            self._loop.call_later(max(0.0, (settle_ns - now_ns()) / 1e9), self._report, lines)
         return settle_ns
 
     def _report(self, lines: list[str]) -> None:
         """Send an autonomous `REPT EVT` to every logged-in TL1 session (they interleave with replies)."""
-        with self._clients_lock:
-            self._atag += 1
-            atag = self._atag
+        self._atag += 1
         for session in list(self._tl1_sessions):
             if session.user is not None:
-                try:
-                    session.send(session.report(atag, lines))
-                except OSError:
-                    pass  # that client is going away
+                session.send(session.report(self._atag, lines))
 
-    # ---- plumbing -------------------------------------------------------------------------------
-    def _spawn(self, target, name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
+    # ---- connections ----------------------------------------------------------------------------
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    def _track(self, sock: socket.socket, add: bool) -> None:
-        with self._clients_lock:
-            (self._clients.add if add else self._clients.discard)(sock)
+    def _sender(self, writer: asyncio.StreamWriter) -> Callable[[bytes], None]:
+        def send(data: bytes) -> None:
+            if writer.is_closing():
+                return
+            if writer.transport.get_write_buffer_size() > _MAX_UNREAD:
+                writer.close()  # a client that never reads must not grow our memory
+                return
+            writer.write(data)
+        return send
 
-    def _serve_lines(self, read: Callable[[], bytes], write: Callable[[bytes], object],
-                     session: _ScpiSession, eol: bytes) -> None:
-        """Feed SCPI lines (CR, LF or CRLF) to `session` until `read` returns b''."""
-        buffer = b""
-        while data := read():
-            buffer += data
-            *lines, buffer = _LINE_END.split(buffer)
-            for line in lines:
-                text = line.decode("utf-8", "replace").strip()
-                if not text:
-                    continue
-                upper = text.upper()
-                fault = self.faults.take(text, "CONN" in upper or "DISC" in upper or "*RST" in upper)
-                if fault == "silence":
-                    continue
-                if fault == "deny":
-                    session.error(-213, "Init ignored; switch busy")
-                    reply = "1" if "*OPC?" in upper else None
-                else:
-                    reply = session.handle_line(text)
-                if reply is not None:
-                    data = reply.encode() + eol
-                    write(self.faults.corrupt(data, fault) if fault else data)
-
-    def _serve_pty(self) -> None:
-        master = self._pty_fds[0]
-
-        def read() -> bytes:
-            while not self._stop.is_set():
-                ready, _, _ = select.select([master], [], [], 0.1)
-                if ready:
-                    try:
-                        return os.read(master, 4096)
-                    except OSError:
-                        return b""
-            return b""
-
-        def write(data: bytes) -> None:
-            os.write(master, data)
-
-        # Serial consoles end replies with CR LF; one session for the life of the line.
+    async def _tl1_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._tasks.add(asyncio.current_task())
+        self._writers.add(writer)
+        writer.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        session = _Tl1Session(self, self._sender(writer))
+        self._tl1_sessions.add(session)
         try:
-            self._serve_lines(read, write, _ScpiSession(self), b"\r\n")
-        except OSError:
-            pass
+            buffer = b""
+            while data := await reader.read(4096):
+                buffer += data
+                while b";" in buffer:
+                    command, _, buffer = buffer.partition(b";")
+                    text = command.decode("utf-8", "replace").strip()
+                    if text:
+                        reply = self._tl1_reply(session, text)
+                        await _until(session.settle_ns)
+                        session.send(reply)
+                        await writer.drain()
+                if len(buffer) > _MAX_COMMAND:
+                    buffer = b""  # no command is this long: noise, dropped
+        except (OSError, asyncio.CancelledError):
+            pass  # the client went away, or the server stops
+        finally:
+            self._tl1_sessions.discard(session)
+            self._forget(writer)
+
+    def _tl1_reply(self, session: _Tl1Session, text: str) -> bytes:
+        parts = text.split(":")
+        fault = self.faults.take(text, parts[0].strip().upper() in _TL1_CHANGES)
+        if fault == "silence":
+            return b""
+        if fault == "deny":
+            ctag = parts[3].strip() if len(parts) > 3 else "0"
+            return session.reply(ctag or "0", False, code="SNVS", comment="Switch busy")
+        reply = session.handle(text)
+        return self.faults.corrupt(reply, fault) if fault else reply
+
+    async def _scpi_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._tasks.add(asyncio.current_task())
+        self._writers.add(writer)
+        writer.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            await self._serve_scpi(reader, writer, _ScpiSession(self), b"\n")
+        finally:
+            self._forget(writer)
+
+    def _forget(self, writer: asyncio.StreamWriter) -> None:
+        self._writers.discard(writer)
+        writer.close()
+        self._tasks.discard(asyncio.current_task())
+
+    async def _serve_scpi(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                          session: _ScpiSession, eol: bytes) -> None:
+        """Feed SCPI lines (CR, LF or CRLF) to `session` until the client goes away."""
+        send = self._sender(writer)
+        buffer = b""
+        try:
+            while data := await reader.read(4096):
+                buffer += data
+                *lines, buffer = _LINE_END.split(buffer)
+                if len(buffer) > _MAX_COMMAND:
+                    buffer = b""  # no program message is this long: noise, dropped
+                for line in lines:
+                    text = line.decode("utf-8", "replace").strip()
+                    if not text:
+                        continue
+                    upper = text.upper()
+                    fault = self.faults.take(text, "CONN" in upper or "DISC" in upper or "*RST" in upper)
+                    if fault == "silence":
+                        continue
+                    if fault == "deny":
+                        session.error(-213, "Init ignored; switch busy")
+                        reply = "1" if "*OPC?" in upper else None
+                    else:
+                        reply = await session.handle_line(text)
+                    if reply is not None:
+                        data = reply.encode() + eol
+                        send(self.faults.corrupt(data, fault) if fault else data)
+                        await writer.drain()
+        except (OSError, asyncio.CancelledError):
+            pass  # the client went away, or the server stops
