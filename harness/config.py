@@ -20,11 +20,11 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from devices.ocs.registry import protocol_names
 from devices.resources import Bench, HostResource, NicPort, OcsResource
 from harness.errors import InputError
 
 DEFAULT_BENCH = "emulated:mixnet-testbed"
-OCS_PROTOCOLS = ("polatis-tl1", "polatis-scpi")
 
 
 class _Required:
@@ -390,8 +390,8 @@ def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = 
             raise InputError(f"ocs.{name}.password: passwords never go in files: set an environment "
                              "variable and name it with password_env", *node.where("password"))
         spec = check_mapping(node, _OCS_SCHEMA, f"ocs.{name}", where)
-        if spec["protocol"] not in OCS_PROTOCOLS:
-            raise InputError(f"ocs.{name}.protocol: expected one of {', '.join(OCS_PROTOCOLS)}, found "
+        if spec["protocol"] not in protocol_names():
+            raise InputError(f"ocs.{name}.protocol: expected one of {', '.join(protocol_names())}, found "
                              f"{spec['protocol']!r}", *node.where("protocol"))
         size = spec["size"]
         if len(size) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= 4096

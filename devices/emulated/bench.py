@@ -6,15 +6,39 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import Profile, load_profile
+from devices.ocs.registry import get_protocol
 
 PASSWORD_ENV = "OCS_HIL_EMULATED_PASSWORD"
 EMULATED_USER, EMULATED_PASSWORD = "admin", "root"
+
+
+@dataclass(frozen=True)
+class OcsView:
+    """A protocol view of the emulated switch that is already served (OcsServers runs TL1 and SCPI)."""
+
+    url: str
+    description: str
+    stop: Callable[[], None] = lambda: None
+
+
+def tl1_view(servers) -> OcsView:
+    """Registry hook (`polatis-tl1`)."""
+    host, port = servers.tl1_address
+    return OcsView(f"tcp://{host}:{port}", f"TL1  tcp://{host}:{port}")
+
+
+def scpi_view(servers) -> OcsView:
+    """Registry hook (`polatis-scpi`)."""
+    host, port = servers.scpi_address
+    return OcsView(f"tcp://{host}:{port}", f"SCPI tcp://{host}:{port}   SCPI serial {servers.pty_path}")
 
 
 class EmulatedBench:
@@ -24,7 +48,7 @@ class EmulatedBench:
                  workdir: str | os.PathLike | None = None, netns_prefix: str | None = None):
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         self.seed = seed
-        self.protocol = protocol
+        self.protocol = get_protocol(protocol).name  # unknown names fail here, before anything starts
         self.physics = OpticalBench(self.profile, seed=seed)
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ocs-hil-bench-")
         self.workdir = Path(workdir or self._tmp.name)
@@ -32,6 +56,7 @@ class EmulatedBench:
         self.netns_prefix = netns_prefix
         self.netns = None
         self.ocs_servers = None
+        self.ocs_view = None  # the chosen protocol's view: url, description, stop()
         self.host_servers: dict = {}
         self.inventory_path = self.workdir / "inventory.yaml"
 
@@ -50,6 +75,7 @@ class EmulatedBench:
                 extra = {h: passthrough_commands(self.netns, h) for h in self.physics.hosts}
             self.ocs_servers = OcsServers(self.physics, user=EMULATED_USER, password=EMULATED_PASSWORD)
             self.ocs_servers.start()
+            self.ocs_view = get_protocol(self.protocol).start_emulator(self.ocs_servers)
             for host in self.physics.hosts:
                 server = EmulatedHostServer(self.physics, host, extra_commands=extra.get(host))
                 server.start()
@@ -66,8 +92,6 @@ class EmulatedBench:
         n, m = self.physics.ocs_size
         nics = self.physics.all_nic_ports()
         allowed = sorted({p.ocs_tx for p in nics} | {p.ocs_rx for p in nics})
-        host_, port_ = (self.ocs_servers.tl1_address if self.protocol == "polatis-tl1"
-                        else self.ocs_servers.scpi_address)
         hosts = {}
         for name, server in self.host_servers.items():
             res = server.resource()
@@ -79,7 +103,7 @@ class EmulatedBench:
             }
         return {
             "bench": {"name": f"emulated-{self.profile.name}", "emulated": True},
-            "ocs": {"ocs1": {"protocol": self.protocol, "url": f"tcp://{host_}:{port_}", "size": [n, m],
+            "ocs": {"ocs1": {"protocol": self.protocol, "url": self.ocs_view.url, "size": [n, m],
                              "allowed_ports": [str(p) for p in allowed], "user": EMULATED_USER,
                              "password_env": PASSWORD_ENV}},
             "hosts": hosts,
@@ -95,6 +119,12 @@ class EmulatedBench:
             except Exception:  # teardown must reach every server
                 pass
         self.host_servers = {}
+        if self.ocs_view is not None:
+            try:
+                self.ocs_view.stop()
+            except Exception:
+                pass
+            self.ocs_view = None
         if self.ocs_servers is not None:
             try:
                 self.ocs_servers.stop()

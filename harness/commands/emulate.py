@@ -1,8 +1,10 @@
-"""`harness emulate`: run the emulated bench (OCS TL1/SCPI servers, SSH hosts) until interrupted."""
+"""`harness emulate`: run the emulated bench (OCS TL1/SCPI/NETCONF servers, SSH hosts) until interrupted."""
 from __future__ import annotations
 
 import signal
 import threading
+
+from devices.ocs.registry import protocol_names
 
 
 def register(sub) -> None:
@@ -10,7 +12,8 @@ def register(sub) -> None:
     p.add_argument("--profile", default="mixnet-testbed", help="built-in profile name or a profile YAML")
     p.add_argument("--inventory-out", required=True, help="where to write the bench inventory YAML")
     p.add_argument("--truth-out", help="write the ground-truth log (JSON Lines) here on exit")
-    p.add_argument("--protocol", default="polatis-tl1", choices=("polatis-tl1", "polatis-scpi"))
+    p.add_argument("--protocol", default="polatis-tl1", choices=protocol_names(),
+                   help="the OCS protocol the inventory names (TL1 and SCPI are served either way)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_emulate)
 
@@ -40,6 +43,7 @@ def _emulate(args) -> int:
         shutil.copyfile(bench.inventory_path, out)
         ocs = bench.ocs_servers
         print(f"emulated bench '{profile.name}' up; inventory: {out}", flush=True)
+        print(f"  OCS ({args.protocol}, in the inventory): {bench.ocs_view.description}", flush=True)
         print(f"  TL1  tcp://{ocs.tl1_address[0]}:{ocs.tl1_address[1]}   SCPI tcp://{ocs.scpi_address[0]}:"
               f"{ocs.scpi_address[1]}   SCPI serial {ocs.pty_path}", flush=True)
         print(f"  OCS login admin / password in ${PASSWORD_ENV} (emulator default: root)", flush=True)

@@ -1,7 +1,8 @@
-"""`harness ocs`: talk to one optical circuit switch (Polatis TL1 or SCPI) from the command line.
+"""`harness ocs`: talk to one optical circuit switch (any protocol in the OCS registry) from the command line.
 
     harness ocs --url tcp://127.0.0.1:3082 --protocol polatis-tl1 --user admin --password root connect 1 17
     harness ocs --url /dev/ttyUSB0 --protocol polatis-scpi list
+    harness ocs --url ssh://127.0.0.1:830 --protocol polatis-netconf --user admin list
 
 Only the ports named on the command line (for `disconnect`: the named ingresses and the far ends of their
 patches) may be touched unless `--allowed-ports` says otherwise.
@@ -15,7 +16,7 @@ import os
 import sys
 
 from devices.errors import DeviceError
-from devices.ocs import OcsConfigError, PROTOCOLS, open_switch, parse_url
+from devices.ocs import OcsConfigError, open_switch, parse_url, protocol_names
 from devices.ocs.base import format_ports, parse_port_ranges
 from devices.resources import OcsResource
 from harness.errors import InputError
@@ -25,10 +26,11 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("ocs", help="query or change an optical circuit switch",
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True,
-                        help="tcp://HOST:PORT, or for SCPI a pyserial URL (socket://, rfc2217://) or device path")
-    parser.add_argument("--protocol", default="polatis-tl1", help=f"one of {', '.join(PROTOCOLS)}")
-    parser.add_argument("--user", help="TL1 login (ACT-USER); none: no login")
-    parser.add_argument("--password", help="TL1 password (default: $OCS_PASSWORD)")
+                        help="tcp://HOST:PORT (TL1, SCPI), a pyserial URL (socket://, rfc2217://) or device "
+                             "path (SCPI), ssh://HOST:PORT[?known_hosts=FILE] (NETCONF)")
+    parser.add_argument("--protocol", default="polatis-tl1", help=f"one of {', '.join(protocol_names())}")
+    parser.add_argument("--user", help="login (TL1 ACT-USER, NETCONF SSH user); none: no login")
+    parser.add_argument("--password", help="login password (default: $OCS_PASSWORD)")
     parser.add_argument("--allowed-ports", metavar="RANGES",
                         help="ports the command may touch, e.g. 1-8,17-24 (default: the ports named)")
     parser.add_argument("--size", default="0x0", metavar="NxM", help="switch size, informational")

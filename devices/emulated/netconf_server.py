@@ -1,0 +1,576 @@
+"""Emulated Polatis NETCONF server: a paramiko SSH server with the `netconf` subsystem (RFC 6242), one more
+management view of the emulated switch behind `OcsServers` (the same state, logins, settle times, faults).
+
+Wire behaviour:
+- hello with base:1.0, base:1.1 (unless `base11=False`), :writable-running and the module capability
+  `http://www.polatis.com/yang/optical-switch?module=optical-switch&revision=R`; after the hellos both
+  sides use chunked framing (`\\n#LEN\\n...\\n##\\n`) when both offered base:1.1, else `]]>]]>`.
+- `get` (state + config) and `get-config` (`running`) with RFC 6241 §6 subtree filters over
+  `product-information`, `port-config`, `opm-power` and `cross-connects` of optical-switch@2018-03-22;
+- `edit-config` on `running`: pair `operation` merge / create / replace / delete / remove (qualified
+  `nc:operation` as RFC 6241 has it, or unqualified as ONOS sends it), `default-operation` merge or none;
+  the whole edit is validated first and applied as one change (all or nothing), and `<ok/>` is sent when
+  the bench says the mirrors settle;
+- `lock` / `unlock` of `running`, `close-session`;
+- `rpc-error` with RFC 6241 appendix A tags: invalid-value (a port this switch does not have, a leaf of
+  state data), in-use (an egress another pair holds; the switch busy), data-missing / data-exists,
+  missing-element, unknown-element, unknown-namespace, operation-not-supported, malformed-message,
+  missing-attribute, lock-denied.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import socket
+import tempfile
+import threading
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from devices.emulated.physics import OcsCommandError
+from devices.emulated.ssh_host import _forget_accepted, _generate_ed25519
+
+log = logging.getLogger(__name__)
+
+NC_NS = "urn:ietf:params:xml:ns:netconf:base:1.0"
+OS_NS = "http://www.polatis.com/yang/optical-switch"
+NC, OS = f"{{{NC_NS}}}", f"{{{OS_NS}}}"
+BASE_10, BASE_11 = "urn:ietf:params:netconf:base:1.0", "urn:ietf:params:netconf:base:1.1"
+EOM = b"]]>]]>"
+_CHUNK = re.compile(rb"\n#([1-9][0-9]{0,9})\n")
+_MAX_MESSAGE = 16 << 20
+# the emulator's OCS codes (physics, shared with TL1/SCPI) as NETCONF error-tags
+_TAGS = {"IIAC": "invalid-value", "SROF": "in-use", "IDNV": "data-missing"}
+
+
+@dataclass
+class RpcError(Exception):
+    tag: str
+    message: str
+    type: str = "application"
+    path: str = ""
+    info: tuple[tuple[str, str], ...] = ()
+
+
+class _Closed(Exception):
+    """The client went away, or broke the framing (RFC 6242: the session ends)."""
+
+
+class _Framing:
+    """Reads one message at a time: `]]>]]>`-delimited (1.0) or chunked (1.1)."""
+
+    def __init__(self, channel: paramiko.Channel):
+        self.channel = channel
+        self.buffer = b""
+        self.chunked = False
+
+    def _more(self) -> None:
+        data = self.channel.recv(65536)
+        if not data:
+            raise _Closed("client closed the channel")
+        self.buffer += data
+        if len(self.buffer) > _MAX_MESSAGE:
+            raise _Closed("message too large")
+
+    def read(self) -> bytes:
+        if not self.chunked:
+            while EOM not in self.buffer:
+                self._more()
+            message, _, self.buffer = self.buffer.partition(EOM)
+            return message
+        parts: list[bytes] = []
+        while True:
+            while len(self.buffer) < 4:
+                self._more()
+            if self.buffer.startswith(b"\n##\n"):
+                self.buffer = self.buffer[4:]
+                return b"".join(parts)
+            match = _CHUNK.match(self.buffer)
+            if match is None:
+                if len(self.buffer) > 14 or not self.buffer.startswith(b"\n#"):
+                    raise _Closed(f"bad chunk header {self.buffer[:14]!r}")
+                self._more()
+                continue
+            size = int(match.group(1))
+            while len(self.buffer) < match.end() + size:
+                self._more()
+            parts.append(self.buffer[match.end():match.end() + size])
+            self.buffer = self.buffer[match.end() + size:]
+
+    def frame(self, payload: bytes) -> bytes:
+        return b"\n#%d\n%s\n##\n" % (len(payload), payload) if self.chunked else payload + EOM
+
+
+def _text(element: ET.Element | None) -> str:
+    return (element.text or "").strip() if element is not None else ""
+
+
+def _operation(element: ET.Element, default: str) -> str:
+    return element.get(NC + "operation") or element.get("operation") or default
+
+
+def subtree_filter(data: ET.Element, selection: ET.Element) -> ET.Element | None:
+    """RFC 6241 §6 subtree filtering of `data` (same tag as `selection`): the part of `data` it selects."""
+    children = list(selection)
+    if not children:
+        wanted = _text(selection)
+        if wanted and _text(data) != wanted:
+            return None  # content match node that does not match
+        return data
+    content = [c for c in children if not len(c) and _text(c)]
+    for match in content:
+        found = [d for d in data if d.tag == match.tag]
+        if not any(_text(d) == _text(match) for d in found):
+            return None
+    others = [c for c in children if c not in content]
+    if not others:
+        return data  # only content match nodes, all matched: the whole entry
+    out = ET.Element(data.tag, data.attrib)
+    out.extend(d for d in data if any(d.tag == c.tag for c in content))
+    taken: set[int] = set()
+    for child_filter in others:
+        for child in data:
+            if child.tag == child_filter.tag and id(child) not in taken:
+                picked = subtree_filter(child, child_filter)
+                if picked is not None:
+                    out.append(picked)
+                    taken.add(id(child))
+    if content or len(out):
+        return out
+    return None
+
+
+def _leaf(tag: str, value) -> ET.Element:
+    element = ET.Element(tag)
+    element.text = str(value)
+    return element
+
+
+class NetconfServer:
+    """NETCONF over SSH on `host`:`port` (0: ephemeral) in front of `servers` (an `OcsServers`)."""
+
+    def __init__(self, servers, host: str = "127.0.0.1", port: int = 0, *, base11: bool = True,
+                 revision: str = "2018-03-22"):
+        self.servers = servers
+        self.bench = servers.bench
+        self.host = host
+        self.port = port
+        self.base11 = base11
+        self.revision = revision
+        self.labels: dict[int, tuple[str, str]] = {}  # port-config label, peer-port (config)
+        self._session_ids = itertools.count(1)
+        self._lock_owner: int | None = None
+        self._state_lock = threading.Lock()
+        self._dir: tempfile.TemporaryDirectory | None = None
+        self._listener: socket.socket | None = None
+        self._transports: list[paramiko.Transport] = []
+        self._running = False
+        self.host_key: paramiko.PKey | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    @property
+    def known_hosts_path(self) -> Path:
+        return Path(self._dir.name) / "known_hosts"
+
+    @property
+    def url(self) -> str:
+        return f"ssh://{self.host}:{self.port}?known_hosts={self.known_hosts_path}"
+
+    @property
+    def description(self) -> str:
+        return (f"NETCONF ssh://{self.host}:{self.port} (ssh -s netconf; host key in {self.known_hosts_path})")
+
+    def start(self) -> "NetconfServer":
+        self._dir = tempfile.TemporaryDirectory(prefix="ocs-hil-netconf-")
+        self.host_key = _generate_ed25519(Path(self._dir.name) / "ssh_host_ed25519_key")
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((self.host, self.port))
+        self._listener.listen(16)
+        self.port = self._listener.getsockname()[1]
+        self.known_hosts_path.write_text(
+            f"[{self.host}]:{self.port} {self.host_key.get_name()} {self.host_key.get_base64()}\n")
+        self._running = True
+        threading.Thread(target=self._serve, name="netconf-listen", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._running = False
+        if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._listener.close()
+            self._listener = None
+        for transport in list(self._transports):
+            transport.close()
+        self._transports = []
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self) -> "NetconfServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _serve(self) -> None:
+        while self._running:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            transport = paramiko.Transport(sock)
+            transport.add_server_key(self.host_key)
+            try:
+                transport.start_server(event=threading.Event(), server=_SshAuth(self))
+            except (paramiko.SSHException, OSError, EOFError):
+                transport.close()
+                continue
+            self._transports = [t for t in self._transports if t.is_active()] + [transport]
+
+    # ---- one session ----------------------------------------------------------------------------
+    def session(self, channel: paramiko.Channel) -> None:
+        _forget_accepted(channel)
+        session_id = next(self._session_ids)
+        framing = _Framing(channel)
+        try:
+            capabilities = [BASE_10] + ([BASE_11] if self.base11 else []) + [
+                "urn:ietf:params:netconf:capability:writable-running:1.0",
+                f"{OS_NS}?module=optical-switch&revision={self.revision}"]
+            hello = ET.Element(NC + "hello")
+            caps = ET.SubElement(hello, NC + "capabilities")
+            for uri in capabilities:
+                ET.SubElement(caps, NC + "capability").text = uri
+            ET.SubElement(hello, NC + "session-id").text = str(session_id)
+            channel.sendall(self._xml(hello) + EOM)  # the hello is always 1.0-framed
+            client = ET.fromstring(framing.read())
+            if client.tag != NC + "hello":
+                raise _Closed("first message is not a hello")
+            offered = {_text(c) for c in client.iter(NC + "capability")}
+            framing.chunked = self.base11 and BASE_11 in offered
+            while True:
+                raw = framing.read()
+                reply, done = self._handle(raw, session_id)
+                if reply is not None:
+                    channel.sendall(framing.frame(reply))
+                if done:
+                    break
+        except (_Closed, ET.ParseError, OSError, EOFError) as exc:
+            log.debug("netconf session %d ends: %s", session_id, exc)
+        finally:
+            with self._state_lock:
+                if self._lock_owner == session_id:
+                    self._lock_owner = None
+            try:
+                channel.shutdown_write()  # EOF; the client closes (spec/feasibility.md §1)
+                channel.status_event.wait(2.0)
+                channel.close()
+            except (OSError, EOFError):
+                pass
+
+    @staticmethod
+    def _xml(element: ET.Element) -> bytes:
+        ET.register_namespace("", NC_NS)
+        return b'<?xml version="1.0" encoding="UTF-8"?>' + ET.tostring(element)
+
+    def _handle(self, raw: bytes, session_id: int) -> tuple[bytes | None, bool]:
+        """One message in, the reply out (None: swallowed by an injected fault) and whether to end."""
+        try:
+            rpc = ET.fromstring(raw)
+        except ET.ParseError as exc:
+            return self._reply({}, error=RpcError("malformed-message", f"not XML: {exc}", "rpc")), False
+        if rpc.tag != NC + "rpc":
+            return self._reply({}, error=RpcError("unknown-element", f"expected <rpc>, got {rpc.tag}",
+                                                  "rpc", info=(("bad-element", rpc.tag),))), False
+        attrs = dict(rpc.attrib)
+        if "message-id" not in attrs:
+            return self._reply(attrs, error=RpcError("missing-attribute", "rpc without message-id", "rpc",
+                                                     info=(("bad-attribute", "message-id"),
+                                                           ("bad-element", "rpc")))), False
+        operation = rpc[0] if len(rpc) else None
+        name = operation.tag.removeprefix(NC) if operation is not None else ""
+        fault = self.servers.faults.take(raw.decode(errors="replace"), name == "edit-config")
+        if fault == "silence":
+            return None, False
+        if fault == "deny":
+            return self._reply(attrs, error=RpcError("in-use", "Switch busy")), False
+        try:
+            if operation is None or not operation.tag.startswith(NC):
+                raise RpcError("operation-not-supported", f"unknown operation {name or '(none)'}", "protocol")
+            handler = {"get": self._get, "get-config": self._get_config, "edit-config": self._edit_config,
+                       "lock": self._lock, "unlock": self._unlock,
+                       "close-session": lambda op, sid: None}.get(name)
+            if handler is None:
+                raise RpcError("operation-not-supported", f"operation {name} is not supported", "protocol")
+            body = handler(operation, session_id)
+            reply = self._reply(attrs, body=body)
+        except RpcError as error:
+            reply = self._reply(attrs, error=error)
+        if fault in ("garbage", "drop_chars"):
+            reply = self.servers.faults.corrupt(reply, fault)
+        return reply, name == "close-session"
+
+    def _reply(self, attrs: dict, body: ET.Element | None = None, error: RpcError | None = None) -> bytes:
+        reply = ET.Element(NC + "rpc-reply", attrs)
+        if error is not None:
+            rpc_error = ET.SubElement(reply, NC + "rpc-error")
+            for tag, value in (("error-type", error.type), ("error-tag", error.tag), ("error-severity", "error")):
+                ET.SubElement(rpc_error, NC + tag).text = value
+            if error.path:
+                ET.SubElement(rpc_error, NC + "error-path").text = error.path
+            ET.SubElement(rpc_error, NC + "error-message",
+                          {"{http://www.w3.org/XML/1998/namespace}lang": "en"}).text = error.message
+            if error.info:
+                info = ET.SubElement(rpc_error, NC + "error-info")
+                for tag, value in error.info:
+                    ET.SubElement(info, NC + tag).text = value
+        elif body is None:
+            ET.SubElement(reply, NC + "ok")
+        else:
+            reply.append(body)
+        return self._xml(reply)
+
+    # ---- the data tree (optical-switch@2018-03-22) -------------------------------------------
+    def _tree(self, config_only: bool) -> list[ET.Element]:
+        n, m = self.bench.ocs_size
+        tops: list[ET.Element] = []
+        if not config_only:
+            info = ET.Element(OS + "product-information")
+            for tag, value in (("manufacturer", "Polatis"), ("serial-number", self.servers.serial),
+                               ("model-name", f"EMU-{n}x{m}"), ("software-version", self.servers.version)):
+                info.append(_leaf(OS + tag, value))
+            tops.append(info)
+        ports = ET.Element(OS + "port-config")
+        for p in range(1, n + m + 1):
+            port = ET.SubElement(ports, OS + "port")
+            port.append(_leaf(OS + "port-id", p))
+            if not config_only:
+                port.append(_leaf(OS + "status", "ENABLED"))
+            label, peer = self.labels.get(p, ("", ""))
+            port.extend([_leaf(OS + "label", label), _leaf(OS + "peer-port", peer)])
+        tops.append(ports)
+        if not config_only:
+            opm = ET.Element(OS + "opm-power")
+            for p in range(1, n + m + 1):
+                port = ET.SubElement(opm, OS + "port")
+                port.extend([_leaf(OS + "port-id", p), _leaf(OS + "power", f"{self.bench.ocs_port_power(p):.2f}")])
+            tops.append(opm)
+        connections = ET.Element(OS + "cross-connects")
+        for ingress, egress in sorted(self.bench.ocs_patches().items()):
+            pair = ET.SubElement(connections, OS + "pair")
+            pair.extend([_leaf(OS + "ingress", ingress), _leaf(OS + "egress", egress)])
+        tops.append(connections)
+        return tops
+
+    def _data(self, operation: ET.Element, config_only: bool) -> ET.Element:
+        data = ET.Element(NC + "data")
+        spec = operation.find(NC + "filter")
+        tops = self._tree(config_only)
+        if spec is None:
+            data.extend(tops)
+            return data
+        if spec.get("type", "subtree") != "subtree":
+            raise RpcError("operation-not-supported", f"filter type {spec.get('type')!r} (:xpath not offered)",
+                           "protocol", info=(("bad-attribute", "type"), ("bad-element", "filter")))
+        for selection in spec:
+            for top in tops:
+                if top.tag == selection.tag:
+                    picked = subtree_filter(top, selection)
+                    if picked is not None:
+                        data.append(picked)
+        return data
+
+    def _datastore(self, operation: ET.Element, which: str) -> None:
+        holder = operation.find(NC + which)
+        store = holder[0].tag.removeprefix(NC) if holder is not None and len(holder) else ""
+        if store != "running":
+            raise RpcError("operation-not-supported" if store else "missing-element",
+                           f"<{which}> must be <running/> (this switch has no {store or 'datastore'})",
+                           "protocol", info=(("bad-element", which),))
+
+    def _get(self, operation: ET.Element, _sid: int) -> ET.Element:
+        return self._data(operation, config_only=False)
+
+    def _get_config(self, operation: ET.Element, _sid: int) -> ET.Element:
+        self._datastore(operation, "source")
+        return self._data(operation, config_only=True)
+
+    def _lock(self, operation: ET.Element, sid: int) -> None:
+        self._datastore(operation, "target")
+        with self._state_lock:
+            if self._lock_owner not in (None, sid):
+                raise RpcError("lock-denied", "running is locked by another session", "protocol",
+                               info=(("session-id", str(self._lock_owner)),))
+            self._lock_owner = sid
+
+    def _unlock(self, operation: ET.Element, sid: int) -> None:
+        self._datastore(operation, "target")
+        with self._state_lock:
+            if self._lock_owner != sid:
+                raise RpcError("operation-failed", "running is not locked by this session", "protocol")
+            self._lock_owner = None
+
+    def _edit_config(self, operation: ET.Element, sid: int) -> None:
+        self._datastore(operation, "target")
+        with self._state_lock:
+            if self._lock_owner not in (None, sid):
+                raise RpcError("in-use", "running is locked by another session", "protocol",
+                               info=(("session-id", str(self._lock_owner)),))
+        default = _text(operation.find(NC + "default-operation")) or "merge"
+        if default not in ("merge", "none"):
+            raise RpcError("operation-not-supported", f"default-operation {default} is not supported", "protocol")
+        config = operation.find(NC + "config")
+        if config is None:
+            raise RpcError("missing-element", "edit-config without <config>", "protocol",
+                           info=(("bad-element", "config"),))
+        current = self.bench.ocs_patches()
+        final = dict(current)
+        labels = dict(self.labels)
+        for top in config:
+            if not top.tag.startswith(OS):
+                raise RpcError("unknown-namespace", f"no data model for {top.tag}",
+                               info=(("bad-element", top.tag.rpartition("}")[2]),
+                                     ("bad-namespace", top.tag[1:].partition("}")[0])))
+            name = top.tag.removeprefix(OS)
+            if name == "cross-connects":
+                self._edit_pairs(top, final, default)
+            elif name == "port-config":
+                self._edit_ports(top, labels)
+            elif name in ("opm-power", "product-information"):
+                raise RpcError("invalid-value", f"{name} is state data (config false)", path=f"/opsw:{name}",
+                               info=(("bad-element", name),))
+            else:
+                raise RpcError("unknown-element", f"{name} is not a top-level node of optical-switch",
+                               info=(("bad-element", name),))
+        owners: dict[int, int] = {}
+        for ingress, egress in sorted(final.items()):
+            if egress in owners:
+                raise RpcError("in-use", f"egress {egress} is already connected to ingress {owners[egress]}",
+                               path=f"/opsw:cross-connects/opsw:pair[opsw:ingress='{ingress}']/opsw:egress")
+            owners[egress] = ingress
+        removes = [i for i, e in current.items() if final.get(i) != e]
+        adds = {i: e for i, e in final.items() if current.get(i) != e}
+        if adds or removes:
+            try:
+                self.servers.apply(adds, removes)  # returns when the mirrors have settled
+            except OcsCommandError as exc:
+                raise RpcError(_TAGS.get(exc.code, "operation-failed"), exc.text) from None
+        self.labels = labels
+
+    def _port(self, text: str, where: str, leaf: str) -> int:
+        try:
+            port = int(text)
+        except ValueError:
+            port = 0
+        n, m = self.bench.ocs_size
+        valid = {"ingress": range(1, n + 1), "egress": range(n + 1, n + m + 1)}.get(leaf, range(1, n + m + 1))
+        if port not in valid:
+            raise RpcError("invalid-value", f"{leaf} {text!r} is not a port of this {n}x{m} switch "
+                           f"({valid.start}..{valid.stop - 1})", path=f"{where}/opsw:{leaf}",
+                           info=(("bad-element", leaf),))
+        return port
+
+    def _edit_pairs(self, top: ET.Element, final: dict[int, int], default: str) -> None:
+        container_op = _operation(top, default)
+        if container_op in ("delete", "remove"):
+            if container_op == "delete" and not final:
+                raise RpcError("data-missing", "no cross-connects to delete", path="/opsw:cross-connects")
+            final.clear()
+            return
+        if container_op == "replace":
+            final.clear()
+        for pair in top:
+            tag = pair.tag.removeprefix(OS)
+            if tag != "pair":
+                raise RpcError("unknown-element", f"cross-connects has no {tag}", path="/opsw:cross-connects",
+                               info=(("bad-element", tag),))
+            for leaf in pair:
+                if leaf.tag not in (OS + "ingress", OS + "egress"):
+                    raise RpcError("unknown-element", f"pair has no {leaf.tag.rpartition('}')[2]}",
+                                   info=(("bad-element", leaf.tag.rpartition("}")[2]),))
+            if pair.find(OS + "ingress") is None:
+                raise RpcError("missing-element", "pair without its key ingress", path="/opsw:cross-connects/opsw:pair",
+                               info=(("bad-element", "ingress"),))
+            where = f"/opsw:cross-connects/opsw:pair[opsw:ingress='{_text(pair.find(OS + 'ingress'))}']"
+            ingress = self._port(_text(pair.find(OS + "ingress")), where, "ingress")
+            op = _operation(pair, "merge" if container_op == "replace" else container_op)
+            egress_el = pair.find(OS + "egress")
+            if op in ("delete", "remove"):
+                if op == "delete" and ingress not in final:
+                    raise RpcError("data-missing", f"no pair on ingress {ingress}", path=where,
+                                   info=(("bad-element", "pair"),))
+                if egress_el is not None and ingress in final and final[ingress] != self._port(
+                        _text(egress_el), where, "egress"):
+                    raise RpcError("data-missing", f"pair {ingress} goes to {final[ingress]}, "
+                                   f"not {_text(egress_el)}", path=where)
+                final.pop(ingress, None)
+                continue
+            if op not in ("merge", "create", "replace", "none"):
+                raise RpcError("bad-attribute", f"operation {op!r}", "protocol",
+                               info=(("bad-attribute", "operation"), ("bad-element", "pair")))
+            egress = self._port(_text(egress_el), where, "egress") if egress_el is not None else None
+            if op == "create" and ingress in final:
+                raise RpcError("data-exists", f"ingress {ingress} is already connected to {final[ingress]}",
+                               path=where, info=(("bad-element", "pair"),))
+            if egress is None:
+                if op == "none" or (op == "merge" and ingress in final):
+                    continue
+                raise RpcError("missing-element", "pair without its mandatory egress", path=where,
+                               info=(("bad-element", "egress"),))
+            final[ingress] = egress
+
+    def _edit_ports(self, top: ET.Element, labels: dict[int, tuple[str, str]]) -> None:
+        for port in top:
+            where = f"/opsw:port-config/opsw:port[opsw:port-id='{_text(port.find(OS + 'port-id'))}']"
+            if port.tag != OS + "port" or port.find(OS + "port-id") is None:
+                raise RpcError("missing-element", "port-config/port needs its key port-id", path=where,
+                               info=(("bad-element", "port-id"),))
+            pid = self._port(_text(port.find(OS + "port-id")), where, "port-id")
+            label, peer = labels.get(pid, ("", ""))
+            for leaf in port:
+                name = leaf.tag.removeprefix(OS)
+                if name == "status":
+                    raise RpcError("invalid-value", "status is state data (config false); use port-set-state",
+                                   path=f"{where}/opsw:status", info=(("bad-element", "status"),))
+                if name == "label":
+                    label = leaf.text or ""
+                elif name == "peer-port":
+                    peer = leaf.text or ""
+                elif name != "port-id":
+                    raise RpcError("unknown-element", f"port has no {name}", path=where,
+                                   info=(("bad-element", name),))
+            labels[pid] = (label, peer)
+
+
+class _SshAuth(paramiko.ServerInterface):
+    def __init__(self, server: NetconfServer):
+        self.server = server
+
+    def get_allowed_auths(self, username: str) -> str:
+        return "password"
+
+    def check_auth_password(self, username: str, password: str) -> int:
+        ok = self.server.servers.users.get(username) == password
+        return paramiko.AUTH_SUCCESSFUL if ok else paramiko.AUTH_FAILED
+
+    def check_channel_request(self, kind: str, chanid: int) -> int:
+        return paramiko.OPEN_SUCCEEDED if kind == "session" else paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+
+    def check_channel_subsystem_request(self, channel: paramiko.Channel, name: str) -> bool:
+        if name != "netconf":
+            return False
+        threading.Thread(target=self.server.session, args=(channel,), daemon=True, name="netconf-session").start()
+        return True
+
+
+def netconf_view(servers) -> NetconfServer:
+    """Registry hook (`polatis-netconf`): a running NETCONF server in front of the emulated switch."""
+    return NetconfServer(servers).start()

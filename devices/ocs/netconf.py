@@ -1,0 +1,292 @@
+"""Polatis NETCONF driver: NETCONF over SSH (port 830) with ncclient, on Polatis' `optical-switch` YANG model.
+
+Model and element names as Polatis publishes them (optical-switch@2018-03-22.yang, in ONOS
+`models/polatis`) and as ONOS' Polatis driver (`drivers/polatis/netconf`) and lab clients build them:
+- namespace `http://www.polatis.com/yang/optical-switch`;
+- `cross-connects/pair` keyed by `ingress`, with a mandatory `egress` (list `pairs` before revision
+  2017-08-04: the revision comes from the module capability in the server's hello, as ONOS reads it);
+- `opm-power/port` (`port-id`, `power` in dBm, state data), `product-information` (state data).
+
+Every change is one `edit-config` on `running` (pair `nc:operation="merge"` / `"delete"`), so `apply` moves
+all mirrors in one transaction. The switch's `rpc-error` becomes DeviceDenied with the error-tag as `code`.
+The port allowlist is checked before anything is sent, and every reply is validated before it is believed.
+URL: `ssh://HOST[:830][?known_hosts=FILE]`; host keys are always checked (FILE, then ~/.ssh/known_hosts).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Mapping, Sequence
+
+import paramiko
+from lxml import etree
+
+from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportClosed
+from devices.ocs.base import check_allowed, confirm, plan_apply
+from devices.ocs.registry import OcsConfigError, get_protocol
+from devices.protocols import CircuitSwitch
+from devices.resources import OcsResource
+from devices.timing import CommandTiming, now_ns
+
+OPTICAL_SWITCH_NS = "http://www.polatis.com/yang/optical-switch"
+NETCONF_NS = "urn:ietf:params:xml:ns:netconf:base:1.0"
+MODULE_CAPABILITY = OPTICAL_SWITCH_NS + "?module=optical-switch"
+PAIR_RENAMED_REVISION = "2017-08-04"  # `pairs` -> `pair`
+_OS = f"{{{OPTICAL_SWITCH_NS}}}"
+_NC = f"{{{NETCONF_NS}}}"
+# ncclient writes a queued RPC only when its reader loop wakes, every TICK (0.1 s by default): shorten it
+# so a command leaves at once. `sent_ns` is stamped at the channel write itself either way.
+_READER_TICK_S = 0.002
+
+
+def _el(tag: str, *children, text=None, **attrib) -> etree._Element:
+    element = etree.Element(tag, attrib)
+    if text is not None:
+        element.text = str(text)
+    element.extend(children)
+    return element
+
+
+def _pair(tag: str, ingress: int, egress: int | None = None, operation: str | None = None):
+    attrib = {_NC + "operation": operation} if operation else {}
+    children = [_el(_OS + "ingress", text=ingress)] + ([_el(_OS + "egress", text=egress)]
+                                                       if egress is not None else [])
+    return _el(_OS + tag, *children, **attrib)
+
+
+class NetconfSwitch(CircuitSwitch):
+    """A Polatis switch over NETCONF. One RPC at a time (a lock serialises callers)."""
+
+    def __init__(self, resource: OcsResource, endpoint, *, timeout_s: float = 30.0):
+        if not resource.user:
+            raise OcsConfigError(f"ocs {resource.name}: NETCONF logs in over SSH: give a user")
+        self.resource = resource
+        self.allowed = frozenset(resource.allowed_ports)
+        self.timeout_s = float(timeout_s)
+        self.protocol = get_protocol(resource.protocol)
+        self._endpoint = endpoint
+        self._lock = threading.Lock()
+        self._manager = None
+        self._sent_ns = self._recv_ns = 0
+        self.last_timing: CommandTiming | None = None
+        self.pair_tag = "pair"
+        self._connect()
+
+    # ---- session ------------------------------------------------------------------------------
+    def _connect(self) -> None:
+        from ncclient import manager
+        from ncclient.transport import session as nc_session
+
+        nc_session.TICK = min(nc_session.TICK, _READER_TICK_S)
+        host, port = self._endpoint.host, self._endpoint.port
+        where = f"{host}:{port}"
+        try:
+            sock = socket.create_connection((host, port), timeout=self.timeout_s)
+        except OSError as exc:
+            raise TransportClosed(f"NETCONF {where}: cannot connect: {exc}") from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # 44 ms per RPC otherwise
+        try:
+            self._manager = manager.connect(
+                host=host, port=port, sock=sock, username=self.resource.user,
+                password=self.resource.password, hostkey_verify=True, hostkey_b64=self._pinned_key(),
+                allow_agent=False, look_for_keys=False, timeout=self.timeout_s,
+                device_params={"name": "default"})
+        except Exception as exc:  # ncclient raises SSHError, AuthenticationError, SessionError...
+            sock.close()
+            raise DeviceError(f"NETCONF {where}: {type(exc).__name__}: {exc}") from exc
+        self._manager.timeout = self.timeout_s
+        session = self._manager._session  # stamp the real channel write and read (see _READER_TICK_S)
+        write, read = session._transport_write, session._transport_read
+
+        def stamped_write(data):
+            self._sent_ns = self._sent_ns or now_ns()
+            return write(data)
+
+        def stamped_read():
+            data = read()
+            self._recv_ns = now_ns()
+            return data
+
+        session._transport_write, session._transport_read = stamped_write, stamped_read
+        self.pair_tag = self._pair_tag(list(self._manager.server_capabilities))
+
+    def _pinned_key(self) -> str | None:
+        """The host key for this switch from `?known_hosts=FILE`, or None (ncclient then checks
+        ~/.ssh/known_hosts and refuses an unknown host)."""
+        path = self._endpoint.option("known_hosts")
+        if not path:
+            return None
+        try:
+            keys = paramiko.HostKeys(os.path.expanduser(path))
+        except OSError as exc:
+            raise OcsConfigError(f"ocs {self.resource.name}: known_hosts {path!r}: {exc}") from None
+        host, port = self._endpoint.host, self._endpoint.port
+        for name in (f"[{host}]:{port}", host):
+            entry = keys.lookup(name)
+            if entry:
+                return next(iter(entry.values())).get_base64()
+        raise DeviceError(f"NETCONF {host}:{port}: no host key for it in {path}; refusing to connect")
+
+    @staticmethod
+    def _pair_tag(capabilities: list[str]) -> str:
+        for uri in capabilities:
+            if uri.startswith(MODULE_CAPABILITY):
+                revision = dict(part.partition("=")[::2] for part in uri.partition("?")[2].split("&"))
+                return "pairs" if revision.get("revision", "9999") < PAIR_RENAMED_REVISION else "pair"
+        raise DeviceError("NETCONF server does not advertise the Polatis optical-switch YANG module "
+                          f"({MODULE_CAPABILITY}); is this a Polatis switch?")
+
+    def reconnect(self) -> None:
+        """A fresh NETCONF session after a timeout or a dropped connection (the old one is abandoned)."""
+        with self._lock:
+            self._drop()
+            self._connect()
+
+    def _drop(self) -> None:
+        if self._manager is not None:
+            try:
+                self._manager._session.close()
+            except Exception:  # a dead transport cannot be closed more
+                pass
+            self._manager = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._manager is not None and self._manager.connected:
+                try:
+                    self._manager.timeout = min(self.timeout_s, 2.0)
+                    self._manager.close_session()
+                except Exception:  # logging out of a dead session is best effort
+                    pass
+            self._drop()
+
+    # ---- raw protocol ---------------------------------------------------------------------------
+    def rpc(self, what: str, call, *args, **kwargs):
+        """Run one ncclient operation; map its errors to ours and set last_timing."""
+        from ncclient.operations import RPCError, TimeoutExpiredError
+        from ncclient.transport import TransportError
+
+        with self._lock:
+            if self._manager is None or not self._manager.connected:
+                raise TransportClosed(f"NETCONF {self._endpoint.host}:{self._endpoint.port}: session closed")
+            self._sent_ns = 0
+            try:
+                reply = call(self._manager, *args, **kwargs)
+            except RPCError as exc:
+                self.last_timing = CommandTiming(self._sent_ns or now_ns(), self._recv_ns)
+                tag = exc.tag or "operation-failed"
+                denied = DeviceDenied(what, tag, f"{exc.type or ''} {exc.message or ''}".strip()
+                                      + (f" at {exc.path.strip()}" if exc.path else ""))
+                denied.permanent = self.protocol.is_permanent(tag)
+                raise denied from None
+            except TimeoutExpiredError as exc:
+                raise DeviceTimeout(f"{what}: no rpc-reply within {self._manager.timeout} s") from exc
+            except TransportError as exc:
+                raise TransportClosed(f"{what}: NETCONF session lost: {exc}") from exc
+            self.last_timing = CommandTiming(self._sent_ns, self._recv_ns)
+        return reply
+
+    def _get(self, what: str, subtree: etree._Element, config: bool = False) -> etree._Element:
+        if config:
+            reply = self.rpc(what, lambda m: m.get_config(source="running", filter=("subtree", subtree)))
+        else:
+            reply = self.rpc(what, lambda m: m.get(filter=("subtree", subtree)))
+        data = reply.data_ele
+        if data is None or etree.QName(data).localname != "data":
+            raise DeviceError(f"{what}: rpc-reply without <data>")
+        return data
+
+    def _edit(self, what: str, *top: etree._Element) -> CommandTiming:
+        config = _el(_NC + "config", *top)
+        reply = self.rpc(what, lambda m: m.edit_config(target="running", config=config))
+        if not reply.ok:
+            raise DeviceError(f"{what}: rpc-reply without <ok/>")
+        return self.last_timing
+
+    # ---- CircuitSwitch --------------------------------------------------------------------------
+    def identify(self) -> str:
+        data = self._get("get product-information", _el(_OS + "product-information"))
+        info = data.find(_OS + "product-information")
+        if info is None:
+            raise DeviceError("get product-information: no product-information in the reply")
+        fields = [info.findtext(_OS + name, "").strip()
+                  for name in ("manufacturer", "model-name", "serial-number", "software-version")]
+        return ",".join(fields)
+
+    def patches(self) -> dict[int, int]:
+        return self._read_patches()[0]
+
+    def _read_patches(self) -> tuple[dict[int, int], CommandTiming]:
+        data = self._get("get-config cross-connects", _el(_OS + "cross-connects"), config=True)
+        patches: dict[int, int] = {}
+        n, m = self.resource.size
+        containers = data.findall(_OS + "cross-connects")
+        for pair in (p for c in containers for p in c):
+            if etree.QName(pair).localname != self.pair_tag:
+                raise DeviceError(f"cross-connects: unexpected element {etree.QName(pair).localname!r}")
+            try:
+                ingress = int(pair.findtext(_OS + "ingress"))
+                egress = int(pair.findtext(_OS + "egress"))
+            except (TypeError, ValueError):
+                raise DeviceError(f"cross-connects: malformed {self.pair_tag} "
+                                  f"{etree.tostring(pair, encoding=str)[:120]!r}") from None
+            in_range = 1 <= ingress <= n < egress <= n + m if n and m else 1 <= ingress and 1 <= egress
+            if not in_range or ingress in patches or egress in patches.values():
+                raise DeviceError(f"cross-connects: impossible pair {ingress}->{egress} in the reply")
+            patches[ingress] = egress
+        return patches, self.last_timing
+
+    def _connections(self, *pairs: etree._Element) -> etree._Element:
+        return _el(_OS + "cross-connects", *pairs)
+
+    def connect(self, ingress: int, egress: int) -> CommandTiming:
+        """`create` as is: a patched ingress or a busy egress is the switch's error (`apply` reconciles)."""
+        ingress, egress = int(ingress), int(egress)
+        check_allowed(self.allowed, (ingress, egress), f"connect {ingress}->{egress}")
+        return self._edit(f"edit-config create {ingress}->{egress}",
+                          self._connections(_pair(self.pair_tag, ingress, egress, "create")))
+
+    def disconnect(self, ingresses: Sequence[int]) -> CommandTiming:
+        """`delete` as is: an ingress without a pair is the switch's error (data-missing)."""
+        ingresses = [int(i) for i in ingresses]
+        if not ingresses:
+            raise ValueError("disconnect needs at least one port")
+        check_allowed(self.allowed, ingresses, "disconnect")
+        current = self.patches()  # a patch has two ends: its egress must be allowed too
+        check_allowed(self.allowed, [current[i] for i in ingresses if i in current], "disconnect")
+        return self._edit(f"edit-config delete {','.join(map(str, ingresses))}",
+                          self._connections(*(_pair(self.pair_tag, i, operation="delete") for i in ingresses)))
+
+    def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
+        """One edit-config: `delete` the conflicting pairs, `merge` the wanted ones (moves included)."""
+        check_allowed(self.allowed, [p for pair in mapping.items() for p in pair], "apply")
+        current, read_timing = self._read_patches()
+        plan = plan_apply(current, mapping, self.allowed, exclusive)
+        if plan.empty:
+            return read_timing
+        edits = [_pair(self.pair_tag, i, operation="delete") for i in sorted(plan.removes) if i not in plan.adds]
+        edits += [_pair(self.pair_tag, i, e, "merge") for i, e in sorted(plan.adds.items())]
+        timing = self._edit(f"edit-config apply {dict(sorted(plan.adds.items()))}", self._connections(*edits))
+        confirm(self.patches(), mapping, plan.removes)
+        return timing
+
+    def port_power(self, ports: Sequence[int]) -> dict[int, float]:
+        ports = [int(p) for p in ports]
+        if not ports:
+            return {}
+        check_allowed(self.allowed, ports, "port power")
+        subtree = _el(_OS + "opm-power", *(_el(_OS + "port", _el(_OS + "port-id", text=p), _el(_OS + "power"))
+                                            for p in ports))
+        data = self._get("get opm-power", subtree)
+        power: dict[int, float] = {}
+        for port in data.iterfind(f"{_OS}opm-power/{_OS}port"):
+            try:
+                power[int(port.findtext(_OS + "port-id"))] = float(port.findtext(_OS + "power"))
+            except (TypeError, ValueError):
+                raise DeviceError(f"opm-power: malformed port {etree.tostring(port, encoding=str)[:120]!r}") \
+                    from None
+        missing = [p for p in ports if p not in power]
+        if missing:
+            raise DeviceError(f"opm-power returned no power for port(s) {missing}")
+        return {p: power[p] for p in ports}

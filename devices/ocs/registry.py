@@ -1,0 +1,129 @@
+"""The OCS protocol registry: everything the rest of the project knows about a switch protocol, in one entry.
+
+An entry names the driver (loaded on first use), the URL schemes and default port, the refusal codes that
+no retry can cure, and the emulator that speaks the protocol over the emulated bench. The inventory loader,
+`harness ocs`, `harness emulate` and `EmulatedBench` read this table; nothing else lists protocol names.
+A lab adds a protocol with one module and one `register_protocol(OcsProtocol(...))` call (labgrid's
+power-backend-per-module pattern); registering a name twice is refused.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# pyserial URL handlers (serial.serial_for_url)
+SERIAL_SCHEMES = ("socket", "rfc2217", "loop", "spy", "alt", "hwgrep", "cp2110")
+
+
+class OcsConfigError(ValueError):
+    """A protocol name or URL that cannot work; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class OcsProtocol:
+    """One OCS wire protocol.
+
+    driver: "module:Class" implementing `devices.protocols.CircuitSwitch`, built as
+        `Class(resource, channel, timeout_s=...)` over a line channel this registry opens when
+        `line_channel` is set (TL1, SCPI), else as `Class(resource, endpoint, timeout_s=...)` (it opens its
+        own transport, e.g. SSH).
+    schemes: URL schemes it accepts; pyserial schemes (SERIAL_SCHEMES) mean a serial line.
+    serial_paths: a bare device path (`/dev/ttyUSB0`, `COM3`) is a serial line for this protocol.
+    permanent_codes: refusal codes (`DeviceDenied.code`) that retrying cannot cure.
+    emulator: "module:function", called as `function(ocs_servers)` with the emulated bench's running
+        `OcsServers` (one switch state, its login table and its fault plan); returns a running view with
+        `url`, `description` (one line for `harness emulate`) and `stop()`.
+    """
+
+    name: str
+    driver: str
+    schemes: tuple[str, ...]
+    default_port: int
+    permanent_codes: frozenset[str]
+    emulator: str
+    serial_paths: bool = False
+    line_channel: bool = False
+    summary: str = ""
+    references: tuple[str, ...] = field(default=(), compare=False)
+
+    def open(self, resource, endpoint, timeout_s: float):
+        driver = load(self.driver)
+        if not self.line_channel:
+            return driver(resource, endpoint, timeout_s=timeout_s)
+        from devices.ocs.lines import SerialLineChannel, TcpLineChannel
+
+        channel = (TcpLineChannel(endpoint.host, endpoint.port) if endpoint.kind == "tcp"
+                   else SerialLineChannel(endpoint.url, baudrate=resource.baudrate))
+        try:
+            return driver(resource, channel, timeout_s=timeout_s)
+        except BaseException:
+            channel.close()
+            raise
+
+    def start_emulator(self, ocs_servers):
+        return load(self.emulator)(ocs_servers)
+
+    def is_permanent(self, code: str) -> bool:
+        return str(code) in self.permanent_codes
+
+
+_PROTOCOLS: dict[str, OcsProtocol] = {}
+
+
+def register_protocol(protocol: OcsProtocol) -> OcsProtocol:
+    """Add a protocol; a name that is already registered is refused (ValueError), never overwritten."""
+    if protocol.name in _PROTOCOLS:
+        raise ValueError(f"OCS protocol {protocol.name!r} is already registered "
+                         f"(driver {_PROTOCOLS[protocol.name].driver})")
+    if not protocol.schemes:
+        raise ValueError(f"OCS protocol {protocol.name!r}: no URL schemes")
+    _PROTOCOLS[protocol.name] = protocol
+    return protocol
+
+
+def protocol_names() -> tuple[str, ...]:
+    return tuple(_PROTOCOLS)
+
+
+def get_protocol(name: str) -> OcsProtocol:
+    try:
+        return _PROTOCOLS[name]
+    except (KeyError, TypeError):
+        raise OcsConfigError(f"unknown switch protocol {name!r} "
+                             f"(choose from {', '.join(_PROTOCOLS)})") from None
+
+
+def load(target: str) -> Any:
+    """`"package.module:attribute"` -> the attribute (imported on first use)."""
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+# ---- the built-in protocols ---------------------------------------------------------------------------
+register_protocol(OcsProtocol(
+    name="polatis-tl1", driver="devices.ocs.tl1:Tl1Switch", schemes=("tcp",), default_port=3082, line_channel=True,
+    # invalid AID / ctag / command / data, bad login, login not active: the same command fails again
+    permanent_codes=frozenset({"IIAC", "IICT", "ICNV", "IDNV", "PIUI", "PLNA"}),
+    emulator="devices.emulated.bench:tl1_view",
+    summary="Polatis TL1 over TCP (ENT-PATCH / DLT-PATCH / RTRV-PATCH)"))
+
+register_protocol(OcsProtocol(
+    name="polatis-scpi", driver="devices.ocs.scpi:ScpiSwitch", schemes=("tcp",) + SERIAL_SCHEMES,
+    default_port=5025, serial_paths=True, line_channel=True,
+    # data out of range, illegal parameter value, undefined header, missing parameter, syntax/command error
+    permanent_codes=frozenset({"-222", "-224", "-113", "-109", "-102", "-100"}),
+    emulator="devices.emulated.bench:scpi_view",
+    summary="Polatis SCPI over TCP or a serial line (:OXC:SWIT:CONN:...)"))
+
+register_protocol(OcsProtocol(
+    name="polatis-netconf", driver="devices.ocs.netconf:NetconfSwitch", schemes=("ssh",), default_port=830,
+    # RFC 6241 appendix A error-tags that describe the request itself, not the switch's momentary state
+    permanent_codes=frozenset({"invalid-value", "too-big", "missing-attribute", "bad-attribute",
+                               "unknown-attribute", "missing-element", "bad-element", "unknown-element",
+                               "unknown-namespace", "access-denied", "data-exists", "data-missing",
+                               "operation-not-supported", "malformed-message"}),
+    emulator="devices.emulated.netconf_server:netconf_view",
+    summary="Polatis NETCONF over SSH (optical-switch YANG: cross-connects/pair, opm-power, port-config)",
+    references=("opennetworkinglab/onos models/polatis/src/main/yang/optical-switch@2018-03-22.yang",
+                "opennetworkinglab/onos drivers/polatis/netconf (PolatisUtility, PolatisNetconfUtility)")))

@@ -1,0 +1,121 @@
+"""Every protocol in the OCS registry, through `open_switch`, against its emulator view of one switch: the
+16x16 traverse, the switch's own refusals, and the allowlist that sends nothing."""
+from __future__ import annotations
+
+import pytest
+
+from devices.emulated.ocs_server import OcsServers
+from devices.emulated.physics import OpticalBench
+from devices.emulated.profile import load_profile
+from devices.errors import DeviceDenied, PortNotAllowed
+from devices.ocs import get_protocol, open_switch, protocol_names
+from devices.resources import OcsResource
+
+N = 16  # the `instant` profile's switch is 16x16
+ALL_PORTS = frozenset(range(1, 2 * N + 1))
+# what each switch answers: no such port, an ingress where an egress belongs, no patch to delete,
+# ingress busy, egress busy
+REFUSALS = {
+    "polatis-tl1": ("IIAC", "IIAC", "IDNV", "SROF", "SROF"),
+    "polatis-scpi": ("-222", "-222", "-224", "-221", "-221"),
+    "polatis-netconf": ("invalid-value", "invalid-value", "data-missing", "data-exists", "in-use"),
+}
+
+
+@pytest.fixture(scope="module")
+def emulator():
+    bench = OpticalBench(load_profile("instant"), seed=5).start()
+    servers = OcsServers(bench, pty=False).start()
+    views = {name: get_protocol(name).start_emulator(servers) for name in protocol_names()}
+    yield bench, servers, views
+    for view in views.values():
+        view.stop()
+    servers.stop()
+    bench.stop()
+
+
+def _open(views, protocol: str, allowed=ALL_PORTS):
+    return open_switch(OcsResource(name="ocs1", protocol=protocol, url=views[protocol].url, size=(N, N),
+                                   allowed_ports=frozenset(allowed), user="admin", password="root"),
+                       timeout_s=10)
+
+
+@pytest.fixture(params=sorted(REFUSALS))
+def switch(request, emulator):
+    _, servers, views = emulator
+    servers.faults.clear()
+    switch = _open(views, request.param, allowed=ALL_PORTS | {99})
+    switch.apply({}, exclusive=True)  # every test starts from an empty switch
+    yield switch
+    switch.close()
+
+
+def test_every_registered_protocol_is_tested():
+    assert set(protocol_names()) == set(REFUSALS)
+
+
+def test_full_traverse_of_every_port_pair(switch, emulator):
+    """Every ingress to every egress, one at a time, each confirmed by reading the switch back."""
+    bench = emulator[0]
+    seen = 0
+    for ingress in range(1, N + 1):
+        for egress in range(N + 1, 2 * N + 1):
+            timing = switch.apply({ingress: egress}, exclusive=True)
+            assert timing.sent_ns <= timing.completed_ns
+            assert switch.patches() == {ingress: egress} == bench.ocs_patches()
+            seen += 1
+    assert seen == N * N
+
+
+def test_switch_refusals_surface_with_their_codes(switch):
+    no_port, wrong_side, no_patch, ingress_busy, egress_busy = REFUSALS[switch.resource.protocol]
+    cases = [(lambda: switch.connect(99, 17), no_port),
+             (lambda: switch.connect(1, 2), wrong_side),
+             (lambda: switch.disconnect([4]), no_patch)]
+    switch.connect(1, 17)
+    cases += [(lambda: switch.connect(1, 18), ingress_busy),
+              (lambda: switch.connect(3, 17), egress_busy)]
+    entry = get_protocol(switch.resource.protocol)
+    for action, code in cases:
+        with pytest.raises(DeviceDenied) as denied:
+            action()
+        assert denied.value.code == code, denied.value
+        assert code in str(denied.value)
+        if entry.name == "polatis-netconf":  # TL1 and SCPI set `permanent` with the runtime's landing
+            assert denied.value.permanent == entry.is_permanent(code)
+    assert entry.is_permanent(no_port) and not entry.is_permanent(egress_busy)
+    assert switch.patches() == {1: 17}  # nothing changed by the refusals
+
+
+def test_port_outside_allowlist_sends_nothing(emulator):
+    bench, servers, views = emulator
+    for protocol in REFUSALS:
+        admin = _open(views, protocol)
+        admin.apply({}, exclusive=True)
+        admin.connect(9, 25)  # someone else's patch
+        limited = _open(views, protocol, allowed={1, 2, 17, 18})
+        try:
+            servers.faults.clear()
+            servers.faults.arm("deny", count=1000, changes_only=False)  # a tripwire: any command fires it
+            for action in (lambda: limited.connect(1, 19), lambda: limited.connect(9, 17),
+                           lambda: limited.port_power([1, 30]), lambda: limited.apply({2: 25})):
+                with pytest.raises(PortNotAllowed):
+                    action()
+            assert servers.faults.fired == [], protocol
+            servers.faults.clear()
+            bench.ocs_apply({1: 26})  # set behind our back: 26 is not allowed
+            bench.wait_idle()
+            truth = len(bench.ground_truth())
+            with pytest.raises(PortNotAllowed):
+                limited.disconnect([1])  # the patch's egress is outside the allowlist (after a read)
+            with pytest.raises(PortNotAllowed):
+                limited.apply({1: 17})  # moving it away from 26 touches 26
+            bench.wait_idle()
+            assert bench.ocs_patches() == {1: 26, 9: 25} and len(bench.ground_truth()) == truth, protocol
+            bench.ocs_apply({}, [1])
+            limited.apply({1: 17, 2: 18}, exclusive=True)  # keeps 9->25, which is not ours
+            assert limited.patches() == {1: 17, 2: 18, 9: 25} == bench.ocs_patches()
+        finally:
+            servers.faults.clear()
+            limited.close()
+            admin.close()
