@@ -81,8 +81,7 @@ def test_switch_refusals_surface_with_their_codes(switch):
             action()
         assert denied.value.code == code, denied.value
         assert code in str(denied.value)
-        if entry.name == "polatis-netconf":  # TL1 and SCPI set `permanent` with the runtime's landing
-            assert denied.value.permanent == entry.is_permanent(code)
+        assert denied.value.permanent == entry.is_permanent(code)
     assert entry.is_permanent(no_port) and not entry.is_permanent(egress_busy)
     assert switch.patches() == {1: 17}  # nothing changed by the refusals
 

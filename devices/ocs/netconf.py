@@ -24,7 +24,7 @@ from lxml import etree
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportClosed
 from devices.ocs.base import check_allowed, confirm, plan_apply
-from devices.ocs.registry import OcsConfigError, get_protocol
+from devices.ocs.registry import OcsConfigError
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
 from devices.timing import CommandTiming, now_ns
@@ -33,6 +33,12 @@ OPTICAL_SWITCH_NS = "http://www.polatis.com/yang/optical-switch"
 NETCONF_NS = "urn:ietf:params:xml:ns:netconf:base:1.0"
 MODULE_CAPABILITY = OPTICAL_SWITCH_NS + "?module=optical-switch"
 PAIR_RENAMED_REVISION = "2017-08-04"  # `pairs` -> `pair`
+# RFC 6241 appendix A error-tags that describe the request itself, not the switch's momentary state
+# (in-use, lock-denied, resource-denied, data-exists, operation-failed may clear: they are retried)
+PERMANENT_TAGS = frozenset({"invalid-value", "too-big", "missing-attribute", "bad-attribute",
+                            "unknown-attribute", "missing-element", "bad-element", "unknown-element",
+                            "unknown-namespace", "access-denied", "data-missing", "operation-not-supported",
+                            "malformed-message"})
 _OS = f"{{{OPTICAL_SWITCH_NS}}}"
 _NC = f"{{{NETCONF_NS}}}"
 # ncclient writes a queued RPC only when its reader loop wakes, every TICK (0.1 s by default): shorten it
@@ -64,7 +70,6 @@ class NetconfSwitch(CircuitSwitch):
         self.resource = resource
         self.allowed = frozenset(resource.allowed_ports)
         self.timeout_s = float(timeout_s)
-        self.protocol = get_protocol(resource.protocol)
         self._endpoint = endpoint
         self._lock = threading.Lock()
         self._manager = None
@@ -176,10 +181,9 @@ class NetconfSwitch(CircuitSwitch):
             except RPCError as exc:
                 self.last_timing = CommandTiming(self._sent_ns or now_ns(), self._recv_ns)
                 tag = exc.tag or "operation-failed"
-                denied = DeviceDenied(what, tag, f"{exc.type or ''} {exc.message or ''}".strip()
-                                      + (f" at {exc.path.strip()}" if exc.path else ""))
-                denied.permanent = self.protocol.is_permanent(tag)
-                raise denied from None
+                raise DeviceDenied(what, tag, f"{exc.type or ''} {exc.message or ''}".strip()
+                                   + (f" at {exc.path.strip()}" if exc.path else ""),
+                                   permanent=tag in PERMANENT_TAGS) from None
             except TimeoutExpiredError as exc:
                 raise DeviceTimeout(f"{what}: no rpc-reply within {self._manager.timeout} s") from exc
             except TransportError as exc:

@@ -30,7 +30,8 @@ class OcsProtocol:
         own transport, e.g. SSH).
     schemes: URL schemes it accepts; pyserial schemes (SERIAL_SCHEMES) mean a serial line.
     serial_paths: a bare device path (`/dev/ttyUSB0`, `COM3`) is a serial line for this protocol.
-    permanent_codes: refusal codes (`DeviceDenied.code`) that retrying cannot cure.
+    permanent: "module:name" of the driver's own classification of refusal codes (`DeviceDenied.code`)
+        that retrying cannot cure: a set of codes or a predicate `f(code) -> bool`.
     emulator: "module:function", called as `function(ocs_servers)` with the emulated bench's running
         `OcsServers` (one switch state, its login table and its fault plan); returns a running view with
         `url`, `description` (one line for `harness emulate`) and `stop()`.
@@ -40,7 +41,7 @@ class OcsProtocol:
     driver: str
     schemes: tuple[str, ...]
     default_port: int
-    permanent_codes: frozenset[str]
+    permanent: str
     emulator: str
     serial_paths: bool = False
     line_channel: bool = False
@@ -65,7 +66,8 @@ class OcsProtocol:
         return load(self.emulator)(ocs_servers)
 
     def is_permanent(self, code: str) -> bool:
-        return str(code) in self.permanent_codes
+        rule = load(self.permanent)
+        return bool(rule(str(code))) if callable(rule) else str(code) in rule
 
 
 _PROTOCOLS: dict[str, OcsProtocol] = {}
@@ -102,27 +104,22 @@ def load(target: str) -> Any:
 
 # ---- the built-in protocols ---------------------------------------------------------------------------
 register_protocol(OcsProtocol(
-    name="polatis-tl1", driver="devices.ocs.tl1:Tl1Switch", schemes=("tcp",), default_port=3082, line_channel=True,
-    # invalid AID / ctag / command / data, bad login, login not active: the same command fails again
-    permanent_codes=frozenset({"IIAC", "IICT", "ICNV", "IDNV", "PIUI", "PLNA"}),
+    name="polatis-tl1", driver="devices.ocs.tl1:Tl1Switch", schemes=("tcp",), default_port=3082,
+    line_channel=True,
+    permanent="devices.ocs.tl1:PERMANENT_CODES",
     emulator="devices.emulated.bench:tl1_view",
     summary="Polatis TL1 over TCP (ENT-PATCH / DLT-PATCH / RTRV-PATCH)"))
 
 register_protocol(OcsProtocol(
     name="polatis-scpi", driver="devices.ocs.scpi:ScpiSwitch", schemes=("tcp",) + SERIAL_SCHEMES,
     default_port=5025, serial_paths=True, line_channel=True,
-    # data out of range, illegal parameter value, undefined header, missing parameter, syntax/command error
-    permanent_codes=frozenset({"-222", "-224", "-113", "-109", "-102", "-100"}),
+    permanent="devices.ocs.scpi:is_permanent",
     emulator="devices.emulated.bench:scpi_view",
     summary="Polatis SCPI over TCP or a serial line (:OXC:SWIT:CONN:...)"))
 
 register_protocol(OcsProtocol(
     name="polatis-netconf", driver="devices.ocs.netconf:NetconfSwitch", schemes=("ssh",), default_port=830,
-    # RFC 6241 appendix A error-tags that describe the request itself, not the switch's momentary state
-    permanent_codes=frozenset({"invalid-value", "too-big", "missing-attribute", "bad-attribute",
-                               "unknown-attribute", "missing-element", "bad-element", "unknown-element",
-                               "unknown-namespace", "access-denied", "data-exists", "data-missing",
-                               "operation-not-supported", "malformed-message"}),
+    permanent="devices.ocs.netconf:PERMANENT_TAGS",
     emulator="devices.emulated.netconf_server:netconf_view",
     summary="Polatis NETCONF over SSH (optical-switch YANG: cross-connects/pair, opm-power, port-config)",
     references=("opennetworkinglab/onos models/polatis/src/main/yang/optical-switch@2018-03-22.yang",
