@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 KEY = ["cycle", "stage", "host", "port"]
 
@@ -44,3 +45,39 @@ def accuracy_table(matched: pd.DataFrame) -> pd.DataFrame:
                      "bias_ms": float(g["error_ns"].mean() / 1e6),
                      "coverage": float(g["covered"].mean())})
     return pd.DataFrame(rows)
+
+
+def realised_vs_profile(draws: pd.DataFrame, *, alpha: float = 0.01, floor_ms: float = 0.1,
+                        rel_tolerance: float = 0.05) -> dict:
+    """Did the emulator keep its profile? Per stage, the delays it drew against those it realised.
+
+    `draws` has one row per drawn delay: stage, delay_ns, late_ns (how long after its due time the action
+    ran) and u_realised — the profile's CDF at the realised delay (delay + late), NaN for a fixed delay.
+    The realised delays follow the profile iff u_realised is uniform (a KS test per stage). A stage missed
+    its profile when the test rejects at `alpha` (or the delay is fixed) and the p99 lateness exceeds
+    max(floor_ms, rel_tolerance × the stage's p99): a machine too busy to run the schedule on time.
+    """
+    out = {"stages": {}, "late": [], "warning": None}
+    for stage, g in draws.groupby("stage", sort=False):
+        drawn = g["delay_ns"].to_numpy(dtype=float) / 1e6
+        late = g["late_ns"].to_numpy(dtype=float) / 1e6
+        u = g["u_realised"].to_numpy(dtype=float)
+        ks_p = float(stats.kstest(u, "uniform").pvalue) if np.isfinite(u).all() and len(u) >= 2 else None
+        d50, d99 = np.quantile(drawn, [0.5, 0.99])
+        r50, r99 = np.quantile(drawn + late, [0.5, 0.99])
+        late99 = float(np.quantile(late, 0.99))
+        missed = (ks_p is None or ks_p < alpha) and late99 > max(floor_ms, rel_tolerance * d99)
+        out["stages"][stage] = {"n": int(len(g)), "profile_p50_ms": float(d50), "profile_p99_ms": float(d99),
+                                "realised_p50_ms": float(r50), "realised_p99_ms": float(r99),
+                                "late_p99_ms": late99, "late_max_ms": float(late.max()), "ks_p": ks_p,
+                                "missed": bool(missed)}
+        if missed:
+            out["late"].append(stage)
+    if out["late"]:
+        worst = max(out["late"], key=lambda s: out["stages"][s]["late_p99_ms"])
+        w = out["stages"][worst]
+        ks = "" if w["ks_p"] is None else f", KS p = {w['ks_p']:.2g}"
+        out["warning"] = (f"the machine made the emulator late in {len(out['late'])} stage(s) "
+                          f"({', '.join(out['late'])}): {worst} realised p99 {w['realised_p99_ms']:.3f} ms against "
+                          f"the profile's {w['profile_p99_ms']:.3f} ms{ks}; lateness p99 {w['late_p99_ms']:.3f} ms")
+    return out

@@ -10,7 +10,9 @@ Selection rule:
 4. among the candidates with p >= alpha, the lower AIC wins (both have two parameters, so this is the
    higher likelihood); if neither passes → `empirical` (quantiles at equally spaced levels).
 
-Parameter confidence intervals: percentile bootstrap (resample the data, re-fit the chosen family).
+Parameter confidence intervals: percentile bootstrap that resamples whole cycles when the samples' cycles
+are given (the ports of one cycle share one OCS draw: they are not independent), then re-fits the chosen
+family. The KS p-value treats samples as independent; it decides the family, not an interval.
 """
 from __future__ import annotations
 
@@ -131,11 +133,16 @@ def empirical_spec(x: np.ndarray, n_quantiles: int = 21) -> tuple[dict, bool]:
 
 
 # ------------------------------------------------------------------------------------------- fit
-def fit_delay(samples_ms, rng_seed: int, *, alpha: float = 0.05, n_mc: int = 300, n_boot: int = 300,
-              n_quantiles: int = 21, min_parametric: int = 8) -> DelayFit:
-    """Fit samples (ms) and return the profile spec, the candidates' statistics and 95 % bootstrap CIs."""
+def fit_delay(samples_ms, rng_seed: int, *, cycles=None, alpha: float = 0.05, n_mc: int = 300,
+              n_boot: int = 300, n_quantiles: int = 21, min_parametric: int = 8) -> DelayFit:
+    """Fit samples (ms) and return the profile spec, the candidates' statistics and 95 % bootstrap CIs.
+    `cycles` (aligned with the samples) makes the bootstrap resample whole cycles."""
+    from analysis.stats import resample_cycles
+
     x = np.asarray(samples_ms, dtype=float)
-    x = x[np.isfinite(x)]
+    finite = np.isfinite(x)
+    cycles = None if cycles is None else np.asarray(cycles)[finite]
+    x = x[finite]
     n = int(x.size)
     if n == 0:
         raise FitError("no finite samples to fit")
@@ -156,14 +163,18 @@ def fit_delay(samples_ms, rng_seed: int, *, alpha: float = 0.05, n_mc: int = 300
         accepted = []
         notes.append("too few samples for a parametric fit" if n < min_parametric
                      else "samples <= 0: parametric families need positive delays")
-    boot = x[rng.integers(0, n, size=(n_boot, n))]
+    if cycles is None:
+        boot = x[rng.integers(0, n, size=(n_boot, n))]  # rows: vectorised fits
+    else:
+        boot = resample_cycles(x, cycles, rng, n_boot)
     if accepted:
         family = min(accepted, key=lambda f: candidates[f]["aic"])
         p1, p2 = candidates[family]["params"]
         make = _lognormal_report if family == "lognormal" else _gamma_report
         report = {k: float(v) for k, v in make(np.asarray(p1), np.asarray(p2)).items()}
         spec = _spec(family, report)
-        b1, b2 = _mle(family, boot)
+        b1, b2 = (_mle(family, boot) if isinstance(boot, np.ndarray)
+                  else (np.array(v) for v in zip(*(_mle(family, b) for b in boot))))
         boot_report = make(b1, b2)
         ci = {k: [_sig(float(np.quantile(v, 0.025))), _sig(float(np.quantile(v, 0.975)))]
               for k, v in boot_report.items()}
@@ -173,7 +184,8 @@ def fit_delay(samples_ms, rng_seed: int, *, alpha: float = 0.05, n_mc: int = 300
     spec, clipped = empirical_spec(x, n_quantiles)
     if clipped:
         notes.append("negative quantiles clipped to 0")
-    qs = np.quantile(boot, [0.5, 0.99], axis=1)
+    qs = (np.quantile(boot, [0.5, 0.99], axis=1) if isinstance(boot, np.ndarray)
+          else np.array([np.quantile(b, [0.5, 0.99]) for b in boot]).T)
     ci = {"p50_ms": [_sig(float(np.quantile(qs[0], 0.025))), _sig(float(np.quantile(qs[0], 0.975)))],
           "p99_ms": [_sig(float(np.quantile(qs[1], 0.025))), _sig(float(np.quantile(qs[1], 0.975)))]}
     return DelayFit(spec, "empirical", n, candidates, ci, tuple(notes))

@@ -124,6 +124,24 @@ def one_per_cycle(samples, cycles, rng: np.random.Generator) -> np.ndarray:
     return x[starts + (rng.random(len(starts)) * sizes).astype(int)]
 
 
+def resample_cycles(samples, cycles, rng: np.random.Generator, n_resamples: int) -> list[np.ndarray]:
+    """`n_resamples` bootstrap samples, each the pooled samples of as many cycles drawn with replacement:
+    the samples of one cycle always travel together. Without `cycles`, every sample is its own cycle."""
+    x = np.asarray(samples, dtype=float)
+    c = np.arange(x.size) if cycles is None else _units(x, cycles)
+    keep = np.isfinite(x)
+    x, c = x[keep], c[keep]
+    _, inverse = np.unique(c, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    x = x[order]
+    sizes = np.bincount(inverse)
+    starts = np.r_[0, np.cumsum(sizes)[:-1]]
+    out = []
+    for picked in rng.integers(0, len(sizes), size=(n_resamples, len(sizes))):
+        out.append(np.concatenate([x[starts[k]:starts[k] + sizes[k]] for k in picked]))
+    return out
+
+
 def cluster_bootstrap(samples, cycles, statistic, *, rng_seed: int, n_resamples: int = 2000,
                       confidence: float = 0.95, method: str = "percentile") -> dict:
     """Bootstrap that resamples whole cycles (a cluster bootstrap) through scipy.stats.bootstrap.

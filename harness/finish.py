@@ -35,6 +35,9 @@ def write_ground_truth(ctx, truth: pd.DataFrame) -> None:
     for row in truth.itertuples(index=False):
         gt.add(row.cycle, row.stage, row.host, row.port, row.t_ns)
     gt.write(ctx.run_dir / "ground_truth.parquet")
+    # Every delay the emulator drew, keyed (command, port, stage): the same seed gives the same file.
+    draws = pd.DataFrame(ctx.emulated.physics.draws(), columns=["command", "port", "stage", "delay_ns", "late_ns"])
+    draws.drop(columns="late_ns").to_parquet(ctx.run_dir / "ground_truth_delays.parquet", index=False)
 
 
 def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict:
@@ -51,6 +54,7 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
         from analysis.accuracy import accuracy_table, match
 
         write_ground_truth(ctx, truth)
+        summary["emulator"] = ctx.emulated.physics.schedule_report()
         matched = match(measured, truth)
         if len(matched):
             summary["accuracy"] = accuracy_table(matched).to_dict(orient="records")
@@ -74,12 +78,24 @@ def summary_markdown(ctx, summary: dict) -> str:
             lines.append(f"| {r['stage']} | {r['n']} | {r['abs_err_p50_ms']:.4f} | {r['abs_err_p99_ms']:.4f} | "
                          f"{r['bias_ms']:+.4f} | {100 * r['coverage']:.2f} % |")
         lines.append("")
+    if summary.get("emulator"):
+        lines += ["## Emulator schedule", "", emulator_line(summary["emulator"]), ""]
     checks = [(n, c) for n, s in summary["steps"].items() for c in s["checks"]]
     if checks:
         lines += ["## Checks", ""] + [f"- {'✔' if c['ok'] else '✘'} {n}: {c['name']} — {c.get('detail', '')}"
                                       for n, c in checks] + [""]
     lines += [r.summary_md for r in ctx.results.values() if r.summary_md]
     return "\n".join(lines) + "\n"
+
+
+def emulator_line(report) -> str:
+    """One line: did the emulated bench keep its own profile on this machine?"""
+    late = report["lateness_ms"]
+    head = (f"lateness p50 {late['p50_ms']:.3f} ms, p99 {late['p99_ms']:.3f} ms, max {late['max_ms']:.3f} ms "
+            f"over {late['n']} scheduled actions")
+    if report.get("warning"):
+        return f"WARNING: {report['warning']} ({head}; stage times are due times, deliveries ran late)"
+    return f"on schedule: realised delays match the profile in every stage ({head})"
 
 
 def write_markdown(ctx, summary: dict):
@@ -141,6 +157,9 @@ def console_summary(ctx, record: rec.RunRecord) -> None:
         a = accuracy["all"]
         console.print(f"vs emulator truth: |error| p50 {a['abs_err_p50_ms']:.3f} ms, p99 {a['abs_err_p99_ms']:.3f} ms, "
                       f"{100 * a['coverage']:.1f} % within ±uncertainty (n={a['n']})")
+    if summary.get("emulator"):
+        line = emulator_line(summary["emulator"])
+        console.print(f"emulator: {'[yellow]' + line + '[/]' if line.startswith('WARNING') else line}")
     for name, results in summary.get("results", {}).items():
         console.print(f"{name}: " + ", ".join(f"{k} [bold]{v:.3g}[/]" if isinstance(v, float) else f"{k} [bold]{v}[/]"
                                               for k, v in results.items() if isinstance(v, (str, int, float))))

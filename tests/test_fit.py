@@ -101,3 +101,28 @@ def test_ci_coverage_is_near_nominal():
             total += 1
             hits += inside(fit.ci95["mean_ms"], 2.0)
     assert total >= 45 and 0.85 <= hits / total <= 1.0
+
+
+def test_bootstrap_resamples_whole_cycles():
+    """Ports sharing a cycle's draw: the cycle-cluster CI of the median is wider than the i.i.d. one
+    (pseudo-replication) and covers the true median."""
+    rng = np.random.default_rng(21)
+    shared = rng.lognormal(math.log(45.0), 0.15, size=10)  # one OCS draw per cycle
+    x = np.repeat(shared, 8) * np.exp(rng.normal(0, 0.002, 80))
+    cycles = np.repeat(np.arange(10), 8)
+    clustered, naive = fit_delay(x, 0, cycles=cycles), fit_delay(x, 0)
+    assert clustered.choice == naive.choice == "empirical"  # ten distinct values: no family passes KS
+    wide, narrow = clustered.ci95["p50_ms"], naive.ci95["p50_ms"]
+    assert (wide[1] - wide[0]) > 1.5 * (narrow[1] - narrow[0]) and wide[0] <= 45.0 <= wide[1]
+
+
+def test_resample_cycles_keeps_cycles_whole():
+    from analysis.stats import resample_cycles
+
+    cycles = np.repeat(np.arange(6), [1, 2, 3, 4, 5, 6])
+    x = cycles * 100.0 + np.arange(len(cycles))
+    for sample in resample_cycles(x, cycles, np.random.default_rng(0), 50):
+        drawn = np.floor(sample / 100).astype(int)
+        counts = np.bincount(drawn, minlength=6)
+        assert all(counts[k] % (k + 1) == 0 for k in range(6))  # each cycle's samples all or none
+        assert sum(counts[k] // (k + 1) for k in range(6)) == 6  # as many cycles as the data hold

@@ -113,3 +113,151 @@ def test_lognormal_profile_matches_its_mean_and_p99():
     x = np.array([p.ocs["switch"].sample(rng) for _ in range(20000)])
     assert abs(x.mean() - 0.044) < 0.001
     assert abs(np.quantile(x, 0.99) - 0.064) < 0.003
+
+
+class FakeClock:
+    """CLOCK_MONOTONIC under the test's control: a scheduler that runs only when told to is a late one."""
+
+    def __init__(self, t_ns: int = 10**12):
+        self.t_ns = t_ns
+
+    def __call__(self) -> int:
+        return self.t_ns
+
+    def advance_ms(self, ms: float) -> None:
+        self.t_ns += int(ms * 1e6)
+
+
+def truth_of(bench, host):
+    return [(t["stage"], t["t_ns"]) for t in bench.ground_truth() if t["host"] == host]
+
+
+def test_a_late_scheduler_cannot_reorder_a_link_down_after_the_next_light_up():
+    """Remove a circuit and re-make it at once, then let the scheduler run only a second later: the carrier
+    still drops (port_down at light_lost + link_down) before the new light, every stage at its due time.
+    Scheduling follow-ups from when the late action ran would light the port first and skip the drop."""
+    clock = FakeClock()
+    bench = OpticalBench(profile_from_dict(FAST), seed=1, clock=clock)  # no scheduler thread: only readers run it
+    mapping, a, b = pair(bench)
+    bench.ocs_apply(mapping)
+    clock.advance_ms(100)
+    assert bench.nic_snapshot(b.host, b.netdev).ib_state == "ACTIVE"
+    t0 = clock()
+    bench.ocs_apply({}, removes=[a.ocs_tx])
+    bench.ocs_apply({a.ocs_tx: b.ocs_rx})
+    clock.advance_ms(1000)  # the machine was busy: nothing ran for a second
+    after = [(s, t - t0) for s, t in truth_of(bench, b.host) if t >= t0]
+    ms = 10**6
+    assert after == [("light_lost", 1 * ms), ("port_down", 3 * ms), ("light_detected", 21 * ms),
+                     ("cdr_locked", 23 * ms), ("phy_up", 28 * ms), ("port_active", 31 * ms)]
+    snap = bench.nic_snapshot(b.host, b.netdev)
+    assert snap.carrier_down_count == 1 and snap.carrier_up_count == 2 and snap.ib_state == "ACTIVE"
+    late = bench.lateness()
+    assert late["max_ms"] == pytest.approx(1000 - 1, abs=1e-6)  # the release was due 1 ms in, ran at 1000 ms
+    assert {d["late_ns"] for d in bench.draws() if d["command"] == 3 and d["stage"] == "los_clear"} \
+        == {int(1000 * ms - 21 * ms)}
+
+
+def test_readers_see_the_state_due_now_even_without_a_scheduler_thread():
+    clock = FakeClock()
+    bench = OpticalBench(profile_from_dict(FAST), seed=1, clock=clock)
+    mapping, a, b = pair(bench)
+    bench.ocs_apply(mapping)
+    clock.advance_ms(19.999)
+    assert bench.ocs_port_power(a.ocs_rx) == -60.0
+    clock.advance_ms(0.001)  # the mirror settles at 20 ms ...
+    assert bench.ocs_port_power(a.ocs_rx) > -10 and bench.nic_snapshot(a.host, a.netdev).rx_los
+    clock.advance_ms(1)  # ... and the receiver sees the light 1 ms later
+    assert not bench.nic_snapshot(a.host, a.netdev).rx_los
+
+
+LOGNORMAL = dict(FAST, ocs={"switch": {"dist": "lognormal", "mean_ms": 25, "p99_ms": 30},
+                            "dark": {"dist": "uniform", "low_ms": 0.1, "high_ms": 0.3}},
+                 nic=dict(FAST["nic"], los_clear={"dist": "lognormal", "mean_ms": 1.0, "p99_ms": 2.0},
+                          phy_up={"dist": "gamma", "mean_ms": 5, "cv": 0.3}),
+                 topology={"hosts": 4, "nics_per_host": 2, "ocs_size": [16, 16]})
+
+
+def run_cycles(seed, cycles, step_ms):
+    """Reconfigure all ports `cycles` times; the scheduler runs every `step_ms` (large = late)."""
+    clock = FakeClock()
+    bench = OpticalBench(profile_from_dict(LOGNORMAL), seed=seed, clock=clock)
+    ports = bench.all_nic_ports()
+    for c in range(cycles):
+        shift = c % (len(ports) - 1) + 1
+        mapping = {p.ocs_tx: ports[(i + shift) % len(ports)].ocs_rx for i, p in enumerate(ports)}
+        if c:
+            bench.ocs_apply({}, removes=list(mapping))
+        bench.ocs_apply(mapping)
+        for _ in range(int(200 / step_ms)):
+            clock.advance_ms(step_ms)
+            bench.nic_snapshot(ports[0].host, ports[0].netdev)
+    return bench
+
+
+def test_same_seed_same_delays_whatever_the_timing():
+    on_time, late = run_cycles(3, 6, 0.05), run_cycles(3, 6, 100)
+    draws = [(d["command"], d["port"], d["stage"], d["delay_ns"]) for d in on_time.draws()]
+    assert draws == [(d["command"], d["port"], d["stage"], d["delay_ns"]) for d in late.draws()]
+    assert len({d[3] for d in draws if d[2] == "los_clear"}) == 6 * 8  # one draw per (command, port)
+
+    def relative(bench):  # truth times after each command's mirror settle
+        truth = bench.ground_truth()
+        return sorted((t["stage"], t["host"], t["port"], t["t_ns"] - max(s["t_ns"] for s in truth if
+                       s["stage"] == "mirror_settled" and s["t_ns"] <= t["t_ns"])) for t in truth
+                      if t["host"] != "ocs" and any(s["stage"] == "mirror_settled" and s["t_ns"] <= t["t_ns"]
+                                                    for s in truth))
+    assert relative(on_time) == relative(late)
+    assert late.lateness()["p50_ms"] > 10 and on_time.lateness()["max_ms"] <= 0.05
+    other = [(d["command"], d["port"], d["stage"], d["delay_ns"]) for d in run_cycles(4, 6, 100).draws()]
+    assert other != draws
+
+
+def test_keyed_draws_follow_the_profile():
+    """KS against the profile's own CDF, per stage, over draws of many (command, port) keys."""
+    import scipy.stats
+
+    clock = FakeClock()
+    bench = OpticalBench(profile_from_dict(LOGNORMAL), seed=5, clock=clock)
+    ports = bench.all_nic_ports()
+    for c in range(150):
+        bench.ocs_apply({p.ocs_tx: ports[(i + 1 + c % 7) % 8].ocs_rx for i, p in enumerate(ports)})
+        clock.advance_ms(200)
+        bench.ocs_apply({}, removes=[p.ocs_tx for p in ports])
+        clock.advance_ms(200)
+    profile = profile_from_dict(LOGNORMAL)
+    for stage, delay in (("switch", profile.ocs["switch"]), ("los_clear", profile.nic["los_clear"]),
+                         ("phy_up", profile.nic["phy_up"]), ("dark", profile.ocs["dark"])):
+        x = np.array([d["delay_ns"] for d in bench.draws() if d["stage"] == stage]) / 1e9
+        assert len(x) >= 150
+        assert scipy.stats.kstest(x, delay._dist.cdf).pvalue > 0.001, stage
+
+
+def test_data_plane_updates_only_changed_ports(monkeypatch):
+    """Reconfiguring all 256 ports evaluates O(ports) receivers in all, not O(ports²)."""
+    clock = FakeClock()
+    big = dict(FAST, topology={"hosts": 32, "nics_per_host": 8, "ocs_size": [256, 256]})
+    bench = OpticalBench(profile_from_dict(big), seed=1, clock=clock)
+    ports = bench.all_nic_ports()
+    for p in ports:
+        bench.probe_start(p.host, p.netdev, 100_000)
+    evaluated = []
+    original = bench._update_data_plane
+    monkeypatch.setattr(bench, "_update_data_plane", lambda t, ps: (evaluated.append(len(ps := tuple(ps))),
+                                                                   original(t, ps)))
+    bench.ocs_apply({p.ocs_tx: ports[(i + 1) % 256].ocs_rx for i, p in enumerate(ports)})
+    clock.advance_ms(100)
+    firsts = [t for t in bench.ground_truth() if t["stage"] == "first_packet"]
+    assert len(firsts) == 256 and sum(evaluated) <= 4 * 256
+
+
+def test_schedule_report_warns_only_when_the_machine_made_it_late():
+    on_time, late = run_cycles(3, 30, 0.05), run_cycles(3, 30, 100)
+    good = on_time.schedule_report()
+    assert good["warning"] is None and good["lateness_ms"]["max_ms"] <= 0.05
+    assert good["stages"]["los_clear"]["ks_p"] > 0.001 and not any(s["missed"] for s in good["stages"].values())
+    bad = late.schedule_report()
+    assert bad["warning"] and "los_clear" in bad["late"] and bad["stages"]["los_clear"]["ks_p"] < 0.01
+    s = bad["stages"]["los_clear"]
+    assert s["realised_p99_ms"] > s["profile_p99_ms"] + 10 and s["profile_p99_ms"] == \
+        good["stages"]["los_clear"]["profile_p99_ms"]  # same draws, realised late

@@ -39,8 +39,9 @@ def test_fitting_an_emulator_run_recovers_its_profile(tmp_path):
     report = json.loads(out.with_name(out.name + ".fit.json").read_text())
     phy, cdr = report["nic"]["phy_up"], report["nic"]["cdr_lock"]
     assert phy["n"] == 160 and cdr["n"] == 160
-    # The family is recovered where the data can tell (phy_up is lognormal with a long tail) ...
-    assert phy["choice"] in ("lognormal", "empirical")
+    # The true family is not rejected (phy_up is lognormal; at n = 160 a gamma may still fit as well: over
+    # 30 seeds the AIC picks lognormal 22 times) ...
+    assert phy["candidates"]["lognormal"]["ks_p"] >= 0.01
     # ... and so is each distribution: the true mean inside the fit's 95 % CI, or within 10 % when
     # scheduler lateness on a loaded machine shifts every delay a little; the p99 within 20 %.
     true = load_profile(str(profile))

@@ -1,8 +1,16 @@
 """The physical truth of the emulated bench: switch mirrors, fibres, NIC port state machines, host clocks.
 
-Protocol servers (TL1/SCPI, SSH hosts) are thin views over one `OpticalBench`. Every state change happens
-on one scheduler thread, so changes are totally ordered and their times are the times they became
-observable; each is appended to the ground-truth log on the harness clock (CLOCK_MONOTONIC).
+Protocol servers (TL1/SCPI, SSH hosts) are thin views over one `OpticalBench`. State changes are actions on
+a schedule (a heap ordered by due time). An action runs with its DUE time, and its follow-ups are scheduled
+from that due time, never from when it actually ran: a late scheduler thread (a busy machine) delays the
+wall-clock moment an action runs, but cannot reorder cause and effect or stretch the profile's delays.
+Every reader (snapshots, port power, ground truth, the next command) first runs whatever is due, so the state
+it sees is the state at "now" on the schedule. Late running is recorded (`lateness()`, `schedule_report()`).
+Ground truth is appended with due times on the harness clock (CLOCK_MONOTONIC).
+
+Every random delay comes from a stream keyed by (seed, command, port, stage) — `command` is the switch
+command that moved the mirror (one or two per harness cycle), so the same seed and the same commands give
+identical delays whatever the thread timing (`draws()` lists them).
 """
 from __future__ import annotations
 
@@ -15,11 +23,14 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from devices.emulated.profile import Profile
+from devices.emulated.profile import NIC_KEYS, OCS_KEYS, Profile
 from devices.timing import now_ns
 
 WIRE_LATENCY_NS = 2_000  # fibre + serialisation of one probe frame
 DARK_DBM = -60.0
+# Stream key of every random quantity: (domain, command, stage) -> one value per port (or per host).
+_STREAM_STAGES = OCS_KEYS + NIC_KEYS + ("clock_offset", "clock_drift")
+_OCS, _NIC, _CLOCK = 0, 1, 2
 
 
 class OcsCommandError(Exception):
@@ -70,9 +81,33 @@ class NicChange:
     value: str
 
 
+class KeyedStreams:
+    """Uniform draws keyed by (seed, domain, command, stage, index): SeedSequence spawn keys, so a value depends
+    on its key alone, never on how many draws came before it. One block of `size` values per
+    (domain, command, stage), cached while recent."""
+
+    _KEEP = 256
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+        self._blocks: dict[tuple[int, int, int], np.ndarray] = {}
+
+    def uniform(self, domain: int, command: int, stage: str, index: int, size: int) -> float:
+        key = (domain, command, _STREAM_STAGES.index(stage))
+        block = self._blocks.get(key)
+        if block is None or len(block) < size:
+            words = np.random.SeedSequence(self.seed, spawn_key=key).generate_state(size, np.uint64)
+            block = (words >> np.uint64(11)).astype(np.float64) * 2.0**-53  # [0, 1) with 53 bits
+            self._blocks[key] = block
+            if len(self._blocks) > self._KEEP:
+                del self._blocks[next(iter(self._blocks))]
+        return float(block[index])
+
+
 @dataclass
 class _Port:
     model: NicModel
+    index: int = 0  # position in the bench: the port part of its stream key
     state: NicSnapshot = field(default_factory=NicSnapshot)
     gen: int = 0  # bumped on every light change; stale scheduled transitions check it
     probe_interval_ns: int = 0
@@ -100,18 +135,25 @@ class _HostClock:
 class OpticalBench:
     """One N×M switch, `hosts × nics_per_host` NIC ports, each NIC's TX on an ingress and RX on an egress."""
 
-    def __init__(self, profile: Profile, seed: int = 0, host_prefix: str = "gpu"):
+    def __init__(self, profile: Profile, seed: int = 0, host_prefix: str = "gpu",
+                 clock: Callable[[], int] = now_ns):
         self.profile = profile
-        self._rng = np.random.default_rng(seed)
+        self._streams = KeyedStreams(seed)
+        self._now = clock  # CLOCK_MONOTONIC ns; tests pass a fake clock to make the scheduler late at will
+        self._command = 0  # switch commands that moved a mirror: the "cycle" part of the stream keys
+        self._draws: list[tuple[int, str, str, int]] = []  # (command, port, stage, delay_ns)
+        self._late_ns: list[int] = []  # per action run: ran − due
+        self._draw_late: list[int] = []  # per draw: how late the action it timed ran
         topo = profile.topology
         self.ocs_size = topo.ocs_size
         n_in = topo.ocs_size[0]
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._heap: list[tuple[int, int, Callable[[int], None]]] = []
+        self._heap: list[tuple[int, int, Callable[[int], None], int]] = []  # (due, seq, action, draw index)
         self._seq = itertools.count()
         self._patches: dict[int, int] = {}  # commanded: ingress -> egress
         self._settled: dict[int, int] = {}  # mirrors in place: ingress -> egress
+        self._settled_to: dict[int, int] = {}  # mirrors in place: egress -> ingress (O(1) peer lookup)
         self._lit_egress: set[int] = set()
         self._truth: list[dict] = []
         self._subs: dict[str, list[Callable[[NicChange], None]]] = {}
@@ -124,17 +166,19 @@ class OpticalBench:
         self.hosts = [f"{host_prefix}{h + 1}" for h in range(topo.hosts)]
         self._ports: dict[tuple[str, str], _Port] = {}
         epoch = time.time_ns() - time.monotonic_ns()
-        start = now_ns()
+        start = self._now()
         lo, hi = profile.clock_offset_ms
         dlo, dhi = profile.drift_ppm
-        self._clocks = {h: _HostClock(epoch, int(self._rng.uniform(lo, hi) * 1e6), float(self._rng.uniform(dlo, dhi)),
-                                      start) for h in self.hosts}
+        draw = lambda stage, h: self._streams.uniform(_CLOCK, 0, stage, h, len(self.hosts))  # noqa: E731
+        self._clocks = {h: _HostClock(epoch, int((lo + (hi - lo) * draw("clock_offset", i)) * 1e6),
+                                      float(dlo + (dhi - dlo) * draw("clock_drift", i)), start)
+                        for i, h in enumerate(self.hosts)}
         for i in range(topo.nic_count):
             h, j = divmod(i, topo.nics_per_host)
             host = self.hosts[h]
             model = NicModel(host=host, netdev=f"ens{j + 1}f0np0", rdma_dev=f"mlx5_{j}", rdma_port=1,
                              mac=f"0c:42:a1:{h:02x}:{j:02x}:01", ifindex=3 + j, ocs_tx=i + 1, ocs_rx=n_in + i + 1)
-            self._ports[(host, model.netdev)] = _Port(model)
+            self._ports[(host, model.netdev)] = _Port(model, index=i)
         self._by_rx = {p.model.ocs_rx: p for p in self._ports.values()}
         self._by_tx = {p.model.ocs_tx: p for p in self._ports.values()}
         self._lit_ingress = set(self._by_tx)  # every NIC laser is on
@@ -168,9 +212,9 @@ class OpticalBench:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._stop:
+                while not self._stop and not self._pending:
                     if self._heap:
-                        wait = (self._heap[0][0] - now_ns()) / 1e9
+                        wait = (self._heap[0][0] - self._now()) / 1e9
                         if wait <= 0:
                             break
                         self._wake.wait(wait)
@@ -178,25 +222,47 @@ class OpticalBench:
                         self._wake.wait()
                 if self._stop:
                     return
-                _, _, action = heapq.heappop(self._heap)
-                action(now_ns())
+                self._advance()
                 pending, self._pending = self._pending, []
                 subs = {h: list(cbs) for h, cbs in self._subs.items()}
             for change in pending:  # outside the lock: a subscriber may read snapshots
                 for cb in subs.get(change.host, ()):
                     cb(change)
 
-    def _at(self, due_ns: int, action: Callable[[int], None]) -> None:
-        """Schedule `action(t_now)` on the scheduler thread. Caller holds the lock."""
-        heapq.heappush(self._heap, (due_ns, next(self._seq), action))
+    def _advance(self) -> None:
+        """Run, in due order and each at its due time, every action due by now. Caller holds the lock.
+
+        Follow-ups an action schedules are due after it, so they run in this same pass when they too are
+        due: lateness never reorders events, and nobody reads a state older than the schedule says."""
+        now = self._now()
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            due, _, action, draw = heapq.heappop(heap)
+            self._late_ns.append(now - due)
+            if draw >= 0:
+                self._draw_late[draw] = now - due
+            action(due)
+        if self._pending:
+            self._wake.notify()  # the scheduler thread delivers the changes
+
+    def _at(self, due_ns: int, action: Callable[[int], None], draw: int = -1) -> None:
+        """Schedule `action(due_ns)`; `draw` is the index (in `_draws`) of the delay that set the due time.
+        Caller holds the lock."""
+        heapq.heappush(self._heap, (due_ns, next(self._seq), action, draw))
         self._wake.notify()
 
-    def _sample(self, delay) -> int:
-        return int(delay.sample(self._rng) * 1e9)
+    def _draw(self, domain: int, command: int, stage: str, delay, index: int = 0, size: int = 1,
+              label: str = "ocs") -> tuple[int, int]:
+        """(delay ns, draw index) of `delay` from the stream keyed (seed, command, port index, stage)."""
+        ns = int(delay.at_quantile(self._streams.uniform(domain, command, stage, index, size)) * 1e9)
+        self._draws.append((command, label, stage, ns))
+        self._draw_late.append(0)
+        return ns, len(self._draws) - 1
 
     # ------------------------------------------------------------------ OCS view
     def ocs_patches(self) -> dict[int, int]:
         with self._lock:
+            self._advance()
             return dict(self._patches)
 
     def ocs_apply(self, adds: dict[int, int], removes: Iterable[int] = ()) -> int:
@@ -204,6 +270,7 @@ class OpticalBench:
         removes = list(removes)
         n, m = self.ocs_size
         with self._lock:
+            self._advance()
             for port in list(removes) + list(adds):
                 if not 1 <= port <= n:
                     raise OcsCommandError("IIAC", f"Invalid ingress port {port}")
@@ -224,54 +291,70 @@ class OpticalBench:
                     raise OcsCommandError("SROF", f"Port {ingress} already connected to {remaining[ingress]}")
                 if egress in used_egress:
                     raise OcsCommandError("SROF", f"Port {egress} already connected")
-            t0 = now_ns()
-            dark = self._sample(self.profile.ocs["dark"])
-            for ingress in removes:
-                egress = self._patches.pop(ingress)
-                self._at(t0 + dark, lambda t, i=ingress, e=egress: self._mirror_away(t, i, e))
+            t0 = self._now()
+            if not (adds or removes):
+                return t0
+            self._command += 1
+            command = self._command
+            if removes:
+                dark, draw = self._draw(_OCS, command, "dark", self.profile.ocs["dark"])
+                for ingress in removes:
+                    egress = self._patches.pop(ingress)
+                    self._at(t0 + dark, lambda t, i=ingress, e=egress: self._mirror_away(t, i, e, command), draw)
             settle = t0
             if adds:
-                base = self._sample(self.profile.ocs["switch"])
+                base, draw = self._draw(_OCS, command, "switch", self.profile.ocs["switch"])
                 settle = t0 + base
                 for ingress, egress in adds.items():
                     self._patches[ingress] = egress
-                    self._at(settle, lambda t, i=ingress, e=egress: self._mirror_settled(t, i, e))
+                    self._at(settle, lambda t, i=ingress, e=egress: self._mirror_settled(t, i, e, command), draw)
             return settle
 
     def ocs_port_power(self, port: int) -> float:
         n, _ = self.ocs_size
         with self._lock:
+            self._advance()
             if port <= n:
                 return 1.0 if port in self._lit_ingress else DARK_DBM
             if port in self._lit_egress:
                 return -3.0 - 0.05 * (port % 7)  # a per-port insertion loss, stable across runs
             return DARK_DBM
 
-    def _mirror_away(self, t: int, ingress: int, egress: int) -> None:
+    def _mirror_away(self, t: int, ingress: int, egress: int, command: int) -> None:
         if self._settled.get(ingress) == egress:
             del self._settled[ingress]
+            if self._settled_to.get(egress) == ingress:
+                del self._settled_to[egress]
+                # another mirror may already have settled onto this egress (a fast switch, a slow release)
+                for other, e in self._settled.items():
+                    if e == egress:
+                        self._settled_to[egress] = other
         self._truth.append(dict(t_ns=t, stage="mirror_released", host="ocs", port=str(egress), ocs_port=egress))
         for observer in self.on_mirror:
             observer(t, ingress, egress, False)
-        self._set_light(t, egress, False)
+        self._set_light(t, egress, command)
 
-    def _mirror_settled(self, t: int, ingress: int, egress: int) -> None:
+    def _mirror_settled(self, t: int, ingress: int, egress: int, command: int) -> None:
         if self._patches.get(ingress) != egress:
             return  # superseded before it settled
         self._settled[ingress] = egress
+        self._settled_to[egress] = ingress
         self._truth.append(dict(t_ns=t, stage="mirror_settled", host="ocs", port=str(egress), ocs_port=egress))
         for observer in self.on_mirror:
             observer(t, ingress, egress, True)
-        self._set_light(t, egress, ingress in self._lit_ingress)
+        self._set_light(t, egress, command)
 
-    def _set_light(self, t: int, egress: int, on: bool) -> None:
-        was = egress in self._lit_egress
-        if on == was:
-            return
-        (self._lit_egress.add if on else self._lit_egress.discard)(egress)
+    def _set_light(self, t: int, egress: int, command: int) -> None:
+        """Egress `egress` is lit iff a settled mirror points a lit ingress at it."""
+        source = self._settled_to.get(egress)
+        on = source is not None and source in self._lit_ingress
         port = self._by_rx.get(egress)
+        if on != (egress in self._lit_egress):
+            (self._lit_egress.add if on else self._lit_egress.discard)(egress)
+            if port is not None:
+                self._light_changed(port, t, on, command)
         if port is not None:
-            self._light_changed(port, t, on)
+            self._update_data_plane(t, (port,))  # its peer may have changed even where the light did not
 
     # ------------------------------------------------------------------ NIC state machine
     def _emit(self, port: _Port, t: int, stage: str | None, **changes) -> None:
@@ -288,10 +371,15 @@ class OpticalBench:
             self._truth.append(dict(t_ns=t, stage=stage, host=port.model.host, port=port.model.netdev,
                                     ocs_port=port.model.ocs_rx))
 
-    def _light_changed(self, port: _Port, t: int, on: bool) -> None:
+    def _light_changed(self, port: _Port, t: int, on: bool, command: int) -> None:
         port.gen += 1
         gen = port.gen
-        delays = lambda stage: self._sample(self.profile.nic_delay(port.model.key, stage))  # noqa: E731
+        n_ports = len(self._ports)
+
+        def after(t, stage, action):
+            delay, draw = self._draw(_NIC, command, stage, self.profile.nic_delay(port.model.key, stage),
+                                     port.index, n_ports, port.model.key)
+            self._at(t + delay, action, draw)
         if on:
             power = -3.0 - 0.05 * (port.model.ocs_rx % 7)
 
@@ -299,14 +387,14 @@ class OpticalBench:
                 if port.gen != gen:
                     return
                 self._emit(port, t, "light_detected", rx_los=False, rx_power_dbm=power)
-                self._at(t + delays("cdr_lock"), cdr_lock)
+                after(t, "cdr_lock", cdr_lock)
 
             def cdr_lock(t, gen=gen):
                 if port.gen != gen:
                     return
                 self._emit(port, t, "cdr_locked", rx_lol=False)
                 if port.fault != "never_up":
-                    self._at(t + delays("phy_up"), phy_up)
+                    after(t, "phy_up", phy_up)
 
             flaps_left = [port.flaps if port.fault == "flap" else 0]
 
@@ -319,7 +407,7 @@ class OpticalBench:
                     flaps_left[0] -= 1
                     self._at(t + port.flap_ns, flap_down)
                 else:
-                    self._at(t + delays("port_active"), port_active)
+                    after(t, "port_active", port_active)
 
             def flap_down(t, gen=gen):
                 # The light stays; the PHY loses and retrains the link (a marginal transceiver).
@@ -334,12 +422,11 @@ class OpticalBench:
                 if port.gen != gen:
                     return
                 self._emit(port, t, "port_active", ib_state="ACTIVE", operstate="up")
-                self._update_data_plane(t)
+                self._update_data_plane(t, self._dp_affected(port))
 
-            self._at(t + delays("los_clear"), los_clear)
+            after(t, "los_clear", los_clear)
         else:
             self._emit(port, t, "light_lost", rx_los=True, rx_lol=True, rx_power_dbm=DARK_DBM)
-            self._update_data_plane(t)
 
             def link_down(t, gen=gen):
                 if port.gen != gen or not (port.state.carrier or port.state.ib_state != "DOWN"):
@@ -349,21 +436,30 @@ class OpticalBench:
                            operstate="down",
                            carrier_down_count=port.state.carrier_down_count + int(had_carrier),
                            link_downed=(port.state.link_downed + int(had_carrier)) % 256)
-                self._update_data_plane(t)
+                self._update_data_plane(t, self._dp_affected(port))
 
-            self._at(t + delays("link_down"), link_down)
+            after(t, "link_down", link_down)
 
     # ------------------------------------------------------------------ data plane (probes)
     def _peer_of(self, port: _Port) -> _Port | None:
         """The NIC whose transmitter currently lights this port's receiver."""
-        for ingress, egress in self._settled.items():
-            if egress == port.model.ocs_rx:
-                return self._by_tx.get(ingress)
-        return None
+        ingress = self._settled_to.get(port.model.ocs_rx)
+        return None if ingress is None else self._by_tx.get(ingress)
 
-    def _update_data_plane(self, t: int) -> None:
-        """Re-evaluate, for every receiving port, whether probes from its peer get through."""
-        for port in self._ports.values():
+    def _receiver_of(self, port: _Port) -> _Port | None:
+        """The NIC whose receiver this port's transmitter currently lights."""
+        egress = self._settled.get(port.model.ocs_tx)
+        return None if egress is None else self._by_rx.get(egress)
+
+    def _dp_affected(self, port: _Port) -> tuple[_Port, ...]:
+        """Receivers whose probe path depends on `port`'s state: itself and the port it transmits to."""
+        receiver = self._receiver_of(port)
+        return (port,) if receiver is None or receiver is port else (port, receiver)
+
+    def _update_data_plane(self, t: int, ports: Iterable[_Port]) -> None:
+        """Re-evaluate, for the given receiving ports (those whose path just changed), whether probes from
+        their peer get through: O(changed ports), not O(ports²)."""
+        for port in ports:
             peer = self._peer_of(port) if port.model.ocs_rx in self._lit_egress else None
             up = (peer is not None and peer.probe_interval_ns > 0 and port.state.ib_state == "ACTIVE"
                   and peer.state.ib_state == "ACTIVE")
@@ -391,14 +487,17 @@ class OpticalBench:
         if interval_ns <= 0:
             raise ValueError("probe interval must be > 0")
         with self._lock:
+            self._advance()
             port = self._port(host, netdev)
-            port.probe_interval_ns, port.probe_t0_ns = int(interval_ns), now_ns()
-            self._at(now_ns(), self._update_data_plane)
+            port.probe_interval_ns, port.probe_t0_ns = int(interval_ns), self._now()
+            self._at(port.probe_t0_ns, lambda t: self._update_data_plane(t, self._dp_affected(port)))
 
     def probe_stop(self, host: str, netdev: str) -> None:
         with self._lock:
-            self._port(host, netdev).probe_interval_ns = 0
-            self._at(now_ns(), self._update_data_plane)
+            self._advance()
+            port = self._port(host, netdev)
+            port.probe_interval_ns = 0
+            self._at(self._now(), lambda t: self._update_data_plane(t, self._dp_affected(port)))
 
     # ------------------------------------------------------------------ host view
     def _port(self, host: str, netdev: str) -> _Port:
@@ -419,13 +518,14 @@ class OpticalBench:
 
     def nic_snapshot(self, host: str, netdev: str) -> NicSnapshot:
         with self._lock:
+            self._advance()
             return self._port(host, netdev).state
 
     def host_time(self, host: str, mono_ns: int) -> int:
         return self._clocks[host].at(mono_ns)
 
     def host_clock_ns(self, host: str) -> int:
-        return self._clocks[host].at(now_ns())
+        return self._clocks[host].at(self._now())
 
     def host_clock_params(self, host: str) -> dict:
         c = self._clocks[host]
@@ -435,8 +535,9 @@ class OpticalBench:
     def step_host_clock(self, host: str, delta_ns: int) -> None:
         """Fault injection: the host's clock jumps (an NTP step)."""
         with self._lock:
+            self._advance()
             self._clocks[host].step_ns += int(delta_ns)
-            self._truth.append(dict(t_ns=now_ns(), stage="clock_step", host=host, port="", ocs_port=0))
+            self._truth.append(dict(t_ns=self._now(), stage="clock_step", host=host, port="", ocs_port=0))
 
     def set_port_fault(self, host: str, netdev: str, fault: str | None, *, flaps: int = 3,
                        flap_ms: float = 1.0) -> None:
@@ -448,6 +549,7 @@ class OpticalBench:
         if fault == "flap" and (flaps < 1 or flap_ms <= 0):
             raise ValueError("a flap needs flaps >= 1 and flap_ms > 0")
         with self._lock:
+            self._advance()
             port = self._port(host, netdev)
             port.fault, port.flaps, port.flap_ns = fault, int(flaps), int(flap_ms * 1e6)
 
@@ -464,14 +566,55 @@ class OpticalBench:
 
     def ground_truth(self) -> list[dict]:
         with self._lock:
+            self._advance()
             return list(self._truth)
+
+    def draws(self) -> list[dict]:
+        """Every random delay drawn: command, port ("ocs" or host:netdev), stage, delay_ns, and late_ns — how
+        long after its due time the action it timed actually ran (0 until it ran)."""
+        with self._lock:
+            return [dict(command=c, port=p, stage=s, delay_ns=d, late_ns=late)
+                    for (c, p, s, d), late in zip(self._draws, self._draw_late)]
+
+    def schedule_report(self) -> dict:
+        """Lateness of the schedule and, per stage, the delays realised against the profile's
+        (analysis.accuracy.realised_vs_profile), with a warning line when the machine made it late."""
+        import pandas as pd
+
+        from analysis.accuracy import realised_vs_profile
+
+        draws = pd.DataFrame(self.draws(), columns=["command", "port", "stage", "delay_ns", "late_ns"])
+        delays = {}
+        for key in draws[["port", "stage"]].drop_duplicates().itertuples(index=False):
+            delays[key] = (self.profile.ocs[key.stage] if key.port == "ocs"
+                           else self.profile.nic_delay(key.port, key.stage))
+        realised = (draws["delay_ns"] + draws["late_ns"]).to_numpy(dtype=float) / 1e9
+        u = np.full(len(draws), np.nan)
+        for (port, stage), delay in delays.items():
+            rows = ((draws["port"] == port) & (draws["stage"] == stage)).to_numpy()
+            cdf = delay.cdf(realised[rows])
+            if cdf is not None:
+                u[rows] = cdf
+        report = realised_vs_profile(draws.assign(u_realised=u)) if len(draws) else {"stages": {}, "late": [],
+                                                                                     "warning": None}
+        return {"lateness_ms": self.lateness(), **report}
+
+    def lateness(self) -> dict:
+        """How late actions ran against their due time: n, p50, p99 and max in ms."""
+        with self._lock:
+            late = np.asarray(self._late_ns, dtype=float) / 1e6
+        if late.size == 0:
+            return {"n": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+        p50, p99 = np.quantile(late, [0.5, 0.99])
+        return {"n": int(late.size), "p50_ms": float(p50), "p99_ms": float(p99), "max_ms": float(late.max())}
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until no transition is scheduled (for tests)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             with self._lock:
-                if not self._heap:
+                self._advance()
+                if not self._heap and (not self._pending or self._thread is None):
                     return True
             time.sleep(0.001)
         return False

@@ -34,11 +34,15 @@ class Delay:
     _const: float | None = field(default=None, repr=False, compare=False)
 
     def sample(self, rng: np.random.Generator) -> float:
+        return self._const if self._const is not None else self.at_quantile(rng.random())
+
+    def at_quantile(self, q: float) -> float:
+        """The delay at probability level q: inverse-CDF sampling from a (keyed) uniform stream."""
         if self._const is not None:
             return self._const
-        # Inverse-CDF sampling with numpy's own special functions: scipy's frozen ppf costs ~80 µs a call,
-        # which would add up to sub-millisecond lateness on every emulated stage.
-        return max(0.0, float(self._ppf(rng.random())))
+        # numpy's own special functions: scipy's frozen ppf costs ~80 µs a call, which would add up to
+        # sub-millisecond lateness on every emulated stage.
+        return max(0.0, float(self._ppf(q)))
 
     @property
     def _ppf(self):
@@ -51,6 +55,12 @@ class Delay:
     @property
     def mean_s(self) -> float:
         return self._const if self._const is not None else float(self._dist.mean())
+
+    def cdf(self, seconds):
+        """P(delay <= seconds); None for a fixed delay (a point mass has no useful KS test)."""
+        if self._const is not None:
+            return None
+        return self._dist.cdf(seconds)
 
     def quantile(self, q: float) -> float:
         return self._const if self._const is not None else float(self._dist.ppf(q))
@@ -138,6 +148,9 @@ class _Empirical:
 
     def ppf(self, q):
         return np.interp(q, self.levels, self.values)
+
+    def cdf(self, x):
+        return np.interp(x, self.values, self.levels)
 
     def mean(self):
         # The mean of a piecewise-linear quantile function is the trapezoid integral over [0, 1].

@@ -65,7 +65,7 @@ def fit_profile(events: pd.DataFrame, *, seed: int = 0, alpha_ports: float = 0.0
         if not finite.any():
             report["from_base"].append(f"nic.{key}")
             continue
-        fit = fit_delay(values[finite], seed + i)
+        fit = fit_delay(values[finite], seed + i, cycles=table.index.get_level_values("cycle")[finite])
         profile["nic"][key] = fit.spec
         report["nic"][key] = fit.to_dict()
         groups: dict[str, list[float]] = {}
