@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
+from devices.parsers.gpu import canonical_field
+
 
 class NicModelLike(Protocol):
     netdev: str
@@ -306,6 +308,7 @@ GPU_FIELDS = {
     "power.draw": ("W", lambda g, t: f"{g.power_draw_w:.2f}"),
     "power.limit": ("W", lambda g, t: f"{g.power_limit_w:.2f}"),
     "clocks.sm": ("MHz", lambda g, t: str(g.clocks_sm_mhz)),
+    "clocks.current.sm": ("MHz", lambda g, t: str(g.clocks_sm_mhz)),
     "fan.speed": ("%", lambda g, t: "[N/A]"),
 }
 
@@ -322,7 +325,10 @@ def nvidia_smi_query(gpus: Sequence[EmulatedGpu], fields: Sequence[str], host_ns
     specs = [GPU_FIELDS[f] for f in fields]
     lines = []
     if header:
-        lines.append(", ".join(f"{f} [{u}]" if u else f for f, (u, _) in zip(fields, specs)))
+        # nvidia-smi prints a field's first name in the header whatever alias was queried (clocks.sm ->
+        # clocks.current.sm [MHz]; real captures in tests/data/real/nvidia-smi/)
+        lines.append(", ".join(f"{canonical_field(f)} [{u}]" if u else canonical_field(f)
+                               for f, (u, _) in zip(fields, specs)))
     for gpu in gpus:
         cells = []
         for unit, get in specs:

@@ -9,6 +9,26 @@ from devices.parsers.common import ParseError
 
 GpuValue = int | float | str | None  # None for [N/A] / [Not Supported]
 
+# nvidia-smi accepts two names for some fields and prints the first in the CSV header ("clocks.sm" is queried,
+# "clocks.current.sm [MHz]" comes back). From `nvidia-smi --help-query-gpu` (driver 590; real lines in
+# tests/data/real/nvidia-smi/): alias -> the name the header prints.
+FIELD_ALIASES = {
+    "gpu_name": "name", "gpu_serial": "serial", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
+    "clocks.gr": "clocks.current.graphics", "clocks.sm": "clocks.current.sm", "clocks.mem": "clocks.current.memory",
+    "clocks.video": "clocks.current.video", "clocks.max.gr": "clocks.max.graphics",
+    "clocks.max.mem": "clocks.max.memory", "gpu.power.requested_limit": "power.limit",
+    "gpu.power.current_limit": "enforced.power.limit", "gpu.power.default_limit": "power.default_limit",
+    "gpu.power.draw.average": "power.draw.average", "gpu.power.draw.instant": "power.draw.instant",
+    "retired_pages.sbe": "retired_pages.single_bit_ecc.count", "retired_pages.dbe": "retired_pages.double_bit.count",
+    "gpu_operation_mode.current": "gom.current", "gpu_operation_mode.pending": "gom.pending",
+}
+
+
+def canonical_field(name: str) -> str:
+    """The name nvidia-smi prints in the CSV header for a queried field."""
+    return FIELD_ALIASES.get(name, name)
+
+
 _NOT_AVAILABLE = ("[N/A]", "[Not Supported]", "N/A", "[Unknown Error]")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _HEADER_FIELD = re.compile(r"([^\[\]]+?)(?: \[([^\]]+)\])?")
@@ -27,14 +47,21 @@ class GpuQuery:
         return [dict(zip(self.fields, row)) for row in self.rows]
 
     def column(self, field: str) -> list[GpuValue]:
-        i = self.fields.index(field)
+        i = self.fields.index(canonical_field(field))
         return [row[i] for row in self.rows]
 
 
-def _value(raw: str, unit: str | None) -> GpuValue:
+# Fields whose values are identifiers, never numbers: driver "595.80" must not become 595.8.
+_TEXT_FIELDS = ("driver_version", "vbios_version", "inforom.", "pci.", "uuid", "serial", "name", "compute_cap",
+                "timestamp", "platform.", "fabric.", "hostname", "gpu_name", "gpu_uuid", "gpu_serial", "gpu_bus_id")
+
+
+def _value(raw: str, unit: str | None, field: str = "") -> GpuValue:
     text = raw.strip()
     if text in _NOT_AVAILABLE:
         return None
+    if field.startswith(_TEXT_FIELDS):
+        return text
     if unit and text.endswith(" " + unit):
         text = text[: -len(unit) - 1]
     elif not unit:
@@ -63,17 +90,17 @@ def parse_nvidia_smi_csv(text: str, fields: list[str] | tuple[str, ...] | None =
                 raise ParseError("a header cell 'field' or 'field [unit]'", cell)
             names.append(m.group(1))
             units.append(m.group(2))
-        if fields is not None and list(fields) != names:
+        if fields is not None and [canonical_field(f) for f in fields] != names:
             raise ParseError(f"header fields {list(fields)}", lines[0])
         lines = lines[1:]
     else:
         if not fields:
             raise ParseError("the queried field list (needed with noheader)", text)
-        names, units = list(fields), [None] * len(fields)
+        names, units = [canonical_field(f) for f in fields], [None] * len(fields)
     rows = []
     for line in lines:
         cells = next(csv.reader([line], skipinitialspace=True))
         if len(cells) != len(names):
             raise ParseError(f"{len(names)} comma-separated values ({', '.join(names)})", line)
-        rows.append(tuple(_value(cell, unit) for cell, unit in zip(cells, units)))
+        rows.append(tuple(_value(cell, unit, name) for cell, unit, name in zip(cells, units, names)))
     return GpuQuery(tuple(names), tuple(units), tuple(rows))

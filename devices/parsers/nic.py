@@ -123,7 +123,8 @@ class IpLink:
     ifname: str
     flags: frozenset[str]
     mtu: int | None
-    operstate: str  # upper case as printed: UP, DOWN, LOWERLAYERDOWN, UNKNOWN, ...
+    operstate: str | None  # upper case as printed: UP, DOWN, LOWERLAYERDOWN, UNKNOWN, ...; None in a
+    # flag-only `ip monitor` event (`3: wlp0s20f3: <BROADCAST,MULTICAST,UP>` with no mtu/state)
     mac: str | None
     peer: str | None = None  # the part after '@' (e.g. 'if2' of a veth)
     deleted: bool = False
@@ -152,7 +153,7 @@ _LINK_HEAD = re.compile(r"(Deleted )?(\d+): ([^:@\s]+)(?:@([^:\s]+))?: <([^>]*)>
 _MAC = re.compile(r"link/\S+ ([0-9a-f]{2}(?::[0-9a-f]{2})+)")
 
 
-def _parse_link_text(text: str, what: str, stamp: datetime | None) -> IpLink:
+def _parse_link_text(text: str, what: str, stamp: datetime | None, *, flags_only_ok: bool = False) -> IpLink:
     m = _LINK_HEAD.match(text)
     if not m:
         raise ParseError(f"{what}: 'N: IFNAME: <FLAGS> ...'", text)
@@ -162,7 +163,10 @@ def _parse_link_text(text: str, what: str, stamp: datetime | None) -> IpLink:
     for i, word in enumerate(words[:-1]):
         if word in ("mtu", "state", "qdisc"):
             attrs[word] = words[i + 1]
-    if "state" not in attrs:
+    # The kernel also notifies flag changes alone (no IFLA_MTU/IFLA_OPERSTATE): iproute2 then prints the
+    # head and a bare `link/ether` (real capture: tests/data/real/ip-monitor/).
+    flags_only = flags_only_ok and words[:1] in ([], ["link/ether"])
+    if "state" not in attrs and not flags_only:
         raise ParseError(f"{what} with 'state <OPERSTATE>'", text)
     try:
         mtu = int(attrs["mtu"]) if "mtu" in attrs else None
@@ -170,7 +174,7 @@ def _parse_link_text(text: str, what: str, stamp: datetime | None) -> IpLink:
         raise ParseError(f"{what} with an integer mtu", text) from None
     mac = _MAC.search(rest)
     return IpLink(ifindex=int(ifindex), ifname=ifname, flags=frozenset(f for f in flags.split(",") if f),
-                  mtu=mtu, operstate=attrs["state"], mac=mac.group(1) if mac else None, peer=peer,
+                  mtu=mtu, operstate=attrs.get("state"), mac=mac.group(1) if mac else None, peer=peer,
                   deleted=bool(deleted), stamp=stamp)
 
 
@@ -196,7 +200,27 @@ def parse_ip_monitor_line(line: str) -> IpLink | None:
         raise ParseError("'[YYYY-MM-DDTHH:MM:SS.uuuuuu] ' timestamp", line)
     if body.startswith((" ", "\t")) and "link/" in body:
         return None
-    return _parse_link_text(body.replace("\\", " "), "an 'ip monitor link' event", stamp)
+    return _parse_link_text(body.replace("\\", " "), "an 'ip monitor link' event", stamp, flags_only_ok=True)
+
+
+def parse_ip_link_json(text: str) -> list[IpLink]:
+    """`ip -j link [show]`: the JSON array iproute2 prints (ifindex, ifname, flags, mtu, operstate, address)."""
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError:
+        raise ParseError("a JSON array from 'ip -j link'", text) from None
+    if not isinstance(records, list):
+        raise ParseError("a JSON array from 'ip -j link'", text)
+    links = []
+    for record in records:
+        try:
+            links.append(IpLink(ifindex=int(record["ifindex"]), ifname=record["ifname"],
+                                flags=frozenset(record["flags"]), mtu=record.get("mtu"),
+                                operstate=record["operstate"], mac=record.get("address"),
+                                peer=record.get("link")))
+        except (KeyError, TypeError, ValueError):
+            raise ParseError("objects with ifindex, ifname, flags, operstate", json.dumps(record)) from None
+    return links
 
 
 # ---------------------------------------------------------------- rdma link
@@ -211,6 +235,13 @@ class RdmaLink:
     state: str
     physical_state: str  # rdma's word (LINK_UP, POLLING, ARMED, ...)
     netdev: str | None
+    lid: int | None = None  # InfiniBand ports print subnet_prefix, lid, sm_lid, lmc; RoCE ports do not
+    sm_lid: int | None = None
+    subnet_prefix: str | None = None
+
+    @property
+    def infiniband(self) -> bool:
+        return self.lid is not None
 
     @property
     def phys_state(self) -> str:
@@ -221,25 +252,38 @@ class RdmaLink:
             return self.physical_state
 
 
+_OLD_RDMA_HEAD = re.compile(r"\d+/\d+:")
+
+
+def _int_or_none(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
+
+
 def parse_rdma_link(text: str) -> list[RdmaLink]:
-    """`rdma link [show]` text output."""
+    """`rdma link [show]` text output: `link DEV/PORT key value ...` (iproute2 >= 5.5) or the older
+    `IDX/PORT: DEV/PORT: key value ...`; InfiniBand ports add subnet_prefix, lid, sm_lid, lmc."""
     links = []
     for line in text.splitlines():
         if not line.strip():
             continue
         words = line.split()
+        if len(words) >= 2 and _OLD_RDMA_HEAD.fullmatch(words[0]) and words[1].endswith(":"):
+            words = ["link", words[1][:-1]] + words[2:]
         if len(words) < 2 or words[0] != "link" or "/" not in words[1]:
-            raise ParseError("'link DEV/PORT key value ...'", line)
+            raise ParseError("'link DEV/PORT key value ...' or 'IDX/PORT: DEV/PORT: key value ...'", line)
         dev, _, port = words[1].partition("/")
         attrs = dict(zip(words[2::2], words[3::2]))
         if "state" not in attrs or "physical_state" not in attrs or not port.isdigit():
             raise ParseError("'link DEV/PORT ... state S physical_state P'", line)
-        links.append(RdmaLink(dev, int(port), attrs["state"], attrs["physical_state"], attrs.get("netdev")))
+        links.append(RdmaLink(dev, int(port), attrs["state"], attrs["physical_state"], attrs.get("netdev"),
+                              _int_or_none(attrs.get("lid")), _int_or_none(attrs.get("sm_lid")),
+                              attrs.get("subnet_prefix")))
     return links
 
 
 def parse_rdma_link_json(text: str) -> list[RdmaLink]:
-    """`rdma -j link` output: a JSON array of objects with ifname, port, state, physical_state, netdev."""
+    """`rdma -j link` output: a JSON array of objects with ifname, port, state, physical_state, netdev
+    (iproute2 < 5.5 wrote ifname as `DEV/PORT`)."""
     try:
         records = json.loads(text)
     except json.JSONDecodeError:
@@ -249,8 +293,9 @@ def parse_rdma_link_json(text: str) -> list[RdmaLink]:
     links = []
     for record in records:
         try:
-            links.append(RdmaLink(record["ifname"], int(record["port"]), record["state"],
-                                  record["physical_state"], record.get("netdev")))
+            links.append(RdmaLink(record["ifname"].partition("/")[0], int(record["port"]), record["state"],
+                                  record["physical_state"], record.get("netdev"), record.get("lid"),
+                                  record.get("sm_lid"), record.get("subnet_prefix")))
         except (KeyError, TypeError, ValueError):
             raise ParseError("objects with ifname, port, state, physical_state", json.dumps(record)) from None
     return links
@@ -304,34 +349,44 @@ def parse_ethtool(text: str) -> EthtoolSettings:
 
 @dataclass(frozen=True)
 class ModuleFlags:
-    """`ethtool -m <if>` per-lane flags (lane 1 first). An empty tuple means the tool printed `None`
-    (no lane flagged). `rx_power_dbm` holds per-lane receive power when the module reports it."""
+    """`ethtool -m <if>`: identity and per-lane flags (lane 1 first).
 
-    rx_loss_of_signal: tuple[bool, ...]
-    rx_loss_of_lock: tuple[bool, ...]
-    tx_fault: tuple[bool, ...] = ()
+    A flag tuple is empty when the tool printed `None` (no lane flagged) and None when it printed no such
+    line at all: ethtool < 6.4 prints no `Rx loss of signal/lock` for SFF-8636 or CMIS modules, and 6.4+
+    prints `Rx loss of lock` only for modules with a CDR. `rx_power_dbm` holds per-lane receive power."""
+
+    rx_loss_of_signal: tuple[bool, ...] | None
+    rx_loss_of_lock: tuple[bool, ...] | None
+    tx_fault: tuple[bool, ...] | None = None
     rx_power_dbm: tuple[float, ...] = ()
+    identifier: int | None = None  # SFF-8024 code: 0x0d QSFP+, 0x11 QSFP28 (SFF-8636), 0x18 QSFP-DD, 0x19 OSFP
+    module_state: str | None = None  # CMIS only: ModuleReady, ModuleLowPwr, ...
+    vendor_pn: str | None = None
 
     @property
-    def rx_los(self) -> bool:
-        """Any lane has Rx loss of signal."""
-        return any(self.rx_loss_of_signal)
+    def rx_los(self) -> bool | None:
+        """Any lane has Rx loss of signal; None when the tool did not report it."""
+        return None if self.rx_loss_of_signal is None else any(self.rx_loss_of_signal)
 
     @property
-    def rx_lol(self) -> bool:
-        """Any lane has Rx loss of lock."""
-        return any(self.rx_loss_of_lock)
+    def rx_lol(self) -> bool | None:
+        """Any lane has Rx loss of lock; None when the tool did not report it."""
+        return None if self.rx_loss_of_lock is None else any(self.rx_loss_of_lock)
+
+    @property
+    def cmis(self) -> bool:
+        return self.identifier is not None and self.identifier >= 0x18
 
 
 _LANES = re.compile(r"\[ ((?:Yes|No)(?:, (?:Yes|No))*) \]")
 _RX_POWER = re.compile(r".*(?:Rx|Rcvr|Receiver).*power.*?\(?Channel (\d+)\)?.*?:.*?(-?[\d.]+|-inf) dBm")
+_HEX_CODE = re.compile(r"0x([0-9a-fA-F]{2})\b")
+_MODULE_STATE = re.compile(r"0x[0-9a-fA-F]{2} \((\w+)\)")
 
 
-def _lane_flags(fields: dict[str, str], name: str, required: bool) -> tuple[bool, ...]:
+def _lane_flags(fields: dict[str, str], name: str) -> tuple[bool, ...] | None:
     if name not in fields:
-        if required:
-            raise ParseError(f"'{name} : None|[ Yes, No, ... ]' (ethtool -m)", "\n".join(fields))
-        return ()
+        return None
     value = fields[name]
     if value == "None":
         return ()
@@ -342,23 +397,32 @@ def _lane_flags(fields: dict[str, str], name: str, required: bool) -> tuple[bool
 
 
 def parse_ethtool_module(text: str) -> ModuleFlags:
-    """`ethtool -m <if>`: `\\t%-41s : value` lines; reads the lane flags and per-lane Rx power."""
+    """`ethtool -m <if>`: `\\t%-41s : value` records (SFF-8636 and CMIS layouts, any ethtool version).
+
+    Raises ParseError when the text has no module record at all."""
     lines = text.splitlines()
     fields = {}
     for line in lines:
         key, sep, value = line.partition(" : ")
         if sep:
             fields.setdefault(key.strip(), value.strip())
+    if not fields:
+        raise ParseError("'Key : value' records (ethtool -m)", text)
     power: dict[int, float] = {}
     for line in lines:
         m = _RX_POWER.match(line)
         if m:
             power[int(m.group(1))] = float(m.group(2))
+    code = _HEX_CODE.match(fields.get("Identifier", ""))
+    state = _MODULE_STATE.match(fields.get("Module State", ""))
     return ModuleFlags(
-        rx_loss_of_signal=_lane_flags(fields, "Rx loss of signal", True),
-        rx_loss_of_lock=_lane_flags(fields, "Rx loss of lock", False),
-        tx_fault=_lane_flags(fields, "Tx fault", False),
+        rx_loss_of_signal=_lane_flags(fields, "Rx loss of signal"),
+        rx_loss_of_lock=_lane_flags(fields, "Rx loss of lock"),
+        tx_fault=_lane_flags(fields, "Tx fault"),
         rx_power_dbm=tuple(power[k] for k in sorted(power)),
+        identifier=int(code.group(1), 16) if code else None,
+        module_state=state.group(1) if state else None,
+        vendor_pn=fields.get("Vendor PN"),
     )
 
 
@@ -382,20 +446,29 @@ class MlxlinkInfo:
                 return dict(records)
         raise KeyError(title)
 
+    @property
+    def link_up(self) -> bool:
+        """The port manager state says the link is up. Physical state is the AN/PHY FSM word and does not
+        say it: a ConnectX-6 Dx Ethernet link that is up reads `ETH_AN_FSM_ENABLE`."""
+        return self.state in ("Active", "Physical LinkUp")
+
 
 def parse_mlxlink(text: str) -> MlxlinkInfo:
-    """Sections are a title, a dash underline, then `Key<pad>: value` records (value from column 38)."""
-    lines = text.splitlines()
+    """Sections are a title (normally dash-underlined) followed by `Key<pad>: value` records; real mlxlink pads
+    keys to 32 columns. Any line without a `key : value` record starts a new section."""
     sections: list[tuple[str, list[tuple[str, str]]]] = []
-    for i, line in enumerate(lines):
+    for line in text.splitlines():
         stripped = line.strip()
-        if i + 1 < len(lines) and stripped and set(lines[i + 1].strip()) == {"-"}:
-            sections.append((stripped, []))
-        elif sections and " : " in line:
-            key, _, value = line.partition(" : ")
-            sections[-1][1].append((key.strip(), value.strip()))
-        elif sections and line.rstrip().endswith(" :"):
-            sections[-1][1].append((line.rstrip()[:-2].strip(), ""))
+        if not stripped or set(stripped) == {"-"}:
+            continue
+        if " : " in line or line.rstrip().endswith(" :"):
+            if sections:
+                key, _, value = line.rstrip().partition(" :")
+                sections[-1][1].append((key.strip(), value.strip()))
+            continue
+        if stripped.startswith(("-E-", "-W-", "-I-")):  # mlxlink's errors, warnings and notes
+            continue
+        sections.append((stripped.removesuffix(" #"), []))
     frozen = tuple((title, tuple(records)) for title, records in sections)
     operational = dict(next((r for t, r in frozen if t == "Operational Info"), ()))
     if "State" not in operational or "Physical state" not in operational:

@@ -1,0 +1,288 @@
+"""Every parser against the corpus of real tool captures (tests/data/real/<tool>/): the values a reader of each
+capture sees. Each file's first line names its public source; the rest is the capture, copied verbatim."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests, parse_perftest_header
+from devices.parsers.gpu import FIELD_ALIASES, canonical_field, parse_nvidia_smi_csv
+from devices.parsers.nic import (parse_ethtool, parse_ethtool_module, parse_ip_link_oneline, parse_ip_monitor_line,
+                                 parse_mlxlink, parse_rdma_link)
+
+REAL = Path(__file__).parent / "data" / "real"
+MIN_PER_TOOL = {"ethtool-m": 5, "rdma-link": 5, "nccl-tests": 5, "perftest": 5, "nvidia-smi": 5}
+
+
+def capture(tool: str, name: str) -> str:
+    head, _, body = (REAL / tool / name).read_text().partition("\n")
+    assert head.startswith("# source: http"), f"{tool}/{name}: first line must name the public source"
+    return body
+
+
+def test_every_capture_names_its_source_and_the_corpus_is_wide_enough():
+    counts: dict[str, int] = {}
+    for path in sorted(REAL.glob("*/*.txt")):
+        head = path.read_text().partition("\n")[0]
+        assert head.startswith("# source: http") and head.count(" | ") >= 2, path.name
+        counts[path.parent.name] = counts.get(path.parent.name, 0) + 1
+    for tool, least in MIN_PER_TOOL.items():
+        assert counts.get(tool, 0) >= least, (tool, counts)
+
+
+# ---------------------------------------------------------------- ethtool -m
+
+Y, N = True, False
+ETHTOOL_M = {
+    # name: (identifier, rx_loss_of_signal, rx_loss_of_lock, module_state, rx_power_dbm)
+    "cmis-qsfpdd-400g-xdr4-arista-ethtool6.txt":
+        (0x18, (), (), "ModuleReady", (3.52, 2.70, 2.65, 2.60) + (-math.inf,) * 4),
+    "cmis-16lane-spectrum-both-up-ethtool6.4.txt": (None, (), (), "ModuleReady", ()),
+    "cmis-16lane-spectrum-peer-down-ethtool6.4.txt": (None, (Y,) * 16, (Y,) * 16, "ModuleReady", ()),
+    "cmis-16lane-spectrum-own-down-ethtool6.4.txt": (None, (Y,) * 16, (Y,) * 8 + (N,) * 8, "ModuleReady", ()),
+    "cmis-qsfpdd-dac-mellanox-ethtool5.8-nolos.txt": (0x18, None, None, None, ()),
+    "sff8636-qsfp-aoc-spectrum-both-up-ethtool6.4.txt": (None, (), (), None, ()),
+    "sff8636-qsfp-aoc-spectrum-peer-down-ethtool6.4.txt": (None, (Y,) * 4, (Y,) * 4, None, ()),
+    "sff8636-qsfp-40g-sr4-cx3-ethtool-pre5.13-nolos.txt": (0x0D, None, None, None, (-2.43,) + (-math.inf,) * 3),
+    "sff8636-qsfp-40g-sr4-cx3-ethtool6-los-nolol.txt": (0x0D, (), None, None, (-2.45,) + (-math.inf,) * 3),
+    "sff8636-qsfp28-100g-sr4-fs-lldpd477.txt": (0x11, None, None, None, ()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ETHTOOL_M))
+def test_ethtool_module(name):
+    identifier, los, lol, state, power = ETHTOOL_M[name]
+    flags = parse_ethtool_module(capture("ethtool-m", name))
+    assert (flags.identifier, flags.rx_loss_of_signal, flags.rx_loss_of_lock, flags.module_state) == \
+        (identifier, los, lol, state)
+    assert flags.rx_power_dbm == power
+    assert flags.rx_los == (None if los is None else any(los))
+    assert flags.rx_lol == (None if lol is None else any(lol))
+
+
+def test_ethtool_module_identity_fields():
+    arista = parse_ethtool_module(capture("ethtool-m", "cmis-qsfpdd-400g-xdr4-arista-ethtool6.txt"))
+    assert arista.cmis and arista.vendor_pn == "QDD-400G-XDR4" and arista.tx_fault == ()
+    dac = parse_ethtool_module(capture("ethtool-m", "cmis-qsfpdd-dac-mellanox-ethtool5.8-nolos.txt"))
+    assert dac.cmis and dac.vendor_pn == "MCP1660-W00AE30"
+    assert not parse_ethtool_module(capture("ethtool-m", "sff8636-qsfp28-100g-sr4-fs-lldpd477.txt")).cmis
+
+
+# ---------------------------------------------------------------- rdma link
+
+RDMA = {
+    # name: [(dev, port, state, physical_state, netdev, lid)]
+    "roce-cx6dx-3fs283.txt": [("mlx5_0", 1, "ACTIVE", "LINK_UP", "p1p1", None),
+                              ("mlx5_1", 1, "ACTIVE", "LINK_UP", "p1p2", None)],
+    "rxe-softroce-3fs263.txt": [("rxe_0", 1, "ACTIVE", "LINK_UP", "p1p1", None)],
+    "roce-and-ib-rdma-demo.txt": [("mlx5_0", 1, "ACTIVE", "LINK_UP", "ens3f0np0", None),
+                                  ("mlx5_1", 1, "DOWN", "DISABLED", None, 65535)],
+    "old-form-shared-pod-spiderpool.txt": [("mlx5_0", 1, "ACTIVE", "LINK_UP", None, None),
+                                           ("mlx5_1", 1, "ACTIVE", "LINK_UP", None, None)],
+    "old-form-sriov-vf-spiderpool.txt": [("mlx5_3", 1, "ACTIVE", "LINK_UP", "eth0", None)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(RDMA))
+def test_rdma_link(name):
+    links = parse_rdma_link(capture("rdma-link", name))
+    assert [(x.dev, x.port, x.state, x.physical_state, x.netdev, x.lid) for x in links] == RDMA[name]
+
+
+def test_rdma_link_infiniband_and_roce_mixed():
+    links = parse_rdma_link(capture("rdma-link", "ib-and-roce-cx6-sriov-operator635.txt"))
+    assert [x.dev for x in links] == [f"mlx5_{i}" for i in range(9)]
+    assert [x.lid for x in links] == [3, 65535, 35, 65535, None, 65535, 4, 65535, 36]
+    assert [x.state for x in links if x.infiniband and x.lid != 65535] == ["ACTIVE"] * 4
+    roce = links[4]
+    assert (roce.netdev, roce.infiniband, roce.phys_state) == ("enp97s0f0", False, "LinkUp")
+    assert links[0].subnet_prefix == "fe80:0000:0000:0000" and links[0].sm_lid == 1
+
+
+# ---------------------------------------------------------------- mlxlink
+
+MLXLINK = {
+    # name: (state, physical_state, speed, width, fec, link_up)
+    "cx4-hpe-840qsfp28-physical-linkup-sonic3578.txt":
+        ("Physical LinkUp", "LinkUp", "100GbE", "4x", "Standard RS-FEC - RS(528,514)", True),
+    "spectrum-switch-25g-sonic265.txt": ("Active", "LinkUp", "25GbE", "1x", "Firecode FEC", True),
+    "cx6-200g-eth-an-fsm-enable-kontronn.txt":
+        ("Active", "ETH_AN_FSM_ENABLE", "200G", "4x", "Standard RS-FEC (544,514)", True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MLXLINK))
+def test_mlxlink(name):
+    info = parse_mlxlink(capture("mlxlink", name))
+    assert (info.state, info.physical_state, info.speed, info.width, info.fec, info.link_up) == MLXLINK[name]
+    assert info.section("Operational Info")["Loopback Mode"] == "No Loopback"
+
+
+def test_mlxlink_supported_info_section():
+    info = parse_mlxlink(capture("mlxlink", "cx4-hpe-840qsfp28-physical-linkup-sonic3578.txt"))
+    assert info.section("Supported Info") == {"Enabled Link Speed": "0x00f180c0 (100G,40G)"}
+
+
+# ---------------------------------------------------------------- ip monitor / ip -o link / ethtool
+
+
+def _events(name):
+    return [e for e in map(parse_ip_monitor_line, capture("ip-monitor", name).splitlines()) if e is not None]
+
+
+def test_ip_monitor_flag_only_events():
+    down = _events("wlan-admin-down-flag-only-syogaraj.txt")
+    assert [(e.ifindex, e.ifname, e.operstate, "UP" in e.flags, e.mtu) for e in down] == \
+        [(3, "wlp0s20f3", None, True, None), (3, "wlp0s20f3", "DOWN", False, 1500)]
+    # the multi-line form carries the address on its continuation line, which the line parser skips
+    assert parse_ip_monitor_line("    link/ether d4:54:8b:c4:7b:dd brd ff:ff:ff:ff:ff:ff") is None
+    up = _events("wlan-admin-up-flag-only-syogaraj.txt")
+    assert [e.operstate for e in up] == ["DOWN", None, None, None, None, "DORMANT", "UP", None, None]
+    assert [e.carrier for e in up] == [False] * 6 + [True] * 3
+
+
+def test_ip_o_link_older_iproute2():
+    links = parse_ip_link_oneline(capture("ip-link", "bond-vlans-fusioninventory640.txt"))
+    assert [x.ifname for x in links] == ["lo", "eth0", "eth1", "bond0", "bond0.3000", "bond0.3001", "bond0.3002",
+                                         "bond0.3003"]
+    assert [x.peer for x in links][4:] == ["bond0"] * 4
+    assert all(x.carrier and x.operstate in ("UP", "UNKNOWN") for x in links)
+    assert links[1].mac == "0c:c4:7a:03:24:fb" and links[0].mtu == 65536 and "SLAVE" in links[2].flags
+
+
+def test_ethtool_settings():
+    down = parse_ethtool(capture("ethtool", "rtl8126-5g-link-down-openwrt4.txt"))
+    assert (down.ifname, down.speed_mbps, down.duplex, down.autoneg, down.link_detected) == \
+        ("enp14s0", None, None, True, False)
+    bond = parse_ethtool(capture("ethtool", "bond0-1g-systeminformation187.txt"))
+    assert (bond.ifname, bond.speed_mbps, bond.duplex, bond.autoneg, bond.link_detected) == \
+        ("bond0", 1000, "Full", False, True)
+
+
+# ---------------------------------------------------------------- nccl-tests
+
+NCCL = {
+    # name: (rows, first (size, count, type, redop, root), last out-of-place busbw, avg busbw, ranks, version)
+    "dstack-lambda-b200-nccl-tests-2.17.6.txt": (29, (8, 2, "float", "sum", -1), 696.06, 137.179, 0, "2.17.6"),
+    "coreweave-gb200-nvl72.txt": (5, (536870912, 134217728, "float", "sum", -1), 834.57, 745.53, 1, None),
+    "eks-efa-t4-tag-output-nccl2.12.txt": (31, (0, 0, "float", "sum", -1), 3.11, 1.15327, 2, None),
+    "skypilot-gke-h200-allgather-tag-output.txt":
+        (24, (1024, 16, "float", "none", -1), 325.72, 122.073, 16, None),
+    "gcp-a4-h200-allgather-nccl2.26.txt": (24, (1024, 16, "float", "none", -1), 325.52, 121.902, 16, None),
+    "nccl258-v100-old-error-columns.txt": (4, (8, 2, "float", "sum", None), 0.0, None, 4, None),
+    "nccl644-allgather-11-columns.txt": (13, (65536, 2048, "float", "", None), 7.32, None, 0, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NCCL))
+def test_nccl_tests(name):
+    n_rows, first, last_busbw, avg, ranks, version = NCCL[name]
+    result = parse_nccl_tests(capture("nccl-tests", name))
+    row = result.rows[0]
+    assert len(result.rows) == n_rows
+    assert (row.size_bytes, row.count, row.dtype, row.redop, row.root) == first
+    assert result.rows[-1].out_of_place.busbw_gbs == last_busbw
+    assert result.avg_busbw_gbs == avg and len(result.ranks) == ranks and result.version == version
+    assert all(r.in_place is not None for r in result.rows)
+
+
+def test_nccl_tests_details_a_reader_sees():
+    dstack = parse_nccl_tests(capture("nccl-tests", "dstack-lambda-b200-nccl-tests-2.17.6.txt"))
+    assert dstack.collective == "all_reduce_perf"
+    big = dstack.rows[-1]
+    assert (big.size_bytes, big.out_of_place.time_us, big.in_place.algbw_gbs, big.in_place.wrong) == \
+        (2147483648, 5784.75, 374.88, 0)
+    eks = parse_nccl_tests(capture("nccl-tests", "eks-efa-t4-tag-output-nccl2.12.txt"))
+    assert eks.ranks == [{"rank": 0, "host": "test-nccl-efa-worker-0", "device": 0},
+                         {"rank": 1, "host": "test-nccl-efa-worker-1", "device": 0}]
+    assert eks.settings["maxBytes"] == "1073741824" and eks.out_of_bounds == 0
+    assert eks.rows[-2].out_of_place.time_us == 171351
+    sky = parse_nccl_tests(capture("nccl-tests", "skypilot-gke-h200-allgather-tag-output.txt"))
+    assert sky.ranks[15] == {"rank": 15, "host": "nc-d87e1263-worker1", "device": 7}
+    old = parse_nccl_tests(capture("nccl-tests", "nccl258-v100-old-error-columns.txt"))
+    assert [r.out_of_place.max_error for r in old.rows] == [1e-07, 3e-08, 3e-08, 3e-08]
+    assert old.rows[3].in_place.time_us == 278.1 and old.rows[0].out_of_place.wrong is None
+    coreweave = parse_nccl_tests(capture("nccl-tests", "coreweave-gb200-nvl72.txt"))
+    assert coreweave.rows[3].out_of_place.time_us == 10094 and coreweave.ranks[0]["rank"] == 71
+
+
+# ---------------------------------------------------------------- perftest
+
+PERFTEST = {
+    # name: (test, Device, Link type, Mtu, qps, unit, local QPN, remote GID)
+    "perftest273-post-list-gbits-tabs.txt":
+        ("RDMA_Write Post List BW Test", "ib0", "Ethernet", "4096[B]", "1", "Gb/sec", None, None),
+    "perftest240-server-tabs-as-spaces.txt":
+        ("RDMA_Write BW Test", "mlx5_0", "Ethernet", "4096[B]", "1", None, "0x2da6",
+         "00:00:00:00:00:00:00:00:00:00:255:255:11:00:00:88"),
+    "perftest234-server-mbsec-tabs.txt":
+        ("RDMA_Write BW Test", "mlx5_0", "Ethernet", "4096[B]", "1", "MB/sec", "0x0108",
+         "00:00:00:00:00:00:00:00:00:00:255:255:10:255:255:04"),
+    "perftest214-infiniband-indented.txt":
+        ("RDMA_Write BW Test", "ibp5", "IB", "4096[B]", "1", None, "0x0867",
+         "254:128:00:00:00:00:00:00:148:109:174:03:00:50:24:232"),
+    "perftest-ngc108-bidirectional-header.txt":
+        ("RDMA_Write Bidirectional BW Test", "mlx5_3", None, None, "2", None, None, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PERFTEST))
+def test_perftest_header(name):
+    test, device, link, mtu, qps, unit, qpn, remote_gid = PERFTEST[name]
+    header = parse_perftest_header(capture("perftest", name))
+    s = header.settings
+    assert (header.test, s["Device"], s.get("Link type"), s.get("Mtu"), s["Number of qps"], header.unit) == \
+        (test, device, link, mtu, qps, unit)
+    assert s["Dual-port"] == "OFF" and s["Transport type"] == "IB" and s["Connection type"] == "RC"
+    assert s["Using SRQ"] == "OFF"  # the second column of a TAB- or space-separated pair
+    assert (header.local[0]["QPN"] if header.local else None) == qpn
+    assert (header.remote[0]["GID"] if header.remote else None) == remote_gid
+
+
+def test_perftest_result_row_with_tabs():
+    result = parse_ib_write_bw(capture("perftest", "perftest273-post-list-gbits-tabs.txt"))
+    (row,) = result.rows
+    assert (row.size_bytes, row.iterations, row.bw_peak, row.bw_average, row.msg_rate_mpps, row.unit) == \
+        (8, 224958464, 0.0, 0.48, 7.498617, "Gb/sec")
+    assert result.settings["rdma_cm QPs"] == "OFF" and result.settings["Post List"] == "128"
+
+
+# ---------------------------------------------------------------- nvidia-smi
+
+GPUS = {
+    # capture: (name, memory.total, clocks.current.sm, power.limit unit)
+    "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.csv.txt": ("NVIDIA H100 80GB HBM3", 81559, 345),
+    "linux-x86_64__nvidia-h100-mig__590.48.01.csv.txt": ("NVIDIA H100 80GB HBM3", 81559, 345),
+    "linux-x86_64__nvidia-h200__590.48.01.csv.txt": ("NVIDIA H200", 143771, 345),
+    "linux-x86_64__nvidia-l40s__595.80.csv.txt": ("NVIDIA L40S", 46068, 2520),
+    "linux-x86_64__nvidia-geforce-rtx-2080-super__595.71.05.csv.txt": ("NVIDIA GeForce RTX 2080 SUPER", 8192, 765),
+    "windows-x86_64__nvidia-geforce-rtx-2080-super__591.86.csv.txt": ("NVIDIA GeForce RTX 2080 SUPER", 8192, 300),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GPUS))
+def test_nvidia_smi_query_gpu(name):
+    gpu_name, memory_total, sm_mhz = GPUS[name]
+    text = capture("nvidia-smi", name)
+    query = parse_nvidia_smi_csv(text)
+    (record,) = query.records()
+    assert (record["name"], record["memory.total"], record["clocks.current.sm"]) == (gpu_name, memory_total, sm_mhz)
+    assert query.units[query.fields.index("clocks.current.sm")] == "MHz"
+    assert query.units[query.fields.index("memory.total")] == "MiB"
+    assert query.column("clocks.sm") == [sm_mhz]  # the alias a caller queries reads the renamed header
+    driver = name.split("__")[-1].removesuffix(".csv.txt")
+    assert record["driver_version"] == driver
+    # the same answer parsed with the field list as queried (aliases as the caller wrote them)
+    queried = [{"clocks.current.sm": "clocks.sm", "name": "gpu_name"}.get(f, f) for f in query.fields]
+    assert parse_nvidia_smi_csv(text, queried).records() == query.records()
+
+
+def test_field_aliases_are_nvidia_smis_own():
+    pairs = set()
+    for line in capture("nvidia-smi", "help-query-gpu-alias-lines-590.48.01.txt").splitlines():
+        names = [part.strip().strip('"') for part in line.split(" or ")]
+        pairs |= {(alias, names[0]) for alias in names[1:]}
+    assert set(FIELD_ALIASES.items()) <= pairs
+    assert canonical_field("clocks.sm") == "clocks.current.sm" and canonical_field("index") == "index"
