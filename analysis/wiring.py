@@ -62,6 +62,7 @@ def kl_project(log_y, edges, degree_budget, *, equality: bool | None = None, lam
     updates all duals at once with geometric-mean damping (Knight 2008); `method="newton"` minimises the
     same |V|-dim dual by Newton steps (quadratic convergence; used by `optimize_wiring`). Both: equality only.
     Returns log w (and with `return_info` a dict: lam, nu, sweeps, kkt residuals).
+    Raises EmptyPolytopeError when P (on the support of y) is empty: no point could satisfy the budgets.
     """
     log_y = np.asarray(log_y, dtype=np.float64)
     edges = np.asarray(edges, dtype=np.int64)
@@ -71,6 +72,8 @@ def kl_project(log_y, edges, degree_budget, *, equality: bool | None = None, lam
         raise ValueError("degree budgets must be positive")
     if equality is None:
         equality = abs(b.sum() - 2.0) <= 1e-9
+    if b.sum() < 2.0 - 1e-9:  # every edge loads two endpoints: sum_i (B w)_i = 2 1'w = 2
+        raise EmptyPolytopeError(f"degree budgets sum to {b.sum():.6g} < 2: no w with 1'w = 1 fits them")
     log_b = np.log(b)
     ei, ej = edges[:, 0], edges[:, 1]
     lam = np.zeros(n) if lam0 is None else np.array(lam0, dtype=np.float64)
@@ -126,11 +129,40 @@ def kl_project(log_y, edges, degree_budget, *, equality: bool | None = None, lam
                            np.max(np.where(lam > 0, np.abs(s - log_b), 0.0)))
             if viol < tol:
                 break
+    _check_feasible(log_y, logw, edges, b, equality, max(tol, 1e-6))
     if not return_info:
         return logw
     info = {"lam": lam, "nu": nu, "sweeps": sweeps, "equality": equality}
     info.update(kkt_residuals(log_y, edges, b, logw, lam, nu, equality=equality))
     return logw, info
+
+
+class EmptyPolytopeError(ValueError):
+    """The budget polytope {w >= 0, 1'w = 1, B w <= b (or = b)} has no point on the candidate edges."""
+
+
+def _check_feasible(log_y, logw, edges, b, equality: bool, tol: float) -> None:
+    """Raise EmptyPolytopeError if the projection ended outside P because P is empty (an LP says so)."""
+    n = b.size
+    s = _node_lse(logw, edges[:, 0], edges[:, 1], n) if np.all(np.isfinite(logw) | (logw == -np.inf)) else None
+    if s is not None:
+        viol = np.abs(s - np.log(b)) if equality else np.maximum(s - np.log(b), 0.0)
+        if np.max(viol, initial=0.0) < tol and abs(logsumexp(logw)) < tol:
+            return
+    from scipy.optimize import linprog
+
+    support = np.flatnonzero(np.isfinite(log_y))
+    m = support.size
+    if m:
+        B = np.zeros((n, m))
+        B[edges[support, 0], np.arange(m)] = 1.0
+        B[edges[support, 1], np.arange(m)] = 1.0
+        rows = dict(A_eq=np.vstack([np.ones((1, m)), B]), b_eq=np.r_[1.0, b]) if equality else \
+            dict(A_ub=B, b_ub=b, A_eq=np.ones((1, m)), b_eq=[1.0])
+        if linprog(np.zeros(m), bounds=(0, None), method="highs", **rows).status != 2:  # 2: infeasible
+            return  # feasible: a slow convergence, reported by the KKT residuals, not an empty polytope
+    raise EmptyPolytopeError(f"the budget polytope is empty on the {m} candidate edges: no w >= 0 with "
+                             f"1'w = 1 and B w {'=' if equality else '<='} b (b = {np.round(b, 6).tolist()})")
 
 
 def _newton_equality(log_y, ei, ej, b, lam, tol, max_iter):

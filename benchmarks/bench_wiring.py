@@ -112,6 +112,11 @@ def main(argv=None):
         for sch in SCHEDULES:
             sub = [r for r in rows if r["n"] == n and r["schedule"] == sch]
             if sub:
+                polished = np.array([r["gap_polished"] for r in sub]) * 100
+                print(f"n={n} {sch}: polished gap over {len(sub)} seeds: p50 {np.median(polished):.2f} %, "
+                      f"p90 {np.quantile(polished, 0.9):.2f} %, max {polished.max():.2f} %; "
+                      f"{int((polished > 1.0).sum())}/{len(sub)} seeds above 1 %, "
+                      f"{int((polished > 1e-9).sum())}/{len(sub)} above 0")
                 print(f"n={n} {sch}: median gap rounded {np.median([r['gap_rounded'] for r in sub]) * 100:+.2f} %,"
                       f" polished {np.median([r['gap_polished'] for r in sub]) * 100:+.2f} %; median speed-up"
                       f" rounded {np.median([r['speed_rounded'] for r in sub]):.0f}x, polished"

@@ -107,7 +107,9 @@ def test_regret_experiment_table_and_sqrt_scaling():
     assert list(tb["scale"]) == [0.25, 1, 4, 16]
     assert np.all(tb["regret_offline"] >= -1e-9)
     assert np.all(tb["regret_static_p05"] <= tb["regret_static_p95"])
-    assert out["theory_slope"] == 0.5 and np.isfinite(out["slope_offline"])
+    assert out["heuristic_slope"] == 0.5 and np.isfinite(out["slope_offline"])
+    assert (tb["exceeds_heuristic_offline"] == (tb["regret_offline"] > tb["heuristic_scale"])).all()
+    assert tb["heuristic_scale"].to_numpy() == pytest.approx(2 * np.sqrt(out["Gamma"] * tb["C_mean"] * out["V1"] * 2000))
     cur = regret_curves(out)
     assert cur["C"].shape == (4,) and len(cur["regret_offline_band"]) == 2
     # cost builder + GLR-CUSUM alarms path

@@ -216,3 +216,20 @@ def test_polish_never_worse_and_respects_budgets(seed, nb):
     assert np.all(load <= p.degree) and np.all(x >= 0)
     assert info["makespan"] <= p.makespan(x0) + 1e-12
     assert info["makespan"] >= exact_wiring_milp(p)["makespan"] - 1e-9
+
+
+@pytest.mark.parametrize("method", ["coordinate", "parallel", "newton"])
+def test_kl_project_raises_on_an_empty_polytope(method):
+    """A star 0-1, 0-2: node 0 carries every edge, so its budget must hold all of 1'w = 1."""
+    from analysis.wiring import EmptyPolytopeError
+
+    edges = np.array([[0, 1], [0, 2]])
+    with pytest.raises(EmptyPolytopeError):  # equality: B w = (0.5, .75, .75) has no solution
+        kl_project(np.zeros(2), edges, np.array([0.5, 0.75, 0.75]), method=method, max_sweeps=2000)
+    if method == "coordinate":
+        with pytest.raises(EmptyPolytopeError):  # inequality: node 0 can take only 0.5 of the mass
+            kl_project(np.zeros(2), edges, np.array([0.5, 1.0, 1.0]), max_sweeps=2000)
+        with pytest.raises(EmptyPolytopeError, match="sum to 0.9"):
+            kl_project(np.zeros(2), edges, np.array([0.3, 0.3, 0.3]))
+        w = np.exp(kl_project(np.zeros(2), edges, np.array([1.0, 1.0, 1.0])))  # feasible: projected
+        assert w == pytest.approx([0.5, 0.5])
