@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
@@ -240,3 +241,32 @@ def test_splitter_cuts_a_long_line_and_goes_on():
     out = splitter.feed(b"a\r" + b"x" * (MAX_LINE_BYTES + 10)) + splitter.feed(b"y" * 10**6 + b"\nb\r\n")
     assert out[0] == "a" and len(out[1]) == MAX_LINE_BYTES and out[2] == "b"
     assert type(out[1]).__name__ == "CutLine" and splitter.pending == ""
+
+
+# ---------------------------------------------------------------- end to end
+@pytest.mark.parametrize("state, what", [(b"(@a),(@b)\n", "channel list item 'a' is not a port"),
+                                         (b"(@1,2),(@17,17)\n", "egress 17 fed by both ingress 1 and 2")])
+def test_harness_run_stops_on_an_impossible_snapshot_and_touches_nothing(tmp_path, capsys, state, what):
+    from harness.cli import main
+
+    with HostilePeer(_scpi_respond(state)) as peer:
+        inventory = tmp_path / "bench.yaml"
+        inventory.write_text(f"""bench: {{name: fake, emulated: false}}
+ocs:
+  ocs1: {{protocol: polatis-scpi, url: "{peer.url()}", size: [16, 16], allowed_ports: ["1-8", "17-24"]}}
+hosts:
+  gpu1:
+    address: 127.0.0.1
+    port: 9
+    user: lab
+    nics:
+      - {{netdev: ens1, rdma_dev: mlx5_0, rdma_port: 1, ocs: ocs1, tx: 1, rx: 17}}
+      - {{netdev: ens2, rdma_dev: mlx5_1, rdma_port: 1, ocs: ocs1, tx: 2, rx: 18}}
+""")
+        playbook = Path(__file__).resolve().parents[1] / "playbooks" / "turnaround.yaml"
+        code = main(["run", str(playbook), "--bench", str(inventory), "--cycles", "1",
+                     "--out", str(tmp_path / "runs"), "-q"])
+    err = capsys.readouterr().err
+    stopped = [line for line in err.splitlines() if "run stopped" in line]
+    assert code == 1 and len(stopped) == 1 and what in stopped[0] and "Traceback" not in err, err
+    assert peer.commands == [":SYST:ERR?", "*CLS", ":OXC:SWIT:CONN:STAT?"]  # read, never changed

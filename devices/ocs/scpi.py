@@ -193,7 +193,15 @@ class ScpiSwitch(CircuitSwitch):
         return self._read_patches()[0]
 
     def _read_patches(self) -> tuple[dict[int, int], CommandTiming]:
-        return parse_state(self.query(":OXC:SWIT:CONN:STAT?"), self.resource.size), self.last_timing
+        reply = self.query(":OXC:SWIT:CONN:STAT?")
+        try:
+            return parse_state(reply, self.resource.size), self.last_timing
+        except ImpossibleState as exc:  # say which switch: this line may end a run
+            raise ImpossibleState(f"{self.resource.name}: :OXC:SWIT:CONN:STAT? reply "
+                                  f"{excerpt(reply, 80)}: {exc}") from None
+        except DeviceError as exc:
+            raise DeviceError(f"{self.resource.name}: :OXC:SWIT:CONN:STAT? reply {excerpt(reply, 80)}: "
+                              f"{exc}") from None
 
     def connect(self, ingress: int, egress: int) -> CommandTiming:
         """`:OXC:SWIT:CONN:ADD` as is: a conflict is the switch's error (use `apply` to reconcile)."""

@@ -254,9 +254,9 @@ class Tl1Switch(CircuitSwitch):
             if pair is None:
                 if _COMMENT.fullmatch(line.strip()):
                     continue
-                raise DeviceError(f"RTRV-PATCH: malformed reply line {excerpt(line, 80)}")
+                raise DeviceError(f"{self.resource.name}: RTRV-PATCH: malformed reply line {excerpt(line, 80)}")
             pairs.append((int(pair.group(1)), int(pair.group(2))))
-        return check_state(pairs, self.resource.size, "RTRV-PATCH reply"), self.last_timing
+        return check_state(pairs, self.resource.size, f"{self.resource.name}: RTRV-PATCH reply"), self.last_timing
 
     def connect(self, ingress: int, egress: int) -> CommandTiming:
         """ENT-PATCH as is: a conflicting patch is the switch's error (use `apply` to reconcile)."""
