@@ -3,13 +3,13 @@ every one of 200 concurrent clients answered, and a slow, silent or non-reading 
 from __future__ import annotations
 
 import dataclasses
-import selectors
 import socket
 import threading
 import time
 
 import pytest
 
+from devices.emulated.hostile_peer import connect_crowd, read_all
 from devices.emulated.ocs_server import OcsServers
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import Delay, load_profile
@@ -28,27 +28,6 @@ def servers():
     bench.stop()
 
 
-def _collect(socks, done, deadline_s: float = 60.0, order: list | None = None) -> dict[socket.socket, bytes]:
-    """Read from every socket at once until `done(data)` holds for each (or the deadline passes);
-    `order` gets the sockets in the order they completed."""
-    order = [] if order is None else order
-    received = {s: b"" for s in socks}
-    pending = set(socks)
-    with selectors.DefaultSelector() as selector:
-        for s in socks:
-            selector.register(s, selectors.EVENT_READ)
-        end = time.monotonic() + deadline_s
-        while pending and time.monotonic() < end:
-            for key, _ in selector.select(timeout=0.5):
-                chunk = key.fileobj.recv(65536)
-                received[key.fileobj] += chunk
-                if not chunk or done(received[key.fileobj]):
-                    order.append(key.fileobj)
-                    pending.discard(key.fileobj)
-                    selector.unregister(key.fileobj)
-    return received
-
-
 @pytest.mark.parametrize("protocol", ["tl1", "scpi"])
 def test_200_concurrent_clients_answered_without_a_thread_each(servers, protocol):
     address = servers.tl1_address if protocol == "tl1" else servers.scpi_address
@@ -59,12 +38,12 @@ def test_200_concurrent_clients_answered_without_a_thread_each(servers, protocol
     threads_before = threading.active_count()
     silent = socket.create_connection(address, timeout=5)
     silent.sendall(b"RTRV-PAT" if protocol == "tl1" else b"*ID")  # half a command, then nothing
-    clients = [socket.create_connection(address, timeout=5) for _ in range(CLIENTS)]
+    clients = connect_crowd(address, CLIENTS)  # all at once: the listen backlog must hold them
     try:
         assert threading.active_count() == threads_before  # 201 open connections, not one thread more
         for c in clients:
             c.sendall(query)
-        replies = _collect(clients, done)
+        replies = read_all(clients, done)
         answered = [c for c, data in replies.items() if done(data)]
         assert len(answered) == CLIENTS
         if protocol == "scpi":
@@ -92,7 +71,7 @@ def test_a_client_waiting_for_its_mirrors_or_not_reading_delays_nobody(servers):
         time.sleep(0.05)  # A's command is in: its settle is under way
         c.sendall(b":OXC:SWITch:CONNect:STATe?\n")
         order: list[socket.socket] = []
-        replies = _collect([a, c], lambda d: d.endswith(b"\n"), order=order)
+        replies = read_all([a, c], lambda d: d.endswith(b"\n"), order=order)
         assert replies[a] == b"1\n" and replies[c].startswith(b"(@")  # the long form is understood
         assert order == [c, a]  # C was answered while A's mirrors were still moving
     finally:
@@ -100,5 +79,5 @@ def test_a_client_waiting_for_its_mirrors_or_not_reading_delays_nobody(servers):
             s.close()
         reset = socket.create_connection(servers.scpi_address, timeout=5)
         reset.sendall(b":OXC:SWIT:DISC:ALL;*OPC?\n")
-        _collect([reset], lambda d: d.endswith(b"\n"))
+        read_all([reset], lambda d: d.endswith(b"\n"))
         reset.close()

@@ -1,4 +1,5 @@
-"""`HostilePeer`: a TCP switch that misbehaves on purpose, for tests and `benchmarks/peer_fuzz.py`.
+"""`HostilePeer`: a TCP switch that misbehaves on purpose, for tests and `benchmarks/peer_fuzz.py`;
+`connect_crowd` / `read_all`: many clients at once against a server, from one thread.
 
 It knows nothing of the drivers: it splits what it receives into commands (TL1 ends them with `;`, SCPI
 with a line end) and answers each with the steps a script returns for it — bytes to send, pauses, a
@@ -7,6 +8,7 @@ flood, a close. Everything it received is kept in `commands`, so a test can prov
 from __future__ import annotations
 
 import re
+import selectors
 import socket
 import threading
 import time
@@ -135,3 +137,50 @@ class HostilePeer:
             except OSError:
                 return False
         return True
+
+
+def connect_crowd(address: tuple[str, int], n: int, timeout_s: float = 30.0) -> list[socket.socket]:
+    """n connections started at the same moment (non-blocking connects, so the server's listen backlog
+    is exercised), returned blocking with a timeout."""
+    socks = []
+    for _ in range(n):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex(address)
+        socks.append(sock)
+    with selectors.DefaultSelector() as selector:
+        for sock in socks:
+            selector.register(sock, selectors.EVENT_WRITE)
+        pending, end = set(socks), time.monotonic() + timeout_s
+        while pending and time.monotonic() < end:
+            for key, _ in selector.select(timeout=0.5):
+                pending.discard(key.fileobj)
+                selector.unregister(key.fileobj)
+    for sock in socks:
+        sock.settimeout(timeout_s)
+    return socks
+
+
+def read_all(socks, done: Callable[[bytes], bool], timeout_s: float = 60.0,
+             order: list | None = None) -> dict[socket.socket, bytes]:
+    """Read from every socket at once until `done(data)` holds for each, it closes or errs, or the
+    deadline passes; `order` (if given) gets the sockets in the order they finished."""
+    received = {sock: b"" for sock in socks}
+    pending = set(socks)
+    with selectors.DefaultSelector() as selector:
+        for sock in socks:
+            selector.register(sock, selectors.EVENT_READ)
+        end = time.monotonic() + timeout_s
+        while pending and time.monotonic() < end:
+            for key, _ in selector.select(timeout=0.5):
+                try:
+                    chunk = key.fileobj.recv(65536)
+                except OSError:
+                    chunk = b""
+                received[key.fileobj] += chunk
+                if not chunk or done(received[key.fileobj]):
+                    if order is not None:
+                        order.append(key.fileobj)
+                    pending.discard(key.fileobj)
+                    selector.unregister(key.fileobj)
+    return received
