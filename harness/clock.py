@@ -280,7 +280,10 @@ class ClockTracker:
             lam = (x - t[j - 1]) / (t[j] - t[j - 1]) if t[j] > t[j - 1] else 0.0
             distance = min(x - t[j - 1], t[j] - x)
             bound = (1 - lam) * e[j - 1] + lam * e[j] + self.wander * distance
-        return offset, float(bound)
+        # Any one sample bounds the (linear) error too, growing at most by slope_bound per ns away from it:
+        # a tight sample close by beats interpolating towards a loose neighbour (a probe under load).
+        near = float(np.min(e + (fit.slope_bound + self.wander) * np.abs(t - x)))
+        return offset, min(float(bound), near)
 
     def offset_at(self, t_ns: int) -> tuple[int, int]:
         """(offset_ns, uncertainty_ns) of this host at harness time t_ns."""

@@ -65,6 +65,13 @@ class EventLog:
         self._pending = 0
         self._failed: EventLogError | None = None
 
+    def wrap_file(self, wrap) -> object:
+        """Replace the log's file object by `wrap(file)` (fault injection: a disk that fills up); returns
+        the wrapper. Wrapping twice keeps the first wrapper."""
+        if getattr(self, "_wrapped", None) is None:
+            self._wrapped = self._file = wrap(self._file)
+        return self._wrapped
+
     def append(self, event: Event) -> None:
         self._check()
         self._buffer += (json.dumps(event.to_dict(), separators=(",", ":")) + "\n").encode()

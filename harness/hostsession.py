@@ -51,6 +51,7 @@ class HostSession:
         self._probe_lock = threading.Lock()  # one clock probe at a time over the shared time responder
         self._starters: list = []  # how to start each stream again after a reconnect
         self.reconnects = 0
+        self.on_clock_sample = None  # called (host, ClockSample) for every sample added (observations.jsonl)
 
     def open(self) -> None:
         from harness.clock import ClockTracker
@@ -69,8 +70,15 @@ class HostSession:
         # can neither finish nor be added before this one is.
         with self._probe_lock:
             sample = probe(self._timesrv, count=count or self.clock_probes, deadline=Deadline(10))
-            with self._clock_lock:
-                return self.clock.add(sample)
+            return self._add_sample(sample)
+
+    def _add_sample(self, sample):
+        with self._clock_lock:
+            step = self.clock.add(sample)
+        sink = getattr(self, "on_clock_sample", None)
+        if sink is not None:
+            sink(self.name, sample)
+        return step
 
     @staticmethod
     def sync_clocks_together(sessions: list["HostSession"]) -> None:
@@ -82,8 +90,7 @@ class HostSession:
                 held.enter_context(session._probe_lock)
             samples = probe_each({s.name: s._timesrv for s in sessions}, deadline=Deadline(10))
             for session in sessions:  # still under the probe locks (see sync_clock)
-                with session._clock_lock:
-                    session.clock.add(samples[session.name])
+                session._add_sample(samples[session.name])
 
     @property
     def clock_steps(self) -> int:

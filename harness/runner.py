@@ -76,6 +76,7 @@ class RunContext:
     broken: str | None = None  # set by a step on an unrecoverable fault: the rest of the run is skipped
     lease: Any = None  # harness.lock.BenchLease on a real bench
     guards: dict[str, Any] = field(default_factory=dict)  # OCS name -> harness.bench.circuits.CircuitGuard
+    observations: Any = None  # harness.bench.observe.ObservationLog, opened by the first step that observes
     _switches: dict[str, CircuitSwitch] = field(default_factory=dict)
     _sessions: dict[str, Any] = field(default_factory=dict)
 

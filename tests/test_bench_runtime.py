@@ -1,12 +1,37 @@
-"""The bench runtime's rules in milliseconds: fakes for the switch and the hosts, no emulator."""
+"""The bench runtime's rules in milliseconds: scripted observations, a fake switch, no emulator."""
 from __future__ import annotations
 
 import contextlib
+import json
 from types import SimpleNamespace
 
+import pytest
+
+from devices.errors import DeviceDenied, DeviceTimeout
 from devices.ocs.fake import FakeSwitch
 from devices.resources import NicPort, OcsResource
+from devices.timing import Deadline
+from harness.bench import BenchBroken
+from harness.bench.circuits import CircuitGuard, RetryPolicy
+from harness.bench.observe import CycleWatch, ObservationLog
+from harness.bench.scripted import ScriptedObservations
+from harness.bench.stages import PortRef, chain_bounds, stage_events
 from harness.steps.turnaround import SCHEMA, TurnaroundRun
+
+MS = 1_000_000
+OCS = OcsResource(name="ocs1", protocol="polatis-tl1", url="tcp://127.0.0.1:1", size=(8, 8),
+                  allowed_ports=frozenset(range(1, 17)))
+PORTS = {"h1:eth0": PortRef("h1:eth0", "h1", "eth0", "mlx5_0", 9), "h2:eth0": PortRef("h2:eth0", "h2", "eth0", "mlx5_0", 10)}
+PORT_OF = {(p.host, p.netdev): k for k, p in PORTS.items()}
+CHAIN = ("light_detected", "cdr_locked", "phy_up", "port_active", "first_packet")
+MAC = {"h1:eth0": "02:00:00:00:00:02", "h2:eth0": "02:00:00:00:00:01"}
+
+
+def _ctx(tmp_path, nics, session):
+    return SimpleNamespace(bench=SimpleNamespace(nic_ports=nics), cycles=1, run_dir=tmp_path, resume_after={},
+                           dry_run=False, teardown=contextlib.ExitStack(), stack=contextlib.ExitStack(),
+                           switch=lambda name: FakeSwitch(OCS), session=lambda host: session, emulated=None,
+                           manifest_extra={}, guards={}, observations=None, run_id="r")
 
 
 class _RecordingSession:
@@ -21,14 +46,181 @@ class _RecordingSession:
 
 
 def test_the_watch_reads_the_inventory_rdma_port(tmp_path):
-    ocs = OcsResource(name="ocs1", protocol="polatis-tl1", url="tcp://127.0.0.1:1", size=(8, 8),
-                      allowed_ports=frozenset(range(1, 17)))
     nics = (NicPort("h1", "eth0", "mlx5_0", 2, "ocs1", 1, 9), NicPort("h1", "eth1", "mlx5_0", 1, "ocs1", 2, 10))
     session = _RecordingSession()
-    ctx = SimpleNamespace(bench=SimpleNamespace(nic_ports=nics), cycles=1, run_dir=tmp_path, resume_after={},
-                          dry_run=False, teardown=contextlib.ExitStack(), switch=lambda name: FakeSwitch(ocs),
-                          session=lambda host: session)
     step = SimpleNamespace(name="measure", file="pb.yaml", line=1,
                            params={k: d for k, (_, d) in SCHEMA.items()} | {"probes": False})
-    TurnaroundRun(ctx, step).setup()
+    TurnaroundRun(_ctx(tmp_path, nics, session), step).setup()
     assert session.watched == [("eth0", "mlx5_0", 2), ("eth1", "mlx5_0", 1)]
+
+
+# ---------------------------------------------------------------- cycle rules over scripted observations
+def _watch(script, sent=100 * MS, completed=101 * MS, **kw):
+    return CycleWatch({k: set(CHAIN) for k in PORTS}, PORT_OF, sent, completed, script.convert, peer_mac=MAC,
+                      chain=CHAIN, **kw)
+
+
+def _full_chain(script, host, start, step=1 * MS):
+    for i, (field, value) in enumerate([("rx_los", "0"), ("rx_lol", "0"), ("carrier", "1"), ("state", "ACTIVE")]):
+        script.watch(host, "eth0", field, value, start + i * step)
+    script.probe(host, "eth0", MAC[f"{host}:eth0"], start + 4 * step)
+
+
+def _feed(watch, script):
+    for obs in script.items:
+        watch.fault(obs, f"host:{obs.host}: {obs.field}") if obs.kind == "fault" else watch.feed(obs)
+    return watch
+
+
+def test_every_stage_seen_settles_at_once_with_the_poll_bound():
+    script = ScriptedObservations()
+    for host in ("h1", "h2"):
+        _full_chain(script, host, 102 * MS)
+    watch = _feed(_watch(script), script)
+    assert watch.settled(0)
+    events = stage_events("r", 1, PORTS, "ocs1", 100 * MS, 101 * MS, watch.result(110 * MS), script.convert, CHAIN)
+    got = {(e.host, e.stage): (e.t_ns, e.uncertainty_ns) for e in events if e.host}
+    # a polled change is the interval's midpoint ± (half the poll + clock bound + 1 µs granularity)
+    assert got[("h1", "light_detected")] == (102 * MS - 100_000, 100_000 + 20_000 + 1_000)
+    assert got[("h1", "first_packet")] == (106 * MS, 21_000)  # a probe is stamped by the kernel: clock only
+    assert not [e for e in events if e.stage == "fault"]
+
+
+def test_a_stage_passed_between_two_polls_is_bounded_by_its_neighbours():
+    """carrier dropped and came back between two polls: phy_up is never seen, yet it happened after CDR lock
+    and before port ACTIVE — recorded with exactly that interval, and the cycle is not faulted."""
+    script = ScriptedObservations()
+    _full_chain(script, "h1", 102 * MS)
+    script.watch("h2", "eth0", "rx_los", "0", 102 * MS)
+    script.watch("h2", "eth0", "rx_lol", "0", 103 * MS)
+    script.watch("h2", "eth0", "state", "ACTIVE", 105 * MS)
+    script.probe("h2", "eth0", MAC["h2:eth0"], 106 * MS)
+    watch = _feed(_watch(script), script)
+    assert watch.complete() and not watch.settled(0) and watch.settled(watch.grace_ns)  # late reports awaited
+    arrivals = watch.result(110 * MS)
+    assert arrivals.missing == {}
+    events = {(e.host, e.stage): e for e in stage_events("r", 1, PORTS, "ocs1", 100 * MS, 101 * MS, arrivals,
+                                                         script.convert, CHAIN)}
+    phy = events[("h2", "phy_up")]
+    lo, hi = phy.t_ns - phy.uncertainty_ns, phy.t_ns + phy.uncertainty_ns
+    assert lo == 103 * MS - 200_000 - 21_000 and hi == 105 * MS + 21_000  # after CDR lock's lower bound, before ACTIVE
+    assert phy.source == "between-polls:before port_active"
+    assert not [e for e in events.values() if e.stage == "fault"]
+
+
+def test_the_last_poll_that_saw_it_down_bounds_a_hidden_stage_from_below():
+    script = ScriptedObservations()
+    _full_chain(script, "h1", 102 * MS)
+    script.watch("h2", "eth0", "carrier", "0", 101_500_000, interval_ns=200_000)  # still down at that poll
+    script.probe("h2", "eth0", MAC["h2:eth0"], 104 * MS)
+    arrivals = _feed(_watch(script), script).result(110 * MS)
+    events = {(e.host, e.stage): e for e in stage_events("r", 1, PORTS, "ocs1", 100 * MS, 101 * MS, arrivals,
+                                                         script.convert, CHAIN)}
+    light, phy = events[("h2", "light_detected")], events[("h2", "phy_up")]
+    assert light.t_ns - light.uncertainty_ns == 100 * MS  # nothing earlier than the command
+    assert phy.t_ns - phy.uncertainty_ns == 101_500_000 - 200_000 - 21_000  # after the poll that saw it down
+    assert phy.t_ns + phy.uncertainty_ns == 104 * MS + 21_000  # before the first probe through the circuit
+
+
+def test_chain_bounds_intersect_and_never_contradict():
+    seen = {"light_detected": (0, 1000), "cdr_locked": (200, 300), "first_packet": (250, 260)}
+    b = chain_bounds(100, seen, {"phy_up": 240})
+    assert b["light_detected"] == (100, 260) and b["cdr_locked"] == (200, 260)
+    assert b["phy_up"] == (240, 260) and b["port_active"] == (240, 260) and b["first_packet"] == (250, 260)
+    # a seen stage whose chain bound would be empty keeps its own interval
+    assert chain_bounds(0, {"phy_up": (500, 600), "port_active": (100, 200)}, {})["phy_up"] == (500, 600)
+
+
+def test_missing_stages_stale_reports_old_peer_probes_and_flaps():
+    script = ScriptedObservations()
+    script.watch("h1", "eth0", "rx_los", "0", 99 * MS, interval_ns=200_000)  # before the command: stale
+    script.probe("h1", "eth0", "02:00:00:00:00:99", 102 * MS)  # the old peer's flow resuming
+    script.watch("h1", "eth0", "rx_los", "0", 102 * MS)
+    script.watch("h1", "eth0", "rx_lol", "0", 103 * MS)
+    _full_chain(script, "h2", 102 * MS)
+    script.watch("h2", "eth0", "carrier", "0", 108 * MS)  # lost again with the light on
+    watch = _feed(_watch(script), script)
+    assert not watch.complete()
+    arrivals = watch.result(130 * MS)
+    assert arrivals.missing == {"h1:eth0": ["first_packet", "phy_up", "port_active"]}
+    assert arrivals.kept[("h1:eth0", "light_detected")].recv_ns == 102 * MS
+    assert arrivals.flaps == {"h2:eth0": 1}
+    sources = [e.source for e in stage_events("r", 1, PORTS, "ocs1", 100 * MS, 101 * MS, arrivals,
+                                              script.convert, CHAIN) if e.stage == "fault"]
+    assert sources == ["timeout:missing first_packet+phy_up+port_active",
+                       "link-flap:h2:eth0: carrier dropped 1x after phy_up"]
+
+
+def test_a_reconnect_loses_what_was_reached_meanwhile():
+    script = ScriptedObservations()
+    _full_chain(script, "h1", 102 * MS)
+    script.watch("h2", "eth0", "rx_los", "0", 102 * MS)
+    script.fault("h2", at_ns=102_500_000)
+    watch = _watch(script, reconnected={"h2": 103 * MS})
+    _feed(watch, script)
+    for field, value in [("rx_lol", "0"), ("carrier", "1"), ("state", "ACTIVE")]:  # the restarted watch's values
+        watch.feed(script.watch("h2", "eth0", field, value, 104 * MS, interval_ns=0))
+    arrivals = watch.result(110 * MS)
+    assert arrivals.lost == {"h2:eth0": ["cdr_locked", "phy_up", "port_active", "first_packet"]}
+    assert arrivals.causes == [("h2", "host:h2: agent watch")] and arrivals.missing == {}
+
+
+def test_expect_returns_what_arrived_when_the_deadline_passes(tmp_path):
+    script = ScriptedObservations()
+    log = ObservationLog(tmp_path / "observations.jsonl")
+    script.watch("h1", "eth0", "rx_los", "0", 102 * MS)
+    for obs in script.items:
+        log.put(obs)
+    arrivals = log.expect(_watch(script), Deadline(0.05), on_fault=lambda obs: None)
+    assert set(arrivals.kept) == {("h1:eth0", "light_detected")}
+    assert arrivals.missing["h2:eth0"] == sorted(CHAIN)
+    log.flush()
+    (line,) = (tmp_path / "observations.jsonl").read_text().splitlines()
+    assert json.loads(line) == {"k": "obs", "kind": "watch", "host": "h1", "netdev": "eth0", "field": "rx_los",
+                                "value": "0", "host_ns": 107 * MS, "interval_ns": 200_000, "recv_ns": 102 * MS}
+
+
+# ---------------------------------------------------------------- guarded circuits
+class _Flaky(FakeSwitch):
+    def __init__(self, failures):
+        super().__init__(OCS)
+        self.failures, self.reconnects = list(failures), 0
+
+    def apply(self, mapping, *, exclusive=False):
+        if self.failures:
+            raise self.failures.pop(0)
+        return super().apply(mapping, exclusive=exclusive)
+
+    def reconnect(self):
+        self.reconnects += 1
+
+
+def test_guard_retries_transient_faults_and_refuses_permanent_ones(tmp_path):
+    switch = _Flaky([DeviceDenied("x", "SNVS", "busy"), DeviceTimeout("silent")])
+    guard = CircuitGuard("ocs1", switch, snapshot_path=tmp_path / "restore.json", resuming=False)
+    applied = guard.apply({1: 9}, RetryPolicy(retries=2, backoff_s=0.001))
+    assert applied.causes == ("ocs-retry:ocs1: denied SNVS", "ocs-retry:ocs1: timeout") and switch.reconnects == 1
+    assert switch.patches() == {1: 9} and switch.timeout_s == 10.0
+    switch.failures = [DeviceDenied("x", "IIAC", "bad port", permanent=True)]
+    with pytest.raises(BenchBroken, match="IIAC"):
+        guard.apply({2: 10}, RetryPolicy(retries=5, backoff_s=0.001))
+    switch.failures = [DeviceDenied("x", "SNVS")] * 3
+    with pytest.raises(BenchBroken, match="gave up after 3 attempts"):
+        guard.apply({2: 10}, RetryPolicy(retries=2, backoff_s=0.001))
+
+
+def test_guard_restores_only_touched_ports_and_verifies(tmp_path):
+    switch = FakeSwitch(OcsResource(name="ocs1", protocol="polatis-tl1", url="tcp://127.0.0.1:1", size=(8, 8),
+                                    allowed_ports=frozenset({1, 2, 3, 9, 10, 11})))
+    switch._patches = {1: 9, 3: 11, 4: 12}  # 4 -> 12 is outside the allowlist: never ours
+    guard = CircuitGuard("ocs1", switch, snapshot_path=tmp_path / "restore.json", resuming=False)
+    assert json.loads((tmp_path / "restore.json").read_text()) == {"ocs1": {"1": 9, "3": 11, "4": 12}}
+    guard.apply({1: 10, 2: 9}, exclusive=False)
+    switch._patches[3] = 11  # untouched ports keep whatever they have
+    assert guard.restore(within_s=5).restored and switch.patches() == {1: 9, 3: 11, 4: 12}
+    resumed = CircuitGuard("ocs1", switch, snapshot_path=tmp_path / "restore.json", resuming=True)
+    switch._patches = {1: 10}
+    assert resumed.snapshot == {1: 9, 3: 11, 4: 12} and resumed.verify(switch.patches()) is True  # touched none
+    resumed.apply({1: 11, 2: 10})
+    outcome = resumed.restore(within_s=5)
+    assert outcome.restored and switch.patches() == {1: 9, 3: 11}  # exclusive touched 3: it is restored too

@@ -247,3 +247,20 @@ def test_host_session_adds_clock_samples_under_the_probe_lock():
     finally:
         clock_module.probe, clock_module.probe_each = real_probe, real_each
     assert sessions[0].held == [True, True] and sessions[1].held == [True]
+
+
+def test_a_loose_neighbour_does_not_widen_the_bound_next_to_a_tight_sample():
+    """Between a tight sample and a loose one (a probe delayed by load), the bound stays near the tight
+    one's, and still holds the true offset everywhere."""
+    host = host_clock(3_000_000, 15.0, 0)
+    tracker = ClockTracker("h")
+    times = [k * 500_000_000 for k in range(6)]
+    for k, t in enumerate(times):
+        unc = 2_000_000 if k % 2 else 40_000  # every other sample: a 4 ms round trip
+        tracker.add(ClockSample(t_ns=t, offset_ns=true_offset(host, t) + unc // 3, delay_ns=2 * unc,
+                                uncertainty_ns=unc))
+    for x in range(times[0], times[-1], 50_000_000):
+        offset, bound = tracker.offset_at(x)
+        assert abs(offset - true_offset(host, x)) <= bound
+    _, next_to_tight = tracker.offset_at(times[2] + 10_000_000)  # 10 ms after a tight sample, before a loose one
+    assert next_to_tight < 0.2 * 2_000_000

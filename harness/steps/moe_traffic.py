@@ -27,9 +27,11 @@ import pandas as pd
 from devices.errors import DeviceError
 from devices.parsers.common import ParseError
 from devices.timing import Deadline, now_ns
+from harness.bench import BenchBroken
+from harness.bench.circuits import RetryPolicy, guard
 from harness.config import register_step
 from harness.errors import InputError
-from harness.steps import StepResult
+from harness.steps import StepOutcome
 
 RECONFIGURE = ("none", "per_regime", "per_iteration")
 # The emulated hosts' alltoall_perf: one rank per endpoint, its own row and column of the phase matrix.
@@ -295,7 +297,7 @@ class MoeTrafficRun:
         moved = [e for i, e in enumerate(self.endpoints) if new_peer[i] is not None and new_peer[i] != old_peer[i]]
         begin = now_ns()
         before = self._link_states(moved) if moved else {}
-        self.switch.apply(self.others | circuit_mapping(circuits, self.endpoints), exclusive=True)
+        self.guard.apply(self.others | circuit_mapping(circuits, self.endpoints), self.policy)
         self.current = circuits
         deadline = Deadline(self.p["link_timeout_s"])
         waiting = list(moved)
@@ -308,12 +310,6 @@ class MoeTrafficRun:
             self.ctx.say(f"[yellow]{self.step.name}: links not up after {self.p['link_timeout_s']} s: "
                          f"{', '.join(e.key for e in waiting)}[/]")
         return (now_ns() - begin) / 1e9, not waiting
-
-    def restore(self) -> None:
-        try:
-            self.switch.apply(self.original, exclusive=True)
-        except Exception as exc:  # report, never mask the step's own error
-            self.ctx.manifest_extra.setdefault("restore_error", {})[self.ocs] = str(exc)
 
     # ------------------------------------------------------------------ phases
     def _common(self) -> dict[str, object]:
@@ -359,7 +355,7 @@ class MoeTrafficRun:
         seconds = list(self.pool.map(one, self.commands(matrix)))
         return seconds, (now_ns() - begin) / 1e9
 
-    def run(self) -> StepResult:
+    def run(self) -> StepOutcome:
         from analysis.mixnet import all_to_all_time, greedy_circuits
         from harness import record as rec
 
@@ -369,10 +365,11 @@ class MoeTrafficRun:
         plan = self.plan(trace, phases, demand)
         n = phases[0].matrix.shape[0]
         if ctx.dry_run:
-            return StepResult(ok=True, summary_md=f"(dry run: {len(phases)} phases on {n} endpoints, not run)")
-        self.switch = ctx.switch(self.ocs)
-        self.original = self.switch.patches()
-        ctx.teardown.callback(self.restore)
+            return StepOutcome(ok=True, summary_md=f"(dry run: {len(phases)} phases on {n} endpoints, not run)")
+        # The run's guard restores the circuits found at its start, on the ports moved, however it ends.
+        self.guard = guard(ctx, self.ocs)
+        self.policy = RetryPolicy(timeout_s=self.p["link_timeout_s"])
+        self.original = self.guard.switch.patches()
         used = {x for e in self.endpoints for x in (e.tx, e.rx)}
         self.others = {i: e for i, e in self.original.items() if i not in used and e not in used}
         self.current = circuits_from_patches(self.original, self.endpoints)
@@ -397,6 +394,8 @@ class MoeTrafficRun:
                             reconf_s, links_up = self.reconfigure(wanted)
                         except DeviceError as exc:
                             failure = f"reconfiguration before iteration {ph.iteration}: {exc}"
+                            if isinstance(exc, BenchBroken):
+                                ctx.broken = str(exc)
                             break
                         reconfigured = True
                         reconfigurations.append({"iteration": ph.iteration, "seconds": reconf_s,
@@ -439,7 +438,7 @@ class MoeTrafficRun:
                    "detail": failure or f"{len(frame)}/{len(phases)} phases"},
                   {"name": "links up after every reconfiguration", "ok": all(r["links_up"] for r in reconfigurations),
                    "detail": f"{sum(r['links_up'] for r in reconfigurations)}/{len(reconfigurations)}"}]
-        return StepResult(ok=all(c["ok"] for c in checks), summary=summary, checks=checks,
+        return StepOutcome(ok=all(c["ok"] for c in checks), summary=summary, checks=checks,
                           summary_md=markdown(step.name, summary, frame))
 
 
@@ -491,5 +490,5 @@ def markdown(name: str, s: dict, frame: pd.DataFrame) -> str:
 
 
 @register_step("moe_traffic", SCHEMA)
-def moe_traffic(ctx, step) -> StepResult:
+def moe_traffic(ctx, step) -> StepOutcome:
     return MoeTrafficRun(ctx, step).run()

@@ -1,0 +1,182 @@
+"""Guarded circuits: every step that moves an OCS's cross-connects does it through one CircuitGuard.
+
+The guard snapshots the switch once per run (kept in `restore.json`, so a resumed run restores what the
+interrupted run found), applies mappings with bounded retries, backoff and reconnects (the driver says
+which refusals are permanent), and at the end of the run — success, error, SIGINT, SIGTERM — restores the
+snapshot on exactly the ports it touched, within a time bound, and verifies it by reading the switch back.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, PortNotAllowed, TransportClosed
+from devices.protocols import CircuitSwitch
+from devices.timing import CommandTiming, Deadline, now_ns
+from harness.bench import BenchBroken
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    retries: int = 3  # retries after the first attempt
+    backoff_s: float = 0.1  # first backoff; doubles per retry
+    timeout_s: float = 10.0  # deadline of one OCS command
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One guarded apply: the driver's timing, the harness time of the first attempt, the transient faults
+    met (one cause per retry)."""
+
+    timing: CommandTiming
+    first_sent_ns: int
+    causes: tuple[str, ...] = ()
+
+
+@dataclass
+class RestoreOutcome:
+    restored: bool = False
+    error: str | None = None
+    interrupted: bool = False
+
+
+class CircuitGuard:
+    def __init__(self, name: str, switch: CircuitSwitch, *, snapshot_path: Path | None, resuming: bool,
+                 teardown_s: float = 15.0):
+        self.name, self.switch, self.teardown_s = name, switch, teardown_s
+        self.suspect = False  # the session timed out or dropped: reconnect before the next use
+        self.touched: set[int] = set()
+        self.snapshot = self._snapshot(snapshot_path, resuming)
+
+    def _snapshot(self, path: Path | None, resuming: bool) -> dict[int, int]:
+        """The cross-connects found at start, or — when resuming — those the interrupted run found (the
+        switch now shows that run's last cycle)."""
+        saved = json.loads(path.read_text()) if path is not None and path.exists() else {}
+        if resuming and self.name in saved:
+            return {int(i): int(e) for i, e in saved[self.name].items()}
+        original = self.switch.patches()
+        if path is not None:
+            from harness.record import write_text_atomic
+
+            saved[self.name] = {str(i): e for i, e in sorted(original.items())}
+            write_text_atomic(path, json.dumps(saved, indent=1) + "\n")
+        return original
+
+    def _touch(self, mapping: Mapping[int, int], exclusive: bool) -> None:
+        self.touched |= {p for pair in mapping.items() for p in pair}
+        if exclusive:  # an exclusive apply drops every other patch whose ingress is allowed
+            allowed = getattr(self.switch, "allowed", frozenset())
+            self.touched |= {p for i, e in self.snapshot.items() if i in allowed for p in (i, e)}
+
+    def apply(self, mapping: Mapping[int, int], policy: RetryPolicy = RetryPolicy(), *, exclusive: bool = True,
+              deadline: Deadline | None = None) -> Applied:
+        """`switch.apply` with bounded retries and exponential backoff for transient faults (a refusal the
+        driver does not call permanent, a timeout, a dropped connection, a garbled reply); reconnects after
+        a timeout or a drop. `apply` reconciles from `patches()`, so a retry after a lost reply does not
+        repeat the change. Raises BenchBroken when the retries run out or the refusal is permanent;
+        PortNotAllowed as is (nothing was sent)."""
+        self._touch(mapping, exclusive)
+        self.switch.timeout_s = policy.timeout_s
+        causes: list[str] = []
+        first_sent = None
+        for attempt in range(policy.retries + 1):
+            if attempt:
+                wait = policy.backoff_s * 2 ** (attempt - 1)
+                if deadline is not None and (deadline.remaining() or 0) < wait:
+                    break
+                time.sleep(wait)
+            first_sent = first_sent or now_ns()
+            try:
+                if self.suspect:
+                    self.switch.reconnect()
+                    self.suspect = False
+                return Applied(self.switch.apply(mapping, exclusive=exclusive), first_sent, tuple(causes))
+            except PortNotAllowed:
+                raise
+            except DeviceDenied as exc:
+                if exc.permanent:
+                    raise BenchBroken(f"ocs {self.name}: {exc}", causes) from exc
+                causes.append(f"ocs-retry:{self.name}: denied {exc.code}")
+            except (DeviceTimeout, TransportClosed) as exc:
+                self.suspect = True
+                causes.append(f"ocs-retry:{self.name}: "
+                              f"{'timeout' if isinstance(exc, DeviceTimeout) else 'connection lost'}")
+            except DeviceError as exc:  # e.g. a garbled reply that parsed as something else
+                self.suspect = True
+                causes.append(f"ocs-retry:{self.name}: {str(exc)[:120]}")
+        raise BenchBroken(f"ocs {self.name}: gave up after {len(causes)} attempts "
+                          f"({causes[-1] if causes else 'no time left'})", causes)
+
+    def _on_touched(self, patches: Mapping[int, int]) -> dict[int, int]:
+        return {i: e for i, e in patches.items() if i in self.touched or e in self.touched}
+
+    def verify(self, now: Mapping[int, int]) -> bool:
+        """Whether `now` shows the snapshot on every touched port (and nothing else there)."""
+        return self._on_touched(now) == self._on_touched(self.snapshot)
+
+    def restore(self, within_s: float | None = None) -> RestoreOutcome:
+        """Put the snapshot back on the touched ports and verify with `patches()` — within `within_s`,
+        whatever state the switch session is in. Never raises: the outcome says what happened."""
+        within_s = self.teardown_s if within_s is None else within_s
+        outcome = RestoreOutcome()
+        if not self.touched:
+            outcome.restored = True
+            return outcome
+        deadline = Deadline(within_s)
+
+        def work():
+            try:
+                if self.suspect:
+                    self.switch.reconnect()
+                    self.suspect = False
+                target = self._on_touched(self.snapshot)
+                self.apply(target, RetryPolicy(retries=3, backoff_s=0.1, timeout_s=min(10.0, within_s)),
+                           exclusive=False, deadline=deadline)
+                lingering = [i for i, e in self._on_touched(self.switch.patches()).items() if target.get(i) != e]
+                if lingering:  # patches the run made that the snapshot did not have
+                    self.switch.disconnect(lingering)
+            except Exception as exc:  # report, never mask the original error
+                outcome.error = str(exc)
+            try:  # verify what the switch reports, whether or not the apply went through
+                outcome.restored = self.verify(self.switch.patches())
+                if outcome.restored:
+                    outcome.error = None
+            except Exception as exc:
+                outcome.error = outcome.error or str(exc)
+
+        worker = threading.Thread(target=work, daemon=True, name=f"restore-{self.name}")
+        worker.start()
+        while worker.is_alive() and not deadline.expired():
+            try:
+                worker.join(min(0.1, deadline.remaining() or 0.1))
+            except (KeyboardInterrupt, Exception):  # another signal: the restore is bounded, let it finish
+                outcome.interrupted = True
+        if worker.is_alive():
+            outcome.error = outcome.error or f"restore did not finish within {within_s} s"
+        return outcome
+
+
+def guard(ctx, name: str, *, teardown_s: float = 15.0) -> CircuitGuard:
+    """The run's guard of OCS `name`: created on first use, its restore registered on the run's teardown
+    (before connections close); the manifest records `restored` / `restore_error` per OCS."""
+    guards = ctx.guards
+    if name not in guards:
+        switch = ctx.switch(name)
+        path = None if ctx.dry_run else Path(ctx.run_dir) / "restore.json"
+        g = CircuitGuard(name, switch, snapshot_path=path, resuming=bool(ctx.resume_after), teardown_s=teardown_s)
+        guards[name] = g
+
+        def restore():
+            outcome = g.restore()
+            ctx.manifest_extra.setdefault("restored", {})[name] = outcome.restored
+            if outcome.error:
+                ctx.manifest_extra.setdefault("restore_error", {})[name] = outcome.error
+
+        if not ctx.dry_run:
+            ctx.teardown.callback(restore)
+    return guards[name]
+

@@ -1,0 +1,80 @@
+"""All emulator glue of the harness in one module (no step imports devices.emulated): fault plans and
+their arming per cycle, the disk-full fault through the event log's public hook. On a real bench every
+function here is a no-op or refuses `faults:` with a clear input error."""
+from __future__ import annotations
+
+import contextlib
+
+from devices.timing import now_ns
+from harness.errors import InputError
+
+
+def _where(node, step, key=None) -> tuple[str | None, int | None]:
+    """(file, line) of a playbook node (or one of its keys), else the step's."""
+    where = getattr(node, "where", None)
+    if where is not None:
+        try:
+            return where(key) if key is not None else where()
+        except (KeyError, TypeError):
+            pass
+    return step.file, step.line
+
+
+class Faults:
+    """The faults a step injects on the emulated bench: `faults:` entries of the step plus the profile's
+    `faults: {inject: [...]}`, planned per cycle from the run's seed."""
+
+    def __init__(self, ctx, step, entries: list, cycles: int, ports: list[str]):
+        self.ctx, self.step = ctx, step
+        self.plan: dict = {}
+        self.injector = None
+        profile = getattr(getattr(ctx.emulated, "profile", None), "faults", None) or {}
+        every = list(entries) + list(profile.get("inject") or [])
+        if not every:
+            return
+        if ctx.emulated is None:
+            raise InputError(f"step {step.name}: faults: can only be injected on an emulated bench",
+                             *_where(entries, step))
+        from devices.emulated.faults import FaultInjector, FaultSpecError, plan_faults
+
+        try:
+            self.plan = plan_faults(every, cycles, ctx.rng(f"faults:{step.name}"))
+        except FaultSpecError as exc:
+            if exc.index >= len(entries):  # from the profile's `faults: {inject: [...]}`
+                raise InputError(f"profile faults.inject[{exc.index - len(entries)}]: "
+                                 f"{str(exc).split(': ', 1)[-1]}", ctx.emulated.profile.path) from None
+            node = entries[exc.index] if exc.index >= 0 else entries
+            raise InputError(f"step {step.name}: {exc}", *_where(node, step, exc.key)) from None
+        if not ctx.dry_run:
+            self.injector = FaultInjector(ctx.emulated, ports, ctx.rng(f"fault-targets:{step.name}"))
+
+    @property
+    def fired(self) -> list[dict]:
+        return self.injector.fired if self.injector else []
+
+    @contextlib.contextmanager
+    def armed(self, cycle: int, *, measured: bool = True):
+        """Arm this cycle's faults for the duration of the block (none on an unmeasured settling cycle, and a
+        harness kill only once: a resumed run is not killed again)."""
+        faults = self.plan.get(cycle, []) if measured and self.injector else []
+        if any(f.kind == "harness_kill" for f in faults) and self.ctx.resume_after:
+            faults = [f for f in faults if f.kind != "harness_kill"]
+        if not faults:
+            yield
+            return
+        self.injector.arm(cycle, faults)
+        for fault in faults:
+            if fault.kind == "disk_full":
+                from devices.emulated.faults import FullDiskFile
+
+                self.ctx.log.wrap_file(FullDiskFile).armed = True
+                self.injector.fired.append({"cycle": cycle, "kind": "disk_full", "target": str(self.ctx.log.path),
+                                            "t_ns": now_ns()})
+        try:
+            yield
+        finally:
+            self.injector.disarm()
+
+    def record(self) -> None:
+        if self.injector is not None:
+            self.ctx.manifest_extra.setdefault("faults_injected", {})[self.step.name] = self.injector.fired

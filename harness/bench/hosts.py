@@ -1,0 +1,75 @@
+"""The hosts one step observes: their sessions, the reconnect policy after a drop, and the clock checks
+that label a cycle whose host clock stepped."""
+from __future__ import annotations
+
+import threading
+import time
+
+from devices.errors import DeviceError
+from devices.timing import Deadline, now_ns
+from harness.bench import BenchBroken
+
+
+class HostGroup:
+    def __init__(self, sessions: dict, *, retries: int = 3, backoff_s: float = 0.1):
+        self.sessions = sessions
+        self.retries, self.backoff_s = retries, backoff_s
+        self.reconnected: dict[str, int] = {}  # host -> harness time of its last reconnect
+
+    def convert(self, host: str, host_ns: int) -> tuple[int, int, int]:
+        return self.sessions[host].to_harness(host_ns)
+
+    def on_fault(self, obs) -> str | None:
+        """A host's stream ended or sent nonsense: reconnect it once per drop. Returns the fault source to
+        record, or None for a stale report of a drop already handled; BenchBroken when it stays away."""
+        host = obs.host
+        if obs.recv_ns and obs.recv_ns <= self.reconnected.get(host, 0):
+            return None  # another stream reporting the same drop
+        cause = f"host:{host}: {obs.field}: {obs.value}"[:300]
+        if obs.field == "agent_output":
+            return cause  # one unparsable line: the stream itself is alive
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                self.sessions[host].reconnect(Deadline(15))
+                self.reconnected[host] = now_ns()
+                return cause
+            except DeviceError as exc:
+                last = str(exc)[:200]
+        raise BenchBroken(f"host {host}: cannot reconnect after {self.retries + 1} attempts ({last})")
+
+    def clock_steps(self) -> dict[str, int]:
+        return {h: s.clock_steps for h, s in self.sessions.items()}
+
+    def check_clocks(self, steps_before: dict[str, int], probes: int) -> list[tuple[str, str]]:
+        """Probe every host's clock now, so a step during the cycle is caught before its events are
+        converted; a step (found now or by the background sync) labels the cycle."""
+        from harness.hostsession import HostSession
+
+        causes = []
+        pipelined = False
+        if probes == 1:
+            try:
+                HostSession.sync_clocks_together(list(self.sessions.values()))
+                pipelined = True
+            except DeviceError:
+                pass  # find out which host failed, one by one
+        for host, session in self.sessions.items():
+            if probes > 0 and not pipelined:
+                try:
+                    session.sync_clock(count=probes)
+                except DeviceError as exc:  # a drop: its stream faults arrive in the next cycle
+                    causes.append((host, f"host:{host}: clock probe failed: {str(exc)[:200]}"))
+            if session.clock_steps > steps_before.get(host, 0):
+                step = session.clock.steps[-1]
+                causes.append((host, f"clock-step:{host}: {step.jump_ns / 1e6:+.3f} ms"))
+        return causes
+
+    def warm_up(self, seconds: float) -> None:
+        """Drift is only known over a span of samples: make sure the first measured cycle has one."""
+        first = min(s.clock.segments[-1].first_t for s in self.sessions.values())
+        wait = seconds - (now_ns() - first) / 1e9
+        if wait > 0:
+            threading.Event().wait(wait)

@@ -1,0 +1,208 @@
+"""One observation log per run: every host reader feeds it, `expect()` reads it (pytest-embedded's one log).
+
+Each observation is also appended raw — on the host's clock, as the agent printed it — to
+`observations.jsonl`, with the clock samples and each cycle's arrivals, so `harness report` can convert the
+run again with the final clock fit, and a lab engineer reads first what the hosts said.
+
+`CycleWatch` holds a cycle's rules (which observation marks which stage of which port, stale reports, a
+restarted watch's current values after a reconnect, flaps, probes from the old peer); it is fed one
+observation at a time and so is unit-tested over scripted observations in milliseconds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from analysis.stages import PORT_CHAIN
+from devices.timing import Deadline, now_ns
+from harness.bench.stages import NOT_YET, Arrivals, Convert, classify, interval
+
+# Watch values that show a stage reached (a restarted watch prints them as current values).
+REACHED = {"light_detected": ("rx_los", "0"), "cdr_locked": ("rx_lol", "0"), "phy_up": ("carrier", "1"),
+           "port_active": ("state", "ACTIVE")}
+
+
+class CycleWatch:
+    """One cycle's expectations: `wants` port key -> chain stages to see, in `chain` order."""
+
+    def __init__(self, wants: dict[str, set[str]], port_of: dict[tuple[str, str], str], first_sent_ns: int,
+                 completed_ns: int, convert: Convert, *, peer_mac: dict[str, str] | None = None,
+                 reconnected: dict[str, int] | None = None, chain: tuple[str, ...] = PORT_CHAIN,
+                 grace_ns: int = 50_000_000):
+        self.need = {k: set(v) for k, v in wants.items()}
+        self.wanted = {k: set(v) for k, v in wants.items()}
+        self.port_of, self.first_sent, self.completed = port_of, first_sent_ns, completed_ns
+        self.convert, self.peer_mac = convert, peer_mac
+        self.reconnected = reconnected if reconnected is not None else {}
+        self.chain, self.grace_ns = chain, grace_ns
+        self.arrivals = Arrivals()
+        self.complete_since: int | None = None
+
+    # ---- rules
+    def _final(self, key: str) -> str:
+        return max(self.wanted[key], key=self.chain.index)
+
+    def _implied(self, key: str, stage: str) -> bool:
+        return any((key, later) in self.arrivals.kept for later in self.chain[self.chain.index(stage) + 1:])
+
+    def _lose(self, key: str, stages) -> None:
+        for stage in stages:
+            if stage in self.need.get(key, ()):
+                self.need[key].discard(stage)
+                self.arrivals.lost.setdefault(key, []).append(stage)
+
+    def fault(self, obs, cause: str | None) -> None:
+        """A host's stream ended (the caller reconnected it; `cause` is None for a stale report of a drop
+        already handled). A restarted probe receiver only reports a *new* first probe."""
+        if not cause:
+            return
+        self.arrivals.causes.append((obs.host, cause))
+        for (host, _), key in self.port_of.items():
+            if host == obs.host and (key, "port_active") in self.arrivals.kept:
+                self._lose(key, ["first_packet"])
+
+    def feed(self, obs) -> None:
+        key = self.port_of.get((obs.host, obs.netdev))
+        if key is None or key not in self.need:
+            return
+        kept = self.arrivals.kept
+        if obs.kind == "watch" and obs.interval_ns == 0:
+            # A (re)started watch prints current values. After a reconnect during this cycle, a stage already
+            # reached — once the mirrors settled, so the old light is gone — happened while nobody looked.
+            if self.reconnected.get(obs.host, 0) >= self.first_sent and \
+                    self.convert(obs.host, obs.host_ns)[0] > self.completed:
+                for gone, marker in REACHED.items():
+                    if (obs.field, obs.value) == marker and gone in self.need[key]:
+                        self._lose(key, [gone] + (["first_packet"] if gone == "port_active" else []))
+            return
+        stage = classify(obs)
+        lo, hi, _ = interval(obs, self.convert)
+        if hi < self.first_sent:
+            return  # happened before this cycle's command
+        if obs.kind == "watch":
+            for gated, shows in NOT_YET.items():
+                if shows(obs.field, obs.value) and gated in self.need[key] and not self._implied(key, gated):
+                    self.arrivals.not_yet[(key, gated)] = obs
+        if stage == "port_down" and (key, "phy_up") in kept:
+            self.arrivals.flaps[key] = self.arrivals.flaps.get(key, 0) + 1  # carrier lost with the light on
+        if stage is None or (key, stage) in kept:
+            return
+        if stage == "first_packet" and self.peer_mac is not None and \
+                obs.value.split()[0].lower() != self.peer_mac.get(key):
+            return  # a probe from the old peer (its flow resumed), not through the new circuit
+        if stage in self.wanted[key] or stage not in self.chain:
+            kept[(key, stage)] = obs
+            self.need[key].discard(stage)
+
+    # ---- progress
+    def complete(self) -> bool:
+        """Every port has its final stage (the rest is implied) or nothing left to see."""
+        return all(not need or (key, self._final(key)) in self.arrivals.kept for key, need in self.need.items())
+
+    def settled(self, now: int) -> bool:
+        """Complete, and either everything seen or the grace for late polled reports has passed."""
+        if not self.complete():
+            self.complete_since = None
+            return False
+        if self.complete_since is None:
+            self.complete_since = now
+        return not any(self.need.values()) or now - self.complete_since >= self.grace_ns
+
+    def result(self, done_ns: int) -> Arrivals:
+        a = self.arrivals
+        a.missing = {k: sorted(s for s in need if not self._implied(k, s)) for k, need in self.need.items()}
+        a.missing = {k: v for k, v in a.missing.items() if v}
+        a.done_ns = done_ns
+        return a
+
+
+def observation_log(ctx) -> "ObservationLog":
+    """The run's one observation log (`observations.jsonl` in the run directory), closed with the run."""
+    if ctx.observations is None:
+        ctx.observations = ObservationLog(None if ctx.dry_run else ctx.run_dir / "observations.jsonl")
+        ctx.stack.callback(ctx.observations.close)
+    return ctx.observations
+
+
+class ObservationLog:
+    """The run's one queue of host observations (HostSession readers call `put`), mirrored raw to
+    `observations.jsonl` (None: memory only)."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path
+        self._queue: "queue.Queue" = queue.Queue()
+        self._lock = threading.Lock()
+        self._file = open(path, "a", encoding="utf-8") if path is not None else None
+
+    def _write(self, record: dict) -> None:
+        if self._file is not None:
+            line = json.dumps(record, separators=(",", ":")) + "\n"
+            with self._lock:
+                self._file.write(line)
+
+    def put(self, obs) -> None:
+        self._write({"k": "obs", **asdict(obs)})
+        self._queue.put(obs)
+
+    def clock_sample(self, host: str, sample) -> None:
+        self._write({"k": "clock", "host": host, **asdict(sample)})
+
+    def cycle(self, cycle: int, first_sent_ns: int, completed_ns: int, ocs: str, ports: dict, arrivals) -> None:
+        """A cycle's inputs of `stage_events`, so a report can convert them again."""
+        self._write({"k": "cycle", "cycle": cycle, "first_sent_ns": first_sent_ns, "completed_ns": completed_ns,
+                     "ocs": ocs, "ports": {k: asdict(p) for k, p in ports.items()},
+                     "kept": [[k, s, asdict(o)] for (k, s), o in arrivals.kept.items()],
+                     "not_yet": [[k, s, asdict(o)] for (k, s), o in arrivals.not_yet.items()],
+                     "missing": arrivals.missing, "lost": arrivals.lost, "flaps": arrivals.flaps,
+                     "causes": arrivals.causes, "done_ns": arrivals.done_ns})
+
+    def flush(self) -> None:
+        if self._file is not None:
+            with self._lock:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if self._file is not None:
+            with self._lock:
+                self._file.close()
+                self._file = None
+
+    def get(self, timeout: float):
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def drain(self, on_fault: Callable) -> list[tuple[str, str]]:
+        """Drop what arrived between cycles; a host that dropped meanwhile is handled by `on_fault` (returns
+        the cause to label the next cycle with)."""
+        causes = []
+        while True:
+            try:
+                obs = self._queue.get_nowait()
+            except queue.Empty:
+                return causes
+            if obs.kind == "fault" and (cause := on_fault(obs)):
+                causes.append((obs.host, cause))
+
+    def expect(self, watch: CycleWatch, deadline: Deadline, on_fault: Callable) -> Arrivals:
+        """Feed `watch` until it has settled or the deadline passes; returns what arrived, what is missing
+        and why. `on_fault(obs) -> cause | None` reconnects a dropped host (and may raise BenchBroken)."""
+        while not watch.settled(now_ns()) and not deadline.expired():
+            wait = min(0.5, deadline.remaining() or 0.5)
+            if watch.complete_since is not None:
+                wait = min(wait, max(0.0, (watch.complete_since + watch.grace_ns - now_ns()) / 1e9))
+            obs = self.get(wait)
+            if obs is None:
+                continue
+            if obs.kind == "fault":
+                watch.fault(obs, on_fault(obs))
+            else:
+                watch.feed(obs)
+        return watch.result(now_ns())

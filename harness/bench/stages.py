@@ -1,0 +1,155 @@
+"""Pure: what a cycle's observations mean, and the stage events they become.
+
+Every host observation is an interval: a polled change happened within (host_ns - interval_ns, host_ns],
+converted to the harness clock with the host's clock bound. A port's stages happen in a fixed order after
+the command (analysis.stages.PORT_CHAIN), so each stage's true time also lies after the command, after every
+earlier stage's lower bound and after the last poll that showed it not yet reached, and before every later
+stage's upper bound. Intersecting these keeps every bound true and makes it tighter; a stage passed between
+two polls (never seen) still gets an event, spanning the interval in which it must have happened.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from analysis.stages import PORT_CHAIN, WATCH_STAGES
+from harness.events import Event
+
+GRANULARITY_NS = 1_000  # reading granularity of a host timestamp
+# Watch values that show a chain stage not reached yet: the stage happens after that poll.
+NOT_YET: dict[str, Callable[[str, str], bool]] = {
+    "light_detected": lambda f, v: (f, v) == ("rx_los", "1"),
+    "cdr_locked": lambda f, v: (f, v) == ("rx_lol", "1"),
+    "phy_up": lambda f, v: (f, v) == ("carrier", "0"),
+    "port_active": lambda f, v: f == "state" and v != "ACTIVE",
+}
+# (host, host_ns) -> (t_ns, offset_ns, uncertainty_ns) on the harness clock.
+Convert = Callable[[str, int], tuple[int, int, int]]
+
+
+@dataclass(frozen=True)
+class PortRef:
+    key: str
+    host: str
+    netdev: str
+    device: str
+    ocs_port: int
+
+
+@dataclass
+class Arrivals:
+    """What `ObservationLog.expect` collected for one cycle. kept: (port, stage) -> its first observation;
+    not_yet: (port, stage) -> the latest observation showing the stage not reached yet; missing: stages
+    never seen nor implied by a later one (the cycle waited them out); lost: stages reached while a host
+    was disconnected; flaps: carrier drops after phy_up; causes: (host, fault source)."""
+
+    kept: dict[tuple[str, str], object] = field(default_factory=dict)
+    not_yet: dict[tuple[str, str], object] = field(default_factory=dict)
+    missing: dict[str, list[str]] = field(default_factory=dict)
+    lost: dict[str, list[str]] = field(default_factory=dict)
+    flaps: dict[str, int] = field(default_factory=dict)
+    causes: list[tuple[str, str]] = field(default_factory=list)
+    done_ns: int = 0
+
+
+def classify(obs) -> str | None:
+    """The stage an observation marks (None: a value that marks none)."""
+    if obs.kind == "probe":
+        return "first_packet" if obs.field == "first" else None
+    return WATCH_STAGES.get((obs.field, obs.value))
+
+
+def interval(obs, convert: Convert) -> tuple[int, int, int]:
+    """(lo, hi, offset_ns): the harness-clock interval that holds the observed change."""
+    t, offset, clock_unc = convert(obs.host, obs.host_ns - obs.interval_ns // 2)
+    unc = clock_unc + (obs.interval_ns + 1) // 2 + GRANULARITY_NS
+    return t - unc, t + unc, offset
+
+
+def chain_bounds(after_ns: int, seen: dict[str, tuple[int, int]], not_before: dict[str, int],
+                 chain: tuple[str, ...] = PORT_CHAIN) -> dict[str, tuple[int, int]]:
+    """Per chain stage, the tightest (lo, hi) the order allows: lo = max(after_ns, lower bounds of this and
+    every earlier stage), hi = min(upper bounds of this and every later stage). `seen`: observed stage ->
+    (lo, hi); `not_before`: stage -> time it was still shown not reached. Stages with no later evidence
+    (hi unbounded) are left out; a seen stage whose bounds would contradict keeps its own."""
+    lo, out = after_ns, {}
+    los = {}
+    for stage in chain:
+        if stage in seen:
+            lo = max(lo, seen[stage][0])
+        if stage in not_before:
+            lo = max(lo, not_before[stage])
+        los[stage] = lo
+    hi = math.inf
+    for stage in reversed(chain):
+        if stage in seen:
+            hi = min(hi, seen[stage][1])
+        if hi == math.inf:
+            continue
+        bound = (los[stage], int(hi))
+        if bound[0] > bound[1]:
+            if stage not in seen:
+                continue
+            bound = seen[stage]
+        out[stage] = bound
+    return out
+
+
+def _event(run_id: str, cycle: int, stage: str, lo: int, hi: int, *, port: PortRef | None = None, host: str = "",
+           device: str = "", offset_ns: int = 0, source: str = "") -> Event:
+    t = (lo + hi) // 2
+    return Event(run_id, cycle, stage, port.host if port else host, port.device if port else device,
+                 port.netdev if port else "", port.ocs_port if port else 0, t, int(offset_ns), hi - t, source)
+
+
+def source_of(obs) -> str:
+    return f"agent-probe:{obs.value.split()[0]}" if obs.kind == "probe" else f"agent-watch:{obs.field}"
+
+
+def stage_events(run_id: str, cycle: int, ports: dict[str, PortRef], ocs: str, first_sent_ns: int,
+                 completed_ns: int, arrivals: Arrivals, convert: Convert,
+                 chain: tuple[str, ...] = PORT_CHAIN) -> list[Event]:
+    """The cycle's events: the OCS command, every kept observation with its chain-tightened bound, every
+    chain stage implied by a later one (passed between two polls), and the faults."""
+    events = [_event(run_id, cycle, "ocs_command_sent", first_sent_ns, first_sent_ns, device=ocs, source="harness"),
+              _event(run_id, cycle, "ocs_command_completed", completed_ns, completed_ns, device=ocs,
+                     source="harness")]
+    by_port: dict[str, dict[str, object]] = {}
+    for (key, stage), obs in arrivals.kept.items():
+        by_port.setdefault(key, {})[stage] = obs
+    for key in sorted(by_port, key=list(ports).index):
+        port, kept = ports[key], by_port[key]
+        raw = {stage: interval(obs, convert) for stage, obs in kept.items()}
+        not_before = {stage: interval(obs, convert)[0] for (k, stage), obs in arrivals.not_yet.items() if k == key}
+        bounds = chain_bounds(first_sent_ns, {s: raw[s][:2] for s in chain if s in raw}, not_before, chain)
+        for stage in chain:
+            if stage in kept:
+                lo, hi = bounds.get(stage, raw[stage][:2])
+                events.append(_event(run_id, cycle, stage, lo, hi, port=port, offset_ns=raw[stage][2],
+                                     source=source_of(kept[stage])))
+            elif stage in bounds:
+                later = next(s for s in chain[chain.index(stage) + 1:] if s in kept)
+                lo, hi = bounds[stage]
+                events.append(_event(run_id, cycle, stage, lo, hi, port=port, offset_ns=raw[later][2],
+                                     source=f"between-polls:before {later}"))
+            elif any(s in kept for s in chain[chain.index(stage) + 1:]):
+                events.append(_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, port=port,
+                                     source=f"bounds:{key}: {stage} implied, but its bounds contradict"))
+        for stage, obs in kept.items():
+            if stage not in chain:  # the side losing light: its own interval
+                lo, hi, offset = raw[stage]
+                events.append(_event(run_id, cycle, stage, lo, hi, port=port, offset_ns=offset,
+                                     source=source_of(obs)))
+    for key, stages in arrivals.missing.items():
+        events.append(_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, port=ports[key],
+                             source=f"timeout:missing {'+'.join(stages)}"))
+    for key, stages in arrivals.lost.items():
+        events.append(_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, port=ports[key],
+                             source=f"host:{ports[key].host}: reached while disconnected: {'+'.join(sorted(stages))}"))
+    for key, count in arrivals.flaps.items():
+        events.append(_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, port=ports[key],
+                             source=f"link-flap:{key}: carrier dropped {count}x after phy_up"))
+    events += [_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, host=host, source=cause)
+               for host, cause in arrivals.causes]
+    return events
