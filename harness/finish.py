@@ -11,23 +11,8 @@ from datetime import datetime, timezone
 import pandas as pd
 
 from harness import record as rec
+from harness.bench.emulated import emulated_clocks, truth_frame
 from harness.eventlog import GroundTruth, to_parquet
-from harness.events import STAGES
-
-
-def truth_frame(ctx) -> pd.DataFrame | None:
-    """The emulator's ground truth with cycles assigned from the turnaround steps' cycle starts."""
-    if ctx.emulated is None:
-        return None
-    from analysis.accuracy import assign_cycles
-
-    starts = [tuple(w) for r in ctx.results.values() for w in r.truth_windows]
-    raw = pd.DataFrame(ctx.emulated.ground_truth(), columns=["t_ns", "stage", "host", "port", "ocs_port"])
-    if ctx.emulated.netns is not None:
-        # Real frames cross the namespaces: the physics' modelled first packet is not the truth there.
-        raw = raw[raw["stage"] != "first_packet"]
-    truth = assign_cycles(raw[raw["stage"].isin(STAGES)], starts)
-    return truth[truth["cycle"] >= 1]
 
 
 def write_ground_truth(ctx, truth: pd.DataFrame) -> None:
@@ -49,7 +34,7 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
                "steps": {name: {"ok": r.ok, "checks": r.checks} for name, r in ctx.results.items()}}
     if len(measured):
         summary["delays_ms"] = summarize_events(measured, ctx.seed)
-    truth = truth_frame(ctx)
+    truth = truth_frame(ctx.emulated, [tuple(w) for r in ctx.results.values() for w in r.truth_windows])
     if truth is not None:
         from analysis.accuracy import accuracy_table, match
 
@@ -115,12 +100,11 @@ def finish_run(ctx, manifest: dict, *, status: str, wall_s: float, started_utc: 
     events = to_parquet(ctx.run_dir / "events.jsonl", ctx.run_dir / "events.parquet")
     write_cycles(ctx)
     summary = build_summary(ctx, events, status, wall_s)
-    clocks = [s.clock.table() for s in ctx._sessions.values() if s.clock is not None]
+    clocks = ctx.clock_tables()
     manifest = {**manifest, "clock": clocks or manifest.get("clock"), "status": status,
                 "extra": {**manifest.get("extra", {}), **ctx.manifest_extra}}
     if ctx.emulated is not None:
-        manifest["emulated_clocks"] = {h: ctx.emulated.physics.host_clock_params(h)
-                                       for h in ctx.emulated.physics.hosts}
+        manifest["emulated_clocks"] = emulated_clocks(ctx.emulated)
     record = rec.RunRecord(run_id=ctx.run_id, run_dir=ctx.run_dir, playbook=ctx.playbook.name,
                            outcome={"ok": "completed"}.get(status, status), started_utc=started_utc,
                            ended_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -111,6 +111,10 @@ class RunContext:
             self._sessions[host] = session
         return self._sessions[host]
 
+    def clock_tables(self) -> list[dict]:
+        """The clock model of every host session this run opened (for the manifest)."""
+        return [s.clock.table() for s in self._sessions.values() if s.clock is not None]
+
     def sessions(self) -> dict[str, Any]:
         return {h: self.session(h) for h in self.bench.hosts}
 

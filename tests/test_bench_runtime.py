@@ -224,3 +224,33 @@ def test_guard_restores_only_touched_ports_and_verifies(tmp_path):
     resumed.apply({1: 11, 2: 10})
     outcome = resumed.restore(within_s=5)
     assert outcome.restored and switch.patches() == {1: 9, 3: 11}  # exclusive touched 3: it is restored too
+
+
+def test_report_reconverts_the_cycles_with_the_final_clock_fit(tmp_path):
+    """observations.jsonl keeps clock samples and each cycle's arrivals: converting again with every sample
+    gives the events the run gave, bounded now by a sample after them too."""
+    from harness.bench.recorrect import recorrected_events
+    from harness.clock import ClockSample, ClockTracker
+
+    script = ScriptedObservations(offset_ns=7 * MS)
+    for host in ("h1", "h2"):
+        _full_chain(script, host, 102 * MS)
+    log = ObservationLog(tmp_path / "observations.jsonl")
+    trackers = {h: ClockTracker(h) for h in ("h1", "h2")}
+    for t, unc in [(90 * MS, 400_000), (200 * MS, 30_000)]:  # a loose sample before, a tight one after
+        for host, tracker in trackers.items():
+            sample = ClockSample(t_ns=t, offset_ns=7 * MS, delay_ns=2 * unc, uncertainty_ns=unc)
+            tracker.add(sample)
+            log.clock_sample(host, sample)
+    for obs in script.items:
+        log.put(obs)
+    watch = _feed(_watch(script), script)
+    arrivals = watch.result(110 * MS)
+    log.cycle(1, 100 * MS, 101 * MS, "ocs1", PORTS, arrivals)
+    log.close()
+    again = recorrected_events(tmp_path, "r")
+    convert = lambda host, ns: trackers[host].to_harness(ns)  # noqa: E731
+    expected = [e.to_dict() for e in stage_events("r", 1, PORTS, "ocs1", 100 * MS, 101 * MS, arrivals, convert)]
+    assert again.to_dict(orient="records") == expected
+    first = again[(again["host"] == "h1") & (again["stage"] == "first_packet")].iloc[0]
+    assert first["t_ns"] == 106 * MS and first["uncertainty_ns"] < 400_000

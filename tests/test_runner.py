@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from analysis.accuracy import match
 from devices.emulated.bench import EmulatedBench
 from devices.emulated.profile import profile_from_dict
 from harness.cli import main
@@ -50,7 +51,7 @@ def only_run_dir(out: Path) -> Path:
     return run
 
 
-def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile):
+def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, capsys):
     out = tmp_path / "runs"
     assert main(["run", str(playbook(tmp_path, cycles=4)), "--bench", f"emulated:{fast_profile}",
                  "--out", str(out), "-q"]) == 0
@@ -80,6 +81,13 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile):
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["seed"] == 3 and manifest["extra"]["restored"] == {"ocs1": True}
     assert len(manifest["clock"]) == 2
+    # the report converts the raw observations again with the final clock fit: same events, still covered
+    capsys.readouterr()
+    assert main(["report", str(run)]) == 0
+    assert "| re-corrected (final clock fit) | " in capsys.readouterr().out
+    again = pd.read_parquet(run / "events.recorrected.parquet")
+    assert len(again) == len(events)
+    assert match(again[again["cycle"] > 0], truth)["covered"].mean() >= 0.95
 
 
 def test_inventory_bench_is_restored_and_dry_run_touches_nothing(tmp_path, fast_profile, capsys):

@@ -20,6 +20,28 @@ def _where(node, step, key=None) -> tuple[str | None, int | None]:
     return step.file, step.line
 
 
+def truth_frame(emulated, cycle_starts: list[tuple[int, int]]):
+    """The emulator's ground truth with cycles assigned from the steps' cycle starts (None: a real bench)."""
+    if emulated is None:
+        return None
+    import pandas as pd
+
+    from analysis.accuracy import assign_cycles
+    from harness.events import STAGES
+
+    raw = pd.DataFrame(emulated.ground_truth(), columns=["t_ns", "stage", "host", "port", "ocs_port"])
+    if emulated.netns is not None:
+        # Real frames cross the namespaces: the physics' modelled first packet is not the truth there.
+        raw = raw[raw["stage"] != "first_packet"]
+    truth = assign_cycles(raw[raw["stage"].isin(STAGES)], cycle_starts)
+    return truth[truth["cycle"] >= 1]
+
+
+def emulated_clocks(emulated) -> dict:
+    """Every emulated host's true clock parameters (for the manifest: how far the correction was off)."""
+    return {h: emulated.physics.host_clock_params(h) for h in emulated.physics.hosts}
+
+
 class Faults:
     """The faults a step injects on the emulated bench: `faults:` entries of the step plus the profile's
     `faults: {inject: [...]}`, planned per cycle from the run's seed."""

@@ -33,4 +33,21 @@ def _report(args) -> int:
 
         events = read_parquet_events(run / "events.parquet")
         print(summary_markdown(summarize_events(events[events["cycle"] > 0], 0), title=f"Run {run.name} (partial)"))
+    _recorrect(run)
     return 0
+
+
+def _recorrect(run) -> None:
+    """Timestamps re-corrected with the final clock fit, from observations.jsonl (events.recorrected.parquet),
+    with their accuracy before and after on an emulated bench."""
+    from harness.bench.recorrect import accuracy_lines, recorrected_events
+    from harness.eventlog import read_parquet_events
+
+    again = recorrected_events(run)
+    if again is None:
+        return
+    again.to_parquet(run / "events.recorrected.parquet", index=False)
+    print(f"timestamps re-corrected with the final clock fit: {run / 'events.recorrected.parquet'} "
+          f"({len(again)} events)")
+    for line in accuracy_lines(run, read_parquet_events(run / "events.parquet"), again):
+        print(line)
