@@ -64,7 +64,15 @@ def summary_markdown(ctx, summary: dict) -> str:
                          f"{r['bias_ms']:+.4f} | {100 * r['coverage']:.2f} % |")
         lines.append("")
     if summary.get("emulator"):
-        lines += ["## Emulator schedule", "", emulator_line(summary["emulator"]), ""]
+        lines += ["## Emulator schedule", "", emulator_line(summary["emulator"]), "",
+                  "| stage | n | profile p50 (ms) | profile p99 | realised p50 | realised p99 | lateness p99 | KS p |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for stage, r in summary["emulator"]["stages"].items():
+            ks = "–" if r["ks_p"] is None else f"{r['ks_p']:.3g}"
+            lines.append(f"| {stage}{' ⚠' if r['missed'] else ''} | {r['n']} | {r['profile_p50_ms']:.4f} | "
+                         f"{r['profile_p99_ms']:.4f} | {r['realised_p50_ms']:.4f} | {r['realised_p99_ms']:.4f} | "
+                         f"{r['late_p99_ms']:.4f} | {ks} |")
+        lines.append("")
     checks = [(n, c) for n, s in summary["steps"].items() for c in s["checks"]]
     if checks:
         lines += ["## Checks", ""] + [f"- {'✔' if c['ok'] else '✘'} {n}: {c['name']} — {c.get('detail', '')}"

@@ -73,6 +73,14 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, caps
     assert acc["all"]["n"] >= 4 * 4 * 5
     assert acc["all"]["abs_err_p99_ms"] < 2.0
     assert acc["all"]["coverage"] >= 0.95
+    # every delay the emulator drew, keyed by switch command, port and stage; its schedule report
+    draws = pd.read_parquet(run / "ground_truth_delays.parquet")
+    assert list(draws.columns) == ["command", "port", "stage", "delay_ns"]
+    los = draws[draws["stage"] == "los_clear"]
+    assert len(los) >= 4 * 4 and (los["delay_ns"] == int(FAST["nic"]["los_clear"]["ms"] * 1e6)).all()
+    emulator = summary["summary"]["emulator"]
+    assert emulator["lateness_ms"]["n"] > 0 and set(emulator["stages"]) >= {"switch", "los_clear", "phy_up"}
+    assert "## Emulator schedule" in (run / "summary.md").read_text()
     # stage order per port is physical: light, lock, PHY, active, first packet
     nic = events[events["stage"].isin(STAGES_UP[2:])]
     wide = nic.pivot_table(index=["cycle", "host", "port"], columns="stage", values="t_ns")
