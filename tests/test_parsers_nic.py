@@ -160,30 +160,12 @@ def test_ethtool_settings_sample():
     assert down.speed_mbps is None and down.duplex is None and not down.link_detected
 
 
-def test_mlxlink_spec_sample():
-    text = """Operational Info
-----------------
-State                              : Active
-Physical state                     : LinkUp
-Speed                              : 400G
-Width                              : 4x
-FEC                                : Standard_RS-FEC - (544,514)
-Loopback Mode                      : No Loopback
-Auto Negotiation                   : ON
-
-Troubleshooting Info
---------------------
-Status Opcode                      : 0
-Group Opcode                       : N/A
-Recommendation                     : No issue was observed
-"""
-    info = parse_mlxlink(text)
-    assert (info.state, info.physical_state, info.speed, info.width) == ("Active", "LinkUp", "400G", "4x")
-    assert info.fec == "Standard_RS-FEC - (544,514)"
-    assert info.section("Troubleshooting Info")["Recommendation"] == "No issue was observed"
-    assert text.splitlines()[2].index(": ") + 2 == 37  # value starts at column 38, as the renderer writes it
-    assert formats.mlxlink(Model(), Snap(False, False, True, "LinkUp", "ACTIVE", "up")).splitlines()[2] == \
-        text.splitlines()[2]
+def test_mlxlink_link_up_comes_from_state_not_the_an_fsm_word():
+    up = parse_mlxlink(formats.mlxlink(Model(), Snap(False, False, True, "LinkUp", "ACTIVE", "up")))
+    assert (up.state, up.physical_state, up.link_up, up.speed) == ("Active", "ETH_AN_FSM_ENABLE", True, "400G")
+    dark = parse_mlxlink(formats.mlxlink(Model(), Snap(True, True, False, "Polling", "DOWN", "down")))
+    assert (dark.state, dark.physical_state, dark.link_up, dark.speed) == ("Polling", "ETH_AN_FSM_ENABLE", False,
+                                                                           "N/A")
 
 
 # ---------------------------------------------------------------- bad input
@@ -234,9 +216,10 @@ def test_every_tool_reports_the_state_it_was_given(model, snap):
     assert settings_.speed_mbps == (snap.speed_mbps if snap.carrier else None)
     module = parse_ethtool_module(formats.ethtool_module(snap))
     assert (module.rx_los, module.rx_lol) == (snap.rx_los, snap.rx_lol)
-    assert module.rx_power_dbm == pytest.approx((snap.rx_power_dbm,) * formats.MODULE_LANES, abs=0.006)
+    lanes = formats.module_lanes(snap.speed_mbps)
+    assert module.rx_power_dbm == pytest.approx((snap.rx_power_dbm,) * lanes, abs=0.006)
     info = parse_mlxlink(formats.mlxlink(model, snap))
-    assert (info.physical_state == "LinkUp") == (snap.phys_state == "LinkUp")
+    assert info.link_up == (snap.phys_state == "LinkUp")
 
 
 @settings(max_examples=100, deadline=None)

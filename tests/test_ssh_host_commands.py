@@ -8,6 +8,8 @@ import subprocess
 
 import pytest
 
+from devices.emulated.physics import OpticalBench
+from devices.emulated.profile import profile_from_dict
 from devices.emulated.ssh_host import EmulatedHostServer
 from devices.parsers.gpu import parse_nvidia_smi_csv
 from devices.parsers.nic import (parse_carrier, parse_ethtool, parse_ethtool_module, parse_ib_phys_state,
@@ -46,7 +48,7 @@ def _tools_agree_with_snapshot(ssh, bench, host, nic) -> None:
         assert (rdma.dev, rdma.port, rdma.state, rdma.phys_state) == (nic.rdma_dev, nic.rdma_port, snap.ib_state,
                                                                       snap.phys_state)
     assert parse_ethtool(ssh.run(f"ethtool {nic.netdev}", check=True).stdout).link_detected == snap.carrier
-    assert (parse_mlxlink(ssh.run(f"mlxlink -d {nic.rdma_dev}", check=True).stdout).physical_state == "LinkUp") \
+    assert (parse_mlxlink(ssh.run(f"mlxlink -d {nic.rdma_dev}", check=True).stdout).link_up) \
         == (snap.phys_state == "LinkUp")
 
 
@@ -87,18 +89,18 @@ def test_ip_monitor_stamps_are_host_time_of_the_true_change(ssh, bench, server):
         assert monitor.readline(Deadline(0.3)) is None  # silent until something changes
         _connect(bench, nic, True)
         events = []
-        while len(events) < 2:  # carrier up (phy_up), then operstate UP (port_active)
+        while not events or events[-1].operstate != "UP":  # carrier up (phy_up), operstate UP (port_active)
             item = monitor.readline(Deadline(10))
             assert item is not None, "no link event"
             event = parse_ip_monitor_line(item[1])
             if event is not None:
                 events.append(event)
     truth = {(g["stage"]): g["t_ns"] for g in bench.ground_truth() if g["port"] == nic.netdev and g["host"] == host}
-    phy_up, active = events
-    assert (phy_up.ifname, phy_up.carrier, phy_up.operstate) == (nic.netdev, True, "DOWN")
-    assert (active.carrier, active.operstate) == (True, "UP")
-    assert phy_up.stamp_ns() == bench.host_time(host, truth["phy_up"]) // 1000 * 1000
-    assert active.stamp_ns() == bench.host_time(host, truth["port_active"]) // 1000 * 1000
+    # One RTM_NEWLINK per instant: the instant profile brings the carrier and the operstate up together.
+    assert len(events) == (1 if truth["phy_up"] == truth["port_active"] else 2)
+    assert all(e.ifname == nic.netdev and e.carrier for e in events)
+    assert events[0].stamp_ns() == bench.host_time(host, truth["phy_up"]) // 1000 * 1000
+    assert events[-1].stamp_ns() == bench.host_time(host, truth["port_active"]) // 1000 * 1000
     _connect(bench, nic, False)
 
 
@@ -183,3 +185,33 @@ def test_inventory_entry_names_everything_a_client_needs(server, bench):
     assert (server.client_key_path.stat().st_mode & 0o777) == 0o600
     assert [(n["netdev"], n["rdma_dev"], n["tx"], n["rx"], n["ocs"]) for n in entry["nics"]] == \
         [(m.netdev, m.rdma_dev, m.ocs_tx, m.ocs_rx, "ocs7") for m in bench.nic_ports(server.host_name)]
+
+
+def test_one_carrier_loss_is_one_ip_monitor_event(ssh, bench, server):
+    host = server.host_name
+    nic = bench.nic_ports(host)[1]
+    _connect(bench, nic, True)
+    with ssh.stream("ip -ts -o monitor link") as monitor:  # -o: one line per event
+        assert monitor.readline(Deadline(0.3)) is None
+        _connect(bench, nic, False)
+        item = monitor.readline(Deadline(10))
+        assert item is not None, "no link event"
+        event = parse_ip_monitor_line(item[1])
+        assert (event.ifname, event.carrier, event.operstate, "NO-CARRIER" in event.flags) == \
+            (nic.netdev, False, "DOWN", True)
+        assert monitor.readline(Deadline(0.3)) is None  # and nothing more: the kernel sends one RTM_NEWLINK
+
+
+def test_pinned_tool_versions_reach_the_ssh_path():
+    profile = profile_from_dict({"name": "old-tools", "nic": {"los_clear": {"dist": "fixed", "ms": 0}},
+                                 "tools": {"ethtool": "5.16", "iproute2": "5.4", "perftest": "23.04"}})
+    with OpticalBench(profile, seed=1) as bench, EmulatedHostServer(bench, bench.hosts[0]) as server, \
+            SshTransport(server.resource()) as ssh:
+        nic = bench.nic_ports(bench.hosts[0])[0]
+        assert ssh.run("ethtool --version", check=True).stdout == "ethtool version 5.16\n"
+        module = parse_ethtool_module(ssh.run(f"ethtool -m {nic.netdev}", check=True).stdout)
+        assert module.rx_los is None and module.module_state == "ModuleReady"  # 5.16: Module State, no LOS
+        (link,) = [x for x in parse_rdma_link(ssh.run("rdma link", check=True).stdout) if x.netdev == nic.netdev]
+        assert ssh.run("rdma link", check=True).stdout.startswith("0/1: ")  # iproute2 < 5.5
+        assert link.dev == nic.rdma_dev
+        assert "iproute2-5.4" in ssh.run("ip -V", check=True).stdout

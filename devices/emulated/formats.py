@@ -38,6 +38,36 @@ class NicSnapshotLike(Protocol):
     speed_mbps: int
 
 
+def _version(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in str(text).split("."))
+    except ValueError:
+        raise ValueError(f"a version such as '6.4' or '2.17.6', got {text!r}") from None
+
+
+@dataclass(frozen=True)
+class ToolVersions:
+    """The tool versions an emulated host behaves as (a profile's `tools:` pins them). Each renderer prints the
+    layout of its version; the defaults are current releases."""
+
+    ethtool: str = "6.7"  # < 6.4: no Rx/Tx loss of signal/lock lines; < 5.16: no CMIS Module State lines
+    iproute2: str = "6.1"  # < 5.5: `rdma link` prints `IDX/PORT: DEV/PORT: ...` and -j ifname `DEV/PORT`
+    nccl_tests: str = "2.17.6"  # >= 2.17: version and `Collective test starting` lines, `  #wrong` columns
+    perftest: str = "24.07"  # the table unit without --report_gbits: MB/sec (perftest divides by 2^20)
+    mft: str = "4.28.0"  # mlxlink; >= 4.20 prints a Tool Information section
+
+    KNOWN = ("ethtool", "iproute2", "nccl_tests", "perftest", "mft")
+
+    def __post_init__(self):
+        for name in self.KNOWN:
+            _version(getattr(self, name))
+
+    def at_least(self, tool: str, version: str) -> bool:
+        return _version(getattr(self, tool)) >= _version(version)
+
+
+CURRENT_TOOLS = ToolVersions()
+
 IB_STATE_CODES = {"NOP": 0, "DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5}
 IB_PHYS_CODES = {"Sleep": 1, "Polling": 2, "Disabled": 3, "PortConfigurationTraining": 4, "LinkUp": 5,
                  "LinkErrorRecovery": 6, "Phy Test": 7}
@@ -47,7 +77,6 @@ RDMA_PHYS_WORDS = {"Sleep": "SLEEP", "Polling": "POLLING", "Disabled": "DISABLED
 # Per-lane signalling of common IB/RoCE speeds: total Gb/s -> (width, speed name).
 IB_RATES = {400: (4, "NDR"), 200: (4, "HDR"), 100: (4, "EDR"), 56: (4, "FDR"), 40: (4, "QDR"),
             50: (2, "HDR"), 25: (1, "EDR"), 10: (1, "QDR")}
-MODULE_LANES = 4
 MTU = 9000
 
 
@@ -143,15 +172,51 @@ def ip_o_link(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> str:
     return "".join(lines)
 
 
-def rdma_link(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]], *, as_json: bool) -> str:
-    """`rdma link` (iproute2 rdma/link.c) as text or, with `-j`, as one JSON array line."""
+def ip_link_json(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]], *, include_loopback: bool = True) -> str:
+    """`ip -j link`: iproute2's JSON array on one line (print_linkinfo's keys, in its order)."""
+    links = []
+    if include_loopback:
+        links.append({"ifindex": 1, "ifname": "lo", "flags": ["LOOPBACK", "UP", "LOWER_UP"], "mtu": 65536,
+                      "qdisc": "noqueue", "operstate": "UNKNOWN", "linkmode": "DEFAULT", "group": "default",
+                      "txqlen": 1000, "link_type": "loopback", "address": "00:00:00:00:00:00",
+                      "broadcast": "00:00:00:00:00:00"})
+    for m, s in ports:
+        flags = ["BROADCAST", "MULTICAST", "UP", "LOWER_UP"] if s.carrier else \
+            ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP"]
+        links.append({"ifindex": m.ifindex, "ifname": m.netdev, "flags": flags, "mtu": MTU, "qdisc": "mq",
+                      "operstate": s.operstate.upper(), "linkmode": "DEFAULT", "group": "default", "txqlen": 1000,
+                      "link_type": "ether", "address": m.mac, "broadcast": "ff:ff:ff:ff:ff:ff"})
+    return json.dumps(links, separators=(",", ":")) + "\n"
+
+
+def rdma_link(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]], *, as_json: bool,
+              tools: ToolVersions = CURRENT_TOOLS) -> str:
+    """`rdma link` (iproute2 rdma/link.c): every attribute printed as `"name %s "`, so a line ends with a blank;
+    InfiniBand ports add subnet_prefix/lid/sm_lid/lmc and have no netdev. iproute2 < 5.5 led with `IDX/PORT: `
+    and named the port `DEV/PORT` in JSON too. `-j` prints one JSON array line."""
+    new = tools.at_least("iproute2", "5.5")
+    records, lines = [], []
+    for i, (m, s) in enumerate(ports):
+        ib = getattr(m, "link_layer", "Ethernet") == "InfiniBand"
+        record = {"ifindex": i, "ifname": m.rdma_dev if new else f"{m.rdma_dev}/{m.rdma_port}",
+                  "port": m.rdma_port}
+        if ib:
+            record.update(subnet_prefix="fe80:0000:0000:0000", lid=getattr(m, "lid", m.ifindex),
+                          sm_lid=getattr(m, "sm_lid", 1), lmc=0)
+        record.update(state=s.ib_state, physical_state=RDMA_PHYS_WORDS.get(s.phys_state, "UNKNOWN"))
+        if not ib:
+            record.update(netdev=m.netdev, netdev_index=m.ifindex)
+        if not new:  # the old writer put ifindex and port before ifname
+            record = {"ifindex": i, "port": m.rdma_port, **{k: v for k, v in record.items() if k not in
+                                                            ("ifindex", "port")}}
+        records.append(record)
+        head = f"link {m.rdma_dev}/{m.rdma_port} " if new else f"{i}/{m.rdma_port}: {m.rdma_dev}/{m.rdma_port}: "
+        attrs = "".join(f"{k} {v} " for k, v in record.items() if k not in ("ifindex", "ifname", "port",
+                                                                           "netdev_index"))
+        lines.append(head + attrs + "\n")
     if as_json:
-        records = [{"ifindex": i, "ifname": m.rdma_dev, "port": m.rdma_port, "state": s.ib_state,
-                    "physical_state": RDMA_PHYS_WORDS.get(s.phys_state, "UNKNOWN"), "netdev": m.netdev,
-                    "netdev_index": m.ifindex} for i, (m, s) in enumerate(ports)]
         return json.dumps(records, separators=(",", ":")) + "\n"
-    return "".join(f"link {m.rdma_dev}/{m.rdma_port} state {s.ib_state} physical_state "
-                   f"{RDMA_PHYS_WORDS.get(s.phys_state, 'UNKNOWN')} netdev {m.netdev}\n" for m, s in ports)
+    return "".join(lines)
 
 
 # ---------------------------------------------------------------- ethtool
@@ -161,7 +226,8 @@ def ethtool(model: NicModelLike, snapshot: NicSnapshotLike) -> str:
     """`ethtool <if>`: `Settings for IF:` then TAB-indented fields (ethtool.c)."""
     speed = f"{snapshot.speed_mbps}Mb/s" if snapshot.carrier else "Unknown!"
     duplex = "Full" if snapshot.carrier else "Unknown! (255)"
-    modes = "400000baseCR4/Full" if snapshot.speed_mbps >= 400_000 else f"{snapshot.speed_mbps}baseCR4/Full"
+    lanes = module_lanes(snapshot.speed_mbps)
+    modes = f"{snapshot.speed_mbps}baseSR{lanes}/Full"
     return (f"Settings for {model.netdev}:\n"
             f"\tSupported ports: [ FIBRE ]\n"
             f"\tSupported link modes:   {modes}\n"
@@ -173,7 +239,7 @@ def ethtool(model: NicModelLike, snapshot: NicSnapshotLike) -> str:
             f"\tAdvertised auto-negotiation: Yes\n"
             f"\tAdvertised FEC modes: RS\n"
             f"\tSpeed: {speed}\n"
-            + (f"\tLanes: {MODULE_LANES}\n" if snapshot.carrier else "")
+            + (f"\tLanes: {lanes}\n" if snapshot.carrier else "")
             + f"\tDuplex: {duplex}\n"
             f"\tAuto-negotiation: on\n"
             f"\tPort: FIBRE\n"
@@ -188,79 +254,122 @@ def _module_line(name: str, value: str) -> str:
     return f"\t{name:<41} : {value}\n"
 
 
-def _lanes(flagged: bool) -> str:
-    return "[ " + ", ".join(["Yes"] * MODULE_LANES) + " ]" if flagged else "None"
+def _lane_status(flagged: bool, lanes: int) -> str:
+    """ethtool's module_show_lane_status: `None` when no lane is flagged, else one Yes/No per lane."""
+    return "[ " + ", ".join(["Yes"] * lanes) + " ]" if flagged else "None"
 
 
-def ethtool_module(snapshot: NicSnapshotLike, *, rx_los: bool | None = None, rx_lol: bool | None = None) -> str:
-    """`ethtool -m <if>` of a QSFP112 module (SFF-8636 layout, `\\t%-41s : ` records).
+def _mw_dbm(mw: float) -> str:
+    """sff-common.c: `%.4f mW / %.2f dBm`, -inf for no light."""
+    return f"{mw:.4f} mW / {10 * math.log10(mw):.2f} dBm" if mw > 0 else f"{mw:.4f} mW / -inf dBm"
 
-    `rx_los` / `rx_lol` override the snapshot with the latched flags (clear-on-read on real modules).
-    """
+
+def module_lanes(speed_mbps: int) -> int:
+    """Media lanes of the module the emulated port claims: CMIS (QSFP-DD) with 8 lanes from 400G, else an
+    SFF-8636 QSFP28 with 4."""
+    return 8 if speed_mbps >= 400_000 else 4
+
+
+def ethtool_module(snapshot: NicSnapshotLike, *, rx_los: bool | None = None, rx_lol: bool | None = None,
+                   tools: ToolVersions = CURRENT_TOOLS) -> str:
+    """`ethtool -m <if>`: record order, names and units of ethtool's qsfp.c (SFF-8636, 100G SR4) or cmis.c
+    (CMIS 4.0 QSFP-DD, 400G SR8), as in the real captures under tests/data/real/ethtool-m/.
+
+    `rx_los` / `rx_lol` override the snapshot with the latched flags (clear-on-read on real modules). ethtool
+    < 6.4 prints no loss-of-signal/lock lines at all; < 5.16 no CMIS Module State / LowPwr lines."""
     los = snapshot.rx_los if rx_los is None else rx_los
     lol = snapshot.rx_lol if rx_lol is None else rx_lol
     dbm = snapshot.rx_power_dbm
-    mw = 10 ** (dbm / 10) if dbm > -40 else 0.0
-    power_dbm = f"{10 * math.log10(mw):.2f}" if mw > 0 else "-inf"
-    out = [
-        _module_line("Identifier", "0x11 (QSFP28)"),
-        _module_line("Extended identifier", "0xcf"),
-        _module_line("Connector", "0x0c (MPO Parallel Optic)"),
-        _module_line("Vendor name", "NVIDIA"),
-        _module_line("Vendor PN", "MMA4Z00-NS400"),
-        _module_line("Module temperature", "45.00 degrees C / 113.00 degrees F"),
-        _module_line("Module voltage", "3.3000 V"),
-    ]
-    for lane in range(1, MODULE_LANES + 1):
-        out.append(_module_line(f"Rcvr signal avg optical power(Channel {lane})", f"{mw:.4f} mW / {power_dbm} dBm"))
-    out += [
-        _module_line("Rx loss of signal", _lanes(los)),
-        _module_line("Tx loss of signal", "None"),
-        _module_line("Rx loss of lock", _lanes(lol)),
-        _module_line("Tx loss of lock", "None"),
-        _module_line("Tx fault", "None"),
-        _module_line("Tx adaptive eq fault", "None"),
-    ]
-    return "".join(out)
+    rx_mw = 10 ** (dbm / 10) if dbm > -40 else 0.0
+    lanes = module_lanes(snapshot.speed_mbps)
+    signals = [("Rx loss of signal", _lane_status(los, lanes)), ("Tx loss of signal", "None"),
+               ("Rx loss of lock", _lane_status(lol, lanes)), ("Tx loss of lock", "None"),
+               ("Tx fault", "None")] if tools.at_least("ethtool", "6.4") else []
+    if lanes == 8:
+        records = [("Identifier", "0x18 (QSFP-DD Double Density 8X Pluggable Transceiver (INF-8628))"),
+                   ("Power class", "6"), ("Max power", "12.00W"), ("Connector", "0x0c (MPO Parallel Optic)"),
+                   ("Cable assembly length", "0.00m"), ("Tx CDR bypass control", "No"),
+                   ("Rx CDR bypass control", "No"), ("Tx CDR", "Yes"), ("Rx CDR", "Yes"),
+                   ("Transmitter technology", "0x00 (850 nm VCSEL)"), ("Laser wavelength", "850.000nm"),
+                   ("Laser wavelength tolerance", "15.000nm"), ("Length (SMF)", "0.00km"), ("Length (OM5)", "0m"),
+                   ("Length (OM4)", "100m"), ("Length (OM3 50/125um)", "70m"), ("Length (OM2 50/125um)", "0m"),
+                   ("Vendor name", "OCS-HIL"), ("Vendor OUI", "00:00:00"), ("Vendor PN", "EMU-400G-SR8"),
+                   ("Vendor rev", "A0"), ("Vendor SN", "EMU00000001"), ("Date code", "240101"),
+                   ("Revision compliance", "Rev. 4.0")] + signals
+        if tools.at_least("ethtool", "5.16"):
+            records += [("Module State", "0x03 (ModuleReady)"), ("LowPwrAllowRequestHW", "Off"),
+                        ("LowPwrRequestSW", "Off")]
+        rx_name = "Rcvr signal avg optical power (Channel {})"
+    else:
+        records = [("Identifier", "0x11 (QSFP28)"), ("Extended identifier", "0x8c"),
+                   ("Extended identifier description", "2.5W max. Power consumption"),
+                   ("Extended identifier description", "CDR present in TX, CDR present in RX"),
+                   ("Extended identifier description", "High Power Class (> 3.5 W) not enabled"),
+                   ("Power set", "Off"), ("Power override", "On"), ("Connector", "0x0c (MPO Parallel Optic)"),
+                   ("Transceiver codes", "0x80 0x00 0x00 0x00 0x00 0x00 0x00 0x00"),
+                   ("Transceiver type", "100G Ethernet: 100G Base-SR4 or 25GBase-SR"),
+                   ("Encoding", "0x05 (64B/66B)"), ("BR, Nominal", "25500Mbps"), ("Rate identifier", "0x00"),
+                   ("Length (SMF,km)", "0km"), ("Length (OM3 50um)", "70m"), ("Length (OM2 50um)", "0m"),
+                   ("Length (OM1 62.5um)", "0m"), ("Length (Copper or Active cable)", "50m"),
+                   ("Transmitter technology", "0x00 (850 nm VCSEL)"), ("Laser wavelength", "850.000nm"),
+                   ("Laser wavelength tolerance", "15.000nm"), ("Vendor name", "OCS-HIL"),
+                   ("Vendor OUI", "00:00:00"), ("Vendor PN", "EMU-100G-SR4"), ("Vendor rev", "A0"),
+                   ("Vendor SN", "EMU00000001"), ("Date code", "240101"),
+                   ("Revision Compliance", "Revision not specified")] + signals
+        rx_name = "Rcvr signal avg optical power(Channel {})"
+    records += [("Module temperature", "45.00 degrees C / 113.00 degrees F"), ("Module voltage", "3.3000 V")]
+    if lanes == 4:
+        records.append(("Alarm/warning flags implemented", "No"))
+    records += [(f"Laser tx bias current (Channel {i})", "7.500 mA") for i in range(1, lanes + 1)]
+    records += [(f"Transmit avg optical power (Channel {i})", _mw_dbm(0.8)) for i in range(1, lanes + 1)]
+    records += [(rx_name.format(i), _mw_dbm(rx_mw)) for i in range(1, lanes + 1)]
+    return "".join(_module_line(k, v) for k, v in records)
 
 
 # ---------------------------------------------------------------- mlxlink
 
 
 def _mlx_record(key: str, value: str) -> str:
-    return key + ": ".rjust(37 - len(key)) + value + "\n"
+    """mlxlink_record.cpp: `key << setw(lineLen - key.length()) << ": "` with lineLen 34, so the colon sits in
+    column 33 (`State                           : Active`, as in the real captures)."""
+    return f"{key:<32}: {value}\n"
 
 
 def _mlx_section(title: str, records: Sequence[tuple[str, str]]) -> str:
-    return title + "\n" + "-" * len(title) + "\n" + "".join(_mlx_record(k, v) for k, v in records)
+    """printTitle: a blank line, the title, a dash underline of its length."""
+    return "\n" + title + "\n" + "-" * len(title) + "\n" + "".join(_mlx_record(k, v) for k, v in records)
 
 
-def mlxlink(model: NicModelLike, snapshot: NicSnapshotLike) -> str:
-    """`mlxlink -d <dev>`: Operational Info and Troubleshooting Info (mstflint mlxlink layout)."""
+def mlxlink(model: NicModelLike, snapshot: NicSnapshotLike, tools: ToolVersions = CURRENT_TOOLS) -> str:
+    """`mlxlink -d <dev>` of a ConnectX Ethernet port: Operational Info, Troubleshooting Info and (MFT >= 4.20)
+    Tool Information. State is the port manager FSM word (Disable, Polling, Physical LinkUp, Active); Physical
+    state is the Ethernet AN FSM word, which a ConnectX-6 Dx/7 reports as ETH_AN_FSM_ENABLE also while the link
+    is up (real capture in tests/data/real/mlxlink/). Speed, Width and FEC read N/A while the link is down."""
     up = snapshot.phys_state == "LinkUp"
     if up and snapshot.ib_state == "ACTIVE":
-        state, phys = "Active", "LinkUp"
+        state = "Active"
     elif up:
-        state, phys = "Physical LinkUp", "LinkUp"
+        state = "Physical LinkUp"
     elif snapshot.phys_state == "Disabled":
-        state, phys = "Disable", "N/A"
-    elif snapshot.rx_los:
-        state, phys = "Polling", "ETH_AN_FSM_ENABLE"
+        state = "Disable"
     else:
-        state, phys = "Training", "ETH_AN_FSM_LINK_TRAINING"
-    speed = f"{snapshot.speed_mbps // 1000}G" if up else "N/A"
-    if up:
-        opcode, advice = "0", "No issue was observed"
-    elif snapshot.rx_los:
-        opcode, advice = "57", "signal not detected"
-    else:
-        opcode, advice = "0", "No issue was observed"
-    operational = [("State", state), ("Physical state", phys), ("Speed", speed),
-                   ("Width", f"{MODULE_LANES}x" if up else "N/A"),
-                   ("FEC", "Standard_RS-FEC - (544,514)" if up else "N/A"),
+        state = "Polling"
+    lanes = module_lanes(snapshot.speed_mbps)
+    operational = [("State", state), ("Physical state", "ETH_AN_FSM_ENABLE"),
+                   ("Speed", f"{snapshot.speed_mbps // 1000}G" if up else "N/A"),
+                   ("Width", f"{lanes}x" if up else "N/A"),
+                   ("FEC", "Standard RS-FEC (544,514)" if up else "N/A"),
                    ("Loopback Mode", "No Loopback"), ("Auto Negotiation", "ON")]
-    trouble = [("Status Opcode", opcode), ("Group Opcode", "N/A"), ("Recommendation", advice)]
-    return _mlx_section("Operational Info", operational) + "\n" + _mlx_section("Troubleshooting Info", trouble)
+    # The recommendation text comes from the NIC firmware. For a dark port this is the emulator's own wording:
+    # no public capture of a lit-cable, no-light port was found.
+    advice = ("0", "N/A", "No issue was observed") if up or not snapshot.rx_los else \
+        ("57", "N/A", "signal not detected")
+    trouble = list(zip(("Status Opcode", "Group Opcode", "Recommendation"), advice))
+    text = _mlx_section("Operational Info", operational) + _mlx_section("Troubleshooting Info", trouble)
+    if tools.at_least("mft", "4.20"):
+        text += _mlx_section("Tool Information", [("Firmware Version", "28.39.2048"), ("amBER Version", "2.13"),
+                                                  ("MFT Version", f"mft {tools.mft}")])
+    return text
 
 
 # ---------------------------------------------------------------- nvidia-smi
@@ -406,6 +515,15 @@ class NcclRank:
     gpu_name: str
 
 
+# nccl-tests < 2.17 (real captures in tests/data/real/nccl-tests/): ` #wrong` and one blank before the count.
+_NCCL_HEADER_OLD = (
+    "#\n"
+    "#                                                              out-of-place                       in-place  "
+    "        \n"
+    "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   "
+    "busbw #wrong\n"
+    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  "
+    "(GB/s)       \n")
 _NCCL_HEADER = (
     "#\n"
     "#                                                              out-of-place                       in-place  "
@@ -416,34 +534,39 @@ _NCCL_HEADER = (
     "(GB/s)         \n")
 
 
-def _nccl_phase(t: NcclTiming) -> str:
+def _nccl_phase(t: NcclTiming, new: bool = True) -> str:
     wrong = "N/A" if t.wrong is None else str(t.wrong)
     return (f"  {nccl_float(t.time_us, 7)}  {nccl_float(t.algbw_gbs, 6)}  {nccl_float(t.busbw_gbs, 6)}"
-            f"  {wrong:>6}")
+            f"{'  ' if new else ' '}{wrong:>6}")
 
 
 def nccl_tests_output(collective: str, ranks: Sequence[NcclRank],
                       rows: Sequence[tuple[int, int, str, str, int, NcclTiming, NcclTiming]], *,
                       min_bytes: int, max_bytes: int, step_factor: int, warmup_iters: int, iters: int,
-                      check: bool) -> str:
+                      check: bool, tools: ToolVersions = CURRENT_TOOLS) -> str:
     """What an nccl-tests binary (e.g. `alltoall_perf`) prints: settings line, devices, the table
     (`%12li  %12li  %8s  %6s  %6i` then per phase `  %7s  %6s  %6s  %6s`), out-of-bounds and average
     bus bandwidth trailer. Rows: (size, count, type, redop, root, out-of-place, in-place)."""
-    lines = [f"# nThread 1 nGpus 1 minBytes {min_bytes} maxBytes {max_bytes} step: {step_factor}(factor) "
-             f"warmup iters: {warmup_iters} iters: {iters} agg iters: 1 validation: {int(check)} graph: 0\n",
-             "#\n", "# Using devices\n"]
+    new = tools.at_least("nccl_tests", "2.17")
+    lines = [f"# nccl-tests version {tools.nccl_tests} nccl-headers=22602 nccl-library=22602\n",
+             f"# Collective test starting: {collective}\n"] if new else []
+    lines += [f"# nThread 1 nGpus 1 minBytes {min_bytes} maxBytes {max_bytes} step: {step_factor}(factor) "
+              f"warmup iters: {warmup_iters} iters: {iters} agg iters: 1 validation: {int(check)} graph: 0\n",
+              "#\n", "# Using devices\n"]
     for r in ranks:
+        bus = f"[0000:{r.bus:02x}:00]" if new else f"[0x{r.bus:02x}]"
         lines.append(f"#  Rank {r.rank:2d} Group  0 Pid {r.pid:6d} on {r.host:>10s} device {r.device:2d} "
-                     f"[0x{r.bus:02x}] {r.gpu_name}\n")
-    lines.append(_NCCL_HEADER)
+                     f"{bus} {r.gpu_name}\n")
+    lines.append(_NCCL_HEADER if new else _NCCL_HEADER_OLD)
     busbw = []
     for size, count, dtype, redop, root, out_of_place, in_place in rows:
         lines.append(f"{size:12d}  {count:12d}  {dtype:>8s}  {redop:>6s}  {root:6d}"
-                     f"{_nccl_phase(out_of_place)}{_nccl_phase(in_place)}\n")
+                     f"{_nccl_phase(out_of_place, new)}{_nccl_phase(in_place, new)}\n")
         busbw += [out_of_place.busbw_gbs, in_place.busbw_gbs]
     avg = sum(busbw) / len(busbw) if busbw else 0.0
-    lines.append(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {avg:g} \n#\n"
-                 f"# Collective test concluded: {collective}\n#\n")
+    lines.append(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {avg:g} \n#\n")
+    if new:
+        lines.append(f"# Collective test concluded: {collective}\n#\n")
     return "".join(lines)
 
 
@@ -476,11 +599,15 @@ def _perftest_address(side: str, end: PerftestEnd) -> str:
 
 def ib_write_bw_output(device: str, local: PerftestEnd, remote: PerftestEnd,
                        rows: Sequence[tuple[int, int, float, float, float]], *, report_gbits: bool,
-                       qps: int = 1, mtu: int = 4096, gid_index: int = 3, link_type: str = "Ethernet") -> str:
-    """perftest `ib_write_bw` client output: settings block, both addresses, the result table
-    (`" %-7lu    %-10lu       %-7.2lf            %-7.2lf\\t\\t     %-7.6lf"`). Rows: (bytes, iterations,
-    BW peak, BW average, MsgRate) with bandwidths already in the printed unit (MiB/sec or Gb/sec)."""
-    unit = "Gb/sec" if report_gbits else "MiB/sec"
+                       qps: int = 1, mtu: int = 4096, gid_index: int = 3, link_type: str = "Ethernet",
+                       tools: ToolVersions = CURRENT_TOOLS) -> str:
+    """perftest `ib_write_bw` client output: settings block, both addresses, the result table with
+    perftest_parameters.h's REPORT_FMT. Rows: (bytes, iterations, BW peak, BW average, MsgRate) with bandwidths
+    already in the printed unit. perftest 24.07 (April 2024) relabelled MB/sec as MiB/sec (the arithmetic was
+    always 2^20) and widened the gap before MsgRate from 3 to 5 blanks."""
+    new = tools.at_least("perftest", "24.07")
+    unit = "Gb/sec" if report_gbits else ("MiB/sec" if new else "MB/sec")
+    row_fmt = " %-7lu    %-10lu       %-7.2lf            %-7.2lf\t\t" + ("     " if new else "   ") + "%-7.6lf\n"
     head = (f"{PERFTEST_RULE}\n"
             f"                    RDMA_Write BW Test\n"
             f" Dual-port       : OFF\t\tDevice         : {device}\n"
@@ -500,7 +627,6 @@ def ib_write_bw_output(device: str, local: PerftestEnd, remote: PerftestEnd,
     table = [f"{PERFTEST_RULE}\n",
              f" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]\n"]
     for size, iters, peak, average, rate in rows:
-        table.append(" %-7lu    %-10lu       %-7.2lf            %-7.2lf\t\t     %-7.6lf\n"
-                     % (size, iters, peak, average, rate))
+        table.append(row_fmt % (size, iters, peak, average, rate))
     table.append(f"{PERFTEST_RULE}\n")
     return head + _perftest_address("local", local) + _perftest_address("remote", remote) + "".join(table)

@@ -203,6 +203,7 @@ class Profile:
     topology: Topology
     faults: dict[str, Any]
     path: str | None = None
+    tools: dict[str, str] = field(default_factory=dict)  # pinned tool versions, e.g. {ethtool: "5.16"}
 
     def nic_delay(self, port_key: str, stage: str) -> Delay:
         return self.per_port.get(port_key, {}).get(stage) or self.nic[stage]
@@ -241,7 +242,7 @@ def profile_from_dict(data: Any, where: str = "<profile>") -> Profile:
     if not isinstance(data, dict):
         raise ProfileError(f"{where}: expected a mapping at the top level")
     unknown = set(data) - {"name", "description", "source", "ocs", "nic", "per_port", "hosts", "topology",
-                           "faults"}
+                           "faults", "tools"}
     if unknown:
         raise ProfileError(f"{where}: unknown keys {sorted(unknown)}")
 
@@ -270,7 +271,26 @@ def profile_from_dict(data: Any, where: str = "<profile>") -> Profile:
     n, m = topology.ocs_size
     if topology.nic_count > min(n, m) or topology.hosts < 1 or topology.nics_per_host < 1:
         raise ProfileError(f"{where}: topology needs 1 <= hosts·nics_per_host <= min(ocs_size)")
+    tools = _tool_pins(data.get("tools"), where)
     return Profile(name=str(data.get("name", Path(where).stem)), description=str(data.get("description", "")),
                    source=str(data.get("source", "")), ocs=delays("ocs", OCS_KEYS, _DEFAULT_OCS),
                    nic=delays("nic", NIC_KEYS, _DEFAULT_NIC), per_port=per_port, clock_offset_ms=offset,
-                   drift_ppm=drift, topology=topology, faults=dict(data.get("faults") or {}), path=where)
+                   drift_ppm=drift, topology=topology, faults=dict(data.get("faults") or {}), path=where,
+                   tools=tools)
+
+
+def _tool_pins(given: Any, where: str) -> dict[str, str]:
+    """`tools: {ethtool: "5.16", iproute2: "6.1", ...}`: the versions whose output layout emulated hosts print."""
+    from devices.emulated.formats import ToolVersions
+
+    if given is None:
+        return {}
+    if not isinstance(given, dict) or set(given) - set(ToolVersions.KNOWN):
+        raise ProfileError(f"{where}: tools must map tool names ({', '.join(ToolVersions.KNOWN)}) to versions, "
+                           f"got {given!r}")
+    pins = {str(k): str(v) for k, v in given.items()}
+    try:
+        ToolVersions(**pins)
+    except ValueError as exc:
+        raise ProfileError(f"{where}: tools: {exc}") from None
+    return pins

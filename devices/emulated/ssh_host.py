@@ -232,6 +232,8 @@ class EmulatedHostServer:
         self.user = user
         self.home = f"/home/{user}"
         self.gpus = [formats.EmulatedGpu(i) for i in range(gpus)]
+        # the tool versions this host behaves as (a profile's `tools:` pins them)
+        self.tools = formats.ToolVersions(**getattr(getattr(bench, "profile", None), "tools", {}) or {})
         self.commands: dict[str, Handler] = dict(DEFAULT_COMMANDS)
         self.commands.update(extra_commands or {})
         self.agent_commands: dict[str, Handler] = dict(AGENT_COMMANDS)
@@ -617,11 +619,16 @@ def _chronyc(ctx: ExecContext, argv: list[str]) -> int:
 
 
 def _ip(ctx: ExecContext, argv: list[str]) -> int:
-    opts = {"ts": False, "oneline": False}
+    opts = {"ts": False, "oneline": False, "json": False}
     rest = argv[1:]
+    if rest in (["-V"], ["-Version"]):
+        ctx.out(f"ip utility, iproute2-{ctx.server.tools.iproute2}, libbpf 1.1.0\n")
+        return 0
     while rest and rest[0].startswith("-"):
         flag = rest.pop(0)
-        if flag in ("-ts", "-tshort"):
+        if flag in ("-j", "-json"):
+            opts["json"] = True
+        elif flag in ("-ts", "-tshort"):
             opts["ts"] = True
         elif flag in ("-o", "-oneline"):
             opts["oneline"] = True
@@ -640,6 +647,10 @@ def _ip(ctx: ExecContext, argv: list[str]) -> int:
             if not ports:
                 ctx.err(f'Device "{words[0]}" does not exist.\n')
                 return 1
+        if opts["json"]:
+            ctx.out(formats.ip_link_json(ports, include_loopback=not words))
+            return 0
+        if words:
             text = "".join(formats.ip_link_lines(m, s.carrier, s.operstate, oneline=opts["oneline"], monitor=False)
                            for m, s in ports)
         elif opts["oneline"]:
@@ -659,24 +670,44 @@ def _subscribe(ctx: ExecContext) -> tuple[queue.SimpleQueue, Callable[[], None]]
 
 
 def _ip_monitor(ctx: ExecContext, stamps: bool, oneline: bool) -> int:
-    """Stream a link event whenever carrier or operstate changes (netlink is immediate here: the
-    emulator does not model linkwatch's up-to-1-s batching of carrier-down events)."""
+    """Stream a link event whenever carrier or operstate changes. Changes of one port at one instant are one
+    RTM_NEWLINK, so one event (a carrier loss takes the carrier and the operstate down together). Netlink is
+    immediate here: the emulator does not model linkwatch's up-to-1-s batching of carrier-down events."""
     changes, unsubscribe = _subscribe(ctx)
     try:
         state = {m.netdev: [m, s.carrier, s.operstate] for m, s in ctx.server.ports_with_state()}
+        pending: list = []
         while not ctx.gone():
-            try:
-                change = changes.get(timeout=_POLL_S)
-            except queue.Empty:
-                continue
+            if pending:
+                change = pending.pop(0)
+            else:
+                try:
+                    change = changes.get(timeout=_POLL_S)
+                except queue.Empty:
+                    continue
+            batch = [change]
+            while True:  # the changes already queued for the same port and instant join this event
+                try:
+                    more = changes.get_nowait()
+                except queue.Empty:
+                    break
+                if more.netdev == change.netdev and more.t_ns == change.t_ns:
+                    batch.append(more)
+                else:
+                    pending.append(more)
             entry = state.get(change.netdev)
-            if entry is None or change.field not in ("carrier", "operstate"):
+            if entry is None:
                 continue
-            new = (change.value == "1") if change.field == "carrier" else change.value
-            index = 1 if change.field == "carrier" else 2
-            if entry[index] == new:
+            changed = False
+            for item in batch:
+                if item.field not in ("carrier", "operstate"):
+                    continue
+                new = (item.value == "1") if item.field == "carrier" else item.value
+                index = 1 if item.field == "carrier" else 2
+                if entry[index] != new:
+                    entry[index], changed = new, True
+            if not changed:
                 continue
-            entry[index] = new
             host_ns = ctx.bench.host_time(ctx.host, change.t_ns) if stamps else None
             ctx.out(formats.ip_link_lines(entry[0], entry[1], entry[2], oneline=oneline, monitor=True,
                                           host_ns=host_ns))
@@ -700,12 +731,15 @@ def _rdma(ctx: ExecContext, argv: list[str]) -> int:
         if not ports:
             ctx.err("Wrong device name\n")
             return 1
-    ctx.out(formats.rdma_link(ports, as_json=as_json))
+    ctx.out(formats.rdma_link(ports, as_json=as_json, tools=ctx.server.tools))
     return 0
 
 
 def _ethtool(ctx: ExecContext, argv: list[str]) -> int:
     words = argv[1:]
+    if words in (["--version"], ["-V"]):
+        ctx.out(f"ethtool version {ctx.server.tools.ethtool}\n")
+        return 0
     module = bool(words) and words[0] in ("-m", "--dump-module-eeprom", "--module-info")
     if module:
         words = words[1:]
@@ -719,7 +753,8 @@ def _ethtool(ctx: ExecContext, argv: list[str]) -> int:
     snapshot = ctx.bench.nic_snapshot(ctx.host, model.netdev)
     if module:
         los, lol = ctx.server.take_latched(model.netdev)
-        ctx.out(formats.ethtool_module(snapshot, rx_los=los or snapshot.rx_los, rx_lol=lol or snapshot.rx_lol))
+        ctx.out(formats.ethtool_module(snapshot, rx_los=los or snapshot.rx_los, rx_lol=lol or snapshot.rx_lol,
+                                       tools=ctx.server.tools))
     else:
         ctx.out(formats.ethtool(model, snapshot))
     return 0
@@ -732,7 +767,7 @@ def _mlxlink(ctx: ExecContext, argv: list[str]) -> int:
     if model is None:
         ctx.err(f"-E- Failed to open device: {dev}\n")
         return 1
-    ctx.out(formats.mlxlink(model, ctx.bench.nic_snapshot(ctx.host, model.netdev)))
+    ctx.out(formats.mlxlink(model, ctx.bench.nic_snapshot(ctx.host, model.netdev), ctx.server.tools))
     return 0
 
 
@@ -992,7 +1027,8 @@ def _alltoall_perf(ctx: ExecContext, argv: list[str]) -> int:
     ranks = [formats.NcclRank(r, m.host, _device_index(ctx, m), _fake_pid(m.host, m.netdev), 0x18 + 0x10 * r,
                               formats.EmulatedGpu(0).name) for r, m in enumerate([me] + [p[0] for p in peers])]
     ctx.out(formats.nccl_tests_output("alltoall_perf", ranks, rows, min_bytes=min_bytes, max_bytes=max_bytes,
-                                      step_factor=factor, warmup_iters=warmup, iters=iters, check=check))
+                                      step_factor=factor, warmup_iters=warmup, iters=iters, check=check,
+                                      tools=ctx.server.tools))
     return 0
 
 
@@ -1053,7 +1089,8 @@ def _ib_write_bw(ctx: ExecContext, argv: list[str]) -> int:
     unit = (lambda b: b * 8 / 1e9) if gbits else (lambda b: b / 2**20)  # noqa: E731  perftest's MiB = 2^20
     row = (size, iters, unit(rate), unit(average), average / size / 1e6)
     ctx.out(formats.ib_write_bw_output(me.rdma_dev, _perftest_end(me), _perftest_end(peer), [row],
-                                       report_gbits=gbits, qps=qps, mtu=mtu, gid_index=gid_index))
+                                       report_gbits=gbits, qps=qps, mtu=mtu, gid_index=gid_index,
+                                       tools=ctx.server.tools))
     return 0
 
 
