@@ -98,3 +98,33 @@ def plot_regret(curves: dict, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_diloco_envelope(seed_rate: dict, rates: dict, path: Path) -> Path:
+    """Per-seed SLO violation rate: WA and WA+EWMA against the matched-random envelope (min–max over draws),
+    with the no-sync load match and the offline bound."""
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    n = len(seed_rate["no_sync"])
+    x = np.arange(1, n + 1)
+    if "random_schedule" in rates:
+        draws = rates["random_schedule"]
+        ax.fill_between(x, draws.min(axis=1), draws.max(axis=1), color="0.85", step="mid",
+                        label="matched random (schedule), draw envelope")
+        ax.plot(x, seed_rate["random_schedule"], color="0.45", lw=1, drawstyle="steps-mid", label="matched random, draw mean")
+    styles = {"wa_ewma": ("o", "C0", "WA+EWMA"), "wa": ("s", "C1", "WA"), "random_policy": ("x", "C2", "matched random (policy)"),
+              "fixed_period": ("+", "C4", "fixed period"), "no_sync": ("_", "k", "no sync (load match)"),
+              "offline_bound": ("v", "C3", "offline bound (non-deployable)")}
+    for policy, (marker, color, label) in styles.items():
+        if policy in seed_rate:
+            ax.plot(x, seed_rate[policy], marker, color=color, ls="none", ms=7, label=label)
+    ax.set_xlabel("seed")
+    ax.set_ylabel("SLO violation rate (%)")
+    ax.set_xticks(x)
+    ax.legend(fontsize=7, ncols=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

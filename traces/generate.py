@@ -112,12 +112,11 @@ def mmpp_arrivals(*, seed: int, base_rate: float, burst_rate: float, duration_s:
 def diloco_sync_windows(*, seed: int, count: int, duration_s: float, window_s: float = 8.0,
                         min_gap_s: float = 18.0, bytes_per_sync: int = 2 * 10**9) -> pd.DataFrame:
     """`count` sync windows of `window_s` seconds, uniformly placed on [0, duration_s] with starts at
-    least `min_gap_s` apart (and no overlap): uniform order statistics on the shrunk interval, shifted."""
-    gap = max(min_gap_s, window_s)
-    slack = duration_s - window_s - (count - 1) * gap
-    if count < 0 or slack < 0:
-        raise ValueError(f"{count} windows of {window_s} s with gaps {gap} s do not fit in {duration_s} s")
-    rng = np.random.default_rng(seed)
-    starts = np.sort(rng.uniform(0.0, slack, size=count)) + np.arange(count) * gap
+    least `min_gap_s` apart (and no overlap): the matched-random draw of `analysis.diloco.random_starts`."""
+    from analysis.diloco import random_starts
+
+    if count < 0:
+        raise ValueError(f"{count} windows: the count must be >= 0")
+    starts = random_starts(np.random.default_rng(seed), count, duration_s, window_s, min_gap_s)
     return pd.DataFrame({"start_s": starts, "duration_s": np.full(count, float(window_s)),
                          "bytes": np.full(count, int(bytes_per_sync), dtype=np.int64)})

@@ -65,6 +65,94 @@ class InterferenceWindow:
         return [cls(float(a), float(d), capacity) for a, d in zip(frame["start_s"], frame["duration_s"])]
 
 
+def capacity_profile(windows) -> tuple[np.ndarray, np.ndarray]:
+    """Window edges (trace s, sorted, distinct) and the capacity factor before, between and after them
+    (len(edges) + 1 values; overlapping windows multiply)."""
+    edges = sorted({t for w in windows for t in (w.start_s, w.start_s + w.duration_s)})
+    factors = [1.0]
+    for a, b in zip(edges[:-1], edges[1:]):
+        mid = (a + b) / 2
+        factors.append(math.prod(w.capacity for w in windows if w.start_s <= mid < w.start_s + w.duration_s))
+    factors.append(1.0)
+    return np.asarray(edges, dtype=float), np.asarray(factors if edges else [1.0])
+
+
+def simulate_service(service: ServiceModel, arrival_s, prompt_tokens, output_tokens, windows=()) -> dict:
+    """Ground truth of the service model for requests arriving at `arrival_s` (model seconds): what the
+    emulator does, as a discrete-event simulation — FIFO admission to max(1, int(batch_slots·capacity))
+    slots, re-checked at arrivals, completions and window edges; prefill then decode at the rates × the
+    capacity in force (work integrated over the piecewise-constant speed). Returns arrays admitted_s,
+    first_s, done_s (NaN where the emulator answers 400: empty prompt or prompt + output > max_model_len)."""
+    import heapq
+    from bisect import bisect_right
+
+    arrival = np.asarray(arrival_s, dtype=float)
+    prompts = np.asarray(prompt_tokens, dtype=np.int64)
+    outputs = np.maximum(1, np.asarray(output_tokens, dtype=np.int64))
+    n = len(arrival)
+    edges_arr, factors_arr = capacity_profile(list(windows))
+    # Scalar bisection on lists: this runs once per request, where numpy's per-call overhead dominates.
+    edges, factors = edges_arr.tolist(), factors_arr.tolist()
+    cum = np.r_[0.0, np.cumsum(np.diff(edges_arr) * factors_arr[1:-1])].tolist() if edges else []
+
+    def work_at(t: float) -> float:  # ∫ speed from the first edge (or 0) to t
+        if not edges:
+            return t
+        k = bisect_right(edges, t)
+        return (t - edges[0]) * factors[0] if k == 0 else cum[k - 1] + (t - edges[k - 1]) * factors[k]
+
+    def time_of(w: float) -> float:  # inverse of work_at
+        if not edges:
+            return w
+        k = bisect_right(cum, w)
+        return edges[0] + w / factors[0] if k == 0 else edges[k - 1] + (w - cum[k - 1]) / factors[k]
+
+    def slots(t: float) -> int:
+        return max(1, int(service.batch_slots * (factors[bisect_right(edges, t)] if edges else 1.0)))
+
+    admitted, first, done = (np.full(n, np.nan) for _ in range(3))
+    valid = ((prompts >= 1) & (prompts + outputs <= service.max_model_len)).tolist()
+    prefill = (prompts / service.prefill_tokens_per_s).tolist()
+    decode = ((outputs - 1) / service.decode_tokens_per_s).tolist()
+    arrivals = arrival.tolist()
+    finishing: list[tuple[float, int]] = []
+    waiting: deque[int] = deque()
+    running = 0
+
+    def admit(i: int, t: float) -> None:
+        nonlocal running
+        running += 1
+        w0 = work_at(t)
+        end = time_of(w0 + prefill[i] + decode[i])
+        admitted[i], first[i], done[i] = t, time_of(w0 + prefill[i]), end
+        heapq.heappush(finishing, (end, i))
+
+    def fill(t: float) -> None:
+        while waiting and running < slots(t):
+            admit(waiting.popleft(), t)
+
+    edge_list, e, i = edges, 0, 0
+    while i < n or finishing:
+        t_arrival = arrivals[i] if i < n else math.inf
+        t_done = finishing[0][0] if finishing else math.inf
+        t_edge = edge_list[e] if e < len(edge_list) else math.inf
+        if t_done <= t_arrival and t_done <= t_edge:
+            heapq.heappop(finishing)
+            running -= 1
+            fill(t_done)
+        elif t_edge <= t_arrival:
+            e += 1
+            fill(t_edge)
+        else:
+            if valid[i]:
+                if not waiting and running < slots(t_arrival):
+                    admit(i, t_arrival)
+                else:
+                    waiting.append(i)
+            i += 1
+    return {"admitted_s": admitted, "first_s": first, "done_s": done}
+
+
 @dataclass
 class _Stats:
     received: int = 0
@@ -95,6 +183,30 @@ def _1_2_5_buckets(max_value: int) -> list[int]:
         scale *= 10
 
 
+class _BulkHistogram:
+    """A Prometheus histogram fed with arrays of observations (a custom collector)."""
+
+    def __init__(self, name: str, doc: str, buckets, labels: list[str], values: tuple[str, ...]):
+        self.name, self.doc, self.labels, self.values = name, doc, labels, list(values)
+        self.bounds = np.asarray(buckets, dtype=float)
+        self.counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe_many(self, values: np.ndarray) -> None:
+        values = np.asarray(values, dtype=float)
+        self.counts += np.bincount(np.searchsorted(self.bounds, values, side="left"), minlength=len(self.counts))
+        self.total += float(values.sum())
+
+    def collect(self):
+        from prometheus_client.core import HistogramMetricFamily
+
+        family = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        cumulative = np.cumsum(self.counts)
+        buckets = [(repr(float(b)), int(c)) for b, c in zip(self.bounds, cumulative[:-1])]
+        family.add_metric(self.values, buckets + [("+Inf", int(cumulative[-1]))], self.total)
+        yield family
+
+
 class VllmMetrics:
     """`/metrics` under vLLM's V1 names and labels (`model_name`, `engine`), rendered by prometheus_client as
     vLLM itself does. Times are service-model seconds (real × time_scale), like the latencies of a replay."""
@@ -123,8 +235,11 @@ class VllmMetrics:
                                             "Number of generation tokens processed.", sizes)
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               TTFT_BUCKETS)
-        self.tpot = histogram("vllm:time_per_output_token_seconds",
-                              "Histogram of time per output token in seconds.", TPOT_BUCKETS)
+        # One observation per output token, as vLLM makes them: counted in bulk (numpy) by a collector,
+        # because prometheus_client's per-call observe would cost more than the request itself.
+        self.tpot = _BulkHistogram("vllm:time_per_output_token_seconds",
+                                   "Histogram of time per output token in seconds.", TPOT_BUCKETS, labels, values)
+        self.registry.register(self.tpot)
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                              REQUEST_LATENCY_BUCKETS)
         self.queue = histogram("vllm:request_queue_time_seconds",
@@ -139,8 +254,7 @@ class VllmMetrics:
         self.request_prompt.observe(prompt_tokens)
         self.request_generation.observe(len(token_ns))
         self.ttft.observe((int(token_ns[0]) - received_ns) * to_s)
-        for gap in np.diff(token_ns):
-            self.tpot.observe(float(gap) * to_s)
+        self.tpot.observe_many(np.diff(token_ns) * to_s)
         self.e2e.observe((int(token_ns[-1]) - received_ns) * to_s)
         self.queue.observe((admitted_ns - received_ns) * to_s)
 
@@ -208,17 +322,11 @@ class VllmEmulator:
         the service time scale. Overlapping windows multiply their capacities."""
         self._epoch_ns = now_ns() if epoch_ns is None else int(epoch_ns)
         self._windows = sorted(windows, key=lambda w: w.start_s)
+        edges_s, factors = capacity_profile(self._windows)
         scale = self.service.time_scale
-        edges = sorted({self._epoch_ns + int(t * 1e9 / scale)
-                        for w in self._windows for t in (w.start_s, w.start_s + w.duration_s)})
+        edges = [self._epoch_ns + int(t * 1e9 / scale) for t in edges_s]
         self._edges_ns = np.asarray(edges, dtype=np.int64)
-        mids = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
-        factors = [1.0]
-        for mid in mids:
-            t = (mid - self._epoch_ns) * scale / 1e9
-            factors.append(math.prod(w.capacity for w in self._windows if w.start_s <= t < w.start_s + w.duration_s))
-        factors.append(1.0)
-        self._edge_factor = np.asarray(factors[: len(edges) + 1] if edges else [1.0])
+        self._edge_factor = factors
         loop = asyncio.get_running_loop()
         for timer in self._timers:
             timer.cancel()

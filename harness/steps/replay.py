@@ -305,7 +305,8 @@ async def _serve_and_replay(requests: pd.DataFrame, url: str | None, p: dict, wi
     if url is None:
         service = ServiceModel(prefill_tokens_per_s=p["prefill_tokens_per_s"],
                                decode_tokens_per_s=p["decode_tokens_per_s"], batch_slots=p["batch_slots"],
-                               max_model_len=p["max_model_len"], time_scale=p["time_scale"])
+                               max_model_len=p["max_model_len"], time_scale=p["time_scale"],
+                               stream_interval_s=p.get("stream_interval_s", 0.0))
         emulator = VllmEmulator(service, model=p["model"])
         await emulator.start()
         url = emulator.url
@@ -317,7 +318,8 @@ async def _serve_and_replay(requests: pd.DataFrame, url: str | None, p: dict, wi
             emulator.set_interference(InterferenceWindow.from_frame(windows, p["interference_capacity"]),
                                       epoch_ns=epoch)
         config = ReplayConfig(url=url, model=p["model"], time_scale=p["time_scale"], timeout_s=p["timeout_s"],
-                              max_connections=p["max_connections"], origin_ns=origin)
+                              max_connections=p["max_connections"], origin_ns=origin,
+                              prompt_seed=p.get("prompt_seed", 0))
         return await replay_requests(requests, config, log_path)
     finally:
         if emulator is not None:
