@@ -15,6 +15,7 @@ identical delays whatever the thread timing (`draws()` lists them).
 from __future__ import annotations
 
 import heapq
+from array import array
 import itertools
 import threading
 import time
@@ -141,9 +142,11 @@ class OpticalBench:
         self._streams = KeyedStreams(seed)
         self._now = clock  # CLOCK_MONOTONIC ns; tests pass a fake clock to make the scheduler late at will
         self._command = 0  # switch commands that moved a mirror: the "cycle" part of the stream keys
-        self._draws: list[tuple[int, str, str, int]] = []  # (command, port, stage, delay_ns)
-        self._late_ns: list[int] = []  # per action run: ran − due
-        self._draw_late: list[int] = []  # per draw: how late the action it timed ran
+        # Every draw, column-wise (a pod draws ~10^4 per cycle): command, port index (-1: the switch), stage
+        # code, delay, and how late the action it timed ran; and the lateness of every action run.
+        self._draws = {k: array(t) for k, t in (("command", "q"), ("port", "l"), ("stage", "b"), ("delay_ns", "q"),
+                                                 ("late_ns", "q"))}
+        self._late_ns = array("q")
         topo = profile.topology
         self.ocs_size = topo.ocs_size
         n_in = topo.ocs_size[0]
@@ -240,7 +243,7 @@ class OpticalBench:
             due, _, action, draw = heapq.heappop(heap)
             self._late_ns.append(now - due)
             if draw >= 0:
-                self._draw_late[draw] = now - due
+                self._draws["late_ns"][draw] = now - due
             action(due)
         if self._pending:
             self._wake.notify()  # the scheduler thread delivers the changes
@@ -251,13 +254,15 @@ class OpticalBench:
         heapq.heappush(self._heap, (due_ns, next(self._seq), action, draw))
         self._wake.notify()
 
-    def _draw(self, domain: int, command: int, stage: str, delay, index: int = 0, size: int = 1,
-              label: str = "ocs") -> tuple[int, int]:
+    def _draw(self, domain: int, command: int, stage: str, delay, port: _Port | None = None) -> tuple[int, int]:
         """(delay ns, draw index) of `delay` from the stream keyed (seed, command, port index, stage)."""
+        index, size = (0, 1) if port is None else (port.index, len(self._ports))
         ns = int(delay.at_quantile(self._streams.uniform(domain, command, stage, index, size)) * 1e9)
-        self._draws.append((command, label, stage, ns))
-        self._draw_late.append(0)
-        return ns, len(self._draws) - 1
+        cols = self._draws
+        for key, value in (("command", command), ("port", -1 if port is None else port.index),
+                           ("stage", _STREAM_STAGES.index(stage)), ("delay_ns", ns), ("late_ns", 0)):
+            cols[key].append(value)
+        return ns, len(cols["delay_ns"]) - 1
 
     # ------------------------------------------------------------------ OCS view
     def ocs_patches(self) -> dict[int, int]:
@@ -374,12 +379,11 @@ class OpticalBench:
     def _light_changed(self, port: _Port, t: int, on: bool, command: int) -> None:
         port.gen += 1
         gen = port.gen
-        n_ports = len(self._ports)
 
         def after(t, stage, action):
-            delay, draw = self._draw(_NIC, command, stage, self.profile.nic_delay(port.model.key, stage),
-                                     port.index, n_ports, port.model.key)
+            delay, draw = self._draw(_NIC, command, stage, self.profile.nic_delay(port.model.key, stage), port)
             self._at(t + delay, action, draw)
+
         if on:
             power = -3.0 - 0.05 * (port.model.ocs_rx % 7)
 
@@ -572,9 +576,11 @@ class OpticalBench:
     def draws(self) -> list[dict]:
         """Every random delay drawn: command, port ("ocs" or host:netdev), stage, delay_ns, and late_ns — how
         long after its due time the action it timed actually ran (0 until it ran)."""
+        keys = [p.model.key for p in self._ports.values()]
         with self._lock:
-            return [dict(command=c, port=p, stage=s, delay_ns=d, late_ns=late)
-                    for (c, p, s, d), late in zip(self._draws, self._draw_late)]
+            cols = {k: v.tolist() for k, v in self._draws.items()}
+        return [dict(command=c, port="ocs" if p < 0 else keys[p], stage=_STREAM_STAGES[s], delay_ns=d, late_ns=late)
+                for c, p, s, d, late in zip(*cols.values())]
 
     def schedule_report(self) -> dict:
         """Lateness of the schedule and, per stage, the delays realised against the profile's
