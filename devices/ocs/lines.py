@@ -10,6 +10,7 @@ import re
 import socket
 from abc import ABC, abstractmethod
 from collections import deque
+from typing import Iterator
 
 from devices.errors import DeviceError, DeviceTimeout, TransportClosed
 from devices.timing import Deadline, now_ns
@@ -19,8 +20,11 @@ _POLL_S = 0.05
 # The longest line a peer may send. Polatis lines are < 100 bytes; a longer one is noise or a flood, and
 # the driver must stay bounded whatever arrives: the rest of such a line is discarded up to its end.
 MAX_LINE_BYTES = 64 * 1024
-# The most a driver keeps of one reply (TL1 body, drained backlog) before it calls the reply a flood.
-MAX_REPLY_BYTES = 4 * 1024 * 1024
+# The most a driver keeps of one reply before it calls the reply a flood: bytes and lines (a line costs
+# ~60 bytes of Python besides its text). A 640x640 Polatis lists 1280 ports; a drained backlog is read
+# up to MAX_REPLY_BYTES per command.
+MAX_REPLY_BYTES = 1024 * 1024
+MAX_REPLY_LINES = 8192
 _EOL = re.compile(rb"[\r\n]")
 
 
@@ -119,17 +123,17 @@ class LineChannel(ABC):
                               f"(the rest was discarded): {excerpt(line)}")
         return recv_ns, line
 
-    def drain(self) -> list[tuple[int, str]]:
-        """Take whatever has been received but not read, as (recv_ns, line): at most about
-        MAX_REPLY_BYTES, so a peer that floods the line cannot keep this going."""
-        lines = list(self._ready)
-        self._ready.clear()
+    def drain(self) -> Iterator[tuple[int, str]]:
+        """Yield whatever has been received but not read, as (recv_ns, line), one read at a time: at
+        most about MAX_REPLY_BYTES, so a peer that floods the line cannot keep this going."""
+        while self._ready:
+            yield self._ready.popleft()
         taken = 0
         while taken < MAX_REPLY_BYTES and (chunk := self._read(0.0)):
             taken += len(chunk)
             stamp = now_ns()
-            lines.extend((stamp, line) for line in self._splitter.feed(chunk))
-        return lines
+            for line in self._splitter.feed(chunk):
+                yield stamp, line
 
     @abstractmethod
     def _write(self, data: bytes) -> None: ...

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout
 from devices.ocs.base import DeviceEvent, DeviceEvents, check_allowed, check_state, confirm, plan_apply
-from devices.ocs.lines import MAX_REPLY_BYTES, LineChannel, LineTooLong, excerpt
+from devices.ocs.lines import MAX_REPLY_BYTES, MAX_REPLY_LINES, LineChannel, LineTooLong, excerpt
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
 from devices.timing import CommandTiming, Deadline, now_ns
@@ -30,8 +30,8 @@ _COMMENT = re.compile(r"/\*\s*(.*?)\s*\*/")
 _QUOTED = re.compile(r'^"(.*)"\s*$')
 _PATCH = re.compile(r"^\s*(\d{1,9})\s*,\s*(\d{1,9})\s*$")
 _POWER = re.compile(r"^\s*(\d{1,9})\s*:\s*([-+]?\d{1,6}(?:\.\d{0,9})?(?:[eE][-+]?\d{1,3})?)(?:[,\s]|$)")
-# What one autonomous message keeps (a real one is a few lines); the rest is counted, not stored.
-_MAX_EVENT_LINES = 64
+# What one autonomous message keeps (a real one is a few short lines); the rest is counted, not stored.
+_MAX_EVENT_LINES, _MAX_EVENT_LINE = 16, 256
 # DENY codes that retrying will not clear: bad port/AID, bad ctag, bad command, bad parameter, bad login,
 # login not active. (SROF "busy", SNVS "not in valid state" may clear.)
 PERMANENT_CODES = frozenset({"IIAC", "IICT", "ICNV", "IDNV", "PIUI", "PLNA"})
@@ -130,10 +130,10 @@ class Tl1Reader:
                     return Tl1Response(block, self._status, tuple(self._body), recv_ns)
             elif self._block == self._ctag:
                 self._body_bytes += len(text)
-                if self._body_bytes > MAX_REPLY_BYTES:
+                if self._body_bytes > MAX_REPLY_BYTES or len(self._body) >= MAX_REPLY_LINES:
                     self._block = "?"  # skip the rest of this flood
-                    raise DeviceError(f"reply to ctag {self._ctag} is longer than {MAX_REPLY_BYTES} "
-                                      f"bytes: {excerpt(text)}")
+                    raise DeviceError(f"reply to ctag {self._ctag} is longer than {MAX_REPLY_BYTES} bytes "
+                                      f"or {MAX_REPLY_LINES} lines: {excerpt(text)}")
                 self._body.append(text)
             return None
         if status is not None:
@@ -149,7 +149,7 @@ class Tl1Reader:
     def _add_autonomous_line(self, text: str) -> None:
         lines = self._auto[4]
         if len(lines) < _MAX_EVENT_LINES:
-            lines.append(text[:1024])
+            lines.append(text[:_MAX_EVENT_LINE])
         else:
             self._auto[5] += 1
 
