@@ -9,14 +9,15 @@ Spec: algorithms.md §6. Units: bytes, bytes/s, seconds. Pure numpy/scipy; no I/
 - `moe_dispatch_bytes` / `server_demand`: the regional demand matrix of one MoE layer and micro-batch.
 - `build_timeline` → `Timeline`: per-iteration pipeline timeline with one reconfiguration per
   (region, layer, micro-batch, direction); `Timeline.times(delays)` evaluates it for any per-trigger delays,
-  `sample_iteration_times` draws each delay as the maximum over the ports switched.
+  `sample_iteration_times` draws each delay from `CycleDelays` (whole cycles, or shared + per-port parts).
 """
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Callable, Literal
 
 import numpy as np
@@ -29,8 +30,8 @@ GBPS = 1.25e8  # bytes/s per Gb/s
 __all__ = [
     "MixnetInputError", "greedy_circuits", "all_to_all_time", "hybrid_all_to_all_time", "exact_circuits",
     "greedy_gap_report", "expert_popularity", "moe_dispatch_bytes", "server_demand", "rank_servers", "Fabric",
-    "fabric_a2a_time", "ports_switched", "Timeline", "build_timeline", "traffic_from_matrices", "draw_delays",
-    "sample_iteration_times", "constant_delay_times", "break_even_delay",
+    "fabric_a2a_time", "ports_switched", "Timeline", "build_timeline", "traffic_from_matrices", "CycleDelays",
+    "delay_model_of", "draw_delays", "sample_iteration_times", "constant_delay_times", "break_even_delay",
 ]
 
 
@@ -629,6 +630,34 @@ def traffic_from_matrices(matrices, model: mm.MoeModel, par: mm.Parallelism) -> 
     return traffic
 
 
+# Pure functions of their arguments, memoised by value: a robustness grid rebuilds the same routing and
+# circuits under other GPU/MFU/overlap assumptions, and the results are bit-identical either way.
+@lru_cache(maxsize=1 << 16)
+def _a2a_by_bytes(demand: bytes, n: int, fabric: Fabric, circuits: bytes | None) -> float:
+    d = np.frombuffer(demand).reshape(n, n)
+    c = None if circuits is None else np.frombuffer(circuits, dtype=np.int64).reshape(n, n)
+    return fabric_a2a_time(d, fabric, c)
+
+
+def _memo_a2a(demand: np.ndarray, fabric: Fabric, circuits) -> float:
+    d = np.ascontiguousarray(demand, dtype=float)
+    c = None if circuits is None else np.ascontiguousarray(circuits, dtype=np.int64).tobytes()
+    return _a2a_by_bytes(d.tobytes(), d.shape[0], fabric, c)
+
+
+@lru_cache(maxsize=1 << 14)
+def _greedy_by_bytes(demand: bytes, n: int, fabric: Fabric, greedy_eps: float) -> np.ndarray:
+    c = greedy_circuits(np.frombuffer(demand).reshape(n, n), fabric.alpha, fabric.nic_bytes_per_s, greedy_eps,
+                        code_compat=fabric.code_compat_greedy)
+    c.setflags(write=False)
+    return c
+
+
+def _memo_greedy(demand: np.ndarray, fabric: Fabric, greedy_eps: float) -> np.ndarray:
+    d = np.ascontiguousarray(demand, dtype=float)
+    return _greedy_by_bytes(d.tobytes(), d.shape[0], fabric, float(greedy_eps))
+
+
 def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fabric: Fabric, *,
                    overlap: Literal["simulator", "all_hidden"] = "simulator",
                    reconfigure: Literal["always", "on_change"] = "always",
@@ -701,15 +730,14 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
         greedy_eps = fabric.nic_bytes_per_s if fabric.greedy_eps == "nic" else fabric.eps_bytes_per_s
         if fabric.kind == "mixnet":
             for l, b in demands:
-                circuits[l, b] = greedy_circuits(demands[l, b], fabric.alpha, fabric.nic_bytes_per_s,
-                                                 greedy_eps, code_compat=fabric.code_compat_greedy)
+                circuits[l, b] = _memo_greedy(demands[l, b], fabric, greedy_eps)
         previous = circuits[sequence[-1][2], sequence[-1][1]] if circuits and sequence else None
         for direction, b, l in sequence:
             dem, t_exp = demands[l, b], expert_times[l, b]
             if fabric.kind == "mixnet":
                 now = circuits[l, b]
-                a2a_new = fabric_a2a_time(dem, fabric, now)
-                a2a_old = fabric_a2a_time(dem, fabric, previous)
+                a2a_new = _memo_a2a(dem, fabric, now)
+                a2a_old = a2a_new if np.array_equal(previous, now) else _memo_a2a(dem, fabric, previous)
                 trig["stage"].append(s)
                 trig["dir"].append(direction)
                 trig["mb"].append(b)
@@ -723,7 +751,7 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
                 if direction == 0:
                     circuit_log.append(now)
             else:
-                a2a_new = a2a_old = fabric_a2a_time(dem, fabric)
+                a2a_new = a2a_old = _memo_a2a(dem, fabric, None)
             if direction == 0:
                 fwd_base[s, b] += t_attn + t_shared + 2 * a2a_new + t_exp
                 a2a_log.append(a2a_new)
@@ -743,36 +771,128 @@ def constant_delay_times(timeline: Timeline, delays_s) -> np.ndarray:
     return timeline.times(np.repeat(d[:, None], timeline.n_triggers, axis=1))
 
 
-def draw_delays(timeline: Timeline, sorted_samples: np.ndarray, n_rows: int, rng: np.random.Generator,
-                per_port_max: bool = True, sample_row: np.ndarray | None = None) -> np.ndarray:
-    """Per-trigger delays (n_rows, K): each the max of `ports` draws from ascending `sorted_samples`.
+@dataclass(frozen=True)
+class CycleDelays:
+    """Measured reconfiguration delays with the bench's structure: the cycle is the unit of replication.
 
-    The max of k i.i.d. draws from the empirical distribution is drawn exactly by inverse CDF:
-    index = floor(n·U^(1/k)). `sorted_samples` may be 2-D (one distribution per row of it, e.g. bootstrap
-    resamples), then `sample_row[r]` picks the distribution of output row r.
+    `per_port` (C, P): each port's delay (s) in cycle c, NaN where a port gave no sample; `shared` (C,): the
+    cycle's shared OCS component (one switch draw per cycle, e.g. its command completion), so
+    `per_port − shared` is each port's own (NIC) component. `source` names where the numbers come from.
     """
-    k = np.maximum(timeline.trig_ports, 1) if per_port_max else np.ones_like(timeline.trig_ports)
-    u = rng.random((n_rows, timeline.n_triggers))
-    n = sorted_samples.shape[-1]
-    idx = np.minimum((n * u ** (1.0 / k)).astype(np.int64), n - 1)
-    if sorted_samples.ndim == 1:
-        return sorted_samples[idx]
-    return sorted_samples[np.asarray(sample_row)[:, None], idx]
+
+    per_port: np.ndarray
+    shared: np.ndarray
+    source: str = "unspecified"
+
+    def __post_init__(self) -> None:
+        pp = np.atleast_2d(np.asarray(self.per_port, dtype=float))
+        sh = np.asarray(self.shared, dtype=float).ravel()
+        if pp.ndim != 2 or sh.shape != (pp.shape[0],):
+            raise MixnetInputError(f"per_port must be (cycles, ports) and shared (cycles,), got {pp.shape} and "
+                                   f"{sh.shape}")
+        keep = np.isfinite(pp).any(axis=1)
+        pp, sh = pp[keep], sh[keep]
+        finite = pp[np.isfinite(pp)]
+        if pp.shape[0] == 0 or np.any(finite < 0) or np.any(~np.isfinite(pp) & ~np.isnan(pp)):
+            raise MixnetInputError("delays need at least one cycle of finite, non-negative seconds")
+        if not np.all(np.isfinite(sh)) or np.any(sh < 0):
+            raise MixnetInputError("the shared component must be finite and non-negative")
+        object.__setattr__(self, "per_port", pp)
+        object.__setattr__(self, "shared", sh)
+
+    @classmethod
+    def independent(cls, samples, source: str = "unspecified") -> "CycleDelays":
+        """Each sample its own one-port cycle with no shared component (only for data that truly is i.i.d.)."""
+        a = np.asarray(samples, dtype=float).ravel()
+        return cls(a[:, None], np.zeros(a.size), source)
+
+    @property
+    def n_cycles(self) -> int:
+        return int(self.per_port.shape[0])
+
+    @property
+    def bench_ports(self) -> int:
+        """Ports observed together in one cycle (the most the joint distribution can speak for)."""
+        return int(np.isfinite(self.per_port).sum(axis=1).max())
+
+    def samples(self) -> np.ndarray:
+        return self.per_port[np.isfinite(self.per_port)]
+
+    def cycle_max(self) -> np.ndarray:
+        """Per cycle: the slowest port (the cycle's own reconfiguration delay)."""
+        return np.nanmax(self.per_port, axis=1)
+
+    def take(self, cycles) -> "CycleDelays":
+        """The delays of the given cycles (a cluster-bootstrap resample when drawn with replacement)."""
+        idx = np.asarray(cycles, dtype=np.int64)
+        return replace(self, per_port=self.per_port[idx], shared=self.shared[idx])
 
 
-def sample_iteration_times(timeline: Timeline, delay_samples, n_reps: int, rng: np.random.Generator,
-                           per_port_max: bool = True) -> np.ndarray:
-    """Monte Carlo iteration times: each trigger's delay is the max of `ports` draws from the samples.
+def delay_model_of(ports, bench_ports: int) -> dict:
+    """Which delay model serves reconfigurations switching `ports`: whole cycles ("joint") while k is at most
+    the bench's ports, the fitted shared + per-port decomposition beyond."""
+    k = np.asarray(ports)
+    k = k[k > 0]
+    joint = int(np.sum(k <= bench_ports))
+    method = "none" if k.size == 0 else "joint" if joint == k.size else "decomposed" if joint == 0 else "mixed"
+    return {"method": method, "bench_ports": int(bench_ports), "max_ports_switched": int(k.max(initial=0)),
+            "switching_reconfigurations": int(k.size), "joint": joint, "decomposed": int(k.size - joint)}
 
-    With `per_port_max=False` each reconfiguration takes a single draw. Data-parallel replicas draw
-    independently; the iteration waits for the slowest.
+
+@lru_cache(maxsize=64)
+def _max_rank_cdf(p_max: int) -> np.ndarray:
+    """F[p, k, i] = P(the slowest of a random k-subset of p ports has rank <= i+1) = C(i+1, k) / C(p, k)."""
+    f = np.ones((p_max + 1, p_max + 1, p_max))
+    for p in range(1, p_max + 1):
+        for k in range(1, p + 1):
+            for i in range(p):
+                f[p, k, i] = math.comb(i + 1, k) / math.comb(p, k)
+    return f
+
+
+def draw_delays(ports, delays: CycleDelays, n_rows: int, rng: np.random.Generator) -> np.ndarray:
+    """Per-reconfiguration delays (n_rows, K) for reconfigurations that switch `ports[k]` ports each.
+
+    k <= the ports of a drawn cycle: the slowest of a random k-subset of that one cycle's ports (the
+    measured joint distribution, resampled by cycle — never a max over ports of different cycles).
+    k beyond: the drawn cycle's shared component + the max of k i.i.d. per-port components from the pool
+    of every cycle's `per_port − shared` (exact inverse CDF of the max: index floor(n·U^(1/k))).
+    A reconfiguration switching no port takes 0.
     """
-    samples = np.sort(np.asarray(delay_samples, dtype=float).ravel())
-    if samples.size == 0 or not np.all(np.isfinite(samples)) or np.any(samples < 0):
-        raise MixnetInputError("delay samples must be a non-empty array of finite non-negative seconds")
+    k = np.asarray(ports, dtype=np.int64).ravel()
+    values = np.sort(delays.per_port, axis=1)             # NaN last
+    counts = np.isfinite(values).sum(axis=1)
+    resid = np.sort((delays.per_port - delays.shared[:, None])[np.isfinite(delays.per_port)])
+    c = rng.integers(0, delays.n_cycles, size=(n_rows, k.size))
+    u = rng.random((n_rows, k.size))
+    pc = counts[c]
+    kk = np.broadcast_to(np.minimum(k, values.shape[1]), c.shape)
+    table = _max_rank_cdf(values.shape[1])
+    group = pc * (values.shape[1] + 1) + kk          # one inverse CDF per (ports in the cycle, k)
+    rank = np.empty(c.shape, dtype=np.int64)
+    for g in np.unique(group):
+        sel = group == g
+        p, kg = divmod(int(g), values.shape[1] + 1)
+        rank[sel] = np.searchsorted(table[p, kg], u[sel], side="left")
+    rank = np.minimum(rank, np.maximum(pc - 1, 0))
+    joint = values[c, rank]
+    kpos = np.maximum(k, 1)
+    idx = np.minimum((resid.size * u ** (1.0 / kpos)).astype(np.int64), resid.size - 1)
+    decomposed = np.maximum(delays.shared[c] + resid[idx], 0.0)
+    out = np.where(k <= pc, joint, decomposed)
+    return np.where(k > 0, out, 0.0)
+
+
+def sample_iteration_times(timeline: Timeline, delays: CycleDelays, n_reps: int,
+                           rng: np.random.Generator) -> np.ndarray:
+    """Monte Carlo iteration times, each reconfiguration's delay from `draw_delays`. Data-parallel replicas
+    draw independently; the iteration waits for the slowest."""
+    if not isinstance(delays, CycleDelays):
+        raise MixnetInputError("delays must be CycleDelays (per cycle and port); CycleDelays.independent() "
+                               "for i.i.d. samples")
     if timeline.n_triggers == 0:
         return timeline.times(np.zeros((n_reps, 0)))
-    t = timeline.times(draw_delays(timeline, samples, n_reps * timeline.dp, rng, per_port_max))
+    t = timeline.times(draw_delays(timeline.trig_ports, delays, n_reps * timeline.dp, rng))
     return t.reshape(n_reps, timeline.dp).max(axis=1)
 
 

@@ -1,7 +1,6 @@
 """PNG plots for run reports (matplotlib, no display)."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import matplotlib
@@ -18,32 +17,46 @@ STAGE_STEPS = [("OCS switch", "ocs_command_completed", "ocs_command_sent"),
                ("first packet", "first_packet", "port_active")]
 
 
-def plot_iteration_vs_delay(panels: list[dict], path: Path) -> Path:
-    """One panel per model × link: MixNet iteration time vs a constant reconfiguration delay, the fat-tree
-    line, and markers at 25 ms, the measured OCS and total means and the break-even delay."""
-    cols = 2
-    rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(11, 3.2 * rows), squeeze=False)
-    for ax, panel in zip(axes.flat, panels):
-        d = panel["delay_ms"]
-        ax.plot(d, panel["t_mixnet_s"], color="tab:blue", label="MixNet")
-        ax.axhline(panel["t_fat_tree_s"], color="black", lw=1, label="fat-tree")
-        marks = panel["markers"]
-        style = {"paper_ms": ("tab:green", "25 ms (paper)"), "ocs_mean_ms": ("tab:orange", "measured OCS"),
-                 "total_mean_ms": ("tab:red", "measured total"), "break_even_ms": ("tab:purple", "break-even d*")}
-        for key, (color, label) in style.items():
-            if marks.get(key) is not None:
-                ax.axvline(marks[key], color=color, ls="--", lw=1, label=label)
-        ax.set_xscale("symlog", linthresh=10)
-        ax.set_title(f"{panel['model']} @ {panel['link_gbps']} Gb/s", fontsize=9)
-        ax.set_xlabel("delay per reconfiguration (ms)", fontsize=8)
-        ax.set_ylabel("iteration time (s)", fontsize=8)
-        ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=6, fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
+def plot_iteration_vs_delay(series: list[dict], markers: dict, path: Path) -> Path:
+    """MixNet iteration time / fat-tree vs a constant reconfiguration delay, 0.1–100 ms on a log axis (where
+    verdicts flip): one line per scenario that moves circuits, the claim's bound (e.g. the 5 % threshold),
+    each scenario's break-even d* and the paper's 25 ms and measured delays, all named in the legend."""
+    fig, ax = plt.subplots(figsize=(9, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    static = [s["scenario"] for s in series if not s["moves_circuits"]]
+    moving = [s for s in series if s["moves_circuits"]]
+    lo, hi = (min(s["delay_ms"][0] for s in series), max(s["delay_ms"][-1] for s in series)) if series else (0.1, 100)
+    for i, s in enumerate(moving):
+        color = colors[i % len(colors)]
+        ax.plot(s["delay_ms"], s["ratio"], color=color, label=f"{s['scenario']}")
+        if s["break_even_ms"] is not None and lo <= s["break_even_ms"] <= hi:
+            ax.axvline(s["break_even_ms"], color=color, ls=":", lw=1.2,
+                       label=f"break-even d* {s['scenario']} = {s['break_even_ms']:.1f} ms")
+        elif s["break_even_ms"] is not None:
+            ax.plot([], [], " ", label=f"break-even d* {s['scenario']} = {s['break_even_ms']:.1f} ms (off scale)")
+    bound = next((s["bound"] for s in series if s.get("bound")), None)
+    if bound:
+        ax.axhline(bound, color="black", lw=1, ls="--", label=f"{(bound - 1) * 100:g} % threshold (T_mix = {bound:g} T_ft)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    style = {"paper_ms": ("tab:green", "paper's 25 ms"), "ocs_mean_ms": ("tab:orange", "measured OCS (cycle mean)"),
+             "total_mean_ms": ("tab:red", "measured total (cycle mean)")}
+    for key, (color, label) in style.items():
+        v = markers.get(key)
+        if v is None:
+            continue
+        if lo <= v <= hi:
+            ax.axvline(v, color=color, ls="-.", lw=1, label=f"{label} = {v:.3g} ms")
+        else:
+            ax.plot([], [], " ", label=f"{label} = {v:.4g} ms (off scale)")
+    if static:
+        ax.plot([], [], " ", label=f"never moves a circuit (flat, not shown): {', '.join(static)}")
+    ax.set_xscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("constant delay per reconfiguration (ms, log)")
+    ax.set_ylabel("MixNet iteration time / fat-tree")
+    ax.set_title("Where the iteration-time verdict flips", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

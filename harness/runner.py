@@ -317,6 +317,7 @@ def _profile_record(profile) -> dict:
 
     builtin = profile.path and Path(profile.path).resolve().parent == PROFILE_DIR
     return {"name": profile.name, "path": None if builtin else profile.path, "source": profile.source,
+            "copies": getattr(profile, "copies", None),
             "ocs": {k: d.spec for k, d in profile.ocs.items()}, "nic": {k: d.spec for k, d in profile.nic.items()},
             "clock_offset_ms": list(profile.clock_offset_ms), "drift_ppm": list(profile.drift_ppm)}
 

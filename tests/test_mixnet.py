@@ -382,24 +382,53 @@ def test_break_even_matches_spec_formula_on_one_stage():
 def test_sampling_constant_samples_equals_constant_delay():
     model, par, gpu, _ = _small(pp=2)
     mix = mx.build_timeline(model, par, gpu, mx.Fabric("mixnet", 100))
-    t = mx.sample_iteration_times(mix, np.full(10, 0.04), 5, np.random.default_rng(0))
+    t = mx.sample_iteration_times(mix, mx.CycleDelays(np.full((5, 2), 0.04), np.full(5, 0.03)), 5,
+                                  np.random.default_rng(0))
     assert np.allclose(t, mx.constant_delay_times(mix, [0.04])[0])
 
 
-def test_per_port_max_draws_follow_the_max_law():
-    # two-point samples {a, b}: max of k draws equals a with probability 2^-k
+def _one_trigger(k: int) -> mx.Timeline:
     fwd = np.zeros((1, 1))
-    k = 3
-    tl = mx.Timeline(fabric=mx.Fabric("mixnet", 100), overlap="simulator", fwd_base=fwd, bwd_base=fwd.copy(),
-                     p2p_s=0.0, dp=1, trig_stage=np.array([0]), trig_dir=np.array([0]), trig_mb=np.array([0]),
-                     trig_window=np.array([0.0]), trig_ports=np.array([k]))
-    t = mx.sample_iteration_times(tl, np.array([1.0, 2.0]), 40000, np.random.default_rng(7))
-    share_low = np.mean(t == 1.0)
-    sd = np.sqrt(0.125 * 0.875 / 40000)
-    assert abs(share_low - 0.125) < 5 * sd
-    single = mx.sample_iteration_times(tl, np.array([1.0, 2.0]), 40000, np.random.default_rng(7),
-                                       per_port_max=False)
-    assert abs(np.mean(single == 1.0) - 0.5) < 5 * np.sqrt(0.25 / 40000)
+    return mx.Timeline(fabric=mx.Fabric("mixnet", 100), overlap="simulator", fwd_base=fwd, bwd_base=fwd.copy(),
+                       p2p_s=0.0, dp=1, trig_stage=np.array([0]), trig_dir=np.array([0]), trig_mb=np.array([0]),
+                       trig_window=np.array([0.0]), trig_ports=np.array([k]))
+
+
+def test_a_reconfiguration_waits_for_the_slowest_port_of_one_cycle():
+    # every port of cycle c is c + 1 s, so the slowest of any k ports of one cycle is a cycle value; a model
+    # drawing ports of different cycles independently (pseudo-replication) would give a max biased upwards
+    cycles = np.arange(1.0, 6.0)[:, None] * np.ones((5, 4))
+    delays = mx.CycleDelays(cycles, np.zeros(5))
+    for k in (1, 2, 4):
+        t = mx.sample_iteration_times(_one_trigger(k), delays, 20000, np.random.default_rng(k))
+        assert set(np.unique(t)) <= set(range(1, 6))
+        assert abs(t.mean() - 3.0) < 5 * np.sqrt(2.0 / 20000)          # uniform over cycles: mean 3, var 2
+    iid = np.random.default_rng(0).choice(cycles.ravel(), (20000, 4)).max(axis=1).mean()
+    assert iid > 3.8                                                       # what i.i.d. ports would say
+
+
+def test_within_a_cycle_the_slowest_of_a_random_k_subset_follows_the_rank_law():
+    # one cycle, ports 0..3 s: the max of a random 2-subset is rank i with P = C(i-1, 1) / C(4, 2)
+    delays = mx.CycleDelays(np.array([[0.0, 1.0, 2.0, 3.0]]), np.zeros(1))
+    t = mx.sample_iteration_times(_one_trigger(2), delays, 60000, np.random.default_rng(3))
+    share = np.array([np.mean(t == v) for v in (1.0, 2.0, 3.0)])
+    assert np.allclose(share, [1 / 6, 2 / 6, 3 / 6], atol=0.01) and np.mean(t == 0.0) == 0
+
+
+def test_more_ports_than_the_bench_use_the_shared_plus_per_port_decomposition():
+    # shared OCS part 10 or 20 s per cycle, per-port part 0 or 1 s: for k = 6 > 2 bench ports the delay is the
+    # cycle's shared part + the max of 6 i.i.d. per-port parts (1 s with probability 1 − 2^-6)
+    per_port = np.array([[10.0, 11.0], [20.0, 21.0]])
+    delays = mx.CycleDelays(per_port, np.array([10.0, 20.0]))
+    t = mx.sample_iteration_times(_one_trigger(6), delays, 40000, np.random.default_rng(5))
+    assert set(np.unique(t)) <= {10.0, 11.0, 20.0, 21.0}
+    assert abs(np.mean((t == 10.0) | (t == 20.0)) - 2.0 ** -6) < 5 * np.sqrt(2.0 ** -6 / 40000)
+    assert abs(np.mean(t >= 20.0) - 0.5) < 0.02
+    assert mx.delay_model_of(np.array([0, 2, 6]), delays.bench_ports) == {
+        "method": "mixed", "bench_ports": 2, "max_ports_switched": 6, "switching_reconfigurations": 2,
+        "joint": 1, "decomposed": 1}
+    with pytest.raises(mx.MixnetInputError):
+        mx.sample_iteration_times(_one_trigger(1), np.array([1.0, 2.0]), 10, np.random.default_rng(0))
 
 
 def test_data_parallel_replicas_wait_for_the_slowest():
@@ -407,7 +436,7 @@ def test_data_parallel_replicas_wait_for_the_slowest():
     par_dp = mm.with_overrides(par, dp=4)
     one = mx.build_timeline(model, par, gpu, mx.Fabric("mixnet", 100))
     four = mx.build_timeline(model, par_dp, gpu, mx.Fabric("mixnet", 100))
-    samples = np.random.default_rng(1).exponential(0.02, 200)
+    samples = mx.CycleDelays.independent(np.random.default_rng(1).exponential(0.02, 200))
     t1 = mx.sample_iteration_times(one, samples, 400, np.random.default_rng(2)).mean()
     t4 = mx.sample_iteration_times(four, samples, 400, np.random.default_rng(2)).mean()
     assert t4 > t1

@@ -204,6 +204,7 @@ class Profile:
     faults: dict[str, Any]
     path: str | None = None
     tools: dict[str, str] = field(default_factory=dict)  # pinned tool versions, e.g. {ethtool: "5.16"}
+    copies: str | None = None  # the published figures this profile copies (a verdict on it says so first)
 
     def nic_delay(self, port_key: str, stage: str) -> Delay:
         return self.per_port.get(port_key, {}).get(stage) or self.nic[stage]
@@ -241,8 +242,8 @@ def load_profile(name_or_path: str) -> Profile:
 def profile_from_dict(data: Any, where: str = "<profile>") -> Profile:
     if not isinstance(data, dict):
         raise ProfileError(f"{where}: expected a mapping at the top level")
-    unknown = set(data) - {"name", "description", "source", "ocs", "nic", "per_port", "hosts", "topology",
-                           "faults", "tools"}
+    unknown = set(data) - {"name", "description", "source", "copies", "ocs", "nic", "per_port", "hosts",
+                           "topology", "faults", "tools"}
     if unknown:
         raise ProfileError(f"{where}: unknown keys {sorted(unknown)}")
 
@@ -276,7 +277,7 @@ def profile_from_dict(data: Any, where: str = "<profile>") -> Profile:
                    source=str(data.get("source", "")), ocs=delays("ocs", OCS_KEYS, _DEFAULT_OCS),
                    nic=delays("nic", NIC_KEYS, _DEFAULT_NIC), per_port=per_port, clock_offset_ms=offset,
                    drift_ppm=drift, topology=topology, faults=dict(data.get("faults") or {}), path=where,
-                   tools=tools)
+                   tools=tools, copies=None if data.get("copies") is None else str(data["copies"]))
 
 
 def _tool_pins(given: Any, where: str) -> dict[str, str]:

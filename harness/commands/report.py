@@ -1,5 +1,6 @@
 """`harness report RUN_DIR`: print a run's summary; rebuild events.parquet from the event log if the run was
-interrupted before it could."""
+interrupted before it could. `--recompute` rebuilds verdict.json (and report.md, plots) from the recorded
+events and the verdict's recorded inputs, and says whether it is bit-identical to the one on disk."""
 from __future__ import annotations
 
 
@@ -7,6 +8,8 @@ def register(sub) -> None:
     p = sub.add_parser("report", help="print a run's summary (rebuilds events.parquet if missing)",
                        description=__doc__)
     p.add_argument("run_dir")
+    p.add_argument("--recompute", action="store_true",
+                   help="rebuild verdict.json from the recorded events; exit 1 if it differs from the old one")
     p.set_defaults(func=_report)
 
 
@@ -23,6 +26,8 @@ def _report(args) -> int:
     if not (run / "events.parquet").exists():
         frame = to_parquet(log, run / "events.parquet")
         print(f"rebuilt {run / 'events.parquet'} from the event log: {len(frame)} events")
+    if args.recompute:
+        return _recompute(run)
     for name in ("summary.md", "report.md"):
         if (run / name).exists():
             print((run / name).read_text())
@@ -51,3 +56,33 @@ def _recorrect(run) -> None:
           f"({len(again)} events)")
     for line in accuracy_lines(run, read_parquet_events(run / "events.parquet"), again):
         print(line)
+
+
+def _recompute(run) -> int:
+    import json
+
+    from harness.errors import InputError
+    from harness.eventlog import read_parquet_events
+    from harness.steps import mixnet as step
+
+    path = run / "verdict.json"
+    if not path.exists():
+        raise InputError("--recompute: no verdict.json (the run never evaluated claims)", str(path))
+    old_text = path.read_text()
+    try:
+        old = json.loads(old_text)
+        inputs, prov = old["inputs"], old["provenance"]
+        params, seed = dict(inputs["params"]), int(inputs["seed"])
+    except (ValueError, KeyError, TypeError):
+        raise InputError("--recompute: verdict.json has no recorded inputs (written by an older version?)",
+                         str(path)) from None
+    events = read_parquet_events(run / "events.parquet")
+    verdict = step.compute_verdict(events, params, seed, prov)
+    new_text = step.verdict_json_text(verdict)
+    step.write_outputs(run, events, verdict)
+    if new_text == old_text:
+        print(f"{path}: recomputed from {len(events)} recorded events: bit-identical")
+        return 0
+    print(f"{path}: recomputed from {len(events)} recorded events: DIFFERS from the previous verdict.json "
+          f"(the new one is written)")
+    return 1

@@ -1,12 +1,16 @@
 """The `mixnet_verdict` step: feed the measured turnaround into MixNet's iteration-time and cost models and
-evaluate its claims (analysis.claims). Writes verdict.json, report.md and PNG plots into the run folder.
+evaluate its claims over a declared assumption grid (analysis.claims). Writes verdict.json, report.md and
+PNG plots into the run folder; `harness report RUN_DIR --recompute` rebuilds verdict.json from the events.
 
-Per-port samples from the run's event log (cycles > 0):
+Delays from the run's event log (cycles > 0), kept per cycle and port (the cycle is the unit of replication):
 - OCS only: light_detected − ocs_command_sent (mirrors settled, light at the receiver);
-- total: first_packet − ocs_command_sent (OCS + CDR + NIC link ready + first packet through).
-Each reconfiguration in the model draws one sample per port it switches and waits for the slowest.
+- total: first_packet − ocs_command_sent (OCS + CDR + NIC link ready + first packet through);
+- shared component of a cycle: its ocs_command_completed − ocs_command_sent (one switch draw per cycle).
 """
 from __future__ import annotations
+
+import json
+import math
 
 import numpy as np
 
@@ -22,103 +26,245 @@ SCHEMA = {
     "ce_target_100g": (float, 1.2),
     "ce_target_400g": (float, 1.9),
     "verdict_delay": (str, "total"),  # "total" (OCS + CDR + NIC) or "ocs"
-    "overlap": (str, "all_hidden"),  # the paper's claim; "simulator": forward exposed, backward overlapped
     "reconfigure": (str, "on_change"),  # "on_change": only ports whose circuit changes; "always" (simulator)
-    "gpu": (str, "h100-sxm"),
-    "alpha": (int, 6),  # NICs of 8 on the regional OCS
-    "cost_basis": (str, "calculator"),
+    "cost_basis": (str, "paper"),  # "paper": EPS switch ports charged; "calculator"; "spec"
+    "calibration_ratio_tolerance_pct": (float, 5.0),  # T_mix/T_ft at 25 ms vs the authors' own ratio
+    "calibration_ce_tolerance_pct": (float, 0.0),  # widening of the paper's cost-efficiency ranges
+    "baseline": (dict, {}),  # Assumptions fields: gpu, skew, mfu, overlap, greedy, alpha
+    "grid": (dict, {}),  # axis -> values; empty: analysis.claims.DEFAULT_GRID
+    "design": (str, "one_at_a_time"),  # or "full" (every combination)
+    "workers": (int, 2),  # local process pool for the grid (1: serial; identical results)
     "n_reps": (int, 32),
     "n_boot": (int, 200),
     "fail_on_falsified": (bool, False),
 }
+STAGE_OF = {"ocs": "light_detected", "total": "first_packet"}
 
 
-def measured_delays(events) -> dict[str, np.ndarray]:
-    """Per-port OCS-only and total turnaround samples in seconds, from cycles > 0."""
+def measured_delays(events, source: str = "unspecified") -> dict:
+    """Per (cycle, port) OCS-only and total delays as analysis.mixnet.CycleDelays, from cycles > 0."""
+    from analysis.mixnet import CycleDelays
     from analysis.stats import stage_table
 
     table = stage_table(events[events["cycle"] > 0])
-    ocs = table["light_detected"].dropna().to_numpy() / 1e9
-    total = table["first_packet"].dropna().to_numpy() / 1e9
-    return {"ocs": ocs, "total": total}
+    out = {}
+    for kind, stage in STAGE_OF.items():
+        wide = (table[stage] / 1e9).unstack(["host", "port"]) if len(table) else None
+        if wide is None or wide.empty or not np.isfinite(wide.to_numpy()).any():
+            out[kind] = None
+            continue
+        shared = (table["ocs_command_completed"] / 1e9).groupby(level="cycle").first().reindex(wide.index)
+        keep = np.isfinite(wide.to_numpy()).any(axis=1) & np.isfinite(shared.to_numpy())
+        out[kind] = CycleDelays(wide.to_numpy()[keep], shared.to_numpy()[keep], source)
+    return out
 
 
-def verdict_markdown(verdict: dict, measured: dict) -> str:
+def provenance(manifest: dict) -> dict:
+    """Where the delays come from, from the run's manifest: an emulated profile, or a real bench."""
+    profile = manifest.get("profile")
+    bench = (manifest.get("extra") or {}).get("bench") or (manifest.get("playbook") or {}).get("bench")
+    if profile:
+        copies = profile.get("copies")
+        return {"emulated": True, "bench": bench, "profile": profile.get("name"),
+                "profile_source": (profile.get("source") or "").strip(), "copies_published_figures": copies,
+                "delays": f"emulated from profile {profile.get('name')}" +
+                          (f" (copies published figures: {copies})" if copies else "")}
+    return {"emulated": False, "bench": bench, "profile": None, "copies_published_figures": None,
+            "delays": f"measured on bench {bench}"}
+
+
+def _setup(params: dict, seed: int):
+    from analysis import claims as cl
+    from analysis.moe_models import MODELS
+
+    claims = cl.paper_claims(params["tolerance_pct"] / 100, {100: params["ce_target_100g"],
+                                                             400: params["ce_target_400g"]})
+    calibration = cl.Calibration(ratio_tolerance_pct=params["calibration_ratio_tolerance_pct"],
+                                 ce_tolerance_pct=params["calibration_ce_tolerance_pct"])
+    setup = cl.Setup(models=tuple(params["models"] or MODELS), links=tuple(int(x) for x in params["links_gbps"]),
+                     reconfigure=params["reconfigure"], cost_basis=params["cost_basis"], claims=claims,
+                     calibration=calibration, seed=seed, verdict_delay=params["verdict_delay"],
+                     n_reps=params["n_reps"], n_boot=params["n_boot"])
+    unknown = set(params["baseline"]) - set(cl.GRID_AXES)
+    if unknown:
+        raise cl.ClaimInputError(f"baseline: unknown assumptions {sorted(unknown)}; known: {', '.join(cl.GRID_AXES)}")
+    baseline = cl.Assumptions(**params["baseline"])
+    grid = cl.assumption_grid(params["grid"] or None, baseline, params["design"])
+    return setup, grid
+
+
+def compute_verdict(events, params: dict, seed: int, prov: dict) -> dict:
+    """The whole verdict (with plot series) from a run's events, the step's params and provenance.
+    Raises analysis.claims.ClaimInputError / ValueError on bad params, LookupError without delays."""
+    from analysis import claims as cl
+
+    measured = measured_delays(events, prov["delays"])
+    if any(v is None for v in measured.values()):
+        raise LookupError("no cycle recorded both light_detected and first_packet")
+    setup, grid = _setup(params, seed)
+    for a in grid:      # bad names fail here, before any worker starts
+        cl.build_scenarios(setup.models[:0], setup.links, gpu=a.gpu, mfu=a.mfu, greedy=a.greedy,
+                           cost_basis=setup.cost_basis)
+    verdict = cl.evaluate_claims(measured, setup=setup, grid=grid, max_workers=params["workers"])
+    verdict["provenance"] = prov
+    verdict["inputs"] = {"params": params, "seed": seed}
+    return verdict
+
+
+PUBLIC_KEYS = ("provenance", "claims", "robustness", "measured", "paper_delay", "calibration", "break_even_ms",
+               "baseline", "options", "inputs")
+
+
+def verdict_json_text(verdict: dict) -> str:
+    """verdict.json as bytes-stable text: fixed key order, floats by repr."""
+    return json.dumps({k: verdict[k] for k in PUBLIC_KEYS}, indent=1, allow_nan=False) + "\n"
+
+
+def _f(v, fmt: str = ".3g") -> str:
+    return "—" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
+
+
+def provenance_lines(prov: dict) -> list[str]:
+    if prov["emulated"]:
+        lines = [f"> **Emulated bench, not a hardware measurement.** Every measured delay below was drawn by the "
+                 f"emulator from profile `{prov['profile']}`."]
+        if prov.get("copies_published_figures"):
+            lines.append(f"> That profile **copies published figures** ({prov['copies_published_figures']}): "
+                         "this verdict re-uses the paper's own numbers, it does not measure them.")
+        return lines + [""]
+    return [f"> Delays measured on bench `{prov['bench']}`.", ""]
+
+
+def verdict_markdown(verdict: dict) -> str:
+    prov = verdict["provenance"]
+    scen = [s["scenario"] for s in verdict["baseline"]["scenarios"]]
+    claims = verdict["claims"]
+
+    def label(v: dict) -> str:
+        return v["verdict"] + (" " + " or ".join(v["conditions"]) if v["verdict"] == "falsified if" else "")
+
+    lines = provenance_lines(prov) + [
+        "## Claims × scenarios", "",
+        "| | " + " | ".join(c["statement"] for c in claims) + " |", "|---|" + "---|" * len(claims),
+        "| **verdict** | " + " | ".join(f"**{label(c)}**" for c in claims) + " |",
+        "| why | " + " | ".join(c["summary"] for c in claims) + " |"]
+    for name in scen:
+        cells = []
+        for c in claims:
+            cell = c["by_scenario"].get(name)
+            cells.append("—" if cell is None else f"{label(cell)}: {cell['short']}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Verdicts over the assumption grid (Robustness below). *not applicable*: the model never moves a "
+              "circuit, so no delay can matter; *inconclusive*: the numbers straddle the bound, or the scenario is "
+              "not calibrated and cannot carry a verdict; *falsified if …*: only at the grid points named.", ""]
+    for name in scen:
+        reasons = {c["by_scenario"][name]["reason"] for c in claims if name in c["by_scenario"]}
+        lines += [f"- {name}: " + " / ".join(sorted(reasons))]
     m = verdict["measured"]
-    lines = ["## MixNet claims against the measured turnaround", "",
-             f"Measured per port: OCS only mean {m['ocs_ms']['mean']:.1f} ms (p99 {m['ocs_ms']['p99']:.1f} ms, "
-             f"n={m['ocs_ms']['n']}); total mean {m['total_ms']['mean']:.1f} ms (p99 {m['total_ms']['p99']:.1f} "
-             f"ms, n={m['total_ms']['n']}). Paper's simulation: 25 ms.", "",
-             "| claim | verdict | criterion |", "|---|---|---|"]
-    for c in verdict["claims"]:
-        lines.append(f"| {c['statement']} | **{c['verdict']}** | {c['criterion']} |")
-    cal = verdict.get("calibration", {})
-    if cal:
-        lines += ["", f"Calibration: our model reproduces the paper's iteration-time claim at its own 25 ms "
-                      f"assumption ({cal['overlap']} overlap) in {cal['scenarios_reproduced']} of {cal['of']} "
-                      "scenarios. Where it does not, a verdict that would be *falsified* is reported as "
-                      "*inconclusive*: the model, not the measurement, would be what fails."]
-    lines += ["", "| model | link | T fat-tree (s) | T MixNet d=0 | d=25 ms | d=measured OCS | d=measured total | "
-              "CE (total) | break-even d* (ms) | reproduces paper at 25 ms | verdict |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in verdict["claims"][0]["evidence"]["scenarios"]:
-        d_star = row["critical_delay_ms"]
-        reproduced = row.get("calibration", {}).get("reproduced")
-        lines.append(
-            f"| {row['model']} | {row['link_gbps']}G | {row['t_fat_tree_s']:.3f} | {row['t_mixnet_zero_delay_s']:.3f}"
-            f" | {row['t_mixnet_paper_s']:.3f} | {row['t_mixnet_ocs_s']['mean']:.3f} | "
-            f"{row['t_mixnet_total_s']['mean']:.3f} | {row['cost_efficiency']['total']:.2f} | "
-            f"{'—' if d_star is None else f'{d_star:.1f}'} | {'—' if reproduced is None else ('yes' if reproduced else 'no')}"
-            f" | {row['verdict']}{' (' + row['verdict_reason'] + ')' if row.get('verdict_reason') else ''} |")
-    lines += ["", "Break-even delay per model (the constant per-reconfiguration delay at which the "
-              "iteration-time claim flips, min over link speeds): " + ", ".join(
-                  f"{k} {'—' if v is None else f'{v:.1f} ms'}" for k, v in verdict["break_even_ms"].items()), ""]
-    return "\n".join(lines)
+    lines += ["", "## Delays and where they come from", "",
+              "| delay | value | source |", "|---|---|---|"]
+    for kind in ("ocs", "total"):
+        d = m[f"{kind}_ms"]
+        s = d["per_cycle_slowest_port_ms"]
+        lines.append(f"| measured {kind} (per cycle, slowest of {d['ports_per_cycle']} ports; {d['cycles']} cycles) | "
+                     f"mean {s['mean']:.1f} ms, median {s['median']:.1f}, range {s['min']:.1f}–{s['max']:.1f}; "
+                     f"shared OCS part mean {d['shared_component_ms']['mean']:.1f} ms | {d['source']} |")
+    lines.append(f"| paper's delay | {verdict['paper_delay']['ms']:g} ms | {verdict['paper_delay']['source']} |")
+    be = verdict["break_even_ms"]
+    lines.append("| break-even d* (T_mix = bound) | " + ", ".join(
+        f"{k} {_f(v, '.1f')} ms" for k, v in be["by_scenario"].items() if v is not None) + f" | {be['source']} |")
+    lines += ["", "## Robustness", "",
+              f"{verdict['robustness']['design_points']} grid points (baseline first; each other point changes "
+              "the assumptions named). A claim is *falsified* only when every calibrated point falsifies it.", "",
+              "| grid point | calibrated scenarios | " + " | ".join(c["id"] for c in verdict["claims"]) + " |",
+              "|---|---|" + "---|" * len(verdict["claims"])]
+    for row in verdict["robustness"]["table"]:
+        cells = []
+        for c in verdict["claims"]:
+            v = row["claims"][c["id"]]
+            by = row["falsified_by"][c["id"]]
+            cells.append(v + (f" ({', '.join(by)})" if by else ""))
+        lines.append(f"| {row['point']} | {', '.join(row['calibrated']) or 'none'} | " + " | ".join(cells) + " |")
+    lines += ["", "## Calibration at the paper's own 25 ms", "", verdict["calibration"]["criterion"] + ".", "",
+              "| scenario | T_mix/T_ft | authors' ratio | cost-efficiency | paper's range | calibrated |",
+              "|---|---|---|---|---|---|"]
+    for name, cal in verdict["calibration"]["scenarios"].items():
+        rng = cal["paper_ce_range"]
+        lines.append(f"| {name} | {cal['ratio']:.3f} | {_f(cal['paper_ratio'], '.3f')} | {cal['cost_efficiency']:.2f} | "
+                     f"{'—' if rng is None else f'{rng[0]:g}–{rng[1]:g}'} | "
+                     f"{'yes' if cal['calibrated'] else cal['reason']} |")
+    lines += ["", "## Baseline numbers", "",
+              "| scenario | T fat-tree (s) | T MixNet d=0 | E[T] measured OCS | E[T] measured total | delay model (total) | "
+              "d* (ms) |", "|---|---|---|---|---|---|---|"]
+    for s in verdict["baseline"]["scenarios"]:
+        dm = s["delay_model"]["total"]
+        model = {"none": "no reconfiguration", "joint": f"whole cycles (k ≤ {dm['bench_ports']} bench ports)",
+                 "decomposed": f"shared + per-port fit (k up to {dm['max_ports_switched']} > {dm['bench_ports']} "
+                               "bench ports)",
+                 "mixed": f"whole cycles for {dm['joint']}, shared + per-port fit for {dm['decomposed']} "
+                          f"reconfigurations (k up to {dm['max_ports_switched']} > {dm['bench_ports']})"}[dm["method"]]
+        lines.append(f"| {s['scenario']} | {s['t_fat_tree_s']:.3f} | {s['t_mixnet_zero_delay_s']:.3f} | "
+                     f"{s['t_mixnet_s']['ocs']['mean']:.3f} | {s['t_mixnet_s']['total']['mean']:.3f} | {model} | "
+                     f"{_f(s['break_even_ms'], '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(run_dir, events, verdict: dict) -> list[str]:
+    """verdict.json, report.md and the plots; returns the plot names."""
+    from harness import record as rec
+    from harness.plots import plot_iteration_vs_delay, plot_stage_breakdown
+
+    markers = {"paper_ms": verdict["paper_delay"]["ms"],
+               "ocs_mean_ms": verdict["measured"]["ocs_ms"]["per_cycle_slowest_port_ms"]["mean"],
+               "total_mean_ms": verdict["measured"]["total_ms"]["per_cycle_slowest_port_ms"]["mean"]}
+    plots = [plot_iteration_vs_delay(verdict["plot"], markers, run_dir / "iteration_vs_delay.png").name]
+    if events is not None:
+        plots.append(plot_stage_breakdown(events[events["cycle"] > 0], run_dir / "turnaround_stages.png").name)
+    rec.write_text_atomic(run_dir / "verdict.json", verdict_json_text(verdict))
+    rec.write_text_atomic(run_dir / "report.md", "# Falsification report\n\n" + verdict_markdown(verdict) +
+                          "".join(f"\n![{p}]({p})\n" for p in plots))
+    return plots
 
 
 @register_step("mixnet_verdict", SCHEMA)
 def mixnet_verdict(ctx, step) -> StepResult:
-    from analysis.claims import ClaimInputError, build_scenarios, evaluate_claims
-    from harness import record as rec
-    from harness.plots import plot_iteration_vs_delay, plot_stage_breakdown
+    from analysis.claims import ClaimInputError
 
-    p = step.params
+    p = dict(step.params)
     if p["verdict_delay"] not in ("total", "ocs"):
         raise InputError(f"step {step.name}: verdict_delay must be 'total' or 'ocs'", step.file, step.line)
+    if p["workers"] < 1:
+        raise InputError(f"step {step.name}: workers must be >= 1", step.file, step.line)
     ctx.log.flush()
-    events = read_events(ctx.log.path)
-    measured = measured_delays(events)
     if ctx.dry_run:
         return StepResult(ok=True, summary_md="(dry run: no verdict)")
-    if measured["ocs"].size == 0 or measured["total"].size == 0:
-        return StepResult(ok=False, checks=[{"name": "measured delays available", "ok": False,
-                                             "detail": "no cycle recorded both light_detected and first_packet"}])
-    from analysis.moe_models import MODELS
-
+    events = read_events(ctx.log.path)
+    prov = provenance({"profile": _profile_of(ctx), "extra": {"bench": _bench_name(ctx)}})
     try:
-        scenarios = build_scenarios(models=p["models"] or tuple(MODELS), links=[int(x) for x in p["links_gbps"]],
-                                    gpu=p["gpu"], alpha=p["alpha"], overlap=p["overlap"],
-                                    reconfigure=p["reconfigure"],
-                                    cost_basis=p["cost_basis"], seed=ctx.seed)
-        verdict = evaluate_claims(measured, scenarios=scenarios, seed=ctx.seed, tolerance=p["tolerance_pct"] / 100,
-                                  ce_targets={100: p["ce_target_100g"], 400: p["ce_target_400g"]},
-                                  verdict_delay=p["verdict_delay"], n_reps=p["n_reps"], n_boot=p["n_boot"])
-    except (ClaimInputError, ValueError) as exc:
+        verdict = compute_verdict(events, p, ctx.seed, prov)
+    except LookupError as exc:
+        return StepResult(ok=False, checks=[{"name": "measured delays available", "ok": False, "detail": str(exc)}])
+    except (ClaimInputError, ValueError, TypeError) as exc:
         raise InputError(f"step {step.name}: {exc}", step.file, step.line) from None
-    plots = plot_iteration_vs_delay(verdict["plot"], ctx.run_dir / "iteration_vs_delay.png")
-    plot_stage_breakdown(events[events["cycle"] > 0], ctx.run_dir / "turnaround_stages.png")
-    public = {k: verdict[k] for k in ("claims", "measured", "break_even_ms", "break_even_ms_by_link",
-                                      "break_even_ms_strict_by_link", "calibration", "options")}
-    public["plots"] = [plots.name, "turnaround_stages.png"]
-    rec.write_json_atomic(ctx.run_dir / "verdict.json", public)
-    md = verdict_markdown(verdict, measured)
-    rec.write_text_atomic(ctx.run_dir / "report.md", "# Falsification report\n\n" + md +
-                          "\n![iteration time vs delay](iteration_vs_delay.png)\n\n"
-                          "![turnaround stages](turnaround_stages.png)\n")
+    write_outputs(ctx.run_dir, events, verdict)
+    md = verdict_markdown(verdict)
     falsified = [c["id"] for c in verdict["claims"] if c["verdict"] == "falsified"]
     # Verdicts are results, not failures of the run, unless the playbook asks for that.
     checks = [{"name": f"claim {c['id']} not falsified", "ok": c["verdict"] != "falsified",
                "detail": c["verdict"]} for c in verdict["claims"]] if p["fail_on_falsified"] else []
     return StepResult(ok=not (falsified and p["fail_on_falsified"]), checks=checks, summary_md=md,
-                      summary={c["id"]: c["verdict"] for c in verdict["claims"]},
-                      data={"break_even_ms": verdict["break_even_ms"]})
+                      summary={c["id"]: c["verdict"] + (" " + " or ".join(c["conditions"])
+                                                        if c["verdict"] == "falsified if" else "")
+                               for c in verdict["claims"]},
+                      data={"break_even_ms": verdict["break_even_ms"]["by_scenario"]})
+
+
+def _profile_of(ctx) -> dict | None:
+    if not ctx.emulated:
+        return None
+    prof = ctx.emulated.profile
+    return {"name": prof.name, "source": prof.source, "copies": getattr(prof, "copies", None)}
+
+
+def _bench_name(ctx) -> str:
+    return getattr(getattr(ctx.bench, "name", None), "__str__", lambda: None)() or str(ctx.playbook.bench)
