@@ -343,11 +343,14 @@ def as_cycle_delays(measured: Mapping) -> dict[str, mx.CycleDelays]:
 
 
 def delay_summary(delays: mx.CycleDelays) -> dict:
-    """What was measured, counted once per cycle: the cycle's slowest port and the shared component."""
+    """What was measured, counted once per cycle: the cycle's slowest port (with analysis.stats' intervals,
+    whose unit is the cycle) and the shared component."""
+    from analysis.stats import summarize
+
     slowest = delays.cycle_max() * 1e3
     return {"source": delays.source, "cycles": delays.n_cycles, "ports_per_cycle": delays.bench_ports,
-            "per_cycle_slowest_port_ms": {"mean": float(slowest.mean()), "median": float(np.median(slowest)),
-                                          "min": float(slowest.min()), "max": float(slowest.max())},
+            "per_cycle_slowest_port_ms": {"median": float(np.median(slowest)), "min": float(slowest.min()),
+                                          **summarize(slowest, 0)},
             "shared_component_ms": {"mean": float(delays.shared.mean() * 1e3)},
             "per_port_mean_ms": float(delays.samples().mean() * 1e3)}
 

@@ -136,6 +136,8 @@ def provenance_lines(prov: dict) -> list[str]:
 
 
 def verdict_markdown(verdict: dict) -> str:
+    from analysis.stats import p99_interval_text
+
     prov = verdict["provenance"]
     scen = [s["scenario"] for s in verdict["baseline"]["scenarios"]]
     claims = verdict["claims"]
@@ -166,8 +168,10 @@ def verdict_markdown(verdict: dict) -> str:
     for kind in ("ocs", "total"):
         d = m[f"{kind}_ms"]
         s = d["per_cycle_slowest_port_ms"]
+        ci = s.get("mean_ci95")
         lines.append(f"| measured {kind} (per cycle, slowest of {d['ports_per_cycle']} ports; {d['cycles']} cycles) | "
-                     f"mean {s['mean']:.1f} ms, median {s['median']:.1f}, range {s['min']:.1f}–{s['max']:.1f}; "
+                     f"mean {s['mean']:.1f} ms{f' (95 % CI {ci[0]:.1f}–{ci[1]:.1f})' if ci else ''}, median "
+                     f"{s['median']:.1f}, range {s['min']:.1f}–{s['max']:.1f}; p99: {p99_interval_text(s, ' ms', 1)}; "
                      f"shared OCS part mean {d['shared_component_ms']['mean']:.1f} ms | {d['source']} |")
     lines.append(f"| paper's delay | {verdict['paper_delay']['ms']:g} ms | {verdict['paper_delay']['source']} |")
     be = verdict["break_even_ms"]
