@@ -21,6 +21,12 @@ class CircuitSwitch(ABC):
     def reconnect(self) -> None:
         """Open a fresh session after a timeout or a dropped connection (no-op where there is none)."""
 
+    def take_events(self) -> list:
+        """What the switch said on its own since the last call (devices.ocs.base.DeviceEvent: TL1
+        autonomous messages, SCPI error-queue entries found at connect), oldest first; [] where the
+        protocol has none."""
+        return []
+
     @abstractmethod
     def identify(self) -> str: ...
 

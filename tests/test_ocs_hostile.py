@@ -270,3 +270,40 @@ hosts:
     stopped = [line for line in err.splitlines() if "run stopped" in line]
     assert code == 1 and len(stopped) == 1 and what in stopped[0] and "Traceback" not in err, err
     assert peer.commands == [":SYST:ERR?", "*CLS", ":OXC:SWIT:CONN:STAT?"]  # read, never changed
+
+
+def test_guard_records_the_switch_s_own_messages_with_their_time(tmp_path):
+    """A REPT before every reply: the CircuitGuard appends each to ocs_events.jsonl (snapshot, apply,
+    restore), with the harness time it arrived."""
+    import json
+
+    from harness.bench.circuits import CircuitGuard
+
+    patches: dict[int, int] = {}
+    atag = iter(range(1, 100))
+
+    def respond(command):
+        verb, _, aid = (command.split(":") + ["", "", ""])[:3]
+        if verb == "ENT-PATCH":
+            ins, outs = (side.split("&") for side in aid.split(","))
+            patches.update((int(i), int(e)) for i, e in zip(ins, outs))
+        elif verb == "DLT-PATCH":
+            for i in aid.split("&"):
+                patches.pop(int(i), None)
+        body = [f'"{i},{e}"' for i, e in sorted(patches.items())] if verb == "RTRV-PATCH" else []
+        rept = f"\r\n\n   POLATIS 24-05-01 12:00:00\r\n** {next(atag)} REPT ALM OTS\r\n   \"17:LOS,SA\"\r\n;\r\n"
+        return [rept.encode(), _tl1_reply(_ctag(command), body)]
+
+    with HostilePeer(respond, "tl1") as peer:
+        switch = _switch(peer, "polatis-tl1")
+        started = time.monotonic_ns()
+        guard = CircuitGuard("ocs1", switch, snapshot_path=None, resuming=False,
+                             events_path=tmp_path / "ocs_events.jsonl")
+        guard.apply({1: 17})
+        assert guard.restore().restored and patches == {}
+        switch.close()
+    records = [json.loads(line) for line in (tmp_path / "ocs_events.jsonl").read_text().splitlines()]
+    assert [r["tag"] for r in records] == [str(k) for k in range(1, len(records) + 1)]
+    assert len(records) == guard.events_recorded >= 5  # snapshot, apply (read, add, confirm), restore
+    assert all(r["ocs"] == "ocs1" and r["severity"] == "**" and r["kind"] == "REPT ALM OTS"
+               and r["text"] == ['"17:LOS,SA"'] and r["t_ns"] >= started for r in records)

@@ -8,9 +8,10 @@ snapshot on exactly the ports it touched, within a time bound, and verifies it b
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -46,11 +47,32 @@ class RestoreOutcome:
 
 class CircuitGuard:
     def __init__(self, name: str, switch: CircuitSwitch, *, snapshot_path: Path | None, resuming: bool,
-                 teardown_s: float = 15.0):
+                 teardown_s: float = 15.0, events_path: Path | None = None):
         self.name, self.switch, self.teardown_s = name, switch, teardown_s
         self.suspect = False  # the session timed out or dropped: reconnect before the next use
         self.touched: set[int] = set()
-        self.snapshot = self._snapshot(snapshot_path, resuming)
+        self.events_path = events_path  # where the switch's own messages go (ocs_events.jsonl)
+        self.events_recorded = 0
+        try:
+            self.snapshot = self._snapshot(snapshot_path, resuming)
+        finally:
+            self.record_events()
+
+    def record_events(self) -> int:
+        """Append what the switch said on its own (alarms, REPT EVT, its error queue at connect) to
+        `events_path`, one JSON line each with its harness time, fsynced: evidence about the bench."""
+        try:
+            events = self.switch.take_events()
+        except DeviceError:
+            return 0
+        if events and self.events_path is not None:
+            with open(self.events_path, "a", encoding="utf-8") as out:
+                for event in events:
+                    out.write(json.dumps({"ocs": self.name, **asdict(event)}, separators=(",", ":")) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+        self.events_recorded += len(events)
+        return len(events)
 
     def _snapshot(self, path: Path | None, resuming: bool) -> dict[int, int]:
         """The cross-connects found at start, or — when resuming — those the interrupted run found (the
@@ -94,7 +116,9 @@ class CircuitGuard:
                 if self.suspect:
                     self.switch.reconnect()
                     self.suspect = False
-                return Applied(self.switch.apply(mapping, exclusive=exclusive), first_sent, tuple(causes))
+                applied = Applied(self.switch.apply(mapping, exclusive=exclusive), first_sent, tuple(causes))
+                self.record_events()
+                return applied
             except PortNotAllowed:
                 raise
             except DeviceDenied as exc:
@@ -147,6 +171,7 @@ class CircuitGuard:
                     outcome.error = None
             except Exception as exc:
                 outcome.error = outcome.error or str(exc)
+            self.record_events()
 
         worker = threading.Thread(target=work, daemon=True, name=f"restore-{self.name}")
         worker.start()
@@ -167,11 +192,13 @@ def guard(ctx, name: str, *, teardown_s: float = 15.0) -> CircuitGuard:
     if name not in guards:
         switch = ctx.switch(name)
         path = None if ctx.dry_run else Path(ctx.run_dir) / "restore.json"
-        g = CircuitGuard(name, switch, snapshot_path=path, resuming=bool(ctx.resume_after), teardown_s=teardown_s)
+        g = CircuitGuard(name, switch, snapshot_path=path, resuming=bool(ctx.resume_after), teardown_s=teardown_s,
+                         events_path=None if ctx.dry_run else Path(ctx.run_dir) / "ocs_events.jsonl")
         guards[name] = g
 
         def restore():
             outcome = g.restore()
+            ctx.manifest_extra.setdefault("ocs_events", {})[name] = g.events_recorded
             ctx.manifest_extra.setdefault("restored", {})[name] = outcome.restored
             if outcome.error:
                 ctx.manifest_extra.setdefault("restore_error", {})[name] = outcome.error
