@@ -522,6 +522,14 @@ class Step:
     line: int | None
     file: str = ""
 
+    def resolve_path(self, value: str) -> Path:
+        """A file a step names: `~` expanded, a relative path taken from the playbook's folder (not the
+        current directory), so a playbook runs the same from anywhere."""
+        path = Path(value).expanduser()
+        if not path.is_absolute() and self.file and not self.file.startswith("<"):
+            path = Path(self.file).resolve().parent / path
+        return path
+
 
 @dataclass(frozen=True)
 class Playbook:

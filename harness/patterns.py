@@ -45,12 +45,16 @@ def random_derangement(ports: list[str], rng: np.random.Generator) -> dict[str, 
 
 
 def load_schedule(path: str, ports: list[str]) -> list[dict[str, str]]:
-    """A YAML list of cycles, each a list of [source, destination] port-key pairs (directed), or of
-    `a <-> b` strings for symmetric pairs."""
+    """A YAML mapping `cycles: [...]`, each cycle a list of [source, destination] port-key pairs (directed), or
+    of `a <-> b` strings for symmetric pairs. (A mapping, like every YAML file the harness reads: `include:` and
+    `${ENV}` templating work here too.)"""
     from harness.config import load_yaml
 
     loaded = load_yaml(path)
-    cycles = loaded.data
+    if "cycles" not in loaded.data:
+        raise InputError("schedule: expected a mapping with 'cycles: [[[SRC, DST], ...], ...]'", path,
+                         loaded.data.where()[1] if hasattr(loaded.data, "where") else None)
+    cycles = loaded.data["cycles"]
     if not isinstance(cycles, list) or not cycles:
         raise InputError("schedule: expected a non-empty list of cycles", path, getattr(cycles, "line", None))
     known = set(ports)

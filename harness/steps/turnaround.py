@@ -142,7 +142,8 @@ class TurnaroundRun:
             task = progress.add_task("turnaround", total=self.cycles, last="")
             resume = ctx.resume_after.get(self.step.name, 0)
             progress.update(task, completed=resume)
-            plan = list(cycle_mappings(p["pattern"], keys, self.cycles, rng, p["schedule"]))
+            schedule = str(self.step.resolve_path(p["schedule"])) if p["schedule"] else ""
+            plan = list(cycle_mappings(p["pattern"], keys, self.cycles, rng, schedule))
             for cycle, mapping in plan[resume:]:
                 if ctx.dry_run:
                     ocs_map = ocs_mapping(mapping, self.tx, self.rx)
