@@ -31,7 +31,7 @@ from harness.eventlog import EventLog
 from harness.events import Event
 from harness.steps import StepOutcome
 
-BENCH_KINDS = ("emulated:PROFILE", "emulated-netns:PROFILE", "INVENTORY.yaml")
+BENCH_KINDS = ("emulated:PROFILE[?ocs=PROTOCOL]", "emulated-netns:PROFILE[?ocs=PROTOCOL]", "INVENTORY.yaml")
 
 
 class Aborted(Exception):
@@ -128,10 +128,35 @@ class RunContext:
             Console(stderr=True, highlight=False).print(text)
 
 
+def emulated_spec(spec: str) -> tuple[str, str, str] | None:
+    """'emulated[-netns]:PROFILE[?ocs=PROTOCOL]' → (kind, profile, protocol); None for an inventory path.
+    The protocol is any registered switch protocol (default polatis-tl1): the same emulated switch, served over
+    that protocol's wire, so CI can drive the SCPI or NETCONF driver through `--bench` alone."""
+    from urllib.parse import parse_qs
+
+    from devices.ocs.registry import OcsConfigError, get_protocol
+
+    kind, _, rest = spec.partition(":")
+    if kind not in ("emulated", "emulated-netns") or not rest:
+        return None
+    profile, _, query = rest.partition("?")
+    options = parse_qs(query, keep_blank_values=True, strict_parsing=False) if query else {}
+    unknown = set(options) - {"ocs"}
+    if unknown or not profile or any(len(v) != 1 for v in options.values()):
+        raise InputError(f"--bench: expected {kind}:PROFILE or {kind}:PROFILE?ocs=PROTOCOL", spec)
+    try:
+        protocol = get_protocol(options.get("ocs", ["polatis-tl1"])[0]).name
+    except OcsConfigError as exc:
+        raise InputError(f"--bench: {exc}", spec) from None
+    return kind, profile, protocol
+
+
 def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Path):
-    """'emulated:PROFILE', 'emulated-netns:PROFILE' or an inventory path → (Bench, EmulatedBench|None)."""
-    kind, _, profile = spec.partition(":")
-    if kind in ("emulated", "emulated-netns") and profile:
+    """'emulated:PROFILE[?ocs=PROTOCOL]', 'emulated-netns:PROFILE[?ocs=...]' or an inventory path →
+    (Bench, EmulatedBench|None)."""
+    emulated_bench = emulated_spec(spec)
+    if emulated_bench:
+        kind, profile, protocol = emulated_bench
         from devices.emulated.bench import EmulatedBench
         from devices.emulated.profile import ProfileError, load_profile
 
@@ -146,7 +171,8 @@ def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Pa
             netns = f"hil{os.getpid() % 100000}"
             # Real processes in the namespaces read the real clock: no emulated offset or drift there.
             prof = dataclasses.replace(prof, clock_offset_ms=(0.0, 0.0), drift_ppm=(0.0, 0.0))
-        emulated = EmulatedBench(prof, seed=seed, workdir=workdir / "bench", netns_prefix=netns)
+        emulated = EmulatedBench(prof, seed=seed, protocol=protocol, workdir=workdir / "bench",
+                                 netns_prefix=netns)
         stack.callback(emulated.stop)
         emulated.start()
         return load_inventory(emulated.inventory_path), emulated
