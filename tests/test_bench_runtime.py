@@ -21,7 +21,8 @@ from harness.steps.turnaround import SCHEMA, TurnaroundRun
 MS = 1_000_000
 OCS = OcsResource(name="ocs1", protocol="polatis-tl1", url="tcp://127.0.0.1:1", size=(8, 8),
                   allowed_ports=frozenset(range(1, 17)))
-PORTS = {"h1:eth0": PortRef("h1:eth0", "h1", "eth0", "mlx5_0", 9), "h2:eth0": PortRef("h2:eth0", "h2", "eth0", "mlx5_0", 10)}
+PORTS = {"h1:eth0": PortRef("h1:eth0", "h1", "eth0", "mlx5_0", 9),
+         "h2:eth0": PortRef("h2:eth0", "h2", "eth0", "mlx5_0", 10)}
 PORT_OF = {(p.host, p.netdev): k for k, p in PORTS.items()}
 CHAIN = ("light_detected", "cdr_locked", "phy_up", "port_active", "first_packet")
 MAC = {"h1:eth0": "02:00:00:00:00:02", "h2:eth0": "02:00:00:00:00:01"}

@@ -225,6 +225,25 @@ def test_signal_mid_reconfiguration_restores_verifies_and_resumes(tmp_path, sign
         assert bench.physics.ocs_patches() == original and manifest["status"] == "ok"
 
 
+def test_sigterm_mid_moe_traffic_reconfiguration_restores_and_verifies(tmp_path):
+    """The same runtime guards every step that moves circuits: moe_traffic too is restored and verified."""
+    with EmulatedBench(profile_from_dict(PROFILE), seed=4, workdir=tmp_path / "bench") as bench:
+        bench.physics.ocs_apply({3: 12, 1: 9})
+        original = bench.physics.ocs_patches()
+        out, pb = tmp_path / "runs", tmp_path / "moe.yaml"
+        pb.write_text(yaml.safe_dump({"name": "moe", "seed": 2, "steps": [
+            {"type": "moe_traffic", "name": "moe", "reconfigure": "per_iteration", "iterations": 6, "layers": 1,
+             "regime_changes": [3], "tokens_per_micro_batch": 512, "hidden_size": 256, "time_scale": 0.1}]}))
+        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out), "-q")
+        sent = _signal_mid_reconfiguration(bench, proc, out, signal.SIGTERM, after_cycle=0)
+        assert proc.wait(timeout=90) == 143, proc.stderr.read().decode()
+        assert sent.is_set()
+        bench.physics.on_mirror.clear()
+        assert bench.physics.wait_idle(5) and bench.physics.ocs_patches() == original
+        manifest = json.loads((only_run(out) / "manifest.json").read_text())
+        assert manifest["status"] == "aborted" and manifest["extra"]["restored"] == {"ocs1": True}
+
+
 def test_sigkill_mid_reconfiguration_then_resume_restores_the_original(tmp_path):
     with EmulatedBench(profile_from_dict(PROFILE), seed=6, workdir=tmp_path / "bench") as bench:
         bench.physics.ocs_apply({2: 11})

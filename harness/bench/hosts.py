@@ -2,6 +2,8 @@
 that label a cycle whose host clock stepped."""
 from __future__ import annotations
 
+import re
+import shlex
 import threading
 import time
 
@@ -10,11 +12,52 @@ from devices.timing import Deadline, now_ns
 from harness.bench import BenchBroken
 
 
+_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+
+
+def _probe_template(mac: str, index: int, udp_port: int) -> bytes:
+    from devices.agent import build_probe_template
+
+    return build_probe_template(src_mac=mac, dst_mac="ff:ff:ff:ff:ff:ff", src_ip=f"198.18.{index // 250}.{index % 250 + 1}",
+                                dst_ip="198.19.255.255", udp_port=udp_port, dqpn=0x100 + index)
+
+
+def _port_mac(session, netdev: str, index: int) -> str:
+    """The NIC's own MAC (probes carry it, so a receiver can tell its new peer's frames from stale ones);
+    a locally administered stand-in when the host does not say."""
+    try:
+        mac = session.transport.run(f"cat /sys/class/net/{shlex.quote(netdev)}/address",
+                                    deadline=Deadline(5)).stdout.strip().lower()
+    except DeviceError:
+        mac = ""
+    return mac if _MAC.match(mac) else f"02:00:00:00:{index // 256:02x}:{index % 256:02x}"
+
+
 class HostGroup:
     def __init__(self, sessions: dict, *, retries: int = 3, backoff_s: float = 0.1):
         self.sessions = sessions
         self.retries, self.backoff_s = retries, backoff_s
         self.reconnected: dict[str, int] = {}  # host -> harness time of its last reconnect
+
+    def observe(self, nics, log, *, watch_us: int, ethtool_us: int, clock_resync_s: float, probe_us: int = 0,
+                probe_gap_us: int = 2000, udp_port: int = 4791) -> dict[str, str]:
+        """Start every reader of these NIC ports into `log`: the agent's watch (the inventory's RDMA device
+        and port), probe receivers and senders (`probe_us` > 0), the background clock sync, each sample also
+        logged. Returns port key -> the MAC its probes carry."""
+        mac_of = {}
+        for host, session in self.sessions.items():
+            mine = [n for n in nics if n.host == host]
+            session.on_clock_sample = log.clock_sample
+            session.start_watch([(n.netdev, n.rdma_dev, n.rdma_port) for n in mine], watch_us, ethtool_us, log)
+            if probe_us:
+                for n in mine:
+                    session.start_probe_recv(n.netdev, probe_gap_us, udp_port, log)
+                for i, n in enumerate(nics):
+                    if n.host == host:
+                        mac_of[n.key] = _port_mac(session, n.netdev, i)
+                        session.start_probe_send(n.netdev, _probe_template(mac_of[n.key], i, udp_port), probe_us, log)
+            session.start_clock_sync(clock_resync_s)
+        return mac_of
 
     def convert(self, host: str, host_ns: int) -> tuple[int, int, int]:
         return self.sessions[host].to_harness(host_ns)

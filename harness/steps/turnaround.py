@@ -10,14 +10,11 @@ injects faults on the emulated bench (docs/faults.md).
 """
 from __future__ import annotations
 
-import re
-import shlex
 import threading
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from analysis.stages import PORT_CHAIN
-from devices.errors import DeviceError
 from devices.timing import Deadline, now_ns
 from harness.bench import BenchBroken
 from harness.bench.circuits import RetryPolicy, guard
@@ -54,25 +51,6 @@ SCHEMA = {
     "late_report_ms": (float, 50.0),  # once a port's last stage is in, how long to await earlier polled ones
     "faults": (list, []),  # emulated bench only: [{kind, cycles: [..] | probability: p, ...}]
 }
-_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
-
-
-def _probe_template(mac: str, index: int, udp_port: int) -> bytes:
-    from devices.agent import build_probe_template
-
-    return build_probe_template(src_mac=mac, dst_mac="ff:ff:ff:ff:ff:ff", src_ip=f"198.18.{index // 250}.{index % 250 + 1}",
-                                dst_ip="198.19.255.255", udp_port=udp_port, dqpn=0x100 + index)
-
-
-def _port_mac(session, netdev: str, index: int) -> str:
-    """The NIC's own MAC (probes carry it, so a receiver can tell its new peer's frames from stale ones);
-    a locally administered stand-in when the host does not say."""
-    try:
-        mac = session.transport.run(f"cat /sys/class/net/{shlex.quote(netdev)}/address",
-                                    deadline=Deadline(5)).stdout.strip().lower()
-    except DeviceError:
-        mac = ""
-    return mac if _MAC.match(mac) else f"02:00:00:00:{index // 256:02x}:{index % 256:02x}"
 
 
 class TurnaroundRun:
@@ -111,20 +89,10 @@ class TurnaroundRun:
         self.log = observation_log(ctx)
         self.hosts = HostGroup({h: ctx.session(h) for h in sorted({n.host for n in self.nics})},
                                retries=p["retries"], backoff_s=p["retry_backoff_s"])
-        for host, session in self.hosts.sessions.items():
-            mine = [n for n in self.nics if n.host == host]
-            session.on_clock_sample = self.log.clock_sample
-            session.start_watch([(n.netdev, n.rdma_dev, n.rdma_port) for n in mine], p["watch_interval_us"],
-                                p["ethtool_interval_us"], self.log)
-            if p["probes"]:
-                for n in mine:
-                    session.start_probe_recv(n.netdev, p["probe_gap_us"], p["udp_port"], self.log)
-                for i, n in enumerate(self.nics):
-                    if n.host == host:
-                        self.mac_of[n.key] = _port_mac(session, n.netdev, i)
-                        session.start_probe_send(n.netdev, _probe_template(self.mac_of[n.key], i, p["udp_port"]),
-                                                 p["probe_interval_us"], self.log)
-            session.start_clock_sync(p["clock_resync_s"])
+        self.mac_of = self.hosts.observe(self.nics, self.log, watch_us=p["watch_interval_us"],
+                                         ethtool_us=p["ethtool_interval_us"], clock_resync_s=p["clock_resync_s"],
+                                         probe_us=p["probe_interval_us"] if p["probes"] else 0,
+                                         probe_gap_us=p["probe_gap_us"], udp_port=p["udp_port"])
 
     # ------------------------------------------------------------------ cycles
     def run(self) -> StepOutcome:
