@@ -17,17 +17,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-UP_STAGES = ("ocs_command_completed", "light_detected", "cdr_locked", "phy_up", "port_active", "first_packet")
-NIC_STAGES = ("light_detected", "cdr_locked", "phy_up", "port_active", "first_packet", "light_lost", "port_down")
-# Per-port chain durations: name -> (later stage, earlier stage). Names match the timing-profile keys.
-CHAIN = {
-    "los_clear": ("light_detected", "ocs_command_completed"),
-    "cdr_lock": ("cdr_locked", "light_detected"),
-    "phy_up": ("phy_up", "cdr_locked"),
-    "port_active": ("port_active", "phy_up"),
-    "first_packet": ("first_packet", "port_active"),
-    "link_down": ("port_down", "light_lost"),
-}
+from analysis.stages import CHAIN, PORT_CHAIN, STAGES_DOWN, STAGES_UP  # noqa: F401  (the one stage table)
+
+UP_STAGES = STAGES_UP[1:]  # delays after ocs_command_sent
+NIC_STAGES = PORT_CHAIN + STAGES_DOWN
+# CHAIN: per-port chain durations, name -> (later stage, earlier stage); names match the profile keys.
 
 
 def _cycle_times(events: pd.DataFrame) -> pd.DataFrame:

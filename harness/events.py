@@ -3,11 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Stage names are a contract (ARCHITECTURE.md).
-STAGES_UP = ("ocs_command_sent", "ocs_command_completed", "light_detected", "cdr_locked", "phy_up",
-             "port_active", "first_packet")
-STAGES_DOWN = ("light_lost", "port_down")
-STAGES = STAGES_UP + STAGES_DOWN + ("fault",)
+from analysis.stages import STAGES, STAGES_DOWN, STAGES_UP  # noqa: F401  (stage names are a contract)
 
 EVENT_COLUMNS = ("run_id", "cycle", "stage", "host", "device", "port", "ocs_port", "t_ns", "offset_ns",
                  "uncertainty_ns", "source")

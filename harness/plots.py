@@ -9,12 +9,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-STAGE_STEPS = [("OCS switch", "ocs_command_completed", "ocs_command_sent"),
-               ("LOS clear", "light_detected", "ocs_command_completed"),
-               ("CDR lock", "cdr_locked", "light_detected"),
-               ("PHY up", "phy_up", "cdr_locked"),
-               ("port active", "port_active", "phy_up"),
-               ("first packet", "first_packet", "port_active")]
+from analysis.stages import STAGE_TABLE  # noqa: E402
+
+STAGE_STEPS = [(s.label, s.name, s.after) for s in STAGE_TABLE if s.up and s.after]
 
 
 def plot_iteration_vs_delay(series: list[dict], markers: dict, path: Path) -> Path:

@@ -14,11 +14,13 @@ import numpy as np
 import yaml
 from scipy import stats
 
+from analysis.stages import NIC_PROFILE_KEYS
+
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 _Z99 = float(stats.norm.ppf(0.99))
 
 OCS_KEYS = ("switch", "dark")
-NIC_KEYS = ("los_clear", "cdr_lock", "phy_up", "port_active", "link_down")
+NIC_KEYS = NIC_PROFILE_KEYS  # from the one stage table
 
 
 class ProfileError(ValueError):

@@ -10,14 +10,14 @@ import pandas as pd
 import yaml
 
 from analysis.fit import fit_delay, ports_differ
+from analysis.stages import NIC_PROFILE_KEYS
 from analysis.stats import ocs_switch_times, stage_table
 from harness.errors import InputError
 from harness.eventlog import read_events, read_parquet_events
 from harness.record import write_json_atomic, write_text_atomic
 
 # profile key -> chain column of analysis.stats.stage_table (later stage − earlier stage)
-NIC_KEYS = {"los_clear": "chain_los_clear", "cdr_lock": "chain_cdr_lock", "phy_up": "chain_phy_up",
-            "port_active": "chain_port_active", "link_down": "chain_link_down"}
+NIC_KEYS = {key: f"chain_{key}" for key in NIC_PROFILE_KEYS}
 
 
 def load_run_events(run_dir: Path) -> pd.DataFrame:
