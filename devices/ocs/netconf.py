@@ -15,6 +15,7 @@ URL: `ssh://HOST[:830][?known_hosts=FILE]`; host keys are always checked (FILE, 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 from typing import Mapping, Sequence
@@ -23,7 +24,7 @@ import paramiko
 from lxml import etree
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportClosed
-from devices.ocs.base import check_allowed, confirm, plan_apply
+from devices.ocs.base import check_allowed, check_state, confirm, plan_apply
 from devices.ocs.registry import OcsConfigError
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
@@ -44,6 +45,7 @@ _NC = f"{{{NETCONF_NS}}}"
 # ncclient writes a queued RPC only when its reader loop wakes, every TICK (0.1 s by default): shorten it
 # so a command leaves at once. `sent_ns` is stamped at the channel write itself either way.
 _READER_TICK_S = 0.002
+_PORT = re.compile(r"\s*\d{1,9}\s*")  # a port number (int() of a 5000-digit text would raise)
 
 
 def _el(tag: str, *children, text=None, **attrib) -> etree._Element:
@@ -176,6 +178,7 @@ class NetconfSwitch(CircuitSwitch):
             if self._manager is None or not self._manager.connected:
                 raise TransportClosed(f"NETCONF {self._endpoint.host}:{self._endpoint.port}: session closed")
             self._sent_ns = 0
+            self._manager.timeout = self.timeout_s  # callers may change the deadline between calls
             try:
                 reply = call(self._manager, *args, **kwargs)
             except RPCError as exc:
@@ -223,23 +226,17 @@ class NetconfSwitch(CircuitSwitch):
 
     def _read_patches(self) -> tuple[dict[int, int], CommandTiming]:
         data = self._get("get-config cross-connects", _el(_OS + "cross-connects"), config=True)
-        patches: dict[int, int] = {}
-        n, m = self.resource.size
+        pairs: list[tuple[int, int]] = []
         containers = data.findall(_OS + "cross-connects")
         for pair in (p for c in containers for p in c):
             if etree.QName(pair).localname != self.pair_tag:
                 raise DeviceError(f"cross-connects: unexpected element {etree.QName(pair).localname!r}")
-            try:
-                ingress = int(pair.findtext(_OS + "ingress"))
-                egress = int(pair.findtext(_OS + "egress"))
-            except (TypeError, ValueError):
+            ingress, egress = pair.findtext(_OS + "ingress"), pair.findtext(_OS + "egress")
+            if not (_PORT.fullmatch(ingress or "") and _PORT.fullmatch(egress or "")):
                 raise DeviceError(f"cross-connects: malformed {self.pair_tag} "
-                                  f"{etree.tostring(pair, encoding=str)[:120]!r}") from None
-            in_range = 1 <= ingress <= n < egress <= n + m if n and m else 1 <= ingress and 1 <= egress
-            if not in_range or ingress in patches or egress in patches.values():
-                raise DeviceError(f"cross-connects: impossible pair {ingress}->{egress} in the reply")
-            patches[ingress] = egress
-        return patches, self.last_timing
+                                  f"{etree.tostring(pair, encoding=str)[:120]!r}")
+            pairs.append((int(ingress), int(egress)))
+        return check_state(pairs, self.resource.size, f"{self.resource.name}: cross-connects"), self.last_timing
 
     def _connections(self, *pairs: etree._Element) -> etree._Element:
         return _el(_OS + "cross-connects", *pairs)
