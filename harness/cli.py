@@ -21,10 +21,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("ocs-hil")
+    except metadata.PackageNotFoundError:  # run from a source tree without installing
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="harness", description="Hardware-in-the-loop harness for reconfigurable optical "
                      "networks: measure OCS reconfiguration turnaround and test the claims built on it.",
                      epilog="Exit codes: 0 ok; 1 the run ran but a check failed; 2 bad input or usage.")
+    parser.add_argument("--version", action="version", version=f"harness (ocs-hil) {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for info in sorted(pkgutil.iter_modules(harness.commands.__path__), key=lambda m: m.name):

@@ -13,6 +13,18 @@ import pandas as pd
 from harness import record as rec
 from harness.bench.emulated import emulated_clocks, truth_frame
 from harness.eventlog import GroundTruth, to_parquet
+def _with_earlier(ctx, frame: pd.DataFrame, name: str) -> pd.DataFrame:
+    """A resumed run's table holds every cycle: the rows an earlier attempt recorded up to the resume
+    point (per step where the table names it), then this attempt's."""
+    path = ctx.run_dir / name
+    if not ctx.resume_after or not path.exists():
+        return frame
+    earlier = pd.read_parquet(path)
+    if "step" in earlier:
+        keep = earlier["cycle"] <= earlier["step"].map(ctx.resume_after).fillna(0)
+    else:
+        keep = earlier["cycle"] <= min(ctx.resume_after.values())
+    return pd.concat([earlier[keep], frame], ignore_index=True) if len(frame) else earlier[keep]
 
 
 def write_ground_truth(ctx, truth: pd.DataFrame) -> None:
@@ -38,6 +50,7 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
     if truth is not None:
         from analysis.accuracy import accuracy_table, match
 
+        truth = _with_earlier(ctx, truth, "ground_truth.parquet")
         write_ground_truth(ctx, truth)
         summary["emulator"] = ctx.emulated.physics.schedule_report()
         matched = match(measured, truth)
@@ -97,16 +110,40 @@ def write_markdown(ctx, summary: dict):
     return writer
 
 
-def write_cycles(ctx) -> None:
-    """Per-cycle bookkeeping of measuring steps (harness clock): begin, command sent/completed, done."""
-    rows = [{"step": name, **c.row()} for name, r in ctx.results.items() for c in r.cycles]
-    if rows:
-        pd.DataFrame(rows).to_parquet(ctx.run_dir / "cycles.parquet", index=False)
+def write_cycles(ctx, events: pd.DataFrame) -> None:
+    """Per-cycle bookkeeping of measuring steps (harness clock): begin, command sent/completed, done. On a
+    resumed run the earlier cycles come from the earlier attempt's table, or, where a SIGKILL left none,
+    from the event log (`recorded: events`: command times and status only)."""
+    rows = [{"step": name, **c.row(), "recorded": "live"} for name, r in ctx.results.items() for c in r.cycles]
+    frame = pd.DataFrame(rows)
+    frame = _with_earlier(ctx, frame, "cycles.parquet")
+    for step, last in ctx.resume_after.items():
+        known = set(frame.loc[frame["step"] == step, "cycle"]) if len(frame) else set()
+        missing = [c for c in range(1, last + 1) if c not in known]
+        if missing and len(ctx.resume_after) == 1:  # events carry no step name: unambiguous with one step
+            frame = pd.concat([frame, _cycles_from_events(events, step, missing)], ignore_index=True)
+    if len(frame):
+        for column in ("begin_ns", "sent_ns", "completed_ns", "done_ns"):
+            frame[column] = frame[column].astype("Int64")
+        frame.sort_values(["step", "cycle"], kind="stable").to_parquet(ctx.run_dir / "cycles.parquet", index=False)
+
+
+def _cycles_from_events(events: pd.DataFrame, step: str, cycles: list[int]) -> pd.DataFrame:
+    rows = []
+    for cycle in cycles:
+        e = events[events["cycle"] == cycle]
+        sent = e.loc[e["stage"] == "ocs_command_sent", "t_ns"]
+        done = e.loc[e["stage"] == "ocs_command_completed", "t_ns"]
+        rows.append({"step": step, "cycle": cycle, "status": "faulted" if (e["stage"] == "fault").any() else "ok",
+                     "begin_ns": pd.NA, "sent_ns": int(sent.min()) if len(sent) else pd.NA,
+                     "completed_ns": int(done.max()) if len(done) else pd.NA, "done_ns": pd.NA,
+                     "recorded": "events"})
+    return pd.DataFrame(rows)
 
 
 def finish_run(ctx, manifest: dict, *, status: str, wall_s: float, started_utc: str) -> rec.RunRecord:
     events = to_parquet(ctx.run_dir / "events.jsonl", ctx.run_dir / "events.parquet")
-    write_cycles(ctx)
+    write_cycles(ctx, events)
     summary = build_summary(ctx, events, status, wall_s)
     clocks = ctx.clock_tables()
     manifest = {**manifest, "clock": clocks or manifest.get("clock"), "status": status,

@@ -186,3 +186,38 @@ class BenchLease:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class RunDirLocked(Exception):
+    """Another live process holds the run directory."""
+
+
+class RunDirLock:
+    """One process per run directory: an flock on `RUN_DIR/run.lock`, which also names the holder. The
+    kernel drops the flock when the holder dies (SIGKILL included), so a dead run never blocks its resume."""
+
+    NAME = "run.lock"
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / self.NAME
+        self._fd: int | None = None
+
+    def acquire(self, run_id: str = "") -> "RunDirLock":
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise RunDirLocked(f"{self.path.parent} is held by {holder}") from None
+        holder = {"owner": f"{getpass.getuser()}@{socket.gethostname()}", "pid": os.getpid(), "run_id": run_id,
+                  "since_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock; the file keeps the last holder's name
+            self._fd = None

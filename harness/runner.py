@@ -3,7 +3,8 @@
 Teardown is one ExitStack unwound in reverse order on success, error, SIGINT and SIGTERM, so circuits are
 restored and connections closed however the run ends; each restore is bounded in time. A step that meets
 an unrecoverable fault latches the bench broken (`ctx.broken`): later steps are skipped, not attempted.
-On a real inventory the run holds a lease on every OCS (harness.lock) from start to the end of teardown.
+On an inventory (real or external emulated) the run holds a lease on every OCS (harness.lock) from start to
+the end of teardown, and every run holds its run directory (harness.lock.RunDirLock).
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class RunOptions:
     resume: str | None = None
     dry_run: bool = False
     quiet: bool = False
+    json: bool = False  # one result line on stdout
 
 
 @dataclass
@@ -183,36 +185,86 @@ def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Pa
 
 
 def run(options: RunOptions) -> int:
-    playbook = load_playbook(options.playbook)
-    seed = playbook.seed if options.seed is None else options.seed
-    cycles = playbook.cycles if options.cycles is None else options.cycles
-    if cycles < 1:
-        raise InputError(f"--cycles: expected a positive number, found {cycles}")
-    bench_spec = options.bench or playbook.bench
-    lease = _acquire_lease(bench_spec, options.resume or f"new {playbook.name} run", options)
-    try:
-        return _run(options, playbook, seed, cycles, bench_spec, lease)
-    finally:
-        if lease is not None:
-            lease.release()
+    """Validate every input, then take the run directory (new, or the resumed one), its lock and the bench
+    lease, then run. Nothing is created for input that fails validation; a dry run writes nothing."""
+    from harness import resume
+    from harness.lock import RunDirLock, RunDirLocked
 
-
-def _run(options: RunOptions, playbook: Playbook, seed: int, cycles: int, bench_spec: str, lease) -> int:
-    from harness.finish import console_summary, finish_run
-
+    resumed = None
     if options.resume:
-        run_dir = Path(options.resume)
-        if not (run_dir / "manifest.json").exists():
-            raise InputError("--resume: not a run directory (no manifest.json)", str(run_dir))
-        previous_manifest = json.loads((run_dir / "manifest.json").read_text())
-        seed = previous_manifest["seed"]
-        resume_after = _logged_cycles(run_dir, playbook)
+        if options.dry_run:
+            raise InputError("--dry-run with --resume: a dry run touches no run")
+        resumed = resume.plan_resume(Path(options.resume), playbook_path=options.playbook, bench=options.bench,
+                                     cycles=options.cycles, seed=options.seed)
+        playbook, ident = resumed.playbook, resumed.identity
     else:
-        run_dir = rec.new_run_dir(options.out or "runs", playbook.name)
-        resume_after = {}
+        if not options.playbook:
+            raise InputError("harness run: a PLAYBOOK is required (or --resume RUN_DIR)")
+        playbook = load_playbook(options.playbook)
+        cycles = playbook.cycles if options.cycles is None else options.cycles
+        if cycles < 1:
+            raise InputError(f"--cycles: expected a positive number, found {cycles}")
+        seed = playbook.seed if options.seed is None else options.seed
+        if not 0 <= seed < 2**63:
+            raise InputError(f"--seed: expected 0..2**63-1, found {seed}")
+        ident = resume.identity(playbook, options.bench or playbook.bench, cycles, seed)
+    with contextlib.ExitStack() as held:
+        if resumed:
+            run_dir = resumed.run_dir
+        elif options.dry_run:
+            import tempfile
+
+            run_dir = Path(held.enter_context(tempfile.TemporaryDirectory(prefix="harness-dry-run-")))
+        else:
+            run_dir = _new_run_dir(options.out, playbook.name)
+        try:
+            if not options.dry_run:
+                try:
+                    held.callback(RunDirLock(run_dir).acquire(run_dir.name).release)
+                except RunDirLocked as exc:
+                    raise InputError(f"run directory in use: {exc}") from None
+            lease = _acquire_lease(ident.bench, run_dir.name, options)
+            if lease is not None:
+                held.callback(lease.release)
+            if not resumed and not options.dry_run:
+                resume.keep_inputs(run_dir, playbook, ident.bench)
+        except BaseException:
+            if not resumed and not options.dry_run:  # setup failed: leave no directory behind
+                import shutil
+
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+        try:
+            return _run(options, playbook, ident, run_dir, resumed.manifest if resumed else None, lease)
+        except InputError:
+            log = run_dir / "events.jsonl"
+            if not resumed and not options.dry_run and not (log.exists() and log.stat().st_size):
+                import shutil  # a step refused its input before anything was measured: no run happened
+
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+
+
+def _new_run_dir(out: str | None, name: str) -> Path:
+    """`--out DIR` is the run directory itself (new or empty); by default runs/<UTC time>-<playbook>."""
+    if out is None:
+        return rec.new_run_dir("runs", name)
+    path = Path(out)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise InputError("--out: exists and is not an empty directory (use --resume RUN_DIR to continue a run)",
+                         out)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _run(options: RunOptions, playbook: Playbook, ident, run_dir: Path, previous_manifest: dict | None,
+         lease) -> int:
+    from harness.finish import console_summary, finish_run
+    from harness.resume import identity_record
+
+    seed, cycles, bench_spec = ident.seed, ident.cycles, ident.bench
+    resume_after = _logged_cycles(run_dir, playbook) if previous_manifest else {}
     run_id = run_dir.name
-    if lease is not None:
-        lease.run_id = run_id
 
     previous = _install_signal_handlers()
     status = "error"
@@ -229,12 +281,13 @@ def _run(options: RunOptions, playbook: Playbook, seed: int, cycles: int, bench_
         manifest = rec.build_manifest(playbook, inventory_text=inventory_text, seed=seed,
                                       profile=_profile_record(emulated.profile) if emulated else None,
                                       extra={"run_id": run_id, "bench": bench_spec, "cycles": cycles})
-        if options.resume:
+        manifest["run"] = identity_record(ident)
+        if previous_manifest:
             manifest = previous_manifest
             manifest.setdefault("extra", {}).setdefault("resumed", []).append(
                 {"after_cycles": resume_after, "utc": datetime.now(timezone.utc).isoformat(timespec="seconds")})
         rec.write_json_atomic(run_dir / "manifest.json", manifest)
-        ctx.say(f"[bold]{playbook.name}[/] on {bench.name} → {run_dir}")
+        ctx.say(f"[bold]{playbook.name}[/] on {bench.name} → " + ("dry run: nothing is written" if options.dry_run else str(run_dir)))
         started = time.monotonic()
         started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
         try:
@@ -280,10 +333,14 @@ def _run(options: RunOptions, playbook: Playbook, seed: int, cycles: int, bench_
         except OSError as exc:  # e.g. the disk filled up: the JSONL log is still the record
             _error_line(f"cannot write the run record in {run_dir}: {exc}")
             status = "error"
-    ctx.say(f"done: {status} in {wall:.1f} s — {run_dir}")
-    if status == "aborted":
-        return 128 + getattr(signal, signame or "SIGINT")
-    return {"ok": 0, "failed": 1, "broken": 1}.get(status, 1)
+    ctx.say(f"done: {status} in {wall:.1f} s" + ("" if options.dry_run else f" — {run_dir}"))
+    code = 128 + getattr(signal, signame or "SIGINT") if status == "aborted" else \
+        {"ok": 0, "failed": 1, "broken": 1}.get(status, 1)
+    if options.json:
+        checks = [{"step": n, **c} for n, r in ctx.results.items() for c in r.checks]
+        print(json.dumps(rec.to_jsonable({"run_dir": None if options.dry_run else str(run_dir), "status": status,
+                                          "exit_code": code, "checks": checks})), flush=True)
+    return code
 
 
 def _error_line(text: str) -> None:
@@ -292,15 +349,11 @@ def _error_line(text: str) -> None:
 
 
 def _acquire_lease(bench_spec: str, run_id: str, options: RunOptions):
-    """A lease on every OCS of a real inventory (emulated benches and dry runs skip it)."""
+    """A lease on every OCS of an inventory, real or an external emulated bench (`emulated: true`, as
+    `harness emulate` writes: shared like a real one). A run's own emulator and dry runs need none."""
     if options.dry_run or bench_spec.partition(":")[0] in ("emulated", "emulated-netns"):
         return None
-    path = Path(bench_spec)
-    if not path.exists():
-        return None  # resolve_bench reports it
-    bench = load_inventory(path)
-    if bench.emulated:
-        return None
+    bench = load_inventory(bench_spec)
     from harness.lock import BenchLease, BenchLocked, lease_ttl, ocs_lock_key
 
     try:

@@ -145,7 +145,7 @@ def test_a_run_whose_lease_is_taken_over_stops_and_restores(tmp_path):
             {"type": "turnaround", "clock_warmup_s": 0.2, "cycle_timeout_s": 10}]}))
         out = tmp_path / "runs"
         proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(pb), "--bench", str(real), "--out",
-                                 str(out), "-q"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                 str(out / "run"), "-q"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         end = time.monotonic() + 60
         while not list(out.glob("*/events.jsonl")) or not list(out.glob("*/events.jsonl"))[0].stat().st_size:
             assert proc.poll() is None and time.monotonic() < end, proc.stderr.read().decode()

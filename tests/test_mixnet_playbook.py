@@ -36,7 +36,7 @@ def run(tmp_path: Path, bench_profile: Path, out: str, *extra: str) -> Path:
                    "workers": 1}]}))
     args = ["run", str(playbook), "--bench", f"emulated:{bench_profile}", *extra]
     if "--resume" not in extra:
-        args += ["--out", str(tmp_path / out)]
+        args += ["--out", str(tmp_path / out / "run")]
     assert main(args) == 0
     return next((tmp_path / out).iterdir())
 
@@ -74,8 +74,8 @@ def test_verdict_follows_measurement_not_profile_name(tmp_path):
 def test_same_events_and_seed_give_an_identical_verdict(tmp_path, capsys):
     first = run(tmp_path, profile(tmp_path, "p", 30.0), "a")
     before = (first / "verdict.json").read_text()
-    # Resuming a complete run measures nothing new: the verdict is recomputed from the same log.
-    run(tmp_path, profile(tmp_path, "p", 30.0), "a", "--resume", str(first))
+    # A finished run is not resumed (exit 2); the verdict is recomputed from the same log by the report.
+    assert main(["run", "--resume", str(first), "-q"]) == 2
     assert (first / "verdict.json").read_text() == before
     capsys.readouterr()
     assert main(["report", str(first), "--recompute"]) == 0

@@ -207,7 +207,7 @@ def moe_run(tmp_path_factory):
          "launch": "once", "launch_host": "gpu1", **TRACE,
          "command": "ib_write_bw -d mlx5_1 -s {bytes} -n 1 --time-scale {time_scale} --report_gbits {args}",
          "args": ["gpu3:ens1f0np0"]}])
-    assert main(["run", book, "--out", str(tmp / "runs"), "--quiet"]) == 0
+    assert main(["run", book, "--out", str(tmp / "runs" / "run"), "--quiet"]) == 0
     (run_dir,) = (tmp / "runs").iterdir()
     return run_dir
 

@@ -31,7 +31,7 @@ def test_fitting_an_emulator_run_recovers_its_profile(tmp_path):
     playbook.write_text(yaml.safe_dump({"name": "rt", "bench": f"emulated:{profile}", "seed": 2, "cycles": 40,
                                         "steps": [{"type": "turnaround", "name": "m", "probes": False,
                                                    "clock_warmup_s": 0.3}]}))
-    assert main(["run", str(playbook), "--out", str(tmp_path / "runs"), "-q"]) == 0
+    assert main(["run", str(playbook), "--out", str(tmp_path / "runs" / "run"), "-q"]) == 0
     run = next((tmp_path / "runs").iterdir())
     out = tmp_path / "fitted.yaml"
     assert main(["profile", "fit", str(run), "--out", str(out)]) == 0

@@ -20,7 +20,7 @@ def test_regret_step_against_offline_optimum(tmp_path):
         "steps": [{"type": "turnaround", "name": "measure", "clock_warmup_s": 0.3},
                   {"type": "regret", "name": "regret", "iterations": 60, "regime_changes": 2,
                    "iterations_per_epoch": 50, "cost_scales": [0.5, 1, 4, 64, 1024]}]}))
-    assert main(["run", str(playbook), "--out", str(tmp_path / "runs"), "-q"]) == 0
+    assert main(["run", str(playbook), "--out", str(tmp_path / "runs" / "run"), "-q"]) == 0
     run = next((tmp_path / "runs").iterdir())
     out = json.loads((run / "regret_regret.json").read_text())
     table = out["table"]

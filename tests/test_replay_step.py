@@ -30,7 +30,7 @@ def run_playbook(tmp_path: Path, step: dict, name: str = "rp") -> tuple[int, Pat
     playbook.write_text(yaml.safe_dump({"name": name, "bench": "emulated:instant", "seed": 3,
                                         "steps": [{"type": "replay", "name": "serve", **step}]}))
     out = tmp_path / "runs"
-    code = main(["run", str(playbook), "--out", str(out), "-q"])
+    code = main(["run", str(playbook), "--out", str(out / name), "-q"])
     runs = sorted(out.iterdir()) if out.exists() else []
     return code, (runs[-1] if runs else None)
 

@@ -87,7 +87,7 @@ def test_transient_faults_label_their_cycle_and_lose_nothing_elsewhere(tmp_path,
               {"kind": "clock_step", "cycles": [6], "target": "gpu2", "step_ms": 40},
               {"kind": "port_never_up", "cycles": [7], "target": "gpu1:ens2f0np0"}]
     out = tmp_path / "runs"
-    assert main(["run", str(playbook(tmp_path, 8, faults)), "--bench", profile, "--out", str(out), "-q"]) == 1
+    assert main(["run", str(playbook(tmp_path, 8, faults)), "--bench", profile, "--out", str(out / "run"), "-q"]) == 1
     run = only_run(out)
     events, manifest = record(run)
     assert sorted(events["cycle"].unique()) == list(range(1, 9))
@@ -118,7 +118,7 @@ def test_unrecoverable_ocs_latches_the_bench_and_skips_the_rest(tmp_path, profil
     faults = [{"kind": "ocs_deny", "cycles": [3], "count": 50}]
     out = tmp_path / "runs"
     pb = playbook(tmp_path, 6, faults, retries=2, retry_backoff_s=0.01)
-    assert main(["run", str(pb), "--bench", profile, "--out", str(out), "-q"]) == 1
+    assert main(["run", str(pb), "--bench", profile, "--out", str(out / "run"), "-q"]) == 1
     run = only_run(out)
     events, manifest = record(run)
     assert sorted(events["cycle"].unique()) == [1, 2, 3]  # 4-6 skipped, not attempted
@@ -135,7 +135,7 @@ def test_unrecoverable_ocs_latches_the_bench_and_skips_the_rest(tmp_path, profil
 def test_disk_full_stops_cleanly_with_one_line(tmp_path, profile, capsys):
     out = tmp_path / "runs"
     pb = playbook(tmp_path, 6, [{"kind": "disk_full", "cycles": [3]}])
-    assert main(["run", str(pb), "--bench", profile, "--out", str(out), "-q"]) == 1
+    assert main(["run", str(pb), "--bench", profile, "--out", str(out / "run"), "-q"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
     (line,) = [x for x in err.splitlines() if "disk full" in x]
@@ -152,13 +152,14 @@ def test_profile_can_inject_faults_too(tmp_path, capsys):
     path.write_text(yaml.safe_dump({**PROFILE, "faults": {"inject": [
         {"kind": "clock_step", "cycles": [2], "target": "gpu1", "step_ms": -25}]}}))
     out = tmp_path / "runs"
-    assert main(["run", str(playbook(tmp_path, 3)), "--bench", f"emulated:{path}", "--out", str(out), "-q"]) == 1
+    assert main(["run", str(playbook(tmp_path, 3)), "--bench", f"emulated:{path}", "--out", str(out / "run"), "-q"]) == 1
     events, _ = record(only_run(out))
     labelled = faulted_cycles(events)
     assert list(labelled) == [2] and labelled[2][0].startswith("clock-step:gpu1: -2")
     path.write_text(yaml.safe_dump({**PROFILE, "faults": {"inject": [{"kind": "clock_step"}]}}))
-    assert main(["run", str(playbook(tmp_path, 3)), "--bench", f"emulated:{path}", "--out", str(out)]) == 2
+    assert main(["run", str(playbook(tmp_path, 3)), "--bench", f"emulated:{path}", "--out", str(out / "run2")]) == 2
     assert "flaky.yaml: profile faults.inject[0]" in capsys.readouterr().err
+    assert not (out / "run2").exists()  # bad input leaves no run directory
 
 
 def test_faults_on_a_real_inventory_are_input_errors(tmp_path, capsys):
@@ -206,7 +207,7 @@ def test_signal_mid_reconfiguration_restores_verifies_and_resumes(tmp_path, sign
         original = bench.physics.ocs_patches()
         out = tmp_path / "runs"
         pb = playbook(tmp_path, 6)
-        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out), "-q")
+        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out / "run"), "-q")
         sent = _signal_mid_reconfiguration(bench, proc, out, signum)
         assert proc.wait(timeout=90) == code, proc.stderr.read().decode()
         assert sent.is_set()
@@ -250,7 +251,7 @@ def test_sigkill_mid_reconfiguration_then_resume_restores_the_original(tmp_path)
         original = bench.physics.ocs_patches()
         out = tmp_path / "runs"
         pb = playbook(tmp_path, 6)
-        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out), "-q")
+        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out / "run"), "-q")
         sent = _signal_mid_reconfiguration(bench, proc, out, signal.SIGKILL)
         assert proc.wait(timeout=90) == -signal.SIGKILL and sent.is_set()
         bench.physics.on_mirror.clear()
@@ -270,7 +271,7 @@ def test_teardown_is_bounded_when_the_switch_stops_answering(tmp_path):
     with EmulatedBench(profile_from_dict(PROFILE), seed=8, workdir=tmp_path / "bench") as bench:
         out = tmp_path / "runs"
         pb = playbook(tmp_path, 50, retries=1, retry_backoff_s=0.01, teardown_s=2.0)
-        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out), "-q")
+        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out / "run"), "-q")
         silenced = threading.Event()
 
         def on_mirror(t_ns, ingress, egress, settled):
@@ -293,7 +294,7 @@ def test_a_host_that_cannot_be_reached_again_latches_the_bench(tmp_path):
         original = bench.physics.ocs_patches()
         out = tmp_path / "runs"
         pb = playbook(tmp_path, 40, retries=1, retry_backoff_s=0.01)
-        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out), "-q")
+        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out / "run"), "-q")
         moving = _signal_mid_reconfiguration(bench, proc, out, 0)  # signal 0: only tells us when
         assert moving.wait(timeout=60)
         bench.host_servers["gpu2"].stop()  # the host is gone for good, mid-reconfiguration
@@ -328,7 +329,7 @@ def test_port_allowlist_is_enforced_before_anything_is_sent(tmp_path, capsys):
         original = bench.physics.ocs_patches()
         moves.clear()
         assert main(["run", str(playbook(tmp_path, 3)), "--bench", str(bench.inventory_path), "--out",
-                     str(tmp_path / "o2"), "-q"]) == 1
+                     str(tmp_path / "o2" / "run"), "-q"]) == 1
         err = capsys.readouterr().err
         assert "would touch port(s) 5, not in the allowed ports" in err and "nothing was sent" in err
         assert moves == [] and bench.physics.ocs_patches() == original
@@ -342,10 +343,10 @@ def test_secrets_from_the_environment_never_reach_the_run_record(tmp_path, monke
         bench.ocs_servers.users = {"admin": secret}
         monkeypatch.setenv(PASSWORD_ENV, secret)
         out = tmp_path / "runs"
-        assert main(["run", str(playbook(tmp_path, 2)), "--bench", str(bench.inventory_path), "--out", str(out),
+        assert main(["run", str(playbook(tmp_path, 2)), "--bench", str(bench.inventory_path), "--out", str(out / "run"),
                      "-q"]) == 0
         monkeypatch.setenv(PASSWORD_ENV, secret[::-1])  # a wrong password: the error path too
-        assert main(["run", str(playbook(tmp_path, 2)), "--bench", str(bench.inventory_path), "--out", str(out),
+        assert main(["run", str(playbook(tmp_path, 2)), "--bench", str(bench.inventory_path), "--out", str(out / "run2"),
                      "-q"]) == 1
         err = capsys.readouterr().err
     assert "PIUI" in err

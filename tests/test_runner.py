@@ -54,7 +54,7 @@ def only_run_dir(out: Path) -> Path:
 def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, capsys):
     out = tmp_path / "runs"
     assert main(["run", str(playbook(tmp_path, cycles=4)), "--bench", f"emulated:{fast_profile}",
-                 "--out", str(out), "-q"]) == 0
+                 "--out", str(out / "run"), "-q"]) == 0
     run = only_run_dir(out)
     events = pd.read_parquet(run / "events.parquet")
     assert tuple(events.columns) == EVENT_COLUMNS
@@ -105,10 +105,11 @@ def test_inventory_bench_is_restored_and_dry_run_touches_nothing(tmp_path, fast_
         original = physics.ocs_patches()
         pb = playbook(tmp_path, cycles=2, probes=False)
         out = tmp_path / "runs"
-        assert main(["run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out), "--dry-run"]) == 0
+        assert main(["run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out / "run"), "--dry-run"]) == 0
         assert physics.ocs_patches() == original
         assert "cycle 1:" in capsys.readouterr().err
-        assert main(["run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out), "-q"]) == 0
+        assert not out.exists()  # a dry run writes nothing
+        assert main(["run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out / "run"), "-q"]) == 0
         assert physics.ocs_patches() == original
 
 
@@ -133,7 +134,7 @@ def test_sigint_mid_run_restores_the_switch(tmp_path, fast_profile):
         original = bench.physics.ocs_patches()
         out = tmp_path / "runs"
         proc = _harness("run", str(playbook(tmp_path, cycles=500)), "--bench", str(bench.inventory_path),
-                        "--out", str(out), "-q")
+                        "--out", str(out / "run"), "-q")
         run_log = None
         end = time.monotonic() + 60
         while run_log is None and time.monotonic() < end:
@@ -151,7 +152,7 @@ def test_sigint_mid_run_restores_the_switch(tmp_path, fast_profile):
 def test_sigkill_then_resume_completes_every_cycle_once(tmp_path, fast_profile):
     out = tmp_path / "runs"
     pb = playbook(tmp_path, cycles=6)
-    proc = _harness("run", str(pb), "--bench", f"emulated:{fast_profile}", "--out", str(out), "-q")
+    proc = _harness("run", str(pb), "--bench", f"emulated:{fast_profile}", "--out", str(out / "run"), "-q")
     end = time.monotonic() + 60
     while not list(out.glob("*/events.jsonl")) and time.monotonic() < end:
         time.sleep(0.05)
@@ -162,15 +163,29 @@ def test_sigkill_then_resume_completes_every_cycle_once(tmp_path, fast_profile):
     # A crash mid-write leaves a torn line; simulate the worst case on top of the kill.
     with open(run / "events.jsonl", "ab") as f:
         f.write(b'{"run_id": "x", "cycle": 99, "stage": "phy')
-    resumed = _harness("run", str(pb), "--bench", f"emulated:{fast_profile}", "--resume", str(run), "-q")
+    pb.write_text(pb.read_text().replace("cycles: 6", "cycles: 9"))  # the record, not the file, says 6
+    resumed = _harness("run", "--resume", str(run), "-q", "--json")
     assert resumed.wait(timeout=120) == 0, resumed.stderr.read().decode()
+    result = json.loads(resumed.stdout.read().decode())  # one line: the machine-readable result
+    assert result["status"] == "ok" and result["exit_code"] == 0 and Path(result["run_dir"]) == run
     events = pd.read_parquet(run / "events.parquet")
     assert sorted(events["cycle"].unique()) == [1, 2, 3, 4, 5, 6]
     sent = events[events["stage"] == "ocs_command_sent"].groupby("cycle").size()
     assert (sent == 1).all()
     assert (run / "events.incomplete.jsonl").exists()
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["extra"]["resumed"]
+    assert manifest["extra"]["resumed"] and manifest["run"]["cycles"] == 6 and manifest["status"] == "ok"
+    # every cycle's bookkeeping, the killed attempt's rebuilt from its events
+    cycles = pd.read_parquet(run / "cycles.parquet")
+    assert list(cycles["cycle"]) == [1, 2, 3, 4, 5, 6]
+    assert set(cycles["recorded"]) == {"events", "live"}
+    first_sent = events[events["stage"] == "ocs_command_sent"].groupby("cycle")["t_ns"].min()
+    rebuilt = cycles[cycles["recorded"] == "events"].set_index("cycle")["sent_ns"]
+    assert (rebuilt == first_sent.loc[rebuilt.index]).all()
+    assert (run / "inputs" / "playbook.yaml").exists() and oct((run / "manifest.json").stat().st_mode)[-3:] == "644"
+    # a finished run is not extended
+    again = _harness("run", "--resume", str(run), "-q")
+    assert again.wait(timeout=60) == 2 and b"the run is finished (status ok)" in again.stderr.read()
 
 
 def test_bad_bench_and_playbook_exit_2(tmp_path, capsys):

@@ -1,0 +1,148 @@
+"""A resumed run is the same run. What identifies a run (playbook as run, bench and its content, cycles,
+seed) is recorded in its manifest at the start, with copies of the inputs in `RUN_DIR/inputs/`;
+`harness run --resume RUN_DIR` takes all of it from there, and refuses (exit 2) anything that differs, a
+finished run, or a run directory another process holds (harness.lock.RunDirLock)."""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from harness import record as rec
+from harness.config import Playbook, load_inventory, load_playbook
+from harness.errors import InputError
+
+INPUTS = "inputs"
+RESUMABLE = (None, "aborted", "error")  # killed (no status yet), stopped by a signal, stopped by a fault
+EMULATED_KINDS = ("emulated", "emulated-netns")
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    playbook: str
+    playbook_digest: str  # sha256 over the playbook as run: steps, their parameters, options
+    bench: str  # the bench spec as given
+    bench_digest: str  # sha256 of the inventory's bytes, or of the emulator profile's
+    cycles: int
+    seed: int
+
+
+def playbook_as_run(playbook: Playbook) -> dict:
+    """The playbook with includes, ${ENV} and defaults resolved (what the steps actually received)."""
+    return rec.to_jsonable({"name": playbook.name, "description": playbook.description, "bench": playbook.bench,
+                            "seed": playbook.seed, "cycles": playbook.cycles, **playbook.options,
+                            "steps": [{"type": s.type, "name": s.name, **s.params} for s in playbook.steps]})
+
+
+def playbook_digest(playbook: Playbook) -> str:
+    data = playbook_as_run(playbook)
+    for key in ("bench", "seed", "cycles"):  # defaults only: the run's own values are compared separately
+        data.pop(key)
+    return rec.sha256_text(json.dumps(data, sort_keys=True))
+
+
+def is_emulated_spec(spec: str) -> bool:
+    kind, _, profile = spec.partition(":")
+    return kind in EMULATED_KINDS and bool(profile)
+
+
+def bench_kind(spec: str) -> str:
+    return spec.partition(":")[0] if is_emulated_spec(spec) else "inventory"
+
+
+def bench_source(spec: str) -> Path | None:
+    """The file behind a bench spec: the inventory, or the emulator profile (None: nothing to check)."""
+    if is_emulated_spec(spec):
+        from devices.emulated.profile import ProfileError, load_profile
+
+        try:
+            profile = load_profile(spec.partition(":")[2])
+        except ProfileError as exc:
+            raise InputError(str(exc)) from None
+        return Path(profile.path) if profile.path else None
+    path = Path(spec)
+    if not path.is_file():
+        from harness.runner import BENCH_KINDS
+
+        raise InputError(f"--bench: no such inventory file, and not one of {', '.join(BENCH_KINDS)}", spec)
+    load_inventory(path)  # validated before any run directory exists
+    return path
+
+
+def bench_digest(spec: str) -> str:
+    source = bench_source(spec)
+    return rec.sha256_text(source.read_bytes() if source else spec)
+
+
+def identity(playbook: Playbook, bench_spec: str, cycles: int, seed: int) -> RunIdentity:
+    return RunIdentity(playbook.name, playbook_digest(playbook), bench_spec, bench_digest(bench_spec), cycles, seed)
+
+
+def keep_inputs(run_dir: Path, playbook: Playbook, bench_spec: str) -> None:
+    """Copies of what the run ran: the playbook as run, and the inventory or profile file."""
+    inputs = run_dir / INPUTS
+    inputs.mkdir(exist_ok=True)
+    rec.write_text_atomic(inputs / "playbook.yaml", "# the playbook as run (includes, ${ENV} and defaults "
+                          "resolved)\n" + yaml.safe_dump(playbook_as_run(playbook), sort_keys=False))
+    source = bench_source(bench_spec)
+    if source is not None:
+        name = "profile.yaml" if is_emulated_spec(bench_spec) else "bench.yaml"
+        shutil.copyfile(source, inputs / name)
+
+
+@dataclass
+class Resumed:
+    run_dir: Path
+    manifest: dict
+    playbook: Playbook
+    identity: RunIdentity
+
+
+def _refuse(what: str, run_dir: Path) -> InputError:
+    return InputError(f"--resume: {what}", str(run_dir))
+
+
+def plan_resume(run_dir: Path, *, playbook_path: str | None, bench: str | None, cycles: int | None,
+                seed: int | None) -> Resumed:
+    """The recorded run, or InputError naming what would make it a different run."""
+    manifest_path = run_dir / "manifest.json"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except FileNotFoundError:
+        raise _refuse("not a run directory (no manifest.json)", run_dir) from None
+    except (OSError, ValueError) as exc:
+        raise _refuse(f"unreadable manifest.json: {exc}", run_dir) from None
+    recorded = manifest.get("run") if isinstance(manifest, dict) else None
+    if not isinstance(recorded, dict):
+        raise _refuse("the run record has no run identity (recorded by an older harness); start a new run",
+                      run_dir)
+    was = RunIdentity(**recorded)
+    status = manifest.get("status")
+    if status not in RESUMABLE:
+        raise _refuse(f"the run is finished (status {status}); start a new run", run_dir)
+    copy = run_dir / INPUTS / "playbook.yaml"
+    playbook = load_playbook(playbook_path or copy)
+    if playbook_digest(playbook) != was.playbook_digest:
+        raise _refuse(f"{playbook_path} is not the playbook this run ran ({copy} is); start a new run", run_dir)
+    if playbook_path is None:  # the copy stands in for the original: keep the original's name and hash
+        playbook = Playbook(**{**playbook.__dict__, "source": manifest["playbook"]["source"],
+                               "sha256": manifest["playbook"]["sha256"]})
+    if cycles is not None and cycles != was.cycles:
+        raise _refuse(f"this run has {was.cycles} cycles, not {cycles}; start a new run", run_dir)
+    if seed is not None and seed != was.seed:
+        raise _refuse(f"this run has seed {was.seed}, not {seed}; start a new run", run_dir)
+    spec = bench or was.bench
+    if not is_emulated_spec(spec) and not Path(spec).is_file() and bench is None:
+        spec = str(run_dir / INPUTS / "bench.yaml")  # the original inventory is gone: its copy
+    if bench_kind(spec) != bench_kind(was.bench) or bench_digest(spec) != was.bench_digest:
+        raise _refuse(f"this run ran on {was.bench} (sha256 {was.bench_digest[:12]}); {spec} is a different "
+                      "bench (or it changed since); start a new run", run_dir)
+    return Resumed(run_dir, manifest, playbook, RunIdentity(was.playbook, was.playbook_digest, spec,
+                                                            was.bench_digest, was.cycles, was.seed))
+
+
+def identity_record(ident: RunIdentity) -> dict:
+    return asdict(ident)
