@@ -56,7 +56,7 @@ def main() -> int:
                 samples.append((time.monotonic(), *status))
             time.sleep(1.0)
         stderr = proc.stderr.read()
-        run_dir = out if (out / "manifest.json").exists() else next(out.glob("*/manifest.json")).parent
+        run_dir = out
         summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
         cycles = pd.read_parquet(run_dir / "cycles.parquet").sort_values("cycle")
         period_ms = np.diff(cycles["begin_ns"].to_numpy()) / 1e6

@@ -102,7 +102,7 @@ def run_one(kind: str, profile: str, cycles: int, work: Path) -> dict:
     pb = playbook(work / f"{kind}.yaml", kind, cycles * (3 if kind == "mixed" else 1), MATRIX[kind])
     out = work / kind
     started = time.monotonic()
-    first = harness("run", str(pb), "--bench", f"emulated:{profile}", "--out", str(out), "-q")
+    first = harness("run", str(pb), "--bench", f"emulated:{profile}", "--out", str(out / "run"), "-q")
     rc = first.returncode
     (run,) = [p for p in out.iterdir() if p.is_dir()]
     resumed = None

@@ -56,7 +56,7 @@ def _playbook(out: Path, cycles: int, bench: str, watch_us: int) -> Path:
 
 def run_in_process(cycles: int, profile: str, watch_us: int, out: Path) -> tuple[Path, pd.DataFrame, dict]:
     """The emulator inside the harness process (what `--bench emulated:PROFILE` does)."""
-    code = main(["run", str(_playbook(out, cycles, f"emulated:{profile}", watch_us)), "--out", str(out / "runs"),
+    code = main(["run", str(_playbook(out, cycles, f"emulated:{profile}", watch_us)), "--out", str(out / "runs" / "run"),
                  "-q"])
     if code != 0:
         raise SystemExit(f"run failed with exit code {code}")
@@ -80,7 +80,7 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path) ->
             time.sleep(0.05)
         os.environ.setdefault("OCS_HIL_EMULATED_PASSWORD", "root")
         os.environ.setdefault("OCS_HIL_LOCK_DIR", str(out / "locks"))
-        code = main(["run", str(_playbook(out, cycles, str(inventory), watch_us)), "--out", str(out / "runs"), "-q"])
+        code = main(["run", str(_playbook(out, cycles, str(inventory), watch_us)), "--out", str(out / "runs" / "run"), "-q"])
         if code != 0:
             raise SystemExit(f"run failed with exit code {code}")
     finally:
