@@ -17,7 +17,6 @@ from harness.errors import InputError
 
 INPUTS = "inputs"
 RESUMABLE = (None, "aborted", "error")  # killed (no status yet), stopped by a signal, stopped by a fault
-EMULATED_KINDS = ("emulated", "emulated-netns")
 
 
 @dataclass(frozen=True)
@@ -44,22 +43,26 @@ def playbook_digest(playbook: Playbook) -> str:
     return rec.sha256_text(json.dumps(data, sort_keys=True))
 
 
-def is_emulated_spec(spec: str) -> bool:
-    kind, _, profile = spec.partition(":")
-    return kind in EMULATED_KINDS and bool(profile)
+def _emulated(spec: str):
+    from harness.runner import emulated_spec
+
+    return emulated_spec(spec)
 
 
 def bench_kind(spec: str) -> str:
-    return spec.partition(":")[0] if is_emulated_spec(spec) else "inventory"
+    """What kind of bench a spec names: an inventory, or the emulator kind with the switch's protocol."""
+    parsed = _emulated(spec)
+    return f"{parsed[0]}?ocs={parsed[2]}" if parsed else "inventory"
 
 
 def bench_source(spec: str) -> Path | None:
     """The file behind a bench spec: the inventory, or the emulator profile (None: nothing to check)."""
-    if is_emulated_spec(spec):
+    parsed = _emulated(spec)
+    if parsed:
         from devices.emulated.profile import ProfileError, load_profile
 
         try:
-            profile = load_profile(spec.partition(":")[2])
+            profile = load_profile(parsed[1])
         except ProfileError as exc:
             raise InputError(str(exc)) from None
         return Path(profile.path) if profile.path else None
@@ -89,7 +92,7 @@ def keep_inputs(run_dir: Path, playbook: Playbook, bench_spec: str) -> None:
                           "resolved)\n" + yaml.safe_dump(playbook_as_run(playbook), sort_keys=False))
     source = bench_source(bench_spec)
     if source is not None:
-        name = "profile.yaml" if is_emulated_spec(bench_spec) else "bench.yaml"
+        name = "profile.yaml" if _emulated(bench_spec) else "bench.yaml"
         shutil.copyfile(source, inputs / name)
 
 
@@ -135,7 +138,7 @@ def plan_resume(run_dir: Path, *, playbook_path: str | None, bench: str | None, 
     if seed is not None and seed != was.seed:
         raise _refuse(f"this run has seed {was.seed}, not {seed}; start a new run", run_dir)
     spec = bench or was.bench
-    if not is_emulated_spec(spec) and not Path(spec).is_file() and bench is None:
+    if not _emulated(spec) and not Path(spec).is_file() and bench is None:
         spec = str(run_dir / INPUTS / "bench.yaml")  # the original inventory is gone: its copy
     if bench_kind(spec) != bench_kind(was.bench) or bench_digest(spec) != was.bench_digest:
         raise _refuse(f"this run ran on {was.bench} (sha256 {was.bench_digest[:12]}); {spec} is a different "

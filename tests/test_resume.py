@@ -81,8 +81,10 @@ def test_resume_refuses_a_changed_playbook_profile_or_kind_of_bench(tmp_path, pr
     run, pb = recorded_run(tmp_path, f"emulated:{profile}")
     with pytest.raises(InputError, match="is not the playbook this run ran"):
         plan(run, playbook_path=str(write_playbook(pb, pattern="random-matching")))
-    with pytest.raises(InputError, match="different bench"):
-        plan(run, bench=f"emulated-netns:{profile}")
+    for other in (f"emulated-netns:{profile}", f"emulated:{profile}?ocs=polatis-scpi"):
+        with pytest.raises(InputError, match="different bench"):
+            plan(run, bench=other)
+    assert plan(run, bench=f"emulated:{profile}?ocs=polatis-tl1").identity.cycles == 4  # the default, spelt out
     profile.write_text(yaml.safe_dump({**PROFILE, "ocs": {"switch": {"dist": "fixed", "ms": 3}}}))
     with pytest.raises(InputError, match="or it changed since"):
         plan(run)
