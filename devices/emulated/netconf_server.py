@@ -25,6 +25,7 @@ import re
 import socket
 import tempfile
 import threading
+import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ import paramiko
 
 from devices.emulated.physics import OcsCommandError
 from devices.emulated.ssh_host import _forget_accepted, _generate_ed25519
+from devices.timing import now_ns
 
 log = logging.getLogger(__name__)
 
@@ -155,12 +157,15 @@ class NetconfServer:
 
     def __init__(self, servers, host: str = "127.0.0.1", port: int = 0, *, base11: bool = True,
                  revision: str = "2018-03-22"):
+        """`base11=False`: offer NETCONF 1.0 only (`]]>]]>` framing). `revision`: of optical-switch; before
+        2017-08-04 the cross-connects list is `pairs`."""
         self.servers = servers
         self.bench = servers.bench
         self.host = host
         self.port = port
         self.base11 = base11
         self.revision = revision
+        self.pair_tag = "pairs" if revision < "2017-08-04" else "pair"  # renamed in that revision
         self.labels: dict[int, tuple[str, str]] = {}  # port-config label, peer-port (config)
         self._session_ids = itertools.count(1)
         self._lock_owner: int | None = None
@@ -365,7 +370,7 @@ class NetconfServer:
             tops.append(opm)
         connections = ET.Element(OS + "cross-connects")
         for ingress, egress in sorted(self.bench.ocs_patches().items()):
-            pair = ET.SubElement(connections, OS + "pair")
+            pair = ET.SubElement(connections, OS + self.pair_tag)
             pair.extend([_leaf(OS + "ingress", ingress), _leaf(OS + "egress", egress)])
         tops.append(connections)
         return tops
@@ -460,9 +465,12 @@ class NetconfServer:
         adds = {i: e for i, e in final.items() if current.get(i) != e}
         if adds or removes:
             try:
-                self.servers.apply(adds, removes)  # returns when the mirrors have settled
+                settle_ns = self.servers.apply(adds, removes)
             except OcsCommandError as exc:
                 raise RpcError(_TAGS.get(exc.code, "operation-failed"), exc.text) from None
+            delay = (settle_ns - now_ns()) / 1e9
+            if delay > 0:
+                time.sleep(delay)  # <ok/> when the mirrors have settled, as TL1 COMPLD
         self.labels = labels
 
     def _port(self, text: str, where: str, leaf: str) -> int:
@@ -489,7 +497,7 @@ class NetconfServer:
             final.clear()
         for pair in top:
             tag = pair.tag.removeprefix(OS)
-            if tag != "pair":
+            if tag != self.pair_tag:
                 raise RpcError("unknown-element", f"cross-connects has no {tag}", path="/opsw:cross-connects",
                                info=(("bad-element", tag),))
             for leaf in pair:
