@@ -141,6 +141,30 @@ def test_ethtool_module_sff8636_100g_matches_sff8636_captures():
     assert len(parse_ethtool_module(text).rx_power_dbm) == 4
 
 
+# ---------------------------------------------------------------- ethtool (link settings)
+
+def settings_keys(text: str) -> list[str]:
+    return [line.partition(":")[0].strip() for line in text.splitlines()[1:]
+            if ":" in line and not line.startswith(" " * 16)]
+
+
+def test_ethtool_settings_field_order_follows_the_pinned_release():
+    netlink = settings_keys(real("ethtool", "e1g-ethtool5.8-netlink-order-idosch.txt"))
+    ioctl = settings_keys(real("ethtool", "e1g-ethtool5.4-ioctl-order-idosch.txt"))
+    assert netlink != ioctl and sorted(netlink) == sorted(ioctl)  # same fields, Auto-negotiation moved
+    current = formats.ethtool(Model(), UP)
+    assert current.startswith("Settings for ens1f0np0:\n\tSupported ports: ")  # TABs, as the rtl8126 capture
+    assert "\tLanes: 8\n" in current  # ethtool >= 5.12 with a link
+    assert_ordered_subset([k for k in settings_keys(current) if k != "Lanes"], netlink)
+    assert_ordered_subset(settings_keys(formats.ethtool(Model(), DARK)),
+                          settings_keys(real("ethtool", "rtl8126-5g-link-down-openwrt4.txt")))
+    old = formats.ethtool(Model(), UP, tools=ToolVersions(ethtool="5.4"))
+    assert "Lanes" not in old
+    assert_ordered_subset(settings_keys(old), ioctl)
+    with pytest.raises(AssertionError):
+        assert_ordered_subset(settings_keys(old), netlink)
+
+
 # ---------------------------------------------------------------- rdma link
 
 

@@ -9,11 +9,13 @@ import pytest
 
 from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests, parse_perftest_header
 from devices.parsers.gpu import FIELD_ALIASES, canonical_field, parse_nvidia_smi_csv
-from devices.parsers.nic import (parse_ethtool, parse_ethtool_module, parse_ip_link_oneline, parse_ip_monitor_line,
+from devices.parsers.nic import (parse_ethtool, parse_ethtool_module, parse_ip_link, parse_ip_link_oneline,
+                                 parse_ip_monitor_line,
                                  parse_mlxlink, parse_rdma_link)
 
 REAL = Path(__file__).parent / "data" / "real"
-MIN_PER_TOOL = {"ethtool-m": 5, "rdma-link": 5, "nccl-tests": 5, "perftest": 5, "nvidia-smi": 5}
+MIN_PER_TOOL = {"ethtool-m": 5, "rdma-link": 5, "nccl-tests": 5, "perftest": 5, "nvidia-smi": 5, "ethtool": 5,
+                "ip-link": 5}
 
 
 def capture(tool: str, name: str) -> str:
@@ -152,6 +154,17 @@ def test_ip_o_link_older_iproute2():
     assert links[1].mac == "0c:c4:7a:03:24:fb" and links[0].mtu == 65536 and "SLAVE" in links[2].flags
 
 
+def test_ethtool_settings_both_field_orders_and_a_refused_query():
+    for name in ("e1g-ethtool5.4-ioctl-order-idosch.txt", "e1g-ethtool5.8-netlink-order-idosch.txt"):
+        e1g = parse_ethtool(capture("ethtool", name))
+        # the driver keeps reporting the last speed after the cable went: Link detected is the truth
+        assert (e1g.ifname, e1g.speed_mbps, e1g.duplex, e1g.autoneg, e1g.link_detected) == \
+            ("eth0", 1000, "Full", True, False), name
+    tg3 = parse_ethtool(capture("ethtool", "tg3-bonded-slave-lkml2005.txt"))
+    assert (tg3.ifname, tg3.speed_mbps, tg3.duplex, tg3.autoneg, tg3.link_detected) == \
+        ("eth0", None, None, None, False)
+
+
 def test_ethtool_settings():
     down = parse_ethtool(capture("ethtool", "rtl8126-5g-link-down-openwrt4.txt"))
     assert (down.ifname, down.speed_mbps, down.duplex, down.autoneg, down.link_detected) == \
@@ -159,6 +172,37 @@ def test_ethtool_settings():
     bond = parse_ethtool(capture("ethtool", "bond0-1g-systeminformation187.txt"))
     assert (bond.ifname, bond.speed_mbps, bond.duplex, bond.autoneg, bond.link_detected) == \
         ("bond0", 1000, "Full", False, True)
+
+
+def test_ip_monitor_all_labels_and_deleted_links():
+    events = _events("ppp-deleted-labelled-node-iproute3.txt")
+    assert [(e.ifindex, e.deleted) for e in events] == [(27, False), (27, True), (28, False), (28, True),
+                                                        (29, False), (29, True)]
+    assert {(e.ifname, e.operstate, e.mtu, e.carrier, e.mac) for e in events} == {("ppp0", "DOWN", 1500, False, None)}
+
+
+def test_ip_link_multi_line_form():
+    router = parse_ip_link(capture("ip-link", "router-lan-ports-lowerlayerdown-mcdebian44.txt"))
+    assert [(x.ifindex, x.ifname, x.peer, x.operstate, x.carrier) for x in router] == [
+        (1, "lo", None, "UNKNOWN", True), (2, "eth0", None, "UP", True), (3, "eth1", None, "UP", True),
+        (4, "lan4", "eth1", "LOWERLAYERDOWN", False), (5, "lan3", "eth1", "LOWERLAYERDOWN", False),
+        (6, "lan2", "eth1", "LOWERLAYERDOWN", False), (7, "lan1", "eth1", "UP", True)]
+    assert router[3].mac == "02:e0:96:70:5f:c3" and router[6].mac == "02:3b:45:92:19:06"
+    assert "NO-CARRIER" in router[3].flags and router[0].mtu == 65536
+    (vbox,) = parse_ip_link(capture("ip-link", "opensuse-eth0-unknown-kiwi595.txt"))
+    assert (vbox.ifname, vbox.operstate, vbox.carrier, vbox.mac, vbox.mtu) == \
+        ("eth0", "UNKNOWN", True, "08:00:27:3d:5c:c5", 1500)
+    (bridge,) = parse_ip_link(capture("ip-link", "bridge-unindented-paste-uroot3190.txt"))
+    assert (bridge.ifindex, bridge.ifname, bridge.operstate, bridge.carrier, bridge.mac) == \
+        (6, "testbrg2", "DOWN", False, "e6:00:18:a8:c0:2f")
+    dsl = parse_ip_link(capture("ip-link", "openwrt-router-ifb-dsl-ancistrus22.txt"))
+    assert [x.ifname for x in dsl] == ["lo", "ifb0", "ifb1", "sit0", "ip6tnl0", "dsl0", "bcmsw"]
+    assert (dsl[5].flags, dsl[5].mtu, dsl[5].operstate, dsl[5].mac) == (frozenset(), 0, "DOWN", None)
+    assert (dsl[6].operstate, dsl[6].carrier, dsl[6].mtu, dsl[6].mac) == ("UNKNOWN", True, 2048, "08:02:8e:e6:b2:4e")
+    assert dsl[1].mac == "66:4e:b4:be:90:a0" and dsl[3].mac is None  # link/sit carries an IPv4 address
+    # the one-line captures read the same through the multi-line reader
+    oneline = capture("ip-link", "bond-vlans-fusioninventory640.txt")
+    assert parse_ip_link(oneline) == parse_ip_link_oneline(oneline)
 
 
 # ---------------------------------------------------------------- nccl-tests

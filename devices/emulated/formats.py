@@ -222,12 +222,16 @@ def rdma_link(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]], *, as_json:
 # ---------------------------------------------------------------- ethtool
 
 
-def ethtool(model: NicModelLike, snapshot: NicSnapshotLike) -> str:
-    """`ethtool <if>`: `Settings for IF:` then TAB-indented fields (ethtool.c)."""
+def ethtool(model: NicModelLike, snapshot: NicSnapshotLike, *, tools: ToolVersions = CURRENT_TOOLS) -> str:
+    """`ethtool <if>`: `Settings for IF:` then TAB-indented fields. ethtool >= 5.6 answers over netlink and prints
+    `Auto-negotiation` right after `Duplex`; the ioctl path of older releases prints it after `Transceiver`
+    (netdev, 2020-10-27: the same NIC under ethtool 5.4 and 5.8). `Lanes:` exists since 5.12."""
     speed = f"{snapshot.speed_mbps}Mb/s" if snapshot.carrier else "Unknown!"
     duplex = "Full" if snapshot.carrier else "Unknown! (255)"
     lanes = module_lanes(snapshot.speed_mbps)
     modes = f"{snapshot.speed_mbps}baseSR{lanes}/Full"
+    netlink = tools.at_least("ethtool", "5.6")
+    autoneg = "\tAuto-negotiation: on\n"
     return (f"Settings for {model.netdev}:\n"
             f"\tSupported ports: [ FIBRE ]\n"
             f"\tSupported link modes:   {modes}\n"
@@ -239,14 +243,15 @@ def ethtool(model: NicModelLike, snapshot: NicSnapshotLike) -> str:
             f"\tAdvertised auto-negotiation: Yes\n"
             f"\tAdvertised FEC modes: RS\n"
             f"\tSpeed: {speed}\n"
-            + (f"\tLanes: {lanes}\n" if snapshot.carrier else "")
+            + (f"\tLanes: {lanes}\n" if snapshot.carrier and tools.at_least("ethtool", "5.12") else "")
             + f"\tDuplex: {duplex}\n"
-            f"\tAuto-negotiation: on\n"
-            f"\tPort: FIBRE\n"
-            f"\tPHYAD: 0\n"
-            f"\tTransceiver: internal\n"
-            f"\tSupports Wake-on: d\n"
-            f"\tWake-on: d\n"
+            + (autoneg if netlink else "")
+            + "\tPort: FIBRE\n"
+            "\tPHYAD: 0\n"
+            "\tTransceiver: internal\n"
+            + ("" if netlink else autoneg)
+            + "\tSupports Wake-on: d\n"
+            "\tWake-on: d\n"
             f"\tLink detected: {'yes' if snapshot.carrier else 'no'}\n")
 
 

@@ -756,7 +756,7 @@ def _ethtool(ctx: ExecContext, argv: list[str]) -> int:
         ctx.out(formats.ethtool_module(snapshot, rx_los=los or snapshot.rx_los, rx_lol=lol or snapshot.rx_lol,
                                        tools=ctx.server.tools))
     else:
-        ctx.out(formats.ethtool(model, snapshot))
+        ctx.out(formats.ethtool(model, snapshot, tools=ctx.server.tools))
     return 0
 
 

@@ -178,6 +178,20 @@ def _parse_link_text(text: str, what: str, stamp: datetime | None, *, flags_only
                   deleted=bool(deleted), stamp=stamp)
 
 
+def parse_ip_link(text: str) -> list[IpLink]:
+    """`ip link [show]` in either form: one line per link (`-o`) or a head line followed by indented (or, as
+    pasted, unindented `link/...`) continuation lines, which are joined to their head."""
+    joined: list[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if joined and not _LINK_HEAD.match(line.lstrip()):
+            joined[-1] += " " + line.strip()
+        else:
+            joined.append(line)
+    return parse_ip_link_oneline("\n".join(joined))
+
+
 def parse_ip_link_oneline(text: str) -> list[IpLink]:
     """`ip -o link [show]` output: one link per line (continuations joined with a backslash)."""
     links = []
@@ -187,16 +201,21 @@ def parse_ip_link_oneline(text: str) -> list[IpLink]:
     return links
 
 
+_LABEL = re.compile(r"\[(?:LINK|nsid \d+)\] ?")
+
+
 def parse_ip_monitor_line(line: str) -> IpLink | None:
-    """One line of `ip [-ts] [-o] monitor link`. Returns None for a continuation line
-    (`    link/ether …`) of the multi-line form; those carry only the address."""
+    """One line of `ip [-ts] [-o] monitor link` (or `ip monitor all` / `label`, which prefix `[LINK]`). Returns
+    None for a continuation line (`    link/ether …`) of the multi-line form; those carry only the address."""
     body = line.rstrip("\n")
     stamp = None
     m = _TS.match(body)
     if m:
         stamp = datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S").replace(microsecond=int(m.group(2)))
         body = body[m.end():]
-    elif body.startswith("["):
+    while (label := _LABEL.match(body)) is not None:
+        body = body[label.end():]
+    if body.startswith("["):
         raise ParseError("'[YYYY-MM-DDTHH:MM:SS.uuuuuu] ' timestamp", line)
     if body.startswith((" ", "\t")) and "link/" in body:
         return None
