@@ -146,6 +146,8 @@ def test_missing_stages_stale_reports_old_peer_probes_and_flaps():
     assert arrivals.missing == {"h1:eth0": ["first_packet", "phy_up", "port_active"]}
     assert arrivals.kept[("h1:eth0", "light_detected")].recv_ns == 102 * MS
     assert arrivals.flaps == {"h2:eth0": 1}
+    assert watch.describe() == ("h1:eth0: saw light_detected, cdr_locked; missing first_packet, phy_up, "
+                                "port_active")
     sources = [e.source for e in stage_events("r", 1, PORTS, "ocs1", 100 * MS, 101 * MS, arrivals,
                                               script.convert, CHAIN) if e.stage == "fault"]
     assert sources == ["timeout:missing first_packet+phy_up+port_active",

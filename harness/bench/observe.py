@@ -113,6 +113,15 @@ class CycleWatch:
             self.complete_since = now
         return not any(self.need.values()) or now - self.complete_since >= self.grace_ns
 
+    def describe(self) -> str:
+        """What arrived and what is still missing, per port (for a timeout's message)."""
+        parts = []
+        for key, need in self.need.items():
+            if need:
+                seen = [s for s in self.chain if (key, s) in self.arrivals.kept]
+                parts.append(f"{key}: saw {', '.join(seen) or 'nothing'}; missing {', '.join(sorted(need))}")
+        return "; ".join(parts)
+
     def result(self, done_ns: int) -> Arrivals:
         a = self.arrivals
         a.missing = {k: sorted(s for s in need if not self._implied(k, s)) for k, need in self.need.items()}
@@ -162,14 +171,17 @@ class ObservationLog:
                      "causes": arrivals.causes, "done_ns": arrivals.done_ns})
 
     def flush(self) -> None:
+        """Hand what was written to the OS (it survives the process; events.jsonl, fsynced per cycle, stays
+        the record of truth, so the cycle does not wait for this raw log's fsync)."""
         if self._file is not None:
             with self._lock:
                 self._file.flush()
-                os.fsync(self._file.fileno())
 
     def close(self) -> None:
         if self._file is not None:
             with self._lock:
+                self._file.flush()
+                os.fsync(self._file.fileno())
                 self._file.close()
                 self._file = None
 

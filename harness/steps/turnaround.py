@@ -170,6 +170,9 @@ class TurnaroundRun:
                                    if self.p["probes"] else None, reconnected=self.hosts.reconnected,
                                    chain=self.chain, grace_ns=int(self.p["late_report_ms"] * 1e6))
                 arrivals = self.log.expect(watch, Deadline(self.p["cycle_timeout_s"]), self.hosts.on_fault)
+                if arrivals.missing:
+                    self.ctx.say(f"[yellow]cycle {cycle}: timed out after {self.p['cycle_timeout_s']} s[/] — "
+                                 f"{watch.describe()}")
         except BenchBroken as exc:
             return self._latch(cycle, begin, affected, causes + [("", c) for c in exc.causes], str(exc), record,
                                sent, completed)
