@@ -174,3 +174,20 @@ def test_bad_arguments_exit_with_usage_not_traceback():
     done = subprocess.run([sys.executable, str(AGENT_FILE), "probe-send", "--iface", "lo", "--interval-us", "10",
                            "--template", "zz"], capture_output=True, text=True, timeout=20)
     assert done.returncode != 0 and "hex" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_carrier_flip_between_two_polls_is_reported_from_the_change_counter(tmp_path):
+    carrier, changes = tmp_path / "carrier", tmp_path / "carrier_changes"
+    carrier.write_text("1\n")
+    changes.write_text("4\n")
+    field = hilagent.SysfsField("eth0", "carrier", str(carrier), str, str(changes))
+    poll = lambda start, end: hilagent.poll_lines(field, field.read(), field.changes_since_last(), start, end)  # noqa: E731
+    assert poll(1_000, 1_010) == ["1010 eth0 carrier 1 0"]  # the initial value
+    assert poll(2_000, 2_010) == []  # nothing happened
+    changes.write_text("6\n")  # down and up again before this poll read it
+    assert poll(3_000, 3_010) == ["3010 eth0 carrier 0 1010", "3010 eth0 carrier 1 1010"]
+    carrier.write_text("0\n")
+    changes.write_text("7\n")
+    assert poll(4_000, 4_010) == ["4010 eth0 carrier 0 1010"]
+    no_counter = hilagent.SysfsField("eth0", "carrier", str(carrier), str, str(tmp_path / "absent"))
+    assert no_counter.changes_since_last() == 0  # an old kernel: polling alone

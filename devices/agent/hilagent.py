@@ -84,11 +84,31 @@ def cmd_timesrv(_args):
 class SysfsField:
     """One sysfs attribute kept open and re-read with pread (sysfs regenerates the value at offset 0)."""
 
-    def __init__(self, netdev, name, path, convert):
+    def __init__(self, netdev, name, path, convert, counter_path=None):
         self.netdev, self.name, self.convert = netdev, name, convert
         self.fd = os.open(path, os.O_RDONLY)
         self.value = None
         self.prev_start_ns = 0
+        # A kernel counter of this value's changes (carrier_changes): a change and its revert between two
+        # polls leave the value as it was, but not the counter.
+        self.counter_fd, self.count = None, None
+        if counter_path is not None:
+            try:
+                self.counter_fd = os.open(counter_path, os.O_RDONLY)
+            except OSError:
+                pass  # kernels before 3.15: polling alone
+
+    def changes_since_last(self):
+        """How often the value changed since the last call (0 without a counter)."""
+        if self.counter_fd is None:
+            return 0
+        try:
+            count = int(os.pread(self.counter_fd, 64, 0).decode().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+        delta = 0 if self.count is None else count - self.count
+        self.count = count
+        return max(delta, 0)
 
     def read(self):
         try:
@@ -140,15 +160,16 @@ def parse_watch_spec(spec):
 def open_fields(specs):
     fields = []
     for netdev, rdma_dev, rdma_port in specs:
-        sources = [("carrier", "/sys/class/net/%s/carrier" % netdev, str),
-                   ("operstate", "/sys/class/net/%s/operstate" % netdev, str)]
+        sources = [("carrier", "/sys/class/net/%s/carrier" % netdev, str,
+                    "/sys/class/net/%s/carrier_changes" % netdev),
+                   ("operstate", "/sys/class/net/%s/operstate" % netdev, str, None)]
         if rdma_dev is not None:
             base = "/sys/class/infiniband/%s/ports/%d/" % (rdma_dev, rdma_port)
-            sources += [("phys_state", base + "phys_state", _word_after_code),
-                        ("state", base + "state", _word_after_code)]
-        for name, path, convert in sources:
+            sources += [("phys_state", base + "phys_state", _word_after_code, None),
+                        ("state", base + "state", _word_after_code, None)]
+        for name, path, convert, counter in sources:
             try:
-                fields.append(SysfsField(netdev, name, path, convert))
+                fields.append(SysfsField(netdev, name, path, convert, counter))
             except OSError as exc:
                 note("%s: %s unavailable (%s); not watched" % (netdev, name, exc.strerror or exc))
     return fields
@@ -197,6 +218,21 @@ def watch_ethtool(netdevs, interval_ns, stop):
             return
 
 
+def poll_lines(f, value, changes, start, end):
+    """The lines one poll of `f` prints: a changed value; or — when the value reads as before but its
+    change counter moved by two or more — the change and its revert, both within this poll's interval, so
+    a transition faster than the poll is not lost. Updates f's last value and poll start."""
+    lines = []
+    interval = end - f.prev_start_ns if f.value is not None else 0
+    if value != f.value:
+        lines.append("%d %s %s %s %d" % (end, f.netdev, f.name, value, interval))
+    elif changes >= 2 and value in ("0", "1"):
+        other = "0" if value == "1" else "1"
+        lines += ["%d %s %s %s %d" % (end, f.netdev, f.name, v, interval) for v in (other, value)]
+    f.value, f.prev_start_ns = value, start
+    return lines
+
+
 def cmd_watch(args):
     if args.interval_us <= 0:
         raise SystemExit("watch: --interval-us must be > 0")
@@ -221,11 +257,8 @@ def cmd_watch(args):
                     failed.add(f)
                 continue
             end = time.time_ns()
-            if value != f.value:
-                interval = end - f.prev_start_ns if f.value is not None else 0
-                emit("%d %s %s %s %d" % (end, f.netdev, f.name, value, interval))
-                f.value = value
-            f.prev_start_ns = start
+            for line in poll_lines(f, value, f.changes_since_last(), start, end):
+                emit(line)
         # Absolute deadlines: ticks never drift; after a stall we skip to the next future tick.
         tick = max(tick + 1, (time.monotonic_ns() - t0) // interval_ns + 1)
         if stop.wait(max(0, t0 + tick * interval_ns - time.monotonic_ns()) / 1e9):
