@@ -19,7 +19,7 @@ from devices.emulated.netconf_server import NetconfServer
 from devices.emulated.ocs_server import OcsServers
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import Delay, load_profile
-from devices.errors import DeviceDenied, DeviceError, DeviceTimeout
+from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportClosed
 from devices.ocs import Endpoint, OcsConfigError, open_switch, parse_url
 from devices.ocs.registry import OcsProtocol, register_protocol
 from devices.resources import OcsResource
@@ -229,6 +229,29 @@ def test_deny_is_not_permanent_and_silence_times_out_then_reconnects(server, emu
         switch.reconnect()
         switch.apply({1: 17})
         assert switch.patches() == {1: 17} == bench.ocs_patches()
+    finally:
+        switch.close()
+
+
+def test_line_noise_drops_the_session_and_replies_are_validated(server, emulator, monkeypatch):
+    bench, servers = emulator
+    switch = _open(server, timeout_s=2.0)
+    try:
+        servers.faults.arm("garbage", changes_only=False)  # SSH's MAC fails: sshd drops the connection
+        with pytest.raises(TransportClosed):
+            switch.patches()
+        switch.reconnect()
+        bench.ocs_apply({7: 23})
+
+        def lying(raw: bytes, session_id: int):  # answers every get-config with a pair it cannot have
+            mid = ET.fromstring(raw).get("message-id")
+            return (f'<rpc-reply xmlns="urn:ietf:params:xml:ns:netconf:base:1.0" message-id="{mid}"><data>'
+                    f'<cross-connects xmlns="http://www.polatis.com/yang/optical-switch"><pair><ingress>7'
+                    f'</ingress><egress>3</egress></pair></cross-connects></data></rpc-reply>').encode(), False
+
+        monkeypatch.setattr(server, "_handle", lying)
+        with pytest.raises(DeviceError, match="egress 3 out of range"):
+            switch.patches()
     finally:
         switch.close()
 

@@ -268,7 +268,12 @@ class NetconfServer:
                     channel.sendall(framing.frame(reply))
                 if done:
                     break
-        except (_Closed, ET.ParseError, OSError, EOFError) as exc:
+        except _Closed as exc:
+            log.debug("netconf session %d ends: %s", session_id, exc)
+            if str(exc).startswith(("garbage", "drop_chars")):
+                channel.get_transport().close()
+                return
+        except (ET.ParseError, OSError, EOFError) as exc:
             log.debug("netconf session %d ends: %s", session_id, exc)
         finally:
             with self._state_lock:
@@ -320,7 +325,8 @@ class NetconfServer:
         except RpcError as error:
             reply = self._reply(attrs, error=error)
         if fault in ("garbage", "drop_chars"):
-            reply = self.servers.faults.corrupt(reply, fault)
+            # Line noise cannot reach NETCONF: SSH's MAC fails and sshd drops the connection instead.
+            raise _Closed(f"{fault}: the SSH transport fails its integrity check")
         return reply, name == "close-session"
 
     def _reply(self, attrs: dict, body: ET.Element | None = None, error: RpcError | None = None) -> bytes:

@@ -191,6 +191,9 @@ class NetconfSwitch(CircuitSwitch):
                 raise DeviceTimeout(f"{what}: no rpc-reply within {self._manager.timeout} s") from exc
             except TransportError as exc:
                 raise TransportClosed(f"{what}: NETCONF session lost: {exc}") from exc
+            except Exception as exc:  # a reply ncclient cannot read (bad XML, unknown message-id, ...)
+                self._drop()  # its stream cannot be trusted any more: the next call asks for reconnect()
+                raise DeviceError(f"{what}: unreadable rpc-reply ({type(exc).__name__}: {exc})"[:300]) from exc
             self.last_timing = CommandTiming(self._sent_ns, self._recv_ns)
         return reply
 
