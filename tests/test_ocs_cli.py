@@ -84,3 +84,21 @@ def test_unreachable_switch_is_one_line(capsys):
     assert main(["ocs", "--url", "tcp://127.0.0.1:1", "list"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot connect" in err[0]
+
+
+def test_writes_take_the_bench_lease_reads_do_not(servers, capsys):
+    from harness.lock import BenchLease, ocs_lock_key
+
+    base = _tl1(servers)
+    url = base[base.index("--url") + 1]
+    run = BenchLease([ocs_lock_key("ocs1", url)], run_id="a-run").acquire(keepalive=False)
+    try:
+        for action in (["connect", "2", "18"], ["disconnect", "2"], ["apply", "2:18"]):
+            assert main(base + action) == 2
+            err = capsys.readouterr().err
+            assert "bench is locked" in err and "a-run" in err
+        assert main(base + ["--json", "list"]) == 0
+        assert "2" not in json.loads(capsys.readouterr().out)  # nothing was sent
+    finally:
+        run.release()
+    assert main(base + ["connect", "2", "18"]) == 0 and main(base + ["disconnect", "2"]) == 0

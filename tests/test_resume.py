@@ -98,6 +98,14 @@ def test_resume_of_an_inventory_bench(tmp_path):
         inventory = tmp_path / "inv.yaml"
         inventory.write_bytes(bench.inventory_path.read_bytes())
         run, _ = recorded_run(tmp_path, str(inventory))
+        # an external emulated bench (emulated: true, what `harness emulate` writes) is leased like a real one
+        from harness.runner import RunOptions, _acquire_lease
+
+        assert yaml.safe_load(inventory.read_text())["bench"]["emulated"] is True
+        lease = _acquire_lease(str(inventory), "first", RunOptions(playbook="pb.yaml"))
+        with pytest.raises(InputError, match="bench is locked.*first"):
+            _acquire_lease(str(inventory), "second", RunOptions(playbook="pb.yaml"))
+        lease.release()
         assert (run / "inputs" / "bench.yaml").read_bytes() == inventory.read_bytes()
         assert plan(run).identity.bench == str(inventory)
         assert plan(run, bench=str(run / "inputs" / "bench.yaml")).identity.cycles == 4  # same content

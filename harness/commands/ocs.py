@@ -11,6 +11,7 @@ Exit codes: 0 ok; 1 the switch refused or did not answer; 2 bad input (URL, prot
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -97,6 +98,28 @@ def run(args: argparse.Namespace) -> int:
         named = list(pairs) + list(pairs.values())
     resource = _resource(args, named)
     args.allow_ports_given = bool(args.allowed_ports)
+    with contextlib.ExitStack() as held:
+        if args.action in WRITES:  # a write shares the switch with runs: it takes the same lease
+            held.enter_context(_lease(args, resource))
+        return _open_and_act(args, resource, named, pairs)
+
+
+WRITES = ("connect", "disconnect", "apply")
+
+
+def _lease(args: argparse.Namespace, resource: OcsResource):
+    from harness.lock import BenchLease, BenchLocked, lease_ttl, ocs_lock_key
+
+    try:
+        return BenchLease([ocs_lock_key(resource.name, resource.url)], run_id=f"harness ocs {args.action}",
+                          ttl_s=lease_ttl()).acquire(keepalive=False)
+    except BenchLocked as exc:
+        raise InputError(f"bench is locked: {exc}") from None
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def _open_and_act(args: argparse.Namespace, resource: OcsResource, named: list[int], pairs: dict[int, int]) -> int:
     try:
         switch = open_switch(resource, timeout_s=args.timeout)
     except DeviceError as exc:
