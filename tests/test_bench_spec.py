@@ -29,11 +29,11 @@ def test_a_run_drives_the_scpi_switch(tmp_path, capsys):
                                   "steps": [{"type": "turnaround", "name": "measure", "probes": False,
                                              "clock_warmup_s": 0.1, "cycle_timeout_s": 20}]}))
     out = tmp_path / "runs"
-    assert main(["run", str(pb), "--bench", "emulated:burst-mode?ocs=polatis-scpi", "--out", str(out), "-q"]) == 0
-    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    assert main(["run", str(pb), "--bench", "emulated:burst-mode?ocs=polatis-scpi", "--out", str(out / "run"), "-q"]) == 0
+    run = out / "run"
     inventories = list(run.rglob("inventory*.yaml"))
     assert inventories and all(yaml.safe_load(p.read_text())["ocs"]["ocs1"]["protocol"] == "polatis-scpi"
                                for p in inventories)
     assert json.loads((run / "manifest.json").read_text())["extra"]["bench"] == "emulated:burst-mode?ocs=polatis-scpi"
-    assert main(["run", str(pb), "--bench", "emulated:instant?ocs=nope", "--out", str(out)]) == 2
+    assert main(["run", str(pb), "--bench", "emulated:instant?ocs=nope", "--out", str(out / "run2")]) == 2
     assert "unknown switch protocol 'nope'" in capsys.readouterr().err

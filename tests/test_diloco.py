@@ -188,7 +188,7 @@ def _run(tmp_path, name, **step):
         {"type": "diloco", "name": "study", "requests": str(AZURE_CONV), "bandwidth": "100",
          "turnaround": "profile:mixnet-testbed", **step}]}))
     out = tmp_path / name
-    code = main(["run", str(playbook), "--out", str(out), "-q"])
+    code = main(["run", str(playbook), "--out", str(out / "run"), "-q"])
     runs = sorted(out.iterdir()) if out.exists() else []
     return code, (runs[-1] if runs else None)
 

@@ -235,7 +235,7 @@ def test_sigterm_mid_moe_traffic_reconfiguration_restores_and_verifies(tmp_path)
         pb.write_text(yaml.safe_dump({"name": "moe", "seed": 2, "steps": [
             {"type": "moe_traffic", "name": "moe", "reconfigure": "per_iteration", "iterations": 6, "layers": 1,
              "regime_changes": [3], "tokens_per_micro_batch": 512, "hidden_size": 256, "time_scale": 0.1}]}))
-        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out), "-q")
+        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out / "run"), "-q")
         sent = _signal_mid_reconfiguration(bench, proc, out, signal.SIGTERM, after_cycle=0)
         assert proc.wait(timeout=90) == 143, proc.stderr.read().decode()
         assert sent.is_set()
