@@ -3,13 +3,14 @@ column positions, units) diffed against the real capture of the same tool and ve
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
 from devices.emulated import formats
 from devices.emulated.formats import ToolVersions
+from devices.emulated.physics import NicSnapshot
 from devices.emulated.profile import ProfileError, profile_from_dict
 from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests
 from devices.parsers.nic import parse_ethtool_module, parse_mlxlink, parse_rdma_link, parse_rdma_link_json
@@ -31,23 +32,10 @@ class Model:
     link_layer: str = "Ethernet"
 
 
-@dataclass(frozen=True)
-class Snap:
-    rx_los: bool = False
-    rx_lol: bool = False
-    carrier: bool = True
-    phys_state: str = "LinkUp"
-    ib_state: str = "ACTIVE"
-    operstate: str = "up"
-    carrier_up_count: int = 1
-    carrier_down_count: int = 0
-    link_downed: int = 0
-    rx_power_dbm: float = -1.5
-    speed_mbps: int = 400_000
-
-
-UP, DARK = Snap(), Snap(rx_los=True, rx_lol=True, carrier=False, phys_state="Polling", ib_state="DOWN",
-                        operstate="down", rx_power_dbm=-60.0)
+# a port whose light arrives (carrier, LinkUp) and the physics default: a dark port (LOS/LOL, Polling, no carrier)
+DARK = NicSnapshot()
+UP = replace(DARK, rx_los=False, rx_lol=False, carrier=True, phys_state="LinkUp", ib_state="ACTIVE",
+             operstate="up", carrier_up_count=1, rx_power_dbm=-1.5)
 
 
 # ---------------------------------------------------------------- ethtool -m
@@ -126,7 +114,7 @@ def test_ethtool_module_sff8636_100g_matches_sff8636_captures():
     krzysztof = module_records(real("ethtool-m", "sff8636-qsfp-40g-sr4-cx3-ethtool6-los-nolol.txt"))
     fs = module_records(real("ethtool-m", "sff8636-qsfp28-100g-sr4-fs-lldpd477.txt"))
     signals = keys(module_records(real("ethtool-m", "sff8636-qsfp-aoc-spectrum-peer-down-ethtool6.4.txt")))
-    text = formats.ethtool_module(Snap(speed_mbps=100_000))
+    text = formats.ethtool_module(replace(UP, speed_mbps=100_000))
     emulated = keys(module_records(text))
     # records beyond the 40G capture's are the 100G part's (from the QSFP28 capture) and its lane flags
     real_keys = keys(krzysztof)

@@ -222,16 +222,21 @@ def parse_ip_monitor_line(line: str) -> IpLink | None:
     return _parse_link_text(body.replace("\\", " "), "an 'ip monitor link' event", stamp, flags_only_ok=True)
 
 
-def parse_ip_link_json(text: str) -> list[IpLink]:
-    """`ip -j link [show]`: the JSON array iproute2 prints (ifindex, ifname, flags, mtu, operstate, address)."""
+def _json_array(text: str, command: str) -> list:
+    """The JSON array a `-j` command prints."""
     try:
         records = json.loads(text)
     except json.JSONDecodeError:
-        raise ParseError("a JSON array from 'ip -j link'", text) from None
+        raise ParseError(f"a JSON array from '{command}'", text) from None
     if not isinstance(records, list):
-        raise ParseError("a JSON array from 'ip -j link'", text)
+        raise ParseError(f"a JSON array from '{command}'", text)
+    return records
+
+
+def parse_ip_link_json(text: str) -> list[IpLink]:
+    """`ip -j link [show]`: the JSON array iproute2 prints (ifindex, ifname, flags, mtu, operstate, address)."""
     links = []
-    for record in records:
+    for record in _json_array(text, "ip -j link"):
         try:
             links.append(IpLink(ifindex=int(record["ifindex"]), ifname=record["ifname"],
                                 flags=frozenset(record["flags"]), mtu=record.get("mtu"),
@@ -303,14 +308,8 @@ def parse_rdma_link(text: str) -> list[RdmaLink]:
 def parse_rdma_link_json(text: str) -> list[RdmaLink]:
     """`rdma -j link` output: a JSON array of objects with ifname, port, state, physical_state, netdev
     (iproute2 < 5.5 wrote ifname as `DEV/PORT`)."""
-    try:
-        records = json.loads(text)
-    except json.JSONDecodeError:
-        raise ParseError("a JSON array from 'rdma -j link'", text) from None
-    if not isinstance(records, list):
-        raise ParseError("a JSON array from 'rdma -j link'", text)
     links = []
-    for record in records:
+    for record in _json_array(text, "rdma -j link"):
         try:
             links.append(RdmaLink(record["ifname"].partition("/")[0], int(record["port"]), record["state"],
                                   record["physical_state"], record.get("netdev"), record.get("lid"),
