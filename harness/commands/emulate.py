@@ -1,6 +1,7 @@
 """`harness emulate`: run the emulated bench (OCS TL1/SCPI/NETCONF servers, SSH hosts) until interrupted."""
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -40,7 +41,9 @@ def _emulate(args) -> int:
     workdir = out.parent / (out.stem + ".bench")
     workdir.mkdir(exist_ok=True)
     with EmulatedBench(profile, seed=args.seed, protocol=args.protocol, workdir=workdir) as bench:
-        shutil.copyfile(bench.inventory_path, out)
+        partial = out.with_name(out.name + ".partial")      # a reader never sees a half-written inventory
+        shutil.copyfile(bench.inventory_path, partial)
+        os.replace(partial, out)
         ocs = bench.ocs_servers
         print(f"emulated bench '{profile.name}' up; inventory: {out}", flush=True)
         print(f"  OCS ({args.protocol}, in the inventory): {bench.ocs_view.description}", flush=True)
