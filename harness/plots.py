@@ -14,18 +14,23 @@ from analysis.stages import STAGE_TABLE  # noqa: E402
 STAGE_STEPS = [(s.label, s.name, s.after) for s in STAGE_TABLE if s.up and s.after]
 
 
-def plot_iteration_vs_delay(series: list[dict], markers: dict, path: Path) -> Path:
-    """MixNet iteration time / fat-tree vs a constant reconfiguration delay, 0.1–100 ms on a log axis (where
-    verdicts flip): one line per scenario that moves circuits, the claim's bound (e.g. the 5 % threshold),
-    each scenario's break-even d* and the paper's 25 ms and measured delays, all named in the legend."""
-    fig, ax = plt.subplots(figsize=(9, 5))
+def plot_iteration_vs_delay(series: list[dict], markers: dict, path: Path, calibrated: set[str] | None = None) -> Path:
+    """MixNet iteration time / fat-tree vs a constant reconfiguration delay, 0.1–100 ms on log axes (where
+    verdicts flip): one line per scenario that moves circuits (dashed: not calibrated), the claim's bound
+    (e.g. the 5 % threshold), each scenario's break-even d* and the paper's 25 ms and measured delays, all
+    named in the legend."""
+    fig, ax = plt.subplots(figsize=(12, 5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    static = [s["scenario"] for s in series if not s["moves_circuits"]]
+    static = sorted({s["scenario"].split("@")[0] for s in series if not s["moves_circuits"]})
     moving = [s for s in series if s["moves_circuits"]]
     lo, hi = (min(s["delay_ms"][0] for s in series), max(s["delay_ms"][-1] for s in series)) if series else (0.1, 100)
+    top = 1.2
     for i, s in enumerate(moving):
         color = colors[i % len(colors)]
-        ax.plot(s["delay_ms"], s["ratio"], color=color, label=f"{s['scenario']}")
+        ok = calibrated is None or s["scenario"] in calibrated
+        ax.plot(s["delay_ms"], s["ratio"], color=color, ls="-" if ok else "--", lw=1.8 if ok else 1.0,
+                label=s["scenario"] + ("" if ok else " (not calibrated)"))
+        top = max(top, min(10.0, max(s["ratio"])))
         if s["break_even_ms"] is not None and lo <= s["break_even_ms"] <= hi:
             ax.axvline(s["break_even_ms"], color=color, ls=":", lw=1.2,
                        label=f"break-even d* {s['scenario']} = {s['break_even_ms']:.1f} ms")
@@ -33,8 +38,8 @@ def plot_iteration_vs_delay(series: list[dict], markers: dict, path: Path) -> Pa
             ax.plot([], [], " ", label=f"break-even d* {s['scenario']} = {s['break_even_ms']:.1f} ms (off scale)")
     bound = next((s["bound"] for s in series if s.get("bound")), None)
     if bound:
-        ax.axhline(bound, color="black", lw=1, ls="--", label=f"{(bound - 1) * 100:g} % threshold (T_mix = {bound:g} T_ft)")
-    ax.axhline(1.0, color="grey", lw=0.8)
+        ax.axhline(bound, color="black", lw=1.2, ls="--",
+                   label=f"{(bound - 1) * 100:g} % threshold (T_mix = {bound:g} T_ft)")
     style = {"paper_ms": ("tab:green", "paper's 25 ms"), "ocs_mean_ms": ("tab:orange", "measured OCS (cycle mean)"),
              "total_mean_ms": ("tab:red", "measured total (cycle mean)")}
     for key, (color, label) in style.items():
@@ -46,13 +51,15 @@ def plot_iteration_vs_delay(series: list[dict], markers: dict, path: Path) -> Pa
         else:
             ax.plot([], [], " ", label=f"{label} = {v:.4g} ms (off scale)")
     if static:
-        ax.plot([], [], " ", label=f"never moves a circuit (flat, not shown): {', '.join(static)}")
+        ax.plot([], [], " ", label=f"flat at T_mix(0), never move a circuit: {', '.join(static)}")
     ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_xlim(lo, hi)
+    ax.set_ylim(0.97, top)
     ax.set_xlabel("constant delay per reconfiguration (ms, log)")
-    ax.set_ylabel("MixNet iteration time / fat-tree")
+    ax.set_ylabel("MixNet iteration time / fat-tree (log)")
     ax.set_title("Where the iteration-time verdict flips", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -221,7 +221,8 @@ def write_outputs(run_dir, events, verdict: dict) -> list[str]:
     markers = {"paper_ms": verdict["paper_delay"]["ms"],
                "ocs_mean_ms": verdict["measured"]["ocs_ms"]["per_cycle_slowest_port_ms"]["mean"],
                "total_mean_ms": verdict["measured"]["total_ms"]["per_cycle_slowest_port_ms"]["mean"]}
-    plots = [plot_iteration_vs_delay(verdict["plot"], markers, run_dir / "iteration_vs_delay.png").name]
+    calibrated = {s["scenario"] for s in verdict["baseline"]["scenarios"] if s["calibration"]["calibrated"]}
+    plots = [plot_iteration_vs_delay(verdict["plot"], markers, run_dir / "iteration_vs_delay.png", calibrated).name]
     if events is not None:
         plots.append(plot_stage_breakdown(events[events["cycle"] > 0], run_dir / "turnaround_stages.png").name)
     rec.write_text_atomic(run_dir / "verdict.json", verdict_json_text(verdict))
