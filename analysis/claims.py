@@ -424,7 +424,10 @@ def evaluate_point(measured: Mapping, scenarios: Sequence[Scenario], *, claims: 
                "applicable": na is None, "not_applicable_reason": na, "calibration": calibration.check(sc),
                "break_even_ms": _ms(mx.break_even_delay(sc.mixnet, claims[0].time_bound(t_ft, sc.cost_ratio)))
                if claims and claims[0].quantity == "iteration_ratio" else None,
-               "delay_model": {}, "t_mixnet_s": {}, "delay_per_reconfiguration_ms": {}, "claims": {}}
+               "delay_model": {}, "t_mixnet_s": {}, "delay_per_reconfiguration_ms": {}, "claims": {},
+               "delay_sources": {**{f"measured_{k}": delays[k].source for k in DELAY_KINDS},
+                                 "calibration_delay": PAPER_DELAY_SOURCE, "break_even_ms": MODEL_DELAY_SOURCE,
+                                 "critical_delay_ms": MODEL_DELAY_SOURCE}}
         stats = {}
         decides = na is None and row["calibration"]["calibrated"]
         for ki, kind in enumerate(DELAY_KINDS):
@@ -663,13 +666,20 @@ def robustness(setup: Setup, grid: Sequence[Assumptions], results: Sequence[dict
                                                 "reason": base["reason"], "short": base["short"]}
                 continue
             usable = [(lab, c["verdict"]) for lab, c in cells if c["counts"]]
-            if not usable:
-                na = [lab for lab, c in cells if c["verdict"] == "not applicable"]
-                first = next(c for _, c in cells if c["verdict"] != "not applicable")
-                where = "" if len(cells) == 1 else " (at every grid point)" if not na else \
-                    f" (where circuits move; not applicable at {', '.join(na)})"
-                by_scenario[row["scenario"]] = {"verdict": "inconclusive", "conditions": [],
-                                                "reason": first["reason"] + where, "short": first["short"] + where}
+            if not usable:      # no grid point can carry a verdict here: say what the baseline is, and elsewhere
+                moving = [(lab, c) for lab, c in cells if c["verdict"] != "not applicable"]
+                if base["verdict"] == "not applicable":
+                    cell_verdict, short = "not applicable", base["short"]
+                    elsewhere = "; ".join(f"{lab}: {c['short']}" for lab, c in moving)
+                    short += f" (circuits move only at {elsewhere})"
+                    reason = base["reason"] + f"; circuits move only at {elsewhere}"
+                else:
+                    cell_verdict, short, reason = "inconclusive", base["short"], base["reason"]
+                    if len(cells) > 1:
+                        short += " (baseline; no grid point calibrated)"
+                        reason += " (baseline; no grid point is calibrated)"
+                by_scenario[row["scenario"]] = {"verdict": cell_verdict, "conditions": [], "reason": reason,
+                                                "short": short}
                 continue
             v, where = _aggregate(usable)
             reason, short = (base["numbers"], base["numbers_short"]) if base["counts"] else \

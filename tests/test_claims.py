@@ -199,3 +199,18 @@ def test_bad_measured_input():
         claims.evaluate_point(cycles(0.1), [scenario(1.0, 1.4)], verdict_delay="nic")
     m = claims.as_cycle_delays({"ocs": [[0.1, 0.2], [0.3, np.nan]], "total": [0.5, 0.6]})
     assert m["ocs"].bench_ports == 2 and m["total"].n_cycles == 2
+
+
+def test_a_scenario_vacuous_at_baseline_stays_not_applicable_where_no_point_calibrates():
+    slow = cycles(10.0)
+    static = claims.evaluate_point(slow, [scenario(1.0, 1.4, moves=False)], **FAST)
+    moving_uncalibrated = claims.evaluate_point(slow, [scenario(1.0, 1.4)], **FAST)
+    moving_calibrated = claims.evaluate_point(slow, [scenario(1.058, 1.4 * 1.058)], **FAST)
+    grid = [claims.Assumptions(), claims.Assumptions(alpha=4)]
+    rob = claims.robustness(claims.Setup(), grid, [static, moving_uncalibrated])
+    cell = rob["claims"][0]["by_scenario"]["mixtral-8x22b@100G"]
+    assert cell["verdict"] == "not applicable" and "circuits move only at alpha=4: not calibrated" in cell["short"]
+    assert rob["claims"][0]["verdict"] == "inconclusive"
+    rob = claims.robustness(claims.Setup(), grid, [static, moving_calibrated])
+    assert rob["claims"][0]["by_scenario"]["mixtral-8x22b@100G"]["verdict"] == "falsified"
+    assert rob["claims"][0]["verdict"] == "falsified" and rob["claims"][0]["conditions"] == ["alpha=4"]

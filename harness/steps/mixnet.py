@@ -172,7 +172,7 @@ def verdict_markdown(verdict: dict) -> str:
         lines.append(f"| measured {kind} (per cycle, slowest of {d['ports_per_cycle']} ports; {d['cycles']} cycles) | "
                      f"mean {s['mean']:.1f} ms{f' (95 % CI {ci[0]:.1f}–{ci[1]:.1f})' if ci else ''}, median "
                      f"{s['median']:.1f}, range {s['min']:.1f}–{s['max']:.1f}; p99: {p99_interval_text(s, ' ms', 1)}; "
-                     f"shared OCS part mean {d['shared_component_ms']['mean']:.1f} ms | {d['source']} |")
+                     f"shared part (OCS command completion) mean {d['shared_component_ms']['mean']:.1f} ms | {d['source']} |")
     lines.append(f"| paper's delay | {verdict['paper_delay']['ms']:g} ms | {verdict['paper_delay']['source']} |")
     be = verdict["break_even_ms"]
     lines.append("| break-even d* (T_mix = bound) | " + ", ".join(
