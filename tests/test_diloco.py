@@ -219,6 +219,8 @@ def test_step_parallel_replays_and_serial_model_agree(tmp_path):
     assert len(sorted((replayed / "diloco_study").glob("*.jsonl"))) == 6 and all(r["wall_s"] > 0 for r in a["runs"])
     assert 0 <= a["replay_vs_model"]["faithful_runs"] <= 1 and b["replay_vs_model"] is None
     assert a["claims"][0]["verdict"] == "inconclusive"  # 2 seeds can never reach p <= 0.05
+    assert [x["sync_capacity"] for x in b["sensitivity"]] == [0.25, 0.75, 0.9]
+    assert all(x["verdict"] == "inconclusive" for x in b["sensitivity"])
     report = (replayed / "diloco_report.md").read_text()
     assert "Calibration" in report and "Replay vs the emulator's model" in report
     assert (replayed / "diloco_envelope.png").stat().st_size > 0

@@ -63,6 +63,7 @@ SCHEMA = {
     "compression": (float, 1.0),  # fraction of the delta's bytes sent (e.g. 0.25 for 4-bit)
     "bandwidth": (str, "measure"),  # measure (ib_write_bw on the bench) | Gb/s as a number
     "turnaround": (str, "events"),  # events (this run's turnaround cycles) | profile:NAME | none | SECONDS
+    "sensitivity_capacity": (list, [0.25, 0.75, 0.9]),  # sync_capacity values re-evaluated by the model
     "fidelity_ms": (float, 0.0),  # a replay is faithful if send-error p99 × time_scale ≤ this (0: TTFT SLO / 10)
     "alpha": (float, 0.05),
     "min_effect_pp": (float, 0.5),
@@ -370,7 +371,8 @@ def diloco_step(ctx, step) -> StepOutcome:
             f"draws) of {path.name}, {p['duration_s']:g} s each at ×{p['time_scale']:g}, {workers} workers; "
             f"batch_slots {slots} ({calibration['chosen']})")
     results = _run_tasks(tasks, workers)
-    return _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration, path, url, run_dir)
+    return _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration, path, url, run_dir,
+                   {t["key"]: t for t in tasks})
 
 
 def _run_tasks(tasks: list[dict], workers: int) -> dict:
@@ -383,7 +385,36 @@ def _run_tasks(tasks: list[dict], workers: int) -> dict:
         return {r["key"]: r for r in pool.map(evaluate_run, tasks)}
 
 
-def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration, path, url, run_dir) -> StepOutcome:
+def _sensitivity(p, policies, per_seed, tasks_by_key, rule, seed) -> list[dict]:
+    """The claim's verdict (model evaluation) at other values of the sync-capacity assumption."""
+    from analysis import diloco as dl
+    from devices.emulated.vllm_server import InterferenceWindow, ServiceModel
+
+    service = ServiceModel(p["prefill_tokens_per_s"], p["decode_tokens_per_s"], p["batch_slots"], p["max_model_len"])
+    out = []
+    for capacity in p["sensitivity_capacity"]:
+        capacity = float(capacity)
+        if not 0 < capacity <= 1:
+            continue
+        rates = {pol: np.full((len(per_seed), len(per_seed[0]["schedules"][pol])), np.nan)
+                 for pol in ("wa_ewma", "random_schedule", "no_sync")}
+        for (s, pol, draw), task in tasks_by_key.items():
+            if pol in rates:
+                windows = [InterferenceWindow(a, d, capacity) for a, d in task["windows"]]
+                lat = _latencies_from_model(service, pd.DataFrame(task["requests"]), windows)
+                rates[pol][s, draw] = violation_rate(lat, p)
+        means = {pol: np.nanmean(v, axis=1) for pol, v in rates.items()}
+        comparison = dl.paired_comparison(means["wa_ewma"], means["random_schedule"], seed=seed)
+        verdict = dl.claim_verdict(comparison, float(means["no_sync"].mean()), rule)
+        out.append({"sync_capacity": capacity, "verdict": verdict["verdict"], "mean_pp": comparison["mean_pp"],
+                    "p_less": comparison["sign_flip"]["p_less"], "wins": comparison["wins"],
+                    "wa_ewma_pct": float(means["wa_ewma"].mean()),
+                    "random_schedule_pct": float(means["random_schedule"].mean())})
+    return out
+
+
+def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration, path, url, run_dir,
+            tasks_by_key) -> StepOutcome:
     from analysis import diloco as dl
     from harness import record as rec
 
@@ -449,11 +480,12 @@ def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration,
                          f"only {faithful:.0%} of the replays kept their timing (send-error p99 × time scale ≤ "
                          f"{fidelity_ms:g} ms of trace time; worst {lateness.max():.0f} ms): the machine was too "
                          "loaded for this time scale — lower time_scale or use fewer workers"]}
+    sensitivity = _sensitivity(p, policies, per_seed, tasks_by_key, rule, seed)
     public_cost = {k: v for k, v in cost.items() if not k.startswith("_")}
     out = {"trace": path.name, "evaluate": source, "endpoint": url or "emulated", "policies": policies,
            "params": {k: v for k, v in p.items()}, "study": study.as_dict(), "sync_cost": public_cost,
            "calibration": calibration, "table": table, "comparisons": comparisons, "claims": [claim],
-           "replay_vs_model": agreement,
+           "replay_vs_model": agreement, "sensitivity": sensitivity,
            "seeds": [{k: v for k, v in sd.items() if k != "schedules"} for sd in per_seed], "runs": runs}
     rec.write_json_atomic(ctx.run_dir / "diloco.json", out)
     from harness.plots import plot_diloco_envelope
@@ -510,6 +542,10 @@ def report_markdown(out: dict) -> str:
     for name, c in out["comparisons"].items():
         lines.append(f"| {name.replace('_vs_', ' vs ')} | {c['mean_pp']:+.2f} | {c['wins']}/{c['sign_flip']['n']} | "
                      f"{c['sign_flip']['p_less']:.4f} | {c['sign_flip']['p_two_sided']:.4f} |")
+    if out["sensitivity"]:
+        lines += ["", "Sensitivity to the sync-capacity assumption (model evaluation, same schedules): " + "; ".join(
+            f"{x['sync_capacity']:g} → {x['verdict']} ({x['mean_pp']:+.2f} pp, {x['wins']}/{len(out['seeds'])} seeds, "
+            f"p_less {x['p_less']:.4f})" for x in out["sensitivity"]) + "."]
     if out["replay_vs_model"]:
         a = out["replay_vs_model"]
         lines += ["", f"Replay vs the emulator's model (same windows): violation rates differ by {a['mean_pp']:+.2f} pp "
