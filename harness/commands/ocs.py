@@ -17,7 +17,7 @@ import os
 import sys
 
 from devices.errors import DeviceError
-from devices.ocs import OcsConfigError, open_switch, parse_url, protocol_names
+from devices.ocs import OcsConfigError, get_protocol, open_switch, parse_url, protocol_names
 from devices.ocs.base import format_ports, parse_port_ranges
 from devices.resources import OcsResource
 from harness.errors import InputError
@@ -27,8 +27,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("ocs", help="query or change an optical circuit switch",
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True,
-                        help="tcp://HOST:PORT (TL1, SCPI), a pyserial URL (socket://, rfc2217://) or device "
-                             "path (SCPI), ssh://HOST:PORT[?known_hosts=FILE] (NETCONF)")
+                        help="; ".join(f"{p.name}: " + ", ".join(f"{s}://" for s in p.schemes[:3])
+                                       + (", a device path" if p.serial_paths else "")
+                                       for p in map(get_protocol, protocol_names())))
     parser.add_argument("--protocol", default="polatis-tl1", help=f"one of {', '.join(protocol_names())}")
     parser.add_argument("--user", help="login (TL1 ACT-USER, NETCONF SSH user); none: no login")
     parser.add_argument("--password", help="login password (default: $OCS_PASSWORD)")
