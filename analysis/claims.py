@@ -513,6 +513,22 @@ class Assumptions:
 
 
 GRID_AXES = tuple(f.name for f in fields(Assumptions))
+
+
+def check_assumptions(a: Assumptions) -> None:
+    """Raise ClaimInputError when a grid point names an unknown GPU, overlap or greedy, or an impossible value."""
+    if a.gpu not in mm.GPUS:
+        raise ClaimInputError(f"unknown gpu {a.gpu!r}; known: {sorted(mm.GPUS)}")
+    if a.overlap not in ("all_hidden", "simulator"):
+        raise ClaimInputError(f"overlap must be 'all_hidden' or 'simulator', got {a.overlap!r}")
+    if a.greedy not in ("simulator", "paper"):
+        raise ClaimInputError(f"greedy must be 'simulator' or 'paper', got {a.greedy!r}")
+    if not 0 < a.mfu <= 1 or a.skew < 0:
+        raise ClaimInputError(f"need 0 < mfu <= 1 and skew >= 0, got mfu={a.mfu:g}, skew={a.skew:g}")
+    try:
+        mx.Fabric("mixnet", 100, alpha=a.alpha)
+    except mx.MixnetInputError as exc:
+        raise ClaimInputError(str(exc)) from None
 # The declared default grid: the paper's prototype GPU and ours, routing skew, MFU, the paper's overlap and the
 # released simulator's, the paper's Algorithm 1 and the simulator's greedy, and the OCS share α of the NICs.
 DEFAULT_GRID: dict[str, tuple] = {"gpu": ("h100-sxm", "a100-sxm"), "skew": (0.3, 0.5, 0.8),

@@ -214,3 +214,15 @@ def test_a_scenario_vacuous_at_baseline_stays_not_applicable_where_no_point_cali
     rob = claims.robustness(claims.Setup(), grid, [static, moving_calibrated])
     assert rob["claims"][0]["by_scenario"]["mixtral-8x22b@100G"]["verdict"] == "falsified"
     assert rob["claims"][0]["verdict"] == "falsified" and rob["claims"][0]["conditions"] == ["alpha=4"]
+
+
+def test_the_step_refuses_a_bad_grid_before_it_runs():
+    from harness.steps import mixnet as step
+
+    params = {k: v[1] for k, v in step.SCHEMA.items()}
+    setup, grid = step._setup(params, 1)
+    assert len(grid) == 9 and setup.cost_basis == "paper" and setup.calibration.ratio_tolerance_pct == 5.0
+    for bad in ({"grid": {"gpu": ["x100"]}}, {"grid": {"alpha": [9]}}, {"grid": {"overlap": ["none"]}},
+                {"baseline": {"colour": "red"}}, {"design": "latin"}, {"models": ["gpt-5"]}, {"grid": {"mfu": [0]}}):
+        with pytest.raises(ValueError):
+            step._setup({**params, **bad}, 1)

@@ -75,7 +75,7 @@ def provenance(manifest: dict) -> dict:
 
 def _setup(params: dict, seed: int):
     from analysis import claims as cl
-    from analysis.moe_models import MODELS
+    from analysis.moe_models import MODELS, get_model
 
     claims = cl.paper_claims(params["tolerance_pct"] / 100, {100: params["ce_target_100g"],
                                                              400: params["ce_target_400g"]})
@@ -90,6 +90,10 @@ def _setup(params: dict, seed: int):
         raise cl.ClaimInputError(f"baseline: unknown assumptions {sorted(unknown)}; known: {', '.join(cl.GRID_AXES)}")
     baseline = cl.Assumptions(**params["baseline"])
     grid = cl.assumption_grid(params["grid"] or None, baseline, params["design"])
+    for a in grid:      # bad values fail here, before any worker starts
+        cl.check_assumptions(a)
+    for model in setup.models:
+        get_model(model)
     return setup, grid
 
 
@@ -102,9 +106,6 @@ def compute_verdict(events, params: dict, seed: int, prov: dict) -> dict:
     if any(v is None for v in measured.values()):
         raise LookupError("no cycle recorded both light_detected and first_packet")
     setup, grid = _setup(params, seed)
-    for a in grid:      # bad names fail here, before any worker starts
-        cl.build_scenarios(setup.models[:0], setup.links, gpu=a.gpu, mfu=a.mfu, greedy=a.greedy,
-                           cost_basis=setup.cost_basis)
     verdict = cl.evaluate_claims(measured, setup=setup, grid=grid, max_workers=params["workers"])
     verdict["provenance"] = prov
     verdict["inputs"] = {"params": params, "seed": seed}
