@@ -33,7 +33,7 @@ from pathlib import Path
 import paramiko
 
 from devices.emulated.physics import OcsCommandError
-from devices.emulated.ssh_host import _forget_accepted, _generate_ed25519
+from devices.emulated.ssh_host import _forget_accepted, _generate_ed25519, accept_ssh
 from devices.timing import now_ns
 
 log = logging.getLogger(__name__)
@@ -226,19 +226,7 @@ class NetconfServer:
         self.stop()
 
     def _serve(self) -> None:
-        while self._running:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            transport = paramiko.Transport(sock)
-            transport.add_server_key(self.host_key)
-            try:
-                transport.start_server(event=threading.Event(), server=_SshAuth(self))
-            except (paramiko.SSHException, OSError, EOFError):
-                transport.close()
-                continue
+        for transport in accept_ssh(self._listener, self.host_key, lambda: _SshAuth(self), lambda: self._running):
             self._transports = [t for t in self._transports if t.is_active()] + [transport]
 
     # ---- one session ----------------------------------------------------------------------------

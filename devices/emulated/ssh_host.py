@@ -195,6 +195,26 @@ def _forget_accepted(channel: paramiko.Channel) -> None:
             pass
 
 
+def accept_ssh(listener: socket.socket, host_key: paramiko.PKey, interface: Callable[[], paramiko.ServerInterface],
+               running: Callable[[], bool]) -> Iterator[paramiko.Transport]:
+    """SSH server transports (TCP_NODELAY) for each connection whose handshake succeeds, until `running()`
+    turns false or the listener is closed."""
+    while running():
+        try:
+            sock, _ = listener.accept()
+        except OSError:
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport = paramiko.Transport(sock)
+        transport.add_server_key(host_key)
+        try:
+            transport.start_server(event=threading.Event(), server=interface())
+        except (paramiko.SSHException, OSError, EOFError):
+            transport.close()
+            continue
+        yield transport
+
+
 class _SshServer(paramiko.ServerInterface):
     def __init__(self, host: "EmulatedHostServer"):
         self.host = host
@@ -350,19 +370,7 @@ class EmulatedHostServer:
     # ------------------------------------------------------------------ connections
     def _serve(self) -> None:
         assert self._listener is not None
-        while self._running:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            transport = paramiko.Transport(sock)
-            transport.add_server_key(self.host_key)
-            try:
-                transport.start_server(event=threading.Event(), server=_SshServer(self))
-            except (paramiko.SSHException, OSError, EOFError):
-                transport.close()
-                continue
+        for transport in accept_ssh(self._listener, self.host_key, lambda: _SshServer(self), lambda: self._running):
             with self._lock:
                 self._transports = [t for t in self._transports if t.is_active()] + [transport]
 

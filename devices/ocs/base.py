@@ -85,6 +85,33 @@ def check_allowed(allowed: frozenset[int], ports: Iterable[int], what: str) -> N
             f"({format_ports(allowed) or 'none'}); nothing was sent")
 
 
+def disconnect_ports(switch, ingresses: Iterable[int]) -> list[int]:
+    """The ingresses of a `disconnect`, checked before anything changes: at least one, all allowed, and the
+    far end of each of their patches (read from `switch`) allowed too — a patch has two ends."""
+    ingresses = [int(i) for i in ingresses]
+    if not ingresses:
+        raise ValueError("disconnect needs at least one port")
+    check_allowed(switch.allowed, ingresses, "disconnect")
+    current = switch.patches()
+    check_allowed(switch.allowed, [current[i] for i in ingresses if i in current], "disconnect")
+    return ingresses
+
+
+def power_ports(switch, ports: Iterable[int]) -> list[int]:
+    """The ports of a `port_power` call, all checked against the allowlist before anything is sent."""
+    ports = [int(p) for p in ports]
+    check_allowed(switch.allowed, ports, "port power")
+    return ports
+
+
+def plan_for(switch, mapping: Mapping[int, int], exclusive: bool):
+    """The first half of every driver's `apply`: `mapping` checked against the allowlist, one read of the
+    switch (its `_read_patches()`), and the plan. Returns (ReconcilePlan, the read's CommandTiming)."""
+    check_allowed(switch.allowed, [p for pair in mapping.items() for p in pair], "apply")
+    current, read_timing = switch._read_patches()
+    return plan_apply(current, mapping, switch.allowed, exclusive), read_timing
+
+
 def format_ports(ports: Iterable[int]) -> str:
     """Compact range text, e.g. `1-8,17-24`."""
     values = sorted(set(ports))

@@ -24,7 +24,7 @@ import paramiko
 from lxml import etree
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportClosed
-from devices.ocs.base import check_allowed, check_state, confirm, plan_apply
+from devices.ocs.base import check_allowed, check_state, confirm, disconnect_ports, plan_for, power_ports
 from devices.ocs.registry import OcsConfigError
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
@@ -253,20 +253,13 @@ class NetconfSwitch(CircuitSwitch):
 
     def disconnect(self, ingresses: Sequence[int]) -> CommandTiming:
         """`delete` as is: an ingress without a pair is the switch's error (data-missing)."""
-        ingresses = [int(i) for i in ingresses]
-        if not ingresses:
-            raise ValueError("disconnect needs at least one port")
-        check_allowed(self.allowed, ingresses, "disconnect")
-        current = self.patches()  # a patch has two ends: its egress must be allowed too
-        check_allowed(self.allowed, [current[i] for i in ingresses if i in current], "disconnect")
+        ingresses = disconnect_ports(self, ingresses)
         return self._edit(f"edit-config delete {','.join(map(str, ingresses))}",
                           self._connections(*(_pair(self.pair_tag, i, operation="delete") for i in ingresses)))
 
     def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
         """One edit-config: `delete` the conflicting pairs, `merge` the wanted ones (moves included)."""
-        check_allowed(self.allowed, [p for pair in mapping.items() for p in pair], "apply")
-        current, read_timing = self._read_patches()
-        plan = plan_apply(current, mapping, self.allowed, exclusive)
+        plan, read_timing = plan_for(self, mapping, exclusive)
         if plan.empty:
             return read_timing
         edits = [_pair(self.pair_tag, i, operation="delete") for i in sorted(plan.removes) if i not in plan.adds]
@@ -276,10 +269,9 @@ class NetconfSwitch(CircuitSwitch):
         return timing
 
     def port_power(self, ports: Sequence[int]) -> dict[int, float]:
-        ports = [int(p) for p in ports]
+        ports = power_ports(self, ports)
         if not ports:
             return {}
-        check_allowed(self.allowed, ports, "port power")
         subtree = _el(_OS + "opm-power", *(_el(_OS + "port", _el(_OS + "port-id", text=p), _el(_OS + "power"))
                                             for p in ports))
         data = self._get("get opm-power", subtree)

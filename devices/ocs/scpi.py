@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportClosed
 from devices.ocs.base import (DeviceEvent, DeviceEvents, ImpossibleState, check_allowed, check_state, confirm,
-                              plan_apply)
+                              disconnect_ports, plan_apply, power_ports)
 from devices.ocs.lines import LineChannel, LineTooLong, excerpt
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
@@ -210,12 +210,7 @@ class ScpiSwitch(CircuitSwitch):
 
     def disconnect(self, ingresses: Sequence[int]) -> CommandTiming:
         """`:OXC:SWIT:CONN:SUB (@ingresses),(@)`: a port without a patch is the switch's error."""
-        ingresses = [int(i) for i in ingresses]
-        if not ingresses:
-            raise ValueError("disconnect needs at least one port")
-        check_allowed(self.allowed, ingresses, "disconnect")
-        current = self.patches()
-        check_allowed(self.allowed, [current[i] for i in ingresses if i in current], "disconnect")
+        ingresses = disconnect_ports(self, ingresses)
         return self.execute(f":OXC:SWIT:CONN:SUB {channel_list(ingresses)},(@)")
 
     def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
@@ -246,10 +241,9 @@ class ScpiSwitch(CircuitSwitch):
 
     def port_power(self, ports: Sequence[int]) -> dict[int, float]:
         """`:MON:POW? (@ports)` -> comma-separated dBm in the same order (command name unverified)."""
-        ports = [int(p) for p in ports]
+        ports = power_ports(self, ports)
         if not ports:
             return {}
-        check_allowed(self.allowed, ports, "port power")
         reply = self.query(f":MON:POW? {channel_list(ports)}")
         try:
             values = [float(v) for v in reply.strip("()").split(",")]

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout
-from devices.ocs.base import DeviceEvent, DeviceEvents, check_allowed, check_state, confirm, plan_apply
+from devices.ocs.base import (DeviceEvent, DeviceEvents, check_allowed, check_state, confirm, disconnect_ports,
+                              plan_for, power_ports)
 from devices.ocs.lines import MAX_REPLY_BYTES, MAX_REPLY_LINES, LineChannel, LineTooLong, excerpt
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
@@ -266,19 +267,12 @@ class Tl1Switch(CircuitSwitch):
 
     def disconnect(self, ingresses: Sequence[int]) -> CommandTiming:
         """DLT-PATCH as is: deleting a missing patch is the switch's error."""
-        ingresses = [int(i) for i in ingresses]
-        if not ingresses:
-            raise ValueError("disconnect needs at least one port")
-        check_allowed(self.allowed, ingresses, "disconnect")
-        current = self.patches()  # a patch has two ends: its egress must be allowed too
-        check_allowed(self.allowed, [current[i] for i in ingresses if i in current], "disconnect")
+        ingresses = disconnect_ports(self, ingresses)
         self.command("DLT-PATCH", "&".join(map(str, ingresses)))
         return self.last_timing
 
     def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
-        check_allowed(self.allowed, [p for pair in mapping.items() for p in pair], "apply")
-        current, read_timing = self._read_patches()
-        plan = plan_apply(current, mapping, self.allowed, exclusive)
+        plan, read_timing = plan_for(self, mapping, exclusive)
         if plan.empty:
             return read_timing
         timings: list[CommandTiming] = []
@@ -299,10 +293,9 @@ class Tl1Switch(CircuitSwitch):
         return CommandTiming(timings[0].sent_ns, timings[-1].completed_ns)
 
     def port_power(self, ports: Sequence[int]) -> dict[int, float]:
-        ports = [int(p) for p in ports]
+        ports = power_ports(self, ports)
         if not ports:
             return {}
-        check_allowed(self.allowed, ports, "port power")
         response = self.command("RTRV-PORT-POWER", "&".join(map(str, ports)))
         power: dict[int, float] = {}
         for payload in response.payloads:
