@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from devices.ocs.registry import protocol_names
+from devices.ocs import OcsConfigError, parse_url, protocol_names
 from devices.resources import Bench, HostResource, NicPort, OcsResource
 from harness.errors import InputError
 
@@ -393,6 +393,10 @@ def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = 
         if spec["protocol"] not in protocol_names():
             raise InputError(f"ocs.{name}.protocol: expected one of {', '.join(protocol_names())}, found "
                              f"{spec['protocol']!r}", *node.where("protocol"))
+        try:
+            parse_url(spec["url"], spec["protocol"])  # the URL forms that protocol's registry entry accepts
+        except OcsConfigError as exc:
+            raise InputError(f"ocs.{name}.url: {exc}", *node.where("url")) from None
         size = spec["size"]
         if len(size) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= 4096
                                      for s in size):

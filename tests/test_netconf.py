@@ -256,7 +256,7 @@ def test_line_noise_drops_the_session_and_replies_are_validated(server, emulator
         switch.close()
 
 
-def test_urls_and_duplicate_registration():
+def test_urls_and_duplicate_registration(tmp_path, capsys, monkeypatch):
     assert parse_url("ssh://10.0.0.5", "polatis-netconf") == Endpoint("ssh", "10.0.0.5", 830)
     assert parse_url("ssh://[::1]:2830?known_hosts=kh", "polatis-netconf") == Endpoint(
         "ssh", "::1", 2830, options=(("known_hosts", "kh"),))
@@ -265,6 +265,14 @@ def test_urls_and_duplicate_registration():
             parse_url(url, "polatis-netconf")
     with pytest.raises(OcsConfigError):
         parse_url("ssh://h", "polatis-tl1")
+    inventory = tmp_path / "bench.yaml"  # a TL1 URL under a NETCONF switch: refused where it is written
+    inventory.write_text("bench: {name: lab, emulated: false}\nocs:\n  ocs1:\n    protocol: polatis-netconf\n"
+                         "    url: tcp://192.0.2.10:3082\n    size: [16, 16]\n    allowed_ports: ['1-2', '17-18']\n"
+                         "    user: admin\n    password_env: OCS_PASSWORD\nhosts: {}\n")
+    monkeypatch.setenv("OCS_PASSWORD", "x")
+    assert main(["validate", str(inventory)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{inventory}:5: ocs.ocs1.url:" in err and "ssh://HOST:PORT" in err and len(err.splitlines()) == 1
     with pytest.raises(ValueError, match="already registered"):
         register_protocol(OcsProtocol(name="polatis-netconf", driver="x:y", schemes=("ssh",), default_port=1,
                                       permanent="x:y", emulator="x:y"))
