@@ -54,6 +54,7 @@ class RunOptions:
     dry_run: bool = False
     quiet: bool = False
     json: bool = False  # one result line on stdout
+    adopt_current_state: bool = False  # take a switch another run left changed as the original
 
 
 @dataclass
@@ -226,6 +227,7 @@ def run(options: RunOptions) -> int:
             lease = _acquire_lease(ident.bench, run_dir.name, options)
             if lease is not None:
                 held.callback(lease.release)
+            recovery = _take_over_recovery(ident.bench, run_dir, options) if lease is not None else None
             if not resumed and not options.dry_run:
                 resume.keep_inputs(run_dir, playbook, ident.bench)
         except BaseException:
@@ -235,7 +237,7 @@ def run(options: RunOptions) -> int:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
         try:
-            return _run(options, playbook, ident, run_dir, resumed.manifest if resumed else None, lease)
+            return _run(options, playbook, ident, run_dir, resumed.manifest if resumed else None, lease, recovery)
         except InputError:
             log = run_dir / "events.jsonl"
             if not resumed and not options.dry_run and not (log.exists() and log.stat().st_size):
@@ -257,8 +259,19 @@ def _new_run_dir(out: str | None, name: str) -> Path:
     return path
 
 
+def _take_over_recovery(bench_spec: str, run_dir: Path, options: RunOptions):
+    """Under the lease, before anything is snapshotted: refuse a switch another run left changed (unless
+    the lab adopts its state), then note that this run owns the switches' recovery (harness.recovery)."""
+    from harness import recovery
+
+    bench = load_inventory(bench_spec)
+    adopted = recovery.check_pending(bench, run_dir, adopt=options.adopt_current_state, warn=_error_line)
+    recovery.mark_pending(bench, run_dir, run_dir.name)
+    return bench, adopted
+
+
 def _run(options: RunOptions, playbook: Playbook, ident, run_dir: Path, previous_manifest: dict | None,
-         lease) -> int:
+         lease, recovery=None) -> int:
     from harness.finish import console_summary, finish_run
     from harness.resume import identity_record
 
@@ -277,6 +290,8 @@ def _run(options: RunOptions, playbook: Playbook, ident, run_dir: Path, previous
         ctx = RunContext(playbook=playbook, bench=bench, run_dir=run_dir, run_id=run_id, seed=seed,
                          cycles=cycles, log=log, stack=stack, emulated=emulated, dry_run=options.dry_run,
                          quiet=options.quiet, resume_after=resume_after, lease=lease)
+        if recovery is not None and recovery[1]:
+            ctx.manifest_extra["adopted_state"] = recovery[1]
         inventory_text = None if emulated else Path(bench_spec).read_bytes()
         manifest = rec.build_manifest(playbook, inventory_text=inventory_text, seed=seed,
                                       profile=_profile_record(emulated.profile) if emulated else None,
@@ -324,6 +339,10 @@ def _run(options: RunOptions, playbook: Playbook, ident, run_dir: Path, previous
         if ctx.manifest_extra.get("restore_error"):
             for ocs, why in ctx.manifest_extra["restore_error"].items():
                 _error_line(f"{ocs}: bench NOT restored: {why}")
+        if recovery is not None:  # the switches this run restored (or never moved) need no recovery
+            from harness.recovery import clear_pending
+
+            clear_pending(recovery[0], run_dir, ctx.manifest_extra.get("restored"))
         ctx.manifest_extra["signal"] = signame or None
         # The bench is still up here (the stack unwinds after), so ground truth is complete.
         try:

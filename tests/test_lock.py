@@ -153,7 +153,8 @@ def test_a_run_whose_lease_is_taken_over_stops_and_restores(tmp_path):
         # an operator (wrongly) breaks the lock and takes the switch over
         intruder = {"owner": "intruder@elsewhere pid 1", "hostname": "elsewhere", "pid": 1, "run_id": "theirs",
                     "token": "0" * 16, "expires": time.time() + 3600}
-        (locks / f"{key}.json").write_text(json.dumps(intruder))
+        (locks / "intruder.tmp").write_text(json.dumps(intruder))  # atomically, as a lease is written
+        os.replace(locks / "intruder.tmp", locks / f"{key}.json")
         assert proc.wait(timeout=60) == 1, proc.stderr.read().decode()
         (run,) = list(out.iterdir())
         manifest = json.loads((run / "manifest.json").read_text())

@@ -267,6 +267,39 @@ def test_sigkill_mid_reconfiguration_then_resume_restores_the_original(tmp_path)
         assert manifest["extra"]["restored"] == {"ocs1": True} and manifest["extra"]["resumed"]
 
 
+def test_sigkill_then_bench_restore_and_a_fresh_run_refuses_until_then(tmp_path, capsys):
+    """The kill-and-recover acceptance test on an external emulated bench: after a SIGKILL only the dead
+    run's restore.json knows the original; a fresh run refuses to snapshot, `harness bench restore` puts
+    the original back and verifies it, then a fresh run is allowed."""
+    with EmulatedBench(profile_from_dict(PROFILE), seed=7, workdir=tmp_path / "bench") as bench:
+        bench.physics.ocs_apply({2: 11, 7: 14})
+        assert bench.physics.wait_idle(5)
+        original = bench.physics.ocs_patches()
+        inventory, out = str(bench.inventory_path), tmp_path / "runs"
+        pb = playbook(tmp_path, 50)
+        proc = _harness("run", str(pb), "--bench", inventory, "--out", str(out / "run"), "-q")
+        sent = _signal_mid_reconfiguration(bench, proc, out, signal.SIGKILL)
+        assert proc.wait(timeout=90) == -signal.SIGKILL and sent.is_set()
+        bench.physics.on_mirror.clear()
+        assert bench.physics.wait_idle(5)
+        left = bench.physics.ocs_patches()
+        assert left != original  # nobody restored: the process died
+        fresh = playbook(tmp_path, 1, name="fresh", probes=False)
+        assert main(["run", str(fresh), "--bench", inventory, "--out", str(out / "fresh"), "-q"]) == 2
+        err = capsys.readouterr().err
+        assert f"harness bench restore {out / 'run'}" in err and "--adopt-current-state" in err
+        assert not (out / "fresh").exists() and bench.physics.ocs_patches() == left  # refused, nothing touched
+        assert main(["bench", "restore", str(out / "run")]) == 0
+        assert "verified" in capsys.readouterr().out
+        assert bench.physics.ocs_patches() == original
+        manifest = json.loads((out / "run" / "manifest.json").read_text())
+        assert manifest["extra"]["restored_by_command"] == {"ocs1": True}
+        assert main(["run", str(fresh), "--bench", inventory, "--out", str(out / "fresh"), "-q"]) == 0
+        assert bench.physics.ocs_patches() == original
+        assert main(["bench", "restore", str(out / "fresh")]) == 0  # a clean run: nothing left to do
+        assert bench.physics.ocs_patches() == original
+
+
 def test_teardown_is_bounded_when_the_switch_stops_answering(tmp_path):
     with EmulatedBench(profile_from_dict(PROFILE), seed=8, workdir=tmp_path / "bench") as bench:
         out = tmp_path / "runs"

@@ -15,6 +15,9 @@ def register(sub) -> None:
                    "same bench with the same playbook, cycles and seed (anything else is refused)")
     p.add_argument("--dry-run", action="store_true", help="print the planned reconfigurations; touch nothing")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("--adopt-current-state", action="store_true",
+                   help="a switch another run left changed (see `harness bench restore`): take its current "
+                        "cross-connects as the original (recorded in the manifest)")
     p.add_argument("--json", action="store_true", help="one machine-readable result line on stdout (run dir, "
                                                       "status, exit code, checks); progress stays on stderr")
     p.set_defaults(func=_run)
@@ -28,7 +31,7 @@ def _run(args) -> int:
 
     options = RunOptions(playbook=args.playbook, bench=args.bench, out=args.out, seed=args.seed,
                          cycles=args.cycles, resume=args.resume, dry_run=args.dry_run, quiet=args.quiet,
-                         json=args.json)
+                         json=args.json, adopt_current_state=args.adopt_current_state)
     try:
         return run(options)
     except InputError as exc:
