@@ -14,7 +14,7 @@ class OcsResource:
     """
 
     name: str
-    protocol: str  # "polatis-tl1" | "polatis-scpi"
+    protocol: str  # a name in the OCS protocol registry (devices/ocs/registry.py)
     url: str
     size: tuple[int, int]  # (ingress count N, egress count M)
     allowed_ports: frozenset[int]

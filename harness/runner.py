@@ -133,11 +133,11 @@ class RunContext:
 
 def emulated_spec(spec: str) -> tuple[str, str, str] | None:
     """'emulated[-netns]:PROFILE[?ocs=PROTOCOL]' → (kind, profile, protocol); None for an inventory path.
-    The protocol is any registered switch protocol (default polatis-tl1): the same emulated switch, served over
+    The protocol is any registered switch protocol (default: the registry's): the same emulated switch, served over
     that protocol's wire, so CI can drive the SCPI or NETCONF driver through `--bench` alone."""
     from urllib.parse import parse_qs
 
-    from devices.ocs.registry import OcsConfigError, get_protocol
+    from devices.ocs.registry import DEFAULT_PROTOCOL, OcsConfigError, get_protocol
 
     kind, _, rest = spec.partition(":")
     if kind not in ("emulated", "emulated-netns") or not rest:
@@ -148,7 +148,7 @@ def emulated_spec(spec: str) -> tuple[str, str, str] | None:
     if unknown or not profile or any(len(v) != 1 for v in options.values()):
         raise InputError(f"--bench: expected {kind}:PROFILE or {kind}:PROFILE?ocs=PROTOCOL", spec)
     try:
-        protocol = get_protocol(options.get("ocs", ["polatis-tl1"])[0]).name
+        protocol = get_protocol(options.get("ocs", [DEFAULT_PROTOCOL])[0]).name
     except OcsConfigError as exc:
         raise InputError(f"--bench: {exc}", spec) from None
     return kind, profile, protocol

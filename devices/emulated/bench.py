@@ -14,7 +14,7 @@ import yaml
 
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import Profile, load_profile
-from devices.ocs.registry import get_protocol
+from devices.ocs.registry import DEFAULT_PROTOCOL, get_protocol
 
 PASSWORD_ENV = "OCS_HIL_EMULATED_PASSWORD"
 EMULATED_USER, EMULATED_PASSWORD = "admin", "root"
@@ -44,7 +44,7 @@ def scpi_view(servers) -> OcsView:
 class EmulatedBench:
     """Start with `with EmulatedBench("mixnet-testbed", seed=1) as bench: bench.inventory_path ...`."""
 
-    def __init__(self, profile: Profile | str, seed: int = 0, protocol: str = "polatis-tl1",
+    def __init__(self, profile: Profile | str, seed: int = 0, protocol: str = DEFAULT_PROTOCOL,
                  workdir: str | os.PathLike | None = None, netns_prefix: str | None = None):
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         self.seed = seed

@@ -71,6 +71,7 @@ class OcsProtocol:
 
 
 _PROTOCOLS: dict[str, OcsProtocol] = {}
+DEFAULT_PROTOCOL = "polatis-tl1"  # what `harness ocs`, `harness emulate` and `emulated:PROFILE` use unless told
 
 
 def register_protocol(protocol: OcsProtocol) -> OcsProtocol:

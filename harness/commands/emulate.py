@@ -5,7 +5,7 @@ import os
 import signal
 import threading
 
-from devices.ocs.registry import protocol_names
+from devices.ocs.registry import DEFAULT_PROTOCOL, protocol_names
 
 
 def register(sub) -> None:
@@ -13,7 +13,7 @@ def register(sub) -> None:
     p.add_argument("--profile", default="mixnet-testbed", help="built-in profile name or a profile YAML")
     p.add_argument("--inventory-out", required=True, help="where to write the bench inventory YAML")
     p.add_argument("--truth-out", help="write the ground-truth log (JSON Lines) here on exit")
-    p.add_argument("--protocol", default="polatis-tl1", choices=protocol_names(),
+    p.add_argument("--protocol", default=DEFAULT_PROTOCOL, choices=protocol_names(),
                    help="the OCS protocol the inventory names (TL1 and SCPI are served either way)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_emulate)

@@ -18,6 +18,7 @@ import sys
 
 from devices.errors import DeviceError
 from devices.ocs import OcsConfigError, get_protocol, open_switch, parse_url, protocol_names
+from devices.ocs.registry import DEFAULT_PROTOCOL
 from devices.ocs.base import format_ports, parse_port_ranges
 from devices.resources import OcsResource
 from harness.errors import InputError
@@ -30,7 +31,7 @@ def register(subparsers) -> None:
                         help="; ".join(f"{p.name}: " + ", ".join(f"{s}://" for s in p.schemes[:3])
                                        + (", a device path" if p.serial_paths else "")
                                        for p in map(get_protocol, protocol_names())))
-    parser.add_argument("--protocol", default="polatis-tl1", help=f"one of {', '.join(protocol_names())}")
+    parser.add_argument("--protocol", default=DEFAULT_PROTOCOL, help=f"one of {', '.join(protocol_names())}")
     parser.add_argument("--user", help="login (TL1 ACT-USER, NETCONF SSH user); none: no login")
     parser.add_argument("--password", help="login password (default: $OCS_PASSWORD)")
     parser.add_argument("--allowed-ports", metavar="RANGES",
