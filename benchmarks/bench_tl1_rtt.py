@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_tl1_rtt.py [--count 2000]
 
 Prints p50/p99 of: TL1 RTRV-PATCH through the driver vs a bare socket client (driver overhead ratio),
-a TL1 connect+disconnect cycle, and SCPI `:CONN:STAT?` over TCP and the pty.
+a TL1 connect+disconnect cycle, SCPI `:CONN:STAT?` over TCP and the pty, and NETCONF `get-config` of
+`cross-connects` (wire time, as stamped by the driver, and the whole ncclient call).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 from devices.emulated.ocs_server import OcsServers
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import load_profile
-from devices.ocs import open_switch
+from devices.ocs import get_protocol, open_switch
 from devices.resources import OcsResource
 from devices.timing import now_ns
 
@@ -87,6 +88,23 @@ def main() -> None:
                     samples.append(scpi.last_timing.completed_ns - scpi.last_timing.sent_ns)
             scpi.close()
             report(f"SCPI :CONN:STAT? over {label}", samples)
+
+        view = get_protocol("polatis-netconf").start_emulator(servers)
+        netconf = open_switch(OcsResource("ocs1", "polatis-netconf", view.url, (n, m), allowed,
+                                          user="admin", password="root"))
+        try:
+            wire, call = [], []
+            for k in range(count + warmup):
+                t0 = now_ns()
+                netconf.patches()
+                if k >= warmup:
+                    call.append(now_ns() - t0)
+                    wire.append(netconf.last_timing.completed_ns - netconf.last_timing.sent_ns)
+            report("NETCONF get-config cross-connects, wire", wire)
+            report("NETCONF get-config, whole ncclient call", call)
+        finally:
+            netconf.close()
+            view.stop()
     finally:
         tl1.close()
         servers.stop()
