@@ -21,7 +21,7 @@ from devices.ocs.base import (DeviceEvent, DeviceEvents, check_allowed, check_st
 from devices.ocs.lines import MAX_REPLY_BYTES, MAX_REPLY_LINES, LineChannel, LineTooLong, excerpt
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
-from devices.timing import CommandTiming, Deadline, now_ns
+from devices.timing import CommandTiming, Deadline
 
 _STATUS = re.compile(r"^M\s+(\S+)\s+(COMPLD|DENY|PRTL|DELAY|RTRV)\b\s*(.*)$")
 _AUTONOMOUS = re.compile(r"^(\*C|\*\*|\*\^|\*|A)\s+(\d{1,10}(?:\.\d{1,10})?)\s+([A-Z].*)$")
