@@ -108,10 +108,13 @@ class LineChannel(ABC):
     def read_line(self, deadline: Deadline) -> tuple[int, str]:
         """Next non-empty line as (recv_ns, text). Raises DeviceTimeout (with the partial data),
         LineTooLong (the rest of that line is skipped, the stream goes on) or TransportClosed."""
-        while not self._ready:
+        while True:
+            # checked per line, not per read: a flood of lines must not outlast the deadline either
             if deadline.expired():
                 raise DeviceTimeout(f"no complete line from {self.description} before the deadline",
                                     self._splitter.pending)
+            if self._ready:
+                break
             remaining = deadline.remaining()
             chunk = self._read(_POLL_S if remaining is None else min(_POLL_S, remaining))
             if chunk:
@@ -123,13 +126,14 @@ class LineChannel(ABC):
                               f"(the rest was discarded): {excerpt(line)}")
         return recv_ns, line
 
-    def drain(self) -> Iterator[tuple[int, str]]:
+    def drain(self, deadline: Deadline | None = None) -> Iterator[tuple[int, str]]:
         """Yield whatever has been received but not read, as (recv_ns, line), one read at a time: at
-        most about MAX_REPLY_BYTES, so a peer that floods the line cannot keep this going."""
+        most about MAX_REPLY_BYTES and not past `deadline`, so a peer that floods the line cannot keep
+        this going."""
         while self._ready:
             yield self._ready.popleft()
         taken = 0
-        while taken < MAX_REPLY_BYTES and (chunk := self._read(0.0)):
+        while taken < MAX_REPLY_BYTES and not (deadline and deadline.expired()) and (chunk := self._read(0.0)):
             taken += len(chunk)
             stamp = now_ns()
             for line in self._splitter.feed(chunk):

@@ -128,7 +128,7 @@ class ScpiSwitch(CircuitSwitch):
 
     def _take_backlog(self) -> None:
         """Lines nobody asked for (SCPI devices speak only when asked): kept as events, never replies."""
-        for recv_ns, line in self._channel.drain():
+        for recv_ns, line in self._channel.drain(Deadline(min(self.timeout_s, 1.0))):
             self.events.add(DeviceEvent(recv_ns, self.resource.name, "unsolicited", text=(line[:256],)))
 
     def _reply(self, sent: str, deadline: Deadline) -> tuple[int, str]:

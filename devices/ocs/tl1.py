@@ -96,9 +96,9 @@ class Tl1Reader:
         finally:
             self._ctag = None
 
-    def take_backlog(self) -> None:
+    def take_backlog(self, deadline: Deadline | None = None) -> None:
         """Read what arrived since the last command (stale replies, autonomous messages)."""
-        for recv_ns, raw in self.channel.drain():
+        for recv_ns, raw in self.channel.drain(deadline):
             self.feed(recv_ns, raw)
 
     def feed(self, recv_ns: int, raw: str) -> Tl1Response | None:
@@ -198,7 +198,7 @@ class Tl1Switch(CircuitSwitch):
             text = f"{verb}:{self._tid}:{aid}:{ctag}:" + (f":{params}" if params else "") + ";"
             shown = f"{verb}:{self._tid}:{aid}:{ctag}::***;" if redact else text
             deadline = deadline or Deadline(self.timeout_s)
-            self._reader.take_backlog()  # stale output must not be taken for our reply
+            self._reader.take_backlog(deadline)  # stale output must not be taken for our reply
             sent_ns = self._channel.write_line(text)
             try:
                 response = self._reader.read(ctag, deadline)
@@ -232,7 +232,7 @@ class Tl1Switch(CircuitSwitch):
         """Autonomous messages received since the last call (REPT ALM / EVT ...), oldest first."""
         with self._lock:
             try:
-                self._reader.take_backlog()
+                self._reader.take_backlog(Deadline(1.0))
             except DeviceError:
                 pass  # a closed or broken session: what was set aside is still handed over
             return self.events.take()
