@@ -58,3 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed early
         sys.stderr.close()
         return 0
+    except OSError as exc:  # the machine, not the input: a full disk, a read-only or vanished directory
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"harness: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1

@@ -230,11 +230,13 @@ def run(options: RunOptions) -> int:
             recovery = _take_over_recovery(ident.bench, run_dir, options) if lease is not None else None
             if not resumed and not options.dry_run:
                 resume.keep_inputs(run_dir, playbook, ident.bench)
-        except BaseException:
+        except BaseException as exc:
             if not resumed and not options.dry_run:  # setup failed: leave no directory behind
                 import shutil
 
                 shutil.rmtree(run_dir, ignore_errors=True)
+            if isinstance(exc, OSError):  # e.g. a disk full before the start: one line, not a traceback
+                raise InputError(f"cannot write the run record: {exc.strerror or exc}", str(run_dir)) from None
             raise
         try:
             return _run(options, playbook, ident, run_dir, resumed.manifest if resumed else None, lease, recovery)
@@ -284,7 +286,10 @@ def _run(options: RunOptions, playbook: Playbook, ident, run_dir: Path, previous
     signame = ""
     with contextlib.ExitStack() as stack:
         stack.callback(_restore_signal_handlers, previous)
-        log = EventLog(run_dir / "events.jsonl", background_fsync=True)  # fsync overlaps the next cycle
+        try:
+            log = EventLog(run_dir / "events.jsonl", background_fsync=True)  # fsync overlaps the next cycle
+        except OSError as exc:
+            raise InputError(f"cannot write the run record: {exc.strerror or exc}", str(run_dir)) from None
         stack.callback(log.close)
         bench, emulated = resolve_bench(bench_spec, seed, stack, run_dir)
         ctx = RunContext(playbook=playbook, bench=bench, run_dir=run_dir, run_id=run_id, seed=seed,
@@ -339,11 +344,14 @@ def _run(options: RunOptions, playbook: Playbook, ident, run_dir: Path, previous
         if ctx.manifest_extra.get("restore_error"):
             for ocs, why in ctx.manifest_extra["restore_error"].items():
                 _error_line(f"{ocs}: bench NOT restored: {why}")
+        _stop_signals.recording = True
         if recovery is not None:  # the switches this run restored (or never moved) need no recovery
             from harness.recovery import clear_pending
 
             clear_pending(recovery[0], run_dir, ctx.manifest_extra.get("restored"))
         ctx.manifest_extra["signal"] = signame or None
+        if _stop_signals.later:
+            ctx.manifest_extra["signals_while_stopping"] = list(_stop_signals.later)
         # The bench is still up here (the stack unwinds after), so ground truth is complete.
         try:
             record = finish_run(ctx, manifest, status=status, wall_s=wall, started_utc=started_utc)
@@ -429,17 +437,40 @@ def _step_impl(step_type: str):
     return spec.impl
 
 
-def _raise_aborted(signum, frame):
-    raise Aborted(signal.Signals(signum).name)
+class _StopSignals:
+    """The first SIGTERM (Aborted) or SIGINT (KeyboardInterrupt) stops the run; any later one is noted and
+    otherwise ignored, so that no sequence of signals can cut the bounded restore, its verification or the
+    writing of the run record short (`harness run` still ends within the teardown bound)."""
+
+    def __init__(self):
+        self.first: str | None = None
+        self.later: list[str] = []
+        self.recording = False  # the bench is restored and the record is being written: nothing may stop it
+
+    def __call__(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.first is None and not self.recording:
+            self.first = name
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Aborted(name)
+        self.later.append(name)
+        print(f"harness: {name} again: already stopping (restoring the bench, writing the record)",
+              file=sys.stderr)
+
+
+_stop_signals = _StopSignals()
 
 
 def _install_signal_handlers():
+    global _stop_signals
+    _stop_signals = _StopSignals()
     try:
-        return signal.signal(signal.SIGTERM, _raise_aborted)
+        return {s: signal.signal(s, _stop_signals) for s in (signal.SIGTERM, signal.SIGINT)}
     except ValueError:  # not the main thread (e.g. called from a test thread)
         return None
 
 
 def _restore_signal_handlers(previous) -> None:
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
+    for signum, handler in (previous or {}).items():
+        signal.signal(signum, handler)

@@ -182,8 +182,9 @@ def _harness(*args: str) -> subprocess.Popen:
 
 
 def _signal_mid_reconfiguration(bench: EmulatedBench, proc: subprocess.Popen, log_dir: Path, signum: int,
-                                after_cycle: int = 2) -> threading.Event:
-    """Send `signum` when a mirror is released (the switch is mid-move) once `after_cycle` is logged."""
+                                after_cycle: int = 2, then: tuple[int, ...] = ()) -> threading.Event:
+    """Send `signum` when a mirror is released (the switch is mid-move) once `after_cycle` is logged; then
+    each of `then`, 10 ms apart."""
     sent = threading.Event()
 
     def logged() -> int:
@@ -195,20 +196,26 @@ def _signal_mid_reconfiguration(bench: EmulatedBench, proc: subprocess.Popen, lo
         if not settled and not sent.is_set() and logged() >= after_cycle:
             sent.set()
             os.kill(proc.pid, signum)
+            if then:
+                threading.Thread(target=lambda: [(time.sleep(0.01), os.kill(proc.pid, again)) for again in then],
+                                 daemon=True).start()
 
     bench.physics.on_mirror.append(on_mirror)
     return sent
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_mid_reconfiguration_restores_verifies_and_resumes(tmp_path, signum, code):
+@pytest.mark.parametrize("signum, code, then", [(signal.SIGINT, 130, (signal.SIGINT,)),
+                                                (signal.SIGTERM, 143, (signal.SIGTERM, signal.SIGINT))])
+def test_signal_mid_reconfiguration_restores_verifies_and_resumes(tmp_path, signum, code, then):
+    """Any sequence of signals: the first stops the run, later ones cannot cut the restore, its verification
+    or the record short."""
     with EmulatedBench(profile_from_dict(PROFILE), seed=4, workdir=tmp_path / "bench") as bench:
         bench.physics.ocs_apply({3: 12, 1: 9})  # circuits found at start (inside the allowlist)
         original = bench.physics.ocs_patches()
         out = tmp_path / "runs"
         pb = playbook(tmp_path, 6)
         proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out / "run"), "-q")
-        sent = _signal_mid_reconfiguration(bench, proc, out, signum)
+        sent = _signal_mid_reconfiguration(bench, proc, out, signum, then=then)
         assert proc.wait(timeout=90) == code, proc.stderr.read().decode()
         assert sent.is_set()
         bench.physics.on_mirror.clear()
@@ -216,7 +223,11 @@ def test_signal_mid_reconfiguration_restores_verifies_and_resumes(tmp_path, sign
         run = only_run(out)
         manifest = json.loads((run / "manifest.json").read_text())
         assert manifest["status"] == "aborted" and manifest["extra"]["restored"] == {"ocs1": True}
+        assert "restore_error" not in manifest["extra"]
         assert manifest["extra"]["signal"] == signal.Signals(signum).name
+        later = manifest["extra"]["signals_while_stopping"]  # the restore and the record take far longer than 10 ms
+        assert later and later == [signal.Signals(s).name for s in then][:len(later)]
+        assert (run / "summary.json").exists() and (run / "events.parquet").exists()
         # and the run can be completed
         resumed = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--resume", str(run), "-q")
         assert resumed.wait(timeout=90) == 0, resumed.stderr.read().decode()

@@ -189,3 +189,17 @@ def test_json_line_for_input_errors_and_version(capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
         main(["--version"])
     assert exc.value.code == 0 and capsys.readouterr().out.startswith("harness (ocs-hil) ")
+
+
+def test_a_full_disk_at_the_start_is_one_line_and_no_run_directory(tmp_path, monkeypatch, capsys):
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(resume, "keep_inputs", full)
+    out = tmp_path / "run"
+    assert main(["run", str(write_playbook(tmp_path / "pb.yaml")), "--out", str(out), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device" in err and "Traceback" not in err
+    assert not out.exists()
