@@ -7,8 +7,9 @@ import pytest
 import scipy.stats
 from hypothesis import given, settings, strategies as st
 
-from analysis.stats import (CHAIN, UP_STAGES, cluster_bootstrap, ocs_switch_times, p99_interval_text, per_cycle,
-                            quantile_needs_n, stage_table, summarize, summarize_events, turnaround)
+from analysis.stats import (CHAIN, UP_STAGES, cluster_bootstrap, cycle_means, mean_interval, ocs_switch_times,
+                            p99_interval_text, per_cycle, quantile_needs_n, stage_table, summarize, summarize_events,
+                            turnaround)
 from harness.record import summary_markdown
 
 
@@ -180,10 +181,11 @@ def test_cluster_bootstrap_matches_scipy_on_cycle_means():
 def test_mean_ci_coverage_is_near_nominal_for_clustered_data():
     rng = np.random.default_rng(4)
     hits = 0
-    for i in range(400):
+    cycles = np.repeat(np.arange(10), 8)
+    for i in range(400):  # summarize's mean_ci95 is this (test_mean_interval_is_over_cycle_means)
         shared = rng.normal(50, 7, 10)
         x = np.repeat(shared, 8) + rng.normal(0, 1, 80)
-        lo, hi = summarize(x, rng_seed=i, cycles=np.repeat(np.arange(10), 8))["mean_ci95"]
+        lo, hi = mean_interval(cycle_means(x, cycles))
         hits += lo <= 50 <= hi
     assert 0.92 <= hits / 400 <= 0.98
 
