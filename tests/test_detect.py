@@ -117,3 +117,12 @@ def test_default_threshold_is_monte_carlo_with_the_bound_beside_it():
     counts = np.concatenate([rng.multinomial(n, p0, (100, 100)), rng.multinomial(n, p1, (100, 100))], axis=1)
     S = glr_statistics(counts.astype(float), p0, W, "glr")[:, 100:]
     assert (S >= d["threshold"]).any(axis=1).mean() > 0.95 and not (S >= d["bound"]).any()
+
+
+def test_calibrated_threshold_is_above_a_tied_null_quantile():
+    """16 categories, KT: under p0 the statistic sits at its floor 0 in most runs, so the 95 % quantile is 0;
+    a threshold of 0 would alarm on every epoch. The calibrated one needs S > 0."""
+    p0 = np.r_[np.full(4, 0.2), np.full(12, 0.2 / 12)]
+    cal = calibrate_threshold(p0, 60, 20, 40, 0.05, runs=300, seed=0, variant="kt")
+    assert np.quantile(cal["max_statistics"], 0.95) == 0.0 and cal["threshold"] > 0.0
+    assert np.mean(cal["max_statistics"] >= cal["threshold"]) <= 0.05
