@@ -200,7 +200,7 @@ def verdict_markdown(verdict: dict) -> str:
                      f"{'yes' if cal['calibrated'] else cal['reason']} |")
     lines += ["", "## Baseline numbers", "",
               "| scenario | T fat-tree (s) | T MixNet d=0 | E[T] measured OCS | E[T] measured total | delay model (total) | "
-              "d* (ms) |", "|---|---|---|---|---|---|---|"]
+              "d* (ms, model output) |", "|---|---|---|---|---|---|---|"]
     for s in verdict["baseline"]["scenarios"]:
         dm = s["delay_model"]["total"]
         model = {"none": "no reconfiguration", "joint": f"whole cycles (k ≤ {dm['bench_ports']} bench ports)",
