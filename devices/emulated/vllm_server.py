@@ -460,8 +460,19 @@ class VllmEmulator:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
         await self._acquire()
         t_admitted = now_ns()
+        # The slot frees when the model says the sequence is done, not when a late writer gets the last
+        # chunk out: a loaded machine delays the bytes, not the service model's capacity.
+        held = [True]
+        loop = asyncio.get_running_loop()
+
+        def release() -> None:
+            if held[0]:
+                held[0] = False
+                self._release()
+        timer = None
         try:
             times = self.token_times_ns(t_admitted, prompt_tokens, max_tokens)
+            timer = loop.call_at(loop.time() + (int(times[-1]) - now_ns()) / 1e9, release)
             ident = f"{'chatcmpl' if chat else 'cmpl'}-{self.stats.received}"
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
                      "total_tokens": prompt_tokens + max_tokens}
@@ -480,7 +491,9 @@ class VllmEmulator:
             self.stats.disconnected += 1
             raise
         finally:
-            self._release()
+            if timer is not None:
+                timer.cancel()
+            release()
         self.stats.completed += 1
         self.metrics.observe(self.service.time_scale, t_received, t_admitted, times, prompt_tokens)
         if self.keep_records:
