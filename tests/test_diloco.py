@@ -226,6 +226,21 @@ def test_step_parallel_replays_and_serial_model_agree(tmp_path):
     assert (replayed / "diloco_envelope.png").stat().st_size > 0
 
 
+def test_sync_cost_from_this_runs_turnaround_events(tmp_path):
+    playbook = tmp_path / "ev.yaml"
+    playbook.write_text(yaml.safe_dump({"name": "ev", "bench": "emulated:instant", "seed": 5, "cycles": 2, "steps": [
+        {"type": "turnaround", "name": "measure", "pattern": "ring-shift"},
+        {"type": "diloco", "name": "study", "requests": str(AZURE_CONV), "bandwidth": "measure", "turnaround": "events",
+         "evaluate": "model", "workers": 1, "batch_slots": 30, "sensitivity_capacity": [], **{
+             k: v for k, v in SMALL.items() if k not in ("turnaround", "seeds")}, "seeds": 1}]}))
+    assert main(["run", str(playbook), "--out", str(tmp_path / "run"), "-q"]) == 0
+    cost = json.loads((tmp_path / "run" / "diloco.json").read_text())["sync_cost"]
+    assert cost["turnaround_source"].startswith("measured: ") and cost["turnaround_s"]["n"] >= 1
+    assert cost["bandwidth_source"].startswith("measured: `ib_write_bw") and cost["bandwidth_gbps"] > 0
+    # The transfer is the ring all-reduce share of the delta at the measured bandwidth.
+    assert cost["transfer_s"] == pytest.approx(cost["wire_bytes_per_learner"] / (cost["bandwidth_gbps"] * 1.25e8))
+
+
 def test_step_input_errors(tmp_path, capsys):
     code, _ = _run(tmp_path, "bad", policies=["wa", "oracle"])
     err = capsys.readouterr().err

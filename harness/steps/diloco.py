@@ -115,11 +115,13 @@ def _turnaround_samples(ctx, step, spec: str) -> tuple[np.ndarray, str]:
     if spec == "none":
         return np.zeros(1), "none (the sync needs no new circuit)"
     if spec == "events":
+        from analysis.stats import stage_table
         from harness.eventlog import read_events
-        from harness.steps.mixnet import measured_delays
 
         ctx.log.flush()
-        samples = measured_delays(read_events(ctx.log.path))["total"]
+        events = read_events(ctx.log.path)
+        table = stage_table(events[events["cycle"] > 0]) if len(events) else None
+        samples = np.empty(0) if table is None else table["first_packet"].dropna().to_numpy(dtype=float) / 1e9
         if not len(samples):
             raise _bad(step, "turnaround: events needs a turnaround step earlier in the run (no cycle recorded "
                              "ocs_command_sent and first_packet); use profile:NAME, none or seconds")
