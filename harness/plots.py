@@ -122,7 +122,7 @@ def plot_diloco_envelope(seed_rate: dict, rates: dict, path: Path) -> Path:
     with the no-sync load match and the offline bound."""
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(8, 4.2))
+    fig, ax = plt.subplots(figsize=(8, 5))
     n = len(seed_rate["no_sync"])
     x = np.arange(1, n + 1)
     if "random_schedule" in rates:
@@ -139,7 +139,7 @@ def plot_diloco_envelope(seed_rate: dict, rates: dict, path: Path) -> Path:
     ax.set_xlabel("seed")
     ax.set_ylabel("SLO violation rate (%)")
     ax.set_xticks(x)
-    ax.legend(fontsize=7, ncols=2)
+    ax.legend(fontsize=7, ncols=3, loc="upper center", bbox_to_anchor=(0.5, -0.13))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
