@@ -6,7 +6,7 @@ Each example: a fresh driver session against a HostilePeer playing a hypothesis-
 (devices/emulated/peer_behaviours.py; pauses up to 0.5 s), one `patches()` call. Prints, per protocol,
 how many calls ended in each class (`ok`, a DeviceError subclass, or `CONTRACT:...` — a broken contract:
 a bare exception, an impossible state believed, a late return), call time p50/p99/max, and the peak
-memory traced during the run and RSS before/after. Exit 1 if any contract was broken.
+memory traced per call (driver and peer together) and over the run, RSS before/after. Exit 1 if any contract was broken.
 """
 from __future__ import annotations
 
@@ -38,13 +38,17 @@ def run(dialect: str, examples: int, timeout_s: float, seed: int) -> bool:
     outcomes: collections.Counter[str] = collections.Counter()
     times: list[float] = []
     broken: list[str] = []
+    call_peaks: list[float] = []  # MiB allocated at the peak of each call (driver and peer together)
     with HostilePeer(lambda command: [], dialect) as peer:
         @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
                   suppress_health_check=list(HealthCheck), phases=["generate"])
         @hypothesis_seed(seed)
         @given(behaviour=behaviours(dialect, long_pauses=True))
         def one(behaviour):
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
             kind, elapsed, _ = outcome_of(peer, dialect, behaviour, timeout_s)
+            call_peaks.append((tracemalloc.get_traced_memory()[1] - base) / 2**20)
             outcomes[kind.split(":")[0] if not kind.startswith("CONTRACT") else kind] += 1
             times.append(elapsed)
             if kind.startswith("CONTRACT"):
@@ -60,7 +64,8 @@ def run(dialect: str, examples: int, timeout_s: float, seed: int) -> bool:
     print(f"{dialect}: {len(times)} calls, timeout {timeout_s} s; outcomes: "
           + ", ".join(f"{k} {v}" for k, v in outcomes.most_common()))
     print(f"  call time ms p50 {np.percentile(t, 50):.0f}, p99 {np.percentile(t, 99):.0f}, max {t.max():.0f}; "
-          f"traced peak {peak:.1f} MiB; RSS {rss_before:.0f} -> {rss_after:.0f} MiB")
+          f"per-call traced peak p99 {np.percentile(call_peaks, 99):.1f}, max {max(call_peaks):.1f} MiB, "
+          f"whole run {peak:.1f} MiB; RSS {rss_before:.0f} -> {rss_after:.0f} MiB")
     for line in broken[:20]:
         print("  BROKEN", line)
     return not broken
