@@ -171,6 +171,8 @@ def test_scpi_long_forms_in_any_case(emulator):
         assert ask(b":oxc:switch:connect:state?") == ask(b":OXC:SWIT:CONN:STAT?") == b"(@3),(@19)\n"
         assert ask(b":SYSTem:ERRor?") == ask(b":system:error:next?") == b'0,"No error"\n'
         assert ask(b":OXC:SWITC:CONN:STAT?;:SYSTem:ERRor?").startswith(b'-113,"Undefined header')
+        # a huge range is refused before anything is expanded
+        assert ask(b":MON:POW? (@1:300000000);:SYST:ERR?").startswith(b'-224,"Illegal parameter value')
 
 
 def test_pty_client_without_pyserial(emulator):

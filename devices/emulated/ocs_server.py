@@ -30,6 +30,7 @@ _LINE_END = re.compile(rb"\r\n|\r|\n")
 # does not read is buffered up to _MAX_UNREAD bytes, then the client is dropped.
 _MAX_COMMAND = 64 * 1024
 _MAX_UNREAD = 1 << 20
+_MAX_PORT = 4096  # no switch has more ports: a range beyond is refused before it is expanded
 
 
 async def _until(t_ns: int) -> None:
@@ -38,12 +39,22 @@ async def _until(t_ns: int) -> None:
         await asyncio.sleep(delay)
 
 
+def _port_range(lo: str, hi: str | None) -> range:
+    """One port or range, checked before it is expanded (a client's `1&&30000000` costs nothing).
+    Raises ValueError."""
+    a = int(lo)
+    b = int(hi) if hi is not None else a
+    if b > _MAX_PORT or b - a > _MAX_PORT:  # ports out of the switch's range are the bench's error
+        raise ValueError(f"port range {lo}..{hi}")
+    return range(a, b + 1)
+
+
 def _port_list(text: str) -> list[int]:
     """TL1 AID list: `1&5&9`, ranges `1&&4`. Raises ValueError."""
     ports: list[int] = []
     for item in text.replace("&&", "..").split("&"):
         lo, sep, hi = item.strip().partition("..")
-        ports.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+        ports.extend(_port_range(lo, hi if sep else None))
     return ports
 
 
@@ -243,7 +254,7 @@ def _scpi_ports(text: str) -> list[int]:
     for item in text.replace(" ", "").split(","):
         if item:
             lo, sep, hi = item.partition(":")
-            ports.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+            ports.extend(_port_range(lo, hi if sep else None))
     return ports
 
 
