@@ -39,6 +39,8 @@ def test_azure_csv(tmp_path):
     ("yesterday,5,8", 3, "TIMESTAMP"),
     ("2023-11-16 18:17:02.0,5,8", 3, "decreases"),
     ("2023-11-16 18:17:04.1,5,8,9", 3, "malformed"),
+    ("2023-11-16 18:17:04.1,1e30,8", 3, "ContextTokens must be an integer in 0..2147483647"),  # was -9.2e18
+    ("2023-11-16 18:17:04.1,5,99999999999999999999", 3, "GeneratedTokens must be an integer in 0.."),
 ])
 def test_azure_bad_row_names_file_and_line(tmp_path, row, line, needle):
     p = write(tmp_path / "bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -243,3 +245,33 @@ def test_azure_roundtrip_property(tmp_path_factory, rows):
     np.testing.assert_array_equal(np.round(frame["arrival_s"].to_numpy() * 1e7).astype(np.int64), expected)
     assert frame["prompt_tokens"].tolist() == [p for _, p, _ in rows]
     assert frame["output_tokens"].tolist() == [o for _, _, o in rows]
+
+
+def test_overflowing_and_undecodable_request_traces_name_their_line(tmp_path):
+    rows = ['{"timestamp": 0, "input_length": 6, "output_length": 5}',
+            '{"timestamp": 1, "input_length": 100000000000000000000000000000, "output_length": 5}']
+    with pytest.raises(TraceFormatError, match="prompt_tokens must be an integer in 0..") as info:
+        traces.load_requests(write(tmp_path / "big.jsonl", "\n".join(rows) + "\n"))
+    assert info.value.line == 2
+    p = tmp_path / "bytes.jsonl"
+    p.write_bytes(rows[0].encode() + b"\n" + b'{"timestamp": 1, "input_length": 6, "output_length": 5, "x": "\xff"}\n')
+    with pytest.raises(TraceFormatError, match="not UTF-8") as info:
+        traces.load_requests(p)
+    assert info.value.line == 2
+    rows[1] = '{"timestamp": 1, "input_length": 6, "output_length": 5, "hash_ids": [%d]}' % 2**64
+    with pytest.raises(TraceFormatError, match="64-bit"):
+        traces.load_requests(write(tmp_path / "ids.jsonl", "\n".join(rows) + "\n"))
+    rows[1] = '{"timestamp": 1e15, "input_length": 6, "output_length": 5}'  # ms: 3e4 years
+    with pytest.raises(TraceFormatError, match="arrival_s must be <="):
+        traces.load_requests(write(tmp_path / "late.jsonl", "\n".join(rows) + "\n"))
+
+
+@pytest.mark.parametrize("column,value,needle", [("bytes", -5, "bytes must be an integer >= 0"),
+                                                 ("src_rank", -1, "src_rank must be an integer >= 0"),
+                                                 ("dst_rank", 9, "dst_rank 9 outside the trace's ranks 0..3")])
+def test_moe_traffic_rejects_negative_bytes_and_ranks_outside_the_trace(column, value, needle):
+    header = MoeHeader(num_experts=4, top_k=1, hidden_size=8, dtype_bytes=2, ep=4, n_ranks=4)
+    row = {"iteration": 0, "layer": 0, "micro_batch": 0, "phase": "dispatch_fwd", "src_rank": 0, "dst_rank": 1,
+           "bytes": 16, column: value}
+    with pytest.raises(ValueError, match=needle):
+        MoeTrace(header, pd.DataFrame([row]))

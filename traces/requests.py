@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from traces.errors import TraceFormatError
-from traces.schema import REQUEST_COLUMNS, SYNC_WINDOW_COLUMNS, parquet_kind, validate_requests
+from traces.schema import MAX_TOKENS, REQUEST_COLUMNS, SYNC_WINDOW_COLUMNS, parquet_kind, validate_requests
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
@@ -139,11 +139,11 @@ def _numeric(frame: pd.DataFrame, column: str, path: Path, integer: bool) -> np.
     values = pd.to_numeric(frame[column].str.strip(), errors="coerce").to_numpy(dtype=float)
     bad = ~np.isfinite(values) | (values < 0)
     if integer:
-        bad |= values != np.round(values)
+        bad |= (values != np.round(values)) | (values > MAX_TOKENS)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        kind = "an integer" if integer else "a number"
-        raise TraceFormatError(f"{column} must be {kind} >= 0, got {frame[column].iloc[i]!r}",
+        kind = f"an integer in 0..{MAX_TOKENS}" if integer else "a number >= 0"
+        raise TraceFormatError(f"{column} must be {kind}, got {frame[column].iloc[i]!r}",
                                file=str(path), line=int(frame["_line"].iloc[i]))
     return values
 
@@ -186,14 +186,20 @@ def _load_burstgpt(path: Path) -> pd.DataFrame:
 def _load_jsonl(path: Path, mooncake: bool) -> pd.DataFrame:
     arrival, prompt, output, blocks, sessions, lines = [], [], [], [], [], []
     keys = ("timestamp", "input_length", "output_length") if mooncake else REQUEST_COLUMNS
-    with open(path, encoding="utf-8") as fh:
-        for lineno, text in enumerate(fh, 1):
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TraceFormatError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x})", file=str(path),
+                                       line=lineno) from None
             if not text.strip():
                 continue
             try:
                 record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise TraceFormatError(f"invalid JSON: {exc.msg}", file=str(path), line=lineno) from exc
+            except (json.JSONDecodeError, RecursionError) as exc:
+                raise TraceFormatError(f"invalid JSON: {getattr(exc, 'msg', 'nesting too deep')}", file=str(path),
+                                       line=lineno) from None
             if not isinstance(record, dict) or any(k not in record for k in keys):
                 raise TraceFormatError(f"record needs keys {list(keys)}", file=str(path), line=lineno)
             values = [record[k] for k in keys]

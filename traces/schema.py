@@ -89,6 +89,11 @@ class MoeTrace:
 
     def __post_init__(self):
         self.traffic = normalise_moe_frame(self.traffic)
+        t, n = self.traffic, self.header.n_ranks
+        for col in ("src_rank", "dst_rank"):
+            bad = (t[col] < 0) | (t[col] >= n)
+            if bad.any():
+                raise ValueError(f"MoE traffic: {col} {int(t.loc[bad, col].iloc[0])} outside the trace's ranks 0..{n - 1}")
 
     @property
     def iterations(self) -> np.ndarray:
@@ -101,6 +106,11 @@ def normalise_moe_frame(frame: pd.DataFrame) -> pd.DataFrame:
         raise ValueError(f"MoE traffic lacks columns {missing}")
     out = frame.loc[:, list(MOE_COLUMNS)].copy()
     for col in ("iteration", "layer", "micro_batch", "src_rank", "dst_rank", "bytes"):
+        values = pd.to_numeric(out[col], errors="coerce").to_numpy(dtype=float)
+        bad = ~np.isfinite(values) | (values < 0) | (values != np.round(values)) | (values >= 2**63)
+        if bad.any():
+            raise ValueError(f"MoE traffic: {col} must be an integer >= 0 within 64 bits, found "
+                             f"{out[col].iloc[int(np.flatnonzero(bad)[0])]!r}")
         out[col] = out[col].astype(np.int64)
     phase = out["phase"].astype(str)
     if not phase.isin(MOE_PHASES).all():
@@ -109,6 +119,10 @@ def normalise_moe_frame(frame: pd.DataFrame) -> pd.DataFrame:
     out = out.sort_values(["iteration", "layer", "micro_batch", "phase", "src_rank", "dst_rank"],
                           kind="stable").reset_index(drop=True)
     return out
+
+
+MAX_TOKENS = 2**31 - 1  # far beyond any context or output length; bigger values are corrupt, not requests
+MAX_ARRIVAL_S = 1e9  # 31 years; nanosecond times stay within int64
 
 
 def validate_requests(frame: pd.DataFrame, file: str) -> pd.DataFrame:
@@ -121,10 +135,15 @@ def validate_requests(frame: pd.DataFrame, file: str) -> pd.DataFrame:
     decreasing = np.r_[False, np.diff(arrival) < 0]
     _raise_first(decreasing, frame, file, "arrival_s decreases (requests must be time-sorted)")
     _raise_first(arrival < 0, frame, file, "arrival_s must be >= 0")
+    _raise_first(arrival > MAX_ARRIVAL_S, frame, file, f"arrival_s must be <= {MAX_ARRIVAL_S:g} s")
     for col in ("prompt_tokens", "output_tokens"):
         values = pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype=float)
-        bad = ~np.isfinite(values) | (values < 0) | (values != np.round(values))
-        _raise_first(bad, frame, file, f"{col} must be an integer >= 0")
+        bad = ~np.isfinite(values) | (values < 0) | (values != np.round(values)) | (values > MAX_TOKENS)
+        _raise_first(bad, frame, file, f"{col} must be an integer in 0..{MAX_TOKENS}")
+    if "prefix_block_ids" in frame.columns:  # ids are hashes: any int64, nothing beyond
+        bad = np.array([b is not None and not all(isinstance(i, (int, np.integer)) and -2**63 <= i < 2**63
+                                                    for i in b) for b in frame["prefix_block_ids"]], dtype=bool)
+        _raise_first(bad, frame, file, "prefix block ids must be 64-bit integers")
     out = frame.copy()
     out["arrival_s"] = arrival
     out["prompt_tokens"] = out["prompt_tokens"].astype(np.int64)
