@@ -163,6 +163,30 @@ def test_wire_framing_hello_get_and_rpc_errors(server, chunked, emulator):
         raw.close()
 
 
+def test_stock_openssh_client_speaks_to_the_netconf_subsystem(server, tmp_path):
+    import shutil
+
+    if shutil.which("ssh") is None:
+        pytest.skip("no OpenSSH client on this machine (.ci/run installs openssh-client)")
+    askpass = tmp_path / "askpass"
+    askpass.write_text("#!/bin/sh\necho root\n")
+    askpass.chmod(0o700)
+    env = dict(os.environ, SSH_ASKPASS=str(askpass), SSH_ASKPASS_REQUIRE="force", DISPLAY=":0")
+    base = "urn:ietf:params:xml:ns:netconf:base:1.0"
+    session = (f"<hello xmlns='{base}'><capabilities><capability>urn:ietf:params:netconf:base:1.0</capability>"
+               f"</capabilities></hello>]]>]]><rpc message-id='1' xmlns='{base}'><get-config><source><running/>"
+               f"</source></get-config></rpc>]]>]]><rpc message-id='2' xmlns='{base}'><close-session/></rpc>]]>]]>")
+    out = subprocess.run(["ssh", "-o", f"UserKnownHostsFile={server.known_hosts_path}", "-o",
+                          "StrictHostKeyChecking=yes", "-o", "PreferredAuthentications=password", "-p",
+                          str(server.port), "-s", "admin@127.0.0.1", "netconf"],
+                         input=session, capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    messages = out.stdout.split("]]>]]>")
+    assert len(messages) == 4 and messages[-1] == ""  # hello, two replies, nothing unframed
+    assert '<cross-connects xmlns="http://www.polatis.com/yang/optical-switch"' in messages[1]
+    assert ET.fromstring(messages[2]).find(NC + "ok") is not None
+
+
 def test_edit_config_is_one_transaction_and_ok_waits_for_the_mirrors():
     profile = load_profile("instant")
     slow = dataclasses.replace(profile, ocs={"switch": Delay.fixed(0.05), "dark": Delay.fixed(0.0)})

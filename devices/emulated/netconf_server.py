@@ -268,6 +268,7 @@ class NetconfServer:
                 if self._lock_owner == session_id:
                     self._lock_owner = None
             try:
+                channel.send_exit_status(0)  # as sshd reports the end of a subsystem
                 channel.shutdown_write()  # EOF; the client closes (spec/feasibility.md §1)
                 channel.status_event.wait(2.0)
                 channel.close()
@@ -334,7 +335,12 @@ class NetconfServer:
         elif body is None:
             ET.SubElement(reply, NC + "ok")
         else:
-            reply.append(body)
+            # each data subtree with its module's namespace as the default, as NETCONF servers write it
+            # (`<cross-connects xmlns="http://www.polatis.com/yang/optical-switch">`), not an ns0: prefix
+            ET.SubElement(reply, NC + "data")
+            envelope = self._xml(reply).decode()
+            subtrees = "".join(ET.tostring(top, encoding="unicode", default_namespace=OS_NS) for top in body)
+            return envelope.replace("<data />", f"<data>{subtrees}</data>").encode()
         return self._xml(reply)
 
     # ---- the data tree (optical-switch@2018-03-22) -------------------------------------------
