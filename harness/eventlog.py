@@ -64,6 +64,9 @@ class EventLog:
         self.durable_events = 0
         self._pending = 0
         self._failed: EventLogError | None = None
+        # The run's events in memory too (those of an interrupted run first), so later steps read what was
+        # recorded without parsing the log again.
+        self._rows: list[dict] = read_events(self.path).to_dict(orient="records") if self._durable_size else []
 
     def wrap_file(self, wrap) -> object:
         """Replace the log's file object by `wrap(file)` (fault injection: a disk that fills up); returns
@@ -72,9 +75,15 @@ class EventLog:
             self._wrapped = self._file = wrap(self._file)
         return self._wrapped
 
+    def events(self) -> pd.DataFrame:
+        """Every event recorded in this run (typed as `read_events` gives them)."""
+        return _typed_frame(self._rows, EVENT_COLUMNS, EVENT_DTYPES)
+
     def append(self, event: Event) -> None:
         self._check()
-        self._buffer += (json.dumps(event.to_dict(), separators=(",", ":")) + "\n").encode()
+        row = event.to_dict()
+        self._rows.append(row)
+        self._buffer += (json.dumps(row, separators=(",", ":")) + "\n").encode()
         self._pending += 1
         if len(self._buffer) >= self.write_through_bytes:
             self.flush(fsync=False)

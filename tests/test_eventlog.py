@@ -42,6 +42,20 @@ def test_roundtrip_and_parquet_dtypes(tmp_path):
     pd.testing.assert_frame_equal(back, out)
 
 
+def test_the_log_keeps_the_runs_events_in_memory_also_across_a_resume(tmp_path):
+    path = tmp_path / "events.jsonl"
+    first, later = [make_event(i, "phy_up") for i in range(5)], [make_event(i, "fault") for i in range(5, 8)]
+    with EventLog(path) as log:
+        log.extend(first)
+        log.flush()
+        pd.testing.assert_frame_equal(log.events(), read_events(path))
+    with EventLog(path) as resumed:  # a resumed run opens the same log: what was recorded comes first
+        resumed.extend(later)
+        resumed.flush()
+        assert events_equal(resumed.events(), first + later)
+        pd.testing.assert_frame_equal(resumed.events(), read_events(path))
+
+
 def test_empty_log_gives_typed_empty_frame(tmp_path):
     EventLog(tmp_path / "e.jsonl").close()
     frame = to_parquet(tmp_path / "e.jsonl", tmp_path / "e.parquet")

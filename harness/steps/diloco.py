@@ -116,10 +116,8 @@ def _turnaround_samples(ctx, step, spec: str) -> tuple[np.ndarray, str]:
         return np.zeros(1), "none (the sync needs no new circuit)"
     if spec == "events":
         from analysis.stats import stage_table
-        from harness.eventlog import read_events
 
-        ctx.log.flush()
-        events = read_events(ctx.log.path)
+        events = ctx.log.events()  # the run's events, in memory (events.jsonl stays the durable record)
         table = stage_table(events[events["cycle"] > 0]) if len(events) else None
         samples = np.empty(0) if table is None else table["first_packet"].dropna().to_numpy(dtype=float) / 1e9
         if not len(samples):

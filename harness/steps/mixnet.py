@@ -16,7 +16,6 @@ import numpy as np
 
 from harness.config import register_step
 from harness.errors import InputError
-from harness.eventlog import read_events
 from harness.steps import StepResult
 
 SCHEMA = {
@@ -244,7 +243,7 @@ def mixnet_verdict(ctx, step) -> StepResult:
     ctx.log.flush()
     if ctx.dry_run:
         return StepResult(ok=True, summary_md="(dry run: no verdict)")
-    events = read_events(ctx.log.path)
+    events = ctx.log.events()  # the run's events, in memory (events.jsonl stays the durable record)
     prov = provenance({"profile": _profile_of(ctx), "extra": {"bench": _bench_name(ctx)}})
     try:
         verdict = compute_verdict(events, p, ctx.seed, prov)

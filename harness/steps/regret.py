@@ -16,7 +16,6 @@ import numpy as np
 
 from harness.config import register_step
 from harness.errors import InputError
-from harness.eventlog import read_events
 from harness.steps import StepResult
 
 SCHEMA = {
@@ -89,7 +88,7 @@ def regret(ctx, step) -> StepResult:
     p = step.params
     n = p["endpoints"]
     ctx.log.flush()
-    events = read_events(ctx.log.path)
+    events = ctx.log.events()  # the run's events, in memory (events.jsonl stays the durable record)
     samples = exposed_reconfiguration_samples(events[events["cycle"] > 0], overlap_s=p["overlap_ms"] / 1e3)
     if samples.size == 0:
         raise InputError(f"step {step.name}: needs an earlier turnaround step with complete cycles "
