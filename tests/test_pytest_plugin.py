@@ -1,0 +1,105 @@
+"""The pytest plugin (harness/pytest_plugin.py), exercised the way a lab uses it: inner pytest sessions."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+# Imported before any inner session: pytester unloads the modules an inner session imported first, and the
+# next session's re-import would register pandas' pyarrow extension types twice (ArrowKeyError).
+import pandas.core.arrays.arrow.extension_types  # noqa: F401
+import pytest
+
+pytest_plugins = ["pytester"]
+
+TURNAROUND = textwrap.dedent("""\
+    name: lab-turnaround
+    bench: emulated:instant
+    seed: 4
+    cycles: 2
+    steps:
+      - type: turnaround
+        name: measure
+        pattern: ring-shift
+        cycle_timeout_s: 20
+    """)
+
+
+def test_ocs_and_hosts_fixtures_drive_the_emulated_bench_and_the_switch_is_put_back(pytester):
+    pytester.makepyfile(test_lab=textwrap.dedent("""\
+        ORIGINAL = {}
+
+        def test_a_changes_a_cross_connect(bench, ocs, hosts):
+            assert bench.emulated and bench.spec == "emulated:instant"
+            assert set(hosts) == set(bench.resources.hosts)
+            for name, ssh in hosts.items():
+                assert ssh.run("echo hello").stdout.strip() == "hello"
+            ORIGINAL.update(ocs.patches())
+            port = bench.resources.nic_ports[0]
+            peer = bench.resources.nic_ports[1]
+            ocs.apply({port.ocs_tx: peer.ocs_rx}, exclusive=True)
+            assert ocs.patches()[port.ocs_tx] == peer.ocs_rx
+            assert ocs.patches() != ORIGINAL
+
+        def test_b_finds_what_test_a_found(ocs):
+            assert ocs.patches() == ORIGINAL
+        """))
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+def test_hardware_marker_skips_on_an_emulated_bench_with_the_reason(pytester):
+    pytester.makepyfile(test_hw=textwrap.dedent("""\
+        import pytest
+
+        @pytest.mark.hardware
+        def test_needs_a_real_switch(ocs):
+            raise AssertionError("must not run on an emulated bench")
+
+        def test_runs_anywhere():
+            pass
+        """))
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rs", "--bench", "emulated:burst-mode")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*needs a real bench*emulated:burst-mode, emulated*"])
+
+
+def test_run_playbook_returns_the_typed_run_and_a_failing_test_names_its_run_directory(pytester):
+    """One run: the typed result is checked inside the inner test, which then fails on purpose — only after
+    every check held — so that its report must name the run directory."""
+    pytester.makefile(".yaml", lab_turnaround=TURNAROUND)
+    pytester.makepyfile(test_runs=textwrap.dedent("""\
+        def test_turnaround_is_recorded(run_playbook):
+            run = run_playbook("lab_turnaround.yaml")
+            assert run.ok, (run.status, run.checks)
+            events = run.events()
+            assert set(events["cycle"]) == {1, 2}
+            assert (events["stage"] == "first_packet").any()
+            truth = run.ground_truth()
+            assert truth is not None and len(truth) > 0
+            assert run.manifest()["seed"] == 4 and run.summary()
+            raise AssertionError("every check held")
+        """))
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*AssertionError: every check held*", "*ocs-hil run directories*"])
+    run_dirs = [line.strip() for line in result.stdout.lines if line.rstrip().endswith("run-1")]
+    assert run_dirs and (Path(run_dirs[-1]) / "events.jsonl").exists()
+
+
+def test_a_bad_bench_option_is_a_usage_error_not_a_traceback(pytester):
+    pytester.makepyfile(test_x="def test_x(bench):\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--bench", "emulated:no-such-profile")
+    assert result.ret != 0
+    assert "Traceback" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["*no-such-profile*"])
+
+
+def test_the_shipped_lab_example_runs_as_a_user_would_run_it(pytester):
+    """examples/test_lab_turnaround.py, copied with its playbook, passes on the emulated bench and skips its
+    hardware-only test with the reason."""
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    for name in ("test_lab_turnaround.py", "lab-turnaround.yaml"):
+        (pytester.path / name).write_text((examples / name).read_text())
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(passed=3, skipped=1)
+    result.stdout.fnmatch_lines(["*needs a real bench*"])
