@@ -7,9 +7,12 @@ from __future__ import annotations
 def register(sub) -> None:
     p = sub.add_parser("report", help="print a run's summary (rebuilds events.parquet if missing)",
                        description=__doc__)
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", nargs="+", help="a run directory (several: only with --html, a comparison)")
     p.add_argument("--recompute", action="store_true",
                    help="rebuild verdict.json from the recorded events; exit 1 if it differs from the old one")
+    p.add_argument("--html", action="store_true",
+                   help="write one self-contained HTML page: RUN_DIR/report.html, or comparison.html for several")
+    p.add_argument("--out", help="with --html: where to write the page")
     p.set_defaults(func=_report)
 
 
@@ -19,13 +22,22 @@ def _report(args) -> int:
     from harness.errors import InputError
     from harness.eventlog import to_parquet
 
-    run = Path(args.run_dir)
-    log = run / "events.jsonl"
-    if not log.exists():
-        raise InputError("not a run directory (no events.jsonl)", str(run))
-    if not (run / "events.parquet").exists():
-        frame = to_parquet(log, run / "events.parquet")
-        print(f"rebuilt {run / 'events.parquet'} from the event log: {len(frame)} events")
+    for run in map(Path, args.run_dir):
+        log = run / "events.jsonl"
+        if not log.exists():
+            raise InputError("not a run directory (no events.jsonl)", str(run))
+        if not (run / "events.parquet").exists():
+            frame = to_parquet(log, run / "events.parquet")
+            print(f"rebuilt {run / 'events.parquet'} from the event log: {len(frame)} events")
+    if args.html:
+        from harness.html_report import write_html
+
+        print(f"wrote {write_html([Path(d) for d in args.run_dir], Path(args.out) if args.out else None)}")
+        return 0
+    if len(args.run_dir) > 1:
+        raise InputError("several RUN_DIRs are compared only with --html")
+    if args.out:
+        raise InputError("--out goes with --html")
     if args.recompute:
         return _recompute(run)
     for name in ("summary.md", "report.md"):

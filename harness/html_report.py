@@ -1,0 +1,358 @@
+"""`harness report RUN_DIR... --html`: one self-contained HTML page per run, or one comparing several runs.
+
+Self-contained means the page fetches nothing: no scripts, no style sheets, no fonts; every figure is a
+matplotlib PNG inlined as a `data:` URI. Every number comes from the run's own record (summary.json,
+verdict.json, manifest.json, events.parquet, ground_truth.parquet); a section whose source file is absent
+says so instead of being left out silently.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from analysis.stages import BY_NAME, STAGES_UP  # noqa: E402
+
+REPORT_NAME = "report.html"
+COMPARISON_NAME = "comparison.html"
+_CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
+h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;margin-top:1.8em}
+table{border-collapse:collapse;margin:.6em 0;font-size:13px}th,td{border:1px solid #ccc;padding:3px 7px;
+vertical-align:top;text-align:left}th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.falsified{background:#fbd5d5}.holds{background:#d7f2d7}.inconclusive,.falsified-if{background:#fcefc7}
+.missing{color:#888;font-style:italic}.banner{background:#fff4d6;border-left:4px solid #e0a800;padding:.5em 1em}
+img{max-width:100%;height:auto}code{font-size:12px}"""
+
+
+@dataclass
+class RunData:
+    """One run directory as the report reads it; absent files are None."""
+
+    path: Path
+    name: str
+    manifest: dict | None
+    summary: dict | None
+    verdict: dict | None
+    events: pd.DataFrame | None
+    truth: pd.DataFrame | None
+
+
+def _json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def load_run(run: Path) -> RunData:
+    from harness.eventlog import read_parquet_events
+
+    summary = _json(run / "summary.json")
+    events = read_parquet_events(run / "events.parquet") if (run / "events.parquet").exists() else None
+    truth = pd.read_parquet(run / "ground_truth.parquet") if (run / "ground_truth.parquet").exists() else None
+    summary = summary.get("summary", summary) if summary else None  # the record wraps the run's summary
+    return RunData(run, run.name, _json(run / "manifest.json"), summary,
+                   _json(run / "verdict.json"), events, truth)
+
+
+# ------------------------------------------------------------------------------------------ figures
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return f'<img alt="figure" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
+
+
+def _stage_delays_ms(events: pd.DataFrame) -> pd.DataFrame:
+    """Per (cycle, host, port): each up-stage's delay after the cycle's OCS command (ms), cycles > 0."""
+    from analysis.stats import stage_table
+
+    return stage_table(events[events["cycle"] > 0]) / 1e6
+
+
+def cdf_figure(runs: list[RunData]) -> str | None:
+    """Empirical CDF of every up-stage's delay after the OCS command; one line per run."""
+    tables = [(r.name, _stage_delays_ms(r.events)) for r in runs if r.events is not None]
+    stages = [s for s in STAGES_UP[1:] if any(s in t and t[s].notna().any() for _, t in tables)]
+    if not stages:
+        return None
+    cols = min(3, len(stages))
+    rows = math.ceil(len(stages) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    for ax, stage in zip(axes.flat, stages):
+        for name, table in tables:
+            x = np.sort(table[stage].dropna().to_numpy())
+            if len(x):
+                ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post", label=f"{name} (n={len(x)})")
+        ax.set_title(BY_NAME[stage].label, fontsize=10)
+        ax.set_xlabel("ms after OCS command sent", fontsize=8)
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(stages):]:
+        ax.axis("off")
+    axes.flat[0].set_ylabel("fraction of ports")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def timeline_figure(run: RunData) -> str | None:
+    """Each cycle's stages on one row, ms after that cycle's OCS command: every port's event as a dot, the
+    slowest port's first packet (the cycle's turnaround) as a bar."""
+    if run.events is None:
+        return None
+    table = _stage_delays_ms(run.events)
+    if table.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(11, 0.35 * table.index.get_level_values("cycle").nunique() + 1.6))
+    cycle = table.index.get_level_values("cycle").to_numpy()
+    last = table[[s for s in STAGES_UP[1:] if s in table]].max(axis=1).groupby(level="cycle").max()
+    ax.barh(last.index, last.to_numpy(), color="0.9", edgecolor="0.7", height=0.7, label="cycle (its last event)")
+    for i, stage in enumerate(STAGES_UP[1:]):
+        if stage in table and table[stage].notna().any():
+            ax.plot(table[stage].to_numpy(), cycle + (i - 3) * 0.08, "o", ms=3, label=BY_NAME[stage].label)
+    ax.set_yticks(last.index)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms after the cycle's OCS command")
+    ax.set_ylabel("cycle")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(f"Cycle timeline — {run.name}", fontsize=10)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def accuracy_figure(runs: list[RunData]) -> str | None:
+    """Recorded − true time per stage (ms) against the emulator's ground truth, with ± uncertainty."""
+    from analysis.accuracy import match
+
+    data = []
+    for r in runs:
+        if r.events is not None and r.truth is not None:
+            m = match(r.events[r.events["cycle"] > 0], r.truth)
+            if len(m):
+                data.append((r.name, m))
+    if not data:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    stages = [s for s in STAGES_UP if any((m["stage"] == s).any() for _, m in data)]
+    width = 0.8 / len(data)
+    for j, (name, m) in enumerate(data):
+        for i, stage in enumerate(stages):
+            g = m[m["stage"] == stage]
+            x = np.full(len(g), i + (j - (len(data) - 1) / 2) * width)
+            ax.errorbar(x, g["error_ns"] / 1e6, yerr=g["uncertainty_ns"] / 1e6, fmt="o", ms=2, lw=0.5,
+                        alpha=0.6, color=f"C{j}", label=name if i == 0 else None)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(range(len(stages)), [BY_NAME[s].label for s in stages], fontsize=8)
+    ax.set_ylabel("recorded − true (ms), bar = ± uncertainty")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)
+
+
+# ------------------------------------------------------------------------------------------ tables
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _num(value: Any, fmt: str = ".4g") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    return format(value, fmt) if isinstance(value, (int, float)) else _e(value)
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    """Cells are HTML already (escape with _e / _num)."""
+    out = ["<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
+    for row in rows:
+        out.append("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in row) + "</tr>")
+    return "".join(out) + "</table>"
+
+
+def _missing(what: str) -> str:
+    return f'<p class="missing">{_e(what)}</p>'
+
+
+def delays_section(run: RunData) -> str:
+    from analysis.stats import p99_interval_text
+
+    delays = (run.summary or {}).get("delays_ms")
+    if not delays:
+        return _missing("no summary.json delays (the run recorded no measured cycle)")
+    rows = []
+    extra = {"ocs_switch": "OCS switch, per cycle (completed − sent)",
+             "turnaround": "turnaround, per cycle (slowest port's first packet)"}
+    items = [(f"{BY_NAME[k].label} ({k})", v) for k, v in delays["stages"].items()]
+    for name, s in items + [(label, delays[k]) for k, label in extra.items() if k in delays]:
+        ci = s.get("mean_ci95")
+        rows.append([_e(name), f'<td class="num">{s["n"]}</td>', f'<td class="num">{s["n_cycles"]}</td>',
+                     f'<td class="num">{_num(s["mean"])}</td>', _e(f"{ci[0]:.4g}–{ci[1]:.4g}" if ci else "–"),
+                     f'<td class="num">{_num(s["p50"])}</td>', f'<td class="num">{_num(s["p99"])}</td>',
+                     _e(p99_interval_text(s, "", 4))])
+    return _table(["delay after OCS command (ms)", "n", "cycles", "mean", "mean 95 % CI (cycles)", "p50",
+                   "p99", "p99 95 % interval"], rows)
+
+
+def _verdict_class(v: str) -> str:
+    return v.replace(" ", "-") if v in ("falsified", "holds", "inconclusive", "falsified if") else ""
+
+
+def verdict_section(run: RunData) -> str:
+    v = run.verdict
+    if v is None:
+        return _missing("no verdict.json: this playbook evaluated no claims")
+    prov = v.get("provenance") or {}
+    parts = []
+    if prov.get("emulated"):
+        text = f"Emulated bench, not a hardware measurement: delays drawn from profile {prov.get('profile')}."
+        if prov.get("copies_published_figures"):
+            text += f" That profile copies published figures ({prov['copies_published_figures']})."
+        parts.append(f'<p class="banner">{_e(text)}</p>')
+    scenarios = [s["scenario"] for s in v["baseline"]["scenarios"]]
+    head = ["claim", "verdict", "why"] + [_e(s) for s in scenarios]
+    rows = []
+    for c in v["claims"]:
+        label = c["verdict"] + (" " + " or ".join(c.get("conditions") or []) if c["verdict"] == "falsified if" else "")
+        cells = [f"<b>{_e(c['statement'])}</b><br><code>{_e(c['id'])}</code>",
+                 f'<td class="{_verdict_class(c["verdict"])}"><b>{_e(label)}</b></td>', _e(c["summary"])]
+        for s in scenarios:
+            cell = c["by_scenario"].get(s)
+            cells.append("–" if cell is None else
+                         f'<td class="{_verdict_class(cell["verdict"])}">{_e(cell["verdict"])}: {_e(cell["short"])}'
+                         f'<br><small>{_e(cell["reason"])}</small></td>')
+        rows.append(cells)
+    parts.append(_table(head, rows))
+    rob = v.get("robustness") or {}
+    if rob.get("table"):
+        ids = [c["id"] for c in v["claims"]]
+        rrows = [[_e(r["point"]), _e(", ".join(r["calibrated"]) or "none")] +
+                 [f'<td class="{_verdict_class(r["claims"][i])}">{_e(r["claims"][i])}'
+                  f'{_e(" (" + ", ".join(r["falsified_by"][i]) + ")") if r["falsified_by"][i] else ""}</td>'
+                  for i in ids] for r in rob["table"]]
+        parts.append(f"<h3>Robustness over {rob.get('design_points')} assumption-grid points</h3>" +
+                     _table(["grid point", "calibrated scenarios"] + [_e(i) for i in ids], rrows))
+    png = run.path / "iteration_vs_delay.png"
+    if png.exists():
+        parts.append(f'<img alt="iteration time vs delay" src="data:image/png;base64,'
+                     f'{base64.b64encode(png.read_bytes()).decode()}">')
+    return "".join(parts)
+
+
+def accuracy_section(run: RunData) -> str:
+    acc = (run.summary or {}).get("accuracy")
+    if not acc:
+        return _missing("no ground truth (a real bench has none; the emulator records it)")
+    rows = [[_e(r["stage"]), f'<td class="num">{r["n"]}</td>', f'<td class="num">{r["abs_err_p50_ms"]:.4f}</td>',
+             f'<td class="num">{r["abs_err_p99_ms"]:.4f}</td>', f'<td class="num">{r["bias_ms"]:+.4f}</td>',
+             f'<td class="num">{100 * r["coverage"]:.2f} %</td>'] for r in acc]
+    return _table(["stage", "n", "|error| p50 (ms)", "p99 (ms)", "bias (ms)", "true time within ± uncertainty"],
+                  rows)
+
+
+def _flat(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(obj, dict) and obj:
+        return [kv for k, v in obj.items() for kv in _flat(v, f"{prefix}.{k}" if prefix else str(k))]
+    return [(prefix, obj)]
+
+
+def provenance_section(run: RunData) -> str:
+    m = run.manifest
+    if m is None:
+        return _missing("no manifest.json")
+    keep = {k: m.get(k) for k in ("created_utc", "status", "run", "playbook", "inventory", "seed", "git", "profile",
+                                  "extra")}
+    keep["versions"] = {k: v for k, v in (m.get("versions") or {}).items() if k != "packages"}
+    keep["packages"] = (m.get("versions") or {}).get("packages")
+    rows = [[_e(k), f"<code>{_e(v)}</code>"] for k, v in _flat(keep) if v not in (None, "", {}, [])]
+    parts = [_table(["manifest field", "value"], rows)]
+    devices = m.get("devices") or (m.get("extra") or {}).get("devices")
+    if devices:
+        parts.append("<h3>Device identity</h3>" + _table(["device", "identity"], [
+            [_e(k), f"<code>{_e(v)}</code>"] for k, v in _flat(devices)]))
+    else:
+        parts.append(_missing("device identity: not recorded by this run"))
+    rows = []
+    for c in m.get("clock") or []:
+        seg = (c.get("segments") or [{}])[-1]
+        truth = (m.get("emulated_clocks") or {}).get(c.get("host"), {})
+        rows.append([_e(c.get("host", "?")), f'<td class="num">{len(c.get("segments") or [])}</td>',
+                     f'<td class="num">{_num(seg.get("samples"))}</td>',
+                     f'<td class="num">{_num((seg.get("uncertainty_ns") or math.nan) / 1e3, ".1f")}</td>',
+                     f'<td class="num">{_num(seg.get("drift_ppm"), ".2f")}</td>',
+                     f'<td class="num">{_num(truth.get("drift_ppm"), ".2f")}</td>',
+                     f'<td class="num">{len(c.get("steps") or [])}</td>'])
+    if rows:
+        parts.append("<h3>Host clocks</h3>" + _table(
+            ["host", "fit segments", "samples (last)", "offset bound (µs)", "drift (ppm)",
+             "true drift (emulator, ppm)", "clock steps"], rows))
+    return "".join(parts)
+
+
+def html_page(title: str, body: list[str]) -> str:
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; "
+            "style-src 'unsafe-inline'\">"
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>\n" + "\n".join(body) +
+            "\n</body></html>\n")
+
+
+def _fig_or_missing(fig: str | None, what: str) -> str:
+    return fig if fig else _missing(what)
+
+
+def _status_line(run: RunData) -> str:
+    s = run.summary or {}
+    pb = (run.manifest or {}).get("playbook") or {}
+    wall = "" if s.get("wall_s") is None else f" in {s['wall_s']:.1f} s"
+    return (f"<p>Playbook <code>{_e(pb.get('name', '?'))}</code> on <code>{_e(s.get('bench', '?'))}</code>: "
+            f"<b>{_e(s.get('status', 'no summary'))}</b>{wall}; faults: {_e(s.get('faults', '?'))}; "
+            f"seed {_e((run.manifest or {}).get('seed', '?'))}.</p>")
+
+
+def run_page(run: RunData) -> str:
+    return html_page(f"Run {run.name}", [
+        f"<h1>Run {_e(run.name)}</h1>", _status_line(run),
+        "<h2>Verdict</h2>", verdict_section(run),
+        "<h2>Stage delays</h2>", delays_section(run),
+        _fig_or_missing(cdf_figure([run]), "no events.parquet"),
+        "<h2>Cycle timeline</h2>", _fig_or_missing(timeline_figure(run), "no measured cycle"),
+        "<h2>Accuracy against ground truth</h2>", accuracy_section(run),
+        _fig_or_missing(accuracy_figure([run]), "no ground_truth.parquet"),
+        "<h2>Provenance</h2>", provenance_section(run)])
+
+
+def comparison_page(runs: list[RunData]) -> str:
+    body = [f"<h1>Comparison of {len(runs)} runs</h1>",
+            _table(["run", "status"], [[_e(r.name), _status_line(r)] for r in runs]),
+            "<h2>Stage delays, per-stage CDFs</h2>", _fig_or_missing(cdf_figure(runs), "no events.parquet"),
+            "<h2>Accuracy against ground truth</h2>",
+            _fig_or_missing(accuracy_figure(runs), "no run has ground truth")]
+    for r in runs:
+        body += [f"<h2>{_e(r.name)}</h2>", "<h3>Verdict</h3>", verdict_section(r), "<h3>Stage delays</h3>",
+                 delays_section(r), _fig_or_missing(timeline_figure(r), "no measured cycle"),
+                 "<h3>Accuracy</h3>", accuracy_section(r), "<h3>Provenance</h3>", provenance_section(r)]
+    return html_page(f"Comparison of {len(runs)} runs", body)
+
+
+def write_html(run_dirs: list[Path], out: Path | None = None) -> Path:
+    """report.html in the one run directory, or comparison.html (in `out`'s folder or the first run's)."""
+    from harness import record as rec
+
+    runs = [load_run(Path(d)) for d in run_dirs]
+    if len(runs) == 1:
+        path = out or runs[0].path / REPORT_NAME
+        text = run_page(runs[0])
+    else:
+        path = out or runs[0].path.parent / COMPARISON_NAME
+        text = comparison_page(runs)
+    rec.write_text_atomic(path, text)
+    return path

@@ -1,0 +1,103 @@
+"""`harness report RUN_DIR... --html`: one self-contained page built from a real (small) falsification run,
+its numbers taken from the run's record, and loaded in a real headless Chromium: no console error, no
+fetch (the page's Content-Security-Policy would turn any into a console error), a screenshot that shows
+figures. The browser part skips, with the reason, where no Chromium is installed."""
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.cli import main
+from harness.html_report import html_page
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("html")
+    playbook = tmp / "falsify.yaml"
+    playbook.write_text(yaml.safe_dump({
+        "name": "falsify", "bench": "emulated:instant", "seed": 3, "cycles": 2,
+        "steps": [{"type": "turnaround", "name": "measure", "clock_warmup_s": 0.2},
+                  {"type": "mixnet_verdict", "name": "verdict", "models": ["mixtral-8x22b"], "links_gbps": [100],
+                   "n_boot": 20, "n_reps": 2, "grid": {"gpu": ["h100-sxm"]}, "workers": 1}]}))
+    assert main(["run", str(playbook), "--out", str(tmp / "run"), "-q"]) == 0
+    assert main(["report", str(tmp / "run"), "--html"]) == 0
+    return tmp / "run"
+
+
+def test_page_is_self_contained_and_carries_the_records_numbers(run_dir):
+    text = (run_dir / "report.html").read_text()
+    assert "<script" not in text and "<link" not in text and "url(" not in text
+    sources = re.findall(r'\b(?:src|href)="([^"]*)"', text)
+    assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
+    for src in sources:   # every inline figure is a real PNG
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(sources) == 4  # verdict plot, stage CDFs, cycle timeline, accuracy vs truth
+    verdict = json.loads((run_dir / "verdict.json").read_text())
+    for claim in verdict["claims"]:
+        row = text[text.index(f"<code>{claim['id']}</code>"):]
+        assert row.split("</tr>")[0].count(f"<b>{claim['verdict']}") == 1
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    for r in summary["accuracy"]:
+        assert f"<td>{r['stage']}</td><td class=\"num\">{r['n']}</td>" in text
+    turnaround = summary["delays_ms"]["turnaround"]
+    assert f'<td class="num">{turnaround["mean"]:.4g}</td>' in text
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["playbook"]["sha256"] in text and "device identity: not recorded" in text
+
+
+def test_comparison_of_two_runs_names_both(run_dir, tmp_path):
+    other = tmp_path / "other-run"
+    shutil.copytree(run_dir, other)
+    out = tmp_path / "cmp.html"
+    assert main(["report", str(run_dir), str(other), "--html", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "Comparison of 2 runs" in text and f"<h2>{run_dir.name}</h2>" in text and "<h2>other-run</h2>" in text
+
+
+def test_several_runs_without_html_are_refused(run_dir, capsys):
+    assert main(["report", str(run_dir), str(run_dir)]) == 2
+    assert "only with --html" in capsys.readouterr().err
+
+
+def browser() -> str:
+    for name in BROWSERS:
+        if shutil.which(name):
+            return shutil.which(name)
+    pytest.skip("no Chromium installed (.ci/run installs Debian's `chromium`; apt-get install -y chromium)")
+
+
+def load_in_browser(html: Path, shot: Path) -> list[str]:
+    """Open the page in headless Chromium, screenshot it; the console messages it logged."""
+    proc = subprocess.run(
+        [browser(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-logging=stderr",
+         "--v=0", f"--user-data-dir={shot.parent / 'profile'}", "--virtual-time-budget=5000",
+         "--window-size=1280,2400", f"--screenshot={shot}", html.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert shot.exists(), proc.stderr[-2000:]
+    return [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+
+
+def test_page_opens_in_headless_chromium_without_console_errors(run_dir, tmp_path):
+    html = run_dir / "report.html"
+    shot = tmp_path / "report.png"
+    assert load_in_browser(html, shot) == []   # the page has no script: any console line is an error
+    from matplotlib.image import imread
+
+    pixels = imread(shot)
+    assert pixels.shape[:2] == (2400, 1280)
+    # Figures were decoded and painted: far more distinct colours than text on white gives.
+    assert len({tuple(p) for p in (pixels[::7, ::7, :3] * 255).astype(int).reshape(-1, 3)}) > 200
+    # The same browser does report a fetch: the page's policy refuses it and says so on the console.
+    bad = tmp_path / "bad.html"
+    bad.write_text(html_page("bad", ['<img src="http://127.0.0.1:9/x.png">']))
+    assert any("Content Security Policy" in line for line in load_in_browser(bad, tmp_path / "bad.png"))
