@@ -208,16 +208,39 @@ def _merge(base: YamlMap, over: YamlMap) -> YamlMap:
     return out
 
 
-def _resolve_includes(node: Any, path: Path, stack: tuple[Path, ...], files: list[Path]) -> Any:
+MAX_YAML_NODES = 100_000  # values after aliases are expanded; a real inventory or playbook has hundreds
+
+
+def _expanded_size(node: Any, memo: dict[int, int]) -> int:
+    """How many values `node` stands for once every alias is expanded (each shared node counted once,
+    so an anchor bomb costs its size in the file, not in the expansion)."""
+    if not isinstance(node, (list, dict)):
+        return 1
+    if id(node) not in memo:
+        memo[id(node)] = 0  # a (recursive) alias back into itself counts as one value
+        children = node.values() if isinstance(node, dict) else node
+        memo[id(node)] = min(1 + sum(_expanded_size(c, memo) for c in children), MAX_YAML_NODES + 1)
+    return memo[id(node)]
+
+
+def _resolve_includes(node: Any, path: Path, stack: tuple[Path, ...], files: list[Path],
+                      seen: dict[int, Any] | None = None) -> Any:
+    """Replace every `include:` mapping by the merge. A node reached again through an alias is resolved
+    once (`seen`): aliases are never walked twice."""
+    seen = {} if seen is None else seen
+    if id(node) in seen:
+        return seen[id(node)]
     if isinstance(node, YamlList):
+        seen[id(node)] = node
         for i, item in enumerate(node):
-            node[i] = _resolve_includes(item, path, stack, files)
+            node[i] = _resolve_includes(item, path, stack, files, seen)
         return node
     if not isinstance(node, YamlMap):
         return node
+    seen[id(node)] = node
     for key in list(node):
         if key != "include":
-            node[key] = _resolve_includes(node[key], path, stack, files)
+            node[key] = _resolve_includes(node[key], path, stack, files, seen)
     if "include" not in node:
         return node
     names = node["include"]
@@ -245,12 +268,16 @@ def _resolve_includes(node: Any, path: Path, stack: tuple[Path, ...], files: lis
     own = YamlMap({k: v for k, v in node.items() if k != "include"})
     own.file, own.line = node.file, node.line
     own.key_lines = {k: v for k, v in node.key_lines.items() if k != "include"}
-    return _merge(merged, own)
+    seen[id(node)] = result = _merge(merged, own)
+    return result
 
 
 def _load_file(path: Path, stack: tuple[Path, ...], files: list[Path]) -> Any:
     data, _raw = _parse(path, str(path))
     files.append(path)
+    if _expanded_size(data, {}) > MAX_YAML_NODES:
+        raise InputError(f"expands to more than {MAX_YAML_NODES} values through YAML aliases (an anchor bomb?)",
+                         str(path), 1)
     return _resolve_includes(data, path, (*stack, path.resolve()), files)
 
 
@@ -314,8 +341,25 @@ def check_mapping(node: Any, schema: Mapping[str, tuple], what: str, where: tupl
         allowed = types if isinstance(types, tuple) else (types,)
         if float in allowed and int not in allowed and type(value) is int:
             value = float(value)
+        problem = _out_of_range(key, value)
+        if problem:
+            raise InputError(f"{what}.{key}: expected {problem}, found {value!r}", *key_where(key))
         out[key] = value
     return out
+
+
+def _out_of_range(key: str, value: Any) -> str | None:
+    """The semantic range every parameter of its kind must meet, by its name: ports, intervals (> 0),
+    durations and timeouts (>= 0), retry counts (>= 0). None when `value` is fine."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if key == "port" or key.endswith("_port"):
+        return None if isinstance(value, int) and 1 <= value <= 65535 else "a port number in 1..65535"
+    if "interval" in key:
+        return None if value > 0 else "a positive interval"
+    if key.endswith(("_s", "_ms", "_us")) or "timeout" in key or key in ("retries", "seconds"):
+        return None if value >= 0 else "a value >= 0"
+    return None
 
 
 def _describe(value: Any) -> str:

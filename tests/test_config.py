@@ -259,3 +259,34 @@ def test_validate_command(tmp_path, capsys, monkeypatch):
     pb = write(tmp_path, "pb.yaml", "name: p\nsteps:\n  - type: wait\n")
     assert main(["validate", str(pb)]) == 0
     assert "playbook 'p': 1 steps, 1 cycles" in capsys.readouterr().out
+
+
+def test_anchor_bombs_are_refused_and_aliases_are_walked_once(tmp_path):
+    from harness.config import load_yaml
+
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"] + [
+        f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in zip("abcdefg", "bcdefgh")]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(["name: bomb", *levels, "i: {include: inc.yaml, v: *h}", "steps: []"]) + "\n")
+    (tmp_path / "inc.yaml").write_text("k: 1\n")
+    with pytest.raises(InputError, match="anchor bomb") as info:
+        load_yaml(bomb)
+    assert info.value.line == 1
+    # a shared mapping with an include, reached through three aliases, is resolved once and stays shared
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("base: &base {include: inc.yaml, j: 2}\nx: *base\ny: *base\nsteps: []\nname: ok\n")
+    data = load_yaml(ok).data
+    assert data["x"] == data["y"] == data["base"] == {"k": 1, "j": 2}
+
+
+@pytest.mark.parametrize("param,value,needle", [
+    ("udp_port", 70000, "a port number in 1..65535"), ("udp_port", 0, "a port number in 1..65535"),
+    ("watch_interval_us", 0, "a positive interval"), ("teardown_s", -1, "a value >= 0"),
+    ("cycle_timeout_s", -0.5, "a value >= 0"), ("retries", -1, "a value >= 0"),
+])
+def test_parameters_have_semantic_ranges(tmp_path, param, value, needle):
+    path = tmp_path / "pb.yaml"
+    path.write_text(f"name: p\nsteps:\n  - type: turnaround\n    {param}: {value}\n")
+    with pytest.raises(InputError, match=needle) as info:
+        load_playbook(path)
+    assert info.value.line == 4
