@@ -73,6 +73,9 @@ def test_device_refusals_exit_1_with_one_line(servers, capsys):
     (["--url", "tcp://127.0.0.1:3082", "connect", "one", "17"], "not a number"),
     (["--url", "tcp://127.0.0.1:3082", "--allowed-ports", "9-2", "list"], "--allowed-ports"),
     (["--url", "tcp://127.0.0.1:3082", "apply", "1-17"], "expected IN:OUT"),
+    (["--url", "tcp://127.0.0.1:3082", "--allowed-ports", "1-1000000000", "list"],  # was an OOM at 23.8 GB
+     "goes beyond the switch's 8192 ports"),
+    (["--url", "tcp://127.0.0.1:3082", "--size", "99999999x2", "list"], "--size"),
 ])
 def test_bad_input_exit_2_with_one_line(argv, fragment, capsys):
     assert main(["ocs"] + argv) == 2

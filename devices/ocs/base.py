@@ -130,8 +130,9 @@ def format_ports(ports: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-def parse_port_ranges(text: str | Iterable[str]) -> frozenset[int]:
-    """`"1-8,17-24"` (or a list of such items) -> the set of ports. Raises ValueError."""
+def parse_port_ranges(text: str | Iterable[str], limit: int | None = None) -> frozenset[int]:
+    """`"1-8,17-24"` (or a list of such items) -> the set of ports, each at most `limit` (the switch's port
+    count: a range is never expanded beyond the switch). Raises ValueError."""
     items = [text] if isinstance(text, str) else list(text)
     ports: set[int] = set()
     for item in items:
@@ -145,6 +146,8 @@ def parse_port_ranges(text: str | Iterable[str]) -> frozenset[int]:
                 raise ValueError(f"bad port range {part!r} (expected N or N-M)") from None
             if a < 1 or b < a:
                 raise ValueError(f"bad port range {part!r} (ports start at 1, N-M needs N <= M)")
+            if limit is not None and b > limit:
+                raise ValueError(f"port range {part!r} goes beyond the switch's {limit} ports")
             ports.update(range(a, b + 1))
     return frozenset(ports)
 

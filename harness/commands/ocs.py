@@ -67,18 +67,24 @@ def _port(text: str) -> int:
     return value
 
 
+MAX_SIDE = 4096  # ports per side of any switch we may meet (Polatis: up to 384x384); size 0x0 = unknown
+
+
 def _resource(args: argparse.Namespace, named_ports: list[int]) -> OcsResource:
     try:
+        n, m = (int(x) for x in args.size.lower().split("x"))
+        if not (0 <= n <= MAX_SIDE and 0 <= m <= MAX_SIDE):
+            raise ValueError
+    except ValueError:
+        raise InputError(f"--size {args.size!r}: expected NxM with up to {MAX_SIDE} ports a side, e.g. 16x16") from None
+    try:
         parse_url(args.url, args.protocol)
-        allowed = parse_port_ranges(args.allowed_ports) if args.allowed_ports else frozenset(named_ports)
+        allowed = (parse_port_ranges(args.allowed_ports, limit=(n + m) or 2 * MAX_SIDE) if args.allowed_ports
+                   else frozenset(named_ports))
     except OcsConfigError as exc:
         raise InputError(str(exc)) from None
     except ValueError as exc:
         raise InputError(f"--allowed-ports: {exc}") from None
-    try:
-        n, m = (int(x) for x in args.size.lower().split("x"))
-    except ValueError:
-        raise InputError(f"--size {args.size!r}: expected NxM, e.g. 16x16") from None
     password = args.password if args.password is not None else os.environ.get("OCS_PASSWORD")
     return OcsResource(name="cli", protocol=args.protocol, url=args.url, size=(n, m), allowed_ports=allowed,
                        user=args.user, password=password, baudrate=args.baudrate)
