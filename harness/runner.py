@@ -345,6 +345,8 @@ def _run(options: RunOptions, playbook: Playbook, ident, run_dir: Path, previous
             for ocs, why in ctx.manifest_extra["restore_error"].items():
                 _error_line(f"{ocs}: bench NOT restored: {why}")
         _stop_signals.recording = True
+        if not options.dry_run:
+            ctx.manifest_extra["devices"] = _device_identity(ctx)
         if recovery is not None:  # the switches this run restored (or never moved) need no recovery
             from harness.recovery import clear_pending
 
@@ -368,6 +370,16 @@ def _run(options: RunOptions, playbook: Playbook, ident, run_dir: Path, previous
         print(json.dumps(rec.to_jsonable({"run_dir": None if options.dry_run else str(run_dir), "status": status,
                                           "exit_code": code, "checks": checks})), flush=True)
     return code
+
+
+def _device_identity(ctx) -> dict | None:
+    """Who the devices say they are (harness.identity); a device that cannot tell never fails the run."""
+    from harness.identity import device_identity
+
+    try:
+        return device_identity(ctx._switches, ctx._sessions, ctx.bench.nic_ports)
+    except Exception as exc:  # evidence, not a requirement
+        return {"error": str(exc)[:300]}
 
 
 def _error_line(text: str) -> None:

@@ -67,6 +67,12 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, caps
     assert not (events["stage"] == "fault").any()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["outcome"] == "completed"
+    # device identity, where the bench can tell: the switch's RTRV-NETYPE, transceivers, GPUs
+    devices = json.loads((run / "manifest.json").read_text())["extra"]["devices"]
+    assert devices["ocs"]["ocs1"].startswith("POLATIS,")
+    port = devices["hosts"]["gpu1"]["nics"]["ens1f0np0"]
+    assert port["transceiver"]["part"] and port["transceiver"]["serial"] and port["transceiver"]["vendor"]
+    assert all(g["name"] and g["uuid"].startswith("GPU-") for g in devices["hosts"]["gpu1"]["gpus"])
     acc = {r["stage"]: r for r in summary["summary"]["accuracy"]}
     # Recorded times agree with the emulator's truth far inside one profile delay (0.5-6 ms),
     # and the stated uncertainty covers the truth.

@@ -1,0 +1,81 @@
+"""Device identity for the manifest, where the bench can tell: the OCS's own answer (TL1 `RTRV-NETYPE`,
+SCPI `*IDN?`), per NIC port the firmware (`/sys/class/infiniband/<dev>/fw_ver`) and the transceiver's
+vendor, part number and serial (`ethtool -m`), per host the GPU model and serial (`nvidia-smi`).
+
+Read once, at the end of a run, over the connections the run already has (no new ones); every probe is
+bounded and a device that cannot tell is recorded as such (`null` with the reason), never fatal."""
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from devices.errors import DeviceError
+from devices.timing import Deadline
+
+GPU_FIELDS = ("name", "uuid", "driver_version")
+
+
+def _run(transport, command: str, deadline: Deadline) -> str | None:
+    try:
+        result = transport.run(command, deadline=Deadline(min(5.0, max(deadline.remaining(), 0.1))))
+    except (DeviceError, OSError):
+        return None
+    return result.stdout if result.exit_status == 0 else None
+
+
+def _module_fields(text: str) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" : ")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def host_identity(session, ports, within_s: float = 10.0) -> dict[str, Any]:
+    """NIC firmware and transceivers of the host's NIC ports, and its GPUs."""
+    from devices.parsers.common import ParseError
+    from devices.parsers.gpu import parse_nvidia_smi_csv
+    from devices.parsers.nic import parse_ethtool_module
+
+    deadline = Deadline(within_s)
+    transport = session.transport
+    nics = {}
+    for nic in ports:
+        entry: dict[str, Any] = {"rdma_dev": nic.rdma_dev}
+        if nic.rdma_dev:
+            fw = _run(transport, f"cat /sys/class/infiniband/{shlex.quote(nic.rdma_dev)}/fw_ver", deadline)
+            entry["firmware"] = fw.strip() if fw else None
+        module = _run(transport, f"ethtool -m {shlex.quote(nic.netdev)}", deadline)
+        try:
+            if module is not None:
+                parse_ethtool_module(module)  # a real module record, not an error text
+                fields = _module_fields(module)
+                entry["transceiver"] = {"vendor": fields.get("Vendor name"), "part": fields.get("Vendor PN"),
+                                        "serial": fields.get("Vendor SN"), "revision": fields.get("Vendor rev")}
+        except ParseError:
+            pass
+        entry.setdefault("transceiver", None)
+        nics[nic.netdev] = entry
+    gpus = None
+    text = _run(transport, f"nvidia-smi --query-gpu={','.join(GPU_FIELDS)} --format=csv,noheader", deadline)
+    if text is not None:
+        try:
+            gpus = [{k: (None if v is None else str(v)) for k, v in r.items()}
+                    for r in parse_nvidia_smi_csv(text, GPU_FIELDS, header=False).records()]
+        except (ParseError, ValueError):
+            gpus = None
+    return {"nics": nics, "gpus": gpus}
+
+
+def device_identity(switches: dict, sessions: dict, nic_ports) -> dict[str, Any]:
+    """{"ocs": {name: identity | None}, "hosts": {host: {...}}} for what the run has open."""
+    ocs = {}
+    for name, switch in switches.items():
+        try:
+            ocs[name] = switch.identify()
+        except (DeviceError, OSError, NotImplementedError) as exc:
+            ocs[name] = None
+            ocs[f"{name}_error"] = str(exc)[:200]
+    return {"ocs": ocs, "hosts": {h: host_identity(s, [p for p in nic_ports if p.host == h])
+                                  for h, s in sessions.items()}}
