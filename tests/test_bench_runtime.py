@@ -29,7 +29,8 @@ MAC = {"h1:eth0": "02:00:00:00:00:02", "h2:eth0": "02:00:00:00:00:01"}
 
 
 def _ctx(tmp_path, nics, session):
-    return SimpleNamespace(bench=SimpleNamespace(nic_ports=nics), cycles=1, run_dir=tmp_path, resume_after={},
+    return SimpleNamespace(bench=SimpleNamespace(nic_ports=nics, ocs={"ocs1": OCS}), cycles=1, run_dir=tmp_path,
+                           resume_after={},
                            dry_run=False, teardown=contextlib.ExitStack(), stack=contextlib.ExitStack(),
                            switch=lambda name: FakeSwitch(OCS), session=lambda host: session, emulated=None,
                            manifest_extra={}, guards={}, observations=None, run_id="r")
@@ -221,7 +222,8 @@ def test_guard_restores_only_touched_ports_and_verifies(tmp_path):
     guard.apply({1: 10, 2: 9}, exclusive=False)
     switch._patches[3] = 11  # untouched ports keep whatever they have
     assert guard.restore(within_s=5).restored and switch.patches() == {1: 9, 3: 11, 4: 12}
-    resumed = CircuitGuard("ocs1", switch, snapshot_path=tmp_path / "restore.json", resuming=True)
+    resumed = CircuitGuard("ocs1", switch, snapshot_path=tmp_path / "restore.json", resuming=True,
+                           allowed=switch.resource.allowed_ports)
     switch._patches = {1: 10}
     assert resumed.snapshot == {1: 9, 3: 11, 4: 12} and resumed.verify(switch.patches()) is True  # touched none
     resumed.apply({1: 11, 2: 10})

@@ -47,8 +47,9 @@ class RestoreOutcome:
 
 class CircuitGuard:
     def __init__(self, name: str, switch: CircuitSwitch, *, snapshot_path: Path | None, resuming: bool,
-                 teardown_s: float = 15.0, events_path: Path | None = None):
-        self.name, self.switch, self.teardown_s = name, switch, teardown_s
+                 teardown_s: float = 15.0, events_path: Path | None = None, allowed: frozenset[int] = frozenset()):
+        """allowed: the inventory's allowlist of this OCS (what an exclusive apply may clear)."""
+        self.name, self.switch, self.teardown_s, self.allowed = name, switch, teardown_s, frozenset(allowed)
         self.suspect = False  # the session timed out or dropped: reconnect before the next use
         self.touched: set[int] = set()
         self.events_path = events_path  # where the switch's own messages go (ocs_events.jsonl)
@@ -91,8 +92,7 @@ class CircuitGuard:
     def _touch(self, mapping: Mapping[int, int], exclusive: bool) -> None:
         self.touched |= {p for pair in mapping.items() for p in pair}
         if exclusive:  # an exclusive apply drops every other patch whose ingress is allowed
-            allowed = getattr(self.switch, "allowed", frozenset())
-            self.touched |= {p for i, e in self.snapshot.items() if i in allowed for p in (i, e)}
+            self.touched |= {p for i, e in self.snapshot.items() if i in self.allowed for p in (i, e)}
 
     def apply(self, mapping: Mapping[int, int], policy: RetryPolicy = RetryPolicy(), *, exclusive: bool = True,
               deadline: Deadline | None = None) -> Applied:
@@ -193,7 +193,8 @@ def guard(ctx, name: str, *, teardown_s: float = 15.0) -> CircuitGuard:
         switch = ctx.switch(name)
         path = None if ctx.dry_run else Path(ctx.run_dir) / "restore.json"
         g = CircuitGuard(name, switch, snapshot_path=path, resuming=bool(ctx.resume_after), teardown_s=teardown_s,
-                         events_path=None if ctx.dry_run else Path(ctx.run_dir) / "ocs_events.jsonl")
+                         events_path=None if ctx.dry_run else Path(ctx.run_dir) / "ocs_events.jsonl",
+                         allowed=ctx.bench.ocs[name].allowed_ports)
         guards[name] = g
 
         def restore():
