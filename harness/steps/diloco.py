@@ -309,7 +309,6 @@ def _segments(frame: pd.DataFrame, n_seeds: int, duration_s: float, seed: int) -
 def diloco_step(ctx, step) -> StepOutcome:
     import traces
     from analysis import diloco as dl
-    from harness import record as rec
     from harness.steps.replay import _resolve_path, check_endpoint
 
     p = dict(step.params)
@@ -381,8 +380,11 @@ def _run_tasks(tasks: list[dict], workers: int) -> dict:
     import multiprocessing
 
     # spawn: the runner holds threads (SSH readers, the event log) that a fork would copy mid-flight.
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
         return {r["key"]: r for r in pool.map(evaluate_run, tasks)}
+    finally:  # on SIGTERM / an error: drop the replays not started, wait only for the running ones
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _sensitivity(p, policies, per_seed, tasks_by_key, rule, seed) -> list[dict]:
