@@ -311,6 +311,8 @@ def _run(options: RunOptions, playbook: Playbook, ident, run_dir: Path, previous
         started = time.monotonic()
         started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
         try:
+            if not options.dry_run:  # the quick preflight (harness bench check --quick) before any switch is touched
+                _preflight(bench)
             for step in playbook.steps:
                 if ctx.broken:
                     ctx.results[step.name] = StepOutcome.skipped(ctx.broken)
@@ -380,6 +382,15 @@ def _device_identity(ctx) -> dict | None:
         return device_identity(ctx._switches, ctx._sessions, ctx.bench.nic_ports)
     except Exception as exc:  # evidence, not a requirement
         return {"error": str(exc)[:300]}
+
+
+def _preflight(bench) -> None:
+    from harness.preflight import PreflightFailed, quick_check
+
+    problems = quick_check(bench)
+    if problems:
+        raise PreflightFailed(f"preflight: {problems[0]}" + (f" (+{len(problems) - 1} more: harness bench check)"
+                                                             if len(problems) > 1 else ""))
 
 
 def _error_line(text: str) -> None:

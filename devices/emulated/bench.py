@@ -45,11 +45,13 @@ class EmulatedBench:
     """Start with `with EmulatedBench("mixnet-testbed", seed=1) as bench: bench.inventory_path ...`."""
 
     def __init__(self, profile: Profile | str, seed: int = 0, protocol: str = DEFAULT_PROTOCOL,
-                 workdir: str | os.PathLike | None = None, netns_prefix: str | None = None):
+                 workdir: str | os.PathLike | None = None, netns_prefix: str | None = None,
+                 miscable: list | tuple = ()):
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         self.seed = seed
         self.protocol = get_protocol(protocol).name  # unknown names fail here, before anything starts
-        self.physics = OpticalBench(self.profile, seed=seed)
+        # miscable [[a, b], ...]: fibres at OCS ports a and b swapped; the inventory still claims the intended map
+        self.physics = OpticalBench(self.profile, seed=seed, miscable=miscable)
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ocs-hil-bench-")
         self.workdir = Path(workdir or self._tmp.name)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -91,7 +93,9 @@ class EmulatedBench:
         """The bench as an inventory (ARCHITECTURE.md contract)."""
         n, m = self.physics.ocs_size
         nics = self.physics.all_nic_ports()
-        allowed = sorted({p.ocs_tx for p in nics} | {p.ocs_rx for p in nics})
+        claimed = self.physics.cabled_as  # the intended cabling; the lab owns the ports the fibres really use too
+        allowed = sorted({p for pair in claimed.values() for p in pair} | {p.ocs_tx for p in nics}
+                         | {p.ocs_rx for p in nics})
         hosts = {}
         for name, server in self.host_servers.items():
             res = server.resource()
@@ -99,7 +103,7 @@ class EmulatedBench:
                 "address": res.address, "port": res.port, "user": res.user,
                 "identity_file": str(server.client_key_path), "known_hosts": str(server.known_hosts_path),
                 "nics": [{"netdev": p.netdev, "rdma_dev": p.rdma_dev, "rdma_port": p.rdma_port, "ocs": "ocs1",
-                          "tx": p.ocs_tx, "rx": p.ocs_rx} for p in self.physics.nic_ports(name)],
+                          "tx": claimed[p.key][0], "rx": claimed[p.key][1]} for p in self.physics.nic_ports(name)],
             }
         return {
             "bench": {"name": f"emulated-{self.profile.name}", "emulated": True},

@@ -635,3 +635,53 @@ def ib_write_bw_output(device: str, local: PerftestEnd, remote: PerftestEnd,
         table.append(row_fmt % (size, iters, peak, average, rate))
     table.append(f"{PERFTEST_RULE}\n")
     return head + _perftest_address("local", local) + _perftest_address("remote", remote) + "".join(table)
+
+
+_TOPO_LEGEND = """Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+
+
+def nvidia_smi_topo(gpus: Sequence[EmulatedGpu], rdma_devs: Sequence[str], *, nvlinks: int = 18,
+                    cores_per_numa: int = 48) -> str:
+    """`nvidia-smi topo -m` as the driver prints it (tests/data/real/nvidia-smi-topo/): tab-separated, ` X `
+    on the diagonal, NIC rows padded with empty affinity cells, then the legend and the NIC legend. The
+    board: two NUMA nodes, each GPU behind a PCIe switch shared with NIC `index * len(nics) // len(gpus)`."""
+    n_gpu, n_nic = len(gpus), len(rdma_devs)
+    half = max(1, (n_gpu + 1) // 2)
+    numa_gpu = [g.index // half for g in gpus]
+    nic_gpu = {j: [i for i, g in enumerate(gpus) if g.index * n_nic // max(n_gpu, 1) == j] for j in range(n_nic)}
+    numa_nic = [numa_gpu[nic_gpu[j][0]] if nic_gpu[j] else 0 for j in range(n_nic)]
+    names = [f"GPU{g.index}" for g in gpus] + [f"NIC{j}" for j in range(n_nic)]
+
+    def link(a: int, b: int) -> str:
+        if a == b:
+            return " X "
+        if a < n_gpu and b < n_gpu:
+            return f"NV{nvlinks}"
+        numa = (numa_gpu + numa_nic)
+        gpu_of = lambda k: [k] if k < n_gpu else nic_gpu[k - n_gpu]  # noqa: E731
+        if set(gpu_of(a)) & set(gpu_of(b)):
+            return "PIX"
+        return "NODE" if numa[a] == numa[b] else "SYS"
+
+    def affinity(numa: int) -> str:
+        c = cores_per_numa
+        return f"{numa * c}-{numa * c + c - 1},{(numa + 2) * c}-{(numa + 2) * c + c - 1}"
+
+    lines = ["\t" + "\t".join(names + ["CPU Affinity", "NUMA Affinity"])]
+    for a, name in enumerate(names):
+        cells = [link(a, b) for b in range(len(names))]
+        tail = [affinity(numa_gpu[a]), str(numa_gpu[a])] if a < n_gpu else ["", ""]
+        lines.append("\t".join([name] + cells + tail))
+    text = "\n".join(lines) + "\n\n" + _TOPO_LEGEND
+    if n_nic:
+        text += "\nNIC Legend:\n\n" + "".join(f"  NIC{j}: {dev}\n" for j, dev in enumerate(rdma_devs))
+    return text + "\n"

@@ -20,7 +20,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -133,11 +133,24 @@ class _HostClock:
         return mono_ns + self.epoch_ns + self.offset_ns + self.step_ns + drift
 
 
+def _fibre_swaps(pairs: list, n_in: int) -> dict[int, int]:
+    """{port: port its fibre really lands on} for `miscable: [[a, b], ...]`; a port in two pairs or a pair
+    across ingress and egress is refused."""
+    swap: dict[int, int] = {}
+    for pair in pairs:
+        a, b = (int(x) for x in pair)
+        if a == b or a in swap or b in swap or (a <= n_in) != (b <= n_in):
+            raise ValueError(f"miscable: {[a, b]} must be two distinct ports, both ingress or both egress, "
+                             "each in one pair")
+        swap[a], swap[b] = b, a
+    return swap
+
+
 class OpticalBench:
     """One N×M switch, `hosts × nics_per_host` NIC ports, each NIC's TX on an ingress and RX on an egress."""
 
     def __init__(self, profile: Profile, seed: int = 0, host_prefix: str = "gpu",
-                 clock: Callable[[], int] = now_ns):
+                 clock: Callable[[], int] = now_ns, miscable: Iterable[Sequence[int]] = ()):
         self.profile = profile
         self._streams = KeyedStreams(seed)
         self._now = clock  # CLOCK_MONOTONIC ns; tests pass a fake clock to make the scheduler late at will
@@ -176,11 +189,18 @@ class OpticalBench:
         self._clocks = {h: _HostClock(epoch, int((lo + (hi - lo) * draw("clock_offset", i)) * 1e6),
                                       float(dlo + (dhi - dlo) * draw("clock_drift", i)), start)
                         for i, h in enumerate(self.hosts)}
+        # Mis-cabling: each pair [a, b] swaps the fibres at OCS ports a and b (both ingress or both egress).
+        # `cabled_as` keeps the intended cabling — what the inventory claims; the models carry the real one.
+        swap = _fibre_swaps(list(miscable) + list(profile.faults.get("miscable") or []), n_in)
+        self.cabled_as: dict[str, tuple[int, int]] = {}
         for i in range(topo.nic_count):
             h, j = divmod(i, topo.nics_per_host)
             host = self.hosts[h]
+            tx, rx = i + 1, n_in + i + 1
             model = NicModel(host=host, netdev=f"ens{j + 1}f0np0", rdma_dev=f"mlx5_{j}", rdma_port=1,
-                             mac=f"0c:42:a1:{h:02x}:{j:02x}:01", ifindex=3 + j, ocs_tx=i + 1, ocs_rx=n_in + i + 1)
+                             mac=f"0c:42:a1:{h:02x}:{j:02x}:01", ifindex=3 + j, ocs_tx=swap.get(tx, tx),
+                             ocs_rx=swap.get(rx, rx))
+            self.cabled_as[model.key] = (tx, rx)
             self._ports[(host, model.netdev)] = _Port(model, index=i)
         self._by_rx = {p.model.ocs_rx: p for p in self._ports.values()}
         self._by_tx = {p.model.ocs_tx: p for p in self._ports.values()}

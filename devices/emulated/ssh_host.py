@@ -784,6 +784,12 @@ def _nvidia_smi(ctx: ExecContext, argv: list[str]) -> int:
     fmt: list[str] = []
     index: set[int] | None = None
     args = argv[1:]
+    if args[:1] == ["topo"]:
+        if args[1:] != ["-m"]:
+            ctx.err("emulated nvidia-smi topo supports -m only\n")
+            return 2
+        ctx.out(formats.nvidia_smi_topo(ctx.server.gpus, sorted({m.rdma_dev for m in ctx.bench.nic_ports(ctx.host)})))
+        return 0
     for i, arg in enumerate(args):
         if arg.startswith("--query-gpu="):
             fields = [f.strip() for f in arg.split("=", 1)[1].split(",") if f.strip()]

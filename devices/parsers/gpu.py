@@ -104,3 +104,58 @@ def parse_nvidia_smi_csv(text: str, fields: list[str] | tuple[str, ...] | None =
             raise ParseError(f"{len(names)} comma-separated values ({', '.join(names)})", line)
         rows.append(tuple(_value(cell, unit, name) for cell, unit, name in zip(cells, units, names)))
     return GpuQuery(tuple(names), tuple(units), tuple(rows))
+
+
+@dataclass(frozen=True)
+class GpuTopology:
+    """`nvidia-smi topo -m`: the link of every GPU to every other device (`X`, `NV#`, `PIX`, `PXB`, `PHB`,
+    `NODE`, `SYS`), the NIC legend (`NIC0` -> `mlx5_0`) and each GPU's CPU / NUMA affinity."""
+
+    links: dict[str, dict[str, str]]  # row device -> column device -> link, for GPU rows
+    nic_names: dict[str, str]  # "NIC0" -> "mlx5_0" (older drivers label columns with the device name itself)
+    cpu_affinity: dict[str, str]
+    numa_affinity: dict[str, str]
+
+    def closest_gpus(self, nic: str) -> list[str]:
+        """GPUs with the nearest PCIe path to RDMA device `nic` (PIX < PXB < PHB < NODE < SYS)."""
+        label = next((k for k, v in self.nic_names.items() if v == nic), nic)
+        ranked = [(_LINK_RANK.get(row.get(label, "SYS"), len(_LINK_RANK)), gpu) for gpu, row in self.links.items()
+                  if label in row]
+        best = min((rank for rank, _ in ranked), default=None)
+        return [gpu for rank, gpu in ranked if rank == best]
+
+
+_LINK_RANK = {"PIX": 0, "PXB": 1, "PHB": 2, "NODE": 3, "SYS": 4}
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def parse_nvidia_smi_topo(text: str) -> GpuTopology:
+    """`nvidia-smi topo -m`: a tab-separated matrix (the header row underlined with ANSI escapes on a
+    terminal), then `Legend:` and, with NICs, `NIC Legend:` lines `  NIC0: mlx5_0`."""
+    lines = _ANSI.sub("", text).splitlines()
+    header_at = next((i for i, line in enumerate(lines) if line.split()[:1] == ["GPU0"]
+                      and not line.startswith("GPU0")), None)
+    if header_at is None:
+        raise ParseError("a header row '\\tGPU0\\tGPU1...' (nvidia-smi topo -m)", text)
+    columns = [c.strip() for c in lines[header_at].split("\t")[1:]]
+    devices = [c for c in columns if re.fullmatch(r"GPU\d+|NIC\d+|mlx\d+_\d+|\w+_\d+", c)]
+    links: dict[str, dict[str, str]] = {}
+    cpu: dict[str, str] = {}
+    numa: dict[str, str] = {}
+    for line in lines[header_at + 1:]:
+        if not line.strip():
+            break
+        cells = [c.strip() for c in line.split("\t")]
+        if not re.fullmatch(r"GPU\d+", cells[0]):
+            continue
+        values = cells[1:]
+        if len(values) < len(devices):
+            raise ParseError(f"{len(devices)} link cells in the row of {cells[0]}", line)
+        links[cells[0]] = dict(zip(devices, values[:len(devices)]))
+        rest = dict(zip(columns[len(devices):], values[len(devices):]))
+        cpu[cells[0]] = rest.get("CPU Affinity", "")
+        numa[cells[0]] = rest.get("NUMA Affinity", "")
+    if not links:
+        raise ParseError("GPU rows under the header (nvidia-smi topo -m)", text)
+    nic_names = {m.group(1): m.group(2) for m in (re.fullmatch(r"\s+(NIC\d+): (\S+)", line) for line in lines) if m}
+    return GpuTopology(links, nic_names, cpu, numa)

@@ -380,6 +380,8 @@ class ModuleFlags:
     identifier: int | None = None  # SFF-8024 code: 0x0d QSFP+, 0x11 QSFP28 (SFF-8636), 0x18 QSFP-DD, 0x19 OSFP
     module_state: str | None = None  # CMIS only: ModuleReady, ModuleLowPwr, ...
     vendor_pn: str | None = None
+    vendor_name: str | None = None
+    vendor_sn: str | None = None
 
     @property
     def rx_los(self) -> bool | None:
@@ -441,6 +443,8 @@ def parse_ethtool_module(text: str) -> ModuleFlags:
         identifier=int(code.group(1), 16) if code else None,
         module_state=state.group(1) if state else None,
         vendor_pn=fields.get("Vendor PN"),
+        vendor_name=fields.get("Vendor name"),
+        vendor_sn=fields.get("Vendor SN"),
     )
 
 

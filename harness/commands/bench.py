@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="bench recovery", description=__doc__)
+    p = sub.add_parser("bench", help="bench recovery, discovery and preflight checks", description=__doc__)
     actions = p.add_subparsers(dest="bench_action", metavar="ACTION", required=True)
     restore = actions.add_parser("restore", help="restore the cross-connects a dead run found, and verify them",
                                  description=__doc__)
@@ -22,6 +22,9 @@ def register(sub) -> None:
     restore.add_argument("--bench", help="the inventory (default: the run's, or its copy in RUN_DIR/inputs)")
     restore.add_argument("--timeout", type=float, default=15.0, help="seconds per OCS command (default 15)")
     restore.set_defaults(func=_restore)
+    from harness.commands import bench_preflight
+
+    bench_preflight.add_actions(actions)
 
 
 def _restore(args) -> int:

@@ -1,0 +1,143 @@
+"""Bench discovery and preflight (harness/preflight.py): `nvidia-smi topo -m` against a real capture, the fibre
+map through the OCS on emulated benches cabled right and deliberately wrong (ground truth: the physics' real
+cabling), the draft inventory that `harness validate` accepts, and the run that stops before the switch."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import paramiko
+import pytest
+import yaml
+
+from devices.emulated.bench import EmulatedBench
+from devices.emulated.formats import EmulatedGpu, nvidia_smi_topo
+from devices.parsers.gpu import parse_nvidia_smi_topo
+from harness import preflight
+from harness.cli import main
+from harness.config import load_inventory
+
+REAL_TOPO = Path(__file__).parent / "data" / "real" / "nvidia-smi-topo" / "a100-8gpu-10nic-nv12-tabs.txt"
+ORIGINAL = {1: 18, 3: 20}  # cross-connects found before the check: must be there after it
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+
+def _real_topo() -> str:
+    return REAL_TOPO.read_text().partition("\n")[2]
+
+
+def test_topo_parser_reads_the_real_capture():
+    topo = parse_nvidia_smi_topo(_real_topo())
+    assert len(topo.links) == 8 and topo.nic_names["NIC9"] == "mlx5_9"
+    assert (topo.links["GPU2"]["NIC3"], topo.links["GPU2"]["GPU5"], topo.links["GPU0"]["GPU0"]) == ("PXB", "NV12", "X")
+    assert (topo.cpu_affinity["GPU4"], topo.numa_affinity["GPU4"]) == ("112-127,240-255", "7")
+    assert topo.closest_gpus("mlx5_2") == ["GPU2", "GPU3"]
+    assert len(topo.closest_gpus("mlx5_8")) == 8  # a NIC on no GPU's switch: every GPU is as far (SYS)
+
+
+def test_emulated_topo_prints_the_real_layout():
+    text = nvidia_smi_topo([EmulatedGpu(i) for i in range(8)], ["mlx5_0", "mlx5_1"])
+    real = _real_topo()
+    # the same legend block, byte for byte, and the same row shapes: tabs, " X " diagonal, empty NIC affinity
+    assert text[text.index("Legend:"):text.index("NIC Legend:")] == real[real.index("Legend:"):real.index("NIC Legend:")]
+    assert text.endswith("NIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n\n") and real.endswith("  NIC9: mlx5_9\n\n")
+    for lines in (text.splitlines(), real.splitlines()):
+        header = lines[0].split("\t")
+        assert header[0] == "" and header[-2:] == ["CPU Affinity", "NUMA Affinity"]
+        rows = [line.split("\t") for line in lines[1:] if line[:3] in ("GPU", "NIC") and "\t" in line]
+        assert all(len(r) == len(header) for r in rows)
+        assert all(r[1 + i] == " X " for i, r in enumerate(rows))
+        assert all(r[-2:] == ["", ""] for r in rows if r[0].startswith("NIC"))
+    topo = parse_nvidia_smi_topo(text)
+    assert topo.closest_gpus("mlx5_0") == ["GPU0", "GPU1", "GPU2", "GPU3"]
+    assert topo.closest_gpus("mlx5_1") == ["GPU4", "GPU5", "GPU6", "GPU7"]
+
+
+@pytest.fixture(scope="module")
+def correct():
+    with EmulatedBench("instant", seed=2) as eb:
+        eb.physics.ocs_apply(dict(ORIGINAL))
+        yield eb
+
+
+# Two fibres swapped: the RX fibres of gpu1/ens1f0np0 (claimed on egress 17) and gpu2/ens1f0np0 (egress 19);
+# and the TX fibre of gpu1/ens2f0np0 (claimed on ingress 2) plugged into spare ingress 12.
+MISCABLE = [[17, 19], [2, 12]]
+
+
+@pytest.fixture(scope="module")
+def miscabled():
+    with EmulatedBench("instant", seed=2, miscable=MISCABLE) as eb:
+        eb.physics.ocs_apply(dict(ORIGINAL))
+        yield eb
+
+
+def test_fibre_map_passes_on_a_correct_bench_and_leaves_the_cross_connects_as_before(correct):
+    bench = load_inventory(correct.inventory_path)
+    assert preflight.quick_check(bench) == []
+    assert correct.physics.ocs_patches() == ORIGINAL
+    report = preflight.fibre_map(bench, "ocs1", light_s=1.0)
+    assert report.findings == [] and report.restored and report.passed
+    assert sorted(report.ok) == sorted(p.key for p in bench.nic_ports)
+    assert all(lit == [f"{p.host}:{p.netdev}"] for (i, e, lit), p in zip(report.tests, bench.nic_ports))
+    assert correct.physics.ocs_patches() == ORIGINAL
+
+
+def test_fibre_map_names_both_miscabled_fibres(miscabled, capsys):
+    inventory = yaml.safe_load(miscabled.inventory_path.read_text())
+    claimed = {n["netdev"]: (n["tx"], n["rx"]) for n in inventory["hosts"]["gpu1"]["nics"]}
+    real = {m.netdev: (m.ocs_tx, m.ocs_rx) for m in miscabled.physics.nic_ports("gpu1")}
+    assert claimed == {"ens1f0np0": (1, 17), "ens2f0np0": (2, 18)}  # the inventory claims the intended cabling
+    assert real == {"ens1f0np0": (1, 19), "ens2f0np0": (12, 18)}  # the ground truth
+    assert main(["bench", "check", str(miscabled.inventory_path), "--light-timeout", "0.2"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    fails = [line for line in out if line.startswith("FAIL")]
+    assert fails == [
+        "FAIL ocs1: inventory says gpu1/ens1f0np0 rx←OCS 17, light seen on OCS 19 (OCS 17 lights gpu2/ens1f0np0)",
+        "FAIL ocs1: inventory says gpu1/ens2f0np0 tx→OCS 2, light seen on OCS 12",
+        "FAIL ocs1: inventory says gpu2/ens1f0np0 rx←OCS 19, light seen on OCS 17 (OCS 19 lights gpu1/ens1f0np0)",
+    ]
+    assert "ok   ocs1: original cross-connects restored and read back" in out
+    assert miscabled.physics.ocs_patches() == ORIGINAL
+
+
+def test_discover_writes_a_draft_that_validate_accepts(correct, tmp_path, capsys):
+    inventory = yaml.safe_load(correct.inventory_path.read_text())
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(Path(h["known_hosts"]).read_text() for h in inventory["hosts"].values()))
+    hosts = ",".join(f"{h['user']}@{h['address']}:{h['port']}" for h in inventory["hosts"].values())
+    ocs = inventory["ocs"]["ocs1"]
+    draft = tmp_path / "draft.yaml"
+    identity = next(iter(inventory["hosts"].values()))["identity_file"]
+    keys = {name: s.client_public_key for name, s in correct.host_servers.items()}
+    for server in correct.host_servers.values():  # one lab key on every host, as on a real bench
+        server.client_public_key = paramiko.Ed25519Key.from_private_key_file(identity)
+    try:
+        assert main(["bench", "discover", "--hosts", hosts, "--identity-file", identity, "--known-hosts", str(known),
+                     "--ocs", ocs["url"], "--ocs-size", "16,16", "--out", str(draft)]) == 0  # strict host keys
+    finally:
+        for name, key in keys.items():
+            correct.host_servers[name].client_public_key = key
+    assert main(["validate", str(draft)]) == 0
+    text = draft.read_text()
+    found = yaml.safe_load("\n".join(line[4:] for line in text.splitlines() if line.startswith("#   ")))
+    gpu1 = found["gpu1"]
+    assert [(n["netdev"], n["rdma_dev"], n["rdma_port"]) for n in gpu1["nics"]] == \
+        [(m.netdev, m.rdma_dev, m.rdma_port) for m in correct.physics.nic_ports("gpu1")]
+    assert gpu1["nics"][0]["transceiver"]["part"].startswith("EMU-") and len(gpu1["gpus"]) == 8
+    assert [n["closest_gpus"] for n in gpu1["nics"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    drafted = load_inventory(draft)
+    assert sorted(drafted.hosts) == sorted(inventory["hosts"]) and len(drafted.nic_ports) == 8
+
+
+def test_run_stops_at_the_preflight_before_touching_the_switch(correct, tmp_path, capsys):
+    inventory = yaml.safe_load(correct.inventory_path.read_text())
+    inventory["hosts"]["gpu3"]["nics"][1]["netdev"] = "ens9f0np0"
+    path = tmp_path / "bench.yaml"
+    path.write_text(yaml.safe_dump(inventory))
+    truth_before = len(correct.ground_truth())
+    code = main(["run", "playbooks/turnaround.yaml", "--bench", str(path), "--cycles", "1",
+                 "--out", str(tmp_path / "run"), "-q"])
+    assert code == 1
+    assert "run stopped: preflight: gpu3/ens9f0np0: no such interface" in capsys.readouterr().err
+    assert len(correct.ground_truth()) == truth_before and correct.physics.ocs_patches() == ORIGINAL
