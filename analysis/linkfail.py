@@ -1,0 +1,106 @@
+"""Link-failure and link-flap metrics in nccl-tests conventions (spec algorithms.md §8, our formulation).
+
+- bus bandwidth (nccl-tests PERFORMANCE.md): algBW = bytes / time; all-to-all busBW = algBW·(n−1)/n,
+  all-reduce busBW = algBW·2(n−1)/n;
+- effective-bandwidth fraction = busBW / line rate;
+- latency inflation = the p50 and p99 of per-operation times with f % of the links failed ÷ the same with
+  0 % failed;
+- proportionality = (busBW(f) / busBW(0)) ÷ (capacity(f) / capacity(0)): 1 when bandwidth follows the
+  surviving capacity exactly, < 1 when the fabric loses more than the failed links carried;
+- flap reaction time = from link down until goodput is ≥ 95 % of the new steady state, over a goodput time
+  series of back-to-back operations (start, end, goodput), bounded by the operation that first reaches it.
+Pure functions over arrays: numbers in, numbers out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+COLLECTIVE_FACTORS = {"alltoall": lambda n: (n - 1) / n, "allreduce": lambda n: 2 * (n - 1) / n,
+                      "allgather": lambda n: (n - 1) / n, "reducescatter": lambda n: (n - 1) / n,
+                      "broadcast": lambda n: 1.0, "sendrecv": lambda n: 1.0}
+
+
+def bus_bandwidth(size_bytes, seconds, nranks: int, collective: str = "alltoall"):
+    """nccl-tests busBW in bytes/s: (size / time) × the collective's factor for `nranks` ranks."""
+    if nranks < 1:
+        raise ValueError("nranks must be >= 1")
+    if collective not in COLLECTIVE_FACTORS:
+        raise ValueError(f"unknown collective {collective!r} (known: {', '.join(COLLECTIVE_FACTORS)})")
+    seconds = np.asarray(seconds, dtype=float)
+    if np.any(seconds <= 0):
+        raise ValueError("times must be > 0")
+    return np.asarray(size_bytes, dtype=float) / seconds * COLLECTIVE_FACTORS[collective](nranks)
+
+
+def effective_bandwidth_fraction(bus_bw_bytes_s, line_rate_bytes_s: float):
+    """busBW / line rate (1.0 = the link's full rate)."""
+    if not line_rate_bytes_s > 0:
+        raise ValueError("line rate must be > 0")
+    return np.asarray(bus_bw_bytes_s, dtype=float) / line_rate_bytes_s
+
+
+def latency_inflation(failed_s: Sequence[float], baseline_s: Sequence[float],
+                      quantiles: Sequence[float] = (0.5, 0.99)) -> dict[str, float]:
+    """{"p50": q50(failed)/q50(baseline), "p99": ...}; quantiles by numpy's default (linear) rule."""
+    failed, base = np.asarray(failed_s, dtype=float), np.asarray(baseline_s, dtype=float)
+    if failed.size == 0 or base.size == 0:
+        raise ValueError("both samples need at least one time")
+    out = {}
+    for q in quantiles:
+        b = float(np.quantile(base, q))
+        if not b > 0:
+            raise ValueError("baseline times must be > 0")
+        out[f"p{round(q * 100):d}"] = float(np.quantile(failed, q)) / b
+    return out
+
+
+def proportionality(bus_bw_failed: float, bus_bw_baseline: float, capacity_failed: float,
+                    capacity_baseline: float) -> float:
+    """Bandwidth kept ÷ capacity kept (1.0 = bandwidth proportional to the surviving capacity)."""
+    if not (bus_bw_baseline > 0 and capacity_baseline > 0 and capacity_failed > 0):
+        raise ValueError("baseline bandwidth and both capacities must be > 0")
+    return (bus_bw_failed / bus_bw_baseline) / (capacity_failed / capacity_baseline)
+
+
+@dataclass(frozen=True)
+class Reaction:
+    """Reaction to a link going down at `down_s`: the first operation from which goodput stays ≥
+    `fraction` × the new steady state. The true reaction time is in (low_s, high_s]: after the start of
+    the last operation below, at most the end of the first one at or above."""
+
+    low_s: float
+    high_s: float
+    steady: float  # the new steady state's goodput (median over the steady window)
+    reached: bool
+
+
+def reaction_time(start_s, end_s, goodput, down_s: float, steady_from_s: float, steady_to_s: float,
+                  fraction: float = 0.95) -> Reaction:
+    """Flap reaction time over a series of back-to-back operations (start, end, goodput), time in s.
+
+    The new steady state is the median goodput of the operations that start within
+    [steady_from_s, steady_to_s) (after the link went down and before it returns). The reaction is reached
+    at the first operation starting at or after `down_s` from which every later operation starting before
+    `steady_to_s` is ≥ fraction × steady; its bounds are relative to `down_s`."""
+    start, end, good = (np.asarray(x, dtype=float) for x in (start_s, end_s, goodput))
+    if not (start.shape == end.shape == good.shape) or np.any(end < start):
+        raise ValueError("start, end and goodput must be equal-length with end >= start")
+    window = (start >= steady_from_s) & (start < steady_to_s)
+    if not window.any():
+        raise ValueError("no operation inside the steady-state window")
+    steady = float(np.median(good[window]))
+    after = np.flatnonzero((start >= down_s) & (start < steady_to_s))
+    if after.size == 0:
+        raise ValueError("no operation after the link went down")
+    ok = good[after] >= fraction * steady
+    # the first index from which all later operations are ok
+    bad = np.flatnonzero(~ok)
+    first = 0 if bad.size == 0 else bad[-1] + 1
+    if first >= after.size:
+        return Reaction(float(start[after[-1]] - down_s), float("inf"), steady, False)
+    i = after[first]
+    low = float(start[after[first - 1]] - down_s) if first > 0 else 0.0
+    return Reaction(max(low, 0.0), float(end[i] - down_s), steady, True)

@@ -1,0 +1,68 @@
+"""Link-failure metrics against closed forms (analysis/linkfail.py)."""
+import math
+
+import numpy as np
+import pytest
+
+from analysis import linkfail as lf
+
+
+def test_alltoall_bus_bandwidth_is_algbw_times_n_minus_1_over_n():
+    # 8 ranks, 1 GiB in 0.5 s: algBW 2 GiB/s, busBW 2·7/8 GiB/s (nccl-tests PERFORMANCE.md)
+    assert lf.bus_bandwidth(1 << 30, 0.5, 8) == pytest.approx(2 * (1 << 30) * 7 / 8)
+    assert lf.bus_bandwidth(1 << 30, 0.5, 8, "allreduce") == pytest.approx(2 * (1 << 30) * 2 * 7 / 8)
+    with pytest.raises(ValueError):
+        lf.bus_bandwidth(1, 0.0, 8)
+    with pytest.raises(ValueError):
+        lf.bus_bandwidth(1, 1.0, 8, "alltoallv")
+
+
+def test_effective_fraction_of_a_rank_on_one_link_is_one():
+    # one rank sends S·(n-1)/n bytes through a link of rate B: time = S(n-1)/(nB), so busBW = B exactly
+    n, size, rate = 6, 3.0e9, 12.5e9
+    t = size * (n - 1) / n / rate
+    assert lf.effective_bandwidth_fraction(lf.bus_bandwidth(size, t, n), rate) == pytest.approx(1.0)
+
+
+def test_latency_inflation_uses_each_quantile():
+    base = np.arange(1, 101, dtype=float)  # p50 50.5, p99 99.01
+    failed = base * 1.07
+    out = lf.latency_inflation(failed, base)
+    assert out["p50"] == pytest.approx(1.07) and out["p99"] == pytest.approx(1.07)
+    skew = np.concatenate([base[:-2], [500.0, 1000.0]])
+    out = lf.latency_inflation(skew, base)
+    assert out["p50"] == pytest.approx(1.0)
+    assert out["p99"] == pytest.approx(np.quantile(skew, 0.99) / np.quantile(base, 0.99))
+    assert out["p99"] > 4
+
+
+def test_proportional_bandwidth_is_one():
+    assert lf.proportionality(90.0, 100.0, 0.9, 1.0) == pytest.approx(1.0)
+    assert lf.proportionality(80.0, 100.0, 0.9, 1.0) == pytest.approx(0.8 / 0.9)
+
+
+def test_reaction_time_bounds_contain_the_true_recovery():
+    # operations of 1 ms back to back; link down at 10 ms; goodput 0 until recovery at 13.5 ms, then 0.5
+    start = np.arange(0, 40) * 1e-3
+    end = start + 1e-3
+    recovery = 13.5e-3
+    good = np.where(start < 10e-3, 1.0, np.where(start < recovery, 0.0, 0.5))
+    r = lf.reaction_time(start, end, good, down_s=10e-3, steady_from_s=20e-3, steady_to_s=40e-3)
+    assert r.reached and r.steady == pytest.approx(0.5)
+    assert r.low_s < recovery - 10e-3 <= r.high_s
+    assert r.low_s == pytest.approx(3e-3) and r.high_s == pytest.approx(5e-3)
+
+
+def test_reaction_time_never_reached_and_transient_dip():
+    start = np.arange(0, 20) * 1e-3
+    end = start + 1e-3
+    good = np.ones(20)
+    good[19] = 0.1  # still below at the end of the window: not reached
+    r = lf.reaction_time(start, end, good, down_s=5e-3, steady_from_s=10e-3, steady_to_s=20e-3)
+    assert not r.reached and math.isinf(r.high_s) and r.low_s == pytest.approx(14e-3)
+    good[19], good[15] = 1.0, 0.1  # a dip after an early recovery counts: the state must stay recovered
+    r = lf.reaction_time(start, end, good, down_s=5e-3, steady_from_s=10e-3, steady_to_s=20e-3)
+    assert r.reached and r.low_s == pytest.approx(10e-3) and r.high_s == pytest.approx(12e-3)
+    good[15] = 1.0
+    r = lf.reaction_time(start, end, good, down_s=5e-3, steady_from_s=10e-3, steady_to_s=20e-3)
+    assert r.reached and r.low_s == 0.0 and r.high_s == pytest.approx(1e-3)
