@@ -65,11 +65,25 @@ def proportionality(bus_bw_failed: float, bus_bw_baseline: float, capacity_faile
     return (bus_bw_failed / bus_bw_baseline) / (capacity_failed / capacity_baseline)
 
 
+def inflation_interval(failed_s: Sequence[float], baseline_s: Sequence[float], q: float,
+                       rng: np.random.Generator, n_boot: int = 2000, level: float = 0.95) -> tuple[float, float]:
+    """Percentile-bootstrap interval of quantile(failed, q) / quantile(baseline, q), both samples resampled
+    independently (operations are the unit). An interval, not a point: a claim is judged on it."""
+    failed, base = np.asarray(failed_s, dtype=float), np.asarray(baseline_s, dtype=float)
+    if failed.size < 2 or base.size < 2:
+        raise ValueError("both samples need at least two times")
+    fi = rng.integers(0, failed.size, size=(n_boot, failed.size))
+    bi = rng.integers(0, base.size, size=(n_boot, base.size))
+    ratios = np.quantile(failed[fi], q, axis=1) / np.quantile(base[bi], q, axis=1)
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
 @dataclass(frozen=True)
 class Reaction:
-    """Reaction to a link going down at `down_s`: the first operation from which goodput stays ≥
-    `fraction` × the new steady state. The true reaction time is in (low_s, high_s]: after the start of
-    the last operation below, at most the end of the first one at or above."""
+    """Reaction to a link going down at `down_s`: the first operation whose goodput is ≥ `fraction` × the
+    new steady state. The true reaction time is in (low_s, high_s]: after the start of the operation before
+    it (still below), at most the end of that first operation."""
 
     low_s: float
     high_s: float
@@ -83,8 +97,8 @@ def reaction_time(start_s, end_s, goodput, down_s: float, steady_from_s: float, 
 
     The new steady state is the median goodput of the operations that start within
     [steady_from_s, steady_to_s) (after the link went down and before it returns). The reaction is reached
-    at the first operation starting at or after `down_s` from which every later operation starting before
-    `steady_to_s` is ≥ fraction × steady; its bounds are relative to `down_s`."""
+    at the first operation starting at or after `down_s` (and before `steady_to_s`) with goodput ≥
+    fraction × steady; its bounds are relative to `down_s`."""
     start, end, good = (np.asarray(x, dtype=float) for x in (start_s, end_s, goodput))
     if not (start.shape == end.shape == good.shape) or np.any(end < start):
         raise ValueError("start, end and goodput must be equal-length with end >= start")
@@ -95,12 +109,9 @@ def reaction_time(start_s, end_s, goodput, down_s: float, steady_from_s: float, 
     after = np.flatnonzero((start >= down_s) & (start < steady_to_s))
     if after.size == 0:
         raise ValueError("no operation after the link went down")
-    ok = good[after] >= fraction * steady
-    # the first index from which all later operations are ok
-    bad = np.flatnonzero(~ok)
-    first = 0 if bad.size == 0 else bad[-1] + 1
-    if first >= after.size:
+    ok = np.flatnonzero(good[after] >= fraction * steady)
+    if ok.size == 0:
         return Reaction(float(start[after[-1]] - down_s), float("inf"), steady, False)
-    i = after[first]
+    first = int(ok[0])
     low = float(start[after[first - 1]] - down_s) if first > 0 else 0.0
-    return Reaction(max(low, 0.0), float(end[i] - down_s), steady, True)
+    return Reaction(max(low, 0.0), float(end[after[first]] - down_s), steady, True)

@@ -53,16 +53,76 @@ def test_reaction_time_bounds_contain_the_true_recovery():
     assert r.low_s == pytest.approx(3e-3) and r.high_s == pytest.approx(5e-3)
 
 
-def test_reaction_time_never_reached_and_transient_dip():
+def test_reaction_time_never_reached_and_first_crossing():
     start = np.arange(0, 20) * 1e-3
     end = start + 1e-3
     good = np.ones(20)
-    good[19] = 0.1  # still below at the end of the window: not reached
-    r = lf.reaction_time(start, end, good, down_s=5e-3, steady_from_s=10e-3, steady_to_s=20e-3)
+    good[5:] = 0.1  # down at 5 ms and never back to 95 % of a steady state of 1.0 ...
+    r = lf.reaction_time(start, end, good, down_s=5e-3, steady_from_s=0.0, steady_to_s=5e-3 + 1e-9)
+    assert not r.reached and math.isinf(r.high_s)
+    r = lf.reaction_time(start, end, good * 0 + 0.1, down_s=5e-3, steady_from_s=0.0, steady_to_s=20e-3,
+                         fraction=1.5)
     assert not r.reached and math.isinf(r.high_s) and r.low_s == pytest.approx(14e-3)
-    good[19], good[15] = 1.0, 0.1  # a dip after an early recovery counts: the state must stay recovered
+    good = np.ones(20)
+    good[5:8] = 0.0  # stalled for three operations, then the new steady state
     r = lf.reaction_time(start, end, good, down_s=5e-3, steady_from_s=10e-3, steady_to_s=20e-3)
-    assert r.reached and r.low_s == pytest.approx(10e-3) and r.high_s == pytest.approx(12e-3)
-    good[15] = 1.0
-    r = lf.reaction_time(start, end, good, down_s=5e-3, steady_from_s=10e-3, steady_to_s=20e-3)
-    assert r.reached and r.low_s == 0.0 and r.high_s == pytest.approx(1e-3)
+    assert r.reached and r.low_s == pytest.approx(2e-3) and r.high_s == pytest.approx(4e-3)
+
+
+def test_inflation_interval_covers_the_true_ratio_and_is_seeded():
+    rng = np.random.default_rng(0)
+    base = rng.lognormal(0.0, 0.3, 400)
+    failed = 1.07 * rng.lognormal(0.0, 0.3, 400)
+    lo, hi = lf.inflation_interval(failed, base, 0.5, np.random.default_rng(1), n_boot=500)
+    assert lo < 1.07 < hi and hi - lo < 0.15
+    assert (lo, hi) == lf.inflation_interval(failed, base, 0.5, np.random.default_rng(1), n_boot=500)
+
+
+# ---------------------------------------------------------------------------------------- emulated data plane
+
+def _plane(bench):
+    from types import SimpleNamespace
+
+    from devices.emulated.ssh_host import _DataPlane
+
+    server = SimpleNamespace(link_gbps=None, eps_gbps=100.0, transfer_latency_us=0.0)
+    return _DataPlane(SimpleNamespace(bench=bench, server=server), {"link-gbps": "400", "eps-gbps": "100"})
+
+
+def test_a_pulled_link_stalls_until_detected_then_re_spreads_over_the_packet_fabric():
+    import yaml
+
+    from devices.emulated.physics import OpticalBench
+    from devices.emulated.profile import PROFILE_DIR, profile_from_dict
+
+    data = yaml.safe_load((PROFILE_DIR / "instant.yaml").read_text())
+    data["fabric"] = {"detection": {"dist": "fixed", "ms": 60_000.0}, "source": "test: a detection slower than "
+                                                                                "any test run"}
+    with OpticalBench(profile_from_dict(data, "test"), seed=1) as bench:
+        a, b = bench.all_nic_ports()[:2]
+        bench.ocs_apply({a.ocs_tx: b.ocs_rx, b.ocs_tx: a.ocs_rx})
+        assert bench.wait_idle()
+        plane, size = _plane(bench), 1.0e9
+        assert plane.rank_seconds(a, [(b, size, size)]) == pytest.approx(size / 50e9)  # the circuit, 400 Gb/s
+        assert plane.undetected_s(a) == 0.0
+        bench.ocs_apply({}, removes=[a.ocs_tx, b.ocs_tx])  # the fibre pull
+        assert bench.wait_idle()
+        stall = plane.undetected_s(a)
+        assert 0 < stall <= 60.0 and plane.undetected_s(b) > 0
+        seconds = plane.rank_seconds(a, [(b, size, size)])
+        assert stall - 1.0 < seconds - size / 12.5e9 <= stall  # stalled, then over the 100 Gb/s fabric
+        bench.ocs_apply({a.ocs_tx: b.ocs_rx, b.ocs_tx: a.ocs_rx})  # light back: nothing left to detect
+        assert bench.wait_idle()
+        assert plane.undetected_s(a) == 0.0
+        assert plane.rank_seconds(a, [(b, size, size)]) == pytest.approx(size / 50e9)
+
+
+def test_profile_fabric_detection_needs_a_source():
+    from devices.emulated.profile import FABRIC_SOURCE_DEFAULT, ProfileError, profile_from_dict
+
+    assert profile_from_dict({}).fabric_detection.mean_s == pytest.approx(1e-3)
+    assert profile_from_dict({}).fabric_source == FABRIC_SOURCE_DEFAULT
+    with pytest.raises(ProfileError, match="fabric.source"):
+        profile_from_dict({"fabric": {"detection": {"dist": "fixed", "ms": 2}}})
+    with pytest.raises(ProfileError, match="fabric must be"):
+        profile_from_dict({"fabric": {"delay": 1}})

@@ -71,6 +71,7 @@ class NicSnapshot:
     link_downed: int = 0
     rx_power_dbm: float = DARK_DBM
     speed_mbps: int = 400_000
+    light_lost_ns: int | None = None  # when the light last went off (the fabric's failure detection starts)
 
 
 @dataclass(frozen=True)
@@ -450,7 +451,7 @@ class OpticalBench:
 
             after(t, "los_clear", los_clear)
         else:
-            self._emit(port, t, "light_lost", rx_los=True, rx_lol=True, rx_power_dbm=DARK_DBM)
+            self._emit(port, t, "light_lost", rx_los=True, rx_lol=True, rx_power_dbm=DARK_DBM, light_lost_ns=t)
 
             def link_down(t, gen=gen):
                 if port.gen != gen or not (port.state.carrier or port.state.ib_state != "DOWN"):

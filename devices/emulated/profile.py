@@ -207,6 +207,10 @@ class Profile:
     path: str | None = None
     tools: dict[str, str] = field(default_factory=dict)  # pinned tool versions, e.g. {ethtool: "5.16"}
     copies: str | None = None  # the published figures this profile copies (a verdict on it says so first)
+    # Packet fabric (multiplane load balancing): how long after a link loses light the fabric detects it and
+    # re-spreads that link's traffic over the surviving planes; until then the traffic sent onto it is lost.
+    fabric_detection: Delay = field(default_factory=lambda: Delay.from_spec(FABRIC_DETECTION_DEFAULT))
+    fabric_source: str = ""
 
     def nic_delay(self, port_key: str, stage: str) -> Delay:
         return self.per_port.get(port_key, {}).get(stage) or self.nic[stage]
@@ -216,6 +220,13 @@ _DEFAULT_OCS = {"switch": {"dist": "fixed", "ms": 0.0}, "dark": {"dist": "fixed"
 _DEFAULT_NIC = {"los_clear": {"dist": "fixed", "ms": 0.05}, "cdr_lock": {"dist": "fixed", "ms": 0.0},
                 "phy_up": {"dist": "fixed", "ms": 0.0}, "port_active": {"dist": "fixed", "ms": 0.0},
                 "link_down": {"dist": "fixed", "ms": 1.0}}
+
+
+# No public Spectrum-X detection figure was retrievable (spec algorithms.md §8: the seed paper was not found):
+# 1 ms is OUR ASSUMPTION (ten times the emulated burst-mode `link_down`), named as such wherever it is used.
+FABRIC_DETECTION_DEFAULT = {"dist": "fixed", "ms": 1.0}
+FABRIC_SOURCE_DEFAULT = ("assumed: 1 ms detection and re-spread (no public Spectrum-X figure retrieved; "
+                         "spec algorithms.md §8)")
 
 
 def list_profiles() -> list[str]:
@@ -245,7 +256,7 @@ def profile_from_dict(data: Any, where: str = "<profile>") -> Profile:
     if not isinstance(data, dict):
         raise ProfileError(f"{where}: expected a mapping at the top level")
     unknown = set(data) - {"name", "description", "source", "copies", "ocs", "nic", "per_port", "hosts",
-                           "topology", "faults", "tools"}
+                           "topology", "faults", "tools", "fabric"}
     if unknown:
         raise ProfileError(f"{where}: unknown keys {sorted(unknown)}")
 
@@ -275,11 +286,19 @@ def profile_from_dict(data: Any, where: str = "<profile>") -> Profile:
     if topology.nic_count > min(n, m) or topology.hosts < 1 or topology.nics_per_host < 1:
         raise ProfileError(f"{where}: topology needs 1 <= hosts·nics_per_host <= min(ocs_size)")
     tools = _tool_pins(data.get("tools"), where)
+    fabric = data.get("fabric") or {}
+    if not isinstance(fabric, dict) or set(fabric) - {"detection", "source"}:
+        raise ProfileError(f"{where}: fabric must be a mapping with keys among detection, source")
+    if "detection" in fabric and not str(fabric.get("source") or "").strip():
+        raise ProfileError(f"{where}: fabric.detection needs a fabric.source (where the figure comes from)")
     return Profile(name=str(data.get("name", Path(where).stem)), description=str(data.get("description", "")),
                    source=str(data.get("source", "")), ocs=delays("ocs", OCS_KEYS, _DEFAULT_OCS),
                    nic=delays("nic", NIC_KEYS, _DEFAULT_NIC), per_port=per_port, clock_offset_ms=offset,
                    drift_ppm=drift, topology=topology, faults=dict(data.get("faults") or {}), path=where,
-                   tools=tools, copies=None if data.get("copies") is None else str(data["copies"]))
+                   tools=tools, copies=None if data.get("copies") is None else str(data["copies"]),
+                   fabric_detection=Delay.from_spec(fabric.get("detection", FABRIC_DETECTION_DEFAULT),
+                                                    f"{where}: fabric.detection"),
+                   fabric_source=str(fabric.get("source") or FABRIC_SOURCE_DEFAULT).strip())
 
 
 def _tool_pins(given: Any, where: str) -> dict[str, str]:

@@ -914,7 +914,10 @@ class _DataPlane:
 
     def rank_seconds(self, me, peers: list[tuple[object, float, float]]) -> float:
         """One rank's share of an all-to-all: every circuit runs in parallel (a pair is bound by its heavier
-        direction); the rest shares the NIC's packet-fabric bandwidth (bound by egress or ingress)."""
+        direction); the rest shares the NIC's packet-fabric bandwidth (bound by egress or ingress).
+        Multiplane load balancing: a rank whose link (or a peer's) lost its light less than the profile's
+        `fabric.detection` ago still sprays onto the dead plane — that share is lost and the collective
+        cannot finish before the loss is detected and the traffic re-spread over the surviving planes."""
         bench = self.ctx.bench
         patches = bench.ocs_patches()
         circuit_s, eps_send, eps_recv = 0.0, 0.0, 0.0
@@ -924,7 +927,19 @@ class _DataPlane:
             else:
                 eps_send += send
                 eps_recv += recv
-        return max(circuit_s, max(eps_send, eps_recv) / self.eps_bytes_s) + self.latency_s
+        stall = max(self.undetected_s(m) for m in [me] + [p[0] for p in peers])
+        return stall + max(circuit_s, max(eps_send, eps_recv) / self.eps_bytes_s) + self.latency_s
+
+    def undetected_s(self, model) -> float:
+        """How long until the fabric detects `model`'s lost link (0: no recent loss, or the link is back)."""
+        state = self.ctx.bench.nic_snapshot(model.host, model.netdev)
+        profile = getattr(self.ctx.bench, "profile", None)
+        if state.light_lost_ns is None or not state.rx_los or profile is None:  # never lost, or lit again
+            return 0.0
+        detection = profile.fabric_detection
+        u = int(hashlib.sha256(f"{model.key}:{state.light_lost_ns}".encode()).hexdigest()[:13], 16) / 16**13
+        due_ns = state.light_lost_ns + int(detection.at_quantile(min(max(u, 1e-9), 1 - 1e-9)) * 1e9)
+        return max(0.0, (due_ns - now_ns()) / 1e9)
 
     def pair_bytes_s(self, me, peer) -> float:
         return (self.circuit_bytes_s(me, peer) if _circuit_up(self.ctx.bench, self.ctx.bench.ocs_patches(), me, peer)

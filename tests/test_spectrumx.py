@@ -1,0 +1,83 @@
+"""The Spectrum-X verdict on synthetic link studies, and both studies end to end on the emulated bench."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from harness.cli import main
+from harness.steps.spectrumx import compute_verdict, latency_claim, line_rate_claim, reaction_claim
+
+PARAMS = {"line_rate_fraction": 0.98, "latency_inflation": 1.07, "at_failed_pct": 10.0, "reaction_bound_ms": 0.0,
+          "n_boot": 500}
+
+
+def _frame(fraction: float, inflation: float, n: int = 60, links: int = 10, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for pct, failed, scale in ((0.0, 0, 1.0), (10.0, 1, inflation)):
+        t = 0.01 * scale * rng.lognormal(0, 0.01, n)
+        rows.append(pd.DataFrame({"fail_pct": pct, "failed_links": failed, "links": links, "max_rank_bytes": 1e8,
+                                  "measured_s": t, "modelled_intact_s": 0.01 * fraction}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_claims_hold_fail_and_straddle_by_their_intervals():
+    rng = np.random.default_rng(1)
+    assert line_rate_claim(_frame(0.99, 1.0), 0.98, rng, 500)["verdict"] == "holds"
+    assert line_rate_claim(_frame(0.90, 1.0), 0.98, rng, 500)["verdict"] == "falsified"
+    c = latency_claim(_frame(0.99, 1.02), 1.07, 10.0, rng, 500)
+    assert c["verdict"] == "holds" and c["p50"]["value"] == pytest.approx(1.02, abs=0.01)
+    assert latency_claim(_frame(0.99, 1.20), 1.07, 10.0, rng, 500)["verdict"] == "falsified"
+    # a 10 % claim judged at 25 % realised: a violation there does not falsify the 10 % claim
+    c = latency_claim(_frame(0.99, 1.20, links=4), 1.07, 10.0, rng, 500)
+    assert c["verdict"] == "inconclusive" and c["realised_failed_fraction"] == 0.25 and "note" in c
+    assert latency_claim(_frame(0.99, 1.0)[lambda f: f.fail_pct == 0], 1.07, 10.0, rng, 500)["verdict"] \
+        == "not applicable"
+
+
+def test_reaction_needs_a_bound_and_uses_both_ends():
+    flaps = [{"reaction_low_ms": 2.0, "reaction_high_ms": 5.0}, {"reaction_low_ms": 3.0, "reaction_high_ms": 8.0}]
+    assert reaction_claim([], 10)["verdict"] == "not applicable"
+    assert reaction_claim(flaps, 0)["verdict"] == "inconclusive"
+    assert reaction_claim(flaps, 10)["verdict"] == "holds"
+    assert reaction_claim(flaps, 6)["verdict"] == "inconclusive"
+    assert reaction_claim(flaps, 1)["verdict"] == "falsified"
+    never = [{"reaction_low_ms": 2.0, "reaction_high_ms": None}]
+    assert reaction_claim(never, 10)["verdict"] == "inconclusive"
+    v = compute_verdict(None, flaps, PARAMS, 0, {"detection": {"ms": 1.0, "source": "assumed"}})
+    assert [c["verdict"] for c in v["claims"]] == ["not applicable", "not applicable", "inconclusive"]
+    json.dumps(v, allow_nan=False)
+
+
+def test_link_failures_and_flaps_on_the_emulated_bench(tmp_path):
+    small = {"trace": "generate", "iterations": 2, "layers": 1, "regime_changes": 0, "tokens_per_micro_batch": 1024,
+             "hidden_size": 1024, "max_phases": 2}
+    playbook = {"name": "lf", "bench": "emulated:burst-mode", "seed": 5, "cycles": 1, "steps": [
+        {"type": "link_failures", "name": "failures", "fail_pct": [0, 10, 50], **small},
+        {"type": "link_flaps", "name": "flaps", "fail_pct": [25], "down_ms": 30, "flaps": 1, "ops_before": 2,
+         "ops_down": 3, "ops_after": 2, **small},
+        {"type": "spectrumx_verdict", "name": "verdict", "reaction_bound_ms": 60000, "n_boot": 200}]}
+    path = tmp_path / "pb.yaml"
+    path.write_text(yaml.safe_dump(playbook))
+    run = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(run), "-q"]) == 0
+    failures = json.loads((run / "linkfail_failures.json").read_text())
+    table = failures["table"]
+    links = table[0]["links"]
+    assert links >= 2 and [r["failed_links"] for r in table] == [0, 1, int(np.ceil(0.5 * links))]
+    assert table[0]["p50_inflation"] == 1.0 and table[0]["proportionality"] == 1.0
+    frame = pd.read_parquet(run / failures["parquet"])
+    assert len(frame) == 3 * 2 and (frame["measured_s"] > 0).all()
+    # pulling circuits never adds capacity in the model; the failed fraction's modelled time is not shorter
+    kept = frame.groupby("fail_pct").apply(lambda g: (g.modelled_surviving_s >= g.modelled_intact_s - 1e-12).all())
+    assert kept.all()
+    flaps = json.loads((run / "linkfail_flaps.json").read_text())["table"]
+    assert len(flaps) == 1 and flaps[0]["failed_links"] == 1 and flaps[0]["down_ms"] >= 30
+    assert 0 <= flaps[0]["reaction_low_ms"] < (flaps[0]["reaction_high_ms"] or float("inf"))
+    verdict = json.loads((run / "verdict.json").read_text())
+    assert [c["id"] for c in verdict["claims"]] == ["line_rate", "latency_10pct", "flap_reaction"]
+    assert {c["verdict"] for c in verdict["claims"]} <= {"holds", "falsified", "inconclusive", "not applicable"}
+    assert verdict["provenance"]["emulated"] and "assumed" in verdict["provenance"]["detection"]["source"]
+    assert "Emulated bench" in (run / "report.md").read_text()
