@@ -590,10 +590,11 @@ class Playbook:
     source: str
     sha256: str
     options: dict = field(default_factory=dict)
+    sweep: dict | None = None  # a validated `sweep:` block (harness.sweep), run by `harness sweep`
 
 
 _PLAYBOOK_SCHEMA = {"name": (str, REQUIRED), "description": (str, ""), "bench": (str, DEFAULT_BENCH),
-                    "seed": (int, 0), "cycles": (int, 1), "steps": (list, REQUIRED)}
+                    "seed": (int, 0), "cycles": (int, 1), "steps": (list, REQUIRED), "sweep": (dict, None)}
 
 
 def discover_steps() -> dict[str, StepType]:
@@ -649,8 +650,14 @@ def playbook_from_data(loaded: LoadedYaml, source: str, step_types: Mapping[str,
     if not steps:
         raise InputError("playbook.steps: expected at least one step", *data.where("steps"))
     options = {k: top[k] for k in PLAYBOOK_OPTIONS}
+    sweep = None
+    if top["sweep"] is not None:
+        from harness.sweep import check_sweep
+
+        sweep = check_sweep(top["sweep"], steps, step_types, data.where("sweep"))
     return Playbook(name=top["name"], description=top["description"], bench=top["bench"], seed=top["seed"],
-                    cycles=top["cycles"], steps=steps, source=source, sha256=loaded.digest, options=options)
+                    cycles=top["cycles"], steps=steps, source=source, sha256=loaded.digest, options=options,
+                    sweep=sweep)
 
 
 def load_playbook(path: str | os.PathLike, step_types: Mapping[str, StepType] | None = None) -> Playbook:

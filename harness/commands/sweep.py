@@ -1,0 +1,42 @@
+"""`harness sweep PLAYBOOK`: run a playbook's `sweep:` block (grid × seeds), each point an ordinary run
+directory under SWEEP_DIR/points/, on a dask LocalCluster (default) or `--scheduler tcp://HOST:PORT`; the
+results in SWEEP_DIR/results.parquet, the parameters as columns. Run the same command again to resume."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="run a playbook's sweep: block (parameter grid x seeds) on dask",
+                       description=__doc__)
+    p.add_argument("playbook")
+    p.add_argument("--bench", help="as for `harness run` (default: the playbook's bench)")
+    p.add_argument("--out", help="sweep directory (default runs/<playbook>-sweep); the same one resumes")
+    p.add_argument("--scheduler", help="a dask scheduler, tcp://HOST:PORT (default: a LocalCluster)")
+    p.add_argument("--workers", type=int, default=2, help="LocalCluster workers (default 2)")
+    p.add_argument("--serial", action="store_true", help="no cluster: the points one by one in this process")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_sweep)
+
+
+def _sweep(args) -> int:
+    import time
+
+    from harness import sweep
+    from harness.errors import InputError
+
+    if args.workers < 1:
+        raise InputError(f"--workers: expected a positive number, found {args.workers}")
+    if args.scheduler and not args.scheduler.startswith(("tcp://", "tls://")):
+        raise InputError("--scheduler: expected tcp://HOST:PORT", args.scheduler)
+    started = time.monotonic()
+    plan = sweep.plan(args.playbook, bench=args.bench, out=args.out)
+    outcomes = sweep.execute(plan, scheduler=args.scheduler, workers=args.workers, serial=args.serial,
+                             quiet=args.quiet)
+    frame = sweep.gather(plan, outcomes)
+    ran = sum(1 for o in outcomes if o.get("ran"))
+    failed = [o for o in outcomes if o.get("exit_code") not in (0,)]
+    print(f"sweep {plan.sweep_dir}: {len(plan.points)} points ({ran} run now, {len(plan.points) - ran} already "
+          f"finished) in {time.monotonic() - started:.1f} s; results: {plan.sweep_dir / sweep.RESULTS_NAME} "
+          f"({len(frame)} rows)")
+    for o in failed:
+        print(f"  point {o['point']}: exit {o.get('exit_code')}" + (f": {o['error']}" if o.get("error") else ""))
+    return 0 if not failed else (2 if all(o.get("exit_code") == 2 for o in failed) else 1)

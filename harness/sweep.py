@@ -1,0 +1,411 @@
+"""Parameter sweeps: a playbook's `sweep:` block, a grid × seeds, each point an ordinary run directory.
+
+```yaml
+sweep:
+  grid:                                  # every combination of the values below
+    measure.watch_interval_us: [100, 200]    # STEP.PARAM[.KEY...]: a step parameter (by step name)
+    verdict.baseline.skew: [0.3, 0.8]        # ... or an analysis assumption inside one
+    profile.ocs.switch.ms: [10, 25]          # profile.FIELD[.KEY...]: the emulated bench's timing profile
+    cycles: [5, 10]                          # the playbook's cycle count
+  seeds: [1, 2, 3]                       # each grid point once per seed (default: the playbook's seed)
+```
+
+`harness sweep PLAYBOOK` runs every point through the same runner as `harness run` (a `harness run`
+subprocess per point, so a point is exactly a run anyone can repeat: its playbook and profile are in the
+point's `inputs/`) on a dask `distributed.LocalCluster`, or on `--scheduler tcp://HOST:PORT` (workers must
+see the sweep directory and have the harness installed). Results are gathered into `results.parquet`, one row
+per point with the parameters as columns. Rerunning the same command resumes: finished points are skipped,
+an interrupted one is resumed (`harness run --resume`); a sweep directory started with another grid,
+playbook or bench is refused (exit 2). Points on a physical bench (an inventory) run one after another, each
+under the bench lease the runner takes; if someone else holds the lease, the point waits for it. Emulated
+points (each run has its own emulator) run in parallel.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.config import REQUIRED, YamlList, check_mapping
+from harness.errors import InputError
+
+SWEEP_SCHEMA = {"grid": (dict, REQUIRED), "seeds": (list, [])}
+TOP_LEVEL = ("cycles",)
+SPEC_NAME = "sweep.json"
+RESULTS_NAME = "results.parquet"
+LEASE_WAIT_S = 600.0
+
+
+# ------------------------------------------------------------------------------------------ the block
+def check_sweep(node: Any, steps: list, step_types: dict, where: tuple) -> dict:
+    """Validate a playbook's `sweep:` block against its steps (file:line errors); a plain dict back:
+    {"grid": {key: [values]}, "seeds": [int]}. Profile keys are checked when the bench is known."""
+    block = check_mapping(node, SWEEP_SCHEMA, "sweep", where)
+    grid_node = node["grid"]
+    by_name = {s.name: s for s in steps}
+    grid: dict[str, list] = {}
+    for key, values in grid_node.items():
+        at = grid_node.where(key) if hasattr(grid_node, "where") else where
+        if not isinstance(values, list) or not values:
+            raise InputError(f"sweep.grid.{key}: expected a non-empty list of values", *at)
+        if len({repr(v) for v in values}) != len(values):
+            raise InputError(f"sweep.grid.{key}: a value is listed twice", *at)
+        head, _, rest = str(key).partition(".")
+        if key in TOP_LEVEL:
+            for i, v in enumerate(values):
+                if type(v) is not int or v < 1:
+                    raise InputError(f"sweep.grid.{key}[{i}]: expected a positive integer", *_item(values, i, at))
+        elif head == "profile":
+            if not rest:
+                raise InputError("sweep.grid.profile: name a profile field, e.g. profile.ocs.switch.ms", *at)
+        elif head in by_name and rest:
+            step = by_name[head]
+            param = rest.split(".")[0]
+            schema = step_types[step.type].schema
+            if param not in schema:
+                raise InputError(f"sweep.grid.{key}: step {head!r} ({step.type}) has no parameter {param!r} "
+                                 f"(known: {', '.join(schema) or 'none'})", *at)
+            for i, v in enumerate(values):  # the step's own validation, on the overridden parameters
+                try:
+                    check_mapping(_override(step.params, rest, v), schema, f"sweep.grid value {i + 1} for step {head!r}", at)
+                except InputError as exc:
+                    raise InputError(exc.message, *_item(values, i, at)) from None
+        else:
+            raise InputError(f"sweep.grid.{key}: expected STEP.PARAM (steps: {', '.join(by_name)}), "
+                             f"profile.FIELD or {', '.join(TOP_LEVEL)}", *at)
+        grid[str(key)] = list(values)
+    if not grid:
+        raise InputError("sweep.grid: expected at least one parameter", *where)
+    seeds = block["seeds"]
+    where = node.where("seeds") if hasattr(node, "where") and "seeds" in node else where
+    for i, s in enumerate(seeds):
+        if type(s) is not int or not 0 <= s < 2**63:
+            raise InputError(f"sweep.seeds[{i}]: expected an integer 0..2**63-1", *_item(seeds, i, where))
+    if len(set(seeds)) != len(seeds):
+        raise InputError("sweep.seeds: a seed is listed twice", *where)
+    return {"grid": grid, "seeds": list(seeds)}
+
+
+def _item(values, i: int, fallback: tuple) -> tuple:
+    return values.where(i) if isinstance(values, YamlList) else fallback
+
+
+def _override(mapping: dict, dotted: str, value: Any) -> dict:
+    """A copy of `mapping` with the value at `a.b.c` replaced (intermediate mappings created)."""
+    head, _, rest = dotted.partition(".")
+    out = dict(mapping)
+    out[head] = _override(out.get(head) if isinstance(out.get(head), dict) else {}, rest, value) if rest else value
+    return out
+
+
+# ------------------------------------------------------------------------------------------ points
+@dataclass(frozen=True)
+class Point:
+    index: int
+    params: dict  # grid key -> value
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps([self.params, self.seed], sort_keys=True).encode()).hexdigest()[:10]
+
+    @property
+    def name(self) -> str:
+        return f"{self.index:04d}-{self.key}"
+
+
+def expand(sweep: dict, default_seed: int) -> list[Point]:
+    """Every grid combination × every seed, in a fixed order (grid keys as written, seeds innermost)."""
+    keys = list(sweep["grid"])
+    seeds = sweep["seeds"] or [default_seed]
+    combos = itertools.product(*(sweep["grid"][k] for k in keys))
+    return [Point(i, dict(zip(keys, values)), seed)
+            for i, (values, seed) in enumerate((c, s) for c in combos for s in seeds)]
+
+
+def _jsonable(obj: Any) -> Any:
+    from harness.record import to_jsonable
+
+    return to_jsonable(obj)
+
+
+def point_playbook(playbook, point: Point) -> dict:
+    """The playbook of one point as YAML data: the sweep block gone, the point's values in place, every
+    parameter explicit, and relative file names made absolute so the point runs from its own folder."""
+    steps = []
+    for step in playbook.steps:
+        params = {k: (str(step.resolve_path(v)) if isinstance(v, str) and v and not Path(v).is_absolute()
+                      and step.resolve_path(v).exists() else v) for k, v in step.params.items()}
+        for key, value in point.params.items():
+            head, _, rest = key.partition(".")
+            if head == step.name:
+                params = _override(params, rest, value)
+        steps.append({"type": step.type, "name": step.name, **params})
+    return _jsonable({"name": playbook.name, "description": playbook.description,
+                      "cycles": point.params.get("cycles", playbook.cycles), "seed": point.seed, "steps": steps,
+                      **playbook.options})
+
+
+def point_profile(bench: str, point: Point) -> dict | None:
+    """The emulated profile of one point as YAML data (the bench's profile with the point's fields), or
+    None when the point changes no profile field."""
+    from devices.emulated.profile import PROFILE_DIR
+
+    fields = {k.partition(".")[2]: v for k, v in point.params.items() if k.startswith("profile.")}
+    if not fields:
+        return None
+    name = _emulated_profile(bench)
+    path = Path(name) if Path(name).suffix else PROFILE_DIR / f"{name}.yaml"
+    data = yaml.safe_load(path.read_text())
+    for dotted, value in fields.items():
+        data = _override(data, dotted, value)
+    return data
+
+
+def _emulated_profile(bench: str) -> str:
+    from harness.runner import emulated_spec
+
+    spec = emulated_spec(bench)
+    if spec is None:
+        raise InputError("sweep.grid: profile.* fields need an emulated bench (emulated:PROFILE)", bench)
+    return spec[1]
+
+
+def _with_profile(bench: str, profile_path: Path) -> str:
+    kind, _, rest = bench.partition(":")
+    _, _, query = rest.partition("?")
+    return f"{kind}:{profile_path}" + (f"?{query}" if query else "")
+
+
+# ------------------------------------------------------------------------------------------ running
+@dataclass(frozen=True)
+class PointJob:
+    """What a worker needs to run one point (plain data: it travels to the cluster)."""
+
+    name: str
+    run_dir: str
+    playbook: str
+    bench: str
+    seed: int
+    physical: bool
+
+
+def run_point(job: PointJob, _after: Any = None) -> dict:
+    """Run (or resume, or skip when finished) one point with `harness run` in a subprocess; a row of facts.
+    `_after` only orders physical points one after another (a dask dependency)."""
+    run_dir = Path(job.run_dir)
+    if _finished(run_dir):
+        return {"point": job.name, "exit_code": _json(run_dir / "point.json").get("exit_code"), "ran": False}
+    if run_dir.exists() and (run_dir / "events.jsonl").exists() and (run_dir / "events.jsonl").stat().st_size:
+        args = ["run", "--resume", str(run_dir)]
+    else:
+        import shutil
+
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing measured there yet: start the point afresh
+        args = ["run", job.playbook, "--bench", job.bench, "--seed", str(job.seed), "--out", str(run_dir)]
+    deadline = time.monotonic() + LEASE_WAIT_S
+    while True:
+        proc = subprocess.run([sys.executable, "-m", "harness", *args, "-q"], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL)
+        if not (job.physical and proc.returncode == 2 and "bench is locked" in proc.stderr
+                and time.monotonic() < deadline):
+            break
+        time.sleep(2.0)  # another run holds the bench lease: wait for it, as a lab member would
+    if proc.returncode == 2 or not (run_dir / "summary.json").exists():
+        return {"point": job.name, "exit_code": proc.returncode, "ran": True,
+                "error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+    from harness import record as rec
+
+    rec.write_json_atomic(run_dir / "point.json", {"exit_code": proc.returncode})
+    return {"point": job.name, "exit_code": proc.returncode, "ran": True}
+
+
+def _finished(run_dir: Path) -> bool:
+    return (run_dir / "point.json").exists() and (run_dir / "summary.json").exists()
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def result_row(point: Point, run_dir: Path, exit_code: int | None) -> dict:
+    """One row: the point's parameters, seed and run directory, then what its run measured and concluded."""
+    import pandas as pd
+
+    row: dict[str, Any] = {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in point.params.items()}
+    row.update({"seed": point.seed, "point": point.name, "run_dir": run_dir.name, "exit_code": exit_code})
+    record = _json(run_dir / "summary.json")
+    summary = record.get("summary", {})
+    row["outcome"] = record.get("outcome")
+    delays = summary.get("delays_ms") or {}
+    for stage, s in (delays.get("stages") or {}).items():
+        row.update({f"{stage}_n": s["n"], f"{stage}_mean_ms": s["mean"], f"{stage}_p99_ms": s["p99"]})
+    for name in ("ocs_switch", "turnaround"):
+        if name in delays:
+            row.update({f"{name}_mean_ms": delays[name]["mean"], f"{name}_p99_ms": delays[name]["p99"]})
+    for acc in summary.get("accuracy") or []:
+        if acc["stage"] == "all":
+            row.update({"accuracy_abs_err_p99_ms": acc["abs_err_p99_ms"], "accuracy_coverage": acc["coverage"]})
+    for step, result in (summary.get("results") or {}).items():
+        for key, value in result.items():
+            row[f"{step}.{key}"] = value if isinstance(value, (int, float, str, bool)) else json.dumps(value)
+    draws = run_dir / "ground_truth_delays.parquet"
+    if draws.exists():  # the emulator's drawn delays: the same seed and parameters give the same draws
+        frame = pd.read_parquet(draws).sort_values(["command", "port", "stage"]).reset_index(drop=True)
+        row["truth_draws"] = len(frame)
+        row["truth_draws_sha256"] = hashlib.sha256(frame.to_csv(index=False).encode()).hexdigest()
+        for stage, g in frame.groupby("stage"):
+            row[f"truth_{stage}_mean_ms"] = float(g["delay_ns"].mean() / 1e6)
+    return row
+
+
+@dataclass
+class SweepPlan:
+    sweep_dir: Path
+    points: list[Point]
+    jobs: list[PointJob]
+    physical: bool
+
+
+def plan(playbook_path: str, *, bench: str | None, out: str | None) -> SweepPlan:
+    """Validate, write the points' playbooks and profiles, and fix (or check) the sweep's identity."""
+    from harness import record as rec
+    from harness.config import load_playbook
+    from harness.runner import emulated_spec
+
+    playbook = load_playbook(playbook_path)
+    if playbook.sweep is None:
+        raise InputError("no sweep: block in this playbook (see `harness sweep --help`)", playbook_path)
+    bench = bench or playbook.bench
+    physical = emulated_spec(bench) is None
+    if not physical:
+        from devices.emulated.profile import ProfileError, load_profile
+
+        try:
+            load_profile(_emulated_profile(bench))
+        except ProfileError as exc:
+            raise InputError(str(exc)) from None
+    elif any(k.startswith("profile.") for k in playbook.sweep["grid"]):
+        raise InputError("sweep.grid: profile.* fields need an emulated bench (emulated:PROFILE)", bench)
+    else:
+        bench = str(Path(bench).resolve())
+    points = expand(playbook.sweep, playbook.seed)
+    sweep_dir = Path(out or Path("runs") / f"{playbook.name}-sweep").resolve()
+    identity = {"format": 1, "playbook": playbook.name, "playbook_sha256": playbook.sha256, "bench": bench,
+                "grid": _jsonable(playbook.sweep["grid"]),
+                "points": [{"name": p.name, "params": _jsonable(p.params), "seed": p.seed} for p in points]}
+    spec_path = sweep_dir / SPEC_NAME
+    if spec_path.exists():
+        before = _json(spec_path)
+        if before != identity:
+            changed = [k for k in ("playbook", "playbook_sha256", "bench", "grid", "points") if before.get(k) != identity[k]]
+            raise InputError(f"{sweep_dir} holds a sweep with a different {', '.join(changed) or 'format'}; "
+                             "resume it unchanged or sweep into a new --out", str(spec_path))
+    else:
+        if sweep_dir.exists() and any(sweep_dir.iterdir()):
+            raise InputError("--out: exists, is not empty and holds no sweep", str(sweep_dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        rec.write_json_atomic(spec_path, identity)
+    jobs = []
+    for p in points:
+        inputs = sweep_dir / "inputs"
+        inputs.mkdir(exist_ok=True)
+        pb_path = inputs / f"{p.name}.playbook.yaml"
+        if not pb_path.exists():
+            rec.write_text_atomic(pb_path, yaml.safe_dump(point_playbook(playbook, p), sort_keys=False))
+        point_bench = bench
+        profile = None if physical else point_profile(bench, p)
+        if profile is not None:
+            prof_path = inputs / f"{p.name}.profile.yaml"
+            if not prof_path.exists():
+                rec.write_text_atomic(prof_path, yaml.safe_dump(profile, sort_keys=False))
+            _check_profile(prof_path, p)
+            point_bench = _with_profile(bench, prof_path)
+        jobs.append(PointJob(p.name, str(sweep_dir / "points" / p.name), str(pb_path), point_bench, p.seed, physical))
+    return SweepPlan(sweep_dir, points, jobs, physical)
+
+
+def _check_profile(path: Path, point: Point) -> None:
+    from devices.emulated.profile import ProfileError, load_profile
+
+    try:
+        load_profile(str(path))
+    except ProfileError as exc:
+        keys = ", ".join(k for k in point.params if k.startswith("profile."))
+        raise InputError(f"sweep.grid ({keys} = {[point.params[k] for k in point.params if k.startswith('profile.')]}): "
+                         f"{exc}") from None
+
+
+def execute(sweep: SweepPlan, *, scheduler: str | None, workers: int, serial: bool, quiet: bool) -> list[dict]:
+    """Run every job; serially in this process, or on a dask cluster (physical points chained)."""
+    from rich.progress import Progress
+
+    todo = [j for j in sweep.jobs if not _finished(Path(j.run_dir))]
+    done = [{"point": j.name, "exit_code": _json(Path(j.run_dir) / "point.json").get("exit_code"), "ran": False}
+            for j in sweep.jobs if j not in todo]
+    with Progress(disable=quiet, transient=False) as bar:
+        task = bar.add_task(f"sweep: {len(todo)} to run, {len(done)} finished", total=len(sweep.jobs),
+                            completed=len(done))
+        if serial or not todo:
+            for job in todo:
+                done.append(run_point(job))
+                bar.advance(task)
+            return done
+        from distributed import as_completed
+
+        with _client(scheduler, workers) as client:
+            futures, previous = [], None
+            for job in todo:
+                after = previous if job.physical else None
+                future = client.submit(run_point, job, after, key=f"point-{job.name}-{os.getpid()}", pure=False)
+                previous = future if job.physical else previous
+                futures.append(future)
+            for future in as_completed(futures):
+                done.append(future.result())
+                bar.advance(task)
+    return done
+
+
+def _client(scheduler: str | None, workers: int):
+    from distributed import Client, LocalCluster
+
+    if scheduler:
+        return Client(scheduler, timeout="20s")
+    # Each point is its own `harness run` process, so the workers are threads: no second copy of the harness.
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=False, dashboard_address=None)
+    return _Closing(Client(cluster), cluster)
+
+
+class _Closing:
+    def __init__(self, client, cluster):
+        self.client, self.cluster = client, cluster
+
+    def __enter__(self):
+        return self.client
+
+    def __exit__(self, *exc):
+        self.client.close()
+        self.cluster.close()
+
+
+def gather(sweep: SweepPlan, outcomes: list[dict]) -> "Any":
+    """results.parquet: one row per finished point, parameters first."""
+    import pandas as pd
+
+    exit_of = {o["point"]: o.get("exit_code") for o in outcomes}
+    rows = [result_row(p, Path(j.run_dir), exit_of.get(p.name)) for p, j in zip(sweep.points, sweep.jobs)
+            if _finished(Path(j.run_dir))]
+    frame = pd.DataFrame(rows)
+    tmp = sweep.sweep_dir / f".{RESULTS_NAME}.tmp"
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, sweep.sweep_dir / RESULTS_NAME)
+    return frame
