@@ -270,6 +270,7 @@ def provenance_section(run: RunData) -> str:
         return _missing("no manifest.json")
     keep = {k: m.get(k) for k in ("created_utc", "status", "run", "playbook", "inventory", "seed", "git", "profile",
                                   "extra")}
+    keep["extra"] = {k: v for k, v in (m.get("extra") or {}).items() if k != "devices"}  # its own table
     keep["versions"] = {k: v for k, v in (m.get("versions") or {}).items() if k != "packages"}
     keep["packages"] = (m.get("versions") or {}).get("packages")
     rows = [[_e(k), f"<code>{_e(v)}</code>"] for k, v in _flat(keep) if v not in (None, "", {}, [])]

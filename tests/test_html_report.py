@@ -52,7 +52,9 @@ def test_page_is_self_contained_and_carries_the_records_numbers(run_dir):
     turnaround = summary["delays_ms"]["turnaround"]
     assert f'<td class="num">{turnaround["mean"]:.4g}</td>' in text
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["playbook"]["sha256"] in text and "device identity: not recorded" in text
+    assert manifest["playbook"]["sha256"] in text
+    identity = text[text.index("<h3>Device identity</h3>"):]
+    assert f"<td>ocs.ocs1</td><td><code>{manifest['extra']['devices']['ocs']['ocs1']}</code>" in identity
 
 
 def test_comparison_of_two_runs_names_both(run_dir, tmp_path):
