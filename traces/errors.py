@@ -1,7 +1,25 @@
-"""Trace errors: every problem in a user's file names the file and the line (or row)."""
+"""Input errors: every problem in a user's file names the file and the line (or row).
+
+`InputError` is defined here, at the bottom, because the trace library must not import the harness; the
+harness re-exports it (`harness.errors.InputError`), so there is one input error for both.
+"""
 from __future__ import annotations
 
-from harness.errors import InputError
+
+class InputError(Exception):
+    """Bad input from the user: a file, a URL, a name. Printed as `file:line: message`, exit code 2."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, file: str | None = None, line: int | None = None):
+        self.message, self.file, self.line = message, file, line
+        super().__init__(self.format())
+
+    def format(self) -> str:
+        where = ""
+        if self.file:
+            where = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
+        return f"{where}{self.message}"
 
 
 class TraceFormatError(InputError, ValueError):

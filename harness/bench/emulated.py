@@ -100,3 +100,35 @@ class Faults:
     def record(self) -> None:
         if self.injector is not None:
             self.ctx.manifest_extra.setdefault("faults_injected", {})[self.step.name] = self.injector.fired
+
+
+class ServingEndpoint:
+    """The emulated vLLM endpoint a serving step replays against when the bench names no URL:
+    `async with ServingEndpoint(params) as endpoint:` then `endpoint.url`, `endpoint.interfere(...)`."""
+
+    def __init__(self, p: dict):
+        from devices.emulated.vllm_server import ServiceModel, VllmEmulator
+
+        service = ServiceModel(prefill_tokens_per_s=p["prefill_tokens_per_s"],
+                               decode_tokens_per_s=p["decode_tokens_per_s"], batch_slots=p["batch_slots"],
+                               max_model_len=p["max_model_len"], time_scale=p["time_scale"],
+                               stream_interval_s=p.get("stream_interval_s", 0.0))
+        self.server = VllmEmulator(service, model=p["model"])
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def interfere(self, windows, capacity: float, epoch_ns: int) -> None:
+        """Cut the service's capacity to `capacity` inside the windows (a frame of start_s/end_s in the
+        trace's seconds, which begin at `epoch_ns` on the harness clock)."""
+        from devices.emulated.vllm_server import InterferenceWindow
+
+        self.server.set_interference(InterferenceWindow.from_frame(windows, capacity), epoch_ns=epoch_ns)
+
+    async def __aenter__(self) -> "ServingEndpoint":
+        await self.server.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.server.stop()

@@ -17,6 +17,8 @@ has no record in the durable log.
 """
 from __future__ import annotations
 
+import contextlib
+
 import asyncio
 import ipaddress
 import math
@@ -297,33 +299,22 @@ def load_windows(ctx, step, p: dict, trace_end_s: float, emulated_endpoint: bool
 # ---- the step --------------------------------------------------------------------------------------------
 async def _serve_and_replay(requests: pd.DataFrame, url: str | None, p: dict, windows: pd.DataFrame | None,
                             log_path: Path):
-    from devices.emulated.vllm_server import InterferenceWindow, ServiceModel, VllmEmulator
     from devices.timing import now_ns
+    from harness.bench.emulated import ServingEndpoint
     from traces.replay import ReplayConfig, replay_requests
 
-    emulator = None
-    if url is None:
-        service = ServiceModel(prefill_tokens_per_s=p["prefill_tokens_per_s"],
-                               decode_tokens_per_s=p["decode_tokens_per_s"], batch_slots=p["batch_slots"],
-                               max_model_len=p["max_model_len"], time_scale=p["time_scale"],
-                               stream_interval_s=p.get("stream_interval_s", 0.0))
-        emulator = VllmEmulator(service, model=p["model"])
-        await emulator.start()
-        url = emulator.url
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        emulator = None if url is not None else await stack.enter_async_context(ServingEndpoint(p))
+        url = url or emulator.url
         origin = now_ns() + int(p["lead_s"] * 1e9)
         if emulator is not None and windows is not None and len(windows):
             # The replay sends the first request at the origin; windows are in the trace's own seconds.
             epoch = origin - int(round(float(requests["arrival_s"].iloc[0]) * 1e9 / p["time_scale"]))
-            emulator.set_interference(InterferenceWindow.from_frame(windows, p["interference_capacity"]),
-                                      epoch_ns=epoch)
+            emulator.interfere(windows, p["interference_capacity"], epoch)
         config = ReplayConfig(url=url, model=p["model"], time_scale=p["time_scale"], timeout_s=p["timeout_s"],
                               max_connections=p["max_connections"], origin_ns=origin,
                               prompt_seed=p.get("prompt_seed", 0))
         return await replay_requests(requests, config, log_path)
-    finally:
-        if emulator is not None:
-            await emulator.stop()
 
 
 def run_replay(requests: pd.DataFrame, url: str | None, p: dict, windows: pd.DataFrame | None,

@@ -1,0 +1,44 @@
+"""The import rules of ARCHITECTURE.md, checked on the source: a layer that reaches up fails here."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (lazy imports inside functions count too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    out = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for module in sorted(_imports(path)):
+            if any(module == f or module.startswith(f + ".") for f in forbidden):
+                out.append(f"{path.relative_to(ROOT)} imports {module}")
+    return out
+
+
+@pytest.mark.parametrize("package, forbidden", [
+    ("devices", ("harness",)),
+    ("analysis", ("harness", "devices", "traces")),
+    ("traces", ("harness",)),
+])
+def test_no_layer_imports_upwards(package, forbidden):
+    assert _violations(package, forbidden) == []
+
+
+def test_the_checker_sees_lazy_imports(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from harness.runner import run\n    import devices.emulated.bench\n")
+    assert {"harness.runner", "devices.emulated.bench"} <= _imports(probe)
