@@ -10,7 +10,7 @@ from harness.cli import main
 from harness.steps.spectrumx import compute_verdict, latency_claim, line_rate_claim, reaction_claim
 
 PARAMS = {"line_rate_fraction": 0.98, "latency_inflation": 1.07, "at_failed_pct": 10.0, "reaction_bound_ms": 0.0,
-          "n_boot": 500}
+          "n_boot": 500, "emulator_lateness_tolerance": 0.05}
 
 
 def _frame(fraction: float, inflation: float, n: int = 60, links: int = 10, seed: int = 0) -> pd.DataFrame:
@@ -35,6 +35,19 @@ def test_claims_hold_fail_and_straddle_by_their_intervals():
     assert c["verdict"] == "inconclusive" and c["realised_failed_fraction"] == 0.25 and "note" in c
     assert latency_claim(_frame(0.99, 1.0)[lambda f: f.fail_pct == 0], 1.07, 10.0, rng, 500)["verdict"] \
         == "not applicable"
+
+
+def test_a_late_emulator_judges_nothing():
+    emulated = {"emulated": True, "detection": None, "data_plane": "emulated"}
+    v = compute_verdict(_frame(0.90, 1.20), [], PARAMS, 0, emulated)  # the tools 11 % slower than the model
+    assert not v["emulator_calibration"]["calibrated"]
+    assert [c["verdict"] for c in v["claims"]] == ["inconclusive", "inconclusive", "not applicable"]
+    assert "not calibrated" in v["claims"][0]["reason"]
+    v = compute_verdict(_frame(0.99, 1.20), [], PARAMS, 0, emulated)
+    assert v["emulator_calibration"]["calibrated"]
+    assert [c["verdict"] for c in v["claims"]][:2] == ["holds", "falsified"]
+    v = compute_verdict(_frame(0.90, 1.20), [], PARAMS, 0, {"emulated": False})  # a real bench: judged as is
+    assert v["emulator_calibration"] is None and v["claims"][0]["verdict"] == "falsified"
 
 
 def test_reaction_needs_a_bound_and_uses_both_ends():
