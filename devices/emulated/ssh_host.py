@@ -30,6 +30,7 @@ import socket
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -779,6 +780,17 @@ def _mlxlink(ctx: ExecContext, argv: list[str]) -> int:
     return 0
 
 
+GPU_BUSY = {"utilization_gpu": 97, "utilization_memory": 41, "power_draw_w": 612.4}  # a training step computing
+GPU_STALLED = {"utilization_gpu": 0, "utilization_memory": 0, "power_draw_w": 118.3}  # waiting on its all-to-all
+
+
+def _gpu_now(ctx: ExecContext, gpu):
+    """The emulated host runs a data-parallel job whose collectives need every one of its NIC ports: its GPUs
+    compute while all are ACTIVE and stall (idle) from the moment one is not — the network re-training."""
+    busy = all(snap.ib_state == "ACTIVE" for _, snap in ctx.server.ports_with_state())
+    return replace(gpu, **(GPU_BUSY if busy else GPU_STALLED))
+
+
 def _nvidia_smi(ctx: ExecContext, argv: list[str]) -> int:
     fields: list[str] | None = None
     fmt: list[str] = []
@@ -806,7 +818,7 @@ def _nvidia_smi(ctx: ExecContext, argv: list[str]) -> int:
         if field not in formats.GPU_FIELDS:
             ctx.out(f'Field "{field}" is not a valid field to query.\n\n')
             return 2
-    gpus = [g for g in ctx.server.gpus if index is None or g.index in index]
+    gpus = [_gpu_now(ctx, g) for g in ctx.server.gpus if index is None or g.index in index]
     ctx.out(formats.nvidia_smi_query(gpus, fields, ctx.bench.host_clock_ns(ctx.host),
                                      header="noheader" not in fmt, units="nounits" not in fmt))
     return 0

@@ -30,6 +30,7 @@ from devices.timing import Deadline, now_ns
 from harness.bench import BenchBroken
 from harness.bench.circuits import RetryPolicy, guard
 from harness.config import register_step
+from harness.gpu_view import gpu_view
 from harness.errors import InputError
 from harness.steps import StepOutcome
 
@@ -306,6 +307,8 @@ class MoeTrafficRun:
             waiting = [e for e in waiting if not (states[e.key][0] > before[e.key][0] and states[e.key][1])]
             if waiting:
                 time.sleep(self.p["poll_interval_s"])
+        if getattr(self, "gpu_view", None) is not None:
+            self.gpu_view.window(begin, now_ns())
         if waiting:
             self.ctx.say(f"[yellow]{self.step.name}: links not up after {self.p['link_timeout_s']} s: "
                          f"{', '.join(e.key for e in waiting)}[/]")
@@ -491,4 +494,6 @@ def markdown(name: str, s: dict, frame: pd.DataFrame) -> str:
 
 @register_step("moe_traffic", SCHEMA)
 def moe_traffic(ctx, step) -> StepOutcome:
-    return MoeTrafficRun(ctx, step).run()
+    run = MoeTrafficRun(ctx, step)
+    with gpu_view(ctx, step, {e.host for e in run.endpoints}) as run.gpu_view:  # GPUs around each reconfiguration
+        return run.run()

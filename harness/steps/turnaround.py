@@ -25,6 +25,7 @@ from harness.bench.stages import PortRef, stage_events
 from harness.config import REQUIRED, register_step  # noqa: F401  (REQUIRED for labs copying this schema)
 from harness.errors import InputError
 from harness.events import Event
+from harness.gpu_view import gpu_view
 from harness.patterns import cycle_mappings, ocs_mapping, sources
 from harness.steps import CycleOutcome, StepOutcome, resume_after_logged
 
@@ -215,7 +216,8 @@ class TurnaroundRun:
 def turnaround(ctx, step) -> StepOutcome:
     run = TurnaroundRun(ctx, step)
     try:
-        outcome = run.run()
+        with gpu_view(ctx, step, {n.host for n in run.nics}):  # the GPUs' side of each reconfiguration
+            outcome = run.run()
     except BaseException:
         # The run stops (disk full, signal, ...): leave what was measured for the record and ground truth.
         ctx.results[step.name] = StepOutcome(ok=False, cycles=list(run.outcomes), truth_windows=run.truth_windows,

@@ -1,0 +1,46 @@
+"""The GPUs' side of a reconfiguration (harness/gpu_view.py): on an emulated bench whose hosts run a job that
+stalls while any of its NIC ports is not ACTIVE, the turnaround step's `nvidia-smi` samples show the GPUs idle
+inside every re-training window and busy outside — the emulator's rule, checked against its own port truth."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from devices.emulated.ssh_host import GPU_BUSY, GPU_STALLED
+from harness import gpu_view
+from harness.cli import main
+
+SLOW_NIC = {  # links take ~0.17 s to re-train
+    "name": "gpu-view", "description": "test", "source": "a test fixture",
+    "ocs": {"switch": {"dist": "fixed", "ms": 5.0}, "dark": {"dist": "fixed", "ms": 0.0}},
+    "nic": {"los_clear": {"dist": "fixed", "ms": 0.0}, "cdr_lock": {"dist": "fixed", "ms": 0.0},
+            "phy_up": {"dist": "fixed", "ms": 120.0}, "port_active": {"dist": "fixed", "ms": 50.0},
+            "link_down": {"dist": "fixed", "ms": 0.0}},
+    "hosts": {"clock_offset_ms": [-2, 2], "drift_ppm": [-5, 5]},
+    "topology": {"hosts": 2, "nics_per_host": 2, "ocs_size": [8, 8]},
+}
+
+
+def test_turnaround_records_gpus_idle_while_the_network_retrains(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_view, "INTERVAL_S", 0.05)  # several samples inside each ~0.17 s window
+    profile = tmp_path / "gpu-view.yaml"
+    profile.write_text(yaml.safe_dump(SLOW_NIC))
+    pb = tmp_path / "pb.yaml"
+    pb.write_text(yaml.safe_dump({"name": "t", "bench": f"emulated:{profile}", "seed": 3, "cycles": 2, "steps": [
+        {"type": "turnaround", "name": "measure", "cycle_timeout_s": 20, "clock_warmup_s": 0.1, "probes": False,
+         "settle_s": 0.25}]}))
+    assert main(["run", str(pb), "--out", str(tmp_path / "run"), "-q"]) == 0
+    run = tmp_path / "run"
+    samples = pd.read_json(run / "gpu_samples.jsonl", lines=True)
+    assert set(samples.host) == {"gpu1", "gpu2"} and set(samples.gpu) == set(range(8))
+    assert set(samples.utilization_gpu) <= {GPU_BUSY["utilization_gpu"], GPU_STALLED["utilization_gpu"]}
+    view = json.loads((run / "manifest.json").read_text())["extra"]["gpu_view"]["measure"]
+    assert view["windows"] == 2  # the measured cycles: ocs_command_sent .. last port_active
+    for host, s in view["hosts"].items():
+        assert s["n_inside"] >= 8 and s["n_outside"] >= 8, (host, s)
+        assert s["mean_util_outside"] == GPU_BUSY["utilization_gpu"]
+        # inside a window the host's ports are down from light loss until ACTIVE: idle for nearly all of it
+        assert s["idle_fraction_inside"] >= 0.8, (host, s)
