@@ -247,32 +247,40 @@ def test_splitter_cuts_a_long_line_and_goes_on():
 
 
 # ---------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def emulated_hosts(tmp_path_factory):
+    """Real emulated hosts (SSH, agent): the run's preflight must find them, so the switch is what stops it."""
+    from devices.emulated.bench import EmulatedBench
+    from devices.emulated.profile import load_profile
+
+    bench = EmulatedBench(load_profile("instant"), seed=1, workdir=tmp_path_factory.mktemp("bench"))
+    bench.start()
+    yield bench
+    bench.stop()
+
+
 @pytest.mark.parametrize("state, what", [(b"(@a),(@b)\n", "channel list item 'a' is not a port"),
                                          (b"(@1,2),(@17,17)\n", "egress 17 fed by both ingress 1 and 2")])
-def test_harness_run_stops_on_an_impossible_snapshot_and_touches_nothing(tmp_path, capsys, state, what):
+def test_harness_run_stops_on_an_impossible_snapshot_and_touches_nothing(tmp_path, capsys, emulated_hosts,
+                                                                         state, what):
+    import yaml
+
     from harness.cli import main
 
     with HostilePeer(_scpi_respond(state)) as peer:
-        inventory = tmp_path / "bench.yaml"
-        inventory.write_text(f"""bench: {{name: fake, emulated: false}}
-ocs:
-  ocs1: {{protocol: polatis-scpi, url: "{peer.url()}", size: [16, 16], allowed_ports: ["1-8", "17-24"]}}
-hosts:
-  gpu1:
-    address: 127.0.0.1
-    port: 9
-    user: lab
-    nics:
-      - {{netdev: ens1, rdma_dev: mlx5_0, rdma_port: 1, ocs: ocs1, tx: 1, rx: 17}}
-      - {{netdev: ens2, rdma_dev: mlx5_1, rdma_port: 1, ocs: ocs1, tx: 2, rx: 18}}
-""")
+        inventory = yaml.safe_load(Path(emulated_hosts.inventory_path).read_text())
+        inventory["ocs"]["ocs1"] = {**inventory["ocs"]["ocs1"], "protocol": "polatis-scpi", "url": peer.url()}
+        for key in ("user", "password_env"):
+            inventory["ocs"]["ocs1"].pop(key, None)
+        path = tmp_path / "bench.yaml"
+        path.write_text(yaml.safe_dump(inventory))
         playbook = Path(__file__).resolve().parents[1] / "playbooks" / "turnaround.yaml"
-        code = main(["run", str(playbook), "--bench", str(inventory), "--cycles", "1",
+        code = main(["run", str(playbook), "--bench", str(path), "--cycles", "1",
                      "--out", str(tmp_path / "runs"), "-q"])
     err = capsys.readouterr().err
     stopped = [line for line in err.splitlines() if "run stopped" in line]
     assert code == 1 and len(stopped) == 1 and what in stopped[0] and "Traceback" not in err, err
-    assert ":OXC:SWIT:CONN:STAT?" in peer.commands  # the snapshot was read, and nothing was changed:
+    assert ":OXC:SWIT:CONN:STAT?" in peer.commands  # the state was read, and nothing was changed:
     assert not [c for c in peer.commands if any(verb in c.upper() for verb in
                                                 (":ADD", ":ONLY", ":SUB", ":DISC", "*RST"))], peer.commands
 
