@@ -133,10 +133,11 @@ def test_tl1_stream_without_end_of_line_stays_bounded():
 
 def test_tl1_flood_of_lines_and_wrong_ctags_time_out_with_the_partial_reply():
     def respond(command):
-        return [_tl1_reply(str(int(_ctag(command)) + 100), ['"1,17"']), Flood(b'   "5,21"\r\n' * 400, 3.0)]
+        return [_tl1_reply(str(int(_ctag(command)) + 100), ['"1,17"']), Flood(b'   "5,21"\r\n' * 400, 6.0)]
 
     with HostilePeer(respond, "tl1") as peer:
         switch = _switch(peer, "polatis-tl1")
+        switch.timeout_s = 2.0  # long enough for the flood to start on a loaded machine
         outcome, elapsed, peak = _bounded(switch.patches)
         switch.close()
     assert isinstance(outcome, DeviceTimeout), outcome

@@ -111,8 +111,9 @@ class LineChannel(ABC):
         while True:
             # checked per line, not per read: a flood of lines must not outlast the deadline either
             if deadline.expired():
+                unread = [line for _, line in list(self._ready)[-12:]]  # what arrived, read or not
                 raise DeviceTimeout(f"no complete line from {self.description} before the deadline",
-                                    self._splitter.pending)
+                                    "\n".join(unread + [self._splitter.pending]))
             if self._ready:
                 break
             remaining = deadline.remaining()
