@@ -15,7 +15,6 @@ Both leave their tables in `linkfail_<step>.json` (and the per-phase Parquet) fo
 from __future__ import annotations
 
 import math
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -24,12 +23,11 @@ import pandas as pd
 from analysis import linkfail as lf
 from devices.errors import DeviceError
 from devices.timing import now_ns
-from harness.bench.circuits import RetryPolicy, guard
 from harness.config import register_step
 from harness.errors import InputError
 from harness.steps import StepOutcome
 from harness.steps.moe_traffic import SCHEMA as MOE_SCHEMA
-from harness.steps.moe_traffic import MoeTrafficRun, PhaseFailed, circuit_mapping, circuits_from_patches
+from harness.steps.moe_traffic import MoeTrafficRun, PhaseFailed, circuit_mapping
 
 FAILURE_SCHEMA = {**MOE_SCHEMA, "reconfigure": (str, "none"), "fail_pct": (list, [0, 10, 25, 50])}
 FLAP_SCHEMA = {**MOE_SCHEMA, "reconfigure": (str, "none"), "fail_pct": (list, [10]), "down_ms": (float, 200.0),
@@ -63,14 +61,7 @@ class LinkStudy:
         trace = moe.load_trace()
         self.phases, demand = moe.phases(trace)
         self.n = self.phases[0].matrix.shape[0]
-        moe.guard = guard(self.ctx, moe.ocs)
-        moe.policy = RetryPolicy(timeout_s=self.p["link_timeout_s"])
-        moe.original = moe.guard.switch.patches()
-        used = {x for e in moe.endpoints for x in (e.tx, e.rx)}
-        moe.others = {i: e for i, e in moe.original.items() if i not in used and e not in used}
-        moe.current = circuits_from_patches(moe.original, moe.endpoints)
-        hosts = sorted({e.host for e in moe.endpoints[: self.n]})
-        moe.sessions = {h: self.ctx.session(h) for h in hosts}
+        hosts = moe.open_bench(self.n)
         self.full = np.zeros_like(moe.current)
         self.full[: self.n, : self.n] = greedy_circuits(sum(demand.values()), 1, moe.b_ocs, moe.b_eps)
         self.links = [(int(i), int(j)) for i, j in zip(*np.nonzero(np.triu(self.full, 1)))]
@@ -78,6 +69,12 @@ class LinkStudy:
             raise InputError(f"step {self.step.name}: the trace's demand wires no circuit", self.step.file,
                              self.step.line)
         return hosts
+
+    def wire_intact(self) -> None:
+        """Every circuit wired and trained (a study measures against an intact fabric, not a half-trained one)."""
+        _, up = self.moe.reconfigure(self.full)
+        if not up:
+            raise PhaseFailed(f"links not up {self.p['link_timeout_s']} s after wiring the intact fabric")
 
     def pick(self, pct: float) -> list[tuple[int, int]]:
         k = math.ceil(pct / 100 * len(self.links) - 1e-9)
@@ -195,7 +192,7 @@ def link_failures(ctx, step) -> StepOutcome:
         try:
             for pct in study.fail_pct:
                 failed = study.pick(pct)
-                study.moe.reconfigure(study.full)  # intact first: every link trained
+                study.wire_intact()
                 study.pull(failed)
                 circuits = study.without(failed)
                 for ph in study.phases:
@@ -233,7 +230,7 @@ def link_flaps(ctx, step) -> StepOutcome:
     with ThreadPoolExecutor(max_workers=max(study.n, 1), thread_name_prefix=f"linkflap-{step.name}") as pool:
         study.moe.pool = pool
         try:
-            study.moe.reconfigure(study.full)
+            study.wire_intact()
             for flap in range(p["flaps"]):
                 failed = study.pick(pct)
                 rows = []
@@ -251,7 +248,7 @@ def link_flaps(ctx, step) -> StepOutcome:
                     op("down", pulled)
                     k += 1
                 up_ns = now_ns()
-                study.moe.reconfigure(study.full)  # restore: reconnect and wait until the links trained
+                study.wire_intact()  # restore: reconnect and wait until the links trained
                 for _ in range(p["ops_after"]):
                     op("after", study.full)
                 f = pd.DataFrame(rows)
@@ -270,7 +267,6 @@ def link_flaps(ctx, step) -> StepOutcome:
                               else None})
                 for row in rows:
                     records.append({"n": study.n, "failed_links": len(failed), **row})
-                time.sleep(0)  # the next flap starts from trained links (reconfigure waited for them)
         except (DeviceError, PhaseFailed) as exc:
             failure = str(exc)
     frame = pd.DataFrame.from_records(records)

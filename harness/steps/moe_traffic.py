@@ -314,6 +314,20 @@ class MoeTrafficRun:
                          f"{', '.join(e.key for e in waiting)}[/]")
         return (now_ns() - begin) / 1e9, not waiting
 
+    def open_bench(self, n: int) -> list[str]:
+        """The switch's guard, the circuits found, one session per host of the first `n` endpoints."""
+        # The run's guard restores the circuits found at its start, on the ports moved, however it ends.
+        self.guard = guard(self.ctx, self.ocs)
+        self.policy = RetryPolicy(timeout_s=self.p["link_timeout_s"])
+        self.original = self.guard.switch.patches()
+        used = {x for e in self.endpoints for x in (e.tx, e.rx)}
+        self.others = {i: e for i, e in self.original.items() if i not in used and e not in used}
+        self.current = circuits_from_patches(self.original, self.endpoints)
+        launch = {self.p["launch_host"]} if self.p["launch_host"] else set()
+        hosts = sorted({e.host for e in self.endpoints[:n]} | launch)
+        self.sessions = {h: self.ctx.session(h) for h in hosts}
+        return hosts
+
     # ------------------------------------------------------------------ phases
     def _common(self) -> dict[str, object]:
         return {"iters": self.p["iters"], "link_gbps": f"{self.p['link_gbps']:g}",
@@ -369,16 +383,8 @@ class MoeTrafficRun:
         n = phases[0].matrix.shape[0]
         if ctx.dry_run:
             return StepOutcome(ok=True, summary_md=f"(dry run: {len(phases)} phases on {n} endpoints, not run)")
-        # The run's guard restores the circuits found at its start, on the ports moved, however it ends.
-        self.guard = guard(ctx, self.ocs)
-        self.policy = RetryPolicy(timeout_s=self.p["link_timeout_s"])
-        self.original = self.guard.switch.patches()
-        used = {x for e in self.endpoints for x in (e.tx, e.rx)}
-        self.others = {i: e for i, e in self.original.items() if i not in used and e not in used}
-        self.current = circuits_from_patches(self.original, self.endpoints)
+        hosts = self.open_bench(n)
         initial = self.current[:n, :n]
-        hosts = sorted({e.host for e in self.endpoints[:n]} | ({p["launch_host"]} if p["launch_host"] else set()))
-        self.sessions = {h: ctx.session(h) for h in hosts}
         records, failure = [], None
         reconfigurations: list[dict] = []
         zero = np.zeros((n, n), dtype=np.int64)
