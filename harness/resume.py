@@ -140,6 +140,10 @@ def plan_resume(run_dir: Path, *, playbook_path: str | None, bench: str | None, 
     spec = bench or was.bench
     if not _emulated(spec) and not Path(spec).is_file() and bench is None:
         spec = str(run_dir / INPUTS / "bench.yaml")  # the original inventory is gone: its copy
+    kind, _, rest = spec.partition(":")
+    profile, sep, query = rest.partition("?")
+    if bench is None and _emulated(spec) and Path(profile).suffix and not Path(profile).is_file():
+        spec = f"{kind}:{run_dir / INPUTS / 'profile.yaml'}{sep}{query}"  # the profile file is gone: its copy
     if bench_kind(spec) != bench_kind(was.bench) or bench_digest(spec) != was.bench_digest:
         raise _refuse(f"this run ran on {was.bench} (sha256 {was.bench_digest[:12]}); {spec} is a different "
                       "bench (or it changed since); start a new run", run_dir)

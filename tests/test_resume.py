@@ -88,6 +88,8 @@ def test_resume_refuses_a_changed_playbook_profile_or_kind_of_bench(tmp_path, pr
     profile.write_text(yaml.safe_dump({**PROFILE, "ocs": {"switch": {"dist": "fixed", "ms": 3}}}))
     with pytest.raises(InputError, match="or it changed since"):
         plan(run)
+    profile.unlink()  # gone: the run's copy stands in
+    assert plan(run).identity.bench == f"emulated:{run / 'inputs' / 'profile.yaml'}"
 
 
 def test_resume_of_an_inventory_bench(tmp_path):
