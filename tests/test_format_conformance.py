@@ -2,6 +2,8 @@
 column positions, units) diffed against the real capture of the same tool and version (tests/data/real/)."""
 from __future__ import annotations
 
+import json
+import quopri
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -207,6 +209,9 @@ def test_mlxlink_sections_and_columns_match_real_mlxlink():
     assert emulated_keys[:7] == sample_keys[:7] == ["State", "Physical state", "Speed", "Width", "FEC",
                                                     "Loopback Mode", "Auto Negotiation"]
     assert titles == ["Operational Info", "Troubleshooting Info", "Tool Information"]
+    spectrum = parse_mlxlink(real("mlxlink", "spectrum-25g-troubleshooting-nvidia-sonic-docs.txt"))
+    assert list(parse_mlxlink(text).section("Troubleshooting Info")) == \
+        list(spectrum.section("Troubleshooting Info")) == ["Status Opcode", "Group Opcode", "Recommendation"]
     info = parse_mlxlink(text)
     cx6 = parse_mlxlink(real("mlxlink", "cx6-200g-eth-an-fsm-enable-kontronn.txt"))
     assert (info.state, info.physical_state, info.fec) == (cx6.state, cx6.physical_state, cx6.fec)
@@ -216,6 +221,17 @@ def test_mlxlink_sections_and_columns_match_real_mlxlink():
 def test_mlxlink_dark_port_is_polling_not_up():
     info = parse_mlxlink(formats.mlxlink(Model(), DARK))
     assert (info.state, info.link_up, info.speed, info.width, info.fec) == ("Polling", False, "N/A", "N/A", "N/A")
+
+
+# ---------------------------------------------------------------- ip -j link
+
+def test_ip_json_keys_come_in_iproutes_order():
+    mail = real("ip-j-link", "veth-other-netns-ip-s-s-j-netdev-2022.txt")
+    real_lo, real_veth = json.loads(quopri.decodestring(mail.encode()))
+    emulated_lo, emulated_port = json.loads(formats.ip_link_json([(Model(), UP)]))
+    assert list(emulated_lo) == [k for k in real_lo if k != "stats64"]  # `-s` adds stats64; nothing else differs
+    assert_ordered_subset(list(emulated_port), list(real_veth))
+    assert set(real_veth) - set(emulated_port) == {"link_index", "link_netnsid", "stats64"}  # netns peer, -s
 
 
 # ---------------------------------------------------------------- perftest

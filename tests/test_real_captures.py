@@ -2,7 +2,9 @@
 capture sees. Each file's first line names its public source; the rest is the capture, copied verbatim."""
 from __future__ import annotations
 
+import json
 import math
+import quopri
 from pathlib import Path
 
 import pytest
@@ -10,12 +12,11 @@ import pytest
 from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests, parse_perftest_header
 from devices.parsers.gpu import FIELD_ALIASES, canonical_field, parse_nvidia_smi_csv
 from devices.parsers.nic import (parse_ethtool, parse_ethtool_module, parse_ip_link, parse_ip_link_oneline,
-                                 parse_ip_monitor_line,
-                                 parse_mlxlink, parse_rdma_link)
+                                 parse_ip_link_json, parse_ip_monitor_line, parse_mlxlink, parse_rdma_link)
 
 REAL = Path(__file__).parent / "data" / "real"
 MIN_PER_TOOL = {"ethtool-m": 5, "rdma-link": 5, "nccl-tests": 5, "perftest": 5, "nvidia-smi": 5, "ethtool": 5,
-                "ip-link": 5}
+                "ip-link": 5, "mlxlink": 5, "ip-monitor": 4, "ip-j-link": 2}
 
 
 def capture(tool: str, name: str) -> str:
@@ -112,6 +113,9 @@ MLXLINK = {
     "spectrum-switch-25g-sonic265.txt": ("Active", "LinkUp", "25GbE", "1x", "Firecode FEC", True),
     "cx6-200g-eth-an-fsm-enable-kontronn.txt":
         ("Active", "ETH_AN_FSM_ENABLE", "200G", "4x", "Standard RS-FEC (544,514)", True),
+    "spectrum-25g-troubleshooting-nvidia-sonic-docs.txt": ("Active", "LinkUp", "25GbE", "1x", "Firecode FEC", True),
+    # a switch port, not only a ConnectX NIC, reads ETH_AN_FSM_ENABLE while Active
+    "spectrum2-1g-eth-an-fsm-enable-sonic-mgmt-ngts.txt": ("Active", "ETH_AN_FSM_ENABLE", "1G", "1x", "No FEC", True),
 }
 
 
@@ -125,6 +129,15 @@ def test_mlxlink(name):
 def test_mlxlink_supported_info_section():
     info = parse_mlxlink(capture("mlxlink", "cx4-hpe-840qsfp28-physical-linkup-sonic3578.txt"))
     assert info.section("Supported Info") == {"Enabled Link Speed": "0x00f180c0 (100G,40G)"}
+
+
+def test_mlxlink_troubleshooting_section():
+    info = parse_mlxlink(capture("mlxlink", "spectrum-25g-troubleshooting-nvidia-sonic-docs.txt"))
+    assert [title for title, _ in info.sections] == ["Operational Info", "Supported Info", "Troubleshooting Info"]
+    assert info.section("Supported Info") == {"Enabled Link Speed": "0x38000000 (25G)",
+                                              "Supported Cable Speed": "0x3c007011 (25G,10G,1G)"}
+    assert info.section("Troubleshooting Info") == {"Status Opcode": "0", "Group Opcode": "N/A",
+                                                    "Recommendation": "No issue was observed."}
 
 
 # ---------------------------------------------------------------- ip monitor / ip -o link / ethtool
@@ -179,6 +192,46 @@ def test_ip_monitor_all_labels_and_deleted_links():
     assert [(e.ifindex, e.deleted) for e in events] == [(27, False), (27, True), (28, False), (28, True),
                                                         (29, False), (29, True)]
     assert {(e.ifname, e.operstate, e.mtu, e.carrier, e.mac) for e in events} == {("ppp0", "DOWN", 1500, False, None)}
+
+
+def test_ip_monitor_veth_pair_created_then_deleted():
+    text = capture("ip-monitor", "veth-pair-created-then-deleted-d2si-overlay3.txt")
+    events = [e for e in map(parse_ip_monitor_line, text.splitlines()) if e is not None]
+    assert [(e.ifindex, e.ifname, e.deleted) for e in events] == [(32, "veth2", False), (33, "veth1", False),
+                                                                  (33, "veth1", True), (32, "veth2", True)]
+    assert {(e.operstate, e.mtu, e.carrier, e.peer, "UP" in e.flags) for e in events} == {("DOWN", 1500, False,
+                                                                                          None, False)}
+    # the multi-line reader joins each event to its `link/ether` line and so reads the addresses too
+    assert [(x.ifname, x.deleted, x.mac) for x in parse_ip_link(text)] == [
+        ("veth2", False, "b6:95:d6:b4:21:e9"), ("veth1", False, "a6:e0:7a:da:a9:ea"),
+        ("veth1", True, "a6:e0:7a:da:a9:ea"), ("veth2", True, "b6:95:d6:b4:21:e9")]
+
+
+# ---------------------------------------------------------------- ip -j link / ip -j addr
+
+def _links(links):
+    return [(x.ifindex, x.ifname, x.operstate, x.carrier, x.mtu, x.mac, x.peer) for x in links]
+
+
+def test_ip_json_laptop_dump():
+    links = parse_ip_link_json(capture("ip-j-link", "netplan-laptop-ip-d-j-addr-fixture.txt"))
+    assert _links(links) == [
+        (1, "lo", "UNKNOWN", True, 65536, "00:00:00:00:00:00", None),
+        (2, "enp0s31f6", "UP", True, 1500, "54:e1:ad:5f:24:b4", None),
+        (5, "wlan0", "UP", True, 1500, "1c:4d:70:e4:e4:0e", None),
+        (41, "wg0", "UNKNOWN", True, 1420, None, None),  # link_type none: no address at all
+        (46, "wwan0", "DOWN", False, 1500, "a2:23:44:c4:4e:f8", None),
+        (48, "tun0", "UNKNOWN", True, 1480, None, "NONE")]  # sit: the address is IPv4, `"link": null` is `@NONE`
+    assert "NOARP" in links[4].flags and "LOWER_UP" not in links[4].flags
+
+
+def test_ip_json_from_netdev_mail_reads_like_the_text_form():
+    # the mail body is quoted-printable, as the mail declares; decode it as a mail reader does
+    text = quopri.decodestring(capture("ip-j-link", "veth-other-netns-ip-s-s-j-netdev-2022.txt").encode()).decode()
+    lo, veth = parse_ip_link_json(text)
+    assert _links([lo, veth]) == [(1, "lo", "UNKNOWN", True, 65536, "00:00:00:00:00:00", None),
+                                  (2, "veth2", "UP", True, 1500, "8e:c0:a5:7d:87:ad", "if2")]  # text: veth2@if2
+    assert json.loads(text)[1]["stats64"]["tx"]["carrier_changes"] == 2
 
 
 def test_ip_link_multi_line_form():

@@ -150,7 +150,8 @@ class IpLink:
 
 _TS = re.compile(r"\[(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})\.(\d{6})\] ")
 _LINK_HEAD = re.compile(r"(Deleted )?(\d+): ([^:@\s]+)(?:@([^:\s]+))?: <([^>]*)>(.*)")
-_MAC = re.compile(r"link/\S+ ([0-9a-f]{2}(?::[0-9a-f]{2})+)")
+_MAC_ADDRESS = r"[0-9a-f]{2}(?::[0-9a-f]{2})+"
+_MAC = re.compile(rf"link/\S+ ({_MAC_ADDRESS})")
 
 
 def _parse_link_text(text: str, what: str, stamp: datetime | None, *, flags_only_ok: bool = False) -> IpLink:
@@ -233,15 +234,26 @@ def _json_array(text: str, command: str) -> list:
     return records
 
 
+def _json_peer(record: dict) -> str | None:
+    """The text form's `@PEER`: iproute2 prints `"link": NAME`, `"link": null` (text `@NONE`) or, for a peer in
+    another namespace, `"link_index": N` (text `@ifN`)."""
+    if "link" in record:
+        return "NONE" if record["link"] is None else record["link"]
+    return f"if{record['link_index']}" if "link_index" in record else None
+
+
 def parse_ip_link_json(text: str) -> list[IpLink]:
-    """`ip -j link [show]`: the JSON array iproute2 prints (ifindex, ifname, flags, mtu, operstate, address)."""
+    """`ip -j link [show]` / `ip -j addr`: the JSON array iproute2 prints (ifindex, ifname, flags, mtu, operstate,
+    address), read to the same values as the text form: a tunnel's IPv4 `address` is not a MAC."""
     links = []
     for record in _json_array(text, "ip -j link"):
         try:
+            address = record.get("address")
             links.append(IpLink(ifindex=int(record["ifindex"]), ifname=record["ifname"],
                                 flags=frozenset(record["flags"]), mtu=record.get("mtu"),
-                                operstate=record["operstate"], mac=record.get("address"),
-                                peer=record.get("link")))
+                                operstate=record["operstate"],
+                                mac=address if address and re.fullmatch(_MAC_ADDRESS, address) else None,
+                                peer=_json_peer(record)))
         except (KeyError, TypeError, ValueError):
             raise ParseError("objects with ifindex, ifname, flags, operstate", json.dumps(record)) from None
     return links
