@@ -33,6 +33,7 @@ def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
     ("devices", ("harness",)),
     ("analysis", ("harness", "devices", "traces")),
     ("traces", ("harness",)),
+    ("harness/steps", ("devices.emulated",)),
 ])
 def test_no_layer_imports_upwards(package, forbidden):
     assert _violations(package, forbidden) == []

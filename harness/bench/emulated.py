@@ -132,3 +132,18 @@ class ServingEndpoint:
 
     async def __aexit__(self, *exc) -> None:
         await self.server.stop()
+
+
+_LAZY = {"ServiceModel": "devices.emulated.vllm_server", "InterferenceWindow": "devices.emulated.vllm_server",
+         "simulate_service": "devices.emulated.vllm_server", "load_profile": "devices.emulated.profile",
+         "ProfileError": "devices.emulated.profile"}
+
+
+def __getattr__(name: str):
+    """The emulator's serving model and profiles, for steps that evaluate a model of the bench; imported on
+    first use (the serving emulator pulls in aiohttp, which a plain run does not need)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)

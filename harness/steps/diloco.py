@@ -125,7 +125,7 @@ def _turnaround_samples(ctx, step, spec: str) -> tuple[np.ndarray, str]:
                              "ocs_command_sent and first_packet); use profile:NAME, none or seconds")
         return samples, f"measured: {len(samples)} per-port turnarounds (first_packet − ocs_command_sent) of this run"
     if spec.startswith("profile:"):
-        from devices.emulated.profile import ProfileError, load_profile
+        from harness.bench.emulated import ProfileError, load_profile
 
         try:
             profile = load_profile(spec.removeprefix("profile:"))
@@ -174,7 +174,7 @@ def sync_durations(cost: dict, seed: int, count: int) -> np.ndarray:
 
 # ---- evaluation (runs in worker processes) --------------------------------------------------------------------
 def _latencies_from_model(service, frame: pd.DataFrame, windows: list) -> pd.DataFrame:
-    from devices.emulated.vllm_server import simulate_service
+    from harness.bench.emulated import simulate_service
 
     arrival = frame["arrival_s"].to_numpy(dtype=float)
     sim = simulate_service(service, arrival, frame["prompt_tokens"], frame["output_tokens"], windows)
@@ -190,7 +190,7 @@ def _latencies_from_model(service, frame: pd.DataFrame, windows: list) -> pd.Dat
 def evaluate_run(task: dict) -> dict:
     """One (seed, policy, draw): latencies per request under its sync windows, measured (replay) and/or
     from the model. Top-level so a process pool can run it."""
-    from devices.emulated.vllm_server import InterferenceWindow, ServiceModel
+    from harness.bench.emulated import InterferenceWindow, ServiceModel
     from harness.steps.replay import request_latencies
 
     frame = pd.DataFrame(task["requests"])
@@ -226,7 +226,7 @@ def violation_rate(latencies: pd.DataFrame, p: dict) -> float:
 def calibrate_slots(segments: list[pd.DataFrame], p: dict, target_pct: float) -> tuple[int, float]:
     """The smallest batch_slots whose pooled no-sync violation rate (model) is ≤ target (bisection: more
     slots never delay a FIFO queue's admissions)."""
-    from devices.emulated.vllm_server import ServiceModel
+    from harness.bench.emulated import ServiceModel
 
     def rate(slots: int) -> float:
         service = ServiceModel(p["prefill_tokens_per_s"], p["decode_tokens_per_s"], slots, p["max_model_len"])
@@ -390,7 +390,7 @@ def _run_tasks(tasks: list[dict], workers: int) -> dict:
 def _sensitivity(p, policies, per_seed, tasks_by_key, rule, seed) -> list[dict]:
     """The claim's verdict (model evaluation) at other values of the sync-capacity assumption."""
     from analysis import diloco as dl
-    from devices.emulated.vllm_server import InterferenceWindow, ServiceModel
+    from harness.bench.emulated import InterferenceWindow, ServiceModel
 
     service = ServiceModel(p["prefill_tokens_per_s"], p["decode_tokens_per_s"], p["batch_slots"], p["max_model_len"])
     out = []
