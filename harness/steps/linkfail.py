@@ -1,6 +1,7 @@
 """Link-failure and link-flap studies during MoE all-to-all replay (issue: Spectrum-X metrics).
 
 `link_failures`: MixNet's greedy circuits for the trace's demand are wired, then for each f in `fail_pct`
+(`rounds` times, each round in a seeded random order, so that no f always runs first on a warming bench)
 ceil(f·L) of the L circuits (seeded choice) are pulled — an OCS disconnect through the run's CircuitGuard,
 the fibre pull of a real bench — and every phase of the trace runs over what survives; the circuits are
 restored before the next f. Per f: effective-bandwidth fraction (busBW / the intact fabric's modelled
@@ -29,7 +30,8 @@ from harness.steps import StepOutcome
 from harness.steps.moe_traffic import SCHEMA as MOE_SCHEMA
 from harness.steps.moe_traffic import MoeTrafficRun, PhaseFailed, circuit_mapping
 
-FAILURE_SCHEMA = {**MOE_SCHEMA, "reconfigure": (str, "none"), "fail_pct": (list, [0, 10, 25, 50])}
+FAILURE_SCHEMA = {**MOE_SCHEMA, "reconfigure": (str, "none"), "fail_pct": (list, [0, 10, 25, 50]),
+                  "rounds": (int, 1)}  # each round: every f once, in a seeded random order (no f always first)
 FLAP_SCHEMA = {**MOE_SCHEMA, "reconfigure": (str, "none"), "fail_pct": (list, [10]), "down_ms": (float, 200.0),
                "flaps": (int, 2), "ops_before": (int, 4), "ops_down": (int, 8), "ops_after": (int, 4)}
 
@@ -183,6 +185,8 @@ def _write(ctx, step, kind: str, frame: pd.DataFrame, table: list[dict], prov: d
 @register_step("link_failures", FAILURE_SCHEMA)
 def link_failures(ctx, step) -> StepOutcome:
     study = LinkStudy(ctx, step)
+    if step.params["rounds"] < 1:
+        raise InputError(f"step {step.name}: rounds must be >= 1", step.file, step.line)
     if ctx.dry_run:
         return StepOutcome(ok=True, summary_md=f"(dry run: link failures at {study.fail_pct} %, not run)")
     study.setup()
@@ -190,7 +194,8 @@ def link_failures(ctx, step) -> StepOutcome:
     with ThreadPoolExecutor(max_workers=max(study.n, 1), thread_name_prefix=f"linkfail-{step.name}") as pool:
         study.moe.pool = pool
         try:
-            for pct in study.fail_pct:
+            order = [float(pct) for _ in range(step.params["rounds"]) for pct in study.rng.permutation(study.fail_pct)]
+            for pct in order:
                 failed = study.pick(pct)
                 study.wire_intact()
                 study.pull(failed)
@@ -208,7 +213,7 @@ def link_failures(ctx, step) -> StepOutcome:
     md = [f"## Link failures ({step.name})", "", f"{len(study.links)} OCS-carried links between {study.n} "
           f"endpoints; f % of them pulled (ceil), every phase of the trace per f.", ""]
     md += _md_table(table, FAILURE_COLS) + [""] + ([f"**Stopped:** {failure}", ""] if failure else [])
-    checks = [{"name": "every fraction ran", "ok": failure is None and len(table) == len(study.fail_pct),
+    checks = [{"name": "every fraction ran", "ok": failure is None and len(table) == len(set(study.fail_pct)),
                "detail": failure or f"{len(table)}/{len(study.fail_pct)}"}]
     return StepOutcome(ok=checks[0]["ok"], checks=checks, summary=summary, summary_md="\n".join(md),
                        data={"linkfail": summary})
