@@ -218,19 +218,25 @@ def verdict_section(run: RunData) -> str:
             text += f" That profile copies published figures ({prov['copies_published_figures']})."
         parts.append(f'<p class="banner">{_e(text)}</p>')
     scenarios = [s["scenario"] for s in v["baseline"]["scenarios"]]
-    head = ["claim", "verdict", "why"] + [_e(s) for s in scenarios]
+    claims = v["claims"]
+
+    def label(c: dict) -> str:
+        return c["verdict"] + (" " + " or ".join(c.get("conditions") or []) if c["verdict"] == "falsified if" else "")
+
+    parts.append(_table(["claim", "verdict", "why"], [
+        [f"<b>{_e(c['statement'])}</b><br><code>{_e(c['id'])}</code>",
+         f'<td class="{_verdict_class(c["verdict"])}"><b>{_e(label(c))}</b></td>', _e(c["summary"])] for c in claims]))
     rows = []
-    for c in v["claims"]:
-        label = c["verdict"] + (" " + " or ".join(c.get("conditions") or []) if c["verdict"] == "falsified if" else "")
-        cells = [f"<b>{_e(c['statement'])}</b><br><code>{_e(c['id'])}</code>",
-                 f'<td class="{_verdict_class(c["verdict"])}"><b>{_e(label)}</b></td>', _e(c["summary"])]
-        for s in scenarios:
-            cell = c["by_scenario"].get(s)
+    for name in scenarios:
+        cells = [f"<b>{_e(name)}</b>"]
+        for c in claims:
+            cell = c["by_scenario"].get(name)
             cells.append("–" if cell is None else
-                         f'<td class="{_verdict_class(cell["verdict"])}">{_e(cell["verdict"])}: {_e(cell["short"])}'
-                         f'<br><small>{_e(cell["reason"])}</small></td>')
-        rows.append(cells)
-    parts.append(_table(head, rows))
+                         f'<td class="{_verdict_class(cell["verdict"])}">{_e(cell["verdict"])}: {_e(cell["short"])}</td>')
+        reasons = sorted({c["by_scenario"][name]["reason"] for c in claims if name in c["by_scenario"]})
+        rows.append(cells + [f"<small>{_e(' / '.join(reasons))}</small>"])
+    parts.append("<h3>By scenario</h3>" + _table(["scenario"] + [f"<code>{_e(c['id'])}</code>" for c in claims] +
+                                                 ["reasons"], rows))
     rob = v.get("robustness") or {}
     if rob.get("table"):
         ids = [c["id"] for c in v["claims"]]

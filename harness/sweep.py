@@ -382,7 +382,11 @@ def _client(scheduler: str | None, workers: int):
     from distributed import Client, LocalCluster
 
     if scheduler:
-        return Client(scheduler, timeout="20s")
+        try:
+            return Client(scheduler, timeout="20s")
+        except OSError as exc:  # includes the connect timeout
+            raise InputError(f"--scheduler: cannot reach it ({exc}); the sweep resumes once it can",
+                             scheduler) from None
     # Each point is its own `harness run` process, so the workers are threads: no second copy of the harness.
     cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=False, dashboard_address=None)
     return _Closing(Client(cluster), cluster)
