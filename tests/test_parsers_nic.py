@@ -10,8 +10,9 @@ from hypothesis import assume, given, settings, strategies as st
 
 from devices.emulated import formats
 from devices.parsers import ParseError
-from devices.parsers.nic import (IB_PHYS_STATES, IB_STATES, parse_carrier, parse_ethtool, parse_ethtool_module,
-                                 parse_ib_phys_state, parse_ib_rate, parse_ib_state, parse_ip_link_oneline,
+from devices.parsers.nic import (IB_PHYS_STATES, IB_STATES, parse_carrier, parse_ethtool, parse_ethtool_json,
+                                 parse_ethtool_module, parse_ib_phys_state, parse_ib_rate, parse_ib_state,
+                                 parse_ip_link_json, parse_ip_link_oneline,
                                  parse_ip_monitor_line, parse_mlxlink, parse_operstate, parse_rdma_link,
                                  parse_rdma_link_json, parse_sysfs_int)
 
@@ -180,6 +181,8 @@ def test_mlxlink_link_up_comes_from_state_not_the_an_fsm_word():
     (parse_ethtool_module, "no module records here"), (parse_ethtool_module, "Rx loss of signal : maybe"),
     (parse_mlxlink, "Troubleshooting Info\n---\nStatus Opcode : 0\n"), (parse_ip_link_oneline, "eth0 is up"),
     (parse_ip_monitor_line, "[yesterday] 3: x: <UP> state UP"),
+    (parse_ethtool_json, "Settings for x:"), (parse_ethtool_json, "[]"), (parse_ethtool_json, '[{"ifname": "x"}]'),
+    (parse_ethtool_json, '[{"ifname": "x", "link-detected": "no"}]'), (parse_ip_link_json, '[{"ifname": "x"}]'),
 ])
 def test_bad_text_raises_parse_error_naming_what_was_expected(parser, text):
     with pytest.raises(ParseError, match="^expected ") as info:

@@ -11,12 +11,13 @@ import pytest
 
 from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests, parse_perftest_header
 from devices.parsers.gpu import FIELD_ALIASES, canonical_field, parse_nvidia_smi_csv
-from devices.parsers.nic import (parse_ethtool, parse_ethtool_module, parse_ip_link, parse_ip_link_oneline,
-                                 parse_ip_link_json, parse_ip_monitor_line, parse_mlxlink, parse_rdma_link)
+from devices.parsers.nic import (EthtoolSettings, parse_ethtool, parse_ethtool_json, parse_ethtool_module,
+                                 parse_ip_link, parse_ip_link_json, parse_ip_link_oneline, parse_ip_monitor_line,
+                                 parse_mlxlink, parse_rdma_link)
 
 REAL = Path(__file__).parent / "data" / "real"
 MIN_PER_TOOL = {"ethtool-m": 5, "rdma-link": 5, "nccl-tests": 5, "perftest": 5, "nvidia-smi": 5, "ethtool": 5,
-                "ip-link": 5, "mlxlink": 5, "ip-monitor": 4, "ip-j-link": 2}
+                "ip-link": 5, "mlxlink": 5, "ip-monitor": 4, "ip-j-link": 2, "ethtool-json": 1}
 
 
 def capture(tool: str, name: str) -> str:
@@ -185,6 +186,11 @@ def test_ethtool_settings():
     bond = parse_ethtool(capture("ethtool", "bond0-1g-systeminformation187.txt"))
     assert (bond.ifname, bond.speed_mbps, bond.duplex, bond.autoneg, bond.link_detected) == \
         ("bond0", 1000, "Full", False, True)
+
+
+def test_ethtool_json_settings_of_a_link_that_is_down():
+    settings = parse_ethtool_json(capture("ethtool-json", "copper-1g-no-link-lunn-netdev-2024.txt"))
+    assert settings == EthtoolSettings("enp2s0", None, None, False, False)  # no speed/duplex keys without a link
 
 
 def test_ip_monitor_all_labels_and_deleted_links():

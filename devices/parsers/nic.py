@@ -377,6 +377,22 @@ def parse_ethtool(text: str) -> EthtoolSettings:
     return EthtoolSettings(head.group(1), speed_mbps, duplex, autoneg, fields["Link detected"] == "yes")
 
 
+def parse_ethtool_json(text: str) -> EthtoolSettings:
+    """`ethtool --json <if>` (netlink ethtool): an array of one object. `speed` is read only as an integer (Mb/s);
+    the real capture of a link that is down carries no `speed` or `duplex` key at all."""
+    records = _json_array(text, "ethtool --json")
+    try:
+        (record,) = records
+        speed, duplex, link = record.get("speed"), record.get("duplex"), record["link-detected"]
+        if not isinstance(link, bool) or (speed is not None and not isinstance(speed, (int, str))):
+            raise TypeError
+        return EthtoolSettings(record["ifname"], speed if isinstance(speed, int) else None,
+                               None if duplex is None or duplex.startswith("Unknown") else duplex,
+                               record.get("auto-negotiation"), link)
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise ParseError("one object with ifname and a boolean link-detected (ethtool --json)", text) from None
+
+
 @dataclass(frozen=True)
 class ModuleFlags:
     """`ethtool -m <if>`: identity and per-lane flags (lane 1 first).
