@@ -1,0 +1,237 @@
+"""How the harness scales with hosts: an emulated pod (hosts × NICs per host as parameters), one
+reconfiguration of every port, measured against the emulator's ground truth (issue 13 item 2).
+
+The emulator (`harness emulate`, built from a generated profile) and the harness (`harness run`) run as two
+processes, as on a bench, so each one's CPU, memory, threads and descriptors are its own. Per host count:
+- set-up: harness start → first cross-connect command (imports, inventory, SSH, agents, clocks, readers);
+- harness CPU seconds (user+sys), peak RSS, peak threads and descriptors (sampled from /proc);
+- event latency: harness time an observation arrived − the true time of the physical event, p50/p99;
+- lost events: true port events of the measured cycle without a recorded event;
+- the machine's 1-min load average at the start and end (the machine may be shared).
+
+    nice -n 10 .venv/bin/python benchmarks/scale.py --hosts 8 16 32 --nics 8 [--timeout 600] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analysis.accuracy import assign_cycles  # noqa: E402
+from analysis.stages import PORT_CHAIN, STAGE_TABLE, STAGES_DOWN  # noqa: E402
+from harness.events import STAGES  # noqa: E402
+
+PORT_STAGES = tuple(s for s in PORT_CHAIN if s != "first_packet") + STAGES_DOWN  # what the watch reports
+
+
+def write_profile(out: Path, hosts: int, nics: int, base: str) -> Path:
+    """The base profile's delays with the topology asked for (one N×N switch carrying every NIC)."""
+    from devices.emulated.profile import load_profile
+
+    data = yaml.safe_load(Path(load_profile(base).path).read_text())
+    ports = hosts * nics
+    data["name"] = f"scale-{hosts}x{nics}"
+    data["topology"] = {"hosts": hosts, "nics_per_host": nics, "ocs_size": [ports, ports]}
+    path = out / "profile.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+class Sampler:
+    """Peak RSS, threads and open descriptors of one process, from /proc every `period_s`."""
+
+    def __init__(self, pid: int, period_s: float = 0.2):
+        self.pid, self.period_s = pid, period_s
+        self.rss_mb = self.threads = self.fds = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                status = Path(f"/proc/{self.pid}/status").read_text()
+                fds = len(os.listdir(f"/proc/{self.pid}/fd"))
+            except OSError:
+                return
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            self.rss_mb = max(self.rss_mb, int(fields["VmRSS"].split()[0]) / 1024)
+            self.threads = max(self.threads, int(fields["Threads"]))
+            self.fds = max(self.fds, fds)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def cpu_s(pid: int) -> float:
+    ticks = os.sysconf("SC_CLK_TCK")
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+
+def run_one(hosts: int, nics: int, base: str, timeout_s: float, probes: bool, workdir: Path) -> dict:
+    load_before = os.getloadavg()[0]
+    profile = write_profile(workdir, hosts, nics, base)
+    inventory, truth_file = workdir / "bench.yaml", workdir / "truth.jsonl"
+    env = dict(os.environ, OCS_HIL_EMULATED_PASSWORD="root", OCS_HIL_LOCK_DIR=str(workdir / "locks"))
+    emulator = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--profile", str(profile), "--seed", "13",
+                                 "--inventory-out", str(inventory), "--truth-out", str(truth_file)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env)
+    result: dict = {"hosts": hosts, "nics": nics, "ports": hosts * nics, "load_before": load_before}
+    try:
+        end = time.monotonic() + timeout_s
+        while not inventory.exists():
+            if emulator.poll() is not None or time.monotonic() > end:
+                raise SystemExit(f"emulator did not start: {emulator.stderr.read().decode()[-500:]}")
+            time.sleep(0.1)
+        result["emulator_start_s"] = round(timeout_s - (end - time.monotonic()), 1)
+        playbook = workdir / "scale.yaml"
+        playbook.write_text(json.dumps({
+            "name": "scale", "bench": str(inventory), "seed": 13, "cycles": 1,
+            "steps": [{"type": "turnaround", "name": "all-ports", "pattern": "ring-shift", "probes": probes,
+                       "cycle_timeout_s": 120}]}))
+        emu_sampler = Sampler(emulator.pid, 1.0)
+        start_ns = time.monotonic_ns()
+        harness = subprocess.Popen([sys.executable, "-m", "harness", "run", str(playbook), "--out",
+                                    str(workdir / "run"), "-q"], cwd=ROOT, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        sampler = Sampler(harness.pid)
+        try:
+            _, status, usage = os.wait4(harness.pid, 0) if _wait(harness, timeout_s) else (0, -1, None)
+        finally:
+            sampler.stop()
+            emu_sampler.stop()
+        output = harness.stdout.read().decode(errors="replace")
+        if usage is None:
+            result.update(status="timeout", wall_s=timeout_s)
+            return result
+        wall_s = (time.monotonic_ns() - start_ns) / 1e9
+        result.update(status=f"exit {os.waitstatus_to_exitcode(status)}", wall_s=round(wall_s, 1),
+                      harness_cpu_s=round(usage.ru_utime + usage.ru_stime, 1),
+                      harness_sys_s=round(usage.ru_stime, 1), harness_rss_mb=round(usage.ru_maxrss / 1024),
+                      harness_threads=sampler.threads, harness_fds=sampler.fds,
+                      emulator_cpu_s=round(cpu_s(emulator.pid), 1), emulator_rss_mb=round(emu_sampler.rss_mb),
+                      emulator_threads=emu_sampler.threads)
+        if os.waitstatus_to_exitcode(status) not in (0, 1):
+            result["output"] = output[-800:]
+    finally:
+        emulator.send_signal(signal.SIGINT)
+        try:
+            emulator.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            emulator.kill()
+            emulator.wait()
+    result["load_after"] = os.getloadavg()[0]
+    result.update(compare(workdir / "run", truth_file, start_ns))
+    return result
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Wait for the child without reaping it (os.wait4 reaps it and gives its rusage)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:
+            return True
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    return False
+
+
+def compare(run_dir: Path, truth_file: Path, start_ns: int) -> dict:
+    """Set-up time, lost events and event latency against the ground truth."""
+    if not truth_file.exists():
+        return {}
+    rows = [json.loads(line) for line in truth_file.read_text().splitlines()]
+    truth = pd.DataFrame([r for r in rows if r["stage"] in STAGES])
+    out: dict = {}
+    if truth.empty:
+        return out
+    out["setup_s"] = round((truth["t_ns"].min() - start_ns) / 1e9, 2)  # first physical effect of a command
+    cycles = pd.read_parquet(run_dir / "cycles.parquet") if (run_dir / "cycles.parquet").exists() else pd.DataFrame()
+    if cycles.empty:
+        return out
+    out["cycle_status"] = ",".join(cycles["status"].astype(str))
+    out["cycle_ms"] = round(float((cycles["done_ns"] - cycles["sent_ns"]).max() / 1e6), 1)
+    truth = assign_cycles(truth, list(zip(cycles["cycle"], cycles["begin_ns"])))
+    done = cycles.set_index("cycle")["done_ns"]
+    truth = truth[truth["stage"].isin(PORT_STAGES) & (truth["t_ns"] <= truth["cycle"].map(done))]  # not the restore
+    events = pd.read_parquet(run_dir / "events.parquet")
+    events = events[events["cycle"].isin(cycles["cycle"]) & events["stage"].isin(PORT_STAGES)]
+    key = ["cycle", "stage", "host", "port"]
+    true_keys = truth.groupby(key)["t_ns"].min()
+    recorded = events.groupby(key)["t_ns"].min()
+    out["true_events"] = int(len(true_keys))
+    out["lost_events"] = int(len(true_keys.index.difference(recorded.index)))
+    latency = observation_latency(run_dir, truth)
+    if latency.size:
+        out["latency_p50_ms"] = round(float(np.quantile(latency, 0.5)), 2)
+        out["latency_p99_ms"] = round(float(np.quantile(latency, 0.99)), 2)
+    return out
+
+
+def observation_latency(run_dir: Path, truth: pd.DataFrame) -> np.ndarray:
+    """Per true port event: the first watch observation of its field/value after it arrived (recv_ns) − t_ns."""
+    path = run_dir / "observations.jsonl"
+    if not path.exists():
+        return np.array([])
+    obs = []
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("k") == "obs" and r.get("kind") == "watch":
+            obs.append(r)
+    if not obs:
+        return np.array([])
+    obs = pd.DataFrame(obs)
+    out = []
+    watch_of = {s.name: s.watch for s in STAGE_TABLE if s.watch}
+    for stage, g in truth.groupby("stage"):
+        if stage not in watch_of:
+            continue
+        field, value = watch_of[stage]
+        seen = obs[(obs["field"] == field) & (obs["value"].astype(str) == str(value))]
+        for (host, netdev), t in g.groupby(["host", "port"])["t_ns"]:
+            arrivals = np.sort(seen[(seen["host"] == host) & (seen["netdev"] == netdev)]["recv_ns"].to_numpy())
+            for t_ns in t:
+                i = np.searchsorted(arrivals, t_ns)
+                if i < arrivals.size:
+                    out.append((arrivals[i] - t_ns) / 1e6)
+    return np.array(out)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, nargs="+", default=[8, 16, 32])
+    ap.add_argument("--nics", type=int, default=8, help="NIC ports per host")
+    ap.add_argument("--profile", default="burst-mode", help="profile whose delays the pod uses")
+    ap.add_argument("--probes", action="store_true", help="also run the first-packet probes (2 streams per port)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per host count")
+    ap.add_argument("--json", help="append each result as a JSON line here")
+    args = ap.parse_args()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),) * 2)
+    for n in args.hosts:
+        with tempfile.TemporaryDirectory(prefix="ocs-hil-scale-") as tmp:
+            r = run_one(n, args.nics, args.profile, args.timeout, args.probes, Path(tmp))
+        print(json.dumps(r), flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(r) + "\n")
