@@ -70,6 +70,8 @@ class Sampler:
             except OSError:
                 return
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if "VmRSS" not in fields:  # exited, not yet reaped
+                return
             self.rss_mb = max(self.rss_mb, int(fields["VmRSS"].split()[0]) / 1024)
             self.threads = max(self.threads, int(fields["Threads"]))
             self.fds = max(self.fds, fds)

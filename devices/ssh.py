@@ -292,6 +292,33 @@ class SshLineStream(LineStream):
                 self._recv_ns = now_ns()
                 self._buffer += data
 
+    def fileno(self) -> int:
+        """Readable while the channel holds data or has ended (paramiko's pipe): for a selector."""
+        return self._channel.fileno()
+
+    def read_available(self) -> tuple[list[tuple[int, str]], bool]:
+        """Without blocking: the complete lines received so far (each with the harness time its last byte
+        arrived) and whether the command's output has ended (then the last partial line is included)."""
+        channel = self._channel
+        try:
+            while channel.recv_ready():
+                data = channel.recv(_CHUNK)
+                if not data:
+                    break
+                self._recv_ns = now_ns()
+                self._buffer += data
+        except (OSError, EOFError) as exc:
+            raise TransportClosed(f"{self._where}: {self.command!r}: {exc}") from None
+        if not channel.recv_ready() and (channel.eof_received or channel.closed):
+            self._eof = True
+            self._drain_stderr()
+        *complete, self._buffer = self._buffer.split(b"\n")
+        lines = [(self._recv_ns, line.decode(errors="replace")) for line in complete]
+        if self._eof and self._buffer:
+            lines.append((self._recv_ns, self._buffer.decode(errors="replace")))
+            self._buffer = b""
+        return lines, self._eof
+
     def __iter__(self) -> Iterator[tuple[int, str]]:
         """Lines until the command ends."""
         forever = Deadline(None)

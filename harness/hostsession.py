@@ -1,5 +1,5 @@
-"""One host during a run: its SSH connection, the agent, the clock tracker, and reader threads that turn the
-agent's streams into observations on one queue (one event stream end to end).
+"""One host during a run: its SSH connection, the agent, the clock tracker, and its streams read by the
+process's one reader thread (harness.bench.readers) into observations on one queue (one event stream end to end).
 
 A dropped connection ends every stream; each reader reports it once as a 'fault' observation, and
 `reconnect()` brings the session back (new connection, agent, time responder and the same streams)."""
@@ -35,7 +35,7 @@ class Observation:
 class HostSession:
     """Opened once per host per run; `close()` ends every stream and the connection."""
 
-    def __init__(self, resource: HostResource, clock_probes: int = 24):
+    def __init__(self, resource: HostResource, clock_probes: int = 24, readers=None):
         self.resource = resource
         self.name = resource.name
         self.clock_probes = clock_probes
@@ -43,6 +43,7 @@ class HostSession:
         self.agent = HostAgent(self.transport, python=resource.python)
         self._streams: list[LineStream] = []
         self._threads: list[threading.Thread] = []
+        self._readers = readers  # None: the process's one reader thread (harness.bench.readers)
         self._timesrv: LineStream | None = None
         self.clock = None
         self._clock_lock = threading.Lock()
@@ -81,16 +82,22 @@ class HostSession:
         return step
 
     @staticmethod
-    def sync_clocks_together(sessions: list["HostSession"]) -> None:
-        """One pipelined probe per host (about one round trip in all), each added to its tracker."""
+    def sync_clocks_together(sessions: list["HostSession"], rounds: int = 1) -> None:
+        """`rounds` pipelined probes per host (about one round trip each for all hosts); each host's
+        minimum-delay sample added to its tracker."""
         from harness.clock import probe_each
 
         with contextlib.ExitStack() as held:
             for session in sessions:
                 held.enter_context(session._probe_lock)
-            samples = probe_each({s.name: s._timesrv for s in sessions}, deadline=Deadline(10))
+            best: dict = {}
+            for _ in range(max(1, rounds)):
+                samples = probe_each({s.name: s._timesrv for s in sessions}, deadline=Deadline(10))
+                for name, sample in samples.items():
+                    if name not in best or sample.delay_ns < best[name].delay_ns:
+                        best[name] = sample
             for session in sessions:  # still under the probe locks (see sync_clock)
-                session._add_sample(samples[session.name])
+                session._add_sample(best[session.name])
 
     @property
     def clock_steps(self) -> int:
@@ -102,12 +109,7 @@ class HostSession:
         retries with backoff), reinstall the agent and restart the time responder and every stream.
         Watch streams start with the current values (INTERVAL 0), which are states, not transitions."""
         old, self._streams = self._streams, []
-        for stream in old:
-            stream.closed_by_us = True
-            try:
-                stream.close()
-            except Exception:  # the connection is gone anyway
-                pass
+        self._end(old)
         self.transport.connect()
         self.agent.install(deadline)
         with self._probe_lock:
@@ -140,26 +142,27 @@ class HostSession:
         self._streams.append(stream)
         return stream
 
-    def _reader(self, stream: LineStream, sink: "queue.Queue[Observation]", parse, what: str) -> None:
-        try:
-            for recv_ns, line in stream:
-                if not line.strip() or parse is None:
-                    continue
-                try:
-                    sink.put(parse(recv_ns, line))
-                except DeviceError as exc:
-                    sink.put(Observation("fault", self.name, "", "agent_output", str(exc)[:300], 0, 0, recv_ns))
-            ended = f"ended (exit status {getattr(stream, 'exit_status', None)}): {getattr(stream, 'stderr', '')}"
-        except (TransportClosed, DeviceError, OSError, EOFError) as exc:
-            ended = str(exc)
-        if not getattr(stream, "closed_by_us", False) and not self._stop.is_set():
-            sink.put(Observation("fault", self.name, "", f"agent {what}", ended.strip()[:300], 0, 0, now_ns()))
-
     def _spawn(self, stream: LineStream, sink, parse, what: str) -> None:
-        t = threading.Thread(target=self._reader, args=(stream, sink, parse, what), daemon=True,
-                             name=f"{self.name}-{what}")
-        t.start()
-        self._threads.append(t)
+        """Deliver the stream's parsed lines into `sink` from the shared reader; its end, unless ours, is
+        reported once as a 'fault' observation."""
+        if self._readers is None:
+            from harness.bench.readers import shared_readers
+
+            self._readers = shared_readers()
+
+        def on_line(recv_ns: int, line: str) -> None:
+            if not line.strip() or parse is None:
+                return
+            try:
+                sink.put(parse(recv_ns, line))
+            except DeviceError as exc:
+                sink.put(Observation("fault", self.name, "", "agent_output", str(exc)[:300], 0, 0, recv_ns))
+
+        def on_end(reason: str) -> None:
+            if not getattr(stream, "closed_by_us", False) and not self._stop.is_set():
+                sink.put(Observation("fault", self.name, "", f"agent {what}", reason.strip()[:300], 0, 0, now_ns()))
+
+        self._readers.add(stream, on_line, on_end)
 
     def start_watch(self, ports: list[tuple[str, str | None, int | None]], interval_us: int,
                     ethtool_interval_us: int, sink: "queue.Queue[Observation]") -> None:
@@ -196,16 +199,21 @@ class HostSession:
         stream = self._keep(self.agent.probe_send(netdev, template, interval_us))
         self._spawn(stream, sink, None, f"probe-send-{netdev}")
 
+    def _end(self, streams) -> None:
+        for stream in streams:
+            stream.closed_by_us = True
+            if self._readers is not None:
+                self._readers.remove(stream)
+            try:
+                stream.close()
+            except Exception:  # teardown reaches every stream; after a drop the connection is gone anyway
+                pass
+
     def close(self, timeout_s: float = 5.0) -> None:
         """End every stream and the connection; waits at most `timeout_s` for the reader threads."""
         deadline = Deadline(timeout_s)
         self._stop.set()
-        for stream in reversed(self._streams):
-            stream.closed_by_us = True
-            try:
-                stream.close()
-            except Exception:  # teardown reaches every stream
-                pass
+        self._end(reversed(self._streams))
         self._streams = []
         for t in self._threads:
             t.join(timeout=deadline.remaining())

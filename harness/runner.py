@@ -114,12 +114,44 @@ class RunContext:
             self._sessions[host] = session
         return self._sessions[host]
 
+    def open_sessions(self, hosts, workers: int = 32) -> dict[str, Any]:
+        """The sessions of `hosts`, those not yet open opened in parallel (a bounded pool: set-up costs
+        about the slowest host, not the sum); the first failure is raised once every attempt has ended."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from harness.hostsession import HostSession
+
+        todo = [h for h in dict.fromkeys(hosts) if h not in self._sessions]
+
+        def open_one(host):
+            session = HostSession(self.bench.hosts[host])
+            try:
+                session.open()
+            except BaseException:
+                session.close()
+                raise
+            return session
+
+        if todo:
+            with ThreadPoolExecutor(max_workers=min(workers, len(todo)), thread_name_prefix="open") as pool:
+                futures = {h: pool.submit(open_one, h) for h in todo}
+            errors = []
+            for host, future in futures.items():
+                if future.exception() is not None:
+                    errors.append(future.exception())
+                    continue
+                self.stack.callback(future.result().close)
+                self._sessions[host] = future.result()
+            if errors:
+                raise errors[0]
+        return {h: self._sessions[h] for h in hosts}
+
     def clock_tables(self) -> list[dict]:
         """The clock model of every host session this run opened (for the manifest)."""
         return [s.clock.table() for s in self._sessions.values() if s.clock is not None]
 
     def sessions(self) -> dict[str, Any]:
-        return {h: self.session(h) for h in self.bench.hosts}
+        return self.open_sessions(list(self.bench.hosts))
 
     def record(self, events: list[Event]) -> None:
         self.log.extend(events)

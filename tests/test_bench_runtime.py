@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import json
 from types import SimpleNamespace
 
@@ -32,7 +33,8 @@ def _ctx(tmp_path, nics, session):
     return SimpleNamespace(bench=SimpleNamespace(nic_ports=nics, ocs={"ocs1": OCS}), cycles=1, run_dir=tmp_path,
                            resume_after={},
                            dry_run=False, teardown=contextlib.ExitStack(), stack=contextlib.ExitStack(),
-                           switch=lambda name: FakeSwitch(OCS), session=lambda host: session, emulated=None,
+                           switch=lambda name: FakeSwitch(OCS), session=lambda host: session,
+                           open_sessions=lambda hosts: {h: session for h in hosts}, emulated=None,
                            manifest_extra={}, guards={}, observations=None, run_id="r")
 
 
@@ -43,8 +45,7 @@ class _RecordingSession:
     def start_watch(self, specs, *args):
         self.watched += specs
 
-    def start_clock_sync(self, period_s):
-        pass
+    _stop = threading.Event()
 
 
 def test_the_watch_reads_the_inventory_rdma_port(tmp_path):

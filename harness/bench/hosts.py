@@ -38,6 +38,8 @@ class HostGroup:
         self.sessions = sessions
         self.retries, self.backoff_s = retries, backoff_s
         self.reconnected: dict[str, int] = {}  # host -> harness time of its last reconnect
+        self._stop = threading.Event()
+        self._clock_thread: threading.Thread | None = None
 
     def observe(self, nics, log, *, watch_us: int, ethtool_us: int, clock_resync_s: float, probe_us: int = 0,
                 probe_gap_us: int = 2000, udp_port: int = 4791) -> dict[str, str]:
@@ -56,8 +58,45 @@ class HostGroup:
                     if n.host == host:
                         mac_of[n.key] = _port_mac(session, n.netdev, i)
                         session.start_probe_send(n.netdev, _probe_template(mac_of[n.key], i, udp_port), probe_us, log)
-            session.start_clock_sync(clock_resync_s)
+        self.start_clock_sync(clock_resync_s)
         return mac_of
+
+    def start_clock_sync(self, period_s: float, probes: int | None = None) -> None:
+        """One thread re-estimates every host's offset each `period_s` (drift, steps): `probes` pipelined
+        rounds (one round trip each for all hosts; default: the sessions' own probe count), the
+        minimum-delay sample per host kept."""
+        if self._clock_thread is not None:
+            return
+        probes = probes or max((getattr(s, "clock_probes", 1) for s in self.sessions.values()), default=1)
+
+        def loop():
+            while not self._stop.wait(period_s):
+                live = [s for s in self.sessions.values() if not s._stop.is_set()]
+                if not live:
+                    return  # the run closed its sessions
+                try:
+                    self._sync_all(live, probes)
+                except Exception:  # a dead responder: its streams report the drop; retried next period
+                    pass
+
+        self._clock_thread = threading.Thread(target=loop, daemon=True, name="clock-sync")
+        self._clock_thread.start()
+
+    @staticmethod
+    def _sync_all(sessions, probes: int) -> None:
+        from harness.hostsession import HostSession
+
+        try:
+            HostSession.sync_clocks_together(sessions, rounds=probes)
+        except DeviceError:
+            for session in sessions:  # find the host that failed; the others still get their sample
+                try:
+                    session.sync_clock(count=probes)
+                except DeviceError:
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
 
     def convert(self, host: str, host_ns: int) -> tuple[int, int, int]:
         return self.sessions[host].to_harness(host_ns)

@@ -325,7 +325,7 @@ class MoeTrafficRun:
         self.current = circuits_from_patches(self.original, self.endpoints)
         launch = {self.p["launch_host"]} if self.p["launch_host"] else set()
         hosts = sorted({e.host for e in self.endpoints[:n]} | launch)
-        self.sessions = {h: self.ctx.session(h) for h in hosts}
+        self.sessions = self.ctx.open_sessions(hosts)
         return hosts
 
     # ------------------------------------------------------------------ phases

@@ -88,7 +88,7 @@ class TurnaroundRun:
         if ctx.dry_run:
             return
         self.log = observation_log(ctx)
-        self.hosts = HostGroup({h: ctx.session(h) for h in sorted({n.host for n in self.nics})},
+        self.hosts = HostGroup(ctx.open_sessions(sorted({n.host for n in self.nics})),
                                retries=p["retries"], backoff_s=p["retry_backoff_s"])
         self.mac_of = self.hosts.observe(self.nics, self.log, watch_us=p["watch_interval_us"],
                                          ethtool_us=p["ethtool_interval_us"], clock_resync_s=p["clock_resync_s"],
