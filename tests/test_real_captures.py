@@ -17,7 +17,7 @@ from devices.parsers.nic import (EthtoolSettings, parse_ethtool, parse_ethtool_j
 
 REAL = Path(__file__).parent / "data" / "real"
 MIN_PER_TOOL = {"ethtool-m": 5, "rdma-link": 5, "nccl-tests": 5, "perftest": 5, "nvidia-smi": 5, "ethtool": 5,
-                "ip-link": 5, "mlxlink": 5, "ip-monitor": 4, "ip-j-link": 2, "ethtool-json": 1}
+                "ip-link": 5, "mlxlink": 5, "ip-monitor": 5, "ip-j-link": 2, "ethtool-json": 1}
 
 
 def capture(tool: str, name: str) -> str:
@@ -211,6 +211,16 @@ def test_ip_monitor_veth_pair_created_then_deleted():
     assert [(x.ifname, x.deleted, x.mac) for x in parse_ip_link(text)] == [
         ("veth2", False, "b6:95:d6:b4:21:e9"), ("veth1", False, "a6:e0:7a:da:a9:ea"),
         ("veth1", True, "a6:e0:7a:da:a9:ea"), ("veth2", True, "b6:95:d6:b4:21:e9")]
+
+
+def test_ip_monitor_tap_up_with_unknown_operstate_mac_change_and_delete():
+    text = capture("ip-monitor", "tap-up-mac-change-deleted-jithendiran-lab.txt")
+    events = [e for e in map(parse_ip_monitor_line, text.splitlines()) if e is not None]
+    assert [(e.ifindex, e.ifname, e.operstate, e.carrier, e.deleted) for e in events] == [
+        (5, "tap0", "DOWN", False, False), (5, "tap0", "UNKNOWN", True, False), (5, "tap0", "UNKNOWN", True, False),
+        (5, "tap0", "DOWN", False, False), (5, "tap0", "DOWN", False, True)]
+    # state reads UNKNOWN while the link is up: carrier comes from LOWER_UP, not from `state`
+    assert [x.mac for x in parse_ip_link(text)] == ["12:91:c5:b4:5d:6e"] * 2 + ["46:f7:6f:38:72:ea"] * 3
 
 
 # ---------------------------------------------------------------- ip -j link / ip -j addr
