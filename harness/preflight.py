@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from devices.errors import DeviceError
 from devices.parsers.common import ParseError
 from devices.parsers.gpu import parse_nvidia_smi_csv, parse_nvidia_smi_topo
-from devices.parsers.nic import parse_ethtool_module, parse_ip_link_oneline, parse_rdma_link
+from devices.parsers.nic import (IpLink, RdmaLink, parse_ethtool_module, parse_ip_link_json, parse_ip_link_oneline,
+                                 parse_rdma_link, parse_rdma_link_json)
 from devices.resources import Bench, HostResource, NicPort
 from devices.ssh import SshTransport
 from devices.timing import Deadline
@@ -40,6 +41,27 @@ def _transport(host: HostResource, timeout_s: float) -> SshTransport:
     return SshTransport(host, connect_timeout=timeout_s, retries=1, backoff_s=0.1)
 
 
+def _json_else_text(transport: SshTransport, timeout_s: float, json_command: str, parse_json,
+                    text_command: str, parse_text) -> list:
+    """iproute2's JSON where the host's release has `-j` (values without a layout to guess, held to real
+    captures in tests/data/real/); the text form where it has not (an error exit, or no JSON array)."""
+    result = transport.run(json_command, deadline=Deadline(timeout_s), check=False)
+    if result.exit_status == 0:
+        try:
+            return parse_json(result.stdout)
+        except ParseError:
+            pass
+    return parse_text(transport.run(text_command, deadline=Deadline(timeout_s), check=True).stdout)
+
+
+def _links(transport: SshTransport, timeout_s: float) -> list[IpLink]:
+    return _json_else_text(transport, timeout_s, "ip -j link", parse_ip_link_json, "ip -o link", parse_ip_link_oneline)
+
+
+def _rdma_links(transport: SshTransport, timeout_s: float) -> list[RdmaLink]:
+    return _json_else_text(transport, timeout_s, "rdma -j link", parse_rdma_link_json, "rdma link", parse_rdma_link)
+
+
 def quick_check(bench: Bench, *, timeout_s: float = 10.0) -> list[str]:
     """Problems found (empty when every host, NIC port, RDMA port and switch named is there)."""
     from devices.ocs import open_switch
@@ -48,10 +70,8 @@ def quick_check(bench: Bench, *, timeout_s: float = 10.0) -> list[str]:
     for name, host in bench.hosts.items():
         transport = _transport(host, timeout_s)
         try:
-            netdevs = {link.ifname for link in parse_ip_link_oneline(
-                transport.run("ip -o link", deadline=Deadline(timeout_s), check=True).stdout)}
-            rdma = {(r.dev, r.port): r.netdev for r in parse_rdma_link(
-                transport.run("rdma link", deadline=Deadline(timeout_s), check=True).stdout)}
+            netdevs = {link.ifname for link in _links(transport, timeout_s)}
+            rdma = {(r.dev, r.port): r.netdev for r in _rdma_links(transport, timeout_s)}
         except (DeviceError, ParseError) as exc:
             problems.append(f"host {name}: {exc}")
             continue
@@ -220,9 +240,9 @@ def discover_host(host: HostResource, *, timeout_s: float = 10.0) -> dict:
             return result.stdout if result.exit_status == 0 else ""
 
         hostname = run("hostname").strip() or host.name
-        links = {link.ifname: link for link in parse_ip_link_oneline(run("ip -o link"))}
+        links = {link.ifname: link for link in _links(transport, timeout_s)}
         nics = []
-        for r in parse_rdma_link(run("rdma link")):
+        for r in _rdma_links(transport, timeout_s):
             nic = {"netdev": r.netdev, "rdma_dev": r.dev, "rdma_port": r.port, "state": r.state,
                    "mac": links[r.netdev].mac if r.netdev in links else None}
             module_text = run(f"ethtool -m {shlex.quote(r.netdev)}", check=False) if r.netdev else ""

@@ -13,6 +13,8 @@ import yaml
 from devices.emulated.bench import EmulatedBench
 from devices.emulated.formats import EmulatedGpu, nvidia_smi_topo
 from devices.parsers.gpu import parse_nvidia_smi_topo
+from devices.protocols import CommandResult
+from devices.timing import CommandTiming
 from harness import preflight
 from harness.cli import main
 from harness.config import load_inventory
@@ -24,6 +26,32 @@ logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 def _real_topo() -> str:
     return REAL_TOPO.read_text().partition("\n")[2]
+
+
+class _Iproute2Host:
+    """A host's iproute2 answering from real captures: JSON only when its release has `-j`."""
+
+    def __init__(self, has_json: bool):
+        self.has_json, self.commands = has_json, []
+
+    def run(self, command, *, deadline, check):
+        self.commands.append(command)
+        tool, name = {"ip -j link": ("ip-j-link", "netplan-laptop-ip-d-j-addr-fixture.txt"),
+                      "ip -o link": ("ip-link", "bond-vlans-fusioninventory640.txt"),
+                      "rdma link": ("rdma-link", "old-form-sriov-vf-spiderpool.txt")}.get(command, (None, None))
+        if tool is None or (" -j " in command and not self.has_json):
+            return CommandResult(command, 255, "", 'Option "-j" is unknown\n', CommandTiming(0, 0))
+        text = (Path(__file__).parent / "data" / "real" / tool / name).read_text().partition("\n")[2]
+        return CommandResult(command, 0, text, "", CommandTiming(0, 0))
+
+
+def test_hosts_are_read_through_iproute2_json_where_it_has_it_and_text_where_not():
+    new, old = _Iproute2Host(has_json=True), _Iproute2Host(has_json=False)
+    assert [x.ifname for x in preflight._links(new, 1.0)] == ["lo", "enp0s31f6", "wlan0", "wg0", "wwan0", "tun0"]
+    assert new.commands == ["ip -j link"]
+    assert [x.ifname for x in preflight._links(old, 1.0)][:3] == ["lo", "eth0", "eth1"]
+    assert [(r.dev, r.port, r.netdev) for r in preflight._rdma_links(old, 1.0)] == [("mlx5_3", 1, "eth0")]
+    assert old.commands == ["ip -j link", "ip -o link", "rdma -j link", "rdma link"]
 
 
 def test_topo_parser_reads_the_real_capture():
