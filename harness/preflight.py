@@ -63,10 +63,19 @@ def _rdma_links(transport: SshTransport, timeout_s: float) -> list[RdmaLink]:
 
 
 def quick_check(bench: Bench, *, timeout_s: float = 10.0) -> list[str]:
-    """Problems found (empty when every host, NIC port, RDMA port and switch named is there)."""
+    """Problems found (empty when every switch, host, NIC port and RDMA port named is there), switches first."""
     from devices.ocs import open_switch
 
     problems: list[str] = []
+    for name, resource in bench.ocs.items():
+        try:
+            switch = open_switch(resource, timeout_s=timeout_s)
+            try:
+                switch.patches()
+            finally:
+                switch.close()
+        except (DeviceError, OSError) as exc:
+            problems.append(f"ocs {name}: {exc}")
     for name, host in bench.hosts.items():
         transport = _transport(host, timeout_s)
         try:
@@ -85,15 +94,6 @@ def quick_check(bench: Bench, *, timeout_s: float = 10.0) -> list[str]:
             elif rdma[(port.rdma_dev, port.rdma_port)] not in (None, port.netdev):
                 problems.append(f"{name}/{port.netdev}: RDMA port {port.rdma_dev}/{port.rdma_port} is on "
                                 f"{rdma[(port.rdma_dev, port.rdma_port)]}, not {port.netdev}")
-    for name, resource in bench.ocs.items():
-        try:
-            switch = open_switch(resource, timeout_s=timeout_s)
-            try:
-                switch.patches()
-            finally:
-                switch.close()
-        except (DeviceError, OSError) as exc:
-            problems.append(f"ocs {name}: {exc}")
     return problems
 
 
