@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except InputError as exc:
-        print(f"harness: {exc.format()}", file=sys.stderr)
+        for problem in getattr(exc, "errors", [exc]):  # every problem of a file, one line each
+            print(f"harness: {problem.format()}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("harness: interrupted", file=sys.stderr)

@@ -16,13 +16,17 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Annotated, Any, Callable, Mapping
 
 import yaml
 
 from devices.ocs import OcsConfigError, parse_url, protocol_names
 from devices.resources import Bench, HostResource, NicPort, OcsResource
 from harness.errors import InputError
+from harness.specs import (BaseModel, Field, Name, Port, Spec, describe, model_from_schema, raise_all, union_of,
+                           validate)
+
+PortItem = union_of((int, str))
 
 DEFAULT_BENCH = "emulated:mixnet-testbed"
 
@@ -297,94 +301,74 @@ def load_yaml(path: str | os.PathLike) -> LoadedYaml:
 
 
 # ------------------------------------------------------------------------------------ schema checks
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true/false", list: "a list",
-               dict: "a mapping", type(None): "null"}
-
-
-def _type_name(types: type | tuple[type, ...]) -> str:
-    types = types if isinstance(types, tuple) else (types,)
-    return " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
-
-
-def _is_instance(value: Any, types: type | tuple[type, ...]) -> bool:
-    types = types if isinstance(types, tuple) else (types,)
-    if isinstance(value, bool):
-        return bool in types
-    if isinstance(value, float) and float in types:
-        return value == value and abs(value) != float("inf")  # NaN/inf are never valid settings
-    if isinstance(value, int) and float in types:
-        return True
-    return isinstance(value, types)
-
-
-def check_mapping(node: Any, schema: Mapping[str, tuple], what: str, where: tuple[str, int | None]) -> dict:
-    """Validate `node` against {key: (type, default|REQUIRED)}; return a plain dict with defaults filled."""
+def check_mapping(node: Any, schema: Mapping[str, tuple] | type[Spec], what: str,
+                  where: tuple[str, int | None]) -> dict:
+    """Validate `node` against a declared spec (a Spec model, or the tuple form {key: (type,
+    default|REQUIRED)}); return a plain dict with defaults filled. Every problem is reported at once."""
     if not isinstance(node, dict):
-        raise InputError(f"{what}: expected a mapping, found {_describe(node)}", *where)
-    key_where = node.where if isinstance(node, YamlMap) else (lambda k=None: where)
-    unknown = [k for k in node if k not in schema]
-    if unknown:
-        known = ", ".join(schema) or "none"
-        raise InputError(f"{what}: unknown key {unknown[0]!r} (expected one of: {known})", *key_where(unknown[0]))
+        raise InputError(f"{what}: expected a mapping, found {describe(node)}", *where)
+    model = schema if isinstance(schema, type) else model_from_schema("Params", schema)
+    return params_of(validate(model, node, what, where), node)
+
+
+def params_of(spec: Spec, node: Mapping) -> dict:
+    """A validated spec as the plain dict steps read; lists and mappings stay the loaded YAML nodes
+    (which remember their lines)."""
     out = {}
-    for key, spec in schema.items():
-        types, default = spec[0], spec[1]
-        if key not in node:
-            if default is REQUIRED:
-                raise InputError(f"{what}: missing required key {key!r} ({_type_name(types)})", *where)
-            out[key] = default
-            continue
-        value = node[key]
-        if not _is_instance(value, types):
-            raise InputError(f"{what}.{key}: expected {_type_name(types)}, found {_describe(value)}",
-                             *key_where(key))
-        allowed = types if isinstance(types, tuple) else (types,)
-        if float in allowed and int not in allowed and type(value) is int:
-            value = float(value)
-        problem = _out_of_range(key, value)
-        if problem:
-            raise InputError(f"{what}.{key}: expected {problem}, found {value!r}", *key_where(key))
+    for key in type(spec).model_fields:
+        value = getattr(spec, key)
+        if isinstance(value, BaseModel):
+            value = value.model_dump()
+        elif key in node and isinstance(value, (list, dict)):
+            value = node[key]
         out[key] = value
     return out
 
 
-def _out_of_range(key: str, value: Any) -> str | None:
-    """The semantic range every parameter of its kind must meet, by its name: ports, intervals (> 0),
-    durations and timeouts (>= 0), retry counts (>= 0). None when `value` is fine."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if key == "port" or key.endswith("_port"):
-        return None if isinstance(value, int) and 1 <= value <= 65535 else "a port number in 1..65535"
-    if "interval" in key:
-        return None if value > 0 else "a positive interval"
-    if key.endswith(("_s", "_ms", "_us")) or "timeout" in key or key in ("retries", "seconds"):
-        return None if value >= 0 else "a value >= 0"
-    return None
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    kind = {bool: "boolean", int: "integer", float: "number", str: "string"}.get(type(value), type(value).__name__)
-    text = repr(value)
-    return f"{kind} {text[:37] + '...' if len(text) > 40 else text}"
-
-
 # ---------------------------------------------------------------------------------------- inventory
-_BENCH_SCHEMA = {"name": (str, REQUIRED), "emulated": (bool, False)}
-_OCS_SCHEMA = {"protocol": (str, REQUIRED), "url": (str, REQUIRED), "size": (list, REQUIRED),
-               "allowed_ports": (list, REQUIRED), "user": ((str, type(None)), None),
-               "password_env": ((str, type(None)), None), "baudrate": (int, 38400)}
-_HOST_SCHEMA = {"address": (str, REQUIRED), "port": (int, 22), "user": (str, "root"),
-                "identity_file": ((str, type(None)), None), "known_hosts": ((str, type(None)), None),
-                "python": (str, "python3"), "nics": (list, [])}
-_NIC_SCHEMA = {"netdev": (str, REQUIRED), "rdma_dev": (str, REQUIRED), "rdma_port": (int, 1),
-               "ocs": (str, REQUIRED), "tx": (int, REQUIRED), "rx": (int, REQUIRED)}
-_INVENTORY_SCHEMA = {"bench": (dict, REQUIRED), "ocs": (dict, REQUIRED), "hosts": (dict, REQUIRED)}
+class BenchSpec(Spec):
+    name: str
+    emulated: bool = False
+
+
+class OcsSpec(Spec):
+    protocol: str  # one of the OCS protocol registry's names (checked against the registry)
+    url: str
+    size: Annotated[list[Annotated[int, Field(ge=1, le=4096)]],
+                    Field(min_length=2, max_length=2, description="[ingress_count, egress_count] (integers 1..4096)")]
+    allowed_ports: Annotated[list[PortItem], Field(description='port numbers or ranges "a-b"')]
+    user: str | None = None
+    password_env: str | None = Field(None, description="the environment variable holding the password")
+    baudrate: Annotated[int, Field(ge=1, le=10_000_000, description="1..10000000")] = 38400
+
+
+class NicSpec(Spec):
+    netdev: str
+    rdma_dev: str
+    rdma_port: Annotated[int, Field(ge=1, le=255, description="1..255")] = 1
+    ocs: str
+    tx: int = Field(description="the switch's ingress port this NIC transmits into")
+    rx: int = Field(description="the switch's egress port this NIC receives from")
+
+
+class HostSpec(Spec):
+    address: str
+    port: Port = 22
+    user: str = "root"
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    python: str = "python3"
+    nics: list[NicSpec] = []
+
+
+class InventorySpec(Spec):
+    """A bench inventory (ARCHITECTURE.md): the switches, the hosts and the NIC ports cabled to them."""
+
+    bench: BenchSpec
+    ocs: Annotated[dict[str, OcsSpec], Field(min_length=1, description="at least one switch")]
+    hosts: dict[str, HostSpec]
+
+
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 
 
@@ -408,105 +392,112 @@ def parse_port_list(items: list, size_total: int, what: str, where_item: Callabl
     return frozenset(ports)
 
 
+def _name_ok(name: Any) -> bool:
+    return isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9_.\-]+", name) is not None
+
+
 def _check_name(name: Any, what: str, where: tuple) -> str:
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+    if not _name_ok(name):
         raise InputError(f"{what}: name {name!r} must be letters, digits, '_', '.', '-'", *where)
     return name
 
 
 def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = None) -> Bench:
-    """Build a Bench from an already loaded inventory mapping."""
+    """Build a Bench from an already loaded inventory mapping; every problem of the file is reported at
+    once: first what InventorySpec declares, then what only the whole bench can tell (cabling)."""
     env = os.environ if env is None else env
-    top_where = (data.file, data.line)
-    if "password" in data:
-        raise InputError("passwords never go in files: set an environment variable and name it with "
-                         "password_env", *data.where("password"))
-    top = check_mapping(data, _INVENTORY_SCHEMA, "inventory", top_where)
-    bench = check_mapping(top["bench"], _BENCH_SCHEMA, "bench", data.where("bench"))
-    ocs_map: YamlMap = top["ocs"]
-    if not ocs_map:
-        raise InputError("ocs: expected at least one switch", *data.where("ocs"))
-    switches: dict[str, OcsResource] = {}
-    for name, node in ocs_map.items():
-        where = ocs_map.where(name)
-        _check_name(name, "ocs", where)
-        if isinstance(node, dict) and "password" in node:
-            raise InputError(f"ocs.{name}.password: passwords never go in files: set an environment "
-                             "variable and name it with password_env", *node.where("password"))
-        spec = check_mapping(node, _OCS_SCHEMA, f"ocs.{name}", where)
-        if spec["protocol"] not in protocol_names():
-            raise InputError(f"ocs.{name}.protocol: expected one of {', '.join(protocol_names())}, found "
-                             f"{spec['protocol']!r}", *node.where("protocol"))
-        try:
-            parse_url(spec["url"], spec["protocol"])  # the URL forms that protocol's registry entry accepts
-        except OcsConfigError as exc:
-            raise InputError(f"ocs.{name}.url: {exc}", *node.where("url")) from None
-        size = spec["size"]
-        if len(size) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= 4096
-                                     for s in size):
-            raise InputError(f"ocs.{name}.size: expected [ingress_count, egress_count] (integers 1..4096), "
-                             f"found {list(size)!r}", *node.where("size"))
-        allowed_node = spec["allowed_ports"]
-        allowed = parse_port_list(allowed_node, size[0] + size[1], f"ocs.{name}.allowed_ports",
-                                  lambda i, n=allowed_node: n.where(i) if isinstance(n, YamlList) else where)
-        if not 1 <= spec["baudrate"] <= 10_000_000:
-            raise InputError(f"ocs.{name}.baudrate: expected 1..10000000", *node.where("baudrate"))
-        password = None
-        if spec["password_env"]:
-            password = env.get(spec["password_env"])
-            if password is None:
-                raise InputError(f"ocs.{name}.password_env: environment variable {spec['password_env']} is "
-                                 "not set", *node.where("password_env"))
-        switches[name] = OcsResource(name=name, protocol=spec["protocol"], url=spec["url"],
-                                     size=(size[0], size[1]), allowed_ports=allowed, user=spec["user"],
-                                     password=password, baudrate=spec["baudrate"])
+    if not isinstance(data, dict):
+        raise InputError(f"inventory: expected a mapping, found {describe(data)}", data.file, data.line)
+    for where, node, what in _password_places(data):
+        raise InputError(f"{what}passwords never go in files: set an environment variable and name it with "
+                         "password_env", *where)
+    inv = validate(InventorySpec, data, "", (data.file, data.line))
+    problems: list[InputError] = []
 
-    hosts_map: YamlMap = top["hosts"]
+    def bad(message: str, where: tuple) -> None:
+        problems.append(InputError(message, *where))
+
+    switches: dict[str, OcsResource] = {}
+    for name, spec in inv.ocs.items():
+        node, where = data["ocs"][name], data["ocs"].where(name)
+        if not _name_ok(name):
+            bad(f"ocs: name {name!r} must be letters, digits, '_', '.', '-'", where)
+        if spec.protocol not in protocol_names():
+            bad(f"ocs.{name}.protocol: expected one of {', '.join(protocol_names())}, found {spec.protocol!r}",
+                node.where("protocol"))
+            continue
+        try:
+            parse_url(spec.url, spec.protocol)  # the URL forms that protocol's registry entry accepts
+        except OcsConfigError as exc:
+            bad(f"ocs.{name}.url: {exc}", node.where("url"))
+        allowed_node = node["allowed_ports"]
+        try:
+            allowed = parse_port_list(allowed_node, sum(spec.size), f"ocs.{name}.allowed_ports",
+                                      lambda i, n=allowed_node: n.where(i) if isinstance(n, YamlList) else where)
+        except InputError as exc:
+            problems.append(exc)
+            continue
+        password = None
+        if spec.password_env:
+            password = env.get(spec.password_env)
+            if password is None:
+                bad(f"ocs.{name}.password_env: environment variable {spec.password_env} is not set",
+                    node.where("password_env"))
+        switches[name] = OcsResource(name=name, protocol=spec.protocol, url=spec.url, size=tuple(spec.size),
+                                     allowed_ports=allowed, user=spec.user, password=password,
+                                     baudrate=spec.baudrate)
+
     hosts: dict[str, HostResource] = {}
     nic_ports: list[NicPort] = []
     used_ocs_ports: dict[tuple[str, int], str] = {}
-    for name, node in hosts_map.items():
-        where = hosts_map.where(name)
-        _check_name(name, "hosts", where)
-        spec = check_mapping(node, _HOST_SCHEMA, f"hosts.{name}", where)
-        if not 1 <= spec["port"] <= 65535:
-            raise InputError(f"hosts.{name}.port: expected 1..65535, found {spec['port']}", *node.where("port"))
-        hosts[name] = HostResource(name=name, address=spec["address"], port=spec["port"], user=spec["user"],
-                                   identity_file=spec["identity_file"], known_hosts=spec["known_hosts"],
-                                   strict_host_key=not bench["emulated"], python=spec["python"])
-        nics = spec["nics"]
+    for name, spec in inv.hosts.items():
+        node, where = data["hosts"][name], data["hosts"].where(name)
+        if not _name_ok(name):
+            bad(f"hosts: name {name!r} must be letters, digits, '_', '.', '-'", where)
+        hosts[name] = HostResource(name=name, address=spec.address, port=spec.port, user=spec.user,
+                                   identity_file=spec.identity_file, known_hosts=spec.known_hosts,
+                                   strict_host_key=not inv.bench.emulated, python=spec.python)
         netdevs: set[str] = set()
-        for i, nic_node in enumerate(nics):
-            nwhere = nics.where(i) if isinstance(nics, YamlList) else where
+        for i, nic in enumerate(spec.nics):
+            nic_node = node["nics"][i]
+            kw = nic_node.where if isinstance(nic_node, YamlMap) else (lambda k=None: where)
             what = f"hosts.{name}.nics[{i}]"
-            nic = check_mapping(nic_node, _NIC_SCHEMA, what, nwhere)
-            kw = nic_node.where if isinstance(nic_node, YamlMap) else (lambda k=None: nwhere)
-            if nic["netdev"] in netdevs:
-                raise InputError(f"{what}: netdev {nic['netdev']!r} appears twice on host {name}", *kw("netdev"))
-            netdevs.add(nic["netdev"])
-            switch = switches.get(nic["ocs"])
+            if nic.netdev in netdevs:
+                bad(f"{what}: netdev {nic.netdev!r} appears twice on host {name}", kw("netdev"))
+            netdevs.add(nic.netdev)
+            switch = switches.get(nic.ocs)
             if switch is None:
-                raise InputError(f"{what}.ocs: no switch named {nic['ocs']!r} (known: "
-                                 f"{', '.join(switches)})", *kw("ocs"))
+                if nic.ocs not in inv.ocs:  # a known switch with its own error needs no second one here
+                    bad(f"{what}.ocs: no switch named {nic.ocs!r} (known: {', '.join(inv.ocs)})", kw("ocs"))
+                continue
             n_in, n_out = switch.size
             checks = (("tx", 1, n_in, "an ingress port"), ("rx", n_in + 1, n_in + n_out, "an egress port"))
             for key, low, high, kind in checks:
-                port = nic[key]
+                port = getattr(nic, key)
                 if not low <= port <= high:
-                    raise InputError(f"{what}.{key}: {port} is not {kind} of {switch.name} ({low}..{high})", *kw(key))
-                if port not in switch.allowed_ports:
-                    raise InputError(f"{what}.{key}: port {port} is not in {switch.name}.allowed_ports", *kw(key))
-                owner = used_ocs_ports.get((switch.name, port))
-                if owner:
-                    raise InputError(f"{what}.{key}: {switch.name} port {port} is already used by {owner}", *kw(key))
-                used_ocs_ports[(switch.name, port)] = f"{name}:{nic['netdev']}"
-            if not 1 <= nic["rdma_port"] <= 255:
-                raise InputError(f"{what}.rdma_port: expected 1..255", *kw("rdma_port"))
-            nic_ports.append(NicPort(host=name, netdev=nic["netdev"], rdma_dev=nic["rdma_dev"],
-                                     rdma_port=nic["rdma_port"], ocs=switch.name, ocs_tx=nic["tx"],
-                                     ocs_rx=nic["rx"]))
-    return Bench(name=bench["name"], emulated=bench["emulated"], ocs=switches, hosts=hosts,
+                    bad(f"{what}.{key}: {port} is not {kind} of {switch.name} ({low}..{high})", kw(key))
+                elif port not in switch.allowed_ports:
+                    bad(f"{what}.{key}: port {port} is not in {switch.name}.allowed_ports", kw(key))
+                elif owner := used_ocs_ports.get((switch.name, port)):
+                    bad(f"{what}.{key}: {switch.name} port {port} is already used by {owner}", kw(key))
+                else:
+                    used_ocs_ports[(switch.name, port)] = f"{name}:{nic.netdev}"
+            nic_ports.append(NicPort(host=name, netdev=nic.netdev, rdma_dev=nic.rdma_dev, rdma_port=nic.rdma_port,
+                                     ocs=switch.name, ocs_tx=nic.tx, ocs_rx=nic.rx))
+    raise_all(problems)
+    return Bench(name=inv.bench.name, emulated=inv.bench.emulated, ocs=switches, hosts=hosts,
                  nic_ports=tuple(nic_ports), source=source)
+
+
+def _password_places(data: YamlMap):
+    """Where an inventory holds a `password:` key (refused before anything else is read)."""
+    if "password" in data:
+        yield data.where("password"), data, ""
+    ocs = data.get("ocs")
+    if isinstance(ocs, dict):
+        for name, node in ocs.items():
+            if isinstance(node, dict) and "password" in node:
+                yield node.where("password"), node, f"ocs.{name}.password: "
 
 
 def load_inventory(path: str | os.PathLike) -> Bench:
@@ -519,10 +510,15 @@ def load_inventory(path: str | os.PathLike) -> Bench:
 @dataclass(frozen=True)
 class StepType:
     name: str
-    schema: dict[str, tuple]
+    schema: dict[str, tuple]  # {param: (type, default | REQUIRED)}, as declared or read from `model`
     impl: Any = None
     # resume_point(run_dir, step, last_logged_cycle) -> cycles already done; None: the step reruns whole
     resume_point: Any = None
+    model: Any = None  # the step's parameters as a Spec model (built from `schema` when declared as tuples)
+
+    def __post_init__(self):
+        if self.model is None:
+            object.__setattr__(self, "model", model_from_schema(_model_name(self.name), self.schema))
 
 
 class RegistrationError(TypeError):
@@ -534,9 +530,14 @@ STEP_TYPES: dict[str, StepType] = {}
 PLAYBOOK_OPTIONS: dict[str, tuple] = {}
 
 
-def register_step(type_name: str, schema: Mapping[str, tuple] | None = None,
+def _model_name(type_name: str) -> str:
+    return "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", type_name)) + "Params"
+
+
+def register_step(type_name: str, schema: Mapping[str, tuple] | type[Spec] | None = None,
                   registry: dict[str, StepType] | None = None, *, resume_point=None):
-    """Declare a step type and its params {param: (type, default | REQUIRED)}.
+    """Declare a step type and its params: a Spec model (preferred: types, defaults and ranges declared
+    once, with a JSON Schema), or the older {param: (type, default | REQUIRED)}.
 
     Registers at once; the returned decorator attaches the implementation:
     `@register_step("ocs_apply", {"mapping": (dict, REQUIRED)})` above a function or class. A name already
@@ -545,18 +546,22 @@ def register_step(type_name: str, schema: Mapping[str, tuple] | None = None,
     registry = STEP_TYPES if registry is None else registry
     if type_name in registry:
         raise RegistrationError(f"step type {type_name!r} is already registered")
+    model = None
+    if isinstance(schema, type) and issubclass(schema, Spec):
+        model = schema
+        schema = {k: (f.annotation, REQUIRED if f.is_required() else f.default) for k, f in model.model_fields.items()}
     schema = dict(schema or {})
     for param, spec in schema.items():
         if not isinstance(spec, tuple) or len(spec) < 2:
             raise TypeError(f"step {type_name}: schema for {param!r} must be (type, default|REQUIRED)")
         if param in ("type", "name"):
             raise TypeError(f"step {type_name}: 'type' and 'name' are reserved step keys")
-    registry[type_name] = StepType(type_name, schema, resume_point=resume_point)
+    registry[type_name] = StepType(type_name, schema, resume_point=resume_point, model=model)
 
     def attach(impl):
         if registry[type_name].impl is not None:
             raise RegistrationError(f"step type {type_name!r} already has an implementation")
-        registry[type_name] = StepType(type_name, schema, impl, resume_point)
+        registry[type_name] = StepType(type_name, schema, impl, resume_point, registry[type_name].model)
         return impl
 
     return attach
@@ -593,8 +598,21 @@ class Playbook:
     sweep: dict | None = None  # a validated `sweep:` block (harness.sweep), run by `harness sweep`
 
 
-_PLAYBOOK_SCHEMA = {"name": (str, REQUIRED), "description": (str, ""), "bench": (str, DEFAULT_BENCH),
-                    "seed": (int, 0), "cycles": (int, 1), "steps": (list, REQUIRED), "sweep": (dict, None)}
+class PlaybookSpec(Spec):
+    """A playbook: the steps a run takes, in order (each step's own keys: its type's parameters)."""
+
+    name: Name
+    description: str = ""
+    bench: str = Field(DEFAULT_BENCH, description="emulated:PROFILE or an inventory file")
+    seed: Annotated[int, Field(ge=0, lt=2**63, description="0..2**63-1")] = 0
+    cycles: Annotated[int, Field(ge=1, le=10_000_000, description="1..10000000")] = 1
+    steps: list
+    sweep: dict | None = Field(None, description="a sweep block (harness sweep)")
+
+
+def playbook_model() -> type[Spec]:
+    """PlaybookSpec with the extra top-level keys labs declared in PLAYBOOK_OPTIONS."""
+    return model_from_schema("Playbook", PLAYBOOK_OPTIONS, base=PlaybookSpec) if PLAYBOOK_OPTIONS else PlaybookSpec
 
 
 def discover_steps() -> dict[str, StepType]:
@@ -613,40 +631,23 @@ def discover_steps() -> dict[str, StepType]:
 
 def playbook_from_data(loaded: LoadedYaml, source: str, step_types: Mapping[str, StepType]) -> Playbook:
     data = loaded.data
-    schema = {**_PLAYBOOK_SCHEMA, **PLAYBOOK_OPTIONS}
-    top = check_mapping(data, schema, "playbook", (data.file, data.line))
-    _check_name(top["name"], "playbook.name", data.where("name"))
-    if not 1 <= top["cycles"] <= 10_000_000:
-        raise InputError(f"playbook.cycles: expected 1..10000000, found {top['cycles']}", *data.where("cycles"))
-    if not 0 <= top["seed"] < 2**63:
-        raise InputError(f"playbook.seed: expected 0..2**63-1, found {top['seed']}", *data.where("seed"))
-    steps_node = top["steps"]
+    problems: list[InputError] = []
+    try:  # the top-level keys and every step are checked in one pass
+        top = check_mapping(data, playbook_model(), "playbook", (data.file, data.line))
+    except InputError as exc:
+        problems.extend(getattr(exc, "errors", [exc]))
+        top = None
+    steps_node = data.get("steps") if isinstance(data, dict) else None
     steps: list[Step] = []
     names: dict[str, int | None] = {}
-    for i, node in enumerate(steps_node):
-        where = steps_node.where(i) if isinstance(steps_node, YamlList) else (data.file, data.line)
-        if not isinstance(node, dict):
-            raise InputError(f"steps[{i}]: expected a mapping with a 'type', found {_describe(node)}", *where)
-        kw = node.where if isinstance(node, YamlMap) else (lambda k=None: where)
-        step_type = node.get("type")
-        if not isinstance(step_type, str):
-            raise InputError(f"steps[{i}]: missing 'type' (a string; known: {', '.join(sorted(step_types)) or 'none'})",
-                             *kw("type"))
-        spec = step_types.get(step_type)
-        if spec is None:
-            raise InputError(f"steps[{i}]: unknown step type {step_type!r} (known: "
-                             f"{', '.join(sorted(step_types)) or 'none registered'})", *kw("type"))
-        name = node.get("name", f"{step_type}-{i + 1}")
-        if not isinstance(name, str) or not name:
-            raise InputError(f"steps[{i}].name: expected a non-empty string", *kw("name"))
-        if name in names:
-            raise InputError(f"steps[{i}]: step name {name!r} already used on line {names[name]}", *kw("name"))
-        names[name] = where[1]
-        raw_params = YamlMap({k: v for k, v in node.items() if k not in ("type", "name")})
-        raw_params.file, raw_params.line = where
-        raw_params.key_lines = {k: v for k, v in getattr(node, "key_lines", {}).items()}
-        params = check_mapping(raw_params, spec.schema, f"steps[{i}] ({step_type} {name!r})", where)
-        steps.append(Step(type=step_type, name=name, params=params, line=where[1], file=where[0]))
+    for i, node in enumerate(steps_node if isinstance(steps_node, list) else []):
+        try:
+            step = _step_from_node(i, node, steps_node, data, step_types, names)
+        except InputError as exc:
+            problems.extend(getattr(exc, "errors", [exc]))
+        else:
+            steps.append(step)
+    raise_all(problems)
     if not steps:
         raise InputError("playbook.steps: expected at least one step", *data.where("steps"))
     options = {k: top[k] for k in PLAYBOOK_OPTIONS}
@@ -658,6 +659,33 @@ def playbook_from_data(loaded: LoadedYaml, source: str, step_types: Mapping[str,
     return Playbook(name=top["name"], description=top["description"], bench=top["bench"], seed=top["seed"],
                     cycles=top["cycles"], steps=steps, source=source, sha256=loaded.digest, options=options,
                     sweep=sweep)
+
+
+def _step_from_node(i: int, node: Any, steps_node: Any, data: YamlMap, step_types: Mapping[str, StepType],
+                    names: dict[str, int | None]) -> Step:
+    where = steps_node.where(i) if isinstance(steps_node, YamlList) else (data.file, data.line)
+    if not isinstance(node, dict):
+        raise InputError(f"steps[{i}]: expected a mapping with a 'type', found {describe(node)}", *where)
+    kw = node.where if isinstance(node, YamlMap) else (lambda k=None: where)
+    step_type = node.get("type")
+    if not isinstance(step_type, str):
+        raise InputError(f"steps[{i}]: missing 'type' (a string; known: {', '.join(sorted(step_types)) or 'none'})",
+                         *kw("type"))
+    spec = step_types.get(step_type)
+    if spec is None:
+        raise InputError(f"steps[{i}]: unknown step type {step_type!r} (known: "
+                         f"{', '.join(sorted(step_types)) or 'none registered'})", *kw("type"))
+    name = node.get("name", f"{step_type}-{i + 1}")
+    if not isinstance(name, str) or not name:
+        raise InputError(f"steps[{i}].name: expected a non-empty string", *kw("name"))
+    if name in names:
+        raise InputError(f"steps[{i}]: step name {name!r} already used on line {names[name]}", *kw("name"))
+    names[name] = where[1]
+    raw_params = YamlMap({k: v for k, v in node.items() if k not in ("type", "name")})
+    raw_params.file, raw_params.line = where
+    raw_params.key_lines = {k: v for k, v in getattr(node, "key_lines", {}).items()}
+    params = check_mapping(raw_params, spec.model, f"steps[{i}] ({step_type} {name!r})", where)
+    return Step(type=step_type, name=name, params=params, line=where[1], file=where[0])
 
 
 def load_playbook(path: str | os.PathLike, step_types: Mapping[str, StepType] | None = None) -> Playbook:

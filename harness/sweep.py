@@ -76,7 +76,7 @@ def check_sweep(node: Any, steps: list, step_types: dict, where: tuple) -> dict:
                                  f"(known: {', '.join(schema) or 'none'})", *at)
             for i, v in enumerate(values):  # the step's own validation, on the overridden parameters
                 try:
-                    check_mapping(_override(step.params, rest, v), schema, f"sweep.grid value {i + 1} for step {head!r}", at)
+                    check_mapping(_override(step.params, rest, v), step_types[step.type].model, f"sweep.grid value {i + 1} for step {head!r}", at)
                 except InputError as exc:
                     raise InputError(exc.message, *_item(values, i, at)) from None
         else:

@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{path}: ok ({describe_file(path)})")
         except InputError as exc:
             # One line per problem, whatever characters the file smuggled into the message.
-            print("harness: " + exc.format().replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
+            for problem in getattr(exc, "errors", [exc]):
+                print("harness: " + problem.format().replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
             status = 2
     return status
 

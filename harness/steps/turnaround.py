@@ -22,36 +22,40 @@ from harness.bench.emulated import Faults
 from harness.bench.hosts import HostGroup
 from harness.bench.observe import CycleWatch, observation_log
 from harness.bench.stages import PortRef, stage_events
-from harness.config import REQUIRED, register_step  # noqa: F401  (REQUIRED for labs copying this schema)
+from harness.config import register_step
 from harness.errors import InputError
 from harness.events import Event
 from harness.gpu_view import gpu_view
+from harness.specs import Count, Field, Interval, Port, Seconds, Spec
 from harness.patterns import cycle_mappings, ocs_mapping, sources
 from harness.steps import CycleOutcome, StepOutcome, resume_after_logged
 
-SCHEMA = {
-    "cycles": (int, 0),  # 0: the playbook's (or --cycles) value
-    "pattern": (str, "ring-shift"),
-    "schedule": (str, ""),
-    "ports": (list, []),  # NIC port keys "host:netdev"; empty: every port in the inventory
-    "watch_interval_us": (int, 200),
-    "ethtool_interval_us": (int, 1000),
-    "probes": (bool, True),
-    "probe_interval_us": (int, 100),
-    "probe_gap_us": (int, 2000),
-    "udp_port": (int, 4791),
-    "cycle_timeout_s": (float, 60.0),
-    "settle_s": (float, 0.0),
-    "clock_resync_s": (float, 0.5),  # background re-estimation period per host
-    "clock_warmup_s": (float, 1.5),  # clock samples to gather before cycle 1 (drift needs a span)
-    "clock_check_probes": (int, 1),  # clock probes per host after each cycle (catches steps); 0: off
-    "ocs_timeout_s": (float, 10.0),  # deadline of one OCS command
-    "retries": (int, 3),  # OCS command retries, and host reconnects per drop, before the bench is latched
-    "retry_backoff_s": (float, 0.1),  # first backoff; doubles per retry
-    "teardown_s": (float, 15.0),  # the restore at the end of the run must finish within this
-    "late_report_ms": (float, 50.0),  # once a port's last stage is in, how long to await earlier polled ones
-    "faults": (list, []),  # emulated bench only: [{kind, cycles: [..] | probability: p, ...}]
-}
+class TurnaroundParams(Spec):
+    """Measure the reconfiguration turnaround, cycle by cycle, on the NIC ports of one OCS."""
+
+    cycles: Count = Field(0, description="cycles to run; 0: the playbook's (or --cycles) value")
+    pattern: str = "ring-shift"
+    schedule: str = ""
+    ports: list[str] = Field([], description='NIC port keys "host:netdev"; empty: every port in the inventory')
+    watch_interval_us: Interval = 200
+    ethtool_interval_us: Interval = 1000
+    probes: bool = True
+    probe_interval_us: Interval = 100
+    probe_gap_us: Count = 2000
+    udp_port: Port = 4791
+    cycle_timeout_s: Seconds = 60.0
+    settle_s: Seconds = 0.0
+    clock_resync_s: Seconds = Field(0.5, description="background re-estimation period per host")
+    clock_warmup_s: Seconds = Field(1.5, description="clock samples to gather before cycle 1 (drift needs a span)")
+    clock_check_probes: Count = Field(1, description="clock probes per host after each cycle (catches steps); 0: off")
+    ocs_timeout_s: Seconds = Field(10.0, description="deadline of one OCS command")
+    retries: Count = Field(3, description="OCS command retries, and host reconnects per drop, before the bench "
+                                          "is latched")
+    retry_backoff_s: Seconds = Field(0.1, description="first backoff; doubles per retry")
+    teardown_s: Seconds = Field(15.0, description="the restore at the end of the run must finish within this")
+    late_report_ms: Seconds = Field(50.0, description="once a port's last stage is in, how long to await "
+                                                      "earlier polled ones")
+    faults: list[dict] = Field([], description="emulated bench only: [{kind, cycles: [..] | probability: p, ...}]")
 
 
 class TurnaroundRun:
@@ -212,7 +216,7 @@ class TurnaroundRun:
                             tuple(e.source for e in events if e.stage == "fault"))
 
 
-@register_step("turnaround", SCHEMA, resume_point=resume_after_logged)
+@register_step("turnaround", TurnaroundParams, resume_point=resume_after_logged)
 def turnaround(ctx, step) -> StepOutcome:
     run = TurnaroundRun(ctx, step)
     try:

@@ -1,0 +1,91 @@
+"""Declared specs (harness/specs.py): one pass reports every problem of a file at its line, the semantic
+ranges travel into the JSON Schemas, and the shipped schemas/ are the ones the models generate."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from harness.cli import main
+from harness.commands.schema import SCHEMAS, render
+from harness.config import load_inventory, load_playbook, load_yaml
+from harness.errors import InputError
+from tests.test_config import INVENTORY, write
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEMAS))
+def test_shipped_schemas_are_the_generated_ones(kind):
+    shipped = ROOT / "schemas" / f"{kind}.schema.json"
+    assert shipped.read_text() == render(kind), f"regenerate: harness schema {kind} > schemas/{kind}.schema.json"
+
+
+def test_an_inventory_reports_every_problem_at_its_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("OCS_PASSWORD", "x")
+    text = (INVENTORY.replace("size: [16, 16]", "size: [16, 0]")  # line 6
+            .replace("    user: lab\n", "    user: lab\n    colour: red\n")  # line 15
+            .replace("address: 192.0.2.22", "address: 192.0.2.22\n    port: 0")  # line 21
+            .replace("ocs: ocs1, tx: 3", "ocs: ocs9, tx: 3"))  # line 23, found only by the cabling pass
+    with pytest.raises(InputError) as info:
+        load_inventory(write(tmp_path, "inv.yaml", text))
+    got = [(e.line, e.message) for e in info.value.errors]
+    assert got == [(6, "ocs.ocs1.size[1]: expected [ingress_count, egress_count] (integers 1..4096), found 0"),
+                   (15, "hosts.gpu1: unknown key 'colour' (expected one of: address, port, user, identity_file, "
+                        "known_hosts, python, nics)"),
+                   (21, "hosts.gpu2.port: expected a port number in 1..65535, found 0")]
+    # the shape is fixed; now the cabling pass reports its own problems together
+    text = INVENTORY.replace("ocs: ocs1, tx: 3", "ocs: ocs9, tx: 3").replace("rx: 18}", "rx: 17}")
+    with pytest.raises(InputError) as info:
+        load_inventory(write(tmp_path, "inv2.yaml", text))
+    assert [(e.line, e.message.split(":")[0]) for e in info.value.errors] == [
+        (17, "hosts.gpu1.nics[1].rx"), (21, "hosts.gpu2.nics[0].ocs")]
+
+
+def test_a_playbook_reports_top_level_and_every_step_at_once(tmp_path, capsys):
+    path = write(tmp_path, "pb.yaml", """\
+        name: p
+        cycles: 0
+        steps:
+          - type: turnaround
+            udp_port: 70000
+            watch_interval_us: 0
+          - type: turnaround
+            teardown_s: -1
+            colour: red
+        """)
+    assert main(["validate", str(path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        f"harness: {path}:2: playbook.cycles: expected 1..10000000, found 0",
+        f"harness: {path}:5: steps[0] (turnaround 'turnaround-1').udp_port: expected a port number in 1..65535, "
+        "found 70000",
+        f"harness: {path}:6: steps[0] (turnaround 'turnaround-1').watch_interval_us: expected a positive interval, "
+        "found 0",
+        f"harness: {path}:8: steps[1] (turnaround 'turnaround-2').teardown_s: expected a value >= 0, found -1",
+        f"harness: {path}:9: steps[1] (turnaround 'turnaround-2'): unknown key 'colour' (expected one of: cycles, "
+        "pattern, schedule, ports, watch_interval_us, ethtool_interval_us, probes, probe_interval_us, probe_gap_us, "
+        "udp_port, cycle_timeout_s, settle_s, clock_resync_s, clock_warmup_s, clock_check_probes, ocs_timeout_s, "
+        "retries, retry_backoff_s, teardown_s, late_report_ms, faults)"]
+
+
+def test_the_schemas_carry_the_ranges_and_accept_every_shipped_file(tmp_path):
+    """An editor with the schema flags what the harness refuses, and nothing a shipped file holds."""
+    def validator(kind):
+        return jsonschema.Draft202012Validator(json.loads((ROOT / "schemas" / f"{kind}.schema.json").read_text()))
+
+    playbook = validator("playbook")
+    for path in sorted((ROOT / "playbooks").glob("*.yaml")):
+        data = json.loads(json.dumps(load_yaml(path).data))
+        assert not list(playbook.iter_errors(data)), path
+        load_playbook(path)  # and the harness accepts it too
+    for bad, where in ((70000, "udp_port"), (0, "watch_interval_us"), (-1, "teardown_s"), ("fast", "retries")):
+        errors = list(playbook.iter_errors({"name": "p", "steps": [{"type": "turnaround", where: bad}]}))
+        assert errors, (where, bad)
+    inventory = validator("inventory")
+    data = json.loads(json.dumps(load_yaml(write(tmp_path, "inv.yaml", INVENTORY)).data))
+    assert not list(inventory.iter_errors(data))
+    data["hosts"][next(iter(data["hosts"]))]["port"] = 70000
+    assert list(inventory.iter_errors(data))
