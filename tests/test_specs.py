@@ -89,3 +89,14 @@ def test_the_schemas_carry_the_ranges_and_accept_every_shipped_file(tmp_path):
     assert not list(inventory.iter_errors(data))
     data["hosts"][next(iter(data["hosts"]))]["port"] = 70000
     assert list(inventory.iter_errors(data))
+
+
+def test_a_step_parameter_out_of_range_is_refused_before_any_run_directory(tmp_path, capsys):
+    """spectrumx_verdict used to check its ranges when it ran, after the runner had made the run dir."""
+    path = write(tmp_path, "pb.yaml", "name: p\nsteps:\n  - type: spectrumx_verdict\n    n_boot: 10\n")
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:4: steps[0] (spectrumx_verdict 'spectrumx_verdict-1').n_boot: expected at least 100 " \
+           "resamples, found 10" in err and "Traceback" not in err
+    assert not out.exists()

@@ -22,20 +22,23 @@ import pandas as pd
 
 from analysis import linkfail as lf
 from harness.config import register_step
-from harness.errors import InputError
+from harness.specs import Annotated, Expect, Field, Seconds, Spec
 from harness.steps import StepOutcome
 
-SCHEMA = {
-    "line_rate_fraction": (float, 0.98),
-    "latency_inflation": (float, 1.07),
-    "at_failed_pct": (float, 10.0),
-    "reaction_bound_ms": (float, 0.0),  # 0: none given (the seed states none) → inconclusive
-    "n_boot": (int, 2000),
+class SpectrumxParams(Spec):
+    """Judge the Spectrum-X claims on the link studies of this run."""
+
+    line_rate_fraction: Annotated[float, Field(gt=0, le=1), Expect("0 < line_rate_fraction <= 1")] = 0.98
+    latency_inflation: Annotated[float, Field(ge=1), Expect("a value >= 1")] = 1.07
+    at_failed_pct: float = 10.0
+    reaction_bound_ms: Seconds = Field(0.0, description="0: none given (the seed states none) -> inconclusive")
+    n_boot: Annotated[int, Field(ge=100), Expect("at least 100 resamples")] = 2000
     # emulated bench: the hosts' tools sleep their planned time; a busy machine wakes them late. When the
     # median 0 % phase is slower than the model by more than this, the bench did not keep its own model and
     # every verdict is inconclusive (what was judged would be the machine's load, not the data plane).
-    "emulator_lateness_tolerance": (float, 0.05),
-}
+    emulator_lateness_tolerance: Annotated[float, Field(ge=0), Expect("a value >= 0")] = 0.05
+
+
 CLAIMS = {
     "line_rate": "effective bandwidth ≥ 98 % of line rate (busBW / line rate, no link failed)",
     "latency_10pct": "≤ 7 % latency increase (p50 and p99) with 10 % of the fabric links failed",
@@ -179,16 +182,12 @@ def verdict_markdown(v: dict) -> str:
     return "\n".join(lines)
 
 
-@register_step("spectrumx_verdict", SCHEMA)
+@register_step("spectrumx_verdict", SpectrumxParams)
 def spectrumx_verdict(ctx, step) -> StepOutcome:
     from harness import record as rec
     from harness.steps.linkfail import _provenance
 
     p = dict(step.params)
-    if not 0 < p["line_rate_fraction"] <= 1 or not p["latency_inflation"] >= 1 or p["reaction_bound_ms"] < 0 \
-            or p["n_boot"] < 100 or p["emulator_lateness_tolerance"] < 0:
-        raise InputError(f"step {step.name}: need 0 < line_rate_fraction <= 1, latency_inflation >= 1, "
-                         "reaction_bound_ms >= 0, n_boot >= 100, emulator_lateness_tolerance >= 0", step.file, step.line)
     if ctx.dry_run:
         return StepOutcome(ok=True, summary_md="(dry run: no verdict)")
     studies = [r.data["linkfail"] for r in ctx.results.values() if "linkfail" in (r.data or {})]
