@@ -7,7 +7,7 @@ the defaults a step reads, and the JSON Schema shipped for editors (`harness sch
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Literal, Mapping  # noqa: F401  (Literal: for step specs)
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import PydanticCustomError
@@ -36,6 +36,8 @@ Port = _ranged(int, "a port number in 1..65535", ge=1, le=65535)
 Interval = _ranged(int, "a positive interval", gt=0)
 Seconds = _ranged(float, "a value >= 0", ge=0)
 Count = _ranged(int, "a value >= 0", ge=0)
+AtLeastOne = _ranged(int, "a value >= 1", ge=1)
+Positive = _ranged(float, "a value > 0", gt=0)
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]+$", description="letters, digits, '_', '.', '-'")]
 
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true/false", list: "a list",
@@ -172,6 +174,8 @@ def _message(model: type[BaseModel], error: dict, value: Any) -> str:
             hint = f" ({info.description})" if info is not None and info.description else ""
             return f"missing required key {loc[-1]!r}{hint}"
         return f"unknown key {loc[-1]!r} (expected one of: {known or 'none'})"
+    if kind == "literal_error":
+        return f"expected one of {error['ctx']['expected']}, found {describe(value)}"
     if kind == "types":
         return f"{error['msg']}, found {describe(value)}"
     info, _ = _walk(model, loc)

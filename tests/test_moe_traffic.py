@@ -309,13 +309,13 @@ def test_step_summary_and_restore(moe_run):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"reconfigure": "sometimes"}, "reconfigure must be one of"),
+    ({"reconfigure": "sometimes"}, "reconfigure: expected one of 'none', 'per_regime' or 'per_iteration'"),
     ({"command": "alltoall_perf -b {size}"}, "unknown placeholder {size}"),
     ({"command": "x {bytes!r}"}, "takes no conversion"),
     ({"endpoints": ["gpu1:ens1f0np0", "gpu9:eth0"]}, "endpoints must be"),
     ({"trace": "no-such-trace.parquet"}, "not found"),
     ({"regime_changes": 9}, "cannot generate the trace"),
-    ({"launch": "twice"}, "launch must be one of"),
+    ({"launch": "twice"}, "launch: expected one of 'per_endpoint' or 'once'"),
     ({"launch": "once"}, "needs a command template"),
     ({"launch": "once", "command": "run {self}"}, "unknown placeholder {self}"),
     ({"launch": "once", "command": "run {hosts}", "launch_host": "gpu9"}, "launch_host 'gpu9'"),

@@ -30,9 +30,9 @@ from harness.steps import StepOutcome
 from harness.steps.moe_traffic import SCHEMA as MOE_SCHEMA
 from harness.steps.moe_traffic import MoeTrafficRun, PhaseFailed, circuit_mapping
 
-FAILURE_SCHEMA = {**MOE_SCHEMA, "reconfigure": (str, "none"), "fail_pct": (list, [0, 10, 25, 50]),
+FAILURE_SCHEMA = {**MOE_SCHEMA, "reconfigure": (MOE_SCHEMA["reconfigure"][0], "none"), "fail_pct": (list, [0, 10, 25, 50]),
                   "rounds": (int, 1)}  # each round: every f once, in a seeded random order (no f always first)
-FLAP_SCHEMA = {**MOE_SCHEMA, "reconfigure": (str, "none"), "fail_pct": (list, [10]), "down_ms": (float, 200.0),
+FLAP_SCHEMA = {**MOE_SCHEMA, "reconfigure": (MOE_SCHEMA["reconfigure"][0], "none"), "fail_pct": (list, [10]), "down_ms": (float, 200.0),
                "flaps": (int, 2), "ops_before": (int, 4), "ops_down": (int, 8), "ops_after": (int, 4)}
 
 

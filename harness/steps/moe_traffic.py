@@ -30,6 +30,7 @@ from devices.timing import Deadline, now_ns
 from harness.bench import BenchBroken
 from harness.bench.circuits import RetryPolicy, guard
 from harness.config import register_step
+from harness.specs import AtLeastOne, Count, Literal, Positive
 from harness.gpu_view import gpu_view
 from harness.errors import InputError
 from harness.steps import StepOutcome
@@ -61,20 +62,20 @@ SCHEMA = {
     "zipf_s": (float, 1.2),
     "drift": (float, 0.02),
     "backward": (bool, True),
-    "max_phases": (int, 0),  # 0: every phase of the trace
+    "max_phases": (Count, 0),  # 0: every phase of the trace
     "endpoints": (list, []),  # NIC ports "host:netdev" of one OCS; empty: every port
-    "reconfigure": (str, "per_regime"),
+    "reconfigure": (Literal[RECONFIGURE], "per_regime"),
     "command": (str, "alltoall_perf"),  # or a template with {placeholders}, each value shell-quoted
-    "launch": (str, "per_endpoint"),  # per_endpoint: one command per rank | once: one per phase
+    "launch": (Literal[LAUNCH], "per_endpoint"),  # per_endpoint: one command per rank | once: one per phase
     "launch_host": (str, ""),  # launch: once — where (default: the first endpoint's host)
     "args": (list, []),  # extra words for {args}, each shell-quoted
-    "iters": (int, 1),  # tool iterations per phase
-    "link_gbps": (float, 400.0),  # per circuit
-    "eps_gbps": (float, 100.0),  # packet fabric, per NIC
-    "time_scale": (float, 1.0),  # emulated tools: sleep time / time_scale, report × time_scale
-    "link_timeout_s": (float, 15.0),
-    "command_timeout_s": (float, 120.0),
-    "poll_interval_s": (float, 0.005),
+    "iters": (AtLeastOne, 1),  # tool iterations per phase
+    "link_gbps": (Positive, 400.0),  # per circuit
+    "eps_gbps": (Positive, 100.0),  # packet fabric, per NIC
+    "time_scale": (Positive, 1.0),  # emulated tools: sleep time / time_scale, report × time_scale
+    "link_timeout_s": (Positive, 15.0),
+    "command_timeout_s": (Positive, 120.0),
+    "poll_interval_s": (Positive, 0.005),
 }
 
 
@@ -164,18 +165,6 @@ class MoeTrafficRun:
     def __init__(self, ctx, step):
         self.ctx, self.step, self.p = ctx, step, step.params
         p, where = self.p, (step.file, step.line)
-        if p["reconfigure"] not in RECONFIGURE:
-            raise InputError(f"step {step.name}: reconfigure must be one of {', '.join(RECONFIGURE)}, "
-                             f"found {p['reconfigure']!r}", *where)
-        for key in ("link_gbps", "eps_gbps", "time_scale", "link_timeout_s", "command_timeout_s",
-                    "poll_interval_s"):
-            if not p[key] > 0:
-                raise InputError(f"step {step.name}: {key} must be > 0, found {p[key]}", *where)
-        if p["iters"] < 1 or p["max_phases"] < 0:
-            raise InputError(f"step {step.name}: iters must be >= 1 and max_phases >= 0", *where)
-        if p["launch"] not in LAUNCH:
-            raise InputError(f"step {step.name}: launch must be one of {', '.join(LAUNCH)}, found {p['launch']!r}",
-                             *where)
         self.once = p["launch"] == "once"
         if self.once and p["command"] in BUILTIN_COMMANDS:
             raise InputError(f"step {step.name}: the built-in {p['command']} runs one rank per endpoint; "
