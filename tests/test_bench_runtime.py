@@ -17,7 +17,7 @@ from harness.bench.circuits import CircuitGuard, RetryPolicy
 from harness.bench.observe import CycleWatch, ObservationLog
 from harness.bench.scripted import ScriptedObservations
 from harness.bench.stages import PortRef, chain_bounds, stage_events
-from harness.steps.turnaround import SCHEMA, TurnaroundRun
+from harness.steps.turnaround import TurnaroundParams, TurnaroundRun
 
 MS = 1_000_000
 OCS = OcsResource(name="ocs1", protocol="polatis-tl1", url="tcp://127.0.0.1:1", size=(8, 8),
@@ -52,7 +52,7 @@ def test_the_watch_reads_the_inventory_rdma_port(tmp_path):
     nics = (NicPort("h1", "eth0", "mlx5_0", 2, "ocs1", 1, 9), NicPort("h1", "eth1", "mlx5_0", 1, "ocs1", 2, 10))
     session = _RecordingSession()
     step = SimpleNamespace(name="measure", file="pb.yaml", line=1,
-                           params={k: d for k, (_, d) in SCHEMA.items()} | {"probes": False})
+                           params=TurnaroundParams().model_dump() | {"probes": False})
     TurnaroundRun(_ctx(tmp_path, nics, session), step).setup()
     assert session.watched == [("eth0", "mlx5_0", 2), ("eth1", "mlx5_0", 1)]
 
