@@ -100,3 +100,14 @@ def test_a_step_parameter_out_of_range_is_refused_before_any_run_directory(tmp_p
     assert f"{path}:4: steps[0] (spectrumx_verdict 'spectrumx_verdict-1').n_boot: expected at least 100 " \
            "resamples, found 10" in err and "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("step, needle", [
+    ("link_failures\n    fail_pct: [10, 100]", "fail_pct[1]: expected a list of percentages in [0, 100), found 100"),
+    ("link_failures\n    rounds: 0", "rounds: expected a value >= 1, found 0"),
+    ("link_flaps\n    ops_down: 1", "ops_down: expected a value >= 2, found 1"),
+])
+def test_link_study_ranges_are_declared(tmp_path, step, needle):
+    with pytest.raises(InputError) as info:
+        load_playbook(write(tmp_path, "pb.yaml", f"name: p\nsteps:\n  - type: {step}\n"))
+    assert info.value.line == 4 and needle in info.value.message, info.value.format()

@@ -25,26 +25,21 @@ from analysis import linkfail as lf
 from devices.errors import DeviceError
 from devices.timing import now_ns
 from harness.config import register_step
+from harness.specs import Annotated, AtLeastOne, Expect, Field, Positive
 from harness.errors import InputError
 from harness.steps import StepOutcome
 from harness.steps.moe_traffic import SCHEMA as MOE_SCHEMA
 from harness.steps.moe_traffic import MoeTrafficRun, PhaseFailed, circuit_mapping
 
-FAILURE_SCHEMA = {**MOE_SCHEMA, "reconfigure": (MOE_SCHEMA["reconfigure"][0], "none"), "fail_pct": (list, [0, 10, 25, 50]),
-                  "rounds": (int, 1)}  # each round: every f once, in a seeded random order (no f always first)
-FLAP_SCHEMA = {**MOE_SCHEMA, "reconfigure": (MOE_SCHEMA["reconfigure"][0], "none"), "fail_pct": (list, [10]), "down_ms": (float, 200.0),
-               "flaps": (int, 2), "ops_before": (int, 4), "ops_down": (int, 8), "ops_after": (int, 4)}
-
-
-def _pct(step, values) -> list[float]:
-    try:
-        out = [float(v) for v in values]
-    except (TypeError, ValueError):
-        out = [-1.0]
-    if not out or any(not 0 <= v < 100 for v in out):
-        raise InputError(f"step {step.name}: fail_pct must be a list of percentages in [0, 100)", step.file,
-                         step.line)
-    return out
+Percentages = Annotated[list[Annotated[float, Field(ge=0, lt=100)]], Field(min_length=1),
+                        Expect("a list of percentages in [0, 100)")]
+Ops = Annotated[int, Field(ge=2), Expect("a value >= 2")]
+FAILURE_SCHEMA = {**MOE_SCHEMA, "reconfigure": (MOE_SCHEMA["reconfigure"][0], "none"),
+                  "fail_pct": (Percentages, [0, 10, 25, 50]),
+                  "rounds": (AtLeastOne, 1)}  # each round: every f once, in a seeded random order (no f always first)
+FLAP_SCHEMA = {**MOE_SCHEMA, "reconfigure": (MOE_SCHEMA["reconfigure"][0], "none"), "fail_pct": (Percentages, [10]),
+               "down_ms": (Positive, 200.0), "flaps": (AtLeastOne, 2), "ops_before": (Ops, 4), "ops_down": (Ops, 8),
+               "ops_after": (Ops, 4)}
 
 
 class LinkStudy:
@@ -53,7 +48,7 @@ class LinkStudy:
     def __init__(self, ctx, step):
         self.ctx, self.step, self.p = ctx, step, step.params
         self.moe = MoeTrafficRun(ctx, step)
-        self.fail_pct = _pct(step, self.p["fail_pct"])
+        self.fail_pct = [float(v) for v in self.p["fail_pct"]]  # in [0, 100): the spec
         self.rng = np.random.default_rng([int(ctx.seed), 13])
 
     def setup(self):
@@ -185,8 +180,6 @@ def _write(ctx, step, kind: str, frame: pd.DataFrame, table: list[dict], prov: d
 @register_step("link_failures", FAILURE_SCHEMA)
 def link_failures(ctx, step) -> StepOutcome:
     study = LinkStudy(ctx, step)
-    if step.params["rounds"] < 1:
-        raise InputError(f"step {step.name}: rounds must be >= 1", step.file, step.line)
     if ctx.dry_run:
         return StepOutcome(ok=True, summary_md=f"(dry run: link failures at {study.fail_pct} %, not run)")
     study.setup()
@@ -223,9 +216,6 @@ def link_failures(ctx, step) -> StepOutcome:
 def link_flaps(ctx, step) -> StepOutcome:
     p = step.params
     study = LinkStudy(ctx, step)
-    if not p["down_ms"] > 0 or p["flaps"] < 1 or min(p["ops_before"], p["ops_down"], p["ops_after"]) < 2:
-        raise InputError(f"step {step.name}: need down_ms > 0, flaps >= 1 and ops_before/ops_down/ops_after "
-                         ">= 2", step.file, step.line)
     if ctx.dry_run:
         return StepOutcome(ok=True, summary_md=f"(dry run: {p['flaps']} flaps of {p['down_ms']} ms, not run)")
     study.setup()
