@@ -66,10 +66,12 @@ def run_validate(raw: bytes, extra_files: dict[str, bytes] | None = None) -> tup
         assert out_text.startswith(f"{target}: ok (") and not err_text
     else:
         assert code == 2, (code, err_text)
-        match = MESSAGE.match(err_text)
-        assert match, err_text
-        assert match["file"].startswith(str(tmp)) and int(match["line"]) >= 1
-        assert err_text.count("\n") == 1  # one line, no stack
+        lines = err_text.splitlines()
+        assert lines and err_text.endswith("\n"), err_text
+        for line in lines:  # every problem of the file, one line each, each naming file:line
+            match = MESSAGE.match(line + "\n")
+            assert match, err_text
+            assert match["file"].startswith(str(tmp)) and int(match["line"]) >= 1
     return code, out_text, err_text
 
 
