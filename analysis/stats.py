@@ -203,25 +203,35 @@ def quantile_interval(units, p: float, confidence: float = 0.95) -> dict:
     return out
 
 
-def mean_interval(units, confidence: float = 0.95) -> list[float] | None:
-    """Student-t interval of the mean over independent units (per-cycle means when ports share a cycle);
-    None below 2 units. Its coverage is checked by benchmarks/coverage.py."""
+def mean_interval(units, confidence: float = 0.95, *, rng_seed: int = 0,
+                  n_resamples: int = 1999) -> list[float] | None:
+    """Bootstrap-t (studentised bootstrap) interval of the mean over independent units (per-cycle means when
+    ports share a cycle); None below 2 units. The Student-t interval under-covers skewed delays at small n
+    (90.5 % at 10 cycles of a lognormal σ 0.6); the studentised bootstrap holds ±3 pp of nominal there and on
+    the bench-like models (benchmarks/coverage.py). scipy.stats.bootstrap has no studentised method."""
     x = np.asarray(units, dtype=float)
     x = x[np.isfinite(x)]
     if x.size < 2:
         return None
     if np.ptp(x) == 0:
         return [float(x[0]), float(x[0])]
-    ci = stats.ttest_1samp(x, 0.0).confidence_interval(confidence)
-    return [float(ci.low), float(ci.high)]
+    n = x.size
+    mean, se = x.mean(), x.std(ddof=1) / np.sqrt(n)
+    resampled = x[np.random.default_rng(rng_seed).integers(0, n, size=(n_resamples, n))]
+    se_star = resampled.std(axis=1, ddof=1) / np.sqrt(n)
+    keep = se_star > 0                      # a resample of one repeated value has no studentised statistic
+    t_star = (resampled.mean(axis=1)[keep] - mean) / se_star[keep]
+    alpha = 1.0 - confidence
+    lo_q, hi_q = np.quantile(t_star, [alpha / 2, 1 - alpha / 2])
+    return [float(mean - hi_q * se), float(mean - lo_q * se)]
 
 
 def summarize(samples, rng_seed: int, *, cycles=None, confidence: float = 0.95) -> dict:
     """n, n_cycles, mean, p50, p90, p99, max, and intervals whose unit is the cycle.
 
     `cycles` (aligned with `samples`) says which cycle each sample came from; without it every sample is
-    one independent unit (a per-cycle quantity such as turnaround). The mean's interval is a t-interval over
-    per-cycle means; the p99's is an order-statistic interval over one port drawn per cycle (the ports of a
+    one independent unit (a per-cycle quantity such as turnaround). The mean's interval is a bootstrap-t
+    interval over per-cycle means; the p99's is an order-statistic interval over one port drawn per cycle (the ports of a
     cycle share one OCS draw, so only cycles are independent). Where the cycles are too few for a two-sided
     p99 interval, `p99_ci95` is None, `p99_needs_cycles` says how many would do and `p99_bound95` holds the
     one-sided bounds the data support.
@@ -246,7 +256,7 @@ def summarize(samples, rng_seed: int, *, cycles=None, confidence: float = 0.95) 
     q = quantile_interval(units_quantile, 0.99, confidence)
     return {"n": n, "n_cycles": int(len(units_mean)), "mean": float(x.mean()), "p50": float(p50),
             "p90": float(p90), "p99": float(p99), "max": float(x.max()),
-            "mean_ci95": mean_interval(units_mean, confidence), "p99_ci95": q["ci"],
+            "mean_ci95": mean_interval(units_mean, confidence, rng_seed=rng_seed), "p99_ci95": q["ci"],
             "p99_needs_cycles": q["needs_n"], "p99_bound95": {"lower": q["lower"], "upper": q["upper"]}}
 
 

@@ -5,7 +5,7 @@
 For n = 10, 20, 80, 400 cycles, data drawn from known distributions are summarised exactly as a run's
 summary does (analysis.stats.summarize); the truth (mean, p99 of the per-sample distribution) is known in
 closed form or from 4·10⁶ draws. Reported per data model and n:
-- mean: coverage of `mean_ci95` (Student-t over per-cycle means);
+- mean: coverage of `mean_ci95` (bootstrap-t over per-cycle means);
 - p99: coverage of `p99_ci95` (order statistics over one port per cycle) where n supports a two-sided
   interval, else "needs ≥ N" and the coverage of the one-sided lower bound that is printed instead;
 - for contrast, the method this replaced: a percentile bootstrap over per-port samples taken as i.i.d.
