@@ -66,7 +66,7 @@ def run_validate(raw: bytes, extra_files: dict[str, bytes] | None = None) -> tup
         assert out_text.startswith(f"{target}: ok (") and not err_text
     else:
         assert code == 2, (code, err_text)
-        lines = err_text.splitlines()
+        lines = err_text.rstrip("\n").split("\n")  # not splitlines(): a key may hold \x1c-\x1e
         assert lines and err_text.endswith("\n"), err_text
         for line in lines:  # every problem of the file, one line each, each naming file:line
             match = MESSAGE.match(line + "\n")
