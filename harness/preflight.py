@@ -9,10 +9,16 @@
   passed: its TX (`claimed ingress -> a good receiver`, else the unclaimed allowed ingresses one by one)
   and its RX (`a good transmitter -> claimed egress`, else the unclaimed allowed egresses). The original
   cross-connects are restored and read back afterwards (CircuitGuard), every step bounded;
+  then whose light it is (`_tx_identity`): light shows where a TX fibre enters, not whose it is, so two TX
+  fibres swapped between two NICs that both transmit light both loops alike. Each NIC in turn is set down
+  (`ip link set dev X down`) and the OCS's own ingress power monitors (TL1 RTRV-PORT-POWER, SCPI :MON:POW?,
+  NETCONF opm-power) show which allowed ingress goes dark; it is set up again and the light must return.
+  Assumption, stated in the report where it fails: a port set down stops transmitting (mlx5 disables the
+  port; ethtool's module power-mode-policy `auto` puts a paged module in low power, data path off). A NIC
+  whose laser stays on darkens nothing and is reported as unverified, never as verified. At the end every
+  NIC's admin state and RDMA port state are read back against what they were before the check;
 - `discover(...)`: a draft inventory from what the hosts report (NICs, RDMA ports, transceivers, GPUs and
   their closest NICs from `nvidia-smi topo -m`).
-Light is light: two TX fibres swapped between NICs that both transmit light both receivers alike, so the
-check proves where light enters, not whose; that needs a data-plane probe (named in the report).
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from devices.errors import DeviceError
 from devices.parsers.common import ParseError
@@ -27,7 +34,7 @@ from devices.parsers.gpu import parse_nvidia_smi_csv, parse_nvidia_smi_topo
 from devices.parsers.nic import (IpLink, RdmaLink, parse_ethtool_module, parse_ip_link_json, parse_ip_link_oneline,
                                  parse_rdma_link, parse_rdma_link_json)
 from devices.resources import Bench, HostResource, NicPort
-from devices.ssh import SshTransport
+from devices.ssh import CommandFailed, SshTransport
 from devices.timing import Deadline
 
 LIT_DBM = -30.0  # receive power above which a module without an Rx LOS flag (ethtool < 6.4) sees light
@@ -62,8 +69,10 @@ def _rdma_links(transport: SshTransport, timeout_s: float) -> list[RdmaLink]:
     return _json_else_text(transport, timeout_s, "rdma -j link", parse_rdma_link_json, "rdma link", parse_rdma_link)
 
 
-def quick_check(bench: Bench, *, timeout_s: float = 10.0) -> list[str]:
-    """Problems found (empty when every switch, host, NIC port and RDMA port named is there), switches first."""
+def quick_check(bench: Bench, *, timeout_s: float = 10.0, transports: Mapping | None = None) -> list[str]:
+    """Problems found (empty when every switch, host, NIC port and RDMA port named is there), switches first.
+    `transports`: host -> an open CommandTransport to use (a run's own sessions: no extra connection);
+    hosts not in it get a connection of their own, closed here."""
     from devices.ocs import open_switch
 
     problems: list[str] = []
@@ -77,7 +86,8 @@ def quick_check(bench: Bench, *, timeout_s: float = 10.0) -> list[str]:
         except (DeviceError, OSError) as exc:
             problems.append(f"ocs {name}: {exc}")
     for name, host in bench.hosts.items():
-        transport = _transport(host, timeout_s)
+        shared = (transports or {}).get(name)
+        transport = shared or _transport(host, timeout_s)
         try:
             netdevs = {link.ifname for link in _links(transport, timeout_s)}
             rdma = {(r.dev, r.port): r.netdev for r in _rdma_links(transport, timeout_s)}
@@ -85,7 +95,8 @@ def quick_check(bench: Bench, *, timeout_s: float = 10.0) -> list[str]:
             problems.append(f"host {name}: {exc}")
             continue
         finally:
-            transport.close()
+            if shared is None:
+                transport.close()
         for port in bench.ports_of(name):
             if port.netdev not in netdevs:
                 problems.append(f"{name}/{port.netdev}: no such interface (ip -o link: {', '.join(sorted(netdevs))})")
@@ -100,8 +111,9 @@ def quick_check(bench: Bench, *, timeout_s: float = 10.0) -> list[str]:
 # ====================================================================== fibre map
 
 
-class _Receivers:
-    """Which NIC receivers see light now, from `ethtool -m` on every host (one SSH connection each)."""
+class _Nics:
+    """The NICs of the check over one SSH connection per host: which receivers see light now (`ethtool -m`),
+    their admin and RDMA port states, and `ip link set dev X up|down`."""
 
     def __init__(self, bench: Bench, ports: list[NicPort], timeout_s: float):
         self.ports, self.timeout_s = ports, timeout_s
@@ -133,6 +145,20 @@ class _Receivers:
                 return lit
             time.sleep(poll_s)
 
+    def _states_on(self, host: str) -> dict[str, tuple[bool, str]]:
+        admin = {link.ifname: link.admin_up for link in _links(self.transports[host], self.timeout_s)}
+        rdma = {(r.dev, r.port): r.state for r in _rdma_links(self.transports[host], self.timeout_s)}
+        return {p.key: (admin.get(p.netdev, False), rdma.get((p.rdma_dev, p.rdma_port), "?"))
+                for p in self.ports if p.host == host}
+
+    def states(self) -> dict[str, tuple[bool, str]]:
+        """NIC key -> (administratively up, RDMA port state), every host read in parallel."""
+        return {k: v for part in self._pool.map(self._states_on, self.transports) for k, v in part.items()}
+
+    def set_admin(self, port: NicPort, up: bool) -> None:
+        self.transports[port.host].run(f"ip link set dev {shlex.quote(port.netdev)} {'up' if up else 'down'}",
+                                       deadline=Deadline(self.timeout_s), check=True)
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         for t in self.transports.values():
@@ -145,12 +171,16 @@ class FibreReport:
     ok: list[str] = field(default_factory=list)  # NIC keys whose loop lit them alone
     findings: list[str] = field(default_factory=list)  # one line per fibre that is not where the inventory says
     tests: list[tuple[int, int, list[str]]] = field(default_factory=list)  # (ingress, egress, lit NIC keys)
+    identified: list[str] = field(default_factory=list)  # NIC keys whose own light was seen on their claimed ingress
+    unverified: list[str] = field(default_factory=list)  # why a NIC's TX identity could not be checked
     restored: bool = False
     restore_error: str | None = None
+    links_restored: bool = False  # every NIC's admin and RDMA port state read back as before the check
+    links_error: str | None = None
 
     @property
     def passed(self) -> bool:
-        return not self.findings and self.restored
+        return not self.findings and self.restored and self.links_restored
 
 
 def _name(port: NicPort) -> str:
@@ -158,9 +188,11 @@ def _name(port: NicPort) -> str:
 
 
 def fibre_map(bench: Bench, ocs: str, *, light_s: float = 2.0, poll_s: float = 0.01,
-              timeout_s: float = 10.0) -> FibreReport:
-    """Check every fibre of the NIC ports on `ocs` (see the module doc). Touches allowed ports only (the
-    driver refuses others before sending); the caller holds the bench lease."""
+              timeout_s: float = 10.0, laser_s: float = 10.0, link_s: float = 30.0) -> FibreReport:
+    """Check every fibre of the NIC ports on `ocs` (see the module doc). Touches allowed ports and inventory
+    NICs only (the driver refuses other ports before sending); the caller holds the bench lease.
+    `laser_s` bounds a laser's return after `ip link set up` (a QSFP-DD module leaves low power in seconds);
+    `link_s` bounds the links' return to their earlier states once the cross-connects are restored."""
     from devices.ocs import open_switch
     from harness.bench.circuits import CircuitGuard, RetryPolicy
 
@@ -169,21 +201,23 @@ def fibre_map(bench: Bench, ocs: str, *, light_s: float = 2.0, poll_s: float = 0
     n_in = resource.size[0]
     report = FibreReport(ocs)
     switch = open_switch(resource, timeout_s=timeout_s)
-    receivers = None
+    nics = None
+    before: dict[str, tuple[bool, str]] = {}
     guard = CircuitGuard(ocs, switch, snapshot_path=None, resuming=False)
     policy = RetryPolicy(timeout_s=timeout_s)
     cache: dict[tuple[int, int], frozenset[str]] = {}
     try:
-        receivers = _Receivers(bench, ports, timeout_s)
+        nics = _Nics(bench, ports, timeout_s)
+        before = nics.states()
         guard.apply({}, policy, exclusive=True)
-        receivers.wait(lambda lit: not lit, light_s, poll_s)
+        nics.wait(lambda lit: not lit, light_s, poll_s)
 
         def test(ingress: int, egress: int) -> frozenset[str]:
             if (ingress, egress) not in cache:
                 guard.apply({ingress: egress}, policy, exclusive=True)
-                lit = receivers.wait(bool, light_s, poll_s)
+                lit = nics.wait(bool, light_s, poll_s)
                 guard.apply({}, policy, exclusive=True)
-                receivers.wait(lambda now: not now, light_s, poll_s)
+                nics.wait(lambda now: not now, light_s, poll_s)
                 cache[(ingress, egress)] = lit
                 report.tests.append((ingress, egress, sorted(lit)))
             return cache[(ingress, egress)]
@@ -192,20 +226,22 @@ def fibre_map(bench: Bench, ocs: str, *, light_s: float = 2.0, poll_s: float = 0
         for port in ports:
             (report.ok.append(port.key) if test(port.ocs_tx, port.ocs_rx) == {port.key} else failing.append(port))
         good = [p for p in ports if p.key in report.ok]
+        allowed_in = sorted(p for p in resource.allowed_ports if p <= n_in)
+        allowed_out = sorted(p for p in resource.allowed_ports if p > n_in)
+        tx_named: set[str] = set()  # NICs whose TX fibre light already placed elsewhere
         if failing and not good:
             report.findings += [f"{_name(p)}: its loop OCS {p.ocs_tx}->{p.ocs_rx} lit "
                                 f"{', '.join(k.replace(':', '/', 1) for k in sorted(cache[(p.ocs_tx, p.ocs_rx)])) or 'nothing'}"
                                 "; no NIC passed to localise against" for p in failing]
-            return report
-        ref = good[0]
-        allowed_in = sorted(p for p in resource.allowed_ports if p <= n_in)
-        allowed_out = sorted(p for p in resource.allowed_ports if p > n_in)
+            failing = []
         claimed_in = {p.ocs_tx for p in ports}
         for port in failing:
+            ref = good[0]
             if ref.key not in test(port.ocs_tx, ref.ocs_rx):
                 # light from a TX fibre sits on an ingress no NIC claims (a claimed one is its owner's)
                 spare = [i for i in allowed_in if i not in claimed_in]
                 seen = [i for i in spare if ref.key in test(i, ref.ocs_rx)]
+                tx_named.add(port.key)
                 report.findings.append(f"inventory says {_name(port)} tx→OCS {port.ocs_tx}, "
                                        + (f"light seen on OCS {', '.join(map(str, seen))}" if seen else
                                           "no light on any allowed ingress"))
@@ -218,13 +254,91 @@ def fibre_map(bench: Bench, ocs: str, *, light_s: float = 2.0, poll_s: float = 0
                     f"{found if found is not None else 'no allowed egress'}"
                     + (f" (OCS {port.ocs_rx} lights {', '.join(k.replace(':', '/', 1) for k in sorted(lit))})"
                        if lit else ""))
+        _tx_identity(switch, nics, [p for p in ports if p.key not in tx_named], before, allowed_in, report,
+                     light_s=light_s, laser_s=laser_s, poll_s=poll_s)
         return report
     finally:
         outcome = guard.restore(within_s=max(15.0, timeout_s))
         report.restored, report.restore_error = outcome.restored, outcome.error
-        if receivers is not None:
-            receivers.close()
+        if nics is not None:
+            _links_as_before(nics, before, report, link_s, poll_s)
+            nics.close()
         switch.close()
+
+
+def _tx_identity(switch, nics: _Nics, ports: list[NicPort], before: dict, allowed_in: list[int],
+                 report: FibreReport, *, light_s: float, laser_s: float, poll_s: float) -> None:
+    """Whose light is on each claimed ingress: each NIC set down in turn, the ingress that goes dark on the
+    OCS's power monitors is its TX fibre; set up again, that light must return within `laser_s`."""
+    def lit_ingress() -> frozenset[int]:
+        return frozenset(p for p, dbm in switch.port_power(allowed_in).items() if dbm > LIT_DBM)
+
+    def until(done, within_s: float) -> frozenset[int]:
+        deadline = Deadline(within_s)
+        while True:
+            now = lit_ingress()
+            if done(now) or deadline.expired():
+                return now
+            time.sleep(poll_s)
+
+    try:
+        baseline = lit_ingress()
+    except DeviceError as exc:
+        report.unverified.append(f"TX identity not checked: the switch reports no ingress power ({exc})")
+        return
+    owner = {p.ocs_tx: p for p in ports}
+    for port in ports:
+        if not before.get(port.key, (False, ""))[0]:
+            report.unverified.append(f"{_name(port)}: administratively down before the check (transmits nothing)")
+            continue
+        try:
+            nics.set_admin(port, False)
+        except CommandFailed as exc:  # e.g. RTNETLINK answers: Operation not permitted (needs CAP_NET_ADMIN)
+            report.unverified.append(f"{_name(port)}: cannot set it down: {exc}")
+            continue
+        try:
+            dark = baseline - until(lambda now: bool(baseline - now), light_s)
+        finally:
+            nics.set_admin(port, True)
+        back = until(lambda now: baseline <= now, laser_s)
+        if not baseline <= back:
+            report.findings.append(f"{_name(port)}: light on OCS {', '.join(map(str, sorted(baseline - back)))} "
+                                   f"did not return within {laser_s:g} s of `ip link set up`")
+        if dark == {port.ocs_tx}:
+            report.identified.append(port.key)
+        elif not dark:
+            report.unverified.append(f"{_name(port)}: set down, no allowed ingress went dark (does its laser stay on "
+                                     "when the port is down?)")
+        else:
+            others = [f"OCS {i} is claimed by {_name(owner[i])}" for i in sorted(dark) if i in owner and i != port.ocs_tx]
+            report.findings.append(f"inventory says {_name(port)} tx→OCS {port.ocs_tx}, light seen on OCS "
+                                   f"{', '.join(map(str, sorted(dark)))} (dark while it was set down"
+                                   + (f"; {'; '.join(others)})" if others else ")"))
+
+
+def _links_as_before(nics: _Nics, before: dict, report: FibreReport, link_s: float, poll_s: float) -> None:
+    """Every NIC's admin state and RDMA port state read back as before the check (links re-train once the
+    cross-connects are back: wait for them, bounded)."""
+    try:
+        now = nics.states()
+        for port in nics.ports:  # a port the check set down and could not set up again gets another try
+            if before.get(port.key, (False, ""))[0] and not now.get(port.key, (False, ""))[0]:
+                nics.set_admin(port, True)
+        deadline = Deadline(link_s)
+        while True:
+            now = nics.states()
+            differ = sorted(k for k in before if now.get(k) != before[k])
+            if not differ or deadline.expired():
+                break
+            time.sleep(max(poll_s, 0.05))
+    except DeviceError as exc:
+        report.links_error = f"cannot read the links back: {exc}"
+        return
+    report.links_restored = not differ
+    if differ:
+        show = lambda st: f"{'up' if st[0] else 'down'}/{st[1]}"  # noqa: E731
+        report.links_error = "; ".join(f"{k.replace(':', '/', 1)} {show(before[k])} before, {show(now.get(k, (False, '?')))} "
+                                       f"after {link_s:g} s" for k in differ)
 
 
 # ====================================================================== discovery

@@ -39,6 +39,7 @@ class Snap:  # a NicSnapshot stand-in
     link_downed: int = 0
     rx_power_dbm: float = -60.0
     speed_mbps: int = 400_000
+    admin_up: bool = True
 
 
 snapshots = st.builds(

@@ -89,8 +89,21 @@ def correct():
 
 
 # Two fibres swapped: the RX fibres of gpu1/ens1f0np0 (claimed on egress 17) and gpu2/ens1f0np0 (egress 19);
-# and the TX fibre of gpu1/ens2f0np0 (claimed on ingress 2) plugged into spare ingress 12.
-MISCABLE = [[17, 19], [2, 12]]
+# the TX fibre of gpu1/ens2f0np0 (claimed on ingress 2) plugged into spare ingress 12; and the TX fibres of
+# gpu3/ens1f0np0 (ingress 5) and gpu4/ens1f0np0 (ingress 7) swapped: both NICs transmit, so every loop still
+# lights its own receiver and light alone cannot tell (the identity probe can).
+MISCABLE = [[17, 19], [2, 12], [5, 7]]
+
+
+def _link_states(eb) -> dict:
+    return {m.key: (s.admin_up, s.ib_state) for h in eb.physics.hosts for m in eb.physics.nic_ports(h)
+            for s in [eb.physics.nic_snapshot(h, m.netdev)]}
+
+
+def _settled(eb) -> dict:
+    """The link states once the physics has delivered everything due (the bench is instant)."""
+    assert eb.physics.wait_idle(10.0)
+    return _link_states(eb)
 
 
 @pytest.fixture(scope="module")
@@ -104,11 +117,19 @@ def test_fibre_map_passes_on_a_correct_bench_and_leaves_the_cross_connects_as_be
     bench = load_inventory(correct.inventory_path)
     assert preflight.quick_check(bench) == []
     assert correct.physics.ocs_patches() == ORIGINAL
+    links = _settled(correct)
+    assert sorted(v for v in links.values() if v[1] == "ACTIVE") == [(True, "ACTIVE")] * 2  # lit by ORIGINAL
+    truth_before = len(correct.ground_truth())
     report = preflight.fibre_map(bench, "ocs1", light_s=1.0)
-    assert report.findings == [] and report.restored and report.passed
-    assert sorted(report.ok) == sorted(p.key for p in bench.nic_ports)
+    assert report.findings == [] and report.unverified == [] and report.restored and report.links_restored
+    assert report.passed
+    assert sorted(report.ok) == sorted(report.identified) == sorted(p.key for p in bench.nic_ports)
     assert all(lit == [f"{p.host}:{p.netdev}"] for (i, e, lit), p in zip(report.tests, bench.nic_ports))
-    assert correct.physics.ocs_patches() == ORIGINAL
+    assert correct.physics.ocs_patches() == ORIGINAL and _settled(correct) == links
+    # every NIC was set down and up once, each its own laser (ground truth: the ingress its fibre is on)
+    toggled = [(t["stage"], t["host"], t["port"], t["ocs_port"]) for t in correct.ground_truth()[truth_before:]
+               if t["stage"] in ("admin_down", "admin_up")]
+    assert toggled == [(stage, p.host, p.netdev, p.ocs_tx) for p in bench.nic_ports for stage in ("admin_down", "admin_up")]
 
 
 def test_fibre_map_names_both_miscabled_fibres(miscabled, capsys):
@@ -117,6 +138,8 @@ def test_fibre_map_names_both_miscabled_fibres(miscabled, capsys):
     real = {m.netdev: (m.ocs_tx, m.ocs_rx) for m in miscabled.physics.nic_ports("gpu1")}
     assert claimed == {"ens1f0np0": (1, 17), "ens2f0np0": (2, 18)}  # the inventory claims the intended cabling
     assert real == {"ens1f0np0": (1, 19), "ens2f0np0": (12, 18)}  # the ground truth
+    assert [m.ocs_tx for h in ("gpu3", "gpu4") for m in miscabled.physics.nic_ports(h)] == [7, 6, 5, 8]
+    links = _settled(miscabled)
     assert main(["bench", "check", str(miscabled.inventory_path), "--light-timeout", "0.2"]) == 1
     out = capsys.readouterr().out.splitlines()
     fails = [line for line in out if line.startswith("FAIL")]
@@ -124,9 +147,15 @@ def test_fibre_map_names_both_miscabled_fibres(miscabled, capsys):
         "FAIL ocs1: inventory says gpu1/ens1f0np0 rx←OCS 17, light seen on OCS 19 (OCS 17 lights gpu2/ens1f0np0)",
         "FAIL ocs1: inventory says gpu1/ens2f0np0 tx→OCS 2, light seen on OCS 12",
         "FAIL ocs1: inventory says gpu2/ens1f0np0 rx←OCS 19, light seen on OCS 17 (OCS 19 lights gpu1/ens1f0np0)",
+        "FAIL ocs1: inventory says gpu3/ens1f0np0 tx→OCS 5, light seen on OCS 7 (dark while it was set down; "
+        "OCS 7 is claimed by gpu4/ens1f0np0)",
+        "FAIL ocs1: inventory says gpu4/ens1f0np0 tx→OCS 7, light seen on OCS 5 (dark while it was set down; "
+        "OCS 5 is claimed by gpu3/ens1f0np0)",
     ]
+    assert not [line for line in out if line.startswith("WARN")]
     assert "ok   ocs1: original cross-connects restored and read back" in out
-    assert miscabled.physics.ocs_patches() == ORIGINAL
+    assert "ok   ocs1: NIC admin and RDMA port states as before, read back" in out
+    assert miscabled.physics.ocs_patches() == ORIGINAL and _settled(miscabled) == links
 
 
 def test_discover_writes_a_draft_that_validate_accepts(correct, tmp_path, capsys):
@@ -169,3 +198,18 @@ def test_run_stops_at_the_preflight_before_touching_the_switch(correct, tmp_path
     assert code == 1
     assert "run stopped: preflight: gpu3/ens9f0np0: no such interface" in capsys.readouterr().err
     assert len(correct.ground_truth()) == truth_before and correct.physics.ocs_patches() == ORIGINAL
+
+
+def test_a_port_set_down_prints_as_iproute2_prints_one():
+    """`ip link` of a port set down (the identity probe's read-back) has the flags of a real admin-down link."""
+    from devices.emulated.physics import NicModel
+    from devices.emulated.formats import ip_link_lines
+    from devices.parsers.nic import parse_ip_monitor_line
+
+    real = (Path(__file__).parent / "data" / "real" / "ip-monitor" /
+            "tap-up-mac-change-deleted-jithendiran-lab.txt").read_text().splitlines()[7]
+    model = NicModel("gpu1", "ens1f0np0", "mlx5_0", 1, "0c:42:a1:00:00:01", 3, 1, 17)
+    ours = ip_link_lines(model, False, "down", oneline=False, monitor=True, admin_up=False).splitlines()[0]
+    seen = [parse_ip_monitor_line(line) for line in (real, ours)]
+    assert seen[0].flags == seen[1].flags == {"BROADCAST", "MULTICAST"} and not seen[1].admin_up
+    assert (seen[0].operstate, seen[0].carrier) == (seen[1].operstate, seen[1].carrier) == ("DOWN", False)

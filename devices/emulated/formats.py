@@ -36,6 +36,7 @@ class NicSnapshotLike(Protocol):
     link_downed: int
     rx_power_dbm: float
     speed_mbps: int
+    admin_up: bool
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -143,18 +144,20 @@ def ip_stamp(host_ns: int) -> str:
     return time.strftime("[%Y-%m-%dT%H:%M:%S", time.localtime(seconds)) + f".{rest // 1000:06d}] "
 
 
-def _link_flags(carrier: bool) -> str:
+def _link_flags(carrier: bool, admin_up: bool = True) -> str:
+    if not admin_up:
+        return "<BROADCAST,MULTICAST>"  # set down: no UP, and the kernel prints no NO-CARRIER without it
     return "<BROADCAST,MULTICAST,UP,LOWER_UP>" if carrier else "<NO-CARRIER,BROADCAST,MULTICAST,UP>"
 
 
 def ip_link_lines(model: NicModelLike, carrier: bool, operstate: str, *, oneline: bool,
-                  monitor: bool, host_ns: int | None = None) -> str:
+                  monitor: bool, host_ns: int | None = None, admin_up: bool = True) -> str:
     """One link as `ip link` (monitor=False) or `ip monitor link` (monitor=True) prints it.
 
     `ip link` adds `mode DEFAULT … qlen 1000`; the monitor event does not. `-o` joins the address line
     with a backslash; `-ts` (host_ns given) prefixes the event line.
     """
-    head = f"{model.ifindex}: {model.netdev}: {_link_flags(carrier)} mtu {MTU} qdisc mq state {operstate.upper()}"
+    head = f"{model.ifindex}: {model.netdev}: {_link_flags(carrier, admin_up)} mtu {MTU} qdisc mq state {operstate.upper()}"
     head += " group default" if monitor else " mode DEFAULT group default qlen 1000"
     address = f"    link/ether {model.mac} brd ff:ff:ff:ff:ff:ff"
     prefix = ip_stamp(host_ns) if host_ns is not None else ""
@@ -168,7 +171,8 @@ def ip_o_link(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> str:
     lines = ["1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT group default "
              "qlen 1000\\    link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00\n"]
     for model, snapshot in ports:
-        lines.append(ip_link_lines(model, snapshot.carrier, snapshot.operstate, oneline=True, monitor=False))
+        lines.append(ip_link_lines(model, snapshot.carrier, snapshot.operstate, oneline=True, monitor=False,
+                                   admin_up=snapshot.admin_up))
     return "".join(lines)
 
 
@@ -181,8 +185,7 @@ def ip_link_json(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]], *, inclu
                       "txqlen": 1000, "link_type": "loopback", "address": "00:00:00:00:00:00",
                       "broadcast": "00:00:00:00:00:00"})
     for m, s in ports:
-        flags = ["BROADCAST", "MULTICAST", "UP", "LOWER_UP"] if s.carrier else \
-            ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP"]
+        flags = _link_flags(s.carrier, s.admin_up).strip("<>").split(",")
         links.append({"ifindex": m.ifindex, "ifname": m.netdev, "flags": flags, "mtu": MTU, "qdisc": "mq",
                       "operstate": s.operstate.upper(), "linkmode": "DEFAULT", "group": "default", "txqlen": 1000,
                       "link_type": "ether", "address": m.mac, "broadcast": "ff:ff:ff:ff:ff:ff"})

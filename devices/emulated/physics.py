@@ -31,7 +31,7 @@ WIRE_LATENCY_NS = 2_000  # fibre + serialisation of one probe frame
 DARK_DBM = -60.0
 # Stream key of every random quantity: (domain, command, stage) -> one value per port (or per host).
 _STREAM_STAGES = OCS_KEYS + NIC_KEYS + ("clock_offset", "clock_drift")
-_OCS, _NIC, _CLOCK = 0, 1, 2
+_OCS, _NIC, _CLOCK, _ADMIN = 0, 1, 2, 3  # _ADMIN: re-training after `ip link set up` (its own streams)
 
 
 class OcsCommandError(Exception):
@@ -72,6 +72,7 @@ class NicSnapshot:
     rx_power_dbm: float = DARK_DBM
     speed_mbps: int = 400_000
     light_lost_ns: int | None = None  # when the light last went off (the fabric's failure detection starts)
+    admin_up: bool = True  # `ip link set dev X up|down`: a port set down transmits no light and holds no link
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,7 @@ class OpticalBench:
         self._by_rx = {p.model.ocs_rx: p for p in self._ports.values()}
         self._by_tx = {p.model.ocs_tx: p for p in self._ports.values()}
         self._lit_ingress = set(self._by_tx)  # every NIC laser is on
+        self._admin_changes = 0  # `ip link set` calls that changed a port: the command part of their draws
         for key in profile.faults.get("never_up") or []:
             self._port_by_key(str(key)).fault = "never_up"
         for key in profile.faults.get("flap") or []:
@@ -370,7 +372,7 @@ class OpticalBench:
             observer(t, ingress, egress, True)
         self._set_light(t, egress, command)
 
-    def _set_light(self, t: int, egress: int, command: int) -> None:
+    def _set_light(self, t: int, egress: int, command: int, domain: int = _NIC) -> None:
         """Egress `egress` is lit iff a settled mirror points a lit ingress at it."""
         source = self._settled_to.get(egress)
         on = source is not None and source in self._lit_ingress
@@ -378,7 +380,7 @@ class OpticalBench:
         if on != (egress in self._lit_egress):
             (self._lit_egress.add if on else self._lit_egress.discard)(egress)
             if port is not None:
-                self._light_changed(port, t, on, command)
+                self._light_changed(port, t, on, command, domain)
         if port is not None:
             self._update_data_plane(t, (port,))  # its peer may have changed even where the light did not
 
@@ -397,12 +399,12 @@ class OpticalBench:
             self._truth.append(dict(t_ns=t, stage=stage, host=port.model.host, port=port.model.netdev,
                                     ocs_port=port.model.ocs_rx))
 
-    def _light_changed(self, port: _Port, t: int, on: bool, command: int) -> None:
+    def _light_changed(self, port: _Port, t: int, on: bool, command: int, domain: int = _NIC) -> None:
         port.gen += 1
         gen = port.gen
 
         def after(t, stage, action):
-            delay, draw = self._draw(_NIC, command, stage, self.profile.nic_delay(port.model.key, stage), port)
+            delay, draw = self._draw(domain, command, stage, self.profile.nic_delay(port.model.key, stage), port)
             self._at(t + delay, action, draw)
 
         if on:
@@ -418,7 +420,7 @@ class OpticalBench:
                 if port.gen != gen:
                     return
                 self._emit(port, t, "cdr_locked", rx_lol=False)
-                if port.fault != "never_up":
+                if port.fault != "never_up" and port.state.admin_up:
                     after(t, "phy_up", phy_up)
 
             flaps_left = [port.flaps if port.fault == "flap" else 0]
@@ -563,6 +565,36 @@ class OpticalBench:
             self._advance()
             self._clocks[host].step_ns += int(delta_ns)
             self._truth.append(dict(t_ns=self._now(), stage="clock_step", host=host, port="", ocs_port=0))
+
+    def set_admin(self, host: str, netdev: str, up: bool) -> None:
+        """`ip link set dev NETDEV down|up`. Down: the transmitter goes dark (mlx5 disables the port; ethtool's
+        power-mode-policy `auto` puts a paged module in low power, data path off) and the link drops at once
+        (Disabled). Up: the laser returns, and a receiver that sees light trains again (its own draws)."""
+        with self._lock:
+            self._advance()
+            port = self._port(host, netdev)
+            if port.state.admin_up == up:
+                return
+            t = self._now()
+            self._admin_changes += 1
+            command = self._admin_changes
+            (self._lit_ingress.add if up else self._lit_ingress.discard)(port.model.ocs_tx)
+            self._truth.append(dict(t_ns=t, stage="admin_up" if up else "admin_down", host=host, port=netdev,
+                                    ocs_port=port.model.ocs_tx))
+            if up:
+                self._emit(port, t, None, admin_up=True, phys_state="Polling")
+                if port.model.ocs_rx in self._lit_egress:
+                    self._light_changed(port, t, True, command, _ADMIN)
+            else:
+                port.gen += 1  # a training in flight stops here
+                had_carrier = port.state.carrier
+                self._emit(port, t, "port_down" if had_carrier or port.state.ib_state != "DOWN" else None,
+                           admin_up=False, carrier=False, phys_state="Disabled", ib_state="DOWN", operstate="down",
+                           carrier_down_count=port.state.carrier_down_count + int(had_carrier))
+                self._update_data_plane(t, (port,))
+            egress = self._settled.get(port.model.ocs_tx)
+            if egress is not None:
+                self._set_light(t, egress, command, _ADMIN)  # the receiver it lit goes dark, or lights again
 
     def set_port_fault(self, host: str, netdev: str, fault: str | None, *, flaps: int = 3,
                        flap_ms: float = 1.0) -> None:

@@ -648,6 +648,8 @@ def _ip(ctx: ExecContext, argv: list[str]) -> int:
             return 255
     if rest[:1] == ["monitor"] and rest[1:] in ([], ["link"]):
         return _ip_monitor(ctx, opts["ts"], opts["oneline"])
+    if rest[:1] in (["link"], ["l"]) and rest[1:2] == ["set"]:
+        return _ip_link_set(ctx, [w for w in rest[2:] if w != "dev"])
     if rest[:1] in (["link"], ["l"]):
         words = [w for w in rest[1:] if w not in ("show", "dev")]
         ports = ctx.server.ports_with_state()
@@ -660,17 +662,32 @@ def _ip(ctx: ExecContext, argv: list[str]) -> int:
             ctx.out(formats.ip_link_json(ports, include_loopback=not words))
             return 0
         if words:
-            text = "".join(formats.ip_link_lines(m, s.carrier, s.operstate, oneline=opts["oneline"], monitor=False)
+            text = "".join(formats.ip_link_lines(m, s.carrier, s.operstate, oneline=opts["oneline"], monitor=False,
+                                                 admin_up=s.admin_up)
                            for m, s in ports)
         elif opts["oneline"]:
             text = formats.ip_o_link(ports)
         else:
-            text = "".join(formats.ip_link_lines(m, s.carrier, s.operstate, oneline=False, monitor=False)
+            text = "".join(formats.ip_link_lines(m, s.carrier, s.operstate, oneline=False, monitor=False,
+                                                 admin_up=s.admin_up)
                            for m, s in ports)
         ctx.out(text)
         return 0
     ctx.err(f'Object "{rest[0] if rest else ""}" is unknown, try "ip help".\n')
     return 255
+
+
+def _ip_link_set(ctx: ExecContext, words: list[str]) -> int:
+    """`ip link set [dev] NETDEV up|down` (silent on success, as iproute2 is); the physics switches the port."""
+    if len(words) != 2 or words[1] not in ("up", "down"):
+        ctx.err("emulated host supports 'ip link set [dev] NETDEV up|down' only\n")
+        return 255
+    model = ctx.server.nic_by_netdev(words[0])
+    if model is None:
+        ctx.err(f'Cannot find device "{words[0]}"\n')
+        return 1
+    ctx.bench.set_admin(ctx.host, model.netdev, words[1] == "up")
+    return 0
 
 
 def _subscribe(ctx: ExecContext) -> tuple[queue.SimpleQueue, Callable[[], None]]:

@@ -131,6 +131,11 @@ class IpLink:
     stamp: datetime | None = None  # `-ts` prefix: the host's *local* time, µs resolution, naive
 
     @property
+    def admin_up(self) -> bool:
+        """Administratively up (`ip link set dev X up`): the `UP` flag."""
+        return "UP" in self.flags
+
+    @property
     def carrier(self) -> bool:
         """Carrier as the flags show it (`LOWER_UP` present, `NO-CARRIER` absent)."""
         return "LOWER_UP" in self.flags and "NO-CARRIER" not in self.flags

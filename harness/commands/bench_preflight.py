@@ -5,7 +5,10 @@ discover --hosts HOST[,HOST...] [--ocs URL --protocol P --ocs-size N,M]: log int
   write a draft inventory (`harness validate` accepts it; its fibre map is a placeholder until checked).
 check INVENTORY: every host, NIC port, RDMA port and switch named is there; then, under the bench lease, the
   fibre map through each OCS (one candidate circuit at a time, allowed ports only, original cross-connects
-  restored and read back). Exit 0 all verified, 1 a mismatch or a restore that did not verify, 2 bad input.
+  restored and read back) and whose light each TX fibre carries (each NIC set down in turn with
+  `ip link set dev X down`, needs CAP_NET_ADMIN; the ingress that goes dark on the switch's power monitors is
+  its fibre; its admin and RDMA port states read back as before). Exit 0 all verified (WARN lines name a TX
+  identity that could not be checked), 1 a mismatch or a restore that did not verify, 2 bad input.
 """
 from __future__ import annotations
 
@@ -94,6 +97,7 @@ def _discover(args) -> int:
 
 
 def _check(args) -> int:
+    from devices.errors import DeviceError
     from harness import preflight
     from harness.config import load_inventory
     from harness.runner import RunOptions, _acquire_lease
@@ -111,14 +115,24 @@ def _check(args) -> int:
     failed = False
     try:
         for name in bench.ocs:
-            report = preflight.fibre_map(bench, name, light_s=args.light_timeout)
+            try:
+                report = preflight.fibre_map(bench, name, light_s=args.light_timeout)
+            except DeviceError as exc:  # the bench was restored on the way out (fibre_map's finally)
+                print(f"FAIL {name}: fibre map stopped: {exc}")
+                failed = True
+                continue
             for line in report.findings:
                 print(f"FAIL {name}: {line}")
+            for line in report.unverified:
+                print(f"WARN {name}: {line}")
             if not report.findings:
                 print(f"ok   {name}: every fibre where the inventory says ({len(report.ok)} NIC loops lit, "
-                      f"{len(report.tests)} circuits tried; TX fibres swapped between two lit NICs need a probe)")
+                      f"{len(report.tests)} circuits tried; {len(report.identified)} TX fibres carry their own "
+                      "NIC's light: dark on the switch while that NIC was set down)")
             print(("ok   " if report.restored else "FAIL ") + f"{name}: original cross-connects "
                   + ("restored and read back" if report.restored else f"NOT restored: {report.restore_error}"))
+            print(("ok   " if report.links_restored else "FAIL ") + f"{name}: NIC admin and RDMA port states "
+                  + ("as before, read back" if report.links_restored else f"NOT as before: {report.links_error}"))
             failed |= not report.passed
     finally:
         if lease is not None:
