@@ -197,11 +197,20 @@ class PointJob:
     bench: str
     seed: int
     physical: bool
+    lease_wait_s: float = LEASE_WAIT_S  # how long a physical point waits for a bench lease someone else holds
+
+
+def lease_wait_path(run_dir: Path) -> Path:
+    """While a physical point waits for the bench lease: who holds it and since when (next to the point)."""
+    return run_dir.with_name(f"{run_dir.name}.lease-wait.json")
 
 
 def run_point(job: PointJob, _after: Any = None) -> dict:
     """Run (or resume, or skip when finished) one point with `harness run` in a subprocess; a row of facts.
-    `_after` only orders physical points one after another (a dask dependency)."""
+    `_after` only orders physical points one after another (a dask dependency). point.json keeps the
+    attempt's wall-clock start and end (ns) and how often the bench lease was refused before it."""
+    from harness import record as rec
+
     run_dir = Path(job.run_dir)
     if _finished(run_dir):
         return {"point": job.name, "exit_code": _json(run_dir / "point.json").get("exit_code"), "ran": False}
@@ -212,21 +221,31 @@ def run_point(job: PointJob, _after: Any = None) -> dict:
 
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing measured there yet: start the point afresh
         args = ["run", job.playbook, "--bench", job.bench, "--seed", str(job.seed), "--out", str(run_dir)]
-    deadline = time.monotonic() + LEASE_WAIT_S
+    waiting = lease_wait_path(run_dir)
+    deadline = time.monotonic() + job.lease_wait_s
+    refusals, first_refused = 0, time.monotonic()
     while True:
+        started_ns = time.time_ns()
         proc = subprocess.run([sys.executable, "-m", "harness", *args, "-q"], capture_output=True, text=True,
                               stdin=subprocess.DEVNULL)
-        if not (job.physical and proc.returncode == 2 and "bench is locked" in proc.stderr
-                and time.monotonic() < deadline):
+        locked = job.physical and proc.returncode == 2 and "bench is locked" in proc.stderr
+        if not (locked and time.monotonic() < deadline):
             break
-        time.sleep(2.0)  # another run holds the bench lease: wait for it, as a lab member would
+        refusals += 1  # another run holds the bench lease: wait for it, as a lab member would
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        rec.write_json_atomic(waiting, {"refusals": refusals, "waiting_s": round(time.monotonic() - first_refused, 1),
+                                        "holder": proc.stderr.strip().splitlines()[-1]})
+        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+    waiting.unlink(missing_ok=True)
+    facts = {"exit_code": proc.returncode, "started_ns": started_ns, "ended_ns": time.time_ns(),
+             "lease_refusals": refusals}
     if proc.returncode == 2 or not (run_dir / "summary.json").exists():
-        return {"point": job.name, "exit_code": proc.returncode, "ran": True,
-                "error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
-    from harness import record as rec
-
-    rec.write_json_atomic(run_dir / "point.json", {"exit_code": proc.returncode})
-    return {"point": job.name, "exit_code": proc.returncode, "ran": True}
+        error = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        if locked:
+            error += f" (waited {job.lease_wait_s:g} s for the bench lease)"
+        return {"point": job.name, "ran": True, "error": error, **facts}
+    rec.write_json_atomic(run_dir / "point.json", facts)
+    return {"point": job.name, "ran": True, **facts}
 
 
 def _finished(run_dir: Path) -> bool:
@@ -279,7 +298,7 @@ class SweepPlan:
     physical: bool
 
 
-def plan(playbook_path: str, *, bench: str | None, out: str | None) -> SweepPlan:
+def plan(playbook_path: str, *, bench: str | None, out: str | None, lease_wait_s: float = LEASE_WAIT_S) -> SweepPlan:
     """Validate, write the points' playbooks and profiles, and fix (or check) the sweep's identity."""
     from harness import record as rec
     from harness.config import load_playbook
@@ -333,7 +352,8 @@ def plan(playbook_path: str, *, bench: str | None, out: str | None) -> SweepPlan
                 rec.write_text_atomic(prof_path, yaml.safe_dump(profile, sort_keys=False))
             _check_profile(prof_path, p)
             point_bench = _with_profile(bench, prof_path)
-        jobs.append(PointJob(p.name, str(sweep_dir / "points" / p.name), str(pb_path), point_bench, p.seed, physical))
+        jobs.append(PointJob(p.name, str(sweep_dir / "points" / p.name), str(pb_path), point_bench, p.seed, physical,
+                             lease_wait_s))
     return SweepPlan(sweep_dir, points, jobs, physical)
 
 

@@ -1,19 +1,27 @@
 """`harness sweep`: the `sweep:` block is validated with file:line errors; a small grid on a dask
 LocalCluster gives the serial results (same points, same parameters, same emulator draws, same outcomes);
-a rerun skips finished points; a changed grid is refused."""
+a rerun skips finished points; a changed grid is refused; points on a physical bench take turns under the
+bench lease, also on a cluster given by its address."""
 from __future__ import annotations
 
+import json
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from distributed import LocalCluster
 
+from devices.emulated.bench import EmulatedBench
+from devices.emulated.profile import profile_from_dict
 from harness import sweep
 from harness.cli import main
-from harness.config import load_playbook
+from harness.config import load_inventory, load_playbook
 from harness.errors import InputError
+from harness.lock import BenchLease, ocs_lock_key
 
 PROFILE = {"name": "two-hosts", "description": "small, instant", "source": "none (a test fixture).",
            "ocs": {"switch": {"dist": "fixed", "ms": 0.0}, "dark": {"dist": "fixed", "ms": 0.0}},
@@ -99,3 +107,83 @@ def test_sweep_on_a_local_cluster_equals_serial_resumes_and_refuses_a_changed_gr
     path.write_text(path.read_text().replace("[1.0, 3.0]", "[1.0, 4.0]"))
     assert main(["sweep", str(path), "--out", str(tmp_path / "dask"), "-q"]) == 2
     assert "holds a sweep with a different" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ points on a physical bench
+PHYSICAL = PLAYBOOK.replace("profile.ocs.switch.ms: [1.0, 3.0]", "measure.pattern: [ring-shift, random-matching]")
+
+
+@pytest.fixture(scope="module")
+def inventory_bench(tmp_path_factory):
+    """An emulated bench started here and handed to the sweep as an inventory: the sweep treats it as the
+    lab's physical bench (points chained, each under the bench lease), as it would a real one."""
+    with EmulatedBench(profile_from_dict(PROFILE), seed=2, workdir=tmp_path_factory.mktemp("bench")) as bench:
+        yield bench
+
+
+def _hold_the_bench(bench) -> BenchLease:
+    (ocs,) = load_inventory(bench.inventory_path).ocs.items()
+    return BenchLease([ocs_lock_key(*ocs[:1], ocs[1].url)], run_id="someone-else").acquire()
+
+
+def _wait_for(path: Path, alive, timeout_s: float = 180.0) -> dict:
+    end = time.monotonic() + timeout_s
+    while not path.exists():
+        assert alive() and time.monotonic() < end, f"{path.name} never appeared"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+def test_physical_points_take_turns_under_the_lease_on_a_given_scheduler(tmp_path, inventory_bench, capsys):
+    """Two points on a 2-worker cluster reached by its tcp:// address: the first waits for a lease someone
+    else holds and starts only once it is released; the second is chained after the first (never refused:
+    it never raced for the bench); their runs do not overlap, and the switch ends as it was found."""
+    path = write(tmp_path, PHYSICAL)
+    points = sweep.expand(load_playbook(path).sweep, 1)
+    original = inventory_bench.physics.ocs_patches()
+    holder = _hold_the_bench(inventory_bench)
+    out = tmp_path / "sweep"
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
+                      dashboard_address=None) as cluster:
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+        exit_code = []
+        sweeping = threading.Thread(target=lambda: exit_code.append(main(
+            ["sweep", str(path), "--bench", str(inventory_bench.inventory_path), "--out", str(out),
+             "--scheduler", cluster.scheduler_address, "-q"])))
+        sweeping.start()
+        try:
+            waiting = _wait_for(sweep.lease_wait_path(out / "points" / points[0].name), sweeping.is_alive)
+            assert waiting["refusals"] >= 1 and "someone-else" in waiting["holder"]
+            assert not (out / "points" / points[1].name).exists()  # chained: not started while the first waits
+        finally:
+            released_ns = time.time_ns()
+            holder.release()
+            sweeping.join(timeout=300)
+        assert exit_code == [0], capsys.readouterr()
+        computed = cluster.scheduler.task_prefixes["point"].state_counts["memory"]  # cumulative transitions
+        assert computed == 2  # both points ran on this cluster's workers
+    first, second = (json.loads((out / "points" / p.name / "point.json").read_text()) for p in points)
+    assert first["lease_refusals"] >= 1 and first["started_ns"] >= released_ns
+    assert second["lease_refusals"] == 0 and second["started_ns"] >= first["ended_ns"]
+    # the runs' own events on the harness clock (CLOCK_MONOTONIC, one per machine) agree: one after the other
+    a, b = (pd.read_parquet(out / "points" / p.name / "events.parquet")["t_ns"] for p in points)
+    assert a.max() < b.min()
+    assert not sweep.lease_wait_path(out / "points" / points[0].name).exists()
+    assert inventory_bench.physics.ocs_patches() == original
+    results = pd.read_parquet(out / sweep.RESULTS_NAME)
+    assert list(results["measure.pattern"]) == ["ring-shift", "random-matching"]
+    assert list(results["outcome"]) == ["completed"] * 2 and "truth_draws" not in results  # no truth on an inventory
+
+
+def test_a_physical_point_that_may_not_wait_fails_naming_the_lease_holder(tmp_path, inventory_bench, capsys):
+    path = write(tmp_path, PHYSICAL.replace("[ring-shift, random-matching]", "[ring-shift]"))
+    holder = _hold_the_bench(inventory_bench)
+    try:
+        code = main(["sweep", str(path), "--bench", str(inventory_bench.inventory_path), "--out",
+                     str(tmp_path / "sweep"), "--serial", "--lease-wait", "0", "-q"])
+    finally:
+        holder.release()
+    out = capsys.readouterr().out
+    assert code == 2 and "exit 2: " in out and "bench is locked: " in out and "(run someone-else)" in out, out
+    assert "(waited 0 s for the bench lease)" in out
+    assert not list((tmp_path / "sweep" / "points").glob("*/point.json"))  # unfinished: a rerun runs it

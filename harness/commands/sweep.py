@@ -13,6 +13,9 @@ def register(sub) -> None:
     p.add_argument("--scheduler", help="a dask scheduler, tcp://HOST:PORT (default: a LocalCluster)")
     p.add_argument("--workers", type=int, default=2, help="LocalCluster workers (default 2)")
     p.add_argument("--serial", action="store_true", help="no cluster: the points one by one in this process")
+    p.add_argument("--lease-wait", type=float, default=None, metavar="S",
+                   help="how long a point on a physical bench waits for a bench lease someone else holds "
+                        "(default 600 s; 0: fail at once, naming the holder)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_sweep)
 
@@ -27,8 +30,11 @@ def _sweep(args) -> int:
         raise InputError(f"--workers: expected a positive number, found {args.workers}")
     if args.scheduler and not args.scheduler.startswith(("tcp://", "tls://")):
         raise InputError("--scheduler: expected tcp://HOST:PORT", args.scheduler)
+    lease_wait = sweep.LEASE_WAIT_S if args.lease_wait is None else args.lease_wait
+    if not lease_wait >= 0:
+        raise InputError(f"--lease-wait: expected seconds >= 0, found {args.lease_wait}")
     started = time.monotonic()
-    plan = sweep.plan(args.playbook, bench=args.bench, out=args.out)
+    plan = sweep.plan(args.playbook, bench=args.bench, out=args.out, lease_wait_s=lease_wait)
     outcomes = sweep.execute(plan, scheduler=args.scheduler, workers=args.workers, serial=args.serial,
                              quiet=args.quiet)
     frame = sweep.gather(plan, outcomes)
