@@ -11,9 +11,11 @@ Fixtures
                 after each test the cross-connects on the allowed ports are put back as the test found them,
                 and that is verified (a teardown error otherwise).
   hosts         {host name: SshTransport}, strict host keys unless the inventory says the bench is emulated.
-  run_playbook  run_playbook(PLAYBOOK, **options) runs a playbook like `harness run` (each run in its own
-                directory under the test's tmp_path) and returns a PlaybookRun. On an `emulated:` spec every
-                run starts its own emulated bench, so its record has ground truth; pass bench=... to choose.
+  run_playbook  run_playbook(PLAYBOOK, **options) runs a playbook as `harness run --json` does (each run in
+                its own directory under the test's tmp_path) and returns a PlaybookRun: bad input is exit 2
+                with the message in `.error`, never an exception. On an `emulated:` spec every run starts its
+                own emulated bench, so its record has ground truth; pass bench=... to choose. A run on the
+                session's own inventory takes the bench lease from the `ocs` fixture for its duration.
 Marker
   @pytest.mark.hardware   the test needs a real bench: skipped on an emulated one, with the reason.
 A failing test's report names the run directories it made.
@@ -34,6 +36,7 @@ import pytest
 
 DEFAULT_BENCH = "emulated:instant"
 _RUN_DIRS = pytest.StashKey[list]()
+_SESSION_LEASE = pytest.StashKey["_SessionLease"]()
 
 
 def pytest_addoption(parser) -> None:
@@ -105,6 +108,7 @@ class PlaybookRun:
     status: str
     run_dir: Path | None
     checks: list = field(default_factory=list)
+    error: str | None = None  # bad input (exit 2): the harness's file:line message
 
     @property
     def ok(self) -> bool:
@@ -155,10 +159,44 @@ def bench(hil_bench):
     return hil_bench
 
 
+class _SessionLease:
+    """The `ocs` fixture's lease on the session's switch, lent to a run on the same bench (the runner takes
+    the bench lease itself, and must not find it held by its own test session) and taken back after it."""
+
+    def __init__(self, key: str, inventory: Path):
+        self.key, self.inventory = key, inventory.resolve()
+        self.lease = None
+
+    def acquire(self) -> None:
+        from harness.lock import BenchLease, BenchLocked, lease_ttl
+
+        try:
+            self.lease = BenchLease([self.key], run_id="pytest", ttl_s=lease_ttl()).acquire()
+        except BenchLocked as exc:
+            pytest.fail(f"ocs: {exc}", pytrace=False)
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+    @contextlib.contextmanager
+    def lent_to(self, bench_spec: str):
+        path = Path(bench_spec)
+        if self.lease is None or not path.exists() or path.resolve() != self.inventory:
+            yield
+            return
+        self.release()
+        try:
+            yield
+        finally:
+            self.acquire()
+
+
 @pytest.fixture(scope="session")
 def _hil_switch(pytestconfig, hil_bench):
     from devices.ocs import open_switch
-    from harness.lock import BenchLease, BenchLocked, ocs_lock_key
+    from harness.lock import ocs_lock_key
 
     names = sorted(hil_bench.resources.ocs)
     wanted = pytestconfig.getoption("hil_bench_ocs")
@@ -168,11 +206,9 @@ def _hil_switch(pytestconfig, hil_bench):
     if name not in hil_bench.resources.ocs:
         raise pytest.UsageError(f"--bench-ocs {name}: the bench has {', '.join(names)}")
     resource = hil_bench.resources.ocs[name]
-    lease = BenchLease([ocs_lock_key(name, resource.url)], run_id="pytest")
-    try:
-        lease.acquire()
-    except BenchLocked as exc:
-        pytest.fail(f"ocs {name}: {exc}", pytrace=False)
+    lease = _SessionLease(ocs_lock_key(name, resource.url), hil_bench.inventory)
+    lease.acquire()
+    pytestconfig.stash[_SESSION_LEASE] = lease
     try:
         switch = open_switch(resource)
         try:
@@ -180,6 +216,7 @@ def _hil_switch(pytestconfig, hil_bench):
         finally:
             switch.close()
     finally:
+        del pytestconfig.stash[_SESSION_LEASE]
         lease.release()
 
 
@@ -214,25 +251,34 @@ def hosts(hil_bench):
 
 @pytest.fixture
 def run_playbook(request, pytestconfig, tmp_path):
-    """run_playbook(playbook, *, bench=None, seed=None, cycles=None, resume=None) -> PlaybookRun."""
-    from harness.runner import RunOptions, run
+    """run_playbook(playbook=None, *, bench=None, seed=None, cycles=None, resume=None, dry_run=False,
+    quiet=True) -> PlaybookRun: `harness run` with those options and `--json`, in this process."""
+    from harness.cli import main
 
     made = request.node.stash.setdefault(_RUN_DIRS, [])
 
-    def run_it(playbook, *, bench: str | None = None, seed: int | None = None, cycles: int | None = None,
-               resume: str | None = None) -> PlaybookRun:
-        out = None if resume else tmp_path / f"run-{len(made) + 1}"
-        options = RunOptions(playbook=str(playbook), bench=bench or _bench_spec(pytestconfig),
-                             out=None if out is None else str(out), seed=seed, cycles=cycles, resume=resume,
-                             quiet=True, json=True)
+    def run_it(playbook=None, *, bench: str | None = None, seed: int | None = None, cycles: int | None = None,
+               resume: str | None = None, dry_run: bool = False, quiet: bool = True) -> PlaybookRun:
+        argv = ["run", "--json"] + ([str(playbook)] if playbook is not None else [])
+        if resume is not None:
+            argv += ["--resume", str(resume)] + (["--bench", bench] if bench else [])
+        else:
+            bench = bench or _bench_spec(pytestconfig)
+            argv += ["--bench", bench, "--out", str(tmp_path / f"run-{len(made) + 1}")]
+        for flag, value in (("--seed", seed), ("--cycles", cycles)):
+            argv += [flag, str(value)] if value is not None else []
+        argv += ["--dry-run"] * dry_run + ["-q"] * quiet
+        session_lease = pytestconfig.stash.get(_SESSION_LEASE, None)
         stdout = io.StringIO()
-        with contextlib.redirect_stdout(stdout):
-            code = run(options)
+        with session_lease.lent_to(bench) if session_lease and bench else contextlib.nullcontext(), \
+                contextlib.redirect_stdout(stdout):
+            code = main(argv)
         result = _result_line(stdout.getvalue())
         run_dir = Path(result["run_dir"]) if result.get("run_dir") else None
-        if run_dir is not None:
+        if run_dir is not None and run_dir.exists():
             made.append(run_dir)
-        return PlaybookRun(code, result.get("status", "error"), run_dir, result.get("checks", []))
+        return PlaybookRun(code, result.get("status", "error"), run_dir, result.get("checks", []),
+                           result.get("error"))
 
     return run_it
 

@@ -103,3 +103,39 @@ def test_the_shipped_lab_example_runs_as_a_user_would_run_it(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(passed=3, skipped=1)
     result.stdout.fnmatch_lines(["*needs a real bench*"])
+
+
+def test_on_an_inventory_bench_a_run_borrows_the_sessions_lease_and_bad_input_is_exit_2(pytester, tmp_path):
+    """--bench INVENTORY, as a lab runs it (an emulated bench described by its inventory stands in for the
+    real one): the `ocs` fixture leases the switch for the session, a run_playbook on the same bench takes
+    that lease for its duration (the runner leases the bench itself) and gives it back; bad input is a
+    PlaybookRun with exit 2 and the file:line message, not an exception."""
+    from devices.emulated.bench import EmulatedBench
+    from devices.emulated.profile import load_profile
+
+    pytester.makefile(".yaml", lab_turnaround=TURNAROUND, broken="name: x\nsteps:\n  - type: turnaround\n    pattern: 3\n")
+    pytester.makepyfile(test_lab=textwrap.dedent("""\
+        from harness.lock import lock_dir, read_lease
+
+        def held_by_this_session():
+            return [l for l in map(read_lease, lock_dir().glob("ocs-*.json")) if l and l.get("run_id") == "pytest"]
+
+        def test_a_the_switch_is_leased(bench, ocs):
+            assert not bench.emulated or bench.spec.endswith("inventory.yaml")
+            assert ocs.patches() is not None and len(held_by_this_session()) == 1
+
+        def test_b_a_run_on_the_same_bench_borrows_the_lease(run_playbook, ocs):
+            before = ocs.patches()
+            run = run_playbook("lab_turnaround.yaml")
+            assert run.ok, (run.status, run.checks, run.error)
+            assert run.manifest()["extra"]["restored"] == {"ocs1": True} and run.ground_truth() is None
+            assert len(held_by_this_session()) == 1 and ocs.patches() == before
+
+        def test_c_bad_input_is_exit_2_with_the_message(run_playbook):
+            run = run_playbook("broken.yaml")
+            assert (run.exit_code, run.status, run.run_dir) == (2, "input_error", None)
+            assert "broken.yaml:4" in run.error
+        """))
+    with EmulatedBench(load_profile("instant"), seed=5, workdir=tmp_path / "bench") as bench:
+        result = pytester.runpytest("-p", "no:cacheprovider", "--bench", str(bench.inventory_path))
+    result.assert_outcomes(passed=3)
