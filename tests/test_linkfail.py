@@ -79,43 +79,7 @@ def test_inflation_interval_covers_the_true_ratio_and_is_seeded():
 
 
 # ---------------------------------------------------------------------------------------- emulated data plane
-
-def _plane(bench):
-    from types import SimpleNamespace
-
-    from devices.emulated.ssh_host import _DataPlane
-
-    server = SimpleNamespace(link_gbps=None, eps_gbps=100.0, transfer_latency_us=0.0)
-    return _DataPlane(SimpleNamespace(bench=bench, server=server), {"link-gbps": "400", "eps-gbps": "100"})
-
-
-def test_a_pulled_link_stalls_until_detected_then_re_spreads_over_the_packet_fabric():
-    import yaml
-
-    from devices.emulated.physics import OpticalBench
-    from devices.emulated.profile import PROFILE_DIR, profile_from_dict
-
-    data = yaml.safe_load((PROFILE_DIR / "instant.yaml").read_text())
-    data["fabric"] = {"detection": {"dist": "fixed", "ms": 60_000.0}, "source": "test: a detection slower than "
-                                                                                "any test run"}
-    with OpticalBench(profile_from_dict(data, "test"), seed=1) as bench:
-        a, b = bench.all_nic_ports()[:2]
-        bench.ocs_apply({a.ocs_tx: b.ocs_rx, b.ocs_tx: a.ocs_rx})
-        assert bench.wait_idle()
-        plane, size = _plane(bench), 1.0e9
-        assert plane.rank_seconds(a, [(b, size, size)]) == pytest.approx(size / 50e9)  # the circuit, 400 Gb/s
-        assert plane.undetected_s(a) == 0.0
-        bench.ocs_apply({}, removes=[a.ocs_tx, b.ocs_tx])  # the fibre pull
-        assert bench.wait_idle()
-        stall = plane.undetected_s(a)
-        assert 0 < stall <= 60.0 and plane.undetected_s(b) > 0
-        seconds = plane.rank_seconds(a, [(b, size, size)])
-        assert stall - 1.0 < seconds - size / 12.5e9 <= stall  # stalled, then over the 100 Gb/s fabric
-        bench.ocs_apply({a.ocs_tx: b.ocs_rx, b.ocs_tx: a.ocs_rx})  # light back: nothing left to detect
-        assert bench.wait_idle()
-        assert plane.undetected_s(a) == 0.0
-        assert plane.rank_seconds(a, [(b, size, size)]) == pytest.approx(size / 50e9)
-
+# (the transfers themselves: tests/test_dataplane.py)
 
 def test_profile_fabric_detection_needs_a_source():
     from devices.emulated.profile import FABRIC_SOURCE_DEFAULT, ProfileError, profile_from_dict

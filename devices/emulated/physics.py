@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from collections import deque
 import itertools
 import threading
 import time
@@ -28,6 +29,7 @@ from devices.emulated.profile import NIC_KEYS, OCS_KEYS, Profile
 from devices.timing import now_ns
 
 WIRE_LATENCY_NS = 2_000  # fibre + serialisation of one probe frame
+_RATE_STAGES = frozenset({"light_lost", "light_detected", "port_down", "phy_up", "port_active"})
 DARK_DBM = -60.0
 # Stream key of every random quantity: (domain, command, stage) -> one value per port (or per host).
 _STREAM_STAGES = OCS_KEYS + NIC_KEYS + ("clock_offset", "clock_drift")
@@ -73,6 +75,7 @@ class NicSnapshot:
     speed_mbps: int = 400_000
     light_lost_ns: int | None = None  # when the light last went off (the fabric's failure detection starts)
     admin_up: bool = True  # `ip link set dev X up|down`: a port set down transmits no light and holds no link
+    lit_by: str | None = None  # the NIC ("host:netdev") whose transmitter lights this receiver, None when dark
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,9 @@ class _Port:
     fault: str | None = None  # "never_up" | "flap" | None
     flaps: int = 0  # "flap": carrier down/up cycles after each PHY training, light staying on
     flap_ns: int = 1_000_000  # "flap": how long each carrier-down and carrier-up phase lasts
+    # (due ns, state after) of each change a transfer's rate depends on (light, PHY, port state): the emulated
+    # tools integrate their bytes over it (devices/emulated/dataplane.py), whenever their threads run
+    history: deque = field(default_factory=lambda: deque(maxlen=64))
 
 
 @dataclass
@@ -398,6 +404,8 @@ class OpticalBench:
         if stage:
             self._truth.append(dict(t_ns=t, stage=stage, host=port.model.host, port=port.model.netdev,
                                     ocs_port=port.model.ocs_rx))
+            if stage in _RATE_STAGES:
+                port.history.append((t, port.state))
 
     def _light_changed(self, port: _Port, t: int, on: bool, command: int, domain: int = _NIC) -> None:
         port.gen += 1
@@ -413,7 +421,9 @@ class OpticalBench:
             def los_clear(t, gen=gen):
                 if port.gen != gen:
                     return
-                self._emit(port, t, "light_detected", rx_los=False, rx_power_dbm=power)
+                peer = self._peer_of(port)
+                self._emit(port, t, "light_detected", rx_los=False, rx_power_dbm=power,
+                           lit_by=None if peer is None else peer.model.key)
                 after(t, "cdr_lock", cdr_lock)
 
             def cdr_lock(t, gen=gen):
@@ -453,7 +463,8 @@ class OpticalBench:
 
             after(t, "los_clear", los_clear)
         else:
-            self._emit(port, t, "light_lost", rx_los=True, rx_lol=True, rx_power_dbm=DARK_DBM, light_lost_ns=t)
+            self._emit(port, t, "light_lost", rx_los=True, rx_lol=True, rx_power_dbm=DARK_DBM, light_lost_ns=t,
+                       lit_by=None)
 
             def link_down(t, gen=gen):
                 if port.gen != gen or not (port.state.carrier or port.state.ib_state != "DOWN"):
@@ -547,6 +558,19 @@ class OpticalBench:
         with self._lock:
             self._advance()
             return self._port(host, netdev).state
+
+    def nic_history(self, host: str, netdev: str, since_ns: int | None = None
+                    ) -> tuple[int, NicSnapshot, list[tuple[int, NicSnapshot]]]:
+        """(now on the schedule, the state then, the (due ns, state) changes of light, PHY and port state
+        after `since_ns`, in order)."""
+        with self._lock:
+            now = self._now()
+            self._advance()  # runs everything due by `now` (it reads the clock after us)
+            port = self._port(host, netdev)
+            history = [(t, s) for t, s in port.history if t <= now]  # not what the advance ran past `now`
+            state = history[-1][1] if len(history) < len(port.history) and history else port.state
+            changes = [] if since_ns is None else [(t, s) for t, s in history if t > since_ns]
+            return now, state, changes
 
     def host_time(self, host: str, mono_ns: int) -> int:
         return self._clocks[host].at(mono_ns)

@@ -38,7 +38,7 @@ import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from devices.emulated import formats
+from devices.emulated import dataplane, formats
 from devices.resources import HostResource
 from devices.timing import now_ns
 
@@ -55,6 +55,7 @@ _ETHTOOL_FIELDS = ("rx_los", "rx_lol")
 EPS_GBPS_DEFAULT = 100.0  # packet-fabric bandwidth per NIC when a pair has no circuit
 TRANSFER_LATENCY_US_DEFAULT = 10.0  # fixed start-up cost of one emulated transfer (launch, handshake)
 _BYTES_PER_GBIT = 1.25e8
+_TRANSFER_WAKE_NS = 20_000_000  # an emulated tool re-reads the fabric at least this often while it waits
 
 
 class ChannelGone(Exception):
@@ -941,45 +942,41 @@ class _DataPlane:
         speed = min(self.ctx.bench.nic_snapshot(m.host, m.netdev).speed_mbps for m in (a, b))
         return speed / 1000 * _BYTES_PER_GBIT
 
-    def rank_seconds(self, me, peers: list[tuple[object, float, float]]) -> float:
-        """One rank's share of an all-to-all: every circuit runs in parallel (a pair is bound by its heavier
-        direction); the rest shares the NIC's packet-fabric bandwidth (bound by egress or ingress).
-        Multiplane load balancing: a rank whose link (or a peer's) lost its light less than the profile's
-        `fabric.detection` ago still sprays onto the dead plane — that share is lost and the collective
-        cannot finish before the loss is detected and the traffic re-spread over the surviving planes."""
+    def view(self, ports) -> dataplane.FabricView:
+        """The timelines of `ports` (NicModels) from now on: what this invocation's transfers integrate over."""
         bench = self.ctx.bench
-        patches = bench.ocs_patches()
-        circuit_s, eps_send, eps_recv = 0.0, 0.0, 0.0
-        for peer, send, recv in peers:
-            if _circuit_up(bench, patches, me, peer):
-                circuit_s = max(circuit_s, max(send, recv) / self.circuit_bytes_s(me, peer))
-            else:
-                eps_send += send
-                eps_recv += recv
-        stall = max(self.undetected_s(m) for m in [me] + [p[0] for p in peers])
-        return stall + max(circuit_s, max(eps_send, eps_recv) / self.eps_bytes_s) + self.latency_s
+        profile = getattr(bench, "profile", None)
 
-    def undetected_s(self, model) -> float:
-        """How long until the fabric detects `model`'s lost link (0: no recent loss, or the link is back)."""
-        state = self.ctx.bench.nic_snapshot(model.host, model.netdev)
-        profile = getattr(self.ctx.bench, "profile", None)
-        if state.light_lost_ns is None or not state.rx_los or profile is None:  # never lost, or lit again
-            return 0.0
-        detection = profile.fabric_detection
-        u = int(hashlib.sha256(f"{model.key}:{state.light_lost_ns}".encode()).hexdigest()[:13], 16) / 16**13
-        due_ns = state.light_lost_ns + int(detection.at_quantile(min(max(u, 1e-9), 1 - 1e-9)) * 1e9)
-        return max(0.0, (due_ns - now_ns()) / 1e9)
+        def history(key: str, since_ns):
+            host, _, netdev = key.partition(":")
+            return bench.nic_history(host, netdev, since_ns)
+
+        return dataplane.FabricView([m.key for m in ports], history,
+                                    lambda key, lost_ns: dataplane.detection_ns(profile, key, lost_ns))
 
     def pair_bytes_s(self, me, peer) -> float:
         return (self.circuit_bytes_s(me, peer) if _circuit_up(self.ctx.bench, self.ctx.bench.ocs_patches(), me, peer)
                 else self.eps_bytes_s)
 
-    def run(self, planned_s: float) -> float | None:
-        """Let `planned_s` (scaled) pass; the measured duration in bench seconds, None if the client left."""
-        start = time.monotonic()
-        if not self.ctx.sleep(planned_s / self.time_scale):
-            return None
-        return (time.monotonic() - start) * self.time_scale
+    def run(self, view, me, peers: list[tuple[object, float, float]], start_ns: int) -> int | None:
+        """One transfer of `me` (bytes to send and receive per peer) from `start_ns`, integrated over the
+        physics (devices/emulated/dataplane.py) and counted on `me`'s port. Sleeps until it ends (time-scaled:
+        rates × time_scale); its end on the harness clock, None if the client went away."""
+        scale = self.time_scale
+        transfer = dataplane.Transfer(
+            view, me.key, [dataplane.Peer(m.key, send, recv, self.circuit_bytes_s(me, m) * scale)
+                           for m, send, recv in peers],
+            self.eps_bytes_s * scale, int(self.latency_s / scale * 1e9), start_ns)
+        dataplane.counters(self.ctx.bench, me.key).add(transfer)
+        while True:
+            now = now_ns()
+            transfer.advance(now)
+            if transfer.finish_ns is not None:
+                return transfer.finish_ns
+            # the result does not depend on when we wake; waking in steps only ends the command near its end
+            wait = min(transfer.projected_finish_ns() - now, _TRANSFER_WAKE_NS) / 1e9
+            if not self.ctx.sleep(max(wait, 0.0)):
+                return None
 
 
 def _fake_pid(*words: str) -> int:
@@ -1054,15 +1051,18 @@ def _alltoall_perf(ctx: ExecContext, argv: list[str]) -> int:
             return [(m, s * scale, r * scale) for m, s, r in peers]
         return [(m, size / nranks, size / nranks) for m, _, _ in peers]
 
+    view = plane.view([me] + [p[0] for p in peers])
+    clock = [view.start_ns]  # transfers back to back on the fabric's time, however late this thread runs
+
     def timed(size: int, count: int) -> float | None:
-        """Mean measured seconds of `count` transfers (the bench state is read for each); None: client gone."""
-        total = 0.0
+        """Mean seconds of `count` transfers as the fabric realised them; None: the client went away."""
+        begin = clock[0]
         for _ in range(count):
-            measured = plane.run(plane.rank_seconds(me, rank_traffic(size)))
-            if measured is None:
+            end = plane.run(view, me, rank_traffic(size), clock[0])
+            if end is None:
                 return None
-            total += measured
-        return total / max(count, 1)
+            clock[0] = end
+        return (clock[0] - begin) / 1e9 * plane.time_scale / max(count, 1)
 
     rows = []
     size = min_bytes
@@ -1139,9 +1139,11 @@ def _ib_write_bw(ctx: ExecContext, argv: list[str]) -> int:
     peer = (next((m for m in candidates if patches.get(me.ocs_tx) == m.ocs_rx), None)
             or next((m for m in candidates if m.rdma_dev == me.rdma_dev), None) or candidates[0])
     rate = plane.pair_bytes_s(me, peer)
-    measured = plane.run(size * iters / rate + plane.latency_s)
-    if measured is None:
+    view = plane.view([me, peer])
+    end = plane.run(view, me, [(peer, float(size * iters), 0.0)], view.start_ns)
+    if end is None:
         return 1
+    measured = (end - view.start_ns) / 1e9 * plane.time_scale
     average = size * iters / measured
     gbits = bool(opts.get("gbits"))
     unit = (lambda b: b * 8 / 1e9) if gbits else (lambda b: b / 2**20)  # noqa: E731  perftest's MiB = 2^20
