@@ -1,7 +1,7 @@
 """The GPUs' side of a reconfiguration: `nvidia-smi` utilisation sampled on every host that has GPUs while a
 step reconfigures the network, so a run shows what the GPUs did while the links re-trained.
 
-One thread per host polls `nvidia-smi --query-gpu=...` over its own SSH connection; each sample is stamped
+One thread per host polls `nvidia-smi --query-gpu=...` over the run's SSH connection; each sample is stamped
 on the harness clock at the middle of its round trip, with half the round trip as its bound. At the end of
 the step the samples go to `gpu_samples.jsonl` (fsynced) and the manifest gets, per host, the utilisation
 inside the re-training windows (a cycle's `ocs_command_sent` to its last `port_active`, or the windows a step
@@ -18,7 +18,6 @@ import threading
 from devices.errors import DeviceError
 from devices.parsers.common import ParseError
 from devices.parsers.gpu import parse_nvidia_smi_csv
-from devices.ssh import SshTransport
 from devices.timing import Deadline, now_ns
 
 FIELDS = ("index", "utilization.gpu", "memory.used", "power.draw")
@@ -37,7 +36,6 @@ class GpuView:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._transports: dict = {}
         self.started_ns = self.stopped_ns = 0
 
     def _sample(self, host: str, transport) -> bool:
@@ -64,10 +62,9 @@ class GpuView:
             self._stop.wait(self.interval_s)
 
     def start(self) -> "GpuView":
-        # Its own connection per host: no sample queues behind (or ahead of) the clock probes and watch lines
-        # on the run's session, whose timing is the measurement.
-        self._transports = {h: SshTransport(self.ctx.bench.hosts[h], connect_timeout=5.0, retries=1) for h in self.hosts}
-        transports = self._transports
+        # The run's own connection per host (a channel per sample, as every command): the clock's min-delay
+        # filter keeps its bound honest if a probe waits behind a sample; a host costs one SSH login per run.
+        transports = {h: self.ctx.transport(h) for h in self.hosts}
         self.started_ns = now_ns()
         for host in self.hosts:
             thread = threading.Thread(target=self._poll, args=(host, transports[host]), daemon=True,
@@ -94,8 +91,6 @@ class GpuView:
         self._stop.set()
         for thread in self._threads:
             thread.join(10.0)
-        for transport in self._transports.values():
-            transport.close()
         self.stopped_ns = now_ns()
         if not self.samples:
             return {}

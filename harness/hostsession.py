@@ -35,11 +35,12 @@ class Observation:
 class HostSession:
     """Opened once per host per run; `close()` ends every stream and the connection."""
 
-    def __init__(self, resource: HostResource, clock_probes: int = 24, readers=None):
+    def __init__(self, resource: HostResource, clock_probes: int = 24, readers=None,
+                 transport: SshTransport | None = None):
         self.resource = resource
         self.name = resource.name
         self.clock_probes = clock_probes
-        self.transport = SshTransport(resource)
+        self.transport = transport or SshTransport(resource)  # given: the run's connection, already used (preflight)
         self.agent = HostAgent(self.transport, python=resource.python)
         self._streams: list[LineStream] = []
         self._threads: list[threading.Thread] = []

@@ -26,7 +26,7 @@ import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable
 
 from devices.errors import DeviceError
 from devices.parsers.common import ParseError
@@ -69,25 +69,30 @@ def _rdma_links(transport: SshTransport, timeout_s: float) -> list[RdmaLink]:
     return _json_else_text(transport, timeout_s, "rdma -j link", parse_rdma_link_json, "rdma link", parse_rdma_link)
 
 
-def quick_check(bench: Bench, *, timeout_s: float = 10.0, transports: Mapping | None = None) -> list[str]:
+def quick_check(bench: Bench, *, timeout_s: float = 10.0, switch_of: Callable | None = None,
+                transport_of: Callable | None = None) -> list[str]:
     """Problems found (empty when every switch, host, NIC port and RDMA port named is there), switches first.
-    `transports`: host -> an open CommandTransport to use (a run's own sessions: no extra connection);
-    hosts not in it get a connection of their own, closed here."""
+    `switch_of(name)` / `transport_of(host)`: the caller's own drivers and SSH connections (a run's: its steps
+    reuse them, so the check opens nothing extra), left open; without them each gets its own, closed here."""
     from devices.ocs import open_switch
 
     problems: list[str] = []
     for name, resource in bench.ocs.items():
         try:
-            switch = open_switch(resource, timeout_s=timeout_s)
+            switch = switch_of(name) if switch_of else open_switch(resource, timeout_s=timeout_s)
             try:
                 switch.patches()
             finally:
-                switch.close()
+                if not switch_of:
+                    switch.close()
         except (DeviceError, OSError) as exc:
             problems.append(f"ocs {name}: {exc}")
     for name, host in bench.hosts.items():
-        shared = (transports or {}).get(name)
-        transport = shared or _transport(host, timeout_s)
+        try:
+            transport = transport_of(name) if transport_of else _transport(host, timeout_s)
+        except DeviceError as exc:
+            problems.append(f"host {name}: {exc}")
+            continue
         try:
             netdevs = {link.ifname for link in _links(transport, timeout_s)}
             rdma = {(r.dev, r.port): r.netdev for r in _rdma_links(transport, timeout_s)}
@@ -95,7 +100,7 @@ def quick_check(bench: Bench, *, timeout_s: float = 10.0, transports: Mapping | 
             problems.append(f"host {name}: {exc}")
             continue
         finally:
-            if shared is None:
+            if not transport_of:
                 transport.close()
         for port in bench.ports_of(name):
             if port.netdev not in netdevs:

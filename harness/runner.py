@@ -82,6 +82,7 @@ class RunContext:
     observations: Any = None  # harness.bench.observe.ObservationLog, opened by the first step that observes
     _switches: dict[str, CircuitSwitch] = field(default_factory=dict)
     _sessions: dict[str, Any] = field(default_factory=dict)
+    _transports: dict[str, Any] = field(default_factory=dict)  # SSH connections opened before their host's session
 
     def rng(self, stream: str) -> np.random.Generator:
         """An independent, reproducible random stream per purpose (same seed → same stream on resume)."""
@@ -103,12 +104,24 @@ class RunContext:
                 self.stack.callback(self._switches[name].close)
         return self._switches[name]
 
+    def transport(self, host: str):
+        """The host's one SSH connection in this run (preflight, GPU view): its session's, or one that the
+        session adopts when it opens."""
+        if host in self._sessions:
+            return self._sessions[host].transport
+        if host not in self._transports:
+            from devices.ssh import SshTransport
+
+            self._transports[host] = SshTransport(self.bench.hosts[host])
+            self.stack.callback(self._transports[host].close)
+        return self._transports[host]
+
     def session(self, host: str):
         """The host's SSH session with its agent and clock tracker (harness.hostsession)."""
         if host not in self._sessions:
             from harness.hostsession import HostSession
 
-            session = HostSession(self.bench.hosts[host])
+            session = HostSession(self.bench.hosts[host], transport=self._transports.pop(host, None))
             self.stack.callback(session.close)
             session.open()
             self._sessions[host] = session
@@ -123,8 +136,10 @@ class RunContext:
 
         todo = [h for h in dict.fromkeys(hosts) if h not in self._sessions]
 
+        adopted = {h: self._transports.pop(h) for h in todo if h in self._transports}
+
         def open_one(host):
-            session = HostSession(self.bench.hosts[host])
+            session = HostSession(self.bench.hosts[host], transport=adopted.get(host))
             try:
                 session.open()
             except BaseException:
@@ -344,7 +359,7 @@ def _run(options: RunOptions, playbook: Playbook, ident, run_dir: Path, previous
         started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
         try:
             if not options.dry_run:  # the quick preflight (harness bench check --quick) before any switch is touched
-                _preflight(bench)
+                _preflight(ctx)
             for step in playbook.steps:
                 if ctx.broken:
                     ctx.results[step.name] = StepOutcome.skipped(ctx.broken)
@@ -416,10 +431,11 @@ def _device_identity(ctx) -> dict | None:
         return {"error": str(exc)[:300]}
 
 
-def _preflight(bench) -> None:
+def _preflight(ctx) -> None:
+    """Over the run's own switch drivers and SSH connections: the steps reuse them (no extra connection)."""
     from harness.preflight import PreflightFailed, quick_check
 
-    problems = quick_check(bench)
+    problems = quick_check(ctx.bench, switch_of=ctx.switch, transport_of=ctx.transport)
     if problems:
         raise PreflightFailed(f"preflight: {problems[0]}" + (f" (+{len(problems) - 1} more: harness bench check)"
                                                              if len(problems) > 1 else ""))

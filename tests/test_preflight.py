@@ -213,3 +213,19 @@ def test_a_port_set_down_prints_as_iproute2_prints_one():
     seen = [parse_ip_monitor_line(line) for line in (real, ours)]
     assert seen[0].flags == seen[1].flags == {"BROADCAST", "MULTICAST"} and not seen[1].admin_up
     assert (seen[0].operstate, seen[0].carrier) == (seen[1].operstate, seen[1].carrier) == ("DOWN", False)
+
+
+def test_a_run_logs_into_each_host_once_preflight_and_gpu_view_included(correct, tmp_path):
+    """The quick preflight and the GPU view use the run's SSH connection per host (the emulated hosts count
+    the connections they accept: ground truth, not the harness's own account)."""
+    pb = tmp_path / "pb.yaml"
+    pb.write_text(yaml.safe_dump({"name": "t", "seed": 3, "cycles": 1, "steps": [
+        {"type": "turnaround", "name": "measure", "cycle_timeout_s": 20, "clock_warmup_s": 0.1, "probes": False,
+         "settle_s": 0.05}]}))
+    before = {h: s.connections for h, s in correct.host_servers.items()}
+    assert main(["run", str(pb), "--bench", str(correct.inventory_path), "--out", str(tmp_path / "run"), "-q"]) == 0
+    manifest = yaml.safe_load((tmp_path / "run" / "manifest.json").read_text())
+    assert set(manifest["extra"]["gpu_view"]["measure"]["hosts"]) == set(correct.host_servers)  # it sampled
+    assert {h: s.connections - before[h] for h, s in correct.host_servers.items()} == \
+        {h: 1 for h in correct.host_servers}
+    assert correct.physics.ocs_patches() == ORIGINAL

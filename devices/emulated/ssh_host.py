@@ -265,6 +265,7 @@ class EmulatedHostServer:
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._transports: list[paramiko.Transport] = []
+        self.connections = 0  # SSH connections accepted (key exchange done) since start: ground truth for tests
         self._lock = threading.Lock()
         self._reap: list[tuple[float, int, paramiko.Channel]] = []
         self._reap_cv = threading.Condition()
@@ -375,6 +376,7 @@ class EmulatedHostServer:
         for transport in accept_ssh(self._listener, self.host_key, lambda: _SshServer(self), lambda: self._running):
             with self._lock:
                 self._transports = [t for t in self._transports if t.is_active()] + [transport]
+                self.connections += 1
 
     def _reaper(self) -> None:
         while True:
