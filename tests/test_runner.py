@@ -1,5 +1,7 @@
 """The runner end to end on the emulated bench: run records, ground truth, restore, dry run, SIGINT,
-SIGKILL + resume. Bounds are loose: these check behaviour, benchmarks check speed."""
+SIGKILL + resume. Bounds are loose: these check behaviour, benchmarks check speed. Runs go through the
+project's pytest plugin (`run_playbook`, `hil_bench`: the session's emulated bench behind its inventory),
+as a lab's tests do; SIGINT and SIGKILL need a `harness run` process of their own."""
 from __future__ import annotations
 
 import json
@@ -15,8 +17,6 @@ import pytest
 import yaml
 
 from analysis.accuracy import match
-from devices.emulated.bench import EmulatedBench
-from devices.emulated.profile import profile_from_dict
 from harness.cli import main
 from harness.events import EVENT_COLUMNS, GROUND_TRUTH_COLUMNS, STAGES_UP
 
@@ -46,29 +46,38 @@ def fast_profile(tmp_path) -> Path:
     return path
 
 
-def only_run_dir(out: Path) -> Path:
-    (run,) = [p for p in out.iterdir() if p.is_dir()]
-    return run
+@pytest.fixture
+def shared_bench(hil_bench):
+    """The session's emulated bench (the plugin's), reached through its inventory as a lab's bench is: shared
+    like a real one, so these tests leave it as they found it."""
+    if hil_bench.emulator is None:
+        pytest.skip(f"needs an emulated session bench (--bench emulated:PROFILE), not {hil_bench.spec}")
+    return hil_bench
 
 
-def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, capsys):
-    out = tmp_path / "runs"
-    assert main(["run", str(playbook(tmp_path, cycles=4)), "--bench", f"emulated:{fast_profile}",
-                 "--out", str(out / "run"), "-q"]) == 0
-    run = only_run_dir(out)
-    events = pd.read_parquet(run / "events.parquet")
+def left_by_another_user(bench, first: int) -> dict[int, int]:
+    """Two fibres cross-connected as another user might have left them: NIC port i's TX to port i+1's RX."""
+    a, b = bench.resources.nic_ports[first:first + 2]
+    return {a.ocs_tx: b.ocs_rx, b.ocs_tx: a.ocs_rx}
+
+
+def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_playbook, capsys):
+    result = run_playbook(playbook(tmp_path, cycles=4), bench=f"emulated:{fast_profile}")
+    assert result.exit_code == 0 and result.ok, result
+    run = result.run_dir
+    events = result.events()
     assert tuple(events.columns) == EVENT_COLUMNS
-    truth = pd.read_parquet(run / "ground_truth.parquet")
+    truth = result.ground_truth()
     assert tuple(truth.columns) == GROUND_TRUTH_COLUMNS
     assert sorted(events["cycle"].unique()) == [1, 2, 3, 4]
     # every port, every cycle, every up-stage, exactly once
     per = events[events["stage"].isin(STAGES_UP[2:])].groupby(["cycle", "host", "port", "stage"]).size()
     assert len(per) == 4 * 4 * 5 and (per == 1).all()
     assert not (events["stage"] == "fault").any()
-    summary = json.loads((run / "summary.json").read_text())
+    summary = result.summary()
     assert summary["outcome"] == "completed"
     # device identity, where the bench can tell: the switch's RTRV-NETYPE, transceivers, GPUs
-    devices = json.loads((run / "manifest.json").read_text())["extra"]["devices"]
+    devices = result.manifest()["extra"]["devices"]
     assert devices["ocs"]["ocs1"].startswith("POLATIS,")
     port = devices["hosts"]["gpu1"]["nics"]["ens1f0np0"]
     assert port["transceiver"]["part"] and port["transceiver"]["serial"] and port["transceiver"]["vendor"]
@@ -92,7 +101,7 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, caps
     wide = nic.pivot_table(index=["cycle", "host", "port"], columns="stage", values="t_ns")
     for a, b in zip(STAGES_UP[2:], STAGES_UP[3:]):
         assert (wide[b] + 1_000_000 >= wide[a]).all(), (a, b)
-    manifest = json.loads((run / "manifest.json").read_text())
+    manifest = result.manifest()
     assert manifest["seed"] == 3 and manifest["extra"]["restored"] == {"ocs1": True}
     assert len(manifest["clock"]) == 2
     # the report converts the raw observations again with the final clock fit: same events, still covered
@@ -104,19 +113,22 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, caps
     assert match(again[again["cycle"] > 0], truth)["covered"].mean() >= 0.95
 
 
-def test_inventory_bench_is_restored_and_dry_run_touches_nothing(tmp_path, fast_profile, capsys):
-    with EmulatedBench(profile_from_dict(FAST), seed=2, workdir=tmp_path / "bench") as bench:
-        physics = bench.physics
-        physics.ocs_apply({1: 10, 2: 9})  # what another user left on the switch
-        original = physics.ocs_patches()
-        pb = playbook(tmp_path, cycles=2, probes=False)
-        out = tmp_path / "runs"
-        assert main(["run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out / "run"), "--dry-run"]) == 0
-        assert physics.ocs_patches() == original
-        assert "cycle 1:" in capsys.readouterr().err
-        assert not out.exists()  # a dry run writes nothing
-        assert main(["run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out / "run"), "-q"]) == 0
-        assert physics.ocs_patches() == original
+def test_inventory_bench_is_restored_and_dry_run_touches_nothing(tmp_path, shared_bench, run_playbook, capsys):
+    physics = shared_bench.emulator.physics
+    physics.ocs_apply(left_by_another_user(shared_bench, 0))
+    original = physics.ocs_patches()
+    pb = playbook(tmp_path, cycles=2, probes=False)
+    inventory = str(shared_bench.inventory)
+    before = sorted(tmp_path.iterdir())
+    dry = run_playbook(pb, bench=inventory, dry_run=True, quiet=False)
+    assert dry.exit_code == 0 and dry.ok and dry.run_dir is None
+    assert physics.ocs_patches() == original
+    assert "cycle 1:" in capsys.readouterr().err
+    assert sorted(tmp_path.iterdir()) == before  # a dry run writes nothing
+    run = run_playbook(pb, bench=inventory)
+    assert run.exit_code == 0 and run.ok, run
+    assert physics.ocs_patches() == original
+    assert run.manifest()["extra"]["restored"] == {"ocs1": True} and run.ground_truth() is None
 
 
 def _wait_for_cycle(log: Path, cycle: int, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -134,28 +146,28 @@ def _harness(*args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE)
 
 
-def test_sigint_mid_run_restores_the_switch(tmp_path, fast_profile):
-    with EmulatedBench(profile_from_dict(FAST), seed=4, workdir=tmp_path / "bench") as bench:
-        bench.physics.ocs_apply({3: 12})
-        original = bench.physics.ocs_patches()
-        out = tmp_path / "runs"
-        proc = _harness("run", str(playbook(tmp_path, cycles=500)), "--bench", str(bench.inventory_path),
-                        "--out", str(out / "run"), "-q")
-        run_log = None
-        end = time.monotonic() + 60
-        while run_log is None and time.monotonic() < end:
-            runs = [p for p in out.glob("*/events.jsonl")] if out.exists() else []
-            run_log = runs[0] if runs else None
-            time.sleep(0.05)
-        _wait_for_cycle(run_log, 2, proc)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
-        assert bench.physics.ocs_patches() == original
-        manifest = json.loads((run_log.parent / "manifest.json").read_text())
-        assert manifest["status"] == "aborted" and manifest["extra"]["restored"] == {"ocs1": True}
+def test_sigint_mid_run_restores_the_switch(tmp_path, shared_bench):
+    physics = shared_bench.emulator.physics
+    physics.ocs_apply(left_by_another_user(shared_bench, 2))
+    original = physics.ocs_patches()
+    out = tmp_path / "runs"
+    proc = _harness("run", str(playbook(tmp_path, cycles=500)), "--bench", str(shared_bench.inventory),
+                    "--out", str(out / "run"), "-q")
+    run_log = None
+    end = time.monotonic() + 60
+    while run_log is None and time.monotonic() < end:
+        runs = [p for p in out.glob("*/events.jsonl")] if out.exists() else []
+        run_log = runs[0] if runs else None
+        time.sleep(0.05)
+    _wait_for_cycle(run_log, 2, proc)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert physics.ocs_patches() == original
+    manifest = json.loads((run_log.parent / "manifest.json").read_text())
+    assert manifest["status"] == "aborted" and manifest["extra"]["restored"] == {"ocs1": True}
 
 
-def test_sigkill_then_resume_completes_every_cycle_once(tmp_path, fast_profile):
+def test_sigkill_then_resume_completes_every_cycle_once(tmp_path, fast_profile, run_playbook):
     out = tmp_path / "runs"
     pb = playbook(tmp_path, cycles=6)
     proc = _harness("run", str(pb), "--bench", f"emulated:{fast_profile}", "--out", str(out / "run"), "-q")
@@ -170,10 +182,8 @@ def test_sigkill_then_resume_completes_every_cycle_once(tmp_path, fast_profile):
     with open(run / "events.jsonl", "ab") as f:
         f.write(b'{"run_id": "x", "cycle": 99, "stage": "phy')
     pb.write_text(pb.read_text().replace("cycles: 6", "cycles: 9"))  # the record, not the file, says 6
-    resumed = _harness("run", "--resume", str(run), "-q", "--json")
-    assert resumed.wait(timeout=120) == 0, resumed.stderr.read().decode()
-    result = json.loads(resumed.stdout.read().decode())  # one line: the machine-readable result
-    assert result["status"] == "ok" and result["exit_code"] == 0 and Path(result["run_dir"]) == run
+    resumed = run_playbook(resume=run)  # `harness run --resume RUN_DIR --json`: its machine-readable result
+    assert resumed.status == "ok" and resumed.exit_code == 0 and resumed.run_dir == run, resumed
     events = pd.read_parquet(run / "events.parquet")
     assert sorted(events["cycle"].unique()) == [1, 2, 3, 4, 5, 6]
     sent = events[events["stage"] == "ocs_command_sent"].groupby("cycle").size()
@@ -190,17 +200,19 @@ def test_sigkill_then_resume_completes_every_cycle_once(tmp_path, fast_profile):
     assert (rebuilt == first_sent.loc[rebuilt.index]).all()
     assert (run / "inputs" / "playbook.yaml").exists() and oct((run / "manifest.json").stat().st_mode)[-3:] == "644"
     # a finished run is not extended
-    again = _harness("run", "--resume", str(run), "-q")
-    assert again.wait(timeout=60) == 2 and b"the run is finished (status ok)" in again.stderr.read()
+    again = run_playbook(resume=run)
+    assert again.exit_code == 2 and "the run is finished (status ok)" in again.error
 
 
-def test_bad_bench_and_playbook_exit_2(tmp_path, capsys):
+def test_bad_bench_and_playbook_exit_2(tmp_path, run_playbook, capsys):
     pb = playbook(tmp_path)
-    assert main(["run", str(pb), "--bench", "emulated:no-such-profile"]) == 2
+    unknown = run_playbook(pb, bench="emulated:no-such-profile")
+    assert unknown.exit_code == 2 and "unknown profile" in unknown.error
     assert "unknown profile" in capsys.readouterr().err
-    assert main(["run", str(pb), "--bench", str(tmp_path / "missing.yaml")]) == 2
+    assert run_playbook(pb, bench=str(tmp_path / "missing.yaml")).exit_code == 2
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nsteps:\n  - type: turnaround\n    pattern: 3\n")
-    assert main(["run", str(bad)]) == 2
+    broken = run_playbook(bad)
+    assert broken.exit_code == 2 and broken.run_dir is None and "bad.yaml:4" in broken.error
     err = capsys.readouterr().err
     assert "bad.yaml:4" in err and "Traceback" not in err
