@@ -11,7 +11,6 @@ import yaml
 
 from devices.emulated.ssh_host import GPU_BUSY, GPU_STALLED
 from harness import gpu_view
-from harness.cli import main
 
 SLOW_NIC = {  # links take ~0.17 s to re-train
     "name": "gpu-view", "description": "test", "source": "a test fixture",
@@ -24,7 +23,7 @@ SLOW_NIC = {  # links take ~0.17 s to re-train
 }
 
 
-def test_turnaround_records_gpus_idle_while_the_network_retrains(tmp_path, monkeypatch):
+def test_turnaround_records_gpus_idle_while_the_network_retrains(tmp_path, monkeypatch, run_playbook):
     monkeypatch.setattr(gpu_view, "INTERVAL_S", 0.05)  # several samples inside each ~0.17 s window
     profile = tmp_path / "gpu-view.yaml"
     profile.write_text(yaml.safe_dump(SLOW_NIC))
@@ -32,8 +31,9 @@ def test_turnaround_records_gpus_idle_while_the_network_retrains(tmp_path, monke
     pb.write_text(yaml.safe_dump({"name": "t", "bench": f"emulated:{profile}", "seed": 3, "cycles": 2, "steps": [
         {"type": "turnaround", "name": "measure", "cycle_timeout_s": 20, "clock_warmup_s": 0.1, "probes": False,
          "settle_s": 0.25}]}))
-    assert main(["run", str(pb), "--out", str(tmp_path / "run"), "-q"]) == 0
-    run = tmp_path / "run"
+    result = run_playbook(pb, bench=f"emulated:{profile}")
+    assert result.exit_code == 0, result
+    run = result.run_dir
     samples = pd.read_json(run / "gpu_samples.jsonl", lines=True)
     assert set(samples.host) == {"gpu1", "gpu2"} and set(samples.gpu) == set(range(8))
     assert set(samples.utilization_gpu) <= {GPU_BUSY["utilization_gpu"], GPU_STALLED["utilization_gpu"]}

@@ -347,7 +347,7 @@ def test_harness_ocs_and_an_ncclient_script_drive_the_emulator(emulate, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == '{"1": 19, "4": 20}'
 
 
-def test_a_turnaround_run_on_an_emulated_netconf_switch(tmp_path, capsys):
+def test_a_turnaround_run_on_an_emulated_netconf_switch(tmp_path, run_playbook):
     import pandas as pd
 
     # Mirrors that take milliseconds, as real ones do: with `instant` (zero dark time) one edit-config that
@@ -363,17 +363,15 @@ def test_a_turnaround_run_on_an_emulated_netconf_switch(tmp_path, capsys):
     path = tmp_path / "pb.yaml"
     path.write_text(yaml.safe_dump({"name": "t", "bench": "emulated:instant", "seed": 3, "cycles": 1, "steps": [
         {"type": "turnaround", "name": "measure", "cycle_timeout_s": 20, "clock_warmup_s": 0.3}]}))
-    out = tmp_path / "runs"
-    assert main(["run", str(path), "--bench", f"emulated:{profile}?ocs=polatis-netconf", "--out", str(out),
-                 "-q"]) == 0
-    (manifest,) = out.rglob("manifest.json")
-    events = pd.read_parquet(manifest.parent / "events.parquet")
+    run = run_playbook(path, bench=f"emulated:{profile}?ocs=polatis-netconf")
+    assert run.exit_code == 0, run
+    (manifest,) = run.run_dir.rglob("manifest.json")
+    events = run.events()
     completed = events[events.stage == "ocs_command_completed"]
     assert completed.cycle.nunique() == 1 and (events.stage == "port_active").any()
     bench_inventory = yaml.safe_load((manifest.parent / "bench" / "inventory.yaml").read_text()) \
         if (manifest.parent / "bench" / "inventory.yaml").exists() else None
     if bench_inventory is not None:
         assert bench_inventory["ocs"]["ocs1"]["protocol"] == "polatis-netconf"
-    capsys.readouterr()
-    assert main(["run", str(path), "--bench", "emulated:instant?ocs=cisco", "--out", str(out), "-q"]) == 2
-    assert "unknown switch protocol 'cisco'" in capsys.readouterr().err
+    refused = run_playbook(path, bench="emulated:instant?ocs=cisco")
+    assert refused.exit_code == 2 and "unknown switch protocol 'cisco'" in refused.error

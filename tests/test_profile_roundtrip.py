@@ -25,15 +25,16 @@ TRUE = {
 }
 
 
-def test_fitting_an_emulator_run_recovers_its_profile(tmp_path):
+def test_fitting_an_emulator_run_recovers_its_profile(tmp_path, run_playbook):
     profile = tmp_path / "true.yaml"
     profile.write_text(yaml.safe_dump(TRUE))
     playbook = tmp_path / "pb.yaml"
     playbook.write_text(yaml.safe_dump({"name": "rt", "bench": f"emulated:{profile}", "seed": 2, "cycles": 40,
                                         "steps": [{"type": "turnaround", "name": "m", "probes": False,
                                                    "clock_warmup_s": 0.3}]}))
-    assert main(["run", str(playbook), "--out", str(tmp_path / "runs" / "run"), "-q"]) == 0
-    run = next((tmp_path / "runs").iterdir())
+    result = run_playbook(playbook, bench=f"emulated:{profile}")
+    assert result.exit_code == 0, result
+    run = result.run_dir
     out = tmp_path / "fitted.yaml"
     assert main(["profile", "fit", str(run), "--out", str(out)]) == 0
     fitted = load_profile(str(out))  # the emulator can run it

@@ -5,10 +5,8 @@ import json
 
 import yaml
 
-from harness.cli import main
 
-
-def test_regret_step_against_offline_optimum(tmp_path):
+def test_regret_step_against_offline_optimum(tmp_path, run_playbook):
     prof = tmp_path / "p.yaml"
     prof.write_text(yaml.safe_dump({
         "name": "p", "ocs": {"switch": {"dist": "uniform", "low_ms": 20, "high_ms": 30}},
@@ -20,8 +18,9 @@ def test_regret_step_against_offline_optimum(tmp_path):
         "steps": [{"type": "turnaround", "name": "measure", "clock_warmup_s": 0.3},
                   {"type": "regret", "name": "regret", "iterations": 60, "regime_changes": 2,
                    "iterations_per_epoch": 50, "cost_scales": [0.5, 1, 4, 64, 1024]}]}))
-    assert main(["run", str(playbook), "--out", str(tmp_path / "runs" / "run"), "-q"]) == 0
-    run = next((tmp_path / "runs").iterdir())
+    result = run_playbook(playbook, bench=f"emulated:{prof}")
+    assert result.exit_code == 0, result
+    run = result.run_dir
     out = json.loads((run / "regret_regret.json").read_text())
     table = out["table"]
     assert [r["scale"] for r in table] == [0.5, 1, 4, 64, 1024]
