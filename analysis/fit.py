@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import special, stats
 
-_Z99 = float(stats.norm.ppf(0.99))
-_MAX_LOGNORMAL_P99_RATIO = math.exp(_Z99**2 / 2)  # mean/p99 form only exists below this ratio
+from analysis.delays import MAX_LOGNORMAL_P99_RATIO as _MAX_LOGNORMAL_P99_RATIO, Z99 as _Z99
 
 
 class FitError(ValueError):

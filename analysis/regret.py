@@ -231,41 +231,10 @@ def exposed_reconfiguration_samples(events, *, overlap_s: float = 0.0, start_sta
 def lognormal_from_mean_p99(mean: float, p99: float, size: int, seed=None) -> np.ndarray:
     """Samples of a lognormal with the given mean and 99th percentile (a delay profile summary,
     e.g. MixNet's OCS 41.44 ms mean / 60 ms p99)."""
-    from scipy.optimize import brentq
-    from scipy.stats import norm
+    from analysis.delays import lognormal_from_mean_p99 as params
 
-    z = norm.ppf(0.99)
-    # mean = exp(mu + s^2/2), p99 = exp(mu + z s)  =>  log p99 - log mean = z s - s^2/2
-    gap = np.log(p99) - np.log(mean)
-    if gap <= 0:
-        raise ValueError("p99 must exceed the mean")
-    s = brentq(lambda s: z * s - 0.5 * s * s - gap, 1e-9, z) if gap < 0.5 * z * z else z
-    mu = np.log(mean) - 0.5 * s * s
+    mu, s = params(mean, p99)
     return np.random.default_rng(seed).lognormal(mu, s, size)
-
-
-def _sample_delay_spec(spec: dict, size, rng) -> np.ndarray:
-    """Samples (s) of one delay entry of an emulator timing profile (devices/profiles/*.yaml format:
-    fixed, lognormal (mean_ms+p99_ms or median_ms+sigma), gamma (mean_ms+cv or shape+scale_ms), uniform,
-    empirical (quantiles_ms at equally spaced levels)). Kept here so analysis/ does not import devices/."""
-    kind = spec["dist"]
-    if kind == "fixed":
-        return np.full(size, float(spec["ms"]) / 1e3)
-    if kind == "lognormal":
-        if "mean_ms" in spec:
-            return lognormal_from_mean_p99(float(spec["mean_ms"]) / 1e3, float(spec["p99_ms"]) / 1e3, size, rng)
-        return rng.lognormal(np.log(float(spec["median_ms"]) / 1e3), float(spec["sigma"]), size)
-    if kind == "gamma":
-        if "mean_ms" in spec:
-            shape = 1.0 / float(spec["cv"]) ** 2
-            return rng.gamma(shape, float(spec["mean_ms"]) / 1e3 / shape, size)
-        return rng.gamma(float(spec["shape"]), float(spec["scale_ms"]) / 1e3, size)
-    if kind == "uniform":
-        return rng.uniform(float(spec["low_ms"]) / 1e3, float(spec["high_ms"]) / 1e3, size)
-    if kind == "empirical":
-        q = np.asarray(spec["quantiles_ms"], dtype=np.float64) / 1e3
-        return np.interp(rng.random(size), np.linspace(0, 1, q.size), q)
-    raise ValueError(f"unknown dist {kind!r}")
 
 
 def switch_cost_from_profile(profile: dict, size: int, *, ports: int = 1, overlap_s: float = 0.0,
@@ -274,14 +243,16 @@ def switch_cost_from_profile(profile: dict, size: int, *, ports: int = 1, overla
     d = ocs.switch + max over `ports` switched ports of (los_clear + cdr_lock + phy_up + port_active)
     (done when the last link is ready, §6.3); exposed = max(0, d - overlap_s). `include_nic=False` keeps
     only the mirror time (what MixNet's results assumed)."""
+    from analysis.delays import Delay
+
     rng = np.random.default_rng(seed)
-    d = _sample_delay_spec(profile["ocs"]["switch"], size, rng)
+    d = Delay.from_spec(profile["ocs"]["switch"]).samples(rng, size)
     if include_nic:
         nic = profile.get("nic", {})
         per_port = np.zeros((size, ports))
         for stage in ("los_clear", "cdr_lock", "phy_up", "port_active"):
             if stage in nic:
-                per_port += _sample_delay_spec(nic[stage], (size, ports), rng)
+                per_port += Delay.from_spec(nic[stage]).samples(rng, (size, ports))
         d = d + per_port.max(axis=1)
     return np.maximum(0.0, d - overlap_s)
 

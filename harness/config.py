@@ -696,9 +696,12 @@ def load_playbook(path: str | os.PathLike, step_types: Mapping[str, StepType] | 
 
 
 def looks_like(data: Mapping) -> str | None:
-    """'playbook', 'inventory' or None, judged by top-level keys."""
+    """'playbook', 'inventory', 'profile' or None, judged by top-level keys."""
     if "steps" in data:
         return "playbook"
+    if "bench" not in data and (set(data) & {"nic", "topology", "per_port", "tools", "fabric", "source", "copies"}
+                                or isinstance(data.get("ocs"), dict) and "switch" in data["ocs"]):
+        return "profile"
     if "ocs" in data or "hosts" in data or isinstance(data.get("bench"), dict):
         return "inventory"
     return None

@@ -59,12 +59,9 @@ def bench_source(spec: str) -> Path | None:
     """The file behind a bench spec: the inventory, or the emulator profile (None: nothing to check)."""
     parsed = _emulated(spec)
     if parsed:
-        from devices.emulated.profile import ProfileError, load_profile
+        from harness.bench.emulated import load_profile
 
-        try:
-            profile = load_profile(parsed[1])
-        except ProfileError as exc:
-            raise InputError(str(exc)) from None
+        profile = load_profile(parsed[1])
         return Path(profile.path) if profile.path else None
     path = Path(spec)
     if not path.is_file():

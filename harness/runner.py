@@ -208,12 +208,9 @@ def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Pa
     if emulated_bench:
         kind, profile, protocol = emulated_bench
         from devices.emulated.bench import EmulatedBench
-        from devices.emulated.profile import ProfileError, load_profile
+        from harness.bench.emulated import load_profile
 
-        try:
-            prof = load_profile(profile)
-        except ProfileError as exc:
-            raise InputError(str(exc)) from None
+        prof = load_profile(profile)
         netns = None
         if kind == "emulated-netns":
             if os.geteuid() != 0:

@@ -9,36 +9,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Mapping  # noqa: F401  (Literal: for step specs)
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, create_model
 from pydantic_core import PydanticCustomError
 
+from devices.specs import AtLeastOne, Count, Expect, Interval, Name, Port, Positive, Seconds, Spec, ranged  # noqa: F401
 from harness.errors import InputError
 
-
-class Spec(BaseModel):
-    """Base of every declared spec: unknown keys are errors, no type is coerced (YAML `"22"` is not 22,
-    `true` is not 1), NaN and infinity are never valid settings."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
-
-
-class Expect(str):
-    """What a constrained value must be, in the words an error uses (kept apart from the description,
-    which a field may set for editors)."""
-
-
-def _ranged(kind: type, text: str, **bounds):
-    """A number with bounds that the JSON Schema shows and an error states as `text`."""
-    return Annotated[kind, Field(**bounds), Expect(text)]
-
-
-Port = _ranged(int, "a port number in 1..65535", ge=1, le=65535)
-Interval = _ranged(int, "a positive interval", gt=0)
-Seconds = _ranged(float, "a value >= 0", ge=0)
-Count = _ranged(int, "a value >= 0", ge=0)
-AtLeastOne = _ranged(int, "a value >= 1", ge=1)
-Positive = _ranged(float, "a value > 0", gt=0)
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]+$", description="letters, digits, '_', '.', '-'")]
 
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true/false", list: "a list",
                dict: "a mapping", type(None): "null"}
@@ -82,10 +58,10 @@ def _range_by_name(key: str, kind: type) -> Any:
     if kind is int and (key == "port" or key.endswith("_port")):
         return Port
     if kind in (int, float) and "interval" in key:
-        return _ranged(kind, "a positive interval", gt=0)
+        return ranged(kind, "a positive interval", gt=0)
     if kind in (int, float) and (key.endswith(("_s", "_ms", "_us")) or "timeout" in key
                                  or key in ("retries", "seconds")):
-        return _ranged(kind, "a value >= 0", ge=0)
+        return ranged(kind, "a value >= 0", ge=0)
     return kind
 
 
@@ -120,30 +96,62 @@ def model_from_schema(name: str, schema: Mapping[str, tuple], base: type[Spec] |
 
 
 # ----------------------------------------------------------------------------------- error reporting
-def _walk(model: type[BaseModel], loc: tuple) -> tuple[Any, Any]:
-    """(FieldInfo, type) that `loc` reaches in `model`, through models, dicts, lists, Annotated and
-    Optional; the FieldInfo is the last model field passed (None when `loc` leaves the model)."""
+def _variants(annotation: Any) -> list[type[BaseModel]]:
+    """The models of a tagged union (several models, one Literal tag field each), else []."""
+    import types
+    import typing
+
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return []
+    models = [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models if len(models) > 1 else []
+
+
+def _tag(model: type[BaseModel], part: Any) -> bool:
+    import typing
+
+    return any(typing.get_origin(f.annotation) is Literal and typing.get_args(f.annotation) == (part,)
+               for f in model.model_fields.values())
+
+
+def _walk(model: type[BaseModel], loc: tuple) -> tuple[Any, Any, tuple]:
+    """(FieldInfo, type, loc) that `loc` reaches in `model`, through models, dicts, lists, Annotated,
+    Optional and tagged unions; the FieldInfo is the last model field passed (None when `loc` leaves the
+    model); the loc comes back without the union tags pydantic inserts (`faults[0].port_flap.flaps`)."""
     import types
     import typing
 
     current: Any = model
     info = None
+    clean: list = []
     for part in (*loc, None):
-        while typing.get_origin(current) in (Annotated, typing.Union, types.UnionType):
-            args = [a for a in typing.get_args(current) if a is not type(None)]
-            current = args[0]
+        while True:
+            if typing.get_origin(current) is Annotated:
+                current = typing.get_args(current)[0]
+            elif typing.get_origin(current) in (typing.Union, types.UnionType) and not _variants(current):
+                current = [a for a in typing.get_args(current) if a is not type(None)][0]
+            else:
+                break
         if part is None:
             break
+        variants = _variants(current)
+        if variants:
+            chosen = [m for m in variants if _tag(m, part)]
+            if chosen:  # pydantic's tag of the variant: no key of the file
+                current = chosen[0]
+                continue
+            current = variants[0]
+        clean.append(part)
         if isinstance(current, type) and issubclass(current, BaseModel) and isinstance(part, str):
             info = current.model_fields.get(part)
             if info is None:
-                return None, None
+                return None, None, (*clean, *loc[len(clean):])
             current = info.annotation
         elif typing.get_origin(current) in (dict, list):
             current = typing.get_args(current)[-1]
         else:
-            return info, None
-    return info, current
+            current = None
+    return info, current, tuple(clean)
 
 
 def _where_of(node: Any, loc: tuple, where: tuple[str, int | None]) -> tuple[tuple[str, int | None], Any, bool]:
@@ -167,10 +175,10 @@ def _message(model: type[BaseModel], error: dict, value: Any) -> str:
     kind = error["type"]
     loc = error["loc"]
     if kind in ("missing", "extra_forbidden"):
-        _, parent = _walk(model, loc[:-1])
+        _, parent, _ = _walk(model, loc[:-1])
         known = ", ".join(parent.model_fields) if isinstance(parent, type) and issubclass(parent, BaseModel) else ""
         if kind == "missing":
-            info, _ = _walk(model, loc)
+            info, _, _ = _walk(model, loc)
             hint = f" ({info.description})" if info is not None and info.description else ""
             return f"missing required key {loc[-1]!r}{hint}"
         return f"unknown key {loc[-1]!r} (expected one of: {known or 'none'})"
@@ -178,7 +186,13 @@ def _message(model: type[BaseModel], error: dict, value: Any) -> str:
         return f"expected one of {error['ctx']['expected']}, found {describe(value)}"
     if kind == "types":
         return f"{error['msg']}, found {describe(value)}"
-    info, _ = _walk(model, loc)
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        tags = [repr(t) for t in error["ctx"]["expected_tags"].replace("'", "").split(", ")]
+        field = error["ctx"]["discriminator"].strip("'")
+        if kind == "union_tag_not_found":
+            return f"missing required key {field!r} (one of {', '.join(tags)})"
+        return f"{field}: expected one of {', '.join(tags)}, found {describe(error['ctx']['tag'])}"
+    info, _, _ = _walk(model, loc)
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "string_pattern_mismatch",
                 "too_short", "too_long"):
         said = [m for m in (info.metadata if info is not None else []) if isinstance(m, Expect)]
@@ -226,7 +240,8 @@ def spec_errors(model: type[BaseModel], node: Any, what: str, where: tuple[str, 
 def errors_of(exc: ValidationError, model, node, what: str, where) -> list[InputError]:
     out = []
     for error in exc.errors(include_url=False):
-        loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        raw = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        loc = _walk(model, raw)[2]  # the file's keys; `raw` (with union tags) still picks the right variant
         error = {**error, "loc": loc}
         at, value, _ = _where_of(node, loc, where)
         shown = loc
@@ -234,8 +249,10 @@ def errors_of(exc: ValidationError, model, node, what: str, where) -> list[Input
             shown = loc[:-1]  # the key is named in the message
             if error["type"] == "missing":
                 at, _, _ = _where_of(node, shown, where)
+        if error["type"] == "union_tag_invalid" and isinstance(value, dict):
+            at = _where_of(node, (*loc, error["ctx"]["discriminator"].strip("'")), where)[0]
         label = (what + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in shown)).lstrip(".")
-        out.append(InputError(f"{label}: {_message(model, error, value)}", *at))
+        out.append(InputError(f"{label + ': ' if label else ''}{_message(model, {**error, 'loc': raw}, value)}", *at))
     return out
 
 

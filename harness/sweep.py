@@ -310,12 +310,9 @@ def plan(playbook_path: str, *, bench: str | None, out: str | None, lease_wait_s
     bench = bench or playbook.bench
     physical = emulated_spec(bench) is None
     if not physical:
-        from devices.emulated.profile import ProfileError, load_profile
+        from harness.bench.emulated import load_profile
 
-        try:
-            load_profile(_emulated_profile(bench))
-        except ProfileError as exc:
-            raise InputError(str(exc)) from None
+        load_profile(_emulated_profile(bench))
     elif any(k.startswith("profile.") for k in playbook.sweep["grid"]):
         raise InputError("sweep.grid: profile.* fields need an emulated bench (emulated:PROFILE)", bench)
     else:

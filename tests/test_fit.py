@@ -28,7 +28,7 @@ def test_lognormal_recovered_within_ci(seed):
     assert inside(fit.ci95["mean_ms"], true_mean) and inside(fit.ci95["p99_ms"], true_p99), fit.ci95
     assert fit.spec["dist"] == "lognormal" and fit.spec["mean_ms"] == pytest.approx(true_mean, rel=0.05)
     # The spec is loadable and round-trips to the fitted distribution.
-    delay = Delay.from_spec(fit.spec, "fit")
+    delay = Delay.from_spec(fit.spec)
     assert delay.quantile(0.99) * 1e3 == pytest.approx(fit.spec["p99_ms"], rel=1e-4)
 
 
@@ -40,7 +40,7 @@ def test_gamma_recovered_within_ci(seed):
     fit = fit_delay(x, rng_seed=seed)
     assert fit.choice == "gamma", fit.candidates
     assert inside(fit.ci95["mean_ms"], shape * scale) and inside(fit.ci95["cv"], 1 / math.sqrt(shape)), fit.ci95
-    assert Delay.from_spec(fit.spec, "fit").mean_s * 1e3 == pytest.approx(fit.spec["mean_ms"], rel=1e-4)
+    assert Delay.from_spec(fit.spec).mean_s * 1e3 == pytest.approx(fit.spec["mean_ms"], rel=1e-4)
 
 
 def test_mixture_gives_empirical():
@@ -52,7 +52,7 @@ def test_mixture_gives_empirical():
     assert len(q) == 21 and q[0] == pytest.approx(x.min(), rel=1e-5) and q[-1] == pytest.approx(x.max(), rel=1e-5)
     assert q[10] == pytest.approx(np.median(x), rel=1e-5)
     assert inside(fit.ci95["p50_ms"], np.median(x))
-    Delay.from_spec(fit.spec, "fit")
+    Delay.from_spec(fit.spec)
 
 
 def test_fixed_small_and_nonpositive_samples():

@@ -26,6 +26,11 @@ INVENTORY = {
 }
 PLAYBOOK = {"name": "fuzz", "seed": 1, "cycles": 2,
             "steps": [{"type": "wait", "name": "w", "seconds": 1.5}, {"type": "turn", "count": 3}]}
+PROFILE = {"name": "fuzz", "source": "a test", "ocs": {"switch": {"dist": "lognormal", "mean_ms": 44.0, "p99_ms": 64.0}},
+           "nic": {"phy_up": {"dist": "uniform", "low_ms": 0.2, "high_ms": 0.8},
+                   "cdr_lock": {"dist": "empirical", "quantiles_ms": [0.1, 0.2, 0.5]}},
+           "topology": {"hosts": 2, "nics_per_host": 2, "ocs_size": [8, 8]}, "tools": {"ethtool": "6.1"},
+           "faults": {"miscable": [[9, 10]], "inject": [{"kind": "port_flap", "probability": 0.1, "flaps": 2}]}}
 REGISTRY = {"wait": StepType("wait", {"seconds": (float, REQUIRED)}),
             "turn": StepType("turn", {"count": (int, 1), "pattern": (str, "ring")})}
 
@@ -78,6 +83,7 @@ def run_validate(raw: bytes, extra_files: dict[str, bytes] | None = None) -> tup
 def test_the_seeds_are_valid():
     assert run_validate(yaml.safe_dump(INVENTORY).encode())[0] == 0
     assert run_validate(yaml.safe_dump(PLAYBOOK).encode())[0] == 0
+    assert run_validate(yaml.safe_dump(PROFILE).encode())[0] == 0
 
 
 @FUZZ
@@ -132,6 +138,12 @@ def test_mutated_inventories(data):
 @given(data=st.data())
 def test_mutated_playbooks(data):
     run_validate(yaml.safe_dump(mutate(PLAYBOOK, data)).encode())
+
+
+@FUZZ
+@given(data=st.data())
+def test_mutated_profiles(data):
+    run_validate(yaml.safe_dump(mutate(PROFILE, data)).encode())
 
 
 @FUZZ

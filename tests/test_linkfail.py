@@ -88,5 +88,5 @@ def test_profile_fabric_detection_needs_a_source():
     assert profile_from_dict({}).fabric_source == FABRIC_SOURCE_DEFAULT
     with pytest.raises(ProfileError, match="fabric.source"):
         profile_from_dict({"fabric": {"detection": {"dist": "fixed", "ms": 2}}})
-    with pytest.raises(ProfileError, match="fabric must be"):
+    with pytest.raises(ProfileError, match="fabric.delay: Extra inputs"):
         profile_from_dict({"fabric": {"delay": 1}})

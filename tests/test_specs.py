@@ -84,6 +84,12 @@ def test_the_schemas_carry_the_ranges_and_accept_every_shipped_file(tmp_path):
     for bad, where in ((70000, "udp_port"), (0, "watch_interval_us"), (-1, "teardown_s"), ("fast", "retries")):
         errors = list(playbook.iter_errors({"name": "p", "steps": [{"type": "turnaround", where: bad}]}))
         assert errors, (where, bad)
+    profile = validator("profile")
+    for path in sorted((ROOT / "devices" / "profiles").glob("*.yaml")):
+        assert not list(profile.iter_errors(json.loads(json.dumps(load_yaml(path).data)))), path
+    for bad in ({"nic": {"phy_up": {"dist": "weibull"}}}, {"topology": {"hosts": 0}},
+                {"faults": {"inject": [{"kind": "port_flap", "cycles": [1], "flaps": 0}]}}):
+        assert list(profile.iter_errors(bad)), bad
     inventory = validator("inventory")
     data = json.loads(json.dumps(load_yaml(write(tmp_path, "inv.yaml", INVENTORY)).data))
     assert not list(inventory.iter_errors(data))
@@ -111,3 +117,95 @@ def test_link_study_ranges_are_declared(tmp_path, step, needle):
     with pytest.raises(InputError) as info:
         load_playbook(write(tmp_path, "pb.yaml", f"name: p\nsteps:\n  - type: {step}\n"))
     assert info.value.line == 4 and needle in info.value.message, info.value.format()
+
+
+BAD_PROFILE = """\
+name: bad
+source: a test
+ocs:
+  switch: {dist: lognormal, mean_ms: 10, p99_ms: 1000}
+  dark: {dist: fixed, mean_ms: 3}
+nic:
+  phy_up: {dist: weibull, ms: 1}
+topology: {hosts: 20, nics_per_host: 2}
+tools: {ethtool: 6.1}
+faults:
+  inject:
+    - {kind: ssh_drop}
+    - {kind: port_flap, cycles: [1], flaps: 0, colour: red}
+colour: red
+"""
+
+
+def test_a_profile_reports_every_problem_at_its_line(tmp_path, capsys):
+    path = write(tmp_path, "bad.yaml", BAD_PROFILE)
+    assert main(["validate", str(path)]) == 2
+    lines = [line.removeprefix(f"harness: {path}:") for line in capsys.readouterr().err.splitlines()]
+    assert lines == [
+        "4: ocs.switch: p99/mean = 100.00 is too wide for a lognormal (max 15.0)",
+        "5: ocs.dark: fixed takes ms; found mean_ms",
+        "7: nic.phy_up.dist: expected one of 'fixed', 'lognormal', 'gamma', 'uniform' or 'empirical', "
+        "found string 'weibull'",
+        "8: topology: hosts·nics_per_host = 40 NIC ports do not fit a 16×16 switch (at most 16)",
+        "9: tools.ethtool: expected a string, found number 6.1",
+        "12: faults.inject[0]: give `cycles: [...]` or `probability: p`",
+        "13: faults.inject[1].flaps: expected a value >= 1, found 0",
+        "13: faults.inject[1].colour: unknown key 'colour' (expected one of: cycles, probability, kind, target, "
+        "flaps, flap_ms)",
+        "14: unknown key 'colour' (expected one of: name, description, source, copies, ocs, nic, per_port, hosts, "
+        "topology, faults, tools, fabric)"]
+    # the run refuses it the same way, before any run directory exists
+    out = tmp_path / "run"
+    pb = write(tmp_path, "pb.yaml", "name: p\nsteps:\n  - type: turnaround\n")
+    assert main(["run", str(pb), "--bench", f"emulated:{path}", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:4: ocs.switch: p99/mean" in err and "Traceback" not in err and not out.exists()
+
+
+def test_fault_entries_are_declared_kinds_checked_at_load(tmp_path):
+    path = write(tmp_path, "pb.yaml", """\
+        name: p
+        steps:
+          - type: turnaround
+            faults:
+              - {kind: ssh_drop, cycles: [1], after_ms: -1}
+              - kind: port_flap
+                probability: 2
+              - {kind: meteor}
+              - {kind: harness_kill, cycles: [2], signal: SIGSEGV}
+        """)
+    with pytest.raises(InputError) as info:
+        load_playbook(path)
+    got = [(e.line, e.message.split(").", 1)[-1]) for e in info.value.errors]
+    assert got == [(5, "faults[0].after_ms: expected a value >= 0, found -1"),
+                   (7, "faults[1].probability: expected a probability in [0, 1], found 2"),
+                   (8, "faults[2]: kind: expected one of 'ssh_drop', 'ocs_deny', 'ocs_silence', 'line_garbage', "
+                       "'line_drop', 'port_never_up', 'port_flap', 'clock_step', 'slow_host', 'harness_kill', "
+                       "'disk_full', found string 'meteor'"),
+                   (9, "faults[3].signal: expected one of 'SIGKILL', 'SIGINT' or 'SIGTERM', found string 'SIGSEGV'")]
+
+
+def test_one_delay_reading_for_emulator_and_analysis():
+    """The emulator's Delay and the regret analysis read a delay mapping the same way (analysis/delays.py):
+    the same quantiles, and the same refusal where no lognormal has the stated mean and p99 (the regret copy
+    used to clamp sigma there and sample a distribution with another p99)."""
+    import numpy as np
+
+    from analysis.delays import Delay, Z99
+    from analysis.regret import lognormal_from_mean_p99, switch_cost_from_profile
+    from devices.emulated.profile import ProfileError, profile_from_dict
+
+    spec = {"dist": "lognormal", "mean_ms": 44.0, "p99_ms": 64.0}
+    emulated = profile_from_dict({"ocs": {"switch": spec}}).ocs["switch"]
+    assert emulated.mean_s == pytest.approx(0.044) and emulated.quantile(0.99) == pytest.approx(0.064)
+    drawn = switch_cost_from_profile({"ocs": {"switch": spec}}, 40_000, include_nic=False, seed=1)
+    assert np.quantile(drawn, [0.5, 0.99]) == pytest.approx([emulated.quantile(0.5), 0.064], rel=0.02)
+    wide = {"dist": "lognormal", "mean_ms": 10.0, "p99_ms": 10.0 * np.exp(Z99**2 / 2) * 1.01}
+    with pytest.raises(ValueError, match="too wide"):
+        Delay.from_spec(wide)
+    with pytest.raises(ValueError, match="too wide"):
+        lognormal_from_mean_p99(wide["mean_ms"], wide["p99_ms"], 10)
+    with pytest.raises(ValueError, match="too wide"):
+        switch_cost_from_profile({"ocs": {"switch": wide}}, 10)
+    with pytest.raises(ProfileError, match="too wide"):
+        profile_from_dict({"ocs": {"switch": wide}})

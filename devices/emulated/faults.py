@@ -7,19 +7,9 @@ with a seeded generator, for every cycle up front, so a resumed run meets the sa
 outlasts the cycle. Every fault that actually fired is appended to `injector.fired` (the injection's
 ground truth: kind, cycle, target, harness-clock time).
 
-Kinds (targets default to one drawn from the step's ports or hosts):
-- ssh_drop       the host's SSH server drops every connection `after_ms` after arming (mid-command;
-                 0: at once, before the cycle's command)
-- ocs_deny       the switch refuses the next `count` changes (TL1 DENY SNVS / SCPI -213)
-- ocs_silence    the switch swallows the next `count` changes: no effect, no reply (a timeout)
-- line_garbage   noise bytes between the lines of the next `count` replies (serial/TCP line noise)
-- line_drop      `count` replies lose 1-3 characters each (a framing error eats them)
-- port_never_up  the port's PHY never trains after CDR lock, for this cycle
-- port_flap      light stays, the carrier drops and retrains `flaps` times (`flap_ms` each)
-- clock_step     the host's clock jumps by `step_ms` (an NTP step)
-- slow_host      every output write of the host's commands is delayed `delay_ms` (a loaded host)
-- harness_kill   the harness process gets `signal` (default SIGKILL) when the first mirror moves
-- disk_full      the event log's file fails with ENOSPC (harness side: see `FullDiskFile`)
+The kinds are declared below, one model each (parameters, defaults, ranges, what it does): `FaultEntry`
+is what a playbook's or profile's entry may hold, and the JSON Schemas show it. Targets default to one
+drawn from the step's ports or hosts.
 """
 from __future__ import annotations
 
@@ -28,30 +18,111 @@ import os
 import signal
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
 import numpy as np
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
+from devices.specs import AtLeastOne, Expect, Positive, Seconds, Spec
 from devices.timing import now_ns
 
-# kind -> {param: (type, default)}; `target` is a host or "host:netdev" (empty: drawn by the seeded rng)
-FAULT_PARAMS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
-    "ssh_drop": {"target": (str, ""), "after_ms": ((int, float), 2.0)},
-    "ocs_deny": {"count": (int, 1)},
-    "ocs_silence": {"count": (int, 1)},
-    "line_garbage": {"count": (int, 1)},
-    "line_drop": {"count": (int, 1)},
-    "port_never_up": {"target": (str, "")},
-    "port_flap": {"target": (str, ""), "flaps": (int, 3), "flap_ms": ((int, float), 1.0)},
-    "clock_step": {"target": (str, ""), "step_ms": ((int, float), 50.0)},
-    "slow_host": {"target": (str, ""), "delay_ms": ((int, float), 20.0)},
-    "harness_kill": {"signal": (str, "SIGKILL")},
-    "disk_full": {},
-}
-FAULT_KINDS = tuple(FAULT_PARAMS)
+class _FaultEntry(Spec):
+    """When a fault fires: on the listed cycles, or each cycle with `probability` (a seeded draw)."""
+
+    cycles: list[AtLeastOne] | None = Field(None, description="cycle numbers (1..the run's cycles)")
+    probability: Annotated[float, Field(ge=0, le=1), Expect("a probability in [0, 1]")] = 0.0
+
+    @model_validator(mode="after")
+    def _scheduled(self):
+        if self.cycles is None and self.probability == 0:
+            raise ValueError("give `cycles: [...]` or `probability: p`")
+        return self
+
+
+Target = Annotated[str, Field(description='a host, or "host:netdev" for port faults; empty: drawn by the '
+                                          "run's seeded generator from the step's hosts or ports")]
+Times = Annotated[AtLeastOne, Field(description="how many changes or replies it affects")]
+
+
+class SshDrop(_FaultEntry):
+    """The host's SSH server drops every connection `after_ms` after arming (0: at once, before the command)."""
+    kind: Literal["ssh_drop"]
+    target: Target = ""
+    after_ms: Seconds = 2.0
+
+
+class OcsDeny(_FaultEntry):
+    """The switch refuses the next `count` changes (TL1 DENY SNVS / SCPI -213)."""
+    kind: Literal["ocs_deny"]
+    count: Times = 1
+
+
+class OcsSilence(_FaultEntry):
+    """The switch swallows the next `count` changes: no effect, no reply (a timeout)."""
+    kind: Literal["ocs_silence"]
+    count: Times = 1
+
+
+class LineGarbage(_FaultEntry):
+    """Noise bytes between the lines of the next `count` replies (serial/TCP line noise)."""
+    kind: Literal["line_garbage"]
+    count: Times = 1
+
+
+class LineDrop(_FaultEntry):
+    """`count` replies lose 1-3 characters each (a framing error eats them)."""
+    kind: Literal["line_drop"]
+    count: Times = 1
+
+
+class PortNeverUp(_FaultEntry):
+    """The port's PHY never trains after CDR lock, for this cycle."""
+    kind: Literal["port_never_up"]
+    target: Target = ""
+
+
+class PortFlap(_FaultEntry):
+    """Light stays, the carrier drops and retrains `flaps` times (`flap_ms` each)."""
+    kind: Literal["port_flap"]
+    target: Target = ""
+    flaps: AtLeastOne = 3
+    flap_ms: Positive = 1.0
+
+
+class ClockStep(_FaultEntry):
+    """The host's clock jumps by `step_ms` (an NTP step; negative steps back)."""
+    kind: Literal["clock_step"]
+    target: Target = ""
+    step_ms: float = 50.0
+
+
+class SlowHost(_FaultEntry):
+    """Every output write of the host's commands is delayed `delay_ms` (a loaded host)."""
+    kind: Literal["slow_host"]
+    target: Target = ""
+    delay_ms: Seconds = 20.0
+
+
+class HarnessKill(_FaultEntry):
+    """The harness process gets `signal` when the first mirror moves."""
+    kind: Literal["harness_kill"]
+    signal: Literal["SIGKILL", "SIGINT", "SIGTERM"] = "SIGKILL"
+
+
+class DiskFull(_FaultEntry):
+    """The event log's file fails with ENOSPC (harness side: see `FullDiskFile`)."""
+    kind: Literal["disk_full"]
+
+
+FAULT_MODELS = (SshDrop, OcsDeny, OcsSilence, LineGarbage, LineDrop, PortNeverUp, PortFlap, ClockStep, SlowHost,
+                HarnessKill, DiskFull)
+FaultEntry = Annotated[Union[FAULT_MODELS], Field(discriminator="kind")]
+FaultEntries = TypeAdapter(list[FaultEntry])
+FAULT_KINDS = tuple(m.model_fields["kind"].annotation.__args__[0] for m in FAULT_MODELS)
 HOST_FAULTS = ("ssh_drop", "clock_step", "slow_host")
 PORT_FAULTS = ("port_never_up", "port_flap")
 _OCS_FAULTS = {"ocs_deny": "deny", "ocs_silence": "silence", "line_garbage": "garbage", "line_drop": "drop_chars"}
+_WHEN = tuple(_FaultEntry.model_fields)
 
 
 class FaultSpecError(ValueError):
@@ -72,55 +143,24 @@ class Fault:
         return f"{self.kind}({shown})" if shown else self.kind
 
 
-def _type_ok(value: Any, types) -> bool:
-    types = types if isinstance(types, tuple) else (types,)
-    return isinstance(value, types) and not isinstance(value, bool)
-
-
 def parse_fault_plan(entries: list, cycles: int) -> list[tuple[Fault, set[int] | None, float]]:
-    """Validate entries → [(fault, explicit cycles or None, probability)]. Raises FaultSpecError."""
-    if not isinstance(entries, list):
-        raise FaultSpecError("faults: expected a list of {kind: ..., cycles: [...] | probability: p}", -1)
+    """Validate entries (the declared fault kinds) → [(fault, explicit cycles or None, probability)].
+    Raises FaultSpecError at the first problem (the harness reports every one at load, at its line)."""
+    try:
+        parsed = FaultEntries.validate_python(entries)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        loc = error["loc"]
+        index = loc[0] if loc and isinstance(loc[0], int) else -1
+        tag = error["type"] in ("union_tag_invalid", "union_tag_not_found")
+        key = "kind" if tag else next((p for p in loc[2:] if isinstance(p, str)), None)  # loc[1]: the kind
+        raise FaultSpecError(f"faults[{index}]{'.' + key if key else ''}: {error['msg']}", index, key) from None
     out = []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise FaultSpecError(f"faults[{i}]: expected a mapping", i)
-        kind = entry.get("kind")
-        if kind not in FAULT_PARAMS:
-            raise FaultSpecError(f"faults[{i}].kind: expected one of {', '.join(FAULT_KINDS)}, found {kind!r}",
-                                 i, "kind")
-        schema = FAULT_PARAMS[kind]
-        params = {name: default for name, (_, default) in schema.items()}
-        when: set[int] | None = None
-        probability = 0.0
-        for key, value in entry.items():
-            if key == "kind":
-                continue
-            if key == "cycles":
-                if not isinstance(value, list) or not all(_type_ok(c, int) and 1 <= c <= cycles for c in value):
-                    raise FaultSpecError(f"faults[{i}].cycles: expected a list of cycle numbers 1..{cycles}",
-                                         i, key)
-                when = set(value)
-            elif key == "probability":
-                if not _type_ok(value, (int, float)) or not 0 <= value <= 1:
-                    raise FaultSpecError(f"faults[{i}].probability: expected a number in [0, 1]", i, key)
-                probability = float(value)
-            elif key in schema:
-                if not _type_ok(value, schema[key][0]):
-                    raise FaultSpecError(f"faults[{i}].{key}: wrong type {type(value).__name__}", i, key)
-                negative = key != "step_ms" and isinstance(value, (int, float)) and value < 0  # clocks step back too
-                if negative or (key in ("count", "flaps") and value < 1) or (key == "flap_ms" and value <= 0):
-                    raise FaultSpecError(f"faults[{i}].{key}: out of range ({value})", i, key)
-                params[key] = value
-            else:
-                known = ", ".join(["kind", "cycles", "probability", *schema])
-                raise FaultSpecError(f"faults[{i}]: unknown key {key!r} for {kind} (expected one of: {known})",
-                                     i, key)
-        if kind == "harness_kill" and params["signal"] not in ("SIGKILL", "SIGINT", "SIGTERM"):
-            raise FaultSpecError(f"faults[{i}].signal: expected SIGKILL, SIGINT or SIGTERM", i, "signal")
-        if when is None and probability == 0:
-            raise FaultSpecError(f"faults[{i}]: give `cycles: [...]` or `probability: p`", i)
-        out.append((Fault(kind, params), when, probability))
+    for i, entry in enumerate(parsed):
+        if entry.cycles is not None and any(c > cycles for c in entry.cycles):
+            raise FaultSpecError(f"faults[{i}].cycles: expected cycle numbers 1..{cycles}", i, "cycles")
+        params = {k: getattr(entry, k) for k in type(entry).model_fields if k not in ("kind", *_WHEN)}
+        out.append((Fault(entry.kind, params), None if entry.cycles is None else set(entry.cycles), entry.probability))
     return out
 
 

@@ -5,177 +5,164 @@ report delays (mean and p99) and are seeded by the caller's numpy Generator.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-import numpy as np
 import yaml
-from scipy import stats
+from pydantic import Field, ValidationError, create_model, model_validator
 
+from analysis.delays import Delay
 from analysis.stages import NIC_PROFILE_KEYS
+from devices.emulated.faults import FaultEntry
+from devices.specs import AtLeastOne, Spec, ranged
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
-_Z99 = float(stats.norm.ppf(0.99))
 
 OCS_KEYS = ("switch", "dark")
 NIC_KEYS = NIC_PROFILE_KEYS  # from the one stage table
 
 
 class ProfileError(ValueError):
-    """A profile file is malformed. The message names the file and key."""
+    """A profile file is malformed. The message names the file and every problem's key; `validation` holds
+    the declared spec's errors (the harness maps them to file:line)."""
+
+    def __init__(self, message: str, validation: ValidationError | None = None):
+        super().__init__(message)
+        self.validation = validation
 
 
-@dataclass(frozen=True)
-class Delay:
-    """A delay distribution in seconds, backed by a frozen scipy distribution (or a constant)."""
-
-    spec: dict[str, Any]
-    _dist: Any = field(repr=False, compare=False)
-    _const: float | None = field(default=None, repr=False, compare=False)
-
-    def sample(self, rng: np.random.Generator) -> float:
-        return self._const if self._const is not None else self.at_quantile(rng.random())
-
-    def at_quantile(self, q: float) -> float:
-        """The delay at probability level q: inverse-CDF sampling from a (keyed) uniform stream."""
-        if self._const is not None:
-            return self._const
-        # numpy's own special functions: scipy's frozen ppf costs ~80 µs a call, which would add up to
-        # sub-millisecond lateness on every emulated stage.
-        return max(0.0, float(self._ppf(q)))
-
-    @property
-    def _ppf(self):
-        fast = getattr(self, "_fast_ppf", None)
-        if fast is None:
-            fast = _fast_ppf(self._dist)
-            object.__setattr__(self, "_fast_ppf", fast)
-        return fast
-
-    @property
-    def mean_s(self) -> float:
-        return self._const if self._const is not None else float(self._dist.mean())
-
-    def cdf(self, seconds):
-        """P(delay <= seconds); None for a fixed delay (a point mass has no useful KS test)."""
-        if self._const is not None:
-            return None
-        return self._dist.cdf(seconds)
-
-    def quantile(self, q: float) -> float:
-        return self._const if self._const is not None else float(self._dist.ppf(q))
-
-    @classmethod
-    def fixed(cls, seconds: float) -> "Delay":
-        return cls({"dist": "fixed", "ms": seconds * 1e3}, None, float(seconds))
-
-    @classmethod
-    def from_spec(cls, spec: Any, where: str = "delay") -> "Delay":
-        if not isinstance(spec, dict) or "dist" not in spec:
-            raise ProfileError(f"{where}: expected a mapping with 'dist' (fixed, lognormal, gamma, uniform, "
-                               f"empirical), got {spec!r}")
-        kind = spec["dist"]
-        try:
-            ms = {k: float(v) for k, v in spec.items() if k.endswith("_ms") or k in ("ms", "sigma", "cv",
-                                                                                   "shape")}
-        except (TypeError, ValueError):
-            if kind != "empirical":
-                raise ProfileError(f"{where}: parameters must be numbers, got {spec!r}") from None
-            ms = {}
-        try:
-            if kind == "fixed":
-                if not ms["ms"] >= 0:
-                    raise ProfileError(f"{where}: fixed delay must be >= 0 ms, got {ms['ms']}")
-                return cls(dict(spec), None, ms["ms"] / 1e3)
-            if kind == "lognormal":
-                if "mean_ms" in ms and "p99_ms" in ms:
-                    mu, sigma = _lognormal_from_mean_p99(ms["mean_ms"] / 1e3, ms["p99_ms"] / 1e3, where)
-                else:
-                    mu, sigma = math.log(_positive(ms["median_ms"], where) / 1e3), _positive(ms["sigma"], where)
-                return cls(dict(spec), stats.lognorm(s=sigma, scale=math.exp(mu)))
-            if kind == "gamma":
-                if "mean_ms" in ms:
-                    mean, cv = _positive(ms["mean_ms"], where) / 1e3, _positive(ms["cv"], where)
-                    shape = 1.0 / cv**2
-                    return cls(dict(spec), stats.gamma(a=shape, scale=mean / shape))
-                return cls(dict(spec), stats.gamma(a=_positive(ms["shape"], where),
-                                                   scale=_positive(ms["scale_ms"], where) / 1e3))
-            if kind == "uniform":
-                lo, hi = ms["low_ms"] / 1e3, ms["high_ms"] / 1e3
-                if not 0 <= lo <= hi:
-                    raise ProfileError(f"{where}: need 0 <= low_ms <= high_ms, got {spec!r}")
-                return cls(dict(spec), stats.uniform(loc=lo, scale=hi - lo))
-            if kind == "empirical":
-                q = np.asarray(spec["quantiles_ms"], dtype=float) / 1e3
-                if q.ndim != 1 or len(q) < 2 or np.any(np.diff(q) < 0) or q[0] < 0:
-                    raise ProfileError(f"{where}: quantiles_ms must be >= 2 non-decreasing values >= 0")
-                return cls(dict(spec), _Empirical(q))
-        except KeyError as missing:
-            raise ProfileError(f"{where}: {kind} needs parameter {missing.args[0]!r}, got {spec!r}") from None
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, ProfileError):
-                raise
-            raise ProfileError(f"{where}: bad parameters {spec!r}: {exc}") from None
-        raise ProfileError(f"{where}: unknown dist {kind!r}; expected fixed, lognormal, gamma, uniform, empirical")
+Ms = ranged(float, "a delay in ms >= 0", ge=0)
+PositiveNumber = ranged(float, "a value > 0", gt=0)
 
 
-def _fast_ppf(dist):
-    """A cheap quantile function equal to dist.ppf for the families profiles use."""
-    from scipy import special
+class DelaySpec(Spec):
+    """A delay distribution (analysis/delays.py): `fixed` (ms), `lognormal` (mean_ms + p99_ms, or median_ms +
+    sigma), `gamma` (mean_ms + cv, or shape + scale_ms), `uniform` (low_ms, high_ms), `empirical`
+    (quantiles_ms at equally spaced probability levels)."""
 
-    if isinstance(dist, _Empirical):
-        return dist.ppf
-    name = dist.dist.name
-    kw = dist.kwds
-    if name == "lognorm":
-        s, scale = kw["s"], kw["scale"]
-        return lambda q: scale * math.exp(s * special.ndtri(q))
-    if name == "uniform":
-        loc, width = kw.get("loc", 0.0), kw.get("scale", 1.0)
-        return lambda q: loc + width * q
-    if name == "gamma":
-        a, scale = kw["a"], kw.get("scale", 1.0)
-        return lambda q: scale * special.gammaincinv(a, q)
-    return dist.ppf
+    dist: Literal["fixed", "lognormal", "gamma", "uniform", "empirical"]
+    ms: Ms | None = None
+    mean_ms: PositiveNumber | None = None
+    p99_ms: PositiveNumber | None = None
+    median_ms: PositiveNumber | None = None
+    sigma: PositiveNumber | None = None
+    cv: PositiveNumber | None = None
+    shape: PositiveNumber | None = None
+    scale_ms: PositiveNumber | None = None
+    low_ms: Ms | None = None
+    high_ms: Ms | None = None
+    quantiles_ms: Annotated[list[Ms], Field(min_length=2)] | None = None
 
+    @model_validator(mode="after")
+    def _exists(self):
+        Delay.from_spec(self.given())  # the one reading of a delay: its form, and whether it can exist
+        return self
 
-class _Empirical:
-    """Piecewise-linear quantile function through values at equally spaced probability levels."""
+    def given(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in type(self).model_fields if k in self.model_fields_set}
 
-    def __init__(self, values: np.ndarray):
-        self.values = values
-        self.levels = np.linspace(0.0, 1.0, len(values))
-
-    def ppf(self, q):
-        return np.interp(q, self.levels, self.values)
-
-    def cdf(self, x):
-        return np.interp(x, self.values, self.levels)
-
-    def mean(self):
-        # The mean of a piecewise-linear quantile function is the trapezoid integral over [0, 1].
-        return float(np.trapezoid(self.values, self.levels))
+    def delay(self) -> Delay:
+        return Delay.from_spec(self.given())
 
 
-def _positive(x: float, where: str) -> float:
-    if not x > 0:
-        raise ProfileError(f"{where}: parameters must be > 0, got {x}")
-    return x
+def _delays(name: str, keys: tuple[str, ...], defaults: dict | None) -> type[Spec]:
+    """A section of delays by key; `defaults` None: every key optional (a per-port override)."""
+    fields = {k: (DelaySpec | None, None) if defaults is None else (DelaySpec, DelaySpec(**defaults[k]))
+              for k in keys}
+    return create_model(name, __base__=Spec, **fields)
 
 
-def _lognormal_from_mean_p99(mean: float, p99: float, where: str) -> tuple[float, float]:
-    """mean = exp(mu + s²/2), p99 = exp(mu + z·s)  =>  s²/2 − z·s + ln(p99/mean) = 0 (smaller root)."""
-    if not 0 < mean < p99:
-        raise ProfileError(f"{where}: lognormal needs 0 < mean_ms < p99_ms")
-    gap = math.log(p99 / mean)
-    disc = _Z99**2 - 2 * gap
-    if disc < 0:
-        raise ProfileError(f"{where}: p99/mean = {p99 / mean:.2f} is too wide for a lognormal "
-                           f"(max {math.exp(_Z99**2 / 2):.1f})")
-    sigma = _Z99 - math.sqrt(disc)
-    return math.log(mean) - sigma**2 / 2, sigma
+_DEFAULT_OCS = {"switch": {"dist": "fixed", "ms": 0.0}, "dark": {"dist": "fixed", "ms": 0.1}}
+_DEFAULT_NIC = {"los_clear": {"dist": "fixed", "ms": 0.05}, "cdr_lock": {"dist": "fixed", "ms": 0.0},
+                "phy_up": {"dist": "fixed", "ms": 0.0}, "port_active": {"dist": "fixed", "ms": 0.0},
+                "link_down": {"dist": "fixed", "ms": 1.0}}
+OcsDelays = _delays("OcsDelays", OCS_KEYS, _DEFAULT_OCS)
+NicDelays = _delays("NicDelays", NIC_KEYS, _DEFAULT_NIC)
+PortDelays = _delays("PortDelays", NIC_KEYS, None)
+Pair = Annotated[list[float], Field(min_length=2, max_length=2, description="[low, high]")]
+
+
+class HostClocks(Spec):
+    """Each emulated host's clock: an offset and a drift drawn uniformly from these ranges."""
+
+    clock_offset_ms: Pair = [0.0, 0.0]
+    drift_ppm: Pair = [0.0, 0.0]
+
+
+class TopologySpec(Spec):
+    """hosts × nics_per_host NIC ports on one ingress × egress switch."""
+
+    hosts: AtLeastOne = 4
+    nics_per_host: AtLeastOne = 2
+    ocs_size: Annotated[list[AtLeastOne], Field(min_length=2, max_length=2, description="[ingress, egress]")] = [16, 16]
+
+    @model_validator(mode="after")
+    def _fits(self):
+        if self.hosts * self.nics_per_host > min(self.ocs_size):
+            raise ValueError(f"hosts·nics_per_host = {self.hosts * self.nics_per_host} NIC ports do not fit a "
+                             f"{self.ocs_size[0]}×{self.ocs_size[1]} switch (at most {min(self.ocs_size)})")
+        return self
+
+
+class ProfileFaults(Spec):
+    """Faults the emulated bench always has: fibres swapped at OCS port pairs, ports that never come up or
+    flap ("host:netdev"), and fault entries injected into every turnaround step (devices/emulated/faults.py)."""
+
+    miscable: list[Annotated[list[AtLeastOne], Field(min_length=2, max_length=2)]] = []
+    never_up: list[str] = []
+    flap: list[str] = []
+    inject: list[FaultEntry] = []
+
+
+class FabricSpec(Spec):
+    """The packet fabric's detection and re-spread of a link that lost light (multiplane load balancing)."""
+
+    detection: DelaySpec | None = None
+    source: str = Field("", description="where the detection figure comes from (required with detection)")
+
+    @model_validator(mode="after")
+    def _sourced(self):
+        if self.detection is not None and not self.source.strip():
+            raise ValueError("fabric.detection needs a fabric.source (where the figure comes from)")
+        return self
+
+
+class ToolPins(Spec):
+    """The tool versions emulated hosts print the layouts of (quote them: "6.1" is not 6.1)."""
+
+    ethtool: str | None = None
+    iproute2: str | None = None
+    nccl_tests: str | None = None
+    perftest: str | None = None
+    mft: str | None = None
+
+    @model_validator(mode="after")
+    def _known(self):
+        from devices.emulated.formats import ToolVersions
+
+        ToolVersions(**self.pins())  # raises ValueError on a version it cannot read
+        return self
+
+    def pins(self) -> dict[str, str]:
+        return {k: getattr(self, k) for k in type(self).model_fields if getattr(self, k) is not None}
+
+
+class ProfileSpec(Spec):
+    """A timing profile of the emulated bench (devices/profiles/*.yaml): delays by stage, with their source."""
+
+    name: str | None = Field(None, description="default: the file's stem")
+    description: str = ""
+    source: str = Field("", description="where the numbers come from")
+    copies: str | None = Field(None, description="the published figures this profile copies, if any")
+    ocs: OcsDelays = OcsDelays()
+    nic: NicDelays = NicDelays()
+    per_port: dict[str, PortDelays] = Field({}, description='"host:netdev" -> NIC stage delays of that port')
+    hosts: HostClocks = HostClocks()
+    topology: TopologySpec = TopologySpec()
+    faults: ProfileFaults = ProfileFaults()
+    tools: ToolPins = ToolPins()
+    fabric: FabricSpec = FabricSpec()
 
 
 @dataclass(frozen=True)
@@ -216,12 +203,6 @@ class Profile:
         return self.per_port.get(port_key, {}).get(stage) or self.nic[stage]
 
 
-_DEFAULT_OCS = {"switch": {"dist": "fixed", "ms": 0.0}, "dark": {"dist": "fixed", "ms": 0.1}}
-_DEFAULT_NIC = {"los_clear": {"dist": "fixed", "ms": 0.05}, "cdr_lock": {"dist": "fixed", "ms": 0.0},
-                "phy_up": {"dist": "fixed", "ms": 0.0}, "port_active": {"dist": "fixed", "ms": 0.0},
-                "link_down": {"dist": "fixed", "ms": 1.0}}
-
-
 # No public Spectrum-X detection figure was retrievable (spec algorithms.md §8: the seed paper was not found):
 # 1 ms is OUR ASSUMPTION (ten times the emulated burst-mode `link_down`), named as such wherever it is used.
 FABRIC_DETECTION_DEFAULT = {"dist": "fixed", "ms": 1.0}
@@ -233,14 +214,21 @@ def list_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
-def load_profile(name_or_path: str) -> Profile:
-    """A built-in profile by name, or a YAML file by path."""
+def profile_path(name_or_path: str) -> Path:
+    """The file of a built-in profile by name, or the path given."""
     path = Path(name_or_path)
     if not path.suffix:
         path = PROFILE_DIR / f"{name_or_path}.yaml"
         if not path.exists():
             raise ProfileError(f"unknown profile {name_or_path!r}; built-in: {', '.join(list_profiles())} "
                                f"(or give a path to a .yaml file)")
+    return path
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A built-in profile by name, or a YAML file by path (the harness loads profiles through its own YAML
+    loader, for file:line errors, `${ENV}` and `include:`)."""
+    path = profile_path(name_or_path)
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -253,66 +241,31 @@ def load_profile(name_or_path: str) -> Profile:
 
 
 def profile_from_dict(data: Any, where: str = "<profile>") -> Profile:
+    """A Profile from a loaded mapping, validated against ProfileSpec (every problem at once)."""
     if not isinstance(data, dict):
         raise ProfileError(f"{where}: expected a mapping at the top level")
-    unknown = set(data) - {"name", "description", "source", "copies", "ocs", "nic", "per_port", "hosts",
-                           "topology", "faults", "tools", "fabric"}
-    if unknown:
-        raise ProfileError(f"{where}: unknown keys {sorted(unknown)}")
-
-    def delays(section: str, keys: tuple[str, ...], defaults: dict) -> dict[str, Delay]:
-        given = data.get(section) or {}
-        if not isinstance(given, dict) or set(given) - set(keys):
-            raise ProfileError(f"{where}: {section} must be a mapping with keys among {', '.join(keys)}")
-        return {k: Delay.from_spec(given.get(k, defaults[k]), f"{where}: {section}.{k}") for k in keys}
-
-    per_port = {}
-    for port, stages in (data.get("per_port") or {}).items():
-        if not isinstance(stages, dict) or set(stages) - set(NIC_KEYS):
-            raise ProfileError(f"{where}: per_port.{port} must map NIC stages ({', '.join(NIC_KEYS)}) to delays")
-        per_port[str(port)] = {k: Delay.from_spec(v, f"{where}: per_port.{port}.{k}") for k, v in stages.items()}
-    hosts = data.get("hosts") or {}
-    topo = data.get("topology") or {}
     try:
-        offset = tuple(float(x) for x in hosts.get("clock_offset_ms", (0.0, 0.0)))
-        drift = tuple(float(x) for x in hosts.get("drift_ppm", (0.0, 0.0)))
-        topology = Topology(hosts=int(topo.get("hosts", 4)), nics_per_host=int(topo.get("nics_per_host", 2)),
-                            ocs_size=tuple(int(x) for x in topo.get("ocs_size", (16, 16))))
-    except (TypeError, ValueError, AttributeError):
-        raise ProfileError(f"{where}: hosts/topology values must be numbers") from None
-    if len(offset) != 2 or len(drift) != 2 or len(topology.ocs_size) != 2:
-        raise ProfileError(f"{where}: clock_offset_ms, drift_ppm and ocs_size take two numbers each")
-    n, m = topology.ocs_size
-    if topology.nic_count > min(n, m) or topology.hosts < 1 or topology.nics_per_host < 1:
-        raise ProfileError(f"{where}: topology needs 1 <= hosts·nics_per_host <= min(ocs_size)")
-    tools = _tool_pins(data.get("tools"), where)
-    fabric = data.get("fabric") or {}
-    if not isinstance(fabric, dict) or set(fabric) - {"detection", "source"}:
-        raise ProfileError(f"{where}: fabric must be a mapping with keys among detection, source")
-    if "detection" in fabric and not str(fabric.get("source") or "").strip():
-        raise ProfileError(f"{where}: fabric.detection needs a fabric.source (where the figure comes from)")
-    return Profile(name=str(data.get("name", Path(where).stem)), description=str(data.get("description", "")),
-                   source=str(data.get("source", "")), ocs=delays("ocs", OCS_KEYS, _DEFAULT_OCS),
-                   nic=delays("nic", NIC_KEYS, _DEFAULT_NIC), per_port=per_port, clock_offset_ms=offset,
-                   drift_ppm=drift, topology=topology, faults=dict(data.get("faults") or {}), path=where,
-                   tools=tools, copies=None if data.get("copies") is None else str(data["copies"]),
-                   fabric_detection=Delay.from_spec(fabric.get("detection", FABRIC_DETECTION_DEFAULT),
-                                                    f"{where}: fabric.detection"),
-                   fabric_source=str(fabric.get("source") or FABRIC_SOURCE_DEFAULT).strip())
+        spec = ProfileSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False))
+        raise ProfileError(f"{where}: {problems}", exc) from None
+    return profile_from_spec(spec, where)
 
 
-def _tool_pins(given: Any, where: str) -> dict[str, str]:
-    """`tools: {ethtool: "5.16", iproute2: "6.1", ...}`: the versions whose output layout emulated hosts print."""
-    from devices.emulated.formats import ToolVersions
+def profile_from_spec(spec: ProfileSpec, where: str) -> Profile:
+    def delays(section: Spec) -> dict[str, Delay]:
+        return {k: getattr(section, k).delay() for k in type(section).model_fields if getattr(section, k) is not None}
 
-    if given is None:
-        return {}
-    if not isinstance(given, dict) or set(given) - set(ToolVersions.KNOWN):
-        raise ProfileError(f"{where}: tools must map tool names ({', '.join(ToolVersions.KNOWN)}) to versions, "
-                           f"got {given!r}")
-    pins = {str(k): str(v) for k, v in given.items()}
-    try:
-        ToolVersions(**pins)
-    except ValueError as exc:
-        raise ProfileError(f"{where}: tools: {exc}") from None
-    return pins
+    faults = spec.faults.model_dump(exclude_defaults=True)
+    faults.pop("inject", None)
+    if spec.faults.inject:  # the entries as written (fault plans validate them again per step)
+        faults["inject"] = [e.model_dump(exclude_unset=True) for e in spec.faults.inject]
+    return Profile(name=spec.name if spec.name is not None else Path(where).stem, description=spec.description,
+                   source=spec.source, ocs=delays(spec.ocs), nic=delays(spec.nic),
+                   per_port={port: delays(stages) for port, stages in spec.per_port.items()},
+                   clock_offset_ms=tuple(spec.hosts.clock_offset_ms), drift_ppm=tuple(spec.hosts.drift_ppm),
+                   topology=Topology(spec.topology.hosts, spec.topology.nics_per_host, tuple(spec.topology.ocs_size)),
+                   faults=faults, path=where, tools=spec.tools.pins(), copies=spec.copies,
+                   fabric_detection=(spec.fabric.detection.delay() if spec.fabric.detection is not None
+                                     else Delay.from_spec(FABRIC_DETECTION_DEFAULT)),
+                   fabric_source=(spec.fabric.source or FABRIC_SOURCE_DEFAULT).strip())

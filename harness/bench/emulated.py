@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
+from devices.emulated.faults import FaultEntry  # noqa: F401  (the declared fault kinds, for step parameters)
 from devices.timing import now_ns
 from harness.errors import InputError
 
@@ -18,6 +19,21 @@ def _where(node, step, key=None) -> tuple[str | None, int | None]:
         except (KeyError, TypeError):
             pass
     return step.file, step.line
+
+
+def load_profile(name_or_path: str):
+    """A timing profile (built-in name or file) through the harness's YAML loader: every problem of the file
+    at its `file:line` (InputError / InputErrors), `${ENV}` templating and `include:` as in every input."""
+    from devices.emulated.profile import ProfileError, ProfileSpec, profile_from_spec, profile_path
+    from harness.config import load_yaml
+    from harness.specs import validate
+
+    try:
+        path = profile_path(name_or_path)
+    except ProfileError as exc:
+        raise InputError(str(exc)) from None
+    data = load_yaml(path).data
+    return profile_from_spec(validate(ProfileSpec, data, "", (data.file, data.line)), str(path))
 
 
 def truth_frame(emulated, cycle_starts: list[tuple[int, int]]):
@@ -135,8 +151,7 @@ class ServingEndpoint:
 
 
 _LAZY = {"ServiceModel": "devices.emulated.vllm_server", "InterferenceWindow": "devices.emulated.vllm_server",
-         "simulate_service": "devices.emulated.vllm_server", "load_profile": "devices.emulated.profile",
-         "ProfileError": "devices.emulated.profile"}
+         "simulate_service": "devices.emulated.vllm_server", "ProfileError": "devices.emulated.profile"}
 
 
 def __getattr__(name: str):

@@ -25,13 +25,10 @@ def _emulate(args) -> int:
     from pathlib import Path
 
     from devices.emulated.bench import PASSWORD_ENV, EmulatedBench
-    from devices.emulated.profile import ProfileError, load_profile
+    from harness.bench.emulated import load_profile
     from harness.errors import InputError
 
-    try:
-        profile = load_profile(args.profile)
-    except ProfileError as exc:
-        raise InputError(str(exc)) from None
+    profile = load_profile(args.profile)
     out = Path(args.inventory_out)
     if not out.parent.exists():
         raise InputError("--inventory-out: the folder does not exist", str(out.parent))

@@ -95,12 +95,9 @@ def fit_profile(events: pd.DataFrame, *, seed: int = 0, alpha_ports: float = 0.0
 def _base_profile(name_or_path: str | None) -> dict:
     if not name_or_path:
         return {}
-    from devices.emulated.profile import ProfileError, load_profile
+    from harness.bench.emulated import load_profile
 
-    try:
-        loaded = load_profile(name_or_path)
-    except ProfileError as exc:
-        raise InputError(f"--base: {exc}", name_or_path) from None
+    loaded = load_profile(name_or_path)
     return {"ocs": {k: dict(d.spec) for k, d in loaded.ocs.items()},
             "nic": {k: dict(d.spec) for k, d in loaded.nic.items()},
             "hosts": {"clock_offset_ms": list(loaded.clock_offset_ms), "drift_ppm": list(loaded.drift_ppm)},

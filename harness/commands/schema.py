@@ -1,4 +1,4 @@
-"""`harness schema inventory|playbook`: print the JSON Schema of a file kind, generated from its declared
+"""`harness schema inventory|playbook|profile`: print the JSON Schema of a file kind, generated from its declared
 spec (harness/specs.py) — the same models that validate the files. Editors read the copies in schemas/."""
 from __future__ import annotations
 
@@ -32,7 +32,13 @@ def playbook_schema() -> dict:
     return schema
 
 
-SCHEMAS = {"inventory": inventory_schema, "playbook": playbook_schema}
+def profile_schema() -> dict:
+    from devices.emulated.profile import ProfileSpec
+
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **ProfileSpec.model_json_schema()}
+
+
+SCHEMAS = {"inventory": inventory_schema, "playbook": playbook_schema, "profile": profile_schema}
 
 
 def render(kind: str) -> str:
@@ -45,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("schema", help="print the JSON Schema of inventories or playbooks",
+    parser = subparsers.add_parser("schema", help="print the JSON Schema of inventories, playbooks or timing profiles",
                                    description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=sorted(SCHEMAS), help="which file kind")
     parser.set_defaults(func=run)

@@ -1,4 +1,4 @@
-"""`harness validate FILE...`: check inventories and playbooks without touching any hardware."""
+"""`harness validate FILE...`: check inventories, playbooks and timing profiles without touching any hardware."""
 from __future__ import annotations
 
 import argparse
@@ -20,8 +20,14 @@ def describe_file(path: str) -> str:
         playbook = playbook_from_data(loaded, path, discover_steps())
         return (f"playbook {playbook.name!r}: {len(playbook.steps)} steps, {playbook.cycles} cycles, "
                 f"bench {playbook.bench}")
+    if kind == "profile":
+        from harness.bench.emulated import load_profile
+
+        profile = load_profile(path)
+        return (f"timing profile {profile.name!r}: {profile.topology.hosts} hosts × {profile.topology.nics_per_host} "
+                f"NIC ports, OCS switch mean {profile.ocs['switch'].mean_s * 1e3:g} ms")
     raise InputError("cannot tell what this is: an inventory has 'bench', 'ocs' and 'hosts'; a playbook "
-                     "has 'steps'", path, loaded.data.line)
+                     "has 'steps'; a timing profile has 'nic', 'topology' or 'source'", path, loaded.data.line)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("validate", help="check inventory and playbook files",
+    parser = subparsers.add_parser("validate", help="check inventory, playbook and timing profile files",
                                    description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="+", metavar="FILE", help="inventory or playbook YAML")
+    parser.add_argument("files", nargs="+", metavar="FILE", help="inventory, playbook or timing profile YAML")
     parser.set_defaults(func=run)

@@ -18,7 +18,7 @@ from analysis.stages import PORT_CHAIN
 from devices.timing import Deadline, now_ns
 from harness.bench import BenchBroken
 from harness.bench.circuits import RetryPolicy, guard
-from harness.bench.emulated import Faults
+from harness.bench.emulated import FaultEntry, Faults
 from harness.bench.hosts import HostGroup
 from harness.bench.observe import CycleWatch, observation_log
 from harness.bench.stages import PortRef, stage_events
@@ -55,7 +55,8 @@ class TurnaroundParams(Spec):
     teardown_s: Seconds = Field(15.0, description="the restore at the end of the run must finish within this")
     late_report_ms: Seconds = Field(50.0, description="once a port's last stage is in, how long to await "
                                                       "earlier polled ones")
-    faults: list[dict] = Field([], description="emulated bench only: [{kind, cycles: [..] | probability: p, ...}]")
+    faults: list[FaultEntry] = Field([], description="emulated bench only: the declared fault kinds, each on "
+                                                    "`cycles: [..]` or with `probability: p`")
 
 
 class TurnaroundRun:
