@@ -1,12 +1,9 @@
 """`--bench emulated:PROFILE?ocs=PROTOCOL`: the emulated switch served over any registered protocol."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import yaml
 
-from harness.cli import main
 from harness.config import InputError
 from harness.runner import emulated_spec
 
@@ -23,17 +20,17 @@ def test_emulated_spec_parses_the_protocol_choice():
             emulated_spec(bad)
 
 
-def test_a_run_drives_the_scpi_switch(tmp_path, capsys):
+def test_a_run_drives_the_scpi_switch(tmp_path, run_playbook):
     pb = tmp_path / "pb.yaml"
     pb.write_text(yaml.safe_dump({"name": "scpi", "bench": "emulated:burst-mode", "cycles": 1, "seed": 1,
                                   "steps": [{"type": "turnaround", "name": "measure", "probes": False,
                                              "clock_warmup_s": 0.1, "cycle_timeout_s": 20}]}))
-    out = tmp_path / "runs"
-    assert main(["run", str(pb), "--bench", "emulated:burst-mode?ocs=polatis-scpi", "--out", str(out / "run"), "-q"]) == 0
-    run = out / "run"
+    result = run_playbook(pb, bench="emulated:burst-mode?ocs=polatis-scpi")
+    assert result.exit_code == 0, result
+    run = result.run_dir
     inventories = list(run.rglob("inventory*.yaml"))
     assert inventories and all(yaml.safe_load(p.read_text())["ocs"]["ocs1"]["protocol"] == "polatis-scpi"
                                for p in inventories)
-    assert json.loads((run / "manifest.json").read_text())["extra"]["bench"] == "emulated:burst-mode?ocs=polatis-scpi"
-    assert main(["run", str(pb), "--bench", "emulated:instant?ocs=nope", "--out", str(out / "run2")]) == 2
-    assert "unknown switch protocol 'nope'" in capsys.readouterr().err
+    assert result.manifest()["extra"]["bench"] == "emulated:burst-mode?ocs=polatis-scpi"
+    refused = run_playbook(pb, bench="emulated:instant?ocs=nope")
+    assert refused.exit_code == 2 and "unknown switch protocol 'nope'" in refused.error

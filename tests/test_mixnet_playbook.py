@@ -26,7 +26,8 @@ def profile(tmp_path: Path, name: str, switch_ms: float, copies: str | None = No
     return path
 
 
-def run(tmp_path: Path, bench_profile: Path, out: str, *extra: str) -> Path:
+def run(run_playbook, tmp_path: Path, bench_profile: Path) -> Path:
+    """The job through the pytest plugin, as a lab's test runs it; its run directory."""
     playbook = tmp_path / "falsify.yaml"
     playbook.write_text(yaml.safe_dump({
         "name": "falsify", "bench": "emulated:instant", "seed": 9, "cycles": 4,
@@ -34,11 +35,9 @@ def run(tmp_path: Path, bench_profile: Path, out: str, *extra: str) -> Path:
                   {"type": "mixnet_verdict", "name": "verdict", "models": ["mixtral-8x22b"],
                    "links_gbps": [100], "n_boot": 40, "n_reps": 4, "grid": {"gpu": ["h100-sxm"]},
                    "workers": 1}]}))
-    args = ["run", str(playbook), "--bench", f"emulated:{bench_profile}", *extra]
-    if "--resume" not in extra:
-        args += ["--out", str(tmp_path / out / "run")]
-    assert main(args) == 0
-    return next((tmp_path / out).iterdir())
+    result = run_playbook(playbook, bench=f"emulated:{bench_profile}")
+    assert result.exit_code == 0, result
+    return result.run_dir
 
 
 def verdicts(run_dir: Path) -> dict:
@@ -46,10 +45,10 @@ def verdicts(run_dir: Path) -> dict:
     return {c["id"]: c["verdict"] for c in data["claims"]}
 
 
-def test_verdict_follows_measurement_not_profile_name(tmp_path):
+def test_verdict_follows_measurement_not_profile_name(tmp_path, run_playbook):
     # Names swapped on purpose: "mixnet-testbed" is fast here and "burst-mode" slow.
-    fast = run(tmp_path, profile(tmp_path, "mixnet-testbed", 5.0), "fast")
-    slow = run(tmp_path, profile(tmp_path, "burst-mode", 80.0, copies="a paper's Table 9"), "slow")
+    fast = run(run_playbook, tmp_path, profile(tmp_path, "mixnet-testbed", 5.0))
+    slow = run(run_playbook, tmp_path, profile(tmp_path, "burst-mode", 80.0, copies="a paper's Table 9"))
     data = json.loads((fast / "verdict.json").read_text())
     assert list(data)[0] == "provenance" and data["provenance"]["emulated"] is True
     assert data["measured"]["total_ms"]["source"] == "emulated from profile mixnet-testbed"
@@ -71,11 +70,11 @@ def test_verdict_follows_measurement_not_profile_name(tmp_path):
     assert (fast / "iteration_vs_delay.png").stat().st_size > 10_000
 
 
-def test_same_events_and_seed_give_an_identical_verdict(tmp_path, capsys):
-    first = run(tmp_path, profile(tmp_path, "p", 30.0), "a")
+def test_same_events_and_seed_give_an_identical_verdict(tmp_path, run_playbook, capsys):
+    first = run(run_playbook, tmp_path, profile(tmp_path, "p", 30.0))
     before = (first / "verdict.json").read_text()
     # A finished run is not resumed (exit 2); the verdict is recomputed from the same log by the report.
-    assert main(["run", "--resume", str(first), "-q"]) == 2
+    assert run_playbook(resume=first).exit_code == 2
     assert (first / "verdict.json").read_text() == before
     capsys.readouterr()
     assert main(["report", str(first), "--recompute"]) == 0
