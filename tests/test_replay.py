@@ -153,8 +153,9 @@ def test_replay_through_declared_sync_windows_slows_only_those_requests(tmp_path
 
     expected = np.asarray([expected_decode_s(r[2]) for r in records])
     np.testing.assert_allclose(decode_s, expected, rtol=1e-6, atol=1e-8)
-    inside = ((requests["arrival_s"] >= 2.0) & (requests["arrival_s"] + 3.9 < 6.0)).to_numpy()
-    assert inside.any() and np.all(decode_s[inside] > 5 * decode_s[0])  # decode under the window: ~10× longer
+    # The window was exercised: some request decoded under it (its unslowed decode is 0.39 / 4 wall s). Which
+    # ones depends on when a loaded machine delivered them, so the emulator's receive times decide, not indices.
+    assert np.any(decode_s > 5 * 0.39 / 4)
 
 
 def test_sse_split_across_writes_crlf_and_missing_done(tmp_path):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -144,12 +145,12 @@ def replay_log_to_parquet(jsonl_path: str | Path, parquet_path: str | Path) -> p
     return frame
 
 
-def _body(model: str, ids: str, max_tokens: int, stream: bool) -> bytes:
+def _body(model: str, ids: bytes, max_tokens: int, stream: bool) -> bytes:
     # Token ids (a JSON array text from PromptSynthesizer), not text, so the server sees exactly the trace's
-    # prompt length; the body is assembled as text because json.dumps of long lists costs more than the send.
+    # prompt length; the body is assembled as bytes because json.dumps of long lists costs more than the send.
     extra = ',"stream":true,"stream_options":{"include_usage":true}' if stream else ""
-    return (f'{{"model":{json.dumps(model)},"prompt":{ids},"max_tokens":{max_tokens},'
-            f'"min_tokens":{max_tokens},"ignore_eos":true,"temperature":0{extra}}}').encode()
+    return (f'{{"model":{json.dumps(model)},"prompt":'.encode() + ids +
+            f',"max_tokens":{max_tokens},"min_tokens":{max_tokens},"ignore_eos":true,"temperature":0{extra}}}'.encode())
 
 
 class _Replayer:
@@ -212,7 +213,7 @@ class _Replayer:
                     if body == b"[DONE]":
                         done = True
                         continue
-                    payload = json.loads(body)
+                    payload = orjson.loads(body)
                     choices = payload.get("choices")
                     if choices and choices[0].get("text"):
                         chunks += 1

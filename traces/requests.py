@@ -227,7 +227,21 @@ def _load_jsonl(path: Path, mooncake: bool) -> pd.DataFrame:
 
 # ---- prompts ---------------------------------------------------------------------------------------------
 
-PROMPT_TOKEN_IDS = (1000, 30000)  # ids every common vocabulary has (GPT-2 50k, Llama 32k), past the specials
+# Ids every common vocabulary has (GPT-2 50k, Llama 32k), past the specials; all five digits wide, so a prompt's
+# JSON text is built by numpy (each id "DDDDD," six bytes) rather than by formatting ints one at a time.
+PROMPT_TOKEN_IDS = (10000, 30000)
+_ID_WIDTH = 6
+
+
+def _ids_text(ids: np.ndarray) -> bytes:
+    """`DDDDD,` for every id (five-digit ids), trailing comma included."""
+    out = np.empty((len(ids), _ID_WIDTH), dtype=np.uint8)
+    out[:, 5] = ord(",")
+    rest = ids.astype(np.int64)
+    for k in range(4, -1, -1):
+        rest, digit = np.divmod(rest, 10)
+        out[:, k] = digit + ord("0")
+    return out.tobytes()
 
 
 class PromptSynthesizer:
@@ -235,38 +249,38 @@ class PromptSynthesizer:
     what the trace implies: a request with prefix block ids (Mooncake `hash_ids`, one per `block_tokens`
     tokens) is the concatenation of its blocks' contents, so requests sharing a block share that prefix;
     a request without them gets content of its own. Contents are seeded random ids: same seed, same prompts.
-    `json_ids(i)` is the JSON array text of request i (cached per block: shared blocks are built once)."""
+    `json_ids(i)` is the JSON array text (bytes) of request i (cached per block: shared blocks are built once)."""
 
     def __init__(self, requests: pd.DataFrame, seed: int = 0, block_tokens: int = MOONCAKE_BLOCK_TOKENS):
         self.prompt_tokens = requests["prompt_tokens"].to_numpy(dtype=np.int64)
         self.blocks = (requests["prefix_block_ids"].tolist() if "prefix_block_ids" in requests.columns
                        else [None] * len(requests))
         self.seed, self.block_tokens = int(seed), int(block_tokens)
-        self._cache: dict[int, str] = {}
+        self._cache: dict[int, bytes] = {}
 
-    def _ids(self, key: tuple, n: int) -> np.ndarray:
-        return np.random.default_rng((self.seed, *key)).integers(*PROMPT_TOKEN_IDS, size=n)
+    def _ids(self, key: tuple, n: int) -> bytes:
+        return _ids_text(np.random.default_rng((self.seed, *key)).integers(*PROMPT_TOKEN_IDS, size=n))
 
-    def _block(self, block_id: int) -> str:
+    def _block(self, block_id: int) -> bytes:
         text = self._cache.get(block_id)
         if text is None:
-            text = self._cache[block_id] = ",".join(map(str, self._ids((0, block_id), self.block_tokens).tolist()))
+            text = self._cache[block_id] = self._ids((0, block_id), self.block_tokens)
         return text
 
-    def json_ids(self, index: int) -> str:
+    def json_ids(self, index: int) -> bytes:
         n = int(self.prompt_tokens[index])
         blocks = self.blocks[index]
         if not blocks:
-            return "[" + ",".join(map(str, self._ids((1, index), n).tolist())) + "]"
+            return b"[" + self._ids((1, index), n)[:-1] + b"]"
         full, rest = divmod(n, self.block_tokens)
         parts = [self._block(int(b)) for b in blocks[:full]]
         covered = min(full, len(blocks)) * self.block_tokens
         if rest and len(blocks) > full:  # the last block, cut to the prompt's length
-            parts.append(",".join(self._block(int(blocks[full])).split(",")[:rest]))
+            parts.append(self._block(int(blocks[full]))[: rest * _ID_WIDTH])
             covered += rest
         if covered < n:  # more tokens than the listed blocks cover: the request's own tail
-            parts.append(",".join(map(str, self._ids((1, index), n - covered).tolist())))
-        return "[" + ",".join(p for p in parts if p) + "]"
+            parts.append(self._ids((1, index), n - covered))
+        return b"[" + b"".join(parts)[:-1] + b"]"
 
     def token_ids(self, index: int) -> list[int]:
         return json.loads(self.json_ids(index))

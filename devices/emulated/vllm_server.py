@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 from aiohttp import web
 
 from devices.timing import now_ns
@@ -40,7 +41,7 @@ class ServiceModel:
     batch_slots: int = 64
     max_model_len: int = 32_768
     time_scale: float = 1.0
-    stream_interval_s: float = 0.0  # > 0: real seconds between SSE chunks, tokens coalesced (0: one per chunk)
+    stream_interval_s: float = 0.0  # > 0: real s between SSE writes, tokens coalesced (first and last on time)
 
     def __post_init__(self):
         if min(self.prefill_tokens_per_s, self.decode_tokens_per_s, self.time_scale) <= 0 or self.batch_slots < 1:
@@ -215,6 +216,7 @@ class VllmMetrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
+        self._pending: list[tuple] = []
         labels, values = ["model_name", "engine"], (model, "0")
         self._queue_depths = queue_depths
         gauge = lambda name, doc: Gauge(name, doc, labels, registry=self.registry).labels(*values)  # noqa: E731
@@ -247,20 +249,30 @@ class VllmMetrics:
 
     def observe(self, time_scale: float, received_ns: int, admitted_ns: int, token_ns: np.ndarray,
                 prompt_tokens: int) -> None:
-        to_s = time_scale / 1e9
-        self.prompt_tokens.inc(prompt_tokens)
-        self.generation_tokens.inc(len(token_ns))
-        self.success.inc()
-        self.request_prompt.observe(prompt_tokens)
-        self.request_generation.observe(len(token_ns))
-        self.ttft.observe((int(token_ns[0]) - received_ns) * to_s)
-        self.tpot.observe_many(np.diff(token_ns) * to_s)
-        self.e2e.observe((int(token_ns[-1]) - received_ns) * to_s)
-        self.queue.observe((admitted_ns - received_ns) * to_s)
+        """Record one finished request; counted into the metrics when they are next rendered (a scrape),
+        so the request path pays a list append rather than a dozen metric updates."""
+        self._pending.append((time_scale, received_ns, admitted_ns, token_ns, prompt_tokens))
+        if len(self._pending) >= 10_000:  # an endpoint nobody scrapes keeps bounded memory
+            self._flush()
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for time_scale, received_ns, admitted_ns, token_ns, prompt_tokens in pending:
+            to_s = time_scale / 1e9
+            self.prompt_tokens.inc(prompt_tokens)
+            self.generation_tokens.inc(len(token_ns))
+            self.success.inc()
+            self.request_prompt.observe(prompt_tokens)
+            self.request_generation.observe(len(token_ns))
+            self.ttft.observe((int(token_ns[0]) - received_ns) * to_s)
+            self.tpot.observe_many(np.diff(token_ns) * to_s)
+            self.e2e.observe((int(token_ns[-1]) - received_ns) * to_s)
+            self.queue.observe((admitted_ns - received_ns) * to_s)
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
 
+        self._flush()
         running, waiting = self._queue_depths()
         self.running.set(running)
         self.waiting.set(waiting)
@@ -447,7 +459,7 @@ class VllmEmulator:
         t_received = now_ns()
         self.stats.received += 1
         try:
-            body = await request.json(loads=json.loads)
+            body = await request.json(loads=orjson.loads)  # prompts of token ids: the parse is the cost
         except ValueError as exc:
             body = exc
         parsed = self._error(400, f"invalid JSON body: {body}") if isinstance(body, ValueError) \
@@ -503,18 +515,19 @@ class VllmEmulator:
     async def _stream(self, request: web.Request, ident: str, times: np.ndarray, usage: dict | None, chat: bool
                       ) -> web.StreamResponse:
         """One token per SSE chunk (as vLLM streams); tokens that are already due when the writer wakes leave
-        in one network write, still one chunk each. `stream_interval_s` > 0 coalesces instead."""
+        in one network write, still one chunk each. `stream_interval_s` > 0 coalesces instead (the first and
+        the last token still leave when due, so TTFT, TPOT and end-to-end latency stay exact)."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         head = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": self.model}
         tail = ', "usage": null}' if usage is not None else "}"
+        prefix = f'data: {json.dumps(head)[:-1]}, "choices": [{{"index": 0, '
 
         def chunk(count: int, finish: str | None) -> bytes:
             text = json.dumps(TOKEN_TEXT * count)
             delta = f'"delta": {{"content": {text}}}' if chat else f'"text": {text}'
-            return (f'data: {json.dumps(head)[:-1]}, "choices": [{{"index": 0, {delta}, "logprobs": null, '
-                    f'"finish_reason": {json.dumps(finish)}}}]{tail}\n\n').encode()
+            return f'{prefix}{delta}, "logprobs": null, "finish_reason": {json.dumps(finish)}}}]{tail}\n\n'.encode()
 
         if chat:  # the first chunk carries the role, as OpenAI's and vLLM's do
             role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
@@ -524,7 +537,8 @@ class VllmEmulator:
         sent, last_write, n = 0, -interval_ns, len(times)
         one = chunk(1, None)
         while sent < n:
-            await _sleep_until(max(int(times[sent]), last_write + interval_ns))
+            # Coalescing never holds back the last token: the completion time stays the model's.
+            await _sleep_until(max(int(times[sent]), min(last_write + interval_ns, int(times[-1]))))
             now = now_ns()
             ready = max(int(np.searchsorted(times, now, side="right")), sent + 1)
             if interval_ns:

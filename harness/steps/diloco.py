@@ -51,7 +51,7 @@ SCHEMA = {
     "decode_tokens_per_s": (float, 50.0),
     "batch_slots": (int, 0),  # 0: calibrate to target_no_sync_pct
     "max_model_len": (int, 262_144),
-    "stream_interval_s": (float, 0.01),  # wall s; coalesces streamed tokens (the first one is exact)
+    "stream_interval_s": (float, 1.0),  # wall s between SSE writes (first and last token exact, the rest coalesced)
     "sync_capacity": (float, 0.5),  # fraction of the serving capacity left while a sync runs (assumption)
     "target_no_sync_pct": (float, 4.0),
     "regime_pct": (list, [2.0, 6.5]),
