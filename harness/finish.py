@@ -86,6 +86,9 @@ def summary_markdown(ctx, summary: dict) -> str:
                          f"{r['profile_p99_ms']:.4f} | {r['realised_p50_ms']:.4f} | {r['realised_p99_ms']:.4f} | "
                          f"{r['late_p99_ms']:.4f} | {ks} |")
         lines.append("")
+    from harness.gpu_view import markdown as gpu_markdown
+
+    lines += gpu_markdown(ctx.manifest_extra.get("gpu_view") or {})
     checks = [(n, c) for n, s in summary["steps"].items() for c in s["checks"]]
     if checks:
         lines += ["## Checks", ""] + [f"- {'✔' if c['ok'] else '✘'} {n}: {c['name']} — {c.get('detail', '')}"

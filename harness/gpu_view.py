@@ -136,3 +136,29 @@ def gpu_view(ctx, step, hosts):
         yield view
     finally:
         view.stop()
+
+
+TABLE_HEAD = ["step", "host", "windows", "samples inside", "utilisation inside (%)", "idle inside",
+              "samples between", "utilisation between (%)"]
+
+
+def table_rows(view: dict) -> list[list[str]]:
+    """The manifest's `extra.gpu_view` as rows under TABLE_HEAD (summary.md and the HTML report); '–' where a
+    host had no sample in that group."""
+    def pct(x, scale=1.0):
+        return "–" if x is None else f"{scale * x:.0f}"
+
+    return [[step, host, str(s["windows"]), str(v["n_inside"]), pct(v["mean_util_inside"]),
+             pct(v["idle_fraction_inside"], 100) + (" %" if v["idle_fraction_inside"] is not None else ""),
+             str(v["n_outside"]), pct(v["mean_util_outside"])]
+            for step, s in view.items() for host, v in s["hosts"].items()]
+
+
+def markdown(view: dict) -> list[str]:
+    if not view:
+        return []
+    return (["## GPUs while the network re-trains", "",
+             "`nvidia-smi` samples inside the re-training windows (OCS command to the last port ACTIVE, or the "
+             "windows a step marks) against between them; a sample whose bound crosses a window edge is in neither.",
+             "", "| " + " | ".join(TABLE_HEAD) + " |", "|" + "---|" * len(TABLE_HEAD)]
+            + ["| " + " | ".join(row) + " |" for row in table_rows(view)] + [""])

@@ -270,13 +270,22 @@ def _flat(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix, obj)]
 
 
+def gpu_section(run: RunData) -> str:
+    from harness.gpu_view import TABLE_HEAD, table_rows
+
+    view = ((run.manifest or {}).get("extra") or {}).get("gpu_view")
+    if not view:
+        return _missing("no GPU samples (no nvidia-smi on the hosts, or no reconfiguration step)")
+    return _table(TABLE_HEAD, [[_e(c) for c in row] for row in table_rows(view)])
+
+
 def provenance_section(run: RunData) -> str:
     m = run.manifest
     if m is None:
         return _missing("no manifest.json")
     keep = {k: m.get(k) for k in ("created_utc", "status", "run", "playbook", "inventory", "seed", "git", "profile",
                                   "extra")}
-    keep["extra"] = {k: v for k, v in (m.get("extra") or {}).items() if k != "devices"}  # its own table
+    keep["extra"] = {k: v for k, v in (m.get("extra") or {}).items() if k not in ("devices", "gpu_view")}  # own tables
     keep["versions"] = {k: v for k, v in (m.get("versions") or {}).items() if k != "packages"}
     keep["packages"] = (m.get("versions") or {}).get("packages")
     rows = [[_e(k), f"<code>{_e(v)}</code>"] for k, v in _flat(keep) if v not in (None, "", {}, [])]
@@ -334,6 +343,7 @@ def run_page(run: RunData) -> str:
         "<h2>Cycle timeline</h2>", _fig_or_missing(timeline_figure(run), "no measured cycle"),
         "<h2>Accuracy against ground truth</h2>", accuracy_section(run),
         _fig_or_missing(accuracy_figure([run]), "no ground_truth.parquet"),
+        "<h2>GPUs while the network re-trains</h2>", gpu_section(run),
         "<h2>Provenance</h2>", provenance_section(run)])
 
 
@@ -346,7 +356,8 @@ def comparison_page(runs: list[RunData]) -> str:
     for r in runs:
         body += [f"<h2>{_e(r.name)}</h2>", "<h3>Verdict</h3>", verdict_section(r), "<h3>Stage delays</h3>",
                  delays_section(r), _fig_or_missing(timeline_figure(r), "no measured cycle"),
-                 "<h3>Accuracy</h3>", accuracy_section(r), "<h3>Provenance</h3>", provenance_section(r)]
+                 "<h3>Accuracy</h3>", accuracy_section(r), "<h3>GPUs while the network re-trains</h3>",
+                 gpu_section(r), "<h3>Provenance</h3>", provenance_section(r)]
     return html_page(f"Comparison of {len(runs)} runs", body)
 
 

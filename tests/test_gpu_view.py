@@ -44,3 +44,15 @@ def test_turnaround_records_gpus_idle_while_the_network_retrains(tmp_path, monke
         assert s["mean_util_outside"] == GPU_BUSY["utilization_gpu"]
         # inside a window the host's ports are down from light loss until ACTIVE: idle for nearly all of it
         assert s["idle_fraction_inside"] >= 0.8, (host, s)
+    # in the run's report: summary.md and the HTML page, one row per host from the same manifest record
+    rows = gpu_view.table_rows({"measure": view})
+    assert [r[:3] for r in rows] == [["measure", h, "2"] for h in sorted(view["hosts"])]
+    assert all(r[-1] == str(GPU_BUSY["utilization_gpu"]) for r in rows)
+    summary_md = (run / "summary.md").read_text()
+    assert "## GPUs while the network re-trains" in summary_md
+    assert all("| " + " | ".join(r) + " |" in summary_md for r in rows)
+    from harness.html_report import gpu_section, load_run
+
+    page = gpu_section(load_run(run))
+    assert page.startswith("<table>") and all(f"<td>{h}</td>" in page for h in view["hosts"])
+

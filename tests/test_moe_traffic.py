@@ -368,3 +368,15 @@ def test_transfer_seconds_reads_both_tool_formats(bench, ssh):
     rows = parse_nccl_tests(out).rows
     assert transfer_seconds(out, 2 * MIB) == rows[1].out_of_place.time_us / 1e6
     assert transfer_seconds(out, 3) == rows[-1].out_of_place.time_us / 1e6
+
+
+def test_step_records_the_gpus_around_each_reconfiguration(moe_run):
+    """The GPU view of a moe_traffic step: one window per reconfiguration the step made, in the manifest and
+    in summary.md (the emulated job computes while every port of its host is ACTIVE)."""
+    view = json.loads((moe_run / "manifest.json").read_text())["extra"]["gpu_view"]
+    regimes = json.loads((moe_run / "moe_traffic_regimes.json").read_text())
+    assert view["regimes"]["windows"] == regimes["reconfigurations"] == 2
+    assert "static" not in view  # it never reconfigures: nothing to compare
+    assert set(view["regimes"]["hosts"]) == {k.split(":")[0] for k in regimes["endpoints"]}
+    assert all(h["n_outside"] > 0 and h["mean_util_outside"] == 97 for h in view["regimes"]["hosts"].values())
+    assert "## GPUs while the network re-trains" in (moe_run / "summary.md").read_text()
