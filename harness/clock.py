@@ -107,12 +107,19 @@ class ClockStep:
     after_ns: int  # last sample before the step (the step happened in (after_ns, t_ns])
     jump_ns: int
     uncertainty_ns: int
+    # For certain, by causality: after the last sample's probe was sent, before the revealing reply came.
+    not_before_ns: int = 0
+    not_after_ns: int = 0
 
 
 @dataclass
 class _Fit:
     """One line fitted over a window of consecutive samples: offset(t) = base + a + b * (t - t_ref), with
-    `base` an exact int (offsets can be ~1.7e18 ns) and the bound E_i = u_i + |residual_i| per sample."""
+    `base` an exact int (offsets can be ~1.7e18 ns) and the bound E_i = u_i + |residual_i| per sample.
+
+    `near(x)`, the tightest single-sample bound min_i(E_i + s|t_i - x|), is a lower envelope of V shapes:
+    with prefix minima of E_i - s t_i and suffix minima of E_i + s t_i it costs one bisection, not a pass
+    over the window (a cycle converts hundreds of host times with the same fit)."""
 
     base: int
     t_ref: int
@@ -121,10 +128,25 @@ class _Fit:
     times: np.ndarray  # t_i - t_ref
     bounds: np.ndarray  # E_i
     slope_bound: float
+    wander: float = 0.0  # the tracker's drift wander (per ns), added to slope_bound away from samples
 
-    @property
-    def first_t(self) -> int:
-        return self.t_ref + int(self.times[0])
+    def __post_init__(self) -> None:
+        s = self.slope_bound + self.wander
+        self.first_t = self.t_ref + int(self.times[0])
+        self._t = self.times.tolist()
+        self._e = self.bounds.tolist()
+        self._left = np.minimum.accumulate(self.bounds - s * self.times).tolist()
+        self._right = np.minimum.accumulate((self.bounds + s * self.times)[::-1])[::-1].tolist()
+
+    def near(self, x: float) -> float:
+        s = self.slope_bound + self.wander
+        k = bisect.bisect_right(self._t, x)  # samples [0, k) at or before x
+        best = math.inf
+        if k:
+            best = s * x + self._left[k - 1]
+        if k < len(self._t):
+            best = min(best, self._right[k] - s * x)
+        return best
 
 
 class _Segment:
@@ -186,6 +208,7 @@ class ClockTracker:
         self.window = window
         self.segments: list[_Segment] = []
         self.steps: list[ClockStep] = []
+        self._converted: dict[int, tuple[int, int, int]] = {}  # host_ns -> to_harness(), until the next sample
 
     # ---- feeding
     def sync(self, stream: LineStream, *, count: int = 16, deadline: Deadline | None = None,
@@ -197,6 +220,7 @@ class ClockTracker:
 
     def add(self, sample: ClockSample) -> ClockStep | None:
         """Add an estimate; return the step it reveals, if any. O(window) per sample."""
+        self._converted.clear()
         if self.segments:
             segment = self.segments[-1]
             if sample.t_ns < segment.last_t:
@@ -209,9 +233,12 @@ class ClockTracker:
                 # line with |slope| <= max_drift passes through this sample's band and every earlier one.
                 stepped = not self._drift_possible(segment, sample)
             if stepped:
+                last = segment.recent[-1]
                 step = ClockStep(t_ns=sample.t_ns, after_ns=segment.last_t,
                                  jump_ns=round((sample.offset_ns - segment.fit.base) - predicted),
-                                 uncertainty_ns=math.ceil(bound + sample.uncertainty_ns))
+                                 uncertainty_ns=math.ceil(bound + sample.uncertainty_ns),
+                                 not_before_ns=last.t_ns - (last.delay_ns + 1) // 2,
+                                 not_after_ns=sample.t_ns + (sample.delay_ns + 1) // 2)
                 self.steps.append(step)
                 self._start_segment(sample)
                 return step
@@ -260,7 +287,8 @@ class ClockTracker:
         slope_bound = self.max_drift + abs(b)
         if span > 0:
             slope_bound = min((bounds[0] + bounds[-1]) / span, slope_bound)
-        return _Fit(base=base, t_ref=t_ref, a=a, b=b, times=t, bounds=bounds, slope_bound=float(slope_bound))
+        return _Fit(base=base, t_ref=t_ref, a=a, b=b, times=t, bounds=bounds, slope_bound=float(slope_bound),
+                    wander=self.wander)
 
     # ---- queries
     def _predict(self, fit: _Fit, t_ns: int) -> tuple[float, float]:
@@ -268,22 +296,17 @@ class ClockTracker:
         and a small float part: a host's realtime minus harness monotonic is ~1.7e18 ns."""
         x = float(t_ns - fit.t_ref)
         offset = fit.a + fit.b * x
-        t, e = fit.times, fit.bounds
-        if x >= t[-1]:
-            distance = x - t[-1]
-            bound = e[-1] + (fit.slope_bound + self.wander) * distance
-        elif x <= t[0]:
-            distance = t[0] - x
-            bound = e[0] + (fit.slope_bound + self.wander) * distance
-        else:
-            j = int(np.searchsorted(t, x))  # t[j-1] < x <= t[j]
+        # Any one sample bounds the (linear) error, growing at most by slope_bound per ns away from it: a
+        # tight sample close by beats interpolating towards a loose neighbour (a probe under load). Beyond
+        # the first or last sample that is also the extrapolated bound.
+        bound = fit.near(x)
+        t, e = fit._t, fit._e
+        if t[0] < x < t[-1]:
+            j = bisect.bisect_left(t, x)  # t[j-1] < x <= t[j]
             lam = (x - t[j - 1]) / (t[j] - t[j - 1]) if t[j] > t[j - 1] else 0.0
             distance = min(x - t[j - 1], t[j] - x)
-            bound = (1 - lam) * e[j - 1] + lam * e[j] + self.wander * distance
-        # Any one sample bounds the (linear) error too, growing at most by slope_bound per ns away from it:
-        # a tight sample close by beats interpolating towards a loose neighbour (a probe under load).
-        near = float(np.min(e + (fit.slope_bound + self.wander) * np.abs(t - x)))
-        return offset, min(float(bound), near)
+            bound = min(bound, (1 - lam) * e[j - 1] + lam * e[j] + self.wander * distance)
+        return offset, bound
 
     def offset_at(self, t_ns: int) -> tuple[int, int]:
         """(offset_ns, uncertainty_ns) of this host at harness time t_ns."""
@@ -310,6 +333,17 @@ class ClockTracker:
         """
         if not self.segments:
             raise ClockSyncError(f"no clock estimate for host {self.host} yet")
+        # A cycle converts each observation when it arrives and again when the cycle ends: with no sample
+        # added in between the model, and so the answer, is the same.
+        known = self._converted.get(host_ns)
+        if known is not None:
+            return known
+        if len(self._converted) >= 1 << 16:
+            self._converted.clear()
+        self._converted[host_ns] = answer = self._to_harness(host_ns)
+        return answer
+
+    def _to_harness(self, host_ns: int) -> tuple[int, int, int]:
         intervals = []
         nearest: tuple[float, float, float] | None = None
         for k, seg in enumerate(self.segments):

@@ -100,10 +100,9 @@ class HostSession:
             for session in sessions:  # still under the probe locks (see sync_clock)
                 session._add_sample(best[session.name])
 
-    @property
-    def clock_steps(self) -> int:
+    def clock_step_list(self) -> list:
         with self._clock_lock:
-            return len(self.clock.steps)
+            return list(self.clock.steps)
 
     def reconnect(self, deadline: Deadline) -> None:
         """After a dropped connection: end what is left of the old streams, connect again (the transport

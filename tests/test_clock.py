@@ -100,6 +100,7 @@ def test_tracker_bounds_hold_through_drift_and_step(seed, drift_ppm, asymmetric)
     assert len(tracker.steps) == 1
     step = tracker.steps[0]
     assert step.after_ns < step_at <= step.t_ns
+    assert step.not_before_ns < step_at <= step.not_after_ns and step.not_after_ns >= step.t_ns
     assert abs(step.jump_ns - jump) <= step.uncertainty_ns
     assert abs(tracker.drift_ppm - drift_ppm) < 5
     # Host timestamps anywhere in the run (and 20 s past it) map back within the stated bound.
@@ -264,3 +265,50 @@ def test_a_loose_neighbour_does_not_widen_the_bound_next_to_a_tight_sample():
         assert abs(offset - true_offset(host, x)) <= bound
     _, next_to_tight = tracker.offset_at(times[2] + 10_000_000)  # 10 ms after a tight sample, before a loose one
     assert next_to_tight < 0.2 * 2_000_000
+
+
+def _predict_by_definition(tracker, fit, t_ns):
+    """The bound as defined, over every sample of the window (the envelope's oracle)."""
+    x = float(t_ns - fit.t_ref)
+    t, e, s = fit.times, fit.bounds, fit.slope_bound + tracker.wander
+    near = float(np.min(e + s * np.abs(t - x)))
+    if t[0] < x < t[-1]:
+        j = int(np.searchsorted(t, x))
+        lam = (x - t[j - 1]) / (t[j] - t[j - 1])
+        near = min(near, (1 - lam) * e[j - 1] + lam * e[j] + tracker.wander * min(x - t[j - 1], t[j] - x))
+    return fit.a + fit.b * x, near
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_envelope_bound_equals_the_bound_over_every_sample(seed):
+    rng = np.random.default_rng(seed)
+    tracker = ClockTracker("h", window=32)
+    host = host_clock(int(rng.integers(-10**7, 10**7)), float(rng.uniform(-30, 30)), 0)
+    t = 0
+    for _ in range(40):
+        t += int(rng.integers(10**7, 10**9))
+        unc = int(rng.choice([20_000, 60_000, 3_000_000]))
+        tracker.add(ClockSample(t_ns=t, offset_ns=true_offset(host, t) + int(rng.integers(-unc, unc)),
+                                delay_ns=2 * unc, uncertainty_ns=unc))
+    fit = tracker.segments[-1].fit
+    for x in np.concatenate([rng.uniform(fit.first_t - 10**9, t + 10**10, 300), fit.times + fit.t_ref]):
+        got = tracker._predict(fit, int(x))
+        want = _predict_by_definition(tracker, fit, int(x))
+        assert got[0] == want[0] and got[1] == pytest.approx(want[1], rel=1e-9, abs=1e-3)
+
+
+def test_conversions_are_reused_only_until_the_next_sample():
+    host = host_clock(2_000_000, 10.0, 0)
+    tracker, fresh = ClockTracker("h"), ClockTracker("h")
+    for t in (0, 10**9):
+        for tr in (tracker, fresh):
+            tr.add(ClockSample(t_ns=t, offset_ns=true_offset(host, t) + 30_000, delay_ns=100_000,
+                               uncertainty_ns=50_000))
+    h = host(15 * 10**8)
+    before = tracker.to_harness(h)
+    assert tracker.to_harness(h) == before
+    late = 2 * 10**9
+    for tr in (tracker, fresh):  # a tight sample after the time asked about narrows its bound
+        tr.add(ClockSample(t_ns=late, offset_ns=true_offset(host, late), delay_ns=2_000, uncertainty_ns=1_000))
+    after = tracker.to_harness(h)
+    assert after == fresh._to_harness(h) and after[2] < before[2]

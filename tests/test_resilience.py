@@ -155,7 +155,10 @@ def test_profile_can_inject_faults_too(tmp_path, capsys):
     assert main(["run", str(playbook(tmp_path, 3)), "--bench", f"emulated:{path}", "--out", str(out / "run"), "-q"]) == 1
     events, _ = record(only_run(out))
     labelled = faulted_cycles(events)
-    assert list(labelled) == [2] and labelled[2][0].startswith("clock-step:gpu1: -2")
+    # Cycle 2's clock check runs while the next command goes out: a step armed with cycle 2's command is
+    # found in cycle 2 — and also labels cycle 1 when the check closing cycle 1 answered only after it.
+    assert 2 in labelled and set(labelled) <= {1, 2}
+    assert all(s.startswith("clock-step:gpu1: -2") for c in labelled for s in labelled[c])
     path.write_text(yaml.safe_dump({**PROFILE, "faults": {"inject": [{"kind": "clock_step"}]}}))
     assert main(["run", str(playbook(tmp_path, 3)), "--bench", f"emulated:{path}", "--out", str(out / "run2")]) == 2
     assert "flaky.yaml: profile faults.inject[0]" in capsys.readouterr().err

@@ -44,12 +44,23 @@ def background_rounds(hosts: int, wanted: int, budget: int = CLOCK_PROBE_BUDGET)
 
 
 class HostGroup:
+    """The observed hosts of one step. Clock checks: one thread re-estimates every host's offset each
+    period and, when a cycle ends, once more on request (`request_check`): that probe runs while the run
+    converts and writes the cycle and sends the next command, not before them. A step labels every cycle
+    that may contain it (`clock_labels`), including one already written, whose label is then appended."""
+
     def __init__(self, sessions: dict, *, retries: int = 3, backoff_s: float = 0.1):
         self.sessions = sessions
         self.retries, self.backoff_s = retries, backoff_s
         self.reconnected: dict[str, int] = {}  # host -> harness time of its last reconnect
         self._stop = threading.Event()
         self._clock_thread: threading.Thread | None = None
+        self._wake = threading.Condition()
+        self._check_wanted: tuple[int, int] | None = None  # (cycle, probes) the clock thread is to check
+        self._checks_asked = self._checks_done = 0
+        self._check_failures: list[tuple[int, str, str]] = []  # (cycle, host, cause)
+        self._spans: list[list[int]] = []  # [cycle, begin_ns, done_ns] (done: -1 while running)
+        self._steps_labelled: dict[str, int] = {}  # host -> its clock steps already reported
 
     def observe(self, nics, log, *, watch_us: int, ethtool_us: int, clock_resync_s: float, probe_us: int = 0,
                 probe_gap_us: int = 2000, udp_port: int = 4791) -> dict[str, str]:
@@ -74,7 +85,7 @@ class HostGroup:
     def start_clock_sync(self, period_s: float, probes: int | None = None) -> None:
         """One thread re-estimates every host's offset each `period_s` (drift, steps): `probes` pipelined
         rounds (one round trip each for all hosts; default: the sessions' own probe count), the
-        minimum-delay sample per host kept."""
+        minimum-delay sample per host kept; between periods it runs the checks asked for."""
         if self._clock_thread is not None:
             return
         probes = probes or background_rounds(len(self.sessions),
@@ -82,33 +93,107 @@ class HostGroup:
                                                  default=1))
 
         def loop():
-            while not self._stop.wait(period_s):
+            due = time.monotonic() + period_s
+            while not self._stop.is_set():
+                with self._wake:
+                    while self._check_wanted is None and not self._stop.is_set() and time.monotonic() < due:
+                        self._wake.wait(due - time.monotonic())
+                    check, self._check_wanted = self._check_wanted, None
+                if self._stop.is_set():
+                    break
+                if check is not None:
+                    self._check(*check)
+                    continue
+                due = time.monotonic() + period_s
                 live = [s for s in self.sessions.values() if not s._stop.is_set()]
                 if not live:
-                    return  # the run closed its sessions
+                    break  # the run closed its sessions
                 try:
-                    self._sync_all(live, probes)
-                except Exception:  # a dead responder: its streams report the drop; retried next period
+                    self._sync_all(live, probes)  # a dead responder: its streams report the drop; retried next period
+                except Exception:  # noqa: BLE001 — the thread outlives any one bad round
                     pass
+            with self._wake:  # nobody waits for a check that will not run
+                self._checks_done = self._checks_asked
+                self._wake.notify_all()
 
         self._clock_thread = threading.Thread(target=loop, daemon=True, name="clock-sync")
         self._clock_thread.start()
 
     @staticmethod
-    def _sync_all(sessions, probes: int) -> None:
+    def _sync_all(sessions, probes: int) -> list[tuple[str, str]]:
+        """One pipelined estimate of every host's offset; (host, error) of those that failed."""
         from harness.hostsession import HostSession
 
         try:
             HostSession.sync_clocks_together(sessions, rounds=probes)
+            return []
         except DeviceError:
+            failed = []
             for session in sessions:  # find the host that failed; the others still get their sample
                 try:
                     session.sync_clock(count=probes)
-                except DeviceError:
-                    pass
+                except DeviceError as exc:
+                    failed.append((session.name, str(exc)[:200]))
+            return failed
+
+    # ---- clock checks and the cycles they label
+    def cycle_started(self, cycle: int, begin_ns: int) -> None:
+        self._spans.append([cycle, begin_ns, -1])
+
+    def cycle_ended(self, done_ns: int) -> None:
+        self._spans[-1][2] = done_ns
+
+    def request_check(self, cycle: int, probes: int) -> None:
+        """Probe every host's clock now, on the clock thread (without it: here, at once); a step or a
+        failed probe it finds is reported by the next `clock_labels`."""
+        if probes <= 0:
+            return
+        if self._clock_thread is None or not self._clock_thread.is_alive():
+            self._check(cycle, probes)
+            return
+        with self._wake:
+            self._checks_asked += 1
+            self._check_wanted = (cycle, probes)
+            self._wake.notify_all()
+
+    def _check(self, cycle: int, probes: int) -> None:
+        live = [s for s in self.sessions.values() if not s._stop.is_set()]
+        try:
+            failed = self._sync_all(live, probes) if probes == 1 else \
+                [f for s in live for f in self._sync_all([s], probes)]
+        except Exception as exc:  # noqa: BLE001 — reported as the cycle's fault, the thread goes on
+            failed = [(s.name, f"{type(exc).__name__}: {exc}"[:200]) for s in live]
+        with self._wake:
+            self._check_failures += [(cycle, host, f"host:{host}: clock probe failed: {why}") for host, why in failed]
+            self._checks_done += 1
+            self._wake.notify_all()
+
+    def clock_labels(self, timeout_s: float = 15.0) -> dict[int, list[tuple[str, str]]]:
+        """Once the checks asked for have ended: cycle -> (host, cause) for every clock step found since the
+        last call — on every cycle whose span meets the interval that surely holds the step (a cycle already
+        written among them) — and every failed check probe."""
+        deadline = Deadline(timeout_s)
+        with self._wake:
+            while self._checks_done < self._checks_asked and not deadline.expired():
+                self._wake.wait(deadline.remaining())
+            failures, self._check_failures = self._check_failures, []
+        labels: dict[int, list[tuple[str, str]]] = {}
+        for cycle, host, cause in failures:
+            labels.setdefault(cycle, []).append((host, cause))
+        for host, session in self.sessions.items():
+            steps = session.clock_step_list()
+            for step in steps[self._steps_labelled.get(host, 0):]:
+                for cycle, begin, done in self._spans:
+                    if begin <= step.not_after_ns and (done < 0 or step.not_before_ns < done):
+                        labels.setdefault(cycle, []).append(
+                            (host, f"clock-step:{host}: {step.jump_ns / 1e6:+.3f} ms"))
+            self._steps_labelled[host] = len(steps)
+        return labels
 
     def stop(self) -> None:
         self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
 
     def convert(self, host: str, host_ns: int) -> tuple[int, int, int]:
         return self.sessions[host].to_harness(host_ns)
@@ -133,33 +218,6 @@ class HostGroup:
             except DeviceError as exc:
                 last = str(exc)[:200]
         raise BenchBroken(f"host {host}: cannot reconnect after {self.retries + 1} attempts ({last})")
-
-    def clock_steps(self) -> dict[str, int]:
-        return {h: s.clock_steps for h, s in self.sessions.items()}
-
-    def check_clocks(self, steps_before: dict[str, int], probes: int) -> list[tuple[str, str]]:
-        """Probe every host's clock now, so a step during the cycle is caught before its events are
-        converted; a step (found now or by the background sync) labels the cycle."""
-        from harness.hostsession import HostSession
-
-        causes = []
-        pipelined = False
-        if probes == 1:
-            try:
-                HostSession.sync_clocks_together(list(self.sessions.values()))
-                pipelined = True
-            except DeviceError:
-                pass  # find out which host failed, one by one
-        for host, session in self.sessions.items():
-            if probes > 0 and not pipelined:
-                try:
-                    session.sync_clock(count=probes)
-                except DeviceError as exc:  # a drop: its stream faults arrive in the next cycle
-                    causes.append((host, f"host:{host}: clock probe failed: {str(exc)[:200]}"))
-            if session.clock_steps > steps_before.get(host, 0):
-                step = session.clock.steps[-1]
-                causes.append((host, f"clock-step:{host}: {step.jump_ns / 1e6:+.3f} ms"))
-        return causes
 
     def warm_up(self, seconds: float) -> None:
         """Drift is only known over a span of samples: make sure the first measured cycle has one."""

@@ -14,7 +14,7 @@ import json
 import os
 import queue
 import threading
-from dataclasses import asdict
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -155,20 +155,23 @@ class ObservationLog:
                 self._file.write(line)
 
     def put(self, obs) -> None:
-        self._write({"k": "obs", **asdict(obs)})
+        self._write({"k": "obs", **vars(obs)})  # flat dataclasses: vars(), not the deep-copying asdict()
         self._queue.put(obs)
 
     def clock_sample(self, host: str, sample) -> None:
-        self._write({"k": "clock", "host": host, **asdict(sample)})
+        self._write({"k": "clock", "host": host, **vars(sample)})
 
     def cycle(self, cycle: int, first_sent_ns: int, completed_ns: int, ocs: str, ports: dict, arrivals) -> None:
         """A cycle's inputs of `stage_events`, so a report can convert them again."""
         self._write({"k": "cycle", "cycle": cycle, "first_sent_ns": first_sent_ns, "completed_ns": completed_ns,
-                     "ocs": ocs, "ports": {k: asdict(p) for k, p in ports.items()},
-                     "kept": [[k, s, asdict(o)] for (k, s), o in arrivals.kept.items()],
-                     "not_yet": [[k, s, asdict(o)] for (k, s), o in arrivals.not_yet.items()],
+                     "ocs": ocs, "ports": {k: vars(p) for k, p in ports.items()},
+                     "kept": [[k, s, vars(o)] for (k, s), o in arrivals.kept.items()],
+                     "not_yet": [[k, s, vars(o)] for (k, s), o in arrivals.not_yet.items()],
                      "missing": arrivals.missing, "lost": arrivals.lost, "flaps": arrivals.flaps,
-                     "causes": arrivals.causes, "done_ns": arrivals.done_ns})
+                     "causes": arrivals.causes, "done_ns": arrivals.done_ns,
+                     # the harness's CPU so far (every thread, and the thread running the step): per-cycle
+                     # overhead that a loaded machine does not inflate
+                     "cpu_ns": time.process_time_ns(), "step_cpu_ns": time.thread_time_ns()})
 
     def flush(self) -> None:
         """Hand what was written to the OS (it survives the process; events.jsonl, fsynced per cycle, stays

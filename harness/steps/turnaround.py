@@ -10,6 +10,7 @@ injects faults on the emulated bench (docs/faults.md).
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -141,6 +142,7 @@ class TurnaroundRun:
                                 last=f"{outcome.status} {(self.last_up_ns - outcome.sent_ns) / 1e6:8.1f} ms")
                 if p["settle_s"] > 0:
                     threading.Event().wait(p["settle_s"])
+            self.finish_checks()
         return self.outcome()
 
     def outcome(self) -> StepOutcome:
@@ -164,8 +166,8 @@ class TurnaroundRun:
         begin = now_ns()
         try:
             causes += self.log.drain(self.hosts.on_fault)  # a host that dropped between cycles: reconnect it
-            steps_before = self.hosts.clock_steps()
             begin = now_ns()
+            self.hosts.cycle_started(cycle if record else -1, begin)
             self.truth_windows.append((cycle if record else -1, begin))
             with self.faults.armed(cycle, measured=record):
                 applied = self.guard.apply(ocs_mapping(mapping, self.tx, self.rx), self.policy)
@@ -182,18 +184,48 @@ class TurnaroundRun:
         except BenchBroken as exc:
             return self._latch(cycle, begin, affected, causes + [("", c) for c in exc.causes], str(exc), record,
                                sent, completed)
-        arrivals.causes = causes + arrivals.causes + self.hosts.check_clocks(steps_before,
-                                                                             self.p["clock_check_probes"])
-        # Convert only now: the clock model has samples closer to (often after) every observation.
+        self.hosts.cycle_ended(arrivals.done_ns)
+        labels = self.hosts.clock_labels()  # the check asked for when the last cycle ended has long finished
+        arrivals.causes = causes + arrivals.causes + labels.pop(cycle if record else -1, [])
+        # This cycle's clock check runs on the clock thread while the cycle is converted and written and the
+        # next command goes out (docs/turnaround.md, "Clock checks"): the events are durable before that
+        # command, converted with the samples taken up to now; a step that only the check finds labels
+        # this cycle when the next one ends (an appended fault event).
+        self.hosts.request_check(cycle if record else -1, self.p["clock_check_probes"])
         events = stage_events(self.ctx.run_id, cycle, self.ports, self.ocs, sent, completed, arrivals,
                               self.hosts.convert, self.chain)
         self.last_up_ns = max((e.t_ns for e in events if e.stage in self.chain), default=arrivals.done_ns)
         faults = tuple(e.source for e in events if e.stage == "fault")
         if record:
             self.log.cycle(cycle, sent, completed, self.ocs, self.ports, arrivals)
-            self._record(events)
+            self._record(self._label_written(labels) + events)
         return CycleOutcome(cycle, "faulted" if faults else "ok", begin, sent, completed, arrivals.done_ns,
                             tuple(affected), arrivals.missing, faults)
+
+    def _label_written(self, labels: dict[int, list[tuple[str, str]]]) -> list[Event]:
+        """Fault events for cycles already written that a late clock check found a step in (their outcome
+        turns faulted); -1, the unmeasured first cycle, has nothing to label."""
+        events = []
+        for cycle, causes in sorted(labels.items()):
+            index = next((i for i, o in enumerate(self.outcomes) if o.cycle == cycle), None)
+            if index is None:
+                continue
+            done = self.outcomes[index].done_ns
+            late = [Event(self.ctx.run_id, cycle, "fault", host, "", "", 0, done, 0, 0,
+                          f"{cause} (found after the cycle was written; its times are not corrected for it)"[:300])
+                    for host, cause in causes]
+            self.outcomes[index] = dataclasses.replace(self.outcomes[index], status="faulted", causes=(
+                *self.outcomes[index].causes, *(e.source for e in late)))
+            events += late
+        return events
+
+    def finish_checks(self) -> None:
+        """The last cycle's clock check has no next cycle to overlap: wait for it and write its labels."""
+        if not self.outcomes or self.ctx.broken or self.ctx.dry_run:
+            return
+        late = self._label_written(self.hosts.clock_labels())
+        if late:
+            self._record(late)
 
     def _record(self, events: list[Event]) -> None:
         self.ctx.record(events)
