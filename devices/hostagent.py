@@ -1,5 +1,5 @@
 """Driver for the host agent (devices/agent/hilagent.py): install it over a CommandTransport, then use its
-time responder, local watcher and probes. The protocol is in ARCHITECTURE.md ("Host agent protocol")."""
+time responder, local watcher, counter sampler and probes. The protocol is in ARCHITECTURE.md ("Host agent protocol")."""
 from __future__ import annotations
 
 import shlex
@@ -33,6 +33,28 @@ class ProbeLine:
     kind: str
     src_mac: str
     seq: int
+
+
+@dataclass(frozen=True)
+class CounterLine:
+    """One counter sample: RDMA `port` ("dev/port") had sent `xmit_words` and received `rcv_words` (octets / 4)
+    at some instant within [host_ns - read_ns, host_ns]."""
+
+    host_ns: int
+    port: str
+    xmit_words: int
+    rcv_words: int
+    read_ns: int
+
+
+def parse_counter_line(line: str) -> CounterLine:
+    parts = line.split()
+    if len(parts) != 5 or "/" not in parts[1]:
+        raise DeviceError(f"agent counters: expected 'HOST_NS RDMADEV/PORT XMIT RCV READ_NS', got {line!r}")
+    try:
+        return CounterLine(int(parts[0]), parts[1], int(parts[2]), int(parts[3]), int(parts[4]))
+    except ValueError:
+        raise DeviceError(f"agent counters: bad number in {line!r}") from None
 
 
 def parse_watch_line(line: str) -> WatchLine:
@@ -91,6 +113,11 @@ class HostAgent:
         specs = [n if d is None else f"{n}={d}/{p}" for n, d, p in ports]
         return self.transport.stream(self._cmd("watch", "--interval-us", str(int(interval_us)),
                                                "--ethtool-interval-us", str(int(ethtool_interval_us)), *specs))
+
+    def counters(self, ports: Iterable[tuple[str, int]], interval_us: int) -> LineStream:
+        """RDMA data counters of `ports` ((rdma_dev, port)) sampled every `interval_us` on the host."""
+        return self.transport.stream(self._cmd("counters", "--interval-us", str(int(interval_us)),
+                                               *(f"{d}/{p}" for d, p in ports)))
 
     def probe_send(self, iface: str, template: bytes, interval_us: int) -> LineStream:
         return self.transport.stream(self._cmd("probe-send", "--iface", iface, "--template", template.hex(),

@@ -21,6 +21,7 @@ from scapy.packet import Raw
 from devices.agent import AGENT_FILE, PROBE_UDP_SPORT, agent_path, agent_source, build_probe_template
 from devices.emulated import formats
 from devices.emulated.physics import NicSnapshot
+from devices.hostagent import parse_counter_line
 from devices.parsers.nic import parse_ethtool_module
 
 spec = importlib.util.spec_from_file_location("hilagent", AGENT_FILE)
@@ -191,3 +192,21 @@ def test_a_carrier_flip_between_two_polls_is_reported_from_the_change_counter(tm
     assert poll(4_000, 4_010) == ["4010 eth0 carrier 0 1010"]
     no_counter = hilagent.SysfsField("eth0", "carrier", str(carrier), str, str(tmp_path / "absent"))
     assert no_counter.changes_since_last() == 0  # an old kernel: polling alone
+
+
+def test_counters_read_both_data_counters_per_port_and_name_a_missing_one(tmp_path):
+    counters = tmp_path / "mlx5_0" / "ports" / "1" / "counters"
+    counters.mkdir(parents=True)
+    (counters / "port_xmit_data").write_text("123456789012\n")
+    (counters / "port_rcv_data").write_text("42\n")
+    files = hilagent.open_counters([("mlx5_0", "1")], root=str(tmp_path))
+    before = time.time_ns()
+    (line,) = hilagent.sample_counters(files)
+    parsed = parse_counter_line(line)
+    assert (parsed.port, parsed.xmit_words, parsed.rcv_words) == ("mlx5_0/1", 123456789012, 42)
+    assert before <= parsed.host_ns - parsed.read_ns <= parsed.host_ns <= time.time_ns()
+    with pytest.raises(SystemExit, match="mlx5_1/1"):
+        hilagent.open_counters([("mlx5_1", "1")], root=str(tmp_path))
+    done = subprocess.run([sys.executable, str(AGENT_FILE), "counters", "--interval-us", "1000", "mlx5_0"],
+                          capture_output=True, text=True, timeout=20)
+    assert done.returncode != 0 and "RDMADEV/PORT" in done.stderr and "Traceback" not in done.stderr

@@ -26,15 +26,21 @@ class Script:
     """A scripted physics: per port, its state at 0 and (due ns, state) changes; `now` set by the test."""
 
     def __init__(self, initial: dict, changes: dict | None = None):
-        self.initial, self.changes, self.now = initial, changes or {}, 0
+        self.initial, self.now = initial, 0
+        self.log = sorted(((t, k, st) for k, ch in (changes or {}).items() for t, st in ch), key=lambda c: c[0])
 
-    def history(self, key, since_ns):
-        seen = [(t, s) for t, s in self.changes.get(key, []) if t <= self.now]
-        state = seen[-1][1] if seen else self.initial[key]
-        return self.now, state, [] if since_ns is None else [(t, s) for t, s in seen if t > since_ns]
+    def states(self):
+        out = dict(self.initial)
+        for t, key, state in self.log:
+            if t <= self.now:
+                out[key] = state
+        return self.now, out
 
-    def view(self, keys) -> FabricView:
-        return FabricView(keys, self.history, lambda key, lost: DETECT)
+    def changes(self, since_ns):
+        return self.now, [c for c in self.log if since_ns < c[0] <= self.now]
+
+    def view(self, keys=None) -> FabricView:
+        return FabricView(self.states, self.changes, lambda key, lost: DETECT)
 
 
 def run_to_end(script: Script, transfer: Transfer, step_ns: int | None = None, until: int = 10**12) -> int:
@@ -122,8 +128,7 @@ def test_on_the_optical_bench_a_pull_stalls_a_running_transfer_until_the_light_r
         a, b = bench.all_nic_ports()[:2]
         bench.ocs_apply({a.ocs_tx: b.ocs_rx, b.ocs_tx: a.ocs_rx})
         assert bench.wait_idle()
-        view = FabricView([a.key, b.key], lambda key, since: bench.nic_history(*key.split(":"), since),
-                          lambda key, lost: 60_000 * MS)
+        view = FabricView(bench.nic_states, bench.nic_changes, lambda key, lost: 60_000 * MS)
         big = 1e15  # long enough to be running across the pull on any machine
         tr = Transfer(view, a.key, [Peer(b.key, big, big, BC)], BE, 0, view.start_ns)
         assert tr.projected_finish_ns() == pytest.approx(view.start_ns + big / BC * 1e9, rel=1e-9)

@@ -127,3 +127,33 @@ def test_probe_first_packet_after_the_link_comes_up(ssh, bench, server):
         assert sender.exit_status == 0 and sender.stderr == ""
         sender.close()
     bench.ocs_apply({}, removes=[nic.ocs_tx])
+
+
+def test_counters_sample_the_bytes_a_running_transfer_moved_at_each_tick(ssh, bench, server):
+    """The emulated sampler's values are the fabric's integration at each tick: a 1 GiB ib_write_bw over a
+    400 Gb/s circuit rises at the circuit's rate and ends exactly 2^30 octets (/4) higher."""
+    from devices.hostagent import parse_counter_line
+
+    me = bench.nic_ports(server.host_name)[0]
+    peer = next(m for m in bench.all_nic_ports() if m.host != me.host)
+    patches = bench.ocs_patches()
+    bench.ocs_apply({me.ocs_tx: peer.ocs_rx, peer.ocs_tx: me.ocs_rx},
+                    removes=[i for i in (me.ocs_tx, peer.ocs_tx) if i in patches])
+    assert bench.wait_idle()
+    counter = f"/sys/class/infiniband/{me.rdma_dev}/ports/{me.rdma_port}/counters/port_xmit_data"
+    start_words = int(ssh.run(f"cat {counter}", check=True).stdout)
+    with ssh.stream(f"python3 -u {AGENT} counters --interval-us 500 {me.rdma_dev}/{me.rdma_port}") as stream:
+        done = ssh.run(f"ib_write_bw -d {me.rdma_dev} -s 1048576 -n 1024 --link-gbps 400 {peer.host}", check=True)
+        end_host_ns = bench.host_clock_ns(me.host)
+        samples = []
+        while not samples or samples[-1].host_ns < end_host_ns:
+            item = stream.readline(Deadline(10))
+            assert item is not None, f"counter output stopped after {samples[-3:]}"
+            samples.append(parse_counter_line(item[1]))
+    assert "1048576" in done.stdout
+    words = [s.xmit_words for s in samples]
+    assert words == sorted(words) and words[-1] == start_words + (1 << 30) // 4
+    assert int(ssh.run(f"cat {counter}", check=True).stdout) == words[-1]
+    rates = [(b.xmit_words - a.xmit_words) * 4 / ((b.host_ns - a.host_ns) / 1e9) for a, b in zip(samples, samples[1:])]
+    assert max(rates) == pytest.approx(50e9, rel=1e-3)  # the circuit's 400 Gb/s between two ticks
+    assert all(s.read_ns == 0 and s.port == f"{me.rdma_dev}/{me.rdma_port}" for s in samples)

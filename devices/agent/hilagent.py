@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ocs-hil host agent: time responder, local link watcher, RoCEv2 probe sender and receiver.
+"""ocs-hil host agent: time responder, local link watcher, RDMA data counters, RoCEv2 probe sender and receiver.
 
 Standard library only (Python >= 3.8), one file: the harness copies it to each host and runs
 `python3 -u hilagent-XXXX.py SUBCOMMAND ...`. The line protocol is in ARCHITECTURE.md ("Host agent
@@ -265,6 +265,54 @@ def cmd_watch(args):
             return 0
 
 
+# --------------------------------------------------------------------------------------------- counters
+def parse_counter_spec(spec):
+    dev, sep, port = spec.partition("/")
+    if not sep or not dev or not port.isdigit():
+        raise argparse.ArgumentTypeError("expected RDMADEV/PORT, got %r" % spec)
+    return dev, port
+
+
+def open_counters(ports, root="/sys/class/infiniband"):
+    """(name, xmit fd, rcv fd) per (dev, port); a port without the counters stops the agent with its name."""
+    files = []
+    for dev, port in ports:
+        base = "%s/%s/ports/%s/counters/" % (root, dev, port)
+        try:
+            files.append(("%s/%s" % (dev, port), os.open(base + "port_xmit_data", os.O_RDONLY),
+                          os.open(base + "port_rcv_data", os.O_RDONLY)))
+        except OSError as exc:
+            raise SystemExit("counters: %s/%s: %s" % (dev, port, exc))
+    return files
+
+
+def sample_counters(files):
+    """One line per port: `HOST_NS RDMADEV/PORT XMIT RCV READ_NS` (read within [HOST_NS-READ_NS, HOST_NS])."""
+    lines = []
+    for name, xmit, rcv in files:
+        start = time.time_ns()
+        x, r = os.pread(xmit, 64, 0), os.pread(rcv, 64, 0)
+        end = time.time_ns()
+        lines.append("%d %s %s %s %d" % (end, name, x.decode().strip(), r.decode().strip(), end - start))
+    return lines
+
+
+def cmd_counters(args):
+    """Every interval, each port's RDMA data counters (port_xmit_data, port_rcv_data: octets / 4)."""
+    if args.interval_us <= 0:
+        raise SystemExit("counters: --interval-us must be > 0")
+    stop = stdin_closed_event()
+    files = open_counters(args.ports)
+    interval_ns = args.interval_us * 1000
+    t0 = time.monotonic_ns()
+    tick = 0
+    while True:
+        emit("\n".join(sample_counters(files)))
+        tick = max(tick + 1, (time.monotonic_ns() - t0) // interval_ns + 1)  # absolute ticks, as in watch
+        if stop.wait(max(0, t0 + tick * interval_ns - time.monotonic_ns()) / 1e9):
+            return 0
+
+
 # --------------------------------------------------------------------------------------------- probes
 def mac_bytes(mac):
     parts = mac.split(":")
@@ -508,6 +556,10 @@ def make_parser():
     w.add_argument("--ethtool-interval-us", type=int, default=100_000, help="0 disables `ethtool -m` polls")
     w.add_argument("ports", nargs="+", type=parse_watch_spec, metavar="NETDEV[=RDMADEV/PORT]")
     w.set_defaults(func=cmd_watch)
+    c = sub.add_parser("counters", help="sample RDMA data counters locally, print every sample")
+    c.add_argument("--interval-us", type=int, required=True)
+    c.add_argument("ports", nargs="+", type=parse_counter_spec, metavar="RDMADEV/PORT")
+    c.set_defaults(func=cmd_counters)
     s = sub.add_parser("probe-send", help="paced RoCEv2 probes from a raw socket until stdin closes")
     s.add_argument("--iface", required=True)
     s.add_argument("--interval-us", type=int, required=True)

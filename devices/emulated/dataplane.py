@@ -64,30 +64,47 @@ class Timeline:
 
 
 class FabricView:
-    """The timelines of the ports one tool invocation depends on, from its start, kept up to date on demand.
+    """Every NIC port's timeline from the view's start, kept up to date on demand — one per physics, shared
+    by every transfer on it (one call brings every port's changes).
 
-    `history(key, since_ns)` -> (now, state now, (due ns, state) changes after since_ns) — the physics'
-    `nic_history`; every change due by `now` is in it."""
+    `states()` -> (now, {key: state}) and `changes(since_ns)` -> (now, [(due ns, key, state)]) are the
+    physics' `nic_states` / `nic_changes`: every change due by `now` is in them."""
 
-    def __init__(self, keys: list[str], history: Callable[[str, int | None], tuple], detection):
-        self.history, self.detection, self.lock = history, detection, threading.Lock()
-        self.timelines: dict[str, Timeline] = {}
-        for key in dict.fromkeys(keys):
-            now, state, _ = history(key, None)
-            self.timelines[key] = Timeline(now, state)
-        self.start_ns = self.known_ns = max(t.times[0] for t in self.timelines.values())
+    _KEEP = 4096  # changes kept per port (a transfer lives far shorter than that many changes of one port)
+
+    def __init__(self, states: Callable[[], tuple], changes: Callable[[int], tuple], detection):
+        self._changes, self.detection, self.lock = changes, detection, threading.Lock()
+        now, initial = states()
+        self.timelines = {key: Timeline(now, state) for key, state in initial.items()}
+        self.start_ns = self.known_ns = now
 
     def known_until(self, t_ns: int) -> None:
         """Make every change due by `t_ns` known (t_ns <= now)."""
         with self.lock:
             if t_ns <= self.known_ns:
                 return
-            nows = []
-            for key, line in self.timelines.items():
-                now, _, changes = self.history(key, self.known_ns)
-                line.extend(changes)
-                nows.append(now)
-            self.known_ns = max(min(nows), self.known_ns)
+            now, changes = self._changes(self.known_ns)
+            for t, key, state in changes:
+                line = self.timelines[key]
+                line.extend([(t, state)])
+                if len(line.times) > 2 * self._KEEP:
+                    del line.times[:self._KEEP], line.states[:self._KEEP]
+            self.known_ns = max(now, self.known_ns)
+
+
+_VIEWS: "weakref.WeakKeyDictionary[object, FabricView]" = weakref.WeakKeyDictionary()
+_VIEWS_LOCK = threading.Lock()
+
+
+def fabric(bench) -> FabricView:
+    """The one view of `bench` (an `OpticalBench`), made at its first use."""
+    with _VIEWS_LOCK:
+        view = _VIEWS.get(bench)
+        if view is None:
+            profile = getattr(bench, "profile", None)
+            view = _VIEWS[bench] = FabricView(bench.nic_states, bench.nic_changes,
+                                              lambda key, lost_ns: detection_ns(profile, key, lost_ns))
+        return view
 
 
 def carries(state) -> bool:
@@ -273,10 +290,9 @@ class PortCounters:
 
 
 _COUNTERS: "weakref.WeakKeyDictionary[object, dict[str, PortCounters]]" = weakref.WeakKeyDictionary()
-_COUNTERS_LOCK = threading.Lock()
 
 
 def counters(bench, key: str) -> PortCounters:
     """The counters of NIC port `key` ("host:netdev") on `bench` (one set per physics)."""
-    with _COUNTERS_LOCK:
+    with _VIEWS_LOCK:
         return _COUNTERS.setdefault(bench, {}).setdefault(key, PortCounters())

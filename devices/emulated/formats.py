@@ -118,8 +118,12 @@ def sysfs_net_file(snapshot: NicSnapshotLike, model: NicModelLike, name: str) ->
     return None if value is None else value + "\n"
 
 
-def sysfs_ib_port_file(snapshot: NicSnapshotLike, name: str) -> str | None:
-    """Contents of `/sys/class/infiniband/<dev>/ports/<n>/<name>` (None if not emulated)."""
+def sysfs_ib_port_file(snapshot: NicSnapshotLike, name: str, data_octets: tuple[float, float] = (0.0, 0.0)
+                       ) -> str | None:
+    """Contents of `/sys/class/infiniband/<dev>/ports/<n>/<name>` (None if not emulated). `data_octets`:
+    (sent, received) — `counters/port_xmit_data` and `port_rcv_data` count octets / 4, as the kernel does."""
+    if name in ("counters/port_xmit_data", "counters/port_rcv_data"):
+        return f"{int(data_octets[name.endswith('rcv_data')]) // 4}\n"
     if name == "state":
         return sysfs_ib_state(snapshot)
     if name == "phys_state":

@@ -123,9 +123,6 @@ class _Port:
     fault: str | None = None  # "never_up" | "flap" | None
     flaps: int = 0  # "flap": carrier down/up cycles after each PHY training, light staying on
     flap_ns: int = 1_000_000  # "flap": how long each carrier-down and carrier-up phase lasts
-    # (due ns, state after) of each change a transfer's rate depends on (light, PHY, port state): the emulated
-    # tools integrate their bytes over it (devices/emulated/dataplane.py), whenever their threads run
-    history: deque = field(default_factory=lambda: deque(maxlen=64))
 
 
 @dataclass
@@ -180,6 +177,9 @@ class OpticalBench:
         self._settled_to: dict[int, int] = {}  # mirrors in place: egress -> ingress (O(1) peer lookup)
         self._lit_egress: set[int] = set()
         self._truth: list[dict] = []
+        # (due ns, "host:netdev", state after) of each change a transfer's rate depends on (light, PHY, port
+        # state): the emulated tools integrate their bytes over it (devices/emulated/dataplane.py)
+        self._rate_log: deque = deque(maxlen=1 << 16)
         self._subs: dict[str, list[Callable[[NicChange], None]]] = {}
         # Observers of mirror moves, called (t_ns, ingress, egress, settled) on the scheduler thread with
         # the bench lock held: they must return quickly and not call back into the bench.
@@ -405,7 +405,7 @@ class OpticalBench:
             self._truth.append(dict(t_ns=t, stage=stage, host=port.model.host, port=port.model.netdev,
                                     ocs_port=port.model.ocs_rx))
             if stage in _RATE_STAGES:
-                port.history.append((t, port.state))
+                self._rate_log.append((t, port.model.key, port.state))
 
     def _light_changed(self, port: _Port, t: int, on: bool, command: int, domain: int = _NIC) -> None:
         port.gen += 1
@@ -559,18 +559,36 @@ class OpticalBench:
             self._advance()
             return self._port(host, netdev).state
 
-    def nic_history(self, host: str, netdev: str, since_ns: int | None = None
-                    ) -> tuple[int, NicSnapshot, list[tuple[int, NicSnapshot]]]:
-        """(now on the schedule, the state then, the (due ns, state) changes of light, PHY and port state
-        after `since_ns`, in order)."""
+    def nic_states(self) -> tuple[int, dict[str, NicSnapshot]]:
+        """(now on the schedule, every NIC port's state then)."""
         with self._lock:
             now = self._now()
-            self._advance()  # runs everything due by `now` (it reads the clock after us)
-            port = self._port(host, netdev)
-            history = [(t, s) for t, s in port.history if t <= now]  # not what the advance ran past `now`
-            state = history[-1][1] if len(history) < len(port.history) and history else port.state
-            changes = [] if since_ns is None else [(t, s) for t, s in history if t > since_ns]
-            return now, state, changes
+            self._advance()  # runs everything due by `now` (it reads the clock after us): undo what is later
+            states = {p.model.key: p.state for p in self._ports.values()}
+            later: set[str] = set()  # ports whose state moved past `now`: their last state by `now` instead
+            for t, key, state in reversed(self._rate_log):  # due order
+                if t > now:
+                    later.add(key)
+                elif not later:
+                    break
+                elif key in later:
+                    states[key] = state
+                    later.discard(key)
+            return now, states
+
+    def nic_changes(self, since_ns: int) -> tuple[int, list[tuple[int, str, NicSnapshot]]]:
+        """(now on the schedule, the (due ns, "host:netdev", state) changes of light, PHY and port state in
+        (since_ns, now], in due order)."""
+        with self._lock:
+            now = self._now()
+            self._advance()
+            out = []
+            for t, key, state in reversed(self._rate_log):
+                if t <= since_ns:
+                    break
+                if t <= now:
+                    out.append((t, key, state))
+            return now, out[::-1]
 
     def host_time(self, host: str, mono_ns: int) -> int:
         return self._clocks[host].at(mono_ns)

@@ -55,6 +55,7 @@ _ETHTOOL_FIELDS = ("rx_los", "rx_lol")
 EPS_GBPS_DEFAULT = 100.0  # packet-fabric bandwidth per NIC when a pair has no circuit
 TRANSFER_LATENCY_US_DEFAULT = 10.0  # fixed start-up cost of one emulated transfer (launch, handshake)
 _BYTES_PER_GBIT = 1.25e8
+_COUNTER_BATCH_S = 0.005  # the emulated counter sampler prints its ticks in batches this far apart (cheap)
 _TRANSFER_WAKE_NS = 20_000_000  # an emulated tool re-reads the fabric at least this often while it waits
 
 
@@ -565,7 +566,10 @@ def _read_file(ctx: ExecContext, path: str) -> str | bytes | None:
     if parts[:3] == ["sys", "class", "infiniband"] and len(parts) >= 7 and parts[4] == "ports":
         model = ctx.server.nic_by_rdma(parts[3], int(parts[5]) if parts[5].isdigit() else -1)
         if model is not None:
-            return formats.sysfs_ib_port_file(ctx.bench.nic_snapshot(ctx.host, model.netdev), "/".join(parts[6:]))
+            name = "/".join(parts[6:])
+            octets = (dataplane.counters(ctx.bench, model.key).at(now_ns()) if name.endswith("_data")
+                      else (0.0, 0.0))
+            return formats.sysfs_ib_port_file(ctx.bench.nic_snapshot(ctx.host, model.netdev), name, octets)
     if parts[:3] == ["sys", "class", "net"] and len(parts) == 5:
         model = ctx.server.nic_by_netdev(parts[3])
         if model is not None:
@@ -944,18 +948,6 @@ class _DataPlane:
         speed = min(self.ctx.bench.nic_snapshot(m.host, m.netdev).speed_mbps for m in (a, b))
         return speed / 1000 * _BYTES_PER_GBIT
 
-    def view(self, ports) -> dataplane.FabricView:
-        """The timelines of `ports` (NicModels) from now on: what this invocation's transfers integrate over."""
-        bench = self.ctx.bench
-        profile = getattr(bench, "profile", None)
-
-        def history(key: str, since_ns):
-            host, _, netdev = key.partition(":")
-            return bench.nic_history(host, netdev, since_ns)
-
-        return dataplane.FabricView([m.key for m in ports], history,
-                                    lambda key, lost_ns: dataplane.detection_ns(profile, key, lost_ns))
-
     def pair_bytes_s(self, me, peer) -> float:
         return (self.circuit_bytes_s(me, peer) if _circuit_up(self.ctx.bench, self.ctx.bench.ocs_patches(), me, peer)
                 else self.eps_bytes_s)
@@ -1053,8 +1045,8 @@ def _alltoall_perf(ctx: ExecContext, argv: list[str]) -> int:
             return [(m, s * scale, r * scale) for m, s, r in peers]
         return [(m, size / nranks, size / nranks) for m, _, _ in peers]
 
-    view = plane.view([me] + [p[0] for p in peers])
-    clock = [view.start_ns]  # transfers back to back on the fabric's time, however late this thread runs
+    view = dataplane.fabric(ctx.bench)
+    clock = [now_ns()]  # transfers back to back on the fabric's time, however late this thread runs
 
     def timed(size: int, count: int) -> float | None:
         """Mean seconds of `count` transfers as the fabric realised them; None: the client went away."""
@@ -1141,11 +1133,12 @@ def _ib_write_bw(ctx: ExecContext, argv: list[str]) -> int:
     peer = (next((m for m in candidates if patches.get(me.ocs_tx) == m.ocs_rx), None)
             or next((m for m in candidates if m.rdma_dev == me.rdma_dev), None) or candidates[0])
     rate = plane.pair_bytes_s(me, peer)
-    view = plane.view([me, peer])
-    end = plane.run(view, me, [(peer, float(size * iters), 0.0)], view.start_ns)
+    view = dataplane.fabric(ctx.bench)
+    start = now_ns()
+    end = plane.run(view, me, [(peer, float(size * iters), 0.0)], start)
     if end is None:
         return 1
-    measured = (end - view.start_ns) / 1e9 * plane.time_scale
+    measured = (end - start) / 1e9 * plane.time_scale
     average = size * iters / measured
     gbits = bool(opts.get("gbits"))
     unit = (lambda b: b * 8 / 1e9) if gbits else (lambda b: b / 2**20)  # noqa: E731  perftest's MiB = 2^20
@@ -1313,6 +1306,43 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
     return 0
 
 
+def _agent_counters(ctx: ExecContext, argv: list[str]) -> int:
+    """Emulates the agent's counter sampler: on a grid of `--interval-us` ticks (random phase), each port's
+    port_xmit_data / port_rcv_data AT the tick (the transfers integrated over the fabric up to it), stamped
+    with the host clock at the tick, read time 0. Printed no earlier than the tick, in batches when this
+    thread runs late — the values do not depend on when it runs."""
+    try:
+        opts, targets = _options(argv[1:], {"interval-us": int})
+    except ValueError as exc:
+        ctx.err(f"counters: {exc}\n")
+        return 2
+    ports = []
+    for target in targets:
+        dev, _, port = target.partition("/")
+        model = ctx.server.nic_by_rdma(dev, int(port) if port.isdigit() else -1)
+        if model is None:
+            ctx.err(f"counters: no such port {target}\n")
+            return 2
+        ports.append((target, dataplane.counters(ctx.bench, model.key)))
+    if not opts["interval-us"] or opts["interval-us"] <= 0 or not ports:
+        ctx.err("usage: counters --interval-us N RDMADEV/PORT ...\n")
+        return 2
+    interval = int(opts["interval-us"]) * 1000
+    tick = now_ns() + random.randrange(interval)
+    while not ctx.gone() and not ctx.stdin_closed():
+        lines, now = [], now_ns()
+        while tick <= now:
+            host_ns = ctx.bench.host_time(ctx.host, tick)
+            for name, counter in ports:
+                sent, received = counter.at(tick)
+                lines.append(f"{host_ns} {name} {int(sent) // 4} {int(received) // 4} 0\n")
+            tick += interval
+        if lines:
+            ctx.out("".join(lines))
+        time.sleep(max(_COUNTER_BATCH_S, (tick - now_ns()) / 1e9))
+    return 0
+
+
 def _agent_probe_send(ctx: ExecContext, argv: list[str]) -> int:
     try:
         opts, _ = _options(argv[1:], {"iface": str, "dst-mac": str, "dst-ip": str, "template": bytes.fromhex,
@@ -1363,6 +1393,6 @@ DEFAULT_COMMANDS: dict[str, Handler] = {
     "alltoall_perf": _alltoall_perf, "ib_write_bw": _ib_write_bw,
 }
 AGENT_COMMANDS: dict[str, Handler] = {
-    "timesrv": _agent_timesrv, "watch": _agent_watch, "probe-send": _agent_probe_send,
-    "probe-recv": _agent_probe_recv,
+    "timesrv": _agent_timesrv, "watch": _agent_watch, "counters": _agent_counters,
+    "probe-send": _agent_probe_send, "probe-recv": _agent_probe_recv,
 }
