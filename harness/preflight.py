@@ -38,6 +38,18 @@ from devices.ssh import CommandFailed, SshTransport
 from devices.timing import Deadline
 
 LIT_DBM = -30.0  # receive power above which a module without an Rx LOS flag (ethtool < 6.4) sees light
+LINK_COMMAND = "ip link set dev {netdev} {state}"  # state: up | down; a lab without root: "sudo -n " + this
+
+
+def check_link_command(template: str) -> str:
+    """The template with its placeholders checked ({netdev} and {state}, nothing else): ValueError otherwise."""
+    import string
+
+    names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    if names != {"netdev", "state"}:
+        raise ValueError(f"link command {template!r}: needs exactly the placeholders {{netdev}} and {{state}}, "
+                         f"has {', '.join(sorted('{' + n + '}' for n in names)) or 'none'}")
+    return template
 
 
 class PreflightFailed(DeviceError):
@@ -120,8 +132,8 @@ class _Nics:
     """The NICs of the check over one SSH connection per host: which receivers see light now (`ethtool -m`),
     their admin and RDMA port states, and `ip link set dev X up|down`."""
 
-    def __init__(self, bench: Bench, ports: list[NicPort], timeout_s: float):
-        self.ports, self.timeout_s = ports, timeout_s
+    def __init__(self, bench: Bench, ports: list[NicPort], timeout_s: float, link_command: str = LINK_COMMAND):
+        self.ports, self.timeout_s, self.link_command = ports, timeout_s, link_command
         self.transports = {h: _transport(bench.hosts[h], timeout_s) for h in sorted({p.host for p in ports})}
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.transports)), thread_name_prefix="preflight")
 
@@ -161,8 +173,8 @@ class _Nics:
         return {k: v for part in self._pool.map(self._states_on, self.transports) for k, v in part.items()}
 
     def set_admin(self, port: NicPort, up: bool) -> None:
-        self.transports[port.host].run(f"ip link set dev {shlex.quote(port.netdev)} {'up' if up else 'down'}",
-                                       deadline=Deadline(self.timeout_s), check=True)
+        command = self.link_command.format(netdev=shlex.quote(port.netdev), state="up" if up else "down")
+        self.transports[port.host].run(command, deadline=Deadline(self.timeout_s), check=True)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -193,11 +205,13 @@ def _name(port: NicPort) -> str:
 
 
 def fibre_map(bench: Bench, ocs: str, *, light_s: float = 2.0, poll_s: float = 0.01,
-              timeout_s: float = 10.0, laser_s: float = 10.0, link_s: float = 30.0) -> FibreReport:
+              timeout_s: float = 10.0, laser_s: float = 10.0, link_s: float = 30.0,
+              link_command: str = LINK_COMMAND) -> FibreReport:
     """Check every fibre of the NIC ports on `ocs` (see the module doc). Touches allowed ports and inventory
     NICs only (the driver refuses other ports before sending); the caller holds the bench lease.
     `laser_s` bounds a laser's return after `ip link set up` (a QSFP-DD module leaves low power in seconds);
-    `link_s` bounds the links' return to their earlier states once the cross-connects are restored."""
+    `link_s` bounds the links' return to their earlier states once the cross-connects are restored;
+    `link_command` sets a NIC down or up (`{netdev}`, `{state}`)."""
     from devices.ocs import open_switch
     from harness.bench.circuits import CircuitGuard, RetryPolicy
 
@@ -212,7 +226,7 @@ def fibre_map(bench: Bench, ocs: str, *, light_s: float = 2.0, poll_s: float = 0
     policy = RetryPolicy(timeout_s=timeout_s)
     cache: dict[tuple[int, int], frozenset[str]] = {}
     try:
-        nics = _Nics(bench, ports, timeout_s)
+        nics = _Nics(bench, ports, timeout_s, check_link_command(link_command))
         before = nics.states()
         guard.apply({}, policy, exclusive=True)
         nics.wait(lambda lit: not lit, light_s, poll_s)

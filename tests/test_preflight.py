@@ -229,3 +229,16 @@ def test_a_run_logs_into_each_host_once_preflight_and_gpu_view_included(correct,
     assert {h: s.connections - before[h] for h, s in correct.host_servers.items()} == \
         {h: 1 for h in correct.host_servers}
     assert correct.physics.ocs_patches() == ORIGINAL
+
+
+def test_a_host_that_refuses_the_link_command_leaves_tx_identity_unverified_not_passed(correct, capsys):
+    bench = load_inventory(correct.inventory_path)
+    links = _settled(correct)
+    report = preflight.fibre_map(bench, "ocs1", light_s=0.5, link_command="no-such-tool {netdev} {state}")
+    assert report.findings == [] and report.identified == [] and report.restored and report.links_restored
+    assert len(report.unverified) == len(bench.nic_ports)
+    assert report.unverified[0].startswith("gpu1/ens1f0np0: cannot set it down: ") and "exited 127" in report.unverified[0]
+    assert correct.physics.ocs_patches() == ORIGINAL and _settled(correct) == links
+    assert main(["bench", "check", str(correct.inventory_path), "--link-command", "ip link set {dev} {state}"]) == 2
+    assert "--link-command: link command 'ip link set {dev} {state}': needs exactly the placeholders {netdev} " \
+           "and {state}, has {dev}, {state}" in capsys.readouterr().err

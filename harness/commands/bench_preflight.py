@@ -41,6 +41,9 @@ def add_actions(actions) -> None:
     c.add_argument("--quick", action="store_true", help="hosts, NICs and switches only (no fibre map)")
     c.add_argument("--light-timeout", type=float, default=2.0,
                    help="seconds to wait for a receiver to see light after a circuit settles (default 2)")
+    c.add_argument("--link-command", default=None, metavar="TEMPLATE",
+                   help="how a host sets a NIC down/up for the TX identity probe (default "
+                        "'ip link set dev {netdev} {state}'; without root e.g. 'sudo -n ip link set dev {netdev} {state}')")
     c.set_defaults(func=_check)
 
 
@@ -102,6 +105,12 @@ def _check(args) -> int:
     from harness.config import load_inventory
     from harness.runner import RunOptions, _acquire_lease
 
+    from harness.errors import InputError
+
+    try:
+        link_command = preflight.check_link_command(args.link_command or preflight.LINK_COMMAND)
+    except ValueError as exc:
+        raise InputError(f"--link-command: {exc}") from None
     bench = load_inventory(args.inventory)
     problems = preflight.quick_check(bench)
     for line in problems:
@@ -116,7 +125,7 @@ def _check(args) -> int:
     try:
         for name in bench.ocs:
             try:
-                report = preflight.fibre_map(bench, name, light_s=args.light_timeout)
+                report = preflight.fibre_map(bench, name, light_s=args.light_timeout, link_command=link_command)
             except DeviceError as exc:  # the bench was restored on the way out (fibre_map's finally)
                 print(f"FAIL {name}: fibre map stopped: {exc}")
                 failed = True
