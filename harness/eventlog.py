@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Iterable
 
+import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -83,7 +84,7 @@ class EventLog:
         self._check()
         row = event.to_dict()
         self._rows.append(row)
-        self._buffer += (json.dumps(row, separators=(",", ":")) + "\n").encode()
+        self._buffer += orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"  # ~1 µs, json: ~6 µs
         self._pending += 1
         if len(self._buffer) >= self.write_through_bytes:
             self.flush(fsync=False)

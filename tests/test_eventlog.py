@@ -204,3 +204,10 @@ def test_background_fsync_error_surfaces_on_the_next_flush(tmp_path, monkeypatch
     with pytest.raises(EventLogError) as info:
         log.flush()
     assert "disk full" in str(info.value) and info.value.durable_events == 1
+
+
+def test_an_events_dict_has_the_columns_in_order_and_its_line_is_compact_json():
+    event = Event("r", 2, "phy_up", "gpu1", "mlx5_0", "ens1f0np0", 17, 5_000_000_123, -1_764_000_000 * 10**9, 61_000,
+                  "agent-watch:carrier")
+    assert list(event.to_dict()) == list(EVENT_COLUMNS)
+    assert event.to_dict() == {c: getattr(event, c) for c in EVENT_COLUMNS}

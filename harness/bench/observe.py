@@ -10,13 +10,14 @@ observation at a time and so is unit-tested over scripted observations in millis
 """
 from __future__ import annotations
 
-import json
 import os
 import queue
 import threading
 import time
 from pathlib import Path
 from typing import Callable
+
+import orjson
 
 from analysis.stages import PORT_CHAIN
 from devices.timing import Deadline, now_ns
@@ -146,11 +147,12 @@ class ObservationLog:
         self.path = path
         self._queue: "queue.Queue" = queue.Queue()
         self._lock = threading.Lock()
-        self._file = open(path, "a", encoding="utf-8") if path is not None else None
+        self._file = open(path, "ab") if path is not None else None
 
     def _write(self, record: dict) -> None:
         if self._file is not None:
-            line = json.dumps(record, separators=(",", ":")) + "\n"
+            # orjson: a cycle's record holds every kept observation; json.dumps took ~2 ms of the cycle
+            line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
             with self._lock:
                 self._file.write(line)
 
