@@ -95,6 +95,23 @@ def lease_is_live(lease: dict | None, now: float | None = None) -> bool:
     return True
 
 
+def _held_by(key: str, lease: dict) -> str:
+    until = datetime.fromtimestamp(float(lease["expires"]), timezone.utc)
+    return (f"{key} is in use by {lease.get('owner', '?')} (run {lease.get('run_id') or '?'}); its lease expires "
+            f"{until.isoformat(timespec='seconds')} unless renewed")
+
+
+def live_holder(keys: list[str], directory: str | os.PathLike | None = None) -> str | None:
+    """Who holds a live lease on any of `keys` (the message BenchLocked would carry), or None: a look
+    without taking anything, for a caller that waits its turn before it starts a run."""
+    directory = Path(directory) if directory is not None else lock_dir()
+    for key in sorted(set(keys)):
+        current = read_lease(directory / f"{key}.json")
+        if lease_is_live(current):
+            return _held_by(key, current)
+    return None
+
+
 class BenchLease:
     """Leases on `keys` (all or none). `with BenchLease([...], run_id=...):` or acquire()/release()."""
 
@@ -134,10 +151,7 @@ class BenchLease:
                 with _guard(self.directory, key):
                     current = read_lease(self._path(key))
                     if lease_is_live(current) and current.get("token") != self.token:
-                        until = datetime.fromtimestamp(float(current["expires"]), timezone.utc)
-                        raise BenchLocked(f"{key} is in use by {current.get('owner', '?')} (run "
-                                          f"{current.get('run_id') or '?'}); its lease expires "
-                                          f"{until.isoformat(timespec='seconds')} unless renewed")
+                        raise BenchLocked(_held_by(key, current))
                     self._write(key, self._record())
                     self._held.append(key)
         except BaseException:

@@ -43,6 +43,7 @@ TOP_LEVEL = ("cycles",)
 SPEC_NAME = "sweep.json"
 RESULTS_NAME = "results.parquet"
 LEASE_WAIT_S = 600.0
+LEASE_POLL_S = 2.0
 
 
 # ------------------------------------------------------------------------------------------ the block
@@ -225,27 +226,42 @@ def run_point(job: PointJob, _after: Any = None) -> dict:
     deadline = time.monotonic() + job.lease_wait_s
     refusals, first_refused = 0, time.monotonic()
     while True:
-        started_ns = time.time_ns()
-        proc = subprocess.run([sys.executable, "-m", "harness", *args, "-q"], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL)
-        locked = job.physical and proc.returncode == 2 and "bench is locked" in proc.stderr
-        if not (locked and time.monotonic() < deadline):
+        # Look before starting a run (no process per poll); the runner's own lease still decides a race.
+        holder = _bench_holder(job) if job.physical else None
+        if holder is None:
+            started_ns = time.time_ns()
+            proc = subprocess.run([sys.executable, "-m", "harness", *args, "-q"], capture_output=True, text=True,
+                                  stdin=subprocess.DEVNULL)
+            if job.physical and proc.returncode == 2 and "bench is locked" in proc.stderr:
+                holder = proc.stderr.strip().splitlines()[-1].partition("bench is locked: ")[2]
+        if holder is None or time.monotonic() >= deadline:
             break
         refusals += 1  # another run holds the bench lease: wait for it, as a lab member would
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         rec.write_json_atomic(waiting, {"refusals": refusals, "waiting_s": round(time.monotonic() - first_refused, 1),
-                                        "holder": proc.stderr.strip().splitlines()[-1]})
-        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+                                        "holder": holder})
+        time.sleep(min(LEASE_POLL_S, max(0.0, deadline - time.monotonic())))
+    if holder is not None:
+        waiting.unlink(missing_ok=True)
+        return {"point": job.name, "ran": True, "exit_code": 2, "lease_refusals": refusals,
+                "error": f"bench is locked: {holder} (waited {job.lease_wait_s:g} s for the bench lease)"}
     waiting.unlink(missing_ok=True)
     facts = {"exit_code": proc.returncode, "started_ns": started_ns, "ended_ns": time.time_ns(),
              "lease_refusals": refusals}
     if proc.returncode == 2 or not (run_dir / "summary.json").exists():
-        error = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        if locked:
-            error += f" (waited {job.lease_wait_s:g} s for the bench lease)"
-        return {"point": job.name, "ran": True, "error": error, **facts}
+        return {"point": job.name, "ran": True, "error": (proc.stderr.strip().splitlines() or ["no output"])[-1],
+                **facts}
     rec.write_json_atomic(run_dir / "point.json", facts)
     return {"point": job.name, "ran": True, **facts}
+
+
+def _bench_holder(job: PointJob) -> str | None:
+    """Who holds the lease on a switch of the point's inventory, if anyone does."""
+    from harness.config import load_inventory
+    from harness.lock import live_holder, ocs_lock_key
+
+    bench = load_inventory(job.bench)
+    return live_holder([ocs_lock_key(name, r.url) for name, r in bench.ocs.items()])
 
 
 def _finished(run_dir: Path) -> bool:
@@ -405,7 +421,8 @@ def _client(scheduler: str | None, workers: int):
             raise InputError(f"--scheduler: cannot reach it ({exc}); the sweep resumes once it can",
                              scheduler) from None
     # Each point is its own `harness run` process, so the workers are threads: no second copy of the harness.
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=False, dashboard_address=None)
+    # dashboard_address=None would still serve the scheduler's HTTP routes on every interface, port 8787
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0")
     return _Closing(Client(cluster), cluster)
 
 

@@ -144,7 +144,7 @@ def test_physical_points_take_turns_under_the_lease_on_a_given_scheduler(tmp_pat
     holder = _hold_the_bench(inventory_bench)
     out = tmp_path / "sweep"
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
-                      dashboard_address=None) as cluster:
+                      dashboard_address="127.0.0.1:0") as cluster:
         assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
         exit_code = []
         sweeping = threading.Thread(target=lambda: exit_code.append(main(
