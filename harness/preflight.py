@@ -326,8 +326,9 @@ def _tx_identity(switch, nics: _Nics, ports: list[NicPort], before: dict, allowe
         if dark == {port.ocs_tx}:
             report.identified.append(port.key)
         elif not dark:
-            report.unverified.append(f"{_name(port)}: set down, no allowed ingress went dark (does its laser stay on "
-                                     "when the port is down?)")
+            report.unverified.append(f"{_name(port)}: set down, no allowed ingress went dark (its laser stays on when "
+                                     f"the port is down, or its fibre is on a port not allowed and the light on OCS "
+                                     f"{port.ocs_tx} is another NIC's)")
         else:
             others = [f"OCS {i} is claimed by {_name(owner[i])}" for i in sorted(dark) if i in owner and i != port.ocs_tx]
             report.findings.append(f"inventory says {_name(port)} tx→OCS {port.ocs_tx}, light seen on OCS "

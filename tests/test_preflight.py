@@ -127,9 +127,11 @@ def test_fibre_map_passes_on_a_correct_bench_and_leaves_the_cross_connects_as_be
     assert all(lit == [f"{p.host}:{p.netdev}"] for (i, e, lit), p in zip(report.tests, bench.nic_ports))
     assert correct.physics.ocs_patches() == ORIGINAL and _settled(correct) == links
     # every NIC was set down and up once, each its own laser (ground truth: the ingress its fibre is on)
-    toggled = [(t["stage"], t["host"], t["port"], t["ocs_port"]) for t in correct.ground_truth()[truth_before:]
-               if t["stage"] in ("admin_down", "admin_up")]
+    during = correct.ground_truth()[truth_before:]
+    toggled = [(t["stage"], t["host"], t["port"], t["ocs_port"]) for t in during if t["stage"] in ("admin_down", "admin_up")]
     assert toggled == [(stage, p.host, p.netdev, p.ocs_tx) for p in bench.nic_ports for stage in ("admin_down", "admin_up")]
+    moved = {t["ocs_port"] for t in during if t["stage"].startswith("mirror_")}
+    assert moved and moved <= set(bench.ocs["ocs1"].allowed_ports)  # only allowed ports were touched
 
 
 def test_fibre_map_names_both_miscabled_fibres(miscabled, capsys):
