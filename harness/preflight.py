@@ -13,8 +13,9 @@
   fibres swapped between two NICs that both transmit light both loops alike. Each NIC in turn is set down
   (`ip link set dev X down`) and the OCS's own ingress power monitors (TL1 RTRV-PORT-POWER, SCPI :MON:POW?,
   NETCONF opm-power) show which allowed ingress goes dark; it is set up again and the light must return.
-  Assumption, stated in the report where it fails: a port set down stops transmitting (mlx5 disables the
-  port; ethtool's module power-mode-policy `auto` puts a paged module in low power, data path off). A NIC
+  Assumption, stated in the report where it fails: a port set down stops transmitting (mlx5's close sets
+  the port's admin status down, PAOS; ethtool's module power-mode-policy `auto` puts a paged module in low
+  power, data path off; whether the laser goes dark is up to firmware and module, so it is looked at). A NIC
   whose laser stays on darkens nothing and is reported as unverified, never as verified. At the end every
   NIC's admin state and RDMA port state are read back against what they were before the check;
 - `discover(...)`: a draft inventory from what the hosts report (NICs, RDMA ports, transceivers, GPUs and

@@ -609,9 +609,10 @@ class OpticalBench:
             self._truth.append(dict(t_ns=self._now(), stage="clock_step", host=host, port="", ocs_port=0))
 
     def set_admin(self, host: str, netdev: str, up: bool) -> None:
-        """`ip link set dev NETDEV down|up`. Down: the transmitter goes dark (mlx5 disables the port; ethtool's
-        power-mode-policy `auto` puts a paged module in low power, data path off) and the link drops at once
-        (Disabled). Up: the laser returns, and a receiver that sees light trains again (its own draws)."""
+        """`ip link set dev NETDEV down|up`. Down: the transmitter goes dark (mlx5 sets the port's admin status
+        down; ethtool's power-mode-policy `auto` puts a paged module in low power, data path off) and the link
+        drops at once (Disabled). Up: the laser returns, and a receiver that sees light trains again (its own
+        draws)."""
         with self._lock:
             self._advance()
             port = self._port(host, netdev)
