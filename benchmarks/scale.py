@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,7 +88,19 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
 
 
-def run_one(hosts: int, nics: int, base: str, timeout_s: float, probes: bool, workdir: Path) -> dict:
+def py_spy(pid: int, out: Path | None, name: str) -> subprocess.Popen | None:
+    """Sample `pid` with py-spy until it exits (`--py-spy DIR`: DIR/NAME-HOSTS.txt, folded stacks, GIL
+    holders only, so the counts are where the process spends its interpreter)."""
+    if out is None:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    exe = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    return subprocess.Popen([exe or "py-spy", "record", "-p", str(pid), "-r", "100", "--gil", "--nonblocking", "-f", "raw", "-o",
+                             str(out / f"{name}.txt")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def run_one(hosts: int, nics: int, base: str, timeout_s: float, probes: bool, workdir: Path,
+            profile_dir: Path | None = None) -> dict:
     load_before = os.getloadavg()[0]
     profile = write_profile(workdir, hosts, nics, base)
     inventory, truth_file = workdir / "bench.yaml", workdir / "truth.jsonl"
@@ -95,6 +108,7 @@ def run_one(hosts: int, nics: int, base: str, timeout_s: float, probes: bool, wo
     emulator = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--profile", str(profile), "--seed", "13",
                                  "--inventory-out", str(inventory), "--truth-out", str(truth_file)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env)
+    spies = [py_spy(emulator.pid, profile_dir, f"emulator-{hosts}")]
     result: dict = {"hosts": hosts, "nics": nics, "ports": hosts * nics, "load_before": load_before}
     try:
         end = time.monotonic() + timeout_s
@@ -114,6 +128,7 @@ def run_one(hosts: int, nics: int, base: str, timeout_s: float, probes: bool, wo
                                     str(workdir / "run"), "-q"], cwd=ROOT, env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         sampler = Sampler(harness.pid)
+        spies.append(py_spy(harness.pid, profile_dir, f"harness-{hosts}"))
         try:
             _, status, usage = os.wait4(harness.pid, 0) if _wait(harness, timeout_s) else (0, -1, None)
         finally:
@@ -139,6 +154,8 @@ def run_one(hosts: int, nics: int, base: str, timeout_s: float, probes: bool, wo
         except subprocess.TimeoutExpired:
             emulator.kill()
             emulator.wait()
+        for spy in filter(None, spies):
+            spy.wait(timeout=60)
     result["load_after"] = os.getloadavg()[0]
     result.update(compare(workdir / "run", truth_file, start_ns))
     return result
@@ -228,11 +245,12 @@ if __name__ == "__main__":
     ap.add_argument("--probes", action="store_true", help="also run the first-packet probes (2 streams per port)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per host count")
     ap.add_argument("--json", help="append each result as a JSON line here")
+    ap.add_argument("--py-spy", type=Path, help="profile both processes with py-spy into this folder")
     args = ap.parse_args()
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),) * 2)
     for n in args.hosts:
         with tempfile.TemporaryDirectory(prefix="ocs-hil-scale-") as tmp:
-            r = run_one(n, args.nics, args.profile, args.timeout, args.probes, Path(tmp))
+            r = run_one(n, args.nics, args.profile, args.timeout, args.probes, Path(tmp), args.py_spy)
         print(json.dumps(r), flush=True)
         if args.json:
             with open(args.json, "a") as f:

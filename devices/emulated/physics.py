@@ -210,6 +210,9 @@ class OpticalBench:
                              ocs_rx=swap.get(rx, rx))
             self.cabled_as[model.key] = (tx, rx)
             self._ports[(host, model.netdev)] = _Port(model, index=i)
+        self._host_ports: dict[str, list[_Port]] = {h: [] for h in self.hosts}  # O(NICs of the host) lookups
+        for port in self._ports.values():
+            self._host_ports[port.model.host].append(port)
         self._by_rx = {p.model.ocs_rx: p for p in self._ports.values()}
         self._by_tx = {p.model.ocs_tx: p for p in self._ports.values()}
         self._lit_ingress = set(self._by_tx)  # every NIC laser is on
@@ -549,7 +552,7 @@ class OpticalBench:
         return self._port(host, netdev)
 
     def nic_ports(self, host: str) -> list[NicModel]:
-        return [p.model for (h, _), p in self._ports.items() if h == host]
+        return [p.model for p in self._host_ports.get(host, ())]
 
     def all_nic_ports(self) -> list[NicModel]:
         return [p.model for p in self._ports.values()]
@@ -589,6 +592,12 @@ class OpticalBench:
                 if t <= now:
                     out.append((t, key, state))
             return now, out[::-1]
+
+    def nic_snapshots(self, host: str) -> list[tuple[NicModel, NicSnapshot]]:
+        """Every NIC port of `host` with its state, read at one instant of the schedule."""
+        with self._lock:
+            self._advance()
+            return [(p.model, p.state) for p in self._host_ports.get(host, ())]
 
     def host_time(self, host: str, mono_ns: int) -> int:
         return self._clocks[host].at(mono_ns)

@@ -25,6 +25,7 @@ import os
 import posixpath
 import queue
 import random
+import selectors
 import shlex
 import socket
 import tempfile
@@ -198,24 +199,96 @@ def _forget_accepted(channel: paramiko.Channel) -> None:
             pass
 
 
+def server_transport(sock: socket.socket, host_key: paramiko.PKey,
+                     interface: paramiko.ServerInterface) -> paramiko.Transport | None:
+    """An SSH server transport (TCP_NODELAY) on an accepted connection; its handshake runs on paramiko's
+    own thread. None if it cannot start."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    transport = paramiko.Transport(sock)
+    transport.add_server_key(host_key)
+    try:
+        transport.start_server(event=threading.Event(), server=interface)
+    except (paramiko.SSHException, OSError, EOFError):
+        transport.close()
+        return None
+    return transport
+
+
 def accept_ssh(listener: socket.socket, host_key: paramiko.PKey, interface: Callable[[], paramiko.ServerInterface],
                running: Callable[[], bool]) -> Iterator[paramiko.Transport]:
-    """SSH server transports (TCP_NODELAY) for each connection whose handshake succeeds, until `running()`
-    turns false or the listener is closed."""
+    """SSH server transports for each connection whose handshake starts, until `running()` turns false or
+    the listener is closed."""
     while running():
         try:
             sock, _ = listener.accept()
         except OSError:
             return
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport = paramiko.Transport(sock)
-        transport.add_server_key(host_key)
+        transport = server_transport(sock, host_key, interface())
+        if transport is not None:
+            yield transport
+
+
+class _HostsLoop:
+    """What every emulated host of a process shares, so a pod costs no thread per host for them: one thread
+    accepting on all hosts' listeners (a selector) and one closing the channels clients leave open."""
+
+    _instance: "_HostsLoop | None" = None
+    _instance_lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> "_HostsLoop":
+        with cls._instance_lock:
+            if cls._instance is None or cls._instance.pid != os.getpid():  # a forked child has no threads
+                cls._instance = cls()
+            return cls._instance
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self._selector = selectors.DefaultSelector()
+        self._idle = socket.socketpair()  # keeps the selector non-empty: select() blocks, never spins
+        self._selector.register(self._idle[0], selectors.EVENT_READ, None)
+        self._reap: list[tuple[float, int, paramiko.Channel]] = []
+        self._reap_cv = threading.Condition()
+        self._reap_seq = itertools.count()
+        threading.Thread(target=self._accept_loop, name="ssh-hosts-accept", daemon=True).start()
+        threading.Thread(target=self._reap_loop, name="ssh-hosts-reaper", daemon=True).start()
+
+    def listen(self, listener: socket.socket, host: "EmulatedHostServer") -> None:
+        listener.setblocking(False)
+        self._selector.register(listener, selectors.EVENT_READ, host)
+
+    def unlisten(self, listener: socket.socket) -> None:
         try:
-            transport.start_server(event=threading.Event(), server=interface())
-        except (paramiko.SSHException, OSError, EOFError):
-            transport.close()
-            continue
-        yield transport
+            self._selector.unregister(listener)
+        except (KeyError, ValueError):
+            pass
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                ready = self._selector.select()
+            except OSError:  # a listener closed under us; the next round sees the map without it
+                continue
+            for key, _ in ready:
+                try:
+                    sock, _ = key.fileobj.accept()
+                except (BlockingIOError, OSError):
+                    continue
+                sock.setblocking(True)
+                key.data._accepted(sock)
+
+    def close_later(self, channel: paramiko.Channel) -> None:
+        with self._reap_cv:
+            heapq.heappush(self._reap, (time.monotonic() + _CLOSE_AFTER_S, next(self._reap_seq), channel))
+            self._reap_cv.notify()
+
+    def _reap_loop(self) -> None:
+        while True:
+            with self._reap_cv:
+                while not self._reap or self._reap[0][0] > time.monotonic():
+                    self._reap_cv.wait(None if not self._reap else self._reap[0][0] - time.monotonic())
+                _, _, channel = heapq.heappop(self._reap)
+            channel.close()
 
 
 class _SshServer(paramiko.ServerInterface):
@@ -264,13 +337,9 @@ class EmulatedHostServer:
         self.port = 0
         self._dir: tempfile.TemporaryDirectory | None = None
         self._listener: socket.socket | None = None
-        self._thread: threading.Thread | None = None
         self._transports: list[paramiko.Transport] = []
         self.connections = 0  # SSH connections accepted (key exchange done) since start: ground truth for tests
         self._lock = threading.Lock()
-        self._reap: list[tuple[float, int, paramiko.Channel]] = []
-        self._reap_cv = threading.Condition()
-        self._reap_seq = itertools.count()
         self._running = False
         self._latched: set[tuple[str, str]] = set()
         self._unsubscribe: Callable[[], None] | None = None
@@ -317,9 +386,7 @@ class EmulatedHostServer:
             f"[127.0.0.1]:{self.port} {self.host_key.get_name()} {self.host_key.get_base64()}\n")
         self._unsubscribe = self.bench.subscribe(self.host_name, self._latch)
         self._running = True
-        self._thread = threading.Thread(target=self._serve, name=f"ssh-{self.host_name}", daemon=True)
-        self._thread.start()
-        threading.Thread(target=self._reaper, name=f"ssh-{self.host_name}-reaper", daemon=True).start()
+        _HostsLoop.get().listen(self._listener, self)
         return self
 
     def stop(self) -> None:
@@ -328,17 +395,10 @@ class EmulatedHostServer:
             self._unsubscribe()
             self._unsubscribe = None
         if self._listener is not None:
-            try:
-                self._listener.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _HostsLoop.get().unlisten(self._listener)
             self._listener.close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+            self._listener = None
         self.drop_connections()
-        with self._reap_cv:
-            self._reap_cv.notify_all()
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
@@ -372,22 +432,15 @@ class EmulatedHostServer:
                           "tx": p.ocs_tx, "rx": p.ocs_rx} for p in self.bench.nic_ports(self.host_name)]}
 
     # ------------------------------------------------------------------ connections
-    def _serve(self) -> None:
-        assert self._listener is not None
-        for transport in accept_ssh(self._listener, self.host_key, lambda: _SshServer(self), lambda: self._running):
+    def _accepted(self, sock: socket.socket) -> None:
+        if not self._running:
+            sock.close()
+            return
+        transport = server_transport(sock, self.host_key, _SshServer(self))
+        if transport is not None:
             with self._lock:
                 self._transports = [t for t in self._transports if t.is_active()] + [transport]
                 self.connections += 1
-
-    def _reaper(self) -> None:
-        while True:
-            with self._reap_cv:
-                while self._running and (not self._reap or self._reap[0][0] > time.monotonic()):
-                    self._reap_cv.wait(None if not self._reap else self._reap[0][0] - time.monotonic())
-                if not self._running:
-                    return
-                _, _, channel = heapq.heappop(self._reap)
-            channel.close()
 
     def _exec(self, channel: paramiko.Channel, command: str) -> None:
         _forget_accepted(channel)
@@ -408,9 +461,7 @@ class EmulatedHostServer:
             channel.shutdown_write()
         except (OSError, EOFError):
             return
-        with self._reap_cv:
-            heapq.heappush(self._reap, (time.monotonic() + _CLOSE_AFTER_S, next(self._reap_seq), channel))
-            self._reap_cv.notify()
+        _HostsLoop.get().close_later(channel)
 
     # ------------------------------------------------------------------ state helpers
     def _latch(self, change) -> None:
@@ -433,7 +484,7 @@ class EmulatedHostServer:
                      if m.rdma_dev == dev and (port is None or m.rdma_port == port)), None)
 
     def ports_with_state(self) -> list:
-        return [(m, self.bench.nic_snapshot(self.host_name, m.netdev)) for m in self.bench.nic_ports(self.host_name)]
+        return self.bench.nic_snapshots(self.host_name)
 
 
 # ====================================================================== a minimal shell
@@ -808,11 +859,11 @@ GPU_BUSY = {"utilization_gpu": 97, "utilization_memory": 41, "power_draw_w": 612
 GPU_STALLED = {"utilization_gpu": 0, "utilization_memory": 0, "power_draw_w": 118.3}  # waiting on its all-to-all
 
 
-def _gpu_now(ctx: ExecContext, gpu):
+def _gpus_now(ctx: ExecContext, gpus: list) -> list:
     """The emulated host runs a data-parallel job whose collectives need every one of its NIC ports: its GPUs
     compute while all are ACTIVE and stall (idle) from the moment one is not — the network re-training."""
     busy = all(snap.ib_state == "ACTIVE" for _, snap in ctx.server.ports_with_state())
-    return replace(gpu, **(GPU_BUSY if busy else GPU_STALLED))
+    return [replace(gpu, **(GPU_BUSY if busy else GPU_STALLED)) for gpu in gpus]
 
 
 def _nvidia_smi(ctx: ExecContext, argv: list[str]) -> int:
@@ -842,7 +893,7 @@ def _nvidia_smi(ctx: ExecContext, argv: list[str]) -> int:
         if field not in formats.GPU_FIELDS:
             ctx.out(f'Field "{field}" is not a valid field to query.\n\n')
             return 2
-    gpus = [_gpu_now(ctx, g) for g in ctx.server.gpus if index is None or g.index in index]
+    gpus = _gpus_now(ctx, [g for g in ctx.server.gpus if index is None or g.index in index])
     ctx.out(formats.nvidia_smi_query(gpus, fields, ctx.bench.host_clock_ns(ctx.host),
                                      header="noheader" not in fmt, units="nounits" not in fmt))
     return 0
