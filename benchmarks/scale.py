@@ -53,8 +53,22 @@ def write_profile(out: Path, hosts: int, nics: int, base: str) -> Path:
     return path
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (the emulator's host workers)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
 class Sampler:
-    """Peak RSS, threads and open descriptors of one process, from /proc every `period_s`."""
+    """Peak RSS, threads and open descriptors of a process and its children (summed), from /proc every
+    `period_s`."""
 
     def __init__(self, pid: int, period_s: float = 0.2):
         self.pid, self.period_s = pid, period_s
@@ -65,16 +79,21 @@ class Sampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
-            try:
-                status = Path(f"/proc/{self.pid}/status").read_text()
-                fds = len(os.listdir(f"/proc/{self.pid}/fd"))
-            except OSError:
+            rss_kb = threads = fds = 0
+            for pid in process_tree(self.pid):
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    fds += len(os.listdir(f"/proc/{pid}/fd"))
+                except OSError:
+                    continue
+                fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+                if "VmRSS" in fields:  # not yet exited
+                    rss_kb += int(fields["VmRSS"].split()[0])
+                    threads += int(fields["Threads"])
+            if not rss_kb:
                 return
-            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-            if "VmRSS" not in fields:  # exited, not yet reaped
-                return
-            self.rss_mb = max(self.rss_mb, int(fields["VmRSS"].split()[0]) / 1024)
-            self.threads = max(self.threads, int(fields["Threads"]))
+            self.rss_mb = max(self.rss_mb, rss_kb / 1024)
+            self.threads = max(self.threads, threads)
             self.fds = max(self.fds, fds)
 
     def stop(self) -> None:
@@ -83,9 +102,15 @@ class Sampler:
 
 
 def cpu_s(pid: int) -> float:
-    ticks = os.sysconf("SC_CLK_TCK")
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+    """User + system CPU seconds of `pid` and its live children."""
+    ticks, total = os.sysconf("SC_CLK_TCK"), 0
+    for p in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total / ticks
 
 
 def py_spy(pid: int, out: Path | None, name: str) -> subprocess.Popen | None:
@@ -95,21 +120,22 @@ def py_spy(pid: int, out: Path | None, name: str) -> subprocess.Popen | None:
         return None
     out.mkdir(parents=True, exist_ok=True)
     exe = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    return subprocess.Popen([exe or "py-spy", "record", "-p", str(pid), "-r", "100", "--gil", "--nonblocking", "-f", "raw", "-o",
+    return subprocess.Popen([exe or "py-spy", "record", "-p", str(pid), "-r", "100", "--gil", "--nonblocking", "--subprocesses", "-f", "raw", "-o",
                              str(out / f"{name}.txt")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def run_one(hosts: int, nics: int, base: str, timeout_s: float, probes: bool, workdir: Path,
-            profile_dir: Path | None = None) -> dict:
+            profile_dir: Path | None = None, workers: int = 0) -> dict:
     load_before = os.getloadavg()[0]
     profile = write_profile(workdir, hosts, nics, base)
     inventory, truth_file = workdir / "bench.yaml", workdir / "truth.jsonl"
     env = dict(os.environ, OCS_HIL_EMULATED_PASSWORD="root", OCS_HIL_LOCK_DIR=str(workdir / "locks"))
     emulator = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--profile", str(profile), "--seed", "13",
-                                 "--inventory-out", str(inventory), "--truth-out", str(truth_file)],
+                                 "--inventory-out", str(inventory), "--truth-out", str(truth_file), "--workers", str(workers)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env)
     spies = [py_spy(emulator.pid, profile_dir, f"emulator-{hosts}")]
-    result: dict = {"hosts": hosts, "nics": nics, "ports": hosts * nics, "load_before": load_before}
+    result: dict = {"hosts": hosts, "nics": nics, "ports": hosts * nics, "workers": workers,
+                    "load_before": load_before}
     try:
         end = time.monotonic() + timeout_s
         while not inventory.exists():
@@ -245,12 +271,13 @@ if __name__ == "__main__":
     ap.add_argument("--probes", action="store_true", help="also run the first-packet probes (2 streams per port)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per host count")
     ap.add_argument("--json", help="append each result as a JSON line here")
+    ap.add_argument("--workers", type=int, default=0, help="emulator host worker processes (0: one process)")
     ap.add_argument("--py-spy", type=Path, help="profile both processes with py-spy into this folder")
     args = ap.parse_args()
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),) * 2)
     for n in args.hosts:
         with tempfile.TemporaryDirectory(prefix="ocs-hil-scale-") as tmp:
-            r = run_one(n, args.nics, args.profile, args.timeout, args.probes, Path(tmp), args.py_spy)
+            r = run_one(n, args.nics, args.profile, args.timeout, args.probes, Path(tmp), args.py_spy, args.workers)
         print(json.dumps(r), flush=True)
         if args.json:
             with open(args.json, "a") as f:

@@ -46,7 +46,7 @@ class EmulatedBench:
 
     def __init__(self, profile: Profile | str, seed: int = 0, protocol: str = DEFAULT_PROTOCOL,
                  workdir: str | os.PathLike | None = None, netns_prefix: str | None = None,
-                 miscable: list | tuple = ()):
+                 miscable: list | tuple = (), workers: int = 0):
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         self.seed = seed
         self.protocol = get_protocol(protocol).name  # unknown names fail here, before anything starts
@@ -56,6 +56,12 @@ class EmulatedBench:
         self.workdir = Path(workdir or self._tmp.name)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.netns_prefix = netns_prefix
+        # workers > 0: the hosts' SSH servers run in that many processes over this one physics (a pod on few
+        # cores, devices/emulated/shards.py); 0: in this process
+        if workers and netns_prefix:
+            raise ValueError("host workers cannot serve a netns data plane (its commands run in this process)")
+        self.workers = int(workers)
+        self._shards = None
         self.netns = None
         self.ocs_servers = None
         self.ocs_view = None  # the chosen protocol's view: url, description, stop()
@@ -78,7 +84,13 @@ class EmulatedBench:
             self.ocs_servers = OcsServers(self.physics, user=EMULATED_USER, password=EMULATED_PASSWORD)
             self.ocs_servers.start()
             self.ocs_view = get_protocol(self.protocol).start_emulator(self.ocs_servers)
-            for host in self.physics.hosts:
+            if self.workers:
+                from devices.emulated.shards import HostWorkers
+
+                self._shards = HostWorkers(self.physics, self.workers)
+                self.host_servers = self._shards.start()
+                self.physics.on_clock_step.append(self._shards.clock_stepped)
+            for host in self.physics.hosts if not self.workers else ():
                 server = EmulatedHostServer(self.physics, host, extra_commands=extra.get(host))
                 server.start()
                 self.host_servers[host] = server
@@ -123,6 +135,9 @@ class EmulatedBench:
             except Exception:  # teardown must reach every server
                 pass
         self.host_servers = {}
+        if self._shards is not None:
+            self._shards.stop()
+            self._shards = None
         if self.ocs_view is not None:
             try:
                 self.ocs_view.stop()

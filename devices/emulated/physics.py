@@ -184,6 +184,7 @@ class OpticalBench:
         # Observers of mirror moves, called (t_ns, ingress, egress, settled) on the scheduler thread with
         # the bench lock held: they must return quickly and not call back into the bench.
         self.on_mirror: list[Callable[[int, int, int, bool], None]] = []
+        self.on_clock_step: list[Callable[[str], None]] = []  # called (host) after a clock step, no lock held
         self._pending: list[NicChange] = []
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -616,6 +617,8 @@ class OpticalBench:
             self._advance()
             self._clocks[host].step_ns += int(delta_ns)
             self._truth.append(dict(t_ns=self._now(), stage="clock_step", host=host, port="", ocs_port=0))
+        for observer in self.on_clock_step:
+            observer(host)
 
     def set_admin(self, host: str, netdev: str, up: bool) -> None:
         """`ip link set dev NETDEV down|up`. Down: the transmitter goes dark (mlx5 sets the port's admin status

@@ -16,6 +16,8 @@ def register(sub) -> None:
     p.add_argument("--protocol", default=DEFAULT_PROTOCOL, choices=protocol_names(),
                    help="the OCS protocol the inventory names (TL1 and SCPI are served either way)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=0,
+                   help="serve the hosts' SSH from this many processes over one physics (a pod); 0: this process")
     p.set_defaults(func=_emulate)
 
 
@@ -32,12 +34,15 @@ def _emulate(args) -> int:
     out = Path(args.inventory_out)
     if not out.parent.exists():
         raise InputError("--inventory-out: the folder does not exist", str(out.parent))
+    if args.workers < 0:
+        raise InputError("--workers: expected a number >= 0", str(args.workers))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     workdir = out.parent / (out.stem + ".bench")
     workdir.mkdir(exist_ok=True)
-    with EmulatedBench(profile, seed=args.seed, protocol=args.protocol, workdir=workdir) as bench:
+    with EmulatedBench(profile, seed=args.seed, protocol=args.protocol, workdir=workdir,
+                       workers=args.workers) as bench:
         partial = out.with_name(out.name + ".partial")      # a reader never sees a half-written inventory
         shutil.copyfile(bench.inventory_path, partial)
         os.replace(partial, out)
