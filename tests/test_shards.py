@@ -49,6 +49,14 @@ def test_hosts_are_dealt_to_worker_processes_and_the_inventory_names_them(pod):
     assert {h: inventory[h]["port"] for h in pod.physics.hosts} == {h: s.port for h, s in pod.host_servers.items()}
 
 
+def test_a_host_command_acts_on_the_one_physics(bench, server, ssh):
+    nic = bench.nic_ports(server.host_name)[1]
+    ssh.run(f"ip link set dev {nic.netdev} down", check=True)
+    assert not bench.nic_snapshot(server.host_name, nic.netdev).admin_up
+    ssh.run(f"ip link set dev {nic.netdev} up", check=True)
+    assert bench.nic_snapshot(server.host_name, nic.netdev).admin_up
+
+
 def test_a_clock_step_and_a_dropped_connection_reach_the_worker(pod, bench, server, ssh):
     host = server.host_name
     bench.step_host_clock(host, 7_000_000_000)

@@ -35,7 +35,8 @@ from pathlib import Path
 from devices.resources import HostResource
 
 # What a worker may ask the physics: the readers and actions the host servers use.
-PHYSICS_CALLS = frozenset({"nic_snapshot", "nic_snapshots", "ocs_patches", "probe_start", "probe_stop"})
+PHYSICS_CALLS = frozenset({"nic_snapshot", "nic_snapshots", "nic_states", "nic_changes", "ocs_patches",
+                           "probe_start", "probe_stop", "set_admin"})
 _BATCH = 4096  # changes per push message at most
 _START_TIMEOUT_S = 120.0
 
@@ -297,8 +298,17 @@ class PhysicsView:
     def nic_snapshots(self, host):
         return self._call("nic_snapshots", host)
 
+    def nic_states(self):
+        return self._call("nic_states")
+
+    def nic_changes(self, since_ns):
+        return self._call("nic_changes", since_ns)
+
     def ocs_patches(self):
         return self._call("ocs_patches")
+
+    def set_admin(self, host, netdev, up):
+        return self._call("set_admin", host, netdev, up)
 
     def probe_start(self, host, netdev, interval_ns):
         return self._call("probe_start", host, netdev, interval_ns)
