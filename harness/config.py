@@ -23,8 +23,8 @@ import yaml
 from devices.ocs import OcsConfigError, parse_url, protocol_names
 from devices.resources import Bench, HostResource, NicPort, OcsResource
 from harness.errors import InputError
-from harness.specs import (BaseModel, Field, Name, Port, Spec, describe, model_from_schema, raise_all, union_of,
-                           validate)
+from harness.specs import (AfterValidator, BaseModel, Expect, Field, Name, Port, Spec, describe, model_from_schema,
+                           raise_all, union_of, validate)
 
 PortItem = union_of((int, str))
 
@@ -598,6 +598,29 @@ class Playbook:
     sweep: dict | None = None  # a validated `sweep:` block (harness.sweep), run by `harness sweep`
 
 
+def _distinct(what: str) -> AfterValidator:
+    def check(values: list) -> list:
+        if len({repr(v) for v in values}) != len(values):
+            raise ValueError(f"a {what} is listed twice")
+        return values
+
+    return AfterValidator(check)
+
+
+Seed = Annotated[int, Field(ge=0, lt=2**63), Expect("an integer 0..2**63-1")]
+
+
+class SweepSpec(Spec):
+    """A sweep (harness sweep): every combination of the grid's values, each run once per seed. A grid key is
+    STEP.PARAM (a step's parameter, dotted into mappings), profile.FIELD (the emulated bench's profile) or
+    `cycles`; which of them a playbook may name is checked against its steps (harness.sweep.check_sweep)."""
+
+    grid: Annotated[dict[str, Annotated[list, Field(min_length=1), _distinct("value"),
+                                        Expect("a non-empty list of values")]],
+                    Field(min_length=1), Expect("at least one parameter")]
+    seeds: Annotated[list[Seed], _distinct("seed")] = Field([], description="empty: the playbook's seed")
+
+
 class PlaybookSpec(Spec):
     """A playbook: the steps a run takes, in order (each step's own keys: its type's parameters)."""
 
@@ -607,7 +630,7 @@ class PlaybookSpec(Spec):
     seed: Annotated[int, Field(ge=0, lt=2**63, description="0..2**63-1")] = 0
     cycles: Annotated[int, Field(ge=1, le=10_000_000, description="1..10000000")] = 1
     steps: list
-    sweep: dict | None = Field(None, description="a sweep block (harness sweep)")
+    sweep: SweepSpec | None = None
 
 
 def playbook_model() -> type[Spec]:
@@ -655,7 +678,7 @@ def playbook_from_data(loaded: LoadedYaml, source: str, step_types: Mapping[str,
     if top["sweep"] is not None:
         from harness.sweep import check_sweep
 
-        sweep = check_sweep(top["sweep"], steps, step_types, data.where("sweep"))
+        sweep = check_sweep(data["sweep"], steps, step_types, data.where("sweep"))
     return Playbook(name=top["name"], description=top["description"], bench=top["bench"], seed=top["seed"],
                     cycles=top["cycles"], steps=steps, source=source, sha256=loaded.digest, options=options,
                     sweep=sweep)

@@ -114,10 +114,11 @@ def _tag(model: type[BaseModel], part: Any) -> bool:
                for f in model.model_fields.values())
 
 
-def _walk(model: type[BaseModel], loc: tuple) -> tuple[Any, Any, tuple]:
-    """(FieldInfo, type, loc) that `loc` reaches in `model`, through models, dicts, lists, Annotated,
+def _walk(model: type[BaseModel], loc: tuple) -> tuple[Any, Any, tuple, Expect | None]:
+    """(FieldInfo, type, loc, Expect) that `loc` reaches in `model`, through models, dicts, lists, Annotated,
     Optional and tagged unions; the FieldInfo is the last model field passed (None when `loc` leaves the
-    model); the loc comes back without the union tags pydantic inserts (`faults[0].port_flap.flaps`)."""
+    model); the loc comes back without the union tags pydantic inserts (`faults[0].port_flap.flaps`); the
+    Expect is what the value there must be, in an error's words."""
     import types
     import typing
 
@@ -125,8 +126,10 @@ def _walk(model: type[BaseModel], loc: tuple) -> tuple[Any, Any, tuple]:
     info = None
     clean: list = []
     for part in (*loc, None):
+        said = None
         while True:
             if typing.get_origin(current) is Annotated:
+                said = said or next((m for m in current.__metadata__ if isinstance(m, Expect)), None)
                 current = typing.get_args(current)[0]
             elif typing.get_origin(current) in (typing.Union, types.UnionType) and not _variants(current):
                 current = [a for a in typing.get_args(current) if a is not type(None)][0]
@@ -145,13 +148,13 @@ def _walk(model: type[BaseModel], loc: tuple) -> tuple[Any, Any, tuple]:
         if isinstance(current, type) and issubclass(current, BaseModel) and isinstance(part, str):
             info = current.model_fields.get(part)
             if info is None:
-                return None, None, (*clean, *loc[len(clean):])
+                return None, None, (*clean, *loc[len(clean):]), None
             current = info.annotation
         elif typing.get_origin(current) in (dict, list):
             current = typing.get_args(current)[-1]
         else:
             current = None
-    return info, current, tuple(clean)
+    return info, current, tuple(clean), said or next((m for m in (info.metadata if info else []) if isinstance(m, Expect)), None)
 
 
 def _where_of(node: Any, loc: tuple, where: tuple[str, int | None]) -> tuple[tuple[str, int | None], Any, bool]:
@@ -175,10 +178,10 @@ def _message(model: type[BaseModel], error: dict, value: Any) -> str:
     kind = error["type"]
     loc = error["loc"]
     if kind in ("missing", "extra_forbidden"):
-        _, parent, _ = _walk(model, loc[:-1])
+        _, parent, _, _ = _walk(model, loc[:-1])
         known = ", ".join(parent.model_fields) if isinstance(parent, type) and issubclass(parent, BaseModel) else ""
         if kind == "missing":
-            info, _, _ = _walk(model, loc)
+            info, _, _, _ = _walk(model, loc)
             hint = f" ({info.description})" if info is not None and info.description else ""
             return f"missing required key {loc[-1]!r}{hint}"
         return f"unknown key {loc[-1]!r} (expected one of: {known or 'none'})"
@@ -192,12 +195,11 @@ def _message(model: type[BaseModel], error: dict, value: Any) -> str:
         if kind == "union_tag_not_found":
             return f"missing required key {field!r} (one of {', '.join(tags)})"
         return f"{field}: expected one of {', '.join(tags)}, found {describe(error['ctx']['tag'])}"
-    info, _, _ = _walk(model, loc)
+    info, _, _, said = _walk(model, loc)
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "string_pattern_mismatch",
                 "too_short", "too_long"):
-        said = [m for m in (info.metadata if info is not None else []) if isinstance(m, Expect)]
-        expected = said[0] if said else info.description if info is not None and info.description else \
-            error["msg"][0].lower() + error["msg"][1:]
+        expected = said or (info.description if info is not None and info.description else
+                            error["msg"][0].lower() + error["msg"][1:])
         return f"expected {expected}, found {value!r}"
     for word, text in _ERROR_WORDS.items():
         if kind in (f"{word}_type", f"{word}_parsing", f"{word}_from_float"):

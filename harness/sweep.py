@@ -35,10 +35,10 @@ from typing import Any
 
 import yaml
 
-from harness.config import REQUIRED, YamlList, check_mapping
+from harness.config import YamlList, check_mapping
+from harness.specs import raise_all
 from harness.errors import InputError
 
-SWEEP_SCHEMA = {"grid": (dict, REQUIRED), "seeds": (list, [])}
 TOP_LEVEL = ("cycles",)
 SPEC_NAME = "sweep.json"
 RESULTS_NAME = "results.parquet"
@@ -48,52 +48,40 @@ LEASE_POLL_S = 2.0
 
 # ------------------------------------------------------------------------------------------ the block
 def check_sweep(node: Any, steps: list, step_types: dict, where: tuple) -> dict:
-    """Validate a playbook's `sweep:` block against its steps (file:line errors); a plain dict back:
-    {"grid": {key: [values]}, "seeds": [int]}. Profile keys are checked when the bench is known."""
-    block = check_mapping(node, SWEEP_SCHEMA, "sweep", where)
+    """A playbook's `sweep:` block (its shape already validated: harness.config.SweepSpec) against its steps:
+    every problem at its file:line at once. A plain dict back: {"grid": {key: [values]}, "seeds": [int]}.
+    Profile fields are checked when the bench is known."""
     grid_node = node["grid"]
     by_name = {s.name: s for s in steps}
-    grid: dict[str, list] = {}
+    problems: list[InputError] = []
     for key, values in grid_node.items():
         at = grid_node.where(key) if hasattr(grid_node, "where") else where
-        if not isinstance(values, list) or not values:
-            raise InputError(f"sweep.grid.{key}: expected a non-empty list of values", *at)
-        if len({repr(v) for v in values}) != len(values):
-            raise InputError(f"sweep.grid.{key}: a value is listed twice", *at)
         head, _, rest = str(key).partition(".")
         if key in TOP_LEVEL:
-            for i, v in enumerate(values):
-                if type(v) is not int or v < 1:
-                    raise InputError(f"sweep.grid.{key}[{i}]: expected a positive integer", *_item(values, i, at))
+            problems += [InputError(f"sweep.grid.{key}[{i}]: expected a positive integer", *_item(values, i, at))
+                         for i, v in enumerate(values) if type(v) is not int or v < 1]
         elif head == "profile":
             if not rest:
-                raise InputError("sweep.grid.profile: name a profile field, e.g. profile.ocs.switch.ms", *at)
+                problems.append(InputError("sweep.grid.profile: name a profile field, e.g. profile.ocs.switch.ms", *at))
         elif head in by_name and rest:
             step = by_name[head]
             param = rest.split(".")[0]
-            schema = step_types[step.type].schema
-            if param not in schema:
-                raise InputError(f"sweep.grid.{key}: step {head!r} ({step.type}) has no parameter {param!r} "
-                                 f"(known: {', '.join(schema) or 'none'})", *at)
+            model = step_types[step.type].model
+            if param not in model.model_fields:
+                problems.append(InputError(f"sweep.grid.{key}: step {head!r} ({step.type}) has no parameter "
+                                           f"{param!r} (known: {', '.join(model.model_fields) or 'none'})", *at))
+                continue
             for i, v in enumerate(values):  # the step's own validation, on the overridden parameters
                 try:
-                    check_mapping(_override(step.params, rest, v), step_types[step.type].model, f"sweep.grid value {i + 1} for step {head!r}", at)
+                    check_mapping(_override(step.params, rest, v), model, f"sweep.grid value {i + 1} for step "
+                                  f"{head!r}", at)
                 except InputError as exc:
-                    raise InputError(exc.message, *_item(values, i, at)) from None
+                    problems += [InputError(e.message, *_item(values, i, at)) for e in getattr(exc, "errors", [exc])]
         else:
-            raise InputError(f"sweep.grid.{key}: expected STEP.PARAM (steps: {', '.join(by_name)}), "
-                             f"profile.FIELD or {', '.join(TOP_LEVEL)}", *at)
-        grid[str(key)] = list(values)
-    if not grid:
-        raise InputError("sweep.grid: expected at least one parameter", *where)
-    seeds = block["seeds"]
-    where = node.where("seeds") if hasattr(node, "where") and "seeds" in node else where
-    for i, s in enumerate(seeds):
-        if type(s) is not int or not 0 <= s < 2**63:
-            raise InputError(f"sweep.seeds[{i}]: expected an integer 0..2**63-1", *_item(seeds, i, where))
-    if len(set(seeds)) != len(seeds):
-        raise InputError("sweep.seeds: a seed is listed twice", *where)
-    return {"grid": grid, "seeds": list(seeds)}
+            problems.append(InputError(f"sweep.grid.{key}: expected STEP.PARAM (steps: {', '.join(by_name)}), "
+                                       f"profile.FIELD or {', '.join(TOP_LEVEL)}", *at))
+    raise_all(problems)
+    return {"grid": {str(k): list(v) for k, v in grid_node.items()}, "seeds": list(node.get("seeds", []))}
 
 
 def _item(values, i: int, fallback: tuple) -> tuple:

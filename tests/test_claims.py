@@ -217,12 +217,18 @@ def test_a_scenario_vacuous_at_baseline_stays_not_applicable_where_no_point_cali
 
 
 def test_the_step_refuses_a_bad_grid_before_it_runs():
+    """The declared parameters refuse what a file can get wrong (at load, at its line); _setup what only the
+    models can tell (9 of 8 NICs on the OCS)."""
+    from pydantic import ValidationError
+
     from harness.steps import mixnet as step
 
-    params = {k: v[1] for k, v in step.SCHEMA.items()}
+    params = step.MixnetParams().model_dump()
     setup, grid = step._setup(params, 1)
     assert len(grid) == 9 and setup.cost_basis == "paper" and setup.calibration.ratio_tolerance_pct == 5.0
-    for bad in ({"grid": {"gpu": ["x100"]}}, {"grid": {"alpha": [9]}}, {"grid": {"overlap": ["none"]}},
-                {"baseline": {"colour": "red"}}, {"design": "latin"}, {"models": ["gpt-5"]}, {"grid": {"mfu": [0]}}):
-        with pytest.raises(ValueError):
-            step._setup({**params, **bad}, 1)
+    for bad in ({"grid": {"gpu": ["x100"]}}, {"grid": {"overlap": ["none"]}}, {"baseline": {"colour": "red"}},
+                {"design": "latin"}, {"models": ["gpt-5"]}, {"grid": {"mfu": [0]}}, {"grid": {"skew": []}}):
+        with pytest.raises(ValidationError):
+            step.MixnetParams.model_validate(bad)
+    with pytest.raises(ValueError, match="alpha"):
+        step._setup({**params, "grid": {**params["grid"], "alpha": [9]}}, 1)

@@ -209,3 +209,43 @@ def test_one_delay_reading_for_emulator_and_analysis():
         switch_cost_from_profile({"ocs": {"switch": wide}}, 10)
     with pytest.raises(ProfileError, match="too wide"):
         profile_from_dict({"ocs": {"switch": wide}})
+
+
+def test_verdict_parameters_and_the_sweep_block_report_every_problem_at_load(tmp_path):
+    """mixnet_verdict checked verdict_delay and workers only when it ran (after the measurement); the sweep
+    block stopped at its first problem."""
+    path = write(tmp_path, "pb.yaml", """\
+        name: p
+        steps:
+          - type: turnaround
+            name: measure
+          - type: mixnet_verdict
+            models: [gpt-5]
+            verdict_delay: nic
+            workers: 0
+            baseline: {gpu: h200, mfu: 1.5}
+            grid: {skew: [], depth: [1]}
+        sweep:
+          grid:
+            measure.nope: [1]
+            cycles: [0]
+          seeds: [1, 1]
+        """)
+    with pytest.raises(InputError) as info:
+        load_playbook(path)
+    got = [(e.line, e.message.replace("steps[1] (mixnet_verdict 'mixnet_verdict-2').", "")) for e in info.value.errors]
+    assert got == [
+        (6, "models[0]: expected one of 'mixtral-8x7b', 'mixtral-8x22b', 'qwen1.5-moe-a2.7b', 'deepseek-moe-16b' or "
+            "'llama-moe-3.5b', found string 'gpt-5'"),
+        (7, "verdict_delay: expected one of 'ocs' or 'total', found string 'nic'"),
+        (8, "workers: expected a value >= 1, found 0"),
+        (9, "baseline.gpu: expected one of 'h100-sxm' or 'a100-sxm', found string 'h200'"),
+        (9, "baseline.mfu: expected a value in (0, 1], found 1.5"),
+        (10, "grid.skew: expected at least one value, found []"),
+        (10, "grid: unknown key 'depth' (expected one of: gpu, skew, mfu, overlap, greedy, alpha)"),
+        (15, "playbook.sweep.seeds: a seed is listed twice")]
+    with pytest.raises(InputError) as info:  # the verdict fixed: the sweep's cross-checks, all of them
+        load_playbook(write(tmp_path, "pb2.yaml", path.read_text().split("  - type: mixnet_verdict")[0] +
+                            "sweep:\n  grid:\n    measure.nope: [1]\n    cycles: [0]\n"))
+    assert [(e.line, e.message.split(":")[0]) for e in info.value.errors] == [
+        (7, "sweep.grid.measure.nope"), (8, "sweep.grid.cycles[0]")]

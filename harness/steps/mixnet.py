@@ -11,33 +11,64 @@ from __future__ import annotations
 
 import json
 import math
+import typing
 
 import numpy as np
 
+from analysis.cost import BASES, DEFAULT_PRICES
+from analysis.moe_models import GPUS, MODELS
 from harness.config import register_step
 from harness.errors import InputError
+from harness.specs import Annotated, AtLeastOne, Expect, Field, Literal, Positive, Seconds, Spec, create_model
 from harness.steps import StepResult
 
-SCHEMA = {
-    "models": (list, []),  # empty: every model in analysis.moe_models.MODELS
-    "links_gbps": (list, [100, 400]),
-    "tolerance_pct": (float, 5.0),
-    "ce_target_100g": (float, 1.2),
-    "ce_target_400g": (float, 1.9),
-    "verdict_delay": (str, "total"),  # "total" (OCS + CDR + NIC) or "ocs"
-    "reconfigure": (str, "on_change"),  # "on_change": only ports whose circuit changes; "always" (simulator)
-    "cost_basis": (str, "paper"),  # "paper": EPS switch ports charged; "calculator"; "spec"
-    "calibration_ratio_tolerance_pct": (float, 5.0),  # T_mix/T_ft at 25 ms vs the authors' own ratio
-    "calibration_ce_tolerance_pct": (float, 0.0),  # widening of the paper's cost-efficiency ranges
-    "baseline": (dict, {}),  # Assumptions fields: gpu, skew, mfu, overlap, greedy, alpha
-    "grid": (dict, {}),  # axis -> values; empty: analysis.claims.DEFAULT_GRID
-    "design": (str, "one_at_a_time"),  # or "full" (every combination)
-    "workers": (int, 2),  # local process pool for the grid (1: serial; identical results)
-    "n_reps": (int, 32),
-    "n_boot": (int, 200),
-    "fail_on_falsified": (bool, False),
-}
 STAGE_OF = {"ocs": "light_detected", "total": "first_packet"}
+Fraction = Annotated[float, Field(gt=0, le=1), Expect("a value in (0, 1]")]
+
+
+class Assumption(Spec):
+    """One point of the modelling assumptions (analysis.claims.Assumptions); a key left out keeps the
+    analysis's baseline value."""
+
+    gpu: Literal[tuple(GPUS)] | None = None
+    skew: Annotated[float, Field(ge=0), Expect("a Zipf skew >= 0")] | None = None
+    mfu: Fraction | None = Field(None, description="model FLOP utilisation")
+    overlap: Literal["all_hidden", "simulator"] | None = None
+    greedy: Literal["simulator", "paper"] | None = None
+    alpha: AtLeastOne | None = Field(None, description="NICs per server on the regional OCS")
+
+
+# The robustness grid: per assumption, the values it takes (each at least one).
+AssumptionGrid = create_model("AssumptionGrid", __base__=Spec, **{
+    name: (Annotated[list[typing.get_args(info.annotation)[0]], Field(min_length=1), Expect("at least one value")]
+           | None, None)
+    for name, info in Assumption.model_fields.items()})
+
+
+class MixnetParams(Spec):
+    """Feed the run's measured turnaround into MixNet's models and judge its claims over an assumption grid."""
+
+    models: list[Literal[tuple(MODELS)]] = Field([], description="empty: every model in analysis/moe_models.py")
+    links_gbps: Annotated[list[Literal[tuple(DEFAULT_PRICES)]], Field(min_length=1)] = [100, 400]
+    tolerance_pct: Seconds = Field(5.0, description='"iteration time within X % of fat-tree"')
+    ce_target_100g: Positive = 1.2
+    ce_target_400g: Positive = 1.9
+    verdict_delay: Literal[tuple(STAGE_OF)] = Field("total", description='"total": OCS + CDR + NIC; "ocs": the '
+                                                                           "paper's omission")
+    reconfigure: Literal["on_change", "always"] = Field("on_change", description='"on_change": only ports whose '
+                                                        'circuit changes; "always": as the simulator')
+    cost_basis: Literal[BASES] = Field("paper", description='"paper": EPS switch ports charged')
+    calibration_ratio_tolerance_pct: Seconds = Field(5.0, description="T_mix/T_ft at 25 ms vs the authors' ratio")
+    calibration_ce_tolerance_pct: Seconds = Field(0.0, description="widening of the paper's cost-efficiency ranges")
+    baseline: Assumption = Assumption()
+    grid: AssumptionGrid = Field(AssumptionGrid(), description="empty: analysis.claims.DEFAULT_GRID")
+    design: Literal["one_at_a_time", "full"] = Field("one_at_a_time", description='"full": every combination')
+    workers: AtLeastOne = Field(2, description="local process pool for the grid (1: serial; identical results)")
+    n_reps: AtLeastOne = 32
+    n_boot: AtLeastOne = 200
+    fail_on_falsified: bool = False
+
+
 
 
 def measured_delays(events, source: str = "unspecified") -> dict:
@@ -84,11 +115,9 @@ def _setup(params: dict, seed: int):
                      reconfigure=params["reconfigure"], cost_basis=params["cost_basis"], claims=claims,
                      calibration=calibration, seed=seed, verdict_delay=params["verdict_delay"],
                      n_reps=params["n_reps"], n_boot=params["n_boot"])
-    unknown = set(params["baseline"]) - set(cl.GRID_AXES)
-    if unknown:
-        raise cl.ClaimInputError(f"baseline: unknown assumptions {sorted(unknown)}; known: {', '.join(cl.GRID_AXES)}")
-    baseline = cl.Assumptions(**params["baseline"])
-    grid = cl.assumption_grid(params["grid"] or None, baseline, params["design"])
+    baseline = cl.Assumptions(**{k: v for k, v in params["baseline"].items() if v is not None})
+    axes = {k: v for k, v in params["grid"].items() if v is not None}
+    grid = cl.assumption_grid(axes or None, baseline, params["design"])
     for a in grid:      # bad values fail here, before any worker starts
         cl.check_assumptions(a)
     for model in setup.models:
@@ -231,15 +260,11 @@ def write_outputs(run_dir, events, verdict: dict) -> list[str]:
     return plots
 
 
-@register_step("mixnet_verdict", SCHEMA)
+@register_step("mixnet_verdict", MixnetParams)
 def mixnet_verdict(ctx, step) -> StepResult:
     from analysis.claims import ClaimInputError
 
     p = dict(step.params)
-    if p["verdict_delay"] not in ("total", "ocs"):
-        raise InputError(f"step {step.name}: verdict_delay must be 'total' or 'ocs'", step.file, step.line)
-    if p["workers"] < 1:
-        raise InputError(f"step {step.name}: workers must be >= 1", step.file, step.line)
     ctx.log.flush()
     if ctx.dry_run:
         return StepResult(ok=True, summary_md="(dry run: no verdict)")

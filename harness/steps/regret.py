@@ -16,25 +16,32 @@ import numpy as np
 
 from harness.config import register_step
 from harness.errors import InputError
+from harness.specs import Annotated, AtLeastOne, Count, Expect, Field, Positive, Seconds, Spec, ranged
 from harness.steps import StepResult
 
-SCHEMA = {
-    "iterations": (int, 120),
-    "regime_changes": (int, 3),
-    "layers": (int, 4),
-    "micro_batches": (int, 2),
-    "endpoints": (int, 8),  # EP ranks of the region, one OCS-attached NIC each
-    "ports_per_endpoint": (int, 2),
-    "tokens_per_micro_batch": (int, 4096),
-    "hidden_size": (int, 4096),
-    "link_gbps": (float, 400.0),
-    "eps_gbps": (float, 100.0),  # the packet fabric a pair without a circuit falls back to
-    "iterations_per_epoch": (int, 1),
-    "overlap_ms": (float, 0.0),  # computation that hides part of each reconfiguration
-    "cost_scales": (list, [0.25, 0.5, 1, 2, 4, 8, 16]),
-    "chunk_bytes": (int, 1 << 20),
-    "detector_window": (int, 20),
-}
+AtLeastTwo = ranged(int, "a value >= 2", ge=2)
+
+
+class RegretParams(Spec):
+    """Regret of threshold reconfiguration on a generated MoE trace, with the run's measured turnaround as the
+    switching cost."""
+
+    iterations: AtLeastOne = 120
+    regime_changes: Count = 3
+    layers: AtLeastOne = 4
+    micro_batches: AtLeastOne = 2
+    endpoints: AtLeastTwo = Field(8, description="EP ranks of the region, one OCS-attached NIC each")
+    ports_per_endpoint: AtLeastTwo = 2
+    tokens_per_micro_batch: AtLeastOne = 4096
+    hidden_size: AtLeastOne = 4096
+    link_gbps: Positive = 400.0
+    eps_gbps: Positive = Field(100.0, description="the packet fabric a pair without a circuit falls back to")
+    iterations_per_epoch: AtLeastOne = 1
+    overlap_ms: Seconds = Field(0.0, description="computation that hides part of each reconfiguration")
+    cost_scales: Annotated[list[Positive], Field(min_length=1), Expect("at least one scale > 0")] = \
+        [0.25, 0.5, 1, 2, 4, 8, 16]
+    chunk_bytes: AtLeastOne = 1 << 20
+    detector_window: AtLeastTwo = 20
 
 
 def epoch_demands(trace, endpoints: int) -> np.ndarray:
@@ -77,7 +84,7 @@ def segments_from_alarms(counts: np.ndarray, window: int, horizon_alpha: float =
     return sorted(set(starts)), threshold
 
 
-@register_step("regret", SCHEMA)
+@register_step("regret", RegretParams)
 def regret(ctx, step) -> StepResult:
     from analysis.mixnet import GBPS, all_to_all_time, greedy_circuits
     from analysis.regret import exposed_reconfiguration_samples, regret_curves, regret_experiment
