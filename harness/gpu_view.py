@@ -1,7 +1,8 @@
-"""The GPUs' side of a reconfiguration: `nvidia-smi` utilisation sampled on every host that has GPUs while a
+"""The GPUs' side of a reconfiguration: `nvidia-smi` utilisation sampled on the hosts that have GPUs while a
 step reconfigures the network, so a run shows what the GPUs did while the links re-trained.
 
-One thread per host polls `nvidia-smi --query-gpu=...` over the run's SSH connection; each sample is stamped
+One thread per host (at most MAX_HOSTS, spread over the step's hosts: a pod's threads and tool load stay
+bounded) polls `nvidia-smi --query-gpu=...` over the run's SSH connection; each sample is stamped
 on the harness clock at the middle of its round trip, with half the round trip as its bound. At the end of
 the step the samples go to `gpu_samples.jsonl` (fsynced) and the manifest gets, per host, the utilisation
 inside the re-training windows (a cycle's `ocs_command_sent` to its last `port_active`, or the windows a step
@@ -24,13 +25,25 @@ FIELDS = ("index", "utilization.gpu", "memory.used", "power.draw")
 QUERY = f"nvidia-smi --query-gpu={','.join(FIELDS)} --format=csv,noheader,nounits"
 IDLE_PERCENT = 5  # at or below: the GPU is idle
 INTERVAL_S = 0.2  # between two samples of one host (nvidia-smi itself takes tens of ms on a real host)
+MAX_HOSTS = 16  # hosts sampled per step: a pod's GPUs are shown by a spread of its hosts (bounded threads, load)
+
+
+def spread(hosts: list[str], at_most: int = MAX_HOSTS) -> list[str]:
+    """`at_most` of the hosts (in the order given), evenly spaced from the first to the last (all when fewer)."""
+    if len(hosts) <= at_most:
+        return hosts
+    step = (len(hosts) - 1) / (at_most - 1)
+    return [hosts[round(i * step)] for i in range(at_most)]
 
 
 class GpuView:
     def __init__(self, ctx, step_name: str, hosts, interval_s: float | None = None):
         self.ctx, self.step_name = ctx, step_name
         self.interval_s = INTERVAL_S if interval_s is None else interval_s
-        self.hosts = sorted(hosts)
+        order = {h: i for i, h in enumerate(ctx.bench.hosts)}
+        hosts = sorted(set(hosts), key=lambda h: (order.get(h, len(order)), h))  # the inventory's order
+        self.hosts_total = len(hosts)
+        self.hosts = spread(hosts)
         self.samples: list[dict] = []
         self.windows: list[tuple[int, int]] = []  # (begin_ns, end_ns) marked by the step
         self._stop = threading.Event()
@@ -102,7 +115,7 @@ class GpuView:
         windows = sorted(self.windows or self._event_windows())
         if not windows:
             return {}
-        summary = {"samples": len(self.samples), "windows": len(windows), "hosts": {}}
+        summary = {"samples": len(self.samples), "windows": len(windows), "hosts_total": self.hosts_total, "hosts": {}}
         for host in sorted({s["host"] for s in self.samples}):
             inside, outside = [], []
             for s in (s for s in self.samples if s["host"] == host and s["utilization_gpu"] is not None):
@@ -161,4 +174,6 @@ def markdown(view: dict) -> list[str]:
              "`nvidia-smi` samples inside the re-training windows (OCS command to the last port ACTIVE, or the "
              "windows a step marks) against between them; a sample whose bound crosses a window edge is in neither.",
              "", "| " + " | ".join(TABLE_HEAD) + " |", "|" + "---|" * len(TABLE_HEAD)]
-            + ["| " + " | ".join(row) + " |" for row in table_rows(view)] + [""])
+            + ["| " + " | ".join(row) + " |" for row in table_rows(view)] + [""]
+            + [f"`{step}`: {len(s['hosts'])} of {s['hosts_total']} hosts sampled (spread evenly over the inventory)."
+               for step, s in view.items() if s.get("hosts_total", 0) > len(s["hosts"])])

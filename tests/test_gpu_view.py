@@ -56,3 +56,11 @@ def test_turnaround_records_gpus_idle_while_the_network_retrains(tmp_path, monke
     page = gpu_section(load_run(run))
     assert page.startswith("<table>") and all(f"<td>{h}</td>" in page for h in view["hosts"])
 
+
+def test_a_pod_is_sampled_on_a_bounded_spread_of_its_hosts():
+    pod = [f"gpu{i}" for i in range(1, 257)]
+    chosen = gpu_view.spread(pod, 16)
+    assert chosen == [f"gpu{1 + round(i * 255 / 15)}" for i in range(16)]  # first to last, evenly spaced
+    assert chosen[:3] == ["gpu1", "gpu18", "gpu35"] and chosen[-1] == "gpu256"
+    assert gpu_view.spread(pod[:5], 16) == pod[:5]
+
