@@ -160,18 +160,19 @@ def bench(hil_bench):
 
 
 class _SessionLease:
-    """The `ocs` fixture's lease on the session's switch, lent to a run on the same bench (the runner takes
-    the bench lease itself, and must not find it held by its own test session) and taken back after it."""
+    """The `ocs` fixture's lease on the session's switch, lent to a run that drives the same switch (the
+    runner takes the bench lease itself, and must not find it held by its own test session) and taken back
+    after it."""
 
-    def __init__(self, key: str, inventory: Path):
-        self.key, self.inventory = key, inventory.resolve()
+    def __init__(self, key: str):
+        self.key = key
         self.lease = None
 
     def acquire(self) -> None:
-        from harness.lock import BenchLease, BenchLocked, lease_ttl
+        from harness.lock import BenchLease, BenchLocked
 
         try:
-            self.lease = BenchLease([self.key], run_id="pytest", ttl_s=lease_ttl()).acquire()
+            self.lease = BenchLease([self.key], run_id="pytest").acquire()
         except BenchLocked as exc:
             pytest.fail(f"ocs: {exc}", pytrace=False)
 
@@ -180,10 +181,24 @@ class _SessionLease:
             self.lease.release()
             self.lease = None
 
+    def _leased_by(self, bench_spec: str) -> bool:
+        """Whether a run on `bench_spec` takes this lease: an inventory naming the same switch (by address)."""
+        from harness.config import load_inventory
+        from harness.errors import InputError
+        from harness.lock import ocs_lock_key
+        from harness.runner import emulated_spec
+
+        try:
+            if emulated_spec(bench_spec) is not None or not Path(bench_spec).is_file():
+                return False
+            bench = load_inventory(bench_spec)
+        except InputError:
+            return False  # the run itself reports it
+        return self.key in {ocs_lock_key(name, r.url) for name, r in bench.ocs.items()}
+
     @contextlib.contextmanager
     def lent_to(self, bench_spec: str):
-        path = Path(bench_spec)
-        if self.lease is None or not path.exists() or path.resolve() != self.inventory:
+        if self.lease is None or not self._leased_by(bench_spec):
             yield
             return
         self.release()
@@ -206,7 +221,7 @@ def _hil_switch(pytestconfig, hil_bench):
     if name not in hil_bench.resources.ocs:
         raise pytest.UsageError(f"--bench-ocs {name}: the bench has {', '.join(names)}")
     resource = hil_bench.resources.ocs[name]
-    lease = _SessionLease(ocs_lock_key(name, resource.url), hil_bench.inventory)
+    lease = _SessionLease(ocs_lock_key(name, resource.url))
     lease.acquire()
     pytestconfig.stash[_SESSION_LEASE] = lease
     try:

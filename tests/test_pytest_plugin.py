@@ -131,6 +131,12 @@ def test_on_an_inventory_bench_a_run_borrows_the_sessions_lease_and_bad_input_is
             assert run.manifest()["extra"]["restored"] == {"ocs1": True} and run.ground_truth() is None
             assert len(held_by_this_session()) == 1 and ocs.patches() == before
 
+        def test_b2_the_same_switch_under_another_inventory_file_too(run_playbook, bench, tmp_path):
+            copy = tmp_path / "same-switch.yaml"
+            copy.write_bytes(bench.inventory.read_bytes())
+            run = run_playbook("lab_turnaround.yaml", bench=str(copy), cycles=1)
+            assert run.ok, (run.status, run.checks, run.error)
+
         def test_c_bad_input_is_exit_2_with_the_message(run_playbook):
             run = run_playbook("broken.yaml")
             assert (run.exit_code, run.status, run.run_dir) == (2, "input_error", None)
@@ -138,4 +144,4 @@ def test_on_an_inventory_bench_a_run_borrows_the_sessions_lease_and_bad_input_is
         """))
     with EmulatedBench(load_profile("instant"), seed=5, workdir=tmp_path / "bench") as bench:
         result = pytester.runpytest("-p", "no:cacheprovider", "--bench", str(bench.inventory_path))
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
