@@ -12,7 +12,8 @@
   then whose light it is (`_tx_identity`): light shows where a TX fibre enters, not whose it is, so two TX
   fibres swapped between two NICs that both transmit light both loops alike. Each NIC in turn is set down
   (`ip link set dev X down`) and the OCS's own ingress power monitors (TL1 RTRV-PORT-POWER, SCPI :MON:POW?,
-  NETCONF opm-power) show which allowed ingress goes dark; it is set up again and the light must return.
+  NETCONF opm-power) show which allowed ingress goes dark (without monitors: receivers that passed their
+  loop, the claimed ingresses connected onto them); it is set up again and the light must return.
   Assumption, stated in the report where it fails: a port set down stops transmitting (mlx5's close sets
   the port's admin status down, PAOS; ethtool's module power-mode-policy `auto` puts a paged module in low
   power, data path off; whether the laser goes dark is up to firmware and module, so it is looked at). A NIC
@@ -23,6 +24,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -154,12 +156,15 @@ class _Nics:
         return frozenset().union(*self._pool.map(self._lit_on, self.transports))
 
     def wait(self, done, within_s: float, poll_s: float) -> frozenset[str]:
-        """Poll until `done(lit)` or `within_s` passes; the last reading. (A module latches LOS until read:
-        the first read after a dark spell may still say LOS, so a change is read again, never assumed.)"""
+        """Poll until `done(lit)` or `within_s` passes; the last reading. A module latches LOS until read:
+        the first read after a dark spell may still say LOS, so it never decides alone — the deadline ends
+        the wait only from the second reading on (a loaded host may take longer than `within_s` per read)."""
         deadline = Deadline(within_s)
+        reads = 0
         while True:
             lit = self.lit()
-            if done(lit) or deadline.expired():
+            reads += 1
+            if done(lit) or (deadline.expired() and reads >= 2):
                 return lit
             time.sleep(poll_s)
 
@@ -191,6 +196,7 @@ class FibreReport:
     tests: list[tuple[int, int, list[str]]] = field(default_factory=list)  # (ingress, egress, lit NIC keys)
     identified: list[str] = field(default_factory=list)  # NIC keys whose own light was seen on their claimed ingress
     unverified: list[str] = field(default_factory=list)  # why a NIC's TX identity could not be checked
+    identity_by: str = ""  # what watched the ingresses while each NIC was set down
     restored: bool = False
     restore_error: str | None = None
     links_restored: bool = False  # every NIC's admin and RDMA port state read back as before the check
@@ -274,7 +280,8 @@ def fibre_map(bench: Bench, ocs: str, *, light_s: float = 2.0, poll_s: float = 0
                     f"{found if found is not None else 'no allowed egress'}"
                     + (f" (OCS {port.ocs_rx} lights {', '.join(k.replace(':', '/', 1) for k in sorted(lit))})"
                        if lit else ""))
-        _tx_identity(switch, nics, [p for p in ports if p.key not in tx_named], before, allowed_in, report,
+        _tx_identity(switch, lambda mapping: guard.apply(mapping, policy, exclusive=True), nics,
+                     [p for p in ports if p.key not in tx_named], good, before, allowed_in, report,
                      light_s=light_s, laser_s=laser_s, poll_s=poll_s)
         return report
     finally:
@@ -286,49 +293,83 @@ def fibre_map(bench: Bench, ocs: str, *, light_s: float = 2.0, poll_s: float = 0
         switch.close()
 
 
-def _tx_identity(switch, nics: _Nics, ports: list[NicPort], before: dict, allowed_in: list[int],
-                 report: FibreReport, *, light_s: float, laser_s: float, poll_s: float) -> None:
-    """Whose light is on each claimed ingress: each NIC set down in turn, the ingress that goes dark on the
-    OCS's power monitors is its TX fibre; set up again, that light must return within `laser_s`."""
-    def lit_ingress() -> frozenset[int]:
+@contextlib.contextmanager
+def _set_down(nics: _Nics, port: NicPort):
+    """`port` administratively down for the block, up again however the block ends."""
+    nics.set_admin(port, False)
+    try:
+        yield
+    finally:
+        nics.set_admin(port, True)
+
+
+def _until(read, done, within_s: float, poll_s: float) -> frozenset[int]:
+    deadline = Deadline(within_s)
+    while True:
+        now = read()
+        if done(now) or deadline.expired():
+            return now
+        time.sleep(poll_s)
+
+
+def _tx_identity(switch, connect, nics: _Nics, ports: list[NicPort], good: list[NicPort], before: dict,
+                 allowed_in: list[int], report: FibreReport, *, light_s: float, laser_s: float,
+                 poll_s: float) -> None:
+    """Whose light is on each claimed ingress: each NIC set down in turn, the ingress that goes dark is its TX
+    fibre; set up again, that light must return within `laser_s`. The ingresses are watched by the switch's
+    own power monitors; where it reports none, by NIC receivers that passed their loop, the ingresses
+    connected onto them in batches (never onto the probed NIC's own receiver: a module in low power may
+    flag LOS whatever light it gets)."""
+    def lit_on_switch() -> frozenset[int]:
         return frozenset(p for p, dbm in switch.port_power(allowed_in).items() if dbm > LIT_DBM)
 
-    def until(done, within_s: float) -> frozenset[int]:
-        deadline = Deadline(within_s)
-        while True:
-            now = lit_ingress()
-            if done(now) or deadline.expired():
-                return now
-            time.sleep(poll_s)
+    def by_power(port):
+        yield lit_on_switch
+
+    def by_receivers(port):
+        meters = [g for g in good if g.key != port.key]
+        order = [port.ocs_tx] + [p.ocs_tx for p in ports if p.ocs_tx != port.ocs_tx]
+        for k in range(0, len(order), max(1, len(meters))):
+            meter_of = dict(zip(order[k:k + len(meters)], meters))
+            connect({i: m.ocs_rx for i, m in meter_of.items()})
+            keys = {m.key for m in meter_of.values()}
+            nics.wait(lambda lit: keys <= lit, light_s, poll_s)
+            yield lambda: frozenset(i for i, m in meter_of.items() if m.key in nics.lit())
 
     try:
-        baseline = lit_ingress()
+        lit_on_switch()
+        batches, report.identity_by = by_power, "the switch's ingress power monitors"
     except DeviceError as exc:
-        report.unverified.append(f"TX identity not checked: the switch reports no ingress power ({exc})")
-        return
+        batches = by_receivers
+        report.identity_by = f"NIC receivers (the switch reports no ingress power: {str(exc)[:120]})"
     owner = {p.ocs_tx: p for p in ports}
     for port in ports:
         if not before.get(port.key, (False, ""))[0]:
             report.unverified.append(f"{_name(port)}: administratively down before the check (transmits nothing)")
             continue
-        try:
-            nics.set_admin(port, False)
-        except CommandFailed as exc:  # e.g. RTNETLINK answers: Operation not permitted (needs CAP_NET_ADMIN)
-            report.unverified.append(f"{_name(port)}: cannot set it down: {exc}")
+        if batches is by_receivers and not [g for g in good if g.key != port.key]:
+            report.unverified.append(f"{_name(port)}: no other NIC passed its loop to watch this one's light")
             continue
+        dark = gone = frozenset()
         try:
-            dark = baseline - until(lambda now: bool(baseline - now), light_s)
-        finally:
-            nics.set_admin(port, True)
-        back = until(lambda now: baseline <= now, laser_s)
-        if not baseline <= back:
-            report.findings.append(f"{_name(port)}: light on OCS {', '.join(map(str, sorted(baseline - back)))} "
+            for read in batches(port):
+                base = read()
+                with _set_down(nics, port):
+                    dark = base - _until(read, lambda now: bool(base - now), light_s, poll_s)
+                gone = base - _until(read, lambda now: base <= now, laser_s, poll_s)
+                if dark or gone:
+                    break
+        except CommandFailed as exc:  # e.g. RTNETLINK answers: Operation not permitted (needs CAP_NET_ADMIN)
+            report.unverified.append(f"{_name(port)}: cannot set it down and up: {exc}")
+            continue
+        if gone:
+            report.findings.append(f"{_name(port)}: light on OCS {', '.join(map(str, sorted(gone)))} "
                                    f"did not return within {laser_s:g} s of `ip link set up`")
         if dark == {port.ocs_tx}:
             report.identified.append(port.key)
         elif not dark:
-            report.unverified.append(f"{_name(port)}: set down, no allowed ingress went dark (its laser stays on when "
-                                     f"the port is down, or its fibre is on a port not allowed and the light on OCS "
+            report.unverified.append(f"{_name(port)}: set down, no watched ingress went dark (its laser stays on when "
+                                     f"the port is down, or its fibre is on a port not watched and the light on OCS "
                                      f"{port.ocs_tx} is another NIC's)")
         else:
             others = [f"OCS {i} is claimed by {_name(owner[i])}" for i in sorted(dark) if i in owner and i != port.ocs_tx]

@@ -239,8 +239,32 @@ def test_a_host_that_refuses_the_link_command_leaves_tx_identity_unverified_not_
     report = preflight.fibre_map(bench, "ocs1", light_s=0.5, link_command="no-such-tool {netdev} {state}")
     assert report.findings == [] and report.identified == [] and report.restored and report.links_restored
     assert len(report.unverified) == len(bench.nic_ports)
-    assert report.unverified[0].startswith("gpu1/ens1f0np0: cannot set it down: ") and "exited 127" in report.unverified[0]
+    assert report.unverified[0].startswith("gpu1/ens1f0np0: cannot set it down and up: ") and "exited 127" in report.unverified[0]
     assert correct.physics.ocs_patches() == ORIGINAL and _settled(correct) == links
     assert main(["bench", "check", str(correct.inventory_path), "--link-command", "ip link set {dev} {state}"]) == 2
     assert "--link-command: link command 'ip link set {dev} {state}': needs exactly the placeholders {netdev} " \
            "and {state}, has {dev}, {state}" in capsys.readouterr().err
+
+
+def test_without_ingress_power_nic_receivers_watch_the_light_and_name_the_swap(miscabled, monkeypatch):
+    """A switch without power monitors (its RTRV-PORT-POWER is denied): the claimed ingresses are connected onto
+    receivers that passed their loop, in batches, while each NIC is set down — the same two TX fibres named."""
+    from devices.emulated.physics import OcsCommandError
+
+    def no_monitor(port):
+        raise OcsCommandError("SNVS", "No optical power monitor on this unit")
+
+    monkeypatch.setattr(miscabled.physics, "ocs_port_power", no_monitor)
+    links = _settled(miscabled)
+    report = preflight.fibre_map(load_inventory(miscabled.inventory_path), "ocs1", light_s=0.2)
+    assert report.identity_by.startswith("NIC receivers (the switch reports no ingress power: ")
+    identity = [f for f in report.findings if "dark while it was set down" in f]
+    assert identity == [
+        "inventory says gpu3/ens1f0np0 tx→OCS 5, light seen on OCS 7 (dark while it was set down; "
+        "OCS 7 is claimed by gpu4/ens1f0np0)",
+        "inventory says gpu4/ens1f0np0 tx→OCS 7, light seen on OCS 5 (dark while it was set down; "
+        "OCS 5 is claimed by gpu3/ens1f0np0)"]
+    assert sorted(report.identified) == ["gpu1:ens1f0np0", "gpu2:ens1f0np0", "gpu2:ens2f0np0", "gpu3:ens2f0np0",
+                                         "gpu4:ens2f0np0"]  # all but the swapped pair and the TX named by light
+    assert report.unverified == [] and report.restored and report.links_restored
+    assert miscabled.physics.ocs_patches() == ORIGINAL and _settled(miscabled) == links

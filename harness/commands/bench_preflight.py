@@ -137,7 +137,7 @@ def _check(args) -> int:
             if not report.findings:
                 print(f"ok   {name}: every fibre where the inventory says ({len(report.ok)} NIC loops lit, "
                       f"{len(report.tests)} circuits tried; {len(report.identified)} TX fibres carry their own "
-                      "NIC's light: dark on the switch while that NIC was set down)")
+                      f"NIC's light: dark at {report.identity_by or 'nothing watched'} while that NIC was set down)")
             print(("ok   " if report.restored else "FAIL ") + f"{name}: original cross-connects "
                   + ("restored and read back" if report.restored else f"NOT restored: {report.restore_error}"))
             print(("ok   " if report.links_restored else "FAIL ") + f"{name}: NIC admin and RDMA port states "
