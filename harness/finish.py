@@ -43,7 +43,8 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
     measured = events[events["cycle"] > 0]
     summary = {"status": status, "wall_s": round(wall_s, 3), "bench": ctx.bench.name,
                "faults": int((events["stage"] == "fault").sum()),
-               "steps": {name: {"ok": r.ok, "checks": r.checks} for name, r in ctx.results.items()}}
+               "steps": {name: {"ok": r.ok, "checks": r.checks, "artifacts": list(r.artifacts)}
+                         for name, r in ctx.results.items()}}
     if len(measured):
         summary["delays_ms"] = summarize_events(measured, ctx.seed)
     truth = truth_frame(ctx.emulated, [tuple(w) for r in ctx.results.values() for w in r.truth_windows])
@@ -93,6 +94,9 @@ def summary_markdown(ctx, summary: dict) -> str:
     if checks:
         lines += ["## Checks", ""] + [f"- {'✔' if c['ok'] else '✘'} {n}: {c['name']} — {c.get('detail', '')}"
                                       for n, c in checks] + [""]
+    files = [(n, s["artifacts"]) for n, s in summary["steps"].items() if s.get("artifacts")]
+    if files:
+        lines += ["## Step files", ""] + [f"- {n}: {', '.join(f'`{a}`' for a in names)}" for n, names in files] + [""]
     lines += [r.summary_md for r in ctx.results.values() if r.summary_md]
     return "\n".join(lines) + "\n"
 
@@ -158,7 +162,7 @@ def finish_run(ctx, manifest: dict, *, status: str, wall_s: float, started_utc: 
                            ended_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                            manifest=rec.to_jsonable(manifest), summary=rec.to_jsonable(summary),
                            error=ctx.manifest_extra.get("error"),
-                           artifacts=sorted(p.name for p in ctx.run_dir.iterdir() if p.is_file()))
+                           artifacts=[a for r in ctx.results.values() for a in r.artifacts])
     rec.publish(record, (rec.write_manifest, rec.write_summary_json, write_markdown(ctx, summary)))
     return record
 

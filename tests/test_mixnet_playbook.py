@@ -68,6 +68,13 @@ def test_verdict_follows_measurement_not_profile_name(tmp_path, run_playbook):
     assert "copies published figures** (a paper's Table 9)" in report[3]
     assert report[5] == "## Claims × scenarios" and report[9].startswith("| **verdict** | **falsified** |")
     assert (fast / "iteration_vs_delay.png").stat().st_size > 10_000
+    # the record names what each step wrote (StepOutcome.artifacts), and every named file is there
+    record = json.loads((fast / "summary.json").read_text())
+    assert record["summary"]["steps"]["verdict"]["artifacts"] == ["verdict.json", "report.md", "iteration_vs_delay.png",
+                                                                  "turnaround_stages.png"]
+    assert record["artifacts"] == record["summary"]["steps"]["verdict"]["artifacts"]
+    assert all((fast / name).is_file() for name in record["artifacts"])
+    assert "- verdict: `verdict.json`, `report.md`" in (fast / "summary.md").read_text()
 
 
 def test_same_events_and_seed_give_an_identical_verdict(tmp_path, run_playbook, capsys):

@@ -40,7 +40,7 @@ def _report(args) -> int:
         raise InputError("--out goes with --html")
     if args.recompute:
         return _recompute(run)
-    for name in ("summary.md", "report.md"):
+    for name in ("summary.md", *_step_reports(run)):
         if (run / name).exists():
             print((run / name).read_text())
     if not (run / "summary.md").exists():
@@ -52,6 +52,16 @@ def _report(args) -> int:
         print(summary_markdown(summarize_events(events[events["cycle"] > 0], 0), title=f"Run {run.name} (partial)"))
     _recorrect(run)
     return 0
+
+
+def _step_reports(run) -> list[str]:
+    """The Markdown reports the run's steps declared (summary.json: steps.<name>.artifacts)."""
+    import json
+
+    path = run / "summary.json"
+    steps = (json.loads(path.read_text()).get("summary") or {}).get("steps") or {} if path.exists() else {}
+    declared = [a for s in steps.values() for a in s.get("artifacts", []) if a.endswith(".md")]
+    return declared or ["report.md"]  # a run recorded before steps declared their files
 
 
 def _recorrect(run) -> None:

@@ -41,7 +41,7 @@ class StepOutcome:
     summary_md: str = ""
     cycles: list[CycleOutcome] = field(default_factory=list)
     truth_windows: list[tuple[int, int]] = field(default_factory=list)
-    artifacts: list[str] = field(default_factory=list)  # files the step wrote into the run directory
+    artifacts: list[str] = field(default_factory=list)  # files the step wrote (run-dir relative): summary, report
     data: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -209,7 +209,7 @@ def link_failures(ctx, step) -> StepOutcome:
     checks = [{"name": "every fraction ran", "ok": failure is None and len(table) == len(set(study.fail_pct)),
                "detail": failure or f"{len(table)}/{len(study.fail_pct)}"}]
     return StepOutcome(ok=checks[0]["ok"], checks=checks, summary=summary, summary_md="\n".join(md),
-                       data={"linkfail": summary})
+                       artifacts=[summary["parquet"], f"linkfail_{step.name}.json"], data={"linkfail": summary})
 
 
 @register_step("link_flaps", FLAP_SCHEMA)
@@ -273,4 +273,4 @@ def link_flaps(ctx, step) -> StepOutcome:
     checks = [{"name": "every flap ran", "ok": failure is None and len(table) == p["flaps"],
                "detail": failure or f"{len(table)}/{p['flaps']}"}]
     return StepOutcome(ok=checks[0]["ok"], checks=checks, summary=summary, summary_md="\n".join(md),
-                       data={"linkfail": summary})
+                       artifacts=[summary["parquet"], f"linkfail_{step.name}.json"], data={"linkfail": summary})

@@ -243,7 +243,7 @@ def verdict_markdown(verdict: dict) -> str:
 
 
 def write_outputs(run_dir, events, verdict: dict) -> list[str]:
-    """verdict.json, report.md and the plots; returns the plot names."""
+    """verdict.json, report.md and the plots; returns the file names (the step's artifacts)."""
     from harness import record as rec
     from harness.plots import plot_iteration_vs_delay, plot_stage_breakdown
 
@@ -257,7 +257,7 @@ def write_outputs(run_dir, events, verdict: dict) -> list[str]:
     rec.write_text_atomic(run_dir / "verdict.json", verdict_json_text(verdict))
     rec.write_text_atomic(run_dir / "report.md", "# Falsification report\n\n" + verdict_markdown(verdict) +
                           "".join(f"\n![{p}]({p})\n" for p in plots))
-    return plots
+    return ["verdict.json", "report.md", *plots]
 
 
 @register_step("mixnet_verdict", MixnetParams)
@@ -276,7 +276,7 @@ def mixnet_verdict(ctx, step) -> StepResult:
         return StepResult(ok=False, checks=[{"name": "measured delays available", "ok": False, "detail": str(exc)}])
     except (ClaimInputError, ValueError, TypeError) as exc:
         raise InputError(f"step {step.name}: {exc}", step.file, step.line) from None
-    write_outputs(ctx.run_dir, events, verdict)
+    artifacts = write_outputs(ctx.run_dir, events, verdict)
     md = verdict_markdown(verdict)
     falsified = [c["id"] for c in verdict["claims"] if c["verdict"] == "falsified"]
     # Verdicts are results, not failures of the run, unless the playbook asks for that.
@@ -285,7 +285,7 @@ def mixnet_verdict(ctx, step) -> StepResult:
     return StepResult(ok=not (falsified and p["fail_on_falsified"]), checks=checks, summary_md=md,
                       summary={c["id"]: c["verdict"] + (" " + " or ".join(c["conditions"])
                                                         if c["verdict"] == "falsified if" else "")
-                               for c in verdict["claims"]},
+                               for c in verdict["claims"]}, artifacts=artifacts,
                       data={"break_even_ms": verdict["break_even_ms"]["by_scenario"]})
 
 

@@ -437,7 +437,8 @@ class MoeTrafficRun:
                   {"name": "links up after every reconfiguration", "ok": all(r["links_up"] for r in reconfigurations),
                    "detail": f"{sum(r['links_up'] for r in reconfigurations)}/{len(reconfigurations)}"}]
         return StepOutcome(ok=all(c["ok"] for c in checks), summary=summary, checks=checks,
-                          summary_md=markdown(step.name, summary, frame))
+                           summary_md=markdown(step.name, summary, frame),
+                           artifacts=[parquet.name, f"moe_traffic_{step.name}.json"])
 
 
 def summarize(frame: pd.DataFrame, reconfigurations: list[dict]) -> dict:

@@ -148,4 +148,5 @@ def regret(ctx, step) -> StepResult:
            f"![regret vs C]({plot.name})", ""]
     return StepResult(ok=True, summary_md="\n".join(md),
                       summary={"slope_static": result["slope_static"],
-                               "slope_offline": result["slope_offline"]})
+                               "slope_offline": result["slope_offline"]},
+                      artifacts=[f"regret_{step.name}.json", plot.name])

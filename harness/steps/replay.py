@@ -417,4 +417,5 @@ def _result(step, summary: dict, label: str, endpoint: str, records: pd.DataFram
                "detail": f"{summary['recorded']} records for {n} requests ({summary['ok']} ok, "
                          f"{summary['failed']} failed, {summary['timeout']} timed out)"}]
     return StepResult(ok=bool(complete), summary=summary, checks=checks,
-                      summary_md=summary_markdown(step.name, summary, label, endpoint))
+                      summary_md=summary_markdown(step.name, summary, label, endpoint),
+                      artifacts=[summary["log"], summary["parquet"], f"replay_{step.name}.json"])

@@ -198,4 +198,5 @@ def spectrumx_verdict(ctx, step) -> StepOutcome:
     rec.write_text_atomic(ctx.run_dir / "verdict.json", json.dumps(verdict, indent=1, allow_nan=False) + "\n")
     md = verdict_markdown(verdict)
     rec.write_text_atomic(ctx.run_dir / "report.md", "# Spectrum-X falsification report\n\n" + md)
-    return StepOutcome(ok=True, summary={c["id"]: c["verdict"] for c in verdict["claims"]}, summary_md=md)
+    return StepOutcome(ok=True, summary={c["id"]: c["verdict"] for c in verdict["claims"]}, summary_md=md,
+                       artifacts=["verdict.json", "report.md"])
