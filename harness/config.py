@@ -20,11 +20,13 @@ from typing import Annotated, Any, Callable, Mapping
 
 import yaml
 
-from devices.ocs import OcsConfigError, parse_url, protocol_names
+from devices.ocs import parse_url, protocol_names
 from devices.resources import Bench, HostResource, NicPort, OcsResource
 from harness.errors import InputError
-from harness.specs import (AfterValidator, BaseModel, Expect, Field, Name, Port, Spec, describe, model_from_schema,
-                           raise_all, union_of, validate)
+from pydantic import ValidationError, ValidationInfo, field_validator
+
+from harness.specs import (AfterValidator, BaseModel, Expect, Field, Name, Port, Spec, describe, errors_of,
+                           model_from_schema, raise_all, union_of, validate)
 
 PortItem = union_of((int, str))
 
@@ -332,14 +334,28 @@ class BenchSpec(Spec):
 
 
 class OcsSpec(Spec):
-    protocol: str  # one of the OCS protocol registry's names (checked against the registry)
-    url: str
+    protocol: str = Field(description="a protocol of the OCS registry (devices/ocs/registry.py), e.g. polatis-tl1")
+    url: str = Field(description="a URL form the protocol accepts (tcp://H:P, ssh://H:830, a serial device, ...)")
     size: Annotated[list[Annotated[int, Field(ge=1, le=4096)]],
                     Field(min_length=2, max_length=2, description="[ingress_count, egress_count] (integers 1..4096)")]
     allowed_ports: Annotated[list[PortItem], Field(description='port numbers or ranges "a-b"')]
     user: str | None = None
     password_env: str | None = Field(None, description="the environment variable holding the password")
     baudrate: Annotated[int, Field(ge=1, le=10_000_000, description="1..10000000")] = 38400
+
+    @field_validator("protocol")
+    @classmethod
+    def _registered(cls, protocol: str) -> str:
+        if protocol not in protocol_names():  # read at validation time: a lab may register its own
+            raise ValueError(f"expected one of {', '.join(protocol_names())}, found {protocol!r}")
+        return protocol
+
+    @field_validator("url")
+    @classmethod
+    def _reachable_form(cls, url: str, info: ValidationInfo) -> str:
+        if "protocol" in info.data:  # the URL forms that protocol's registry entry accepts
+            parse_url(url, info.data["protocol"])
+        return url
 
 
 class NicSpec(Spec):
@@ -402,34 +418,45 @@ def _check_name(name: Any, what: str, where: tuple) -> str:
     return name
 
 
+def _valid(model: type[Spec], node: Any) -> Spec | None:
+    try:
+        return model.model_validate(node)
+    except ValidationError:
+        return None
+
+
 def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = None) -> Bench:
-    """Build a Bench from an already loaded inventory mapping; every problem of the file is reported at
-    once: first what InventorySpec declares, then what only the whole bench can tell (cabling)."""
+    """Build a Bench from an already loaded inventory mapping. Every problem of the file is reported at once:
+    what InventorySpec declares, and the cabling rules over every switch and NIC that is sound on its own
+    (a bad key of one host does not hide a port another NIC reuses)."""
     env = os.environ if env is None else env
     if not isinstance(data, dict):
         raise InputError(f"inventory: expected a mapping, found {describe(data)}", data.file, data.line)
     for where, node, what in _password_places(data):
         raise InputError(f"{what}passwords never go in files: set an environment variable and name it with "
                          "password_env", *where)
-    inv = validate(InventorySpec, data, "", (data.file, data.line))
     problems: list[InputError] = []
+    try:
+        inv = InventorySpec.model_validate(data)
+    except ValidationError as exc:
+        problems += errors_of(exc, InventorySpec, data, "", (data.file, data.line))
+        inv = None
 
     def bad(message: str, where: tuple) -> None:
         problems.append(InputError(message, *where))
 
+    def parts(key: str) -> dict:
+        node = data.get(key)
+        return node if isinstance(node, YamlMap) else YamlMap()
+
     switches: dict[str, OcsResource] = {}
-    for name, spec in inv.ocs.items():
-        node, where = data["ocs"][name], data["ocs"].where(name)
+    for name, node in parts("ocs").items():
+        where = data["ocs"].where(name)
         if not _name_ok(name):
             bad(f"ocs: name {name!r} must be letters, digits, '_', '.', '-'", where)
-        if spec.protocol not in protocol_names():
-            bad(f"ocs.{name}.protocol: expected one of {', '.join(protocol_names())}, found {spec.protocol!r}",
-                node.where("protocol"))
+        spec = _valid(OcsSpec, node)
+        if spec is None:
             continue
-        try:
-            parse_url(spec.url, spec.protocol)  # the URL forms that protocol's registry entry accepts
-        except OcsConfigError as exc:
-            bad(f"ocs.{name}.url: {exc}", node.where("url"))
         allowed_node = node["allowed_ports"]
         try:
             allowed = parse_port_list(allowed_node, sum(spec.size), f"ocs.{name}.allowed_ports",
@@ -447,28 +474,26 @@ def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = 
                                      allowed_ports=allowed, user=spec.user, password=password,
                                      baudrate=spec.baudrate)
 
-    hosts: dict[str, HostResource] = {}
     nic_ports: list[NicPort] = []
     used_ocs_ports: dict[tuple[str, int], str] = {}
-    for name, spec in inv.hosts.items():
-        node, where = data["hosts"][name], data["hosts"].where(name)
+    for name, node in parts("hosts").items():
         if not _name_ok(name):
-            bad(f"hosts: name {name!r} must be letters, digits, '_', '.', '-'", where)
-        hosts[name] = HostResource(name=name, address=spec.address, port=spec.port, user=spec.user,
-                                   identity_file=spec.identity_file, known_hosts=spec.known_hosts,
-                                   strict_host_key=not inv.bench.emulated, python=spec.python)
+            bad(f"hosts: name {name!r} must be letters, digits, '_', '.', '-'", data["hosts"].where(name))
+        nics = node.get("nics") if isinstance(node, dict) else None
         netdevs: set[str] = set()
-        for i, nic in enumerate(spec.nics):
-            nic_node = node["nics"][i]
-            kw = nic_node.where if isinstance(nic_node, YamlMap) else (lambda k=None: where)
+        for i, nic_node in enumerate(nics if isinstance(nics, list) else []):
+            nic = _valid(NicSpec, nic_node)
+            if nic is None:
+                continue
+            kw = nic_node.where
             what = f"hosts.{name}.nics[{i}]"
             if nic.netdev in netdevs:
                 bad(f"{what}: netdev {nic.netdev!r} appears twice on host {name}", kw("netdev"))
             netdevs.add(nic.netdev)
             switch = switches.get(nic.ocs)
             if switch is None:
-                if nic.ocs not in inv.ocs:  # a known switch with its own error needs no second one here
-                    bad(f"{what}.ocs: no switch named {nic.ocs!r} (known: {', '.join(inv.ocs)})", kw("ocs"))
+                if nic.ocs not in parts("ocs"):  # a known switch with its own error needs no second one here
+                    bad(f"{what}.ocs: no switch named {nic.ocs!r} (known: {', '.join(parts('ocs'))})", kw("ocs"))
                 continue
             n_in, n_out = switch.size
             checks = (("tx", 1, n_in, "an ingress port"), ("rx", n_in + 1, n_in + n_out, "an egress port"))
@@ -485,6 +510,10 @@ def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = 
             nic_ports.append(NicPort(host=name, netdev=nic.netdev, rdma_dev=nic.rdma_dev, rdma_port=nic.rdma_port,
                                      ocs=switch.name, ocs_tx=nic.tx, ocs_rx=nic.rx))
     raise_all(problems)
+    hosts = {name: HostResource(name=name, address=spec.address, port=spec.port, user=spec.user,
+                                identity_file=spec.identity_file, known_hosts=spec.known_hosts,
+                                strict_host_key=not inv.bench.emulated, python=spec.python)
+             for name, spec in inv.hosts.items()}
     return Bench(name=inv.bench.name, emulated=inv.bench.emulated, ocs=switches, hosts=hosts,
                  nic_ports=tuple(nic_ports), source=source)
 

@@ -35,8 +35,9 @@ def test_an_inventory_reports_every_problem_at_its_line(tmp_path, monkeypatch):
     assert got == [(6, "ocs.ocs1.size[1]: expected [ingress_count, egress_count] (integers 1..4096), found 0"),
                    (15, "hosts.gpu1: unknown key 'colour' (expected one of: address, port, user, identity_file, "
                         "known_hosts, python, nics)"),
-                   (21, "hosts.gpu2.port: expected a port number in 1..65535, found 0")]
-    # the shape is fixed; now the cabling pass reports its own problems together
+                   (21, "hosts.gpu2.port: expected a port number in 1..65535, found 0"),
+                   (23, "hosts.gpu2.nics[0].ocs: no switch named 'ocs9' (known: ocs1)")]
+    # cabling problems alone, all of them
     text = INVENTORY.replace("ocs: ocs1, tx: 3", "ocs: ocs9, tx: 3").replace("rx: 18}", "rx: 17}")
     with pytest.raises(InputError) as info:
         load_inventory(write(tmp_path, "inv2.yaml", text))
