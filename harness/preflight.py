@@ -393,7 +393,7 @@ def _links_as_before(nics: _Nics, before: dict, report: FibreReport, link_s: flo
             if not differ or deadline.expired():
                 break
             time.sleep(max(poll_s, 0.05))
-    except DeviceError as exc:
+    except (DeviceError, ParseError) as exc:
         report.links_error = f"cannot read the links back: {exc}"
         return
     report.links_restored = not differ

@@ -64,6 +64,7 @@ def _discover(args) -> int:
     from dataclasses import replace
 
     from devices.errors import DeviceError
+    from devices.parsers.common import ParseError
     from harness import preflight
     from harness.errors import InputError
 
@@ -126,7 +127,7 @@ def _check(args) -> int:
         for name in bench.ocs:
             try:
                 report = preflight.fibre_map(bench, name, light_s=args.light_timeout, link_command=link_command)
-            except DeviceError as exc:  # the bench was restored on the way out (fibre_map's finally)
+            except (DeviceError, ParseError) as exc:  # the bench was restored on the way out (fibre_map's finally)
                 print(f"FAIL {name}: fibre map stopped: {exc}")
                 failed = True
                 continue
