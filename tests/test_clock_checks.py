@@ -78,3 +78,4 @@ def test_no_check_without_probes_and_at_once_without_the_thread(monkeypatch):
     assert calls == []
     hosts.request_check(1, 3)  # no clock thread: the check runs here, one host at a time
     assert calls == [3] and hosts.clock_labels() == {}
+

@@ -187,13 +187,13 @@ class TurnaroundRun:
         self.hosts.cycle_ended(arrivals.done_ns)
         labels = self.hosts.clock_labels()  # the check asked for when the last cycle ended has long finished
         arrivals.causes = causes + arrivals.causes + labels.pop(cycle if record else -1, [])
-        # This cycle's clock check runs on the clock thread while the cycle is converted and written and the
-        # next command goes out (docs/turnaround.md, "Clock checks"): the events are durable before that
-        # command, converted with the samples taken up to now; a step that only the check finds labels
-        # this cycle when the next one ends (an appended fault event).
-        self.hosts.request_check(cycle if record else -1, self.p["clock_check_probes"])
         events = stage_events(self.ctx.run_id, cycle, self.ports, self.ocs, sent, completed, arrivals,
-                              self.hosts.convert, self.chain)
+                              self.hosts.convert, self.chain)  # mostly conversions the observations had on arrival
+        # This cycle's clock check runs on the clock thread while the cycle is written and the next command
+        # goes out (docs/turnaround.md, "Clock checks"): the events are durable before that command,
+        # converted with the samples taken up to now; a step that only the check finds labels this cycle
+        # when the next one ends (an appended fault event).
+        self.hosts.request_check(cycle if record else -1, self.p["clock_check_probes"])
         self.last_up_ns = max((e.t_ns for e in events if e.stage in self.chain), default=arrivals.done_ns)
         faults = tuple(e.source for e in events if e.stage == "fault")
         if record:
