@@ -8,7 +8,8 @@
 - proportionality = (busBW(f) / busBW(0)) ÷ (capacity(f) / capacity(0)): 1 when bandwidth follows the
   surviving capacity exactly, < 1 when the fabric loses more than the failed links carried;
 - flap reaction time = from link down until goodput is ≥ 95 % of the new steady state, over a goodput time
-  series of back-to-back operations (start, end, goodput), bounded by the operation that first reaches it.
+  series of windows (start, end, goodput) — back-to-back operations, or the intervals between two samples of
+  a byte counter (`counter_windows`) — bounded by the window that first reaches it.
 Pure functions over arrays: numbers in, numbers out.
 """
 from __future__ import annotations
@@ -81,9 +82,9 @@ def inflation_interval(failed_s: Sequence[float], baseline_s: Sequence[float], q
 
 @dataclass(frozen=True)
 class Reaction:
-    """Reaction to a link going down at `down_s`: the first operation whose goodput is ≥ `fraction` × the
-    new steady state. The true reaction time is in (low_s, high_s]: after the start of the operation before
-    it (still below), at most the end of that first operation."""
+    """Reaction to a link going down at `down_s`: the first window (operation, or counter interval) whose
+    goodput is ≥ `fraction` × the new steady state. The true reaction time is in (low_s, high_s]: after the
+    start of the window before it (still below), at most the end of that first window."""
 
     low_s: float
     high_s: float
@@ -115,3 +116,14 @@ def reaction_time(start_s, end_s, goodput, down_s: float, steady_from_s: float, 
     first = int(ok[0])
     low = float(start[after[first - 1]] - down_s) if first > 0 else 0.0
     return Reaction(max(low, 0.0), float(end[after[first]] - down_s), steady, True)
+
+
+def counter_windows(t_s, octets) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A cumulative byte counter sampled at times `t_s` → windows (start, end, goodput in bytes/s) between
+    consecutive samples. Samples out of order or at the same instant are refused (a clock went backwards)."""
+    t, b = np.asarray(t_s, dtype=float), np.asarray(octets, dtype=float)
+    if t.shape != b.shape or t.size < 2:
+        raise ValueError("need at least two samples, times and counts of equal length")
+    if np.any(np.diff(t) <= 0):
+        raise ValueError("sample times must increase")
+    return t[:-1], t[1:], np.diff(b) / np.diff(t)

@@ -112,7 +112,8 @@ def test_a_step_parameter_out_of_range_is_refused_before_any_run_directory(tmp_p
 @pytest.mark.parametrize("step, needle", [
     ("link_failures\n    fail_pct: [10, 100]", "fail_pct[1]: expected a list of percentages in [0, 100), found 100"),
     ("link_failures\n    rounds: 0", "rounds: expected a value >= 1, found 0"),
-    ("link_flaps\n    ops_down: 1", "ops_down: expected a value >= 2, found 1"),
+    ("link_flaps\n    ops_before: 1", "ops_before: expected a value >= 2, found 1"),
+    ("link_flaps\n    sample_us: 0", "sample_us: expected a value >= 1, found 0"),
 ])
 def test_link_study_ranges_are_declared(tmp_path, step, needle):
     with pytest.raises(InputError) as info:

@@ -53,6 +53,27 @@ def truth_frame(emulated, cycle_starts: list[tuple[int, int]]):
     return truth[truth["cycle"] >= 1]
 
 
+def flap_truth_ns(emulated, keys: list[str], after_ns: int) -> tuple[int, int] | None:
+    """The emulator's truth of a link flap of `keys` ("host:netdev") after `after_ns`, harness ns: (the first
+    of their links down, the instant the last loss of light among them was detected by the packet fabric —
+    its traffic re-spread)."""
+    from devices.emulated.dataplane import detection_ns
+
+    lost: dict[str, int] = {}
+    down = None
+    for r in emulated.ground_truth():
+        key = f"{r['host']}:{r['port']}"
+        if r["t_ns"] <= after_ns or key not in keys:
+            continue
+        if r["stage"] == "light_lost":
+            lost.setdefault(key, int(r["t_ns"]))
+        elif r["stage"] == "port_down" and down is None:
+            down = int(r["t_ns"])
+    if down is None or not lost:
+        return None
+    return down, max(t + detection_ns(emulated.profile, key, t) for key, t in lost.items())
+
+
 def emulated_clocks(emulated) -> dict:
     """Every emulated host's true clock parameters (for the manifest: how far the correction was off)."""
     return {h: emulated.physics.host_clock_params(h) for h in emulated.physics.hosts}

@@ -7,15 +7,20 @@ the fibre pull of a real bench — and every phase of the trace runs over what s
 restored before the next f. Per f: effective-bandwidth fraction (busBW / the intact fabric's modelled
 busBW), latency inflation (p50, p99 of the phase times ÷ at 0 %), proportionality to surviving capacity.
 
-`link_flaps`: one phase of the trace repeated back to back; `flaps` times, ceil(f·L) circuits are pulled for
-`down_ms` and restored. Each operation is stamped on the harness clock (start, end) with its goodput (the
-tool's bytes / the tool's time); the reaction time per flap is bounded by `analysis.linkfail.reaction_time`.
+`link_flaps`: `flaps` times, one phase of the trace runs as one long tool invocation (iterations back to
+back, sized from `ops_before` short runs to last `lead_ms` + `down_ms` + `tail_ms`); `lead_ms` into it,
+ceil(f·L) circuits are pulled for `down_ms` and restored — while the transfer runs. The RDMA data counters of
+the pulled circuits' NIC ports are sampled on their hosts every `sample_us` (the agent's `counters`), each
+sample put on the harness clock with its uncertainty: the goodput time series. Reaction = link down (the
+disconnect sent) → goodput ≥ 95 % of the new steady state, bounded by `analysis.linkfail.reaction_time` over
+the counter windows, widened by the clock uncertainty.
 
 Both leave their tables in `linkfail_<step>.json` (and the per-phase Parquet) for `spectrumx_verdict`.
 """
 from __future__ import annotations
 
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -38,8 +43,9 @@ FAILURE_SCHEMA = {**MOE_SCHEMA, "reconfigure": (MOE_SCHEMA["reconfigure"][0], "n
                   "fail_pct": (Percentages, [0, 10, 25, 50]),
                   "rounds": (AtLeastOne, 1)}  # each round: every f once, in a seeded random order (no f always first)
 FLAP_SCHEMA = {**MOE_SCHEMA, "reconfigure": (MOE_SCHEMA["reconfigure"][0], "none"), "fail_pct": (Percentages, [10]),
-               "down_ms": (Positive, 200.0), "flaps": (AtLeastOne, 2), "ops_before": (Ops, 4), "ops_down": (Ops, 8),
-               "ops_after": (Ops, 4)}
+               "down_ms": (Positive, 200.0), "flaps": (AtLeastOne, 2), "ops_before": (Ops, 4),
+               "lead_ms": (Positive, 100.0), "tail_ms": (Positive, 150.0),  # transfer before the pull, after up
+               "sample_us": (AtLeastOne, 500)}  # the counters' sampling interval on the hosts
 
 
 class LinkStudy:
@@ -162,8 +168,10 @@ FAILURE_COLS = [("fail_pct", "f %", "g"), ("failed_links", "failed", "d"), ("lin
                 ("p50_inflation", "p50 ÷ 0 %", ".3f"), ("p99_inflation", "p99 ÷ 0 %", ".3f"),
                 ("capacity_fraction", "capacity kept", ".3f"), ("proportionality", "BW kept ÷ capacity kept", ".3f")]
 FLAP_COLS = [("flap", "flap", "d"), ("failed_links", "links pulled", "d"), ("down_ms", "down ms", ".0f"),
-             ("steady_fraction", "steady goodput ÷ before", ".3f"), ("reaction_low_ms", "reaction > ms", ".2f"),
-             ("reaction_high_ms", "reaction ≤ ms", ".2f"), ("recovered_high_ms", "back ≤ ms after restore", ".2f")]
+             ("ports", "ports sampled", "d"), ("samples", "samples", "d"), ("clock_ms", "clock ± ms", ".3f"),
+             ("steady_fraction", "steady goodput ÷ before", ".3f"), ("reaction_low_ms", "reaction > ms", ".3f"),
+             ("reaction_high_ms", "reaction ≤ ms", ".3f"), ("truth_reaction_ms", "emulator truth ms", ".3f"),
+             ("recovered_high_ms", "back ≤ ms after restore", ".3f")]
 
 
 def _write(ctx, step, kind: str, frame: pd.DataFrame, table: list[dict], prov: dict, failure: str | None) -> dict:
@@ -212,6 +220,153 @@ def link_failures(ctx, step) -> StepOutcome:
                        artifacts=[summary["parquet"], f"linkfail_{step.name}.json"], data={"linkfail": summary})
 
 
+class FlapSeries:
+    """While open, on the hosts of `endpoints`: their RDMA data counters sampled by the agent (`counters`) and
+    their link state watched by it (`watch`), every `interval_us`. Host timestamps are put on the harness
+    clock with their uncertainty when read."""
+
+    def __init__(self, sessions: dict, endpoints, interval_us: int):
+        from harness.bench.readers import shared_readers
+
+        self.sessions, self.readers = sessions, shared_readers()
+        self.raw: dict[str, list[tuple[int, int]]] = {e.key: [] for e in endpoints}  # key -> (host ns, words)
+        self.downs: dict[str, list[tuple[int, int]]] = {e.key: [] for e in endpoints}  # carrier 0: (host ns, interval)
+        self.host_of = {e.key: e.host for e in endpoints}
+        self.problems: list[str] = []
+        self.streams, self.closed = [], False
+        by_host: dict[str, list] = {}
+        for e in endpoints:
+            by_host.setdefault(e.host, []).append(e)
+        for host, eps in by_host.items():
+            agent = sessions[host].agent
+            key_of = {f"{e.rdma_dev}/{e.rdma_port}": e.key for e in eps} | {e.netdev: e.key for e in eps}
+            counters = agent.counters([(e.rdma_dev, e.rdma_port) for e in eps], interval_us)
+            watch = agent.watch([(e.netdev, e.rdma_dev, e.rdma_port) for e in eps], interval_us, 0)
+            for stream, parse in ((counters, self._counter), (watch, self._watch)):
+                self.streams.append(stream)
+                self.readers.add(stream, lambda _recv, line, parse=parse, key_of=key_of: parse(line, key_of),
+                                 self._ended)
+
+    def _counter(self, line: str, key_of: dict) -> None:
+        from devices.hostagent import parse_counter_line
+
+        if line.strip():
+            try:
+                c = parse_counter_line(line)
+                self.raw[key_of[c.port]].append((c.host_ns - c.read_ns // 2, c.xmit_words))
+            except (DeviceError, KeyError) as exc:
+                self.problems.append(f"{line!r}: {exc}")
+
+    def _watch(self, line: str, key_of: dict) -> None:
+        from devices.hostagent import parse_watch_line
+
+        if line.strip():
+            try:
+                w = parse_watch_line(line)
+            except DeviceError as exc:
+                self.problems.append(str(exc))
+                return
+            if w.field == "carrier" and w.value == "0" and w.interval_ns > 0:  # a change, not the initial value
+                self.downs[key_of[w.netdev]].append((w.host_ns, w.interval_ns))
+
+    def _ended(self, reason: str) -> None:
+        if not self.closed:
+            self.problems.append(f"agent stream ended: {reason.strip()[:200]}")
+
+    def wait_past(self, t_ns: int, timeout_s: float = 5.0) -> None:
+        """Until every endpoint has a counter sample after harness time `t_ns` (they arrive in batches)."""
+        deadline = now_ns() + int(timeout_s * 1e9)
+        while now_ns() < deadline and not self.problems:
+            if all(rows and self.sessions[self.host_of[k]].to_harness(rows[-1][0])[0] > t_ns
+                   for k, rows in self.raw.items()):
+                return
+            time.sleep(0.01)
+
+    def wait_moving(self, timeout_s: float) -> int:
+        """Until every endpoint's counter has moved since the series opened (its transfer runs); harness ns."""
+        deadline = now_ns() + int(timeout_s * 1e9)
+        while now_ns() < deadline and not self.problems:
+            if all(rows and rows[-1][1] > rows[0][1] for rows in self.raw.values()):
+                break
+            time.sleep(0.002)
+        return now_ns()
+
+    def wait_down(self, after_ns: int, timeout_s: float) -> int:
+        """Until a carrier drop after `after_ns` is seen; its latest harness ns (now, if none in time)."""
+        deadline = now_ns() + int(timeout_s * 1e9)
+        while now_ns() < deadline and not self.problems:
+            seen = self.link_down(after_ns)
+            if seen is not None:
+                return seen[0]
+            time.sleep(0.002)
+        return now_ns()
+
+    def close(self) -> None:
+        self.closed = True
+        for stream in self.streams:
+            stream.closed_by_us = True
+            self.readers.remove(stream)
+            stream.close()
+
+    def series(self, key: str) -> tuple[np.ndarray, np.ndarray, int]:
+        """(harness ns, octets sent, the largest clock uncertainty ns) of one endpoint's counter samples."""
+        session = self.sessions[self.host_of[key]]
+        rows = sorted(set(self.raw[key]))
+        conv = [session.to_harness(host_ns) for host_ns, _ in rows]
+        t = np.asarray([c[0] for c in conv], dtype=np.int64)
+        return t, np.asarray([w * 4 for _, w in rows], dtype=float), max((c[2] for c in conv), default=0)
+
+    def link_down(self, after_ns: int) -> tuple[int, int] | None:
+        """(latest, earliest) harness ns of the first carrier drop among the endpoints after `after_ns`: the
+        watcher saw it within (host_ns − interval, host_ns]; widened by the clock uncertainty."""
+        best = None
+        for key, rows in self.downs.items():
+            session = self.sessions[self.host_of[key]]
+            for host_ns, interval in rows:
+                t, _, unc = session.to_harness(host_ns)
+                if t + unc > after_ns and (best is None or t < best[0]):
+                    best = (t + unc, t - interval - unc)
+        return best
+
+
+def flap_reaction(series: FlapSeries, keys: list[str], begin_ns: int, sent_ns: int, up_ns: int) -> dict:
+    """Per flap, over the pulled ports' counter windows (the last port to recover): the reaction from their
+    first carrier drop (watched) to goodput ≥ 95 % of the new steady state, bounds widened by both clock
+    uncertainties and the watcher's interval; the steady goodput after ÷ before (the median windows of the
+    second halves of [begin, down) and [down, up)); the first window after the restore back at ≥ 95 % of
+    before."""
+    seen = series.link_down(sent_ns)
+    if seen is None:
+        raise PhaseFailed(f"no carrier drop seen on {', '.join(keys)} after the disconnect")
+    down_hi, down_lo = seen
+    lows, highs, fractions, backs, samples, clock, spanned = [], [], [], [], 0, 0, True
+    up = (up_ns - down_hi) / 1e9
+    for key in keys:
+        t, octets, unc = series.series(key)
+        samples, clock = samples + len(t), max(clock, unc)
+        start, end, good = lf.counter_windows((t - down_hi) / 1e9, octets)
+        try:
+            r = lf.reaction_time(start, end, good, 0.0, up / 2, up)
+        except ValueError as exc:
+            raise PhaseFailed(f"{key}: no reaction from {len(t)} counter samples: {exc}") from None
+        spanned = spanned and bool(((end > up) & (good > 0)).any())
+        lead = (start >= (begin_ns - down_hi) / 2e9) & (end <= 0)
+        before = float(np.median(good[lead])) if lead.any() else float("nan")
+        lows.append(r.low_s)
+        highs.append(r.high_s if r.reached else float("inf"))
+        fractions.append(r.steady / before if before > 0 else float("nan"))
+        back = np.flatnonzero((start >= up) & (good >= 0.95 * before))
+        backs.append(float(end[back[0]] - up) if back.size else float("inf"))
+    high, widen = max(highs), clock / 1e9
+    return {"ports": len(keys), "samples": samples, "clock_ms": clock / 1e6, "down_seen_ns": [down_lo, down_hi],
+            "down_ms": (up_ns - down_hi) / 1e6, "sent_to_down_ms": (down_hi - sent_ns) / 1e6,
+            "reaction_low_ms": max(0.0, (max(lows) - widen) * 1e3),
+            "reaction_high_ms": (high + (down_hi - down_lo) / 1e9 + widen) * 1e3 if np.isfinite(high) else None,
+            "reached": bool(np.isfinite(high)), "spanned": spanned,
+            "steady_fraction": float(min(fractions)) if all(np.isfinite(fractions)) else None,
+            "recovered_high_ms": (max(backs) + widen) * 1e3 if np.isfinite(max(backs)) else None}
+
+
 @register_step("link_flaps", FLAP_SCHEMA)
 def link_flaps(ctx, step) -> StepOutcome:
     p = step.params
@@ -222,55 +377,74 @@ def link_flaps(ctx, step) -> StepOutcome:
     matrix = study.phases[0].matrix
     records, table, failure = [], [], None
     pct = max(study.fail_pct)
-    with ThreadPoolExecutor(max_workers=max(study.n, 1), thread_name_prefix=f"linkflap-{step.name}") as pool:
-        study.moe.pool = pool
+    moe = study.moe
+    with ThreadPoolExecutor(max_workers=max(study.n, 1), thread_name_prefix=f"linkflap-{step.name}") as pool, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"linkflap-{step.name}-op") as launcher:
+        moe.pool = pool
         try:
             study.wire_intact()
             for flap in range(p["flaps"]):
                 failed = study.pick(pct)
-                rows = []
+                before = [study.phase_row(matrix, study.full) for _ in range(p["ops_before"])]
+                # one invocation: warm-up 0, `iters` out-of-place then `iters` in-place transfers back to back
+                per_transfer_s = float(np.median([r["measured_s"] for r in before]))
+                span_s = (p["lead_ms"] + p["down_ms"] + p["tail_ms"]) / 1e3
+                iters = max(1, math.ceil(span_s / (2 * per_transfer_s)))
+                pulled = sorted({i for link in failed for i in link})
+                hosts = sorted({moe.endpoints[i].host for i in pulled})
+                for host in hosts:  # fresh clock fits around the flap: its samples are converted with them
+                    moe.sessions[host].sync_clock()
+                series = FlapSeries(moe.sessions, [moe.endpoints[i] for i in pulled], p["sample_us"])
+                try:
+                    running = launcher.submit(moe.run_phase, matrix, iters)
+                    begin_ns = series.wait_moving(p["command_timeout_s"])  # every pulled port's rank started
+                    time.sleep(max(0.0, (begin_ns + p["lead_ms"] * 1e6 - now_ns()) / 1e9))
+                    down_ns = study.pull(failed)
+                    seen = series.wait_down(down_ns, p["link_timeout_s"])  # down_ms counts from the link down
+                    time.sleep(max(0.0, (seen + p["down_ms"] * 1e6 - now_ns()) / 1e9))
+                    up_ns = now_ns()
+                    study.wire_intact()  # restore: reconnect and wait until the links trained
+                    rank_s, wall_s = running.result()
+                    end_ns = now_ns()
+                    series.wait_past(end_ns)
+                finally:
+                    series.close()
+                for host in hosts:
+                    moe.sessions[host].sync_clock()
+                if series.problems:
+                    raise PhaseFailed("; ".join(series.problems[:3]))
+                keys = [moe.endpoints[i].key for i in pulled]
+                row = flap_reaction(series, keys, begin_ns, down_ns, up_ns)
+                if ctx.emulated:
+                    from harness.bench.emulated import flap_truth_ns
 
-                def op(label, circuits):
-                    rows.append({"flap": flap, "part": label, **study.phase_row(matrix, circuits)})
-
-                for _ in range(p["ops_before"]):
-                    op("before", study.full)
-                down_ns = study.pull(failed)
-                pulled = study.without(failed)
-                up_due = down_ns + int(p["down_ms"] * 1e6)
-                k = 0
-                while k < p["ops_down"] or now_ns() < up_due:
-                    op("down", pulled)
-                    k += 1
-                up_ns = now_ns()
-                study.wire_intact()  # restore: reconnect and wait until the links trained
-                for _ in range(p["ops_after"]):
-                    op("after", study.full)
-                f = pd.DataFrame(rows)
-                good = f["max_rank_bytes"] / f["measured_s"]
-                t = lambda col: (f[col].to_numpy(dtype=float) - down_ns) / 1e9  # noqa: E731
-                down_rows = f[f["part"] == "down"]
-                steady_from = (down_rows["start_ns"].iloc[len(down_rows) // 2] - down_ns) / 1e9
-                r = lf.reaction_time(t("start_ns"), t("end_ns"), good, 0.0, steady_from, (up_ns - down_ns) / 1e9)
-                before = float(good[f["part"] == "before"].median())
-                after_rows = f[f["part"] == "after"]
-                back = after_rows[good[f["part"] == "after"] >= 0.95 * before]
-                table.append({"flap": flap, "failed_links": len(failed), "down_ms": (up_ns - down_ns) / 1e6,
-                              "steady_fraction": r.steady / before, "reaction_low_ms": r.low_s * 1e3,
-                              "reaction_high_ms": r.high_s * 1e3 if r.reached else None, "reached": r.reached,
-                              "recovered_high_ms": (float(back["end_ns"].iloc[0] - up_ns) / 1e6) if len(back)
-                              else None})
-                for row in rows:
-                    records.append({"n": study.n, "failed_links": len(failed), **row})
+                    truth = flap_truth_ns(ctx.emulated, keys, down_ns)
+                    row["truth_reaction_ms"] = None if truth is None else (truth[1] - truth[0]) / 1e6
+                table.append({"flap": flap, "failed_links": len(failed), "iters": iters, "op_s": wall_s, **row})
+                for i in pulled:
+                    t, octets, unc = series.series(moe.endpoints[i].key)
+                    records += [{"flap": flap, "endpoint": moe.endpoints[i].key, "t_ns": int(a), "octets": float(b),
+                                 "clock_uncertainty_ns": int(unc), "disconnect_sent_ns": down_ns,
+                                 "down_seen_ns": row["down_seen_ns"][1], "up_ns": up_ns,
+                                 "n": study.n, "failed_links": len(failed)} for a, b in zip(t, octets)]
+                if not row["spanned"]:
+                    ctx.say(f"[yellow]{step.name}: flap {flap}: the transfer ended before the link came back "
+                            f"(raise tail_ms)[/]")
         except (DeviceError, PhaseFailed) as exc:
             failure = str(exc)
     frame = pd.DataFrame.from_records(records)
     summary = _write(ctx, step, "flaps", frame, table, _provenance(ctx), failure)
     md = [f"## Link flaps ({step.name})", "", f"{p['flaps']} flaps of ceil({pct:g} %) of {len(study.links)} "
-          f"OCS-carried links, {p['down_ms']:g} ms down; reaction = link down → goodput ≥ 95 % of the new "
-          "steady state, bounded by the operations around it.", ""]
+          f"OCS-carried links, {p['down_ms']:g} ms down, pulled while one transfer runs; reaction = link down → "
+          f"goodput ≥ 95 % of the new steady state, over the pulled ports' RDMA counters sampled every "
+          f"{p['sample_us']} µs on their hosts (bounds widened by the clock uncertainty).", ""]
     md += _md_table(table, FLAP_COLS) + [""] + ([f"**Stopped:** {failure}", ""] if failure else [])
     checks = [{"name": "every flap ran", "ok": failure is None and len(table) == p["flaps"],
                "detail": failure or f"{len(table)}/{p['flaps']}"}]
-    return StepOutcome(ok=checks[0]["ok"], checks=checks, summary=summary, summary_md="\n".join(md),
+    if ctx.emulated and table:
+        inside = [r["reaction_low_ms"] < (r.get("truth_reaction_ms") or -1) <= (r["reaction_high_ms"] or -1)
+                  for r in table]
+        checks.append({"name": "reaction bounds contain the emulator's truth", "ok": all(inside),
+                       "detail": f"{sum(inside)}/{len(inside)} flaps"})
+    return StepOutcome(ok=all(c["ok"] for c in checks), checks=checks, summary=summary, summary_md="\n".join(md),
                        artifacts=[summary["parquet"], f"linkfail_{step.name}.json"], data={"linkfail": summary})

@@ -318,18 +318,18 @@ class MoeTrafficRun:
         return hosts
 
     # ------------------------------------------------------------------ phases
-    def _common(self) -> dict[str, object]:
-        return {"iters": self.p["iters"], "link_gbps": f"{self.p['link_gbps']:g}",
+    def _common(self, iters: int | None = None) -> dict[str, object]:
+        return {"iters": iters or self.p["iters"], "link_gbps": f"{self.p['link_gbps']:g}",
                 "eps_gbps": f"{self.p['eps_gbps']:g}", "time_scale": f"{self.p['time_scale']:g}"}
 
-    def commands(self, matrix: np.ndarray) -> list[tuple[str, str, int, str]]:
-        """(host, label, bytes, command line) per command of one phase."""
+    def commands(self, matrix: np.ndarray, iters: int | None = None) -> list[tuple[str, str, int, str]]:
+        """(host, label, bytes, command line) per command of one phase (`iters`: the step's by default)."""
         eps = self.endpoints[: matrix.shape[0]]
         off = matrix - np.diag(np.diag(matrix))
         if self.once:
             send, recv = int(off.sum(axis=1).max()), int(off.sum(axis=0).max())
             values = {"bytes": send, "recv_bytes": recv, "hosts": ",".join(e.host for e in eps),
-                      "nranks": len(eps), **self._common()}
+                      "nranks": len(eps), **self._common(iters)}
             host = self.p["launch_host"] or eps[0].host
             return [(host, host, send, render_command(self.template, values, self.p["args"]))]
         out = []
@@ -337,11 +337,11 @@ class MoeTrafficRun:
             peers = ",".join(f"{f.key}={int(matrix[i, j])}/{int(matrix[j, i])}" for j, f in enumerate(eps) if j != i)
             send, recv = int(off[i].sum()), int(off[:, i].sum())
             values = {"bytes": send, "recv_bytes": recv, "host": e.host, "netdev": e.netdev, "rdma_dev": e.rdma_dev,
-                      "rdma_port": e.rdma_port, "self": e.key, "peers": peers, **self._common()}
+                      "rdma_port": e.rdma_port, "self": e.key, "peers": peers, **self._common(iters)}
             out.append((e.host, e.key, send, render_command(self.template, values, self.p["args"])))
         return out
 
-    def run_phase(self, matrix: np.ndarray) -> tuple[list[float], float]:
+    def run_phase(self, matrix: np.ndarray, iters: int | None = None) -> tuple[list[float], float]:
         """Every command of the phase at once; (seconds as the tools measured, per command; harness wall s)."""
         def one(item):
             host, label, size, command = item
@@ -355,10 +355,11 @@ class MoeTrafficRun:
             try:
                 return transfer_seconds(result.stdout, size)
             except ParseError as exc:
-                raise PhaseFailed(f"{label}: unparsable output of {command!r}: {exc}") from exc
+                raise PhaseFailed(f"{label}: unparsable output of {command!r}: {exc} (exit {result.exit_status}, "
+                                  f"stderr {result.stderr.strip()[-200:]!r})") from exc
 
         begin = now_ns()
-        seconds = list(self.pool.map(one, self.commands(matrix)))
+        seconds = list(self.pool.map(one, self.commands(matrix, iters)))
         return seconds, (now_ns() - begin) / 1e9
 
     def run(self) -> StepOutcome:
