@@ -1,15 +1,23 @@
 """How the harness scales with hosts: an emulated pod (hosts × NICs per host as parameters), one
 reconfiguration of every port, measured against the emulator's ground truth (issue 13 item 2).
 
-The emulator (`harness emulate`, built from a generated profile) and the harness (`harness run`) run as two
-processes, as on a bench, so each one's CPU, memory, threads and descriptors are its own. Per host count:
+The emulator (`harness emulate`, built from a generated profile; `--workers N` serves the hosts' SSH from N
+processes over its one physics) and the harness (`harness run`) run as separate processes, as on a bench, so
+each one's CPU, memory, threads and descriptors are its own (the emulator's summed over its workers). Per host
+count:
 - set-up: harness start → first cross-connect command (imports, inventory, SSH, agents, clocks, readers);
 - harness CPU seconds (user+sys), peak RSS, peak threads and descriptors (sampled from /proc);
 - event latency: harness time an observation arrived − the true time of the physical event, p50/p99;
-- lost events: true port events of the measured cycle without a recorded event;
+- lost events: true port events of the measured cycle without a recorded event; bounds that contain the
+  truth (each recorded event's ± uncertainty around its true time);
+- verdict: pass iff no event was lost and every bound holds its truth (the exit status; speed is reported,
+  never judged: the machine may be shared);
 - the machine's 1-min load average at the start and end (the machine may be shared).
 
-    nice -n 10 .venv/bin/python benchmarks/scale.py --hosts 8 16 32 --nics 8 [--timeout 600] [--json out.json]
+    nice -n 10 .venv/bin/python benchmarks/scale.py --hosts 8 32 64 128 256 --nics 8 --workers 2 [--timeout 900]
+        [--json out.jsonl] [--py-spy DIR]
+
+A Markdown table of the rows ends the output.
 """
 from __future__ import annotations
 
@@ -33,7 +41,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.accuracy import assign_cycles  # noqa: E402
+from analysis.accuracy import assign_cycles, match  # noqa: E402
 from analysis.stages import PORT_CHAIN, STAGE_TABLE, STAGES_DOWN  # noqa: E402
 from harness.events import STAGES  # noqa: E402
 
@@ -227,6 +235,9 @@ def compare(run_dir: Path, truth_file: Path, start_ns: int) -> dict:
     recorded = events.groupby(key)["t_ns"].min()
     out["true_events"] = int(len(true_keys))
     out["lost_events"] = int(len(true_keys.index.difference(recorded.index)))
+    matched = match(events, truth)  # each recorded event's bound (± uncertainty) against the true time
+    out["bounds_contain_truth"] = f"{int(matched['covered'].sum())}/{len(matched)}"
+    out["verdict"] = "pass" if out["lost_events"] == 0 and bool(matched["covered"].all()) else "FAIL"
     latency = observation_latency(run_dir, truth)
     if latency.size:
         out["latency_p50_ms"] = round(float(np.quantile(latency, 0.5)), 2)
@@ -263,6 +274,26 @@ def observation_latency(run_dir: Path, truth: pd.DataFrame) -> np.ndarray:
     return np.array(out)
 
 
+COLUMNS = [("hosts×NICs", lambda r: f"{r['hosts']}×{r['nics']}"), ("workers", lambda r: r["workers"]),
+           ("load 1-min", lambda r: f"{r['load_before']:.1f}–{r.get('load_after', float('nan')):.1f}"),
+           ("set-up s", "setup_s"), ("harness CPU s (sys)", lambda r: f"{r.get('harness_cpu_s')} ({r.get('harness_sys_s')})"),
+           ("harness RSS MB", "harness_rss_mb"), ("harness threads", "harness_threads"), ("harness FDs", "harness_fds"),
+           ("emulator CPU s", "emulator_cpu_s"), ("emulator RSS MB", "emulator_rss_mb"),
+           ("emulator threads", "emulator_threads"), ("cycle ms", "cycle_ms"),
+           ("latency p50/p99 ms", lambda r: f"{r.get('latency_p50_ms')} / {r.get('latency_p99_ms')}"),
+           ("lost/true", lambda r: f"{r.get('lost_events')}/{r.get('true_events')}"),
+           ("bounds hold truth", "bounds_contain_truth"), ("verdict", "verdict")]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    def cell(r, how):
+        return str(how(r) if callable(how) else r.get(how, "–"))
+
+    lines = ["| " + " | ".join(name for name, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell(r, how) for _, how in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, nargs="+", default=[8, 16, 32])
@@ -275,10 +306,16 @@ if __name__ == "__main__":
     ap.add_argument("--py-spy", type=Path, help="profile both processes with py-spy into this folder")
     args = ap.parse_args()
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),) * 2)
+    failed, rows = 0, []
     for n in args.hosts:
         with tempfile.TemporaryDirectory(prefix="ocs-hil-scale-") as tmp:
             r = run_one(n, args.nics, args.profile, args.timeout, args.probes, Path(tmp), args.py_spy, args.workers)
+        r.setdefault("verdict", "FAIL")  # no measured cycle: nothing shows the events were kept
+        failed += r["verdict"] != "pass"
+        rows.append(r)
         print(json.dumps(r), flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(r) + "\n")
+    print(markdown_table(rows))
+    raise SystemExit(1 if failed else 0)  # pass = every true event recorded, every bound holds its truth
