@@ -118,10 +118,13 @@ def stage_events(run_id: str, cycle: int, ports: dict[str, PortRef], ocs: str, f
     by_port: dict[str, dict[str, object]] = {}
     for (key, stage), obs in arrivals.kept.items():
         by_port.setdefault(key, {})[stage] = obs
+    not_yet_of: dict[str, dict[str, object]] = {}  # per port: one pass, not one per port (64 ports: ~1 ms)
+    for (key, stage), obs in arrivals.not_yet.items():
+        not_yet_of.setdefault(key, {})[stage] = obs
     for key in sorted(by_port, key=list(ports).index):
         port, kept = ports[key], by_port[key]
         raw = {stage: interval(obs, convert) for stage, obs in kept.items()}
-        not_before = {stage: interval(obs, convert)[0] for (k, stage), obs in arrivals.not_yet.items() if k == key}
+        not_before = {stage: interval(obs, convert)[0] for stage, obs in not_yet_of.get(key, {}).items()}
         bounds = chain_bounds(first_sent_ns, {s: raw[s][:2] for s in chain if s in raw}, not_before, chain)
         for stage in chain:
             if stage in kept:
