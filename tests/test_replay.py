@@ -57,6 +57,26 @@ def test_every_request_recorded_with_absolute_deadlines(tmp_path):
     assert len(on_disk) == 60 and set(on_disk["index"]) == set(range(60))
 
 
+def test_send_time_is_on_the_wire_after_the_connection_wait(tmp_path):
+    # Four requests due at once through a one-connection pool: each one after the first waits for the previous
+    # response. Ground truth is the emulator's own log: a request cannot reach the wire before the previous
+    # answer's last token (the connection is busy until then) nor after the server received it.
+    requests = frame([0.0, 0.0, 0.0, 0.0], [5] * 4, [10] * 4)
+    service = ServiceModel(prefill_tokens_per_s=1e5, decode_tokens_per_s=100, stream_interval_s=0.0)
+    summary, em = asyncio.run(_replay_with(service, requests, tmp_path / "r.jsonl", max_connections=1))
+    rec = summary.records.sort_values("sent_ns")
+    truth = sorted(em.stats.records)  # (received, admitted, first token, last token), one connection: in order
+    assert (rec["status"] == "ok").all() and len(truth) == 4
+    sent, wait = rec["sent_ns"].to_numpy(), rec["connection_wait_ns"].to_numpy(dtype=np.int64)
+    received, last_token = np.asarray([t[0] for t in truth]), np.asarray([t[3] for t in truth])
+    assert np.all(sent <= received)
+    assert np.all(sent[1:] >= last_token[:-1])  # a stamp at hand-over (before the wait) would break this
+    assert np.all(wait[1:] > 0) and np.all(wait <= rec["send_error_ns"].to_numpy())
+    assert summary.connection_wait_us["max"] == pytest.approx(wait.max() / 1e3)
+    on_disk = read_replay_log(tmp_path / "r.jsonl").sort_values("sent_ns")
+    assert on_disk["connection_wait_ns"].tolist() == wait.tolist()
+
+
 def test_failures_are_recorded_not_dropped(tmp_path):
     # Request 1 exceeds the context length (HTTP 400); request 2 needs 40 s of decode but times out at 1 s.
     requests = frame([0.0, 0.01, 0.02, 0.03], [10, 50000, 10, 10], [2, 2, 4000, 2])
@@ -110,12 +130,13 @@ def test_replay_log_flushes_periodically_before_close(tmp_path):
 
 
 def test_replay_through_declared_sync_windows_slows_only_those_requests(tmp_path):
-    # Requests every 0.5 s of trace time; a sync window over [2, 6) s cuts capacity to 10 %.
+    # Requests every 0.5 s of trace time; a sync window over [2, 60) s cuts capacity to 10 % (long, so that
+    # requests a loaded machine delivers late still meet it).
     import traces
     from devices.emulated.vllm_server import InterferenceWindow
     from devices.timing import now_ns
 
-    windows = pd.DataFrame({"start_s": [2.0], "duration_s": [4.0], "bytes": [10**9]})
+    windows = pd.DataFrame({"start_s": [2.0], "duration_s": [58.0], "bytes": [10**9]})
     requests = frame(np.arange(0, 6, 0.5), [10] * 12, [40] * 12)
     service = ServiceModel(prefill_tokens_per_s=1e6, decode_tokens_per_s=100, time_scale=4, stream_interval_s=0.0)
 
@@ -142,9 +163,9 @@ def test_replay_through_declared_sync_windows_slows_only_those_requests(tmp_path
     decode_s = np.asarray([(r[3] - r[2]) / 1e9 for r in records])
 
     def expected_decode_s(first_ns: int) -> float:
-        # Closed form: 0.39 model s of decode work, speed 0.1 inside trace [2, 6), 1 outside, trace = 4 × wall.
+        # Closed form: 0.39 model s of decode work, speed 0.1 inside trace [2, 60), 1 outside, trace = 4 × wall.
         t, work = (first_ns - origin_ns[0]) * 4 / 1e9, 39 / 100
-        for lo, hi, speed in ((-1e9, 2.0, 1.0), (2.0, 6.0, 0.1), (6.0, 1e9, 1.0)):
+        for lo, hi, speed in ((-1e9, 2.0, 1.0), (2.0, 60.0, 0.1), (60.0, 1e9, 1.0)):
             if work > 0 and t < hi:
                 t = max(t, lo)
                 step = min(work / speed, hi - t)

@@ -5,8 +5,13 @@ Timing: request i is due at origin + arrival_s[i] / time_scale on the monotonic 
 absolute, so lateness never accumulates. Each request gets its own task shortly before it is due. On Linux
 the task waits on a timerfd (nanosecond deadlines; asyncio's own timers round up to whole milliseconds)
 armed `timerfd_early_s` before the deadline, then yields to the loop until the deadline and sends at once;
-elsewhere it sleeps until `spin_s` before the deadline and yields from there. `sent_ns` is taken when the request is handed to the HTTP
-client; send error = sent_ns − scheduled_ns.
+elsewhere it sleeps until `spin_s` before the deadline and yields from there.
+
+`sent_ns` is when the request went on the wire: aiohttp's tracing signal for the body's write to the socket,
+after any wait for a free pooled connection or a new one's handshake. Those waits are recorded apart
+(`connection_wait_ns`, the pool queue plus connection set-up), so send error = sent_ns − scheduled_ns is the
+true on-wire lateness and the connection's share of it is visible. A request that never reached the wire
+(refused connection, timeout in the pool queue) keeps its hand-over time as `sent_ns` and a failed status.
 """
 from __future__ import annotations
 
@@ -29,8 +34,9 @@ from traces._timerfd import MonotonicTimer
 from traces.errors import TraceFormatError
 from traces.requests import PromptSynthesizer
 
-REPLAY_LOG_COLUMNS = ("index", "scheduled_ns", "sent_ns", "send_error_ns", "first_token_ns", "completed_ns",
-                      "prompt_tokens", "output_tokens_requested", "output_tokens", "status", "http_status", "error")
+REPLAY_LOG_COLUMNS = ("index", "scheduled_ns", "sent_ns", "send_error_ns", "connection_wait_ns", "first_token_ns",
+                      "completed_ns", "prompt_tokens", "output_tokens_requested", "output_tokens", "status",
+                      "http_status", "error")
 STATUSES = ("ok", "http_error", "timeout", "error")
 
 
@@ -62,7 +68,8 @@ class ReplayConfig:
 class ReplaySummary:
     requests: int
     by_status: dict[str, int]
-    send_error_us: dict[str, float]  # p50, p99, max
+    send_error_us: dict[str, float]  # p50, p99, max: on-wire send − scheduled
+    connection_wait_us: dict[str, float]  # p50, p99, max: part of it spent waiting for a (new) connection
     ttft_ms: dict[str, float]
     duration_s: float
     max_in_flight: int
@@ -134,7 +141,7 @@ def read_replay_log(path: str | Path) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=list(REPLAY_LOG_COLUMNS))
     for col in ("index", "scheduled_ns", "sent_ns", "send_error_ns", "prompt_tokens", "output_tokens_requested"):
         frame[col] = frame[col].astype(np.int64)
-    for col in ("first_token_ns", "completed_ns", "output_tokens", "http_status"):
+    for col in ("connection_wait_ns", "first_token_ns", "completed_ns", "output_tokens", "http_status"):
         frame[col] = frame[col].astype("Int64")
     return frame
 
@@ -168,15 +175,16 @@ class _Replayer:
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         if self.in_flight > cfg.max_connections:
             self.limit_reached += 1
-        sent_ns = now_ns()
-        record = {"index": index, "scheduled_ns": scheduled_ns, "sent_ns": sent_ns,
-                  "send_error_ns": sent_ns - scheduled_ns, "first_token_ns": None, "completed_ns": None,
+        record = {"index": index, "scheduled_ns": scheduled_ns, "sent_ns": None, "send_error_ns": None,
+                  "connection_wait_ns": 0, "first_token_ns": None, "completed_ns": None,
                   "prompt_tokens": prompt_tokens, "output_tokens_requested": max_tokens, "output_tokens": None,
                   "status": "error", "http_status": None, "error": None}
+        handed_ns = now_ns()
         try:
             async with asyncio.timeout(cfg.timeout_s):
                 async with session.post(cfg.url.rstrip("/") + "/v1/completions", data=body,
-                                        headers={"Content-Type": "application/json"}) as resp:
+                                        headers={"Content-Type": "application/json"},
+                                        trace_request_ctx=record) as resp:
                     record["http_status"] = resp.status
                     if resp.status != 200:
                         text = await resp.text()
@@ -194,6 +202,9 @@ class _Replayer:
             record["status"], record["error"] = "error", f"{type(exc).__name__}: {exc}"[:300]
         finally:
             record["completed_ns"] = now_ns()
+            if record["sent_ns"] is None:  # never on the wire
+                record["sent_ns"] = handed_ns
+            record["send_error_ns"] = record["sent_ns"] - scheduled_ns
             self.in_flight -= 1
             self.log.append(record)
             self.results.append(record)
@@ -229,6 +240,31 @@ class _Replayer:
             record["status"], record["error"] = "error", "stream ended without [DONE]"
 
 
+def wire_trace_config() -> aiohttp.TraceConfig:
+    """aiohttp tracing that stamps a request's record (its `trace_request_ctx`): `sent_ns` when the body is
+    written to the socket, `connection_wait_ns` += time queued for a pooled connection or opening one."""
+    config = aiohttp.TraceConfig()
+
+    async def on_chunk_sent(session, ctx, params) -> None:
+        record = ctx.trace_request_ctx
+        if record is not None and record["sent_ns"] is None:  # None: a warm-up request, not a replayed one
+            record["sent_ns"] = now_ns()
+
+    async def wait_start(session, ctx, params) -> None:
+        ctx.wait_from = now_ns()
+
+    async def wait_end(session, ctx, params) -> None:
+        if ctx.trace_request_ctx is not None:
+            ctx.trace_request_ctx["connection_wait_ns"] += now_ns() - ctx.wait_from
+
+    config.on_request_chunk_sent.append(on_chunk_sent)
+    for start, end in ((config.on_connection_queued_start, config.on_connection_queued_end),
+                       (config.on_connection_create_start, config.on_connection_create_end)):
+        start.append(wait_start)
+        end.append(wait_end)
+    return config
+
+
 async def replay_requests(requests: pd.DataFrame, config: ReplayConfig, log_path: str | Path) -> ReplaySummary:
     """Replay `requests` (canonical frame) in real time; every request gets a log record."""
     was_enabled = gc.isenabled()
@@ -252,7 +288,8 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
     timer_early_ns = int(config.timerfd_early_s * 1e9)
     async with ReplayLog(log_path, config.fsync_interval_s) as log:
         replayer = _Replayer(config, log)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
+                                         trace_configs=[wire_trace_config()]) as session:
             origin = config.origin_ns if config.origin_ns is not None else now_ns() + int(config.lead_s * 1e9)
             await _warm_up(session, config, origin)
             tasks = set()
@@ -323,6 +360,7 @@ def replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | Path) -
 def _summarise(records: pd.DataFrame, origin: int, finished: int, replayer: _Replayer, log_path: str
                ) -> ReplaySummary:
     err = records["send_error_ns"].to_numpy(dtype=float) / 1e3
+    wait = records["connection_wait_ns"].to_numpy(dtype=float) / 1e3
     ok = records[records["status"] == "ok"]
     ttft = (ok["first_token_ns"].astype(float) - ok["sent_ns"].astype(float)).to_numpy() / 1e6
     pct = lambda a, q: float(np.percentile(a, q)) if len(a) else float("nan")  # noqa: E731
@@ -330,6 +368,8 @@ def _summarise(records: pd.DataFrame, origin: int, finished: int, replayer: _Rep
         requests=len(records),
         by_status={s: int((records["status"] == s).sum()) for s in STATUSES},
         send_error_us={"p50": pct(err, 50), "p99": pct(err, 99), "max": float(err.max()) if len(err) else float("nan")},
+        connection_wait_us={"p50": pct(wait, 50), "p99": pct(wait, 99),
+                            "max": float(wait.max()) if len(wait) else float("nan")},
         ttft_ms={"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
         duration_s=(finished - origin) / 1e9, max_in_flight=replayer.max_in_flight,
         connection_limit_reached=replayer.limit_reached, log_path=log_path, records=records)

@@ -124,11 +124,16 @@ def summarise(records: pd.DataFrame, arrival_s: np.ndarray, windows: pd.DataFram
     n = len(arrival_s)
     lat = request_latencies(records, latency_scale)
     status = lat["status"].to_numpy()
-    send_error_us = records.sort_values("index")["send_error_ns"].to_numpy(dtype=float) / 1e3
+    ordered = records.sort_values("index")
+    send_error_us = ordered["send_error_ns"].to_numpy(dtype=float) / 1e3
+    wait = ordered["connection_wait_ns"] if "connection_wait_ns" in ordered else pd.Series(np.nan, ordered.index)
+    wait_us = pd.to_numeric(wait, errors="coerce").to_numpy(dtype=float, na_value=np.nan) / 1e3  # NaN: older logs
     summary: dict = {
         "n": n, "recorded": int(len(records)), "ok": int((status == "ok").sum()),
         "failed": int(np.isin(status, ("http_error", "error")).sum()), "timeout": int((status == "timeout").sum()),
-        "send_error_us": {"p50": _pct(send_error_us, 50), "p99": _pct(send_error_us, 99)},
+        "send_error_us": {"p50": _pct(send_error_us, 50), "p99": _pct(send_error_us, 99)},  # on the wire
+        "connection_wait_us": {"p50": _pct(wait_us, 50), "p99": _pct(wait_us, 99),  # its share: pool / connect
+                               "waited": int(np.sum(wait_us > 0))},
         "latency_scale": latency_scale,
     }
     for column in ("ttft_ms", "tpot_ms", "e2e_ms"):
@@ -168,13 +173,17 @@ def summary_markdown(name: str, s: dict, source: str, endpoint: str) -> str:
              f"{s['timeout']} timed out; {s['recorded']} recorded. Latencies in trace time "
              f"(measured × {s['latency_scale']:g}); SLO: {slo}.", "",
              "| metric | p50 | p99 |", "|---|---:|---:|",
-             f"| send error (µs, wall) | {f(s['send_error_us']['p50'])} | {f(s['send_error_us']['p99'])} |",
+             f"| send error on the wire (µs, wall) | {f(s['send_error_us']['p50'])} | {f(s['send_error_us']['p99'])} |",
+             f"| of which connection wait (µs, wall) | {f(s['connection_wait_us']['p50'])} | "
+             f"{f(s['connection_wait_us']['p99'])} |",
              f"| TTFT (ms) | {f(s['ttft_ms']['p50'])} | {f(s['ttft_ms']['p99'])} |",
              f"| TPOT (ms) | {f(s['tpot_ms']['p50'], 2)} | {f(s['tpot_ms']['p99'], 2)} |",
              f"| completion (ms) | {f(s['e2e_ms']['p50'])} | {f(s['e2e_ms']['p99'])} |", ""]
-    if s.get("connection_limit_reached"):
-        lines += [f"{s['connection_limit_reached']} requests waited for a free client connection: their latencies "
-                  "start at the hand-over to the client, before the real send (raise max_connections).", ""]
+    if s["connection_wait_us"]["waited"]:
+        lines += [f"{s['connection_wait_us']['waited']} requests waited for a client connection (pool full or a new "
+                  "connection's set-up) before going on the wire: that wait is part of their send error, not of "
+                  "their latency" + (f"; {s['connection_limit_reached']} found the pool full (raise max_connections)"
+                                     if s.get("connection_limit_reached") else "") + ".", ""]
     if s.get("violation_rate") is not None:
         w = s["windows"]
         excess = "—" if s["sync_excess"] is None else f"{100 * s['sync_excess']:+.1f} pp"
