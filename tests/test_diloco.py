@@ -248,3 +248,30 @@ def test_step_input_errors(tmp_path, capsys):
     assert "Traceback" not in err
     code, _ = _run(tmp_path, "long", duration_s=10_000)
     assert code == 2 and "longer than the trace" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not AZURE_CONV.exists(), reason="shared Azure trace absent")
+def test_study_replications_sweep_on_a_local_cluster_equal_serial_runs(tmp_path):
+    # Each sweep point is a whole study (its own run seed → its own trace segments, schedules, calibration and
+    # paired test); the study's seeds stay paired inside one run. Two points on dask equal the same points'
+    # playbooks run one by one here.
+    from harness import sweep
+
+    playbook = tmp_path / "reps.yaml"
+    playbook.write_text(yaml.safe_dump({"name": "reps", "bench": "emulated:instant", "seed": 5, "steps": [
+        {"type": "diloco", "name": "study", "requests": str(AZURE_CONV), "bandwidth": "100", "evaluate": "model",
+         "workers": 1, "sensitivity_capacity": [], **SMALL}],
+        "sweep": {"grid": {"study.sync_capacity": [0.5]}, "seeds": [1, 2]}}))
+    assert main(["sweep", str(playbook), "--out", str(tmp_path / "dask"), "--workers", "2", "-q"]) == 0
+    results = pd.read_parquet(tmp_path / "dask" / sweep.RESULTS_NAME)
+    assert list(results["seed"]) == [1, 2] and list(results["outcome"]) == ["completed"] * 2
+    studies = []
+    for point, seed in zip(results["point"], results["seed"]):
+        inputs = tmp_path / "dask" / "inputs" / f"{point}.playbook.yaml"
+        assert main(["run", str(inputs), "--seed", str(seed), "--out", str(tmp_path / point), "-q"]) == 0
+        serial = json.loads((tmp_path / point / "diloco.json").read_text())
+        swept = json.loads((tmp_path / "dask" / "points" / point / "diloco.json").read_text())
+        assert serial["runs"] == swept["runs"] and serial["table"] == swept["table"]
+        assert results.loc[results["point"] == point, "study.verdict"].item() == serial["claims"][0]["verdict"]
+        studies.append([x["offset_s"] for x in serial["seeds"]])
+    assert studies[0] != studies[1]  # another run seed, other trace segments
