@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -193,6 +194,7 @@ def evaluate_run(task: dict) -> dict:
     from harness.bench.emulated import InterferenceWindow, ServiceModel
     from harness.steps.replay import request_latencies
 
+    cpu_start = time.process_time()  # this worker's CPU: the replay client and its endpoint share the process
     frame = pd.DataFrame(task["requests"])
     p = task["params"]
     windows = [InterferenceWindow(float(s), float(d), p["sync_capacity"]) for s, d in task["windows"]]
@@ -214,6 +216,7 @@ def evaluate_run(task: dict) -> dict:
         out["send_error_p99_us"] = float(np.percentile(summary.records["send_error_ns"], 99) / 1e3)  # on the wire
         out["connection_wait_p99_us"] = summary.connection_wait_us["p99"]  # its share spent on connections
         out["wall_s"] = summary.duration_s
+    out["cpu_s"] = time.process_time() - cpu_start
     return out
 
 
@@ -370,9 +373,10 @@ def diloco_step(ctx, step) -> StepOutcome:
     ctx.say(f"  {len(tasks)} replays ({p['seeds']} seeds × {len(policies)} policies, {p['draws']} matched-random "
             f"draws) of {path.name}, {p['duration_s']:g} s each at ×{p['time_scale']:g}, {workers} workers; "
             f"batch_slots {slots} ({calibration['chosen']})")
+    started_s = time.monotonic()
     results = _run_tasks(tasks, workers)
     return _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration, path, url, run_dir,
-                   {t["key"]: t for t in tasks})
+                   {t["key"]: t for t in tasks}, started_s)
 
 
 def _run_tasks(tasks: list[dict], workers: int) -> dict:
@@ -417,7 +421,7 @@ def _sensitivity(p, policies, per_seed, tasks_by_key, rule, seed) -> list[dict]:
 
 
 def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration, path, url, run_dir,
-            tasks_by_key) -> StepOutcome:
+            tasks_by_key, started_s: float) -> StepOutcome:
     from analysis import diloco as dl
     from harness import record as rec
 
@@ -435,7 +439,8 @@ def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration,
                      "starts_s": [float(x) for x in per_seed[s]["schedules"][pol][draw]],
                      "violation_pct": measured, "model_violation_pct": modelled,
                      "send_error_p99_us": r.get("send_error_p99_us"),
-                     "connection_wait_p99_us": r.get("connection_wait_p99_us"), "wall_s": r.get("wall_s")})
+                     "connection_wait_p99_us": r.get("connection_wait_p99_us"), "wall_s": r.get("wall_s"),
+                     "cpu_s": r.get("cpu_s")})
     seed_rate = {pol: np.nanmean(v, axis=1) for pol, v in rates.items()}  # draw mean per seed
     no_sync = seed_rate["no_sync"]
     table = []
@@ -470,6 +475,8 @@ def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration,
         f"emulated service: {p['batch_slots']} slots, prefill {p['prefill_tokens_per_s']:g} tok/s, decode "
         f"{p['decode_tokens_per_s']:g} tok/s per sequence ({calibration['chosen']})"]
     agreement = None
+    effort = {"evaluations": len(runs), "cpu_s": float(sum(r["cpu_s"] or 0.0 for r in runs)),
+              "wall_s": time.monotonic() - started_s}
     if source == "replay":
         diffs = np.concatenate([(rates[pol] - model_rates[pol]).ravel() for pol in policies])
         fidelity_ms = p["fidelity_ms"] or (p["slo_ttft_ms"] or p["slo_e2e_ms"] or 1000.0) / 10
@@ -491,7 +498,7 @@ def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration,
     out = {"trace": path.name, "evaluate": source, "endpoint": url or "emulated", "policies": policies,
            "params": {k: v for k, v in p.items()}, "study": study.as_dict(), "sync_cost": public_cost,
            "calibration": calibration, "table": table, "comparisons": comparisons, "claims": [claim],
-           "replay_vs_model": agreement, "sensitivity": sensitivity,
+           "replay_vs_model": agreement, "sensitivity": sensitivity, "effort": effort,
            "seeds": [{k: v for k, v in sd.items() if k != "schedules"} for sd in per_seed], "runs": runs}
     rec.write_json_atomic(ctx.run_dir / "diloco.json", out)
     from harness.plots import plot_diloco_envelope
@@ -552,6 +559,9 @@ def report_markdown(out: dict) -> str:
         lines += ["", "Sensitivity to the sync-capacity assumption (model evaluation, same schedules): " + "; ".join(
             f"{x['sync_capacity']:g} → {x['verdict']} ({x['mean_pp']:+.2f} pp, {x['wins']}/{len(out['seeds'])} seeds, "
             f"p_less {x['p_less']:.4f})" for x in out["sensitivity"]) + "."]
+    e = out["effort"]
+    lines += ["", f"Effort: {e['evaluations']} evaluations ({out['evaluate']}) in {e['wall_s']:.0f} s wall, "
+                  f"{e['cpu_s']:.0f} CPU-s in the workers ({out['params']['workers'] or 'one per CPU'} at a time)."]
     if out["replay_vs_model"]:
         a = out["replay_vs_model"]
         lines += ["", f"Replay vs the emulator's model (same windows): violation rates differ by {a['mean_pp']:+.2f} pp "
