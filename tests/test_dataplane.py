@@ -150,3 +150,22 @@ def test_on_the_optical_bench_a_pull_stalls_a_running_transfer_until_the_light_r
         assert tr.delivered(active)[0] == pytest.approx(before + BE * (active - relit) / 1e9, rel=1e-6)
         left = big - tr.delivered(tr.t)[0]
         assert tr.projected_finish_ns() == pytest.approx(tr.t + left / BC * 1e9, rel=1e-9)  # the circuit again
+
+
+def test_a_chain_runs_back_to_back_and_a_counter_read_sees_it_whole_however_late_the_tool():
+    """Iterations start where the previous ended on the fabric's time; a counter read at any instant sees
+    every iteration due by then, though the tool thread never advanced it (a late thread leaves no gap)."""
+    from devices.emulated.dataplane import Chain, PortCounters
+
+    s = Script({"a": up("b"), "b": up("a")})
+    counters = PortCounters()
+    step = [("b", 1e8, 1e8, BC)]
+    chain = counters.start(lambda t0: Chain(s.view(), "a", [step, step, step], BE, 1000, t0), lambda: 0)
+    one = 1000 + 1e8 / BC * 1e9  # latency + the circuit's time
+    s.now = int(10 * one)
+    assert counters.at(int(2.5 * one)) == pytest.approx((2.5e8, 2.5e8), rel=1e-4)  # the third one half done
+    assert chain.finish_ns is None  # integrated only up to what was read
+    chain.advance(s.now)
+    assert [b - a for a, b in chain.intervals()] == pytest.approx([one] * 3, abs=3)
+    assert chain.intervals()[1][0] == chain.intervals()[0][1]
+    assert counters.at(s.now) == pytest.approx((3e8, 3e8))

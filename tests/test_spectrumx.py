@@ -70,7 +70,8 @@ def test_link_failures_and_flaps_on_the_emulated_bench(tmp_path):
     playbook = {"name": "lf", "bench": "emulated:burst-mode", "seed": 5, "cycles": 1, "steps": [
         {"type": "link_failures", "name": "failures", "fail_pct": [0, 10, 50], **small},
         {"type": "link_flaps", "name": "flaps", "fail_pct": [25], "down_ms": 30, "flaps": 1, "ops_before": 2,
-         "lead_ms": 20, "tail_ms": 30, "sample_us": 500, **small},
+         "lead_ms": 20, "tail_ms": 30, "sample_us": 500, **small, "tokens_per_micro_batch": 8192,
+         "hidden_size": 4096},  # ~5 ms transfers: a few dozen in the long one
         {"type": "spectrumx_verdict", "name": "verdict", "reaction_bound_ms": 60000, "n_boot": 200}]}
     path = tmp_path / "pb.yaml"
     path.write_text(yaml.safe_dump(playbook))

@@ -135,6 +135,7 @@ class Transfer:
         self.sent = self.received = 0.0
         self.t = start_ns
         self.checkpoints: list[tuple[int, float, float]] = [(start_ns, 0.0, 0.0)]
+        self._times = [start_ns]  # the checkpoints' instants (bisected by every counter read)
         self.finish_ns: int | None = None
         self.lock = threading.Lock()
         self._resume_ns = start_ns + latency_ns  # the fixed start-up cost: nothing moves before it
@@ -158,10 +159,14 @@ class Transfer:
         return carries(a) and carries(b) and a.lit_by == peer.key and b.lit_by == self.me
 
     # ---------------------------------------------------------------- integration
+    def _checkpoint(self, t: int, sent: float, received: float) -> None:
+        self.checkpoints.append((t, sent, received))
+        self._times.append(t)
+
     def _finish(self, t: int) -> None:
         self.finish_ns = t
         self.t = t
-        self.checkpoints.append((t, *self.total))
+        self._checkpoint(t, *self.total)
 
     def _move(self, t: int, dt_ns: int) -> int | None:
         """Move bytes during [t, t + dt) with the state at t (constant in between); the finish instant if the
@@ -193,7 +198,7 @@ class Transfer:
                         setattr(p, attr, getattr(p, attr) * keep if keep > 1e-12 else 0.0)
                         self._count(attr, moved)
             done += step_ns
-            self.checkpoints.append((t + done, self.sent, self.received))
+            self._checkpoint(t + done, self.sent, self.received)
             if all(max(p.send, p.recv) <= 1e-6 for p in self.peers):
                 return t + done
         return None
@@ -214,13 +219,13 @@ class Transfer:
                 t = self.t
                 if t < self._resume_ns:
                     self.t = min(self._resume_ns, until_ns)
-                    self.checkpoints.append((self.t, self.sent, self.received))
+                    self._checkpoint(self.t, self.sent, self.received)
                     continue
                 bounds = [until_ns] + [c for k in self.keys for c in self.timelines[k].changes_in(t, until_ns)]
                 stall = self._stall_until(t)
                 if stall is not None:
                     self.t = min([stall] + bounds)
-                    self.checkpoints.append((self.t, self.sent, self.received))
+                    self._checkpoint(self.t, self.sent, self.received)
                     continue
                 end = min(bounds)
                 finished = self._move(t, end - t)
@@ -251,10 +256,70 @@ class Transfer:
                 return 0.0, 0.0
             if t_ns >= cps[-1][0]:
                 return cps[-1][1], cps[-1][2]
-            i = bisect.bisect_right([c[0] for c in cps], t_ns)
+            i = bisect.bisect_right(self._times, t_ns)
             (t0, s0, r0), (t1, s1, r1) = cps[i - 1], cps[i]
             w = (t_ns - t0) / (t1 - t0) if t1 > t0 else 1.0
             return s0 + w * (s1 - s0), r0 + w * (r1 - r0)
+
+
+class Chain:
+    """A tool's transfers back to back: each starts when the one before ends, on the fabric's time, and the
+    whole chain is counted from its start — so a counter read never sees a gap that a late tool thread would
+    leave between two of its iterations. `plan`: per transfer, its (peer key, send, recv, circuit bytes/s)."""
+
+    def __init__(self, view: FabricView, me: str, plan: list[list[tuple[str, float, float, float]]],
+                 eps_bytes_s: float, latency_ns: int, start_ns: int):
+        self.view, self.me, self.plan, self.eps, self.latency_ns = view, me, plan, eps_bytes_s, latency_ns
+        self.start_ns = start_ns
+        self.total = (sum(x[1] for step in plan for x in step), sum(x[2] for step in plan for x in step))
+        self.transfers: list[Transfer] = []
+        self._starts: list[int] = []
+        self._before: list[tuple[float, float]] = []  # the totals of every transfer before each one
+        self.lock = threading.Lock()
+        self._next(start_ns)
+
+    def _next(self, start_ns: int) -> None:
+        if self.transfers:
+            last, (s, r) = self.transfers[-1], self._before[-1]
+            self._before.append((s + last.total[0], r + last.total[1]))
+        else:
+            self._before.append((0.0, 0.0))
+        step = self.plan[len(self.transfers)]
+        self.transfers.append(Transfer(self.view, self.me, [Peer(*x) for x in step], self.eps, self.latency_ns,
+                                       start_ns))
+        self._starts.append(start_ns)
+
+    @property
+    def finish_ns(self) -> int | None:
+        last = self.transfers[-1]
+        return last.finish_ns if len(self.transfers) == len(self.plan) else None
+
+    def advance(self, until_ns: int) -> None:
+        with self.lock:
+            while True:
+                current = self.transfers[-1]
+                current.advance(until_ns)
+                if current.finish_ns is None or len(self.transfers) == len(self.plan):
+                    return
+                self._next(current.finish_ns)
+
+    def projected_finish_ns(self) -> int:
+        """When the current transfer ends if no state changes (for a tool's sleep)."""
+        with self.lock:
+            return self.transfers[-1].projected_finish_ns()
+
+    def delivered(self, t_ns: int) -> tuple[float, float]:
+        """Every transfer before the one running at `t_ns` whole, that one in part: O(log transfers)."""
+        with self.lock:
+            i = bisect.bisect_left(self._starts, t_ns) - 1
+            if i < 0:
+                return 0.0, 0.0
+            (s, r), (ds, dr) = self._before[i], self.transfers[i].delivered(t_ns)
+        return s + ds, r + dr
+
+    def intervals(self) -> list[tuple[int, int | None]]:
+        with self.lock:
+            return [(tr.start_ns, tr.finish_ns) for tr in self.transfers]
 
 
 class PortCounters:
@@ -263,11 +328,15 @@ class PortCounters:
     def __init__(self):
         self.lock = threading.Lock()
         self.base = (0.0, 0.0)
-        self.transfers: list[Transfer] = []
+        self.transfers: list[Chain] = []
 
-    def add(self, transfer: Transfer) -> None:
+    def start(self, make: Callable[[int], Chain], clock: Callable[[], int]) -> Chain:
+        """`make(start_ns)`, started now and counted from then: a read either ran before the start (it cannot
+        include it) or sees it."""
         with self.lock:
-            self.transfers.append(transfer)
+            chain = make(clock())
+            self.transfers.append(chain)
+            return chain
 
     def at(self, t_ns: int) -> tuple[float, float]:
         """(bytes sent, bytes received) by `t_ns` (<= now): running transfers are integrated up to it."""

@@ -1003,23 +1003,24 @@ class _DataPlane:
         return (self.circuit_bytes_s(me, peer) if _circuit_up(self.ctx.bench, self.ctx.bench.ocs_patches(), me, peer)
                 else self.eps_bytes_s)
 
-    def run(self, view, me, peers: list[tuple[object, float, float]], start_ns: int) -> int | None:
-        """One transfer of `me` (bytes to send and receive per peer) from `start_ns`, integrated over the
-        physics (devices/emulated/dataplane.py) and counted on `me`'s port. Sleeps until it ends (time-scaled:
-        rates × time_scale); its end on the harness clock, None if the client went away."""
+    def run(self, me, plan: list[list[tuple[object, float, float]]]) -> list[tuple[int, int]] | None:
+        """`me`'s transfers back to back from now (per transfer: (peer, bytes to send, to receive)), integrated
+        over the physics (devices/emulated/dataplane.py) and counted on `me`'s port. Sleeps until they end
+        (time-scaled: rates × time_scale); each transfer's (start, end) on the harness clock, None if the
+        client went away."""
         scale = self.time_scale
-        transfer = dataplane.Transfer(
-            view, me.key, [dataplane.Peer(m.key, send, recv, self.circuit_bytes_s(me, m) * scale)
-                           for m, send, recv in peers],
-            self.eps_bytes_s * scale, int(self.latency_s / scale * 1e9), start_ns)
-        dataplane.counters(self.ctx.bench, me.key).add(transfer)
+        steps = [[(m.key, send, recv, self.circuit_bytes_s(me, m) * scale) for m, send, recv in step] for step in plan]
+        view = dataplane.fabric(self.ctx.bench)
+        chain = dataplane.counters(self.ctx.bench, me.key).start(
+            lambda t0: dataplane.Chain(view, me.key, steps, self.eps_bytes_s * scale,
+                                       int(self.latency_s / scale * 1e9), t0), now_ns)
         while True:
             now = now_ns()
-            transfer.advance(now)
-            if transfer.finish_ns is not None:
-                return transfer.finish_ns
+            chain.advance(now)
+            if chain.finish_ns is not None:
+                return chain.intervals()
             # the result does not depend on when we wake; waking in steps only ends the command near its end
-            wait = min(transfer.projected_finish_ns() - now, _TRANSFER_WAKE_NS) / 1e9
+            wait = min(chain.projected_finish_ns() - now, _TRANSFER_WAKE_NS) / 1e9
             if not self.ctx.sleep(max(wait, 0.0)):
                 return None
 
@@ -1096,37 +1097,35 @@ def _alltoall_perf(ctx: ExecContext, argv: list[str]) -> int:
             return [(m, s * scale, r * scale) for m, s, r in peers]
         return [(m, size / nranks, size / nranks) for m, _, _ in peers]
 
-    view = dataplane.fabric(ctx.bench)
-    clock = [now_ns()]  # transfers back to back on the fabric's time, however late this thread runs
-
-    def timed(size: int, count: int) -> float | None:
-        """Mean seconds of `count` transfers as the fabric realised them; None: the client went away."""
-        begin = clock[0]
-        for _ in range(count):
-            end = plane.run(view, me, rank_traffic(size), clock[0])
-            if end is None:
-                return None
-            clock[0] = end
-        return (clock[0] - begin) / 1e9 * plane.time_scale / max(count, 1)
-
-    rows = []
+    sizes = []
     size = min_bytes
     while size <= max_bytes:
-        if timed(size, warmup) is None:
-            return 1
-        phases = []
-        for _ in ("out-of-place", "in-place"):
-            seconds = timed(size, iters)
-            if seconds is None:
-                return 1
-            algbw = size / 1e9 / seconds
-            phases.append(formats.NcclTiming(seconds * 1e6, algbw, algbw * (nranks - 1) / nranks,
-                                             0 if check else None))
-        rows.append((size, size // word, dtype, "none", -1, phases[0], phases[1]))
+        sizes.append(size)
         grown = size * factor if step_bytes <= 0 else size + step_bytes
         if grown <= size:  # a sweep from 0 bytes by a factor stays at 0: one row
             break
         size = grown
+    counts = (warmup, iters, iters)  # warm-up, out-of-place, in-place
+    intervals = plane.run(me, [rank_traffic(size) for size in sizes for n in counts for _ in range(n)])
+    if intervals is None:
+        return 1
+
+    def mean_s(first: int, count: int) -> float:
+        """Mean seconds of `count` transfers from the `first`-th, as the fabric realised them."""
+        spans = intervals[first:first + count]
+        return (spans[-1][1] - spans[0][0]) / 1e9 * plane.time_scale / max(count, 1)
+
+    rows, index = [], 0
+    for size in sizes:
+        index += warmup
+        phases = []
+        for _ in ("out-of-place", "in-place"):
+            seconds = mean_s(index, iters)
+            index += iters
+            algbw = size / 1e9 / seconds if seconds > 0 else 0.0
+            phases.append(formats.NcclTiming(seconds * 1e6, algbw, algbw * (nranks - 1) / nranks,
+                                             0 if check else None))
+        rows.append((size, size // word, dtype, "none", -1, phases[0], phases[1]))
     ranks = [formats.NcclRank(r, m.host, _device_index(ctx, m), _fake_pid(m.host, m.netdev), 0x18 + 0x10 * r,
                               formats.EmulatedGpu(0).name) for r, m in enumerate([me] + [p[0] for p in peers])]
     ctx.out(formats.nccl_tests_output("alltoall_perf", ranks, rows, min_bytes=min_bytes, max_bytes=max_bytes,
@@ -1184,12 +1183,10 @@ def _ib_write_bw(ctx: ExecContext, argv: list[str]) -> int:
     peer = (next((m for m in candidates if patches.get(me.ocs_tx) == m.ocs_rx), None)
             or next((m for m in candidates if m.rdma_dev == me.rdma_dev), None) or candidates[0])
     rate = plane.pair_bytes_s(me, peer)
-    view = dataplane.fabric(ctx.bench)
-    start = now_ns()
-    end = plane.run(view, me, [(peer, float(size * iters), 0.0)], start)
-    if end is None:
+    spans = plane.run(me, [[(peer, float(size * iters), 0.0)]])
+    if spans is None:
         return 1
-    measured = (end - start) / 1e9 * plane.time_scale
+    measured = (spans[0][1] - spans[0][0]) / 1e9 * plane.time_scale
     average = size * iters / measured
     gbits = bool(opts.get("gbits"))
     unit = (lambda b: b * 8 / 1e9) if gbits else (lambda b: b / 2**20)  # noqa: E731  perftest's MiB = 2^20

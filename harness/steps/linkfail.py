@@ -123,8 +123,9 @@ def _provenance(ctx) -> dict:
     if ctx.emulated:
         prof = ctx.emulated.profile
         prov["detection"] = {"ms": prof.fabric_detection.mean_s * 1e3, "source": prof.fabric_source}
-        prov["data_plane"] = ("emulated: the hosts' alltoall_perf times from the emulator's data-plane model "
-                              "(circuits, packet fabric, multiplane re-spread after the detection delay)")
+        prov["data_plane"] = ("emulated: the hosts' alltoall_perf times and RDMA counters from the emulator's "
+                              "data-plane model (circuits, packet fabric, multiplane stall and re-spread after the "
+                              "detection delay), integrated over the ports' state changes at their due times")
     else:
         prov["detection"] = {"ms": None, "source": "the real fabric's own (not modelled)"}
         prov["data_plane"] = f"measured by the transfer tool on bench {prov['bench']}"
@@ -218,6 +219,10 @@ def link_failures(ctx, step) -> StepOutcome:
                "detail": failure or f"{len(table)}/{len(study.fail_pct)}"}]
     return StepOutcome(ok=checks[0]["ok"], checks=checks, summary=summary, summary_md="\n".join(md),
                        artifacts=[summary["parquet"], f"linkfail_{step.name}.json"], data={"linkfail": summary})
+
+
+class TransferTooShort(PhaseFailed):
+    """A flap's transfer ended before the link had been down long enough to show a steady state."""
 
 
 class FlapSeries:
@@ -329,12 +334,13 @@ class FlapSeries:
         return best
 
 
-def flap_reaction(series: FlapSeries, keys: list[str], begin_ns: int, sent_ns: int, up_ns: int) -> dict:
+def flap_reaction(series: FlapSeries, keys: list[str], begin_ns: int, sent_ns: int, up_ns: int,
+                  interval_s: float) -> dict:
     """Per flap, over the pulled ports' counter windows (the last port to recover): the reaction from their
     first carrier drop (watched) to goodput ≥ 95 % of the new steady state, bounds widened by both clock
     uncertainties and the watcher's interval; the steady goodput after ÷ before (the median windows of the
-    second halves of [begin, down) and [down, up)); the first window after the restore back at ≥ 95 % of
-    before."""
+    second halves of [begin, down) and of [down, up) while the transfer ran); the first window after the
+    restore back at ≥ 95 % of before."""
     seen = series.link_down(sent_ns)
     if seen is None:
         raise PhaseFailed(f"no carrier drop seen on {', '.join(keys)} after the disconnect")
@@ -345,11 +351,17 @@ def flap_reaction(series: FlapSeries, keys: list[str], begin_ns: int, sent_ns: i
         t, octets, unc = series.series(key)
         samples, clock = samples + len(t), max(clock, unc)
         start, end, good = lf.counter_windows((t - down_hi) / 1e9, octets)
+        moving = np.flatnonzero(good > 0)
+        # the steady state: the second half of the link's down time while the transfer still ran
+        last = min(up, float(end[moving[-1]])) if moving.size else 0.0
+        if last < 20 * interval_s:
+            raise TransferTooShort(f"{key}: the transfer ran {last * 1e3:.2f} ms of the link's down time, too short "
+                              "for a steady state (raise tail_ms)")
         try:
-            r = lf.reaction_time(start, end, good, 0.0, up / 2, up)
+            r = lf.reaction_time(start, end, good, 0.0, last / 2, last)
         except ValueError as exc:
             raise PhaseFailed(f"{key}: no reaction from {len(t)} counter samples: {exc}") from None
-        spanned = spanned and bool(((end > up) & (good > 0)).any())
+        spanned = spanned and last == up
         lead = (start >= (begin_ns - down_hi) / 2e9) & (end <= 0)
         before = float(np.median(good[lead])) if lead.any() else float("nan")
         lows.append(r.low_s)
@@ -383,13 +395,11 @@ def link_flaps(ctx, step) -> StepOutcome:
         moe.pool = pool
         try:
             study.wire_intact()
-            for flap in range(p["flaps"]):
-                failed = study.pick(pct)
-                before = [study.phase_row(matrix, study.full) for _ in range(p["ops_before"])]
-                # one invocation: warm-up 0, `iters` out-of-place then `iters` in-place transfers back to back
-                per_transfer_s = float(np.median([r["measured_s"] for r in before]))
-                span_s = (p["lead_ms"] + p["down_ms"] + p["tail_ms"]) / 1e3
-                iters = max(1, math.ceil(span_s / (2 * per_transfer_s)))
+            overhead_s = 0.0  # what a flap took beyond lead + down + tail (the switch, a loaded host), seen so far
+
+            def one_flap(failed, iters):
+                """Pull `failed` while one transfer of `iters` runs; (row, series, times) or TransferTooShort."""
+                nonlocal overhead_s
                 pulled = sorted({i for link in failed for i in link})
                 hosts = sorted({moe.endpoints[i].host for i in pulled})
                 for host in hosts:  # fresh clock fits around the flap: its samples are converted with them
@@ -404,9 +414,9 @@ def link_flaps(ctx, step) -> StepOutcome:
                     time.sleep(max(0.0, (seen + p["down_ms"] * 1e6 - now_ns()) / 1e9))
                     up_ns = now_ns()
                     study.wire_intact()  # restore: reconnect and wait until the links trained
-                    rank_s, wall_s = running.result()
-                    end_ns = now_ns()
-                    series.wait_past(end_ns)
+                    overhead_s = max(overhead_s, (now_ns() - begin_ns) / 1e9 - (p["lead_ms"] + p["down_ms"]) / 1e3)
+                    _, wall_s = running.result()
+                    series.wait_past(now_ns())
                 finally:
                     series.close()
                 for host in hosts:
@@ -414,13 +424,33 @@ def link_flaps(ctx, step) -> StepOutcome:
                 if series.problems:
                     raise PhaseFailed("; ".join(series.problems[:3]))
                 keys = [moe.endpoints[i].key for i in pulled]
-                row = flap_reaction(series, keys, begin_ns, down_ns, up_ns)
+                row = flap_reaction(series, keys, begin_ns, down_ns, up_ns, p["sample_us"] / 1e6)
                 if ctx.emulated:
                     from harness.bench.emulated import flap_truth_ns
 
                     truth = flap_truth_ns(ctx.emulated, keys, down_ns)
                     row["truth_reaction_ms"] = None if truth is None else (truth[1] - truth[0]) / 1e6
-                table.append({"flap": flap, "failed_links": len(failed), "iters": iters, "op_s": wall_s, **row})
+                row.update(iters=iters, op_s=wall_s)
+                return row, series, pulled, (down_ns, up_ns)
+
+            for flap in range(p["flaps"]):
+                failed = study.pick(pct)
+                before = [study.phase_row(matrix, study.full) for _ in range(p["ops_before"])]
+                # one invocation: warm-up 0, `iters` out-of-place then `iters` in-place transfers back to back,
+                # long enough for lead + down + tail and what the flaps so far took beyond that; a transfer that
+                # ended before the link had been down long enough is run again, 4 × longer (at most twice)
+                per_transfer_s = float(np.median([r["measured_s"] for r in before]))
+                span_s = (p["lead_ms"] + p["down_ms"] + p["tail_ms"]) / 1e3 + 2 * overhead_s
+                for attempt in range(3):
+                    iters = max(1, math.ceil(4**attempt * span_s / (2 * per_transfer_s)))
+                    try:
+                        row, series, pulled, (down_ns, up_ns) = one_flap(failed, iters)
+                        break
+                    except TransferTooShort as exc:
+                        if attempt == 2:
+                            raise
+                        ctx.say(f"[yellow]{step.name}: flap {flap}: {exc}; again with a 4 × longer transfer[/]")
+                table.append({"flap": flap, "failed_links": len(failed), "attempts": attempt + 1, **row})
                 for i in pulled:
                     t, octets, unc = series.series(moe.endpoints[i].key)
                     records += [{"flap": flap, "endpoint": moe.endpoints[i].key, "t_ns": int(a), "octets": float(b),
