@@ -261,3 +261,35 @@ def test_schedule_report_warns_only_when_the_machine_made_it_late():
     s = bad["stages"]["los_clear"]
     assert s["realised_p99_ms"] > s["profile_p99_ms"] + 10 and s["profile_p99_ms"] == \
         good["stages"]["los_clear"]["profile_p99_ms"]  # same draws, realised late
+
+
+@pytest.mark.parametrize("dark_ms, switch_ms", [(0, 0), (5, 1)])
+def test_a_new_far_end_transmitter_breaks_the_link_even_without_a_dark_gap(dark_ms, switch_ms):
+    """One command swaps every circuit (SCPI and NETCONF send the whole map at once). With no dark time (0, 0),
+    or the new mirror settling before the old one lets go (5 ms dark, 1 ms switch: never dark at all), the
+    receiver now sees another transmitter: it loses lock and the link at once, then trains on the new one."""
+    clock = FakeClock()
+    profile = dict(FAST, ocs={"switch": {"dist": "fixed", "ms": switch_ms}, "dark": {"dist": "fixed", "ms": dark_ms}},
+                   topology={"hosts": 2, "nics_per_host": 2, "ocs_size": [4, 4]})
+    bench = OpticalBench(profile_from_dict(profile), seed=1, clock=clock)
+    p = bench.all_nic_ports()
+    bench.ocs_apply({p[0].ocs_tx: p[1].ocs_rx, p[1].ocs_tx: p[0].ocs_rx, p[2].ocs_tx: p[3].ocs_rx,
+                     p[3].ocs_tx: p[2].ocs_rx})
+    clock.advance_ms(100)
+    t0 = clock()
+    swap = {p[0].ocs_tx: p[2].ocs_rx, p[2].ocs_tx: p[0].ocs_rx, p[1].ocs_tx: p[3].ocs_rx, p[3].ocs_tx: p[1].ocs_rx}
+    bench.ocs_apply(swap, removes=list(swap))
+    clock.advance_ms(100)
+    ms = 10**6
+    after = [(t["stage"], t["t_ns"] - t0) for t in bench.ground_truth()
+             if t["port"] == p[2].netdev and t["host"] == p[2].host and t["t_ns"] >= t0]
+    new = switch_ms * ms  # the new transmitter's light is there from the moment its mirror settles
+    expected = [("port_down", new), ("light_detected", new + 1 * ms), ("cdr_locked", new + 3 * ms),
+                ("phy_up", new + 8 * ms), ("port_active", new + 11 * ms)]
+    if dark_ms == switch_ms == 0:  # the old light goes first, for no measurable time
+        expected.insert(0, ("light_lost", 0))
+    assert after == expected
+    for port, peer in ((p[0], p[2]), (p[2], p[0]), (p[1], p[3]), (p[3], p[1])):
+        snap = bench.nic_snapshot(port.host, port.netdev)
+        assert (snap.carrier_down_count, snap.carrier_up_count, snap.ib_state, snap.lit_by) == (1, 2, "ACTIVE",
+                                                                                               peer.key)

@@ -123,6 +123,7 @@ class _Port:
     fault: str | None = None  # "never_up" | "flap" | None
     flaps: int = 0  # "flap": carrier down/up cycles after each PHY training, light staying on
     flap_ns: int = 1_000_000  # "flap": how long each carrier-down and carrier-up phase lasts
+    trained_on: int | None = None  # the ingress whose signal the link last trained on (its far-end transmitter)
 
 
 @dataclass
@@ -391,10 +392,23 @@ class OpticalBench:
             (self._lit_egress.add if on else self._lit_egress.discard)(egress)
             if port is not None:
                 self._light_changed(port, t, on, command, domain)
+        elif on and port is not None and self._link_up(port) and port.trained_on != source:
+            self._light_changed(port, t, on, command, domain)  # another transmitter, never dark between
         if port is not None:
             self._update_data_plane(t, (port,))  # its peer may have changed even where the light did not
 
     # ------------------------------------------------------------------ NIC state machine
+    @staticmethod
+    def _link_up(port: _Port) -> bool:
+        return port.state.carrier or port.state.ib_state != "DOWN"
+
+    def _drop_link(self, port: _Port, t: int, **changes) -> None:
+        had_carrier = port.state.carrier
+        self._emit(port, t, "port_down", carrier=False, phys_state="Polling", ib_state="DOWN", operstate="down",
+                   carrier_down_count=port.state.carrier_down_count + int(had_carrier),
+                   link_downed=(port.state.link_downed + int(had_carrier)) % 256, **changes)
+        self._update_data_plane(t, self._dp_affected(port))
+
     def _emit(self, port: _Port, t: int, stage: str | None, **changes) -> None:
         old = port.state
         port.state = replace(old, **changes)
@@ -421,6 +435,10 @@ class OpticalBench:
 
         if on:
             power = -3.0 - 0.05 * (port.model.ocs_rx % 7)
+            if self._link_up(port) and port.trained_on != self._settled_to.get(port.model.ocs_rx):
+                # A new far-end transmitter (an atomic swap, no dark gap the link could notice): its clock
+                # and phase are not the ones the receiver locked to, so the lock and the link are lost now.
+                self._drop_link(port, t, rx_lol=True)
 
             def los_clear(t, gen=gen):
                 if port.gen != gen:
@@ -442,6 +460,7 @@ class OpticalBench:
             def phy_up(t, gen=gen):
                 if port.gen != gen:
                     return
+                port.trained_on = self._settled_to.get(port.model.ocs_rx)
                 self._emit(port, t, "phy_up", carrier=True, phys_state="LinkUp",
                            carrier_up_count=port.state.carrier_up_count + 1)
                 if flaps_left[0] > 0:
@@ -471,14 +490,8 @@ class OpticalBench:
                        lit_by=None)
 
             def link_down(t, gen=gen):
-                if port.gen != gen or not (port.state.carrier or port.state.ib_state != "DOWN"):
-                    return
-                had_carrier = port.state.carrier
-                self._emit(port, t, "port_down", carrier=False, phys_state="Polling", ib_state="DOWN",
-                           operstate="down",
-                           carrier_down_count=port.state.carrier_down_count + int(had_carrier),
-                           link_downed=(port.state.link_downed + int(had_carrier)) % 256)
-                self._update_data_plane(t, self._dp_affected(port))
+                if port.gen == gen and self._link_up(port):
+                    self._drop_link(port, t)
 
             after(t, "link_down", link_down)
 
