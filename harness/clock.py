@@ -380,7 +380,8 @@ class ClockTracker:
                              "drift_ppm": seg.fit.b * 1e6, "min_delay_ns": seg.min_delay_ns})
         return {"host": self.host, "segments": segments,
                 "steps": [{"t_ns": s.t_ns, "after_ns": s.after_ns, "jump_ns": s.jump_ns,
-                           "uncertainty_ns": s.uncertainty_ns} for s in self.steps]}
+                           "uncertainty_ns": s.uncertainty_ns, "not_before_ns": s.not_before_ns,
+                           "not_after_ns": s.not_after_ns} for s in self.steps]}
 
 
 def clock_table(trackers: dict[str, ClockTracker] | list[ClockTracker]) -> list[dict]:
