@@ -238,7 +238,7 @@ class FlapSeries:
         self.downs: dict[str, list[tuple[int, int]]] = {e.key: [] for e in endpoints}  # carrier 0: (host ns, interval)
         self.host_of = {e.key: e.host for e in endpoints}
         self.problems: list[str] = []
-        self.streams, self.closed = [], False
+        self.streams, self.closed, self.ends = [], False, 0
         by_host: dict[str, list] = {}
         for e in endpoints:
             by_host.setdefault(e.host, []).append(e)
@@ -275,6 +275,7 @@ class FlapSeries:
                 self.downs[key_of[w.netdev]].append((w.host_ns, w.interval_ns))
 
     def _ended(self, reason: str) -> None:
+        self.ends += 1
         if not self.closed:
             self.problems.append(f"agent stream ended: {reason.strip()[:200]}")
 
@@ -306,10 +307,20 @@ class FlapSeries:
             time.sleep(0.002)
         return now_ns()
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 2.0) -> None:
+        """End the streams as the agent expects (EOF on stdin: it stops, the host ends the command), and
+        only then close them — never a channel under the reader thread that still serves it."""
         self.closed = True
         for stream in self.streams:
             stream.closed_by_us = True
+            try:
+                stream.close_stdin()
+            except (OSError, EOFError, DeviceError):
+                pass
+        deadline = now_ns() + int(timeout_s * 1e9)
+        while self.ends < len(self.streams) and now_ns() < deadline:
+            time.sleep(0.005)
+        for stream in self.streams:
             self.readers.remove(stream)
             stream.close()
 
