@@ -106,3 +106,26 @@ def test_metrics_use_vllm_names_and_count_what_was_served():
     assert samples[("vllm:time_per_output_token_seconds_sum", labels)] == pytest.approx(12 / 2000, rel=1e-3)
     assert samples[("vllm:e2e_request_latency_seconds_count", labels)] == 3
     assert samples[("vllm:request_queue_time_seconds_count", labels)] == 3
+
+
+def test_a_client_leaving_mid_stream_is_counted_not_logged_as_a_server_error(caplog):
+    async def body():
+        em = VllmEmulator(ServiceModel(decode_tokens_per_s=20))
+        await em.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.post(em.url + "/v1/completions",
+                                        json={"prompt": [1, 2], "max_tokens": 40, "stream": True}) as resp:
+                    await resp.content.readany()  # the first token, then the client goes away
+            for _ in range(400):  # the server notices at its next write (~50 ms)
+                if em.stats.disconnected:
+                    break
+                await asyncio.sleep(0.025)
+            return em.stats
+        finally:
+            await em.stop()
+
+    with caplog.at_level("ERROR", logger="aiohttp.server"):
+        stats = asyncio.run(body())
+    assert stats.disconnected == 1 and stats.completed == 0
+    assert "Error handling request" not in caplog.text

@@ -499,7 +499,10 @@ class VllmEmulator:
                 response = web.json_response({
                     "id": ident, "object": "chat.completion" if chat else "text_completion",
                     "created": int(time.time()), "model": self.model, "choices": [choice], "usage": usage})
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionResetError:  # the client left mid-answer (e.g. its own timeout): counted, not logged as
+            self.stats.disconnected += 1  # a server error; aiohttp drops the reply to the closed connection
+            return web.Response(status=499)
+        except asyncio.CancelledError:
             self.stats.disconnected += 1
             raise
         finally:
