@@ -40,10 +40,32 @@ def test_turnaround_records_gpus_idle_while_the_network_retrains(tmp_path, monke
     view = json.loads((run / "manifest.json").read_text())["extra"]["gpu_view"]["measure"]
     assert view["windows"] == 2  # the measured cycles: ocs_command_sent .. last port_active
     for host, s in view["hosts"].items():
-        assert s["n_inside"] >= 8 and s["n_outside"] >= 8, (host, s)
+        assert s["n_inside"] >= 1 and s["n_outside"] >= 1, (host, s)
         assert s["mean_util_outside"] == GPU_BUSY["utilization_gpu"]
-        # inside a window the host's ports are down from light loss until ACTIVE: idle for nearly all of it
-        assert s["idle_fraction_inside"] >= 0.8, (host, s)
+    # Every sample against the emulator's port truth (load cannot move it: a loaded switch stretches the
+    # windows, not the truth): a sample whose bound lies where one of its host's ports was not ACTIVE reads
+    # idle, one whose bound lies where all were reads busy.
+    truth = pd.read_parquet(run / "ground_truth.parquet")
+    checked = {}
+    for host, mine in samples.groupby("host"):
+        events = truth[(truth.host == host) & truth.stage.isin(["port_down", "port_active"])].sort_values("t_ns")
+        active = {port: g.stage.iloc[0] == "port_down" for port, g in events.groupby("port")}  # before the first
+        edges = [(events.t_ns.iloc[0], all(active.values()))]
+        for e in events.itertuples():
+            active[e.port] = e.stage == "port_active"
+            edges.append((e.t_ns, all(active.values())))
+        kinds = []
+        for smp in mine.itertuples():
+            lo, hi = smp.t_ns - smp.uncertainty_ns, smp.t_ns + smp.uncertainty_ns
+            if lo < edges[0][0] or hi > edges[-1][0]:
+                continue  # outside the span the truth covers
+            states = {busy for t, busy in edges if lo < t <= hi} | {next(b for t, b in reversed(edges) if t <= lo)}
+            if len(states) == 1:
+                busy = states.pop()
+                assert smp.utilization_gpu == (GPU_BUSY if busy else GPU_STALLED)["utilization_gpu"], (host, smp)
+                kinds.append(busy)
+        checked[host] = (kinds.count(True), kinds.count(False))
+    assert all(busy >= 1 and idle >= 1 for busy, idle in checked.values()), checked
     # in the run's report: summary.md and the HTML page, one row per host from the same manifest record
     rows = gpu_view.table_rows({"measure": view})
     assert [r[:3] for r in rows] == [["measure", h, "2"] for h in sorted(view["hosts"])]
