@@ -13,7 +13,7 @@ from devices.errors import TransportClosed
 from devices.hostagent import HostAgent, parse_probe_line
 from devices.parsers.nic import parse_ip_monitor_line
 from devices.ssh import SshTransport
-from devices.timing import Deadline
+from devices.timing import Deadline, now_ns
 
 pytestmark = pytest.mark.netns
 _UNAVAILABLE = netns_available()
@@ -58,22 +58,34 @@ def test_driver_probes_and_ip_monitor_run_inside_the_namespaces():
 
             bench.ocs_apply({a.ocs_tx: b.ocs_rx, b.ocs_tx: a.ocs_rx})
             first = parse_probe_line(read_until(receiver, lambda line: " first " in line))
+            read_ns = now_ns()
             assert (first.kind, first.src_mac) == ("first", a.mac)
             active = max(t["t_ns"] for t in bench.ground_truth() if t["stage"] == "port_active")
             epoch = bench.host_clock_params(b.host)["epoch_ns"]
-            assert -1_000_000 <= first.host_ns - epoch - active <= 5_000_000_000
+            # Bounds from causality, not speed: the kernel stamped the first probe after the data plane let it
+            # through (a's and b's OCS-side veths up, a redirected to b: each change after it was queued) and
+            # before the test read the line. A loaded machine starts the real sender late, so its lag behind
+            # the physics has no wall-clock bound.
+            assert plane.settle()
+            opened = max(queued for kind, key, queued, _ in plane.op_log
+                         if (kind == "carrier" and key in (a.key, b.key)) or (kind == "redirect" and key == a.key))
+            assert max(opened, active - 1_000_000) <= first.host_ns - epoch <= read_ns
 
             # The real `ip monitor` in B's namespace saw B's veth get carrier.
             line = read_until(monitor, lambda text: b.netdev in text and "LOWER_UP" in text)
+            read_ns = now_ns()
             link = parse_ip_monitor_line(line)
             assert link is not None and link.ifname == b.netdev and link.carrier
             phy_up_b = next(t["t_ns"] for t in bench.ground_truth() if t["stage"] == "phy_up" and t["host"] == b.host)
-            assert -1_000_000 <= link.stamp_ns() - epoch - phy_up_b <= 5_000_000_000
+            carrier_b = min(queued for kind, key, queued, _ in plane.op_log if kind == "carrier" and key == b.key)
+            # ip monitor's stamp is whole microseconds
+            assert max(phy_up_b, carrier_b) - 1_000_000 <= link.stamp_ns() - epoch <= read_ns
 
             sender.close_stdin()
             # The physics still models the probe stream, so ground truth keeps a first_packet event.
             modelled = [t["t_ns"] for t in bench.ground_truth() if t["stage"] == "first_packet" and t["host"] == b.host]
-            assert modelled and abs(first.host_ns - epoch - modelled[0]) < 1_000_000_000
+            # ... after both ends are ACTIVE (and after the modelled sender started, as late as the real one)
+            assert modelled and active <= modelled[0] <= now_ns()
             summary = read_until(sender, lambda text: text.startswith("sent "))
             words = summary.split()
             assert words[0] == "sent" and int(words[1]) > 0 and words[2] == "errors"
