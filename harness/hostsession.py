@@ -43,13 +43,11 @@ class HostSession:
         self.transport = transport or SshTransport(resource)  # given: the run's connection, already used (preflight)
         self.agent = HostAgent(self.transport, python=resource.python)
         self._streams: list[LineStream] = []
-        self._threads: list[threading.Thread] = []
         self._readers = readers  # None: the process's one reader thread (harness.bench.readers)
         self._timesrv: LineStream | None = None
         self.clock = None
         self._clock_lock = threading.Lock()
         self._stop = threading.Event()
-        self._sync_error: Exception | None = None
         self._probe_lock = threading.Lock()  # one clock probe at a time over the shared time responder
         self._starters: list = []  # how to start each stream again after a reconnect
         self.reconnects = 0
@@ -124,20 +122,6 @@ class HostSession:
         with self._clock_lock:
             return self.clock.to_harness(host_ns)
 
-    def start_clock_sync(self, period_s: float) -> None:
-        """Re-estimate the offset every `period_s` in the background, to track drift and catch steps."""
-        def loop():
-            while not self._stop.wait(period_s):
-                try:
-                    self.sync_clock()
-                    self._sync_error = None
-                except Exception as exc:  # a dead responder: the streams report the drop; retry later
-                    self._sync_error = exc
-
-        t = threading.Thread(target=loop, daemon=True, name=f"{self.name}-clock")
-        t.start()
-        self._threads.append(t)
-
     def _keep(self, stream: LineStream) -> LineStream:
         self._streams.append(stream)
         return stream
@@ -209,12 +193,9 @@ class HostSession:
             except Exception:  # teardown reaches every stream; after a drop the connection is gone anyway
                 pass
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """End every stream and the connection; waits at most `timeout_s` for the reader threads."""
-        deadline = Deadline(timeout_s)
+    def close(self) -> None:
+        """End every stream and the connection."""
         self._stop.set()
         self._end(reversed(self._streams))
         self._streams = []
-        for t in self._threads:
-            t.join(timeout=deadline.remaining())
         self.transport.close()

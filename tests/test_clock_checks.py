@@ -19,7 +19,7 @@ class FakeSession:
 
 
 def step(lo, hi, jump_ms=5.0):
-    return ClockStep(t_ns=hi, after_ns=lo, jump_ns=int(jump_ms * 1e6), uncertainty_ns=1, not_before_ns=lo,
+    return ClockStep(t_ns=hi, after_ns=lo, jump_ns=int(jump_ms * 1e6), uncertainty_ns=100, not_before_ns=lo,
                      not_after_ns=hi)
 
 
@@ -35,10 +35,10 @@ def group(*spans):
 def test_a_step_labels_each_cycle_that_may_hold_it_once():
     hosts, a = group((1, 100, 200), (2, 210, 300))
     a.steps.append(step(150, 205))  # in cycle 1, or between cycles: cycle 1 only
-    assert hosts.clock_labels() == {1: [("a", "clock-step:a: +5.000 ms")]}
+    assert hosts.clock_labels() == {1: [("a", "clock-step:a: +5.000 ms ± 0.000")]}
     assert hosts.clock_labels() == {}  # reported once
     a.steps.append(step(190, 220, -2.5))  # the check closing cycle 1 answered after cycle 2 began: both
-    assert hosts.clock_labels() == {1: [("a", "clock-step:a: -2.500 ms")], 2: [("a", "clock-step:a: -2.500 ms")]}
+    assert hosts.clock_labels() == {1: [("a", "clock-step:a: -2.500 ms ± 0.000")], 2: [("a", "clock-step:a: -2.500 ms ± 0.000")]}
     a.steps.append(step(205, 250))  # after the check that closed cycle 1 was sent: cycle 2 only
     assert list(hosts.clock_labels()) == [2]
     a.steps.append(step(20, 90))  # before the first cycle (warm-up): nothing to label
@@ -67,7 +67,7 @@ def test_a_check_runs_on_the_clock_thread_and_labels_wait_for_it(monkeypatch):
     hosts.stop()
     assert ran_on == [("clock-sync", 1)]
     assert labels == {2: [("a", "host:a: clock probe failed: no reply to c7 before the deadline"),
-                          ("a", "clock-step:a: +5.000 ms")]}
+                          ("a", "clock-step:a: +5.000 ms ± 0.000")]}
 
 
 def test_no_check_without_probes_and_at_once_without_the_thread(monkeypatch):

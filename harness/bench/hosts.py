@@ -186,7 +186,7 @@ class HostGroup:
                 for cycle, begin, done in self._spans:
                     if begin <= step.not_after_ns and (done < 0 or step.not_before_ns < done):
                         labels.setdefault(cycle, []).append(
-                            (host, f"clock-step:{host}: {step.jump_ns / 1e6:+.3f} ms"))
+                            (host, f"clock-step:{host}: {step.jump_ns / 1e6:+.3f} ms ± {step.uncertainty_ns / 1e6:.3f}"))
             self._steps_labelled[host] = len(steps)
         return labels
 
