@@ -363,7 +363,13 @@ class PhysicsView:
 
 
 def _worker_main(calls_fd: int, pushes_fd: int) -> int:
+    import signal
+
     from devices.emulated.ssh_host import EmulatedHostServer
+
+    # A terminal's Ctrl-C reaches the whole process group: the bench stops its workers over the pipe (and a
+    # closed pipe stops them too), so the worker neither dies mid-stop nor prints a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     calls, pushes = Connection(calls_fd), Connection(pushes_fd)
     spec = pushes.recv()
