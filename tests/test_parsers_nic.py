@@ -9,6 +9,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from devices.emulated import formats
+from devices.emulated.physics import NicSnapshot
 from devices.parsers import ParseError
 from devices.parsers.nic import (IB_PHYS_STATES, IB_STATES, parse_carrier, parse_ethtool, parse_ethtool_json,
                                  parse_ethtool_module, parse_ib_phys_state, parse_ib_rate, parse_ib_state,
@@ -26,24 +27,8 @@ class Model:  # a NicModel stand-in: formats are duck-typed
     ifindex: int = 3
 
 
-@dataclass(frozen=True)
-class Snap:  # a NicSnapshot stand-in
-    rx_los: bool = True
-    rx_lol: bool = True
-    carrier: bool = False
-    phys_state: str = "Polling"
-    ib_state: str = "DOWN"
-    operstate: str = "down"
-    carrier_up_count: int = 0
-    carrier_down_count: int = 0
-    link_downed: int = 0
-    rx_power_dbm: float = -60.0
-    speed_mbps: int = 400_000
-    admin_up: bool = True
-
-
 snapshots = st.builds(
-    Snap, rx_los=st.booleans(), rx_lol=st.booleans(), carrier=st.booleans(),
+    NicSnapshot, rx_los=st.booleans(), rx_lol=st.booleans(), carrier=st.booleans(),
     phys_state=st.sampled_from(["LinkUp", "Polling", "Disabled"]),
     ib_state=st.sampled_from(["ACTIVE", "DOWN", "INIT"]),
     operstate=st.sampled_from(["up", "down", "lowerlayerdown"]),
@@ -163,9 +148,9 @@ def test_ethtool_settings_sample():
 
 
 def test_mlxlink_link_up_comes_from_state_not_the_an_fsm_word():
-    up = parse_mlxlink(formats.mlxlink(Model(), Snap(False, False, True, "LinkUp", "ACTIVE", "up")))
+    up = parse_mlxlink(formats.mlxlink(Model(), NicSnapshot(False, False, True, "LinkUp", "ACTIVE", "up")))
     assert (up.state, up.physical_state, up.link_up, up.speed) == ("Active", "ETH_AN_FSM_ENABLE", True, "400G")
-    dark = parse_mlxlink(formats.mlxlink(Model(), Snap(True, True, False, "Polling", "DOWN", "down")))
+    dark = parse_mlxlink(formats.mlxlink(Model(), NicSnapshot(True, True, False, "Polling", "DOWN", "down")))
     assert (dark.state, dark.physical_state, dark.link_up, dark.speed) == ("Polling", "ETH_AN_FSM_ENABLE", False,
                                                                            "N/A")
 
