@@ -271,7 +271,9 @@ def test_study_replications_sweep_on_a_local_cluster_equal_serial_runs(tmp_path)
         assert main(["run", str(inputs), "--seed", str(seed), "--out", str(tmp_path / point), "-q"]) == 0
         serial = json.loads((tmp_path / point / "diloco.json").read_text())
         swept = json.loads((tmp_path / "dask" / "points" / point / "diloco.json").read_text())
-        assert serial["runs"] == swept["runs"] and serial["table"] == swept["table"]
+        decided = [{k: v for k, v in r.items() if k not in ("cpu_s", "wall_s")} for r in serial["runs"]]
+        assert decided == [{k: v for k, v in r.items() if k not in ("cpu_s", "wall_s")} for r in swept["runs"]]
+        assert serial["table"] == swept["table"]  # CPU and wall seconds are measurements; the rest is decided
         assert results.loc[results["point"] == point, "study.verdict"].item() == serial["claims"][0]["verdict"]
         studies.append([x["offset_s"] for x in serial["seeds"]])
     assert studies[0] != studies[1]  # another run seed, other trace segments
