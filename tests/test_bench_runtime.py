@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -260,3 +261,46 @@ def test_report_reconverts_the_cycles_with_the_final_clock_fit(tmp_path):
     assert again.to_dict(orient="records") == expected
     first = again[(again["host"] == "h1") & (again["stage"] == "first_packet")].iloc[0]
     assert first["t_ns"] == 106 * MS and first["uncertainty_ns"] < 400_000
+
+
+def test_lines_a_clock_step_makes_look_older_than_the_command_wait_for_a_sample():
+    """A host clock that stepped back 25 ms, not yet known: its lines convert to before the command although
+    they arrived after it. They are kept aside, a clock sample is asked for once, and they count once the
+    conversion knows the step (here: the scripted offset corrected)."""
+    script = ScriptedObservations()
+    _full_chain(script, "h1", 102 * MS)
+    _full_chain(script, "h2", 102 * MS)
+    stepped = [replace(o, host_ns=o.host_ns - 25 * MS) for o in script.items if o.host == "h2"]
+    script.items = [o for o in script.items if o.host == "h1"] + stepped
+    asked, landed = [], []
+    watch = _feed(_watch(script, suspect=lambda host: asked.append(host) or (lambda: bool(landed))), script)
+    assert asked == ["h2"] and not watch.complete()
+    watch.retry()
+    assert not watch.complete() and asked == ["h2"]  # still waiting for the sample: no second request
+    script.offset_ns -= 25 * MS  # the sample the request brought in revealed the step
+    landed.append(True)
+    watch.retry()
+    assert watch.settled(0) and watch.result(110 * MS).missing == {}
+    assert watch.arrivals.kept[("h2:eth0", "phy_up")].host_ns == stepped[2].host_ns
+
+
+def test_a_host_s_parked_lines_count_before_its_next_one():
+    """The sample that reveals the step lands between two lines: the parked ones count first, so the old
+    side's carrier loss is not taken for a flap after the new link came up."""
+    script = ScriptedObservations()
+    script.watch("h2", "eth0", "carrier", "0", 101_500_000)  # the old circuit's light gone
+    _full_chain(script, "h2", 102 * MS)
+    early = [replace(o, host_ns=o.host_ns - 25 * MS) for o in script.items]
+    landed = []
+    watch = _watch(script, suspect=lambda host: lambda: bool(landed))
+    for obs in early[:4]:  # the old side's loss converts early, the new link's first stages too
+        watch.feed(obs)
+    for obs in early[4:]:  # these would convert after the command even with the step unknown: they wait
+        watch.feed(replace(obs, host_ns=obs.host_ns + 25 * MS + 3 * MS))
+    assert not watch.arrivals.kept
+    script.offset_ns -= 25 * MS  # the sample revealed the step
+    landed.append(True)
+    watch.retry()
+    arrivals = watch.result(110 * MS)
+    assert arrivals.flaps == {} and ("h2:eth0", "port_down") in arrivals.kept
+    assert ("h2:eth0", "first_packet") in arrivals.kept and "h2:eth0" not in arrivals.missing

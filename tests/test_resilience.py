@@ -186,11 +186,7 @@ def test_profile_can_inject_faults_too(tmp_path, capsys):
     (jump,) = next(c for c in manifest["clock"] if c["host"] == "gpu1")["steps"]
     assert 2 in labelled and set(labelled) == cycles_meeting(run, jump), (labelled, jump)
     assert abs(jump["jump_ns"] + 25_000_000) <= jump["uncertainty_ns"], jump
-    # Until a sample reveals the step, gpu1's lines of cycle 2 convert 25 ms early, before the command, and
-    # are dropped as stale (CycleWatch.feed): the port may then time out in that cycle — never elsewhere.
-    timeouts = {c for c in labelled for s in labelled[c] if s.startswith("timeout:missing ")}
-    assert timeouts <= {2}, labelled
-    labels = [s for c in labelled for s in labelled[c] if not s.startswith("timeout:missing ")]
+    labels = [s for c in labelled for s in labelled[c]]
     assert all(s.startswith("clock-step:gpu1: ") for s in labels), labelled
     assert all(abs(float(s.split()[1]) + 25.0) <= jump["uncertainty_ns"] / 1e6 for s in labels), (labelled, jump)
     path.write_text(yaml.safe_dump({**PROFILE, "faults": {"inject": [{"kind": "clock_step"}]}}))

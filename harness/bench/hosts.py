@@ -6,6 +6,7 @@ import re
 import shlex
 import threading
 import time
+from typing import Callable
 
 from devices.errors import DeviceError
 from devices.timing import Deadline, now_ns
@@ -56,7 +57,7 @@ class HostGroup:
         self._stop = threading.Event()
         self._clock_thread: threading.Thread | None = None
         self._wake = threading.Condition()
-        self._check_wanted: tuple[int, int] | None = None  # (cycle, probes) the clock thread is to check
+        self._check_wanted: list[tuple[int, int]] = []  # (cycle, probes) the clock thread is to check
         self._checks_asked = self._checks_done = 0
         self._check_failures: list[tuple[int, str, str]] = []  # (cycle, host, cause)
         self._spans: list[list[int]] = []  # [cycle, begin_ns, done_ns] (done: -1 while running)
@@ -96,13 +97,13 @@ class HostGroup:
             due = time.monotonic() + period_s
             while not self._stop.is_set():
                 with self._wake:
-                    while self._check_wanted is None and not self._stop.is_set() and time.monotonic() < due:
+                    while not self._check_wanted and not self._stop.is_set() and time.monotonic() < due:
                         self._wake.wait(due - time.monotonic())
-                    check, self._check_wanted = self._check_wanted, None
+                    checks, self._check_wanted = self._check_wanted, []
                 if self._stop.is_set():
                     break
-                if check is not None:
-                    self._check(*check)
+                if checks:  # one round answers every check asked for meanwhile
+                    self._check(checks[0][0], max(p for _, p in checks), len(checks))
                     continue
                 due = time.monotonic() + period_s
                 live = [s for s in self.sessions.values() if not s._stop.is_set()]
@@ -143,20 +144,22 @@ class HostGroup:
     def cycle_ended(self, done_ns: int) -> None:
         self._spans[-1][2] = done_ns
 
-    def request_check(self, cycle: int, probes: int) -> None:
+    def request_check(self, cycle: int, probes: int) -> Callable[[], bool]:
         """Probe every host's clock now, on the clock thread (without it: here, at once); a step or a
-        failed probe it finds is reported by the next `clock_labels`."""
+        failed probe it finds is reported by the next `clock_labels`. Returns whether it has run."""
         if probes <= 0:
-            return
+            return lambda: True
         if self._clock_thread is None or not self._clock_thread.is_alive():
             self._check(cycle, probes)
-            return
+            return lambda: True
         with self._wake:
             self._checks_asked += 1
-            self._check_wanted = (cycle, probes)
+            ticket = self._checks_asked
+            self._check_wanted.append((cycle, probes))
             self._wake.notify_all()
+        return lambda: self._checks_done >= ticket
 
-    def _check(self, cycle: int, probes: int) -> None:
+    def _check(self, cycle: int, probes: int, answers: int = 1) -> None:
         live = [s for s in self.sessions.values() if not s._stop.is_set()]
         try:
             failed = self._sync_all(live, probes) if probes == 1 else \
@@ -165,7 +168,7 @@ class HostGroup:
             failed = [(s.name, f"{type(exc).__name__}: {exc}"[:200]) for s in live]
         with self._wake:
             self._check_failures += [(cycle, host, f"host:{host}: clock probe failed: {why}") for host, why in failed]
-            self._checks_done += 1
+            self._checks_done += answers
             self._wake.notify_all()
 
     def clock_labels(self, timeout_s: float = 15.0) -> dict[int, list[tuple[str, str]]]:

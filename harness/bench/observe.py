@@ -34,7 +34,7 @@ class CycleWatch:
     def __init__(self, wants: dict[str, set[str]], port_of: dict[tuple[str, str], str], first_sent_ns: int,
                  completed_ns: int, convert: Convert, *, peer_mac: dict[str, str] | None = None,
                  reconnected: dict[str, int] | None = None, chain: tuple[str, ...] = PORT_CHAIN,
-                 grace_ns: int = 50_000_000):
+                 grace_ns: int = 50_000_000, suspect: Callable[[str], None] | None = None):
         self.need = {k: set(v) for k, v in wants.items()}
         self.wanted = {k: set(v) for k, v in wants.items()}
         self.port_of, self.first_sent, self.completed = port_of, first_sent_ns, completed_ns
@@ -43,6 +43,13 @@ class CycleWatch:
         self.chain, self.grace_ns = chain, grace_ns
         self.arrivals = Arrivals()
         self.complete_since: int | None = None
+        # A line that arrived after the command but converts to before it: a clock step the tracker does not
+        # know yet looks like that. `suspect(host)` asks for a clock sample and returns `ready()`; until then
+        # that host's lines wait, in order, and are fed again with the sample known (`retry()`); a line
+        # that still converts to before the command then happened before it.
+        self.suspect = suspect
+        self._parked: list = []
+        self._held: dict[str, Callable[[], bool]] = {}  # host -> whether its clock sample has landed
 
     # ---- rules
     def _final(self, key: str) -> str:
@@ -68,6 +75,13 @@ class CycleWatch:
                 self._lose(key, ["first_packet"])
 
     def feed(self, obs) -> None:
+        if obs.host in self._held:
+            self._parked.append(obs)  # a host's lines count in the order they came
+            self.retry()
+            return
+        self._feed(obs)
+
+    def _feed(self, obs, released: bool = False) -> None:
         key = self.port_of.get((obs.host, obs.netdev))
         if key is None or key not in self.need:
             return
@@ -83,8 +97,11 @@ class CycleWatch:
             return
         stage = classify(obs)
         lo, hi, _ = interval(obs, self.convert)
-        if hi < self.first_sent:
-            return  # happened before this cycle's command
+        if hi < self.first_sent:  # happened before this cycle's command — or the host's clock stepped
+            if obs.recv_ns >= self.first_sent and self.suspect is not None and not released:
+                self._held[obs.host] = self.suspect(obs.host)
+                self._parked.append(obs)
+            return
         if obs.kind == "watch":
             for gated, shows in NOT_YET.items():
                 if shows(obs.field, obs.value) and gated in self.need[key] and not self._implied(key, gated):
@@ -99,6 +116,15 @@ class CycleWatch:
         if stage in self.wanted[key] or stage not in self.chain:
             kept[(key, stage)] = obs
             self.need[key].discard(stage)
+
+    def retry(self) -> None:
+        """Feed the waiting lines of every host whose clock sample has landed, in order."""
+        for host in [h for h, ready in self._held.items() if ready()]:
+            del self._held[host]
+            mine = [p for p in self._parked if p.host == host]
+            self._parked = [p for p in self._parked if p.host != host]
+            for obs in mine:
+                self._feed(obs, released=True)
 
     # ---- progress
     def complete(self) -> bool:
@@ -216,6 +242,7 @@ class ObservationLog:
             if watch.complete_since is not None:
                 wait = min(wait, max(0.0, (watch.complete_since + watch.grace_ns - now_ns()) / 1e9))
             obs = self.get(wait)
+            watch.retry()
             if obs is None:
                 continue
             if obs.kind == "fault":

@@ -176,7 +176,8 @@ class TurnaroundRun:
                 watch = CycleWatch({k: set(self.chain) for k in affected}, self.port_of, sent, completed,
                                    self.hosts.convert, peer_mac={k: self.mac_of.get(new_src.get(k)) for k in affected}
                                    if self.p["probes"] else None, reconnected=self.hosts.reconnected,
-                                   chain=self.chain, grace_ns=int(self.p["late_report_ms"] * 1e6))
+                                   chain=self.chain, grace_ns=int(self.p["late_report_ms"] * 1e6),
+                                   suspect=lambda host: self.hosts.request_check(cycle if record else -1, 1))
                 arrivals = self.log.expect(watch, Deadline(self.p["cycle_timeout_s"]), self.hosts.on_fault)
                 if arrivals.missing:
                     self.ctx.say(f"[yellow]cycle {cycle}: timed out after {self.p['cycle_timeout_s']} s[/] — "
