@@ -70,6 +70,9 @@ SCHEMA = {
     "min_effect_pp": (float, 0.5),
     "timeout_s": (float, 60.0),  # per request, wall seconds
     "max_connections": (int, 512),
+    # keep-alive connections opened before the first request: a burst then finds them instead of paying a new
+    # connection's set-up on its send path (the connection waits a replay reports)
+    "warm_connections": (int, 256),
     "lead_s": (float, 1.0),  # wall s from a replay's start-up to its first request
 }
 RING_FACTOR = "2(n−1)/n"  # ring all-reduce bytes per learner for the outer merge

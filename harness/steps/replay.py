@@ -322,7 +322,8 @@ async def _serve_and_replay(requests: pd.DataFrame, url: str | None, p: dict, wi
             emulator.interfere(windows, p["interference_capacity"], epoch)
         config = ReplayConfig(url=url, model=p["model"], time_scale=p["time_scale"], timeout_s=p["timeout_s"],
                               max_connections=p["max_connections"], origin_ns=origin,
-                              prompt_seed=p.get("prompt_seed", 0))
+                              prompt_seed=p.get("prompt_seed", 0),
+                              warm_connections=p.get("warm_connections", ReplayConfig.warm_connections))
         return await replay_requests(requests, config, log_path)
 
 
