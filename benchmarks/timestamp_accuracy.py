@@ -11,6 +11,8 @@ compares every recorded event with the emulator's ground truth:
   end → next begin: clock check, conversion, durable write, bookkeeping). Wall times grow with the machine's
   load (other processes), so the harness's CPU per cycle is reported too (process CPU, every thread, and the
   CPU of the thread running the step, between consecutive cycle ends: `cpu_ns` in observations.jsonl).
+  after_last_event is split by each line's arrival stamp (`recv_ns`): the bench's side (agent poll, emulator,
+  SSH, until the cycle's last host line reaches the reader) and the harness's side (that line -> cycle's end).
 
     .venv/bin/python benchmarks/timestamp_accuracy.py [--cycles 200] [--profile burst-mode]
 """
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,12 +62,15 @@ def cpu_ms(run_dir: Path) -> dict[str, np.ndarray]:
             "step_thread": np.diff([r["step_cpu_ns"] for r in rows]) / 1e6}
 
 
+STEP_EXTRA: dict = {}  # turnaround parameters from the command line (e.g. late_report_ms)
+
+
 def _playbook(out: Path, cycles: int, bench: str, watch_us: int) -> Path:
     playbook = out / "accuracy.yaml"
     playbook.write_text(json.dumps({
         "name": "accuracy", "bench": bench, "seed": 11, "cycles": cycles,
         "steps": [{"type": "turnaround", "name": "measure", "watch_interval_us": watch_us,
-                   "ethtool_interval_us": watch_us, "probe_interval_us": 100, "cycle_timeout_s": 30}]}))
+                   "ethtool_interval_us": watch_us, "probe_interval_us": 100, "cycle_timeout_s": 30, **STEP_EXTRA}]}))
     return playbook
 
 
@@ -109,6 +115,22 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path) ->
     return run_dir, truth, clocks
 
 
+def delivery_split_ms(run_dir: Path, cycles: pd.DataFrame, truth: pd.DataFrame) -> dict[str, np.ndarray]:
+    """after_last_event in two: the bench's side (last true event -> the cycle's last host line reaches the
+    harness's reader: agent poll, emulator, SSH) and the harness's side (that line -> the cycle's end)."""
+    recv = np.sort(np.array([orjson.loads(line)["recv_ns"] for line in
+                             (run_dir / "observations.jsonl").read_bytes().splitlines()
+                             if line.startswith(b'{"k":"obs"')], dtype=np.int64))
+    last_true = truth.groupby("cycle")["t_ns"].max()
+    bench, harness = [], []
+    for row in cycles.itertuples():
+        window = recv[(recv >= row.sent_ns) & (recv <= row.done_ns)]
+        if window.size and row.cycle in last_true.index:
+            bench.append(window[-1] - last_true[row.cycle])
+            harness.append(row.done_ns - window[-1])
+    return {"delivery_bench_side": np.array(bench) / 1e6, "delivery_harness_side": np.array(harness) / 1e6}
+
+
 def report(run_dir: Path, truth: pd.DataFrame, clocks: dict) -> dict:
     events = pd.read_parquet(run_dir / "events.parquet")
     cycles = pd.read_parquet(run_dir / "cycles.parquet")
@@ -117,6 +139,7 @@ def report(run_dir: Path, truth: pd.DataFrame, clocks: dict) -> dict:
     drifts = {h: round(c["drift_ppm"], 2) for h, c in clocks.items()}
     ports = events[events["stage"] == "phy_up"].groupby(["host", "port"]).ngroups
     parts = overhead_ms(cycles, truth)
+    parts.update(delivery_split_ms(run_dir, cycles, truth))
     parts.update({f"cpu_{k}": v for k, v in cpu_ms(run_dir).items()})
     return {"cycles": int(cycles["cycle"].nunique()), "ports": int(ports), "host_offsets_ms": offsets,
             "host_drift_ppm": drifts, "accuracy": table,
@@ -131,12 +154,17 @@ if __name__ == "__main__":
     ap.add_argument("--watch-us", type=int, default=200, help="agent poll interval (sysfs and ethtool -m)")
     ap.add_argument("--emulator", choices=("process", "in-process"), default="process",
                     help="`harness emulate` in its own process (default, as on a bench) or inside the harness")
+    ap.add_argument("--late-report-ms", type=float, default=None,
+                    help="the step's grace for late polled reports once a port's last stage is in (default: the "
+                         "step's); it is a wait the playbook chooses, counted in after_last_event")
     args = ap.parse_args()
+    if args.late_report_ms is not None:
+        STEP_EXTRA["late_report_ms"] = args.late_report_ms
     runner = run_separate_process if args.emulator == "process" else run_in_process
     with tempfile.TemporaryDirectory() as tmp:
         r = report(*runner(args.cycles, args.profile, args.watch_us, Path(tmp)))
     print(f"{r['cycles']} cycles x {r['ports']} ports, profile {args.profile}, poll {args.watch_us} µs, "
-          f"emulator {args.emulator}")
+          f"emulator {args.emulator}, late_report_ms {STEP_EXTRA.get('late_report_ms', 'default')}")
     print(f"host clock offsets (ms): {r['host_offsets_ms']}  drift (ppm): {r['host_drift_ppm']}")
     print(r["accuracy"].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     print(f"load average (1 min) {os.getloadavg()[0]:.1f}")
