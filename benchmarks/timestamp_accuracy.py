@@ -53,30 +53,35 @@ def overhead_ms(cycles: pd.DataFrame, truth: pd.DataFrame) -> dict[str, np.ndarr
     return {k: (v.dropna() / 1e6).to_numpy() for k, v in parts.items()}
 
 
-def cpu_ms(run_dir: Path) -> dict[str, np.ndarray]:
+def observation_records(run_dir: Path) -> dict[str, list[dict]]:
+    """observations.jsonl's records by kind ("obs", "cycle", "clock"), read once."""
+    records: dict[str, list[dict]] = {}
+    for line in (run_dir / "observations.jsonl").read_bytes().splitlines():
+        record = orjson.loads(line)
+        records.setdefault(record["k"], []).append(record)
+    return records
+
+
+def cpu_ms(cycle_records: list[dict]) -> dict[str, np.ndarray]:
     """Harness CPU per cycle (ms) from observations.jsonl's cycle records: all threads, and the step's thread."""
-    rows = [json.loads(line) for line in (run_dir / "observations.jsonl").read_text().splitlines()
-            if line.startswith('{"k":"cycle"')]
-    rows = [r for r in rows if "cpu_ns" in r]
+    rows = [r for r in cycle_records if "cpu_ns" in r]
     return {"process": np.diff([r["cpu_ns"] for r in rows]) / 1e6,
             "step_thread": np.diff([r["step_cpu_ns"] for r in rows]) / 1e6}
 
 
-STEP_EXTRA: dict = {}  # turnaround parameters from the command line (e.g. late_report_ms)
-
-
-def _playbook(out: Path, cycles: int, bench: str, watch_us: int) -> Path:
+def _playbook(out: Path, cycles: int, bench: str, watch_us: int, step: dict) -> Path:
     playbook = out / "accuracy.yaml"
     playbook.write_text(json.dumps({
         "name": "accuracy", "bench": bench, "seed": 11, "cycles": cycles,
         "steps": [{"type": "turnaround", "name": "measure", "watch_interval_us": watch_us,
-                   "ethtool_interval_us": watch_us, "probe_interval_us": 100, "cycle_timeout_s": 30, **STEP_EXTRA}]}))
+                   "ethtool_interval_us": watch_us, "probe_interval_us": 100, "cycle_timeout_s": 30, **step}]}))
     return playbook
 
 
-def run_in_process(cycles: int, profile: str, watch_us: int, out: Path) -> tuple[Path, pd.DataFrame, dict]:
+def run_in_process(cycles: int, profile: str, watch_us: int, out: Path,
+                   step: dict) -> tuple[Path, pd.DataFrame, dict]:
     """The emulator inside the harness process (what `--bench emulated:PROFILE` does)."""
-    code = main(["run", str(_playbook(out, cycles, f"emulated:{profile}", watch_us)), "--out", str(out / "runs" / "run"),
+    code = main(["run", str(_playbook(out, cycles, f"emulated:{profile}", watch_us, step)), "--out", str(out / "runs" / "run"),
                  "-q"])
     if code != 0:
         raise SystemExit(f"run failed with exit code {code}")
@@ -85,7 +90,8 @@ def run_in_process(cycles: int, profile: str, watch_us: int, out: Path) -> tuple
     return run_dir, pd.read_parquet(run_dir / "ground_truth.parquet"), manifest["emulated_clocks"]
 
 
-def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path) -> tuple[Path, pd.DataFrame, dict]:
+def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
+                         step: dict) -> tuple[Path, pd.DataFrame, dict]:
     """`harness emulate` in its own process and the harness driving its inventory, as on a real bench:
     the overhead measured is then the harness's own, not the emulator's sharing its interpreter."""
     inventory, truth_file = out / "bench.yaml", out / "truth.jsonl"
@@ -100,7 +106,7 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path) ->
             time.sleep(0.05)
         os.environ.setdefault("OCS_HIL_EMULATED_PASSWORD", "root")
         os.environ.setdefault("OCS_HIL_LOCK_DIR", str(out / "locks"))
-        code = main(["run", str(_playbook(out, cycles, str(inventory), watch_us)), "--out", str(out / "runs" / "run"), "-q"])
+        code = main(["run", str(_playbook(out, cycles, str(inventory), watch_us, step)), "--out", str(out / "runs" / "run"), "-q"])
         if code != 0:
             raise SystemExit(f"run failed with exit code {code}")
     finally:
@@ -115,12 +121,10 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path) ->
     return run_dir, truth, clocks
 
 
-def delivery_split_ms(run_dir: Path, cycles: pd.DataFrame, truth: pd.DataFrame) -> dict[str, np.ndarray]:
+def delivery_split_ms(obs_records: list[dict], cycles: pd.DataFrame, truth: pd.DataFrame) -> dict[str, np.ndarray]:
     """after_last_event in two: the bench's side (last true event -> the cycle's last host line reaches the
     harness's reader: agent poll, emulator, SSH) and the harness's side (that line -> the cycle's end)."""
-    recv = np.sort(np.array([orjson.loads(line)["recv_ns"] for line in
-                             (run_dir / "observations.jsonl").read_bytes().splitlines()
-                             if line.startswith(b'{"k":"obs"')], dtype=np.int64))
+    recv = np.sort(np.array([r["recv_ns"] for r in obs_records], dtype=np.int64))
     last_true = truth.groupby("cycle")["t_ns"].max()
     bench, harness = [], []
     for row in cycles.itertuples():
@@ -139,8 +143,9 @@ def report(run_dir: Path, truth: pd.DataFrame, clocks: dict) -> dict:
     drifts = {h: round(c["drift_ppm"], 2) for h, c in clocks.items()}
     ports = events[events["stage"] == "phy_up"].groupby(["host", "port"]).ngroups
     parts = overhead_ms(cycles, truth)
-    parts.update(delivery_split_ms(run_dir, cycles, truth))
-    parts.update({f"cpu_{k}": v for k, v in cpu_ms(run_dir).items()})
+    records = observation_records(run_dir)
+    parts.update(delivery_split_ms(records.get("obs", []), cycles, truth))
+    parts.update({f"cpu_{k}": v for k, v in cpu_ms(records.get("cycle", [])).items()})
     return {"cycles": int(cycles["cycle"].nunique()), "ports": int(ports), "host_offsets_ms": offsets,
             "host_drift_ppm": drifts, "accuracy": table,
             "overhead_ms": {k: {"p50": float(np.median(v)), "p90": float(np.quantile(v, 0.9)),
@@ -158,13 +163,12 @@ if __name__ == "__main__":
                     help="the step's grace for late polled reports once a port's last stage is in (default: the "
                          "step's); it is a wait the playbook chooses, counted in after_last_event")
     args = ap.parse_args()
-    if args.late_report_ms is not None:
-        STEP_EXTRA["late_report_ms"] = args.late_report_ms
+    step = {} if args.late_report_ms is None else {"late_report_ms": args.late_report_ms}
     runner = run_separate_process if args.emulator == "process" else run_in_process
     with tempfile.TemporaryDirectory() as tmp:
-        r = report(*runner(args.cycles, args.profile, args.watch_us, Path(tmp)))
+        r = report(*runner(args.cycles, args.profile, args.watch_us, Path(tmp), step))
     print(f"{r['cycles']} cycles x {r['ports']} ports, profile {args.profile}, poll {args.watch_us} µs, "
-          f"emulator {args.emulator}, late_report_ms {STEP_EXTRA.get('late_report_ms', 'default')}")
+          f"emulator {args.emulator}, late_report_ms {step.get('late_report_ms', 'default')}")
     print(f"host clock offsets (ms): {r['host_offsets_ms']}  drift (ppm): {r['host_drift_ppm']}")
     print(r["accuracy"].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     print(f"load average (1 min) {os.getloadavg()[0]:.1f}")
