@@ -43,3 +43,16 @@ def test_the_checker_sees_lazy_imports(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    from harness.runner import run\n    import devices.emulated.bench\n")
     assert {"harness.runner", "devices.emulated.bench"} <= _imports(probe)
+
+
+def test_cli_start_up_leaves_the_heavy_libraries_to_the_commands_that_use_them():
+    """`harness --help` (and every CLI process) builds the parser of every sub-command: none of them may pull in
+    pandas, pyarrow or scipy at import time (they cost ~1.5 s of CPU per process)."""
+    import subprocess
+    import sys
+
+    code = "import sys, harness.cli; harness.cli.build_parser(); print(' '.join(sorted(sys.modules)))"
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                cwd=ROOT).stdout.split())
+    assert "harness.commands.profile" in loaded and "harness.commands.traces" in loaded  # the check is live
+    assert {m.split(".")[0] for m in loaded} & {"pandas", "pyarrow", "scipy", "matplotlib", "dask"} == set()

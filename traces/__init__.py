@@ -1,12 +1,30 @@
-"""Traces: canonical schemas, importers, seeded generators and timed replay (see docs/traces.md)."""
+"""Traces: canonical schemas, importers, seeded generators and timed replay (see docs/traces.md).
+
+The names below are loaded on first use (PEP 562): importing `traces.errors` — which every CLI start-up does
+through `harness.errors` — must not pull in pandas and scipy.
+"""
 from __future__ import annotations
 
-from traces.errors import TraceFormatError
-from traces.generate import diloco_sync_windows, generate_moe, mmpp_arrivals, poisson_arrivals
-from traces.moe import MoePhase, load_moe, moe_phases
-from traces.requests import load_requests, load_sync_windows
-from traces.schema import MOE_PHASES, MoeHeader, MoeTrace, write_moe, write_requests, write_sync_windows
+import importlib
 
-__all__ = ["TraceFormatError", "MoeHeader", "MoeTrace", "MoePhase", "MOE_PHASES", "load_requests", "load_moe",
-           "load_sync_windows", "moe_phases", "generate_moe", "poisson_arrivals", "mmpp_arrivals",
-           "diloco_sync_windows", "write_moe", "write_requests", "write_sync_windows"]
+_WHERE = {"TraceFormatError": "traces.errors",
+          "diloco_sync_windows": "traces.generate", "generate_moe": "traces.generate",
+          "mmpp_arrivals": "traces.generate", "poisson_arrivals": "traces.generate",
+          "MoePhase": "traces.moe", "load_moe": "traces.moe", "moe_phases": "traces.moe",
+          "load_requests": "traces.requests", "load_sync_windows": "traces.requests",
+          "MOE_PHASES": "traces.schema", "MoeHeader": "traces.schema", "MoeTrace": "traces.schema",
+          "write_moe": "traces.schema", "write_requests": "traces.schema", "write_sync_windows": "traces.schema"}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'traces' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))

@@ -5,15 +5,10 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import yaml
 
-from analysis.fit import fit_delay, ports_differ
 from analysis.stages import NIC_PROFILE_KEYS
-from analysis.stats import ocs_switch_times, stage_table
 from harness.errors import InputError
-from harness.eventlog import read_events, read_parquet_events
 from harness.record import write_json_atomic, write_text_atomic
 
 # profile key -> chain column of analysis.stats.stage_table (later stage − earlier stage)
@@ -22,6 +17,8 @@ NIC_KEYS = {key: f"chain_{key}" for key in NIC_PROFILE_KEYS}
 
 def load_run_events(run_dir: Path) -> pd.DataFrame:
     """events.parquet, or the events rebuilt from events.jsonl when the run did not finish."""
+    from harness.eventlog import read_events, read_parquet_events  # pandas: not at CLI start-up
+
     parquet, jsonl = run_dir / "events.parquet", run_dir / "events.jsonl"
     if parquet.is_file():
         return read_parquet_events(parquet)
@@ -34,6 +31,8 @@ def load_run_events(run_dir: Path) -> pd.DataFrame:
 
 def combined_events(run_dirs: list[Path]) -> pd.DataFrame:
     """All runs' events; cycles are renumbered so that cycles of different runs never merge."""
+    import pandas as pd  # here, not at the top: every `harness` start-up imports this module to register it
+
     frames = []
     for i, run_dir in enumerate(run_dirs):
         frame = load_run_events(run_dir).copy()
@@ -47,6 +46,11 @@ def combined_events(run_dirs: list[Path]) -> pd.DataFrame:
 def fit_profile(events: pd.DataFrame, *, seed: int = 0, alpha_ports: float = 0.01,
                 base: dict | None = None) -> tuple[dict, dict]:
     """(profile mapping, fit report). Keys without samples come from `base` (a profile mapping)."""
+    import numpy as np  # scipy (analysis.fit) and numpy only when a fit runs, not at every CLI start-up
+
+    from analysis.fit import fit_delay, ports_differ
+    from analysis.stats import ocs_switch_times, stage_table
+
     base = base or {}
     report: dict = {"ocs": {}, "nic": {}, "per_port": {}, "port_tests": {}, "from_base": []}
     profile: dict = {"ocs": dict(base.get("ocs") or {}), "nic": dict(base.get("nic") or {}), "per_port": {}}
