@@ -5,13 +5,13 @@ finished run, or a run directory another process holds (harness.lock.RunDirLock)
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
 
 from harness import record as rec
+from devices.resources import Bench
 from harness.config import Playbook, load_inventory, load_playbook
 from harness.errors import InputError
 
@@ -55,42 +55,52 @@ def bench_kind(spec: str) -> str:
     return f"{parsed[0]}?ocs={parsed[2]}" if parsed else "inventory"
 
 
-def bench_source(spec: str) -> Path | None:
-    """The file behind a bench spec: the inventory, or the emulator profile (None: nothing to check)."""
+@dataclass(frozen=True)
+class BenchSource:
+    """A bench spec read once: the file behind it (the inventory, or the emulator profile; None for a built-in
+    profile), the bytes that were hashed and are kept in `inputs/`, and for an inventory the Bench parsed from it —
+    the one the lease, the recovery marks and the run all use."""
+
+    spec: str
+    path: Path | None
+    data: bytes | None
+    inventory: Bench | None
+
+    @property
+    def digest(self) -> str:
+        return rec.sha256_text(self.data if self.data is not None else self.spec)
+
+
+def read_bench(spec: str) -> BenchSource:
+    """The bench spec's file, read and (an inventory) validated before any run directory exists."""
     parsed = _emulated(spec)
     if parsed:
         from harness.bench.emulated import load_profile
 
         profile = load_profile(parsed[1])
-        return Path(profile.path) if profile.path else None
+        path = Path(profile.path) if profile.path else None
+        return BenchSource(spec, path, path.read_bytes() if path else None, None)
     path = Path(spec)
     if not path.is_file():
         from harness.runner import BENCH_KINDS
 
         raise InputError(f"--bench: no such inventory file, and not one of {', '.join(BENCH_KINDS)}", spec)
-    load_inventory(path)  # validated before any run directory exists
-    return path
+    data = path.read_bytes()
+    return BenchSource(spec, path, data, load_inventory(path))
 
 
-def bench_digest(spec: str) -> str:
-    source = bench_source(spec)
-    return rec.sha256_text(source.read_bytes() if source else spec)
+def identity(playbook: Playbook, bench: BenchSource, cycles: int, seed: int) -> RunIdentity:
+    return RunIdentity(playbook.name, playbook_digest(playbook), bench.spec, bench.digest, cycles, seed)
 
 
-def identity(playbook: Playbook, bench_spec: str, cycles: int, seed: int) -> RunIdentity:
-    return RunIdentity(playbook.name, playbook_digest(playbook), bench_spec, bench_digest(bench_spec), cycles, seed)
-
-
-def keep_inputs(run_dir: Path, playbook: Playbook, bench_spec: str) -> None:
-    """Copies of what the run ran: the playbook as run, and the inventory or profile file."""
+def keep_inputs(run_dir: Path, playbook: Playbook, bench: BenchSource) -> None:
+    """Copies of what the run ran: the playbook as run, and the inventory or profile bytes its digest covers."""
     inputs = run_dir / INPUTS
     inputs.mkdir(exist_ok=True)
     rec.write_text_atomic(inputs / "playbook.yaml", "# the playbook as run (includes, ${ENV} and defaults "
                           "resolved)\n" + yaml.safe_dump(playbook_as_run(playbook), sort_keys=False))
-    source = bench_source(bench_spec)
-    if source is not None:
-        name = "profile.yaml" if _emulated(bench_spec) else "bench.yaml"
-        shutil.copyfile(source, inputs / name)
+    if bench.data is not None:
+        (inputs / ("bench.yaml" if bench.inventory is not None else "profile.yaml")).write_bytes(bench.data)
 
 
 @dataclass
@@ -99,6 +109,7 @@ class Resumed:
     manifest: dict
     playbook: Playbook
     identity: RunIdentity
+    bench: BenchSource
 
 
 def _refuse(what: str, run_dir: Path) -> InputError:
@@ -141,11 +152,12 @@ def plan_resume(run_dir: Path, *, playbook_path: str | None, bench: str | None, 
     profile, sep, query = rest.partition("?")
     if bench is None and _emulated(spec) and Path(profile).suffix and not Path(profile).is_file():
         spec = f"{kind}:{run_dir / INPUTS / 'profile.yaml'}{sep}{query}"  # the profile file is gone: its copy
-    if bench_kind(spec) != bench_kind(was.bench) or bench_digest(spec) != was.bench_digest:
+    source = read_bench(spec)
+    if bench_kind(spec) != bench_kind(was.bench) or source.digest != was.bench_digest:
         raise _refuse(f"this run ran on {was.bench} (sha256 {was.bench_digest[:12]}); {spec} is a different "
                       "bench (or it changed since); start a new run", run_dir)
     return Resumed(run_dir, manifest, playbook, RunIdentity(was.playbook, was.playbook_digest, spec,
-                                                            was.bench_digest, was.cycles, was.seed))
+                                                            was.bench_digest, was.cycles, was.seed), source)
 
 
 def identity_record(ident: RunIdentity) -> dict:

@@ -201,9 +201,9 @@ def emulated_spec(spec: str) -> tuple[str, str, str] | None:
     return kind, profile, protocol
 
 
-def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Path):
+def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Path, inventory: Bench | None = None):
     """'emulated:PROFILE[?ocs=PROTOCOL]', 'emulated-netns:PROFILE[?ocs=...]' or an inventory path →
-    (Bench, EmulatedBench|None)."""
+    (Bench, EmulatedBench|None). `inventory`: the spec's inventory, already parsed (a run parses it once)."""
     emulated_bench = emulated_spec(spec)
     if emulated_bench:
         kind, profile, protocol = emulated_bench
@@ -223,6 +223,8 @@ def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Pa
         stack.callback(emulated.stop)
         emulated.start()
         return load_inventory(emulated.inventory_path), emulated
+    if inventory is not None:
+        return inventory, None
     path = Path(spec)
     if not path.exists():
         raise InputError(f"--bench: no such inventory file, and not one of {', '.join(BENCH_KINDS)}", spec)
@@ -241,7 +243,7 @@ def run(options: RunOptions) -> int:
             raise InputError("--dry-run with --resume: a dry run touches no run")
         resumed = resume.plan_resume(Path(options.resume), playbook_path=options.playbook, bench=options.bench,
                                      cycles=options.cycles, seed=options.seed)
-        playbook, ident = resumed.playbook, resumed.identity
+        playbook, ident, source = resumed.playbook, resumed.identity, resumed.bench
     else:
         if not options.playbook:
             raise InputError("harness run: a PLAYBOOK is required (or --resume RUN_DIR)")
@@ -252,7 +254,8 @@ def run(options: RunOptions) -> int:
         seed = playbook.seed if options.seed is None else options.seed
         if not 0 <= seed < 2**63:
             raise InputError(f"--seed: expected 0..2**63-1, found {seed}")
-        ident = resume.identity(playbook, options.bench or playbook.bench, cycles, seed)
+        source = resume.read_bench(options.bench or playbook.bench)  # the inventory parsed here, once
+        ident = resume.identity(playbook, source, cycles, seed)
     with contextlib.ExitStack() as held:
         if resumed:
             run_dir = resumed.run_dir
@@ -268,12 +271,15 @@ def run(options: RunOptions) -> int:
                     held.callback(RunDirLock(run_dir).acquire(run_dir.name).release)
                 except RunDirLocked as exc:
                     raise InputError(f"run directory in use: {exc}") from None
-            lease = _acquire_lease(ident.bench, run_dir.name, options)
-            if lease is not None:
+            # A lease on every OCS of an inventory, real or an external emulated bench (`emulated: true`, as
+            # `harness emulate` writes: shared like a real one). A run's own emulator and dry runs need none.
+            lease = recovery = None
+            if source.inventory is not None and not options.dry_run:
+                lease = _acquire_lease(source.inventory, source.spec, run_dir.name)
                 held.callback(lease.release)
-            recovery = _take_over_recovery(ident.bench, run_dir, options) if lease is not None else None
+                recovery = _take_over_recovery(source.inventory, run_dir, options)
             if not resumed and not options.dry_run:
-                resume.keep_inputs(run_dir, playbook, ident.bench)
+                resume.keep_inputs(run_dir, playbook, source)
         except BaseException as exc:
             if not resumed and not options.dry_run:  # setup failed: leave no directory behind
                 import shutil
@@ -283,7 +289,8 @@ def run(options: RunOptions) -> int:
                 raise InputError(f"cannot write the run record: {exc.strerror or exc}", str(run_dir)) from None
             raise
         try:
-            return _run(options, playbook, ident, run_dir, resumed.manifest if resumed else None, lease, recovery)
+            return _run(options, playbook, ident, source, run_dir, resumed.manifest if resumed else None, lease,
+                        recovery)
         except InputError:
             log = run_dir / "events.jsonl"
             if not resumed and not options.dry_run and not (log.exists() and log.stat().st_size):
@@ -305,18 +312,17 @@ def _new_run_dir(out: str | None, name: str) -> Path:
     return path
 
 
-def _take_over_recovery(bench_spec: str, run_dir: Path, options: RunOptions):
+def _take_over_recovery(bench: Bench, run_dir: Path, options: RunOptions):
     """Under the lease, before anything is snapshotted: refuse a switch another run left changed (unless
     the lab adopts its state), then note that this run owns the switches' recovery (harness.recovery)."""
     from harness import recovery
 
-    bench = load_inventory(bench_spec)
     adopted = recovery.check_pending(bench, run_dir, adopt=options.adopt_current_state, warn=_error_line)
     recovery.mark_pending(bench, run_dir, run_dir.name)
     return bench, adopted
 
 
-def _run(options: RunOptions, playbook: Playbook, ident, run_dir: Path, previous_manifest: dict | None,
+def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, previous_manifest: dict | None,
          lease, recovery=None) -> int:
     from harness.finish import console_summary, finish_run
     from harness.resume import identity_record
@@ -335,13 +341,13 @@ def _run(options: RunOptions, playbook: Playbook, ident, run_dir: Path, previous
         except OSError as exc:
             raise InputError(f"cannot write the run record: {exc.strerror or exc}", str(run_dir)) from None
         stack.callback(log.close)
-        bench, emulated = resolve_bench(bench_spec, seed, stack, run_dir)
+        bench, emulated = resolve_bench(bench_spec, seed, stack, run_dir, inventory=source.inventory)
         ctx = RunContext(playbook=playbook, bench=bench, run_dir=run_dir, run_id=run_id, seed=seed,
                          cycles=cycles, log=log, stack=stack, emulated=emulated, dry_run=options.dry_run,
                          quiet=options.quiet, resume_after=resume_after, lease=lease)
         if recovery is not None and recovery[1]:
             ctx.manifest_extra["adopted_state"] = recovery[1]
-        inventory_text = None if emulated else Path(bench_spec).read_bytes()
+        inventory_text = None if emulated else source.data  # the bytes the run's identity hashed
         manifest = rec.build_manifest(playbook, inventory_text=inventory_text, seed=seed,
                                       profile=_profile_record(emulated.profile) if emulated else None,
                                       extra={"run_id": run_id, "bench": bench_spec, "cycles": cycles})
@@ -443,12 +449,9 @@ def _error_line(text: str) -> None:
     print(" ".join(str(text).split()), file=sys.stderr)
 
 
-def _acquire_lease(bench_spec: str, run_id: str, options: RunOptions):
-    """A lease on every OCS of an inventory, real or an external emulated bench (`emulated: true`, as
-    `harness emulate` writes: shared like a real one). A run's own emulator and dry runs need none."""
-    if options.dry_run or bench_spec.partition(":")[0] in ("emulated", "emulated-netns"):
-        return None
-    bench = load_inventory(bench_spec)
+def _acquire_lease(bench: Bench, where: str, run_id: str):
+    """The lease on every OCS of `bench` (read from `where`, named in the refusal), or InputError naming who
+    holds it."""
     from harness.lock import BenchLease, BenchLocked, lease_ttl, ocs_lock_key
 
     try:
@@ -456,7 +459,7 @@ def _acquire_lease(bench_spec: str, run_id: str, options: RunOptions):
                            ttl_s=lease_ttl())
         return lease.acquire()
     except BenchLocked as exc:
-        raise InputError(f"bench is locked: {exc}", bench_spec) from None
+        raise InputError(f"bench is locked: {exc}", where) from None
     except ValueError as exc:
         raise InputError(str(exc)) from None
 

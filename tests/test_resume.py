@@ -13,7 +13,7 @@ import yaml
 
 from harness import resume
 from harness.cli import main
-from harness.config import load_playbook
+from harness.config import load_inventory, load_playbook
 from harness.errors import InputError
 from harness.lock import RunDirLock, RunDirLocked
 
@@ -34,8 +34,9 @@ def recorded_run(tmp_path: Path, bench: str, status: str | None = None) -> tuple
     playbook = load_playbook(pb)
     run = tmp_path / "run"
     run.mkdir()
-    resume.keep_inputs(run, playbook, bench)
-    manifest = {"run": asdict(resume.identity(playbook, bench, 4, 3)),
+    source = resume.read_bench(bench)
+    resume.keep_inputs(run, playbook, source)
+    manifest = {"run": asdict(resume.identity(playbook, source, 4, 3)),
                 "playbook": {"source": str(pb), "sha256": playbook.sha256}}
     if status:
         manifest["status"] = status
@@ -101,12 +102,12 @@ def test_resume_of_an_inventory_bench(tmp_path):
         inventory.write_bytes(bench.inventory_path.read_bytes())
         run, _ = recorded_run(tmp_path, str(inventory))
         # an external emulated bench (emulated: true, what `harness emulate` writes) is leased like a real one
-        from harness.runner import RunOptions, _acquire_lease
+        from harness.runner import _acquire_lease
 
         assert yaml.safe_load(inventory.read_text())["bench"]["emulated"] is True
-        lease = _acquire_lease(str(inventory), "first", RunOptions(playbook="pb.yaml"))
+        lease = _acquire_lease(load_inventory(inventory), str(inventory), "first")
         with pytest.raises(InputError, match="bench is locked.*first"):
-            _acquire_lease(str(inventory), "second", RunOptions(playbook="pb.yaml"))
+            _acquire_lease(load_inventory(inventory), str(inventory), "second")
         lease.release()
         assert (run / "inputs" / "bench.yaml").read_bytes() == inventory.read_bytes()
         assert plan(run).identity.bench == str(inventory)

@@ -113,7 +113,13 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_
     assert match(again[again["cycle"] > 0], truth)["covered"].mean() >= 0.95
 
 
-def test_inventory_bench_is_restored_and_dry_run_touches_nothing(tmp_path, shared_bench, run_playbook, capsys):
+def test_inventory_bench_is_restored_and_dry_run_touches_nothing(tmp_path, shared_bench, run_playbook, capsys,
+                                                                 monkeypatch):
+    import harness.config
+
+    parsed = []  # every inventory parse: a run parses its inventory once (lease, recovery and run share it)
+    parse = harness.config.bench_from_data
+    monkeypatch.setattr(harness.config, "bench_from_data", lambda *a, **k: parsed.append(a[1]) or parse(*a, **k))
     physics = shared_bench.emulator.physics
     physics.ocs_apply(left_by_another_user(shared_bench, 0))
     original = physics.ocs_patches()
@@ -125,10 +131,13 @@ def test_inventory_bench_is_restored_and_dry_run_touches_nothing(tmp_path, share
     assert physics.ocs_patches() == original
     assert "cycle 1:" in capsys.readouterr().err
     assert sorted(tmp_path.iterdir()) == before  # a dry run writes nothing
+    parsed.clear()
     run = run_playbook(pb, bench=inventory)
     assert run.exit_code == 0 and run.ok, run
+    assert parsed == [inventory]
     assert physics.ocs_patches() == original
     assert run.manifest()["extra"]["restored"] == {"ocs1": True} and run.ground_truth() is None
+    assert (run.run_dir / "inputs" / "bench.yaml").read_bytes() == Path(inventory).read_bytes()
 
 
 def _wait_for_cycle(log: Path, cycle: int, proc: subprocess.Popen, timeout: float = 60) -> None:

@@ -33,7 +33,7 @@ def _restore(args) -> int:
     from harness.errors import InputError
     from harness.lock import RunDirLock, RunDirLocked
     from harness.record import write_json_atomic
-    from harness.runner import RunOptions, _acquire_lease
+    from harness.runner import _acquire_lease
 
     run_dir = Path(args.run_dir)
     try:
@@ -53,7 +53,7 @@ def _restore(args) -> int:
         held = RunDirLock(run_dir).acquire(run_dir.name)
     except RunDirLocked as exc:
         raise InputError(f"the run is still running: {exc}") from None
-    lease = _acquire_lease(spec, f"harness bench restore {run_dir.name}", RunOptions(playbook=""))
+    lease = _acquire_lease(bench, spec, f"harness bench restore {run_dir.name}")
     try:
         results = recovery.restore_run(run_dir, bench, timeout_s=args.timeout)
     finally:

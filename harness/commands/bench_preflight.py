@@ -64,7 +64,6 @@ def _discover(args) -> int:
     from dataclasses import replace
 
     from devices.errors import DeviceError
-    from devices.parsers.common import ParseError
     from harness import preflight
     from harness.errors import InputError
 
@@ -102,9 +101,10 @@ def _discover(args) -> int:
 
 def _check(args) -> int:
     from devices.errors import DeviceError
+    from devices.parsers.common import ParseError
     from harness import preflight
     from harness.config import load_inventory
-    from harness.runner import RunOptions, _acquire_lease
+    from harness.runner import _acquire_lease
 
     from harness.errors import InputError
 
@@ -121,7 +121,7 @@ def _check(args) -> int:
     print(f"ok   {len(bench.hosts)} host(s), {len(bench.nic_ports)} NIC port(s), {len(bench.ocs)} switch(es) answer")
     if args.quick:
         return 0
-    lease = _acquire_lease(args.inventory, "harness bench check", RunOptions(playbook=""))
+    lease = _acquire_lease(bench, args.inventory, "harness bench check")
     failed = False
     try:
         for name in bench.ocs:

@@ -4,12 +4,16 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from analysis.stages import NIC_PROFILE_KEYS
 from harness.errors import InputError
 from harness.record import write_json_atomic, write_text_atomic
+
+if TYPE_CHECKING:  # annotations only: pandas is imported where a command runs
+    import pandas as pd
 
 # profile key -> chain column of analysis.stats.stage_table (later stage − earlier stage)
 NIC_KEYS = {key: f"chain_{key}" for key in NIC_PROFILE_KEYS}

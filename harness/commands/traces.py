@@ -5,10 +5,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from harness.errors import InputError
+
+if TYPE_CHECKING:  # annotations only: pandas is imported where a command runs
+    import pandas as pd
 
 
 def register(subparsers) -> None:
