@@ -22,6 +22,7 @@ import paramiko
 from devices.errors import DeviceError, DeviceTimeout, TransportClosed
 from devices.protocols import CommandResult, CommandTransport, LineStream
 from devices.resources import HostResource
+from devices.sshhub import HubTransport
 from devices.timing import CommandTiming, Deadline, now_ns
 
 _CHUNK = 65536
@@ -78,6 +79,7 @@ class SshTransport(CommandTransport):
     def _connect_once(self) -> paramiko.SSHClient:
         r = self.resource
         sock = socket.create_connection((r.address, r.port), timeout=self.connect_timeout)
+        client = None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             client = paramiko.SSHClient()
@@ -97,9 +99,14 @@ class SshTransport(CommandTransport):
                            banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
                            channel_timeout=self.connect_timeout,
                            look_for_keys=key_file is None and self._password is None,
-                           allow_agent=key_file is None and self._password is None)
+                           allow_agent=key_file is None and self._password is None,
+                           transport_factory=HubTransport)
         except BaseException:
-            sock.close()
+            transport = client.get_transport() if client is not None else None
+            if transport is not None:
+                transport.close()  # and its socket, on the hub that watches it
+            else:
+                sock.close()
             raise
         transport = client.get_transport()
         assert transport is not None

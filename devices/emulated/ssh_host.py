@@ -41,6 +41,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from devices.emulated import dataplane, formats
 from devices.resources import HostResource
+from devices.sshhub import HubTransport
 from devices.timing import now_ns
 
 log = logging.getLogger(__name__)
@@ -201,10 +202,10 @@ def _forget_accepted(channel: paramiko.Channel) -> None:
 
 def server_transport(sock: socket.socket, host_key: paramiko.PKey,
                      interface: paramiko.ServerInterface) -> paramiko.Transport | None:
-    """An SSH server transport (TCP_NODELAY) on an accepted connection; its handshake runs on paramiko's
-    own thread. None if it cannot start."""
+    """An SSH server transport (TCP_NODELAY) on an accepted connection; its loop runs on the process's SSH
+    hub (devices.sshhub: one thread for every connection). None if it cannot start."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    transport = paramiko.Transport(sock)
+    transport = HubTransport(sock)
     transport.add_server_key(host_key)
     try:
         transport.start_server(event=threading.Event(), server=interface)

@@ -1,0 +1,374 @@
+"""Every SSH connection of a process on one thread: paramiko's own, unchanged `Transport.run` loop of each
+connection runs as a greenlet on a hub thread instead of an OS thread of its own, so a pod of hundreds of hosts
+costs the harness (and the emulator) one thread for SSH, not one per host.
+
+How, and why it stays paramiko:
+- `HubTransport` is a `paramiko.Transport` whose Thread parts (`start`, `is_alive`, `join`) spawn and follow a
+  greenlet on the `Hub`; its socket is a `HubSocket`, non-blocking underneath: a `recv`/`send` that would block,
+  made in a hub greenlet, registers the descriptor with the hub's selector and switches to the hub, which
+  switches back when it is ready — or raises `socket.timeout` at the timeout paramiko set (0.1 s), so its
+  keep-alive, `active` and close checks run exactly as on a thread of their own. The same socket called from
+  any other thread (a caller's `channel.send`) waits in that thread, as a blocking socket would.
+- Callers keep their threads: `open_session`, `Channel.recv`/`send`, auth and channel waits on
+  `threading.Event` work unchanged (paramiko's loop sets those events, now from the hub thread).
+- A greenlet never blocks the hub on another thread: the two locks paramiko may hold across a socket send
+  (the packetizer's write lock, `clear_to_send_lock`) are tried without blocking and waited for on the hub, a
+  user message during key exchange waits on the hub (`_send_user_message`), and the handshake timeout is a
+  deadline instead of paramiko's `threading.Timer` (a thread per connection while it lasts).
+Relies on paramiko internals (the packetizer's write lock, `_send_user_message`, `sock._closed`): the verified
+versions are pinned in pyproject.toml and held to by tests/test_sshhub.py.
+"""
+from __future__ import annotations
+
+import collections
+import errno
+import heapq
+import itertools
+import logging
+import os
+import select
+import selectors
+import socket
+import threading
+import time
+
+import greenlet
+import paramiko
+from paramiko.packet import Packetizer
+
+_log = logging.getLogger(__name__)
+_LOCK_RETRY_S = 0.0005  # a lock another thread holds is tried again this often (the hub serves others meanwhile)
+
+
+class _Waiter:
+    __slots__ = ("glet", "done")
+
+    def __init__(self, glet):
+        self.glet = glet
+        self.done = False
+
+
+class Hub:
+    """One thread, one selector, the greenlets it serves. `spawn` and `call_soon` from any thread; `wait` and
+    `sleep` only inside one of its greenlets (`in_greenlet()`)."""
+
+    def __init__(self, name: str = "ssh-hub"):
+        self.name = name
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._calls: collections.deque = collections.deque()
+        self._timers: list = []  # (due, seq, waiter); a waiter already done is skipped
+        self._seq = itertools.count()
+        self._main = None
+        self.pid = os.getpid()
+        self.greenlets = 0  # running now (each a connection's loop)
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=name)
+        self._thread.start()
+        self._ready.wait()
+
+    # ---- any thread
+    def call_soon(self, fn) -> None:
+        """Run `fn()` on the hub thread (outside any greenlet), soon."""
+        self._calls.append(fn)
+        if threading.get_ident() != self._thread.ident:
+            try:
+                self._wake_w.send(b"x")
+            except BlockingIOError:  # already woken
+                pass
+
+    def spawn(self, fn) -> None:
+        """Run `fn()` as a greenlet on the hub."""
+        self.call_soon(lambda: self._start(fn))
+
+    def on_thread(self) -> bool:
+        return threading.get_ident() == self._thread.ident
+
+    def in_greenlet(self) -> bool:
+        return threading.get_ident() == self._thread.ident and greenlet.getcurrent() is not self._main
+
+    def close_socket(self, sock: socket.socket) -> None:
+        """Close `sock` on the hub thread: whoever waits for it wakes (as at a timeout) and the selector
+        forgets it before its descriptor can be reused."""
+        if self.on_thread():
+            self._close_now(sock)
+        else:
+            self.call_soon(lambda: self._close_now(sock))
+
+    # ---- inside a greenlet of this hub
+    def wait(self, fd: int, events: int, timeout: float | None) -> bool:
+        """Switch to the hub until `fd` is ready for `events` (True) or `timeout` seconds pass (False)."""
+        if timeout is not None and timeout <= 0:
+            return False
+        waiter = _Waiter(greenlet.getcurrent())
+        try:  # kept registered between waits: with the same events, no system call
+            self._selector.modify(fd, events, waiter)
+        except KeyError:
+            self._selector.register(fd, events, waiter)
+        except OSError:  # the number was closed behind the hub's back and reused: watch the new one
+            self._selector.unregister(fd)
+            self._selector.register(fd, events, waiter)
+        if timeout is not None:
+            heapq.heappush(self._timers, (time.monotonic() + timeout, next(self._seq), waiter))
+        return self._main.switch()
+
+    def sleep(self, seconds: float) -> None:
+        waiter = _Waiter(greenlet.getcurrent())
+        heapq.heappush(self._timers, (time.monotonic() + seconds, next(self._seq), waiter))
+        self._main.switch()
+
+    # ---- the hub thread
+    def _start(self, fn) -> None:
+        def body():
+            self.greenlets += 1
+            try:
+                fn()
+            except BaseException:  # noqa: BLE001 — one connection's end never ends the hub
+                _log.exception("%s: a greenlet ended with an exception", self.name)
+            finally:
+                self.greenlets -= 1
+
+        greenlet.greenlet(body, parent=self._main).switch()
+
+    def _fire(self, waiter: _Waiter, ready: bool) -> None:
+        if not waiter.done:
+            waiter.done = True
+            waiter.glet.switch(ready)
+
+    def _forget(self, fd: int, waiter: _Waiter) -> None:
+        """Stop watching `fd` if `waiter` still holds it (its greenlet may have closed it, and a new socket
+        taken its number, since the selector reported it)."""
+        key = self._selector.get_map().get(fd)
+        if key is not None and key.data is waiter:
+            self._selector.unregister(fd)
+
+    def _close_now(self, sock: socket.socket) -> None:
+        try:
+            key = self._selector.unregister(sock.fileno())
+        except (KeyError, ValueError):
+            key = None
+        try:
+            sock.close()
+        except OSError:
+            pass
+        if key is not None and key.data is not None and not key.data.done:
+            # the waiter may be the greenlet now running (it closes its own socket): wake it from the hub
+            self.call_soon(lambda: self._fire(key.data, False))
+
+    def _loop(self) -> None:
+        self._main = greenlet.getcurrent()
+        self._ready.set()
+        select_ = self._selector.select
+        timers = self._timers
+        while True:
+            timeout = None
+            if self._calls:
+                timeout = 0
+            else:
+                while timers and timers[0][2].done:
+                    heapq.heappop(timers)
+                if timers:
+                    timeout = max(0.0, timers[0][0] - time.monotonic())
+            try:
+                ready = select_(timeout)
+            except OSError:  # a descriptor closed under the selector: the next round has the map without it
+                ready = []
+            for key, _ in ready:
+                waiter = key.data
+                if waiter is None:
+                    try:
+                        while self._wake_r.recv(4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                elif waiter.done:  # ready, but nobody waits for it now: stop watching (no spin)
+                    self._forget(key.fd, waiter)
+                else:
+                    self._fire(waiter, True)
+            if timers:
+                now = time.monotonic()
+                while timers and (timers[0][2].done or timers[0][0] <= now):
+                    _, _, waiter = heapq.heappop(timers)
+                    self._fire(waiter, False)
+            for _ in range(len(self._calls)):
+                fn = self._calls.popleft()
+                try:
+                    fn()
+                except BaseException:  # noqa: BLE001
+                    _log.exception("%s: a call failed", self.name)
+
+
+_hub: Hub | None = None
+_hub_lock = threading.Lock()
+
+
+def shared_hub() -> Hub:
+    """The process's one SSH hub (a forked child makes its own: it has no threads)."""
+    global _hub
+    with _hub_lock:
+        if _hub is None or _hub.pid != os.getpid():
+            _hub = Hub()
+        return _hub
+
+
+class HubSocket:
+    """A connected socket for paramiko whose blocking calls wait on the hub when made in one of its greenlets,
+    and in the calling thread otherwise; `settimeout` bounds each wait (`socket.timeout`), as on a socket."""
+
+    def __init__(self, sock: socket.socket, hub: Hub):
+        sock.setblocking(False)
+        self.sock, self.hub = sock, hub
+        self._fd = sock.fileno()
+        self._timeout: float | None = None
+        self._closed = False  # paramiko reads it (Transport.stop_thread)
+
+    def settimeout(self, timeout: float | None) -> None:
+        self._timeout = timeout
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    def fileno(self) -> int:
+        return -1 if self._closed else self._fd
+
+    def getpeername(self):
+        return self.sock.getpeername()
+
+    def getsockname(self):
+        return self.sock.getsockname()
+
+    def setsockopt(self, *args) -> None:
+        self.sock.setsockopt(*args)
+
+    def _wait(self, events: int) -> bool:
+        if self.hub.in_greenlet():
+            return self.hub.wait(self._fd, events, self._timeout)
+        poller = select.poll()  # not select(): a pod's descriptors pass FD_SETSIZE
+        poller.register(self._fd, select.POLLIN if events == selectors.EVENT_READ else select.POLLOUT)
+        return bool(poller.poll(None if self._timeout is None else self._timeout * 1000))
+
+    def recv(self, n: int) -> bytes:
+        while True:
+            if self._closed:
+                raise OSError(errno.EBADF, "socket closed")
+            try:
+                return self.sock.recv(n)
+            except (BlockingIOError, InterruptedError):
+                pass
+            if not self._wait(selectors.EVENT_READ):
+                raise socket.timeout("timed out")
+
+    def send(self, data) -> int:
+        while True:
+            if self._closed:
+                raise OSError(errno.EBADF, "socket closed")
+            try:
+                return self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                pass
+            if not self._wait(selectors.EVENT_WRITE):
+                raise socket.timeout("timed out")
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.hub.close_socket(self.sock)
+
+
+class HubLock:
+    """A lock that a hub greenlet takes without blocking the hub: tried, and waited for on the hub while
+    another thread holds it (from any other thread: the lock's own blocking acquire)."""
+
+    def __init__(self, lock, hub: Hub):
+        self._lock, self._hub = lock, hub
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not blocking or not self._hub.in_greenlet():
+            return self._lock.acquire(blocking, timeout)
+        give_up = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        while not self._lock.acquire(False):
+            if give_up is not None and time.monotonic() >= give_up:
+                return False
+            self._hub.sleep(_LOCK_RETRY_S)
+        return True
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class HubPacketizer(Packetizer):
+    """paramiko's Packetizer with a hub-aware write lock and a handshake deadline instead of a Timer thread."""
+
+    def __init__(self, sock: HubSocket):
+        super().__init__(sock)
+        self._Packetizer__write_lock = HubLock(threading.RLock(), sock.hub)
+        self._handshake_due: float | None = None
+        self._handshake_done = False
+
+    def start_handshake(self, timeout: float) -> None:
+        if self._handshake_due is None:
+            self._handshake_due = time.monotonic() + float(timeout)
+
+    def handshake_timed_out(self) -> bool:
+        return (self._handshake_due is not None and not self._handshake_done
+                and time.monotonic() >= self._handshake_due)
+
+    def complete_handshake(self) -> None:
+        if self._handshake_due is not None:
+            self._handshake_done = True
+
+
+class HubTransport(paramiko.Transport):
+    """A paramiko Transport whose loop runs as a greenlet on `hub` (default: the process's shared hub)."""
+
+    def __init__(self, sock: socket.socket, *args, hub: Hub | None = None, **kwargs):
+        hub = hub or shared_hub()
+        self._hub = hub
+        self._loop_started = False
+        self._loop_done = threading.Event()
+        super().__init__(HubSocket(sock, hub), *args, packetizer_class=HubPacketizer, **kwargs)
+        self.clear_to_send_lock = HubLock(self.clear_to_send_lock, hub)
+
+    # Thread parts: a greenlet, not a thread
+    def start(self) -> None:
+        self._loop_started = True
+        self._hub.spawn(self._run_loop)
+
+    def _run_loop(self) -> None:
+        try:
+            self.run()
+        finally:
+            self._loop_done.set()
+
+    def is_alive(self) -> bool:
+        return self._loop_started and not self._loop_done.is_set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if not self._hub.on_thread():  # on the hub, waiting for a greenlet would stop it: never
+            self._loop_done.wait(timeout)
+
+    def _send_user_message(self, data) -> None:
+        """As paramiko's (wait while keys are exchanged, drop the message once inactive), with the wait on the
+        hub when the loop itself sends (a reply to the peer's request, a keep-alive)."""
+        if not self._hub.in_greenlet():
+            return super()._send_user_message(data)
+        give_up = time.monotonic() + self.clear_to_send_timeout
+        while True:
+            if not self.active:
+                return
+            with self.clear_to_send_lock:
+                if self.clear_to_send.is_set():
+                    self._send_message(data)
+                    return
+            if time.monotonic() > give_up:
+                raise paramiko.SSHException("Key-exchange timed out waiting for key negotiation")
+            self._hub.sleep(0.01)

@@ -1,0 +1,224 @@
+"""The SSH hub (devices/sshhub.py): paramiko's loops as greenlets on one thread, sockets that wait on the hub
+inside it and in the calling thread outside it, locks a greenlet takes without stopping the hub, and a harness
+whose threads do not grow with its hosts."""
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from devices.emulated.physics import OpticalBench
+from devices.emulated.profile import load_profile
+from devices.emulated.ssh_host import EmulatedHostServer
+from devices.ssh import SshTransport
+from devices.sshhub import Hub, HubLock, HubSocket, HubTransport
+from devices.timing import Deadline
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def hub():
+    return Hub(name="test-hub")
+
+
+def _in_hub(hub, fn) -> queue.Queue:
+    """Run `fn` as a greenlet on `hub`; its result (or exception) arrives on the queue returned."""
+    out: queue.Queue = queue.Queue()
+
+    def body():
+        try:
+            out.put(fn())
+        except BaseException as exc:  # noqa: BLE001 — handed to the test
+            out.put(exc)
+
+    hub.spawn(body)
+    return out
+
+
+def test_a_greenlet_recv_waits_on_the_hub_and_times_out_like_a_socket(hub):
+    a, b = socket.socketpair()
+    s = HubSocket(a, hub)
+    s.settimeout(0.05)
+    began = time.monotonic()
+    got = _in_hub(hub, lambda: s.recv(10)).get(timeout=30)
+    assert isinstance(got, socket.timeout) and time.monotonic() - began >= 0.05
+    s.settimeout(None)
+    pending = _in_hub(hub, lambda: s.recv(10))
+    b.send(b"line\n")
+    assert pending.get(timeout=30) == b"line\n"
+    s.close()
+    b.close()
+
+
+def test_greenlets_waiting_on_a_socket_or_a_lock_held_elsewhere_do_not_hold_up_the_hub(hub):
+    quiet_a, quiet_b = socket.socketpair()
+    echo_a, echo_b = socket.socketpair()
+    quiet, echo = HubSocket(quiet_a, hub), HubSocket(echo_a, hub)
+    held = threading.Lock()
+    lock = HubLock(held, hub)
+    held.acquire()  # another thread (this one) holds it
+    waiting_for_data = _in_hub(hub, lambda: quiet.recv(10))
+    waiting_for_lock = _in_hub(hub, lambda: lock.acquire())
+    echoed = _in_hub(hub, lambda: echo.send(echo.recv(10)))
+    echo_b.send(b"ping")
+    assert echoed.get(timeout=30) == 4 and echo_b.recv(10) == b"ping"  # served while the other two wait
+    assert waiting_for_data.empty() and waiting_for_lock.empty()
+    held.release()
+    assert waiting_for_lock.get(timeout=30) is True
+    _in_hub(hub, lock.release).get(timeout=30)
+    quiet_b.send(b"late")
+    assert waiting_for_data.get(timeout=30) == b"late"
+    for s in (quiet, echo, quiet_b, echo_b):
+        s.close()
+
+
+def test_closing_from_another_thread_wakes_the_greenlet_and_the_hub_forgets_the_descriptor(hub):
+    a, b = socket.socketpair()
+    s = HubSocket(a, hub)
+    fd = a.fileno()
+    pending = _in_hub(hub, lambda: s.recv(10))
+    time.sleep(0.01)  # let it wait (if it has not yet, it finds the socket closed: the same outcome)
+    s.close()
+    woke = pending.get(timeout=30)
+    assert isinstance(woke, OSError)  # socket.timeout (paramiko then sees its packetizer closed) or EBADF
+    assert _in_hub(hub, lambda: fd in hub._selector.get_map()).get(timeout=30) is False
+    assert a.fileno() == -1  # closed on the hub
+    b.close()
+
+
+def test_outside_the_hub_a_send_waits_in_the_calling_thread_with_the_socket_timeout(hub):
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    s = HubSocket(a, hub)
+    s.settimeout(0.02)
+    sent = 0
+    with pytest.raises(socket.timeout):
+        for _ in range(10_000):  # nobody reads: the buffer fills, then the wait times out
+            sent += s.send(b"x" * 4096)
+    received = 0
+    while received < sent:
+        received += len(b.recv(65536))
+    assert received == sent and s.send(b"y") == 1  # drained: sends again
+    s.close()
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    bench = OpticalBench(load_profile("instant"), seed=5)
+    servers = [EmulatedHostServer(bench, name).start() for name in bench.hosts[:2]]
+    transports = [SshTransport(s.resource()) for s in servers]
+    for t in transports:
+        t.connect()
+    yield transports
+    for t in transports:
+        t.close()
+    for s in servers:
+        s.stop()
+    bench.stop()
+
+
+def test_keepalive_runs_on_the_hub_and_a_user_message_during_key_exchange_waits_there(two_hosts):
+    """paramiko's keep-alive check runs at its socket timeouts; here its message finds a key exchange under
+    way (clear_to_send cleared) and waits, on the hub: the other host's commands still run meanwhile."""
+    first, second = two_hosts
+    transport = first._transport()
+    assert isinstance(transport, HubTransport) and isinstance(second._transport(), HubTransport)
+    called, sent = threading.Event(), threading.Event()
+    on = []
+
+    def keepalive():
+        on.append(threading.current_thread().name)
+        called.set()
+        transport.global_request("keepalive@lag.net", wait=False)  # -> _send_user_message
+        sent.set()
+
+    transport.clear_to_send.clear()
+    transport.packetizer.set_keepalive(0.05, keepalive)
+    assert called.wait(30)
+    assert on == ["ssh-hub"]
+    assert second.run("echo still", deadline=Deadline(30)).stdout == "still\n"  # the hub is not held
+    assert not sent.is_set()
+    transport.clear_to_send.set()
+    assert sent.wait(30)
+    transport.packetizer.set_keepalive(0, None)
+    assert first.run("echo after", deadline=Deadline(30)).stdout == "after\n"
+
+
+_COUNT_THREADS = r"""
+import json, os, queue, sys, threading
+import paramiko
+from devices.resources import HostResource
+from harness.bench.hosts import HostGroup
+from harness.hostsession import HostSession
+from devices.timing import Deadline
+
+hosts = json.loads(sys.stdin.read())
+counts = []
+for n in (4, 16):
+    sink = queue.Queue()
+    sessions = {}
+    for h in hosts[:n]:
+        s = HostSession(HostResource(**h["resource"]), clock_probes=4)
+        s.open()
+        s.start_watch([tuple(p) for p in h["ports"]], 20000, 0, sink)
+        sessions[s.name] = s
+    synced = set()
+    for s in sessions.values():
+        s.on_clock_sample = lambda host, sample: synced.add(host)
+    group = HostGroup(sessions)
+    group.start_clock_sync(0.1)  # the group's one clock thread probes every host
+    first = set()
+    deadline = Deadline(60)
+    while (len(first) < n or len(synced) < n) and not deadline.expired():
+        try:
+            o = sink.get(timeout=0.1)
+            first.add(o.host)
+        except queue.Empty:
+            pass
+    counts.append({"hosts": n, "lines_from": len(first), "synced": len(synced),
+                   "names": sorted(t.name for t in threading.enumerate()),
+                   "tasks": sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")),
+                   "transport_threads": sum(isinstance(t, paramiko.Transport) for t in threading.enumerate())})
+    group.stop()
+    group._clock_thread.join(30)
+    for s in sessions.values():
+        s.close()
+print(json.dumps(counts))
+"""
+
+
+def test_harness_threads_do_not_grow_with_hosts(tmp_path):
+    """4 and 16 emulated hosts, each with the harness's SSH connection, agent, time responder, watch stream
+    and clock sync: the harness process (its own, so only its threads count) has the same threads."""
+    data = yaml.safe_load(Path(load_profile("instant").path).read_text())
+    data["topology"] = {"hosts": 16, "nics_per_host": 1, "ocs_size": [16, 16]}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
+    with OpticalBench(load_profile(str(tmp_path / "p.yaml")), seed=7) as bench:
+        servers = [EmulatedHostServer(bench, name).start() for name in bench.hosts]
+        try:
+            hosts = [{"resource": vars(s.resource()),
+                      "ports": [(p.netdev, p.rdma_dev, p.rdma_port) for p in bench.nic_ports(s.host_name)]}
+                     for s in servers]
+            proc = subprocess.run([sys.executable, "-c", _COUNT_THREADS], input=json.dumps(hosts), cwd=ROOT,
+                                  capture_output=True, text=True, timeout=240)
+        finally:
+            for s in servers:
+                s.stop()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    four, sixteen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (four["lines_from"], sixteen["lines_from"]) == (4, 16)  # every host's stream delivered
+    assert (four["synced"], sixteen["synced"]) == (4, 16)  # and every host's clock probed by the group
+    assert four["transport_threads"] == sixteen["transport_threads"] == 0
+    assert "ssh-hub" in four["names"]
+    assert four["names"] == sixteen["names"]
+    assert four["tasks"] == sixteen["tasks"]  # the kernel's view, native ones too
