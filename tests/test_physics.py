@@ -293,3 +293,17 @@ def test_a_new_far_end_transmitter_breaks_the_link_even_without_a_dark_gap(dark_
         snap = bench.nic_snapshot(port.host, port.netdev)
         assert (snap.carrier_down_count, snap.carrier_up_count, snap.ib_state, snap.lit_by) == (1, 2, "ACTIVE",
                                                                                                peer.key)
+
+
+def test_snapshot_copy_matches_dataclass_replace_and_refuses_unknown_fields():
+    from dataclasses import replace
+
+    from devices.emulated.physics import NicSnapshot, _with
+
+    old = NicSnapshot(rx_power_dbm=-3.2, lit_by="gpu1:ens1f0np0")
+    changes = {"carrier": True, "phys_state": "LinkUp", "carrier_up_count": 4}
+    new = _with(old, changes)
+    assert new == replace(old, **changes) and type(new) is NicSnapshot
+    assert old.carrier is False  # the old snapshot, handed out to readers, is untouched
+    with pytest.raises(TypeError, match="carier"):
+        _with(old, {"carier": True})

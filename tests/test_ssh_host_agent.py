@@ -157,3 +157,20 @@ def test_counters_sample_the_bytes_a_running_transfer_moved_at_each_tick(ssh, be
     rates = [(b.xmit_words - a.xmit_words) * 4 / ((b.host_ns - a.host_ns) / 1e9) for a, b in zip(samples, samples[1:])]
     assert max(rates) == pytest.approx(50e9, rel=1e-3)  # the circuit's 400 Gb/s between two ticks
     assert all(s.read_ns == 0 and s.port == f"{me.rdma_dev}/{me.rdma_port}" for s in samples)
+
+
+def test_a_handler_queue_gets_only_the_changes_it_wants():
+    """The filter runs on the physics' delivery: a probe receiver's thread is not woken by another port's
+    (or another field's) change."""
+    from types import SimpleNamespace
+
+    from devices.emulated.physics import NicChange
+    from devices.emulated.ssh_host import _subscribe
+
+    callbacks = []
+    bench = SimpleNamespace(subscribe=lambda host, cb: callbacks.append(cb) or (lambda: None))
+    ctx = SimpleNamespace(bench=bench, host="gpu1")
+    changes, _ = _subscribe(ctx, lambda c: c.netdev == "ens2f0np0" and c.field == "probe_first")
+    for netdev, field in (("ens1f0np0", "probe_first"), ("ens2f0np0", "carrier"), ("ens2f0np0", "probe_first")):
+        callbacks[0](NicChange(1, "gpu1", netdev, field, "x"))
+    assert changes.qsize() == 1 and changes.get_nowait().netdev == "ens2f0np0"

@@ -749,9 +749,17 @@ def _ip_link_set(ctx: ExecContext, words: list[str]) -> int:
     return 0
 
 
-def _subscribe(ctx: ExecContext) -> tuple[queue.SimpleQueue, Callable[[], None]]:
+def _subscribe(ctx: ExecContext, wanted: Callable[[object], bool] | None = None
+               ) -> tuple[queue.SimpleQueue, Callable[[], None]]:
+    """The host's changes, those `wanted` only: the filter runs on the physics' delivery, so a handler's
+    thread is not woken for a change it would drop (a host's 8 probe receivers, each of one port)."""
     changes: queue.SimpleQueue = queue.SimpleQueue()
-    return changes, ctx.bench.subscribe(ctx.host, changes.put)
+
+    def put(change) -> None:
+        if wanted(change):
+            changes.put(change)
+
+    return changes, ctx.bench.subscribe(ctx.host, changes.put if wanted is None else put)
 
 
 def _ip_monitor(ctx: ExecContext, stamps: bool, oneline: bool) -> int:
@@ -1303,7 +1311,7 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
         origin = phase[field in _ETHTOOL_FIELDS]
         return origin + -(-(t_ns - origin) // step) * step, step
 
-    changes, unsubscribe = _subscribe(ctx)
+    changes, unsubscribe = _subscribe(ctx, lambda c: c.field in watched.get(c.netdev, ()))
     try:
         last: dict[tuple[str, str], str] = {}
         lines = []
@@ -1320,9 +1328,8 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
             wait = _POLL_S if not due else max(0.0, min(_POLL_S, (due[0][0] - now_ns()) / 1e9))
             try:
                 change = changes.get(timeout=wait) if wait > 0 else changes.get_nowait()
-                if change.field in watched.get(change.netdev, ()):
-                    tick, step = tick_at_or_after(change.t_ns, change.field)
-                    heapq.heappush(due, (tick, next(seq), change, step))
+                tick, step = tick_at_or_after(change.t_ns, change.field)
+                heapq.heappush(due, (tick, next(seq), change, step))
                 continue
             except queue.Empty:
                 pass
@@ -1421,15 +1428,14 @@ def _agent_probe_recv(ctx: ExecContext, argv: list[str]) -> int:
     if ctx.server.nic_by_netdev(str(netdev)) is None:
         ctx.err("usage: probe-recv --iface NETDEV --gap-us G [--udp-port P]\n")
         return 2
-    changes, unsubscribe = _subscribe(ctx)
+    changes, unsubscribe = _subscribe(ctx, lambda c: c.netdev == netdev and c.field == "probe_first")
     try:
         while not ctx.gone() and not ctx.stdin_closed():
             try:
                 change = changes.get(timeout=_POLL_S)
             except queue.Empty:
                 continue
-            if change.netdev == netdev and change.field == "probe_first":
-                ctx.out(f"{ctx.bench.host_time(ctx.host, change.t_ns)} first {change.value}\n")
+            ctx.out(f"{ctx.bench.host_time(ctx.host, change.t_ns)} first {change.value}\n")
     finally:
         unsubscribe()
     return 0
