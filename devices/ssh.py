@@ -103,8 +103,9 @@ class SshTransport(CommandTransport):
                            transport_factory=HubTransport)
         except BaseException:
             transport = client.get_transport() if client is not None else None
-            if transport is not None:
-                transport.close()  # and its socket, on the hub that watches it
+            if transport is not None:  # its socket is closed on the hub that watches it
+                transport.close()
+                transport.sock.close()  # also when the transport never started (close() then does nothing)
             else:
                 sock.close()
             raise

@@ -126,6 +126,8 @@ class Hub:
             self.greenlets += 1
             try:
                 fn()
+            except greenlet.GreenletExit:
+                pass
             except BaseException:  # noqa: BLE001 — one connection's end never ends the hub
                 _log.exception("%s: a greenlet ended with an exception", self.name)
             finally:

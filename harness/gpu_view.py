@@ -1,8 +1,9 @@
 """The GPUs' side of a reconfiguration: `nvidia-smi` utilisation sampled on the hosts that have GPUs while a
 step reconfigures the network, so a run shows what the GPUs did while the links re-trained.
 
-One thread per host (at most MAX_HOSTS, spread over the step's hosts: a pod's threads and tool load stay
-bounded) polls `nvidia-smi --query-gpu=...` over the run's SSH connection; each sample is stamped
+SAMPLERS threads share the hosts sampled (at most MAX_HOSTS, spread over the step's hosts: a pod's threads and
+tool load stay bounded, and the harness's threads do not grow with its hosts); each polls its hosts in turn with
+`nvidia-smi --query-gpu=...` over the run's SSH connection; each sample is stamped
 on the harness clock at the middle of its round trip, with half the round trip as its bound. At the end of
 the step the samples go to `gpu_samples.jsonl` (fsynced) and the manifest gets, per host, the utilisation
 inside the re-training windows (a cycle's `ocs_command_sent` to its last `port_active`, or the windows a step
@@ -26,6 +27,7 @@ QUERY = f"nvidia-smi --query-gpu={','.join(FIELDS)} --format=csv,noheader,nounit
 IDLE_PERCENT = 5  # at or below: the GPU is idle
 INTERVAL_S = 0.2  # between two samples of one host (nvidia-smi itself takes tens of ms on a real host)
 MAX_HOSTS = 16  # hosts sampled per step: a pod's GPUs are shown by a spread of its hosts (bounded threads, load)
+SAMPLERS = 4  # threads sharing them
 
 
 def spread(hosts: list[str], at_most: int = MAX_HOSTS) -> list[str]:
@@ -70,8 +72,10 @@ class GpuView:
                               "memory_used_mib": row["memory.used"], "power_w": row["power.draw"]} for row in rows]
         return True
 
-    def _poll(self, host: str, transport) -> None:
-        while not self._stop.is_set() and self._sample(host, transport):
+    def _poll(self, share: list[tuple[str, object]]) -> None:
+        """Sample each host of `share` in turn, then wait the interval; a host without GPUs (or gone) drops out."""
+        while share and not self._stop.is_set():
+            share = [(h, t) for h, t in share if self._stop.is_set() or self._sample(h, t)]
             self._stop.wait(self.interval_s)
 
     def start(self) -> "GpuView":
@@ -79,9 +83,9 @@ class GpuView:
         # filter keeps its bound honest if a probe waits behind a sample; a host costs one SSH login per run.
         transports = {h: self.ctx.transport(h) for h in self.hosts}
         self.started_ns = now_ns()
-        for host in self.hosts:
-            thread = threading.Thread(target=self._poll, args=(host, transports[host]), daemon=True,
-                                      name=f"gpu-view-{host}")
+        for k in range(min(SAMPLERS, len(self.hosts))):
+            share = [(h, transports[h]) for h in self.hosts[k::SAMPLERS]]
+            thread = threading.Thread(target=self._poll, args=(share,), daemon=True, name=f"gpu-view-{k}")
             thread.start()
             self._threads.append(thread)
         return self

@@ -231,7 +231,8 @@ def accept_ssh(listener: socket.socket, host_key: paramiko.PKey, interface: Call
 
 class _HostsLoop:
     """What every emulated host of a process shares, so a pod costs no thread per host for them: one thread
-    accepting on all hosts' listeners (a selector) and one closing the channels clients leave open."""
+    accepting on all hosts' listeners (a selector), one closing the channels clients leave open and one
+    starting the commands' threads (the connections themselves are on the SSH hub, devices.sshhub)."""
 
     _instance: "_HostsLoop | None" = None
     _instance_lock = threading.Lock()
@@ -251,8 +252,10 @@ class _HostsLoop:
         self._reap: list[tuple[float, int, paramiko.Channel]] = []
         self._reap_cv = threading.Condition()
         self._reap_seq = itertools.count()
+        self._starts: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._accept_loop, name="ssh-hosts-accept", daemon=True).start()
         threading.Thread(target=self._reap_loop, name="ssh-hosts-reaper", daemon=True).start()
+        threading.Thread(target=self._start_loop, name="ssh-hosts-starter", daemon=True).start()
 
     def listen(self, listener: socket.socket, host: "EmulatedHostServer") -> None:
         listener.setblocking(False)
@@ -277,6 +280,16 @@ class _HostsLoop:
                     continue
                 sock.setblocking(True)
                 key.data._accepted(sock)
+
+    def start_thread(self, target: Callable, args: tuple, name: str) -> None:
+        """Start a command's thread from here, not from the SSH loop that received the command: a thread's
+        start waits until it runs (for the GIL), and that loop (the SSH hub) serves every host's connection."""
+        self._starts.put((target, args, name))
+
+    def _start_loop(self) -> None:
+        while True:
+            target, args, name = self._starts.get()
+            threading.Thread(target=target, args=args, daemon=True, name=name).start()
 
     def close_later(self, channel: paramiko.Channel) -> None:
         with self._reap_cv:
@@ -313,9 +326,8 @@ class _SshServer(paramiko.ServerInterface):
         return True  # stock OpenSSH sends LANG/LC_*; accept and ignore
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
-        text = command.decode(errors="replace")
-        threading.Thread(target=self.host._exec, args=(channel, text), daemon=True,
-                         name=f"ssh-{self.host.host_name}-exec").start()
+        _HostsLoop.get().start_thread(self.host._exec, (channel, command.decode(errors="replace")),
+                                      f"ssh-{self.host.host_name}-exec")
         return True
 
 
