@@ -81,20 +81,23 @@ class EventLog:
         return _typed_frame(self._rows, EVENT_COLUMNS, EVENT_DTYPES)
 
     def append(self, event: Event) -> None:
+        self.extend([event])
+
+    def extend(self, events: Iterable[Event], encoded: list[tuple[dict, bytes]] | None = None) -> None:
+        """Buffer `events`; `encoded`: their `encode(event)`, made earlier (a cycle encodes its events while
+        it still waits for its last observations)."""
         self._check()
-        row = event.to_dict()
-        self._rows.append(row)
-        self._buffer += orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"  # ~1 µs, json: ~6 µs
-        self._pending += 1
+        if encoded is None:
+            encoded = [encode(event) for event in events]
+        self._rows.extend(row for row, _ in encoded)
+        self._buffer += b"".join(line for _, line in encoded)
+        self._pending += len(encoded)
         if len(self._buffer) >= self.write_through_bytes:
             self.flush(fsync=False)
 
-    def extend(self, events: Iterable[Event]) -> None:
-        for event in events:
-            self.append(event)
-
-    def flush(self, fsync: bool = True) -> None:
-        """Hand buffered events to the OS and, with fsync, to the disk."""
+    def flush(self, fsync: bool = True, *, wait: bool = False) -> None:
+        """Hand buffered events to the OS and, with fsync, to the disk — on this thread, returning with them
+        durable, if `wait` or without background_fsync."""
         self._check()
         self._join_sync()
         try:
@@ -106,7 +109,7 @@ class EventLog:
                 done += written
                 self._written_size += written
             self._buffer.clear()
-            if fsync and self.background_fsync:
+            if fsync and self.background_fsync and not wait:
                 size, pending, self._pending = self._written_size, self._pending, 0
                 self._sync_thread = threading.Thread(target=self._sync, args=(size, pending), daemon=True,
                                                      name="eventlog-fsync")
@@ -171,6 +174,12 @@ class EventLog:
         except OSError:  # the torn tail stays; read_events skips a torn last line anyway
             log.warning("could not truncate %s after a write error", self.path)
         raise self._failed from cause
+
+
+def encode(event: Event) -> tuple[dict, bytes]:
+    """An event's row (EVENT_COLUMNS) and its JSON line (orjson: ~1 µs; json.dumps ~6 µs)."""
+    row = event.to_dict()
+    return row, orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
 
 
 def _typed_frame(rows: list[dict], columns: tuple[str, ...], dtypes: dict[str, str]) -> pd.DataFrame:

@@ -168,8 +168,8 @@ class RunContext:
     def sessions(self) -> dict[str, Any]:
         return self.open_sessions(list(self.bench.hosts))
 
-    def record(self, events: list[Event]) -> None:
-        self.log.extend(events)
+    def record(self, events: list[Event], encoded: list | None = None) -> None:
+        self.log.extend(events, encoded)
 
     def say(self, text: str) -> None:
         if not self.quiet:

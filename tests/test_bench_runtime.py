@@ -304,3 +304,44 @@ def test_a_host_s_parked_lines_count_before_its_next_one():
     arrivals = watch.result(110 * MS)
     assert arrivals.flaps == {} and ("h2:eth0", "port_down") in arrivals.kept
     assert ("h2:eth0", "first_packet") in arrivals.kept and "h2:eth0" not in arrivals.missing
+
+
+def test_events_built_while_the_cycle_waits_equal_those_built_at_its_end():
+    """`prepare` builds a complete port's events while nothing is queued; the cycle's end builds again
+    only the ports that changed since (an observation after it, or a clock step on their host)."""
+    from harness.bench.stages import CycleEvents, cycle_events
+    from harness.eventlog import encode
+
+    script = ScriptedObservations()
+    steps = {"h1": 0, "h2": 0}
+    _full_chain(script, "h1", 102 * MS)
+    script.watch("h1", "eth0", "carrier", "0", 101 * MS + 500_000)  # the old link going (not in the chain)
+    for i, (field, value) in enumerate([("rx_los", "0"), ("rx_lol", "0"), ("carrier", "1")]):
+        script.watch("h2", "eth0", field, value, 102 * MS + i * MS)
+    script.probe("h2", "eth0", MAC["h2:eth0"], 106 * MS)  # h2 complete: its first probe is in
+    late = script.watch("h2", "eth0", "state", "ACTIVE", 105 * MS)  # its watch's line comes after the probe's
+
+    def cycle(prepared_between: bool, stepped: str | None = None):
+        built = CycleEvents("r", 1, PORTS, 100 * MS, script.convert, CHAIN, lambda host: steps[host], encode)
+        watch = _watch(script, events=built)
+        for obs in script.items:
+            if obs is not late:
+                watch.feed(obs)
+        while watch.prepare():
+            pass
+        assert set(built._built) == set(PORTS) and built.rebuilt == 0
+        watch.feed(late)
+        if prepared_between:
+            assert watch.prepare() and not watch.prepare()  # h2 only, once
+        if stepped:
+            steps[stepped] += 1
+        arrivals = watch.result(110 * MS)
+        events, encoded = cycle_events("r", 1, PORTS, "ocs1", 100 * MS, 101 * MS, arrivals, script.convert, CHAIN,
+                                       built, watch.version)
+        assert events == stage_events("r", 1, PORTS, "ocs1", 100 * MS, 101 * MS, arrivals, script.convert, CHAIN)
+        assert encoded == [encode(e) for e in events]
+        return built.rebuilt
+
+    assert cycle(prepared_between=False) == 1  # h2 changed after it was built: built again at the end
+    assert cycle(prepared_between=True) == 0  # built again while waiting: nothing left for the end
+    assert cycle(prepared_between=True, stepped="h1") == 1  # h1's clock stepped since: its conversions redone

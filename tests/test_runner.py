@@ -61,9 +61,41 @@ def left_by_another_user(bench, first: int) -> dict[int, int]:
     return {a.ocs_tx: b.ocs_rx, b.ocs_tx: a.ocs_rx}
 
 
-def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_playbook, capsys):
+def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_playbook, capsys, monkeypatch):
+    from harness.bench.circuits import CircuitGuard
+    from harness.bench.observe import ObservationLog
+
+    order = []  # what the harness did, in order: fsyncs of events.jsonl, switch commands, raw cycle records
+    real_fsync, real_apply, real_raw = os.fsync, CircuitGuard.apply, ObservationLog.cycle
+
+    def fsync(fd):
+        real_fsync(fd)
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("events.jsonl"):
+            order.append(("fsync", os.fstat(fd).st_size))
+
+    def apply(self, *args, **kwargs):
+        written = tmp_path.glob("run-*/events.jsonl")
+        order.append(("command", max((p.stat().st_size for p in written), default=0)))
+        return real_apply(self, *args, **kwargs)
+
+    monkeypatch.setattr("harness.eventlog.os.fsync", fsync)
+    monkeypatch.setattr(CircuitGuard, "apply", apply)
+    monkeypatch.setattr(ObservationLog, "cycle", lambda self, cycle, *a, **k: (order.append(("raw", cycle)),
+                                                                              real_raw(self, cycle, *a, **k)))
     result = run_playbook(playbook(tmp_path, cycles=4), bench=f"emulated:{fast_profile}")
     assert result.exit_code == 0 and result.ok, result
+    # Every command goes out with the events written before it fsynced (cycle N durable before N+1's
+    # command), by one fsync per cycle; a cycle's raw record is written only after the next command.
+    commands = [i for i, (what, _) in enumerate(order) if what == "command"]
+    assert len(commands) == 6, order  # cycle 0 (unmeasured), cycles 1-4, the restore at teardown
+    for n, (before, at) in enumerate(zip(commands, commands[1:])):
+        between = order[before + 1:at]
+        assert [what for what, _ in between].count("fsync") == (1 if n else 0), between
+        synced = [size for what, size in order[:at] if what == "fsync"]
+        assert order[at][1] == (synced[-1] if synced else 0)  # nothing written that is not on disk
+    raws = [i for i, (what, _) in enumerate(order) if what == "raw"]
+    assert [order[i][1] for i in raws] == [1, 2, 3, 4]
+    assert all(raws[k] > commands[k + 2] for k in range(3)) and commands[4] < raws[3] < commands[5]
     run = result.run_dir
     events = result.events()
     assert tuple(events.columns) == EVENT_COLUMNS

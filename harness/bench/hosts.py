@@ -201,6 +201,11 @@ class HostGroup:
     def convert(self, host: str, host_ns: int) -> tuple[int, int, int]:
         return self.sessions[host].to_harness(host_ns)
 
+    def clock_generation(self, host: str) -> int:
+        """Changes when the host's clock is found to have stepped: a conversion made before that may not
+        bound the truth. (Another sample changes a conversion too, but the one made before it still holds.)"""
+        return len(self.sessions[host].clock.segments)
+
     def on_fault(self, obs) -> str | None:
         """A host's stream ended or sent nonsense: reconnect it once per drop. Returns the fault source to
         record, or None for a stale report of a drop already handled; BenchBroken when it stays away."""

@@ -21,7 +21,8 @@ import orjson
 
 from analysis.stages import PORT_CHAIN
 from devices.timing import Deadline, now_ns
-from harness.bench.stages import NOT_YET, Arrivals, Convert, classify, interval
+from analysis.stages import STAGES
+from harness.bench.stages import NOT_YET, Arrivals, Convert, CycleEvents, classify, interval
 
 # Watch values that show a stage reached (a restarted watch prints them as current values).
 REACHED = {"light_detected": ("rx_los", "0"), "cdr_locked": ("rx_lol", "0"), "phy_up": ("carrier", "1"),
@@ -34,7 +35,8 @@ class CycleWatch:
     def __init__(self, wants: dict[str, set[str]], port_of: dict[tuple[str, str], str], first_sent_ns: int,
                  completed_ns: int, convert: Convert, *, peer_mac: dict[str, str] | None = None,
                  reconnected: dict[str, int] | None = None, chain: tuple[str, ...] = PORT_CHAIN,
-                 grace_ns: int = 50_000_000, suspect: Callable[[str], None] | None = None):
+                 grace_ns: int = 50_000_000, suspect: Callable[[str], None] | None = None,
+                 events: CycleEvents | None = None):
         self.need = {k: set(v) for k, v in wants.items()}
         self.wanted = {k: set(v) for k, v in wants.items()}
         self.port_of, self.first_sent, self.completed = port_of, first_sent_ns, completed_ns
@@ -48,6 +50,11 @@ class CycleWatch:
         # that host's lines wait, in order, and are fed again with the sample known (`retry()`); a line
         # that still converts to before the command then happened before it.
         self.suspect = suspect
+        # Events of the ports already complete are built while the cycle waits (`prepare`); `version` counts
+        # each port's changes of what its events are made of, so the cycle's end rebuilds only those changed.
+        self.events = events
+        self.version: dict[str, int] = dict.fromkeys(self.need, 0)
+        self._prepared: dict[str, int] = {}  # port -> version its events were built at
         self._parked: list = []
         self._held: dict[str, Callable[[], bool]] = {}  # host -> whether its clock sample has landed
 
@@ -106,6 +113,7 @@ class CycleWatch:
             for gated, shows in NOT_YET.items():
                 if shows(obs.field, obs.value) and gated in self.need[key] and not self._implied(key, gated):
                     self.arrivals.not_yet[(key, gated)] = obs
+                    self.version[key] += 1
         if stage == "port_down" and (key, "phy_up") in kept:
             self.arrivals.flaps[key] = self.arrivals.flaps.get(key, 0) + 1  # carrier lost with the light on
         if stage is None or (key, stage) in kept:
@@ -116,6 +124,7 @@ class CycleWatch:
         if stage in self.wanted[key] or stage not in self.chain:
             kept[(key, stage)] = obs
             self.need[key].discard(stage)
+            self.version[key] += 1
 
     def retry(self) -> None:
         """Feed the waiting lines of every host whose clock sample has landed, in order."""
@@ -125,6 +134,21 @@ class CycleWatch:
             self._parked = [p for p in self._parked if p.host != host]
             for obs in mine:
                 self._feed(obs, released=True)
+
+    def prepare(self) -> bool:
+        """Build the events of one complete port whose observations changed since it was last built (the
+        log calls this while nothing is queued). Returns whether it built one."""
+        if self.events is None:
+            return False
+        kept, not_yet = self.arrivals.kept, self.arrivals.not_yet
+        for key, version in self.version.items():
+            if self._prepared.get(key) == version or (key, self._final(key)) not in kept:
+                continue
+            self._prepared[key] = version
+            mine = {s: o for s in STAGES if (o := kept.get((key, s))) is not None}
+            self.events.port(key, version, mine, {s: o for s in self.chain if (o := not_yet.get((key, s))) is not None})
+            return True
+        return False
 
     # ---- progress
     def complete(self) -> bool:
@@ -189,8 +213,10 @@ class ObservationLog:
     def clock_sample(self, host: str, sample) -> None:
         self._write({"k": "clock", "host": host, **vars(sample)})
 
-    def cycle(self, cycle: int, first_sent_ns: int, completed_ns: int, ocs: str, ports: dict, arrivals) -> None:
-        """A cycle's inputs of `stage_events`, so a report can convert them again."""
+    def cycle(self, cycle: int, first_sent_ns: int, completed_ns: int, ocs: str, ports: dict, arrivals, *,
+              cpu_ns: int | None = None, step_cpu_ns: int | None = None) -> None:
+        """A cycle's inputs of `stage_events`, so a report can convert them again; the harness's CPU when it
+        ended (default: now)."""
         self._write({"k": "cycle", "cycle": cycle, "first_sent_ns": first_sent_ns, "completed_ns": completed_ns,
                      "ocs": ocs, "ports": {k: vars(p) for k, p in ports.items()},
                      "kept": [[k, s, vars(o)] for (k, s), o in arrivals.kept.items()],
@@ -199,7 +225,8 @@ class ObservationLog:
                      "causes": arrivals.causes, "done_ns": arrivals.done_ns,
                      # the harness's CPU so far (every thread, and the thread running the step): per-cycle
                      # overhead that a loaded machine does not inflate
-                     "cpu_ns": time.process_time_ns(), "step_cpu_ns": time.thread_time_ns()})
+                     "cpu_ns": time.process_time_ns() if cpu_ns is None else cpu_ns,
+                     "step_cpu_ns": time.thread_time_ns() if step_cpu_ns is None else step_cpu_ns})
 
     def flush(self) -> None:
         """Hand what was written to the OS (it survives the process; events.jsonl, fsynced per cycle, stays
@@ -238,10 +265,15 @@ class ObservationLog:
         """Feed `watch` until it has settled or the deadline passes; returns what arrived, what is missing
         and why. `on_fault(obs) -> cause | None` reconnects a dropped host (and may raise BenchBroken)."""
         while not watch.settled(now_ns()) and not deadline.expired():
-            wait = min(0.5, deadline.remaining() or 0.5)
-            if watch.complete_since is not None:
-                wait = min(wait, max(0.0, (watch.complete_since + watch.grace_ns - now_ns()) / 1e9))
-            obs = self.get(wait)
+            try:
+                obs = self._queue.get_nowait()
+            except queue.Empty:
+                if watch.prepare():  # nothing queued: build a complete port's events now, not at the end
+                    continue
+                wait = min(0.5, deadline.remaining() or 0.5)
+                if watch.complete_since is not None:
+                    wait = min(wait, max(0.0, (watch.complete_since + watch.grace_ns - now_ns()) / 1e9))
+                obs = self.get(wait)
             watch.retry()
             if obs is None:
                 continue

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from analysis.stages import PORT_CHAIN, WATCH_STAGES
+from analysis.stages import PORT_CHAIN, STAGES, WATCH_STAGES
 from harness.events import Event
 
 GRANULARITY_NS = 1_000  # reading granularity of a host timestamp
@@ -107,11 +107,88 @@ def source_of(obs) -> str:
     return f"agent-probe:{obs.value.split()[0]}" if obs.kind == "probe" else f"agent-watch:{obs.field}"
 
 
+def port_events(run_id: str, cycle: int, port: PortRef, first_sent_ns: int, kept: dict[str, object],
+                not_yet: dict[str, object], convert: Convert, chain: tuple[str, ...] = PORT_CHAIN,
+                done_ns: int | None = None) -> list[Event] | None:
+    """One port's events: every kept observation with its chain-tightened bound, and every chain stage
+    implied by a later one (passed between two polls). A contradiction is a fault at `done_ns` (None, the
+    cycle still running: returns None, the port is built again at its end)."""
+    events = []
+    raw = {stage: interval(obs, convert) for stage, obs in kept.items()}
+    not_before = {stage: interval(obs, convert)[0] for stage, obs in not_yet.items()}
+    bounds = chain_bounds(first_sent_ns, {s: raw[s][:2] for s in chain if s in raw}, not_before, chain)
+    for stage in chain:
+        if stage in kept:
+            lo, hi = bounds.get(stage, raw[stage][:2])
+            events.append(_event(run_id, cycle, stage, lo, hi, port=port, offset_ns=raw[stage][2],
+                                 source=source_of(kept[stage])))
+        elif stage in bounds:
+            later = next(s for s in chain[chain.index(stage) + 1:] if s in kept)
+            lo, hi = bounds[stage]
+            events.append(_event(run_id, cycle, stage, lo, hi, port=port, offset_ns=raw[later][2],
+                                 source=f"between-polls:before {later}"))
+        elif any(s in kept for s in chain[chain.index(stage) + 1:]):
+            if done_ns is None:
+                return None
+            events.append(_event(run_id, cycle, "fault", done_ns, done_ns, port=port,
+                                 source=f"bounds:{port.key}: {stage} implied, but its bounds contradict"))
+    for stage, obs in sorted(kept.items(), key=lambda item: STAGES.index(item[0])):
+        if stage not in chain:  # the side losing light: its own interval (in stage order, however it came)
+            lo, hi, offset = raw[stage]
+            events.append(_event(run_id, cycle, stage, lo, hi, port=port, offset_ns=offset, source=source_of(obs)))
+    return events
+
+
+class CycleEvents:
+    """A cycle's port events built while the cycle still waits for its last observations (`prepare`, when
+    the log has nothing queued), each port's serialised with them (`encode`), so that the cycle's end
+    builds only the ports whose observations (`version`) or host clock (`generation`: samples added) changed
+    since: the same events `stage_events` builds from scratch, with every clock sample up to the end."""
+
+    def __init__(self, run_id: str, cycle: int, ports: dict[str, PortRef], first_sent_ns: int, convert: Convert,
+                 chain: tuple[str, ...] = PORT_CHAIN, generation: Callable[[str], int] = lambda host: 0,
+                 encode: Callable[[Event], object] | None = None):
+        self.run_id, self.cycle, self.ports, self.first_sent = run_id, cycle, ports, first_sent_ns
+        self.convert, self.chain, self.generation, self.encode = convert, chain, generation, encode
+        self._built: dict[str, tuple[tuple[int, int], list[Event], list]] = {}  # key -> (version, events, encoded)
+        self.rebuilt = 0  # ports built at the cycle's end (the rest were ready): what a test can check
+
+    def port(self, key: str, version: int, kept: dict[str, object], not_yet: dict[str, object],
+             done_ns: int | None = None) -> tuple[list[Event], list] | None:
+        port = self.ports[key]
+        stamp = (version, self.generation(port.host))  # read before converting: a sample landing meanwhile
+        known = self._built.get(key)                   # makes the stamp stale, never the events
+        if known is not None and known[0] == stamp:
+            return known[1], known[2]
+        events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet, self.convert,
+                             self.chain, done_ns)
+        if events is None:
+            return None
+        encoded = [self.encode(e) for e in events] if self.encode is not None else []
+        self._built[key] = (stamp, events, encoded)
+        if done_ns is not None:
+            self.rebuilt += 1
+        return events, encoded
+
+
 def stage_events(run_id: str, cycle: int, ports: dict[str, PortRef], ocs: str, first_sent_ns: int,
                  completed_ns: int, arrivals: Arrivals, convert: Convert,
-                 chain: tuple[str, ...] = PORT_CHAIN) -> list[Event]:
-    """The cycle's events: the OCS command, every kept observation with its chain-tightened bound, every
-    chain stage implied by a later one (passed between two polls), and the faults."""
+                 chain: tuple[str, ...] = PORT_CHAIN, built: CycleEvents | None = None,
+                 versions: dict[str, int] | None = None) -> list[Event]:
+    """The cycle's events: the OCS command, every port's (`port_events`; those `built` already while the
+    cycle waited reused where their `versions` and host clocks did not change since), and the faults."""
+    return list(cycle_events(run_id, cycle, ports, ocs, first_sent_ns, completed_ns, arrivals, convert, chain,
+                             built, versions)[0])
+
+
+def cycle_events(run_id: str, cycle: int, ports: dict[str, PortRef], ocs: str, first_sent_ns: int,
+                 completed_ns: int, arrivals: Arrivals, convert: Convert, chain: tuple[str, ...] = PORT_CHAIN,
+                 built: CycleEvents | None = None, versions: dict[str, int] | None = None
+                 ) -> tuple[list[Event], list | None]:
+    """`stage_events` and, with `built`, each event's encoding (`built.encode`) in the same order."""
+    if built is None:
+        built = CycleEvents(run_id, cycle, ports, first_sent_ns, convert, chain)
+    encode = built.encode
     events = [_event(run_id, cycle, "ocs_command_sent", first_sent_ns, first_sent_ns, device=ocs, source="harness"),
               _event(run_id, cycle, "ocs_command_completed", completed_ns, completed_ns, device=ocs,
                      source="harness")]
@@ -121,38 +198,25 @@ def stage_events(run_id: str, cycle: int, ports: dict[str, PortRef], ocs: str, f
     not_yet_of: dict[str, dict[str, object]] = {}  # per port: one pass, not one per port (64 ports: ~1 ms)
     for (key, stage), obs in arrivals.not_yet.items():
         not_yet_of.setdefault(key, {})[stage] = obs
+    encoded = [encode(e) for e in events] if encode is not None else None
+    versions = versions or {}
     for key in sorted(by_port, key=list(ports).index):
-        port, kept = ports[key], by_port[key]
-        raw = {stage: interval(obs, convert) for stage, obs in kept.items()}
-        not_before = {stage: interval(obs, convert)[0] for stage, obs in not_yet_of.get(key, {}).items()}
-        bounds = chain_bounds(first_sent_ns, {s: raw[s][:2] for s in chain if s in raw}, not_before, chain)
-        for stage in chain:
-            if stage in kept:
-                lo, hi = bounds.get(stage, raw[stage][:2])
-                events.append(_event(run_id, cycle, stage, lo, hi, port=port, offset_ns=raw[stage][2],
-                                     source=source_of(kept[stage])))
-            elif stage in bounds:
-                later = next(s for s in chain[chain.index(stage) + 1:] if s in kept)
-                lo, hi = bounds[stage]
-                events.append(_event(run_id, cycle, stage, lo, hi, port=port, offset_ns=raw[later][2],
-                                     source=f"between-polls:before {later}"))
-            elif any(s in kept for s in chain[chain.index(stage) + 1:]):
-                events.append(_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, port=port,
-                                     source=f"bounds:{key}: {stage} implied, but its bounds contradict"))
-        for stage, obs in kept.items():
-            if stage not in chain:  # the side losing light: its own interval
-                lo, hi, offset = raw[stage]
-                events.append(_event(run_id, cycle, stage, lo, hi, port=port, offset_ns=offset,
-                                     source=source_of(obs)))
-    for key, stages in arrivals.missing.items():
-        events.append(_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, port=ports[key],
-                             source=f"timeout:missing {'+'.join(stages)}"))
-    for key, stages in arrivals.lost.items():
-        events.append(_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, port=ports[key],
-                             source=f"host:{ports[key].host}: reached while disconnected: {'+'.join(sorted(stages))}"))
-    for key, count in arrivals.flaps.items():
-        events.append(_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, port=ports[key],
-                             source=f"link-flap:{key}: carrier dropped {count}x after phy_up"))
-    events += [_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, host=host, source=cause)
+        mine, coded = built.port(key, versions.get(key, -1), by_port[key], not_yet_of.get(key, {}),
+                                 arrivals.done_ns)
+        events += mine
+        if encoded is not None:
+            encoded += coded
+    faults = [_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, port=ports[key],
+                     source=f"timeout:missing {'+'.join(stages)}") for key, stages in arrivals.missing.items()]
+    faults += [_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, port=ports[key],
+                      source=f"host:{ports[key].host}: reached while disconnected: {'+'.join(sorted(stages))}")
+               for key, stages in arrivals.lost.items()]
+    faults += [_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, port=ports[key],
+                      source=f"link-flap:{key}: carrier dropped {count}x after phy_up")
+               for key, count in arrivals.flaps.items()]
+    faults += [_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, host=host, source=cause)
                for host, cause in arrivals.causes]
-    return events
+    events += faults
+    if encoded is not None:
+        encoded += [encode(e) for e in faults]
+    return events, encoded

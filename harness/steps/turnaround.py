@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -22,9 +23,10 @@ from harness.bench.circuits import RetryPolicy, guard
 from harness.bench.emulated import FaultEntry, Faults
 from harness.bench.hosts import HostGroup
 from harness.bench.observe import CycleWatch, observation_log
-from harness.bench.stages import PortRef, stage_events
+from harness.bench.stages import CycleEvents, PortRef, cycle_events
 from harness.config import register_step
 from harness.errors import InputError
+from harness.eventlog import encode
 from harness.events import Event
 from harness.gpu_view import gpu_view
 from harness.specs import Count, Field, Interval, Port, Seconds, Spec
@@ -85,6 +87,7 @@ class TurnaroundRun:
         self.skipped: list[int] = []  # cycles not run because the bench was latched broken
         self.mac_of: dict[str, str] = {}  # port key -> MAC its probes carry
         self.last_up_ns = 0
+        self._raw_record: tuple | None = None  # the last cycle's raw record, written once the next command is out
         self.faults = Faults(ctx, step, self.p["faults"], self.cycles, list(self.ports))
 
     # ------------------------------------------------------------------ setup
@@ -172,12 +175,16 @@ class TurnaroundRun:
             with self.faults.armed(cycle, measured=record):
                 applied = self.guard.apply(ocs_mapping(mapping, self.tx, self.rx), self.policy)
                 sent, completed = applied.first_sent_ns, applied.timing.completed_ns
+                self.write_raw_record()  # the command is out: the last cycle's raw record costs it nothing now
                 causes += [("", c) for c in applied.causes]
+                built = CycleEvents(self.ctx.run_id, cycle, self.ports, sent, self.hosts.convert, self.chain,
+                                    self.hosts.clock_generation, encode)
                 watch = CycleWatch({k: set(self.chain) for k in affected}, self.port_of, sent, completed,
                                    self.hosts.convert, peer_mac={k: self.mac_of.get(new_src.get(k)) for k in affected}
                                    if self.p["probes"] else None, reconnected=self.hosts.reconnected,
                                    chain=self.chain, grace_ns=int(self.p["late_report_ms"] * 1e6),
-                                   suspect=lambda host: self.hosts.request_check(cycle if record else -1, 1))
+                                   suspect=lambda host: self.hosts.request_check(cycle if record else -1, 1),
+                                   events=built)
                 arrivals = self.log.expect(watch, Deadline(self.p["cycle_timeout_s"]), self.hosts.on_fault)
                 if arrivals.missing:
                     self.ctx.say(f"[yellow]cycle {cycle}: timed out after {self.p['cycle_timeout_s']} s[/] — "
@@ -186,10 +193,13 @@ class TurnaroundRun:
             return self._latch(cycle, begin, affected, causes + [("", c) for c in exc.causes], str(exc), record,
                                sent, completed)
         self.hosts.cycle_ended(arrivals.done_ns)
+        cpu = time.process_time_ns(), time.thread_time_ns()  # the cycle's end, for its raw record
         labels = self.hosts.clock_labels()  # the check asked for when the last cycle ended has long finished
         arrivals.causes = causes + arrivals.causes + labels.pop(cycle if record else -1, [])
-        events = stage_events(self.ctx.run_id, cycle, self.ports, self.ocs, sent, completed, arrivals,
-                              self.hosts.convert, self.chain)  # mostly conversions the observations had on arrival
+        # the ports built while the cycle waited are built again only where an observation or a clock
+        # sample came after (docs/turnaround.md, "The cycle's end")
+        events, encoded = cycle_events(self.ctx.run_id, cycle, self.ports, self.ocs, sent, completed, arrivals,
+                                       self.hosts.convert, self.chain, built, watch.version)
         # This cycle's clock check runs on the clock thread while the cycle is written and the next command
         # goes out (docs/turnaround.md, "Clock checks"): the events are durable before that command,
         # converted with the samples taken up to now; a step that only the check finds labels this cycle
@@ -198,8 +208,9 @@ class TurnaroundRun:
         self.last_up_ns = max((e.t_ns for e in events if e.stage in self.chain), default=arrivals.done_ns)
         faults = tuple(e.source for e in events if e.stage == "fault")
         if record:
-            self.log.cycle(cycle, sent, completed, self.ocs, self.ports, arrivals)
-            self._record(self._label_written(labels) + events)
+            late = self._label_written(labels)
+            self._record(late + events, [encode(e) for e in late] + encoded)
+            self._raw_record = (cycle, sent, completed, arrivals, cpu)
         return CycleOutcome(cycle, "faulted" if faults else "ok", begin, sent, completed, arrivals.done_ns,
                             tuple(affected), arrivals.missing, faults)
 
@@ -220,22 +231,33 @@ class TurnaroundRun:
             events += late
         return events
 
+    def write_raw_record(self) -> None:
+        """The last cycle's inputs of its events, raw, to observations.jsonl (`harness report` converts them
+        again): written once the next command is out, or when the step ends — not between the cycle's end
+        and that command (a run killed in that window loses this one record, not the cycle's events)."""
+        if self._raw_record is not None:
+            cycle, sent, completed, arrivals, (cpu, step_cpu) = self._raw_record
+            self._raw_record = None
+            self.log.cycle(cycle, sent, completed, self.ocs, self.ports, arrivals, cpu_ns=cpu, step_cpu_ns=step_cpu)
+
     def finish_checks(self) -> None:
         """The last cycle's clock check has no next cycle to overlap: wait for it and write its labels."""
+        self.write_raw_record()
         if not self.outcomes or self.ctx.broken or self.ctx.dry_run:
             return
         late = self._label_written(self.hosts.clock_labels())
         if late:
             self._record(late)
 
-    def _record(self, events: list[Event]) -> None:
-        self.ctx.record(events)
+    def _record(self, events: list[Event], encoded: list | None = None) -> None:
+        self.ctx.record(events, encoded)
         self.log.flush()
-        self.ctx.log.flush()  # durable before the next cycle starts
+        self.ctx.log.flush(wait=True)  # durable (fsynced) before the next command
 
     def _latch(self, cycle: int, begin: int, affected: list[str], causes: list[tuple[str, str]], why: str,
                record: bool, sent: int | None, completed: int | None) -> CycleOutcome:
         """Latch the bench broken: record this cycle as faulted with the cause, and stop."""
+        self.write_raw_record()
         self.ctx.broken = why
         self.ctx.say(f"[red]bench latched broken:[/] {why}")
         done = now_ns()
@@ -260,6 +282,8 @@ def turnaround(ctx, step) -> StepOutcome:
         # The run stops (disk full, signal, ...): leave what was measured for the record and ground truth.
         ctx.results[step.name] = StepOutcome(ok=False, cycles=list(run.outcomes), truth_windows=run.truth_windows,
                                              data={"faults_injected": run.faults.fired})
+        if ctx.observations is not None:
+            run.write_raw_record()
         run.faults.record()
         raise
     return outcome
