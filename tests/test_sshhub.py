@@ -222,3 +222,25 @@ def test_harness_threads_do_not_grow_with_hosts(tmp_path):
     assert "ssh-hub" in four["names"]
     assert four["names"] == sixteen["names"]
     assert four["tasks"] == sixteen["tasks"]  # the kernel's view, native ones too
+
+
+def test_a_key_re_exchange_runs_inside_both_hub_loops_while_commands_run(two_hosts):
+    """Client and emulated server of one connection both on the hub: a re-exchange (paramiko's kex inside
+    both loops, user messages held until it ends) with commands sent from threads meanwhile; every one runs."""
+    first, second = two_hosts
+    transport = first._transport()
+    results: list[str] = []
+
+    def commands(k: int) -> None:
+        results.extend(first.run(f"echo {k}-{i}", deadline=Deadline(30)).stdout for i in range(10))
+
+    workers = [threading.Thread(target=commands, args=(k,)) for k in range(3)]
+    for w in workers:
+        w.start()
+    for _ in range(3):
+        transport.renegotiate_keys()  # returns once the new keys are in force
+    for w in workers:
+        w.join(60)
+    assert sorted(results) == sorted(f"{k}-{i}\n" for k in range(3) for i in range(10))
+    assert transport.is_active() and first.connects == 1
+    assert second.run("echo other", deadline=Deadline(30)).stdout == "other\n"
