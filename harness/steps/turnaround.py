@@ -194,23 +194,25 @@ class TurnaroundRun:
                                sent, completed)
         self.hosts.cycle_ended(arrivals.done_ns)
         cpu = time.process_time_ns(), time.thread_time_ns()  # the cycle's end, for its raw record
-        labels = self.hosts.clock_labels()  # the check asked for when the last cycle ended has long finished
+        # the checks asked for so far, those finished (normally all: the last one ran in this cycle's physical
+        # wait); one still running labels the cycles it finds later, as an appended fault event
+        labels = self.hosts.clock_labels(timeout_s=0)
         arrivals.causes = causes + arrivals.causes + labels.pop(cycle if record else -1, [])
         # the ports built while the cycle waited are built again only where an observation or a clock
-        # sample came after (docs/turnaround.md, "The cycle's end")
+        # step came after (docs/turnaround.md, "The cycle's end")
         events, encoded = cycle_events(self.ctx.run_id, cycle, self.ports, self.ocs, sent, completed, arrivals,
                                        self.hosts.convert, self.chain, built, watch.version)
-        # This cycle's clock check runs on the clock thread while the cycle is written and the next command
-        # goes out (docs/turnaround.md, "Clock checks"): the events are durable before that command,
-        # converted with the samples taken up to now; a step that only the check finds labels this cycle
-        # when the next one ends (an appended fault event).
-        self.hosts.request_check(cycle if record else -1, self.p["clock_check_probes"])
         self.last_up_ns = max((e.t_ns for e in events if e.stage in self.chain), default=arrivals.done_ns)
         faults = tuple(e.source for e in events if e.stage == "fault")
         if record:
             late = self._label_written(labels)
             self._record(late + events, [encode(e) for e in late] + encoded)
             self._raw_record = (cycle, sent, completed, arrivals, cpu)
+        # This cycle's clock check runs on the clock thread once the cycle is on disk, while the next command
+        # goes out (docs/turnaround.md, "Clock checks"): its events were converted with the samples taken up
+        # to now; a step that only the check finds labels this cycle when a later one ends (an appended fault
+        # event). Asked for after the write, so that its probes' Python does not contend with it.
+        self.hosts.request_check(cycle if record else -1, self.p["clock_check_probes"])
         return CycleOutcome(cycle, "faulted" if faults else "ok", begin, sent, completed, arrivals.done_ns,
                             tuple(affected), arrivals.missing, faults)
 
