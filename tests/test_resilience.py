@@ -258,8 +258,12 @@ def test_signal_mid_reconfiguration_restores_verifies_and_resumes(tmp_path, sign
         assert manifest["status"] == "aborted" and manifest["extra"]["restored"] == {"ocs1": True}
         assert "restore_error" not in manifest["extra"]
         assert manifest["extra"]["signal"] == signal.Signals(signum).name
-        later = manifest["extra"]["signals_while_stopping"]  # the restore and the record take far longer than 10 ms
-        assert later and later == [signal.Signals(s).name for s in then][:len(later)]
+        # The restore and the record take far longer than 10 ms, so a later signal is seen. Which ones, and in
+        # what order, is not ours to know: two signals pending at once run their handlers in signal-number order
+        # (CPython), and a second SIGTERM pending with the first is one delivery (POSIX).
+        later = manifest["extra"]["signals_while_stopping"]
+        sent_later = [signal.Signals(s).name for s in then]
+        assert later and all(later.count(name) <= sent_later.count(name) for name in later)
         assert (run / "summary.json").exists() and (run / "events.parquet").exists()
         # and the run can be completed
         resumed = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--resume", str(run), "-q")
