@@ -15,11 +15,15 @@ from devices.timing import Deadline
 GPU_FIELDS = ("name", "uuid", "driver_version")
 
 
+class _Unreachable(Exception):
+    """The host failed a probe over the wire (not a command exiting non-zero): it is asked nothing more."""
+
+
 def _run(transport, command: str, deadline: Deadline) -> str | None:
     try:
         result = transport.run(command, deadline=Deadline(min(5.0, max(deadline.remaining(), 0.1))))
-    except (DeviceError, OSError):
-        return None
+    except (DeviceError, OSError) as exc:
+        raise _Unreachable(str(exc)[:200]) from None
     return result.stdout if result.exit_status == 0 else None
 
 
@@ -33,7 +37,15 @@ def _module_fields(text: str) -> dict[str, str]:
 
 
 def host_identity(session, ports, within_s: float = 10.0) -> dict[str, Any]:
-    """NIC firmware and transceivers of the host's NIC ports, and its GPUs."""
+    """NIC firmware and transceivers of the host's NIC ports, and its GPUs; a host gone from the wire (e.g. the
+    one that broke the run) is recorded as such after its first probe, not waited on once per question."""
+    try:
+        return _host_identity(session, ports, within_s)
+    except _Unreachable as exc:
+        return {"nics": None, "gpus": None, "error": str(exc)}
+
+
+def _host_identity(session, ports, within_s: float) -> dict[str, Any]:
     from devices.parsers.common import ParseError
     from devices.parsers.gpu import parse_nvidia_smi_csv
     from devices.parsers.nic import parse_ethtool_module
@@ -68,10 +80,16 @@ def host_identity(session, ports, within_s: float = 10.0) -> dict[str, Any]:
     return {"nics": nics, "gpus": gpus}
 
 
-def device_identity(switches: dict, sessions: dict, nic_ports) -> dict[str, Any]:
-    """{"ocs": {name: identity | None}, "hosts": {host: {...}}} for what the run has open."""
+def device_identity(switches: dict, sessions: dict, nic_ports, not_asked: dict[str, str] | None = None
+                    ) -> dict[str, Any]:
+    """{"ocs": {name: identity | None}, "hosts": {host: {...}}} for what the run has open. A switch in
+    `not_asked` (name → why: it stopped answering during the run) is recorded unknown without waiting on it."""
     ocs = {}
     for name, switch in switches.items():
+        if name in (not_asked or {}):
+            ocs[name] = None
+            ocs[f"{name}_error"] = f"not asked: {not_asked[name]}"[:200]
+            continue
         try:
             ocs[name] = switch.identify()
         except (DeviceError, OSError, NotImplementedError) as exc:

@@ -352,7 +352,7 @@ def test_sigkill_then_bench_restore_and_a_fresh_run_refuses_until_then(tmp_path,
 def test_teardown_is_bounded_when_the_switch_stops_answering(tmp_path):
     with EmulatedBench(profile_from_dict(PROFILE), seed=8, workdir=tmp_path / "bench") as bench:
         out = tmp_path / "runs"
-        pb = playbook(tmp_path, 50, retries=1, retry_backoff_s=0.01, teardown_s=2.0)
+        pb = playbook(tmp_path, 50, retries=1, retry_backoff_s=0.01, teardown_s=1.0, ocs_timeout_s=1.0)
         proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out / "run"), "-q")
         silenced = threading.Event()
 
@@ -369,6 +369,8 @@ def test_teardown_is_bounded_when_the_switch_stops_answering(tmp_path):
         manifest = json.loads((only_run(out) / "manifest.json").read_text())
         assert manifest["status"] == "broken" and manifest["extra"]["restored"] == {"ocs1": False}
         assert manifest["extra"]["restore_error"]["ocs1"]
+        # and the end of the run does not wait on it again to ask who it is
+        assert manifest["extra"]["devices"]["ocs"]["ocs1_error"].startswith("not asked: restore did not finish")
 
 
 def test_a_host_that_cannot_be_reached_again_latches_the_bench(tmp_path):
@@ -386,6 +388,9 @@ def test_a_host_that_cannot_be_reached_again_latches_the_bench(tmp_path):
         last = int(events["cycle"].max())
         assert last < 40 and any(s.startswith("broken:host gpu2") for s in faulted_cycles(events)[last])
         assert manifest["extra"]["restored"] == {"ocs1": True} and bench.physics.ocs_patches() == original
+        gone = manifest["extra"]["devices"]["hosts"]["gpu2"]  # recorded unknown after one try, not per question
+        assert gone["nics"] is None and "cannot connect" in gone["error"]
+        assert manifest["extra"]["devices"]["hosts"]["gpu1"]["gpus"]
 
 
 # ------------------------------------------------------------------------------------------ safety
