@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 from hypothesis import settings
@@ -10,6 +11,13 @@ from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import load_profile
 from devices.emulated.ssh_host import EmulatedHostServer
 from devices.ssh import SshTransport
+
+# Compiled modules are cached for the suite's own processes even where the environment turns the cache off
+# (PYTHONDONTWRITEBYTECODE): each xdist worker would otherwise assert-rewrite every test and project module
+# (~5 s of CPU per worker), and each `harness` subprocess compile the project again. The initial conftest is
+# read before xdist starts its workers, so they and every subprocess inherit this.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # CI runs property tests derandomized: the same examples every time, so a red CI is a real failure.
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
