@@ -104,6 +104,37 @@ class NicChange:
     value: str
 
 
+class Subscribers:
+    """Callbacks per host for the NIC changes pushed to it: the physics' own, and a worker process's view of it
+    (devices/emulated/shards.py). Delivery is outside any lock (a subscriber may read snapshots)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_host: dict[str, list[Callable[[NicChange], None]]] = {}
+
+    def add(self, host: str, callback: Callable[[NicChange], None]) -> Callable[[], None]:
+        """Subscribe; returns the unsubscribe."""
+        with self._lock:
+            self._by_host.setdefault(host, []).append(callback)
+
+        def remove():
+            with self._lock:
+                if callback in self._by_host.get(host, []):
+                    self._by_host[host].remove(callback)
+
+        return remove
+
+    def snapshot(self) -> dict[str, list[Callable[[NicChange], None]]]:
+        with self._lock:
+            return {h: list(cbs) for h, cbs in self._by_host.items()}
+
+    @staticmethod
+    def deliver(changes: Iterable[NicChange], subs: dict[str, list[Callable[[NicChange], None]]]) -> None:
+        for change in changes:
+            for callback in subs.get(change.host, ()):
+                callback(change)
+
+
 class KeyedStreams:
     """Uniform draws keyed by (seed, domain, command, stage, index): SeedSequence spawn keys, so a value depends
     on its key alone, never on how many draws came before it. One block of `size` values per
@@ -198,7 +229,7 @@ class OpticalBench:
         # (due ns, "host:netdev", state after) of each change a transfer's rate depends on (light, PHY, port
         # state): the emulated tools integrate their bytes over it (devices/emulated/dataplane.py)
         self._rate_log: deque = deque(maxlen=1 << 16)
-        self._subs: dict[str, list[Callable[[NicChange], None]]] = {}
+        self._subs = Subscribers()
         # Observers of mirror moves, called (t_ns, ingress, egress, settled) on the scheduler thread with
         # the bench lock held: they must return quickly and not call back into the bench.
         self.on_mirror: list[Callable[[int, int, int, bool], None]] = []
@@ -278,10 +309,8 @@ class OpticalBench:
                     return
                 self._advance()
                 pending, self._pending = self._pending, []
-                subs = {h: list(cbs) for h, cbs in self._subs.items()}
-            for change in pending:  # outside the lock: a subscriber may read snapshots
-                for cb in subs.get(change.host, ()):
-                    cb(change)
+                subs = self._subs.snapshot()  # with the changes: a later subscriber gets none of them
+            Subscribers.deliver(pending, subs)  # outside the lock: a subscriber may read snapshots
 
     def _advance(self) -> None:
         """Run, in due order and each at its due time, every action due by now. Caller holds the lock.
@@ -696,15 +725,8 @@ class OpticalBench:
             port.fault, port.flaps, port.flap_ns = fault, int(flaps), int(flap_ms * 1e6)
 
     def subscribe(self, host: str, callback: Callable[[NicChange], None]) -> Callable[[], None]:
-        with self._lock:
-            self._subs.setdefault(host, []).append(callback)
-
-        def unsubscribe():
-            with self._lock:
-                if callback in self._subs.get(host, []):
-                    self._subs[host].remove(callback)
-
-        return unsubscribe
+        with self._lock:  # not between a batch of changes and the subscribers it goes to
+            return self._subs.add(host, callback)
 
     def ground_truth(self) -> list[dict]:
         with self._lock:

@@ -280,8 +280,9 @@ class PhysicsView:
                         for h, p in spec["clocks"].items()}
         self._calls = calls
         self._call_lock = threading.Lock()
-        self._subs: dict[str, list] = {h: [] for h in self.hosts}
-        self._subs_lock = threading.Lock()
+        from devices.emulated.physics import Subscribers
+
+        self._subs = Subscribers()
 
     def _call(self, method: str, *args):
         with self._call_lock:
@@ -344,22 +345,10 @@ class PhysicsView:
 
     # pushed changes
     def subscribe(self, host, callback):
-        with self._subs_lock:
-            self._subs.setdefault(host, []).append(callback)
-
-        def unsubscribe():
-            with self._subs_lock:
-                if callback in self._subs.get(host, []):
-                    self._subs[host].remove(callback)
-
-        return unsubscribe
+        return self._subs.add(host, callback)
 
     def deliver(self, changes) -> None:
-        with self._subs_lock:
-            subs = {h: list(cbs) for h, cbs in self._subs.items()}
-        for change in changes:
-            for callback in subs.get(change.host, ()):
-                callback(change)
+        self._subs.deliver(changes, self._subs.snapshot())
 
 
 def _worker_main(calls_fd: int, pushes_fd: int) -> int:
