@@ -1290,7 +1290,8 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
     """Emulates the agent's local poller (devices/agent/hilagent.py): each change is reported at the first
     poll tick at or after it (a grid of `interval` with a random phase; ethtool fields on their own grid,
     `--ethtool-interval-us 0` turns them off), stamped with the host clock at that tick, and printed no
-    earlier than that tick. Changes that revert between two ticks are never seen, as with a real poller —
+    earlier than that tick (the ticks it reaches late, in one write). Changes that revert between two ticks
+    are never seen, as with a real poller —
     except carrier, whose drop and return the agent reads from `carrier_changes` (both lines, one tick).
     Initial values carry INTERVAL_NS 0. Ends when stdin closes or the client goes away."""
     try:
@@ -1348,25 +1349,26 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
             now = now_ns()
             if not due or due[0][0] > now:
                 continue
-            # everything due at the same tick: a poller sees only the value at the tick
-            tick = due[0][0]
-            seen: dict[tuple[str, str], tuple[str, int]] = {}
-            flipped: set[tuple[str, str]] = set()  # a value that changed in this tick (carrier_changes moved)
-            while due and due[0][0] == tick:
-                _, _, change, step = heapq.heappop(due)
-                key = (change.netdev, change.field)
-                if change.value != last.get(key) or key in seen:
-                    flipped.add(key)
-                seen[key] = (change.value, step)
             out = []
-            host_ns = ctx.bench.host_time(ctx.host, tick)
-            for key, (value, step) in seen.items():
-                if last.get(key) != value:
-                    last[key] = value
-                    out.append(f"{host_ns} {key[0]} {key[1]} {value} {step}\n")
-                elif key[1] == "carrier" and key in flipped:  # down and up between two ticks: the agent
-                    other = "0" if value == "1" else "1"  # sees carrier_changes move by two
-                    out += [f"{host_ns} {key[0]} {key[1]} {v} {step}\n" for v in (other, value)]
+            while due and due[0][0] <= now:  # every tick due by now (late: several), in one write
+                # everything due at the same tick: a poller sees only the value at the tick
+                tick = due[0][0]
+                seen: dict[tuple[str, str], tuple[str, int]] = {}
+                flipped: set[tuple[str, str]] = set()  # a value that changed in this tick (carrier_changes moved)
+                while due and due[0][0] == tick:
+                    _, _, change, step = heapq.heappop(due)
+                    key = (change.netdev, change.field)
+                    if change.value != last.get(key) or key in seen:
+                        flipped.add(key)
+                    seen[key] = (change.value, step)
+                host_ns = ctx.bench.host_time(ctx.host, tick)
+                for key, (value, step) in seen.items():
+                    if last.get(key) != value:
+                        last[key] = value
+                        out.append(f"{host_ns} {key[0]} {key[1]} {value} {step}\n")
+                    elif key[1] == "carrier" and key in flipped:  # down and up between two ticks: the agent
+                        other = "0" if value == "1" else "1"  # sees carrier_changes move by two
+                        out += [f"{host_ns} {key[0]} {key[1]} {v} {step}\n" for v in (other, value)]
             if out:
                 ctx.out("".join(out))
     finally:

@@ -56,7 +56,7 @@ class CycleWatch:
         self.version: dict[str, int] = dict.fromkeys(self.need, 0)
         self._finals = {k: max(v, key=chain.index) for k, v in wants.items() if v}
         self._open = {k for k, v in wants.items() if v}  # ports without their final stage (and still needing)
-        self._prepared: dict[str, int] = {}  # port -> version its events were built at
+        self._ready: list[str] = []  # ports that have seen everything, their events not built yet
         self._parked: list = []
         self._held: dict[str, Callable[[], bool]] = {}  # host -> whether its clock sample has landed
 
@@ -65,9 +65,12 @@ class CycleWatch:
         return self._finals[key]
 
     def _settle_port(self, key: str) -> None:
-        """Whether `key` still keeps the cycle from being complete (kept up per change, not per check)."""
+        """Whether `key` still keeps the cycle from being complete (kept up per change, not per check), and
+        whether its events can be built now: nothing left to see, so no later line can change them."""
         if not self.need[key] or (key, self._finals[key]) in self.arrivals.kept:
             self._open.discard(key)
+        if not self.need[key] and self.events is not None:
+            self._ready.append(key)
 
     def _implied(self, key: str, stage: str) -> bool:
         return any((key, later) in self.arrivals.kept for later in self.chain[self.chain.index(stage) + 1:])
@@ -145,19 +148,17 @@ class CycleWatch:
                 self._feed(obs, released=True)
 
     def prepare(self) -> bool:
-        """Build the events of one complete port whose observations changed since it was last built (the
-        log calls this while nothing is queued). Returns whether it built one."""
-        if self.events is None:
+        """Build the events of one port that has seen all it waits for (the log calls this while nothing
+        is queued). Returns whether it built one. A port still waiting for a stage (or one passed between
+        polls) is built at the cycle's end."""
+        if not self._ready:
             return False
+        key = self._ready.pop()
         kept, not_yet = self.arrivals.kept, self.arrivals.not_yet
-        for key, version in self.version.items():
-            if self._prepared.get(key) == version or (key, self._finals.get(key)) not in kept:
-                continue
-            self._prepared[key] = version
-            mine = {s: o for s in STAGES if (o := kept.get((key, s))) is not None}
-            self.events.port(key, version, mine, {s: o for s in self.chain if (o := not_yet.get((key, s))) is not None})
-            return True
-        return False
+        mine = {s: o for s in STAGES if (o := kept.get((key, s))) is not None}
+        self.events.port(key, self.version[key], mine,
+                         {s: o for s in self.chain if (o := not_yet.get((key, s))) is not None})
+        return True
 
     # ---- progress
     def complete(self) -> bool:
