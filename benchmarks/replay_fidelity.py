@@ -20,7 +20,7 @@ import numpy as np
 # Scripts run with benchmarks/ on sys.path; put the repo root first so the project's packages win.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import traces  # noqa: E402
-from traces.replay import ReplayConfig, replay_requests  # noqa: E402
+from traces.replay import ReplayConfig, replay_requests, run_loop  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "azure-llm-2023" / \
     "AzureLLMInferenceTrace_conv.csv"
@@ -108,7 +108,7 @@ def main() -> int:
     if not args.in_process:
         proc, url = start_server(args.scale)
     try:
-        asyncio.run(run(args, url, proc.pid if proc else None))
+        run_loop(run(args, url, proc.pid if proc else None))
     finally:
         if proc:
             proc.terminate()

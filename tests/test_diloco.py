@@ -166,8 +166,7 @@ def test_service_model_matches_the_emulator_token_clock_inside_windows():
     arrival, prompts, outputs = np.array([0.1, 0.9, 2.2]), np.array([50, 20, 80]), np.array([40, 5, 12])
     sim = simulate_service(svc, arrival, prompts, outputs, windows)
     em = VllmEmulator(svc)
-    em._edges_ns = np.asarray([int(t * 1e9) for t in (1.0, 2.5, 3.0, 3.5)], dtype=np.int64)
-    em._edge_factor = np.array([1.0, 0.25, 0.125, 0.5, 1.0])
+    em._set_profile([int(t * 1e9) for t in (1.0, 2.5, 3.0, 3.5)], [1.0, 0.25, 0.125, 0.5, 1.0])
     for i in range(3):  # 64 slots (8 at the deepest cut): nobody waits; each token clock is the emulator's own
         times = em.token_times_ns(int(arrival[i] * 1e9), int(prompts[i]), int(outputs[i])) / 1e9
         assert sim["first_s"][i] == pytest.approx(times[0], abs=1e-8)

@@ -138,3 +138,34 @@ def test_interference_window_cuts_slots():
     service = ServiceModel(prefill_tokens_per_s=1e6, decode_tokens_per_s=30, batch_slots=4)  # ~0.07 s each
     em, statuses = run(_with_server(service, body))
     assert statuses == [200] * 8 and em.stats.max_running == 2
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_no_token_and_no_slot_before_the_model_time(loop):
+    # asyncio rounds timers up to whole ms, uvloop fires them up to ~0.5 ms early: the emulator keeps its
+    # instants on a timerfd, so on either loop a token's bytes never leave before the model says it is done
+    # and a slot never frees early. Ground truth: the emulator's own records (admitted, first, done) against
+    # the client's receive stamps; 1-token requests through 2 slots force admissions on slot releases.
+    from traces.replay import run_loop
+
+    async def body(em, session):
+        async def one(tokens):
+            seen = []
+            async with session.post(em.url + "/v1/completions",
+                                    json={"prompt": [1, 2], "max_tokens": tokens, "stream": True}) as r:
+                async for _ in r.content.iter_any():
+                    seen.append(now_ns())
+            return seen
+        return await asyncio.gather(*(one(k % 3 + 1) for k in range(8)))
+
+    service = ServiceModel(prefill_tokens_per_s=2000, decode_tokens_per_s=300, batch_slots=2, stream_interval_s=0.0)
+    coro = _with_server(service, body)
+    em, received = run_loop(coro) if loop == "uvloop" else run(coro)
+    records = sorted(em.stats.records, key=lambda r: r[1])
+    done = sorted(r[3] for r in records)
+    # Each answer's first bytes after its first token's model time and its end after its completion, hence
+    # the k-th earliest of each after the k-th earliest model instant.
+    assert all(got >= due for got, due in zip(sorted(s[0] for s in received), sorted(r[2] for r in records)))
+    assert all(got >= due for got, due in zip(sorted(s[-1] for s in received), done))
+    for k, rec in enumerate(records[2:], start=2):
+        assert rec[1] >= done[k - 2]  # admitted only once an earlier sequence's model time was over

@@ -22,6 +22,7 @@ import asyncio
 import json
 import math
 import time
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ import orjson
 from aiohttp import web
 
 from devices.timing import now_ns
+from traces._timerfd import MonotonicTimer
 
 LOOPBACK = "127.0.0.1"
 
@@ -296,13 +298,16 @@ class VllmEmulator:
         self._windows: list[InterferenceWindow] = []
         self._edges_ns = np.empty(0, dtype=np.int64)  # window edges (real ns), sorted
         self._edge_factor = np.ones(1)  # capacity factor in each interval between edges
+        self._edges_list, self._factor_list = [], [1.0]  # the same as lists: bisect per request beats numpy's call
+        self._clock: MonotonicTimer | None = None  # exact wake-ups (see _at)
         self._running = 0
         self._waiting: deque[asyncio.Future] = deque()
         self._runner: web.AppRunner | None = None
-        self._timers: list[asyncio.TimerHandle] = []
+        self._timers: list = []  # window edges' admission wake-ups (see _at)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> int:
+        self._clock = MonotonicTimer.create(asyncio.get_running_loop())
         app = web.Application()
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
@@ -323,6 +328,9 @@ class VllmEmulator:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._clock is not None:
+            self._clock.close()
+            self._clock = None
 
     @property
     def url(self) -> str:
@@ -337,17 +345,42 @@ class VllmEmulator:
         edges_s, factors = capacity_profile(self._windows)
         scale = self.service.time_scale
         edges = [self._epoch_ns + int(t * 1e9 / scale) for t in edges_s]
-        self._edges_ns = np.asarray(edges, dtype=np.int64)
-        self._edge_factor = factors
-        loop = asyncio.get_running_loop()
+        self._set_profile(edges, factors)
         for timer in self._timers:
             timer.cancel()
         # Slots may reopen when a window ends: re-run admission at every edge.
-        offset = loop.time() - now_ns() / 1e9
-        self._timers = [loop.call_at(edge / 1e9 + offset, self._admit) for edge in edges]
+        self._timers = [self._at(edge, self._admit) for edge in edges]
+
+    def _set_profile(self, edges_ns, factors) -> None:
+        """Window edges (real ns, sorted) and the capacity factor before, between and after them."""
+        self._edges_ns = np.asarray(edges_ns, dtype=np.int64)
+        self._edge_factor = np.asarray(factors, dtype=float)
+        self._edges_list, self._factor_list = self._edges_ns.tolist(), self._edge_factor.tolist()
 
     def capacity_at(self, t_ns: int) -> float:
-        return float(self._edge_factor[np.searchsorted(self._edges_ns, t_ns, side="right")])
+        return self._factor_list[bisect_right(self._edges_list, t_ns)]
+
+    # ---- time --------------------------------------------------------------------------------------------
+    # The service model's instants (a token done, a slot free, a window edge) are kept on the harness clock to
+    # the nanosecond: asyncio's timers round up to whole milliseconds and uvloop's fire up to half a
+    # millisecond early, which at ×60 is 30–60 ms of model time on every token and every slot.
+    def _at(self, t_ns: int, callback):
+        """Run `callback()` at t_ns, never before; returns a handle with cancel()."""
+        if self._clock is not None:
+            future = self._clock.wait_until(t_ns)
+            future.add_done_callback(lambda f: f.cancelled() or callback())
+            return future
+        loop = asyncio.get_running_loop()
+        return loop.call_later(max(0.0, (t_ns - now_ns()) / 1e9), callback)
+
+    async def _until(self, t_ns: int) -> None:
+        """Sleep until t_ns on the harness clock, never waking before it."""
+        if self._clock is not None:
+            if t_ns > now_ns():
+                await self._clock.wait_until(t_ns)
+            return
+        while (delay := (t_ns - now_ns()) / 1e9) > 0:
+            await asyncio.sleep(delay)
 
     def _slots_at(self, t_ns: int) -> int:
         return max(1, int(self.service.batch_slots * self.capacity_at(t_ns)))
@@ -459,7 +492,7 @@ class VllmEmulator:
         t_received = now_ns()
         self.stats.received += 1
         try:
-            body = await request.json(loads=orjson.loads)  # prompts of token ids: the parse is the cost
+            body = orjson.loads(await request.read())  # bytes as they came: prompts of token ids are the cost
         except ValueError as exc:
             body = exc
         parsed = self._error(400, f"invalid JSON body: {body}") if isinstance(body, ValueError) \
@@ -475,7 +508,6 @@ class VllmEmulator:
         # The slot frees when the model says the sequence is done, not when a late writer gets the last
         # chunk out: a loaded machine delays the bytes, not the service model's capacity.
         held = [True]
-        loop = asyncio.get_running_loop()
 
         def release() -> None:
             if held[0]:
@@ -484,14 +516,14 @@ class VllmEmulator:
         timer = None
         try:
             times = self.token_times_ns(t_admitted, prompt_tokens, max_tokens)
-            timer = loop.call_at(loop.time() + (int(times[-1]) - now_ns()) / 1e9, release)
+            timer = self._at(int(times[-1]), release)
             ident = f"{'chatcmpl' if chat else 'cmpl'}-{self.stats.received}"
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
                      "total_tokens": prompt_tokens + max_tokens}
             if stream:
                 response = await self._stream(request, ident, times, usage if include_usage else None, chat)
             else:
-                await _sleep_until(int(times[-1]))
+                await self._until(int(times[-1]))
                 text = TOKEN_TEXT * max_tokens
                 choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                            "finish_reason": "length"} if chat else
@@ -525,12 +557,13 @@ class VllmEmulator:
         head = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": self.model}
         tail = ', "usage": null}' if usage is not None else "}"
-        prefix = f'data: {json.dumps(head)[:-1]}, "choices": [{{"index": 0, '
+        prefix = f'data: {json.dumps(head)[:-1]}, "choices": [{{"index": 0, ' + \
+            ('"delta": {"content": "' if chat else '"text": "')
+        close = '"}' if chat else '"'
 
-        def chunk(count: int, finish: str | None) -> bytes:
-            text = json.dumps(TOKEN_TEXT * count)
-            delta = f'"delta": {{"content": {text}}}' if chat else f'"text": {text}'
-            return f'{prefix}{delta}, "logprobs": null, "finish_reason": {json.dumps(finish)}}}]{tail}\n\n'.encode()
+        def chunk(count: int, finish: str | None) -> bytes:  # TOKEN_TEXT needs no JSON escaping
+            reason = "null" if finish is None else f'"{finish}"'
+            return f'{prefix}{TOKEN_TEXT * count}{close}, "logprobs": null, "finish_reason": {reason}}}]{tail}\n\n'.encode()
 
         if chat:  # the first chunk carries the role, as OpenAI's and vLLM's do
             role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
@@ -541,7 +574,7 @@ class VllmEmulator:
         one = chunk(1, None)
         while sent < n:
             # Coalescing never holds back the last token: the completion time stays the model's.
-            await _sleep_until(max(int(times[sent]), min(last_write + interval_ns, int(times[-1]))))
+            await self._until(max(int(times[sent]), min(last_write + interval_ns, int(times[-1]))))
             now = now_ns()
             ready = max(int(np.searchsorted(times, now, side="right")), sent + 1)
             if interval_ns:
@@ -549,12 +582,13 @@ class VllmEmulator:
             else:
                 parts = [one] * (ready - sent - (ready == n)) + ([chunk(1, "length")] if ready == n else [])
             sent, last_write = ready, now
-            if sent == n:  # the last chunk, usage and [DONE] leave in one write
+            if sent == n:  # the last chunk, usage, [DONE] and the chunked terminator leave in one write
                 if usage is not None:
                     parts.append(b"data: " + json.dumps({**head, "choices": [], "usage": usage}).encode() + b"\n\n")
                 parts.append(b"data: [DONE]\n\n")
-            await response.write(b"".join(parts))
-        await response.write_eof()
+                await response.write_eof(b"".join(parts))
+            else:
+                await response.write(b"".join(parts))
         return response
 
 
@@ -587,12 +621,6 @@ def _count_messages(messages) -> int:
     return total
 
 
-async def _sleep_until(t_ns: int) -> None:
-    delay = (t_ns - now_ns()) / 1e9
-    if delay > 0:
-        await asyncio.sleep(delay)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Emulated vLLM-compatible endpoint on 127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
@@ -616,8 +644,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             await emulator.stop()
 
+    from traces.replay import run_loop
+
     try:
-        asyncio.run(serve())
+        run_loop(serve())
     except KeyboardInterrupt:
         pass
     return 0

@@ -17,7 +17,6 @@ model evaluation are pure functions of the seeds, so a parallel run equals a ser
 """
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import time
@@ -48,6 +47,9 @@ SCHEMA = {
     "model": (str, "emulated-llm"),
     "time_scale": (float, 60.0),
     "workers": (int, 0),  # 0: one per CPU; 1: serial
+    # scheduling niceness of the pool's replay workers (0: inherit the harness's); < 0 (root) lets replays keep
+    # time beside other work on the machine
+    "nice": (int, 0),
     "prefill_tokens_per_s": (float, 20_000.0),
     "decode_tokens_per_s": (float, 50.0),
     "batch_slots": (int, 0),  # 0: calibrate to target_no_sync_pct
@@ -207,13 +209,14 @@ def evaluate_run(task: dict) -> dict:
     out = {"key": task["key"], "model": _latencies_from_model(model_service, frame, windows)}
     if p["evaluate"] == "replay":
         from harness.steps.replay import _serve_and_replay
+        from traces.replay import run_loop
 
         window_frame = pd.DataFrame(task["windows"], columns=["start_s", "duration_s"]) if task["windows"] else None
         replay_p = {**p, "interference_capacity": p["sync_capacity"]}
         log_path = Path(task["log_path"])
         if log_path.exists():  # a rerun replays from scratch; the old log stays beside it
             log_path.replace(log_path.with_suffix(".incomplete.jsonl"))
-        summary = asyncio.run(_serve_and_replay(frame, task["url"], replay_p, window_frame, log_path))
+        summary = run_loop(_serve_and_replay(frame, task["url"], replay_p, window_frame, log_path))
         scale = p["time_scale"] if task["url"] is None else 1.0
         out["replay"] = request_latencies(summary.records, scale)
         out["send_error_p99_us"] = float(np.percentile(summary.records["send_error_ns"], 99) / 1e3)  # on the wire
@@ -284,6 +287,11 @@ def _check(step, p: dict) -> None:
                 "model_params", "bytes_per_param", "timeout_s", "draws", "seeds"):
         if not p[key] > 0:
             raise _bad(step, f"{key} must be > 0, found {p[key]}")
+    if not -20 <= p["nice"] <= 19:
+        raise _bad(step, f"nice must be in -20..19, found {p['nice']}")
+    if p["nice"] and p["nice"] < os.getpriority(os.PRIO_PROCESS, 0) and os.geteuid() != 0:
+        raise _bad(step, f"nice {p['nice']} is below this process's ({os.getpriority(os.PRIO_PROCESS, 0)}): "
+                         "raising a priority needs root (CAP_SYS_NICE)")
     if not 0 < p["sync_capacity"] <= 1 or not 0 < p["compression"] <= 1:
         raise _bad(step, "sync_capacity and compression must be in (0, 1]")
     if p["evaluate"] not in ("replay", "model"):
@@ -377,22 +385,28 @@ def diloco_step(ctx, step) -> StepOutcome:
             f"draws) of {path.name}, {p['duration_s']:g} s each at ×{p['time_scale']:g}, {workers} workers; "
             f"batch_slots {slots} ({calibration['chosen']})")
     started_s = time.monotonic()
-    results = _run_tasks(tasks, workers)
+    results = _run_tasks(tasks, workers, p["nice"])
     return _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration, path, url, run_dir,
                    {t["key"]: t for t in tasks}, started_s)
 
 
-def _run_tasks(tasks: list[dict], workers: int) -> dict:
-    if workers == 1:
+def _run_tasks(tasks: list[dict], workers: int, nice: int = 0) -> dict:
+    if workers == 1:  # in the harness's own process, at its own priority
         return {t["key"]: evaluate_run(t) for t in tasks}
     import multiprocessing
 
     # spawn: the runner holds threads (SSH readers, the event log) that a fork would copy mid-flight.
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_set_nice, initargs=(nice,))
     try:
         return {r["key"]: r for r in pool.map(evaluate_run, tasks)}
     finally:  # on SIGTERM / an error: drop the replays not started, wait only for the running ones
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _set_nice(nice: int) -> None:
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
 
 
 def _sensitivity(p, policies, per_seed, tasks_by_key, rule, seed) -> list[dict]:
@@ -564,7 +578,8 @@ def report_markdown(out: dict) -> str:
             f"p_less {x['p_less']:.4f})" for x in out["sensitivity"]) + "."]
     e = out["effort"]
     lines += ["", f"Effort: {e['evaluations']} evaluations ({out['evaluate']}) in {e['wall_s']:.0f} s wall, "
-                  f"{e['cpu_s']:.0f} CPU-s in the workers ({out['params']['workers'] or 'one per CPU'} at a time)."]
+                  f"{e['cpu_s']:.0f} CPU-s in the workers ({out['params']['workers'] or 'one per CPU'} at a time"
+                  + (f", nice {out['params']['nice']}" if out["params"].get("nice") else "") + ")."]
     if out["replay_vs_model"]:
         a = out["replay_vs_model"]
         lines += ["", f"Replay vs the emulator's model (same windows): violation rates differ by {a['mean_pp']:+.2f} pp "

@@ -17,9 +17,9 @@ has no record in the durable log.
 """
 from __future__ import annotations
 
-import contextlib
-
 import asyncio
+import contextlib
+import dataclasses
 import ipaddress
 import math
 import signal
@@ -310,21 +310,21 @@ async def _serve_and_replay(requests: pd.DataFrame, url: str | None, p: dict, wi
                             log_path: Path):
     from devices.timing import now_ns
     from harness.bench.emulated import ServingEndpoint
-    from traces.replay import ReplayConfig, replay_requests
+    from traces.replay import ReplayConfig, prepared_prompts, replay_requests
 
     async with contextlib.AsyncExitStack() as stack:
         emulator = None if url is not None else await stack.enter_async_context(ServingEndpoint(p))
-        url = url or emulator.url
+        config = ReplayConfig(url=url or emulator.url, model=p["model"], time_scale=p["time_scale"],
+                              timeout_s=p["timeout_s"], max_connections=p["max_connections"],
+                              prompt_seed=p.get("prompt_seed", 0),
+                              warm_connections=p.get("warm_connections", ReplayConfig.warm_connections))
+        prompts = prepared_prompts(requests, config)  # before the origin: the lead time is for connections
         origin = now_ns() + int(p["lead_s"] * 1e9)
         if emulator is not None and windows is not None and len(windows):
             # The replay sends the first request at the origin; windows are in the trace's own seconds.
             epoch = origin - int(round(float(requests["arrival_s"].iloc[0]) * 1e9 / p["time_scale"]))
             emulator.interfere(windows, p["interference_capacity"], epoch)
-        config = ReplayConfig(url=url, model=p["model"], time_scale=p["time_scale"], timeout_s=p["timeout_s"],
-                              max_connections=p["max_connections"], origin_ns=origin,
-                              prompt_seed=p.get("prompt_seed", 0),
-                              warm_connections=p.get("warm_connections", ReplayConfig.warm_connections))
-        return await replay_requests(requests, config, log_path)
+        return await replay_requests(requests, dataclasses.replace(config, origin_ns=origin), log_path, prompts)
 
 
 def run_replay(requests: pd.DataFrame, url: str | None, p: dict, windows: pd.DataFrame | None,
@@ -344,10 +344,12 @@ def run_replay(requests: pd.DataFrame, url: str | None, p: dict, windows: pd.Dat
             pass
         return await _serve_and_replay(requests, url, p, windows, log_path)
 
+    from traces.replay import run_loop
+
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
     try:
-        return asyncio.run(main())
+        return run_loop(main())
     except asyncio.CancelledError:
         if terminated:
             raise Aborted("SIGTERM") from None
