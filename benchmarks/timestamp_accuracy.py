@@ -13,6 +13,10 @@ compares every recorded event with the emulator's ground truth:
   CPU of the thread running the step, between consecutive cycle ends: `cpu_ns` in observations.jsonl).
   after_last_event is split by each line's arrival stamp (`recv_ns`): the bench's side (agent poll, emulator,
   SSH, until the cycle's last host line reaches the reader) and the harness's side (that line -> cycle's end).
+  harness_side = before_command + delivery_harness_side + between_cycles: the harness's own part of total.
+  With the emulator in its own process, its CPU per cycle too (`cpu_emulator`: every thread, sampled from
+  /proc, the measured cycles' span divided by their number): both processes share the machine's cores, so
+  a burst of work in one delays the other.
 
     .venv/bin/python benchmarks/timestamp_accuracy.py [--cycles 200] [--profile burst-mode]
 """
@@ -90,6 +94,39 @@ def run_in_process(cycles: int, profile: str, watch_us: int, out: Path,
     return run_dir, pd.read_parquet(run_dir / "ground_truth.parquet"), manifest["emulated_clocks"]
 
 
+class CpuSampler:
+    """(monotonic ns, CPU ns of every thread) of a process, every `period_s`, from /proc/PID/stat."""
+
+    def __init__(self, pid: int, period_s: float = 0.02):
+        import threading
+
+        self.pid, self.period_s, self.samples = pid, period_s, []
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                return
+            self.samples.append((time.monotonic_ns(), (int(fields[11]) + int(fields[12])) * 10**9 // self._tick))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def per_cycle_ms(self, cycles: pd.DataFrame) -> np.ndarray:
+        """CPU over the measured cycles (first begin -> last done) / their number, in ms (one value)."""
+        if len(self.samples) < 2 or cycles.empty:
+            return np.array([])
+        t, cpu = np.array(self.samples).T
+        span = np.interp([cycles["begin_ns"].min(), cycles["done_ns"].max()], t, cpu)
+        return np.array([(span[1] - span[0]) / len(cycles) / 1e6])
+
+
 def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
                          step: dict) -> tuple[Path, pd.DataFrame, dict]:
     """`harness emulate` in its own process and the harness driving its inventory, as on a real bench:
@@ -98,6 +135,7 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
     emulator = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--profile", profile, "--seed", "11",
                                  "--inventory-out", str(inventory), "--truth-out", str(truth_file)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sampler = CpuSampler(emulator.pid)
     try:
         end = time.monotonic() + 60
         while not inventory.exists():
@@ -110,9 +148,12 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
         if code != 0:
             raise SystemExit(f"run failed with exit code {code}")
     finally:
+        sampler.stop()
         emulator.send_signal(signal.SIGINT)
         emulator.wait(timeout=30)
     run_dir = next((out / "runs").iterdir())
+    global EMULATOR_CPU
+    EMULATOR_CPU = sampler
     rows = [json.loads(line) for line in truth_file.read_text().splitlines()]
     clocks = {r["host"]: r for r in rows if r["stage"] == "host_clock"}
     truth = pd.DataFrame([r for r in rows if r["stage"] in STAGES])
@@ -135,6 +176,22 @@ def delivery_split_ms(obs_records: list[dict], cycles: pd.DataFrame, truth: pd.D
     return {"delivery_bench_side": np.array(bench) / 1e6, "delivery_harness_side": np.array(harness) / 1e6}
 
 
+EMULATOR_CPU: CpuSampler | None = None  # the separate emulator's, when the last run had one
+
+
+def harness_side_ms(obs_records: list[dict], cycles: pd.DataFrame) -> np.ndarray:
+    """Per cycle, the harness's own part of `total`: before_command + (the cycle's last host line ->
+    its end) + between_cycles."""
+    recv = np.sort(np.array([r["recv_ns"] for r in obs_records], dtype=np.int64))
+    c = cycles.sort_values("cycle").reset_index(drop=True)
+    out = []
+    for i, row in enumerate(c.itertuples()):
+        window = recv[(recv >= row.sent_ns) & (recv <= row.done_ns)]
+        if window.size and i + 1 < len(c):
+            out.append((row.sent_ns - row.begin_ns) + (row.done_ns - window[-1]) + (c["begin_ns"][i + 1] - row.done_ns))
+    return np.array(out) / 1e6
+
+
 def report(run_dir: Path, truth: pd.DataFrame, clocks: dict) -> dict:
     events = pd.read_parquet(run_dir / "events.parquet")
     cycles = pd.read_parquet(run_dir / "cycles.parquet")
@@ -145,11 +202,15 @@ def report(run_dir: Path, truth: pd.DataFrame, clocks: dict) -> dict:
     parts = overhead_ms(cycles, truth)
     records = observation_records(run_dir)
     parts.update(delivery_split_ms(records.get("obs", []), cycles, truth))
+    parts["harness_side"] = harness_side_ms(records.get("obs", []), cycles)
     parts.update({f"cpu_{k}": v for k, v in cpu_ms(records.get("cycle", [])).items()})
+    if EMULATOR_CPU is not None:
+        parts["cpu_emulator"] = EMULATOR_CPU.per_cycle_ms(cycles[cycles["cycle"] > 0])
     return {"cycles": int(cycles["cycle"].nunique()), "ports": int(ports), "host_offsets_ms": offsets,
             "host_drift_ppm": drifts, "accuracy": table,
             "overhead_ms": {k: {"p50": float(np.median(v)), "p90": float(np.quantile(v, 0.9)),
-                                "p99": float(np.quantile(v, 0.99)), "n": int(v.size)} for k, v in parts.items()}}
+                                "p99": float(np.quantile(v, 0.99)), "n": int(v.size)} for k, v in parts.items()
+                            if v.size}}
 
 
 if __name__ == "__main__":
