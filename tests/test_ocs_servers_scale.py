@@ -81,3 +81,56 @@ def test_a_client_waiting_for_its_mirrors_or_not_reading_delays_nobody(servers):
         reset.sendall(b":OXC:SWIT:DISC:ALL;*OPC?\n")
         read_all([reset], lambda d: d.endswith(b"\n"))
         reset.close()
+
+
+def _sent_and_acknowledged(sock: socket.socket, within_s: float = 30.0) -> None:
+    """The peer's kernel has every byte `sock` sent (nothing left unacknowledged in its send queue)."""
+    import fcntl
+    import struct
+    import termios
+
+    end = time.monotonic() + within_s
+    while struct.unpack("i", fcntl.ioctl(sock, termios.TIOCOUTQ, b"\0" * 4))[0]:
+        assert time.monotonic() < end, "the loopback peer never acknowledged the command"
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize("protocol", ["tl1", "scpi"])
+def test_the_switch_moves_when_a_command_arrives_not_when_the_servers_thread_gets_to_it(protocol):
+    """The servers' thread is held busy (as a loaded machine holds it) while a change arrives: its mirror
+    still starts moving at the kernel's receive time — after it was sent, before the thread was let go."""
+    from devices.timing import now_ns
+
+    profile = load_profile("instant")
+    switch_ns = 2_000_000
+    bench = OpticalBench(dataclasses.replace(profile, ocs={"switch": Delay.fixed(switch_ns / 1e9),
+                                                           "dark": Delay.fixed(0.0)})).start()
+    servers = OcsServers(bench, pty=False).start()
+    egress = bench.ocs_size[0] + 1
+    settled = []
+    bench.on_mirror.append(lambda t, ingress, egress, done: done and settled.append(t))
+    try:
+        if protocol == "tl1":
+            c = socket.create_connection(servers.tl1_address, timeout=30)
+            c.sendall(b"ACT-USER::admin:1::root;")
+            assert read_all([c], lambda d: d.endswith(b";\r\n"))[c].count(b"COMPLD") == 1
+            change, done = f"ENT-PATCH::1,{egress}:2:;".encode(), (lambda d: b"M  2 " in d)
+        else:
+            c = socket.create_connection(servers.scpi_address, timeout=30)
+            change, done = f":OXC:SWITch:CONNect:ADD (@1),(@{egress});*OPC?\n".encode(), (lambda d: d.endswith(b"\n"))
+        held = threading.Event()
+        servers._loop.call_soon_threadsafe(held.wait, 60)
+        sent = now_ns()
+        c.sendall(change)
+        _sent_and_acknowledged(c)
+        released = now_ns()
+        held.set()
+        reply = read_all([c], done)[c]
+        c.close()
+        assert b"COMPLD" in reply if protocol == "tl1" else reply == b"1\n"
+        assert bench.ocs_patches() == {1: egress}  # (a reader runs what is due: the settle is in `settled`)
+        (settle,) = settled
+        assert sent <= settle - switch_ns < released
+    finally:
+        servers.stop()
+        bench.stop()

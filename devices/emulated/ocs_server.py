@@ -124,6 +124,7 @@ class _Tl1Session:
         self.servers = servers
         self.user: str | None = None
         self.settle_ns = 0  # the reply to a change waits until its mirrors settle
+        self.arrived_ns: int | None = None  # when the command being handled reached the switch (None: unknown)
         self._send = send
 
     def send(self, data: bytes) -> None:
@@ -188,7 +189,7 @@ class _Tl1Session:
             raise ValueError(aid)
         if len(set(ins)) != len(ins):
             raise OcsCommandError("IDNV", "Port listed twice")
-        self._settle(self.servers.apply(dict(zip(ins, outs)), ()))
+        self._settle(self.servers.apply(dict(zip(ins, outs)), (), at_ns=self.arrived_ns))
         return []
 
     def _settle(self, settle_ns: int) -> None:
@@ -196,9 +197,9 @@ class _Tl1Session:
 
     def _dlt_patch(self, aid: str, _params: list[str]) -> list[str]:
         if aid.upper() == "ALL":
-            self._settle(self.servers.apply({}, None))
+            self._settle(self.servers.apply({}, None, at_ns=self.arrived_ns))
         else:
-            self._settle(self.servers.apply({}, _port_list(aid)))
+            self._settle(self.servers.apply({}, _port_list(aid), at_ns=self.arrived_ns))
         return []
 
     def _rtrv_patch(self, aid: str, _params: list[str]) -> list[str]:
@@ -265,6 +266,7 @@ class _ScpiSession:
         self.servers = servers
         self.errors: list[tuple[int, str]] = []
         self.settle_ns = 0
+        self.arrived_ns: int | None = None  # when the line being handled reached the switch (None: unknown)
 
     def error(self, code: int, text: str) -> None:
         if len(self.errors) < 32:
@@ -335,7 +337,7 @@ class _ScpiSession:
                 self._connect(path.rsplit(":", 1)[1], ins, outs)
                 return None
             if path in ("OXC:SWIT:DISC:ALL", "*RST"):
-                self.settle_ns = max(self.settle_ns, self.servers.apply({}, None))
+                self.settle_ns = max(self.settle_ns, self.servers.apply({}, None, at_ns=self.arrived_ns))
                 return None
         except OcsCommandError as exc:
             code, text = _SCPI_ERRORS.get(exc.code, (-200, "Execution error"))
@@ -362,14 +364,79 @@ class _ScpiSession:
             for i, e in zip(ins, outs):
                 if patches.get(i) != e:
                     raise OcsCommandError("IDNV", f"No patch {i}->{e}")
-            settle = self.servers.apply({}, removes)
+            settle = self.servers.apply({}, removes, at_ns=self.arrived_ns)
         else:
             if len(ins) != len(outs):
                 raise OcsCommandError("IDNV", "Ingress and egress lists differ in length")
             if len(set(ins)) != len(ins):
                 raise OcsCommandError("IDNV", "Port listed twice")
-            settle = self.servers.apply(dict(zip(ins, outs)), None if action == "ONLY" else ())
+            settle = self.servers.apply(dict(zip(ins, outs)), None if action == "ONLY" else (),
+                                       at_ns=self.arrived_ns)
         self.settle_ns = max(self.settle_ns, settle)
+
+
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; the kernel's receive time of each segment
+_STAMP_SPACE = socket.CMSG_SPACE(16)  # struct timespec
+
+
+class _StampedConnection(asyncio.StreamReaderProtocol):
+    """A TCP connection whose bytes the server reads itself, with recvmsg and SO_TIMESTAMPNS: each chunk comes
+    with the kernel's receive time of its last byte, so the emulated switch acts when a command arrived, not
+    when a busy machine let this loop's thread get to it (0.5-24 ms later under load, which moved the switch's
+    truth with it). The transport writes; it never reads (paused before its first read)."""
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        transport.pause_reading()  # before the loop ever registers the transport's reader
+        raw = transport.get_extra_info("socket")
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        raw.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        self._sock = socket.socket(fileno=os.dup(raw.fileno()))  # the transport's wrapper has no recvmsg
+        self._sock.setblocking(False)
+        self._ready: asyncio.Future | None = None
+        self._lost = False
+
+    def connection_lost(self, exc) -> None:
+        self._lost = True
+        self._wake()
+        self._sock.close()  # before the transport closes its own descriptor: the peer then sees the close
+        super().connection_lost(exc)
+
+    def _wake(self) -> None:
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
+
+    async def read(self) -> tuple[bytes, int | None]:
+        """(bytes, their kernel receive time on the harness clock); b"" once the connection is gone."""
+        loop = asyncio.get_running_loop()
+        while not self._lost:
+            try:
+                data, ancdata, _, _ = self._sock.recvmsg(4096, _STAMP_SPACE)
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                return b"", None
+            else:
+                return data, _monotonic_stamp(ancdata)
+            self._ready = loop.create_future()
+            fd = self._sock.fileno()
+            loop.add_reader(fd, self._wake)
+            try:
+                await self._ready
+            finally:
+                if not self._lost:
+                    loop.remove_reader(fd)
+        return b"", None
+
+
+def _monotonic_stamp(ancdata) -> int | None:
+    """The SO_TIMESTAMPNS control message (CLOCK_REALTIME) on the harness clock (CLOCK_MONOTONIC)."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
+            sec, nsec = int.from_bytes(data[:8], "little", signed=True), int.from_bytes(data[8:16], "little",
+                                                                                        signed=True)
+            return sec * 1_000_000_000 + nsec - (time.time_ns() - now_ns())
+    return None
 
 
 class OcsServers:
@@ -410,8 +477,12 @@ class OcsServers:
 
     async def _open(self, loop: asyncio.AbstractEventLoop) -> "OcsServers":
         for port, serve in zip(self._ports, (self._tl1_client, self._scpi_client)):
-            self._listeners.append(await asyncio.start_server(serve, self.host, port, backlog=1024,
-                                                              limit=_MAX_COMMAND))
+            listener = await loop.create_server(
+                lambda serve=serve: _StampedConnection(asyncio.StreamReader(limit=_MAX_COMMAND), serve),
+                self.host, port, backlog=1024)
+            for sock in listener.sockets:  # accepted connections inherit it: stamped before connection_made runs
+                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            self._listeners.append(listener)
         if self._want_pty:
             master, slave = os.openpty()
             tty.setraw(slave)  # at once: a cooked slave would echo our replies back to us
@@ -425,7 +496,10 @@ class OcsServers:
                 os.fdopen(os.dup(master), "wb", buffering=0))
             writer = asyncio.StreamWriter(transport, protocol, None, loop)
             # Serial consoles end replies with CR LF; one session for the life of the line.
-            self._spawn(self._serve_scpi(reader, writer, _ScpiSession(self), b"\r\n"))
+            async def read() -> tuple[bytes, None]:  # a serial line: no kernel receive stamps
+                return await reader.read(4096), None
+
+            self._spawn(self._serve_scpi(read, writer, _ScpiSession(self), b"\r\n"))
         return self
 
     def stop(self) -> None:
@@ -466,16 +540,16 @@ class OcsServers:
         return self._listeners[1].sockets[0].getsockname()[:2]
 
     # ---- shared state -------------------------------------------------------------------------
-    def apply(self, adds: dict[int, int], removes) -> int:
+    def apply(self, adds: dict[int, int], removes, at_ns: int | None = None) -> int:
         """Change the bench; returns when its mirrors settle (the reply waits until then). `removes=None`
         replaces the whole state (`adds` is then the complete wanted mapping; unchanged patches are not
-        moved)."""
+        moved). `at_ns`: when the command arrived (OpticalBench.ocs_apply)."""
         with self._apply_lock:  # read-diff-apply must not interleave between sessions
             if removes is None:
                 current = self.bench.ocs_patches()
                 removes = [i for i, e in current.items() if adds.get(i) != e]
                 adds = {i: e for i, e in adds.items() if current.get(i) != e}
-            settle_ns = self.bench.ocs_apply(adds, removes)
+            settle_ns = self.bench.ocs_apply(adds, removes, at_ns=at_ns)
         if self.autonomous and (adds or removes) and self._loop is not None:
             lines = [f'"{i}:DLT"' for i in removes] + [f'"{i},{e}:ENT"' for i, e in adds.items()]
             self._loop.call_later(max(0.0, (settle_ns - now_ns()) / 1e9), self._report, lines)
@@ -504,24 +578,30 @@ class OcsServers:
             writer.write(data)
         return send
 
-    async def _tl1_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _tl1_client(self, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._tasks.add(asyncio.current_task())
         self._writers.add(writer)
-        writer.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection: _StampedConnection = writer.transport.get_protocol()
         session = _Tl1Session(self, self._sender(writer))
         self._tl1_sessions.add(session)
         try:
             buffer = b""
-            while data := await reader.read(4096):
+            free_ns = 0  # the session handles its commands in order: one starts once the one before is answered
+            while True:
+                data, arrived = await connection.read()
+                if not data:
+                    break
                 buffer += data
                 while b";" in buffer:
                     command, _, buffer = buffer.partition(b";")
                     text = command.decode("utf-8", "replace").strip()
                     if text:
+                        session.arrived_ns = None if arrived is None else max(arrived, free_ns)
                         reply = self._tl1_reply(session, text)
                         await _until(session.settle_ns)
                         session.send(reply)
                         await writer.drain()
+                        free_ns = now_ns()
                 if len(buffer) > _MAX_COMMAND:
                     buffer = b""  # no command is this long: noise, dropped
         except (OSError, asyncio.CancelledError):
@@ -541,12 +621,11 @@ class OcsServers:
         reply = session.handle(text)
         return self.faults.corrupt(reply, fault) if fault else reply
 
-    async def _scpi_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _scpi_client(self, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._tasks.add(asyncio.current_task())
         self._writers.add(writer)
-        writer.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            await self._serve_scpi(reader, writer, _ScpiSession(self), b"\n")
+            await self._serve_scpi(writer.transport.get_protocol().read, writer, _ScpiSession(self), b"\n")
         finally:
             self._forget(writer)
 
@@ -555,13 +634,18 @@ class OcsServers:
         writer.close()
         self._tasks.discard(asyncio.current_task())
 
-    async def _serve_scpi(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                          session: _ScpiSession, eol: bytes) -> None:
-        """Feed SCPI lines (CR, LF or CRLF) to `session` until the client goes away."""
+    async def _serve_scpi(self, read: Callable, writer: asyncio.StreamWriter, session: _ScpiSession,
+                          eol: bytes) -> None:
+        """Feed SCPI lines (CR, LF or CRLF) from `read()` -> (bytes, arrival ns | None) to `session` until the
+        client goes away."""
         send = self._sender(writer)
         buffer = b""
+        free_ns = 0  # lines are handled in order: one starts once the one before is done
         try:
-            while data := await reader.read(4096):
+            while True:
+                data, arrived = await read()
+                if not data:
+                    break
                 buffer += data
                 *lines, buffer = _LINE_END.split(buffer)
                 if len(buffer) > _MAX_COMMAND:
@@ -578,10 +662,12 @@ class OcsServers:
                         session.error(-213, "Init ignored; switch busy")
                         reply = "1" if "*OPC?" in upper else None
                     else:
+                        session.arrived_ns = None if arrived is None else max(arrived, free_ns)
                         reply = await session.handle_line(text)
                     if reply is not None:
                         data = reply.encode() + eol
                         send(self.faults.corrupt(data, fault) if fault else data)
                         await writer.drain()
+                    free_ns = now_ns()
         except (OSError, asyncio.CancelledError):
             pass  # the client went away, or the server stops

@@ -237,6 +237,9 @@ class OpticalBench:
         self.on_mirror: list[Callable[[int, int, int, bool], None]] = []
         self.on_clock_step: list[Callable[[str], None]] = []  # called (host) after a clock step, no lock held
         self._pending: list[NicChange] = []
+        # The latest time a reader saw the state at, and the due time of the last action run: a command dated
+        # back to its arrival (ocs_apply's at_ns) changes nothing before either.
+        self._observed_ns = self._ran_ns = 0
         self._thread: threading.Thread | None = None
         self._stop = False
         self.hosts = [f"{host_prefix}{h + 1}" for h in range(topo.hosts)]
@@ -309,20 +312,24 @@ class OpticalBench:
                         self._wake.wait()
                 if self._stop:
                     return
-                self._advance()
+                self._advance(observed=False)  # pushed changes carry their due times: no state read here
                 pending, self._pending = self._pending, []
                 subs = self._subs.snapshot()  # with the changes: a later subscriber gets none of them
             Subscribers.deliver(pending, subs)  # outside the lock: a subscriber may read snapshots
 
-    def _advance(self) -> None:
-        """Run, in due order and each at its due time, every action due by now. Caller holds the lock.
+    def _advance(self, observed: bool = True) -> None:
+        """Run, in due order and each at its due time, every action due by now. Caller holds the lock, and
+        reads the state at now (`observed`) unless it only changes it.
 
         Follow-ups an action schedules are due after it, so they run in this same pass when they too are
         due: lateness never reorders events, and nobody reads a state older than the schedule says."""
         now = self._now()
+        if observed:
+            self._observed_ns = now
         heap = self._heap
         while heap and heap[0][0] <= now:
             due, _, action, draw = heapq.heappop(heap)
+            self._ran_ns = max(self._ran_ns, due)
             self._late_ns.append(now - due)
             if draw >= 0:
                 self._draws["late_ns"][draw] = now - due
@@ -353,12 +360,16 @@ class OpticalBench:
             self._advance()
             return dict(self._patches)
 
-    def ocs_apply(self, adds: dict[int, int], removes: Iterable[int] = ()) -> int:
-        """Validate, then move mirrors. Returns the monotonic ns when every moved mirror has settled."""
+    def ocs_apply(self, adds: dict[int, int], removes: Iterable[int] = (), at_ns: int | None = None) -> int:
+        """Validate, then move mirrors. Returns the monotonic ns when every moved mirror has settled.
+
+        `at_ns`: when the command reached the switch (a server's kernel receive stamp). The mirrors move from
+        then, not from when a busy machine let the server's thread get to it — as far back as no reader has
+        seen the state since (every change it makes falls after the last read)."""
         removes = list(removes)
         n, m = self.ocs_size
         with self._lock:
-            self._advance()
+            self._advance(observed=False)
             for port in list(removes) + list(adds):
                 if not 1 <= port <= n:
                     raise OcsCommandError("IIAC", f"Invalid ingress port {port}")
@@ -384,15 +395,20 @@ class OpticalBench:
                 return t0
             self._command += 1
             command = self._command
+            dark, dark_draw = self._draw(_OCS, command, "dark", self.profile.ocs["dark"]) if removes else (0, -1)
+            base, base_draw = self._draw(_OCS, command, "switch", self.profile.ocs["switch"]) if adds else (0, -1)
+            if at_ns is not None:
+                first = min(d for d, on in ((dark, removes), (base, adds)) if on)
+                t0 = min(t0, max(at_ns, max(self._observed_ns, self._ran_ns) - first + 1))
             if removes:
-                dark, draw = self._draw(_OCS, command, "dark", self.profile.ocs["dark"])
                 for ingress in removes:
                     egress = self._patches.pop(ingress)
-                    self._at(t0 + dark, lambda t, i=ingress, e=egress: self._mirror_away(t, i, e, command), draw)
+                    self._at(t0 + dark, lambda t, i=ingress, e=egress: self._mirror_away(t, i, e, command),
+                             dark_draw)
             settle = t0
             if adds:
-                base, draw = self._draw(_OCS, command, "switch", self.profile.ocs["switch"])
                 settle = t0 + base
+                draw = base_draw
                 for ingress, egress in adds.items():
                     self._patches[ingress] = egress
                     self._at(settle, lambda t, i=ingress, e=egress: self._mirror_settled(t, i, e, command), draw)

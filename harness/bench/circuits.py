@@ -30,8 +30,8 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class Applied:
-    """One guarded apply: the driver's timing, the harness time of the first attempt, the transient faults
-    met (one cause per retry)."""
+    """One guarded apply: the driver's timing, when the command was sent (the driver's first change written;
+    after retries, the first attempt's start), the transient faults met (one cause per retry)."""
 
     timing: CommandTiming
     first_sent_ns: int
@@ -116,7 +116,11 @@ class CircuitGuard:
                 if self.suspect:
                     self.switch.reconnect()
                     self.suspect = False
-                applied = Applied(self.switch.apply(mapping, exclusive=exclusive), first_sent, tuple(causes))
+                timing = self.switch.apply(mapping, exclusive=exclusive)
+                # The command went out at the driver's write of its first change, after the driver read the
+                # switch's state to plan it (a round trip: milliseconds on a loaded machine, more on a real unit).
+                # After a retry the first attempt's start stands: its change may have gone out unanswered.
+                applied = Applied(timing, first_sent if causes else max(first_sent, timing.sent_ns), tuple(causes))
                 self.record_events()
                 return applied
             except PortNotAllowed:
