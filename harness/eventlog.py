@@ -9,7 +9,6 @@ import errno
 import json
 import logging
 import os
-import threading
 from pathlib import Path
 from typing import Iterable
 
@@ -50,14 +49,8 @@ class EventLog:
 
     write_through_bytes = 1 << 16
 
-    def __init__(self, path: str | os.PathLike, *, background_fsync: bool = False):
-        """background_fsync: `flush()` hands the events to the OS at once (they survive a killed process)
-        and fsyncs on a helper thread, so a ~4 ms disk flush overlaps the next cycle instead of delaying
-        it; the next `flush()` (or `close()`) first waits for that fsync and raises its error, if any."""
+    def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.background_fsync = background_fsync
-        self._sync_thread: threading.Thread | None = None
-        self._sync_error: OSError | None = None
         self._file = open(self.path, "ab", buffering=0)
         self._durable_size = os.fstat(self._file.fileno()).st_size  # bytes known to be on disk
         self._written_size = self._durable_size
@@ -95,11 +88,10 @@ class EventLog:
         if len(self._buffer) >= self.write_through_bytes:
             self.flush(fsync=False)
 
-    def flush(self, fsync: bool = True, *, wait: bool = False) -> None:
-        """Hand buffered events to the OS and, with fsync, to the disk — on this thread, returning with them
-        durable, if `wait` or without background_fsync."""
+    def flush(self, fsync: bool = True) -> None:
+        """Hand buffered events to the OS and, with fsync, to the disk: it returns with them durable (a run
+        moves on only after its events are; an fsync overlapping the next cycle would break that)."""
         self._check()
-        self._join_sync()
         try:
             data, done = bytes(self._buffer), 0
             while done < len(data):
@@ -109,12 +101,6 @@ class EventLog:
                 done += written
                 self._written_size += written
             self._buffer.clear()
-            if fsync and self.background_fsync and not wait:
-                size, pending, self._pending = self._written_size, self._pending, 0
-                self._sync_thread = threading.Thread(target=self._sync, args=(size, pending), daemon=True,
-                                                     name="eventlog-fsync")
-                self._sync_thread.start()
-                return
             if fsync:
                 os.fsync(self._file.fileno())
         except OSError as exc:
@@ -124,34 +110,13 @@ class EventLog:
             self.durable_events += self._pending
             self._pending = 0
 
-    def _sync(self, size: int, pending: int) -> None:
-        try:
-            os.fsync(self._file.fileno())
-        except OSError as exc:
-            self._sync_error = exc
-            self._pending += pending  # not durable: counted as lost if the error surfaces
-            return
-        self._durable_size = size
-        self.durable_events += pending
-
-    def _join_sync(self) -> None:
-        if self._sync_thread is not None:
-            self._sync_thread.join()
-            self._sync_thread = None
-        if self._sync_error is not None:
-            error, self._sync_error = self._sync_error, None
-            self._fail(error)
-
     def close(self) -> None:
         if self._file.closed:
             return
         try:
             if self._failed is None:
-                self.background_fsync = False
                 self.flush()
         finally:
-            if self._sync_thread is not None:
-                self._sync_thread.join()
             self._file.close()
 
     def __enter__(self) -> "EventLog":

@@ -337,7 +337,7 @@ def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, 
     with contextlib.ExitStack() as stack:
         stack.callback(_restore_signal_handlers, previous)
         try:
-            log = EventLog(run_dir / "events.jsonl", background_fsync=True)  # fsync overlaps the next cycle
+            log = EventLog(run_dir / "events.jsonl")
         except OSError as exc:
             raise InputError(f"cannot write the run record: {exc.strerror or exc}", str(run_dir)) from None
         stack.callback(log.close)

@@ -163,47 +163,35 @@ def test_ground_truth_parquet(tmp_path):
     pd.testing.assert_frame_equal(back, frame)
 
 
-def test_background_fsync_makes_events_visible_at_once_and_durable_by_the_next_flush(tmp_path, monkeypatch):
+def test_flush_returns_with_its_events_fsynced_and_an_fsync_error_surfaces_at_that_flush(tmp_path, monkeypatch):
     import os as _os
-
-    from harness.eventlog import EventLog, read_events
 
     synced = []
     real_fsync = _os.fsync
-    monkeypatch.setattr("harness.eventlog.os.fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
-    log = EventLog(tmp_path / "e.jsonl", background_fsync=True)
+
+    def recording_fsync(fd):
+        synced.append(len(read_events(tmp_path / "e.jsonl")))  # what the fsync covers: written before it
+        real_fsync(fd)
+
+    monkeypatch.setattr("harness.eventlog.os.fsync", recording_fsync)
+    log = EventLog(tmp_path / "e.jsonl")
     log.append(make_event(1))
     log.flush()
-    assert len(read_events(tmp_path / "e.jsonl")) == 1  # written before flush() returns
+    assert synced == [1] and log.durable_events == 1  # on this thread, before flush() returned
     log.append(make_event(2))
-    log.flush()  # joins the first fsync before writing
-    assert log.durable_events >= 1 and len(synced) >= 1
-    log.close()
-    assert log.durable_events == 2
-
-
-def test_background_fsync_error_surfaces_on_the_next_flush(tmp_path, monkeypatch):
-    import errno
-
-    import pytest
-
-    from harness.eventlog import EventLog, EventLogError
-
-    log = EventLog(tmp_path / "e.jsonl", background_fsync=True)
-    log.append(make_event(1))
     log.flush()
-    log._sync_thread.join()
+    assert synced == [1, 2] and log.durable_events == 2
 
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr("harness.eventlog.os.fsync", full)
-    log.append(make_event(2))
-    log.flush()
     log.append(make_event(3))
     with pytest.raises(EventLogError) as info:
-        log.flush()
-    assert "disk full" in str(info.value) and info.value.durable_events == 1
+        log.flush()  # this flush, not a later one, reports that its events are not durable
+    assert "disk full" in str(info.value) and info.value.durable_events == 2 and info.value.lost_events == 1
+    log.close()
+    assert events_equal(read_events(tmp_path / "e.jsonl"), [make_event(1), make_event(2)])
 
 
 def test_an_events_dict_has_the_columns_in_order_and_its_line_is_compact_json():

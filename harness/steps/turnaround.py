@@ -254,7 +254,7 @@ class TurnaroundRun:
     def _record(self, events: list[Event], encoded: list | None = None) -> None:
         self.ctx.record(events, encoded)
         self.log.flush()
-        self.ctx.log.flush(wait=True)  # durable (fsynced) before the next command
+        self.ctx.log.flush()  # durable (fsynced) before the next command
 
     def _latch(self, cycle: int, begin: int, affected: list[str], causes: list[tuple[str, str]], why: str,
                record: bool, sent: int | None, completed: int | None) -> CycleOutcome:
