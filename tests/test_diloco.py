@@ -247,6 +247,10 @@ def test_step_input_errors(tmp_path, capsys):
     assert "Traceback" not in err
     code, _ = _run(tmp_path, "long", duration_s=10_000)
     assert code == 2 and "longer than the trace" in capsys.readouterr().err
+    for bad in ("fifo:0", "nice:-21", "realtime"):
+        code, _ = _run(tmp_path, "prio", priority=bad)
+        assert code == 2 and f"priority must be inherit, nice:N (-20..19) or fifo:N (1..99), found {bad!r}" in \
+            capsys.readouterr().err
 
 
 @pytest.mark.skipif(not AZURE_CONV.exists(), reason="shared Azure trace absent")

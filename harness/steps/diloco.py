@@ -17,6 +17,7 @@ model evaluation are pure functions of the seeds, so a parallel run equals a ser
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -47,9 +48,10 @@ SCHEMA = {
     "model": (str, "emulated-llm"),
     "time_scale": (float, 60.0),
     "workers": (int, 0),  # 0: one per CPU; 1: serial
-    # scheduling niceness of the pool's replay workers (0: inherit the harness's); < 0 (root) lets replays keep
-    # time beside other work on the machine
-    "nice": (int, 0),
+    # the pool's replay workers: inherit (the harness's scheduling) | nice:N | fifo:N (SCHED_FIFO priority N,
+    # root): a real-time replay keeps its send times while the machine runs other work; the kernel's RT
+    # throttling still leaves that work 5 % of each CPU
+    "priority": (str, "inherit"),
     "prefill_tokens_per_s": (float, 20_000.0),
     "decode_tokens_per_s": (float, 50.0),
     "batch_slots": (int, 0),  # 0: calibrate to target_no_sync_pct
@@ -287,11 +289,7 @@ def _check(step, p: dict) -> None:
                 "model_params", "bytes_per_param", "timeout_s", "draws", "seeds"):
         if not p[key] > 0:
             raise _bad(step, f"{key} must be > 0, found {p[key]}")
-    if not -20 <= p["nice"] <= 19:
-        raise _bad(step, f"nice must be in -20..19, found {p['nice']}")
-    if p["nice"] and p["nice"] < os.getpriority(os.PRIO_PROCESS, 0) and os.geteuid() != 0:
-        raise _bad(step, f"nice {p['nice']} is below this process's ({os.getpriority(os.PRIO_PROCESS, 0)}): "
-                         "raising a priority needs root (CAP_SYS_NICE)")
+    _priority(step, p["priority"], applied=p["evaluate"] == "replay" and p["workers"] != 1)
     if not 0 < p["sync_capacity"] <= 1 or not 0 < p["compression"] <= 1:
         raise _bad(step, "sync_capacity and compression must be in (0, 1]")
     if p["evaluate"] not in ("replay", "model"):
@@ -385,28 +383,75 @@ def diloco_step(ctx, step) -> StepOutcome:
             f"draws) of {path.name}, {p['duration_s']:g} s each at ×{p['time_scale']:g}, {workers} workers; "
             f"batch_slots {slots} ({calibration['chosen']})")
     started_s = time.monotonic()
-    results = _run_tasks(tasks, workers, p["nice"])
+    results = _run_tasks(tasks, workers, _priority(step, p["priority"], applied=p["evaluate"] == "replay"))
     return _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration, path, url, run_dir,
                    {t["key"]: t for t in tasks}, started_s)
 
 
-def _run_tasks(tasks: list[dict], workers: int, nice: int = 0) -> dict:
+def _priority(step, spec: str, applied: bool) -> tuple[str, int] | None:
+    """None (inherit, or nothing to apply it to), ("nice", N) or ("fifo", N); raising a priority needs root."""
+    if spec == "inherit":
+        return None
+    kind, _, value = spec.partition(":")
+    limits = {"nice": (-20, 19), "fifo": (1, 99)}
+    try:
+        level = int(value)
+    except ValueError:
+        level = None
+    if kind not in limits or level is None or not limits[kind][0] <= level <= limits[kind][1]:
+        raise _bad(step, f"priority must be inherit, nice:N (-20..19) or fifo:N (1..99), found {spec!r}")
+    if kind == "fifo" and not hasattr(os, "sched_setscheduler"):
+        raise _bad(step, "priority fifo:N needs Linux (sched_setscheduler)")
+    if not applied:  # model evaluation: the workers only compute
+        return None
+    if os.geteuid() != 0 and (kind == "fifo" or level < os.getpriority(os.PRIO_PROCESS, 0)):
+        raise _bad(step, f"priority {spec} raises the replay workers' priority, which needs root (CAP_SYS_NICE); "
+                         "set priority: inherit (DILOCO_PRIORITY=inherit for the shipped playbook)")
+    return kind, level
+
+
+def _run_tasks(tasks: list[dict], workers: int, priority: tuple[str, int] | None = None) -> dict:
     if workers == 1:  # in the harness's own process, at its own priority
         return {t["key"]: evaluate_run(t) for t in tasks}
     import multiprocessing
 
+    # Seeds interleaved: the pool runs consecutive tasks at once, and a seed's replays share its segment's load,
+    # so a busy segment (the Azure study's ranges over 2 500–4 400 requests) is never replayed `workers` times
+    # at once. Results are keyed by (seed, policy, draw): the order changes no number.
+    by_seed: dict[int, list[dict]] = {}
+    for t in tasks:
+        by_seed.setdefault(t["key"][0], []).append(t)
+    tasks = [t for group in itertools.zip_longest(*by_seed.values()) for t in group if t is not None]
     # spawn: the runner holds threads (SSH readers, the event log) that a fork would copy mid-flight.
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_set_nice, initargs=(nice,))
+    context = multiprocessing.get_context("spawn")
+    workers = min(workers, len(tasks))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker,
+                               initargs=(priority, context.Barrier(workers)))
     try:
         return {r["key"]: r for r in pool.map(evaluate_run, tasks)}
     finally:  # on SIGTERM / an error: drop the replays not started, wait only for the running ones
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _set_nice(nice: int) -> None:
-    if nice:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
+def _start_worker(priority: tuple[str, int] | None, ready) -> None:
+    """A pool worker: its priority, the replay's imports, then wait for the others, so no replay runs while
+    another worker is still starting up (a spawned worker's imports take ~1 CPU-s)."""
+    import threading
+
+    import devices.emulated.vllm_server  # noqa: F401  (aiohttp's server, prometheus_client)
+    import harness.steps.replay  # noqa: F401
+    import traces.replay  # noqa: F401  (aiohttp's client, uvloop)
+
+    if priority is not None:
+        kind, level = priority
+        if kind == "nice":
+            os.setpriority(os.PRIO_PROCESS, 0, level)
+        else:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(level))
+    try:
+        ready.wait(timeout=120)
+    except threading.BrokenBarrierError:  # a worker that never came: start anyway
+        pass
 
 
 def _sensitivity(p, policies, per_seed, tasks_by_key, rule, seed) -> list[dict]:
@@ -579,7 +624,8 @@ def report_markdown(out: dict) -> str:
     e = out["effort"]
     lines += ["", f"Effort: {e['evaluations']} evaluations ({out['evaluate']}) in {e['wall_s']:.0f} s wall, "
                   f"{e['cpu_s']:.0f} CPU-s in the workers ({out['params']['workers'] or 'one per CPU'} at a time"
-                  + (f", nice {out['params']['nice']}" if out["params"].get("nice") else "") + ")."]
+                  + (f", priority {out['params']['priority']}" if out["params"].get("priority", "inherit") != "inherit"
+                     else "") + ")."]
     if out["replay_vs_model"]:
         a = out["replay_vs_model"]
         lines += ["", f"Replay vs the emulator's model (same windows): violation rates differ by {a['mean_pp']:+.2f} pp "
