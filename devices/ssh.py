@@ -22,7 +22,7 @@ import paramiko
 from devices.errors import DeviceError, DeviceTimeout, TransportClosed
 from devices.protocols import CommandResult, CommandTransport, LineStream
 from devices.resources import HostResource
-from devices.sshhub import HubTransport
+from devices.sshhub import HubTransport, first_send_ns, stamp_arrivals
 from devices.timing import CommandTiming, Deadline, now_ns
 
 _CHUNK = 65536
@@ -237,6 +237,7 @@ class SshTransport(CommandTransport):
     def stream(self, command: str) -> "SshLineStream":
         """Start a long-running command; read its stdout line by line, write to its stdin."""
         channel = self._open_channel(Deadline(None))
+        stamp_arrivals(channel)  # each line's recv_ns: when the hub had its bytes, not when we read them
         try:
             channel.exec_command(command)
         except (OSError, EOFError, paramiko.SSHException) as exc:
@@ -259,14 +260,17 @@ class SshTransport(CommandTransport):
 
 
 class SshLineStream(LineStream):
-    """Stdout lines of one remote command, each with the harness time its last byte arrived."""
+    """Stdout lines of one remote command, each with the harness time its last byte arrived (stamped on the
+    SSH hub as the packet is taken off the socket: `ArrivalStampedPipe`)."""
 
     def __init__(self, channel: paramiko.Channel, command: str, where: str):
         self._channel = channel
+        self._pipe = channel.in_buffer
         self.command = command
         self._where = where
         self._buffer = b""
         self._recv_ns = 0
+        self.sent_ns = 0
         self._eof = False
         self._stderr: list[bytes] = []
 
@@ -297,8 +301,11 @@ class SshLineStream(LineStream):
                 self._eof = True
                 self._drain_stderr()
             else:
-                self._recv_ns = now_ns()
+                self._recv_ns = self._arrival_ns()
                 self._buffer += data
+
+    def _arrival_ns(self) -> int:
+        return getattr(self._pipe, "last_read_ns", 0) or now_ns()  # an unstamped channel: when read
 
     def fileno(self) -> int:
         """Readable while the channel holds data or has ended (paramiko's pipe): for a selector."""
@@ -313,7 +320,7 @@ class SshLineStream(LineStream):
                 data = channel.recv(_CHUNK)
                 if not data:
                     break
-                self._recv_ns = now_ns()
+                self._recv_ns = self._arrival_ns()
                 self._buffer += data
         except (OSError, EOFError) as exc:
             raise TransportClosed(f"{self._where}: {self.command!r}: {exc}") from None
@@ -339,8 +346,10 @@ class SshLineStream(LineStream):
                 yield item
 
     def write(self, data: str) -> None:
+        """Send `data` to the command's stdin; `sent_ns` is then when its first byte went to the socket."""
+        payload = data.encode()
         try:
-            self._channel.sendall(data.encode())
+            self.sent_ns = first_send_ns(lambda: self._channel.sendall(payload))
         except (OSError, EOFError) as exc:
             raise TransportClosed(f"{self._where}: {self.command!r}: cannot write: {exc}") from None
 

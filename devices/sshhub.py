@@ -34,7 +34,10 @@ import time
 
 import greenlet
 import paramiko
+from paramiko.buffered_pipe import BufferedPipe
 from paramiko.packet import Packetizer
+
+from devices.timing import now_ns
 
 _log = logging.getLogger(__name__)
 _LOCK_RETRY_S = 0.0005  # a lock another thread holds is tried again this often (the hub serves others meanwhile)
@@ -264,6 +267,8 @@ class HubSocket:
                 raise socket.timeout("timed out")
 
     def send(self, data) -> int:
+        if _first_send.armed and not _first_send.ns:
+            _first_send.ns = now_ns()
         while True:
             if self._closed:
                 raise OSError(errno.EBADF, "socket closed")
@@ -278,6 +283,64 @@ class HubSocket:
         if not self._closed:
             self._closed = True
             self.hub.close_socket(self.sock)
+
+
+class ArrivalStampedPipe(BufferedPipe):
+    """A channel's input buffer that stamps each chunk (CLOCK_MONOTONIC ns) when the transport's loop feeds it,
+    i.e. on the hub right after the packet left the socket and was decrypted, not when a reader thread gets
+    the GIL to read it (0.1-3 ms later on a busy process). After `read`, `last_read_ns` is the arrival of the
+    last byte returned. One reader thread per channel (its `recv`); feeds come from the loop only."""
+
+    def __init__(self):
+        super().__init__()
+        self._marks: collections.deque = collections.deque()  # (bytes fed in total after the chunk, its ns)
+        self._fed = 0
+        self._consumed = 0
+        self.last_read_ns = 0
+
+    def feed(self, data) -> None:
+        # the mark goes in first: a reader that sees the bytes always finds their stamp
+        self._marks.append((self._fed + len(data), now_ns()))
+        self._fed += len(data)
+        super().feed(data)
+
+    def read(self, nbytes: int, timeout: float | None = None) -> bytes:
+        data = super().read(nbytes, timeout)
+        if data:
+            self._consumed += len(data)
+            marks = self._marks
+            while marks[0][0] < self._consumed:
+                marks.popleft()
+            self.last_read_ns = marks[0][1]
+        return data
+
+
+def stamp_arrivals(channel: paramiko.Channel) -> ArrivalStampedPipe:
+    """Give `channel` an `ArrivalStampedPipe` input buffer; call before the peer can send (before
+    `exec_command`, or in the server's exec request)."""
+    pipe = ArrivalStampedPipe()
+    channel.in_buffer = pipe
+    return pipe
+
+
+class _FirstSend(threading.local):
+    armed = False
+    ns = 0
+
+
+_first_send = _FirstSend()
+
+
+def first_send_ns(send) -> int:
+    """Call `send()` (e.g. a channel's `sendall`, from a caller thread); return when its first socket send on a
+    `HubSocket` began (0 if it made none): the earliest the peer can have had the bytes, unlike a stamp taken
+    before `send()`, which also counts the channel's locks, the encryption and any wait for the GIL."""
+    _first_send.armed, _first_send.ns = True, 0
+    try:
+        send()
+        return _first_send.ns
+    finally:
+        _first_send.armed = False
 
 
 class HubLock:

@@ -1,6 +1,8 @@
 """Host clock correction over the agent's `timesrv` (NTP/Cristian style, protocols.md §4).
 
-One probe: t1 = harness now before writing `TOKEN`, t4 = harness time the reply `TOKEN HOST_NS` arrived.
+One probe: t1 = harness time `TOKEN` went to the socket (the stream's `sent_ns`, else now before writing it), t4 =
+harness time the reply `TOKEN HOST_NS` arrived (the stream's receive stamp: on the SSH hub as it left the socket).
+Both stamps sit as close to the socket as the other leg's, so the legs' asymmetry (the offset's bias) stays small.
 offset θ = HOST_NS − (t1+t4)/2 (host clock minus harness clock), delay δ = t4 − t1. By causality the true
 offset lies in θ ± δ/2 whatever the path asymmetry; we add the reading granularity. Of K probes the one
 with the smallest δ is kept (feasibility.md §4: a long-lived responder, min-RTT sample).
@@ -48,9 +50,11 @@ class ClockSample:
 
 def _send(stream: LineStream, now: Callable[[], int]) -> tuple[str, int]:
     token = f"c{next(_tokens)}"
-    t1 = now()
+    before = now()
     stream.write(token + "\n")
-    return token, t1
+    # The stream's send stamp (its first byte handed to the socket) is the tighter t1, if it is consistent.
+    sent = getattr(stream, "sent_ns", 0)
+    return token, (sent if before <= sent <= now() else before)
 
 
 def _reply(stream: LineStream, token: str, t1: int, deadline: Deadline, granularity_ns: int,

@@ -2,6 +2,8 @@
 against the bench's host clocks and ground truth."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from devices.emulated.ssh_host import AGENT_FIELDS
@@ -174,3 +176,46 @@ def test_a_handler_queue_gets_only_the_changes_it_wants():
     for netdev, field in (("ens1f0np0", "probe_first"), ("ens2f0np0", "carrier"), ("ens2f0np0", "probe_first")):
         callbacks[0](NicChange(1, "gpu1", netdev, field, "x"))
     assert changes.qsize() == 1 and changes.get_nowait().netdev == "ens2f0np0"
+
+
+def test_probe_stamps_are_taken_at_the_socket_on_both_legs(ssh, bench, server):
+    """The clock probe's legs are stamped alike: t1 when the token went to the socket (not before the channel's
+    locks and encryption), t4 when the hub took the reply off the socket (not when a thread got round to
+    reading it); a reply read late keeps its arrival stamp."""
+    host = server.host_name
+    with ssh.stream(f"python3 -u {AGENT} timesrv") as stream:
+        for i in range(20):
+            before = now_ns()
+            stream.write(f"s{i}\n")
+            assert before <= stream.sent_ns <= now_ns()
+            deadline = Deadline(10)
+            while not stream._channel.recv_ready():  # the reply is in the channel, not yet read
+                assert not deadline.expired(), "no reply"
+                time.sleep(0.0005)
+            in_channel = now_ns()
+            recv_ns, line = stream.readline(Deadline(10))
+            assert stream.sent_ns <= recv_ns <= in_channel
+            token, host_ns = line.split()
+            assert token == f"s{i}"
+            assert bench.host_time(host, stream.sent_ns) <= int(host_ns) <= bench.host_time(host, recv_ns)
+
+
+def test_emulated_time_responder_stamps_midway_between_arrival_and_reply(monkeypatch):
+    """HOST_NS is the host clock midway between the token's arrival on the hub and the reply's send, so the
+    responder thread's wake-up does not lengthen the outbound leg alone."""
+    import types
+
+    from devices import sshhub
+    from devices.emulated import ssh_host
+
+    pipe = sshhub.ArrivalStampedPipe()
+    monkeypatch.setattr(sshhub, "now_ns", lambda: 1_000)
+    pipe.feed(b"c7\n")
+    pipe.close()
+    monkeypatch.setattr(ssh_host, "now_ns", lambda: 3_000)  # the thread reads and answers later
+    sent = []
+    channel = types.SimpleNamespace(in_buffer=pipe, recv=lambda n: pipe.read(n), sendall=sent.append)
+    bench = types.SimpleNamespace(host_time=lambda host, mono: mono + 5_000_000)
+    ctx = types.SimpleNamespace(bench=bench, host="gpu1", channel=channel)
+    assert ssh_host.AGENT_COMMANDS["timesrv"](ctx, ["timesrv"]) == 0
+    assert sent == [b"c7 5002000\n"]

@@ -244,3 +244,33 @@ def test_a_key_re_exchange_runs_inside_both_hub_loops_while_commands_run(two_hos
     assert sorted(results) == sorted(f"{k}-{i}\n" for k in range(3) for i in range(10))
     assert transport.is_active() and first.connects == 1
     assert second.run("echo other", deadline=Deadline(30)).stdout == "other\n"
+
+
+def test_arrival_stamps_follow_the_bytes_read_not_the_read(monkeypatch):
+    from devices import sshhub
+
+    clock = iter([100, 200, 300])
+    monkeypatch.setattr(sshhub, "now_ns", lambda: next(clock))
+    pipe = sshhub.ArrivalStampedPipe()
+    pipe.feed(b"ab\n")  # 100
+    pipe.feed(b"cd")  # 200
+    assert pipe.read(3) == b"ab\n" and pipe.last_read_ns == 100
+    assert pipe.read(1) == b"c" and pipe.last_read_ns == 200
+    pipe.feed(b"ef\n")  # 300
+    assert pipe.read(100) == b"def\n" and pipe.last_read_ns == 300  # the last byte's arrival
+
+
+def test_first_send_ns_is_when_the_socket_send_began(hub):
+    from devices.sshhub import first_send_ns
+    from devices.timing import now_ns
+
+    a, b = socket.socketpair()
+    s = HubSocket(a, hub)
+    before = now_ns()
+    sent = first_send_ns(lambda: s.send(b"x"))
+    assert before <= sent <= now_ns() and b.recv(1) == b"x"
+    assert first_send_ns(lambda: None) == 0  # no socket send: no stamp, not the previous one
+    s.send(b"y")  # not armed: leaves no stamp behind
+    assert first_send_ns(lambda: None) == 0
+    s.close()
+    b.close()

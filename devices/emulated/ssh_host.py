@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from devices.emulated import dataplane, formats
 from devices.resources import HostResource
-from devices.sshhub import HubTransport
+from devices.sshhub import HubTransport, stamp_arrivals
 from devices.timing import now_ns
 
 log = logging.getLogger(__name__)
@@ -326,6 +326,7 @@ class _SshServer(paramiko.ServerInterface):
         return True  # stock OpenSSH sends LANG/LC_*; accept and ignore
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
+        stamp_arrivals(channel)  # before the client can send stdin: the time responder reads arrival stamps
         _HostsLoop.get().start_thread(self.host._exec, (channel, command.decode(errors="replace")),
                                       f"ssh-{self.host.host_name}-exec")
         return True
@@ -1239,8 +1240,12 @@ def _python(ctx: ExecContext, argv: list[str]) -> int:
 
 
 def _agent_timesrv(ctx: ExecContext, argv: list[str]) -> int:
-    """`TOKEN` -> `TOKEN HOST_NS` at once. The clock-sync path: lean on purpose."""
-    clock, host, channel = ctx.bench.host_clock_ns, ctx.host, ctx.channel
+    """`TOKEN` -> `TOKEN HOST_NS` at once. The clock-sync path: lean on purpose. HOST_NS is the host clock
+    midway between the token's arrival (stamped on the SSH hub as it left the socket) and the reply's send:
+    the thread's wake-up after the hub fed the bytes (0.1-2 ms on a busy emulator) would otherwise lengthen
+    only the probe's outbound leg and bias the harness's offset estimate (events recorded early)."""
+    host_time, host, channel = ctx.bench.host_time, ctx.host, ctx.channel
+    arrivals = channel.in_buffer
     buffer = b""
     while True:
         data = channel.recv(65536)
@@ -1250,7 +1255,10 @@ def _agent_timesrv(ctx: ExecContext, argv: list[str]) -> int:
         if b"\n" not in buffer:
             continue
         *lines, buffer = buffer.split(b"\n")
-        reply = b"".join(b"%s %d\n" % (line.strip(), clock(host)) for line in lines)
+        arrived = getattr(arrivals, "last_read_ns", 0)
+        now = now_ns()
+        stamp = host_time(host, (arrived + now) // 2 if 0 < arrived <= now else now)
+        reply = b"".join(b"%s %d\n" % (line.strip(), stamp) for line in lines)
         try:
             channel.sendall(reply)
         except (OSError, EOFError):
