@@ -368,9 +368,10 @@ def test_teardown_is_bounded_when_the_switch_stops_answering(tmp_path):
         assert "bench NOT restored" in err and "Traceback" not in err
         manifest = json.loads((only_run(out) / "manifest.json").read_text())
         assert manifest["status"] == "broken" and manifest["extra"]["restored"] == {"ocs1": False}
-        assert manifest["extra"]["restore_error"]["ocs1"]
+        why = manifest["extra"]["restore_error"]["ocs1"]
+        assert why  # (the restore's deadline, or its login's under load)
         # and the end of the run does not wait on it again to ask who it is
-        assert manifest["extra"]["devices"]["ocs"]["ocs1_error"].startswith("not asked: restore did not finish")
+        assert manifest["extra"]["devices"]["ocs"]["ocs1_error"] == f"not asked: {why}"[:200]
 
 
 def test_a_host_that_cannot_be_reached_again_latches_the_bench(tmp_path):
