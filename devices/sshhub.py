@@ -20,6 +20,7 @@ versions are pinned in pyproject.toml and held to by tests/test_sshhub.py.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import errno
 import heapq
@@ -31,6 +32,7 @@ import selectors
 import socket
 import threading
 import time
+import weakref
 
 import greenlet
 import paramiko
@@ -68,10 +70,32 @@ class Hub:
         self._main = None
         self.pid = os.getpid()
         self.greenlets = 0  # running now (each a connection's loop)
+        self._live: set = set()
+        self._stopping = False
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name=name)
         self._thread.start()
         self._ready.wait()
+        _hubs.add(self)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """End every greenlet (GreenletExit at the switch it waits in) and the hub's thread, and wait for it.
+        Run at exit for every hub: a greenlet still suspended on a daemon thread when the interpreter
+        finalises can crash it (SIGSEGV)."""
+        if not self._thread.is_alive() or self.on_thread():
+            return
+        self.call_soon(self._shutdown)
+        self._thread.join(timeout)
+
+    def _shutdown(self) -> None:
+        self._stopping = True
+        for _ in range(3):  # a greenlet's clean-up may wait again: end it once more
+            for glet in list(self._live):
+                if not glet.dead:
+                    try:
+                        glet.throw(greenlet.GreenletExit)
+                    except BaseException:  # noqa: BLE001 — stopping regardless
+                        pass
 
     # ---- any thread
     def call_soon(self, fn) -> None:
@@ -127,6 +151,7 @@ class Hub:
     def _start(self, fn) -> None:
         def body():
             self.greenlets += 1
+            self._live.add(glet)
             try:
                 fn()
             except greenlet.GreenletExit:
@@ -134,9 +159,13 @@ class Hub:
             except BaseException:  # noqa: BLE001 — one connection's end never ends the hub
                 _log.exception("%s: a greenlet ended with an exception", self.name)
             finally:
+                self._live.discard(glet)
                 self.greenlets -= 1
 
-        greenlet.greenlet(body, parent=self._main).switch()
+        if self._stopping:
+            return
+        glet = greenlet.greenlet(body, parent=self._main)
+        glet.switch()
 
     def _fire(self, waiter: _Waiter, ready: bool) -> None:
         if not waiter.done:
@@ -168,7 +197,7 @@ class Hub:
         self._ready.set()
         select_ = self._selector.select
         timers = self._timers
-        while True:
+        while not self._stopping:
             timeout = None
             if self._calls:
                 timeout = 0
@@ -208,6 +237,14 @@ class Hub:
 
 _hub: Hub | None = None
 _hub_lock = threading.Lock()
+_hubs: "weakref.WeakSet[Hub]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_hubs() -> None:
+    for hub in list(_hubs):
+        if hub.pid == os.getpid():
+            hub.stop()
 
 
 def shared_hub() -> Hub:

@@ -274,3 +274,34 @@ def test_first_send_ns_is_when_the_socket_send_began(hub):
     assert first_send_ns(lambda: None) == 0
     s.close()
     b.close()
+
+
+def test_hubs_end_their_greenlets_and_thread_at_exit():
+    """A greenlet left suspended on the hub's daemon thread at interpreter finalisation could crash it
+    (SIGSEGV, seen as `harness emulate` exiting -11 on SIGINT): at exit every hub ends its greenlets and its
+    thread first. Checked by an exit handler that runs after the hub's (registered before its import)."""
+    script = '''
+import atexit, socket, sys
+state = {}
+@atexit.register
+def after_the_hubs():
+    hub = state["hub"]
+    print(hub._thread.is_alive(), hub.greenlets, state["ended"], flush=True)
+from devices.sshhub import Hub, HubSocket
+hub = state["hub"] = Hub(name="exit-hub")
+state["ended"] = False
+a, b = socket.socketpair()
+s = HubSocket(a, hub)
+def waits_forever():
+    try:
+        s.recv(10)
+    finally:
+        state["ended"] = True
+hub.spawn(waits_forever)
+while not hub.greenlets:
+    pass
+sys.exit(0)
+'''
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "0", "True"], out.stdout + out.stderr
