@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -247,10 +248,19 @@ def test_step_input_errors(tmp_path, capsys):
     assert "Traceback" not in err
     code, _ = _run(tmp_path, "long", duration_s=10_000)
     assert code == 2 and "longer than the trace" in capsys.readouterr().err
-    for bad in ("fifo:0", "nice:-21", "realtime"):
-        code, _ = _run(tmp_path, "prio", priority=bad)
-        assert code == 2 and f"priority must be inherit, nice:N (-20..19) or fifo:N (1..99), found {bad!r}" in \
-            capsys.readouterr().err
+    expected = "priority must be inherit, nice:N (-20..19) or fifo:N (1..99), found {!r}"
+    code, _ = _run(tmp_path, "prio", priority="fifo:0")
+    assert code == 2 and expected.format("fifo:0") in capsys.readouterr().err
+    from types import SimpleNamespace
+
+    from harness.errors import InputError
+    from harness.steps.diloco import _priority
+
+    step = SimpleNamespace(name="study", file=None, line=None)
+    for bad in ("nice:-21", "realtime", "fifo:x"):
+        with pytest.raises(InputError, match=re.escape(expected.format(bad))):
+            _priority(step, bad, applied=True)
+    assert _priority(step, "fifo:1", applied=False) is None and _priority(step, "inherit", applied=True) is None
 
 
 @pytest.mark.skipif(not AZURE_CONV.exists(), reason="shared Azure trace absent")
