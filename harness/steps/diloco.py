@@ -438,7 +438,7 @@ def _start_worker(priority: tuple[str, int] | None, ready) -> None:
     another worker is still starting up (a spawned worker's imports take ~1 CPU-s)."""
     import threading
 
-    import devices.emulated.vllm_server  # noqa: F401  (aiohttp's server, prometheus_client)
+    import aiohttp.web  # noqa: F401  (the emulated endpoint's server)
     import harness.steps.replay  # noqa: F401
     import traces.replay  # noqa: F401  (aiohttp's client, uvloop)
 
