@@ -129,6 +129,35 @@ def test_replay_log_flushes_periodically_before_close(tmp_path):
     assert asyncio.run(body()) == '{"index":7}\n'
 
 
+def test_replay_log_close_waits_for_a_periodic_write_still_running(tmp_path, monkeypatch):
+    # The periodic flush's write is held in its thread while the log closes (a busy machine); its records and
+    # those appended after it must all be on disk, in order. A close that cancelled the flush closed the file
+    # under that thread and lost its records.
+    import threading
+
+    path = tmp_path / "p.jsonl"
+    writing, release = threading.Event(), threading.Event()
+    real_write = ReplayLog._write
+
+    def held_write(self, lines):
+        if not writing.is_set():
+            writing.set()
+            release.wait(10)
+        real_write(self, lines)
+
+    monkeypatch.setattr(ReplayLog, "_write", held_write)
+
+    async def body():
+        async with ReplayLog(path, interval_s=0.01) as log:
+            log.append({"index": 0})
+            await asyncio.to_thread(writing.wait, 10)  # the periodic flush has taken record 0
+            log.append({"index": 1})
+            threading.Timer(0.2, release.set).start()  # released only after the close has begun
+        return path.read_text()
+
+    assert asyncio.run(body()) == '{"index":0}\n{"index":1}\n'
+
+
 def test_replay_through_declared_sync_windows_slows_only_those_requests(tmp_path):
     # Requests every 0.5 s of trace time; a sync window over [2, 60) s cuts capacity to 10 % (long, so that
     # requests a loaded machine delivers late still meet it).

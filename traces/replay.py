@@ -90,7 +90,7 @@ class ReplayLog:
         self._fh = open(self.path, "ab")
         self._pending: list[bytes] = []
         self._task: asyncio.Task | None = None
-        self._closed = False
+        self._stop: asyncio.Event | None = None
 
     def append(self, record: dict) -> None:
         self._pending.append(orjson.dumps(record) + b"\n")
@@ -106,23 +106,27 @@ class ReplayLog:
             await asyncio.to_thread(self._write, lines)
 
     async def _periodic(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
+        # Stopped by an event, never cancelled: a cancel lands in the awaited write, whose thread goes on
+        # writing after close() (its lines lost, more so the busier the machine).
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), self.interval_s)
+            except TimeoutError:
+                pass
             await self._flush()
 
     async def __aenter__(self) -> "ReplayLog":
+        self._stop = asyncio.Event()
         self._task = asyncio.create_task(self._periodic())
         return self
 
     async def __aexit__(self, *exc) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        await self._flush()
-        self._fh.close()
+        try:
+            self._stop.set()
+            await self._task  # its last round flushes what is pending; the file is closed only after it
+        finally:
+            await self._flush()
+            self._fh.close()
 
 
 def read_replay_log(path: str | Path) -> pd.DataFrame:
