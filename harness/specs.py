@@ -190,11 +190,16 @@ def _message(model: type[BaseModel], error: dict, value: Any) -> str:
     if kind == "types":
         return f"{error['msg']}, found {describe(value)}"
     if kind in ("union_tag_invalid", "union_tag_not_found"):
-        tags = [repr(t) for t in error["ctx"]["expected_tags"].replace("'", "").split(", ")]
-        field = error["ctx"]["discriminator"].strip("'")
-        if kind == "union_tag_not_found":
-            return f"missing required key {field!r} (one of {', '.join(tags)})"
-        return f"{field}: expected one of {', '.join(tags)}, found {describe(error['ctx']['tag'])}"
+        ctx = error.get("ctx") or {}  # pydantic names the expected tags only for an invalid one
+        expected = ctx.get("expected_tags")
+        tags = ", ".join(repr(t) for t in expected.replace("'", "").split(", ")) if expected else ""
+        one_of = f" (one of {tags})" if tags else ""
+        field = str(ctx.get("discriminator", "kind")).strip("'")
+        if kind == "union_tag_invalid":
+            return f"{field}: expected one of {tags or 'the declared kinds'}, found {describe(ctx.get('tag'))}"
+        if not isinstance(value, Mapping):
+            return f"expected a mapping with key {field!r}{one_of}, found {describe(value)}"
+        return f"missing required key {field!r}{one_of}"
     info, _, _, said = _walk(model, loc)
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "string_pattern_mismatch",
                 "too_short", "too_long"):

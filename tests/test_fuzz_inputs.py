@@ -146,6 +146,16 @@ def test_mutated_profiles(data):
     run_validate(yaml.safe_dump(mutate(PROFILE, data)).encode())
 
 
+@pytest.mark.parametrize("fault, said", [
+    ([], "faults.inject[0]: expected a mapping with key 'kind', found a list"),  # hypothesis found it: a traceback, not exit 2
+    ({}, "faults.inject[0]: missing required key 'kind'"),
+    ({"kind": "nope"}, "faults.inject[0]: kind: expected one of 'ssh_drop', 'ocs_deny'"),
+])
+def test_a_fault_without_a_kind_is_named_with_its_line(fault, said):
+    code, _, err = run_validate(yaml.safe_dump(dict(PROFILE, faults={"inject": [fault]})).encode())
+    assert code == 2 and said in err and "input.yaml:" in err, err
+
+
 @FUZZ
 @given(include=st.one_of(st.text(max_size=12), st.sampled_from(["input.yaml", "other.yaml", "missing.yaml",
                                                                   "/", ".", "../x"])),
