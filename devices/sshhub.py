@@ -292,29 +292,25 @@ class HubSocket:
         poller.register(self._fd, select.POLLIN if events == selectors.EVENT_READ else select.POLLOUT)
         return bool(poller.poll(None if self._timeout is None else self._timeout * 1000))
 
-    def recv(self, n: int) -> bytes:
+    def _nonblocking(self, call, arg, events: int):
+        """`call(arg)` on the non-blocking socket, waiting (see `_wait`) while it would block."""
         while True:
             if self._closed:
                 raise OSError(errno.EBADF, "socket closed")
             try:
-                return self.sock.recv(n)
+                return call(arg)
             except (BlockingIOError, InterruptedError):
                 pass
-            if not self._wait(selectors.EVENT_READ):
+            if not self._wait(events):
                 raise socket.timeout("timed out")
+
+    def recv(self, n: int) -> bytes:
+        return self._nonblocking(self.sock.recv, n, selectors.EVENT_READ)
 
     def send(self, data) -> int:
         if _first_send.armed and not _first_send.ns:
             _first_send.ns = now_ns()
-        while True:
-            if self._closed:
-                raise OSError(errno.EBADF, "socket closed")
-            try:
-                return self.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                pass
-            if not self._wait(selectors.EVENT_WRITE):
-                raise socket.timeout("timed out")
+        return self._nonblocking(self.sock.send, data, selectors.EVENT_WRITE)
 
     def close(self) -> None:
         if not self._closed:
