@@ -62,6 +62,8 @@ def left_by_another_user(bench, first: int) -> dict[int, int]:
 
 
 def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_playbook, capsys, monkeypatch):
+    import gc
+
     from harness.bench.circuits import CircuitGuard
     from harness.bench.observe import ObservationLog
 
@@ -73,7 +75,10 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_
         if os.readlink(f"/proc/self/fd/{fd}").endswith("events.jsonl"):
             order.append(("fsync", os.fstat(fd).st_size))
 
+    frozen = []  # objects the cyclic GC leaves alone at each command
+
     def apply(self, *args, **kwargs):
+        frozen.append(gc.get_freeze_count())
         written = tmp_path.glob("run-*/events.jsonl")
         order.append(("command", max((p.stat().st_size for p in written), default=0)))
         return real_apply(self, *args, **kwargs)
@@ -93,6 +98,9 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_
         assert [what for what, _ in between].count("fsync") == (1 if n else 0), between
         synced = [size for what, size in order[:at] if what == "fsync"]
         assert order[at][1] == (synced[-1] if synced else 0)  # nothing written that is not on disk
+    # the step's cycles run with what set-up left alive frozen (no full collection rescans it inside a
+    # cycle); the step unfreezes it when it ends, before the restore at teardown
+    assert all(n > 0 for n in frozen[:5]) and frozen[5] == 0, frozen
     raws = [i for i, (what, _) in enumerate(order) if what == "raw"]
     assert [order[i][1] for i in raws] == [1, 2, 3, 4]
     assert all(raws[k] > commands[k + 2] for k in range(3)) and commands[4] < raws[3] < commands[5]
