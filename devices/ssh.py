@@ -18,15 +18,17 @@ import time
 from typing import Iterator
 
 import paramiko
+from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
 
 from devices.errors import DeviceError, DeviceTimeout, TransportClosed
 from devices.protocols import CommandResult, CommandTransport, LineStream
 from devices.resources import HostResource
-from devices.sshhub import HubTransport, first_send_ns, stamp_arrivals
+from devices.sshhub import ArrivalStampedPipe, HubTransport, first_send_ns, stamp_arrivals
 from devices.timing import CommandTiming, Deadline, now_ns
 
 _CHUNK = 65536
 _POLL_S = 0.05  # how often a blocked read wakes to drain stderr and check its deadline
+_ACK_BYTES = 16384  # pushed lines give their window back to the peer in steps of this (paramiko's recv would)
 
 
 class HostKeyError(DeviceError):
@@ -273,6 +275,8 @@ class SshLineStream(LineStream):
         self.sent_ns = 0
         self._eof = False
         self._stderr: list[bytes] = []
+        self._on_lines = self._on_end = self._hub = None  # set by `deliver`
+        self._unacked = 0
 
     def readline(self, deadline: Deadline) -> tuple[int, str] | None:
         """Next (recv_ns, line without newline), None when `deadline` passes; TransportClosed at EOF."""
@@ -333,6 +337,55 @@ class SshLineStream(LineStream):
             lines.append((self._recv_ns, self._buffer.decode(errors="replace")))
             self._buffer = b""
         return lines, self._eof
+
+    def deliver(self, on_lines, on_end) -> bool:
+        """Push the lines as they arrive: `on_lines(recv_ns, lines)` with the complete lines of each packet, on
+        the SSH hub's thread as its loop takes the packet off the socket (no reader thread woken, no pipe
+        written per packet); when the output ends, its last partial line, then `on_end()`, once. False: this
+        channel is not on a hub (read it with `read_available`). `deliver(None, None)`: nothing more."""
+        hub = getattr(self._channel.get_transport(), "_hub", None)
+        if hub is None or not isinstance(self._pipe, ArrivalStampedPipe):
+            return False
+        if on_lines is None:
+            self._on_lines = self._on_end = None
+            self._pipe.push_to(None, None)
+            return True
+        self._on_lines, self._on_end, self._hub = on_lines, on_end, hub
+        self._pipe.push_to(self._pushed, lambda: hub.spawn(self._pushed_end))
+        return True
+
+    def _pushed(self, data: bytes, arrival_ns: int) -> None:
+        """A chunk of output (under the pipe's lock: nothing here may take the channel's)."""
+        self._recv_ns = arrival_ns
+        self._buffer += data
+        if b"\n" in data:
+            *complete, self._buffer = self._buffer.split(b"\n")
+            self._on_lines(arrival_ns, [line.decode(errors="replace") for line in complete])
+        self._unacked += len(data)
+        if self._unacked >= min(_ACK_BYTES, self._channel.in_window_size // 4):
+            consumed, self._unacked = self._unacked, 0
+            self._hub.spawn(lambda: self._give_window(consumed))
+
+    def _give_window(self, consumed: int) -> None:
+        """What `Channel.recv` does after a read: the peer may send `consumed` bytes more (a hub greenlet)."""
+        ack = self._channel._check_add_window(consumed)
+        if ack > 0:
+            m = paramiko.Message()
+            m.add_byte(cMSG_CHANNEL_WINDOW_ADJUST)
+            m.add_int(self._channel.remote_chanid)
+            m.add_int(ack)
+            self._channel.transport._send_user_message(m)
+
+    def _pushed_end(self) -> None:
+        on_lines, on_end = self._on_lines, self._on_end
+        if on_end is None:
+            return  # delivery was stopped meanwhile
+        self._eof = True
+        self._drain_stderr()
+        if self._buffer:
+            last, self._buffer = self._buffer, b""
+            on_lines(self._recv_ns, [last.decode(errors="replace")])
+        on_end()
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         """Lines until the command ends."""

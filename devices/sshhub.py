@@ -330,12 +330,47 @@ class ArrivalStampedPipe(BufferedPipe):
         self._fed = 0
         self._consumed = 0
         self.last_read_ns = 0
+        self._push = None  # (on_data, on_close) once `push_to`
 
     def feed(self, data) -> None:
-        # the mark goes in first: a reader that sees the bytes always finds their stamp
-        self._marks.append((self._fed + len(data), now_ns()))
-        self._fed += len(data)
-        super().feed(data)
+        with self._lock:
+            if self._push is not None:
+                self._push[0](data, now_ns())
+                return
+            # the mark goes in first: a reader that sees the bytes always finds their stamp
+            self._marks.append((self._fed + len(data), now_ns()))
+            self._fed += len(data)
+            if self._event is not None:
+                self._event.set()
+            self._buffer_frombytes(data)
+            self._cv.notify_all()
+
+    def push_to(self, on_data, on_close) -> None:
+        """From now on hand each chunk to `on_data(data, arrival_ns)` as the transport's loop feeds it, instead
+        of buffering it for a reader (no thread woken, no pipe written per packet); what is buffered goes first,
+        stamped with its last byte's arrival. Deliveries are serialised (under the pipe's lock: `on_data` must not
+        call into the channel). The pipe's close (EOF, the channel's or the connection's end) then calls
+        `on_close()`, possibly under the channel's lock. `push_to(None, None)`: nothing more is delivered."""
+        with self._lock:
+            if on_data is not None and len(self._buffer):
+                on_data(self._buffer_tobytes(), self._marks[-1][1] if self._marks else now_ns())
+                del self._buffer[:]
+                self._consumed = self._fed
+                self._marks.clear()
+            self._push = None if on_data is None else (on_data, on_close)
+            closed = self._closed
+        if closed and on_close is not None:
+            on_close()
+
+    def close(self) -> None:
+        with self._lock:  # BufferedPipe.close, and whether to tell a push target (exactly once: see push_to)
+            self._closed = True
+            self._cv.notify_all()
+            if self._event is not None:
+                self._event.set()
+            push = self._push
+        if push is not None:
+            push[1]()
 
     def read(self, nbytes: int, timeout: float | None = None) -> bytes:
         data = super().read(nbytes, timeout)

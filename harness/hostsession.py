@@ -134,19 +134,25 @@ class HostSession:
 
             self._readers = shared_readers()
 
-        def on_line(recv_ns: int, line: str) -> None:
-            if not line.strip() or parse is None:
-                return
-            try:
-                sink.put(parse(recv_ns, line))
-            except DeviceError as exc:
-                sink.put(Observation("fault", self.name, "", "agent_output", str(exc)[:300], 0, 0, recv_ns))
+        put_many = getattr(sink, "put_many", None) or (lambda batch: [sink.put(obs) for obs in batch])
+
+        def on_lines(recv_ns: int, lines: list[str]) -> None:
+            batch = []
+            for line in lines:
+                if not line or line.isspace():
+                    continue
+                try:
+                    batch.append(parse(recv_ns, line))
+                except DeviceError as exc:
+                    batch.append(Observation("fault", self.name, "", "agent_output", str(exc)[:300], 0, 0, recv_ns))
+            if batch:
+                put_many(batch)  # the lines that arrived together, in one (a cycle's burst: one wake-up a packet)
 
         def on_end(reason: str) -> None:
             if not getattr(stream, "closed_by_us", False) and not self._stop.is_set():
                 sink.put(Observation("fault", self.name, "", f"agent {what}", reason.strip()[:300], 0, 0, now_ns()))
 
-        self._readers.add(stream, on_line, on_end)
+        self._readers.add_lines(stream, on_lines if parse is not None else lambda recv_ns, lines: None, on_end)
 
     def start_watch(self, ports: list[tuple[str, str | None, int | None]], interval_us: int,
                     ethtool_interval_us: int, sink: "queue.Queue[Observation]") -> None:

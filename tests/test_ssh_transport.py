@@ -95,6 +95,38 @@ def test_stream_lines_deadline_and_eof(ssh, server):
         assert [line for _, line in stream] == ["one", "two"]
 
 
+def test_pushed_lines_arrive_on_the_hub_per_packet_and_give_their_window_back(ssh):
+    """`deliver`: a stream's lines handed over on the hub's thread as its loop takes each packet off the socket,
+    a packet's lines in one call; the bytes consumed so are given back to the peer's window, so a stream longer
+    than its channel's window keeps flowing (without that, it stops after 32 KB here); the end once."""
+    from devices.ssh import SshLineStream
+    from devices.sshhub import stamp_arrivals
+
+    ssh.run("mkdir -p ~/.cache/ocs-hil && cat > ~/.cache/ocs-hil/agent.py", stdin="# agent\n", check=True)
+    channel = ssh._transport().open_session(window_size=32768)
+    stamp_arrivals(channel)
+    channel.exec_command("python3 -u ~/.cache/ocs-hil/agent.py timesrv")
+    stream = SshLineStream(channel, "timesrv", "test")
+    got, batches, threads, ended = [], [], set(), threading.Event()
+
+    def on_lines(recv_ns, lines):
+        got.extend(lines)
+        batches.append(len(lines))
+        threads.add(threading.current_thread().name)
+
+    assert stream.deliver(on_lines, ended.set)
+    tokens = [f"t{i}" for i in range(4000)]  # ~100 KB of replies: 3 windows
+    stream.write("".join(t + "\n" for t in tokens))
+    deadline = Deadline(30)
+    while len(got) < len(tokens) and not deadline.expired():
+        time.sleep(0.01)
+    assert [line.split()[0] for line in got] == tokens
+    assert threads == {"ssh-hub"} and max(batches) > 1 and not ended.is_set()
+    stream.close_stdin()
+    assert ended.wait(30)
+    assert stream.deliver(None, None) and len(got) == len(tokens)
+
+
 def test_reconnects_after_a_dropped_connection(server):
     with SshTransport(server.resource(), retries=3, backoff_s=0.05) as ssh:
         assert ssh.run("true").exit_status == 0

@@ -102,3 +102,19 @@ def test_background_clock_probes_per_period_stay_bounded_as_hosts_grow():
         rounds = background_rounds(hosts, 24)
         assert rounds >= 1 and (rounds == 1 or rounds * hosts <= CLOCK_PROBE_BUDGET)
     assert background_rounds(64, 24) == 3 and background_rounds(256, 24) == 1
+
+
+def test_a_stream_that_pushes_its_lines_needs_no_reader_thread():
+    class Pushing:
+        def deliver(self, on_lines, on_end):
+            self.on_lines, self.on_end = on_lines, on_end
+            return True
+
+    readers, stream, got, ends = StreamReaders(start_on_use=True), Pushing(), [], []
+    readers.add(stream, lambda t, line: got.append((t, line)), ends.append)
+    stream.on_lines(7, ["a", "b"])  # what arrived in one packet, in one call
+    stream.on_end()
+    assert got == [(7, "a"), (7, "b")] and len(ends) == 1
+    assert readers._thread is None and len(readers) == 0
+    readers.remove(stream)
+    assert stream.on_lines is None  # delivery stopped (deliver(None, None)), not a descriptor unregistered

@@ -1,6 +1,8 @@
-"""One reader thread for every host's agent streams: a selector over the SSH channels' file descriptors
-(paramiko's `Channel.fileno()` is readable while the channel holds data or has ended), so the harness's own
-threads do not grow with hosts. Each registered stream gets `on_line(recv_ns, line)` for every line and
+"""Every host's agent streams read without a thread per stream. A stream on the SSH hub pushes its lines
+(`SshLineStream.deliver`): they are delivered on the hub's thread as its loop takes each packet off the socket,
+all the packet's complete lines in one call. Any other stream with a file descriptor is served by one reader
+thread: a selector over the descriptors (paramiko's `Channel.fileno()` is readable while the channel holds data or
+has ended). Each registered stream gets `on_lines(recv_ns, lines)` (or `on_line(recv_ns, line)` per line) and
 `on_end(reason)` once when it ends; `remove()` (ours closing it) ends delivery without `on_end`.
 
 A stream without a file descriptor (a scripted fake) gets a thread of its own, as before."""
@@ -18,7 +20,7 @@ from devices.errors import DeviceError, TransportClosed
 @dataclass(eq=False)
 class _Entry:
     stream: object
-    on_line: Callable[[int, str], None]
+    on_lines: Callable[[int, list[str]], None]
     on_end: Callable[[str], None]
 
 
@@ -26,7 +28,8 @@ class StreamReaders:
     """Register streams with `add`; `poll(timeout)` serves what is ready (the thread's loop body, callable
     from a test without the thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, start_on_use: bool = False) -> None:
+        self._start_on_use = start_on_use  # the thread starts with the first stream it must read
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -39,15 +42,27 @@ class StreamReaders:
         self._stopped = False
 
     def add(self, stream, on_line: Callable[[int, str], None], on_end: Callable[[str], None]) -> None:
-        entry = _Entry(stream, on_line, on_end)
+        self.add_lines(stream, lambda recv_ns, lines: [on_line(recv_ns, line) for line in lines], on_end)
+
+    def add_lines(self, stream, on_lines: Callable[[int, list[str]], None], on_end: Callable[[str], None]) -> None:
+        """Deliver `stream`'s lines in batches (those that arrived together, with their arrival time)."""
+        entry = _Entry(stream, on_lines, on_end)
+        deliver = getattr(stream, "deliver", None)
+        if callable(deliver) and deliver(on_lines, lambda: on_end(_ended(stream))):
+            return
         if not callable(getattr(stream, "read_available", None)):
             threading.Thread(target=_read_in_thread, args=(entry,), daemon=True,
                              name=f"reader-{getattr(stream, 'command', 'stream')[:40]}").start()
             return
+        if self._start_on_use:
+            self.start()
         self._request("add", entry)
 
     def remove(self, stream) -> None:
         """Stop delivering `stream`'s lines (its owner closes it); no `on_end`."""
+        deliver = getattr(stream, "deliver", None)
+        if callable(deliver) and deliver(None, None):
+            return
         self._request("remove", _Entry(stream, None, None))
 
     def _request(self, op: str, entry: _Entry) -> None:
@@ -56,9 +71,10 @@ class StreamReaders:
         self._wake_w.send(b"x")
 
     def start(self) -> "StreamReaders":
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, daemon=True, name="host-readers")
-            self._thread.start()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True, name="host-readers")
+                self._thread.start()
         return self
 
     def _loop(self) -> None:
@@ -80,9 +96,9 @@ class StreamReaders:
                 reason = "" if not ended else _ended(entry.stream)
             except (TransportClosed, DeviceError, OSError, EOFError) as exc:
                 lines, ended, reason = [], True, str(exc)
-            for recv_ns, line in lines:
-                entry.on_line(recv_ns, line)
-                delivered += 1
+            if lines:
+                entry.on_lines(lines[-1][0], [line for _, line in lines])
+                delivered += len(lines)
             if ended:
                 self._drop(entry.stream)
                 entry.on_end(reason)
@@ -132,7 +148,7 @@ def _ended(stream) -> str:
 def _read_in_thread(entry: _Entry) -> None:
     try:
         for recv_ns, line in entry.stream:
-            entry.on_line(recv_ns, line)
+            entry.on_lines(recv_ns, [line])
         reason = _ended(entry.stream)
     except (TransportClosed, DeviceError, OSError, EOFError) as exc:
         reason = str(exc)
@@ -144,9 +160,9 @@ _shared_lock = threading.Lock()
 
 
 def shared_readers() -> StreamReaders:
-    """The process's one reader thread (started on first use)."""
+    """The process's one reader (its thread started once a stream needs it)."""
     global _shared
     with _shared_lock:
         if _shared is None:
-            _shared = StreamReaders().start()
+            _shared = StreamReaders(start_on_use=True)
         return _shared
