@@ -13,6 +13,12 @@ from devices.timing import Deadline
 WATCH_FIELDS = ("rx_los", "rx_lol", "carrier", "operstate", "phys_state", "state")
 
 
+def sysfs_watch_fields(rdma: bool) -> tuple[str, ...]:
+    """The fields `watch` polls from sysfs for one port, each printed first as its current value (with its
+    RDMA device: also the IB port's); rx_los/rx_lol come from `ethtool -m`, on their own thread, if at all."""
+    return ("carrier", "operstate") + (("phys_state", "state") if rdma else ())
+
+
 @dataclass(frozen=True)
 class WatchLine:
     """One watcher line: `field` of `netdev` changed to `value`, seen by the poll at host time `host_ns`;

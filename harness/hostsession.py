@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 
 from devices.errors import DeviceError, TransportClosed
-from devices.hostagent import HostAgent, parse_probe_line, parse_watch_line
+from devices.hostagent import HostAgent, parse_probe_line, parse_watch_line, sysfs_watch_fields
 from devices.protocols import LineStream
 from devices.resources import HostResource
 from devices.ssh import SshTransport
@@ -50,6 +50,9 @@ class HostSession:
         self._stop = threading.Event()
         self._probe_lock = threading.Lock()  # one clock probe at a time over the shared time responder
         self._starters: list = []  # how to start each stream again after a reconnect
+        self._watch_lock = threading.Lock()
+        self._watch_awaited: set[tuple[str, str]] = set()  # (netdev, field) whose current value is still due
+        self._watch_live: threading.Event | None = None
         self.reconnects = 0
         self.on_clock_sample = None  # called (host, ClockSample) for every sample added (observations.jsonl)
 
@@ -160,13 +163,35 @@ class HostSession:
         self._start_watch(ports, interval_us, ethtool_interval_us, sink)
 
     def _start_watch(self, ports, interval_us: int, ethtool_interval_us: int, sink) -> None:
+        # Until the watch has printed a field's current value, a change of it is not seen as one (the agent
+        # prints the new value as current): `wait_watching` holds the first command until they are all in.
+        awaited = {(netdev, f) for netdev, rdma_dev, _ in ports for f in sysfs_watch_fields(rdma_dev is not None)}
+        live = threading.Event()
+        with self._watch_lock:
+            self._watch_awaited, self._watch_live = awaited, live
+        if not awaited:
+            live.set()
         stream = self._keep(self.agent.watch(ports, interval_us, ethtool_interval_us))
 
         def parse(recv_ns: int, line: str) -> Observation:
             w = parse_watch_line(line)
+            if w.interval_ns == 0 and not live.is_set():
+                with self._watch_lock:
+                    awaited.discard((w.netdev, w.field))
+                    if not awaited:
+                        live.set()
             return Observation("watch", self.name, w.netdev, w.field, w.value, w.host_ns, w.interval_ns, recv_ns)
 
         self._spawn(stream, sink, parse, "watch")
+
+    def wait_watching(self, deadline: Deadline) -> list[str]:
+        """Wait until the watch has printed the current value of every field it polls from sysfs; the
+        "NETDEV FIELD"s still missing when `deadline` passes first ([] when none, or no watch runs)."""
+        live = self._watch_live
+        if live is None or live.wait(deadline.remaining()):
+            return []
+        with self._watch_lock:
+            return sorted(f"{netdev} {field}" for netdev, field in self._watch_awaited)
 
     def start_probe_recv(self, netdev: str, gap_us: int, udp_port: int, sink) -> None:
         self._starters.append(lambda: self._start_probe_recv(netdev, gap_us, udp_port, sink))

@@ -1,5 +1,6 @@
 """Netns mode over SSH: the harness's HostAgent driver, talking to emulated hosts whose `ip monitor` and
 agent probes really run inside the namespaces. Needs root; skipped otherwise."""
+import itertools
 import os
 
 import pytest
@@ -40,6 +41,20 @@ def read_until(stream, predicate, seconds=20.0) -> str:
             return item[1]
 
 
+def wait_until_live(monitor, plane, host: str, netdev: str, seconds: float = 20.0) -> None:
+    """`ip monitor` reports nothing from before it subscribed, and a real process starts late on a loaded
+    machine: change the link's queue length (a notified change the test does not look at) until the
+    monitor reports the link, so the change under test comes after it listens."""
+    deadline = Deadline(seconds)
+    for i in itertools.count():
+        assert not deadline.expired(), "ip monitor never reported a change"
+        plane.run_in(host, ["ip", "link", "set", "dev", netdev, "txqueuelen", str(1001 - i % 2)]).wait()
+        poll = Deadline(min(0.2, deadline.remaining()))
+        while (item := monitor.readline(poll)) is not None:
+            if netdev in item[1]:
+                return
+
+
 def test_driver_probes_and_ip_monitor_run_inside_the_namespaces():
     prefix = f"hils{os.getpid() % 100000}"
     with OpticalBench(profile_from_dict(PROFILE), seed=2) as bench, NetnsPlane(bench, prefix) as plane:
@@ -55,6 +70,7 @@ def test_driver_probes_and_ip_monitor_run_inside_the_namespaces():
             template = build_probe_template(a.mac, b.mac, plane.port(a.host, a.netdev).ip,
                                             plane.port(b.host, b.netdev).ip)
             sender = agent_a.probe_send(a.netdev, template, interval_us=1000)
+            wait_until_live(monitor, plane, b.host, b.netdev)  # else its LOWER_UP can come before it listens
 
             bench.ocs_apply({a.ocs_tx: b.ocs_rx, b.ocs_tx: a.ocs_rx})
             first = parse_probe_line(read_until(receiver, lambda line: " first " in line))

@@ -34,6 +34,7 @@ def _port_mac(session, netdev: str, index: int) -> str:
     return mac if _MAC.match(mac) else f"02:00:00:00:{index // 256:02x}:{index % 256:02x}"
 
 
+WATCH_READY_S = 15.0  # how long observe() waits for the watches' current values (an agent starting late)
 CLOCK_PROBE_BUDGET = 192  # background clock probes per period, all hosts together
 
 
@@ -62,6 +63,7 @@ class HostGroup:
         self._check_failures: list[tuple[int, str, str]] = []  # (cycle, host, cause)
         self._spans: list[list[int]] = []  # [cycle, begin_ns, done_ns] (done: -1 while running)
         self._steps_labelled: dict[str, int] = {}  # host -> its clock steps already reported
+        self.unwatched: list[tuple[str, str]] = []  # (host, fault source): a watch not live when observe() ended
 
     def observe(self, nics, log, *, watch_us: int, ethtool_us: int, clock_resync_s: float, probe_us: int = 0,
                 probe_gap_us: int = 2000, udp_port: int = 4791) -> dict[str, str]:
@@ -81,6 +83,13 @@ class HostGroup:
                         mac_of[n.key] = _port_mac(session, n.netdev, i)
                         session.start_probe_send(n.netdev, _probe_template(mac_of[n.key], i, udp_port), probe_us, log)
         self.start_clock_sync(clock_resync_s)
+        # A watch that starts after the first command prints that cycle's changes as current values, and
+        # the cycle waits for transitions that never come: every watch is live before observe() returns.
+        deadline = Deadline(WATCH_READY_S)
+        for host, session in self.sessions.items():
+            if missing := session.wait_watching(deadline):
+                self.unwatched.append((host, f"host:{host}: watch gave no current value of {', '.join(missing)} "
+                                             f"within {WATCH_READY_S:g} s"[:300]))
         return mac_of
 
     def start_clock_sync(self, period_s: float, probes: int | None = None) -> None:

@@ -86,6 +86,7 @@ class TurnaroundRun:
         self.outcomes: list[CycleOutcome] = []
         self.truth_windows: list[tuple[int, int]] = []  # (cycle, harness ns the cycle began)
         self.skipped: list[int] = []  # cycles not run because the bench was latched broken
+        self.settling_faults: list[str] = []  # the unmeasured first cycle's fault sources (recorded as cycle 0)
         self.mac_of: dict[str, str] = {}  # port key -> MAC its probes carry
         self.last_up_ns = 0
         self._raw_record: tuple | None = None  # the last cycle's raw record, written once the next command is out
@@ -165,6 +166,10 @@ class TurnaroundRun:
         checks = [{"name": "all cycles completed", "ok": ok,
                    "detail": f"{sum(o.status == 'ok' for o in self.outcomes)}/{len(self.outcomes)} ok"
                              + (f", {len(self.skipped)} skipped" if self.skipped else "")}]
+        if self.settling_faults:
+            ok = False
+            checks.append({"name": "bench brought into the pattern's first state", "ok": False,
+                           "detail": "; ".join(self.settling_faults)[:1000]})
         if self.ctx.broken:
             checks.append({"name": "bench usable", "ok": False, "detail": self.ctx.broken})
         self.faults.record()
@@ -181,6 +186,8 @@ class TurnaroundRun:
         begin = now_ns()
         try:
             causes += self.log.drain(self.hosts.on_fault)  # a host that dropped between cycles: reconnect it
+            if not record:
+                causes += self.hosts.unwatched  # a watch not live yet may miss this cycle's changes
             begin = now_ns()
             self.hosts.cycle_started(cycle if record else -1, begin)
             self.truth_windows.append((cycle if record else -1, begin))
@@ -220,6 +227,8 @@ class TurnaroundRun:
             late = self._label_written(labels)
             self._record(late + events, [encode(e) for e in late] + encoded)
             self._raw_record = (cycle, sent, completed, arrivals, cpu)
+        elif faults:
+            self._record_settling(events, arrivals)
         # This cycle's clock check runs on the clock thread once the cycle is on disk, while the next command
         # goes out (docs/turnaround.md, "Clock checks"): its events were converted with the samples taken up
         # to now; a step that only the check finds labels this cycle when a later one ends (an appended fault
@@ -263,6 +272,26 @@ class TurnaroundRun:
         if late:
             self._record(late)
 
+    def _record_settling(self, events: list[Event], arrivals=None) -> None:
+        """The unmeasured first cycle's faults, recorded as cycle 0 (the state a run starts from; after a
+        resume this cycle repeats a measured one, which stays as measured). Its stage events are not
+        recorded, so a timeout names what did arrive."""
+        seen = {}
+        for key, stage in arrivals.kept if arrivals is not None else ():
+            seen.setdefault(key, set()).add(stage)
+        faults = []
+        for e in events:
+            if e.stage != "fault":
+                continue
+            source = f"settling: {e.source}"
+            if e.source.startswith("timeout:"):
+                got = seen.get(self.port_of.get((e.host, e.port)), set())
+                saw = ", ".join(s for s in self.chain if s in got) or "nothing"
+                source += f" after {self.p['cycle_timeout_s']:g} s; saw {saw}"
+            faults.append(dataclasses.replace(e, cycle=0, source=source[:300]))
+        self.settling_faults += [e.source for e in faults]
+        self._record(faults)
+
     def _record(self, events: list[Event], encoded: list | None = None) -> None:
         self.ctx.record(events, encoded)
         self.log.flush()
@@ -282,6 +311,8 @@ class TurnaroundRun:
         events.append(mk("fault", done, source=f"broken:{why}"[:300]))
         if record:
             self._record(events)
+        else:
+            self._record_settling(events)
         return CycleOutcome(cycle, "faulted", begin, sent or begin, completed or done, done, tuple(affected), {},
                             tuple(e.source for e in events if e.stage == "fault"))
 

@@ -1,0 +1,140 @@
+"""The unmeasured first cycle of a turnaround (it brings the bench into the pattern's first state):
+- the first command waits until every host's watch has printed its current values — a watch that starts
+  after the switch moved prints that cycle's changes as current values, and the cycle then waited out its
+  `cycle_timeout_s` for transitions that never came (a loaded emulator starts a command's thread 0.2 s after
+  its exec request; it used to be 0.2-0.5 ms before the first command);
+- a fault in it (a timeout, a watch not live) is recorded as a cycle-0 fault naming what did arrive, and
+  fails the step: never a silent 'ok, faults: 0'.
+The late start is forced, not left to load: the emulated watch of one host waits on a gate."""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import yaml
+
+import harness.bench.hosts as hosts
+from devices.emulated import ssh_host
+from devices.emulated.physics import OpticalBench
+from devices.resources import HostResource
+from devices.timing import Deadline, now_ns
+from harness.cli import main
+from harness.hostsession import HostSession
+
+PROFILE = {"name": "two-hosts", "description": "small, instant", "source": "none (a test fixture).",
+           "ocs": {"switch": {"dist": "fixed", "ms": 1.0}, "dark": {"dist": "fixed", "ms": 0.0}},
+           "nic": {k: {"dist": "fixed", "ms": 0.0} for k in ("los_clear", "cdr_lock", "phy_up", "port_active",
+                                                            "link_down")},
+           "hosts": {"clock_offset_ms": [-5, 5], "drift_ppm": [-10, 10]},
+           "topology": {"hosts": 2, "nics_per_host": 2, "ocs_size": [8, 8]}}
+
+
+def _run(tmp_path: Path, cycle_timeout_s: float) -> tuple[int, dict, list[dict]]:
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(PROFILE))
+    (tmp_path / "pb.yaml").write_text(yaml.safe_dump({
+        "name": "first", "bench": f"emulated:{tmp_path / 'p.yaml'}", "seed": 1, "cycles": 1,
+        "steps": [{"type": "turnaround", "name": "measure", "clock_warmup_s": 0.1, "probes": False,
+                   "cycle_timeout_s": cycle_timeout_s}]}))
+    code = main(["run", str(tmp_path / "pb.yaml"), "--out", str(tmp_path / "run"), "-q"])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    return code, summary, events
+
+
+def _gate_watch(monkeypatch, host: str) -> SimpleNamespace:
+    """`host`'s emulated watch starts only when `gate.open` is set (or, with `gate.opens_after_s`, that long
+    after its exec request); `gate.moved_ns`: when the switch first moved."""
+    gate = SimpleNamespace(open=threading.Event(), opens_after_s=None, opened_ns=None, moved_ns=None)
+    apply = OpticalBench.ocs_apply
+
+    def ocs_apply(self, *args, **kwargs):
+        gate.moved_ns = gate.moved_ns or now_ns()
+        return apply(self, *args, **kwargs)
+
+    watch = ssh_host.AGENT_COMMANDS["watch"]
+
+    def gated(ctx, argv):
+        if ctx.host == host:
+            gate.open.wait(gate.opens_after_s or 60)
+            gate.opened_ns = gate.opened_ns or now_ns()
+        return watch(ctx, argv)
+
+    monkeypatch.setattr(OpticalBench, "ocs_apply", ocs_apply)
+    monkeypatch.setitem(ssh_host.AGENT_COMMANDS, "watch", gated)
+    return gate
+
+
+def test_the_first_command_waits_for_a_watch_that_starts_late(tmp_path, monkeypatch):
+    gate = _gate_watch(monkeypatch, "gpu2")
+    gate.opens_after_s = 0.3  # the harness's wait is bounded far above this (WATCH_READY_S)
+    code, summary, events = _run(tmp_path, cycle_timeout_s=20)
+    # Before the fix the switch moved ~1 ms after the watch's exec request, 0.3 s before the watch started,
+    # and the first cycle waited 20 s for gpu2's transitions.
+    assert gate.opened_ns < gate.moved_ns
+    assert code == 0 and summary["outcome"] == "completed" and summary["summary"]["faults"] == 0
+    measured = [e for e in events if e["cycle"] == 1 and e["stage"] == "port_active"]
+    assert sorted(e["host"] for e in measured) == ["gpu1", "gpu1", "gpu2", "gpu2"]
+
+
+def test_a_timed_out_first_cycle_is_a_recorded_fault_naming_what_arrived(tmp_path, monkeypatch):
+    gate = _gate_watch(monkeypatch, "gpu2")  # never opens during the run: gpu2 reports nothing
+    monkeypatch.setattr(hosts, "WATCH_READY_S", 0.2)
+    try:
+        code, summary, events = _run(tmp_path, cycle_timeout_s=0.5)
+    finally:
+        gate.open.set()
+    faults = {(e["cycle"], e["port"], e["source"]) for e in events if e["stage"] == "fault"}
+    fields = ", ".join(f"{netdev} {f}" for netdev in ("ens1f0np0", "ens2f0np0")
+                       for f in ("carrier", "operstate", "phys_state", "state"))
+    missing = "cdr_locked+light_detected+phy_up+port_active"
+    assert faults == {
+        (0, "", f"settling: host:gpu2: watch gave no current value of {fields} within 0.2 s"),
+        (0, "ens1f0np0", f"settling: timeout:missing {missing} after 0.5 s; saw nothing"),
+        (0, "ens2f0np0", f"settling: timeout:missing {missing} after 0.5 s; saw nothing"),
+        (1, "ens1f0np0", f"timeout:missing {missing}"),  # a measured cycle: its stage events are the record
+        (1, "ens2f0np0", f"timeout:missing {missing}")}
+    assert not [e for e in events if e["cycle"] == 0 and e["stage"] != "fault"]  # nothing else of it recorded
+    assert code == 1 and summary["summary"]["status"] == "failed" and summary["summary"]["faults"] == 5
+    checks = {c["name"]: c for c in summary["summary"]["steps"]["measure"]["checks"]}
+    assert not checks["bench brought into the pattern's first state"]["ok"]
+    assert "gpu2: watch gave no current value" in checks["bench brought into the pattern's first state"]["detail"]
+    # gpu1 was live: its ports reached the first state and were measured
+    assert sorted(e["port"] for e in events if e["cycle"] == 1 and e["stage"] == "port_active" and
+                  e["host"] == "gpu1") == ["ens1f0np0", "ens2f0np0"]
+
+
+class _FedStream:
+    """A watch stream whose lines the test writes (read on a reader thread of its own: no file descriptor)."""
+    command = "watch"
+
+    def __init__(self):
+        self.lines: queue.SimpleQueue = queue.SimpleQueue()
+
+    def __iter__(self):
+        while (line := self.lines.get()) is not None:
+            yield now_ns(), line
+
+    def close(self):
+        self.lines.put(None)
+
+
+def test_a_watch_is_live_once_every_sysfs_field_gave_its_current_value():
+    stream = _FedStream()
+    session = HostSession(HostResource(name="h1", address="127.0.0.1"), transport=SimpleNamespace())
+    session.agent = SimpleNamespace(watch=lambda ports, interval_us, ethtool_us: stream)
+    sink = queue.SimpleQueue()
+    session.start_watch([("eth0", "mlx5_0", 1), ("eth1", None, None)], 200, 1000, sink)
+    every = ["eth0 carrier", "eth0 operstate", "eth0 phys_state", "eth0 state", "eth1 carrier", "eth1 operstate"]
+    assert session.wait_watching(Deadline(0)) == every
+    for line in ("1 eth0 carrier 1 0", "2 eth0 operstate up 0", "3 eth0 phys_state LinkUp 0", "4 eth0 rx_los 0 0",
+                 "5 eth1 carrier 0 0", "6 eth1 operstate down 0", "7 eth0 state DOWN 200000"):  # a change: not it
+        stream.lines.put(line)
+    for _ in range(7):
+        sink.get(timeout=30)  # the reader thread has handled every line
+    assert session.wait_watching(Deadline(0)) == ["eth0 state"]
+    stream.lines.put("8 eth0 state ACTIVE 0")
+    assert session.wait_watching(Deadline(30)) == []
+    stream.close()
