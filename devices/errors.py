@@ -18,12 +18,17 @@ class DeviceDenied(DeviceError):
     """The device refused a command with its own error code (TL1 DENY, SCPI error queue).
 
     `permanent`: the driver knows the refusal will not go away by retrying (bad port, bad command, bad
-    login); callers retry only refusals that are not permanent (e.g. a busy switch)."""
+    login); callers retry only refusals that are not permanent (e.g. a busy switch).
+    `after`: how the commands sent together with this one, after it, ended (`ENT-PATCH denied SROF`,
+    `ENT-PATCH COMPLD`): the device ran them although this one was refused."""
 
-    def __init__(self, command: str, code: str, text: str = "", *, permanent: bool = False):
+    def __init__(self, command: str, code: str, text: str = "", *, permanent: bool = False,
+                 after: tuple[str, ...] = ()):
         detail = f"{code}" + (f" ({text})" if text else "")
-        super().__init__(f"{command!r} denied by device: {detail}")
+        then = f"; sent after it: {', '.join(after)}" if after else ""
+        super().__init__(f"{command!r} denied by device: {detail}{then}")
         self.command, self.code, self.text, self.permanent = command, code, text, bool(permanent)
+        self.after = tuple(after)
 
 
 class PortNotAllowed(DeviceError):

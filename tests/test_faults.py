@@ -159,6 +159,25 @@ def test_tl1_deny_is_the_switchs_refusal_and_changes_nothing(ocs):
         switch.close()
 
 
+def test_tl1_denied_dlt_patch_leaves_the_pipelined_ent_patch_on_ports_still_patched(ocs):
+    """The ENT-PATCH sent with a refused DLT-PATCH still runs, on ports still patched: refused as a conflict
+    (SROF), nothing moves; the refusal names both, and the retry makes the whole change."""
+    bench, servers = ocs
+    switch = _tl1(servers)
+    try:
+        switch.apply({1: 17})
+        servers.faults.arm("deny", count=1)
+        with pytest.raises(DeviceDenied) as info:
+            switch.apply({1: 18, 2: 17})
+        assert (info.value.code, info.value.after) == ("SNVS", ("ENT-PATCH denied SROF",))
+        assert [c.split(":")[0] for _, _, c in servers.faults.fired] == ["DLT-PATCH"]
+        assert bench.ocs_patches() == {1: 17}
+        switch.apply({1: 18, 2: 17})
+        assert bench.ocs_patches() == {1: 18, 2: 17}
+    finally:
+        switch.close()
+
+
 def test_tl1_silence_times_out_then_a_reconnect_recovers(ocs):
     bench, servers = ocs
     switch = _tl1(servers)

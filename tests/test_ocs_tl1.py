@@ -42,7 +42,9 @@ class _Quirky(socketserver.BaseRequestHandler):
                        "   NODE-7 24-05-01 12:00:01"]
                 body, deny = [], None
                 patches = state["patches"]
-                if verb == "ACT-USER":
+                if verb in state.get("deny_once", {}):  # refused without acting
+                    deny = state["deny_once"].pop(verb)
+                elif verb == "ACT-USER":
                     deny = None if rest[1] == "secret" else "PICC"
                 elif verb == "RTRV-PATCH":
                     body = [f'   "{i},{e}"' for i, e in sorted(patches.items())]
@@ -109,6 +111,51 @@ def test_driver_speaks_tl1_not_our_emulator(quirky):
     finally:
         switch.close()
     assert with_log[-1].startswith("CANC-USER::admin:")
+
+
+def test_apply_pipelines_the_ent_patch_behind_the_dlt_patch(quirky):
+    """The ENT-PATCH goes out before the DLT-PATCH's reply is read: no round trip between them."""
+    switch = open_switch(_resource(quirky.server_address, password="secret"), timeout_s=5)
+    wire: list[str] = []
+    write_line, read_line = switch._channel.write_line, switch._channel.read_line
+    switch._channel.write_line = lambda text, eol="\r\n": (wire.append("> " + text), write_line(text, eol))[1]
+    switch._channel.read_line = lambda deadline: (line := read_line(deadline), wire.append("< " + line[1]))[0]
+    try:
+        switch.connect(3, 20)
+        wire.clear()
+        switch.apply({5: 20, 6: 21})
+        (write,) = [k for k, w in enumerate(wire) if w.startswith(">") and "ENT-PATCH" in w]
+        dlt, ent = wire[write][2:].split("\r\n")  # written together, DLT first
+        assert dlt.startswith("DLT-PATCH::3:") and ent.startswith("ENT-PATCH::5&6,20&21:"), wire
+        dlt_reply = next(k for k, w in enumerate(wire) if w == f"< M  {dlt.split(':')[3]} COMPLD")
+        assert write < dlt_reply, wire
+        assert quirky.state["patches"] == {5: 20, 6: 21}
+    finally:
+        switch.close()
+
+
+def test_a_denied_dlt_patch_names_what_the_pipelined_ent_patch_did_and_a_retry_reconciles(quirky):
+    """After a refused DLT-PATCH the switch still runs the ENT-PATCH sent with it: a pair on a port still
+    patched is refused (SROF here), a pair on free ports is made. The refusal says both; the next apply reads
+    the switch and sends only what is still missing."""
+    log, state = quirky.state["log"], quirky.state
+    switch = open_switch(_resource(quirky.server_address, password="secret"), timeout_s=5)
+    try:
+        switch.ent_patch_lists = False  # one pair per ENT-PATCH: each pair's fate is its own
+        switch.connect(3, 20)
+        state["deny_once"] = {"DLT-PATCH": "SNVS"}
+        with pytest.raises(DeviceDenied) as denied:
+            switch.apply({3: 21, 7: 22})
+        assert (denied.value.code, denied.value.permanent) == ("SNVS", False)
+        assert denied.value.after == ("ENT-PATCH denied SROF", "ENT-PATCH COMPLD")
+        assert state["patches"] == {3: 20, 7: 22}  # the switch's truth: 3 kept, 7 made
+        del log[:]
+        switch.apply({3: 21, 7: 22})
+        assert [c.split(":")[0] + ":" + c.split(":")[2] for c in log if c.startswith(("DLT", "ENT"))] == [
+            "DLT-PATCH:3", "ENT-PATCH:3,21"]  # 7 -> 22 is not sent again
+        assert state["patches"] == {3: 21, 7: 22}
+    finally:
+        switch.close()
 
 
 def test_wrong_password_is_denied_and_password_not_echoed(quirky):
@@ -308,6 +355,39 @@ def test_completion_waits_for_the_mirrors():
         bench.stop()
 
 
+def test_emulator_runs_a_pipelined_ent_patch_once_the_dlt_patch_is_done_not_when_its_loop_gets_to_it():
+    """DLT-PATCH and ENT-PATCH in one write: the ENT's mirror moves from the DLT's completion (here its
+    arrival, a delete completes at once), whatever the server's thread was doing in between, so the ground
+    truth's release and settle are exactly `switch - dark` apart (the old server started the ENT when its loop
+    had sent the DLT's reply)."""
+    profile = load_profile("instant")
+    slow = dataclasses.replace(profile, ocs={"switch": Delay.fixed(0.03), "dark": Delay.fixed(0.001)})
+    bench = OpticalBench(slow).start()
+    servers = OcsServers(bench, pty=False).start()
+    try:
+        with socket.create_connection(servers.tl1_address, timeout=5) as sock:
+            def exchange(payload: bytes, replies: int) -> str:
+                sock.sendall(payload)
+                data = b""
+                while data.count(b"\r\n;") < replies:
+                    data += sock.recv(4096)
+                return data.decode()
+
+            assert exchange(b"ACT-USER::admin:1::root;ENT-PATCH::1,17:2:;", 2).count("COMPLD") == 2
+            bench.wait_idle()
+            replies = exchange(b"DLT-PATCH::1:3:;ENT-PATCH::1,18:4:;", 2)
+            assert "M  3 COMPLD" in replies and "M  4 COMPLD" in replies
+        bench.wait_idle()
+        truth = bench.ground_truth()
+        (released,) = [t["t_ns"] for t in truth if t["stage"] == "mirror_released" and t["ocs_port"] == 17]
+        (settled,) = [t["t_ns"] for t in truth if t["stage"] == "mirror_settled" and t["ocs_port"] == 18]
+        assert settled - released == 29_000_000
+        assert bench.ocs_patches() == {1: 18}
+    finally:
+        servers.stop()
+        bench.stop()
+
+
 def test_tl1_driver_type(tl1):
     assert isinstance(tl1, Tl1Switch)
     assert "POLATIS" in tl1.identify()
@@ -330,7 +410,7 @@ def test_apply_moves_all_mirrors_in_one_command():
         assert entered == ["ENT-PATCH::1&2&3&4,17&18&19&20:3:;"]  # ctag 1 was the login, 2 the read
         switch.ent_patch_lists = False
         switch.apply({5: 21, 6: 22})
-        assert len([c for c in sent if c.startswith("ENT-PATCH")]) == 3
+        assert sum(c.count("ENT-PATCH") for c in sent) == 3  # the two single pairs pipelined in one write
         switch.close()
         bench.wait_idle()
         assert bench.ocs_patches() == {i: 16 + i for i in range(1, 7)}

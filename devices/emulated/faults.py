@@ -225,9 +225,13 @@ class FaultInjector:
             kind, p = fault.kind, fault.params
             if kind in _OCS_FAULTS:
                 servers = self.bench.ocs_servers
+                start = len(servers.faults.fired)
                 servers.faults.arm(_OCS_FAULTS[kind], count=int(p["count"]))
                 self._undo.append(servers.faults.clear)
                 self._fired(cycle, fault, "ocs1")
+                # the commands the switch actually met it with (in order), recorded when the cycle disarms
+                self._undo.append(lambda record=self.fired[-1], start=start, k=_OCS_FAULTS[kind]: record.update(
+                    commands=[command for _, fired, command in servers.faults.fired[start:] if fired == k]))
             elif kind in PORT_FAULTS:
                 target = self._target(fault)
                 host, _, netdev = target.partition(":")

@@ -586,7 +586,10 @@ class OcsServers:
         self._tl1_sessions.add(session)
         try:
             buffer = b""
-            free_ns = 0  # the session handles its commands in order: one starts once the one before is answered
+            # The session runs its commands in order, each from when the switch is done with the one before:
+            # its arrival, or the settle of the previous change (a pipelined ENT-PATCH starts once the DLT-PATCH
+            # sent with it is done), not when this loop gets round to it on a busy machine.
+            free_ns = 0
             while True:
                 data, arrived = await connection.read()
                 if not data:
@@ -596,12 +599,13 @@ class OcsServers:
                     command, _, buffer = buffer.partition(b";")
                     text = command.decode("utf-8", "replace").strip()
                     if text:
-                        session.arrived_ns = None if arrived is None else max(arrived, free_ns)
+                        start = None if arrived is None else max(arrived, free_ns)
+                        session.arrived_ns = start
                         reply = self._tl1_reply(session, text)
                         await _until(session.settle_ns)
                         session.send(reply)
                         await writer.drain()
-                        free_ns = now_ns()
+                        free_ns = now_ns() if start is None else max(start, session.settle_ns)
                 if len(buffer) > _MAX_COMMAND:
                     buffer = b""  # no command is this long: noise, dropped
         except (OSError, asyncio.CancelledError):

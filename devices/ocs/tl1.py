@@ -64,37 +64,66 @@ class Tl1Response:
         return " ".join(m.group(1) for line in self.body if (m := _COMMENT.search(line)))
 
 
+@dataclass(frozen=True)
+class Tl1Reply:
+    """How one command of a pipeline ended: as sent (a password shown as ***), its response and timing."""
+
+    shown: str
+    response: Tl1Response
+    timing: CommandTiming
+
+    @property
+    def outcome(self) -> str:
+        """`VERB COMPLD`, or `VERB denied CODE`."""
+        verb = self.shown.split(":", 1)[0]
+        if self.response.status == "COMPLD":
+            return f"{verb} COMPLD"
+        return f"{verb} denied {self.response.error_code or self.response.status}"
+
+    def denied(self, after: tuple[str, ...] = ()) -> DeviceDenied:
+        code = self.response.error_code or self.response.status
+        return DeviceDenied(self.shown, code, self.response.comment, permanent=code in PERMANENT_CODES,
+                            after=after)
+
+
 class Tl1Reader:
-    """The TL1 message stream of one session, line by line: our response (by ctag) comes back from
-    `read`; autonomous messages go to `events`; everything else is skipped. State carries across
-    commands, so a message split between the backlog and the next reply is still read whole."""
+    """The TL1 message stream of one session, line by line: the responses to the ctags `expect`ed come back
+    from `read` (in any order: a response to one is kept until it is read); autonomous messages go to
+    `events`; everything else is skipped. State carries across commands, so a message split between the
+    backlog and the next reply is still read whole."""
 
     def __init__(self, channel: LineChannel, device: str, events: DeviceEvents):
         self.channel, self.device, self.events = channel, device, events
-        self._ctag: str | None = None  # the ctag being waited for
+        self._wanted: dict[str, list] = {}  # ctag -> [status, body lines, body bytes] of a response being read
+        self._done: dict[str, Tl1Response] = {}  # complete responses not yet read
         self._block: str | None = None  # ctag of the response message being read, if inside one
-        self._status = ""
-        self._body: list[str] = []
-        self._body_bytes = 0
         self._auto: list | None = None  # [t_ns, severity, atag, kind, lines, lines cut]
         self.recent: deque[str] = deque(maxlen=12)  # last lines seen, for error messages
 
+    def expect(self, ctag: str) -> None:
+        """Collect the response to `ctag` (call before its command is written)."""
+        self._wanted[ctag] = ["", [], 0]
+
+    def forget(self) -> None:
+        """Stop collecting: responses still outstanding are skipped when they come."""
+        self._wanted.clear()
+        self._done.clear()
+
     def read(self, ctag: str, deadline: Deadline) -> Tl1Response:
         """Lines until the response for `ctag` is complete. DeviceTimeout carries what did arrive."""
-        self._ctag, self._status, self._body, self._body_bytes = ctag, "", [], 0
+        if ctag not in self._done:
+            self._wanted.setdefault(ctag, ["", [], 0])
         self.recent.clear()
         try:
-            while True:
+            while ctag not in self._done:
                 recv_ns, raw = self.channel.read_line(deadline)
                 self.recent.append(raw)
-                if (response := self.feed(recv_ns, raw)) is not None:
-                    return response
+                self.feed(recv_ns, raw)
+            return self._done.pop(ctag)
         except DeviceTimeout as exc:
             partial = "\n".join(self.recent) + ("\n" + exc.partial if exc.partial else "")
             raise DeviceTimeout(f"no complete reply to ctag {ctag} from {self.channel.description} "
                                 f"before the deadline", partial) from None
-        finally:
-            self._ctag = None
 
     def take_backlog(self, deadline: Deadline | None = None) -> None:
         """Read what arrived since the last command (stale replies, autonomous messages)."""
@@ -125,25 +154,28 @@ class Tl1Reader:
         if _HEADER.search(text):
             return None  # `<SID> YY-MM-DD HH:MM:SS`, whatever the SID is called; also inside a reply
         if self._block is not None and status is None:
+            reply = self._wanted.get(self._block)
             if text == ";":
                 block, self._block = self._block, None
-                if block == self._ctag:
-                    return Tl1Response(block, self._status, tuple(self._body), recv_ns)
-            elif self._block == self._ctag:
-                self._body_bytes += len(text)
-                if self._body_bytes > MAX_REPLY_BYTES or len(self._body) >= MAX_REPLY_LINES:
-                    self._block = "?"  # skip the rest of this flood
-                    raise DeviceError(f"reply to ctag {self._ctag} is longer than {MAX_REPLY_BYTES} bytes "
+                if reply is not None:
+                    del self._wanted[block]
+                    self._done[block] = Tl1Response(block, reply[0], tuple(reply[1]), recv_ns)
+                    return self._done[block]
+            elif reply is not None:
+                reply[2] += len(text)
+                if reply[2] > MAX_REPLY_BYTES or len(reply[1]) >= MAX_REPLY_LINES:
+                    block, self._block = self._block, "?"  # skip the rest of this flood
+                    raise DeviceError(f"reply to ctag {block} is longer than {MAX_REPLY_BYTES} bytes "
                                       f"or {MAX_REPLY_LINES} lines: {excerpt(text)}")
-                self._body.append(text)
+                reply[1].append(text)
             return None
         if status is not None:
             self._block = status.group(1)
-            if self._block == self._ctag:
-                if not self._status or status.group(2) == "DENY":
-                    self._status = status.group(2)
+            if (reply := self._wanted.get(self._block)) is not None:
+                if not reply[0] or status.group(2) == "DENY":
+                    reply[0] = status.group(2)
                 if status.group(3).strip():  # some NEs put the error code on the status line
-                    self._body.append(status.group(3).strip())
+                    reply[1].append(status.group(3).strip())
         # anything else outside a message (ack `IP ctag`, a stray `;`, noise): skip
         return None
 
@@ -165,7 +197,8 @@ class Tl1Reader:
 
 
 class Tl1Switch(CircuitSwitch):
-    """A Polatis switch over TL1. One command at a time (an internal lock serialises callers).
+    """A Polatis switch over TL1. One exchange at a time (an internal lock serialises callers); `apply`
+    pipelines its changes.
 
     `ent_patch_lists`: `apply` sends all new pairs in one `ENT-PATCH::1&2,17&18` (TL1 `&` AID lists, as
     DLT-PATCH uses); set False for a unit that accepts only one pair per ENT-PATCH.
@@ -193,24 +226,42 @@ class Tl1Switch(CircuitSwitch):
     def command(self, verb: str, aid: str = "", params: str = "", *, redact: bool = False,
                 deadline: Deadline | None = None) -> Tl1Response:
         """Send one TL1 command and wait for its COMPLD; DENY raises DeviceDenied. Sets last_timing."""
+        (reply,) = self.pipeline([(verb, aid, params)], redact=redact, deadline=deadline)
+        if reply.response.status != "COMPLD":
+            raise reply.denied()
+        return reply.response
+
+    def pipeline(self, commands: Sequence[tuple[str, str, str]], *, redact: bool = False,
+                 deadline: Deadline | None = None) -> list["Tl1Reply"]:
+        """Write every (verb, aid, params) command, then read their responses: a TL1 session may have several
+        commands outstanding (each has its own ctag) and the switch executes them in the order sent. A DENY
+        does not stop the later commands — the switch runs them anyway — so nothing is raised for it here:
+        each Tl1Reply says how its command ended. Sets last_timing (the last command's)."""
         with self._lock:
-            ctag = str(next(self._ctags))
-            text = f"{verb}:{self._tid}:{aid}:{ctag}:" + (f":{params}" if params else "") + ";"
-            shown = f"{verb}:{self._tid}:{aid}:{ctag}::***;" if redact else text
             deadline = deadline or Deadline(self.timeout_s)
             self._reader.take_backlog(deadline)  # stale output must not be taken for our reply
-            sent_ns = self._channel.write_line(text)
+            sent: list[tuple[str, str]] = []
+            texts: list[str] = []
+            for verb, aid, params in commands:
+                ctag = str(next(self._ctags))
+                texts.append(f"{verb}:{self._tid}:{aid}:{ctag}:" + (f":{params}" if params else "") + ";")
+                self._reader.expect(ctag)
+                sent.append((ctag, f"{verb}:{self._tid}:{aid}:{ctag}::***;" if redact else texts[-1]))
+            sent_ns = self._channel.write_line("\r\n".join(texts))  # one write: nothing can come between them
+            replies: list[Tl1Reply] = []
             try:
-                response = self._reader.read(ctag, deadline)
-            except DeviceTimeout as exc:
-                raise DeviceTimeout(f"{shown}: {exc}") from exc
-            except LineTooLong as exc:  # name the command; the session goes on
-                raise type(exc)(f"{shown}: {exc}") from exc
-            self.last_timing = CommandTiming(sent_ns, response.completed_ns)
-        if response.status != "COMPLD":
-            code = response.error_code or response.status
-            raise DeviceDenied(shown, code, response.comment, permanent=code in PERMANENT_CODES)
-        return response
+                for ctag, shown in sent:
+                    try:
+                        response = self._reader.read(ctag, deadline)
+                    except DeviceTimeout as exc:
+                        raise DeviceTimeout(f"{shown}: {exc}") from exc
+                    except LineTooLong as exc:  # name the command; the session goes on
+                        raise type(exc)(f"{shown}: {exc}") from exc
+                    self.last_timing = CommandTiming(sent_ns, response.completed_ns)
+                    replies.append(Tl1Reply(shown, response, self.last_timing))
+            finally:
+                self._reader.forget()  # replies still outstanding after an error are skipped as stale
+        return replies
 
     def reconnect(self) -> None:
         """A fresh session after a timeout or a dropped connection: reopen the channel, log in again.
@@ -272,25 +323,33 @@ class Tl1Switch(CircuitSwitch):
         return self.last_timing
 
     def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
+        """Read, then the DLT-PATCH of the conflicts and the ENT-PATCH of the new pairs pipelined (written
+        together: the ENT does not wait a round trip for the DLT's reply), then read back.
+
+        A refused command does not stop the ones sent after it: after a denied DLT-PATCH the switch still
+        runs the ENT-PATCH, whose ports are then mostly still patched (refused too, e.g. SROF), while pairs
+        on free ports may be made. So the first refusal is raised with what each later command did
+        (`DeviceDenied.after`), and nothing is assumed about the state: the caller's retry calls `apply`
+        again, which reads the switch and sends only what is still missing."""
         plan, read_timing = plan_for(self, mapping, exclusive)
         if plan.empty:
             return read_timing
-        timings: list[CommandTiming] = []
+        commands: list[tuple[str, str, str]] = []
         if plan.removes:
-            self.command("DLT-PATCH", "&".join(map(str, sorted(plan.removes))))
-            timings.append(self.last_timing)
+            commands.append(("DLT-PATCH", "&".join(map(str, sorted(plan.removes))), ""))
         adds = sorted(plan.adds.items())
         if self.ent_patch_lists and len(adds) > 1:
             # one command, so the mirrors move together instead of settling one after another
-            self.command("ENT-PATCH", "&".join(str(i) for i, _ in adds) + ","
-                         + "&".join(str(e) for _, e in adds))
-            timings.append(self.last_timing)
+            commands.append(("ENT-PATCH", "&".join(str(i) for i, _ in adds) + ","
+                             + "&".join(str(e) for _, e in adds), ""))
         else:
-            for ingress, egress in adds:
-                self.command("ENT-PATCH", f"{ingress},{egress}")
-                timings.append(self.last_timing)
+            commands += [("ENT-PATCH", f"{ingress},{egress}", "") for ingress, egress in adds]
+        replies = self.pipeline(commands)
+        for k, reply in enumerate(replies):
+            if reply.response.status != "COMPLD":
+                raise reply.denied(after=tuple(later.outcome for later in replies[k + 1:]))
         confirm(self.patches(), mapping, plan.removes)
-        return CommandTiming(timings[0].sent_ns, timings[-1].completed_ns)
+        return CommandTiming(replies[0].timing.sent_ns, replies[-1].timing.completed_ns)
 
     def port_power(self, ports: Sequence[int]) -> dict[int, float]:
         ports = power_ports(self, ports)

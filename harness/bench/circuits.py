@@ -128,7 +128,9 @@ class CircuitGuard:
             except DeviceDenied as exc:
                 if exc.permanent:
                     raise BenchBroken(f"ocs {self.name}: {exc}", causes) from exc
-                causes.append(f"ocs-retry:{self.name}: denied {exc.code}")
+                # a pipelined command refused too is named with it: one cause per attempt, every refusal seen
+                causes.append(f"ocs-retry:{self.name}: denied {exc.code}"
+                              + (f" (then {', '.join(exc.after)})" if exc.after else ""))
             except (DeviceTimeout, TransportClosed) as exc:
                 self.suspect = True
                 causes.append(f"ocs-retry:{self.name}: "
