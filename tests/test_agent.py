@@ -194,6 +194,23 @@ def test_a_carrier_flip_between_two_polls_is_reported_from_the_change_counter(tm
     assert no_counter.changes_since_last() == 0  # an old kernel: polling alone
 
 
+def test_an_ib_link_down_and_retrained_between_two_polls_is_reported_from_link_downed(tmp_path):
+    """The IB state reads ACTIVE at both polls, but the port's PortLinkDownedCounter moved: it went DOWN and
+    trained again in between (a swap faster than the poll), so port_active is not lost. The counter is 8 bits."""
+    state, downed = tmp_path / "state", tmp_path / "link_downed"
+    state.write_text("4: ACTIVE\n")
+    downed.write_text("255\n")
+    field = hilagent.SysfsField("eth0", "state", str(state), hilagent._word_after_code, str(downed))
+    poll = lambda start, end: hilagent.poll_lines(field, field.read(), field.changes_since_last(), start, end)  # noqa: E731
+    assert poll(1_000, 1_010) == ["1010 eth0 state ACTIVE 0"]
+    assert poll(2_000, 2_010) == []
+    downed.write_text("0\n")  # wrapped: one more link-down
+    assert poll(3_000, 3_010) == ["3010 eth0 state DOWN 1010", "3010 eth0 state ACTIVE 1010"]
+    state.write_text("1: DOWN\n")
+    downed.write_text("1\n")
+    assert poll(4_000, 4_010) == ["4010 eth0 state DOWN 1010"]
+
+
 def test_counters_read_both_data_counters_per_port_and_name_a_missing_one(tmp_path):
     counters = tmp_path / "mlx5_0" / "ports" / "1" / "counters"
     counters.mkdir(parents=True)

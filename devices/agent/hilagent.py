@@ -89,8 +89,8 @@ class SysfsField:
         self.fd = os.open(path, os.O_RDONLY)
         self.value = None
         self.prev_start_ns = 0
-        # A kernel counter of this value's changes (carrier_changes): a change and its revert between two
-        # polls leave the value as it was, but not the counter.
+        # A kernel counter of this value's changes (carrier_changes; link_downed for the IB state): a change
+        # and its revert between two polls leave the value as it was, but not the counter.
         self.counter_fd, self.count = None, None
         if counter_path is not None:
             try:
@@ -108,6 +108,8 @@ class SysfsField:
             return 0
         delta = 0 if self.count is None else count - self.count
         self.count = count
+        if delta < 0 and self.name == "state":
+            delta += 256  # link_downed is an 8-bit counter (PortLinkDownedCounter): it wraps
         return max(delta, 0)
 
     def read(self):
@@ -166,7 +168,7 @@ def open_fields(specs):
         if rdma_dev is not None:
             base = "/sys/class/infiniband/%s/ports/%d/" % (rdma_dev, rdma_port)
             sources += [("phys_state", base + "phys_state", _word_after_code, None),
-                        ("state", base + "state", _word_after_code, None)]
+                        ("state", base + "state", _word_after_code, base + "counters/link_downed")]
         for name, path, convert, counter in sources:
             try:
                 fields.append(SysfsField(netdev, name, path, convert, counter))
@@ -220,8 +222,8 @@ def watch_ethtool(netdevs, interval_ns, stop):
 
 def poll_lines(f, value, changes, start, end):
     """The lines one poll of `f` prints: a changed value; or — when the value reads as before but its
-    change counter moved by two or more — the change and its revert, both within this poll's interval, so
-    a transition faster than the poll is not lost. Updates f's last value and poll start."""
+    change counter moved (carrier_changes by two or more, the IB state's link_downed at all) — the change and
+    its revert, both within this poll's interval, so a transition faster than the poll is not lost. Updates f's last value and poll start."""
     lines = []
     interval = end - f.prev_start_ns if f.value is not None else 0
     if value != f.value:
@@ -229,6 +231,8 @@ def poll_lines(f, value, changes, start, end):
     elif changes >= 2 and value in ("0", "1"):
         other = "0" if value == "1" else "1"
         lines += ["%d %s %s %s %d" % (end, f.netdev, f.name, v, interval) for v in (other, value)]
+    elif changes >= 1 and f.name == "state" and value == "ACTIVE":  # the link went down and trained again
+        lines += ["%d %s %s %s %d" % (end, f.netdev, f.name, v, interval) for v in ("DOWN", value)]
     f.value, f.prev_start_ns = value, start
     return lines
 

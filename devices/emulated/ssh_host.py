@@ -1300,7 +1300,8 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
     `--ethtool-interval-us 0` turns them off), stamped with the host clock at that tick, and printed no
     earlier than that tick (the ticks it reaches late, in one write). Changes that revert between two ticks
     are never seen, as with a real poller —
-    except carrier, whose drop and return the agent reads from `carrier_changes` (both lines, one tick).
+    except carrier and the IB state, whose drop and return the agent reads from `carrier_changes` and
+    `link_downed` (both lines, one tick).
     Initial values carry INTERVAL_NS 0. Ends when stdin closes or the client goes away."""
     try:
         opts, targets = _options(argv[1:], {"interval-us": int, "ethtool-interval-us": int})
@@ -1377,6 +1378,8 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
                     elif key[1] == "carrier" and key in flipped:  # down and up between two ticks: the agent
                         other = "0" if value == "1" else "1"  # sees carrier_changes move by two
                         out += [f"{host_ns} {key[0]} {key[1]} {v} {step}\n" for v in (other, value)]
+                    elif key[1] == "state" and key in flipped and value == "ACTIVE":  # ... and link_downed move
+                        out += [f"{host_ns} {key[0]} {key[1]} {v} {step}\n" for v in ("DOWN", value)]
             if out:
                 ctx.out("".join(out))
     finally:
