@@ -4,13 +4,16 @@
   `cycle_timeout_s` for transitions that never came (a loaded emulator starts a command's thread 0.2 s after
   its exec request; it used to be 0.2-0.5 ms before the first command);
 - a fault in it (a timeout, a watch not live) is recorded as a cycle-0 fault naming what did arrive, and
-  fails the step: never a silent 'ok, faults: 0'.
+  fails the step: never a silent 'ok, faults: 0';
+- an emulated probe receiver that starts while probes already flow reports the first one it sees, as the
+  real agent does (it waited for a flow's start it had missed).
 The late start is forced, not left to load: the emulated watch of one host waits on a gate."""
 from __future__ import annotations
 
 import json
 import queue
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +23,7 @@ import harness.bench.hosts as hosts
 from devices.emulated import ssh_host
 from devices.emulated.physics import OpticalBench
 from devices.resources import HostResource
+from devices.ssh import SshTransport
 from devices.timing import Deadline, now_ns
 from harness.cli import main
 from harness.hostsession import HostSession
@@ -138,3 +142,29 @@ def test_a_watch_is_live_once_every_sysfs_field_gave_its_current_value():
     stream.lines.put("8 eth0 state ACTIVE 0")
     assert session.wait_watching(Deadline(30)) == []
     stream.close()
+
+
+def test_a_probe_receiver_started_while_probes_flow_reports_the_first_it_sees(bench, server):
+    host, agent = server.host_name, "~/.cache/ocs-hil/hilagent-late.py"
+    nic = bench.nic_ports(host)[1]
+    with SshTransport(server.resource()) as ssh:
+        ssh.run(f"mkdir -p ~/.cache/ocs-hil && cat > {agent}", stdin="# the agent program\n", check=True)
+        sender = ssh.stream(f"python3 -u {agent} probe-send --iface {nic.netdev} --template {'00' * 74} "
+                            f"--interval-us 100")
+        start = len(bench.ground_truth())
+        bench.ocs_apply({nic.ocs_tx: nic.ocs_rx})  # loopback: the port receives its own probes
+        deadline = Deadline(30)
+        while not [g for g in bench.ground_truth()[start:] if g["stage"] == "first_packet"]:
+            assert not deadline.expired(), "the probes never got through"
+            time.sleep(0.005)
+        started = now_ns()  # the flow's first probe has arrived, with no receiver running
+        with ssh.stream(f"python3 -u {agent} probe-recv --iface {nic.netdev} --gap-us 1000") as recv:
+            item = recv.readline(Deadline(30))
+            read = now_ns()
+            assert item is not None, "a receiver started mid-flow never reported a probe"
+            host_ns, kind, mac, seq = item[1].split()
+            assert (kind, mac) == ("first", nic.mac)
+            assert bench.host_time(host, started) <= int(host_ns) <= bench.host_time(host, read)
+        sender.close_stdin()
+        sender.close()
+    bench.ocs_apply({}, removes=[nic.ocs_tx])

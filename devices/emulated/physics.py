@@ -170,6 +170,7 @@ class _Port:
     probe_t0_ns: int = 0
     dp_gen: int = 0  # data-plane generation for first-packet scheduling
     dp_up: bool = False
+    dp_flow: tuple[str, int, int, int] | None = None  # while up: (sender MAC, first seq, its arrival ns, interval)
     fault: str | None = None  # "never_up" | "flap" | None
     flaps: int = 0  # "flap": carrier down/up cycles after each PHY training, light staying on
     flap_ns: int = 1_000_000  # "flap": how long each carrier-down and carrier-up phase lasts
@@ -586,10 +587,12 @@ class OpticalBench:
                 continue
             port.dp_up = up
             port.dp_gen += 1
+            port.dp_flow = None
             if up:
                 interval, t0 = peer.probe_interval_ns, peer.probe_t0_ns
                 seq = -(-(t - t0) // interval)  # first send tick at or after t
                 arrival = t0 + seq * interval + WIRE_LATENCY_NS
+                port.dp_flow = (peer.model.mac, seq, arrival, interval)
                 gen = port.dp_gen
 
                 def first(t_now, port=port, peer=peer, seq=seq, gen=gen):
@@ -610,6 +613,13 @@ class OpticalBench:
             port = self._port(host, netdev)
             port.probe_interval_ns, port.probe_t0_ns = int(interval_ns), self._now()
             self._at(port.probe_t0_ns, lambda t: self._update_data_plane(t, self._dp_affected(port)))
+
+    def probe_flow(self, host: str, netdev: str) -> tuple[str, int, int, int] | None:
+        """The probes reaching this port: (sender MAC, seq of the flow's first, its arrival ns, interval ns),
+        the k-th next arriving at arrival + k·interval; None while none get through."""
+        with self._lock:
+            self._advance()
+            return self._port(host, netdev).dp_flow
 
     def probe_stop(self, host: str, netdev: str) -> None:
         with self._lock:

@@ -36,7 +36,7 @@ from devices.resources import HostResource
 
 # What a worker may ask the physics: the readers and actions the host servers use.
 PHYSICS_CALLS = frozenset({"nic_snapshot", "nic_snapshots", "nic_states", "nic_changes", "ocs_patches",
-                           "probe_start", "probe_stop", "set_admin"})
+                           "probe_start", "probe_stop", "probe_flow", "set_admin"})
 _BATCH = 4096  # changes per push message at most
 _START_TIMEOUT_S = 120.0
 
@@ -316,6 +316,9 @@ class PhysicsView:
 
     def probe_stop(self, host, netdev):
         return self._call("probe_stop", host, netdev)
+
+    def probe_flow(self, host, netdev):
+        return self._call("probe_flow", host, netdev)
 
     # static facts and local clocks
     def nic_ports(self, host):

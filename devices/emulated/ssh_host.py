@@ -1454,13 +1454,22 @@ def _agent_probe_recv(ctx: ExecContext, argv: list[str]) -> int:
         ctx.err("usage: probe-recv --iface NETDEV --gap-us G [--udp-port P]\n")
         return 2
     changes, unsubscribe = _subscribe(ctx, lambda c: c.netdev == netdev and c.field == "probe_first")
+    started = now_ns()  # as a real receiver: no probe from before it started, and the first after is "first"
     try:
+        flow = ctx.bench.probe_flow(ctx.host, netdev)
+        if flow is not None and flow[2] < started:  # a flow it missed the start of (a later one comes as a change)
+            mac, seq, arrival, interval = flow
+            k = -(-(started - arrival) // interval)
+            seen = arrival + k * interval
+            time.sleep(max(0, seen - now_ns()) / 1e9)  # printed no earlier than the probe arrived
+            ctx.out(f"{ctx.bench.host_time(ctx.host, seen)} first {mac} {seq + k}\n")
         while not ctx.gone() and not ctx.stdin_closed():
             try:
                 change = changes.get(timeout=_POLL_S)
             except queue.Empty:
                 continue
-            ctx.out(f"{ctx.bench.host_time(ctx.host, change.t_ns)} first {change.value}\n")
+            if change.t_ns >= started:
+                ctx.out(f"{ctx.bench.host_time(ctx.host, change.t_ns)} first {change.value}\n")
     finally:
         unsubscribe()
     return 0
