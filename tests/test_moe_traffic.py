@@ -20,7 +20,7 @@ from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests
 from devices.ssh import SshTransport
 from harness.cli import main
 from harness.errors import InputError
-from harness.steps.moe_traffic import check_template, render_command, transfer_seconds
+from harness.steps.moe_traffic import MoeTrafficRun, check_template, render_command, transfer_seconds
 from traces.generate import generate_moe
 from traces.moe import moe_phases
 from traces.schema import write_moe
@@ -380,3 +380,53 @@ def test_step_records_the_gpus_around_each_reconfiguration(moe_run):
     assert set(view["regimes"]["hosts"]) == {k.split(":")[0] for k in regimes["endpoints"]}
     assert all(h["n_outside"] > 0 and h["mean_util_outside"] == 97 for h in view["regimes"]["hosts"].values())
     assert "## GPUs while the network re-trains" in (moe_run / "summary.md").read_text()
+
+
+def test_a_killed_step_keeps_its_phases_and_a_resume_continues_or_is_refused(tmp_path, monkeypatch, capsys):
+    """Each phase's row is on disk before the next phase starts; a run stopped mid-step (SIGINT) resumes after
+    its last durable phase, with the plan's circuits re-applied (the stop restored the switch); a trace file
+    changed since is refused (exit 2) and nothing is run."""
+    write_moe(generate_moe(seed=9, ep=4, num_experts=8, ranks_per_server=1, **TRACE), tmp_path / "ep4.parquet")
+    book = _playbook(tmp_path / "moe.yaml", [{"type": "moe_traffic", "name": "m", "trace": "ep4.parquet",
+                                              "reconfigure": "per_iteration", "endpoints": FILE_ENDPOINTS,
+                                              "max_phases": 6}])
+    rows_file = lambda: [json.loads(x) for x in (run_dir / "moe_traffic_m.jsonl").read_text().splitlines()]  # noqa: E731
+    real_phase, calls = MoeTrafficRun.run_phase, []
+
+    def run_phase(self, matrix, iters=None):
+        calls.append(len(rows_file()) - 1)  # rows on disk (after the header) as the phase starts
+        if len(calls) == 4 and stop:
+            raise KeyboardInterrupt
+        return real_phase(self, matrix, iters)
+
+    monkeypatch.setattr(MoeTrafficRun, "run_phase", run_phase)
+    run_dir, stop = tmp_path / "run", True
+    assert main(["run", book, "--out", str(run_dir), "--quiet"]) == 130
+    assert calls == [0, 1, 2, 3]  # every phase's row durable before the next one ran
+    header, *kept = rows_file()
+    assert header["trace"] and len(kept) == 3
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "aborted" and manifest["extra"]["restored"] == {"ocs1": True}
+    trace_file = tmp_path / "ep4.parquet"
+    original = trace_file.read_bytes()
+    write_moe(generate_moe(seed=10, ep=4, num_experts=8, ranks_per_server=1, **TRACE), trace_file)
+    calls.clear()
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 2
+    assert "the trace 'ep4.parquet' changed since" in capsys.readouterr().err and calls == []
+    trace_file.write_bytes(original)
+    stop = False
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 0
+    assert calls == [3, 4, 5]  # only the phases not yet measured
+    frame = pd.read_parquet(run_dir / "moe_traffic_m.parquet")
+    assert len(frame) == 6 and frame.head(3)["measured_s"].tolist() == [r["measured_s"] for r in kept]
+    # the plan's wiring, per iteration, before and after the resume (oracle: greedy on each iteration's demand)
+    trace = generate_moe(seed=9, ep=4, num_experts=8, ranks_per_server=1, **TRACE)
+    demand = {}
+    for ph in moe_phases(trace):
+        demand[ph.iteration] = demand.get(ph.iteration, 0) + ph.matrix
+    for row in frame.itertuples():
+        wanted = greedy_circuits(demand[row.iteration], 1, 400 * GBIT, 100 * GBIT)
+        assert np.array_equal(_circuit_matrix(row.circuits, FILE_ENDPOINTS), wanted), row
+    assert bool(frame["reconfigured"].iloc[3])  # the stop restored the switch: the resume wired it again
+    summary = json.loads((run_dir / "moe_traffic_m.json").read_text())
+    assert summary["resumed_after_phases"] == 3 and summary["phases"] == 6

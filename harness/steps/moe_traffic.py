@@ -11,9 +11,18 @@ Each phase runs the transfer command once per endpoint, all in parallel (one SSH
 parses the tool's output (nccl-tests or perftest format). Per phase it records the measured time (the
 slowest rank), the model's prediction (`analysis.mixnet.all_to_all_time` with the circuits in place),
 bytes and circuits: `moe_traffic_<step>.parquet`, `moe_traffic_<step>.json`.
+
+Each phase's row is appended to `moe_traffic_<step>.jsonl` and fsynced before the next phase starts (its first
+line names the trace: "generate", or the sha256 of the trace file). A resumed run (`harness run --resume`)
+continues after the last durable phase, with the circuits the plan gives that phase (re-applied if the switch
+no longer shows them); it is refused when the trace file changed since.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
 import shlex
 import string
 import time
@@ -161,6 +170,75 @@ def _circuit_labels(circuits: np.ndarray, endpoints: list[Endpoint]) -> list[str
     return [f"{endpoints[i].key}<->{endpoints[j].key}" for i, j in zip(*np.nonzero(np.triu(circuits, 1)))]
 
 
+def trace_path(p: dict, step, origin: str | None = None) -> Path:
+    """The step's trace file: as given, else relative to the playbook — on a resume (the step then reads the
+    run's copy of the playbook) relative to the original playbook, `origin`, as in the run that began it."""
+    path = Path(p["trace"]).expanduser()
+    if path.is_absolute() or path.exists():
+        return path
+    for base in (step.file, origin):
+        if base and (candidate := Path(base).resolve().parent / path).exists():
+            return candidate
+    return path
+
+
+def trace_id(p: dict, step, origin: str | None = None) -> str:
+    """What the phases come from: "generate" (the run's seed, which a resume keeps), or the trace file's sha256."""
+    if p["trace"] == "generate":
+        return "generate"
+    path = trace_path(p, step, origin)
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
+
+
+def rows_path(run_dir, step) -> Path:
+    return Path(run_dir) / f"moe_traffic_{step.name}.jsonl"
+
+
+def durable_rows(run_dir, step) -> tuple[str | None, list[dict]]:
+    """(the trace id the rows were measured on, the phase rows on disk). A last line the run died writing (no
+    newline) is moved to `moe_traffic_<step>.incomplete.jsonl` (kept, not lost): that phase runs again."""
+    path = rows_path(run_dir, step)
+    raw = path.read_bytes() if path.exists() else b""
+    if not raw:
+        return None, []
+    lines = raw.split(b"\n")
+    if lines.pop() != b"":
+        with open(path.with_suffix(".incomplete.jsonl"), "ab") as f:
+            f.write(raw.rsplit(b"\n", 1)[-1] + b"\n")
+        from harness.record import write_text_atomic
+
+        write_text_atomic(path, b"".join(line + b"\n" for line in lines).decode())
+    header, *rows = (json.loads(line) for line in lines)
+    return header.get("trace"), rows
+
+
+def resume_point(run_dir, step, _last_logged_cycle: int) -> int:
+    """How many phases the interrupted run made durable; refuses (InputError) rows measured on another trace."""
+    measured_on, rows = durable_rows(run_dir, step)
+    origin = json.loads((Path(run_dir) / "manifest.json").read_text())["playbook"]["source"]
+    if measured_on is not None and measured_on != trace_id(step.params, step, origin):
+        raise InputError(f"--resume: step {step.name}: the trace {step.params['trace']!r} changed since the run "
+                         f"measured {len(rows)} phases on it; start a new run", step.file, step.line)
+    return len(rows)
+
+
+class _RowLog:
+    """Phase rows appended as JSON lines, each fsynced before `append` returns (the run moves on after it)."""
+
+    def __init__(self, path: Path, header: dict | None):
+        self._file = open(path, "a", encoding="utf-8")
+        if header is not None:
+            self.append(header)
+
+    def append(self, row: dict) -> None:
+        self._file.write(json.dumps(row, separators=(",", ":")) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class MoeTrafficRun:
     def __init__(self, ctx, step):
         self.ctx, self.step, self.p = ctx, step, step.params
@@ -206,9 +284,7 @@ class MoeTrafficRun:
         else:
             from traces.moe import load_moe
 
-            path = Path(p["trace"]).expanduser()
-            if not path.is_absolute() and step.file and not path.exists():
-                path = Path(step.file).resolve().parent / path  # relative to the playbook
+            path = trace_path(p, step, self.ctx.playbook.source)
             if not path.exists():
                 raise InputError(f"step {step.name}: trace {p['trace']!r} not found", *where)
             trace = load_moe(path, hidden_size=p["hidden_size"], backward=p["backward"])
@@ -374,20 +450,36 @@ class MoeTrafficRun:
         if ctx.dry_run:
             return StepOutcome(ok=True, summary_md=f"(dry run: {len(phases)} phases on {n} endpoints, not run)")
         hosts = self.open_bench(n)
-        initial = self.current[:n, :n]
-        records, failure = [], None
-        reconfigurations: list[dict] = []
+        initial = circuits_from_patches(self.guard.snapshot, self.endpoints)[:n, :n]  # at the run's start
+        measured_on, records = durable_rows(ctx.run_dir, step)
+        done = ctx.resume_after.get(step.name, 0)  # phases a resumed run already made durable
+        records = records[:done]
+        for row, ph in zip(records, phases):
+            if (row["iteration"], row["layer"], row["micro_batch"], row["phase"]) != \
+                    (ph.iteration, ph.layer, ph.micro_batch, ph.phase):
+                raise InputError(f"--resume: step {step.name}: the recorded phases are not this trace's; "
+                                 "start a new run", step.file, step.line)
+        reconfigurations: list[dict] = [
+            {"iteration": r["iteration"], "seconds": r["reconfiguration_s"], "links_up": r["links_up"],
+             "circuits": r["circuits"]} for r in records if r["reconfigured"]]
+        failure = None
         zero = np.zeros((n, n), dtype=np.int64)
-        with ThreadPoolExecutor(max_workers=max(n, len(hosts)), thread_name_prefix=f"moe-{step.name}") as pool:
+        rows = _RowLog(rows_path(ctx.run_dir, step),
+                       None if measured_on else {"trace": trace_id(p, step, ctx.playbook.source),
+                                                 "phases": len(phases)})
+        with contextlib.closing(rows), ThreadPoolExecutor(max_workers=max(n, len(hosts)),
+                                                          thread_name_prefix=f"moe-{step.name}") as pool:
             self.pool = pool
-            pending = sorted(plan)
-            for ph in phases:
+            wired_for = None  # the plan entry the circuits were last computed for (by this process)
+            for ph in phases[done:]:
                 reconf_s, links_up, reconfigured = 0.0, True, False
-                due = [it for it in pending if it <= ph.iteration]  # a regime may start on an idle iteration
-                if due:
-                    pending = pending[len(due):]
+                # the latest plan entry due (a regime may start on an idle iteration); after a resume, the
+                # first phase's entry is wired again if the switch no longer shows it
+                target = max((it for it in plan if it <= ph.iteration), default=None)
+                if target is not None and target != wired_for:
+                    wired_for = target
                     wanted = np.zeros_like(self.current)
-                    wanted[:n, :n] = greedy_circuits(plan[due[-1]], 1, self.b_ocs, self.b_eps)
+                    wanted[:n, :n] = greedy_circuits(plan[target], 1, self.b_ocs, self.b_eps)
                     if not np.array_equal(wanted, self.current):
                         try:
                             reconf_s, links_up = self.reconfigure(wanted)
@@ -414,12 +506,13 @@ class MoeTrafficRun:
                     "bytes": int(off.sum()), "max_rank_bytes": int(max(off.sum(axis=1).max(), off.sum(axis=0).max())),
                     "circuits": _circuit_labels(circuits, self.endpoints), "n_circuits": int(np.triu(circuits).sum()),
                     "circuit_bytes": int(off[circuits > 0].sum()),
-                    "measured_s": measured, "modelled_s": modelled,
+                    "measured_s": measured, "modelled_s": float(modelled),
                     "ratio": measured / modelled if modelled > 0 else float("nan"),
-                    "modelled_initial_s": all_to_all_time(ph.matrix, initial, self.b_ocs, self.b_eps),
-                    "modelled_packet_only_s": all_to_all_time(ph.matrix, zero, self.b_ocs, self.b_eps),
+                    "modelled_initial_s": float(all_to_all_time(ph.matrix, initial, self.b_ocs, self.b_eps)),
+                    "modelled_packet_only_s": float(all_to_all_time(ph.matrix, zero, self.b_ocs, self.b_eps)),
                     "rank_s": rank_s, "wall_s": wall_s, "reconfigured": reconfigured,
                     "reconfiguration_s": reconf_s, "links_up": links_up})
+                rows.append(records[-1])  # durable before the next phase
         frame = pd.DataFrame.from_records(records, columns=[
             "iteration", "layer", "micro_batch", "phase", "bytes", "max_rank_bytes", "circuits", "n_circuits",
             "circuit_bytes", "measured_s", "modelled_s", "ratio", "modelled_initial_s", "modelled_packet_only_s",
@@ -431,7 +524,8 @@ class MoeTrafficRun:
                         "launch": p["launch"],
                         "command": self.template, "link_gbps": p["link_gbps"], "eps_gbps": p["eps_gbps"],
                         "phases_planned": len(phases), "failure": failure,
-                        "regime_changes": [int(c) for c in trace.regime_changes], "parquet": parquet.name})
+                        "regime_changes": [int(c) for c in trace.regime_changes], "parquet": parquet.name,
+                        "resumed_after_phases": done})
         rec.write_json_atomic(ctx.run_dir / f"moe_traffic_{step.name}.json", summary)
         checks = [{"name": "every phase ran", "ok": failure is None and len(frame) == len(phases),
                    "detail": failure or f"{len(frame)}/{len(phases)} phases"},
@@ -439,7 +533,7 @@ class MoeTrafficRun:
                    "detail": f"{sum(r['links_up'] for r in reconfigurations)}/{len(reconfigurations)}"}]
         return StepOutcome(ok=all(c["ok"] for c in checks), summary=summary, checks=checks,
                            summary_md=markdown(step.name, summary, frame),
-                           artifacts=[parquet.name, f"moe_traffic_{step.name}.json"])
+                           artifacts=[parquet.name, f"moe_traffic_{step.name}.json", rows_path(".", step).name])
 
 
 def summarize(frame: pd.DataFrame, reconfigurations: list[dict]) -> dict:
@@ -489,7 +583,7 @@ def markdown(name: str, s: dict, frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-@register_step("moe_traffic", SCHEMA)
+@register_step("moe_traffic", SCHEMA, resume_point=resume_point)
 def moe_traffic(ctx, step) -> StepOutcome:
     run = MoeTrafficRun(ctx, step)
     with gpu_view(ctx, step, {e.host for e in run.endpoints}) as run.gpu_view:  # GPUs around each reconfiguration
