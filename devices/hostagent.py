@@ -3,11 +3,11 @@ time responder, local watcher, counter sampler and probes. The protocol is in AR
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 from typing import Iterable
 
 from devices.errors import DeviceError
 from devices.protocols import CommandTransport, LineStream
+from devices.records import record
 from devices.timing import Deadline
 
 WATCH_FIELDS = ("rx_los", "rx_lol", "carrier", "operstate", "phys_state", "state")
@@ -19,7 +19,7 @@ def sysfs_watch_fields(rdma: bool) -> tuple[str, ...]:
     return ("carrier", "operstate") + (("phys_state", "state") if rdma else ())
 
 
-@dataclass(frozen=True)
+@record
 class WatchLine:
     """One watcher line: `field` of `netdev` changed to `value`, seen by the poll at host time `host_ns`;
     the change happened in (host_ns - interval_ns, host_ns]."""
@@ -31,7 +31,7 @@ class WatchLine:
     interval_ns: int
 
 
-@dataclass(frozen=True)
+@record
 class ProbeLine:
     """`first`: the first probe after a silence; `last`: the last probe before one. Kernel rx time."""
 
@@ -41,7 +41,7 @@ class ProbeLine:
     seq: int
 
 
-@dataclass(frozen=True)
+@record
 class CounterLine:
     """One counter sample: RDMA `port` ("dev/port") had sent `xmit_words` and received `rcv_words` (octets / 4)
     at some instant within [host_ns - read_ns, host_ns]."""

@@ -29,6 +29,7 @@ import numpy as np
 
 from devices.errors import DeviceError, DeviceTimeout
 from devices.protocols import LineStream
+from devices.records import record
 from devices.timing import Deadline, now_ns
 
 _tokens = itertools.count(1)
@@ -38,7 +39,7 @@ class ClockSyncError(DeviceError):
     """The time responder answered nonsense, or no estimate exists yet."""
 
 
-@dataclass(frozen=True)
+@record
 class ClockSample:
     """One min-delay estimate. `t_ns` is the harness time of the probe midpoint."""
 

@@ -1,7 +1,7 @@
 """The one event schema, end to end: emulator ground truth, recorded events, Parquet, analysis."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from devices.records import record
 
 from analysis.stages import STAGES, STAGES_DOWN, STAGES_UP  # noqa: F401  (stage names are a contract)
 
@@ -10,7 +10,7 @@ EVENT_COLUMNS = ("run_id", "cycle", "stage", "host", "device", "port", "ocs_port
 GROUND_TRUTH_COLUMNS = ("cycle", "stage", "host", "port", "t_ns")
 
 
-@dataclass(frozen=True)
+@record
 class Event:
     """One timestamped stage. `t_ns` is on the harness clock (CLOCK_MONOTONIC), already corrected by
     `offset_ns` (host clock minus harness clock) when it came from a host; the true time lies within

@@ -8,17 +8,17 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from dataclasses import dataclass
 
 from devices.errors import DeviceError, TransportClosed
 from devices.hostagent import HostAgent, parse_probe_line, parse_watch_line, sysfs_watch_fields
 from devices.protocols import LineStream
+from devices.records import record
 from devices.resources import HostResource
 from devices.ssh import SshTransport
 from devices.timing import Deadline, now_ns
 
 
-@dataclass(frozen=True)
+@record
 class Observation:
     """A host-side fact, still on the host's clock. kind: 'watch' | 'probe' | 'fault'."""
 

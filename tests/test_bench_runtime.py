@@ -309,6 +309,48 @@ def test_a_host_s_parked_lines_count_before_its_next_one():
     assert ("h2:eth0", "first_packet") in arrivals.kept and "h2:eth0" not in arrivals.missing
 
 
+def test_lines_surely_after_the_command_are_not_converted_and_decide_the_same(monkeypatch):
+    """A line whose host time lies well past the command's (as the host's first line this cycle put it) cannot
+    be stale: it skips the conversion (the costly part of a line), and the cycle keeps exactly what converting
+    every line keeps. Lines near the command, and every line after the host clock's generation changed (a
+    step), are converted."""
+    from harness.bench.stages import CycleEvents
+
+    script = ScriptedObservations()
+    for host in ("h1", "h2"):
+        script.watch(host, "eth0", "carrier", "0", 99 * MS)  # before the command: stale, dropped
+        script.watch(host, "eth0", "rx_los", "1", 100 * MS + 300_000)  # near it: converted
+        _full_chain(script, host, 102 * MS)
+    generation = {"h1": 0, "h2": 0}
+    calls = []
+
+    def convert(host, host_ns):
+        calls.append(host)
+        return script.convert(host, host_ns)
+
+    def run(exact: bool):
+        calls.clear()
+        built = CycleEvents("r", 1, PORTS, 100 * MS, convert, CHAIN, generation=generation.__getitem__)
+        watch = CycleWatch({k: set(CHAIN) for k in PORTS}, PORT_OF, 100 * MS, 101 * MS, convert, peer_mac=MAC,
+                           chain=CHAIN, events=built)
+        if exact:
+            monkeypatch.setattr(watch, "_surely_after", lambda obs: False)
+        for i, obs in enumerate(script.items):
+            if i == 9:
+                generation["h2"] += 1  # h2's clock found to have stepped: its next line is converted again
+            watch.feed(obs)
+        generation["h2"] = 0
+        a = watch.result(110 * MS)
+        return (a.kept, a.not_yet, a.flaps, a.missing), list(calls)
+
+    fast, fast_calls = run(exact=False)
+    exact, exact_calls = run(exact=True)
+    assert fast == exact and len(exact_calls) == len(script.items) == 14
+    # per host: the stale line and the one near the command (not stale: it marks the host time from which
+    # none can be); h2 once more after its generation changed
+    assert fast_calls == ["h1"] * 2 + ["h2"] * 2 + ["h2"]
+
+
 def test_events_built_while_the_cycle_waits_equal_those_built_at_its_end():
     """`prepare` builds the events of a port that has seen everything while nothing is queued; the cycle's
     end builds only the others and those that changed since (a clock step on their host)."""

@@ -23,7 +23,7 @@ import orjson
 from analysis.stages import PORT_CHAIN
 from devices.timing import Deadline, now_ns
 from analysis.stages import STAGES
-from harness.bench.stages import NOT_YET, Arrivals, Convert, CycleEvents, classify, interval
+from harness.bench.stages import Arrivals, Convert, CycleEvents, classify, interval, not_yet
 
 # Watch values that show a stage reached (a restarted watch prints them as current values).
 REACHED = {"light_detected": ("rx_los", "0"), "cdr_locked": ("rx_lol", "0"), "phy_up": ("carrier", "1"),
@@ -60,6 +60,9 @@ class CycleWatch:
         self._ready: list[str] = []  # ports that have seen everything, their events not built yet
         self._parked: list = []
         self._held: dict[str, Callable[[], bool]] = {}  # host -> whether its clock sample has landed
+        # host -> (host time surely after the command, the host clock's generation it was made with)
+        self._host_after: dict[str, tuple[int, int]] = {}
+        self._generation = events.generation if events is not None else (lambda host: 0)
 
     # ---- rules
     def _final(self, key: str) -> str:
@@ -115,17 +118,19 @@ class CycleWatch:
                         self._lose(key, [gone] + (["first_packet"] if gone == "port_active" else []))
             return
         stage = classify(obs)
-        lo, hi, _ = interval(obs, self.convert)
-        if hi < self.first_sent:  # happened before this cycle's command — or the host's clock stepped
-            if obs.recv_ns >= self.first_sent and self.suspect is not None and not released:
-                self._held[obs.host] = self.suspect(obs.host)
-                self._parked.append(obs)
-            return
+        if not self._surely_after(obs):
+            lo, hi, offset = interval(obs, self.convert)
+            if hi < self.first_sent:  # happened before this cycle's command — or the host's clock stepped
+                if obs.recv_ns >= self.first_sent and self.suspect is not None and not released:
+                    self._held[obs.host] = self.suspect(obs.host)
+                    self._parked.append(obs)
+                return
+            self._mark_after(obs.host, (lo + hi) // 2, offset)
         if obs.kind == "watch":
-            for gated, shows in NOT_YET.items():
-                if shows(obs.field, obs.value) and gated in self.need[key] and not self._implied(key, gated):
-                    self.arrivals.not_yet[(key, gated)] = obs
-                    self.version[key] += 1
+            gated = not_yet(obs.field, obs.value)
+            if gated is not None and gated in self.need[key] and not self._implied(key, gated):
+                self.arrivals.not_yet[(key, gated)] = obs
+                self.version[key] += 1
         if stage == "port_down" and (key, "phy_up") in kept:
             self.arrivals.flaps[key] = self.arrivals.flaps.get(key, 0) + 1  # carrier lost with the light on
         if stage is None or (key, stage) in kept:
@@ -138,6 +143,22 @@ class CycleWatch:
             self.need[key].discard(stage)
             self.version[key] += 1
             self._settle_port(key)
+
+    def _surely_after(self, obs) -> bool:
+        """Whether the change is surely after the command by its host time alone, so that converting it to
+        the harness clock (the costly part of a line) cannot find it stale: the exact check decides the same."""
+        mark = self._host_after.get(obs.host)
+        return mark is not None and obs.host_ns - obs.interval_ns >= mark[0] and \
+            mark[1] == self._generation(obs.host)
+
+    def _mark_after(self, host: str, t_ns: int, offset_ns: int) -> None:
+        """From a line converted at harness time `t_ns` with `offset_ns` (host minus harness): the host time from
+        which a change converts to after the command. The host's model offset moves by at most the drift
+        bound (200 ppm) per unit of time and by less than its uncertainty per new sample; 1 ms plus twice
+        the drift over |t - command| covers both (a step changes the generation: converted again)."""
+        if host not in self._host_after or self._host_after[host][1] != self._generation(host):
+            margin = 1_000_000 + abs(t_ns - self.first_sent) * 4 // 10_000
+            self._host_after[host] = (self.first_sent + offset_ns + margin, self._generation(host))
 
     def retry(self) -> None:
         """Feed the waiting lines of every host whose clock sample has landed, in order."""
@@ -239,9 +260,10 @@ class ObservationLog:
         """A cycle's inputs of `stage_events`, so a report can convert them again; the harness's CPU when it
         ended (default: now)."""
         self._write({"k": "cycle", "cycle": cycle, "first_sent_ns": first_sent_ns, "completed_ns": completed_ns,
-                     "ocs": ocs, "ports": {k: vars(p) for k, p in ports.items()},
-                     "kept": [[k, s, vars(o)] for (k, s), o in arrivals.kept.items()],
-                     "not_yet": [[k, s, vars(o)] for (k, s), o in arrivals.not_yet.items()],
+                     # dataclasses as they are: orjson writes their fields (no dict copied per observation)
+                     "ocs": ocs, "ports": ports,
+                     "kept": [[k, s, o] for (k, s), o in arrivals.kept.items()],
+                     "not_yet": [[k, s, o] for (k, s), o in arrivals.not_yet.items()],
                      "missing": arrivals.missing, "lost": arrivals.lost, "flaps": arrivals.flaps,
                      "causes": arrivals.causes, "done_ns": arrivals.done_ns,
                      # the harness's CPU so far (every thread, and the thread running the step): per-cycle

@@ -18,12 +18,14 @@ from harness.events import Event
 
 GRANULARITY_NS = 1_000  # reading granularity of a host timestamp
 # Watch values that show a chain stage not reached yet: the stage happens after that poll.
-NOT_YET: dict[str, Callable[[str, str], bool]] = {
-    "light_detected": lambda f, v: (f, v) == ("rx_los", "1"),
-    "cdr_locked": lambda f, v: (f, v) == ("rx_lol", "1"),
-    "phy_up": lambda f, v: (f, v) == ("carrier", "0"),
-    "port_active": lambda f, v: f == "state" and v != "ACTIVE",
-}
+_NOT_YET = {("rx_los", "1"): "light_detected", ("rx_lol", "1"): "cdr_locked", ("carrier", "0"): "phy_up"}
+
+
+def not_yet(field: str, value: str) -> str | None:
+    """The chain stage a watch value shows not reached yet (any port state but ACTIVE: port_active)."""
+    if field == "state":
+        return "port_active" if value != "ACTIVE" else None
+    return _NOT_YET.get((field, value))
 # (host, host_ns) -> (t_ns, offset_ns, uncertainty_ns) on the harness clock.
 Convert = Callable[[str, int], tuple[int, int, int]]
 
