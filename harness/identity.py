@@ -2,8 +2,9 @@
 SCPI `*IDN?`), per NIC port the firmware (`/sys/class/infiniband/<dev>/fw_ver`) and the transceiver's
 vendor, part number and serial (`ethtool -m`), per host the GPU model and serial (`nvidia-smi`).
 
-Read once, at the end of a run, over the connections the run already has (no new ones); every probe is
-bounded and a device that cannot tell is recorded as such (`null` with the reason), never fatal."""
+Read once, at the end of a run, over the connections the run already has (no new ones), every device at once
+(harness.fanout); every probe is bounded and a device that cannot tell is recorded as such (`null` with the
+reason), never fatal."""
 from __future__ import annotations
 
 import shlex
@@ -11,6 +12,7 @@ from typing import Any
 
 from devices.errors import DeviceError
 from devices.timing import Deadline
+from harness.fanout import fan_out
 
 GPU_FIELDS = ("name", "uuid", "driver_version")
 
@@ -84,16 +86,20 @@ def device_identity(switches: dict, sessions: dict, nic_ports, not_asked: dict[s
                     ) -> dict[str, Any]:
     """{"ocs": {name: identity | None}, "hosts": {host: {...}}} for what the run has open. A switch in
     `not_asked` (name → why: it stopped answering during the run) is recorded unknown without waiting on it."""
-    ocs = {}
-    for name, switch in switches.items():
+    def ask(name: str) -> tuple[str | None, str | None]:  # (identity, why not)
         if name in (not_asked or {}):
-            ocs[name] = None
-            ocs[f"{name}_error"] = f"not asked: {not_asked[name]}"[:200]
-            continue
+            return None, f"not asked: {not_asked[name]}"[:200]
         try:
-            ocs[name] = switch.identify()
+            return switches[name].identify(), None
         except (DeviceError, OSError, NotImplementedError) as exc:
-            ocs[name] = None
-            ocs[f"{name}_error"] = str(exc)[:200]
-    return {"ocs": ocs, "hosts": {h: host_identity(s, [p for p in nic_ports if p.host == h])
-                                  for h, s in sessions.items()}}
+            return None, str(exc)[:200]
+
+    ocs = {}
+    for name, (answer, error) in zip(switches, fan_out(ask, switches, name="identity")):
+        ocs[name] = answer
+        if error is not None:
+            ocs[f"{name}_error"] = error
+    # every host at once (a bounded pool), each within its own bound; recorded in the order of `sessions`
+    hosts = fan_out(lambda h: host_identity(sessions[h], [p for p in nic_ports if p.host == h]), sessions,
+                    name="identity")
+    return {"ocs": ocs, "hosts": dict(zip(sessions, hosts))}

@@ -1,7 +1,8 @@
 """Bench discovery and preflight: what is really on the bench, and whether the inventory says the same.
 
 - `quick_check(bench)`: every host answers over SSH, every NIC port and RDMA port the inventory names exists,
-  every OCS answers and reads back a state (`harness run` calls it before it touches a switch);
+  every OCS answers and reads back a state (`harness run` calls it before it touches a switch); all hosts at
+  once (harness.fanout), the problems in inventory order;
 - `fibre_map(bench, ocs)`: the fibres checked through the switch. With every other circuit on the allowed
   ports dropped, it connects one candidate pair at a time — a NIC's claimed TX ingress to its claimed RX
   egress first (a fibre loop back into itself) — and reads every NIC's Rx loss of signal (`ethtool -m`) to
@@ -39,6 +40,7 @@ from devices.parsers.nic import (IpLink, RdmaLink, parse_ethtool_module, parse_i
 from devices.resources import Bench, HostResource, NicPort
 from devices.ssh import CommandFailed, SshTransport
 from devices.timing import Deadline
+from harness.fanout import fan_out
 
 LIT_DBM = -30.0  # receive power above which a module without an Rx LOS flag (ethtool < 6.4) sees light
 LINK_COMMAND = "ip link set dev {netdev} {state}"  # state: up | down; a lab without root: "sudo -n " + this
@@ -91,32 +93,32 @@ def quick_check(bench: Bench, *, timeout_s: float = 10.0, switch_of: Callable | 
     reuse them, so the check opens nothing extra), left open; without them each gets its own, closed here."""
     from devices.ocs import open_switch
 
-    problems: list[str] = []
-    for name, resource in bench.ocs.items():
+    def check_switch(name: str) -> list[str]:
         try:
-            switch = switch_of(name) if switch_of else open_switch(resource, timeout_s=timeout_s)
+            switch = switch_of(name) if switch_of else open_switch(bench.ocs[name], timeout_s=timeout_s)
             try:
                 switch.patches()
             finally:
                 if not switch_of:
                     switch.close()
         except (DeviceError, OSError) as exc:
-            problems.append(f"ocs {name}: {exc}")
-    for name, host in bench.hosts.items():
+            return [f"ocs {name}: {exc}"]
+        return []
+
+    def check_host(name: str) -> list[str]:
         try:
-            transport = transport_of(name) if transport_of else _transport(host, timeout_s)
+            transport = transport_of(name) if transport_of else _transport(bench.hosts[name], timeout_s)
         except DeviceError as exc:
-            problems.append(f"host {name}: {exc}")
-            continue
+            return [f"host {name}: {exc}"]
         try:
             netdevs = {link.ifname for link in _links(transport, timeout_s)}
             rdma = {(r.dev, r.port): r.netdev for r in _rdma_links(transport, timeout_s)}
         except (DeviceError, ParseError) as exc:
-            problems.append(f"host {name}: {exc}")
-            continue
+            return [f"host {name}: {exc}"]
         finally:
             if not transport_of:
                 transport.close()
+        problems = []
         for port in bench.ports_of(name):
             if port.netdev not in netdevs:
                 problems.append(f"{name}/{port.netdev}: no such interface (ip -o link: {', '.join(sorted(netdevs))})")
@@ -125,7 +127,11 @@ def quick_check(bench: Bench, *, timeout_s: float = 10.0, switch_of: Callable | 
             elif rdma[(port.rdma_dev, port.rdma_port)] not in (None, port.netdev):
                 problems.append(f"{name}/{port.netdev}: RDMA port {port.rdma_dev}/{port.rdma_port} is on "
                                 f"{rdma[(port.rdma_dev, port.rdma_port)]}, not {port.netdev}")
-    return problems
+        return problems
+
+    # every switch, then every host, each asked at once (a bounded pool); problems in inventory order
+    found = fan_out(check_switch, bench.ocs, name="preflight") + fan_out(check_host, bench.hosts, name="preflight")
+    return [problem for problems in found for problem in problems]
 
 
 # ====================================================================== fibre map

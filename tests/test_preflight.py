@@ -54,6 +54,63 @@ def test_hosts_are_read_through_iproute2_json_where_it_has_it_and_text_where_not
     assert old.commands == ["ip -j link", "ip -o link", "rdma -j link", "rdma link"]
 
 
+class _Rendezvous(_Iproute2Host):
+    """A host whose first command returns only once every host is inside theirs (a serial probe never gets
+    there: BrokenBarrierError), and then only after the next host in inventory order has finished."""
+
+    def __init__(self, barrier, done, after):
+        super().__init__(has_json=True)
+        self.barrier, self.done, self.after = barrier, done, after
+
+    def run(self, command, *, deadline=None, check=False):
+        if not self.commands:
+            self.barrier.wait(timeout=20)
+            if self.after is not None:
+                assert self.after.wait(timeout=20)
+        result = super().run(command, deadline=deadline, check=check)
+        if command.startswith("rdma") or command.startswith("nvidia-smi"):
+            self.done.set()
+        return result
+
+
+def _rendezvous_hosts(names):
+    import threading
+
+    barrier, done = threading.Barrier(len(names)), {n: threading.Event() for n in names}
+    return {n: _Rendezvous(barrier, done[n], done[names[k + 1]] if k + 1 < len(names) else None)
+            for k, n in enumerate(names)}
+
+
+def test_quick_check_asks_every_host_at_once_and_reports_in_inventory_order(correct):
+    """Every host inside its probe at the same time; the last host finishes first, yet the problems keep the
+    inventory's order with each host's own messages (the capture's interfaces are not the inventory's)."""
+    bench = load_inventory(correct.inventory_path)
+    hosts = _rendezvous_hosts(list(bench.hosts))
+    problems = preflight.quick_check(bench, switch_of=lambda name: type("Ok", (), {"patches": dict})(),
+                                     transport_of=hosts.__getitem__)
+    expected = []
+    for name in bench.hosts:
+        for port in bench.ports_of(name):
+            expected += [f"{name}/{port.netdev}: no such interface (ip -o link: enp0s31f6, lo, tun0, wg0, wlan0, wwan0)",
+                         f"{name}/{port.netdev}: no RDMA port {port.rdma_dev}/{port.rdma_port} (rdma link)"]
+    assert problems == expected
+
+
+def test_device_identity_asks_every_host_at_once_and_keeps_each_hosts_answer():
+    from devices.errors import DeviceTimeout
+    from harness.identity import device_identity
+
+    names = ["h1", "h2", "h3", "h4"]
+    hosts = _rendezvous_hosts(names)
+    gone = hosts["h3"].run
+    hosts["h3"].run = lambda command, **kw: (gone(command, **kw), (_ for _ in ()).throw(DeviceTimeout("h3 gone")))[1]
+    sessions = {n: type("Session", (), {"transport": hosts[n]})() for n in names}
+    found = device_identity({}, sessions, [])
+    assert list(found["hosts"]) == names  # the order asked
+    assert found["hosts"]["h3"] == {"nics": None, "gpus": None, "error": "h3 gone"}
+    assert all(found["hosts"][n] == {"nics": {}, "gpus": None} for n in ("h1", "h2", "h4"))
+
+
 def test_topo_parser_reads_the_real_capture():
     topo = parse_nvidia_smi_topo(_real_topo())
     assert len(topo.links) == 8 and topo.nic_names["NIC9"] == "mlx5_9"
