@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import quopri
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -36,7 +36,7 @@ class Model:
 
 # a port whose light arrives (carrier, LinkUp) and the physics default: a dark port (LOS/LOL, Polling, no carrier)
 DARK = NicSnapshot()
-UP = replace(DARK, rx_los=False, rx_lol=False, carrier=True, phys_state="LinkUp", ib_state="ACTIVE",
+UP = DARK._replace(rx_los=False, rx_lol=False, carrier=True, phys_state="LinkUp", ib_state="ACTIVE",
              operstate="up", carrier_up_count=1, rx_power_dbm=-1.5)
 
 
@@ -116,7 +116,7 @@ def test_ethtool_module_sff8636_100g_matches_sff8636_captures():
     krzysztof = module_records(real("ethtool-m", "sff8636-qsfp-40g-sr4-cx3-ethtool6-los-nolol.txt"))
     fs = module_records(real("ethtool-m", "sff8636-qsfp28-100g-sr4-fs-lldpd477.txt"))
     signals = keys(module_records(real("ethtool-m", "sff8636-qsfp-aoc-spectrum-peer-down-ethtool6.4.txt")))
-    text = formats.ethtool_module(replace(UP, speed_mbps=100_000))
+    text = formats.ethtool_module(UP._replace(speed_mbps=100_000))
     emulated = keys(module_records(text))
     # records beyond the 40G capture's are the 100G part's (from the QSFP28 capture) and its lane flags
     real_keys = keys(krzysztof)

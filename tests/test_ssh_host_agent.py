@@ -161,21 +161,32 @@ def test_counters_sample_the_bytes_a_running_transfer_moved_at_each_tick(ssh, be
     assert all(s.read_ns == 0 and s.port == f"{me.rdma_dev}/{me.rdma_port}" for s in samples)
 
 
-def test_a_handler_queue_gets_only_the_changes_it_wants():
-    """The filter runs on the physics' delivery: a probe receiver's thread is not woken by another port's
-    (or another field's) change."""
+def test_a_hosts_streams_share_one_subscription_and_get_only_their_changes():
+    """The physics calls one callback per change of a host, whatever its number of streams; a probe receiver
+    writes the first packets of its own port only (not another port's, not another field's change)."""
+    import threading
     from types import SimpleNamespace
 
     from devices.emulated.physics import NicChange
-    from devices.emulated.ssh_host import _subscribe
+    from devices.emulated.ssh_host import _AgentStreams, _ProbeRecvStream
 
-    callbacks = []
-    bench = SimpleNamespace(subscribe=lambda host, cb: callbacks.append(cb) or (lambda: None))
-    ctx = SimpleNamespace(bench=bench, host="gpu1")
-    changes, _ = _subscribe(ctx, lambda c: c.netdev == "ens2f0np0" and c.field == "probe_first")
-    for netdev, field in (("ens1f0np0", "probe_first"), ("ens2f0np0", "carrier"), ("ens2f0np0", "probe_first")):
-        callbacks[0](NicChange(1, "gpu1", netdev, field, "x"))
-    assert changes.qsize() == 1 and changes.get_nowait().netdev == "ens2f0np0"
+    callbacks, written, wrote = [], [], threading.Event()
+    bench = SimpleNamespace(subscribe=lambda host, cb: callbacks.append(cb) or (lambda: None),
+                            host_time=lambda host, t: t + 1000)
+    server = SimpleNamespace(host_name="gpu1", bench=bench)
+    streams = _AgentStreams(server)
+    ctx = SimpleNamespace(bench=bench, host="gpu1", out=lambda text: (written.append(text), wrote.set()))
+    mine, other = _ProbeRecvStream(ctx, "ens2f0np0"), _ProbeRecvStream(ctx, "ens3f0np0")
+    streams.add(mine)
+    streams.add(other)
+    streams.remove(other)
+    assert len(callbacks) == 1
+    for netdev, field in (("ens1f0np0", "probe_first"), ("ens2f0np0", "carrier"), ("ens3f0np0", "probe_first"),
+                          ("ens2f0np0", "probe_first")):
+        callbacks[0](NicChange(mine.started, "gpu1", netdev, field, "0c:42:a1:00:01:01 7"))
+    assert wrote.wait(10)  # the changes are handled in order: the earlier ones were dropped, not delayed
+    streams.close()
+    assert written == [f"{mine.started + 1000} first 0c:42:a1:00:01:01 7\n"]
 
 
 def test_probe_stamps_are_taken_at_the_socket_on_both_legs(ssh, bench, server):

@@ -130,17 +130,11 @@ class ExecContext:
         return bool(self.channel.eof_received)
 
     def wait_stdin_eof_or_gone(self) -> None:
-        """Block until stdin reaches EOF or the client goes away (discarding stdin)."""
-        self.channel.settimeout(_POLL_S)
-        try:
-            while not self.gone():
-                try:
-                    if not self.channel.recv(65536):
-                        return
-                except socket.timeout:
-                    continue
-        finally:
-            self.channel.settimeout(None)
+        """Block until stdin reaches EOF or the client goes away (discarding stdin). No polling: paramiko
+        ends a blocked recv on EOF, on the channel's close and when the connection drops (every channel of a
+        transport whose loop ends is closed), so a waiting command costs no wake-ups."""
+        while self.channel.recv(65536):
+            pass
 
     def sleep(self, seconds: float) -> bool:
         """Sleep, returning early (False) if the client goes away."""
@@ -231,8 +225,15 @@ def accept_ssh(listener: socket.socket, host_key: paramiko.PKey, interface: Call
 
 class _HostsLoop:
     """What every emulated host of a process shares, so a pod costs no thread per host for them: one thread
-    accepting on all hosts' listeners (a selector), one closing the channels clients leave open and one
-    starting the commands' threads (the connections themselves are on the SSH hub, devices.sshhub)."""
+    accepting on all hosts' listeners (a selector), one closing the channels clients leave open, and a pool of
+    command threads (the connections themselves are on the SSH hub, devices.sshhub).
+
+    A command runs on an idle pool thread, handed over by a queue: the hub that received the exec request
+    never waits for a thread to start (a start waits until the new thread gets the GIL, and the hub serves
+    every host's connection), and a short command costs one hand-off, not a thread's creation. Only when
+    every pool thread is busy does the starter thread add one; threads idle for `_IDLE_S` leave the pool."""
+
+    _IDLE_S = 30.0
 
     _instance: "_HostsLoop | None" = None
     _instance_lock = threading.Lock()
@@ -253,6 +254,9 @@ class _HostsLoop:
         self._reap_cv = threading.Condition()
         self._reap_seq = itertools.count()
         self._starts: queue.SimpleQueue = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._pool_lock = threading.Lock()
+        self._spare = 0  # pool threads waiting for a command and not yet promised one (waiting - queued)
         threading.Thread(target=self._accept_loop, name="ssh-hosts-accept", daemon=True).start()
         threading.Thread(target=self._reap_loop, name="ssh-hosts-reaper", daemon=True).start()
         threading.Thread(target=self._start_loop, name="ssh-hosts-starter", daemon=True).start()
@@ -281,28 +285,58 @@ class _HostsLoop:
                 sock.setblocking(True)
                 key.data._accepted(sock)
 
-    def start_thread(self, target: Callable, args: tuple, name: str) -> None:
-        """Start a command's thread from here, not from the SSH loop that received the command: a thread's
-        start waits until it runs (for the GIL), and that loop (the SSH hub) serves every host's connection."""
-        self._starts.put((target, args, name))
+    def run_command(self, target: Callable, args: tuple, name: str) -> None:
+        """Run `target(*args)` on a pool thread (named `name` while it runs); never waits."""
+        with self._pool_lock:
+            spare = self._spare > 0
+            if spare:
+                self._spare -= 1
+        self._commands.put((target, args, name))
+        if not spare:
+            self._starts.put(None)  # one more pool thread, for this command
 
     def _start_loop(self) -> None:
         while True:
-            target, args, name = self._starts.get()
-            threading.Thread(target=target, args=args, daemon=True, name=name).start()
+            self._starts.get()
+            threading.Thread(target=self._pool_thread, daemon=True, name="ssh-hosts-command").start()
+
+    def _pool_thread(self) -> None:
+        me = threading.current_thread()
+        while True:
+            try:
+                target, args, name = self._commands.get(timeout=self._IDLE_S)
+            except queue.Empty:
+                with self._pool_lock:
+                    if self._spare > 0:  # else a command is promised to a waiting thread: maybe this one
+                        self._spare -= 1
+                        return
+                continue
+            me.name = name
+            try:
+                target(*args)
+            except BaseException:  # a command's failure must not shrink the pool unnoticed
+                log.exception("emulated host command thread")
+            me.name = "ssh-hosts-command"
+            with self._pool_lock:
+                self._spare += 1
 
     def close_later(self, channel: paramiko.Channel) -> None:
         with self._reap_cv:
             heapq.heappush(self._reap, (time.monotonic() + _CLOSE_AFTER_S, next(self._reap_seq), channel))
-            self._reap_cv.notify()
+            if len(self._reap) == 1:  # the reaper waits for an earlier deadline, or for nothing: wake it only then
+                self._reap_cv.notify()
 
     def _reap_loop(self) -> None:
         while True:
             with self._reap_cv:
                 while not self._reap or self._reap[0][0] > time.monotonic():
                     self._reap_cv.wait(None if not self._reap else self._reap[0][0] - time.monotonic())
-                _, _, channel = heapq.heappop(self._reap)
-            channel.close()
+                now = time.monotonic() + _CLOSE_AFTER_S / 5  # those due soon too: one wake-up per batch of
+                due = []  # commands, not per command
+                while self._reap and self._reap[0][0] <= now:
+                    due.append(heapq.heappop(self._reap)[2])
+            for channel in due:
+                channel.close()
 
 
 class _SshServer(paramiko.ServerInterface):
@@ -327,8 +361,8 @@ class _SshServer(paramiko.ServerInterface):
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         stamp_arrivals(channel)  # before the client can send stdin: the time responder reads arrival stamps
-        _HostsLoop.get().start_thread(self.host._exec, (channel, command.decode(errors="replace")),
-                                      f"ssh-{self.host.host_name}-exec")
+        _HostsLoop.get().run_command(self.host._exec, (channel, command.decode(errors="replace")),
+                                     f"ssh-{self.host.host_name}-exec")
         return True
 
 
@@ -357,6 +391,7 @@ class EmulatedHostServer:
         self._running = False
         self._latched: set[tuple[str, str]] = set()
         self._unsubscribe: Callable[[], None] | None = None
+        self._agent_streams: _AgentStreams | None = None
         self.reply_delay_s = 0.0  # fault injection: every output write of a command waits this long
         # Emulated data plane of the benchmark tools (each overridable per command line):
         self.link_gbps: float | None = None  # over a circuit; None: the slower NIC's speed
@@ -408,6 +443,10 @@ class EmulatedHostServer:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+        with self._lock:
+            streams, self._agent_streams = self._agent_streams, None
+        if streams is not None:
+            streams.close()
         if self._listener is not None:
             _HostsLoop.get().unlisten(self._listener)
             self._listener.close()
@@ -476,6 +515,13 @@ class EmulatedHostServer:
         except (OSError, EOFError):
             return
         _HostsLoop.get().close_later(channel)
+
+    def agent_streams(self) -> "_AgentStreams":
+        """The thread serving this host's agent streams (started with the first stream)."""
+        with self._lock:
+            if self._agent_streams is None:
+                self._agent_streams = _AgentStreams(self)
+            return self._agent_streams
 
     # ------------------------------------------------------------------ state helpers
     def _latch(self, change) -> None:
@@ -762,24 +808,12 @@ def _ip_link_set(ctx: ExecContext, words: list[str]) -> int:
     return 0
 
 
-def _subscribe(ctx: ExecContext, wanted: Callable[[object], bool] | None = None
-               ) -> tuple[queue.SimpleQueue, Callable[[], None]]:
-    """The host's changes, those `wanted` only: the filter runs on the physics' delivery, so a handler's
-    thread is not woken for a change it would drop (a host's 8 probe receivers, each of one port)."""
-    changes: queue.SimpleQueue = queue.SimpleQueue()
-
-    def put(change) -> None:
-        if wanted(change):
-            changes.put(change)
-
-    return changes, ctx.bench.subscribe(ctx.host, changes.put if wanted is None else put)
-
-
 def _ip_monitor(ctx: ExecContext, stamps: bool, oneline: bool) -> int:
     """Stream a link event whenever carrier or operstate changes. Changes of one port at one instant are one
     RTM_NEWLINK, so one event (a carrier loss takes the carrier and the operstate down together). Netlink is
     immediate here: the emulator does not model linkwatch's up-to-1-s batching of carrier-down events."""
-    changes, unsubscribe = _subscribe(ctx)
+    changes: queue.SimpleQueue = queue.SimpleQueue()
+    unsubscribe = ctx.bench.subscribe(ctx.host, changes.put)
     try:
         state = {m.netdev: [m, s.carrier, s.operstate] for m, s in ctx.server.ports_with_state()}
         pending: list = []
@@ -1294,15 +1328,190 @@ def _snapshot_fields(snapshot) -> dict[str, str]:
             "phys_state": snapshot.phys_state, "state": snapshot.ib_state}
 
 
+class _AgentStreams:
+    """A host's streaming agent subcommands (`watch`, `probe-recv`) served by one thread of the host's.
+
+    The host's changes come from the physics through ONE subscription into one queue (a C call on the physics'
+    delivery thread, no Python callback per stream); each change goes to the streams that watch its port and
+    field, which say when its line is due (a watch: its next poll tick; a probe receiver: at once); the thread
+    writes each stream's due lines in one write. A command's own thread only waits for its stdin's EOF, so a
+    stream costs no wake-ups while nothing changes and a burst of changes wakes one thread per host instead of
+    one per stream. What a line says and when it is stamped is each stream's (`_WatchStream`,
+    `_ProbeRecvStream`); only who writes it is shared. One thread per host, not per process: a host whose
+    client stops reading (a full SSH window) or that is made slow (`reply_delay_s`) holds up its own
+    streams only, as on a real bench."""
+
+    _EMPTY = object()
+
+    def __init__(self, server: "EmulatedHostServer"):
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._routes: dict[tuple[str, str], tuple] = {}  # (netdev, field) -> streams; replaced, never mutated
+        self._unsubscribe = server.bench.subscribe(server.host_name, self._inbox.put)
+        threading.Thread(target=self._run, name=f"ssh-{server.host_name}-agent", daemon=True).start()
+
+    def add(self, stream) -> None:
+        """From now on `stream` gets the changes of its (netdev, field) keys."""
+        with self._lock:
+            routes = dict(self._routes)
+            for key in stream.keys:
+                routes[key] = routes.get(key, ()) + (stream,)
+            self._routes = routes
+
+    def remove(self, stream) -> None:
+        """No change reaches `stream` and nothing is written to it once this returns."""
+        with self._lock:
+            routes = dict(self._routes)
+            for key in stream.keys:
+                routes[key] = tuple(s for s in routes.get(key, ()) if s is not stream)
+            self._routes = routes
+        with stream.write_lock:
+            stream.closed = True
+
+    def close(self) -> None:
+        self._unsubscribe()
+        self._inbox.put(None)
+
+    def _run(self) -> None:
+        inbox, due, seq, empty = self._inbox, [], itertools.count(), self._EMPTY
+        while True:
+            if not due:
+                change = inbox.get()
+            else:
+                wait = (due[0][0] - now_ns()) / 1e9
+                try:
+                    change = inbox.get(timeout=wait) if wait > 0 else inbox.get_nowait()
+                except queue.Empty:
+                    change = empty
+            while change is not empty:  # everything already queued, then the lines due
+                if change is None:
+                    return
+                # the routes as of this change: a stream added since reads its first values after adding
+                for stream in self._routes.get((change.netdev, change.field), ()):
+                    heapq.heappush(due, (stream.due_ns(change), next(seq), stream, change))
+                try:
+                    change = inbox.get_nowait()
+                except queue.Empty:
+                    change = empty
+            now = now_ns()
+            if due and due[0][0] <= now:
+                ready: dict = {}
+                while due and due[0][0] <= now:
+                    at, _, stream, change = heapq.heappop(due)
+                    ready.setdefault(stream, []).append((at, change))
+                for stream, items in ready.items():
+                    stream.write(items)
+
+
+class _Stream:
+    """One agent stream's output, written by its host's `_AgentStreams` thread (or, for its first lines, by
+    its command's thread, holding `write_lock` so nothing overtakes them)."""
+
+    keys: tuple[tuple[str, str], ...] = ()
+
+    def __init__(self, ctx: ExecContext):
+        self.ctx = ctx
+        self.write_lock = threading.Lock()
+        self.closed = False
+
+    def write(self, items: list) -> None:
+        with self.write_lock:
+            if self.closed:
+                return
+            text = self.lines(items)
+            if text:
+                try:
+                    self.ctx.out(text)
+                except ChannelGone:
+                    self.closed = True  # its command's thread sees the channel close and ends
+
+    def serve(self, first_lines: Callable[[], str]) -> int:
+        """Register, write `first_lines()` (read after registering: no change can fall between), then wait
+        for stdin's EOF or the client going away."""
+        streams = self.ctx.server.agent_streams()
+        with self.write_lock:
+            streams.add(self)
+            try:
+                text = first_lines()
+                if text:
+                    self.ctx.out(text)
+            except ChannelGone:
+                streams.remove(self)
+                raise
+        try:
+            self.ctx.wait_stdin_eof_or_gone()
+        finally:
+            streams.remove(self)
+        return 0
+
+
+class _WatchStream(_Stream):
+    """The agent's local poller (devices/agent/hilagent.py `watch`): each change is reported at the first
+    poll tick at or after it (a grid of `interval` with a random phase; ethtool fields on their own grid),
+    stamped with the host clock at that tick, and printed no earlier than that tick (the ticks reached late,
+    in one write). Changes that revert between two ticks are never seen, as with a real poller — except
+    carrier and the IB state, whose drop and return the agent reads from `carrier_changes` and `link_downed`
+    (both lines, one tick)."""
+
+    def __init__(self, ctx: ExecContext, watched: dict[str, tuple[str, ...]], interval: int, ethtool_interval: int):
+        super().__init__(ctx)
+        self.watched = watched
+        self.keys = tuple((netdev, field) for netdev, fields in watched.items() for field in fields)
+        self.interval, self.ethtool_interval = interval, ethtool_interval
+        rng = random.Random()
+        start = now_ns()
+        self.phase = {False: start + rng.randrange(interval), True: start + rng.randrange(ethtool_interval)}
+        self.last: dict[tuple[str, str], str] = {}
+
+    def _grid(self, field: str) -> tuple[int, int]:
+        ethtool = field in _ETHTOOL_FIELDS
+        return self.phase[ethtool], self.ethtool_interval if ethtool else self.interval
+
+    def due_ns(self, change) -> int:
+        origin, step = self._grid(change.field)
+        return origin + -(-(change.t_ns - origin) // step) * step
+
+    def first_lines(self) -> str:
+        """Every watched field's value now, INTERVAL_NS 0 (as the real agent's first poll)."""
+        ctx, lines = self.ctx, []
+        host_now = ctx.bench.host_clock_ns(ctx.host)
+        for netdev, fields in self.watched.items():
+            values = _snapshot_fields(ctx.bench.nic_snapshot(ctx.host, netdev))
+            for field in fields:
+                self.last[(netdev, field)] = values[field]
+                lines.append(f"{host_now} {netdev} {field} {values[field]} 0\n")
+        return "".join(lines)
+
+    def lines(self, items: list) -> str:
+        out, last, i = [], self.last, 0
+        while i < len(items):  # tick by tick: a poller sees only the value at the tick
+            tick = items[i][0]
+            seen: dict[tuple[str, str], str] = {}
+            flipped: set[tuple[str, str]] = set()  # a value that changed in this tick (carrier_changes moved)
+            while i < len(items) and items[i][0] == tick:
+                change = items[i][1]
+                key = (change.netdev, change.field)
+                if change.value != last.get(key) or key in seen:
+                    flipped.add(key)
+                seen[key] = change.value
+                i += 1
+            host_ns = self.ctx.bench.host_time(self.ctx.host, tick)
+            for key, value in seen.items():
+                step = self._grid(key[1])[1]
+                if last.get(key) != value:
+                    last[key] = value
+                    out.append(f"{host_ns} {key[0]} {key[1]} {value} {step}\n")
+                elif key[1] == "carrier" and key in flipped:  # down and up between two ticks: the agent
+                    other = "0" if value == "1" else "1"  # sees carrier_changes move by two
+                    out += [f"{host_ns} {key[0]} {key[1]} {v} {step}\n" for v in (other, value)]
+                elif key[1] == "state" and key in flipped and value == "ACTIVE":  # ... and link_downed move
+                    out += [f"{host_ns} {key[0]} {key[1]} {v} {step}\n" for v in ("DOWN", value)]
+        return "".join(out)
+
+
 def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
-    """Emulates the agent's local poller (devices/agent/hilagent.py): each change is reported at the first
-    poll tick at or after it (a grid of `interval` with a random phase; ethtool fields on their own grid,
-    `--ethtool-interval-us 0` turns them off), stamped with the host clock at that tick, and printed no
-    earlier than that tick (the ticks it reaches late, in one write). Changes that revert between two ticks
-    are never seen, as with a real poller —
-    except carrier and the IB state, whose drop and return the agent reads from `carrier_changes` and
-    `link_downed` (both lines, one tick).
-    Initial values carry INTERVAL_NS 0. Ends when stdin closes or the client goes away."""
+    """The agent's `watch` (see `_WatchStream`); initial values carry INTERVAL_NS 0, `--ethtool-interval-us 0`
+    turns the ethtool fields off. Ends when stdin closes or the client goes away."""
     try:
         opts, targets = _options(argv[1:], {"interval-us": int, "ethtool-interval-us": int})
     except ValueError as exc:
@@ -1323,68 +1532,8 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
         fields = ("carrier", "operstate") + (("phys_state", "state") if eq else ())
         watched[netdev] = fields + (_ETHTOOL_FIELDS if ethtool_us > 0 else ())
     interval = int(opts["interval-us"]) * 1000
-    ethtool_interval = int(ethtool_us) * 1000 or interval
-    rng = random.Random()
-    start = now_ns()
-    phase = {False: start + rng.randrange(interval), True: start + rng.randrange(ethtool_interval)}
-
-    def tick_at_or_after(t_ns: int, field: str) -> tuple[int, int]:
-        step = ethtool_interval if field in _ETHTOOL_FIELDS else interval
-        origin = phase[field in _ETHTOOL_FIELDS]
-        return origin + -(-(t_ns - origin) // step) * step, step
-
-    changes, unsubscribe = _subscribe(ctx, lambda c: c.field in watched.get(c.netdev, ()))
-    try:
-        last: dict[tuple[str, str], str] = {}
-        lines = []
-        host_now = ctx.bench.host_clock_ns(ctx.host)
-        for netdev, fields in watched.items():
-            values = _snapshot_fields(ctx.bench.nic_snapshot(ctx.host, netdev))
-            for field in fields:
-                last[(netdev, field)] = values[field]
-                lines.append(f"{host_now} {netdev} {field} {values[field]} 0\n")
-        ctx.out("".join(lines))
-        due: list[tuple[int, int, object, int]] = []  # (tick_ns, seq, change, step)
-        seq = itertools.count()
-        while not ctx.gone() and not ctx.stdin_closed():
-            wait = _POLL_S if not due else max(0.0, min(_POLL_S, (due[0][0] - now_ns()) / 1e9))
-            try:
-                change = changes.get(timeout=wait) if wait > 0 else changes.get_nowait()
-                tick, step = tick_at_or_after(change.t_ns, change.field)
-                heapq.heappush(due, (tick, next(seq), change, step))
-                continue
-            except queue.Empty:
-                pass
-            now = now_ns()
-            if not due or due[0][0] > now:
-                continue
-            out = []
-            while due and due[0][0] <= now:  # every tick due by now (late: several), in one write
-                # everything due at the same tick: a poller sees only the value at the tick
-                tick = due[0][0]
-                seen: dict[tuple[str, str], tuple[str, int]] = {}
-                flipped: set[tuple[str, str]] = set()  # a value that changed in this tick (carrier_changes moved)
-                while due and due[0][0] == tick:
-                    _, _, change, step = heapq.heappop(due)
-                    key = (change.netdev, change.field)
-                    if change.value != last.get(key) or key in seen:
-                        flipped.add(key)
-                    seen[key] = (change.value, step)
-                host_ns = ctx.bench.host_time(ctx.host, tick)
-                for key, (value, step) in seen.items():
-                    if last.get(key) != value:
-                        last[key] = value
-                        out.append(f"{host_ns} {key[0]} {key[1]} {value} {step}\n")
-                    elif key[1] == "carrier" and key in flipped:  # down and up between two ticks: the agent
-                        other = "0" if value == "1" else "1"  # sees carrier_changes move by two
-                        out += [f"{host_ns} {key[0]} {key[1]} {v} {step}\n" for v in (other, value)]
-                    elif key[1] == "state" and key in flipped and value == "ACTIVE":  # ... and link_downed move
-                        out += [f"{host_ns} {key[0]} {key[1]} {v} {step}\n" for v in ("DOWN", value)]
-            if out:
-                ctx.out("".join(out))
-    finally:
-        unsubscribe()
-    return 0
+    stream = _WatchStream(ctx, watched, interval, int(ethtool_us) * 1000 or interval)
+    return stream.serve(stream.first_lines)
 
 
 def _agent_counters(ctx: ExecContext, argv: list[str]) -> int:
@@ -1443,6 +1592,39 @@ def _agent_probe_send(ctx: ExecContext, argv: list[str]) -> int:
     return 0
 
 
+class _ProbeRecvStream(_Stream):
+    """The agent's `probe-recv`: a `first` line for each stream of probes the port starts to receive, stamped
+    with the host clock at the first probe's arrival (a kernel receive stamp), printed at once. As a real
+    receiver: no probe from before it started, and the first after its start is "first"."""
+
+    def __init__(self, ctx: ExecContext, netdev: str):
+        super().__init__(ctx)
+        self.netdev = netdev
+        self.keys = ((netdev, "probe_first"),)
+        self.started = now_ns()
+
+    @staticmethod
+    def due_ns(change) -> int:
+        return change.t_ns
+
+    def first_lines(self) -> str:
+        """The first probe seen of a flow that began before the receiver (a later flow comes as a change)."""
+        ctx = self.ctx
+        flow = ctx.bench.probe_flow(ctx.host, self.netdev)
+        if flow is None or flow[2] >= self.started:
+            return ""
+        mac, seq, arrival, interval = flow
+        k = -(-(self.started - arrival) // interval)
+        seen = arrival + k * interval
+        time.sleep(max(0, seen - now_ns()) / 1e9)  # printed no earlier than the probe arrived
+        return f"{ctx.bench.host_time(ctx.host, seen)} first {mac} {seq + k}\n"
+
+    def lines(self, items: list) -> str:
+        host_time, host, started = self.ctx.bench.host_time, self.ctx.host, self.started
+        return "".join(f"{host_time(host, change.t_ns)} first {change.value}\n" for _, change in items
+                       if change.t_ns >= started)
+
+
 def _agent_probe_recv(ctx: ExecContext, argv: list[str]) -> int:
     try:
         opts, _ = _options(argv[1:], {"iface": str, "gap-us": int, "udp-port": int})
@@ -1453,26 +1635,8 @@ def _agent_probe_recv(ctx: ExecContext, argv: list[str]) -> int:
     if ctx.server.nic_by_netdev(str(netdev)) is None:
         ctx.err("usage: probe-recv --iface NETDEV --gap-us G [--udp-port P]\n")
         return 2
-    changes, unsubscribe = _subscribe(ctx, lambda c: c.netdev == netdev and c.field == "probe_first")
-    started = now_ns()  # as a real receiver: no probe from before it started, and the first after is "first"
-    try:
-        flow = ctx.bench.probe_flow(ctx.host, netdev)
-        if flow is not None and flow[2] < started:  # a flow it missed the start of (a later one comes as a change)
-            mac, seq, arrival, interval = flow
-            k = -(-(started - arrival) // interval)
-            seen = arrival + k * interval
-            time.sleep(max(0, seen - now_ns()) / 1e9)  # printed no earlier than the probe arrived
-            ctx.out(f"{ctx.bench.host_time(ctx.host, seen)} first {mac} {seq + k}\n")
-        while not ctx.gone() and not ctx.stdin_closed():
-            try:
-                change = changes.get(timeout=_POLL_S)
-            except queue.Empty:
-                continue
-            if change.t_ns >= started:
-                ctx.out(f"{ctx.bench.host_time(ctx.host, change.t_ns)} first {change.value}\n")
-    finally:
-        unsubscribe()
-    return 0
+    stream = _ProbeRecvStream(ctx, str(netdev))
+    return stream.serve(stream.first_lines)
 
 
 DEFAULT_COMMANDS: dict[str, Handler] = {
