@@ -305,3 +305,16 @@ sys.exit(0)
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "0", "True"], out.stdout + out.stderr
+
+
+def test_packets_macs_are_compared_by_the_standard_library():
+    """paramiko's MAC check goes through hmac.compare_digest (constant time, in C): same answers as its own."""
+    import hmac
+    import os
+
+    import paramiko.util
+
+    assert paramiko.util.constant_time_bytes_eq is hmac.compare_digest
+    mac = os.urandom(32)
+    for other, same in ((bytes(mac), True), (mac[:-1] + bytes([mac[-1] ^ 1]), False), (mac[:16], False), (b"", False)):
+        assert paramiko.util.constant_time_bytes_eq(mac, other) is same
