@@ -33,6 +33,7 @@ _RATE_STAGES = frozenset({"light_lost", "light_detected", "port_down", "phy_up",
 DARK_DBM = -60.0
 # Stream key of every random quantity: (domain, command, stage) -> one value per port (or per host).
 _STREAM_STAGES = OCS_KEYS + NIC_KEYS + ("clock_offset", "clock_drift")
+_STAGE_CODE = {stage: i for i, stage in enumerate(_STREAM_STAGES)}
 _OCS, _NIC, _CLOCK, _ADMIN = 0, 1, 2, 3  # _ADMIN: re-training after `ip link set up` (its own streams)
 
 
@@ -80,7 +81,8 @@ class NicSnapshot(NamedTuple):
     lit_by: str | None = None  # the NIC ("host:netdev") whose transmitter lights this receiver, None when dark
 
 
-_SNAPSHOT_FIELDS = frozenset(NicSnapshot._fields)
+_SNAPSHOT_INDEX = {name: i for i, name in enumerate(NicSnapshot._fields)}
+_SNAPSHOT_FIELDS = frozenset(_SNAPSHOT_INDEX)
 # snapshot attribute -> the agent's watch field it shows as
 _WATCHED = {"rx_los": "rx_los", "rx_lol": "rx_lol", "carrier": "carrier", "phys_state": "phys_state",
             "ib_state": "state", "operstate": "operstate"}
@@ -91,8 +93,10 @@ def _with(snapshot: NicSnapshot, changes: dict) -> NicSnapshot:
     time: one tuple built from the fields, no per-call introspection)."""
     if not changes.keys() <= _SNAPSHOT_FIELDS:
         raise TypeError(f"NicSnapshot has no field(s) {sorted(changes.keys() - _SNAPSHOT_FIELDS)}")
-    get = changes.get
-    return tuple.__new__(NicSnapshot, [get(name, value) for name, value in zip(NicSnapshot._fields, snapshot)])
+    values = list(snapshot)
+    for name, value in changes.items():
+        values[_SNAPSHOT_INDEX[name]] = value
+    return tuple.__new__(NicSnapshot, values)
 
 
 class NicChange(NamedTuple):
@@ -113,22 +117,28 @@ class Subscribers:
     def __init__(self):
         self._lock = threading.Lock()
         self._by_host: dict[str, list[Callable[[NicChange], None]]] = {}
+        self._snapshot: dict[str, tuple[Callable[[NicChange], None], ...]] | None = None
 
     def add(self, host: str, callback: Callable[[NicChange], None]) -> Callable[[], None]:
         """Subscribe; returns the unsubscribe."""
         with self._lock:
             self._by_host.setdefault(host, []).append(callback)
+            self._snapshot = None
 
         def remove():
             with self._lock:
                 if callback in self._by_host.get(host, []):
                     self._by_host[host].remove(callback)
+                    self._snapshot = None
 
         return remove
 
-    def snapshot(self) -> dict[str, list[Callable[[NicChange], None]]]:
+    def snapshot(self) -> dict[str, tuple[Callable[[NicChange], None], ...]]:
+        """The subscribers now (read-only; built again only after a change: the scheduler takes one per pass)."""
         with self._lock:
-            return {h: list(cbs) for h, cbs in self._by_host.items()}
+            if self._snapshot is None:
+                self._snapshot = {h: tuple(cbs) for h, cbs in self._by_host.items()}
+            return self._snapshot
 
     @staticmethod
     def deliver(changes: Iterable[NicChange], subs: dict[str, list[Callable[[NicChange], None]]]) -> None:
@@ -149,7 +159,7 @@ class KeyedStreams:
         self._blocks: dict[tuple[int, int, int], np.ndarray] = {}
 
     def uniform(self, domain: int, command: int, stage: str, index: int, size: int) -> float:
-        key = (domain, command, _STREAM_STAGES.index(stage))
+        key = (domain, command, _STAGE_CODE[stage])
         block = self._blocks.get(key)
         if block is None or len(block) < size:
             words = np.random.SeedSequence(self.seed, spawn_key=key).generate_state(size, np.uint64)
@@ -353,9 +363,11 @@ class OpticalBench:
         index, size = (0, 1) if port is None else (port.index, len(self._ports))
         ns = int(delay.at_quantile(self._streams.uniform(domain, command, stage, index, size)) * 1e9)
         cols = self._draws
-        for key, value in (("command", command), ("port", -1 if port is None else port.index),
-                           ("stage", _STREAM_STAGES.index(stage)), ("delay_ns", ns), ("late_ns", 0)):
-            cols[key].append(value)
+        cols["command"].append(command)
+        cols["port"].append(index if port is not None else -1)
+        cols["stage"].append(_STAGE_CODE[stage])
+        cols["delay_ns"].append(ns)
+        cols["late_ns"].append(0)
         return ns, len(cols["delay_ns"]) - 1
 
     # ------------------------------------------------------------------ OCS view
@@ -484,7 +496,7 @@ class OpticalBench:
         model = port.model
         for attr, value in changes.items():
             name = _WATCHED.get(attr)
-            if name is not None and getattr(old, attr) != value:
+            if name is not None and old[_SNAPSHOT_INDEX[attr]] != value:
                 value = str(int(value)) if isinstance(value, bool) else str(value)
                 self._pending.append(NicChange(t, model.host, model.netdev, name, value))
         if stage:
