@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import yaml
 
 import harness.bench.hosts as hosts
@@ -144,20 +145,42 @@ def test_a_watch_is_live_once_every_sysfs_field_gave_its_current_value():
     stream.close()
 
 
-def test_a_probe_receiver_started_while_probes_flow_reports_the_first_it_sees(bench, server):
+def _flow_reaches(bench, nic) -> None:
+    """Light the port's loopback circuit and wait until the probe flow's first probe has arrived."""
+    start = len(bench.ground_truth())
+    bench.ocs_apply({nic.ocs_tx: nic.ocs_rx})  # loopback: the port receives its own probes
+    deadline = Deadline(30)
+    while not [g for g in bench.ground_truth()[start:] if g["stage"] == "first_packet"]:
+        assert not deadline.expired(), "the probes never got through"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("flow_starts", ["before the receiver's command", "while the receiver registers"])
+def test_a_probe_receiver_started_while_probes_flow_reports_the_first_it_sees(bench, server, monkeypatch,
+                                                                             flow_starts):
     host, agent = server.host_name, "~/.cache/ocs-hil/hilagent-late.py"
     nic = bench.nic_ports(host)[1]
+    if flow_starts == "while the receiver registers":  # between the stream's creation and its registration
+        add = ssh_host._AgentStreams.add
+
+        def late_add(self, stream):
+            if isinstance(stream, ssh_host._ProbeRecvStream):
+                _flow_reaches(bench, nic)
+                deadline = Deadline(30)  # ... and the flow's first probe went by, to nobody
+                while bench._pending or not self._inbox.empty():
+                    assert not deadline.expired()
+                    time.sleep(0.001)
+                time.sleep(0.05)  # the host's thread routes what it took off its inbox
+            add(self, stream)
+
+        monkeypatch.setattr(ssh_host._AgentStreams, "add", late_add)
     with SshTransport(server.resource()) as ssh:
         ssh.run(f"mkdir -p ~/.cache/ocs-hil && cat > {agent}", stdin="# the agent program\n", check=True)
         sender = ssh.stream(f"python3 -u {agent} probe-send --iface {nic.netdev} --template {'00' * 74} "
                             f"--interval-us 100")
-        start = len(bench.ground_truth())
-        bench.ocs_apply({nic.ocs_tx: nic.ocs_rx})  # loopback: the port receives its own probes
-        deadline = Deadline(30)
-        while not [g for g in bench.ground_truth()[start:] if g["stage"] == "first_packet"]:
-            assert not deadline.expired(), "the probes never got through"
-            time.sleep(0.005)
-        started = now_ns()  # the flow's first probe has arrived, with no receiver running
+        if flow_starts == "before the receiver's command":
+            _flow_reaches(bench, nic)
+        started = now_ns()  # no receiver has registered yet
         with ssh.stream(f"python3 -u {agent} probe-recv --iface {nic.netdev} --gap-us 1000") as recv:
             item = recv.readline(Deadline(30))
             read = now_ns()

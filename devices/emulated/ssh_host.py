@@ -1601,7 +1601,7 @@ class _ProbeRecvStream(_Stream):
         super().__init__(ctx)
         self.netdev = netdev
         self.keys = ((netdev, "probe_first"),)
-        self.started = now_ns()
+        self.started = now_ns()  # set again once registered (first_lines)
 
     @staticmethod
     def due_ns(change) -> int:
@@ -1610,6 +1610,8 @@ class _ProbeRecvStream(_Stream):
     def first_lines(self) -> str:
         """The first probe seen of a flow that began before the receiver (a later flow comes as a change)."""
         ctx = self.ctx
+        # Its start is after it registered: a flow's first probe before then never came as a change to it.
+        self.started = now_ns()
         flow = ctx.bench.probe_flow(ctx.host, self.netdev)
         if flow is None or flow[2] >= self.started:
             return ""
