@@ -349,6 +349,17 @@ class ClockTracker:
         return answer
 
     def _to_harness(self, host_ns: int) -> tuple[int, int, int]:
+        if len(self.segments) == 1:  # no step: the loop below with its one window, unbounded both ways
+            seg = self.segments[0]
+            fit = seg.fit_at(round(self._solve(seg.fit, host_ns))) if seg.history else seg.fit
+            t = self._solve(fit, host_ns)
+            bound = self._predict(fit, round(t))[1] * (1.0 + abs(fit.b))
+            lo, hi = t - bound, t + bound
+            t_mid = round((lo + hi) / 2)
+            return t_mid, host_ns - t_mid, math.ceil((hi - lo) / 2)
+        return self._to_harness_segments(host_ns)
+
+    def _to_harness_segments(self, host_ns: int) -> tuple[int, int, int]:
         intervals = []
         nearest: tuple[float, float, float] | None = None
         for k, seg in enumerate(self.segments):

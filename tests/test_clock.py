@@ -312,3 +312,24 @@ def test_conversions_are_reused_only_until_the_next_sample():
         tr.add(ClockSample(t_ns=late, offset_ns=true_offset(host, late), delay_ns=2_000, uncertainty_ns=1_000))
     after = tracker.to_harness(h)
     assert after == fresh._to_harness(h) and after[2] < before[2]
+
+
+def test_conversion_without_a_step_is_the_general_one():
+    """`to_harness` with one segment (no step) takes a short path; it answers exactly as the general one."""
+    import random
+
+    from harness.clock import ClockSample, ClockTracker
+
+    rng = random.Random(5)
+    for window, samples in ((8, 1), (8, 40), (128, 300)):
+        tracker = ClockTracker("h", window=window)
+        t, base, drift = 10**12, 1_700_000_000_000_000_000, rng.uniform(-2e-5, 2e-5)
+        for _ in range(samples):
+            t += rng.randint(1, 100) * 1_000_000
+            delay = rng.randint(50_000, 3_000_000)
+            tracker.add(ClockSample(t, base + int(t * drift) + rng.randint(-delay // 2, delay // 2), delay,
+                                    delay // 2 + 1000))
+        assert len(tracker.segments) == 1
+        for _ in range(500):
+            host_ns = base + rng.randint(10**12 - 10**10, t + 10**10)
+            assert tracker._to_harness(host_ns) == tracker._to_harness_segments(host_ns)
