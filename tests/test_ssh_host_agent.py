@@ -230,3 +230,42 @@ def test_emulated_time_responder_stamps_midway_between_arrival_and_reply(monkeyp
     ctx = types.SimpleNamespace(bench=bench, host="gpu1", channel=channel)
     assert ssh_host.AGENT_COMMANDS["timesrv"](ctx, ["timesrv"]) == 0
     assert sent == [b"c7 5002000\n"]
+
+
+def test_timesrv_is_answered_on_the_hub_without_the_commands_thread(ssh, bench, server, monkeypatch):
+    """A probe's reply leaves from the SSH hub as the token arrives: the time responder needs no command
+    thread (here the command's thread never runs), and the stamp lies between the send and the receive."""
+    from devices.emulated import ssh_host
+
+    started = []
+    monkeypatch.setattr(ssh_host._HostsLoop, "run_command", lambda self, target, args, name: started.append(name))
+    host = server.host_name
+    with ssh.stream(f"python3 -u {AGENT} timesrv") as stream:
+        for i in range(5):
+            sent = now_ns()
+            stream.write(f"h{i}\n")
+            recv_ns, line = stream.readline(Deadline(10))
+            token, host_ns = line.split()
+            assert token == f"h{i}"
+            assert bench.host_time(host, sent) <= int(host_ns) <= bench.host_time(host, recv_ns)
+    assert len(started) == 1  # the exec request was taken, its thread never started
+
+
+def test_time_responder_hands_replies_to_the_commands_thread_when_the_window_is_short():
+    """A send from the hub must never wait for the client: with the window short the reply goes to the
+    command's thread, and every later one too (in order); the client's window is given back as tokens arrive."""
+    import types
+
+    from devices.emulated.ssh_host import _TimeResponder
+
+    sent, acks = [], []
+    channel = types.SimpleNamespace(out_window_size=4, out_max_packet_size=32768, send=sent.append,
+                                    _check_add_window=lambda n: acks.append(n) or 0)
+    pipe = _TimeResponder(channel, types.SimpleNamespace(host_time=lambda host, mono: 7), "gpu1")
+    pipe.feed(b"a1\nb")
+    channel.out_window_size = 1 << 20
+    pipe.feed(b"2\n")
+    assert sent == [] and pipe.read(100) == b"a1 7\nb2 7\n" and acks == [4, 2]
+    pipe2 = _TimeResponder(channel, types.SimpleNamespace(host_time=lambda host, mono: 7), "gpu1")
+    pipe2.feed(b"c3\n")
+    assert sent == [b"c3 7\n"] and len(pipe2) == 0

@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import paramiko
+from paramiko.buffered_pipe import BufferedPipe
+from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -360,9 +362,13 @@ class _SshServer(paramiko.ServerInterface):
         return True  # stock OpenSSH sends LANG/LC_*; accept and ignore
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
-        stamp_arrivals(channel)  # before the client can send stdin: the time responder reads arrival stamps
-        _HostsLoop.get().run_command(self.host._exec, (channel, command.decode(errors="replace")),
-                                     f"ssh-{self.host.host_name}-exec")
+        text = command.decode(errors="replace")
+        # before the client can send stdin: the time responder answers on the hub, others read arrival stamps
+        if _runs_agent_timesrv(self.host, text):
+            channel.in_buffer = _TimeResponder(channel, self.host.bench, self.host.host_name)
+        else:
+            stamp_arrivals(channel)
+        _HostsLoop.get().run_command(self.host._exec, (channel, text), f"ssh-{self.host.host_name}-exec")
         return True
 
 
@@ -1273,13 +1279,83 @@ def _python(ctx: ExecContext, argv: list[str]) -> int:
     return ctx.server.agent_commands[args[1]](ctx, args[1:])
 
 
+def _runs_agent_timesrv(server: "EmulatedHostServer", command: str) -> bool:
+    """`command` is exactly `[exec] python3 [-u] AGENT timesrv` of an uploaded agent, run by the built-in
+    handlers (no override): what `_TimeResponder` may answer on the hub from the first byte."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    words = words[1:] if words[:1] == ["exec"] else words
+    words = [w for i, w in enumerate(words) if not (i == 1 and w == "-u")]
+    if len(words) != 3 or words[2] != "timesrv" or posixpath.basename(words[0]) not in PYTHON_NAMES:
+        return False
+    if words[0] in server.commands or posixpath.basename(words[0]) in server.commands \
+            or server.agent_commands.get("timesrv") is not _agent_timesrv:
+        return False
+    path = words[1]
+    if path == "~" or path.startswith("~/"):
+        path = server.home + path[1:]
+    path = posixpath.normpath(path if path.startswith("/") else posixpath.join(server.home, path))
+    with server.fs.lock:
+        return path in server.fs.files
+
+
+class _TimeResponder(BufferedPipe):
+    """The stdin of an agent `timesrv`, answered where it arrives: on the SSH hub, as the transport's loop feeds
+    each chunk, `TOKEN` -> `TOKEN HOST_NS` with the host clock then (the token's arrival), sent at once. No
+    thread is woken per probe (the command's thread only waits for EOF): the clock path is the emulator's
+    busiest per-packet path (~35 probes per 8x8 cycle), and a thread's wake-up after the hub had the token
+    (0.1-2 ms on a busy emulator) fell on the probe's outbound leg only.
+    Only when the channel's send window is short does a reply go through the command's thread (from then on
+    every reply, in order): a send from the hub must never wait for the client."""
+
+    def __init__(self, channel: paramiko.Channel, bench, host: str):
+        super().__init__()
+        self._channel, self._host_time, self._host = channel, bench.host_time, host
+        self._partial = b""
+        self._via_thread = False
+
+    def feed(self, data) -> None:  # the transport's loop, one chunk at a time
+        channel = self._channel
+        ack = channel._check_add_window(len(data))  # consumed here, so the client's window is given back here
+        if ack > 0:
+            m = paramiko.Message()
+            m.add_byte(cMSG_CHANNEL_WINDOW_ADJUST)
+            m.add_int(channel.remote_chanid)
+            m.add_int(ack)
+            channel.transport._send_user_message(m)
+        self._partial += data
+        if b"\n" not in self._partial:
+            return
+        *lines, self._partial = self._partial.split(b"\n")
+        stamp = self._host_time(self._host, now_ns())
+        reply = b"".join(b"%s %d\n" % (line.strip(), stamp) for line in lines)
+        if not self._via_thread and len(reply) <= min(channel.out_window_size, channel.out_max_packet_size - 64):
+            try:
+                channel.send(reply)  # one packet within the window: it cannot wait
+            except (OSError, EOFError):
+                pass  # the client went away; its close ends the command
+            return
+        self._via_thread = True
+        super().feed(reply)
+
+
 def _agent_timesrv(ctx: ExecContext, argv: list[str]) -> int:
-    """`TOKEN` -> `TOKEN HOST_NS` at once. The clock-sync path: lean on purpose. HOST_NS is the host clock
-    midway between the token's arrival (stamped on the SSH hub as it left the socket) and the reply's send:
+    """`TOKEN` -> `TOKEN HOST_NS` at once. Answered on the hub by `_TimeResponder` where the exec request
+    installed one; this thread then sends only the replies the hub could not (a short window), until EOF.
+    Otherwise this thread answers, lean on purpose, with HOST_NS the host clock midway between the token's arrival (stamped on the SSH hub as it left the socket) and the reply's send:
     the thread's wake-up after the hub fed the bytes (0.1-2 ms on a busy emulator) would otherwise lengthen
     only the probe's outbound leg and bias the harness's offset estimate (events recorded early)."""
     host_time, host, channel = ctx.bench.host_time, ctx.host, ctx.channel
     arrivals = channel.in_buffer
+    if isinstance(arrivals, _TimeResponder):
+        while data := arrivals.read(65536):  # the pipe, not channel.recv: these bytes are replies, not stdin
+            try:
+                channel.sendall(data)
+            except (OSError, EOFError):
+                raise ChannelGone() from None
+        return 0
     buffer = b""
     while True:
         data = channel.recv(65536)
