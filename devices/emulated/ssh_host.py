@@ -1282,6 +1282,8 @@ def _python(ctx: ExecContext, argv: list[str]) -> int:
 def _runs_agent_timesrv(server: "EmulatedHostServer", command: str) -> bool:
     """`command` is exactly `[exec] python3 [-u] AGENT timesrv` of an uploaded agent, run by the built-in
     handlers (no override): what `_TimeResponder` may answer on the hub from the first byte."""
+    if "timesrv" not in command:  # every exec request asks: no shell parse for the others
+        return False
     try:
         words = shlex.split(command)
     except ValueError:
@@ -1427,11 +1429,12 @@ class _AgentStreams:
         threading.Thread(target=self._run, name=f"ssh-{server.host_name}-agent", daemon=True).start()
 
     def add(self, stream) -> None:
-        """From now on `stream` gets the changes of its (netdev, field) keys."""
+        """From now on `stream` gets the changes of its (netdev, field) keys, each due at the first tick of
+        `stream.grid(field)` = (origin, step) at or after it (step 0: at once)."""
         with self._lock:
             routes = dict(self._routes)
             for key in stream.keys:
-                routes[key] = routes.get(key, ()) + (stream,)
+                routes[key] = routes.get(key, ()) + ((stream, *stream.grid(key[1])),)
             self._routes = routes
 
     def remove(self, stream) -> None:
@@ -1439,7 +1442,7 @@ class _AgentStreams:
         with self._lock:
             routes = dict(self._routes)
             for key in stream.keys:
-                routes[key] = tuple(s for s in routes.get(key, ()) if s is not stream)
+                routes[key] = tuple(r for r in routes.get(key, ()) if r[0] is not stream)
             self._routes = routes
         with stream.write_lock:
             stream.closed = True
@@ -1459,24 +1462,35 @@ class _AgentStreams:
                     change = inbox.get(timeout=wait) if wait > 0 else inbox.get_nowait()
                 except queue.Empty:
                     change = empty
-            while change is not empty:  # everything already queued, then the lines due
+            now = now_ns()
+            ready: dict = {}  # stream -> its (due ns, change) due by now, in arrival order: the heap's first
+            while due and due[0][0] <= now:
+                at, _, stream, item = heapq.heappop(due)
+                ready.setdefault(stream, []).append((at, item))
+            while change is not empty:  # everything already queued
                 if change is None:
                     return
                 # the routes as of this change: a stream added since reads its first values after adding
-                for stream in self._routes.get((change.netdev, change.field), ()):
-                    heapq.heappush(due, (stream.due_ns(change), next(seq), stream, change))
+                for stream, origin, step in self._routes.get((change.netdev, change.field), ()):
+                    t = change.t_ns
+                    at = origin + -(-(t - origin) // step) * step if step else t  # its tick, or at once
+                    if at > now:
+                        heapq.heappush(due, (at, next(seq), stream, change))
+                    elif stream in ready:
+                        ready[stream].append((at, change))
+                    else:
+                        ready[stream] = [(at, change)]
                 try:
                     change = inbox.get_nowait()
                 except queue.Empty:
                     change = empty
-            now = now_ns()
-            if due and due[0][0] <= now:
-                ready: dict = {}
-                while due and due[0][0] <= now:
-                    at, _, stream, change = heapq.heappop(due)
-                    ready.setdefault(stream, []).append((at, change))
-                for stream, items in ready.items():
-                    stream.write(items)
+            for stream, items in ready.items():
+                items.sort(key=_due)  # stable: changes due at one tick stay in arrival order
+                stream.write(items)
+
+
+def _due(item: tuple) -> int:
+    return item[0]
 
 
 class _Stream:
@@ -1539,13 +1553,9 @@ class _WatchStream(_Stream):
         self.phase = {False: start + rng.randrange(interval), True: start + rng.randrange(ethtool_interval)}
         self.last: dict[tuple[str, str], str] = {}
 
-    def _grid(self, field: str) -> tuple[int, int]:
+    def grid(self, field: str) -> tuple[int, int]:
         ethtool = field in _ETHTOOL_FIELDS
         return self.phase[ethtool], self.ethtool_interval if ethtool else self.interval
-
-    def due_ns(self, change) -> int:
-        origin, step = self._grid(change.field)
-        return origin + -(-(change.t_ns - origin) // step) * step
 
     def first_lines(self) -> str:
         """Every watched field's value now, INTERVAL_NS 0 (as the real agent's first poll)."""
@@ -1573,7 +1583,7 @@ class _WatchStream(_Stream):
                 i += 1
             host_ns = self.ctx.bench.host_time(self.ctx.host, tick)
             for key, value in seen.items():
-                step = self._grid(key[1])[1]
+                step = self.ethtool_interval if key[1] in _ETHTOOL_FIELDS else self.interval
                 if last.get(key) != value:
                     last[key] = value
                     out.append(f"{host_ns} {key[0]} {key[1]} {value} {step}\n")
@@ -1680,8 +1690,8 @@ class _ProbeRecvStream(_Stream):
         self.started = now_ns()  # set again once registered (first_lines)
 
     @staticmethod
-    def due_ns(change) -> int:
-        return change.t_ns
+    def grid(field: str) -> tuple[int, int]:
+        return 0, 0  # at once
 
     def first_lines(self) -> str:
         """The first probe seen of a flow that began before the receiver (a later flow comes as a change)."""
