@@ -92,3 +92,26 @@ def test_same_events_and_seed_give_an_identical_verdict(tmp_path, run_playbook, 
     (first / "verdict.json").write_text(json.dumps(tampered))
     assert main(["report", str(first), "--recompute"]) == 1
     assert "DIFFERS" in capsys.readouterr().out and (first / "verdict.json").read_text() == before
+
+
+def test_a_completion_delivered_after_the_ports_were_through_is_not_the_switchs_shared_part():
+    """Cycle 1's COMPLD came 50 ms after the command, when both ports had light at 5 and 7 ms (a reply delivered
+    late by a loaded machine). The shared OCS part is in every port's delay, so it is at most the fastest port:
+    5 ms, every port's own part >= 0. Cycle 2's completion (4 ms) is before its ports and stays."""
+    import numpy as np
+    import pandas as pd
+
+    from harness.steps.mixnet import measured_delays
+
+    ms = 1_000_000
+    rows = [(c, "ocs_command_sent", "", "", t0) for c, t0 in ((1, 0), (2, 1000 * ms))]
+    rows += [(1, "ocs_command_completed", "", "", 50 * ms), (2, "ocs_command_completed", "", "", 1004 * ms)]
+    for c, t0, lit in ((1, 0, (5, 7)), (2, 1000 * ms, (6, 9))):
+        for port, at in zip(("p1", "p2"), lit):
+            rows += [(c, stage, "h1", port, t0 + (at + k) * ms)
+                     for k, stage in enumerate(("light_detected", "cdr_locked", "phy_up", "port_active", "first_packet"))]
+    events = pd.DataFrame(rows, columns=["cycle", "stage", "host", "port", "t_ns"])
+    delays = measured_delays(events)
+    assert np.allclose(delays["ocs"].shared, [0.005, 0.004]) and np.allclose(delays["total"].shared, [0.009, 0.004])
+    for d in delays.values():
+        assert (d.per_port - d.shared[:, None] >= 0).all()
