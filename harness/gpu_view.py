@@ -1,14 +1,18 @@
 """The GPUs' side of a reconfiguration: `nvidia-smi` utilisation sampled on the hosts that have GPUs while a
 step reconfigures the network, so a run shows what the GPUs did while the links re-trained.
 
-SAMPLERS threads share the hosts sampled (at most MAX_HOSTS, spread over the step's hosts: a pod's threads and
-tool load stay bounded, and the harness's threads do not grow with its hosts); each polls its hosts in turn with
-`nvidia-smi --query-gpu=...` over the run's SSH connection; each sample is stamped
-on the harness clock at the middle of its round trip, with half the round trip as its bound. At the end of
-the step the samples go to `gpu_samples.jsonl` (fsynced) and the manifest gets, per host, the utilisation
-inside the re-training windows (a cycle's `ocs_command_sent` to its last `port_active`, or the windows a step
-marks) against between them (the steady state); a sample whose bound straddles a window edge is counted in
-neither.
+Each sampled host (at most MAX_HOSTS, spread over the step's hosts: a pod's tool load stays bounded) runs ONE
+`nvidia-smi --query-gpu=timestamp,... --format=csv,noheader,nounits -lms N` for the whole step, over the run's
+SSH connection: nvidia-smi's own loop (a query, then a sleep of N ms), its lines pushed off the SSH hub as they
+arrive (no thread, no command per sample). Each sample carries the host's own time (`timestamp`: when the query
+was made, local time, milliseconds); converted with the host's clock model (as every host observation), its
+bound runs from that millisecond's start (minus the clock bound) to the harness time its line arrived — the
+values were read after the query began and before they were sent, whatever the query cost on the host. A
+stream that ends before the step does (host rebooted, nvidia-smi exited) is a fault of the view, reported with
+its reason; so is a gap (successive samples more than GAP_INTERVALS intervals apart). At the end of the step the
+samples go to `gpu_samples.jsonl` (fsynced) and the manifest gets, per host, the utilisation inside the
+re-training windows (a cycle's `ocs_command_sent` to its last `port_active`, or the windows a step marks)
+against between them (the steady state); a sample whose bound straddles a window edge is counted in neither.
 """
 from __future__ import annotations
 
@@ -19,15 +23,20 @@ import threading
 
 from devices.errors import DeviceError
 from devices.parsers.common import ParseError
-from devices.parsers.gpu import parse_nvidia_smi_csv
-from devices.timing import Deadline, now_ns
+from devices.parsers.gpu import parse_nvidia_smi_csv, parse_nvidia_timestamp
+from devices.timing import now_ns
 
-FIELDS = ("index", "utilization.gpu", "memory.used", "power.draw")
-QUERY = f"nvidia-smi --query-gpu={','.join(FIELDS)} --format=csv,noheader,nounits"
+FIELDS = ("timestamp", "index", "utilization.gpu", "memory.used", "power.draw")
 IDLE_PERCENT = 5  # at or below: the GPU is idle
-INTERVAL_S = 0.2  # between two samples of one host (nvidia-smi itself takes tens of ms on a real host)
-MAX_HOSTS = 16  # hosts sampled per step: a pod's GPUs are shown by a spread of its hosts (bounded threads, load)
-SAMPLERS = 4  # threads sharing them
+INTERVAL_S = 0.2  # nvidia-smi's sleep between two queries of one host (a query itself takes tens of ms)
+MAX_HOSTS = 16  # hosts sampled per step: a pod's GPUs are shown by a spread of its hosts (bounded tool load)
+GAP_INTERVALS = 3  # successive samples of a host further apart than this many intervals: a gap in the view
+ZONE_NS = 15 * 60 * 1_000_000_000  # time zones are whole quarter hours from UTC
+
+
+def query(interval_s: float) -> str:
+    return (f"nvidia-smi --query-gpu={','.join(FIELDS)} --format=csv,noheader,nounits "
+            f"-lms {max(1, round(interval_s * 1000))}")
 
 
 def spread(hosts: list[str], at_most: int = MAX_HOSTS) -> list[str]:
@@ -36,6 +45,17 @@ def spread(hosts: list[str], at_most: int = MAX_HOSTS) -> list[str]:
         return hosts
     step = (len(hosts) - 1) / (at_most - 1)
     return [hosts[round(i * step)] for i in range(at_most)]
+
+
+class _Feed:
+    """One host's nvidia-smi loop: its lines as they arrived (the SSH hub appends), and how it ended."""
+
+    def __init__(self, host: str, session):
+        self.host, self.session = host, session
+        self.stream = None
+        self.arrived: list[tuple[int, list[str]]] = []  # (harness ns the packet arrived, its complete lines)
+        self.ended: tuple[int, str] | None = None  # (harness ns, why) when it ended before the step did
+        self.others: list[str] = []  # lines that are no sample (an XID/ECC event nvidia-smi prints, an error)
 
 
 class GpuView:
@@ -48,47 +68,79 @@ class GpuView:
         self.hosts = spread(hosts)
         self.samples: list[dict] = []
         self.windows: list[tuple[int, int]] = []  # (begin_ns, end_ns) marked by the step
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
+        self.faults: dict[str, str] = {}  # host -> what went wrong with its view (stream ended, gaps)
+        self._feeds: list[_Feed] = []
+        self._stopping = threading.Event()
         self.started_ns = self.stopped_ns = 0
 
-    def _sample(self, host: str, transport) -> bool:
-        t0 = now_ns()
-        try:
-            result = transport.run(QUERY, deadline=Deadline(5.0))
-        except (DeviceError, OSError):
-            return False  # unreachable or dropped: the view is evidence, never a reason to hold the run up
-        t1 = now_ns()
-        if result.exit_status != 0:
-            return False  # no GPUs (no nvidia-smi) on this host
-        try:
-            rows = parse_nvidia_smi_csv(result.stdout, list(FIELDS), header=False).records()
-        except ParseError:
-            return False
-        with self._lock:
-            self.samples += [{"step": self.step_name, "host": host, "gpu": row["index"], "t_ns": (t0 + t1) // 2,
-                              "uncertainty_ns": (t1 - t0 + 1) // 2, "utilization_gpu": row["utilization.gpu"],
-                              "memory_used_mib": row["memory.used"], "power_w": row["power.draw"]} for row in rows]
-        return True
-
-    def _poll(self, share: list[tuple[str, object]]) -> None:
-        """Sample each host of `share` in turn, then wait the interval; a host without GPUs (or gone) drops out."""
-        while share and not self._stop.is_set():
-            share = [(h, t) for h, t in share if self._stop.is_set() or self._sample(h, t)]
-            self._stop.wait(self.interval_s)
-
     def start(self) -> "GpuView":
-        # The run's own connection per host (a channel per sample, as every command): the clock's min-delay
-        # filter keeps its bound honest if a probe waits behind a sample; a host costs one SSH login per run.
-        transports = {h: self.ctx.transport(h) for h in self.hosts}
+        # The run's own session per host (its connection, a channel for the step; its clock model converts the
+        # samples): a host costs one SSH login per run.
+        from harness.bench.readers import shared_readers
+
+        sessions = self.ctx.open_sessions(self.hosts)
+        readers = shared_readers()
         self.started_ns = now_ns()
-        for k in range(min(SAMPLERS, len(self.hosts))):
-            share = [(h, transports[h]) for h in self.hosts[k::SAMPLERS]]
-            thread = threading.Thread(target=self._poll, args=(share,), daemon=True, name=f"gpu-view-{k}")
-            thread.start()
-            self._threads.append(thread)
+        for host in self.hosts:
+            feed = _Feed(host, sessions[host])
+            self._feeds.append(feed)
+            try:
+                feed.stream = feed.session.transport.stream(query(self.interval_s))
+            except (DeviceError, OSError) as exc:
+                feed.ended = (now_ns(), f"cannot start nvidia-smi: {exc}")
+                continue
+            readers.add_lines(feed.stream, lambda recv_ns, lines, f=feed: f.arrived.append((recv_ns, lines)),
+                              lambda reason, f=feed: self._ended(f, reason))
         return self
+
+    def _ended(self, feed: _Feed, reason: str) -> None:
+        if not self._stopping.is_set():
+            feed.ended = (now_ns(), reason.strip()[:300])
+
+    def _host_samples(self, feed: _Feed) -> list[dict]:
+        """The feed's lines as samples on the harness clock (after the step: the host's final clock model)."""
+        rows = []
+        for recv_ns, lines in feed.arrived:
+            for line in lines:
+                if not line.strip():
+                    continue
+                try:
+                    row = parse_nvidia_smi_csv(line, FIELDS, header=False).records()[0]
+                    rows.append((recv_ns, parse_nvidia_timestamp(str(row["timestamp"])), row))
+                except ParseError:
+                    feed.others.append(line[:300])
+        if not rows:
+            return []
+        # The timestamp is local time without a zone: the zone is the whole quarter hour between it and the
+        # host's clock when its first line arrived (the clock model's offset; a sample is well under 7 min old).
+        recv_ns, naive, _ = rows[0]
+        offset_ns = feed.session.to_harness(naive)[1]
+        zone = round((naive - (recv_ns + offset_ns)) / ZONE_NS) * ZONE_NS
+        out = []
+        for recv_ns, naive, row in rows:
+            host_ns = naive - zone
+            t, _, bound = feed.session.to_harness(host_ns)  # the query began in [host_ns, host_ns + 1 ms)
+            lo = t - bound
+            hi = max(recv_ns, lo)  # read before its line was sent, so before it arrived
+            out.append({"step": self.step_name, "host": feed.host, "gpu": row["index"], "t_ns": (lo + hi) // 2,
+                        "uncertainty_ns": (hi - lo + 1) // 2, "host_ns": host_ns,
+                        "utilization_gpu": row["utilization.gpu"], "memory_used_mib": row["memory.used"],
+                        "power_w": row["power.draw"]})
+        return out
+
+    def _feed_faults(self, feed: _Feed, samples: list[dict]) -> str | None:
+        """What a reader of the view must know about this host's samples: an early end, gaps."""
+        problems = []
+        if feed.ended is not None and samples:  # (no sample at all: a host without GPUs or nvidia-smi)
+            at_s = (feed.ended[0] - self.started_ns) / 1e9
+            problems.append(f"nvidia-smi stream ended {at_s:.1f} s into the step, no samples after ({feed.ended[1]})")
+        times = sorted({s["host_ns"] for s in samples})
+        gaps = [(b - a) / 1e9 for a, b in zip(times, times[1:]) if b - a > GAP_INTERVALS * self.interval_s * 1e9]
+        if gaps:
+            problems.append(f"{len(gaps)} gap(s) in its samples, the longest {max(gaps):.2f} s")
+        if feed.others:
+            problems.append(f"{len(feed.others)} line(s) not a sample, the first: {feed.others[0]!r}")
+        return "; ".join(problems) or None
 
     def window(self, begin_ns: int, end_ns: int) -> None:
         self.windows.append((begin_ns, end_ns))
@@ -105,10 +157,23 @@ class GpuView:
         return out
 
     def stop(self) -> dict:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(10.0)
+        from harness.bench.readers import shared_readers
+
+        self._stopping.set()
+        readers = shared_readers()
+        for feed in self._feeds:
+            if feed.stream is not None:
+                readers.remove(feed.stream)
+                with contextlib.suppress(Exception):  # the connection may be gone already
+                    feed.stream.close()
         self.stopped_ns = now_ns()
+        for feed in self._feeds:
+            samples = self._host_samples(feed)
+            self.samples += samples
+            problem = self._feed_faults(feed, samples)
+            if problem:
+                self.faults[feed.host] = problem
+                self.ctx.say(f"{self.step_name}: GPU view of {feed.host}: {problem}")
         if not self.samples:
             return {}
         path = self.ctx.run_dir / "gpu_samples.jsonl"
@@ -119,7 +184,8 @@ class GpuView:
         windows = sorted(self.windows or self._event_windows())
         if not windows:
             return {}
-        summary = {"samples": len(self.samples), "windows": len(windows), "hosts_total": self.hosts_total, "hosts": {}}
+        summary = {"samples": len(self.samples), "windows": len(windows), "hosts_total": self.hosts_total, "hosts": {},
+                   "faults": dict(self.faults)}
         for host in sorted({s["host"] for s in self.samples}):
             inside, outside = [], []
             for s in (s for s in self.samples if s["host"] == host and s["utilization_gpu"] is not None):
@@ -180,4 +246,6 @@ def markdown(view: dict) -> list[str]:
              "", "| " + " | ".join(TABLE_HEAD) + " |", "|" + "---|" * len(TABLE_HEAD)]
             + ["| " + " | ".join(row) + " |" for row in table_rows(view)] + [""]
             + [f"`{step}`: {len(s['hosts'])} of {s['hosts_total']} hosts sampled (spread evenly over the inventory)."
-               for step, s in view.items() if s.get("hosts_total", 0) > len(s["hosts"])])
+               for step, s in view.items() if s.get("hosts_total", 0) > len(s["hosts"])]
+            + [f"**`{step}` GPU view fault, {host}:** {problem}"
+               for step, s in view.items() for host, problem in (s.get("faults") or {}).items()])

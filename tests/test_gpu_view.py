@@ -86,3 +86,71 @@ def test_a_pod_is_sampled_on_a_bounded_spread_of_its_hosts():
     assert chosen[:3] == ["gpu1", "gpu18", "gpu35"] and chosen[-1] == "gpu256"
     assert gpu_view.spread(pod[:5], 16) == pod[:5]
 
+
+
+class _ScriptedLoop:
+    """What `nvidia-smi ... -lms N` printed, each line with the harness time it arrived; then its end."""
+
+    command = "nvidia-smi"
+
+    def __init__(self, lines, exit_status):
+        self.lines, self.exit_status, self.stderr = lines, exit_status, ""
+
+    def __iter__(self):
+        yield from self.lines
+
+    def close(self):
+        pass
+
+
+class _Session:  # a host clock 3 s ahead of the harness, known to ±0.2 ms
+    OFFSET, BOUND = 3_000_000_000, 200_000
+
+    def __init__(self, stream):
+        from types import SimpleNamespace
+
+        self.transport = SimpleNamespace(stream=lambda command: stream)
+
+    def to_harness(self, host_ns):
+        return host_ns - self.OFFSET, self.OFFSET, self.BOUND
+
+
+def test_each_sample_is_bounded_by_its_host_stamp_and_arrival_and_a_dead_stream_is_a_fault(tmp_path):
+    """Samples from a host in UTC+2 whose nvidia-smi stops for 1.2 s, then dies: each sample's bound holds the
+    true query time (host stamp, ms, converted; arrival), the gap and the early end are the view's faults, and a
+    host without nvidia-smi (no line, exit 127) is not one."""
+    import time as _time
+    from types import SimpleNamespace
+
+    zone = 2 * 3600 * 10**9
+    base = _time.time_ns() // 10**9 * 10**9 + 400_000  # query times 0.4 ms past a millisecond
+    queries = [base + k * 200_000_000 for k in (*range(5), 11, 12)]  # none for 1.2 s
+    truth, lines = {}, []
+    for host_ns in queries:
+        stamp = _time.strftime("%Y/%m/%d %H:%M:%S", _time.gmtime((host_ns + zone) // 10**9)) + \
+            f".{host_ns % 10**9 // 10**6:03d}"
+        arrival = host_ns - _Session.OFFSET + 3_000_000  # 3 ms later on the harness clock
+        for gpu in (0, 1):
+            lines.append((arrival, f"{stamp}, {gpu}, 97, 1024, 412.50"))
+        truth[host_ns // 10**6 * 10**6] = host_ns - _Session.OFFSET
+    streams = {"gpu1": _ScriptedLoop(lines, 255), "gpu2": _ScriptedLoop([], 127)}
+    said = []
+    ctx = SimpleNamespace(bench=SimpleNamespace(hosts={"gpu1": None, "gpu2": None}), say=said.append,
+                          open_sessions=lambda hosts: {h: _Session(streams[h]) for h in hosts},
+                          run_dir=tmp_path, manifest_extra={}, dry_run=False)
+    view = gpu_view.GpuView(ctx, "measure", ["gpu1", "gpu2"]).start()
+    end = _time.monotonic() + 30
+    while any(f.ended is None for f in view._feeds):  # both scripted streams read to their end
+        assert _time.monotonic() < end
+        _time.sleep(0.01)
+    view.window(queries[0] - _Session.OFFSET - 10**9, queries[-1])
+    summary = view.stop()
+    assert len(view.samples) == 2 * len(queries) and {s["host"] for s in view.samples} == {"gpu1"}
+    for s in view.samples:
+        assert s["host_ns"] in truth  # the zone found: the host's own clock, to the millisecond
+        assert s["t_ns"] - s["uncertainty_ns"] <= truth[s["host_ns"]] <= s["t_ns"] + s["uncertainty_ns"]
+        assert s["uncertainty_ns"] <= (3_000_000 + _Session.BOUND + 400_000) // 2 + 1  # ms start .. arrival
+    assert set(view.faults) == {"gpu1"}
+    assert "1 gap(s)" in view.faults["gpu1"] and "stream ended" in view.faults["gpu1"]
+    assert summary["faults"] == view.faults and any("GPU view of gpu1" in line for line in said)
+    assert any(view.faults["gpu1"] in line for line in gpu_view.markdown({"measure": summary}))

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from devices.emulated import formats
 from devices.parsers import ParseError
-from devices.parsers.gpu import parse_nvidia_smi_csv
+from devices.parsers.gpu import parse_nvidia_smi_csv, parse_nvidia_timestamp
 
 
 def test_real_capture_with_header_and_nounits():
@@ -17,6 +17,21 @@ def test_real_capture_with_header_and_nounits():
     assert q.units == (None, "%", "%", "MiB", "MiB")
     assert q.records() == [{"timestamp": "2024/03/13 07:04:28.836", "utilization.gpu": 0, "utilization.memory": 0,
                             "memory.used": 0, "memory.total": 81920}]
+
+
+def test_timestamps_of_the_real_captures_read_as_utc_nanoseconds():
+    import datetime
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).parent / "data" / "real" / "nvidia-smi").glob("*.csv.txt")):
+        lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+        assert lines[0].startswith("timestamp, "), path.name
+        stamp = parse_nvidia_smi_csv("\n".join(lines[:2])).column("timestamp")[0]
+        when = datetime.datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").replace(tzinfo=datetime.timezone.utc)
+        assert parse_nvidia_timestamp(stamp) == round(when.timestamp() * 1000) * 1_000_000, (path.name, stamp)
+    for bad in ("2024/03/13 07:04:28", "2024-03-13 07:04:28.836", "[N/A]"):
+        with pytest.raises(ParseError):
+            parse_nvidia_timestamp(bad)
 
 
 def test_real_capture_with_units():

@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
+import time
 
 import pytest
 
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import profile_from_dict
 from devices.emulated.ssh_host import EmulatedHostServer
-from devices.parsers.gpu import parse_nvidia_smi_csv
+from devices.parsers.gpu import parse_nvidia_smi_csv, parse_nvidia_timestamp
 from devices.parsers.nic import (parse_carrier, parse_ethtool, parse_ethtool_module, parse_ib_phys_state,
                                  parse_ib_rate, parse_ib_state, parse_ip_link_oneline, parse_ip_monitor_line,
                                  parse_mlxlink, parse_operstate, parse_rdma_link, parse_rdma_link_json,
@@ -134,6 +135,35 @@ def test_nvidia_smi_query(ssh, bench, server):
     assert with_header.units == ("MiB",) and with_header.column("memory.total") == [server.gpus[1].memory_total_mib]
     bad = ssh.run("nvidia-smi --query-gpu=index,bogus --format=csv")
     assert bad.exit_status == 2 and 'Field "bogus" is not a valid field to query.' in bad.stdout
+
+
+def test_nvidia_smi_loop_queries_again_an_interval_after_each_query(ssh, bench, server):
+    """`-lms N`: the header once, then one block of every GPU per query, each stamped with its host time (ms,
+    local) when it was made; the next query no earlier than N ms after; the loop ends with the channel."""
+    from devices.emulated.formats import nvidia_timestamp
+
+    host, gpus = server.host_name, len(server.gpus)
+    before = nvidia_timestamp(bench.host_clock_ns(host))
+    with ssh.stream("nvidia-smi --query-gpu=timestamp,index,utilization.gpu --format=csv,nounits -lms 50") as loop:
+        lines = [loop.readline(Deadline(10)) for _ in range(1 + 3 * gpus)]
+        after = nvidia_timestamp(bench.host_clock_ns(host))
+    assert None not in lines
+    text = [line for _, line in lines]
+    assert text[0] == "timestamp, index, utilization.gpu [%]" and text[0] not in text[1:]
+    blocks = [parse_nvidia_smi_csv("\n".join(text[:1] + text[1 + k * gpus:1 + (k + 1) * gpus])) for k in range(3)]
+    stamps = []
+    for block in blocks:
+        assert block.column("index") == list(range(gpus)) and len(set(block.column("timestamp"))) == 1
+        stamps.append(block.column("timestamp")[0])
+    assert before <= stamps[0] < stamps[1] < stamps[2] <= after
+    ms = [parse_nvidia_timestamp(s) // 1_000_000 for s in stamps]
+    assert all(b - a >= 50 for a, b in zip(ms, ms[1:])), stamps
+    streams = server.agent_streams()
+    deadline = Deadline(10)
+    while any(k[1].startswith("nvidia-smi-loop") and v for k, v in streams._routes.items()):
+        assert not deadline.expired(), "the loop outlived its channel"
+        time.sleep(0.01)
+    assert ssh.run("nvidia-smi --query-gpu=index --format=csv -lms 0").exit_status == 2
 
 
 def test_command_registry_extends_and_overrides(bench):

@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import paramiko
 from paramiko.buffered_pipe import BufferedPipe
@@ -940,6 +940,7 @@ def _nvidia_smi(ctx: ExecContext, argv: list[str]) -> int:
     fields: list[str] | None = None
     fmt: list[str] = []
     index: set[int] | None = None
+    loop_ms: int | None = None
     args = argv[1:]
     if args[:1] == ["topo"]:
         if args[1:] != ["-m"]:
@@ -956,16 +957,28 @@ def _nvidia_smi(ctx: ExecContext, argv: list[str]) -> int:
             index = {int(x) for x in args[i + 1].split(",") if x.isdigit()}
         elif arg.startswith("--id="):
             index = {int(x) for x in arg.split("=", 1)[1].split(",") if x.isdigit()}
+        elif arg in ("-l", "--loop", "-lms", "--loop-ms") or arg.startswith(("--loop=", "--loop-ms=")):
+            name, _, value = arg.partition("=")
+            value = value or (args[i + 1] if i + 1 < len(args) else "")
+            if not value.isdigit() or int(value) <= 0:
+                ctx.err(f"Invalid value for {name}: {value!r}\n")
+                return 2
+            loop_ms = int(value) * (1 if name in ("-lms", "--loop-ms") else 1000)
     if fields is None or "csv" not in fmt:
-        ctx.err("emulated nvidia-smi supports --query-gpu=FIELDS --format=csv[,noheader][,nounits] only\n")
+        ctx.err("emulated nvidia-smi supports --query-gpu=FIELDS --format=csv[,noheader][,nounits] "
+                "[-lms MS | -l S] only\n")
         return 2
     for field in fields:
         if field not in formats.GPU_FIELDS:
             ctx.out(f'Field "{field}" is not a valid field to query.\n\n')
             return 2
-    gpus = _gpus_now(ctx, [g for g in ctx.server.gpus if index is None or g.index in index])
-    ctx.out(formats.nvidia_smi_query(gpus, fields, ctx.bench.host_clock_ns(ctx.host),
-                                     header="noheader" not in fmt, units="nounits" not in fmt))
+    chosen = [g for g in ctx.server.gpus if index is None or g.index in index]
+    header, units = "noheader" not in fmt, "nounits" not in fmt
+    if loop_ms is not None:
+        stream = _GpuQueryLoop(ctx, chosen, fields, units, loop_ms * 1_000_000)
+        return stream.serve(lambda: stream.query(header))
+    ctx.out(formats.nvidia_smi_query(_gpus_now(ctx, chosen), fields, ctx.bench.host_clock_ns(ctx.host),
+                                     header=header, units=units))
     return 0
 
 
@@ -1455,6 +1468,10 @@ class _AgentStreams:
         with stream.write_lock:
             stream.closed = True
 
+    def arm(self, change) -> None:
+        """A stream's own timer: `change` is routed as a physics change (due at its `t_ns` on a step-0 grid)."""
+        self._inbox.put(change)
+
     def close(self) -> None:
         self._unsubscribe()
         self._inbox.put(None)
@@ -1541,6 +1558,40 @@ class _Stream:
         finally:
             streams.remove(self)
         return 0
+
+
+class _GpuTick(NamedTuple):
+    """A looping `nvidia-smi`'s next query, routed like a physics change to its own stream."""
+
+    netdev: str
+    field: str
+    t_ns: int
+
+
+class _GpuQueryLoop(_Stream):
+    """`nvidia-smi --query-gpu=... --format=csv... -lms N` (`-l S`): the query printed at once (the header,
+    unless `noheader`, only then), then again `interval` after each query until the client goes away: each
+    query stamps its own `timestamp` (host clock, ms). Its timer rides on the host's `_AgentStreams` thread:
+    each query arms the next as a `_GpuTick` due then (no thread, no wake-up in between)."""
+
+    def __init__(self, ctx: ExecContext, gpus: list, fields: list[str], units: bool, interval: int):
+        super().__init__(ctx)
+        self.gpus, self.fields, self.units, self.interval = gpus, fields, units, interval
+        self.keys = (("", f"nvidia-smi-loop-{id(self)}"),)
+
+    @staticmethod
+    def grid(field: str) -> tuple[int, int]:
+        return 0, 0  # due at the tick's own time
+
+    def query(self, header: bool = False) -> str:
+        ctx = self.ctx
+        text = formats.nvidia_smi_query(_gpus_now(ctx, self.gpus), self.fields, ctx.bench.host_clock_ns(ctx.host),
+                                        header=header, units=self.units)
+        ctx.server.agent_streams().arm(_GpuTick(*self.keys[0], now_ns() + self.interval))  # sleeps, then again
+        return text
+
+    def lines(self, items: list) -> str:
+        return self.query()
 
 
 class _WatchStream(_Stream):

@@ -1,6 +1,7 @@
 """Parser of `nvidia-smi --query-gpu=FIELDS --format=csv[,noheader][,nounits]` (spec protocols.md §3.1)."""
 from __future__ import annotations
 
+import calendar
 import csv
 import re
 from dataclasses import dataclass
@@ -159,3 +160,17 @@ def parse_nvidia_smi_topo(text: str) -> GpuTopology:
         raise ParseError("GPU rows under the header (nvidia-smi topo -m)", text)
     nic_names = {m.group(1): m.group(2) for m in (re.fullmatch(r"\s+(NIC\d+): (\S+)", line) for line in lines) if m}
     return GpuTopology(links, nic_names, cpu, numa)
+
+
+_TIMESTAMP = re.compile(r"(\d{4})/(\d{2})/(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{3})")
+
+
+def parse_nvidia_timestamp(text: str) -> int:
+    """The `timestamp` query field, "YYYY/MM/DD HH:MM:SS.mmm" (when the query was made, the host's local time,
+    no zone, milliseconds: `nvidia-smi --help-query-gpu`), as ns since the epoch read as if it were UTC — the
+    reader knows the host's zone offset (a multiple of 15 minutes), the text does not."""
+    m = _TIMESTAMP.fullmatch(text.strip())
+    if not m:
+        raise ParseError("a timestamp 'YYYY/MM/DD HH:MM:SS.mmm' (nvidia-smi)", text)
+    y, mo, d, h, mi, s, ms = (int(g) for g in m.groups())
+    return (calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0)) * 1000 + ms) * 1_000_000
