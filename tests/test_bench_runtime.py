@@ -311,44 +311,55 @@ def test_a_host_s_parked_lines_count_before_its_next_one():
 
 def test_lines_surely_after_the_command_are_not_converted_and_decide_the_same(monkeypatch):
     """A line whose host time lies well past the command's (as the host's first line this cycle put it) cannot
-    be stale: it skips the conversion (the costly part of a line), and the cycle keeps exactly what converting
-    every line keeps. Lines near the command, and every line after the host clock's generation changed (a
-    step), are converted."""
+    be stale: its stale check skips the conversion, and the cycle keeps exactly what checking every line keeps.
+    What a port's events are made of (kept and not-yet observations) is converted as it arrives, once, and the
+    events reuse it. Lines near the command, and every line after the host clock's generation changed (a step),
+    are checked."""
     from harness.bench.stages import CycleEvents
 
     script = ScriptedObservations()
     for host in ("h1", "h2"):
         script.watch(host, "eth0", "carrier", "0", 99 * MS)  # before the command: stale, dropped
-        script.watch(host, "eth0", "rx_los", "1", 100 * MS + 300_000)  # near it: converted
+        script.watch(host, "eth0", "rx_los", "1", 100 * MS + 300_000)  # near it: checked (and kept: not yet)
         _full_chain(script, host, 102 * MS)
+        script.watch(host, "eth0", "operstate", "up", 103 * MS + 500_000)  # marks no stage: never converted
+        script.watch(host, "eth0", "phys_state", "LinkUp", 103 * MS + 600_000)
     generation = {"h1": 0, "h2": 0}
     calls = []
 
     def convert(host, host_ns):
-        calls.append(host)
+        calls.append((host, host_ns))
         return script.convert(host, host_ns)
 
     def run(exact: bool):
         calls.clear()
+        generation.update(h1=0, h2=0)
         built = CycleEvents("r", 1, PORTS, 100 * MS, convert, CHAIN, generation=generation.__getitem__)
         watch = CycleWatch({k: set(CHAIN) for k in PORTS}, PORT_OF, 100 * MS, 101 * MS, convert, peer_mac=MAC,
                            chain=CHAIN, events=built)
         if exact:
             monkeypatch.setattr(watch, "_surely_after", lambda obs: False)
         for i, obs in enumerate(script.items):
-            if i == 9:
-                generation["h2"] += 1  # h2's clock found to have stepped: its next line is converted again
+            if i == 11:
+                generation["h2"] += 1  # h2's clock found to have stepped: its next line is checked again
             watch.feed(obs)
-        generation["h2"] = 0
         a = watch.result(110 * MS)
-        return (a.kept, a.not_yet, a.flaps, a.missing), list(calls)
+        converted = len(calls)
+        events = stage_events("r", 1, PORTS, "ocs1", 100 * MS, 101 * MS, a, convert, CHAIN, built, watch.version)
+        marks = {host: gen for host, (_, gen) in watch._host_after.items()}
+        return (a.kept, a.not_yet, a.flaps, a.missing, events), calls[:converted], calls[converted:], marks
 
-    fast, fast_calls = run(exact=False)
-    exact, exact_calls = run(exact=True)
-    assert fast == exact and len(exact_calls) == len(script.items) == 14
-    # per host: the stale line and the one near the command (not stale: it marks the host time from which
-    # none can be); h2 once more after its generation changed
-    assert fast_calls == ["h1"] * 2 + ["h2"] * 2 + ["h2"]
+    midpoint = lambda obs: (obs.host, obs.host_ns - obs.interval_ns // 2)  # noqa: E731
+    fast, fast_calls, fast_end, marks = run(exact=False)
+    exact, exact_calls, exact_end, _ = run(exact=True)
+    assert fast == exact and len(script.items) == 18 and len(exact_calls) == len(set(exact_calls)) == 18
+    # the events reuse every conversion made while the cycle waited, but for h2's one made before its step
+    assert fast_end == exact_end == [midpoint(script.items[10])]
+    kept = {midpoint(o) for o in [*exact[0].values(), *exact[1].values()]}
+    stale = {midpoint(o) for o in script.items if o.recv_ns < 100 * MS}
+    assert set(fast_calls) == kept | stale and len(fast_calls) == len(kept | stale)  # each once
+    assert marks == {"h1": 0, "h2": 1}  # h2's lines were checked again after its step, and marked anew
+    assert not {midpoint(o) for o in script.items if o.field in ("operstate", "phys_state")} & set(fast_calls)
 
 
 def test_events_built_while_the_cycle_waits_equal_those_built_at_its_end():

@@ -119,7 +119,7 @@ class CycleWatch:
             return
         stage = classify(obs)
         if not self._surely_after(obs):
-            lo, hi, offset = interval(obs, self.convert)
+            lo, hi, offset = interval(obs, self.convert if self.events is None else self.events.converted)
             if hi < self.first_sent:  # happened before this cycle's command — or the host's clock stepped
                 if obs.recv_ns >= self.first_sent and self.suspect is not None and not released:
                     self._held[obs.host] = self.suspect(obs.host)
@@ -131,6 +131,7 @@ class CycleWatch:
             if gated is not None and gated in self.need[key] and not self._implied(key, gated):
                 self.arrivals.not_yet[(key, gated)] = obs
                 self.version[key] += 1
+                self._convert_now(obs)
         if stage == "port_down" and (key, "phy_up") in kept:
             self.arrivals.flaps[key] = self.arrivals.flaps.get(key, 0) + 1  # carrier lost with the light on
         if stage is None or (key, stage) in kept:
@@ -142,7 +143,14 @@ class CycleWatch:
             kept[(key, stage)] = obs
             self.need[key].discard(stage)
             self.version[key] += 1
+            self._convert_now(obs)
             self._settle_port(key)
+
+    def _convert_now(self, obs) -> None:
+        """An observation the port's events will be made of: converted now, while the cycle waits, not at
+        its end (`CycleEvents.converted` keeps it)."""
+        if self.events is not None:
+            interval(obs, self.events.converted)
 
     def _surely_after(self, obs) -> bool:
         """Whether the change is surely after the command by its host time alone, so that converting it to

@@ -154,6 +154,19 @@ class CycleEvents:
         self.convert, self.chain, self.generation, self.encode = convert, chain, generation, encode
         self._built: dict[str, tuple[tuple[int, int], list[Event], list]] = {}  # key -> (version, events, encoded)
         self.rebuilt = 0  # ports built at the cycle's end (the rest were ready): what a test can check
+        self._converted: dict[tuple[str, int], tuple[tuple[int, int, int], int]] = {}
+
+    def converted(self, host: str, host_ns: int) -> tuple[int, int, int]:
+        """`convert`, remembered for the cycle: the watch converts each observation it keeps as it arrives, and
+        the port's events (built later, often at the cycle's end) reuse that. A later clock sample leaves a
+        bound made before it true; a step (the host's generation) does not: then it converts again."""
+        generation = self.generation(host)
+        known = self._converted.get((host, host_ns))
+        if known is not None and known[1] == generation:
+            return known[0]
+        answer = self.convert(host, host_ns)
+        self._converted[(host, host_ns)] = (answer, generation)
+        return answer
 
     def port(self, key: str, version: int, kept: dict[str, object], not_yet: dict[str, object],
              done_ns: int | None = None) -> tuple[list[Event], list] | None:
@@ -162,7 +175,7 @@ class CycleEvents:
         known = self._built.get(key)                   # makes the stamp stale, never the events
         if known is not None and known[0] == stamp:
             return known[1], known[2]
-        events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet, self.convert,
+        events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet, self.converted,
                              self.chain, done_ns)
         if events is None:
             return None
