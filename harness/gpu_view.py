@@ -9,7 +9,8 @@ was made, local time, milliseconds); converted with the host's clock model (as e
 bound runs from that millisecond's start (minus the clock bound) to the harness time its line arrived — the
 values were read after the query began and before they were sent, whatever the query cost on the host. A
 stream that ends before the step does (host rebooted, nvidia-smi exited) is a fault of the view, reported with
-its reason; so is a gap (successive samples more than GAP_INTERVALS intervals apart). At the end of the step the
+its reason, and is started again (at most RESTARTS times); the hole it leaves is a gap (successive samples more
+than GAP_INTERVALS intervals apart), also a fault. At the end of the step the
 samples go to `gpu_samples.jsonl` (fsynced) and the manifest gets, per host, the utilisation inside the
 re-training windows (a cycle's `ocs_command_sent` to its last `port_active`, or the windows a step marks)
 against between them (the steady state); a sample whose bound straddles a window edge is counted in neither.
@@ -31,6 +32,7 @@ IDLE_PERCENT = 5  # at or below: the GPU is idle
 INTERVAL_S = 0.2  # nvidia-smi's sleep between two queries of one host (a query itself takes tens of ms)
 MAX_HOSTS = 16  # hosts sampled per step: a pod's GPUs are shown by a spread of its hosts (bounded tool load)
 GAP_INTERVALS = 3  # successive samples of a host further apart than this many intervals: a gap in the view
+RESTARTS = 3  # a host's loop that ends while the step runs is started again at most this often (each end a fault)
 ZONE_NS = 15 * 60 * 1_000_000_000  # time zones are whole quarter hours from UTC
 
 
@@ -54,7 +56,7 @@ class _Feed:
         self.host, self.session = host, session
         self.stream = None
         self.arrived: list[tuple[int, list[str]]] = []  # (harness ns the packet arrived, its complete lines)
-        self.ended: tuple[int, str] | None = None  # (harness ns, why) when it ended before the step did
+        self.ends: list[tuple[int, str, int]] = []  # (harness ns, why, batches arrived by then): each early end
         self.others: list[str] = []  # lines that are no sample (an XID/ECC event nvidia-smi prints, an error)
 
 
@@ -71,31 +73,47 @@ class GpuView:
         self.faults: dict[str, str] = {}  # host -> what went wrong with its view (stream ended, gaps)
         self._feeds: list[_Feed] = []
         self._stopping = threading.Event()
+        self._lock = threading.Lock()  # a stream (re)started vs the step's end
         self.started_ns = self.stopped_ns = 0
 
     def start(self) -> "GpuView":
         # The run's own session per host (its connection, a channel for the step; its clock model converts the
         # samples): a host costs one SSH login per run.
-        from harness.bench.readers import shared_readers
-
         sessions = self.ctx.open_sessions(self.hosts)
-        readers = shared_readers()
         self.started_ns = now_ns()
         for host in self.hosts:
             feed = _Feed(host, sessions[host])
             self._feeds.append(feed)
-            try:
-                feed.stream = feed.session.transport.stream(query(self.interval_s))
-            except (DeviceError, OSError) as exc:
-                feed.ended = (now_ns(), f"cannot start nvidia-smi: {exc}")
-                continue
-            readers.add_lines(feed.stream, lambda recv_ns, lines, f=feed: f.arrived.append((recv_ns, lines)),
-                              lambda reason, f=feed: self._ended(f, reason))
+            self._start(feed)
         return self
 
+    def _start(self, feed: _Feed) -> None:
+        from harness.bench.readers import shared_readers
+
+        try:
+            stream = feed.session.transport.stream(query(self.interval_s))
+        except (DeviceError, OSError) as exc:
+            feed.ends.append((now_ns(), f"cannot start nvidia-smi: {str(exc)[:300]}", len(feed.arrived)))
+            return
+        with self._lock:
+            if self._stopping.is_set():
+                stream.close()
+                return
+            feed.stream = stream
+            shared_readers().add_lines(stream, lambda recv_ns, lines: feed.arrived.append((recv_ns, lines)),
+                                       lambda reason: self._ended(feed, reason))
+
     def _ended(self, feed: _Feed, reason: str) -> None:
-        if not self._stopping.is_set():
-            feed.ended = (now_ns(), reason.strip()[:300])
+        """Its loop ended while the step runs (the SSH hub's thread: the restart waits on a thread of its own)."""
+        if self._stopping.is_set():
+            return
+        feed.ends.append((now_ns(), reason.strip()[:300], len(feed.arrived)))
+        if feed.arrived and len(feed.ends) <= RESTARTS:  # (no line ever: a host without GPUs or nvidia-smi)
+            threading.Thread(target=self._restart, args=(feed,), daemon=True, name=f"gpu-view-{feed.host}").start()
+
+    def _restart(self, feed: _Feed) -> None:
+        if not self._stopping.wait(self.interval_s):
+            self._start(feed)
 
     def _host_samples(self, feed: _Feed) -> list[dict]:
         """The feed's lines as samples on the harness clock (after the step: the host's final clock model)."""
@@ -131,9 +149,10 @@ class GpuView:
     def _feed_faults(self, feed: _Feed, samples: list[dict]) -> str | None:
         """What a reader of the view must know about this host's samples: an early end, gaps."""
         problems = []
-        if feed.ended is not None and samples:  # (no sample at all: a host without GPUs or nvidia-smi)
-            at_s = (feed.ended[0] - self.started_ns) / 1e9
-            problems.append(f"nvidia-smi stream ended {at_s:.1f} s into the step, no samples after ({feed.ended[1]})")
+        if feed.ends and samples:  # (no sample at all: a host without GPUs or nvidia-smi)
+            problems.append(f"nvidia-smi stream ended {len(feed.ends)} time(s): " + "; ".join(
+                f"{(t - self.started_ns) / 1e9:.1f} s into the step ({why})" for t, why, _ in feed.ends)
+                + ("; no samples after the last" if feed.ends[-1][2] == len(feed.arrived) else ""))
         times = sorted({s["host_ns"] for s in samples})
         gaps = [(b - a) / 1e9 for a, b in zip(times, times[1:]) if b - a > GAP_INTERVALS * self.interval_s * 1e9]
         if gaps:
@@ -159,7 +178,8 @@ class GpuView:
     def stop(self) -> dict:
         from harness.bench.readers import shared_readers
 
-        self._stopping.set()
+        with self._lock:
+            self._stopping.set()
         readers = shared_readers()
         for feed in self._feeds:
             if feed.stream is not None:

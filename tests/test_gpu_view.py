@@ -10,6 +10,8 @@ import pandas as pd
 import yaml
 
 from devices.emulated.ssh_host import GPU_BUSY, GPU_STALLED
+from devices.errors import TransportClosed
+from devices.timing import now_ns
 from harness import gpu_view
 
 SLOW_NIC = {  # links take ~0.17 s to re-train
@@ -103,54 +105,65 @@ class _ScriptedLoop:
         pass
 
 
-class _Session:  # a host clock 3 s ahead of the harness, known to ±0.2 ms
+class _Session:  # a host clock 3 s ahead of the harness, known to ±0.2 ms; its connection gives out `streams`
     OFFSET, BOUND = 3_000_000_000, 200_000
 
-    def __init__(self, stream):
+    def __init__(self, streams):
         from types import SimpleNamespace
 
-        self.transport = SimpleNamespace(stream=lambda command: stream)
+        def stream(command):
+            assert command == gpu_view.query(gpu_view.INTERVAL_S)
+            if not streams:
+                raise TransportClosed("gpu1: connection refused")
+            return streams.pop(0)
+
+        self.transport = SimpleNamespace(stream=stream)
 
     def to_harness(self, host_ns):
         return host_ns - self.OFFSET, self.OFFSET, self.BOUND
 
 
 def test_each_sample_is_bounded_by_its_host_stamp_and_arrival_and_a_dead_stream_is_a_fault(tmp_path):
-    """Samples from a host in UTC+2 whose nvidia-smi stops for 1.2 s, then dies: each sample's bound holds the
-    true query time (host stamp, ms, converted; arrival), the gap and the early end are the view's faults, and a
-    host without nvidia-smi (no line, exit 127) is not one."""
+    """A host in UTC+2 whose nvidia-smi dies, is started again, stops printing for 1.2 s and dies again (then
+    its host refuses): each sample's bound holds the true query time (host stamp, ms, converted; arrival); the
+    ends, the failed restart and the gap are the view's faults; a host without nvidia-smi (no line, exit 127)
+    has none."""
     import time as _time
     from types import SimpleNamespace
 
     zone = 2 * 3600 * 10**9
-    base = _time.time_ns() // 10**9 * 10**9 + 400_000  # query times 0.4 ms past a millisecond
-    queries = [base + k * 200_000_000 for k in (*range(5), 11, 12)]  # none for 1.2 s
-    truth, lines = {}, []
-    for host_ns in queries:
-        stamp = _time.strftime("%Y/%m/%d %H:%M:%S", _time.gmtime((host_ns + zone) // 10**9)) + \
-            f".{host_ns % 10**9 // 10**6:03d}"
-        arrival = host_ns - _Session.OFFSET + 3_000_000  # 3 ms later on the harness clock
-        for gpu in (0, 1):
-            lines.append((arrival, f"{stamp}, {gpu}, 97, 1024, 412.50"))
-        truth[host_ns // 10**6 * 10**6] = host_ns - _Session.OFFSET
-    streams = {"gpu1": _ScriptedLoop(lines, 255), "gpu2": _ScriptedLoop([], 127)}
+    base = now_ns() // 10**9 * 10**9 + _Session.OFFSET + 400_000  # host times 0.4 ms past a millisecond
+    truth, scripts = {}, []
+    for ks in ((0, 1, 2), (3, 4, 10, 11)):  # nothing from 5 to 9: a 1.2 s hole
+        lines = []
+        for k in ks:
+            host_ns = base + k * 200_000_000
+            stamp = _time.strftime("%Y/%m/%d %H:%M:%S", _time.gmtime((host_ns + zone) // 10**9)) + \
+                f".{host_ns % 10**9 // 10**6:03d}"
+            arrival = host_ns - _Session.OFFSET + 3_000_000  # 3 ms later on the harness clock
+            lines += [(arrival, f"{stamp}, {gpu}, 97, 1024, 412.50") for gpu in (0, 1)]
+            truth[host_ns // 10**6 * 10**6] = host_ns - _Session.OFFSET
+        scripts.append(_ScriptedLoop(lines, 255))
+    streams = {"gpu1": scripts, "gpu2": [_ScriptedLoop([], 127)]}
     said = []
     ctx = SimpleNamespace(bench=SimpleNamespace(hosts={"gpu1": None, "gpu2": None}), say=said.append,
                           open_sessions=lambda hosts: {h: _Session(streams[h]) for h in hosts},
                           run_dir=tmp_path, manifest_extra={}, dry_run=False)
     view = gpu_view.GpuView(ctx, "measure", ["gpu1", "gpu2"]).start()
     end = _time.monotonic() + 30
-    while any(f.ended is None for f in view._feeds):  # both scripted streams read to their end
-        assert _time.monotonic() < end
+    while [len(f.ends) for f in view._feeds] != [3, 1]:  # gpu1: two ends and a refused restart; gpu2: one end
+        assert _time.monotonic() < end, [f.ends for f in view._feeds]
         _time.sleep(0.01)
-    view.window(queries[0] - _Session.OFFSET - 10**9, queries[-1])
+    view.window(base - _Session.OFFSET - 10**9, base - _Session.OFFSET + 10**9)
     summary = view.stop()
-    assert len(view.samples) == 2 * len(queries) and {s["host"] for s in view.samples} == {"gpu1"}
+    assert len(view.samples) == 2 * len(truth) and {s["host"] for s in view.samples} == {"gpu1"}
     for s in view.samples:
         assert s["host_ns"] in truth  # the zone found: the host's own clock, to the millisecond
         assert s["t_ns"] - s["uncertainty_ns"] <= truth[s["host_ns"]] <= s["t_ns"] + s["uncertainty_ns"]
         assert s["uncertainty_ns"] <= (3_000_000 + _Session.BOUND + 400_000) // 2 + 1  # ms start .. arrival
     assert set(view.faults) == {"gpu1"}
-    assert "1 gap(s)" in view.faults["gpu1"] and "stream ended" in view.faults["gpu1"]
+    fault = view.faults["gpu1"]
+    assert "stream ended 3 time(s)" in fault and "connection refused" in fault and "1 gap(s)" in fault, fault
+    assert "no samples after the last" in fault
     assert summary["faults"] == view.faults and any("GPU view of gpu1" in line for line in said)
-    assert any(view.faults["gpu1"] in line for line in gpu_view.markdown({"measure": summary}))
+    assert any(fault in line for line in gpu_view.markdown({"measure": summary}))
