@@ -269,3 +269,32 @@ def test_time_responder_hands_replies_to_the_commands_thread_when_the_window_is_
     pipe2 = _TimeResponder(channel, types.SimpleNamespace(host_time=lambda host, mono: 7), "gpu1")
     pipe2.feed(b"c3\n")
     assert sent == [b"c3 7\n"] and len(pipe2) == 0
+
+
+def test_a_stream_whose_channel_is_gone_at_its_first_lines_ends_unregistered():
+    """The client gone before the initial values are written: the command ends (no wait on its own lock)
+    and no change is routed to it any more."""
+    import threading
+    from types import SimpleNamespace
+
+    from devices.emulated.ssh_host import ChannelGone, _AgentStreams, _ProbeRecvStream
+
+    def gone(text):
+        raise ChannelGone()
+
+    bench = SimpleNamespace(subscribe=lambda host, cb: (lambda: None), probe_flow=lambda host, netdev: None)
+    streams = _AgentStreams(SimpleNamespace(host_name="gpu1", bench=bench))
+    ctx = SimpleNamespace(bench=bench, host="gpu1", out=gone, server=SimpleNamespace(agent_streams=lambda: streams))
+    stream = _ProbeRecvStream(ctx, "ens1f0np0")
+    ended = threading.Event()
+
+    def serve():
+        try:
+            stream.serve(lambda: "0 first x 1\n")
+        except ChannelGone:
+            ended.set()
+
+    threading.Thread(target=serve, daemon=True).start()
+    assert ended.wait(10)
+    streams.close()
+    assert stream.closed and all(not routes for routes in streams._routes.values())

@@ -1544,15 +1544,17 @@ class _Stream:
         """Register, write `first_lines()` (read after registering: no change can fall between), then wait
         for stdin's EOF or the client going away."""
         streams = self.ctx.server.agent_streams()
-        with self.write_lock:
+        self.write_lock.acquire()
+        try:
             streams.add(self)
-            try:
-                text = first_lines()
-                if text:
-                    self.ctx.out(text)
-            except ChannelGone:
-                streams.remove(self)
-                raise
+            text = first_lines()
+            if text:
+                self.ctx.out(text)
+        except BaseException:  # the channel gone, or a bug: never left registered (remove takes the lock)
+            self.write_lock.release()
+            streams.remove(self)
+            raise
+        self.write_lock.release()
         try:
             self.ctx.wait_stdin_eof_or_gone()
         finally:
