@@ -129,3 +129,20 @@ def test_fake_agrees_with_emulator(live_tl1, ops):
                 outcomes.append(exc.code)
         assert outcomes[0] == outcomes[1], op
         assert fake.patches() == live_tl1.patches(), op
+
+
+def test_confirm_compares_every_patch_on_allowed_ports_with_the_plan():
+    from devices.ocs.base import ConfirmedState, StateMismatch, confirm
+
+    allowed = frozenset({1, 2, 3, 17, 18, 19})
+    expected = {1: 17, 2: 18, 9: 25}
+    confirm({1: 17, 2: 18, 9: 26}, {1: 17}, expected=expected, allowed=allowed)  # 9 is not ours
+    with pytest.raises(StateMismatch, match=r"unplanned \{3: 19\}, gone \{\}"):
+        confirm({1: 17, 2: 18, 3: 19}, {1: 17}, expected=expected, allowed=allowed)
+    with pytest.raises(StateMismatch, match=r"unplanned \{9: 19\}, gone \{2: 18\}"):
+        confirm({1: 17, 9: 19}, {1: 17}, expected=expected, allowed=allowed)
+    known = ConfirmedState()
+    known.keep({1: 17}, events_added=4)
+    assert known.take(4) == {1: 17} and known.take(4) is None  # handed out once
+    known.keep({1: 17}, events_added=4)
+    assert known.take(5) is None  # the switch said something since

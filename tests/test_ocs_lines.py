@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from devices.ocs import Endpoint, OcsConfigError, parse_url
 from devices.ocs.lines import LineSplitter
@@ -11,6 +11,7 @@ texts = st.lists(st.text(st.characters(blacklist_characters="\r\n", codec="utf-8
                  .filter(lambda s: s.strip() == s and s), max_size=8)
 
 
+@settings(suppress_health_check=[HealthCheck.too_slow])  # generation time is the machine's load, not ours
 @given(lines=texts, endings=st.lists(st.sampled_from(["\r", "\n", "\r\n", "\n\n", "\r\n\r\n"]), min_size=8,
                                      max_size=8), cuts=st.lists(st.integers(0, 200), max_size=10))
 def test_splitter_is_independent_of_line_ends_and_chunking(lines, endings, cuts):

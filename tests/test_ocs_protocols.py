@@ -118,3 +118,37 @@ def test_port_outside_allowlist_sends_nothing(emulator):
             servers.faults.clear()
             limited.close()
             admin.close()
+
+
+def test_apply_plans_from_its_confirmed_read_and_a_change_behind_its_back_is_caught_and_retried(switch, emulator):
+    """The next apply plans from the read that confirmed the last one (one read fewer per change; SCPI's
+    `:CONN:ONLY` replaces the whole state, so it always reads first). Another session's change between two
+    applies is caught by the confirming read, retried from a fresh read, and named as the retry's cause."""
+    from harness.bench.circuits import CircuitGuard, RetryPolicy
+
+    bench, _, views = emulator
+    protocol = switch.resource.protocol
+    reads: list[int] = []
+    read_patches = switch._read_patches
+    switch._read_patches = lambda: (reads.append(1), read_patches())[1]
+    guard = CircuitGuard("ocs1", switch, snapshot_path=None, resuming=False, allowed=switch.allowed)
+    policy = RetryPolicy(retries=2, backoff_s=0.0, timeout_s=10.0)
+    assert guard.apply({1: 17, 2: 18}, policy).causes == ()
+    reads.clear()
+    assert guard.apply({1: 18, 2: 17}, policy).causes == ()
+    assert len(reads) == (2 if protocol == "polatis-scpi" else 1)  # only the confirming read
+    assert bench.ocs_patches() == {1: 18, 2: 17}
+    other = _open(views, protocol)  # another operator, between two cycles, announced to nobody
+    try:
+        other.disconnect([2])
+        other.connect(3, 19)
+    finally:
+        other.close()
+    applied = guard.apply({1: 18, 2: 17, 4: 20}, policy)
+    assert bench.ocs_patches() == {1: 18, 2: 17, 4: 20}  # the emulator's truth: 3->19 cleared, 2->17 back
+    if protocol == "polatis-scpi":  # planned from a read: nothing to catch
+        assert applied.causes == ()
+    else:
+        (cause,) = applied.causes
+        assert cause.startswith("ocs-retry:ocs1: switch state does not confirm the change: missing {2: 17}"), cause
+    assert not guard.suspect  # a mismatch is not a broken session: no reconnect

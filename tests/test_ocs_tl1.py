@@ -456,3 +456,17 @@ def test_emulator_autonomous_reports_interleave_with_replies():
     finally:
         servers.stop()
         bench.stop()
+
+
+def test_an_autonomous_message_since_the_last_change_makes_apply_read_the_switch_first(quirky):
+    """The quirky peer sends a REPT before every reply: the confirming read is never the next plan's state."""
+    switch = open_switch(_resource(quirky.server_address, password="secret"), timeout_s=5)
+    try:
+        switch.apply({3: 20})
+        log = quirky.state["log"]
+        del log[:]
+        switch.apply({3: 21})
+        assert [line.split(":")[0] for line in log] == ["RTRV-PATCH", "DLT-PATCH", "ENT-PATCH", "RTRV-PATCH"], log
+        assert quirky.state["patches"] == {3: 21}
+    finally:
+        switch.close()

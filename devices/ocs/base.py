@@ -1,12 +1,15 @@
 """What every switch driver shares: the port allowlist, the check that a reported switch state is
-physically possible, the reconcile plan behind `apply`, and the queue of what the switch said on its own."""
+physically possible, the reconcile plan behind `apply` (planned from a read, or from the driver's own last
+confirmed read while nothing it knows of can have changed the switch), and the queue of what the switch said
+on its own."""
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 from devices.errors import DeviceError, PortNotAllowed
+from devices.timing import CommandTiming
 
 # Autonomous messages kept per switch until the harness takes them; older ones are counted as dropped.
 MAX_EVENTS = 1024
@@ -59,16 +62,19 @@ class DeviceEvent:
 
 
 class DeviceEvents:
-    """A bounded queue of DeviceEvents: `take()` hands them over, `dropped` counts those that did not fit."""
+    """A bounded queue of DeviceEvents: `take()` hands them over, `dropped` counts those that did not fit,
+    `added` counts every one ever added (taken or not)."""
 
     def __init__(self, maxlen: int = MAX_EVENTS):
         self._events: deque[DeviceEvent] = deque(maxlen=maxlen)
         self.dropped = 0
+        self.added = 0
 
     def add(self, event: DeviceEvent) -> None:
         if len(self._events) == self._events.maxlen:
             self.dropped += 1
         self._events.append(event)
+        self.added += 1
 
     def take(self) -> list[DeviceEvent]:
         events = list(self._events)
@@ -104,12 +110,73 @@ def power_ports(switch, ports: Iterable[int]) -> list[int]:
     return ports
 
 
-def plan_for(switch, mapping: Mapping[int, int], exclusive: bool):
-    """The first half of every driver's `apply`: `mapping` checked against the allowlist, one read of the
-    switch (its `_read_patches()`), and the plan. Returns (ReconcilePlan, the read's CommandTiming)."""
+class ConfirmedState:
+    """The switch's state as the driver's own read showed it right after its last change (the read that
+    confirmed it), so that the next change can be planned without a read round trip.
+
+    It stands only while nothing the driver knows of can have changed the switch since: the same session
+    (`forget()` on reconnect and close), no error and no command other than a read since (`forget()` in the
+    driver's command path), and no autonomous message since (`take(events_added)`: the driver drains what
+    arrived, without a round trip, and passes its `DeviceEvents.added`). It is handed out once: `apply`
+    keeps it again only after its own confirming read. A change nobody announced (another operator, a
+    front panel) between two applies is caught by that read, which compares every patch on an allowed port
+    with the plan's expectation (`confirm`, StateMismatch): the caller's retry then plans from a fresh read.
+    """
+
+    def __init__(self) -> None:
+        self._patches: dict[int, int] | None = None
+        self._events_added = 0
+
+    def keep(self, patches: Mapping[int, int], events_added: int) -> None:
+        self._patches, self._events_added = dict(patches), events_added
+
+    def forget(self) -> None:
+        self._patches = None
+
+    def take(self, events_added: int) -> dict[int, int] | None:
+        patches, self._patches = self._patches, None
+        return patches if patches is not None and events_added == self._events_added else None
+
+
+class Planned(NamedTuple):
+    """A reconcile plan and what it was planned from: `current` (the state), `read` (the read's timing, or
+    None when `current` is the driver's own last confirmed read)."""
+
+    plan: "ReconcilePlan"
+    current: dict[int, int]
+    read: CommandTiming | None
+
+    @property
+    def expected(self) -> dict[int, int]:
+        """The whole switch state once the plan is carried out."""
+        return {i: e for i, e in self.current.items() if i not in self.plan.removes} | self.plan.adds
+
+
+def plan_for(switch, mapping: Mapping[int, int], exclusive: bool) -> Planned:
+    """The first half of every driver's `apply`: `mapping` checked against the allowlist, and the plan —
+    from the driver's own last confirmed state (`switch._confirmed`, given the autonomous messages counted
+    by `switch._events_added()`) if it still stands, `switch.plan_from_confirmed_read` allows it, and it
+    leaves something to change; else from one read of the switch (its `_read_patches()`): "nothing to
+    change" is always the switch's word."""
     check_allowed(switch.allowed, [p for pair in mapping.items() for p in pair], "apply")
+    known = switch._confirmed.take(switch._events_added())
+    if known is not None and switch.plan_from_confirmed_read:
+        plan = plan_apply(known, mapping, switch.allowed, exclusive)
+        if not plan.empty:
+            return Planned(plan, known, None)
     current, read_timing = switch._read_patches()
-    return plan_apply(current, mapping, switch.allowed, exclusive), read_timing
+    return Planned(plan_apply(current, mapping, switch.allowed, exclusive), current, read_timing)
+
+
+def confirm_planned(switch, planned: Planned, mapping: Mapping[int, int]) -> None:
+    """The second half of `apply`: read the switch back, check it shows the change (`confirm`), and keep
+    that read as the state the next change may be planned from — unless the switch says something on its
+    own from the read's start on (counted before it: an autonomous message that comes with the read's reply
+    may report a change made after it)."""
+    events_added = switch._events_added()
+    patches = switch.patches()
+    confirm(patches, mapping, planned.plan.removes, expected=planned.expected, allowed=switch.allowed)
+    switch._confirmed.keep(patches, events_added)
 
 
 def format_ports(ports: Iterable[int]) -> str:
@@ -193,10 +260,30 @@ def plan_apply(current: Mapping[int, int], wanted: Mapping[int, int], allowed: f
     return plan
 
 
-def confirm(patches: Mapping[int, int], wanted: Mapping[int, int], removed: Iterable[int] = ()) -> None:
-    """Raise DeviceError if the switch's reported state does not show what we asked for."""
+class StateMismatch(DeviceError):
+    """The switch's state read back after a change is not what the change should have left: the change
+    did not (fully) happen, or something else changed the switch. A retry plans again from a fresh read."""
+
+
+def _on_ports(patches: Mapping[int, int], ports: frozenset[int]) -> dict[int, int]:
+    return {i: e for i, e in patches.items() if i in ports or e in ports}
+
+
+def confirm(patches: Mapping[int, int], wanted: Mapping[int, int], removed: Iterable[int] = (), *,
+            expected: Mapping[int, int] | None = None, allowed: frozenset[int] = frozenset()) -> None:
+    """Raise StateMismatch if the switch's reported state does not show what we asked for — and, given the
+    plan's `expected` state, if any patch with an end on an `allowed` port differs from it (a patch that
+    appeared, went or moved there since the state the plan was made from)."""
     missing = {i: e for i, e in wanted.items() if patches.get(i) != e}
     lingering = [i for i in removed if i in patches and i not in wanted]
     if missing or lingering:
-        raise DeviceError(f"switch state does not confirm the change: missing {missing}, "
-                          f"still patched {lingering}; switch reports {dict(sorted(patches.items()))}")
+        raise StateMismatch(f"switch state does not confirm the change: missing {missing}, "
+                            f"still patched {lingering}; switch reports {dict(sorted(patches.items()))}")
+    if expected is not None:
+        seen, planned = _on_ports(patches, allowed), _on_ports(expected, allowed)
+        if seen != planned:
+            unplanned = {i: e for i, e in seen.items() if planned.get(i) != e}
+            gone = {i: e for i, e in planned.items() if seen.get(i) != e}
+            raise StateMismatch(f"switch state on allowed ports differs from the plan's: unplanned "
+                                f"{dict(sorted(unplanned.items()))}, gone {dict(sorted(gone.items()))} "
+                                f"(changed by someone else since it was read?)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from devices.errors import DeviceDenied
-from devices.ocs.base import check_allowed, confirm, plan_apply
+from devices.ocs.base import Planned, check_allowed, confirm, plan_apply
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
 from devices.timing import CommandTiming, now_ns
@@ -77,10 +77,12 @@ class FakeSwitch(CircuitSwitch):
                                    permanent=True)
         if plan.empty:
             return self._timed("read")
+        expected = Planned(plan, self._patches, None).expected
         for i in plan.removes:
             del self._patches[i]
         self._patches.update(plan.adds)
-        confirm(self._patches, mapping, plan.removes)
+        # the drivers' check after a change (base.confirm); the fake plans from its state, always the truth
+        confirm(self._patches, mapping, plan.removes, expected=expected, allowed=self.allowed)
         return self._timed(f"apply {dict(sorted(plan.adds.items()))} remove {sorted(plan.removes)}")
 
     def port_power(self, ports: Sequence[int]) -> dict[int, float]:

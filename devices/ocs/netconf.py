@@ -24,7 +24,8 @@ import paramiko
 from lxml import etree
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportClosed
-from devices.ocs.base import check_allowed, check_state, confirm, disconnect_ports, plan_for, power_ports
+from devices.ocs.base import (ConfirmedState, check_allowed, check_state, confirm_planned, disconnect_ports, plan_for,
+                              power_ports)
 from devices.ocs.registry import OcsConfigError
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
@@ -66,6 +67,8 @@ def _pair(tag: str, ingress: int, egress: int | None = None, operation: str | No
 class NetconfSwitch(CircuitSwitch):
     """A Polatis switch over NETCONF. One RPC at a time (a lock serialises callers)."""
 
+    plan_from_confirmed_read = True  # base.plan_for; docs/ocs.md says what it assumes
+
     def __init__(self, resource: OcsResource, endpoint, *, timeout_s: float = 30.0):
         if not resource.user:
             raise OcsConfigError(f"ocs {resource.name}: NETCONF logs in over SSH: give a user")
@@ -78,6 +81,7 @@ class NetconfSwitch(CircuitSwitch):
         self._sent_ns = self._recv_ns = 0
         self.last_timing: CommandTiming | None = None
         self.pair_tag = "pair"
+        self._confirmed = ConfirmedState()  # what the read after our last change showed (base.plan_for)
         self._connect()
 
     # ---- session ------------------------------------------------------------------------------
@@ -151,6 +155,7 @@ class NetconfSwitch(CircuitSwitch):
             self._connect()
 
     def _drop(self) -> None:
+        self._confirmed.forget()
         if self._manager is not None:
             try:
                 self._manager._session.close()
@@ -182,14 +187,17 @@ class NetconfSwitch(CircuitSwitch):
             try:
                 reply = call(self._manager, *args, **kwargs)
             except RPCError as exc:
+                self._confirmed.forget()  # a refused change may have been partly made: read before the next
                 self.last_timing = CommandTiming(self._sent_ns or now_ns(), self._recv_ns)
                 tag = exc.tag or "operation-failed"
                 raise DeviceDenied(what, tag, f"{exc.type or ''} {exc.message or ''}".strip()
                                    + (f" at {exc.path.strip()}" if exc.path else ""),
                                    permanent=tag in PERMANENT_TAGS) from None
             except TimeoutExpiredError as exc:
+                self._confirmed.forget()
                 raise DeviceTimeout(f"{what}: no rpc-reply within {self._manager.timeout} s") from exc
             except TransportError as exc:
+                self._confirmed.forget()
                 raise TransportClosed(f"{what}: NETCONF session lost: {exc}") from exc
             except Exception as exc:  # a reply ncclient cannot read (bad XML, unknown message-id, ...)
                 self._drop()  # its stream cannot be trusted any more: the next call asks for reconnect()
@@ -208,6 +216,7 @@ class NetconfSwitch(CircuitSwitch):
         return data
 
     def _edit(self, what: str, *top: etree._Element) -> CommandTiming:
+        self._confirmed.forget()  # a change: plan the next apply from a read, unless apply confirms it
         config = _el(_NC + "config", *top)
         reply = self.rpc(what, lambda m: m.edit_config(target="running", config=config))
         if not reply.ok:
@@ -223,6 +232,10 @@ class NetconfSwitch(CircuitSwitch):
         fields = [info.findtext(_OS + name, "").strip()
                   for name in ("manufacturer", "model-name", "serial-number", "software-version")]
         return ",".join(fields)
+
+    def _events_added(self) -> int:
+        """No autonomous messages: the driver does not subscribe to notifications (base.plan_for)."""
+        return 0
 
     def patches(self) -> dict[int, int]:
         return self._read_patches()[0]
@@ -259,13 +272,14 @@ class NetconfSwitch(CircuitSwitch):
 
     def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
         """One edit-config: `delete` the conflicting pairs, `merge` the wanted ones (moves included)."""
-        plan, read_timing = plan_for(self, mapping, exclusive)
+        planned = plan_for(self, mapping, exclusive)
+        plan = planned.plan
         if plan.empty:
-            return read_timing
+            return planned.read
         edits = [_pair(self.pair_tag, i, operation="delete") for i in sorted(plan.removes) if i not in plan.adds]
         edits += [_pair(self.pair_tag, i, e, "merge") for i, e in sorted(plan.adds.items())]
         timing = self._edit(f"edit-config apply {dict(sorted(plan.adds.items()))}", self._connections(*edits))
-        confirm(self.patches(), mapping, plan.removes)
+        confirm_planned(self, planned, mapping)
         return timing
 
     def port_power(self, ports: Sequence[int]) -> dict[int, float]:

@@ -11,8 +11,8 @@ import threading
 from typing import Mapping, Sequence
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportClosed
-from devices.ocs.base import (DeviceEvent, DeviceEvents, ImpossibleState, check_allowed, check_state, confirm,
-                              disconnect_ports, plan_apply, power_ports)
+from devices.ocs.base import (ConfirmedState, DeviceEvent, DeviceEvents, ImpossibleState, Planned, check_allowed,
+                              check_state, confirm_planned, disconnect_ports, plan_for, power_ports)
 from devices.ocs.lines import LineChannel, LineTooLong, excerpt
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
@@ -80,6 +80,8 @@ def parse_state(text: str, size: tuple[int, int] = (0, 0)) -> dict[int, int]:
 class ScpiSwitch(CircuitSwitch):
     """A Polatis switch over SCPI."""
 
+    plan_from_confirmed_read = True  # base.plan_for; docs/ocs.md says what it assumes
+
     def __init__(self, resource: OcsResource, channel: LineChannel, *, timeout_s: float = 30.0):
         self.resource = resource
         self.allowed = frozenset(resource.allowed_ports)
@@ -89,6 +91,7 @@ class ScpiSwitch(CircuitSwitch):
         self.last_timing: CommandTiming | None = None
         self._broken = False
         self.events = DeviceEvents()
+        self._confirmed = ConfirmedState()  # what the read after our last change showed (base.plan_for)
         self._start_session()
 
     def _start_session(self) -> None:
@@ -104,6 +107,7 @@ class ScpiSwitch(CircuitSwitch):
     def reconnect(self) -> None:
         """Reopen the line after a timeout (SCPI replies carry no tag, so the old stream is abandoned)."""
         with self._lock:
+            self._confirmed.forget()
             self._channel.reopen()
             self._broken = False
         self._start_session()
@@ -117,6 +121,16 @@ class ScpiSwitch(CircuitSwitch):
             except DeviceError:
                 pass  # a closed session: what was set aside is still handed over
             return self.events.take()
+
+    def _events_added(self) -> int:
+        """Unsolicited lines received so far, counting what already arrived (drained, no round trip)."""
+        with self._lock:
+            try:
+                if not self._broken:
+                    self._take_backlog()
+            except DeviceError:
+                self._confirmed.forget()
+            return self.events.added
 
     # ---- raw protocol -------------------------------------------------------------------------
     def _write(self, text: str) -> int:
@@ -138,6 +152,7 @@ class ScpiSwitch(CircuitSwitch):
             except (DeviceTimeout, LineTooLong, TransportClosed) as exc:
                 # SCPI replies carry no tag: after a timeout or a cut line the stream cannot be trusted
                 self._broken = True
+                self._confirmed.forget()
                 self._channel.close()
                 renamed = type(exc)(f"{sent!r}: {exc}")
                 renamed.partial = getattr(exc, "partial", "")
@@ -157,6 +172,7 @@ class ScpiSwitch(CircuitSwitch):
     def execute(self, text: str, *, deadline: Deadline | None = None) -> CommandTiming:
         """Send a command followed by `*OPC?`, then check the error queue; DeviceDenied on error."""
         with self._lock:
+            self._confirmed.forget()  # a change: plan the next apply from a read, unless apply confirms it
             deadline = deadline or Deadline(self.timeout_s)
             line = f"{text};*OPC?"
             sent_ns = self._write(line)
@@ -215,15 +231,16 @@ class ScpiSwitch(CircuitSwitch):
 
     def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
         """One atomic `:CONN:ONLY` when the whole switch state lies on allowed ports (so replacing it
-        cannot touch anything else); otherwise `:CONN:SUB` of the conflicts, then `:CONN:ADD`."""
-        check_allowed(self.allowed, [p for pair in mapping.items() for p in pair], "apply")
-        current, read_timing = self._read_patches()
-        plan = plan_apply(current, mapping, self.allowed, exclusive)
+        cannot touch anything else); otherwise `:CONN:SUB` of the conflicts, then `:CONN:ADD`. Planned from
+        the read after our last change (base.plan_for) only for SUB + ADD: `:CONN:ONLY` replaces the whole
+        switch state, so whether it lies on allowed ports is always read from the switch first."""
+        planned = plan_for(self, mapping, exclusive)
+        if planned.read is None and self._replaces_all(planned):
+            planned = plan_for(self, mapping, exclusive)  # the remembered state was taken: this one reads
+        plan, final = planned.plan, planned.expected
         if plan.empty:
-            return read_timing
-        final = {i: e for i, e in current.items() if i not in plan.removes} | plan.adds
-        on_allowed = all(p in self.allowed for pair in (current | final).items() for p in pair)
-        if on_allowed:
+            return planned.read
+        if self._replaces_all(planned):
             ins = sorted(final)
             timing = self.execute(f":OXC:SWIT:CONN:ONLY {channel_list(ins)},"
                                   f"{channel_list([final[i] for i in ins])}")
@@ -236,8 +253,12 @@ class ScpiSwitch(CircuitSwitch):
                 timings.append(self.execute(f":OXC:SWIT:CONN:ADD {channel_list(ins)},"
                                             f"{channel_list([plan.adds[i] for i in ins])}"))
             timing = CommandTiming(timings[0].sent_ns, timings[-1].completed_ns)
-        confirm(self.patches(), mapping, plan.removes)
+        confirm_planned(self, planned, mapping)
         return timing
+
+    def _replaces_all(self, planned: Planned) -> bool:
+        """Whether `apply` would send one `:CONN:ONLY`: the switch's state before and after on allowed ports."""
+        return all(p in self.allowed for pair in (planned.current | planned.expected).items() for p in pair)
 
     def port_power(self, ports: Sequence[int]) -> dict[int, float]:
         """`:MON:POW? (@ports)` -> comma-separated dBm in the same order (command name unverified)."""
@@ -255,4 +276,5 @@ class ScpiSwitch(CircuitSwitch):
         return dict(zip(ports, values))
 
     def close(self) -> None:
+        self._confirmed.forget()
         self._channel.close()

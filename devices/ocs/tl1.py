@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout
-from devices.ocs.base import (DeviceEvent, DeviceEvents, check_allowed, check_state, confirm, disconnect_ports,
-                              plan_for, power_ports)
+from devices.ocs.base import (ConfirmedState, DeviceEvent, DeviceEvents, check_allowed, check_state,
+                              confirm_planned, disconnect_ports, plan_for, power_ports)
 from devices.ocs.lines import MAX_REPLY_BYTES, MAX_REPLY_LINES, LineChannel, LineTooLong, excerpt
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
@@ -30,6 +30,7 @@ _CODE = re.compile(r"^([A-Z]{4})\b")
 _COMMENT = re.compile(r"/\*\s*(.*?)\s*\*/")
 _QUOTED = re.compile(r'^"(.*)"\s*$')
 _PATCH = re.compile(r"^\s*(\d{1,9})\s*,\s*(\d{1,9})\s*$")
+_QUOTED_PATCH = re.compile(r'"\s*(\d{1,9})\s*,\s*(\d{1,9})\s*"\s*$')  # _QUOTED holding a _PATCH
 _POWER = re.compile(r"^\s*(\d{1,9})\s*:\s*([-+]?\d{1,6}(?:\.\d{0,9})?(?:[eE][-+]?\d{1,3})?)(?:[,\s]|$)")
 # What one autonomous message keeps (a real one is a few short lines); the rest is counted, not stored.
 _MAX_EVENT_LINES, _MAX_EVENT_LINE = 16, 256
@@ -132,6 +133,9 @@ class Tl1Reader:
 
     def feed(self, recv_ns: int, raw: str) -> Tl1Response | None:
         text = raw.strip()
+        if text[:1] == '"' and self._block is not None and self._auto is None:
+            self._body_line(text)  # the common line of a long reply: a quoted one can be nothing else
+            return None
         if text == ">":  # continuation: the rest of this message follows as another message
             self._end_autonomous()
             self._block = None
@@ -161,13 +165,8 @@ class Tl1Reader:
                     del self._wanted[block]
                     self._done[block] = Tl1Response(block, reply[0], tuple(reply[1]), recv_ns)
                     return self._done[block]
-            elif reply is not None:
-                reply[2] += len(text)
-                if reply[2] > MAX_REPLY_BYTES or len(reply[1]) >= MAX_REPLY_LINES:
-                    block, self._block = self._block, "?"  # skip the rest of this flood
-                    raise DeviceError(f"reply to ctag {block} is longer than {MAX_REPLY_BYTES} bytes "
-                                      f"or {MAX_REPLY_LINES} lines: {excerpt(text)}")
-                reply[1].append(text)
+            else:
+                self._body_line(text)
             return None
         if status is not None:
             self._block = status.group(1)
@@ -178,6 +177,18 @@ class Tl1Reader:
                     reply[1].append(status.group(3).strip())
         # anything else outside a message (ack `IP ctag`, a stray `;`, noise): skip
         return None
+
+    def _body_line(self, text: str) -> None:
+        """A line inside the response message being read: kept if it is one we want, within bounds."""
+        reply = self._wanted.get(self._block)
+        if reply is None:
+            return
+        reply[2] += len(text)
+        if reply[2] > MAX_REPLY_BYTES or len(reply[1]) >= MAX_REPLY_LINES:
+            block, self._block = self._block, "?"  # skip the rest of this flood
+            raise DeviceError(f"reply to ctag {block} is longer than {MAX_REPLY_BYTES} bytes "
+                              f"or {MAX_REPLY_LINES} lines: {excerpt(text)}")
+        reply[1].append(text)
 
     def _add_autonomous_line(self, text: str) -> None:
         lines = self._auto[4]
@@ -205,6 +216,7 @@ class Tl1Switch(CircuitSwitch):
     """
 
     ent_patch_lists = True
+    plan_from_confirmed_read = True  # base.plan_for; docs/ocs.md says what it assumes
 
     def __init__(self, resource: OcsResource, channel: LineChannel, *, timeout_s: float = 30.0,
                  tid: str = ""):
@@ -218,6 +230,7 @@ class Tl1Switch(CircuitSwitch):
         self._logged_in = False
         self.last_timing: CommandTiming | None = None
         self.events = DeviceEvents()
+        self._confirmed = ConfirmedState()  # what the read after our last change showed (base.plan_for)
         self._reader = Tl1Reader(channel, resource.name, self.events)
         if resource.user:
             self.login(resource.user, resource.password or "")
@@ -238,6 +251,8 @@ class Tl1Switch(CircuitSwitch):
         does not stop the later commands — the switch runs them anyway — so nothing is raised for it here:
         each Tl1Reply says how its command ended. Sets last_timing (the last command's)."""
         with self._lock:
+            if not all(verb.startswith("RTRV-") for verb, _, _ in commands):
+                self._confirmed.forget()  # a change, or a login: plan the next apply from a read
             deadline = deadline or Deadline(self.timeout_s)
             self._reader.take_backlog(deadline)  # stale output must not be taken for our reply
             sent: list[tuple[str, str]] = []
@@ -259,6 +274,9 @@ class Tl1Switch(CircuitSwitch):
                         raise type(exc)(f"{shown}: {exc}") from exc
                     self.last_timing = CommandTiming(sent_ns, response.completed_ns)
                     replies.append(Tl1Reply(shown, response, self.last_timing))
+            except BaseException:
+                self._confirmed.forget()  # the session's state is in doubt
+                raise
             finally:
                 self._reader.forget()  # replies still outstanding after an error are skipped as stale
         return replies
@@ -268,6 +286,7 @@ class Tl1Switch(CircuitSwitch):
         A hung session is abandoned without CANC-USER (it would not answer)."""
         with self._lock:
             self._logged_in = False
+            self._confirmed.forget()
             self._channel.reopen()
             self._reader = Tl1Reader(self._channel, self.resource.name, self.events)
         if self.resource.user:
@@ -288,6 +307,15 @@ class Tl1Switch(CircuitSwitch):
                 pass  # a closed or broken session: what was set aside is still handed over
             return self.events.take()
 
+    def _events_added(self) -> int:
+        """Autonomous messages received so far, counting what already arrived (drained, no round trip)."""
+        with self._lock:
+            try:
+                self._reader.take_backlog(Deadline(1.0))
+            except DeviceError:
+                self._confirmed.forget()
+            return self.events.added
+
     # ---- CircuitSwitch --------------------------------------------------------------------------
     def identify(self) -> str:
         response = self.command("RTRV-NETYPE")
@@ -300,6 +328,9 @@ class Tl1Switch(CircuitSwitch):
         response = self.command("RTRV-PATCH")
         pairs: list[tuple[int, int]] = []
         for line in response.body:
+            if pair := _QUOTED_PATCH.match(line):  # the usual line, in one match
+                pairs.append((int(pair.group(1)), int(pair.group(2))))
+                continue
             # Strict: TL1 has no checksum, so a line hit by noise must fail the read, not vanish from it.
             quoted = _QUOTED.match(line)
             pair = _PATCH.match(quoted.group(1)) if quoted else None
@@ -323,17 +354,19 @@ class Tl1Switch(CircuitSwitch):
         return self.last_timing
 
     def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
-        """Read, then the DLT-PATCH of the conflicts and the ENT-PATCH of the new pairs pipelined (written
-        together: the ENT does not wait a round trip for the DLT's reply), then read back.
+        """Read (or plan from the read after our last change: base.plan_for), then the DLT-PATCH of the
+        conflicts and the ENT-PATCH of the new pairs pipelined (written together: the ENT does not wait a
+        round trip for the DLT's reply), then read back.
 
         A refused command does not stop the ones sent after it: after a denied DLT-PATCH the switch still
         runs the ENT-PATCH, whose ports are then mostly still patched (refused too, e.g. SROF), while pairs
         on free ports may be made. So the first refusal is raised with what each later command did
         (`DeviceDenied.after`), and nothing is assumed about the state: the caller's retry calls `apply`
         again, which reads the switch and sends only what is still missing."""
-        plan, read_timing = plan_for(self, mapping, exclusive)
+        planned = plan_for(self, mapping, exclusive)
+        plan = planned.plan
         if plan.empty:
-            return read_timing
+            return planned.read
         commands: list[tuple[str, str, str]] = []
         if plan.removes:
             commands.append(("DLT-PATCH", "&".join(map(str, sorted(plan.removes))), ""))
@@ -348,7 +381,7 @@ class Tl1Switch(CircuitSwitch):
         for k, reply in enumerate(replies):
             if reply.response.status != "COMPLD":
                 raise reply.denied(after=tuple(later.outcome for later in replies[k + 1:]))
-        confirm(self.patches(), mapping, plan.removes)
+        confirm_planned(self, planned, mapping)
         return CommandTiming(replies[0].timing.sent_ns, replies[-1].timing.completed_ns)
 
     def port_power(self, ports: Sequence[int]) -> dict[int, float]:
@@ -374,4 +407,5 @@ class Tl1Switch(CircuitSwitch):
             pass  # logging out of a dead session is best effort
         finally:
             self._logged_in = False
+            self._confirmed.forget()
             self._channel.close()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Mapping
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, PortNotAllowed, TransportClosed
+from devices.ocs.base import StateMismatch
 from devices.protocols import CircuitSwitch
 from devices.timing import CommandTiming, Deadline, now_ns
 from harness.bench import BenchBroken
@@ -131,6 +132,8 @@ class CircuitGuard:
                 # a pipelined command refused too is named with it: one cause per attempt, every refusal seen
                 causes.append(f"ocs-retry:{self.name}: denied {exc.code}"
                               + (f" (then {', '.join(exc.after)})" if exc.after else ""))
+            except StateMismatch as exc:  # the session is fine; the driver's next apply plans from a read
+                causes.append(f"ocs-retry:{self.name}: {str(exc)[:120]}")
             except (DeviceTimeout, TransportClosed) as exc:
                 self.suspect = True
                 causes.append(f"ocs-retry:{self.name}: "
