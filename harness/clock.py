@@ -169,6 +169,13 @@ class _Segment:
         self.history: list[_Fit] = []
         self.history_starts: list[int] = []
         self.fit: _Fit | None = None
+        # The window's samples as arrays (t_ns and offset_ns relative to the first sample: exact int64), so a
+        # fit slices them instead of building three arrays from 128 records; `_n` filled of 2 windows.
+        self._t = np.empty(2 * window, dtype=np.int64)
+        self._y = np.empty(2 * window, dtype=np.int64)
+        self._u = np.empty(2 * window, dtype=np.int64)
+        self._n = 0
+        self.max_abs_y = self.max_u = 0  # over every sample pushed: when the drift test's floats are exact
 
     @property
     def first_t(self) -> int:
@@ -178,8 +185,29 @@ class _Segment:
     def last_t(self) -> int:
         return self.recent[-1].t_ns
 
+    def push(self, sample: ClockSample) -> None:
+        """Append `sample` to the window's arrays (`window_arrays` then ends with it; `add` follows)."""
+        if self._n == len(self._t):
+            keep = self.window - 1
+            for a in (self._t, self._y, self._u):
+                a[:keep] = a[self._n - keep:self._n]
+            self._n = keep
+        n = self._n
+        self._t[n] = sample.t_ns - self.first.t_ns
+        self._y[n] = sample.offset_ns - self.first.offset_ns
+        self._u[n] = sample.uncertainty_ns
+        self._n = n + 1
+        self.max_abs_y = max(self.max_abs_y, abs(sample.offset_ns - self.first.offset_ns))
+        self.max_u = max(self.max_u, sample.uncertainty_ns)
+
+    def window_arrays(self, last: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The last `last` samples pushed: (t_ns, offset_ns) relative to the segment's first sample, and
+        uncertainty_ns (views, valid until the next push)."""
+        lo = self._n - last
+        return self._t[lo:self._n], self._y[lo:self._n], self._u[lo:self._n]
+
     def add(self, sample: ClockSample, fit: _Fit) -> None:
-        """Take `sample` with `fit`, the line over the window that now ends with it."""
+        """Take `sample` with `fit`, the line over the window that now ends with it (pushed already)."""
         self.recent.append(sample)
         self.count += 1
         self.min_delay_ns = min(self.min_delay_ns, sample.delay_ns)
@@ -247,45 +275,64 @@ class ClockTracker:
                 self.steps.append(step)
                 self._start_segment(sample)
                 return step
-            segment.add(sample, self._fit([*segment.recent, sample][-self.window:]))
+            segment.push(sample)
+            segment.add(sample, self._fit(segment, min(len(segment.recent) + 1, self.window)))
             return None
         self._start_segment(sample)
         return None
 
     def _start_segment(self, sample: ClockSample) -> None:
         segment = _Segment(sample, self.window)
-        segment.add(sample, self._fit([sample]))
+        segment.push(sample)
+        segment.add(sample, self._fit(segment, 1))
         self.segments.append(segment)
 
     def _drift_possible(self, seg: _Segment, sample: ClockSample) -> bool:
         """Whether some slope within ±max_drift joins the new sample's band to each earlier sample's band.
         The bands are rigorous (causality), so an empty intersection proves a step; noisy but valid
         samples never produce one."""
-        lo, hi = -self.max_drift, self.max_drift
         # The first and the latest samples carry the information; any subset keeps the test rigorous.
-        for old in itertools.chain((seg.first,), itertools.islice(seg.recent, max(len(seg.recent) - 32, 0), None)):
-            dt = sample.t_ns - old.t_ns
-            if dt <= 0:
-                continue
-            dy = sample.offset_ns - old.offset_ns
-            slack = sample.uncertainty_ns + old.uncertainty_ns
-            lo, hi = max(lo, (dy - slack) / dt), min(hi, (dy + slack) / dt)
-        return lo <= hi
+        first = seg.first
+        dt0 = sample.t_ns - first.t_ns
+        dy0, slack0 = sample.offset_ns - first.offset_ns, sample.uncertainty_ns + first.uncertainty_ns
+        lo, hi = -self.max_drift, self.max_drift
+        if dt0 > 0:
+            lo, hi = max(lo, (dy0 - slack0) / dt0), min(hi, (dy0 + slack0) / dt0)
+        t, y, u = seg.window_arrays(min(len(seg.recent), 32))
+        if max(dt0, 2 * max(abs(dy0), seg.max_abs_y) + slack0 + seg.max_u) > 1 << 53:
+            for t_i, y_i, u_i in zip(t.tolist(), y.tolist(), u.tolist()):  # Python ints: exact at any size
+                if dt0 > t_i:
+                    dy, slack = dy0 - y_i, sample.uncertainty_ns + u_i
+                    lo, hi = max(lo, (dy - slack) / (dt0 - t_i)), min(hi, (dy + slack) / (dt0 - t_i))
+            return lo <= hi
+        dt, dy, slack = dt0 - t, dy0 - y, sample.uncertainty_ns + u
+        if dt[-1] <= 0:  # probes at the same time as this one: no slope between them
+            later = dt > 0
+            dt, dy, slack = dt[later], dy[later], slack[later]
+            if not len(dt):
+                return lo <= hi
+        # Every operand is exact as a float (below 2**53), so each quotient is the correctly rounded one, as
+        # Python's int / int.
+        return max(lo, float(((dy - slack) / dt).max())) <= min(hi, float(((dy + slack) / dt).min()))
 
-    def _fit(self, s: list[ClockSample]) -> _Fit:
-        base, t_ref = s[0].offset_ns, s[-1].t_ns
-        t = np.array([x.t_ns - t_ref for x in s], dtype=float)
-        y = np.array([x.offset_ns - base for x in s], dtype=float)
-        u = np.array([x.uncertainty_ns for x in s], dtype=float)
+    def _fit(self, seg: _Segment, count: int) -> _Fit:
+        """The line over the segment's last `count` samples."""
+        t_rel, y_rel, u_int = seg.window_arrays(count)
+        base = seg.first.offset_ns + int(y_rel[0])
+        t_ref = seg.first.t_ns + int(t_rel[-1])
+        t = (t_rel - t_rel[-1]).astype(float)
+        y = (y_rel - y_rel[0]).astype(float)
+        u = u_int.astype(float)
         # Weighted least squares, weights 1/u²: the tight (low-delay) estimates dominate.
         w = 1 / u**2
-        t_mean, y_mean = np.sum(w * t) / np.sum(w), np.sum(w * y) / np.sum(w)
-        spread = np.sum(w * (t - t_mean) ** 2)
-        b = float(np.sum(w * (t - t_mean) * (y - y_mean)) / spread) if spread > 0 else 0.0
+        sum_w = np.add.reduce(w)
+        t_mean, y_mean = np.add.reduce(w * t) / sum_w, np.add.reduce(w * y) / sum_w
+        spread = np.add.reduce(w * (t - t_mean) ** 2)
+        b = float(np.add.reduce(w * (t - t_mean) * (y - y_mean)) / spread) if spread > 0 else 0.0
         if abs(b) > self.max_drift:
             # Over a short span a few noisy samples can suggest an impossible drift; extrapolating it
             # would call every next sample a step. Keep the drift physical and refit the offset.
-            b = float(np.clip(b, -self.max_drift, self.max_drift))
+            b = min(max(b, -self.max_drift), self.max_drift)
         a = float(y_mean - b * t_mean)
         bounds = u + np.abs(y - (a + b * t))
         span = t[-1] - t[0]

@@ -333,3 +333,87 @@ def test_conversion_without_a_step_is_the_general_one():
         for _ in range(500):
             host_ns = base + rng.randint(10**12 - 10**10, t + 10**10)
             assert tracker._to_harness(host_ns) == tracker._to_harness_segments(host_ns)
+
+
+class _ListTracker(ClockTracker):
+    """The oracle: the fit and the drift test as first written, over lists of the samples (one numpy array
+    built per field, a Python loop over the bands)."""
+
+    def add(self, sample):
+        self._pending = sample
+        return super().add(sample)
+
+    def _drift_possible(self, seg, sample):
+        lo, hi = -self.max_drift, self.max_drift
+        for old in [seg.first, *list(seg.recent)[-32:]]:
+            dt = sample.t_ns - old.t_ns
+            if dt <= 0:
+                continue
+            dy = sample.offset_ns - old.offset_ns
+            slack = sample.uncertainty_ns + old.uncertainty_ns
+            lo, hi = max(lo, (dy - slack) / dt), min(hi, (dy + slack) / dt)
+        return lo <= hi
+
+    def _fit(self, seg, count):
+        s = [*seg.recent, self._pending][-count:]
+        base, t_ref = s[0].offset_ns, s[-1].t_ns
+        t = np.array([x.t_ns - t_ref for x in s], dtype=float)
+        y = np.array([x.offset_ns - base for x in s], dtype=float)
+        u = np.array([x.uncertainty_ns for x in s], dtype=float)
+        w = 1 / u**2
+        t_mean, y_mean = np.sum(w * t) / np.sum(w), np.sum(w * y) / np.sum(w)
+        spread = np.sum(w * (t - t_mean) ** 2)
+        b = float(np.sum(w * (t - t_mean) * (y - y_mean)) / spread) if spread > 0 else 0.0
+        if abs(b) > self.max_drift:
+            b = float(np.clip(b, -self.max_drift, self.max_drift))
+        a = float(y_mean - b * t_mean)
+        bounds = u + np.abs(y - (a + b * t))
+        span = t[-1] - t[0]
+        slope_bound = self.max_drift + abs(b)
+        if span > 0:
+            slope_bound = min((bounds[0] + bounds[-1]) / span, slope_bound)
+        from harness.clock import _Fit
+        return _Fit(base=base, t_ref=t_ref, a=a, b=b, times=t, bounds=bounds, slope_bound=float(slope_bound),
+                    wander=self.wander)
+
+
+def _same_fit(fit, oracle):
+    assert (fit.base, fit.t_ref, fit.a, fit.b, fit.slope_bound) == \
+        (oracle.base, oracle.t_ref, oracle.a, oracle.b, oracle.slope_bound)
+    assert fit.times.tobytes() == oracle.times.tobytes() and fit.bounds.tobytes() == oracle.bounds.tobytes()
+
+
+def test_fit_over_arrays_is_bit_identical_to_the_fit_over_lists():
+    """The tracker fits over arrays it keeps per segment; on random runs (drift up to the physical bound and
+    past it, steps small and large, repeated probe times, loose and tight probes, several windows) every fit,
+    step and conversion equals the one of the fit over lists, to the bit."""
+    import random
+
+    rng = random.Random(13)
+    for run in range(24):
+        window = rng.choice((4, 5, 16, 33, 128))
+        trackers = [ClockTracker("h", window=window), _ListTracker("h", window=window)]
+        t, base = 10**12 + rng.randint(0, 10**15), rng.choice((0, -(10**15), 1_700_000_000_000_000_000))
+        drift = rng.choice((0.0, rng.uniform(-2e-4, 2e-4), rng.uniform(-1e-3, 1e-3)))
+        for _ in range(rng.choice((3, 60, 400))):
+            t += rng.choice((0, 1, rng.randint(1, 300) * 1_000_000))
+            if rng.random() < 0.02:
+                base += rng.choice((rng.randint(-300_000, 300_000), rng.randint(-10**13, 10**13), 2**60))
+            delay = rng.choice((rng.randint(2_000, 200_000), rng.randint(1_000_000, 50_000_000)))
+            if rng.random() < 0.01:
+                delay = 2**55  # bands past 2**53: the drift test's exact fallback
+            sample = ClockSample(t, base + int(t * drift) + rng.randint(-delay // 2, delay // 2), delay,
+                                 delay // 2 + 1000)
+            steps = [tr.add(sample) for tr in trackers]
+            assert steps[0] == steps[1]
+            ours, oracle = trackers
+            assert len(ours.segments) == len(oracle.segments)
+            _same_fit(ours.segments[-1].fit, oracle.segments[-1].fit)
+        for ours_seg, oracle_seg in zip(ours.segments, oracle.segments):
+            assert len(ours_seg.history) == len(oracle_seg.history)
+            for fit, oracle_fit in zip(ours_seg.history, oracle_seg.history):
+                _same_fit(fit, oracle_fit)
+        for _ in range(50):
+            host_ns = base + rng.randint(10**12, t + 10**10)
+            assert ours.to_harness(host_ns) == oracle.to_harness(host_ns)
+        assert ours.table() == oracle.table()
