@@ -37,6 +37,7 @@ import weakref
 
 import greenlet
 import paramiko
+import paramiko.packet
 import paramiko.util
 from paramiko.buffered_pipe import BufferedPipe
 from paramiko.packet import Packetizer
@@ -49,6 +50,26 @@ _log = logging.getLogger(__name__)
 # over the bytes (~5-9 us for a 32-byte MAC, on both ends: hundreds of packets a cycle); the standard library's
 # hmac.compare_digest is the same comparison, constant-time, in C (~0.1-0.3 us).
 paramiko.util.constant_time_bytes_eq = hmac.compare_digest
+# Every packet, sent or received, gets its MAC from paramiko's compute_hmac: a new HMAC keyed per packet (the
+# key's two pad blocks hashed again each time). A keyed base per (key, digest), copied per packet, gives the
+# same digest without that (~0.3-1.8 us less a packet). Bases are never updated, only copied; a new key (a
+# connection, a re-key) adds one, and the table is emptied once it holds _KEYED_MAX.
+_KEYED_MAX = 4096
+_keyed: dict[tuple[bytes, object], hmac.HMAC] = {}
+
+
+def _compute_hmac(key: bytes, message: bytes, digest_class) -> bytes:
+    base = _keyed.get((key, digest_class))
+    if base is None:
+        if len(_keyed) >= _KEYED_MAX:
+            _keyed.clear()
+        base = _keyed[(key, digest_class)] = hmac.HMAC(key, digestmod=digest_class)
+    mac = base.copy()
+    mac.update(message)
+    return mac.digest()
+
+
+paramiko.packet.compute_hmac = _compute_hmac
 _LOCK_RETRY_S = 0.0005  # a lock another thread holds is tried again this often (the hub serves others meanwhile)
 
 

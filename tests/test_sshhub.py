@@ -318,3 +318,27 @@ def test_packets_macs_are_compared_by_the_standard_library():
     mac = os.urandom(32)
     for other, same in ((bytes(mac), True), (mac[:-1] + bytes([mac[-1] ^ 1]), False), (mac[:16], False), (b"", False)):
         assert paramiko.util.constant_time_bytes_eq(mac, other) is same
+
+
+def test_packets_macs_come_from_copies_of_a_keyed_base_with_paramikos_digests():
+    """paramiko's per-packet MAC is computed from a keyed base per (key, digest), copied: the same digest as a
+    fresh HMAC for every MAC paramiko negotiates, across keys (a re-key) and when the table is emptied."""
+    import hmac
+    import random
+
+    import paramiko.packet
+    from paramiko.transport import Transport
+
+    from devices import sshhub
+
+    assert paramiko.packet.compute_hmac is sshhub._compute_hmac
+    rng = random.Random(7)
+    digests = {info["class"] for info in Transport._mac_info.values()}
+    keys = [rng.randbytes(n) for n in (16, 20, 32, 64, 100)]
+    for _ in range(400):
+        key, digest = rng.choice(keys), rng.choice(sorted(digests, key=repr))
+        message = rng.randbytes(rng.choice((0, 1, 60, 1500, 40_000)))
+        assert sshhub._compute_hmac(key, message, digest) == hmac.HMAC(key, message, digest).digest()
+        if rng.random() < 0.01:
+            sshhub._keyed.clear()
+    assert set(sshhub._keyed) <= {(k, d) for k in keys for d in digests}
