@@ -199,3 +199,18 @@ def test_an_events_dict_has_the_columns_in_order_and_its_line_is_compact_json():
                   "agent-watch:carrier")
     assert list(event.to_dict()) == list(EVENT_COLUMNS)
     assert event.to_dict() == {c: getattr(event, c) for c in EVENT_COLUMNS}
+
+
+def test_an_events_line_is_its_row():
+    """`encode` writes the event dataclass itself: the same bytes as its row's, numpy integers included."""
+    import numpy as np
+    import orjson
+
+    from harness.eventlog import encode
+    from harness.events import Event
+
+    for t in (0, 1_700_000_000_000_000_123, np.int64(5), -7):
+        event = Event("run", 3, "phy_up", "gpu1", "mlx5_0", "eth0", 4, t, np.int64(-12), 9, "agent-watch:carrier")
+        row, line = encode(event)
+        assert row == event.to_dict() and list(row) == list(Event.__dataclass_fields__)
+        assert line == orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"

@@ -9,6 +9,7 @@ two polls (never seen) still gets an event, spanning the interval in which it mu
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -134,10 +135,11 @@ def port_events(run_id: str, cycle: int, port: PortRef, first_sent_ns: int, kept
                 return None
             events.append(_event(run_id, cycle, "fault", done_ns, done_ns, port=port,
                                  source=f"bounds:{port.key}: {stage} implied, but its bounds contradict"))
-    for stage, obs in sorted(kept.items(), key=lambda item: STAGES.index(item[0])):
-        if stage not in chain:  # the side losing light: its own interval (in stage order, however it came)
+    for stage in STAGES:
+        if stage in kept and stage not in chain:  # the side losing light: its own interval, in stage order
             lo, hi, offset = raw[stage]
-            events.append(_event(run_id, cycle, stage, lo, hi, port=port, offset_ns=offset, source=source_of(obs)))
+            events.append(_event(run_id, cycle, stage, lo, hi, port=port, offset_ns=offset,
+                                 source=source_of(kept[stage])))
     return events
 
 
@@ -156,11 +158,13 @@ class CycleEvents:
         self.rebuilt = 0  # ports built at the cycle's end (the rest were ready): what a test can check
         self._converted: dict[tuple[str, int], tuple[tuple[int, int, int], int]] = {}
 
-    def converted(self, host: str, host_ns: int) -> tuple[int, int, int]:
+    def converted(self, host: str, host_ns: int, generation: int | None = None) -> tuple[int, int, int]:
         """`convert`, remembered for the cycle: the watch converts each observation it keeps as it arrives, and
         the port's events (built later, often at the cycle's end) reuse that. A later clock sample leaves a
-        bound made before it true; a step (the host's generation) does not: then it converts again."""
-        generation = self.generation(host)
+        bound made before it true; a step (the host's generation) does not: then it converts again. A
+        `generation` read earlier can only be older: then the port is built again (its stamp is stale)."""
+        if generation is None:
+            generation = self.generation(host)
         known = self._converted.get((host, host_ns))
         if known is not None and known[1] == generation:
             return known[0]
@@ -171,12 +175,13 @@ class CycleEvents:
     def port(self, key: str, version: int, kept: dict[str, object], not_yet: dict[str, object],
              done_ns: int | None = None) -> tuple[list[Event], list] | None:
         port = self.ports[key]
-        stamp = (version, self.generation(port.host))  # read before converting: a sample landing meanwhile
-        known = self._built.get(key)                   # makes the stamp stale, never the events
+        generation = self.generation(port.host)
+        stamp = (version, generation)  # read before converting: a step meanwhile makes the stamp stale, never
+        known = self._built.get(key)   # the events
         if known is not None and known[0] == stamp:
             return known[1], known[2]
-        events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet, self.converted,
-                             self.chain, done_ns)
+        events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet,
+                             functools.partial(self.converted, generation=generation), self.chain, done_ns)
         if events is None:
             return None
         encoded = [self.encode(e) for e in events] if self.encode is not None else []
