@@ -11,6 +11,9 @@ class OcsResource:
     url: ``tcp://HOST:PORT`` (TL1 or SCPI over TCP) or a pyserial URL / device path for SCPI over serial
     (``socket://``, ``rfc2217://``, ``/dev/ttyUSB0``, ``loop://``).
     allowed_ports: the only ports the harness may touch (safety allowlist).
+    plan_from_confirmed_read: `apply` may plan from the driver's own last confirming read (no read round
+    trip before the change; docs/ocs.md). Off unless asked for: a patch re-made behind our back from an
+    allowed port to a port outside the allowlist would be removed by a change planned from memory.
     """
 
     name: str
@@ -21,6 +24,7 @@ class OcsResource:
     user: str | None = None
     password: str | None = field(default=None, repr=False)  # resolved from the environment, never logged
     baudrate: int = 38400
+    plan_from_confirmed_read: bool = False
 
 
 @dataclass(frozen=True)

@@ -342,6 +342,10 @@ class OcsSpec(Spec):
     user: str | None = None
     password_env: str | None = Field(None, description="the environment variable holding the password")
     baudrate: Annotated[int, Field(ge=1, le=10_000_000, description="1..10000000")] = 38400
+    plan_from_confirmed_read: bool | None = Field(
+        None, description="plan each change from the driver's own last confirming read, without a read round "
+                          "trip (docs/ocs.md); default: true on an emulated bench, false on a real one, where a "
+                          "patch re-made behind the harness's back to a port outside allowed_ports would be removed")
 
     @field_validator("protocol")
     @classmethod
@@ -418,6 +422,13 @@ def _check_name(name: Any, what: str, where: tuple) -> str:
     return name
 
 
+def _plan_from_confirmed_read(spec: OcsSpec, inv: InventorySpec | None) -> bool:
+    """The switch's own setting, else on only where nobody else can touch it: an emulated bench."""
+    if spec.plan_from_confirmed_read is not None:
+        return spec.plan_from_confirmed_read
+    return inv is not None and inv.bench.emulated
+
+
 def _valid(model: type[Spec], node: Any) -> Spec | None:
     try:
         return model.model_validate(node)
@@ -472,7 +483,8 @@ def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = 
                     node.where("password_env"))
         switches[name] = OcsResource(name=name, protocol=spec.protocol, url=spec.url, size=tuple(spec.size),
                                      allowed_ports=allowed, user=spec.user, password=password,
-                                     baudrate=spec.baudrate)
+                                     baudrate=spec.baudrate,
+                                     plan_from_confirmed_read=_plan_from_confirmed_read(spec, inv))
 
     nic_ports: list[NicPort] = []
     used_ocs_ports: dict[tuple[str, int], str] = {}

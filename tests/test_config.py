@@ -114,6 +114,7 @@ def test_duplicate_key_rejected_with_both_lines(tmp_path):
     ("    port: ${GPU1_SSH_PORT:-22}", "    port: 70000", 13, "1..65535"),
     ("    port: ${GPU1_SSH_PORT:-22}", "    port: twenty", 13, "expected an integer"),
     ("bench: {name: lab-a, emulated: false}", "bench: {name: lab-a, emulated: 1}", 1, "true/false"),
+    ("    user: admin\n", "    user: admin\n    plan_from_confirmed_read: often\n", 9, "true/false"),
 ])
 def test_inventory_errors_point_at_line(tmp_path, old, new, line, match):
     assert old in INVENTORY
@@ -124,6 +125,16 @@ def test_inventory_errors_point_at_line(tmp_path, old, new, line, match):
 def test_emulated_bench_relaxes_host_keys(tmp_path):
     path = write(tmp_path, "inv.yaml", INVENTORY.replace("emulated: false", "emulated: true"))
     assert not load_inventory(path).hosts["gpu1"].strict_host_key
+
+
+@pytest.mark.parametrize("emulated,setting,planned", [
+    ("false", None, False), ("true", None, True), ("true", "false", False), ("false", "true", True)])
+def test_plan_from_confirmed_read_is_off_on_a_real_bench_unless_the_switch_says_so(tmp_path, emulated, setting,
+                                                                                   planned):
+    text = INVENTORY.replace("emulated: false", f"emulated: {emulated}")
+    if setting is not None:
+        text = text.replace("    user: admin\n", f"    user: admin\n    plan_from_confirmed_read: {setting}\n")
+    assert load_inventory(write(tmp_path, "inv.yaml", text)).ocs["ocs1"].plan_from_confirmed_read is planned
 
 
 def test_include_merges_relative_and_overrides(tmp_path):

@@ -34,9 +34,10 @@ def emulator():
     bench.stop()
 
 
-def _open(views, protocol: str, allowed=ALL_PORTS):
+def _open(views, protocol: str, allowed=ALL_PORTS, plan_from_confirmed_read=False):
     return open_switch(OcsResource(name="ocs1", protocol=protocol, url=views[protocol].url, size=(N, N),
-                                   allowed_ports=frozenset(allowed), user="admin", password="root"),
+                                   allowed_ports=frozenset(allowed), user="admin", password="root",
+                                   plan_from_confirmed_read=plan_from_confirmed_read),
                        timeout_s=10)
 
 
@@ -44,7 +45,7 @@ def _open(views, protocol: str, allowed=ALL_PORTS):
 def switch(request, emulator):
     _, servers, views = emulator
     servers.faults.clear()
-    switch = _open(views, request.param, allowed=ALL_PORTS | {99})
+    switch = _open(views, request.param, allowed=ALL_PORTS | {99}, plan_from_confirmed_read=True)
     switch.apply({}, exclusive=True)  # every test starts from an empty switch
     yield switch
     switch.close()
@@ -152,3 +153,28 @@ def test_apply_plans_from_its_confirmed_read_and_a_change_behind_its_back_is_cau
         (cause,) = applied.causes
         assert cause.startswith("ocs-retry:ocs1: switch state does not confirm the change: missing {2: 17}"), cause
     assert not guard.suspect  # a mismatch is not a broken session: no reconnect
+
+
+def test_a_foreign_patch_to_a_port_outside_the_inventory_made_between_two_applies_is_never_removed(switch, emulator):
+    """Another session re-patches one of our allowed ingresses to a port outside our allowlist between two
+    applies. Planned from memory, the next change would delete that patch (a DLT-PATCH names only the
+    ingress); with the kept-read plan off (the default off an emulated bench) it plans from a read, sees
+    the foreign end and sends nothing."""
+    from harness.bench.circuits import CircuitGuard, RetryPolicy
+
+    bench, _, views = emulator
+    protocol = switch.resource.protocol
+    allowed = frozenset(range(1, 9)) | frozenset(range(N + 1, N + 9))
+    foreign = 2 * N  # an egress outside our allowlist
+    ours = _open(views, protocol, allowed=allowed)
+    try:
+        guard = CircuitGuard("ocs1", ours, snapshot_path=None, resuming=False, allowed=allowed)
+        policy = RetryPolicy(retries=2, backoff_s=0.0, timeout_s=10.0)
+        guard.apply({1: N + 1, 2: N + 2}, policy)
+        switch.disconnect([2])  # `switch` here is another session, every port allowed
+        switch.connect(2, foreign)
+        with pytest.raises(PortNotAllowed, match=str(foreign)):
+            guard.apply({1: N + 2, 2: N + 1}, policy)
+        assert bench.ocs_patches() == {1: N + 1, 2: foreign}  # the emulator's truth: nothing was sent
+    finally:
+        ours.close()

@@ -84,9 +84,9 @@ def quirky():
     server.server_close()
 
 
-def _resource(address, allowed=ALL_PORTS, user="admin", password="root") -> OcsResource:
+def _resource(address, allowed=ALL_PORTS, user="admin", password="root", **kw) -> OcsResource:
     return OcsResource(name="ocs1", protocol="polatis-tl1", url=f"tcp://{address[0]}:{address[1]}",
-                       size=(N, N), allowed_ports=frozenset(allowed), user=user, password=password)
+                       size=(N, N), allowed_ports=frozenset(allowed), user=user, password=password, **kw)
 
 
 def test_driver_speaks_tl1_not_our_emulator(quirky):
@@ -460,7 +460,8 @@ def test_emulator_autonomous_reports_interleave_with_replies():
 
 def test_an_autonomous_message_since_the_last_change_makes_apply_read_the_switch_first(quirky):
     """The quirky peer sends a REPT before every reply: the confirming read is never the next plan's state."""
-    switch = open_switch(_resource(quirky.server_address, password="secret"), timeout_s=5)
+    switch = open_switch(_resource(quirky.server_address, password="secret", plan_from_confirmed_read=True),
+                         timeout_s=5)
     try:
         switch.apply({3: 20})
         log = quirky.state["log"]

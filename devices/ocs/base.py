@@ -155,12 +155,12 @@ class Planned(NamedTuple):
 def plan_for(switch, mapping: Mapping[int, int], exclusive: bool) -> Planned:
     """The first half of every driver's `apply`: `mapping` checked against the allowlist, and the plan —
     from the driver's own last confirmed state (`switch._confirmed`, given the autonomous messages counted
-    by `switch._events_added()`) if it still stands, `switch.plan_from_confirmed_read` allows it, and it
-    leaves something to change; else from one read of the switch (its `_read_patches()`): "nothing to
-    change" is always the switch's word."""
+    by `switch._events_added()`) if it still stands, the inventory allows it
+    (`OcsResource.plan_from_confirmed_read`) and it leaves something to change; else from one read of the
+    switch (its `_read_patches()`): "nothing to change" is always the switch's word."""
     check_allowed(switch.allowed, [p for pair in mapping.items() for p in pair], "apply")
     known = switch._confirmed.take(switch._events_added())
-    if known is not None and switch.plan_from_confirmed_read:
+    if known is not None and switch.resource.plan_from_confirmed_read:
         plan = plan_apply(known, mapping, switch.allowed, exclusive)
         if not plan.empty:
             return Planned(plan, known, None)

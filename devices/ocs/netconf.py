@@ -67,7 +67,6 @@ def _pair(tag: str, ingress: int, egress: int | None = None, operation: str | No
 class NetconfSwitch(CircuitSwitch):
     """A Polatis switch over NETCONF. One RPC at a time (a lock serialises callers)."""
 
-    plan_from_confirmed_read = True  # base.plan_for; docs/ocs.md says what it assumes
 
     def __init__(self, resource: OcsResource, endpoint, *, timeout_s: float = 30.0):
         if not resource.user:

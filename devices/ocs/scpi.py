@@ -80,7 +80,6 @@ def parse_state(text: str, size: tuple[int, int] = (0, 0)) -> dict[int, int]:
 class ScpiSwitch(CircuitSwitch):
     """A Polatis switch over SCPI."""
 
-    plan_from_confirmed_read = True  # base.plan_for; docs/ocs.md says what it assumes
 
     def __init__(self, resource: OcsResource, channel: LineChannel, *, timeout_s: float = 30.0):
         self.resource = resource

@@ -216,7 +216,6 @@ class Tl1Switch(CircuitSwitch):
     """
 
     ent_patch_lists = True
-    plan_from_confirmed_read = True  # base.plan_for; docs/ocs.md says what it assumes
 
     def __init__(self, resource: OcsResource, channel: LineChannel, *, timeout_s: float = 30.0,
                  tid: str = ""):
