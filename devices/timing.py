@@ -1,8 +1,11 @@
-"""Monotonic deadlines and command timings shared by every driver."""
+"""Monotonic deadlines and command timings shared by every driver, and the kernel's receive time of socket
+data (SO_TIMESTAMPNS) on the harness clock."""
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 def now_ns() -> int:
@@ -49,3 +52,103 @@ class CommandTiming:
     @property
     def elapsed_s(self) -> float:
         return (self.completed_ns - self.sent_ns) / 1e9
+
+
+# ---------------------------------------------------------------------------------- kernel receive stamps
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux: the kernel's receive time of each segment
+STAMP_SPACE = socket.CMSG_SPACE(16)  # one struct timespec
+
+
+def enable_receive_stamps(sock: socket.socket) -> bool:
+    """Ask the kernel to stamp what `sock` receives (read with `ReceiveStamps.recv`). False where it cannot."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
+def kernel_realtime_ns(ancdata) -> int | None:
+    """The SO_TIMESTAMPNS control message of a recvmsg (CLOCK_REALTIME, ns), or None."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
+            return (int.from_bytes(data[:8], "little", signed=True) * 1_000_000_000
+                    + int.from_bytes(data[8:16], "little", signed=True))
+    return None
+
+
+class ClockPair(NamedTuple):
+    """CLOCK_REALTIME read between two harness-clock reads: `offset_ns` = realtime - monotonic, known to
+    +-`width_ns`/2 (where in [before, after] the realtime read fell)."""
+
+    mono_ns: int  # the middle of [before, after]
+    offset_ns: int
+    width_ns: int
+
+    @classmethod
+    def now(cls) -> "ClockPair":
+        before = now_ns()
+        realtime = time.time_ns()
+        after = now_ns()
+        mid = (before + after) // 2
+        return cls(mid, realtime - mid, after - before)
+
+
+class Received(NamedTuple):
+    data: bytes
+    t_ns: int  # harness clock: the kernel's receive time, or the read time (`kernel` False)
+    bound_ns: int  # the conversion's bound: the true receive time is within t_ns +- bound_ns (0 when read time)
+    kernel: bool
+
+
+class ReceiveStamps:
+    """recvmsg with SO_TIMESTAMPNS -> (data, its kernel receive time on the harness clock, bound): one per
+    reader, created before its socket can receive (a stamp from before it is not trusted).
+
+    The kernel stamps in CLOCK_REALTIME; the harness clock is CLOCK_MONOTONIC. Linux slews both alike
+    (adjtimex frequency and offset corrections change their common rate), so realtime - monotonic changes only
+    when realtime is stepped (settimeofday, an NTP step, a leap second). Each read takes a realtime/monotonic
+    pair and compares it with the one before: while the two agree within their widths, the offset has not moved
+    since, and a stamp taken in between converts to within `bound_ns` (this pair's half-width plus the largest
+    step the comparison could miss). A step between two reads makes that read's stamp ambiguous (before or after
+    the step?): it falls back to the read time, counted in `fallbacks` with the `reason`, and so does every read
+    that drains a backlog queued across the step (a read that filled its buffer may leave older data behind).
+    A stamp later than its own read, or earlier than this run of agreeing pairs began, falls back too."""
+
+    def __init__(self) -> None:
+        self._last = ClockPair.now()
+        self._steady_since_ns = self._last.mono_ns - self._last.width_ns
+        self._backlog_suspect = False
+        self.fallbacks = 0
+        self.reason = ""  # why the last fallback happened
+
+    def recv(self, sock: socket.socket, size: int) -> Received:
+        """One `sock.recvmsg(size)`; its errors (BlockingIOError, timeouts, OSError) propagate."""
+        data, ancdata, _, _ = sock.recvmsg(size, STAMP_SPACE)
+        return self.stamp(data, ancdata, full=len(data) >= size)
+
+    def stamp(self, data: bytes, ancdata, full: bool) -> Received:
+        pair = ClockPair.now()
+        last, self._last = self._last, pair
+        missable = (pair.width_ns + last.width_ns) // 2 + 1  # two agreeing pairs can still differ by this
+        why = ""
+        realtime = kernel_realtime_ns(ancdata)
+        if abs(pair.offset_ns - last.offset_ns) > missable:
+            why = f"CLOCK_REALTIME stepped by {pair.offset_ns - last.offset_ns} ns since the last read"
+            self._steady_since_ns = pair.mono_ns - pair.width_ns
+            self._backlog_suspect = full  # a full buffer may have left data from before the step queued
+        elif self._backlog_suspect:
+            why = "data queued before a CLOCK_REALTIME step"
+            self._backlog_suspect = full
+        elif realtime is None:
+            why = "no kernel receive stamp"
+        bound = pair.width_ns // 2 + missable
+        if not why:
+            t_ns = realtime - pair.offset_ns
+            if t_ns > pair.mono_ns + bound or t_ns < self._steady_since_ns - bound:
+                why = f"kernel stamp {t_ns} ns outside [{self._steady_since_ns}, {pair.mono_ns}] of its own read"
+            else:
+                return Received(data, t_ns, bound, True)
+        self.fallbacks += 1
+        self.reason = why
+        return Received(data, pair.mono_ns, 0, False)

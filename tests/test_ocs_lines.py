@@ -7,6 +7,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from devices.ocs import Endpoint, OcsConfigError, parse_url
 from devices.ocs.lines import LineSplitter
 
+N = 16  # the `mixnet-testbed` profile's switch is 16x16
+
 texts = st.lists(st.text(st.characters(blacklist_characters="\r\n", codec="utf-8"), min_size=1, max_size=12)
                  .filter(lambda s: s.strip() == s and s), max_size=8)
 
@@ -53,3 +55,93 @@ def test_parse_url_accepts(url, protocol, expected):
 def test_parse_url_rejects(url, protocol):
     with pytest.raises(OcsConfigError):
         parse_url(url, protocol)
+
+
+def test_a_tl1_reply_is_stamped_when_the_kernel_received_it_not_when_a_late_reader_read_it():
+    """Against the emulated TL1 server (it answers an ENT-PATCH once its mirror settled: the ground truth),
+    with a reader that gets to the socket only 30 ms after the reply arrived: the COMPLD's stamp is its
+    arrival (at most when the socket became readable), not the read (which is 30 ms later)."""
+    import select
+    import time
+
+    from devices.emulated.ocs_server import OcsServers
+    from devices.emulated.physics import OpticalBench
+    from devices.emulated.profile import load_profile
+    from devices.ocs import open_switch
+    from devices.resources import OcsResource
+    from devices.timing import now_ns
+
+    bench = OpticalBench(load_profile("mixnet-testbed"), seed=3).start()
+    servers = OcsServers(bench, pty=False).start()
+    try:
+        host, port = servers.tl1_address
+        switch = open_switch(OcsResource(name="ocs1", protocol="polatis-tl1", url=f"tcp://{host}:{port}",
+                                         size=(N, N), allowed_ports=frozenset(range(1, 2 * N + 1)),
+                                         user="admin", password="root"), timeout_s=10)
+        channel = switch._channel
+        read, readable = channel._read, []
+
+        def late_read(timeout_s):
+            if timeout_s > 0:  # a busy harness: the thread gets to the data 30 ms after it arrived
+                select.select([channel._sock], [], [], 10)
+                readable.append(now_ns())
+                time.sleep(0.03)
+            return read(timeout_s)
+
+        channel._read = late_read
+        egress = N + 1
+        timing = switch.connect(1, egress)
+        reply_readable, bound = readable[-1], channel.last_bound_ns
+        switch.close()
+    finally:
+        servers.stop()
+        bench.stop()
+    assert channel.receive_stamp == "kernel" and channel.stamps.fallbacks == 0, channel.stamps.reason
+    settled = [e["t_ns"] for e in bench.ground_truth() if e["stage"] == "mirror_settled" and e["ocs_port"] == egress]
+    assert len(settled) == 1
+    assert timing.sent_ns < settled[0] <= timing.completed_ns + bound  # the switch answers once settled
+    assert timing.completed_ns <= reply_readable + bound  # it had arrived before the late read began
+
+
+def test_a_realtime_step_between_two_reads_falls_back_to_the_read_time_and_says_so(monkeypatch):
+    """The kernel stamps in CLOCK_REALTIME. A step of it between two reads (faked on our side only: the
+    machine's clock is never changed) makes that read's stamp ambiguous: the read time, with the reason. The
+    next read agrees with the stepped offset, but the kernel's stamp then lands before the run of agreeing
+    reads began: read time again. Before the step, the stamp is the arrival, within its bound."""
+    import socket
+    import time
+
+    import devices.timing as timing
+    from devices.timing import ReceiveStamps, enable_receive_stamps, now_ns
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stamps = ReceiveStamps()
+    reader = socket.create_connection(listener.getsockname())
+    writer, _ = listener.accept()
+    try:
+        assert enable_receive_stamps(reader)
+        before = now_ns()
+        writer.sendall(b"a\n")
+        got = stamps.recv(reader, 4096)
+        after = now_ns()
+        assert got.kernel and got.data == b"a\n" and before - got.bound_ns <= got.t_ns <= after + got.bound_ns
+        assert stamps.fallbacks == 0
+
+        class Stepped:  # CLOCK_REALTIME as read by us, 5 s ahead from now on
+            monotonic_ns = staticmethod(time.monotonic_ns)
+
+            @staticmethod
+            def time_ns():
+                return time.time_ns() + 5_000_000_000
+
+        monkeypatch.setattr(timing, "time", Stepped)
+        for expected in ("CLOCK_REALTIME stepped by", "outside"):
+            writer.sendall(b"b\n")
+            start = now_ns()
+            got = stamps.recv(reader, 4096)
+            assert not got.kernel and start <= got.t_ns <= now_ns() and got.bound_ns == 0
+            assert expected in stamps.reason, stamps.reason
+        assert stamps.fallbacks == 2
+    finally:
+        for sock in (reader, writer, listener):
+            sock.close()

@@ -23,7 +23,7 @@ import tty
 from typing import Callable
 
 from devices.emulated.physics import OcsCommandError, OpticalBench
-from devices.timing import now_ns
+from devices.timing import ReceiveStamps, enable_receive_stamps, now_ns
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 # A command longer than this is dropped unread (real units have small input buffers); what a client
@@ -375,22 +375,23 @@ class _ScpiSession:
         self.settle_ns = max(self.settle_ns, settle)
 
 
-_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; the kernel's receive time of each segment
-_STAMP_SPACE = socket.CMSG_SPACE(16)  # struct timespec
-
-
 class _StampedConnection(asyncio.StreamReaderProtocol):
     """A TCP connection whose bytes the server reads itself, with recvmsg and SO_TIMESTAMPNS: each chunk comes
     with the kernel's receive time of its last byte, so the emulated switch acts when a command arrived, not
     when a busy machine let this loop's thread get to it (0.5-24 ms later under load, which moved the switch's
-    truth with it). The transport writes; it never reads (paused before its first read)."""
+    truth with it). The transport writes; it never reads (paused before its first read). `stamps` is the
+    servers' one `ReceiveStamps` (made before they listen; all connections are read on one loop thread)."""
+
+    def __init__(self, reader: asyncio.StreamReader, serve, stamps: ReceiveStamps):
+        super().__init__(reader, serve)
+        self._stamps = stamps
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         transport.pause_reading()  # before the loop ever registers the transport's reader
         raw = transport.get_extra_info("socket")
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        raw.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        enable_receive_stamps(raw)
         self._sock = socket.socket(fileno=os.dup(raw.fileno()))  # the transport's wrapper has no recvmsg
         self._sock.setblocking(False)
         self._ready: asyncio.Future | None = None
@@ -411,13 +412,13 @@ class _StampedConnection(asyncio.StreamReaderProtocol):
         loop = asyncio.get_running_loop()
         while not self._lost:
             try:
-                data, ancdata, _, _ = self._sock.recvmsg(4096, _STAMP_SPACE)
+                received = self._stamps.recv(self._sock, 4096)
             except (BlockingIOError, InterruptedError):
                 pass
             except OSError:
                 return b"", None
             else:
-                return data, _monotonic_stamp(ancdata)
+                return received.data, received.t_ns if received.kernel else None
             self._ready = loop.create_future()
             fd = self._sock.fileno()
             loop.add_reader(fd, self._wake)
@@ -427,16 +428,6 @@ class _StampedConnection(asyncio.StreamReaderProtocol):
                 if not self._lost:
                     loop.remove_reader(fd)
         return b"", None
-
-
-def _monotonic_stamp(ancdata) -> int | None:
-    """The SO_TIMESTAMPNS control message (CLOCK_REALTIME) on the harness clock (CLOCK_MONOTONIC)."""
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
-            sec, nsec = int.from_bytes(data[:8], "little", signed=True), int.from_bytes(data[8:16], "little",
-                                                                                        signed=True)
-            return sec * 1_000_000_000 + nsec - (time.time_ns() - now_ns())
-    return None
 
 
 class OcsServers:
@@ -476,12 +467,13 @@ class OcsServers:
         return opened
 
     async def _open(self, loop: asyncio.AbstractEventLoop) -> "OcsServers":
+        stamps = ReceiveStamps()  # before any connection can receive
         for port, serve in zip(self._ports, (self._tl1_client, self._scpi_client)):
             listener = await loop.create_server(
-                lambda serve=serve: _StampedConnection(asyncio.StreamReader(limit=_MAX_COMMAND), serve),
+                lambda serve=serve: _StampedConnection(asyncio.StreamReader(limit=_MAX_COMMAND), serve, stamps),
                 self.host, port, backlog=1024)
             for sock in listener.sockets:  # accepted connections inherit it: stamped before connection_made runs
-                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                enable_receive_stamps(sock)
             self._listeners.append(listener)
         if self._want_pty:
             master, slave = os.openpty()

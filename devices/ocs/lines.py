@@ -1,8 +1,10 @@
 """Line-oriented byte channels to a switch: raw TCP (TCP_NODELAY) or pyserial URLs.
 
-Both channels send one `write()` per line, accept `\\r`, `\\n` or `\\r\\n` from the peer, stamp each line with
-the harness clock when its terminator arrived, and enforce the caller's `Deadline` themselves (pyserial
-read timeouts return short data silently).
+Both channels send one `write()` per line, accept `\\r`, `\\n` or `\\r\\n` from the peer, stamp each line on
+the harness clock when the chunk holding its terminator arrived — TCP: the kernel's receive time of that chunk
+(SO_TIMESTAMPNS, `devices.timing.ReceiveStamps`), not when a busy harness thread got to read it; pyserial
+(serial, `socket://`, `rfc2217://`): the read time, pyserial gives no kernel stamp — and enforce the caller's
+`Deadline` themselves (pyserial read timeouts return short data silently).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from collections import deque
 from typing import Iterator
 
 from devices.errors import DeviceError, DeviceTimeout, TransportClosed
-from devices.timing import Deadline, now_ns
+from devices.timing import Deadline, ReceiveStamps, enable_receive_stamps, now_ns
 
 # How long one blocking read may wait before the deadline is re-checked.
 _POLL_S = 0.05
@@ -91,12 +93,17 @@ class LineSplitter:
 
 
 class LineChannel(ABC):
-    """Send lines, receive lines with their arrival time."""
+    """Send lines, receive lines with their arrival time. `receive_stamp` says which: "kernel" (the kernel's
+    receive time, falling back to the read time where it cannot be trusted: `stamps.fallbacks`, `.reason`)
+    or "read" (when this process read the bytes). `last_bound_ns`: the bound of the last line's stamp."""
+
+    receive_stamp = "read"
 
     def __init__(self, description: str):
         self.description = description
         self._splitter = LineSplitter()
-        self._ready: deque[tuple[int, str]] = deque()
+        self._ready: deque[tuple[int, str, int]] = deque()  # (stamp ns, line, its bound ns)
+        self.last_bound_ns = 0
 
     def write_line(self, text: str, eol: str = "\r\n") -> int:
         """Send `text` + `eol` in one write; returns the harness time just before the write."""
@@ -111,17 +118,16 @@ class LineChannel(ABC):
         while True:
             # checked per line, not per read: a flood of lines must not outlast the deadline either
             if deadline.expired():
-                unread = [line for _, line in list(self._ready)[-12:]]  # what arrived, read or not
+                unread = [line for _, line, _ in list(self._ready)[-12:]]  # what arrived, read or not
                 raise DeviceTimeout(f"no complete line from {self.description} before the deadline",
                                     "\n".join(unread + [self._splitter.pending]))
             if self._ready:
                 break
             remaining = deadline.remaining()
-            chunk = self._read(_POLL_S if remaining is None else min(_POLL_S, remaining))
+            chunk, stamp, bound = self._read(_POLL_S if remaining is None else min(_POLL_S, remaining))
             if chunk:
-                stamp = now_ns()
-                self._ready.extend((stamp, line) for line in self._splitter.feed(chunk))
-        recv_ns, line = self._ready.popleft()
+                self._ready.extend((stamp, line, bound) for line in self._splitter.feed(chunk))
+        recv_ns, line, self.last_bound_ns = self._ready.popleft()
         if isinstance(line, CutLine):
             raise LineTooLong(f"{self.description} sent a line longer than {MAX_LINE_BYTES} bytes "
                               f"(the rest was discarded): {excerpt(line)}")
@@ -132,11 +138,14 @@ class LineChannel(ABC):
         most about MAX_REPLY_BYTES and not past `deadline`, so a peer that floods the line cannot keep
         this going."""
         while self._ready:
-            yield self._ready.popleft()
+            stamp, line, self.last_bound_ns = self._ready.popleft()
+            yield stamp, line
         taken = 0
-        while taken < MAX_REPLY_BYTES and not (deadline and deadline.expired()) and (chunk := self._read(0.0)):
+        while taken < MAX_REPLY_BYTES and not (deadline and deadline.expired()):
+            chunk, stamp, self.last_bound_ns = self._read(0.0)
+            if not chunk:
+                break
             taken += len(chunk)
-            stamp = now_ns()
             for line in self._splitter.feed(chunk):
                 yield stamp, line
 
@@ -144,8 +153,9 @@ class LineChannel(ABC):
     def _write(self, data: bytes) -> None: ...
 
     @abstractmethod
-    def _read(self, timeout_s: float) -> bytes:
-        """Up to a few KiB, b'' when nothing arrived in timeout_s; raises TransportClosed at EOF."""
+    def _read(self, timeout_s: float) -> tuple[bytes, int, int]:
+        """(up to 64 KiB, when it arrived on the harness clock, that stamp's bound ns); b'' when nothing arrived
+        in timeout_s; raises TransportClosed at EOF."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -162,7 +172,10 @@ class LineChannel(ABC):
 
 
 class TcpLineChannel(LineChannel):
-    """A plain TCP connection with Nagle disabled (a split write otherwise costs ~40 ms)."""
+    """A plain TCP connection with Nagle disabled (a split write otherwise costs ~40 ms); what arrives is
+    stamped with the kernel's receive time (SO_TIMESTAMPNS)."""
+
+    receive_stamp = "kernel"
 
     def __init__(self, host: str, port: int, connect_timeout_s: float = 10.0):
         super().__init__(f"tcp://{host}:{port}")
@@ -170,11 +183,13 @@ class TcpLineChannel(LineChannel):
         self._open()
 
     def _open(self) -> None:
+        self.stamps = ReceiveStamps()  # before the connection exists: nothing it reads predates it
         try:
             self._sock = socket.create_connection(self._address, timeout=self._connect_timeout_s)
         except OSError as exc:
             raise TransportClosed(f"cannot connect to {self.description}: {exc}") from exc
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        enable_receive_stamps(self._sock)
 
     def _write(self, data: bytes) -> None:
         try:
@@ -182,17 +197,17 @@ class TcpLineChannel(LineChannel):
         except OSError as exc:
             raise TransportClosed(f"{self.description}: send failed: {exc}") from exc
 
-    def _read(self, timeout_s: float) -> bytes:
+    def _read(self, timeout_s: float) -> tuple[bytes, int, int]:
         try:
             self._sock.settimeout(timeout_s if timeout_s > 0 else 0.0)
-            data = self._sock.recv(65536)
+            data, stamp, bound, _ = self.stamps.recv(self._sock, 65536)
         except (socket.timeout, BlockingIOError):
-            return b""
+            return b"", 0, 0
         except OSError as exc:
             raise TransportClosed(f"{self.description}: receive failed: {exc}") from exc
         if not data:
             raise TransportClosed(f"{self.description} closed the connection")
-        return data
+        return data, stamp, bound
 
     def close(self) -> None:
         try:
@@ -232,18 +247,21 @@ class SerialLineChannel(LineChannel):
         except (self._serial_exception, OSError) as exc:
             raise TransportClosed(f"{self.description}: write failed: {exc}") from exc
 
-    def _read(self, timeout_s: float) -> bytes:
+    def _read(self, timeout_s: float) -> tuple[bytes, int, int]:
+        """pyserial gives no kernel receive time (nor does its socket:// or rfc2217:// socket): the read time."""
         try:
             waiting = self._port.in_waiting
             if waiting:
-                return self._port.read(waiting)
-            if timeout_s <= 0:
-                return b""
-            if self._port.timeout != timeout_s:
-                self._port.timeout = timeout_s
-            return self._port.read(1)
+                data = self._port.read(waiting)
+            elif timeout_s <= 0:
+                data = b""
+            else:
+                if self._port.timeout != timeout_s:
+                    self._port.timeout = timeout_s
+                data = self._port.read(1)
         except (self._serial_exception, OSError) as exc:
             raise TransportClosed(f"{self.description}: read failed: {exc}") from exc
+        return data, now_ns(), 0
 
     def close(self) -> None:
         try:
