@@ -142,6 +142,18 @@ def test_a_realtime_step_between_two_reads_falls_back_to_the_read_time_and_says_
             assert not got.kernel and start <= got.t_ns <= now_ns() and got.bound_ns == 0
             assert expected in stamps.reason, stamps.reason
         assert stamps.fallbacks == 2
+        monkeypatch.undo()  # the clock steps back: what was queued across it is not trusted either
+        writer.sendall(b"0123456789\n")
+        time.sleep(0.01)  # all of it queued before the reads below
+        chunks = []
+        while len(b"".join(chunks)) < 11:
+            got = stamps.recv(reader, 4)
+            assert not got.kernel
+            chunks.append(got.data)
+        assert "queued before a CLOCK_REALTIME step" in stamps.reason, stamps.reason
+        writer.sendall(b"c\n")  # after a short read drained the backlog, new data is stamped again
+        got = stamps.recv(reader, 4096)
+        assert got.kernel and got.data == b"c\n", stamps.reason
     finally:
         for sock in (reader, writer, listener):
             sock.close()
