@@ -107,7 +107,9 @@ def test_a_realtime_step_between_two_reads_falls_back_to_the_read_time_and_says_
     """The kernel stamps in CLOCK_REALTIME. A step of it between two reads (faked on our side only: the
     machine's clock is never changed) makes that read's stamp ambiguous: the read time, with the reason. The
     next read agrees with the stepped offset, but the kernel's stamp then lands before the run of agreeing
-    reads began: read time again. Before the step, the stamp is the arrival, within its bound."""
+    reads began: read time again. Stepping back, a backlog queued across the step is read time until a short
+    read drained it; data after that is the kernel's again. Before the step, the stamp is the arrival, within
+    its bound."""
     import socket
     import time
 
