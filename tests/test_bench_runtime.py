@@ -401,26 +401,3 @@ def test_events_built_while_the_cycle_waits_equal_those_built_at_its_end():
     assert cycle(prepared_between=False) == 1  # h2 completed last: built at the end
     assert cycle(prepared_between=True) == 0  # built again while waiting: nothing left for the end
     assert cycle(prepared_between=True, stepped="h1") == 1  # h1's clock stepped since: its conversions redone
-
-
-def test_an_observations_interval_is_remembered_for_that_object_and_clock_only():
-    """`CycleEvents.interval` answers `interval(obs, converted)` once per observation: again after its
-    host's clock stepped, and never another object's answer left under a reused id."""
-    from harness.bench.stages import CycleEvents, interval
-
-    script = ScriptedObservations()
-    script.watch("h1", "eth0", "rx_los", "0", 102 * MS)
-    script.watch("h1", "eth0", "rx_lol", "0", 103 * MS)
-    first, second = script.items
-    steps, calls = {"h1": 0}, []
-
-    def convert(host, host_ns):
-        calls.append(host_ns)
-        return script.convert(host, host_ns)
-
-    built = CycleEvents("r", 1, PORTS, 100 * MS, convert, CHAIN, generation=steps.__getitem__)
-    assert built.interval(first) == built.interval(first) == interval(first, script.convert) and len(calls) == 1
-    steps["h1"] += 1
-    assert built.interval(first) == interval(first, script.convert) and len(calls) == 2
-    built._intervals[id(second)] = (first, (0, 0, 0), steps["h1"])  # as if `first` had died and its id come back
-    assert built.interval(second) == interval(second, script.convert) and len(calls) == 3

@@ -111,15 +111,14 @@ def source_of(obs) -> str:
 
 
 def port_events(run_id: str, cycle: int, port: PortRef, first_sent_ns: int, kept: dict[str, object],
-                not_yet: dict[str, object], interval_of: Callable[[object], tuple[int, int, int]],
-                chain: tuple[str, ...] = PORT_CHAIN, done_ns: int | None = None) -> list[Event] | None:
+                not_yet: dict[str, object], convert: Convert, chain: tuple[str, ...] = PORT_CHAIN,
+                done_ns: int | None = None) -> list[Event] | None:
     """One port's events: every kept observation with its chain-tightened bound, and every chain stage
-    implied by a later one (passed between two polls); `interval_of(obs)` is `interval` with the host's
-    clock. A contradiction is a fault at `done_ns` (None, the cycle still running: returns None, the port
-    is built again at its end)."""
+    implied by a later one (passed between two polls). A contradiction is a fault at `done_ns` (None, the
+    cycle still running: returns None, the port is built again at its end)."""
     events = []
-    raw = {stage: interval_of(obs) for stage, obs in kept.items()}
-    not_before = {stage: interval_of(obs)[0] for stage, obs in not_yet.items()}
+    raw = {stage: interval(obs, convert) for stage, obs in kept.items()}
+    not_before = {stage: interval(obs, convert)[0] for stage, obs in not_yet.items()}
     bounds = chain_bounds(first_sent_ns, {s: raw[s][:2] for s in chain if s in raw}, not_before, chain)
     for stage in chain:
         if stage in kept:
@@ -158,7 +157,6 @@ class CycleEvents:
         self._built: dict[str, tuple[tuple[int, int], list[Event], list]] = {}  # key -> (version, events, encoded)
         self.rebuilt = 0  # ports built at the cycle's end (the rest were ready): what a test can check
         self._converted: dict[tuple[str, int], tuple[tuple[int, int, int], int]] = {}
-        self._intervals: dict[int, tuple[object, tuple[int, int, int], int]] = {}  # id -> (obs, interval, gen)
 
     def converted(self, host: str, host_ns: int, generation: int | None = None) -> tuple[int, int, int]:
         """`convert`, remembered for the cycle: the watch converts each observation it keeps as it arrives, and
@@ -174,18 +172,6 @@ class CycleEvents:
         self._converted[(host, host_ns)] = (answer, generation)
         return answer
 
-    def interval(self, obs, generation: int | None = None) -> tuple[int, int, int]:
-        """`interval(obs, converted)`, remembered per observation (the object itself is kept with it: an id
-        outlives its object), so that a port built at the cycle's end looks each one up once."""
-        if generation is None:
-            generation = self.generation(obs.host)
-        known = self._intervals.get(id(obs))
-        if known is not None and known[0] is obs and known[2] == generation:
-            return known[1]
-        answer = interval(obs, functools.partial(self.converted, generation=generation))
-        self._intervals[id(obs)] = (obs, answer, generation)
-        return answer
-
     def port(self, key: str, version: int, kept: dict[str, object], not_yet: dict[str, object],
              done_ns: int | None = None) -> tuple[list[Event], list] | None:
         port = self.ports[key]
@@ -195,7 +181,7 @@ class CycleEvents:
         if known is not None and known[0] == stamp:
             return known[1], known[2]
         events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet,
-                             functools.partial(self.interval, generation=generation), self.chain, done_ns)
+                             functools.partial(self.converted, generation=generation), self.chain, done_ns)
         if events is None:
             return None
         encoded = [self.encode(e) for e in events] if self.encode is not None else []
