@@ -243,3 +243,40 @@ def test_probe_send_builds_its_own_frame_from_dst_mac(bench, prefix):
         assert first[2] == a.mac  # the agent read its own MAC from sysfs
         assert tx.finish()[-1][0] == "sent"
         rx.finish()
+
+
+def test_hosts_starting_the_agent_at_once_share_one_whole_copy(bench, prefix, monkeypatch):
+    """Two hosts' commands upload and start the agent at the same moment. Each must get the same file, complete
+    and still there: unlocked, the second made its own directory (the first one's was then deleted by its
+    finalizer, under the first command: FileNotFoundError), or ran the copy while it was being written (no
+    output). Directory creation is slowed so that the threads surely overlap there."""
+    import tempfile as tempfile_module
+
+    made = []
+    real = tempfile_module.TemporaryDirectory
+
+    def slow_directory(*args, **kwargs):
+        time.sleep(0.02)
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile_module, "TemporaryDirectory", slow_directory)
+    plane = NetnsPlane(bench, prefix)  # not started: no namespaces, only its copies of the agent
+    source = AGENT_FILE.read_bytes()
+    start, paths = threading.Barrier(8), []
+
+    def upload():
+        start.wait()
+        paths.append(plane.agent_file(source))
+
+    threads = [threading.Thread(target=upload) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    import gc
+
+    gc.collect()  # a replaced directory's finalizer runs here at the latest
+    assert len(made) == 1 and len(set(paths)) == 1
+    assert open(paths[0], "rb").read() == source
+    plane.stop()

@@ -224,6 +224,7 @@ class NetnsPlane:
         self._unsubscribes: list[Callable[[], None]] = []
         self._procs: list[subprocess.Popen] = []
         self._agent_dir: tempfile.TemporaryDirectory | None = None
+        self._agent_lock = threading.Lock()  # hosts' command threads upload the same agent at once
         self.errors: list[str] = []
         self.op_log: list[tuple[str, str, int, int]] = []  # (kind, port key, queued mono ns, done mono ns)
 
@@ -412,13 +413,20 @@ class NetnsPlane:
         return proc
 
     def agent_file(self, source: bytes) -> str:
-        """A local copy of an uploaded agent program that processes in the namespaces can run."""
-        if self._agent_dir is None:
-            self._agent_dir = tempfile.TemporaryDirectory(prefix="hil-netns-agent-")
-        path = Path(self._agent_dir.name) / f"hilagent-{hashlib.sha256(source).hexdigest()[:12]}.py"
-        if not path.exists():
-            path.write_bytes(source)
-        return str(path)
+        """A local copy of an uploaded agent program that processes in the namespaces can run.
+
+        Under a lock, and written whole before it is visible: two hosts' commands start the agent at once, and
+        unlocked, a second directory replaced the first (whose finalizer then deleted it under the first
+        command), or a process ran the file while it was still being written (no output at all)."""
+        with self._agent_lock:
+            if self._agent_dir is None:
+                self._agent_dir = tempfile.TemporaryDirectory(prefix="hil-netns-agent-")
+            path = Path(self._agent_dir.name) / f"hilagent-{hashlib.sha256(source).hexdigest()[:12]}.py"
+            if not path.exists():
+                partial = path.with_suffix(".partial")
+                partial.write_bytes(source)
+                os.replace(partial, path)
+            return str(path)
 
 
 # ---------------------------------------------------------------------- emulated SSH host passthrough
