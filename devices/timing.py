@@ -42,16 +42,56 @@ class Deadline:
         return Deadline.at(other if self._end_ns is None else min(self._end_ns, other))
 
 
+class Receipt(NamedTuple):
+    """When a line arrived, on the harness clock. `how` "kernel": the kernel's receive time, the true arrival
+    within t_ns ± bound_ns; otherwise ("read", or "read (fallback: REASON)" where a kernel stamp could not be
+    trusted) the read time: the true arrival lies in [earliest_ns, t_ns], earliest_ns being the last instant
+    the channel was seen to hold no unread data (0: unknown)."""
+
+    t_ns: int
+    bound_ns: int
+    earliest_ns: int
+    how: str
+
+
 @dataclass(frozen=True)
 class CommandTiming:
-    """When a command left the harness and when its completion came back (harness clock, ns)."""
+    """When a command left the harness and when its completion came back (harness clock, ns); the true times
+    lie within sent_ns ± sent_bound_ns and completed_ns ± completed_bound_ns, and `*_stamp` names each stamp.
+
+    Sent, "write": sent_ns is taken just before the write, and its bound reaches to the write's return, when the
+    kernel had taken the bytes (a TCP_NODELAY socket transmits them within the call unless its window is full;
+    a serial line drains them at the baud rate after it — neither is observed). So the recorded time is the
+    hand-over to the kernel, not the wire. Completed: the reply's Receipt; a read-time stamp (serial, or a
+    kernel-stamp fallback) is the read, so its bound reaches back to the last time the line was seen idle, or to
+    the send where that was earlier (no reply arrives before its command): honest, and as wide as the reader's
+    lag. The defaults (bounds 0, stamps "") are for timings nobody bounded (fakes)."""
 
     sent_ns: int
     completed_ns: int
+    sent_bound_ns: int = 0
+    completed_bound_ns: int = 0
+    sent_stamp: str = ""
+    completed_stamp: str = ""
 
     @property
     def elapsed_s(self) -> float:
         return (self.completed_ns - self.sent_ns) / 1e9
+
+    @classmethod
+    def of(cls, write: tuple[int, int], reply: Receipt) -> "CommandTiming":
+        """From a write's (before, after) harness times and its reply's Receipt."""
+        before, after = write
+        if reply.how == "kernel":
+            bound = reply.bound_ns
+        else:
+            bound = max(0, reply.t_ns - max(before, reply.earliest_ns))
+        return cls(before, reply.t_ns, after - before, bound, "write", reply.how)
+
+    def until(self, last: "CommandTiming") -> "CommandTiming":
+        """From this command's send to `last`'s completion (a sequence of commands as one)."""
+        return CommandTiming(self.sent_ns, last.completed_ns, self.sent_bound_ns, last.completed_bound_ns,
+                             self.sent_stamp, last.completed_stamp)
 
 
 # ---------------------------------------------------------------------------------- kernel receive stamps

@@ -401,3 +401,20 @@ def test_events_built_while_the_cycle_waits_equal_those_built_at_its_end():
     assert cycle(prepared_between=False) == 1  # h2 completed last: built at the end
     assert cycle(prepared_between=True) == 0  # built again while waiting: nothing left for the end
     assert cycle(prepared_between=True, stepped="h1") == 1  # h1's clock stepped since: its conversions redone
+
+
+def test_the_ocs_events_carry_the_commands_bounds_and_after_retries_reach_back_to_the_first_attempt():
+    from devices.timing import CommandTiming
+    from harness.bench.circuits import Applied
+    from harness.bench.stages import ocs_events
+
+    timing = CommandTiming(1_000, 5_000, 10, 20, "write", "kernel")
+    sent, completed = ocs_events("r", 1, "ocs1", 1_000, 5_000, Applied(timing, 1_000).ocs_stamps)
+    assert (sent.t_ns, sent.uncertainty_ns, sent.source) == (1_000, 10, "harness:write")
+    assert (completed.t_ns, completed.uncertainty_ns, completed.source) == (5_000, 20, "harness:kernel")
+    # retried: the first attempt (started at 400) may have sent its change unanswered, any time up to the last
+    # attempt's write (ended by 1_010): t_ns stays the first attempt's start, ± reaches the last write
+    retried = Applied(timing, 400, ("ocs-retry:ocs1: timeout",)).ocs_stamps
+    (sent,) = ocs_events("r", 1, "ocs1", 400, None, retried)
+    assert sent.t_ns - sent.uncertainty_ns <= 400 and 1_010 <= sent.t_ns + sent.uncertainty_ns
+    assert sent.uncertainty_ns == 610 and sent.source == "harness:first attempt's start, 1 retries"

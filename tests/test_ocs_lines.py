@@ -159,3 +159,78 @@ def test_a_realtime_step_between_two_reads_falls_back_to_the_read_time_and_says_
     finally:
         for sock in (reader, writer, listener):
             sock.close()
+
+
+@pytest.mark.parametrize("stepped", [False, True], ids=["kernel-stamp", "realtime-step-fallback"])
+def test_the_tl1_commands_recorded_times_and_bounds_contain_the_emulators_truth(monkeypatch, stepped):
+    """A TL1 ENT-PATCH against the emulated switch, read by a reader that gets to the socket 30 ms late. The
+    switch's truth: when the command reached its kernel, and when it wrote the reply (the client's kernel has
+    the reply between its write's start and end, on loopback). The driver's CommandTiming must hold both
+    within its bounds, through to the recorded `ocs_command_sent` / `_completed` events. With a CLOCK_REALTIME
+    step faked on our side (as above) the reply falls back to the read time: still containing the truth, with a
+    bound as wide as the late read, and saying why."""
+    import select
+    import time
+
+    import devices.timing as timing_module
+    from devices.emulated.ocs_server import OcsServers
+    from devices.emulated.physics import OpticalBench
+    from devices.emulated.profile import load_profile
+    from devices.ocs import open_switch
+    from devices.resources import OcsResource
+    from harness.bench.circuits import Applied
+    from harness.bench.stages import ocs_events
+
+    bench = OpticalBench(load_profile("mixnet-testbed"), seed=3).start()
+    servers = OcsServers(bench, pty=False).start()
+    try:
+        host, port = servers.tl1_address
+        switch = open_switch(OcsResource(name="ocs1", protocol="polatis-tl1", url=f"tcp://{host}:{port}",
+                                         size=(N, N), allowed_ports=frozenset(range(1, 2 * N + 1)),
+                                         user="admin", password="root"), timeout_s=10)
+        channel = switch._channel
+        read = channel._read
+
+        def late_read(timeout_s):
+            if timeout_s > 0:
+                select.select([channel._sock], [], [], 10)
+                time.sleep(0.03)
+            return read(timeout_s)
+
+        channel._read = late_read
+        if stepped:
+            class Stepped:  # CLOCK_REALTIME as read by us, 5 s ahead from now on
+                monotonic_ns = staticmethod(time.monotonic_ns)
+
+                @staticmethod
+                def time_ns():
+                    return time.time_ns() + 5_000_000_000
+
+            monkeypatch.setattr(timing_module, "time", Stepped)
+        timing = switch.connect(1, N + 1)
+        monkeypatch.undo()
+        switch.close()
+    finally:
+        servers.stop()
+        bench.stop()
+    served = [s for s in servers.tl1_served if s.command.startswith("ENT-PATCH")]
+    assert len(served) == 1
+    truth = served[0]
+    # the reply reached the client's kernel at one instant of [reply_write_ns, reply_written_ns]: the recorded
+    # interval must reach it (a read-time stamp 30 ms after it, with no bound, would not)
+    assert timing.completed_ns - timing.completed_bound_ns <= truth.reply_written_ns
+    assert truth.reply_write_ns <= timing.completed_ns + timing.completed_bound_ns
+    events = ocs_events("r", 1, "ocs1", timing.sent_ns, timing.completed_ns,
+                        Applied(timing, timing.sent_ns).ocs_stamps)
+    sent, completed = events
+    assert (sent.t_ns, sent.uncertainty_ns, sent.source) == (timing.sent_ns, timing.sent_bound_ns, "harness:write")
+    assert (completed.t_ns, completed.uncertainty_ns) == (timing.completed_ns, timing.completed_bound_ns)
+    if stepped:
+        assert channel.stamps.fallbacks >= 1 and completed.source.startswith("harness:read (fallback: ")
+        assert timing.completed_bound_ns >= 30_000_000  # the late read is inside it, honestly
+    else:
+        assert channel.stamps.fallbacks == 0, channel.stamps.reason
+        assert completed.source == "harness:kernel"
+        assert timing.completed_bound_ns < 1_000_000  # the kernel's stamp: the conversion's bound, not the lag
+        # the command reached the switch's kernel during our write (loopback): inside the sent bound
+        assert timing.sent_ns - timing.sent_bound_ns <= truth.arrived_ns <= timing.sent_ns + timing.sent_bound_ns

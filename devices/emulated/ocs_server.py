@@ -20,7 +20,8 @@ import socket
 import threading
 import time
 import tty
-from typing import Callable
+from collections import deque
+from typing import Callable, NamedTuple
 
 from devices.emulated.physics import OcsCommandError, OpticalBench
 from devices.timing import ReceiveStamps, enable_receive_stamps, now_ns
@@ -430,6 +431,16 @@ class _StampedConnection(asyncio.StreamReaderProtocol):
         return b"", None
 
 
+class Served(NamedTuple):
+    """One TL1 command as the emulated switch served it (harness clock, ns): when the command reached this
+    server's kernel (None on a pty), and its reply's write — the client's kernel has it between the two."""
+
+    command: str
+    arrived_ns: int | None
+    reply_write_ns: int
+    reply_written_ns: int
+
+
 class OcsServers:
     """TL1 and SCPI servers on 127.0.0.1 (ephemeral ports by default) plus an SCPI pty, over one bench."""
 
@@ -456,6 +467,7 @@ class OcsServers:
         self._pty_fds: tuple[int, int] | None = None
         self.pty_path: str | None = None
         self.faults = CommandFaults()
+        self.tl1_served: deque[Served] = deque(maxlen=4096)  # ground truth of the TL1 commands' timing
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "OcsServers":
@@ -595,7 +607,9 @@ class OcsServers:
                         session.arrived_ns = start
                         reply = self._tl1_reply(session, text)
                         await _until(session.settle_ns)
+                        writing = now_ns()
                         session.send(reply)
+                        self.tl1_served.append(Served(text, arrived, writing, now_ns()))
                         await writer.drain()
                         free_ns = now_ns() if start is None else max(start, session.settle_ns)
                 if len(buffer) > _MAX_COMMAND:

@@ -15,7 +15,7 @@ from collections import deque
 from typing import Iterator
 
 from devices.errors import DeviceError, DeviceTimeout, TransportClosed
-from devices.timing import Deadline, ReceiveStamps, enable_receive_stamps, now_ns
+from devices.timing import Deadline, Receipt, ReceiveStamps, enable_receive_stamps, now_ns
 
 # How long one blocking read may wait before the deadline is re-checked.
 _POLL_S = 0.05
@@ -28,6 +28,7 @@ MAX_LINE_BYTES = 64 * 1024
 MAX_REPLY_BYTES = 1024 * 1024
 MAX_REPLY_LINES = 8192
 _EOL = re.compile(rb"[\r\n]")
+_NOTHING = Receipt(0, 0, 0, "")
 
 
 class LineTooLong(DeviceError):
@@ -95,21 +96,30 @@ class LineSplitter:
 class LineChannel(ABC):
     """Send lines, receive lines with their arrival time. `receive_stamp` says which: "kernel" (the kernel's
     receive time, falling back to the read time where it cannot be trusted: `stamps.fallbacks`, `.reason`)
-    or "read" (when this process read the bytes). `last_bound_ns`: the bound of the last line's stamp."""
+    or "read" (when this process read the bytes). `last_receipt`: the last line's stamp, its bound and
+    provenance (devices.timing.Receipt); `last_write`: the last write's (before, after) harness times."""
 
     receive_stamp = "read"
 
     def __init__(self, description: str):
         self.description = description
         self._splitter = LineSplitter()
-        self._ready: deque[tuple[int, str, int]] = deque()  # (stamp ns, line, its bound ns)
-        self.last_bound_ns = 0
+        self._ready: deque[tuple[Receipt, str]] = deque()
+        self.last_receipt = Receipt(0, 0, 0, "")
+        self.last_write = (0, 0)
+        self._quiet_ns = 0  # the last instant this channel was seen to hold no unread data
+
+    @property
+    def last_bound_ns(self) -> int:
+        return self.last_receipt.bound_ns
 
     def write_line(self, text: str, eol: str = "\r\n") -> int:
-        """Send `text` + `eol` in one write; returns the harness time just before the write."""
+        """Send `text` + `eol` in one write; returns the harness time just before the write (`last_write`:
+        before and after it)."""
         data = (text + eol).encode("utf-8")
         sent_ns = now_ns()
         self._write(data)
+        self.last_write = (sent_ns, now_ns())
         return sent_ns
 
     def read_line(self, deadline: Deadline) -> tuple[int, str]:
@@ -118,44 +128,52 @@ class LineChannel(ABC):
         while True:
             # checked per line, not per read: a flood of lines must not outlast the deadline either
             if deadline.expired():
-                unread = [line for _, line, _ in list(self._ready)[-12:]]  # what arrived, read or not
+                unread = [line for _, line in list(self._ready)[-12:]]  # what arrived, read or not
                 raise DeviceTimeout(f"no complete line from {self.description} before the deadline",
                                     "\n".join(unread + [self._splitter.pending]))
             if self._ready:
                 break
             remaining = deadline.remaining()
-            chunk, stamp, bound = self._read(_POLL_S if remaining is None else min(_POLL_S, remaining))
+            chunk, receipt = self._take(_POLL_S if remaining is None else min(_POLL_S, remaining))
             if chunk:
-                self._ready.extend((stamp, line, bound) for line in self._splitter.feed(chunk))
-        recv_ns, line, self.last_bound_ns = self._ready.popleft()
+                self._ready.extend((receipt, line) for line in self._splitter.feed(chunk))
+        self.last_receipt, line = self._ready.popleft()
         if isinstance(line, CutLine):
             raise LineTooLong(f"{self.description} sent a line longer than {MAX_LINE_BYTES} bytes "
                               f"(the rest was discarded): {excerpt(line)}")
-        return recv_ns, line
+        return self.last_receipt.t_ns, line
 
     def drain(self, deadline: Deadline | None = None) -> Iterator[tuple[int, str]]:
         """Yield whatever has been received but not read, as (recv_ns, line), one read at a time: at
         most about MAX_REPLY_BYTES and not past `deadline`, so a peer that floods the line cannot keep
         this going."""
         while self._ready:
-            stamp, line, self.last_bound_ns = self._ready.popleft()
-            yield stamp, line
+            self.last_receipt, line = self._ready.popleft()
+            yield self.last_receipt.t_ns, line
         taken = 0
         while taken < MAX_REPLY_BYTES and not (deadline and deadline.expired()):
-            chunk, stamp, self.last_bound_ns = self._read(0.0)
+            chunk, receipt = self._take(0.0)
             if not chunk:
                 break
             taken += len(chunk)
             for line in self._splitter.feed(chunk):
-                yield stamp, line
+                self.last_receipt = receipt
+                yield receipt.t_ns, line
+
+    def _take(self, timeout_s: float) -> tuple[bytes, Receipt]:
+        started = now_ns()
+        chunk, receipt = self._read(timeout_s)
+        if not chunk:  # nothing was there at some instant after `started`: what comes next arrived later
+            self._quiet_ns = started
+        return chunk, receipt
 
     @abstractmethod
     def _write(self, data: bytes) -> None: ...
 
     @abstractmethod
-    def _read(self, timeout_s: float) -> tuple[bytes, int, int]:
-        """(up to 64 KiB, when it arrived on the harness clock, that stamp's bound ns); b'' when nothing arrived
-        in timeout_s; raises TransportClosed at EOF."""
+    def _read(self, timeout_s: float) -> tuple[bytes, Receipt]:
+        """(up to 64 KiB, when it arrived: a Receipt); b'' when nothing arrived in timeout_s; raises
+        TransportClosed at EOF."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -165,6 +183,7 @@ class LineChannel(ABC):
         self.close()
         self._splitter = LineSplitter()
         self._ready.clear()
+        self._quiet_ns = 0
         self._open()
 
     def _open(self) -> None:
@@ -197,17 +216,19 @@ class TcpLineChannel(LineChannel):
         except OSError as exc:
             raise TransportClosed(f"{self.description}: send failed: {exc}") from exc
 
-    def _read(self, timeout_s: float) -> tuple[bytes, int, int]:
+    def _read(self, timeout_s: float) -> tuple[bytes, Receipt]:
         try:
             self._sock.settimeout(timeout_s if timeout_s > 0 else 0.0)
-            data, stamp, bound, _ = self.stamps.recv(self._sock, 65536)
+            data, stamp, bound, kernel = self.stamps.recv(self._sock, 65536)
         except (socket.timeout, BlockingIOError):
-            return b"", 0, 0
+            return b"", _NOTHING
         except OSError as exc:
             raise TransportClosed(f"{self.description}: receive failed: {exc}") from exc
         if not data:
             raise TransportClosed(f"{self.description} closed the connection")
-        return data, stamp, bound
+        if kernel:
+            return data, Receipt(stamp, bound, stamp - bound, "kernel")
+        return data, Receipt(stamp, 0, self._quiet_ns, f"read (fallback: {self.stamps.reason})")
 
     def close(self) -> None:
         try:
@@ -247,10 +268,14 @@ class SerialLineChannel(LineChannel):
         except (self._serial_exception, OSError) as exc:
             raise TransportClosed(f"{self.description}: write failed: {exc}") from exc
 
-    def _read(self, timeout_s: float) -> tuple[bytes, int, int]:
-        """pyserial gives no kernel receive time (nor does its socket:// or rfc2217:// socket): the read time."""
+    def _read(self, timeout_s: float) -> tuple[bytes, Receipt]:
+        """pyserial gives no kernel receive time (nor does its socket:// or rfc2217:// socket): the read time,
+        after the last instant the line was seen idle."""
         try:
+            checked = now_ns()
             waiting = self._port.in_waiting
+            if not waiting:
+                self._quiet_ns = checked
             if waiting:
                 data = self._port.read(waiting)
             elif timeout_s <= 0:
@@ -261,7 +286,7 @@ class SerialLineChannel(LineChannel):
                 data = self._port.read(1)
         except (self._serial_exception, OSError) as exc:
             raise TransportClosed(f"{self.description}: read failed: {exc}") from exc
-        return data, now_ns(), 0
+        return data, Receipt(now_ns(), 0, self._quiet_ns, "read")
 
     def close(self) -> None:
         try:

@@ -29,7 +29,7 @@ from devices.ocs.base import (ConfirmedState, check_allowed, check_state, confir
 from devices.ocs.registry import OcsConfigError
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
-from devices.timing import CommandTiming, now_ns
+from devices.timing import CommandTiming, Receipt, now_ns
 
 OPTICAL_SWITCH_NS = "http://www.polatis.com/yang/optical-switch"
 NETCONF_NS = "urn:ietf:params:xml:ns:netconf:base:1.0"
@@ -77,7 +77,7 @@ class NetconfSwitch(CircuitSwitch):
         self._endpoint = endpoint
         self._lock = threading.Lock()
         self._manager = None
-        self._sent_ns = self._recv_ns = 0
+        self._sent_ns = self._sent_end_ns = self._recv_ns = 0
         self.last_timing: CommandTiming | None = None
         self.pair_tag = "pair"
         self._confirmed = ConfirmedState()  # what the read after our last change showed (base.plan_for)
@@ -110,8 +110,12 @@ class NetconfSwitch(CircuitSwitch):
         write, read = session._transport_write, session._transport_read
 
         def stamped_write(data):
-            self._sent_ns = self._sent_ns or now_ns()
-            return write(data)
+            if self._sent_ns:
+                return write(data)
+            self._sent_ns = now_ns()
+            written = write(data)
+            self._sent_end_ns = now_ns()
+            return written
 
         def stamped_read():
             data = read()
@@ -187,7 +191,7 @@ class NetconfSwitch(CircuitSwitch):
                 reply = call(self._manager, *args, **kwargs)
             except RPCError as exc:
                 self._confirmed.forget()  # a refused change may have been partly made: read before the next
-                self.last_timing = CommandTiming(self._sent_ns or now_ns(), self._recv_ns)
+                self.last_timing = self._timing()
                 tag = exc.tag or "operation-failed"
                 raise DeviceDenied(what, tag, f"{exc.type or ''} {exc.message or ''}".strip()
                                    + (f" at {exc.path.strip()}" if exc.path else ""),
@@ -201,8 +205,16 @@ class NetconfSwitch(CircuitSwitch):
             except Exception as exc:  # a reply ncclient cannot read (bad XML, unknown message-id, ...)
                 self._drop()  # its stream cannot be trusted any more: the next call asks for reconnect()
                 raise DeviceError(f"{what}: unreadable rpc-reply ({type(exc).__name__}: {exc})"[:300]) from exc
-            self.last_timing = CommandTiming(self._sent_ns, self._recv_ns)
+            self.last_timing = self._timing()
         return reply
+
+    def _timing(self) -> CommandTiming:
+        """The rpc's write and the read that completed its reply: a read time (paramiko gives no kernel
+        stamp, and an SSH packet is not the reply until decrypted), bounded back to the write."""
+        if not self._sent_ns:
+            self._sent_ns = self._sent_end_ns = now_ns()
+        return CommandTiming.of((self._sent_ns, self._sent_end_ns),
+                                Receipt(self._recv_ns, 0, 0, "read (NETCONF over SSH)"))
 
     def _get(self, what: str, subtree: etree._Element, config: bool = False) -> etree._Element:
         if config:

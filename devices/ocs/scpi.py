@@ -16,7 +16,7 @@ from devices.ocs.base import (ConfirmedState, DeviceEvent, DeviceEvents, Impossi
 from devices.ocs.lines import LineChannel, LineTooLong, excerpt
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
-from devices.timing import CommandTiming, Deadline, now_ns
+from devices.timing import CommandTiming, Deadline, Receipt, now_ns
 
 _STATE = re.compile(r"\(@([^)]*)\)\s*,\s*\(@([^)]*)\)")
 _ERROR = re.compile(r'^\s*([+-]?\d{1,6})\s*,\s*"?(.*?)"?\s*$')
@@ -144,7 +144,7 @@ class ScpiSwitch(CircuitSwitch):
         for recv_ns, line in self._channel.drain(Deadline(min(self.timeout_s, 1.0))):
             self.events.add(DeviceEvent(recv_ns, self.resource.name, "unsolicited", text=(line[:256],)))
 
-    def _reply(self, sent: str, deadline: Deadline) -> tuple[int, str]:
+    def _reply(self, sent: str, deadline: Deadline) -> tuple[Receipt, str]:
         while True:
             try:
                 recv_ns, line = self._channel.read_line(deadline)
@@ -157,15 +157,16 @@ class ScpiSwitch(CircuitSwitch):
                 renamed.partial = getattr(exc, "partial", "")
                 raise renamed from exc
             if line.strip() != sent.strip():  # some serial consoles echo the command
-                return recv_ns, line.strip()
+                return self._channel.last_receipt, line.strip()
 
     def query(self, text: str, *, deadline: Deadline | None = None) -> str:
         """Send a query, return its reply line. Sets last_timing."""
         with self._lock:
             deadline = deadline or Deadline(self.timeout_s)
-            sent_ns = self._write(text)
-            recv_ns, reply = self._reply(text, deadline)
-            self.last_timing = CommandTiming(sent_ns, recv_ns)
+            self._write(text)
+            write = self._channel.last_write
+            receipt, reply = self._reply(text, deadline)
+            self.last_timing = CommandTiming.of(write, receipt)
         return reply
 
     def execute(self, text: str, *, deadline: Deadline | None = None) -> CommandTiming:
@@ -174,11 +175,12 @@ class ScpiSwitch(CircuitSwitch):
             self._confirmed.forget()  # a change: plan the next apply from a read, unless apply confirms it
             deadline = deadline or Deadline(self.timeout_s)
             line = f"{text};*OPC?"
-            sent_ns = self._write(line)
-            recv_ns, reply = self._reply(line, deadline)
+            self._write(line)
+            write = self._channel.last_write
+            receipt, reply = self._reply(line, deadline)
             if reply.rsplit(";", 1)[-1].strip() != "1":
                 raise DeviceError(f"{text!r}: expected *OPC? reply 1, got {excerpt(reply)}")
-            timing = CommandTiming(sent_ns, recv_ns)
+            timing = CommandTiming.of(write, receipt)
             errors = self._errors(deadline)
             self.last_timing = timing
         if errors:
@@ -251,7 +253,7 @@ class ScpiSwitch(CircuitSwitch):
                 ins = sorted(plan.adds)
                 timings.append(self.execute(f":OXC:SWIT:CONN:ADD {channel_list(ins)},"
                                             f"{channel_list([plan.adds[i] for i in ins])}"))
-            timing = CommandTiming(timings[0].sent_ns, timings[-1].completed_ns)
+            timing = timings[0].until(timings[-1])
         confirm_planned(self, planned, mapping)
         return timing
 

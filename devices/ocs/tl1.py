@@ -21,7 +21,7 @@ from devices.ocs.base import (ConfirmedState, DeviceEvent, DeviceEvents, check_a
 from devices.ocs.lines import MAX_REPLY_BYTES, MAX_REPLY_LINES, LineChannel, LineTooLong, excerpt
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
-from devices.timing import CommandTiming, Deadline
+from devices.timing import CommandTiming, Deadline, Receipt
 
 _STATUS = re.compile(r"^M\s+(\S+)\s+(COMPLD|DENY|PRTL|DELAY|RTRV)\b\s*(.*)$")
 _AUTONOMOUS = re.compile(r"^(\*C|\*\*|\*\^|\*|A)\s+(\d{1,10}(?:\.\d{1,10})?)\s+([A-Z].*)$")
@@ -47,6 +47,7 @@ class Tl1Response:
     status: str
     body: tuple[str, ...]  # stripped body lines, without the `;`
     completed_ns: int
+    receipt: Receipt | None = None  # how its `;` was stamped (LineChannel.last_receipt)
 
     @property
     def payloads(self) -> list[str]:
@@ -163,7 +164,10 @@ class Tl1Reader:
                 block, self._block = self._block, None
                 if reply is not None:
                     del self._wanted[block]
-                    self._done[block] = Tl1Response(block, reply[0], tuple(reply[1]), recv_ns)
+                    receipt = self.channel.last_receipt
+                    if receipt.t_ns != recv_ns:  # fed by hand, not just read: only the read time is known
+                        receipt = Receipt(recv_ns, 0, 0, "read")
+                    self._done[block] = Tl1Response(block, reply[0], tuple(reply[1]), recv_ns, receipt)
                     return self._done[block]
             else:
                 self._body_line(text)
@@ -261,7 +265,8 @@ class Tl1Switch(CircuitSwitch):
                 texts.append(f"{verb}:{self._tid}:{aid}:{ctag}:" + (f":{params}" if params else "") + ";")
                 self._reader.expect(ctag)
                 sent.append((ctag, f"{verb}:{self._tid}:{aid}:{ctag}::***;" if redact else texts[-1]))
-            sent_ns = self._channel.write_line("\r\n".join(texts))  # one write: nothing can come between them
+            self._channel.write_line("\r\n".join(texts))  # one write: nothing can come between them
+            write = self._channel.last_write
             replies: list[Tl1Reply] = []
             try:
                 for ctag, shown in sent:
@@ -271,7 +276,7 @@ class Tl1Switch(CircuitSwitch):
                         raise DeviceTimeout(f"{shown}: {exc}") from exc
                     except LineTooLong as exc:  # name the command; the session goes on
                         raise type(exc)(f"{shown}: {exc}") from exc
-                    self.last_timing = CommandTiming(sent_ns, response.completed_ns)
+                    self.last_timing = CommandTiming.of(write, response.receipt)
                     replies.append(Tl1Reply(shown, response, self.last_timing))
             except BaseException:
                 self._confirmed.forget()  # the session's state is in doubt
@@ -381,7 +386,7 @@ class Tl1Switch(CircuitSwitch):
             if reply.response.status != "COMPLD":
                 raise reply.denied(after=tuple(later.outcome for later in replies[k + 1:]))
         confirm_planned(self, planned, mapping)
-        return CommandTiming(replies[0].timing.sent_ns, replies[-1].timing.completed_ns)
+        return replies[0].timing.until(replies[-1].timing)
 
     def port_power(self, ports: Sequence[int]) -> dict[int, float]:
         ports = power_ports(self, ports)

@@ -20,6 +20,7 @@ from devices.ocs.base import StateMismatch
 from devices.protocols import CircuitSwitch
 from devices.timing import CommandTiming, Deadline, now_ns
 from harness.bench import BenchBroken
+from harness.bench.stages import OcsStamps
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,18 @@ class Applied:
     timing: CommandTiming
     first_sent_ns: int
     causes: tuple[str, ...] = ()
+
+    @property
+    def ocs_stamps(self) -> OcsStamps:
+        """The bounds and provenance of the `ocs_command_sent` / `_completed` events. After retries the first
+        change went out somewhere between the first attempt's start and the last attempt's write."""
+        sent = self.timing.sent_stamp or "unbounded"
+        if self.causes:
+            sent = f"first attempt's start, {len(self.causes)} retries"
+        bound = max(self.timing.sent_bound_ns,
+                    self.timing.sent_ns + self.timing.sent_bound_ns - self.first_sent_ns)
+        return OcsStamps(bound, self.timing.completed_bound_ns, f"harness:{sent}",
+                         f"harness:{self.timing.completed_stamp or 'unbounded'}")
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.bench.stages import Arrivals, PortRef, stage_events
+from harness.bench.stages import Arrivals, OcsStamps, PortRef, stage_events
 from harness.clock import ClockSample, ClockTracker
 from harness.events import EVENT_COLUMNS
 from harness.hostsession import Observation
@@ -53,7 +53,8 @@ def recorrected_events(run_dir: Path, run_id: str | None = None) -> pd.DataFrame
                             missing=c["missing"], lost=c["lost"], flaps=c["flaps"],
                             causes=[tuple(x) for x in c["causes"]], done_ns=c["done_ns"])
         rows += [e.to_dict() for e in stage_events(run_id or Path(run_dir).name, c["cycle"], ports, c["ocs"],
-                                                   c["first_sent_ns"], c["completed_ns"], arrivals, convert)]
+                                                   c["first_sent_ns"], c["completed_ns"], arrivals, convert,
+                                                   ocs_stamps=OcsStamps(*c.get("ocs_stamps", ())))]
     return pd.DataFrame(rows, columns=list(EVENT_COLUMNS))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from analysis.stages import PORT_CHAIN, STAGES, WATCH_STAGES
 from harness.events import Event
@@ -191,27 +191,46 @@ class CycleEvents:
         return events, encoded
 
 
+class OcsStamps(NamedTuple):
+    """How the OCS command's two events were stamped: the true times lie within their t_ns ± these bounds
+    (devices.timing.CommandTiming), and each source names its stamp (write, kernel receive, read...)."""
+
+    sent_bound_ns: int = 0
+    completed_bound_ns: int = 0
+    sent_source: str = "harness"
+    completed_source: str = "harness"
+
+
 def stage_events(run_id: str, cycle: int, ports: dict[str, PortRef], ocs: str, first_sent_ns: int,
                  completed_ns: int, arrivals: Arrivals, convert: Convert,
                  chain: tuple[str, ...] = PORT_CHAIN, built: CycleEvents | None = None,
-                 versions: dict[str, int] | None = None) -> list[Event]:
+                 versions: dict[str, int] | None = None, ocs_stamps: OcsStamps = OcsStamps()) -> list[Event]:
     """The cycle's events: the OCS command, every port's (`port_events`; those `built` already while the
     cycle waited reused where their `versions` and host clocks did not change since), and the faults."""
     return list(cycle_events(run_id, cycle, ports, ocs, first_sent_ns, completed_ns, arrivals, convert, chain,
-                             built, versions)[0])
+                             built, versions, ocs_stamps)[0])
+
+
+def ocs_events(run_id: str, cycle: int, ocs: str, first_sent_ns: int, completed_ns: int | None,
+               stamps: OcsStamps = OcsStamps()) -> list[Event]:
+    """`ocs_command_sent` and (when known) `ocs_command_completed`, with their stamps' bounds."""
+    events = [Event(run_id, cycle, "ocs_command_sent", "", ocs, "", 0, first_sent_ns, 0, stamps.sent_bound_ns,
+                    stamps.sent_source)]
+    if completed_ns is not None:
+        events.append(Event(run_id, cycle, "ocs_command_completed", "", ocs, "", 0, completed_ns, 0,
+                            stamps.completed_bound_ns, stamps.completed_source))
+    return events
 
 
 def cycle_events(run_id: str, cycle: int, ports: dict[str, PortRef], ocs: str, first_sent_ns: int,
                  completed_ns: int, arrivals: Arrivals, convert: Convert, chain: tuple[str, ...] = PORT_CHAIN,
-                 built: CycleEvents | None = None, versions: dict[str, int] | None = None
-                 ) -> tuple[list[Event], list | None]:
+                 built: CycleEvents | None = None, versions: dict[str, int] | None = None,
+                 ocs_stamps: OcsStamps = OcsStamps()) -> tuple[list[Event], list | None]:
     """`stage_events` and, with `built`, each event's encoding (`built.encode`) in the same order."""
     if built is None:
         built = CycleEvents(run_id, cycle, ports, first_sent_ns, convert, chain)
     encode = built.encode
-    events = [_event(run_id, cycle, "ocs_command_sent", first_sent_ns, first_sent_ns, device=ocs, source="harness"),
-              _event(run_id, cycle, "ocs_command_completed", completed_ns, completed_ns, device=ocs,
-                     source="harness")]
+    events = ocs_events(run_id, cycle, ocs, first_sent_ns, completed_ns, ocs_stamps)
     by_port: dict[str, dict[str, object]] = {}
     for (key, stage), obs in arrivals.kept.items():
         by_port.setdefault(key, {})[stage] = obs

@@ -24,7 +24,7 @@ from harness.bench.circuits import RetryPolicy, guard
 from harness.bench.emulated import FaultEntry, Faults
 from harness.bench.hosts import HostGroup
 from harness.bench.observe import CycleWatch, observation_log
-from harness.bench.stages import CycleEvents, PortRef, cycle_events
+from harness.bench.stages import CycleEvents, OcsStamps, PortRef, cycle_events, ocs_events
 from harness.config import register_step
 from harness.errors import InputError
 from harness.eventlog import encode
@@ -182,6 +182,7 @@ class TurnaroundRun:
         old_src, new_src = sources(current), sources(mapping)
         affected = [k for k in self.ports if new_src.get(k) != old_src.get(k)]
         sent = completed = None
+        stamps = OcsStamps()
         causes: list[tuple[str, str]] = []
         begin = now_ns()
         try:
@@ -193,7 +194,7 @@ class TurnaroundRun:
             self.truth_windows.append((cycle if record else -1, begin))
             with self.faults.armed(cycle, measured=record):
                 applied = self.guard.apply(ocs_mapping(mapping, self.tx, self.rx), self.policy)
-                sent, completed = applied.first_sent_ns, applied.timing.completed_ns
+                sent, completed, stamps = applied.first_sent_ns, applied.timing.completed_ns, applied.ocs_stamps
                 self.write_raw_record()  # the command is out: the last cycle's raw record costs it nothing now
                 causes += [("", c) for c in applied.causes]
                 built = CycleEvents(self.ctx.run_id, cycle, self.ports, sent, self.hosts.convert, self.chain,
@@ -210,7 +211,7 @@ class TurnaroundRun:
                                  f"{watch.describe()}")
         except BenchBroken as exc:
             return self._latch(cycle, begin, affected, causes + [("", c) for c in exc.causes], str(exc), record,
-                               sent, completed)
+                               sent, completed, stamps)
         self.hosts.cycle_ended(arrivals.done_ns)
         cpu = time.process_time_ns(), time.thread_time_ns()  # the cycle's end, for its raw record
         # the checks asked for so far, those finished (normally all: the last one ran in this cycle's physical
@@ -220,13 +221,13 @@ class TurnaroundRun:
         # the ports built while the cycle waited are built again only where an observation or a clock
         # step came after (docs/turnaround.md, "The cycle's end")
         events, encoded = cycle_events(self.ctx.run_id, cycle, self.ports, self.ocs, sent, completed, arrivals,
-                                       self.hosts.convert, self.chain, built, watch.version)
+                                       self.hosts.convert, self.chain, built, watch.version, stamps)
         self.last_up_ns = max((e.t_ns for e in events if e.stage in self.chain), default=arrivals.done_ns)
         faults = tuple(e.source for e in events if e.stage == "fault")
         if record:
             late = self._label_written(labels)
             self._record(late + events, [encode(e) for e in late] + encoded)
-            self._raw_record = (cycle, sent, completed, arrivals, cpu)
+            self._raw_record = (cycle, sent, completed, arrivals, cpu, stamps)
         elif faults:
             self._record_settling(events, arrivals)
         # This cycle's clock check runs on the clock thread once the cycle is on disk, while the next command
@@ -259,9 +260,10 @@ class TurnaroundRun:
         again): written once the next command is out, or when the step ends — not between the cycle's end
         and that command (a run killed in that window loses this one record, not the cycle's events)."""
         if self._raw_record is not None:
-            cycle, sent, completed, arrivals, (cpu, step_cpu) = self._raw_record
+            cycle, sent, completed, arrivals, (cpu, step_cpu), stamps = self._raw_record
             self._raw_record = None
-            self.log.cycle(cycle, sent, completed, self.ocs, self.ports, arrivals, cpu_ns=cpu, step_cpu_ns=step_cpu)
+            self.log.cycle(cycle, sent, completed, self.ocs, self.ports, arrivals, cpu_ns=cpu, step_cpu_ns=step_cpu,
+                           ocs_stamps=stamps)
 
     def finish_checks(self) -> None:
         """The last cycle's clock check has no next cycle to overlap: wait for it and write its labels."""
@@ -298,7 +300,8 @@ class TurnaroundRun:
         self.ctx.log.flush()  # durable (fsynced) before the next command
 
     def _latch(self, cycle: int, begin: int, affected: list[str], causes: list[tuple[str, str]], why: str,
-               record: bool, sent: int | None, completed: int | None) -> CycleOutcome:
+               record: bool, sent: int | None, completed: int | None,
+               stamps: OcsStamps = OcsStamps()) -> CycleOutcome:
         """Latch the bench broken: record this cycle as faulted with the cause, and stop."""
         self.write_raw_record()
         self.ctx.broken = why
@@ -306,7 +309,7 @@ class TurnaroundRun:
         done = now_ns()
         mk = lambda stage, t, **kw: Event(self.ctx.run_id, cycle, stage, kw.get("host", ""),  # noqa: E731
                                           kw.get("device", ""), "", 0, t, 0, 0, kw["source"])
-        events = [mk("ocs_command_sent", sent, device=self.ocs, source="harness")] if sent is not None else []
+        events = ocs_events(self.ctx.run_id, cycle, self.ocs, sent, None, stamps) if sent is not None else []
         events += [mk("fault", done, host=h, source=c) for h, c in causes]
         events.append(mk("fault", done, source=f"broken:{why}"[:300]))
         if record:
