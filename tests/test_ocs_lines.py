@@ -234,3 +234,41 @@ def test_the_tl1_commands_recorded_times_and_bounds_contain_the_emulators_truth(
         assert timing.completed_bound_ns < 1_000_000  # the kernel's stamp: the conversion's bound, not the lag
         # the command reached the switch's kernel during our write (loopback): inside the sent bound
         assert timing.sent_ns - timing.sent_bound_ns <= truth.arrived_ns <= timing.sent_ns + timing.sent_bound_ns
+
+
+def test_a_serial_read_time_is_bounded_back_to_the_last_idle_instant_or_the_send():
+    """pyserial gives only the read time: a reply read 30 ms late is bounded back to the last read that found
+    the line idle (after the send) — the peer's write of the reply lies inside; without such a read, back to
+    the send."""
+    import socket
+    import time
+
+    from devices.ocs.lines import SerialLineChannel
+    from devices.timing import CommandTiming, Deadline, now_ns
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    channel = SerialLineChannel(f"socket://127.0.0.1:{listener.getsockname()[1]}")
+    peer, _ = listener.accept()
+    try:
+        for idle_read in (False, True):
+            channel.write_line("*OPC?")
+            assert peer.recv(64) == b"*OPC?\r\n"
+            if idle_read:
+                assert list(channel.drain()) == []  # found nothing: whatever comes next arrived after this
+                idle = now_ns()
+            write = now_ns()
+            peer.sendall(b"1\n")
+            written = now_ns()
+            time.sleep(0.03)  # a busy harness reads it late
+            _, line = channel.read_line(Deadline(5))
+            timing = CommandTiming.of(channel.last_write, channel.last_receipt)
+            assert line == "1" and timing.completed_stamp == "read"
+            assert timing.completed_ns - timing.completed_bound_ns <= written
+            assert write <= timing.completed_ns + timing.completed_bound_ns
+            assert timing.completed_bound_ns >= 30_000_000
+            reach = timing.completed_ns - timing.completed_bound_ns
+            assert reach == timing.sent_ns if not idle_read else timing.sent_ns < reach <= idle
+    finally:
+        channel.close()
+        for sock in (peer, listener):
+            sock.close()

@@ -164,7 +164,7 @@ class LineChannel(ABC):
         started = now_ns()
         chunk, receipt = self._read(timeout_s)
         if not chunk:  # nothing was there at some instant after `started`: what comes next arrived later
-            self._quiet_ns = started
+            self._quiet_ns = max(self._quiet_ns, started)  # a pyserial read may have seen a later one
         return chunk, receipt
 
     @abstractmethod

@@ -150,7 +150,8 @@ def _act(switch, args: argparse.Namespace, named: list[int], pairs: dict[int, in
         print(json.dumps(data) if args.json else text)
 
     def timed(timing) -> dict:
-        return {"sent_ns": timing.sent_ns, "completed_ns": timing.completed_ns}
+        return {"sent_ns": timing.sent_ns, "completed_ns": timing.completed_ns, "sent_bound_ns": timing.sent_bound_ns,
+                "completed_bound_ns": timing.completed_bound_ns, "completed_stamp": timing.completed_stamp}
 
     if args.action == "disconnect" and not args.allow_ports_given:
         # naming an ingress names its patch: the far end may be touched too
