@@ -114,6 +114,11 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_
     per = events[events["stage"].isin(STAGES_UP[2:])].groupby(["cycle", "host", "port", "stage"]).size()
     assert len(per) == 4 * 4 * 5 and (per == 1).all()
     assert not (events["stage"] == "fault").any()
+    # the OCS command's events carry their stamps' bounds and provenance (TL1 over TCP: the write, the
+    # kernel's receive time of the COMPLD); tests/test_ocs_lines.py checks them against the switch's truth
+    ocs = events[events["stage"].isin(["ocs_command_sent", "ocs_command_completed"])]
+    assert len(ocs) == 2 * 4 and (ocs["uncertainty_ns"] > 0).all(), ocs
+    assert sorted(set(ocs["source"])) == ["harness:kernel", "harness:write"], ocs
     summary = result.summary()
     assert summary["outcome"] == "completed"
     # device identity, where the bench can tell: the switch's RTRV-NETYPE, transceivers, GPUs
