@@ -42,12 +42,20 @@ class _Quirky(socketserver.BaseRequestHandler):
                        "   NODE-7 24-05-01 12:00:01"]
                 body, deny = [], None
                 patches = state["patches"]
+                after_change, state["in_change"] = state.get("in_change"), verb in ("ENT-PATCH", "DLT-PATCH")
+                if state["in_change"] and not after_change:
+                    state["before_change"] = dict(patches)
                 if verb in state.get("deny_once", {}):  # refused without acting
                     deny = state["deny_once"].pop(verb)
                 elif verb == "ACT-USER":
                     deny = None if rest[1] == "secret" else "PICC"
                 elif verb == "RTRV-PATCH":
-                    body = [f'   "{i},{e}"' for i, e in sorted(patches.items())]
+                    if after_change and state.get("early_reads"):  # answered before the change ahead was done
+                        state["early_reads"] -= 1
+                        shown = state["before_change"]
+                    else:
+                        shown = patches
+                    body = [f'   "{i},{e}"' for i, e in sorted(shown.items())]
                 elif verb == "ENT-PATCH":
                     ins, outs = ([int(x) for x in side.split("&")] for side in aid.split(","))
                     if any(i in patches for i in ins) or any(e in patches.values() for e in outs):
@@ -113,8 +121,9 @@ def test_driver_speaks_tl1_not_our_emulator(quirky):
     assert with_log[-1].startswith("CANC-USER::admin:")
 
 
-def test_apply_pipelines_the_ent_patch_behind_the_dlt_patch(quirky):
-    """The ENT-PATCH goes out before the DLT-PATCH's reply is read: no round trip between them."""
+def test_apply_pipelines_the_ent_patch_and_the_confirming_read_behind_the_dlt_patch(quirky):
+    """DLT-PATCH, ENT-PATCH and the confirming RTRV-PATCH go out in one write, before the DLT-PATCH's reply is
+    read: no round trip between them, and no other write (the read back is that RTRV's reply)."""
     switch = open_switch(_resource(quirky.server_address, password="secret"), timeout_s=5)
     wire: list[str] = []
     write_line, read_line = switch._channel.write_line, switch._channel.read_line
@@ -124,9 +133,10 @@ def test_apply_pipelines_the_ent_patch_behind_the_dlt_patch(quirky):
         switch.connect(3, 20)
         wire.clear()
         switch.apply({5: 20, 6: 21})
-        (write,) = [k for k, w in enumerate(wire) if w.startswith(">") and "ENT-PATCH" in w]
-        dlt, ent = wire[write][2:].split("\r\n")  # written together, DLT first
+        *_plan_read, write = [k for k, w in enumerate(wire) if w.startswith(">")]  # no write after it
+        dlt, ent, rtrv = wire[write][2:].split("\r\n")  # written together, in this order
         assert dlt.startswith("DLT-PATCH::3:") and ent.startswith("ENT-PATCH::5&6,20&21:"), wire
+        assert rtrv.startswith("RTRV-PATCH:::") and len({c.split(":")[3] for c in (dlt, ent, rtrv)}) == 3, wire
         dlt_reply = next(k for k, w in enumerate(wire) if w == f"< M  {dlt.split(':')[3]} COMPLD")
         assert write < dlt_reply, wire
         assert quirky.state["patches"] == {5: 20, 6: 21}
@@ -154,6 +164,49 @@ def test_a_denied_dlt_patch_names_what_the_pipelined_ent_patch_did_and_a_retry_r
         assert [c.split(":")[0] + ":" + c.split(":")[2] for c in log if c.startswith(("DLT", "ENT"))] == [
             "DLT-PATCH:3", "ENT-PATCH:3,21"]  # 7 -> 22 is not sent again
         assert state["patches"] == {3: 21, 7: 22}
+    finally:
+        switch.close()
+
+
+def test_a_read_back_answered_before_the_change_was_done_is_one_recorded_retry_from_a_fresh_read(quirky):
+    """A unit that answered the pipelined RTRV-PATCH before it finished the ENT-PATCH shows the old state: that
+    is a StateMismatch, never a silent wrong circuit, and the guard's retry plans from a read of its own."""
+    from harness.bench.circuits import CircuitGuard, RetryPolicy
+
+    log, state = quirky.state["log"], quirky.state
+    switch = open_switch(_resource(quirky.server_address, password="secret", plan_from_confirmed_read=True),
+                         timeout_s=5)
+    try:
+        switch.connect(3, 20)
+        guard = CircuitGuard("ocs1", switch, snapshot_path=None, resuming=False, allowed=switch.allowed)
+        del log[:]
+        state["early_reads"] = 1
+        applied = guard.apply({5: 20, 6: 21}, RetryPolicy(retries=2, backoff_s=0.0, timeout_s=5))
+        (cause,) = applied.causes
+        assert cause.startswith("ocs-retry:ocs1: switch state does not confirm the change: missing {5: 20, 6: 21}")
+        assert [c.split(":")[0] for c in log] == ["RTRV-PATCH", "DLT-PATCH", "ENT-PATCH",
+                                                  "RTRV-PATCH",  # answered early: the old state
+                                                  "RTRV-PATCH"]  # the retry: a fresh read, nothing to send
+        assert state["patches"] == switch.patches() == {5: 20, 6: 21}
+    finally:
+        switch.close()
+
+
+def test_a_refused_change_raises_with_what_came_after_and_keeps_no_read(quirky):
+    """A refused ENT-PATCH raises DeviceDenied naming no later change (the pipelined read is not one), and its
+    read is not kept: the next apply reads the switch first, even with planning from the confirmed read on."""
+    log, state = quirky.state["log"], quirky.state
+    switch = open_switch(_resource(quirky.server_address, password="secret", plan_from_confirmed_read=True),
+                         timeout_s=5)
+    try:
+        state["deny_once"] = {"ENT-PATCH": "SNVS"}
+        with pytest.raises(DeviceDenied) as denied:
+            switch.apply({3: 20})
+        assert (denied.value.code, denied.value.after) == ("SNVS", ())
+        del log[:]
+        switch.apply({3: 20})
+        assert [c.split(":")[0] for c in log] == ["RTRV-PATCH", "ENT-PATCH", "RTRV-PATCH"], log
+        assert state["patches"] == {3: 20}
     finally:
         switch.close()
 
@@ -331,6 +384,27 @@ def test_apply_is_an_idempotent_reconcile(tl1):
         tl1.apply({1: 20, 2: 20})
 
 
+def test_the_pipelined_read_back_is_the_switch_after_the_change_and_plans_the_next_apply(emulator):
+    """Against the emulator's truth: the confirming RTRV-PATCH of one apply is served after the ENT-PATCH is
+    done and shows the bench's state, and the next apply plans from it (no read before its change)."""
+    bench, servers = emulator
+    switch = open_switch(_resource(servers.tl1_address, plan_from_confirmed_read=True), timeout_s=10)
+    try:
+        switch.command("DLT-PATCH", "ALL")
+        switch.apply({1: 17, 2: 18})
+        switch.apply({1: 18, 3: 17})
+        switch.identify()  # answered once the server has logged every command before it
+        served = [s for s in servers.tl1_served if not s.command.startswith("RTRV-NETYPE")][-5:]
+        assert [s.command.split(":")[0] for s in served] == [
+            "ENT-PATCH", "RTRV-PATCH",  # the first apply's change and its read back
+            "DLT-PATCH", "ENT-PATCH", "RTRV-PATCH"]  # the second: no read before its change
+        served = served[2:]
+        assert served[2].arrived_ns is None or served[2].reply_write_ns >= served[1].reply_write_ns
+        assert switch._confirmed.take(switch._events_added()) == bench.ocs_patches() == {1: 18, 3: 17}
+    finally:
+        switch.close()
+
+
 def test_completion_waits_for_the_mirrors():
     profile = load_profile("instant")
     slow = dataclasses.replace(profile, ocs={"switch": Delay.fixed(0.05), "dark": Delay.fixed(0.0)})
@@ -407,7 +481,8 @@ def test_apply_moves_all_mirrors_in_one_command():
         switch._channel.write_line = lambda text, eol="\r\n": (sent.append(text), write_line(text, eol))[1]
         switch.apply({1: 17, 2: 18, 3: 19, 4: 20})
         entered = [c for c in sent if c.startswith("ENT-PATCH")]
-        assert entered == ["ENT-PATCH::1&2&3&4,17&18&19&20:3:;"]  # ctag 1 was the login, 2 the read
+        # ctag 1 was the login, 2 the read; the read back is written with the change
+        assert entered == ["ENT-PATCH::1&2&3&4,17&18&19&20:3:;\r\nRTRV-PATCH:::4:;"]
         switch.ent_patch_lists = False
         switch.apply({5: 21, 6: 22})
         assert sum(c.count("ENT-PATCH") for c in sent) == 3  # the two single pairs pipelined in one write

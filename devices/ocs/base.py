@@ -174,7 +174,13 @@ def confirm_planned(switch, planned: Planned, mapping: Mapping[int, int]) -> Non
     own from the read's start on (counted before it: an autonomous message that comes with the read's reply
     may report a change made after it)."""
     events_added = switch._events_added()
-    patches = switch.patches()
+    keep_confirmed(switch, planned, mapping, switch.patches(), events_added)
+
+
+def keep_confirmed(switch, planned: Planned, mapping: Mapping[int, int], patches: Mapping[int, int],
+                   events_added: int) -> None:
+    """`confirm` the read `patches` against the plan (StateMismatch if it does not show it) and keep it as the
+    next plan's state; `events_added`: the autonomous messages counted before the read began."""
     confirm(patches, mapping, planned.plan.removes, expected=planned.expected, allowed=switch.allowed)
     switch._confirmed.keep(patches, events_added)
 

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout
 from devices.ocs.base import (ConfirmedState, DeviceEvent, DeviceEvents, check_allowed, check_state,
-                              confirm_planned, disconnect_ports, plan_for, power_ports)
+                              disconnect_ports, keep_confirmed, plan_for, power_ports)
 from devices.ocs.lines import MAX_REPLY_BYTES, MAX_REPLY_LINES, LineChannel, LineTooLong, excerpt
 from devices.protocols import CircuitSwitch
 from devices.resources import OcsResource
@@ -68,11 +68,13 @@ class Tl1Response:
 
 @dataclass(frozen=True)
 class Tl1Reply:
-    """How one command of a pipeline ended: as sent (a password shown as ***), its response and timing."""
+    """How one command of a pipeline ended: as sent (a password shown as ***), its response and timing, and
+    how many autonomous messages the session had received when its response was complete."""
 
     shown: str
     response: Tl1Response
     timing: CommandTiming
+    events_added: int = 0
 
     @property
     def outcome(self) -> str:
@@ -277,7 +279,7 @@ class Tl1Switch(CircuitSwitch):
                     except LineTooLong as exc:  # name the command; the session goes on
                         raise type(exc)(f"{shown}: {exc}") from exc
                     self.last_timing = CommandTiming.of(write, response.receipt)
-                    replies.append(Tl1Reply(shown, response, self.last_timing))
+                    replies.append(Tl1Reply(shown, response, self.last_timing, self.events.added))
             except BaseException:
                 self._confirmed.forget()  # the session's state is in doubt
                 raise
@@ -329,7 +331,10 @@ class Tl1Switch(CircuitSwitch):
         return self._read_patches()[0]
 
     def _read_patches(self) -> tuple[dict[int, int], CommandTiming]:
-        response = self.command("RTRV-PATCH")
+        return self._parse_patches(self.command("RTRV-PATCH")), self.last_timing
+
+    def _parse_patches(self, response: Tl1Response) -> dict[int, int]:
+        """An RTRV-PATCH reply's state."""
         pairs: list[tuple[int, int]] = []
         for line in response.body:
             if pair := _QUOTED_PATCH.match(line):  # the usual line, in one match
@@ -343,7 +348,7 @@ class Tl1Switch(CircuitSwitch):
                     continue
                 raise DeviceError(f"{self.resource.name}: RTRV-PATCH: malformed reply line {excerpt(line, 80)}")
             pairs.append((int(pair.group(1)), int(pair.group(2))))
-        return check_state(pairs, self.resource.size, f"{self.resource.name}: RTRV-PATCH reply"), self.last_timing
+        return check_state(pairs, self.resource.size, f"{self.resource.name}: RTRV-PATCH reply")
 
     def connect(self, ingress: int, egress: int) -> CommandTiming:
         """ENT-PATCH as is: a conflicting patch is the switch's error (use `apply` to reconcile)."""
@@ -359,14 +364,16 @@ class Tl1Switch(CircuitSwitch):
 
     def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
         """Read (or plan from the read after our last change: base.plan_for), then the DLT-PATCH of the
-        conflicts and the ENT-PATCH of the new pairs pipelined (written together: the ENT does not wait a
-        round trip for the DLT's reply), then read back.
+        conflicts, the ENT-PATCH of the new pairs and the confirming RTRV-PATCH pipelined (written together:
+        the ENT does not wait a round trip for the DLT's reply, nor the read back for the ENT's). The switch
+        runs them in the order sent, so the RTRV's reply is the state once the changes are done; a unit that
+        answered it early shows a mismatch (StateMismatch: the guard's retry plans from a fresh read).
 
         A refused command does not stop the ones sent after it: after a denied DLT-PATCH the switch still
         runs the ENT-PATCH, whose ports are then mostly still patched (refused too, e.g. SROF), while pairs
         on free ports may be made. So the first refusal is raised with what each later command did
         (`DeviceDenied.after`), and nothing is assumed about the state: the caller's retry calls `apply`
-        again, which reads the switch and sends only what is still missing."""
+        again, which reads the switch and sends only what is still missing (the pipelined read is not kept)."""
         planned = plan_for(self, mapping, exclusive)
         plan = planned.plan
         if plan.empty:
@@ -381,12 +388,16 @@ class Tl1Switch(CircuitSwitch):
                              + "&".join(str(e) for _, e in adds), ""))
         else:
             commands += [("ENT-PATCH", f"{ingress},{egress}", "") for ingress, egress in adds]
-        replies = self.pipeline(commands)
-        for k, reply in enumerate(replies):
+        *changes, readback = self.pipeline(commands + [("RTRV-PATCH", "", "")])
+        for k, reply in enumerate(changes):
             if reply.response.status != "COMPLD":
-                raise reply.denied(after=tuple(later.outcome for later in replies[k + 1:]))
-        confirm_planned(self, planned, mapping)
-        return replies[0].timing.until(replies[-1].timing)
+                raise reply.denied(after=tuple(later.outcome for later in changes[k + 1:]))
+        if readback.response.status != "COMPLD":
+            raise readback.denied()
+        # An autonomous message that came before the last change's reply was sent before the read began (the
+        # switch runs the commands in order); one that came after it may report a change the read missed.
+        keep_confirmed(self, planned, mapping, self._parse_patches(readback.response), changes[-1].events_added)
+        return changes[0].timing.until(changes[-1].timing)
 
     def port_power(self, ports: Sequence[int]) -> dict[int, float]:
         ports = power_ports(self, ports)
