@@ -505,7 +505,7 @@ def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = 
             switch = switches.get(nic.ocs)
             if switch is None:
                 if nic.ocs not in parts("ocs"):  # a known switch with its own error needs no second one here
-                    bad(f"{what}.ocs: no switch named {nic.ocs!r} (known: {', '.join(parts('ocs'))})", kw("ocs"))
+                    bad(f"{what}.ocs: no switch named {nic.ocs!r} (known: {', '.join(map(str, parts('ocs')))})", kw("ocs"))
                 continue
             n_in, n_out = switch.size
             checks = (("tx", 1, n_in, "an ingress port"), ("rx", n_in + 1, n_in + n_out, "an egress port"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import tempfile
 from pathlib import Path
@@ -132,6 +133,15 @@ def mutate(base, data):
 @given(data=st.data())
 def test_mutated_inventories(data):
     run_validate(yaml.safe_dump(mutate(INVENTORY, data)).encode())
+
+
+def test_a_switch_named_by_a_number_is_an_input_error_not_a_traceback():
+    """Found by test_mutated_inventories: `ocs: {0: null}` with a NIC naming another switch listed the known switch
+    names with str.join over an int key (TypeError)."""
+    inventory = json.loads(json.dumps(INVENTORY))
+    inventory["ocs"] = {0: None}
+    code, _, err = run_validate(yaml.safe_dump(inventory).encode())
+    assert code == 2 and "no switch named" in err and "known: 0" in err
 
 
 @FUZZ
