@@ -1,6 +1,9 @@
 """Line framing and URL parsing shared by the OCS drivers."""
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
+
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -8,6 +11,58 @@ from devices.ocs import Endpoint, OcsConfigError, parse_url
 from devices.ocs.lines import LineSplitter
 
 N = 16  # the `mixnet-testbed` profile's switch is 16x16
+
+
+class RealtimeAhead:
+    """CLOCK_REALTIME as read by us (devices.timing's `time`), 5 s ahead: a step faked on our side only, the
+    machine's clock is never changed."""
+    monotonic_ns = staticmethod(time.monotonic_ns)
+
+    @staticmethod
+    def time_ns():
+        return time.time_ns() + 5_000_000_000
+
+
+@contextmanager
+def emulated_tl1_read_late(readable: list[int] | None = None):
+    """The emulated `mixnet-testbed` switch over TL1 whose driver gets to its socket only 30 ms after data
+    arrived (a busy harness): yields (bench, servers, switch); `readable` gets the instant each late read
+    found the socket readable. Switch, servers and bench are stopped on exit (their records stay readable)."""
+    import select
+
+    from devices.emulated.ocs_server import OcsServers
+    from devices.emulated.physics import OpticalBench
+    from devices.emulated.profile import load_profile
+    from devices.ocs import open_switch
+    from devices.resources import OcsResource
+    from devices.timing import now_ns
+
+    bench = OpticalBench(load_profile("mixnet-testbed"), seed=3).start()
+    servers = OcsServers(bench, pty=False).start()
+    try:
+        host, port = servers.tl1_address
+        switch = open_switch(OcsResource(name="ocs1", protocol="polatis-tl1", url=f"tcp://{host}:{port}",
+                                         size=(N, N), allowed_ports=frozenset(range(1, 2 * N + 1)),
+                                         user="admin", password="root"), timeout_s=10)
+        channel = switch._channel
+        read = channel._read
+
+        def late_read(timeout_s):
+            if timeout_s > 0:
+                select.select([channel._sock], [], [], 10)
+                if readable is not None:
+                    readable.append(now_ns())
+                time.sleep(0.03)
+            return read(timeout_s)
+
+        channel._read = late_read
+        try:
+            yield bench, servers, switch
+        finally:
+            switch.close()
+    finally:
+        servers.stop()
+        bench.stop()
 
 texts = st.lists(st.text(st.characters(blacklist_characters="\r\n", codec="utf-8"), min_size=1, max_size=12)
                  .filter(lambda s: s.strip() == s and s), max_size=8)
@@ -61,41 +116,12 @@ def test_a_tl1_reply_is_stamped_when_the_kernel_received_it_not_when_a_late_read
     """Against the emulated TL1 server (it answers an ENT-PATCH once its mirror settled: the ground truth),
     with a reader that gets to the socket only 30 ms after the reply arrived: the COMPLD's stamp is its
     arrival (at most when the socket became readable), not the read (which is 30 ms later)."""
-    import select
-    import time
-
-    from devices.emulated.ocs_server import OcsServers
-    from devices.emulated.physics import OpticalBench
-    from devices.emulated.profile import load_profile
-    from devices.ocs import open_switch
-    from devices.resources import OcsResource
-    from devices.timing import now_ns
-
-    bench = OpticalBench(load_profile("mixnet-testbed"), seed=3).start()
-    servers = OcsServers(bench, pty=False).start()
-    try:
-        host, port = servers.tl1_address
-        switch = open_switch(OcsResource(name="ocs1", protocol="polatis-tl1", url=f"tcp://{host}:{port}",
-                                         size=(N, N), allowed_ports=frozenset(range(1, 2 * N + 1)),
-                                         user="admin", password="root"), timeout_s=10)
+    readable = []
+    with emulated_tl1_read_late(readable) as (bench, _, switch):
         channel = switch._channel
-        read, readable = channel._read, []
-
-        def late_read(timeout_s):
-            if timeout_s > 0:  # a busy harness: the thread gets to the data 30 ms after it arrived
-                select.select([channel._sock], [], [], 10)
-                readable.append(now_ns())
-                time.sleep(0.03)
-            return read(timeout_s)
-
-        channel._read = late_read
         egress = N + 1
         timing = switch.connect(1, egress)
         reply_readable, bound = readable[-1], channel.last_bound_ns
-        switch.close()
-    finally:
-        servers.stop()
-        bench.stop()
     assert channel.receive_stamp == "kernel" and channel.stamps.fallbacks == 0, channel.stamps.reason
     settled = [e["t_ns"] for e in bench.ground_truth() if e["stage"] == "mirror_settled" and e["ocs_port"] == egress]
     assert len(settled) == 1
@@ -111,7 +137,6 @@ def test_a_realtime_step_between_two_reads_falls_back_to_the_read_time_and_says_
     read drained it; data after that is the kernel's again. Before the step, the stamp is the arrival, within
     its bound."""
     import socket
-    import time
 
     import devices.timing as timing
     from devices.timing import ReceiveStamps, enable_receive_stamps, now_ns
@@ -129,14 +154,7 @@ def test_a_realtime_step_between_two_reads_falls_back_to_the_read_time_and_says_
         assert got.kernel and got.data == b"a\n" and before - got.bound_ns <= got.t_ns <= after + got.bound_ns
         assert stamps.fallbacks == 0
 
-        class Stepped:  # CLOCK_REALTIME as read by us, 5 s ahead from now on
-            monotonic_ns = staticmethod(time.monotonic_ns)
-
-            @staticmethod
-            def time_ns():
-                return time.time_ns() + 5_000_000_000
-
-        monkeypatch.setattr(timing, "time", Stepped)
+        monkeypatch.setattr(timing, "time", RealtimeAhead)
         for expected in ("CLOCK_REALTIME stepped by", "outside"):
             writer.sendall(b"b\n")
             start = now_ns()
@@ -169,50 +187,16 @@ def test_the_tl1_commands_recorded_times_and_bounds_contain_the_emulators_truth(
     within its bounds, through to the recorded `ocs_command_sent` / `_completed` events. With a CLOCK_REALTIME
     step faked on our side (as above) the reply falls back to the read time: still containing the truth, with a
     bound as wide as the late read, and saying why."""
-    import select
-    import time
-
     import devices.timing as timing_module
-    from devices.emulated.ocs_server import OcsServers
-    from devices.emulated.physics import OpticalBench
-    from devices.emulated.profile import load_profile
-    from devices.ocs import open_switch
-    from devices.resources import OcsResource
     from harness.bench.circuits import Applied
     from harness.bench.stages import ocs_events
 
-    bench = OpticalBench(load_profile("mixnet-testbed"), seed=3).start()
-    servers = OcsServers(bench, pty=False).start()
-    try:
-        host, port = servers.tl1_address
-        switch = open_switch(OcsResource(name="ocs1", protocol="polatis-tl1", url=f"tcp://{host}:{port}",
-                                         size=(N, N), allowed_ports=frozenset(range(1, 2 * N + 1)),
-                                         user="admin", password="root"), timeout_s=10)
+    with emulated_tl1_read_late() as (_, servers, switch):
         channel = switch._channel
-        read = channel._read
-
-        def late_read(timeout_s):
-            if timeout_s > 0:
-                select.select([channel._sock], [], [], 10)
-                time.sleep(0.03)
-            return read(timeout_s)
-
-        channel._read = late_read
         if stepped:
-            class Stepped:  # CLOCK_REALTIME as read by us, 5 s ahead from now on
-                monotonic_ns = staticmethod(time.monotonic_ns)
-
-                @staticmethod
-                def time_ns():
-                    return time.time_ns() + 5_000_000_000
-
-            monkeypatch.setattr(timing_module, "time", Stepped)
+            monkeypatch.setattr(timing_module, "time", RealtimeAhead)
         timing = switch.connect(1, N + 1)
         monkeypatch.undo()
-        switch.close()
-    finally:
-        servers.stop()
-        bench.stop()
     served = [s for s in servers.tl1_served if s.command.startswith("ENT-PATCH")]
     assert len(served) == 1
     truth = served[0]
@@ -241,7 +225,6 @@ def test_a_serial_read_time_is_bounded_back_to_the_last_idle_instant_or_the_send
     the line idle (after the send) — the peer's write of the reply lies inside; without such a read, back to
     the send."""
     import socket
-    import time
 
     from devices.ocs.lines import SerialLineChannel
     from devices.timing import CommandTiming, Deadline, now_ns
