@@ -24,17 +24,21 @@ def ssh(server):
         yield t
 
 
-def test_timesrv_answers_with_the_host_clock(ssh, bench, server):
-    host = server.host_name
+def probe_timesrv(ssh, bench, host: str, probes: int, prefix: str) -> None:
+    """`probes` round trips to the agent's time responder: each token echoed with a host time that causality
+    allows (the host read its clock between our send and our receive)."""
     with ssh.stream(f"python3 -u {AGENT} timesrv") as stream:
-        for i in range(200):
+        for i in range(probes):
             sent = now_ns()
-            stream.write(f"t{i}\n")
+            stream.write(f"{prefix}{i}\n")
             recv_ns, line = stream.readline(Deadline(10))
             token, host_ns = line.split()
-            assert token == f"t{i}"
-            # causality: the host read its clock between our send and our receive
+            assert token == f"{prefix}{i}"
             assert bench.host_time(host, sent) <= int(host_ns) <= bench.host_time(host, recv_ns)
+
+
+def test_timesrv_answers_with_the_host_clock(ssh, bench, server):
+    probe_timesrv(ssh, bench, server.host_name, 200, "t")
 
 
 def _read_watch(stream, until, deadline_s=10.0):
@@ -239,15 +243,7 @@ def test_timesrv_is_answered_on_the_hub_without_the_commands_thread(ssh, bench, 
 
     started = []
     monkeypatch.setattr(ssh_host._HostsLoop, "run_command", lambda self, target, args, name: started.append(name))
-    host = server.host_name
-    with ssh.stream(f"python3 -u {AGENT} timesrv") as stream:
-        for i in range(5):
-            sent = now_ns()
-            stream.write(f"h{i}\n")
-            recv_ns, line = stream.readline(Deadline(10))
-            token, host_ns = line.split()
-            assert token == f"h{i}"
-            assert bench.host_time(host, sent) <= int(host_ns) <= bench.host_time(host, recv_ns)
+    probe_timesrv(ssh, bench, server.host_name, 5, "h")
     assert len(started) == 1  # the exec request was taken, its thread never started
 
 
