@@ -172,6 +172,13 @@ class CycleEvents:
         self._converted[(host, host_ns)] = (answer, generation)
         return answer
 
+    def ready(self, key: str, version: int) -> tuple[list[Event], list] | None:
+        """The port's events and encodings if built with `version` and its host's clock generation now."""
+        known = self._built.get(key)
+        if known is not None and known[0] == (version, self.generation(self.ports[key].host)):
+            return known[1], known[2]
+        return None
+
     def port(self, key: str, version: int, kept: dict[str, object], not_yet: dict[str, object],
              done_ns: int | None = None) -> tuple[list[Event], list] | None:
         port = self.ports[key]
@@ -231,20 +238,22 @@ def cycle_events(run_id: str, cycle: int, ports: dict[str, PortRef], ocs: str, f
         built = CycleEvents(run_id, cycle, ports, first_sent_ns, convert, chain)
     encode = built.encode
     events = ocs_events(run_id, cycle, ocs, first_sent_ns, completed_ns, ocs_stamps)
-    by_port: dict[str, dict[str, object]] = {}
-    for (key, stage), obs in arrivals.kept.items():
-        by_port.setdefault(key, {})[stage] = obs
-    not_yet_of: dict[str, dict[str, object]] = {}  # per port: one pass, not one per port (64 ports: ~1 ms)
-    for (key, stage), obs in arrivals.not_yet.items():
-        not_yet_of.setdefault(key, {})[stage] = obs
     encoded = [encode(e) for e in events] if encode is not None else None
     versions = versions or {}
-    for key in sorted(by_port, key=list(ports).index):
-        mine, coded = built.port(key, versions.get(key, -1), by_port[key], not_yet_of.get(key, {}),
-                                 arrivals.done_ns)
-        events += mine
+    kept, not_yet = arrivals.kept, arrivals.not_yet
+    for key in ports:
+        version = versions.get(key, -1)
+        # a port built while the cycle waited, unchanged since, is not looked at again (64 ports: ~0.5 ms)
+        ready = built.ready(key, version)
+        if ready is None:
+            mine = {s: o for s in STAGES if (o := kept.get((key, s))) is not None}
+            if not mine:
+                continue
+            ready = built.port(key, version, mine, {s: o for s in chain if (o := not_yet.get((key, s))) is not None},
+                               arrivals.done_ns)
+        events += ready[0]
         if encoded is not None:
-            encoded += coded
+            encoded += ready[1]
     faults = [_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, port=ports[key],
                      source=f"timeout:missing {'+'.join(stages)}") for key, stages in arrivals.missing.items()]
     faults += [_event(run_id, cycle, "fault", arrivals.done_ns, arrivals.done_ns, port=ports[key],
