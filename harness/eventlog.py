@@ -44,7 +44,8 @@ class EventLog:
     """Append `Event`s to a JSONL file. Call `flush()` (fsync) at least once per cycle.
 
     Lines are buffered here (not in a Python file buffer) so that after a write error nothing half-written
-    can reach the file later; the file is cut back to its last durable size.
+    can reach the file later; the file is cut back to its last durable size. A cycle's lines are handed
+    over joined once and its rows kept as given until `events()` asks (the cycle's end waits for neither).
     """
 
     write_through_bytes = 1 << 16
@@ -54,13 +55,15 @@ class EventLog:
         self._file = open(self.path, "ab", buffering=0)
         self._durable_size = os.fstat(self._file.fileno()).st_size  # bytes known to be on disk
         self._written_size = self._durable_size
-        self._buffer = bytearray()
+        self._buffer: list[bytes] = []  # chunks of whole lines, not written yet
+        self._buffered = 0  # their bytes
         self.durable_events = 0
         self._pending = 0
         self._failed: EventLogError | None = None
         # The run's events in memory too (those of an interrupted run first), so later steps read what was
         # recorded without parsing the log again.
         self._rows: list[dict] = read_events(self.path).to_dict(orient="records") if self._durable_size else []
+        self._unlisted: list[list[tuple[dict, bytes]]] = []  # encoded events whose rows are not in _rows yet
 
     def wrap_file(self, wrap) -> object:
         """Replace the log's file object by `wrap(file)` (fault injection: a disk that fills up); returns
@@ -71,6 +74,9 @@ class EventLog:
 
     def events(self) -> pd.DataFrame:
         """Every event recorded in this run (typed as `read_events` gives them)."""
+        for encoded in self._unlisted:
+            self._rows.extend(row for row, _ in encoded)
+        self._unlisted.clear()
         return _typed_frame(self._rows, EVENT_COLUMNS, EVENT_DTYPES)
 
     def append(self, event: Event) -> None:
@@ -82,10 +88,12 @@ class EventLog:
         self._check()
         if encoded is None:
             encoded = [encode(event) for event in events]
-        self._rows.extend(row for row, _ in encoded)
-        self._buffer += b"".join(line for _, line in encoded)
+        self._unlisted.append(encoded)
+        chunk = b"".join([line for _, line in encoded])
+        self._buffer.append(chunk)
+        self._buffered += len(chunk)
         self._pending += len(encoded)
-        if len(self._buffer) >= self.write_through_bytes:
+        if self._buffered >= self.write_through_bytes:
             self.flush(fsync=False)
 
     def flush(self, fsync: bool = True) -> None:
@@ -93,7 +101,7 @@ class EventLog:
         moves on only after its events are; an fsync overlapping the next cycle would break that)."""
         self._check()
         try:
-            data, done = bytes(self._buffer), 0
+            data, done = memoryview(self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)), 0
             while done < len(data):
                 written = self._file.write(data[done:])  # a short write is not an error: go on
                 if not written:
@@ -101,6 +109,7 @@ class EventLog:
                 done += written
                 self._written_size += written
             self._buffer.clear()
+            self._buffered = 0
             if fsync:
                 os.fsync(self._file.fileno())
         except OSError as exc:
@@ -134,6 +143,7 @@ class EventLog:
     def _fail(self, cause: OSError) -> None:
         self._failed = EventLogError(self.path, cause, self.durable_events, self._pending)
         self._buffer.clear()
+        self._buffered = 0
         try:
             os.ftruncate(self._file.fileno(), self._durable_size)
         except OSError:  # the torn tail stays; read_events skips a torn last line anyway
