@@ -152,9 +152,14 @@ class EventLog:
 
 
 def encode(event: Event) -> tuple[dict, bytes]:
-    """An event's row (EVENT_COLUMNS) and its JSON line (orjson: ~1 µs; json.dumps ~6 µs)."""
-    # orjson writes the dataclass itself, its fields in order: the row's bytes without the dict (~0.5 µs less)
-    return event.to_dict(), orjson.dumps(event, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+    """An event's row (EVENT_COLUMNS) and its JSON line (orjson: ~0.3 µs; json.dumps ~6 µs)."""
+    # The row is the frozen event's own field dict, not a copy (~0.3 µs of a cycle's end's ~1 µs an event):
+    # rows are only read (into DataFrames), never changed.
+    row = event.__dict__
+    return row, orjson.dumps(row, option=_LINE)
+
+
+_LINE = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 
 
 def _typed_frame(rows: list[dict], columns: tuple[str, ...], dtypes: dict[str, str]) -> pd.DataFrame:

@@ -17,7 +17,7 @@ from harness.bench import BenchBroken
 from harness.bench.circuits import CircuitGuard, RetryPolicy
 from harness.bench.observe import CycleWatch, ObservationLog
 from harness.bench.scripted import ScriptedObservations
-from harness.bench.stages import PortRef, chain_bounds, stage_events
+from harness.bench.stages import PortRef, stage_events
 from harness.steps.turnaround import TurnaroundParams, TurnaroundRun
 
 MS = 1_000_000
@@ -127,15 +127,6 @@ def test_the_last_poll_that_saw_it_down_bounds_a_hidden_stage_from_below():
     assert light.t_ns - light.uncertainty_ns == 100 * MS  # nothing earlier than the command
     assert phy.t_ns - phy.uncertainty_ns == 101_500_000 - 200_000 - 21_000  # after the poll that saw it down
     assert phy.t_ns + phy.uncertainty_ns == 104 * MS + 21_000  # before the first probe through the circuit
-
-
-def test_chain_bounds_intersect_and_never_contradict():
-    seen = {"light_detected": (0, 1000), "cdr_locked": (200, 300), "first_packet": (250, 260)}
-    b = chain_bounds(100, seen, {"phy_up": 240})
-    assert b["light_detected"] == (100, 260) and b["cdr_locked"] == (200, 260)
-    assert b["phy_up"] == (240, 260) and b["port_active"] == (240, 260) and b["first_packet"] == (250, 260)
-    # a seen stage whose chain bound would be empty keeps its own interval
-    assert chain_bounds(0, {"phy_up": (500, 600), "port_active": (100, 200)}, {})["phy_up"] == (500, 600)
 
 
 def test_missing_stages_stale_reports_old_peer_probes_and_flaps():

@@ -37,3 +37,10 @@ def test_a_record_is_a_frozen_dataclass_made_without_setattr():
         _Point(1)  # every field is required, as declared
     with pytest.raises(TypeError, match="no defaults"):
         record(type("_WithDefault", (), {"__annotations__": {"x": int}, "x": 0}))
+
+
+def test_unchecked_makes_the_same_record_without_post_init():
+    assert _Point.unchecked(1, "a") == _Point(1, "a") and vars(_Point.unchecked(1, "a")) == {"x": 1, "label": "a"}
+    assert _Point.unchecked(-1, "a").x == -1  # the caller vouches for its values: no check runs
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        _Point.unchecked(1, "a").x = 2

@@ -10,7 +10,6 @@ two polls (never seen) still gets an event, spanning the interval in which it mu
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
@@ -70,35 +69,6 @@ def interval(obs, convert: Convert) -> tuple[int, int, int]:
     return t - unc, t + unc, offset
 
 
-def chain_bounds(after_ns: int, seen: dict[str, tuple[int, int]], not_before: dict[str, int],
-                 chain: tuple[str, ...] = PORT_CHAIN) -> dict[str, tuple[int, int]]:
-    """Per chain stage, the tightest (lo, hi) the order allows: lo = max(after_ns, lower bounds of this and
-    every earlier stage), hi = min(upper bounds of this and every later stage). `seen`: observed stage ->
-    (lo, hi); `not_before`: stage -> time it was still shown not reached. Stages with no later evidence
-    (hi unbounded) are left out; a seen stage whose bounds would contradict keeps its own."""
-    lo, out = after_ns, {}
-    los = {}
-    for stage in chain:
-        if stage in seen:
-            lo = max(lo, seen[stage][0])
-        if stage in not_before:
-            lo = max(lo, not_before[stage])
-        los[stage] = lo
-    hi = math.inf
-    for stage in reversed(chain):
-        if stage in seen:
-            hi = min(hi, seen[stage][1])
-        if hi == math.inf:
-            continue
-        bound = (los[stage], int(hi))
-        if bound[0] > bound[1]:
-            if stage not in seen:
-                continue
-            bound = seen[stage]
-        out[stage] = bound
-    return out
-
-
 def _event(run_id: str, cycle: int, stage: str, lo: int, hi: int, *, port: PortRef | None = None, host: str = "",
            device: str = "", offset_ns: int = 0, source: str = "") -> Event:
     t = (lo + hi) // 2
@@ -110,36 +80,73 @@ def source_of(obs) -> str:
     return f"agent-probe:{obs.value.split()[0]}" if obs.kind == "probe" else f"agent-watch:{obs.field}"
 
 
+_EVENT = Event.unchecked  # for stages taken from STAGES itself: none to check
+
+
+@functools.cache
+def _plan(chain: tuple[str, ...]) -> tuple[Callable[..., Event], tuple[str, ...]]:
+    """How a chain's events are made (unchecked where its stages are all known) and the kept stages outside
+    it that make events, in stage order."""
+    return (_EVENT if set(chain) <= set(STAGES) else Event), tuple(s for s in STAGES if s not in chain)
+
+
 def port_events(run_id: str, cycle: int, port: PortRef, first_sent_ns: int, kept: dict[str, object],
                 not_yet: dict[str, object], convert: Convert, chain: tuple[str, ...] = PORT_CHAIN,
                 done_ns: int | None = None) -> list[Event] | None:
     """One port's events: every kept observation with its chain-tightened bound, and every chain stage
     implied by a later one (passed between two polls). A contradiction is a fault at `done_ns` (None, the
-    cycle still running: returns None, the port is built again at its end)."""
-    events = []
-    raw = {stage: interval(obs, convert) for stage, obs in kept.items()}
-    not_before = {stage: interval(obs, convert)[0] for stage, obs in not_yet.items()}
-    bounds = chain_bounds(first_sent_ns, {s: raw[s][:2] for s in chain if s in raw}, not_before, chain)
-    for stage in chain:
-        if stage in kept:
-            lo, hi = bounds.get(stage, raw[stage][:2])
-            events.append(_event(run_id, cycle, stage, lo, hi, port=port, offset_ns=raw[stage][2],
-                                 source=source_of(kept[stage])))
-        elif stage in bounds:
-            later = next(s for s in chain[chain.index(stage) + 1:] if s in kept)
-            lo, hi = bounds[stage]
-            events.append(_event(run_id, cycle, stage, lo, hi, port=port, offset_ns=raw[later][2],
-                                 source=f"between-polls:before {later}"))
-        elif any(s in kept for s in chain[chain.index(stage) + 1:]):
-            if done_ns is None:
+    cycle still running: returns None, the port is built again at its end).
+
+    Each chain stage's bound is the tightest the order allows: lo = max(the command, the lower bounds of this
+    and every earlier stage, the last poll that showed it not yet reached), hi = min(the upper bounds of this
+    and every later stage); a stage with no later evidence has none, and a seen stage whose bound would
+    contradict keeps its own interval. One pass each way, no intermediate maps: a cycle's end builds up to
+    64 ports (8 x 8) on the path between cycles (benchmarks/bench_port_events.py)."""
+    make, others = _plan(chain)
+    key, host, device, netdev, ocs_port = port.key, port.host, port.device, port.netdev, port.ocs_port
+    seen, los, lo = {}, [], first_sent_ns
+    for stage in chain:  # lower bounds: the command, this and every earlier stage's, the last poll not yet
+        obs = kept.get(stage)
+        if obs is not None:
+            seen[stage] = bound = interval(obs, convert)
+            if bound[0] > lo:
+                lo = bound[0]
+        obs = not_yet.get(stage)
+        if obs is not None:
+            earliest = interval(obs, convert)[0]
+            if earliest > lo:
+                lo = earliest
+        los.append(lo)
+    events, hi, later = [], None, None
+    for at in range(len(chain) - 1, -1, -1):  # upper bounds: this and every later stage's; events backwards
+        stage, lo = chain[at], los[at]
+        own = seen.get(stage)
+        if own is not None:
+            if hi is None or own[1] < hi:
+                hi = own[1]
+            low, high = (lo, hi) if lo <= hi else own[:2]  # contradicting: a seen stage keeps its own interval
+            t = (low + high) // 2
+            events.append(make(run_id, cycle, stage, host, device, netdev, ocs_port, t, own[2], high - t,
+                               source_of(kept[stage])))
+            later = stage
+        elif hi is not None:
+            if lo <= hi:
+                t = (lo + hi) // 2
+                events.append(make(run_id, cycle, stage, host, device, netdev, ocs_port, t, seen[later][2],
+                                   hi - t, f"between-polls:before {later}"))
+            elif done_ns is None:
                 return None
-            events.append(_event(run_id, cycle, "fault", done_ns, done_ns, port=port,
-                                 source=f"bounds:{port.key}: {stage} implied, but its bounds contradict"))
-    for stage in STAGES:
-        if stage in kept and stage not in chain:  # the side losing light: its own interval, in stage order
-            lo, hi, offset = raw[stage]
-            events.append(_event(run_id, cycle, stage, lo, hi, port=port, offset_ns=offset,
-                                 source=source_of(kept[stage])))
+            else:
+                events.append(_EVENT(run_id, cycle, "fault", host, device, netdev, ocs_port, done_ns, 0, 0,
+                                     f"bounds:{key}: {stage} implied, but its bounds contradict"))
+    events.reverse()
+    for stage in others:  # the side losing light: its own interval, in stage order
+        obs = kept.get(stage)
+        if obs is not None:
+            lo, hi, offset = interval(obs, convert)
+            t = (lo + hi) // 2
+            events.append(_EVENT(run_id, cycle, stage, host, device, netdev, ocs_port, t, offset, hi - t,
+                                 source_of(obs)))
     return events
 
 
@@ -187,8 +194,14 @@ class CycleEvents:
         known = self._built.get(key)   # the events
         if known is not None and known[0] == stamp:
             return known[1], known[2]
-        events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet,
-                             functools.partial(self.converted, generation=generation), self.chain, done_ns)
+        cache, again = self._converted, self.converted
+
+        def converted(host: str, host_ns: int) -> tuple[int, int, int]:  # `converted`, its lookup inline
+            known = cache.get((host, host_ns))
+            return known[0] if known is not None and known[1] == generation else again(host, host_ns, generation)
+
+        events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet, converted, self.chain,
+                             done_ns)
         if events is None:
             return None
         encoded = [self.encode(e) for e in events] if self.encode is not None else []

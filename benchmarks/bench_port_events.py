@@ -1,0 +1,112 @@
+"""One port's events built at a cycle's end (`CycleEvents.port`: bounds, events, their encodings), per shape.
+
+A cycle's end builds the ports whose last observation came in its final batch of host lines (8 x 8: median 8,
+p90 ~50-64 of 64), on the critical path between cycles. Each observation was converted as it arrived (as
+`CycleWatch` does), so what is timed is what the cycle's end does: the port's bounds, events and encodings.
+
+    .venv/bin/python benchmarks/bench_port_events.py [--builds 2000] [--repeats 9] [--profile SHAPE]
+
+Shapes: `all-seen` (7 kept observations with the losing side's two, 3 not-yet), `between-polls` (phy_up passed
+between two polls), `contradiction` (a stage implied with contradicting bounds: a fault), `not-lit` (only the
+side that loses light). Prints per-port µs, p50 (and min, max) over the repeats.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.bench.stages import CycleEvents, PortRef  # noqa: E402
+from harness.eventlog import encode  # noqa: E402
+from harness.hostsession import Observation  # noqa: E402
+
+MS = 1_000_000
+PORT = PortRef("gpu1:eth0", "gpu1", "eth0", "mlx5_0", 3)
+
+
+def _watch(field: str, value: str, at_ns: int, poll_ns: int = 200_000) -> Observation:
+    return Observation("watch", PORT.host, PORT.netdev, field, value, at_ns, poll_ns, 0)
+
+
+LOSING = {"light_lost": _watch("rx_los", "1", 101 * MS), "port_down": _watch("carrier", "0", 102 * MS)}
+CHAIN_SEEN = {
+    "light_detected": _watch("rx_los", "0", 110 * MS),
+    "cdr_locked": _watch("rx_lol", "0", 111 * MS),
+    "phy_up": _watch("carrier", "1", 115 * MS),
+    "port_active": _watch("state", "ACTIVE", 120 * MS),
+    "first_packet": Observation("probe", PORT.host, PORT.netdev, "first", "aa:bb:cc:dd:ee:ff 12", 121 * MS,
+                                100_000, 0),
+}
+NOT_YET = {
+    "light_detected": _watch("rx_los", "1", 109 * MS),
+    "cdr_locked": _watch("rx_lol", "1", 110 * MS + 500_000),
+    "phy_up": _watch("carrier", "0", 114 * MS),
+}
+# shape -> (kept, not_yet, done_ns)
+SHAPES = {
+    "all-seen": (LOSING | CHAIN_SEEN, NOT_YET, 200 * MS),
+    "between-polls": (LOSING | {s: o for s, o in CHAIN_SEEN.items() if s != "phy_up"},
+                      {s: o for s, o in NOT_YET.items() if s != "phy_up"}, 200 * MS),
+    # phy_up still down at 116 ms, yet port ACTIVE by 115.2 ms: phy_up is implied with an empty interval
+    "contradiction": (LOSING | {s: o for s, o in CHAIN_SEEN.items() if s != "phy_up"} |
+                      {"port_active": _watch("state", "ACTIVE", 115 * MS)},
+                      {s: o for s, o in NOT_YET.items() if s != "phy_up"} | {"phy_up": _watch("carrier", "0", 116 * MS)},
+                      200 * MS),
+    "not-lit": (LOSING, {}, 200 * MS),
+}
+
+
+def convert(host: str, host_ns: int) -> tuple[int, int, int]:
+    return host_ns - 5 * MS, 5 * MS, 30_000
+
+
+def prepared(kept: dict, not_yet: dict) -> CycleEvents:
+    """The cycle's events with every observation converted as it arrived, nothing built yet."""
+    built = CycleEvents("run", 1, {PORT.key: PORT}, 100 * MS, convert, encode=encode)
+    for obs in [*kept.values(), *not_yet.values()]:
+        built.converted(obs.host, obs.host_ns - obs.interval_ns // 2)
+    return built
+
+
+def per_port_us(shape: str, builds: int) -> tuple[float, int, int]:
+    kept, not_yet, done_ns = SHAPES[shape]
+    built = prepared(kept, not_yet)
+    port, forget = built.port, built._built.clear
+    start = time.perf_counter_ns()
+    for version in range(builds):
+        forget()
+        events, _ = port(PORT.key, version, kept, not_yet, done_ns)
+    elapsed = time.perf_counter_ns() - start
+    return elapsed / builds / 1e3, len(events), sum(e.stage == "fault" for e in events)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--builds", type=int, default=2000, help="port builds per repeat")
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--shape", choices=sorted(SHAPES), action="append", help="(default: every shape)")
+    parser.add_argument("--profile", choices=sorted(SHAPES), help="cProfile one shape's builds instead")
+    args = parser.parse_args()
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.runcall(per_port_us, args.profile, args.builds)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(14)
+        return 0
+    for shape in args.shape or SHAPES:
+        per_port_us(shape, args.builds // 10)  # warm
+        runs = [per_port_us(shape, args.builds) for _ in range(args.repeats)]
+        us = [r[0] for r in runs]
+        _, events, faults = runs[0]
+        print(f"{shape:<14} per port p50 {statistics.median(us):6.1f} us  (min {min(us):5.1f}, max {max(us):5.1f};"
+              f" {events} events, {faults} faults; {args.repeats} x {args.builds} builds)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
