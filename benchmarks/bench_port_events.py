@@ -8,7 +8,9 @@ p90 ~50-64 of 64), on the critical path between cycles. Each observation was con
 
 Shapes: `all-seen` (7 kept observations with the losing side's two, 3 not-yet), `between-polls` (phy_up passed
 between two polls), `contradiction` (a stage implied with contradicting bounds: a fault), `not-lit` (only the
-side that loses light). Prints per-port µs, p50 (and min, max) over the repeats.
+side that loses light). Prints per-port µs, p50 (and min, max) over the repeats; then the whole of a cycle's
+end for 8 x 8 ports, all `all-seen`, built while the cycle waited and 0, 8 (the median) or 64 (p90) of them
+built again at its end (`cycle_events`: gathering their observations, the ready ports' checks, the OCS events).
 """
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ import pstats
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.bench.stages import CycleEvents, PortRef  # noqa: E402
+from analysis.stages import PORT_CHAIN  # noqa: E402
+from harness.bench.stages import Arrivals, CycleEvents, PortRef, cycle_events  # noqa: E402
 from harness.eventlog import encode  # noqa: E402
 from harness.hostsession import Observation  # noqa: E402
 
@@ -86,6 +90,37 @@ def per_port_us(shape: str, builds: int) -> tuple[float, int, int]:
     return elapsed / builds / 1e3, len(events), sum(e.stage == "fault" for e in events)
 
 
+def pod_ports(hosts: int = 8, nics: int = 8) -> tuple[dict[str, PortRef], Arrivals]:
+    """hosts x nics ports, each with the `all-seen` shape's observations, as the cycle's arrivals."""
+    kept, not_yet, done_ns = SHAPES["all-seen"]
+    ports, arrivals = {}, Arrivals(done_ns=done_ns)
+    for h in range(1, hosts + 1):
+        for n in range(nics):
+            port = PortRef(f"gpu{h}:eth{n}", f"gpu{h}", f"eth{n}", f"mlx5_{n}", (h - 1) * nics + n + 1)
+            ports[port.key] = port
+            for table, mine in ((arrivals.kept, kept), (arrivals.not_yet, not_yet)):
+                table.update({(port.key, s): replace(o, host=port.host, netdev=port.netdev) for s, o in mine.items()})
+    return ports, arrivals
+
+
+def cycle_end_us(ports: dict[str, PortRef], arrivals: Arrivals, rebuilt: int) -> float:
+    """`cycle_events` at a cycle's end, every port built while the cycle waited and `rebuilt` of them changed."""
+    built = CycleEvents("run", 1, ports, 100 * MS, convert, encode=encode)
+    versions = {}
+    for i, key in enumerate(ports):
+        kept = {s: o for (k, s), o in arrivals.kept.items() if k == key}
+        not_yet = {s: o for (k, s), o in arrivals.not_yet.items() if k == key}
+        for obs in [*kept.values(), *not_yet.values()]:
+            built.converted(obs.host, obs.host_ns - obs.interval_ns // 2)
+        built.port(key, 0, kept, not_yet)
+        versions[key] = 1 if i < rebuilt else 0  # a later observation: built again at the end
+    start = time.perf_counter_ns()
+    cycle_events("run", 1, ports, "ocs1", 100 * MS, 101 * MS, arrivals, convert, PORT_CHAIN, built, versions)
+    elapsed = time.perf_counter_ns() - start
+    assert built.rebuilt == rebuilt
+    return elapsed / 1e3
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--builds", type=int, default=2000, help="port builds per repeat")
@@ -105,6 +140,11 @@ def main() -> int:
         _, events, faults = runs[0]
         print(f"{shape:<14} per port p50 {statistics.median(us):6.1f} us  (min {min(us):5.1f}, max {max(us):5.1f};"
               f" {events} events, {faults} faults; {args.repeats} x {args.builds} builds)")
+    ports, arrivals = pod_ports()
+    for rebuilt in (0, 8, len(ports)):
+        us = [cycle_end_us(ports, arrivals, rebuilt) for _ in range(args.repeats * 10)]
+        print(f"cycle's end, {len(ports)} ports, {rebuilt:>2} built again: p50 {statistics.median(us):7.1f} us "
+              f"(min {min(us):6.1f}; {len(us)} cycles)")
     return 0
 
 
