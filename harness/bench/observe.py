@@ -215,8 +215,8 @@ class CycleWatch:
 
     def result(self, done_ns: int) -> Arrivals:
         a = self.arrivals
-        a.missing = {k: sorted(s for s in need if not self._implied(k, s)) for k, need in self.need.items()}
-        a.missing = {k: v for k, v in a.missing.items() if v}
+        missing = {k: sorted(s for s in need if not self._implied(k, s)) for k, need in self.need.items() if need}
+        a.missing = {k: v for k, v in missing.items() if v}
         a.done_ns = done_ns
         return a
 
