@@ -8,6 +8,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from devices.errors import DeviceDenied, DeviceTimeout
 from devices.ocs.fake import FakeSwitch
@@ -409,3 +410,88 @@ def test_the_ocs_events_carry_the_commands_bounds_and_after_retries_reach_back_t
     (sent,) = ocs_events("r", 1, "ocs1", 400, None, retried)
     assert sent.t_ns - sent.uncertainty_ns <= 400 and 1_010 <= sent.t_ns + sent.uncertainty_ns
     assert sent.uncertainty_ns == 610 and sent.source == "harness:first attempt's start, 1 retries"
+
+
+def _partial_cycle(script, feed_last, prepare_at=(), step_at=None):
+    """Feed `script` with `feed_last` held back to the end, `prepare` run to exhaustion after the items at
+    `prepare_at`; a clock step on h1 after item `step_at`. Returns the cycle's events (built while it
+    waited) against those built from scratch, and its CycleEvents."""
+    from harness.bench.stages import CycleEvents, cycle_events
+    from harness.eventlog import encode
+
+    steps = {"h1": 0, "h2": 0}
+    built = CycleEvents("r", 1, PORTS, 100 * MS, script.convert, CHAIN, lambda host: steps[host], encode)
+    watch = _watch(script, events=built)
+    items = [o for o in script.items if o not in feed_last] + list(feed_last)
+    for i, obs in enumerate(items):
+        watch.feed(obs)
+        if i == step_at:
+            steps["h1"] += 1
+        if i in prepare_at:
+            while watch.prepare():
+                pass
+    arrivals = watch.result(120 * MS)
+    events, encoded = cycle_events("r", 1, PORTS, "ocs1", 100 * MS, 101 * MS, arrivals, script.convert, CHAIN,
+                                   built, watch.version)
+    assert encoded == [encode(e) for e in events]
+    return events, stage_events("r", 1, PORTS, "ocs1", 100 * MS, 101 * MS, arrivals, script.convert, CHAIN), built
+
+
+def test_a_port_waiting_only_for_its_first_probe_is_built_then_and_the_probe_adds_its_own_event():
+    """The ports whose first probe comes in the cycle's last batch of lines: their other events are built
+    while the cycle waits, the probe's added at the end — unless its upper bound is below an earlier
+    stage's (then that one's event changes: the port is built whole). Either way the same events as
+    from scratch."""
+    for probe_at, whole in ((106 * MS, False), (104 * MS + 50_000, True)):  # after / inside port_active's bound
+        script = ScriptedObservations()
+        script.watch("h1", "eth0", "carrier", "0", 101 * MS + 500_000)  # the old link going
+        script.watch("h1", "eth0", "rx_los", "1", 101 * MS + 700_000)  # not lit yet: a lower bound
+        for i, (field, value) in enumerate([("rx_los", "0"), ("rx_lol", "0"), ("carrier", "1"), ("state", "ACTIVE")]):
+            script.watch("h1", "eth0", field, value, 102 * MS + i * MS, interval_ns=1_000_000)
+        probe = script.probe("h1", "eth0", MAC["h1:eth0"], probe_at)
+        events, scratch, built = _partial_cycle(script, [probe], prepare_at={5})
+        assert events == scratch and [e.stage for e in events if e.host == "h1"][4:6] == ["first_packet", "light_lost"]
+        assert (built.completed, built.rebuilt) == ((0, 1) if whole else (1, 0))
+    # a "not yet" line whose lower bound is above the probe's own: the probe's event starts there
+    script = ScriptedObservations()
+    script.watch("h1", "eth0", "rx_lol", "1", 106 * MS + 10_000, interval_ns=1_000)  # comes first, stamped late
+    for i, (field, value) in enumerate([("rx_los", "0"), ("rx_lol", "0"), ("carrier", "1"), ("state", "ACTIVE")]):
+        script.watch("h1", "eth0", field, value, 102 * MS + i * MS, interval_ns=1_000_000)
+    probe = script.probe("h1", "eth0", MAC["h1:eth0"], 106 * MS)
+    events, scratch, built = _partial_cycle(script, [probe], prepare_at={4})
+    first = next(e for e in events if e.stage == "first_packet")
+    probe_lo = 106 * MS - script.clock_unc_ns - 1_000
+    assert events == scratch and built.completed == 1 and first.t_ns - first.uncertainty_ns > probe_lo
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_events_built_while_the_cycle_waits_equal_those_from_scratch_whatever_the_order(data):
+    """Random cycles of two ports — stages seen or passed between polls, "not yet" lines, the old link's
+    going, first probes early or late, lines in any order, idle moments anywhere, a clock step — build the
+    same events as from scratch."""
+    script = ScriptedObservations()
+    base, spread = data.draw(st.integers(0, 300_000)), data.draw(st.integers(1, 2_000_000))
+    # a clock bound that differs from one conversion to the next, as a tracker's does
+    script.convert = lambda host, host_ns: (host_ns - script.offset_ns, script.offset_ns,
+                                            base + (host_ns // 1000 * 7919) % spread)
+    for host in ("h1", "h2"):
+        t = 101 * MS
+        if data.draw(st.booleans()):
+            script.watch(host, "eth0", "carrier", "0", t + data.draw(st.integers(0, MS)))
+        if data.draw(st.booleans()):
+            script.watch(host, "eth0", "rx_los", "1", t + data.draw(st.integers(0, 2 * MS)))
+        for field, value in [("rx_los", "0"), ("rx_lol", "0"), ("carrier", "1"), ("state", "ACTIVE")]:
+            t += data.draw(st.integers(0, 2 * MS))
+            if data.draw(st.integers(0, 4)):  # else passed between two polls
+                script.watch(host, "eth0", field, value, t, interval_ns=data.draw(st.integers(0, 2 * MS)))
+        if data.draw(st.integers(0, 4)):
+            script.probe(host, "eth0", MAC[f"{host}:eth0"], t + data.draw(st.integers(-2 * MS, 3 * MS)))
+    order = data.draw(st.permutations(range(len(script.items))))
+    script.items = [script.items[i] for i in order]
+    n = len(script.items)
+    last = data.draw(st.lists(st.sampled_from(script.items), max_size=2, unique_by=id)) if n else []
+    prepare_at = set(data.draw(st.lists(st.integers(0, max(0, n - 1)), max_size=n)))
+    step_at = data.draw(st.none() | st.integers(0, max(0, n - 1)))
+    events, scratch, _ = _partial_cycle(script, last, prepare_at, step_at)
+    assert events == scratch

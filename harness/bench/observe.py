@@ -11,6 +11,7 @@ observation at a time and so is unit-tested over scripted observations in millis
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import queue
 import threading
@@ -58,6 +59,7 @@ class CycleWatch:
         self._finals = {k: max(v, key=chain.index) for k, v in wants.items() if v}
         self._open = {k for k, v in wants.items() if v}  # ports without their final stage (and still needing)
         self._ready: list[str] = []  # ports that have seen everything, their events not built yet
+        self._partial: list[str] = []  # ports waiting only for their final stage (CycleEvents.partial)
         self._parked: list = []
         self._held: dict[str, Callable[[], bool]] = {}  # host -> whether its clock sample has landed
         # host -> (host time surely after the command, the host clock's generation it was made with)
@@ -73,8 +75,11 @@ class CycleWatch:
         whether its events can be built now: nothing left to see, so no later line can change them."""
         if not self.need[key] or (key, self._finals[key]) in self.arrivals.kept:
             self._open.discard(key)
-        if not self.need[key] and self.events is not None:
-            self._ready.append(key)
+        if self.events is not None:
+            if not self.need[key]:
+                self._ready.append(key)
+            elif self.need[key] == {self._finals[key]} and self._finals[key] == self.chain[-1]:
+                self._partial.append(key)
 
     def _implied(self, key: str, stage: str) -> bool:
         return any((key, later) in self.arrivals.kept for later in self.chain[self.chain.index(stage) + 1:])
@@ -178,16 +183,23 @@ class CycleWatch:
                 self._feed(obs, released=True)
 
     def prepare(self) -> bool:
-        """Build the events of one port that has seen all it waits for (the log calls this while nothing
-        is queued). Returns whether it built one. A port still waiting for a stage (or one passed between
-        polls) is built at the cycle's end."""
-        if not self._ready:
-            return False
-        key = self._ready.pop()
+        """Build the events of one port that has seen all it waits for, or else those of one that waits only
+        for its final stage, the first probe (`CycleEvents.partial`: that stage then adds its own event). The
+        log calls this while nothing is queued. Returns whether it did something. A port still waiting for
+        a stage (or one passed between polls) is built at the cycle's end."""
         kept, not_yet = self.arrivals.kept, self.arrivals.not_yet
-        mine = {s: o for s in STAGES if (o := kept.get((key, s))) is not None}
-        self.events.port(key, self.version[key], mine,
-                         {s: o for s in self.chain if (o := not_yet.get((key, s))) is not None})
+        if self._ready:
+            key = self._ready.pop()
+            build = functools.partial(self.events.port, key, self.version[key])
+        elif self._partial:
+            key = self._partial.pop()
+            if self.need[key] != {self._finals[key]}:
+                return True  # its final stage came meanwhile
+            build = functools.partial(self.events.partial, key)
+        else:
+            return False
+        build({s: o for s in STAGES if (o := kept.get((key, s))) is not None},
+              {s: o for s in self.chain if (o := not_yet.get((key, s))) is not None})
         return True
 
     # ---- progress

@@ -162,7 +162,9 @@ class CycleEvents:
         self.run_id, self.cycle, self.ports, self.first_sent = run_id, cycle, ports, first_sent_ns
         self.convert, self.chain, self.generation, self.encode = convert, chain, generation, encode
         self._built: dict[str, tuple[tuple[int, int], list[Event], list]] = {}  # key -> (version, events, encoded)
+        self._partial: dict[str, tuple] = {}  # key -> a port's events without its chain's last stage (`partial`)
         self.rebuilt = 0  # ports built at the cycle's end (the rest were ready): what a test can check
+        self.completed = 0  # ports whose final stage was added to their `partial` events (`_complete`)
         self._converted: dict[tuple[str, int], tuple[tuple[int, int, int], int]] = {}
 
     def converted(self, host: str, host_ns: int, generation: int | None = None) -> tuple[int, int, int]:
@@ -194,6 +196,12 @@ class CycleEvents:
         known = self._built.get(key)   # the events
         if known is not None and known[0] == stamp:
             return known[1], known[2]
+        completed = self._complete(key, generation, kept, not_yet)
+        if completed is not None:
+            events, encoded = completed
+            self._built[key] = (stamp, events, encoded)
+            self.completed += 1
+            return events, encoded
         cache, again = self._converted, self.converted
 
         def converted(host: str, host_ns: int) -> tuple[int, int, int]:  # `converted`, its lookup inline
@@ -209,6 +217,54 @@ class CycleEvents:
         if done_ns is not None:
             self.rebuilt += 1
         return events, encoded
+
+    def partial(self, key: str, kept: dict[str, object], not_yet: dict[str, object]) -> None:
+        """Build now the events of a port that waits only for its chain's last stage (the first probe), every
+        earlier chain stage seen: when that stage comes — often in the cycle's last batch of lines — it adds
+        its own event, and the others stand unless its upper bound is below one of theirs (`_complete`)."""
+        port, final = self.ports[key], self.chain[-1]
+        if final in kept or any(stage not in kept for stage in self.chain[:-1]):
+            return
+        generation = self.generation(port.host)
+        convert = functools.partial(self.converted, generation=generation)
+        events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet, convert, self.chain)
+        if events is None:
+            return
+        # the last stage's lower bound but its own (chain_bounds: the command, every earlier stage's, every
+        # "not yet" one's)
+        floor = max([self.first_sent] + [interval(kept[s], convert)[0] for s in self.chain[:-1]]
+                    + [interval(o, convert)[0] for s, o in not_yet.items() if s in self.chain])
+        chain_events = sum(e.stage in self.chain for e in events)
+        encoded = [self.encode(e) for e in events] if self.encode is not None else []
+        self._partial[key] = (generation, dict(kept), dict(not_yet), floor, events, encoded, chain_events)
+
+    def _complete(self, key: str, generation: int, kept: dict[str, object],
+                  not_yet: dict[str, object]) -> tuple[list[Event], list] | None:
+        """The port's events from its `partial` ones and its chain's last stage, if only that stage came since
+        (the same observations otherwise, the same host clock) and its upper bound tightens no earlier
+        stage's: then they are what `port_events` makes (chain_bounds' lower bounds run forward, so the last
+        stage's is the only new one). None: build the port whole."""
+        known = self._partial.get(key)
+        final = self.chain[-1]
+        if known is None or known[0] != generation or final not in kept:
+            return None
+        _, had, had_not_yet, floor, events, encoded, chain_events = known
+        if len(kept) != len(had) + 1 or len(not_yet) != len(had_not_yet) or \
+                any(had.get(stage) is not obs for stage, obs in kept.items() if stage != final) or \
+                any(had_not_yet.get(stage) is not obs for stage, obs in not_yet.items()):
+            return None
+        obs = kept[final]
+        lo, hi, offset = interval(obs, functools.partial(self.converted, generation=generation))
+        if any(e.t_ns + e.uncertainty_ns > hi for e in events[:chain_events]):
+            return None  # it bounds an earlier stage from above: that one's event changes
+        if max(lo, floor) <= hi:  # else its bounds would contradict: it keeps its own (chain_bounds)
+            lo = max(lo, floor)
+        event = _event(self.run_id, self.cycle, final, lo, hi, port=self.ports[key], offset_ns=offset,
+                       source=source_of(obs))
+        if self.encode is None:
+            return events[:chain_events] + [event] + events[chain_events:], []
+        return (events[:chain_events] + [event] + events[chain_events:],
+                encoded[:chain_events] + [self.encode(event)] + encoded[chain_events:])
 
 
 class OcsStamps(NamedTuple):
