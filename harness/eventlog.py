@@ -156,7 +156,7 @@ def encode(event: Event) -> tuple[dict, bytes]:
     # The row is the frozen event's own field dict, not a copy: rows are only read (into DataFrames), never
     # changed. The newline is appended by copying, not with OPT_APPEND_NEWLINE: that keeps orjson's own
     # ~1 KiB buffer (malloc'd, not pymalloc) as the line, which lives until the next cycle: a fresh buffer per
-    # event, ~6 page faults per port, 3.5 µs an event at a real 8x8 cycle's end against 1.1 µs this way.
+    # event, ~6 page faults per port, 2.6 µs an event at a real 8x8 cycle's end against 0.56 µs this way.
     row = event.__dict__
     return row, orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
 

@@ -230,7 +230,7 @@ class CycleEvents:
         events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet, convert, self.chain)
         if events is None:
             return
-        # the last stage's lower bound but its own (chain_bounds: the command, every earlier stage's, every
+        # the last stage's lower bound but its own (port_events: the command, every earlier stage's, every
         # "not yet" one's)
         floor = max([self.first_sent] + [interval(kept[s], convert)[0] for s in self.chain[:-1]]
                     + [interval(o, convert)[0] for s, o in not_yet.items() if s in self.chain])
@@ -242,7 +242,7 @@ class CycleEvents:
                   not_yet: dict[str, object]) -> tuple[list[Event], list] | None:
         """The port's events from its `partial` ones and its chain's last stage, if only that stage came since
         (the same observations otherwise, the same host clock) and its upper bound tightens no earlier
-        stage's: then they are what `port_events` makes (chain_bounds' lower bounds run forward, so the last
+        stage's: then they are what `port_events` makes (its lower bounds run forward, so the last
         stage's is the only new one). None: build the port whole."""
         known = self._partial.get(key)
         final = self.chain[-1]
@@ -257,7 +257,7 @@ class CycleEvents:
         lo, hi, offset = interval(obs, functools.partial(self.converted, generation=generation))
         if any(e.t_ns + e.uncertainty_ns > hi for e in events[:chain_events]):
             return None  # it bounds an earlier stage from above: that one's event changes
-        if max(lo, floor) <= hi:  # else its bounds would contradict: it keeps its own (chain_bounds)
+        if max(lo, floor) <= hi:  # else its bounds would contradict: it keeps its own (port_events)
             lo = max(lo, floor)
         event = _event(self.run_id, self.cycle, final, lo, hi, port=self.ports[key], offset_ns=offset,
                        source=source_of(obs))
