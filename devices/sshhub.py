@@ -294,7 +294,6 @@ class HubSocket:
         self._fd = sock.fileno()
         self._timeout: float | None = None
         self._closed = False  # paramiko reads it (Transport.stop_thread)
-        self._inbox, self._at = b"", 0  # bytes taken off the socket, not yet given to paramiko (`recv`)
 
     def settimeout(self, timeout: float | None) -> None:
         self._timeout = timeout
@@ -333,21 +332,8 @@ class HubSocket:
             if not self._wait(events):
                 raise socket.timeout("timed out")
 
-    # paramiko reads a packet in two or more calls (its first block, then the rest), each a syscall that lets the
-    # interpreter lock go and then waits to take it back behind the harness's other threads; one read of what
-    # the socket holds, served from here, makes it one (the harness's reads at 8 x 8: ~310 a cycle became ~120).
-    READ_AHEAD = 1 << 16
-
     def recv(self, n: int) -> bytes:
-        if self._at < len(self._inbox):
-            data = self._inbox[self._at:self._at + n]
-            self._at += len(data)
-            return data
-        data = self._nonblocking(self.sock.recv, max(n, self.READ_AHEAD), selectors.EVENT_READ)
-        if len(data) <= n:
-            return data
-        self._inbox, self._at = data, n
-        return data[:n]
+        return self._nonblocking(self.sock.recv, n, selectors.EVENT_READ)
 
     def send(self, data) -> int:
         if _first_send.armed and not _first_send.ns:

@@ -59,41 +59,6 @@ def test_a_greenlet_recv_waits_on_the_hub_and_times_out_like_a_socket(hub):
     b.close()
 
 
-def test_a_recv_reads_what_the_socket_holds_once_and_serves_paramikos_small_reads_from_it(hub):
-    """paramiko reads a packet as its first block, then the rest: those reads come from one read of the
-    socket, in order, never past what was sent, and the end of the stream only once they are all served."""
-    a, b = socket.socketpair()
-    s = HubSocket(a, hub)
-    s.settimeout(5)
-    reads = []
-    real = a.recv
-
-    class Counting:  # the underlying socket's reads, counted
-        def __getattr__(self, name):
-            return getattr(a, name)
-
-        def recv(self, n):
-            reads.append(n)
-            return real(n)
-
-    s.sock = Counting()
-    stream = bytes(range(256)) * 40  # 10 240 bytes, as several packets would be
-    b.sendall(stream)
-    b.shutdown(socket.SHUT_WR)
-
-    def read_all():
-        got = []
-        while chunk := s.recv(16 if len(got) % 2 == 0 else 1000):  # a block, then the rest, and so on
-            got.append(chunk)
-        return got
-
-    got = _in_hub(hub, read_all).get(timeout=30)
-    assert b"".join(got) == stream and all(len(c) <= (16 if k % 2 == 0 else 1000) for k, c in enumerate(got))
-    assert len(got) > 20 and len(reads) <= 3, reads  # the data, at most a short read, and the end
-    s.close()
-    b.close()
-
-
 def test_greenlets_waiting_on_a_socket_or_a_lock_held_elsewhere_do_not_hold_up_the_hub(hub):
     quiet_a, quiet_b = socket.socketpair()
     echo_a, echo_b = socket.socketpair()
