@@ -23,7 +23,6 @@ import orjson
 
 from analysis.stages import PORT_CHAIN
 from devices.timing import Deadline, now_ns
-from analysis.stages import STAGES
 from harness.bench.stages import Arrivals, Convert, CycleEvents, classify, interval, not_yet
 
 # Watch values that show a stage reached (a restarted watch prints them as current values).
@@ -187,7 +186,6 @@ class CycleWatch:
         for its final stage, the first probe (`CycleEvents.partial`: that stage then adds its own event). The
         log calls this while nothing is queued. Returns whether it did something. A port still waiting for
         a stage (or one passed between polls) is built at the cycle's end."""
-        kept, not_yet = self.arrivals.kept, self.arrivals.not_yet
         if self._ready:
             key = self._ready.pop()
             build = functools.partial(self.events.port, key, self.version[key])
@@ -198,8 +196,7 @@ class CycleWatch:
             build = functools.partial(self.events.partial, key)
         else:
             return False
-        build({s: o for s in STAGES if (o := kept.get((key, s))) is not None},
-              {s: o for s in self.chain if (o := not_yet.get((key, s))) is not None})
+        build(*self.arrivals.of(key, self.chain))
         return True
 
     # ---- progress

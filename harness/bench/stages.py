@@ -54,6 +54,13 @@ class Arrivals:
     causes: list[tuple[str, str]] = field(default_factory=list)
     done_ns: int = 0
 
+    def of(self, key: str, chain: tuple[str, ...]) -> tuple[dict[str, object], dict[str, object]]:
+        """Port `key`'s kept observations (stage -> observation, in stage order) and its chain's not-yet ones:
+        what its events are built from."""
+        kept, not_yet = self.kept, self.not_yet
+        return ({s: o for s in STAGES if (o := kept.get((key, s))) is not None},
+                {s: o for s in chain if (o := not_yet.get((key, s))) is not None})
+
 
 def classify(obs) -> str | None:
     """The stage an observation marks (None: a value that marks none)."""
@@ -261,10 +268,10 @@ class CycleEvents:
             lo = max(lo, floor)
         event = _event(self.run_id, self.cycle, final, lo, hi, port=self.ports[key], offset_ns=offset,
                        source=source_of(obs))
+        events = events[:chain_events] + [event] + events[chain_events:]
         if self.encode is None:
-            return events[:chain_events] + [event] + events[chain_events:], []
-        return (events[:chain_events] + [event] + events[chain_events:],
-                encoded[:chain_events] + [self.encode(event)] + encoded[chain_events:])
+            return events, []
+        return events, encoded[:chain_events] + [self.encode(event)] + encoded[chain_events:]
 
 
 class OcsStamps(NamedTuple):
@@ -309,17 +316,15 @@ def cycle_events(run_id: str, cycle: int, ports: dict[str, PortRef], ocs: str, f
     events = ocs_events(run_id, cycle, ocs, first_sent_ns, completed_ns, ocs_stamps)
     encoded = [encode(e) for e in events] if encode is not None else None
     versions = versions or {}
-    kept, not_yet = arrivals.kept, arrivals.not_yet
     for key in ports:
         version = versions.get(key, -1)
         # a port built while the cycle waited, unchanged since, is not looked at again (64 ports: ~0.5 ms)
         ready = built.ready(key, version)
         if ready is None:
-            mine = {s: o for s in STAGES if (o := kept.get((key, s))) is not None}
+            mine, not_yet = arrivals.of(key, chain)
             if not mine:
                 continue
-            ready = built.port(key, version, mine, {s: o for s in chain if (o := not_yet.get((key, s))) is not None},
-                               arrivals.done_ns)
+            ready = built.port(key, version, mine, not_yet, arrivals.done_ns)
         events += ready[0]
         if encoded is not None:
             encoded += ready[1]
