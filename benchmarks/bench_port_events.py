@@ -1,7 +1,7 @@
 """One port's events built at a cycle's end (`CycleEvents.port`: bounds, events, their encodings), per shape.
 
 A cycle's end builds the ports whose last observation came in its final batch of host lines (8 x 8: median 8,
-p90 ~50-64 of 64), on the critical path between cycles. Each observation was converted as it arrived (as
+p90 ~50-64 of 64), on the critical path between cycles. Each observation was bounded as it arrived (as
 `CycleWatch` does), so what is timed is what the cycle's end does: the port's bounds, events and encodings.
 
     .venv/bin/python benchmarks/bench_port_events.py [--builds 2000] [--repeats 9] [--profile SHAPE]
@@ -71,10 +71,10 @@ def convert(host: str, host_ns: int) -> tuple[int, int, int]:
 
 
 def prepared(kept: dict, not_yet: dict) -> CycleEvents:
-    """The cycle's events with every observation converted as it arrived, nothing built yet."""
+    """The cycle's events with every observation bounded as it arrived, nothing built yet."""
     built = CycleEvents("run", 1, {PORT.key: PORT}, 100 * MS, convert, encode=encode)
     for obs in [*kept.values(), *not_yet.values()]:
-        built.converted(obs.host, obs.host_ns - obs.interval_ns // 2)
+        built.bound(obs)
     return built
 
 
@@ -111,7 +111,7 @@ def cycle_end_us(ports: dict[str, PortRef], arrivals: Arrivals, rebuilt: int) ->
         kept = {s: o for (k, s), o in arrivals.kept.items() if k == key}
         not_yet = {s: o for (k, s), o in arrivals.not_yet.items() if k == key}
         for obs in [*kept.values(), *not_yet.values()]:
-            built.converted(obs.host, obs.host_ns - obs.interval_ns // 2)
+            built.bound(obs)
         built.port(key, 0, kept, not_yet)
         versions[key] = 1 if i < rebuilt else 0  # a later observation: built again at the end
     start = time.perf_counter_ns()

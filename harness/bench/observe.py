@@ -123,7 +123,7 @@ class CycleWatch:
             return
         stage = classify(obs)
         if not self._surely_after(obs):
-            lo, hi, offset = interval(obs, self.convert if self.events is None else self.events.converted)
+            lo, hi, offset = interval(obs, self.convert) if self.events is None else self.events.bound(obs)
             if hi < self.first_sent:  # happened before this cycle's command — or the host's clock stepped
                 if obs.recv_ns >= self.first_sent and self.suspect is not None and not released:
                     self._held[obs.host] = self.suspect(obs.host)
@@ -151,10 +151,10 @@ class CycleWatch:
             self._settle_port(key)
 
     def _convert_now(self, obs) -> None:
-        """An observation the port's events will be made of: converted now, while the cycle waits, not at
-        its end (`CycleEvents.converted` keeps it)."""
+        """An observation the port's events will be made of: bounded now, while the cycle waits, not at
+        its end (`CycleEvents.bound` keeps it)."""
         if self.events is not None:
-            interval(obs, self.events.converted)
+            self.events.bound(obs)
 
     def _surely_after(self, obs) -> bool:
         """Whether the change is surely after the command by its host time alone, so that converting it to

@@ -99,7 +99,8 @@ def _plan(chain: tuple[str, ...]) -> tuple[Callable[..., Event], tuple[str, ...]
 
 def port_events(run_id: str, cycle: int, port: PortRef, first_sent_ns: int, kept: dict[str, object],
                 not_yet: dict[str, object], convert: Convert, chain: tuple[str, ...] = PORT_CHAIN,
-                done_ns: int | None = None) -> list[Event] | None:
+                done_ns: int | None = None, bound: Callable[[object], tuple[int, int, int]] | None = None
+                ) -> list[Event] | None:
     """One port's events: every kept observation with its chain-tightened bound, and every chain stage
     implied by a later one (passed between two polls). A contradiction is a fault at `done_ns` (None, the
     cycle still running: returns None, the port is built again at its end).
@@ -108,19 +109,22 @@ def port_events(run_id: str, cycle: int, port: PortRef, first_sent_ns: int, kept
     and every earlier stage, the last poll that showed it not yet reached), hi = min(the upper bounds of this
     and every later stage); a stage with no later evidence has none, and a seen stage whose bound would
     contradict keeps its own interval. One pass each way, no intermediate maps: a cycle's end builds up to
-    64 ports (8 x 8) on the path between cycles (benchmarks/bench_port_events.py)."""
+    64 ports (8 x 8) on the path between cycles (benchmarks/bench_port_events.py). `bound(obs)`: its
+    `interval` (default: made with `convert`), when the caller has them already."""
     make, others = _plan(chain)
+    if bound is None:
+        bound = functools.partial(interval, convert=convert)
     key, host, device, netdev, ocs_port = port.key, port.host, port.device, port.netdev, port.ocs_port
     seen, los, lo = {}, [], first_sent_ns
     for stage in chain:  # lower bounds: the command, this and every earlier stage's, the last poll not yet
         obs = kept.get(stage)
         if obs is not None:
-            seen[stage] = bound = interval(obs, convert)
-            if bound[0] > lo:
-                lo = bound[0]
+            seen[stage] = own = bound(obs)
+            if own[0] > lo:
+                lo = own[0]
         obs = not_yet.get(stage)
         if obs is not None:
-            earliest = interval(obs, convert)[0]
+            earliest = bound(obs)[0]
             if earliest > lo:
                 lo = earliest
         los.append(lo)
@@ -150,7 +154,7 @@ def port_events(run_id: str, cycle: int, port: PortRef, first_sent_ns: int, kept
     for stage in others:  # the side losing light: its own interval, in stage order
         obs = kept.get(stage)
         if obs is not None:
-            lo, hi, offset = interval(obs, convert)
+            lo, hi, offset = bound(obs)
             t = (lo + hi) // 2
             events.append(_EVENT(run_id, cycle, stage, host, device, netdev, ocs_port, t, offset, hi - t,
                                  source_of(obs)))
@@ -172,20 +176,22 @@ class CycleEvents:
         self._partial: dict[str, tuple] = {}  # key -> a port's events without its chain's last stage (`partial`)
         self.rebuilt = 0  # ports built at the cycle's end (the rest were ready): what a test can check
         self.completed = 0  # ports whose final stage was added to their `partial` events (`_complete`)
-        self._converted: dict[tuple[str, int], tuple[tuple[int, int, int], int]] = {}
+        # id(obs) -> (obs, the host clock's generation, its interval); holding obs keeps its id its own
+        self._bounds: dict[int, tuple[object, int, tuple[int, int, int]]] = {}
 
-    def converted(self, host: str, host_ns: int, generation: int | None = None) -> tuple[int, int, int]:
-        """`convert`, remembered for the cycle: the watch converts each observation it keeps as it arrives, and
-        the port's events (built later, often at the cycle's end) reuse that. A later clock sample leaves a
-        bound made before it true; a step (the host's generation) does not: then it converts again. A
-        `generation` read earlier can only be older: then the port is built again (its stamp is stale)."""
+    def bound(self, obs, generation: int | None = None) -> tuple[int, int, int]:
+        """`interval(obs, convert)`, remembered for the cycle: the watch bounds each observation it keeps as it
+        arrives, and the port's events (built later, often at the cycle's end) reuse that — ~11 a port, each
+        a conversion's lookup and arithmetic otherwise. A later clock sample leaves a bound made before it
+        true; a step (the host's generation) does not: then it is made again. A `generation` read earlier
+        can only be older: then the port is built again (its stamp is stale)."""
         if generation is None:
-            generation = self.generation(host)
-        known = self._converted.get((host, host_ns))
-        if known is not None and known[1] == generation:
-            return known[0]
-        answer = self.convert(host, host_ns)
-        self._converted[(host, host_ns)] = (answer, generation)
+            generation = self.generation(obs.host)
+        known = self._bounds.get(id(obs))
+        if known is not None and known[0] is obs and known[1] == generation:
+            return known[2]
+        answer = interval(obs, self.convert)
+        self._bounds[id(obs)] = (obs, generation, answer)
         return answer
 
     def ready(self, key: str, version: int) -> tuple[list[Event], list] | None:
@@ -209,14 +215,15 @@ class CycleEvents:
             self._built[key] = (stamp, events, encoded)
             self.completed += 1
             return events, encoded
-        cache, again = self._converted, self.converted
+        cache, again = self._bounds, self.bound
 
-        def converted(host: str, host_ns: int) -> tuple[int, int, int]:  # `converted`, its lookup inline
-            known = cache.get((host, host_ns))
-            return known[0] if known is not None and known[1] == generation else again(host, host_ns, generation)
+        def bound(obs) -> tuple[int, int, int]:  # `self.bound`, its lookup inline
+            known = cache.get(id(obs))
+            return known[2] if known is not None and known[0] is obs and known[1] == generation else \
+                again(obs, generation)
 
-        events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet, converted, self.chain,
-                             done_ns)
+        events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet, self.convert,
+                             self.chain, done_ns, bound)
         if events is None:
             return None
         encoded = [self.encode(e) for e in events] if self.encode is not None else []
@@ -233,14 +240,15 @@ class CycleEvents:
         if final in kept or any(stage not in kept for stage in self.chain[:-1]):
             return
         generation = self.generation(port.host)
-        convert = functools.partial(self.converted, generation=generation)
-        events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet, convert, self.chain)
+        bound = functools.partial(self.bound, generation=generation)
+        events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet, self.convert, self.chain,
+                             bound=bound)
         if events is None:
             return
         # the last stage's lower bound but its own (port_events: the command, every earlier stage's, every
         # "not yet" one's)
-        floor = max([self.first_sent] + [interval(kept[s], convert)[0] for s in self.chain[:-1]]
-                    + [interval(o, convert)[0] for s, o in not_yet.items() if s in self.chain])
+        floor = max([self.first_sent] + [bound(kept[s])[0] for s in self.chain[:-1]]
+                    + [bound(o)[0] for s, o in not_yet.items() if s in self.chain])
         chain_events = sum(e.stage in self.chain for e in events)
         encoded = [self.encode(e) for e in events] if self.encode is not None else []
         self._partial[key] = (generation, dict(kept), dict(not_yet), floor, events, encoded, chain_events)
@@ -261,7 +269,7 @@ class CycleEvents:
                 any(had_not_yet.get(stage) is not obs for stage, obs in not_yet.items()):
             return None
         obs = kept[final]
-        lo, hi, offset = interval(obs, functools.partial(self.converted, generation=generation))
+        lo, hi, offset = self.bound(obs, generation)
         if any(e.t_ns + e.uncertainty_ns > hi for e in events[:chain_events]):
             return None  # it bounds an earlier stage from above: that one's event changes
         if max(lo, floor) <= hi:  # else its bounds would contradict: it keeps its own (port_events)
