@@ -101,7 +101,7 @@ class CycleWatch:
                 self._lose(key, ["first_packet"])
 
     def feed(self, obs) -> None:
-        if obs.host in self._held:
+        if self._held and obs.host in self._held:
             self._parked.append(obs)  # a host's lines count in the order they came
             self.retry()
             return
@@ -174,6 +174,8 @@ class CycleWatch:
 
     def retry(self) -> None:
         """Feed the waiting lines of every host whose clock sample has landed, in order."""
+        if not self._held:
+            return
         for host in [h for h, ready in self._held.items() if ready()]:
             del self._held[host]
             mine = [p for p in self._parked if p.host == host]
@@ -326,20 +328,29 @@ class ObservationLog:
     def expect(self, watch: CycleWatch, deadline: Deadline, on_fault: Callable) -> Arrivals:
         """Feed `watch` until it has settled or the deadline passes; returns what arrived, what is missing
         and why. `on_fault(obs) -> cause | None` reconnects a dropped host (and may raise BenchBroken)."""
-        while not watch.settled(now_ns()) and not deadline.expired():
-            obs = self.get(0)
-            if obs is None:
-                if watch.prepare():  # nothing queued: build a complete port's events now, not at the end
+        backlog, feed = self._backlog, watch.feed
+        while not (watch.complete() and watch.settled(now_ns())):
+            if backlog:
+                # the rest of a batch already taken (a host's poll: up to a line per port and field): the
+                # deadline and the held hosts are looked at once a batch — per line they were a third of a
+                # line's cost in a cycle's burst, when the step's thread is the one behind
+                obs = backlog.popleft()
+            else:
+                if deadline.expired():
+                    break
+                obs = self.get(0)
+                if obs is None:
+                    if watch.prepare():  # nothing queued: build a complete port's events now, not at the end
+                        continue
+                    wait = min(0.5, deadline.remaining() or 0.5)
+                    if watch.complete_since is not None:
+                        wait = min(wait, max(0.0, (watch.complete_since + watch.grace_ns - now_ns()) / 1e9))
+                    obs = self.get(wait)
+                watch.retry()
+                if obs is None:
                     continue
-                wait = min(0.5, deadline.remaining() or 0.5)
-                if watch.complete_since is not None:
-                    wait = min(wait, max(0.0, (watch.complete_since + watch.grace_ns - now_ns()) / 1e9))
-                obs = self.get(wait)
-            watch.retry()
-            if obs is None:
-                continue
             if obs.kind == "fault":
                 watch.fault(obs, on_fault(obs))
             else:
-                watch.feed(obs)
+                feed(obs)
         return watch.result(now_ns())
