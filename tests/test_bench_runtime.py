@@ -181,6 +181,41 @@ def test_expect_returns_what_arrived_when_the_deadline_passes(tmp_path):
                                 "value": "0", "host_ns": 107 * MS, "interval_ns": 200_000, "recv_ns": 102 * MS}
 
 
+
+def test_lines_that_mark_no_stage_are_mirrored_but_not_queued_and_the_cycle_is_the_same(tmp_path):
+    """operstate and phys_state mark no stage: observations.jsonl keeps every line, the step's queue only those
+    a cycle's rules read (STAGE_FIELDS: every field of a stage, a "not yet" or a restarted watch's values),
+    so the cycle keeps exactly what feeding it every line keeps."""
+    from harness.bench.observe import REACHED
+    from harness.bench.stages import STAGE_FIELDS
+
+    assert {field for field, _ in REACHED.values()} <= STAGE_FIELDS
+    assert STAGE_FIELDS == {"rx_los", "rx_lol", "carrier", "state"}
+    script = ScriptedObservations()
+    for host in ("h1", "h2"):
+        script.watch(host, "eth0", "rx_los", "1", 100 * MS + 300_000)
+        script.watch(host, "eth0", "operstate", "down", 100 * MS + 400_000)
+        _full_chain(script, host, 102 * MS)
+        script.watch(host, "eth0", "phys_state", "LinkUp", 103 * MS + 600_000)
+        script.watch(host, "eth0", "operstate", "up", 103 * MS + 700_000)
+    log = ObservationLog(tmp_path / "observations.jsonl")
+    log.put_many(script.items)
+    log.put_many([o for o in script.items if o.field == "operstate"])  # a batch of nothing read: not queued
+    queued = []
+    while (obs := log.get(0)) is not None:
+        queued.append(obs)
+    assert queued == [o for o in script.items if o.field not in ("operstate", "phys_state")] and len(queued) == 12
+    log.flush()
+    mirrored = [json.loads(line) for line in (tmp_path / "observations.jsonl").read_text().splitlines()]
+    assert [(m["host"], m["field"], m["value"]) for m in mirrored] == \
+        [(o.host, o.field, o.value) for o in script.items + [o for o in script.items if o.field == "operstate"]]
+    for obs in script.items:
+        log.put(obs)
+    through_log = log.expect(_watch(script), Deadline(5), on_fault=lambda obs: None)
+    direct = _feed(_watch(script), script).result(through_log.done_ns)
+    assert through_log == direct and not through_log.missing and len(direct.kept) == 12
+
+
 # ---------------------------------------------------------------- guarded circuits
 class _Flaky(FakeSwitch):
     def __init__(self, failures):

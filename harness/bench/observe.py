@@ -23,7 +23,7 @@ import orjson
 
 from analysis.stages import PORT_CHAIN
 from devices.timing import Deadline, now_ns
-from harness.bench.stages import Arrivals, Convert, CycleEvents, classify, interval, not_yet
+from harness.bench.stages import STAGE_FIELDS, Arrivals, Convert, CycleEvents, classify, interval, not_yet
 
 # Watch values that show a stage reached (a restarted watch prints them as current values).
 REACHED = {"light_detected": ("rx_los", "0"), "cdr_locked": ("rx_lol", "0"), "phy_up": ("carrier", "1"),
@@ -263,13 +263,17 @@ class ObservationLog:
         self.put_many([obs])
 
     def put_many(self, batch: list) -> None:
-        """Observations that arrived together: mirrored raw in one write, queued as one item."""
+        """Observations that arrived together: mirrored raw in one write, queued as one item — but for watch
+        lines of a field that marks no stage (STAGE_FIELDS), which only the mirror keeps: a third of a
+        cycle's watch lines, each a wake-up's share and a `feed` on the step's thread in the cycle's burst."""
         if self._file is not None:
             # orjson serialises the flat dataclass itself (no dict built per observation)
             lines = b"".join([b'{"k":"obs",' + orjson.dumps(obs)[1:] + b"\n" for obs in batch])
             with self._lock:
                 self._file.write(lines)
-        self._queue.put(batch)
+        read = [obs for obs in batch if obs.kind != "watch" or obs.field in STAGE_FIELDS]
+        if read:
+            self._queue.put(read)
 
     def clock_sample(self, host: str, sample) -> None:
         self._write({"k": "clock", "host": host, **vars(sample)})

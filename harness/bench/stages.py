@@ -26,6 +26,11 @@ def not_yet(field: str, value: str) -> str | None:
     if field == "state":
         return "port_active" if value != "ACTIVE" else None
     return _NOT_YET.get((field, value))
+
+
+# The watch fields a stage or a "not yet" is read from; a watch line of any other (operstate, phys_state) marks
+# nothing here and is kept for the record only (observations.jsonl).
+STAGE_FIELDS = frozenset({f for f, _ in WATCH_STAGES} | {f for f, _ in _NOT_YET} | {"state"})
 # (host, host_ns) -> (t_ns, offset_ns, uncertainty_ns) on the harness clock.
 Convert = Callable[[str, int], tuple[int, int, int]]
 
