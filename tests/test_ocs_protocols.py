@@ -156,6 +156,54 @@ def test_apply_plans_from_its_confirmed_read_and_a_change_behind_its_back_is_cau
     assert not guard.suspect  # a mismatch is not a broken session: no reconnect
 
 
+
+def test_a_plan_made_ahead_is_taken_only_for_its_mapping_and_while_its_state_stands(switch, emulator, monkeypatch):
+    """`plan_ahead` plans the next apply from the kept state while the last change settles; `apply` takes that
+    plan instead of planning again only for the same mapping, with nothing done on the session since. Either
+    way the switch ends where a plan made at `apply` leaves it, and a change behind the session's back is
+    caught by the confirming read (the plan made ahead is the one `apply` would have made then)."""
+    import devices.ocs.base as base
+    from harness.bench.circuits import CircuitGuard, RetryPolicy
+
+    bench, _, views = emulator
+    planned: list[dict] = []
+    plan_apply = base.plan_apply
+    monkeypatch.setattr(base, "plan_apply", lambda current, *rest: planned.append(dict(current)) or
+                        plan_apply(current, *rest))
+    switch.apply({1: 17, 2: 18}, exclusive=True)
+    reads_first = switch.resource.protocol == "polatis-scpi"  # :CONN:ONLY always reads the state it replaces
+
+    def apply_planned_ahead(ahead, then, between=lambda: None):
+        planned.clear()
+        base.plan_ahead(switch, ahead, True)
+        made = len(planned)
+        between()
+        switch.apply(then, exclusive=True)
+        assert bench.ocs_patches() == then
+        return made, len(planned) - made
+
+    assert apply_planned_ahead({1: 18, 2: 17}, {1: 18, 2: 17}) == (1, 1 if reads_first else 0)  # taken
+    assert apply_planned_ahead({1: 17}, {1: 17, 2: 18, 3: 19}) == (1, 1 + reads_first)  # another mapping
+    assert apply_planned_ahead({1: 18}, {1: 18}, lambda: switch.connect(4, 20)) == (1, 1)  # a command since
+    assert apply_planned_ahead({1: 20}, {1: 20}, lambda: switch.patches()) == (1, reads_first)  # a read: kept
+    assert apply_planned_ahead({2 * N + 5: 17}, {1: 17}) == (0, 1 + reads_first)  # refused ahead: none held
+    with pytest.raises(PortNotAllowed):
+        base.plan_ahead(switch, {1: 18}, True)
+        switch.apply({1: 18, 2: 17 + 2 * N}, exclusive=True)
+    guard = CircuitGuard("ocs1", switch, snapshot_path=None, resuming=False, allowed=switch.allowed)
+    policy = RetryPolicy(retries=2, backoff_s=0.0, timeout_s=10.0)
+    guard.apply({1: 17, 2: 18}, policy)
+    guard.plan_ahead({1: 18, 2: 17})
+    other = _open(views, switch.resource.protocol)  # another operator, after the plan was made ahead
+    try:
+        other.connect(3, 19)
+    finally:
+        other.close()
+    applied = guard.apply({1: 18, 2: 17}, policy)
+    assert bench.ocs_patches() == {1: 18, 2: 17}  # 3->19 caught and cleared (exclusive)
+    assert len(applied.causes) == (0 if reads_first else 1)
+
+
 def test_a_foreign_patch_to_a_port_outside_the_inventory_made_between_two_applies_is_never_removed(switch, emulator):
     """Another session re-patches one of our allowed ingresses to a port outside our allowlist between two
     applies. Planned from memory, the next change would delete that patch (a DLT-PATCH names only the

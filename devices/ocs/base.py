@@ -126,16 +126,30 @@ class ConfirmedState:
     def __init__(self) -> None:
         self._patches: dict[int, int] | None = None
         self._events_added = 0
+        self._ahead: tuple[dict[int, int], bool, Planned] | None = None  # `plan_ahead`'s, made from _patches
 
     def keep(self, patches: Mapping[int, int], events_added: int) -> None:
-        self._patches, self._events_added = dict(patches), events_added
+        self._patches, self._events_added, self._ahead = dict(patches), events_added, None
 
     def forget(self) -> None:
-        self._patches = None
+        self._patches = self._ahead = None
 
     def take(self, events_added: int) -> dict[int, int] | None:
         patches, self._patches = self._patches, None
         return patches if patches is not None and events_added == self._events_added else None
+
+    def peek(self) -> dict[int, int] | None:
+        """The kept state, left kept (`plan_ahead` plans from it)."""
+        return self._patches
+
+    def hold_ahead(self, mapping: dict[int, int], exclusive: bool, planned: "Planned") -> None:
+        self._ahead = (mapping, exclusive, planned)
+
+    def take_ahead(self, mapping: Mapping[int, int], exclusive: bool) -> "Planned | None":
+        """The plan made ahead for this very `mapping` (handed out once), if any; `plan_for` uses it only if
+        it was made from the state `take` then hands out."""
+        ahead, self._ahead = self._ahead, None
+        return ahead[2] if ahead is not None and ahead[1] == exclusive and ahead[0] == mapping else None
 
 
 class Planned(NamedTuple):
@@ -158,14 +172,37 @@ def plan_for(switch, mapping: Mapping[int, int], exclusive: bool) -> Planned:
     by `switch._events_added()`) if it still stands, the inventory allows it
     (`OcsResource.plan_from_confirmed_read`) and it leaves something to change; else from one read of the
     switch (its `_read_patches()`): "nothing to change" is always the switch's word."""
-    check_allowed(switch.allowed, [p for pair in mapping.items() for p in pair], "apply")
+    ahead = switch._confirmed.take_ahead(mapping, exclusive)
+    if ahead is None:  # else its ports were checked when it was made (the allowlist does not change)
+        check_allowed(switch.allowed, [p for pair in mapping.items() for p in pair], "apply")
     known = switch._confirmed.take(switch._events_added())
     if known is not None and switch.resource.plan_from_confirmed_read:
+        if ahead is not None and ahead.current is known:
+            return ahead  # made from this very state: nothing said or done since
         plan = plan_apply(known, mapping, switch.allowed, exclusive)
         if not plan.empty:
             return Planned(plan, known, None)
     current, read_timing = switch._read_patches()
     return Planned(plan_apply(current, mapping, switch.allowed, exclusive), current, read_timing)
+
+
+def plan_ahead(switch, mapping: Mapping[int, int], exclusive: bool) -> None:
+    """Plan the next `apply` of `mapping` now, from the driver's kept state (`plan_for`), while the last
+    change settles and nothing is asked of the switch: the plan — its ports checked — waits for `plan_for`,
+    which uses it only if that state still stands when it is asked for the same mapping (no command, error,
+    reconnect or autonomous message since), so the command goes out without planning between the cycles.
+    Nothing is sent; a mapping the allowlist refuses is left for `apply` to refuse."""
+    confirmed = getattr(switch, "_confirmed", None)
+    known = confirmed.peek() if confirmed is not None and switch.resource.plan_from_confirmed_read else None
+    if known is None:
+        return
+    try:
+        check_allowed(switch.allowed, [p for pair in mapping.items() for p in pair], "apply")
+        plan = plan_apply(known, mapping, switch.allowed, exclusive)
+    except (PortNotAllowed, ValueError):
+        return
+    if not plan.empty:
+        confirmed.hold_ahead(dict(mapping), exclusive, Planned(plan, known, None))
 
 
 def confirm_planned(switch, planned: Planned, mapping: Mapping[int, int]) -> None:

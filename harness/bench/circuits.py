@@ -108,6 +108,13 @@ class CircuitGuard:
         if exclusive:  # an exclusive apply drops every other patch whose ingress is allowed
             self.touched |= {p for i, e in self.snapshot.items() if i in self.allowed for p in (i, e)}
 
+    def plan_ahead(self, mapping: Mapping[int, int], *, exclusive: bool = True) -> None:
+        """Let the driver plan the next `apply` of `mapping` while the switch settles the last one
+        (devices.ocs.base.plan_ahead: nothing is sent; a driver without a kept state plans at `apply`)."""
+        from devices.ocs.base import plan_ahead
+
+        plan_ahead(self.switch, mapping, exclusive)
+
     def apply(self, mapping: Mapping[int, int], policy: RetryPolicy = RetryPolicy(), *, exclusive: bool = True,
               deadline: Deadline | None = None) -> Applied:
         """`switch.apply` with bounded retries and exponential backoff for transient faults (a refusal the

@@ -89,6 +89,7 @@ class TurnaroundRun:
         self.settling_faults: list[str] = []  # the unmeasured first cycle's fault sources (recorded as cycle 0)
         self.mac_of: dict[str, str] = {}  # port key -> MAC its probes carry
         self._leftover: tuple | None = None  # the last cycle's, dealt with once the next command is out
+        self._ahead: tuple | None = None  # (the next cycle's mapping, its OCS mapping), made in this one's wait
         self.faults = Faults(ctx, step, self.p["faults"], self.cycles, list(self.ports))
 
     # ------------------------------------------------------------------ setup
@@ -134,7 +135,7 @@ class TurnaroundRun:
             progress.update(task, completed=resume)
             schedule = str(self.step.resolve_path(p["schedule"])) if p["schedule"] else ""
             plan = list(cycle_mappings(p["pattern"], keys, self.cycles, rng, schedule))
-            for cycle, mapping in plan[resume:]:
+            for at, (cycle, mapping) in enumerate(plan[resume:], resume):
                 if ctx.dry_run:
                     ocs_map = ocs_mapping(mapping, self.tx, self.rx)
                     ctx.say(f"cycle {cycle}: " + ", ".join(f"{i}->{e}" for i, e in sorted(ocs_map.items())))
@@ -147,7 +148,8 @@ class TurnaroundRun:
                     self.skipped.append(cycle)
                     continue
                 measured = cycle != resume  # the first cycle brings the bench into the pattern's state
-                outcome = self.run_cycle(cycle, mapping, current, record=measured)
+                outcome = self.run_cycle(cycle, mapping, current, record=measured,
+                                         upcoming=plan[at + 1][1] if at + 1 < len(plan) else None)
                 current = mapping
                 if not measured:
                     self.hosts.warm_up(p["clock_warmup_s"])
@@ -175,7 +177,7 @@ class TurnaroundRun:
                                  "faults_injected": self.faults.fired})
 
     def run_cycle(self, cycle: int, mapping: dict[str, str], current: dict[str, str],
-                  record: bool = True) -> CycleOutcome:
+                  record: bool = True, upcoming: dict[str, str] | None = None) -> CycleOutcome:
         old_src, new_src = sources(current), sources(mapping)
         affected = [k for k in self.ports if new_src.get(k) != old_src.get(k)]
         sent = completed = None
@@ -190,9 +192,14 @@ class TurnaroundRun:
             self.hosts.cycle_started(cycle if record else -1, begin)
             self.truth_windows.append((cycle if record else -1, begin))
             with self.faults.armed(cycle, measured=record):
-                applied = self.guard.apply(ocs_mapping(mapping, self.tx, self.rx), self.policy)
+                ocs_map = self._ahead[1] if self._ahead is not None and self._ahead[0] is mapping else \
+                    ocs_mapping(mapping, self.tx, self.rx)
+                applied = self.guard.apply(ocs_map, self.policy)
                 sent, completed, stamps = applied.first_sent_ns, applied.timing.completed_ns, applied.ocs_stamps
                 self.after_command()  # the command is out: the last cycle's leftovers cost it nothing now
+                if upcoming is not None:  # and the next one is planned while this one's circuits settle
+                    self._ahead = (upcoming, ocs_mapping(upcoming, self.tx, self.rx))
+                    self.guard.plan_ahead(self._ahead[1])
                 causes += [("", c) for c in applied.causes]
                 built = CycleEvents(self.ctx.run_id, cycle, self.ports, sent, self.hosts.convert, self.chain,
                                     self.hosts.clock_generation, encode)
