@@ -216,6 +216,36 @@ def test_lines_that_mark_no_stage_are_mirrored_but_not_queued_and_the_cycle_is_t
     assert through_log == direct and not through_log.missing and len(direct.kept) == 12
 
 
+
+def test_the_cycles_collector_frees_what_became_cyclic_garbage_and_freezes_the_rest():
+    """During a step's cycles automatic collection is off; `collect_young`, once a cycle in its physical wait,
+    collects what is cyclic garbage by then and freezes the survivors (not scanned again)."""
+    import gc
+    import weakref
+
+    from harness.steps.turnaround import collect_young
+
+    class Node:
+        pass
+
+    automatic = gc.isenabled()
+    gc.disable()
+    try:
+        garbage, alive = Node(), Node()
+        garbage.me, alive.me = garbage, alive  # two reference cycles; only `alive` is still referenced
+        gone = weakref.ref(garbage)
+        del garbage
+        frozen = gc.get_freeze_count()
+        assert gone() is not None  # refcounting alone never frees a cycle
+        collect_young()
+        assert gone() is None and alive.me is alive
+        assert gc.get_freeze_count() > frozen and gc.get_count()[0] < 50
+    finally:
+        gc.unfreeze()
+        if automatic:
+            gc.enable()
+
+
 # ---------------------------------------------------------------- guarded circuits
 class _Flaky(FakeSwitch):
     def __init__(self, failures):

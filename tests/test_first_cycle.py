@@ -10,6 +10,7 @@
 The late start is forced, not left to load: the emulated watch of one host waits on a gate."""
 from __future__ import annotations
 
+import gc
 import json
 import queue
 import threading
@@ -80,6 +81,7 @@ def test_the_first_command_waits_for_a_watch_that_starts_late(tmp_path, monkeypa
     # and the first cycle waited 20 s for gpu2's transitions.
     assert gate.opened_ns < gate.moved_ns
     assert code == 0 and summary["outcome"] == "completed" and summary["summary"]["faults"] == 0
+    assert gc.isenabled()  # the step's cycles ran with the collector under their control: it is back on
     measured = [e for e in events if e["cycle"] == 1 and e["stage"] == "port_active"]
     assert sorted(e["host"] for e in measured) == ["gpu1", "gpu1", "gpu2", "gpu2"]
 
