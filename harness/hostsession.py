@@ -10,7 +10,7 @@ import queue
 import threading
 
 from devices.errors import DeviceError, TransportClosed
-from devices.hostagent import HostAgent, parse_probe_line, parse_watch_line, sysfs_watch_fields
+from devices.hostagent import HostAgent, parse_probe_line, sysfs_watch_fields, watch_line_fields
 from devices.protocols import LineStream
 from devices.records import record
 from devices.resources import HostResource
@@ -173,14 +173,16 @@ class HostSession:
             live.set()
         stream = self._keep(self.agent.watch(ports, interval_us, ethtool_interval_us))
 
+        name = self.name
+
         def parse(recv_ns: int, line: str) -> Observation:
-            w = parse_watch_line(line)
-            if w.interval_ns == 0 and not live.is_set():
+            host_ns, netdev, field, value, interval_ns = watch_line_fields(line)
+            if interval_ns == 0 and not live.is_set():
                 with self._watch_lock:
-                    awaited.discard((w.netdev, w.field))
+                    awaited.discard((netdev, field))
                     if not awaited:
                         live.set()
-            return Observation("watch", self.name, w.netdev, w.field, w.value, w.host_ns, w.interval_ns, recv_ns)
+            return Observation("watch", name, netdev, field, value, host_ns, interval_ns, recv_ns)
 
         self._spawn(stream, sink, parse, "watch")
 
