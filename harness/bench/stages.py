@@ -31,6 +31,7 @@ def not_yet(field: str, value: str) -> str | None:
 # The watch fields a stage or a "not yet" is read from; a watch line of any other (operstate, phys_state) marks
 # nothing here and is kept for the record only (observations.jsonl).
 STAGE_FIELDS = frozenset({f for f, _ in WATCH_STAGES} | {f for f, _ in _NOT_YET} | {"state"})
+
 # (host, host_ns) -> (t_ns, offset_ns, uncertainty_ns) on the harness clock.
 Convert = Callable[[str, int], tuple[int, int, int]]
 
