@@ -55,6 +55,7 @@ class HostSession:
         self._watch_live: threading.Event | None = None
         self.reconnects = 0
         self.on_clock_sample = None  # called (host, ClockSample) for every sample added (observations.jsonl)
+        self.generations: dict[str, int] | None = None  # host -> clock generation, kept by HostGroup (a step: +1)
 
     def open(self) -> None:
         from harness.clock import ClockTracker
@@ -78,6 +79,8 @@ class HostSession:
     def _add_sample(self, sample):
         with self._clock_lock:
             step = self.clock.add(sample)
+            if step is not None and self.generations is not None:  # after the model changed, never before
+                self.generations[self.name] = len(self.clock.segments)
         sink = getattr(self, "on_clock_sample", None)
         if sink is not None:
             sink(self.name, sample)

@@ -79,3 +79,26 @@ def test_no_check_without_probes_and_at_once_without_the_thread(monkeypatch):
     hosts.request_check(1, 3)  # no clock thread: the check runs here, one host at a time
     assert calls == [3] and hosts.clock_labels() == {}
 
+
+
+def test_the_generation_a_cycle_reads_changes_with_a_step_and_only_then():
+    """`clock_generation` (read per host line) is the tracker's segment count, kept by the session as it adds
+    each sample: another sample leaves it, the sample that reveals a step moves it, before anyone can read
+    the new model with the old generation."""
+    from devices.resources import HostResource
+    from harness.clock import ClockSample, ClockTracker
+    from harness.hostsession import HostSession
+
+    session = HostSession(HostResource("gpu1", "127.0.0.1"), transport=object())
+    session.clock = ClockTracker("gpu1")
+    session._add_sample(ClockSample(t_ns=10**9, offset_ns=5_000_000, delay_ns=40_000, uncertainty_ns=20_000))
+    hosts = HostGroup({"gpu1": session})
+    assert hosts.clock_generation("gpu1") == 1
+    for k in range(2, 6):  # the same offset, drift-free: no step
+        session._add_sample(ClockSample(t_ns=k * 10**9, offset_ns=5_000_000, delay_ns=40_000, uncertainty_ns=20_000))
+    assert hosts.clock_generation("gpu1") == 1 and not session.clock.steps
+    seen = []
+    session.on_clock_sample = lambda host, sample: seen.append(hosts.clock_generation(host))
+    session._add_sample(ClockSample(t_ns=6 * 10**9, offset_ns=45_000_000, delay_ns=40_000, uncertainty_ns=20_000))
+    assert len(session.clock.steps) == 1 and hosts.clock_generation("gpu1") == 2 == len(session.clock.segments)
+    assert seen == [2]

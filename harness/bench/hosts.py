@@ -64,6 +64,15 @@ class HostGroup:
         self._spans: list[list[int]] = []  # [cycle, begin_ns, done_ns] (done: -1 while running)
         self._steps_labelled: dict[str, int] = {}  # host -> its clock steps already reported
         self.unwatched: list[tuple[str, str]] = []  # (host, fault source): a watch not live when observe() ended
+        # host -> its clock's generation: the tracker's segment count, which changes when the host's clock is found
+        # to have stepped (a conversion made before that may not bound the truth; one made before another sample
+        # still does). Each session updates it as it adds the sample that shows a step; it is read per host
+        # line in a cycle's burst (`clock_generation`), so a dict lookup there, not a chain of calls.
+        self.generations = {host: len(s.clock.segments) if getattr(s, "clock", None) is not None else 0
+                            for host, s in sessions.items()}
+        for session in sessions.values():
+            session.generations = self.generations
+        self.clock_generation: Callable[[str], int] = self.generations.__getitem__
 
     def observe(self, nics, log, *, watch_us: int, ethtool_us: int, clock_resync_s: float, probe_us: int = 0,
                 probe_gap_us: int = 2000, udp_port: int = 4791) -> dict[str, str]:
@@ -209,11 +218,6 @@ class HostGroup:
 
     def convert(self, host: str, host_ns: int) -> tuple[int, int, int]:
         return self.sessions[host].to_harness(host_ns)
-
-    def clock_generation(self, host: str) -> int:
-        """Changes when the host's clock is found to have stepped: a conversion made before that may not
-        bound the truth. (Another sample changes a conversion too, but the one made before it still holds.)"""
-        return len(self.sessions[host].clock.segments)
 
     def on_fault(self, obs) -> str | None:
         """A host's stream ended or sent nonsense: reconnect it once per drop. Returns the fault source to
