@@ -560,3 +560,32 @@ def test_events_built_while_the_cycle_waits_equal_those_from_scratch_whatever_th
     step_at = data.draw(st.none() | st.integers(0, max(0, n - 1)))
     events, scratch, _ = _partial_cycle(script, last, prepare_at, step_at)
     assert events == scratch
+
+
+def test_the_lines_of_one_poll_share_one_conversion_until_the_clock_steps():
+    """`CycleEvents.bound` converts once per (host, host time, poll interval): a host's poll prints up to four
+    stage lines per port at one time; another time, interval or host, or a step (generation), converts again,
+    and every answer is `interval`'s own."""
+    from harness.bench.stages import CycleEvents, interval
+    from harness.hostsession import Observation
+
+    calls = []
+
+    def convert(host, host_ns):
+        calls.append((host, host_ns))
+        return host_ns - 7 * MS, 7 * MS, 3_000
+
+    generation = {"h1": 0, "h2": 0}
+    built = CycleEvents("r", 1, PORTS, 100 * MS, convert, generation=generation.__getitem__)
+    poll = [Observation("watch", "h1", f"eth{i % 2}", field, "0", 120 * MS, 200_000, 0)
+            for i, field in enumerate(("rx_los", "rx_lol", "rx_los", "rx_lol"))]
+    answers = [built.bound(o) for o in poll]
+    assert len(calls) == 1 and answers == [interval(poll[0], convert)] * 4
+    del calls[1:]  # interval's own call just now
+    built.bound(replace(poll[0], interval_ns=100_000))
+    built.bound(replace(poll[0], host="h2"))
+    built.bound(replace(poll[0], host_ns=121 * MS))
+    assert len(calls) == 4
+    generation["h1"] += 1  # h1's clock stepped: its bounds made before are not reused
+    assert built.bound(poll[1]) == answers[0] and len(calls) == 5
+    assert built.bound(poll[2]) == answers[0] and len(calls) == 5

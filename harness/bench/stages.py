@@ -182,8 +182,10 @@ class CycleEvents:
         self._partial: dict[str, tuple] = {}  # key -> a port's events without its chain's last stage (`partial`)
         self.rebuilt = 0  # ports built at the cycle's end (the rest were ready): what a test can check
         self.completed = 0  # ports whose final stage was added to their `partial` events (`_complete`)
-        # id(obs) -> (obs, the host clock's generation, its interval); holding obs keeps its id its own
-        self._bounds: dict[int, tuple[object, int, tuple[int, int, int]]] = {}
+        # (host, host_ns, interval_ns) -> (the host clock's generation, the interval): what `interval` reads of
+        # an observation, so the lines of one poll (a host's batch: 8 ports x 4 fields, ~5 distinct times)
+        # share one conversion
+        self._bounds: dict[tuple[str, int, int], tuple[int, tuple[int, int, int]]] = {}
 
     def bound(self, obs, generation: int | None = None) -> tuple[int, int, int]:
         """`interval(obs, convert)`, remembered for the cycle: the watch bounds each observation it keeps as it
@@ -193,11 +195,12 @@ class CycleEvents:
         can only be older: then the port is built again (its stamp is stale)."""
         if generation is None:
             generation = self.generation(obs.host)
-        known = self._bounds.get(id(obs))
-        if known is not None and known[0] is obs and known[1] == generation:
-            return known[2]
+        key = (obs.host, obs.host_ns, obs.interval_ns)
+        known = self._bounds.get(key)
+        if known is not None and known[0] == generation:
+            return known[1]
         answer = interval(obs, self.convert)
-        self._bounds[id(obs)] = (obs, generation, answer)
+        self._bounds[key] = (generation, answer)
         return answer
 
     def ready(self, key: str, version: int) -> tuple[list[Event], list] | None:
@@ -224,9 +227,8 @@ class CycleEvents:
         cache, again = self._bounds, self.bound
 
         def bound(obs) -> tuple[int, int, int]:  # `self.bound`, its lookup inline
-            known = cache.get(id(obs))
-            return known[2] if known is not None and known[0] is obs and known[1] == generation else \
-                again(obs, generation)
+            known = cache.get((obs.host, obs.host_ns, obs.interval_ns))
+            return known[1] if known is not None and known[0] == generation else again(obs, generation)
 
         events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet, self.convert,
                              self.chain, done_ns, bound)
