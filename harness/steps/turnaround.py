@@ -89,7 +89,7 @@ class TurnaroundRun:
         self.settling_faults: list[str] = []  # the unmeasured first cycle's fault sources (recorded as cycle 0)
         self.mac_of: dict[str, str] = {}  # port key -> MAC its probes carry
         self._leftover: tuple | None = None  # the last cycle's, dealt with once the next command is out
-        self._ahead: tuple | None = None  # (the next cycle's mapping, its OCS mapping), made in this one's wait
+        self._ahead: tuple | None = None  # the next cycle's `_plan`, made in this one's wait
         self.faults = Faults(ctx, step, self.p["faults"], self.cycles, list(self.ports))
 
     # ------------------------------------------------------------------ setup
@@ -183,8 +183,9 @@ class TurnaroundRun:
 
     def run_cycle(self, cycle: int, mapping: dict[str, str], current: dict[str, str],
                   record: bool = True, upcoming: dict[str, str] | None = None) -> CycleOutcome:
-        old_src, new_src = sources(current), sources(mapping)
-        affected = [k for k in self.ports if new_src.get(k) != old_src.get(k)]
+        ahead = self._ahead
+        _, _, new_src, affected, ocs_map = ahead if ahead is not None and ahead[0] is current and \
+            ahead[1] is mapping else self._plan(current, mapping)
         sent = completed = None
         stamps = OcsStamps()
         causes: list[tuple[str, str]] = []
@@ -197,14 +198,12 @@ class TurnaroundRun:
             self.hosts.cycle_started(cycle if record else -1, begin)
             self.truth_windows.append((cycle if record else -1, begin))
             with self.faults.armed(cycle, measured=record):
-                ocs_map = self._ahead[1] if self._ahead is not None and self._ahead[0] is mapping else \
-                    ocs_mapping(mapping, self.tx, self.rx)
                 applied = self.guard.apply(ocs_map, self.policy)
                 sent, completed, stamps = applied.first_sent_ns, applied.timing.completed_ns, applied.ocs_stamps
                 self.after_command()  # the command is out: the last cycle's leftovers cost it nothing now
                 if upcoming is not None:  # and the next one is planned while this one's circuits settle
-                    self._ahead = (upcoming, ocs_mapping(upcoming, self.tx, self.rx))
-                    self.guard.plan_ahead(self._ahead[1])
+                    self._ahead = self._plan(mapping, upcoming)
+                    self.guard.plan_ahead(self._ahead[-1])
                 collect_young()
                 causes += [("", c) for c in applied.causes]
                 built = CycleEvents(self.ctx.run_id, cycle, self.ports, sent, self.hosts.convert, self.chain,
@@ -248,6 +247,13 @@ class TurnaroundRun:
         self.hosts.request_check(cycle if record else -1, self.p["clock_check_probes"])
         return CycleOutcome(cycle, "faulted" if faults else "ok", begin, sent, completed, arrivals.done_ns,
                             tuple(affected), arrivals.missing, faults)
+
+    def _plan(self, current: dict[str, str], mapping: dict[str, str]) -> tuple:
+        """What a cycle needs of its mapping before its command: (current, mapping, the source lighting each
+        port, the ports whose source changes, the OCS mapping)."""
+        old_src, new_src = sources(current), sources(mapping)
+        return (current, mapping, new_src, [k for k in self.ports if new_src.get(k) != old_src.get(k)],
+                ocs_mapping(mapping, self.tx, self.rx))
 
     def _label_written(self, labels: dict[int, list[tuple[str, str]]]) -> list[Event]:
         """Fault events for cycles already written that a late clock check found a step in (their outcome
