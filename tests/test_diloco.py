@@ -226,6 +226,13 @@ def test_step_parallel_replays_and_serial_model_agree(tmp_path):
     assert (replayed / "diloco_envelope.png").stat().st_size > 0
 
 
+@pytest.mark.skipif(not AZURE_CONV.exists(), reason="shared Azure trace absent")
+def test_a_study_longer_than_its_trace_is_an_input_error(tmp_path, capsys):
+    code, _ = _run(tmp_path, "long", duration_s=10_000)
+    assert code == 2 and "longer than the trace" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not AZURE_CONV.exists(), reason="shared Azure trace absent")
 def test_sync_cost_from_this_runs_turnaround_events(tmp_path):
     playbook = tmp_path / "ev.yaml"
     playbook.write_text(yaml.safe_dump({"name": "ev", "bench": "emulated:instant", "seed": 5, "cycles": 2, "steps": [
@@ -246,8 +253,6 @@ def test_step_input_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and f"{tmp_path / 'bad.yaml'}:5: step study: policies: unknown ['oracle']" in err
     assert "Traceback" not in err
-    code, _ = _run(tmp_path, "long", duration_s=10_000)
-    assert code == 2 and "longer than the trace" in capsys.readouterr().err
     expected = "priority must be inherit, nice:N (-20..19) or fifo:N (1..99), found {!r}"
     code, _ = _run(tmp_path, "prio", priority="fifo:0")
     assert code == 2 and expected.format("fifo:0") in capsys.readouterr().err
