@@ -14,6 +14,7 @@ import dataclasses
 import gc
 import threading
 import time
+from typing import NamedTuple
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -63,6 +64,16 @@ class TurnaroundParams(Spec):
                                                     "`cycles: [..]` or with `probability: p`")
 
 
+class CyclePlan(NamedTuple):
+    """What a cycle needs of its mapping before its command, made from the mapping before it."""
+
+    current: dict[str, str]
+    mapping: dict[str, str]
+    new_src: dict[str, str]  # port key -> the source lighting it
+    affected: list[str]  # the ports whose source changes
+    ocs_map: dict[int, int]
+
+
 class TurnaroundRun:
     def __init__(self, ctx, step):
         self.ctx, self.step, self.p = ctx, step, step.params
@@ -89,7 +100,7 @@ class TurnaroundRun:
         self.settling_faults: list[str] = []  # the unmeasured first cycle's fault sources (recorded as cycle 0)
         self.mac_of: dict[str, str] = {}  # port key -> MAC its probes carry
         self._leftover: tuple | None = None  # the last cycle's, dealt with once the next command is out
-        self._ahead: tuple | None = None  # the next cycle's `_plan`, made in this one's wait
+        self._ahead: CyclePlan | None = None  # the next cycle's, made in this one's wait
         self.faults = Faults(ctx, step, self.p["faults"], self.cycles, list(self.ports))
 
     # ------------------------------------------------------------------ setup
@@ -184,8 +195,8 @@ class TurnaroundRun:
     def run_cycle(self, cycle: int, mapping: dict[str, str], current: dict[str, str],
                   record: bool = True, upcoming: dict[str, str] | None = None) -> CycleOutcome:
         ahead = self._ahead
-        _, _, new_src, affected, ocs_map = ahead if ahead is not None and ahead[0] is current and \
-            ahead[1] is mapping else self._plan(current, mapping)
+        _, _, new_src, affected, ocs_map = ahead if ahead is not None and ahead.current is current and \
+            ahead.mapping is mapping else self._plan(current, mapping)
         sent = completed = None
         stamps = OcsStamps()
         causes: list[tuple[str, str]] = []
@@ -203,7 +214,7 @@ class TurnaroundRun:
                 self.after_command()  # the command is out: the last cycle's leftovers cost it nothing now
                 if upcoming is not None:  # and the next one is planned while this one's circuits settle
                     self._ahead = self._plan(mapping, upcoming)
-                    self.guard.plan_ahead(self._ahead[-1])
+                    self.guard.plan_ahead(self._ahead.ocs_map)
                 collect_young()
                 causes += [("", c) for c in applied.causes]
                 built = CycleEvents(self.ctx.run_id, cycle, self.ports, sent, self.hosts.convert, self.chain,
@@ -248,12 +259,10 @@ class TurnaroundRun:
         return CycleOutcome(cycle, "faulted" if faults else "ok", begin, sent, completed, arrivals.done_ns,
                             tuple(affected), arrivals.missing, faults)
 
-    def _plan(self, current: dict[str, str], mapping: dict[str, str]) -> tuple:
-        """What a cycle needs of its mapping before its command: (current, mapping, the source lighting each
-        port, the ports whose source changes, the OCS mapping)."""
+    def _plan(self, current: dict[str, str], mapping: dict[str, str]) -> CyclePlan:
         old_src, new_src = sources(current), sources(mapping)
-        return (current, mapping, new_src, [k for k in self.ports if new_src.get(k) != old_src.get(k)],
-                ocs_mapping(mapping, self.tx, self.rx))
+        return CyclePlan(current, mapping, new_src, [k for k in self.ports if new_src.get(k) != old_src.get(k)],
+                         ocs_mapping(mapping, self.tx, self.rx))
 
     def _label_written(self, labels: dict[int, list[tuple[str, str]]]) -> list[Event]:
         """Fault events for cycles already written that a late clock check found a step in (their outcome
