@@ -3,9 +3,48 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Generator, Generic, Iterator, Mapping, Sequence, TypeVar
 
 from devices.timing import CommandTiming, Deadline
+
+T = TypeVar("T")
+
+
+class Pending(Generic[T]):
+    """A command on the wire whose reply is still to come. A driver writes it as `steps`, a generator that
+    yields once, right after the write, the harness time taken just before it (the command's sent stamp), and
+    returns what the call returns; made with `done`, the call has already ended. Creating it runs the steps
+    up to the write on this thread (raising what they raise before it); `finish()`, on one thread, exactly
+    once, awaits the reply. A caller may do other work between the two — the harness feeds host lines while
+    a switch settles — but must finish: the steps may hold the session's lock until then."""
+
+    def __init__(self, steps: Generator[int, None, T]):
+        self._steps: Generator[int, None, T] | None = steps
+        try:
+            self.sent_ns = next(steps)
+        except StopIteration as ended:  # nothing to send (a plan that was already in place)
+            self._steps, self._value = None, ended.value
+            self.sent_ns = getattr(ended.value, "sent_ns", 0)
+
+    @classmethod
+    def done(cls, value: T) -> "Pending[T]":
+        """A call that already ended (a driver that cannot write before it waits: the whole call ran)."""
+        pending = cls.__new__(cls)
+        pending._steps, pending._value, pending.sent_ns = None, value, getattr(value, "sent_ns", 0)
+        return pending
+
+    def finish(self) -> T:
+        steps, self._steps = self._steps, None
+        if steps is not None:
+            try:
+                next(steps)
+            except StopIteration as ended:
+                self._value = ended.value
+            else:
+                steps.close()
+                raise RuntimeError("a driver's steps yield once, after the write")
+        return self._value
+
 
 
 class CircuitSwitch(ABC):
@@ -44,6 +83,12 @@ class CircuitSwitch(ABC):
     def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
         """Make `mapping` (ingress -> egress) hold. With exclusive=True, also drop every other patch on
         the allowed ports. Atomic where the protocol allows (SCPI `:oxc:swit:conn:only`)."""
+
+    def begin_apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> Pending[CommandTiming]:
+        """`apply` up to its change's write: `Pending.finish()` awaits the reply and returns its CommandTiming
+        (`sent_ns`: the change's sent stamp, known now). A driver that cannot split the two runs the whole
+        `apply` here."""
+        return Pending.done(self.apply(mapping, exclusive=exclusive))
 
     @abstractmethod
     def port_power(self, ports: Sequence[int]) -> dict[int, float]:

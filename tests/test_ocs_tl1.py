@@ -7,6 +7,7 @@ import re
 import socket
 import socketserver
 import threading
+import time
 
 import pytest
 
@@ -14,6 +15,7 @@ from devices.emulated.ocs_server import OcsServers
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import Delay, load_profile
 from devices.errors import DeviceDenied, DeviceTimeout, PortNotAllowed
+from devices.timing import Deadline
 from devices.ocs import open_switch
 from devices.ocs.tl1 import Tl1Switch
 from devices.resources import OcsResource
@@ -78,6 +80,8 @@ class _Quirky(socketserver.BaseRequestHandler):
                 out.append(f"M  {ctag} {'DENY' if deny else 'COMPLD'}")
                 out += [f"   {deny}", "   /* refused */"] if deny else body
                 out.append(";")
+                if (held := state.get("hold", {}).get(verb)) is not None:
+                    held.wait(10)  # the test says when the switch answers
                 self.request.sendall(("\n".join(out) + "\n<").encode())
 
 
@@ -141,6 +145,32 @@ def test_apply_pipelines_the_ent_patch_and_the_confirming_read_behind_the_dlt_pa
         assert write < dlt_reply, wire
         assert quirky.state["patches"] == {5: 20, 6: 21}
     finally:
+        switch.close()
+
+
+def test_begin_apply_returns_once_the_change_is_written_and_finish_reads_its_replies(quirky):
+    """The harness goes on while the switch settles: `begin_apply` returns after the pipelined write, before
+    any reply to it; `finish` reads them and returns what `apply` returns; the session is held until then."""
+    switch = open_switch(_resource(quirky.server_address, password="secret"), timeout_s=5)
+    answer = threading.Event()
+    try:
+        switch.connect(3, 20)
+        quirky.state["hold"] = {"DLT-PATCH": answer}  # the switch answers the first change when told to
+        pending = switch.begin_apply({5: 20, 6: 21})
+        assert pending.sent_ns == switch._channel.last_write[0]
+        deadline = Deadline(5)
+        while not quirky.state["log"][-1].startswith("DLT-PATCH") and not deadline.expired():
+            time.sleep(0.005)
+        assert quirky.state["log"][-1].startswith("DLT-PATCH")  # at the switch, unanswered: begin returned
+        assert switch._lock.locked()  # the session is the pending apply's until it finishes
+        answer.set()
+        timing = pending.finish()
+        assert timing.sent_ns == pending.sent_ns < timing.completed_ns and not switch._lock.locked()
+        assert [c.split(":")[0] for c in quirky.state["log"][-3:]] == ["DLT-PATCH", "ENT-PATCH", "RTRV-PATCH"]
+        assert quirky.state["patches"] == {5: 20, 6: 21} and switch.patches() == {5: 20, 6: 21}
+        assert switch.begin_apply({5: 20, 6: 21}).sent_ns > 0  # nothing to change: it ended, with its read
+    finally:
+        answer.set()
         switch.close()
 
 

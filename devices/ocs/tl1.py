@@ -13,13 +13,13 @@ import re
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Generator, Mapping, Sequence
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout
 from devices.ocs.base import (ConfirmedState, DeviceEvent, DeviceEvents, check_allowed, check_state,
                               disconnect_ports, keep_confirmed, plan_for, power_ports)
 from devices.ocs.lines import MAX_REPLY_BYTES, MAX_REPLY_LINES, LineChannel, LineTooLong, excerpt
-from devices.protocols import CircuitSwitch
+from devices.protocols import CircuitSwitch, Pending
 from devices.resources import OcsResource
 from devices.timing import CommandTiming, Deadline, Receipt
 
@@ -255,6 +255,12 @@ class Tl1Switch(CircuitSwitch):
         commands outstanding (each has its own ctag) and the switch executes them in the order sent. A DENY
         does not stop the later commands — the switch runs them anyway — so nothing is raised for it here:
         each Tl1Reply says how its command ended. Sets last_timing (the last command's)."""
+        return Pending(self._pipeline_steps(commands, redact, deadline)).finish()
+
+    def _pipeline_steps(self, commands: Sequence[tuple[str, str, str]], redact: bool = False,
+                        deadline: Deadline | None = None) -> Generator[int, None, list["Tl1Reply"]]:
+        """`pipeline` as a driver's steps (devices.protocols.Pending): the session is held from the write
+        until every reply is read."""
         with self._lock:
             if not all(verb.startswith("RTRV-") for verb, _, _ in commands):
                 self._confirmed.forget()  # a change, or a login: plan the next apply from a read
@@ -271,6 +277,7 @@ class Tl1Switch(CircuitSwitch):
             write = self._channel.last_write
             replies: list[Tl1Reply] = []
             try:
+                yield write[0]
                 for ctag, shown in sent:
                     try:
                         response = self._reader.read(ctag, deadline)
@@ -363,9 +370,16 @@ class Tl1Switch(CircuitSwitch):
         return self.last_timing
 
     def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
-        """Read (or plan from the read after our last change: base.plan_for), then the DLT-PATCH of the
-        conflicts, the ENT-PATCH of the new pairs and the confirming RTRV-PATCH pipelined (written together:
-        the ENT does not wait a round trip for the DLT's reply, nor the read back for the ENT's). The switch
+        return self.begin_apply(mapping, exclusive=exclusive).finish()
+
+    def begin_apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> Pending[CommandTiming]:
+        return Pending(self._apply_steps(mapping, exclusive))
+
+    def _apply_steps(self, mapping: Mapping[int, int], exclusive: bool) -> Generator[int, None, CommandTiming]:
+        """`apply`'s steps (devices.protocols.Pending). Read (or plan from the read after our last change:
+        base.plan_for), then the DLT-PATCH of the conflicts, the ENT-PATCH of the new pairs and the confirming
+        RTRV-PATCH pipelined (written together: the ENT does not wait a round trip for the DLT's reply, nor the
+        read back for the ENT's). The switch
         runs them in the order sent, so the RTRV's reply is the state once the changes are done; a unit that
         answered it early shows a mismatch (StateMismatch: the guard's retry plans from a fresh read).
 
@@ -388,7 +402,7 @@ class Tl1Switch(CircuitSwitch):
                              + "&".join(str(e) for _, e in adds), ""))
         else:
             commands += [("ENT-PATCH", f"{ingress},{egress}", "") for ingress, egress in adds]
-        *changes, readback = self.pipeline(commands + [("RTRV-PATCH", "", "")])
+        *changes, readback = yield from self._pipeline_steps(commands + [("RTRV-PATCH", "", "")])
         for k, reply in enumerate(changes):
             if reply.response.status != "COMPLD":
                 raise reply.denied(after=tuple(later.outcome for later in changes[k + 1:]))

@@ -11,13 +11,14 @@ import json
 import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, PortNotAllowed, TransportClosed
 from devices.ocs.base import StateMismatch
-from devices.protocols import CircuitSwitch
+from devices.protocols import CircuitSwitch, Pending
 from devices.timing import CommandTiming, Deadline, now_ns
 from harness.bench import BenchBroken
 from harness.bench.stages import OcsStamps
@@ -33,19 +34,21 @@ class RetryPolicy:
 @dataclass(frozen=True)
 class Applied:
     """One guarded apply: the driver's timing, when the command was sent (the driver's first change written;
-    after retries, the first attempt's start), the transient faults met (one cause per retry)."""
+    after retries, the first attempt's write, or its start if it failed before writing), the transient faults
+    met (one cause per retry)."""
 
     timing: CommandTiming
     first_sent_ns: int
     causes: tuple[str, ...] = ()
+    written: bool = False  # first_sent_ns is the first attempt's write (else, after retries, its start)
 
     @property
     def ocs_stamps(self) -> OcsStamps:
         """The bounds and provenance of the `ocs_command_sent` / `_completed` events. After retries the first
-        change went out somewhere between the first attempt's start and the last attempt's write."""
+        change went out somewhere between the first attempt's write (or start) and the last attempt's write."""
         sent = self.timing.sent_stamp or "unbounded"
         if self.causes:
-            sent = f"first attempt's start, {len(self.causes)} retries"
+            sent = f"first attempt's {'write' if self.written else 'start'}, {len(self.causes)} retries"
         bound = max(self.timing.sent_bound_ns,
                     self.timing.sent_ns + self.timing.sent_bound_ns - self.first_sent_ns)
         return OcsStamps(bound, self.timing.completed_bound_ns, f"harness:{sent}",
@@ -65,6 +68,7 @@ class CircuitGuard:
         """allowed: the inventory's allowlist of this OCS (what an exclusive apply may clear)."""
         self.name, self.switch, self.teardown_s, self.allowed = name, switch, teardown_s, frozenset(allowed)
         self.suspect = False  # the session timed out or dropped: reconnect before the next use
+        self._replies: ThreadPoolExecutor | None = None  # the one thread that awaits replies (`finish_later`)
         self.touched: set[int] = set()
         self.events_path = events_path  # where the switch's own messages go (ocs_events.jsonl)
         self.events_recorded = 0
@@ -122,47 +126,39 @@ class CircuitGuard:
         a timeout or a drop. `apply` reconciles from `patches()`, so a retry after a lost reply does not
         repeat the change. Raises BenchBroken when the retries run out or the refusal is permanent;
         PortNotAllowed as is (nothing was sent)."""
+        return self.begin(mapping, policy, exclusive=exclusive, deadline=deadline).finish()
+
+    def begin(self, mapping: Mapping[int, int], policy: RetryPolicy = RetryPolicy(), *, exclusive: bool = True,
+              deadline: Deadline | None = None) -> "GuardedApply":
+        """`apply` up to its first attempt's write (`CircuitSwitch.begin_apply`): `finish()` awaits the reply and
+        makes the retries, on one thread, exactly once. PortNotAllowed as is (nothing was sent)."""
         self._touch(mapping, exclusive)
         self.switch.timeout_s = policy.timeout_s
-        causes: list[str] = []
-        first_sent = None
-        for attempt in range(policy.retries + 1):
-            if attempt:
-                wait = policy.backoff_s * 2 ** (attempt - 1)
-                if deadline is not None and (deadline.remaining() or 0) < wait:
-                    break
-                time.sleep(wait)
-            first_sent = first_sent or now_ns()
-            try:
-                if self.suspect:
-                    self.switch.reconnect()
-                    self.suspect = False
-                timing = self.switch.apply(mapping, exclusive=exclusive)
-                # The command went out at the driver's write of its first change, after the driver read the
-                # switch's state to plan it (a round trip: milliseconds on a loaded machine, more on a real unit).
-                # After a retry the first attempt's start stands: its change may have gone out unanswered.
-                applied = Applied(timing, first_sent if causes else max(first_sent, timing.sent_ns), tuple(causes))
-                self.record_events()
-                return applied
-            except PortNotAllowed:
-                raise
-            except DeviceDenied as exc:
-                if exc.permanent:
-                    raise BenchBroken(f"ocs {self.name}: {exc}", causes) from exc
-                # a pipelined command refused too is named with it: one cause per attempt, every refusal seen
-                causes.append(f"ocs-retry:{self.name}: denied {exc.code}"
-                              + (f" (then {', '.join(exc.after)})" if exc.after else ""))
-            except StateMismatch as exc:  # the session is fine; the driver's next apply plans from a read
-                causes.append(f"ocs-retry:{self.name}: {str(exc)[:120]}")
-            except (DeviceTimeout, TransportClosed) as exc:
-                self.suspect = True
-                causes.append(f"ocs-retry:{self.name}: "
-                              f"{'timeout' if isinstance(exc, DeviceTimeout) else 'connection lost'}")
-            except DeviceError as exc:  # e.g. a garbled reply that parsed as something else
-                self.suspect = True
-                causes.append(f"ocs-retry:{self.name}: {str(exc)[:120]}")
-        raise BenchBroken(f"ocs {self.name}: gave up after {len(causes)} attempts "
-                          f"({causes[-1] if causes else 'no time left'})", causes)
+        return GuardedApply(self, mapping, policy, exclusive, deadline)
+
+    def finish_later(self, command: "GuardedApply", on_done: Callable[[], None],
+                     then: Callable[[], None] | None = None) -> Future:
+        """`command.finish()` on the guard's reply thread, then `then()` there (the driver is the thread's until
+        both end); `on_done()` once the Future of its Applied is done. The caller does other work meanwhile
+        and touches the switch only after that."""
+        if self._replies is None:
+            self._replies = ThreadPoolExecutor(1, thread_name_prefix=f"ocs-replies-{self.name}")
+
+        def finish() -> Applied:
+            applied = command.finish()
+            if then is not None:
+                then()
+            return applied
+
+        future = self._replies.submit(finish)
+        future.add_done_callback(lambda _: on_done())
+        return future
+
+    def close(self) -> None:
+        """Stop the reply thread once its work ends (bounded by that command's own deadline)."""
+        if self._replies is not None:
+            self._replies.shutdown(wait=False)
+            self._replies = None
 
     def _on_touched(self, patches: Mapping[int, int]) -> dict[int, int]:
         return {i: e for i, e in patches.items() if i in self.touched or e in self.touched}
@@ -214,6 +210,84 @@ class CircuitGuard:
         return outcome
 
 
+class GuardedApply:
+    """One guarded apply under way (`CircuitGuard.begin`): its first attempt is written, or failed."""
+
+    def __init__(self, guard: CircuitGuard, mapping: Mapping[int, int], policy: RetryPolicy, exclusive: bool,
+                 deadline: Deadline | None):
+        self.guard, self.mapping, self.policy, self.exclusive, self.deadline = guard, mapping, policy, exclusive, \
+            deadline
+        self.causes: list[str] = []
+        self.first_start = now_ns()
+        self._pending = self._attempt()
+        # The change went out at the first attempt's write, whatever the retries after it (one may have sent it
+        # unanswered): known now where the driver writes before it waits; 0 if that attempt failed before.
+        self.sent_ns = max(self.first_start, self._pending.sent_ns) if self._pending is not None and \
+            self._pending.sent_ns else 0
+
+    def _attempt(self) -> Pending | None:
+        """One attempt up to its write; None if it failed (its cause noted)."""
+        guard = self.guard
+        try:
+            if guard.suspect:
+                guard.switch.reconnect()
+                guard.suspect = False
+            return guard.switch.begin_apply(self.mapping, exclusive=self.exclusive)
+        except PortNotAllowed:
+            raise
+        except DeviceError as exc:
+            self._failed(exc)
+            return None
+
+    def _failed(self, exc: DeviceError) -> None:
+        guard = self.guard
+        if isinstance(exc, DeviceDenied):
+            if exc.permanent:
+                raise BenchBroken(f"ocs {guard.name}: {exc}", self.causes) from exc
+            # a pipelined command refused too is named with it: one cause per attempt, every refusal seen
+            self.causes.append(f"ocs-retry:{guard.name}: denied {exc.code}"
+                               + (f" (then {', '.join(exc.after)})" if exc.after else ""))
+        elif isinstance(exc, StateMismatch):  # the session is fine; the driver's next apply plans from a read
+            self.causes.append(f"ocs-retry:{guard.name}: {str(exc)[:120]}")
+        elif isinstance(exc, (DeviceTimeout, TransportClosed)):
+            guard.suspect = True
+            self.causes.append(f"ocs-retry:{guard.name}: "
+                               f"{'timeout' if isinstance(exc, DeviceTimeout) else 'connection lost'}")
+        else:  # e.g. a garbled reply that parsed as something else
+            guard.suspect = True
+            self.causes.append(f"ocs-retry:{guard.name}: {str(exc)[:120]}")
+
+    def finish(self) -> Applied:
+        """The reply of the attempt under way, then the retries. Raises BenchBroken when they run out or a
+        refusal is permanent."""
+        policy, pending, self._pending = self.policy, self._pending, None
+        for attempt in range(policy.retries + 1):
+            if attempt:
+                wait = policy.backoff_s * 2 ** (attempt - 1)
+                if self.deadline is not None and (self.deadline.remaining() or 0) < wait:
+                    break
+                time.sleep(wait)
+                pending = self._attempt()
+            if pending is None:
+                continue
+            try:
+                timing = pending.finish()
+            except PortNotAllowed:
+                raise
+            except DeviceError as exc:
+                self._failed(exc)
+                continue
+            # The command went out at the driver's write of its first change, after the driver read the
+            # switch's state to plan it (a round trip: milliseconds on a loaded machine, more on a real unit).
+            # After a retry whose first attempt failed before its write, that attempt's start stands.
+            first = self.sent_ns or (self.first_start if self.causes else max(self.first_start, timing.sent_ns))
+            applied = Applied(timing, first, tuple(self.causes), written=bool(self.sent_ns))
+            self.guard.record_events()
+            return applied
+        raise BenchBroken(f"ocs {self.guard.name}: gave up after {len(self.causes)} attempts "
+                          f"({self.causes[-1] if self.causes else 'no time left'})", self.causes)
+
+
 def guard(ctx, name: str, *, teardown_s: float = 15.0) -> CircuitGuard:
     """The run's guard of OCS `name`: created on first use, its restore registered on the run's teardown
     (before connections close); the manifest records `restored` / `restore_error` per OCS."""
@@ -227,6 +301,7 @@ def guard(ctx, name: str, *, teardown_s: float = 15.0) -> CircuitGuard:
         guards[name] = g
 
         def restore():
+            g.close()
             outcome = g.restore()
             ctx.manifest_extra.setdefault("ocs_events", {})[name] = g.events_recorded
             ctx.manifest_extra.setdefault("restored", {})[name] = outcome.restored
