@@ -275,6 +275,133 @@ def test_guard_retries_transient_faults_and_refuses_permanent_ones(tmp_path):
         guard.apply({2: 10}, RetryPolicy(retries=2, backoff_s=0.001))
 
 
+class _WritesThenWaits(FakeSwitch):
+    """A switch whose `begin_apply` writes (stamping `writes`) and whose reply is read at `finish`: each of
+    `replies` is raised there in turn, then the fake's own apply answers."""
+
+    def __init__(self, replies=(), unwritten=0):
+        super().__init__(OCS)
+        self.replies, self.unwritten, self.writes, self.finished = list(replies), unwritten, [], 0
+
+    def begin_apply(self, mapping, *, exclusive=False):
+        from devices.protocols import Pending
+        from devices.timing import now_ns
+
+        if self.unwritten:  # fails before anything is written
+            self.unwritten -= 1
+            raise DeviceTimeout("connection not ready")
+
+        def steps():
+            self.writes.append(now_ns())
+            yield self.writes[-1]
+            self.finished += 1
+            if self.replies:
+                raise self.replies.pop(0)
+            timing = super(_WritesThenWaits, self).apply(mapping, exclusive=exclusive)
+            return replace(timing, sent_ns=self.writes[-1])
+
+        return Pending(steps())
+
+
+def test_a_guarded_apply_is_written_at_begin_and_its_reply_and_retries_are_finish_s(tmp_path):
+    from harness.bench.stages import ocs_events
+
+    switch = _WritesThenWaits()
+    guard = CircuitGuard("ocs1", switch, snapshot_path=tmp_path / "restore.json", resuming=False)
+    command = guard.begin({1: 9}, RetryPolicy(retries=2, backoff_s=0.001))
+    # on the wire, its reply not read: the cycle's command time is known now, and it is what finish reports
+    assert switch.writes and command.sent_ns == switch.writes[0] and switch.finished == 0 and switch.patches() == {}
+    applied = command.finish()
+    assert switch.finished == 1 and switch.patches() == {1: 9}
+    assert applied.first_sent_ns == command.sent_ns == applied.timing.sent_ns and applied.causes == ()
+
+    # written, then its reply timed out: the change may have gone out at that write, which stays the command's
+    # time; the retry reads the switch and sends what is missing, and the bound reaches its write
+    switch.replies = [DeviceTimeout("silent")]
+    command = guard.begin({2: 10}, RetryPolicy(retries=2, backoff_s=0.001))
+    first_write = command.sent_ns
+    applied = command.finish()
+    assert len(switch.writes) == 3 and first_write == switch.writes[1] and applied.first_sent_ns == first_write
+    assert applied.causes == ("ocs-retry:ocs1: timeout",) and switch.patches() == {2: 10}
+    (sent,) = ocs_events("r", 1, "ocs1", applied.first_sent_ns, None, applied.ocs_stamps)
+    assert sent.source == "harness:first attempt's write, 1 retries"
+    assert sent.t_ns - sent.uncertainty_ns <= first_write and switch.writes[2] <= sent.t_ns + sent.uncertainty_ns
+
+    # failed before its write: nothing is known at begin; finish retries and the first attempt's start stands
+    switch.unwritten = 1
+    command = guard.begin({3: 11}, RetryPolicy(retries=2, backoff_s=0.001))
+    assert command.sent_ns == 0 and len(switch.writes) == 3
+    applied = command.finish()
+    assert applied.first_sent_ns == command.first_start < switch.writes[3] and applied.causes == (
+        "ocs-retry:ocs1: timeout",)
+    assert ocs_events("r", 1, "ocs1", applied.first_sent_ns, None, applied.ocs_stamps)[0].source == \
+        "harness:first attempt's start, 1 retries"
+
+    # a refusal the driver calls permanent, at finish: the bench is broken, as with `apply`
+    switch.replies = [DeviceDenied("x", "IIAC", "bad port", permanent=True)]
+    with pytest.raises(BenchBroken, match="IIAC"):
+        guard.begin({4: 12}, RetryPolicy(retries=5, backoff_s=0.001)).finish()
+
+
+def test_expect_feeds_lines_while_the_command_s_reply_is_awaited_and_settles_only_once_it_came():
+    from concurrent.futures import Future
+
+    from devices.timing import CommandTiming
+
+    script = ScriptedObservations()
+    for host in ("h1", "h2"):
+        _full_chain(script, host, 102 * MS)
+    log = ObservationLog(None)
+    for obs in script.items:
+        log.put(obs)
+    command = Future()
+    watch = _watch(script, completed=None)
+    done = threading.Event()
+    threading.Thread(target=lambda: (done.wait(10), command.set_result(SimpleNamespace(
+        timing=CommandTiming(100 * MS, 101 * MS))), log.wake()), daemon=True).start()
+    fed = []
+    real_feed = watch.feed
+    watch.feed = lambda obs: (fed.append(obs), real_feed(obs), len(fed) == len(script.items) and done.set())
+    arrivals = log.expect(watch, Deadline(20), on_fault=lambda obs: None, command=command)
+    # every line was fed before the reply came (it comes only then), and the cycle waited for the reply
+    assert len(fed) == len(script.items) and command.done() and watch.completed == 101 * MS
+    assert arrivals.missing == {} and len(arrivals.kept) == 2 * len(CHAIN)
+    # the same cycle with the reply known from the start: the same arrivals
+    again = _feed(_watch(script), script).result(arrivals.done_ns)
+    assert (again.kept, again.missing, again.lost) == (arrivals.kept, arrivals.missing, arrivals.lost)
+
+    # a command that failed ends the wait at once, whatever the lines
+    failed = Future()
+    failed.set_exception(BenchBroken("ocs ocs1: gave up"))
+    arrivals = log.expect(_watch(script, completed=None), Deadline(20), on_fault=lambda obs: None, command=failed)
+    assert arrivals.kept == {} and set(arrivals.missing) == set(PORTS)
+
+
+def test_a_reconnected_host_s_current_values_wait_for_the_command_s_reply():
+    script = ScriptedObservations()
+    _full_chain(script, "h1", 102 * MS)
+    script.watch("h2", "eth0", "rx_los", "0", 102 * MS)
+    script.fault("h2", at_ns=102_500_000)
+    restarted = [script.watch("h2", "eth0", f, v, 104 * MS, interval_ns=0)
+                 for f, v in [("rx_lol", "0"), ("carrier", "1"), ("state", "ACTIVE")]]
+    after = script.probe("h2", "eth0", MAC["h2:eth0"], 105 * MS)
+
+    def cycle(completed, reply_at):
+        watch = _feed(_watch(script, completed=completed, reconnected={"h2": 103 * MS}),
+                      SimpleNamespace(items=script.items[:-4]))
+        for k, obs in enumerate(restarted + [after]):
+            if k == reply_at:
+                watch.command_completed(101 * MS)
+            watch.feed(obs)
+        return watch.result(110 * MS)
+
+    known = cycle(101 * MS, None)  # the reply known before the lines
+    assert known.lost == {"h2:eth0": ["cdr_locked", "phy_up", "port_active", "first_packet"]}
+    for reply_at in range(len(restarted) + 1):  # the reply came while the restarted watch's lines came
+        late = cycle(None, reply_at)
+        assert (late.lost, late.kept, late.missing) == (known.lost, known.kept, known.missing), reply_at
+
+
 def test_guard_restores_only_touched_ports_and_verifies(tmp_path):
     switch = FakeSwitch(OcsResource(name="ocs1", protocol="polatis-tl1", url="tcp://127.0.0.1:1", size=(8, 8),
                                     allowed_ports=frozenset({1, 2, 3, 9, 10, 11})))

@@ -68,7 +68,7 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_
     from harness.bench.observe import ObservationLog
 
     order = []  # what the harness did, in order: fsyncs of events.jsonl, switch commands, raw cycle records
-    real_fsync, real_apply, real_raw = os.fsync, CircuitGuard.apply, ObservationLog.cycle
+    real_fsync, real_begin, real_raw = os.fsync, CircuitGuard.begin, ObservationLog.cycle
 
     def fsync(fd):
         real_fsync(fd)
@@ -77,14 +77,14 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_
 
     frozen = []  # objects the cyclic GC leaves alone at each command
 
-    def apply(self, *args, **kwargs):
+    def begin(self, *args, **kwargs):  # every command goes out here (`apply` is `begin` + `finish`)
         frozen.append(gc.get_freeze_count())
         written = tmp_path.glob("run-*/events.jsonl")
         order.append(("command", max((p.stat().st_size for p in written), default=0)))
-        return real_apply(self, *args, **kwargs)
+        return real_begin(self, *args, **kwargs)
 
     monkeypatch.setattr("harness.eventlog.os.fsync", fsync)
-    monkeypatch.setattr(CircuitGuard, "apply", apply)
+    monkeypatch.setattr(CircuitGuard, "begin", begin)
     monkeypatch.setattr(ObservationLog, "cycle", lambda self, cycle, *a, **k: (order.append(("raw", cycle)),
                                                                               real_raw(self, cycle, *a, **k)))
     result = run_playbook(playbook(tmp_path, cycles=4), bench=f"emulated:{fast_profile}")

@@ -34,7 +34,7 @@ class CycleWatch:
     """One cycle's expectations: `wants` port key -> chain stages to see, in `chain` order."""
 
     def __init__(self, wants: dict[str, set[str]], port_of: dict[tuple[str, str], str], first_sent_ns: int,
-                 completed_ns: int, convert: Convert, *, peer_mac: dict[str, str] | None = None,
+                 completed_ns: int | None, convert: Convert, *, peer_mac: dict[str, str] | None = None,
                  reconnected: dict[str, int] | None = None, chain: tuple[str, ...] = PORT_CHAIN,
                  grace_ns: int = 50_000_000, suspect: Callable[[str], None] | None = None,
                  events: CycleEvents | None = None):
@@ -115,6 +115,11 @@ class CycleWatch:
         if obs.kind == "watch" and obs.interval_ns == 0:
             # A (re)started watch prints current values. After a reconnect during this cycle, a stage already
             # reached — once the mirrors settled, so the old light is gone — happened while nobody looked.
+            if self.reconnected.get(obs.host, 0) >= self.first_sent and self.completed is None:
+                # the switch's reply is still to come: the host's lines wait for it, in order
+                self._held[obs.host] = lambda: self.completed is not None
+                self._parked.append(obs)
+                return
             if self.reconnected.get(obs.host, 0) >= self.first_sent and \
                     self.convert(obs.host, obs.host_ns)[0] > self.completed:
                 for gone, marker in REACHED.items():
@@ -171,6 +176,11 @@ class CycleWatch:
         if host not in self._host_after or self._host_after[host][1] != self._generation(host):
             margin = 1_000_000 + abs(t_ns - self.first_sent) * 4 // 10_000
             self._host_after[host] = (self.first_sent + offset_ns + margin, self._generation(host))
+
+    def command_completed(self, completed_ns: int) -> None:
+        """The OCS command's reply came (the watch was made while it was awaited): lines that needed it go on."""
+        self.completed = completed_ns
+        self.retry()
 
     def retry(self) -> None:
         """Feed the waiting lines of every host whose clock sample has landed, in order."""
@@ -310,12 +320,19 @@ class ObservationLog:
                 self._file.close()
                 self._file = None
 
+    def wake(self) -> None:
+        """Wake the reader of `get` with nothing to read (what it waits for besides lines has come)."""
+        self._queue.put(())
+
     def get(self, timeout: float | None):
-        """The next observation; None if none arrives within `timeout` (0: only one already queued)."""
+        """The next observation; None if none arrives within `timeout` (0: only one already queued), or on a
+        `wake`."""
         if not self._backlog:
             try:
                 batch = self._queue.get_nowait() if timeout == 0 else self._queue.get(timeout=timeout)
             except queue.Empty:
+                return None
+            if not batch:
                 return None
             self._backlog.extend(batch)
         return self._backlog.popleft()
@@ -324,22 +341,31 @@ class ObservationLog:
         """Drop what arrived between cycles; a host that dropped meanwhile is handled by `on_fault` (returns
         the cause to label the next cycle with)."""
         causes = []
-        while (obs := self.get(0)) is not None:
-            if obs.kind == "fault" and (cause := on_fault(obs)):
+        while self._backlog or not self._queue.empty():
+            obs = self.get(0)
+            if obs is not None and obs.kind == "fault" and (cause := on_fault(obs)):
                 causes.append((obs.host, cause))
         return causes
 
-    def expect(self, watch: CycleWatch, deadline: Deadline, on_fault: Callable) -> Arrivals:
+    def expect(self, watch: CycleWatch, deadline: Deadline, on_fault: Callable, command=None) -> Arrivals:
         """Feed `watch` until it has settled or the deadline passes; returns what arrived, what is missing
-        and why. `on_fault(obs) -> cause | None` reconnects a dropped host (and may raise BenchBroken)."""
+        and why. `on_fault(obs) -> cause | None` reconnects a dropped host (and may raise BenchBroken).
+        `command`: the cycle's OCS command while its reply is awaited elsewhere (a Future of its
+        harness.bench.circuits.Applied, that `wake`s this log when it ends): the host lines are fed meanwhile,
+        and the cycle settles only once it has ended; its failure ends the wait at once."""
         backlog, feed = self._backlog, watch.feed
-        while not (watch.complete() and watch.settled(now_ns())):
+        while not (watch.completed is not None and watch.complete() and watch.settled(now_ns())):
             if backlog:
                 # the rest of a batch already taken (a host's poll: up to a line per port and field): the
                 # deadline and the held hosts are looked at once a batch — per line they were a third of a
                 # line's cost in a cycle's burst, when the step's thread is the one behind
                 obs = backlog.popleft()
             else:
+                if watch.completed is None and command is not None and command.done():  # looked at per batch
+                    if command.exception() is not None:
+                        break
+                    watch.command_completed(command.result().timing.completed_ns)
+                    continue
                 if deadline.expired():
                     break
                 obs = self.get(0)

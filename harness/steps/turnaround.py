@@ -10,6 +10,7 @@ injects faults on the emulated bench (docs/faults.md).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import gc
 import threading
@@ -197,7 +198,7 @@ class TurnaroundRun:
         ahead = self._ahead
         _, _, new_src, affected, ocs_map = ahead if ahead is not None and ahead.current is current and \
             ahead.mapping is mapping else self._plan(current, mapping)
-        sent = completed = None
+        sent = completed = finishing = None
         stamps = OcsStamps()
         causes: list[tuple[str, str]] = []
         begin = now_ns()
@@ -209,14 +210,27 @@ class TurnaroundRun:
             self.hosts.cycle_started(cycle if record else -1, begin)
             self.truth_windows.append((cycle if record else -1, begin))
             with self.faults.armed(cycle, measured=record):
-                applied = self.guard.apply(ocs_map, self.policy)
-                sent, completed, stamps = applied.first_sent_ns, applied.timing.completed_ns, applied.ocs_stamps
-                self.after_command()  # the command is out: the last cycle's leftovers cost it nothing now
-                if upcoming is not None:  # and the next one is planned while this one's circuits settle
+                command = self.guard.begin(ocs_map, self.policy)
+                sent = command.sent_ns or None
+                if upcoming is not None:  # the next cycle is planned while this one's circuits settle
                     self._ahead = self._plan(mapping, upcoming)
-                    self.guard.plan_ahead(self._ahead.ocs_map)
+                ahead = self._ahead.ocs_map if upcoming is not None else None
+                if sent:
+                    # The change is on the wire. Its reply (the switch settled: tens of ms) is awaited on the
+                    # guard's thread, which then plans the next command from it, while this thread feeds the
+                    # host lines that come meanwhile: blocked on the reply, it found them queued, and a reply
+                    # that came late left it behind the cycle's last lines (docs/turnaround.md).
+                    plan_next = (lambda: self.guard.plan_ahead(ahead)) if ahead is not None else None
+                    finishing = self.guard.finish_later(command, self.log.wake, then=plan_next)
+                else:  # the first attempt failed before its write: when the change went out, the retries say
+                    applied = command.finish()
+                    sent, completed, stamps = applied.first_sent_ns, applied.timing.completed_ns, \
+                        applied.ocs_stamps
+                    causes += [("", c) for c in applied.causes]
+                    if ahead is not None:
+                        self.guard.plan_ahead(ahead)
+                self.after_command()  # the command is out: the last cycle's leftovers cost it nothing now
                 collect_young()
-                causes += [("", c) for c in applied.causes]
                 built = CycleEvents(self.ctx.run_id, cycle, self.ports, sent, self.hosts.convert, self.chain,
                                     self.hosts.clock_generation, encode)
                 watch = CycleWatch({k: set(self.chain) for k in affected}, self.port_of, sent, completed,
@@ -225,11 +239,18 @@ class TurnaroundRun:
                                    chain=self.chain, grace_ns=int(self.p["late_report_ms"] * 1e6),
                                    suspect=lambda host: self.hosts.request_check(cycle if record else -1, 1),
                                    events=built)
-                arrivals = self.log.expect(watch, Deadline(self.p["cycle_timeout_s"]), self.hosts.on_fault)
+                arrivals = self.log.expect(watch, Deadline(self.p["cycle_timeout_s"]), self.hosts.on_fault,
+                                           finishing)
+                if finishing is not None:
+                    applied, finishing = finishing.result(), None  # raises the guard's BenchBroken
+                    completed, stamps = applied.timing.completed_ns, applied.ocs_stamps
+                    causes += [("", c) for c in applied.causes]
                 if arrivals.missing:
                     self.ctx.say(f"[yellow]cycle {cycle}: timed out after {self.p['cycle_timeout_s']} s[/] — "
                                  f"{watch.describe()}")
         except BenchBroken as exc:
+            if finishing is not None:  # a host dropped for good while the switch settled: let it end first
+                concurrent.futures.wait([finishing])
             return self._latch(cycle, begin, affected, causes + [("", c) for c in exc.causes], str(exc), record,
                                sent, completed, stamps)
         self.hosts.cycle_ended(arrivals.done_ns)
