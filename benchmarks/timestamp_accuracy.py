@@ -12,7 +12,11 @@ compares every recorded event with the emulator's ground truth:
   load (other processes), so the harness's CPU per cycle is reported too (process CPU, every thread, and the
   CPU of the thread running the step, between consecutive cycle ends: `cpu_ns` in observations.jsonl).
   after_last_event is split by each line's arrival stamp (`recv_ns`): the bench's side (agent poll, emulator,
-  SSH, until the cycle's last host line reaches the reader) and the harness's side (that line -> cycle's end).
+  SSH, until the cycle's last host line reaches this machine) and the harness's side (that line -> cycle's end).
+  By default the arrival is the kernel's receive time of the line's SSH packet (`--arrival kernel`:
+  devices.sshhub.record_kernel_arrivals, beside each stamp; ~1-2 µs more a read on the harness's SSH hub, the
+  harness otherwise unchanged); `--arrival read` takes `recv_ns` itself, the hub's read of the line, which
+  counts the hub's own backlog (the harness's) as the bench's.
   harness_side = before_command + delivery_harness_side + between_cycles: the harness's own part of total,
   goal median ≤ 2 ms (the rest of total is the emulated bench's, sharing the machine's cores).
   With the emulator in its own process, its CPU per cycle too (`cpu_emulator`: every thread, sampled from
@@ -163,10 +167,37 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
     return run_dir, truth, clocks
 
 
+ARRIVALS: list[tuple[int, list]] | None = None  # (recv_ns, its kernel receive stamp) with `--arrival kernel`
+REALTIME: list = []  # devices.timing.ClockPair before and after the run: the kernel stamps' CLOCK_REALTIME
+
+
+def arrivals_ns(obs_records: list[dict]) -> np.ndarray:
+    """When each host line reached this machine, sorted: its SSH packet's kernel receive time (`ARRIVALS`,
+    CLOCK_REALTIME converted with the offset measured around the run, which must not have moved), else its
+    `recv_ns` (the harness's read of it)."""
+    from devices.timing import kernel_realtime_ns
+
+    kernel = {}
+    if ARRIVALS is not None:
+        before, after = REALTIME
+        moved = abs(after.offset_ns - before.offset_ns)
+        if moved > 100_000:
+            raise SystemExit(f"CLOCK_REALTIME moved {moved} ns against the harness clock during the run: the "
+                             f"kernel arrival stamps cannot be converted; run again, or use --arrival read")
+        offset = (before.offset_ns + after.offset_ns) // 2
+        kernel = {recv: realtime - offset for recv, stamp in ARRIVALS
+                  if (realtime := kernel_realtime_ns(stamp)) is not None}
+    KERNEL_STAMPED[:] = [sum(r["recv_ns"] in kernel for r in obs_records), len(obs_records)]
+    return np.sort(np.array([kernel.get(r["recv_ns"], r["recv_ns"]) for r in obs_records], dtype=np.int64))
+
+
+KERNEL_STAMPED = [0, 0]  # host lines with a kernel arrival stamp, of all (the rest: their read)
+
+
 def delivery_split_ms(obs_records: list[dict], cycles: pd.DataFrame, truth: pd.DataFrame) -> dict[str, np.ndarray]:
-    """after_last_event in two: the bench's side (last true event -> the cycle's last host line reaches the
-    harness's reader: agent poll, emulator, SSH) and the harness's side (that line -> the cycle's end)."""
-    recv = np.sort(np.array([r["recv_ns"] for r in obs_records], dtype=np.int64))
+    """after_last_event in two: the bench's side (last true event -> the cycle's last host line reaches this
+    machine: agent poll, emulator, SSH) and the harness's side (that line -> the cycle's end)."""
+    recv = arrivals_ns(obs_records)
     last_true = truth.groupby("cycle")["t_ns"].max()
     bench, harness = [], []
     for row in cycles.itertuples():
@@ -183,7 +214,7 @@ EMULATOR_CPU: CpuSampler | None = None  # the separate emulator's, when the last
 def harness_side_ms(obs_records: list[dict], cycles: pd.DataFrame) -> np.ndarray:
     """Per cycle, the harness's own part of `total`: before_command + (the cycle's last host line ->
     its end) + between_cycles."""
-    recv = np.sort(np.array([r["recv_ns"] for r in obs_records], dtype=np.int64))
+    recv = arrivals_ns(obs_records)
     c = cycles.sort_values("cycle").reset_index(drop=True)
     out = []
     for i, row in enumerate(c.itertuples()):
@@ -221,16 +252,30 @@ if __name__ == "__main__":
     ap.add_argument("--watch-us", type=int, default=200, help="agent poll interval (sysfs and ethtool -m)")
     ap.add_argument("--emulator", choices=("process", "in-process"), default="process",
                     help="`harness emulate` in its own process (default, as on a bench) or inside the harness")
+    ap.add_argument("--arrival", choices=("kernel", "read"), default="kernel",
+                    help="where a host line's delivery stops being the bench's: its SSH packet's kernel receive "
+                         "time (default) or the harness's read of it")
     ap.add_argument("--late-report-ms", type=float, default=None,
                     help="the step's grace for late polled reports once a port's last stage is in (default: the "
                          "step's); it is a wait the playbook chooses, counted in after_last_event")
     args = ap.parse_args()
     step = {} if args.late_report_ms is None else {"late_report_ms": args.late_report_ms}
     runner = run_separate_process if args.emulator == "process" else run_in_process
+    if args.arrival == "kernel":
+        from devices.sshhub import record_kernel_arrivals
+
+        ARRIVALS = record_kernel_arrivals()  # this process's (the harness's) hub sockets, opened by the run
     with tempfile.TemporaryDirectory() as tmp:
-        r = report(*runner(args.cycles, args.profile, args.watch_us, Path(tmp), step))
+        from devices.timing import ClockPair
+
+        REALTIME.append(ClockPair.now())
+        ran = runner(args.cycles, args.profile, args.watch_us, Path(tmp), step)
+        REALTIME.append(ClockPair.now())
+        r = report(*ran)
     print(f"{r['cycles']} cycles x {r['ports']} ports, profile {args.profile}, poll {args.watch_us} µs, "
-          f"emulator {args.emulator}, late_report_ms {step.get('late_report_ms', 'default')}")
+          f"emulator {args.emulator}, late_report_ms {step.get('late_report_ms', 'default')}, "
+          f"line arrival: {args.arrival}" + (f" ({KERNEL_STAMPED[0]} of {KERNEL_STAMPED[1]} lines kernel-stamped)"
+                                              if args.arrival == "kernel" else ""))
     print(f"host clock offsets (ms): {r['host_offsets_ms']}  drift (ppm): {r['host_drift_ppm']}")
     print(r["accuracy"].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     print(f"load average (1 min) {os.getloadavg()[0]:.1f}")

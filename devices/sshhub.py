@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 import weakref
+from typing import Callable
 
 import greenlet
 import paramiko
@@ -42,7 +43,7 @@ import paramiko.util
 from paramiko.buffered_pipe import BufferedPipe
 from paramiko.packet import Packetizer
 
-from devices.timing import now_ns
+from devices.timing import STAMP_SPACE, enable_receive_stamps, now_ns
 
 _log = logging.getLogger(__name__)
 
@@ -294,6 +295,9 @@ class HubSocket:
         self._fd = sock.fileno()
         self._timeout: float | None = None
         self._closed = False  # paramiko reads it (Transport.stop_thread)
+        # `record_kernel_arrivals`: each read's kernel receive stamp (its control message, parsed later)
+        self._kernel = kernel_arrivals is not None and enable_receive_stamps(sock)
+        self.arrived: list = []
 
     def settimeout(self, timeout: float | None) -> None:
         self._timeout = timeout
@@ -333,7 +337,19 @@ class HubSocket:
                 raise socket.timeout("timed out")
 
     def recv(self, n: int) -> bytes:
-        return self._nonblocking(self.sock.recv, n, selectors.EVENT_READ)
+        if not self._kernel:
+            return self._nonblocking(self.sock.recv, n, selectors.EVENT_READ)
+        data, self.arrived, _, _ = self._nonblocking(self._recvmsg, n, selectors.EVENT_READ)
+        return data
+
+    def _recvmsg(self, n: int):
+        return self.sock.recvmsg(n, STAMP_SPACE)
+
+    def arrival(self) -> list:
+        """The last read's control messages: its SO_TIMESTAMPNS (devices.timing.kernel_realtime_ns) is when the
+        segment that held the last of its bytes reached this machine. paramiko reads a packet's bytes exactly,
+        so for a packet just taken off this socket, that is when its end arrived."""
+        return self.arrived
 
     def send(self, data) -> int:
         if _first_send.armed and not _first_send.ns:
@@ -352,8 +368,9 @@ class ArrivalStampedPipe(BufferedPipe):
     the GIL to read it (0.1-3 ms later on a busy process). After `read`, `last_read_ns` is the arrival of the
     last byte returned. One reader thread per channel (its `recv`); feeds come from the loop only."""
 
-    def __init__(self):
+    def __init__(self, kernel_arrival: Callable[[], list] | None = None):
         super().__init__()
+        self._kernel_arrival = kernel_arrival  # `record_kernel_arrivals`: when a chunk fed now reached the machine
         self._marks: collections.deque = collections.deque()  # (bytes fed in total after the chunk, its ns)
         self._fed = 0
         self._consumed = 0
@@ -361,12 +378,15 @@ class ArrivalStampedPipe(BufferedPipe):
         self._push = None  # (on_data, on_close) once `push_to`
 
     def feed(self, data) -> None:
+        stamp = now_ns()
+        if self._kernel_arrival is not None:
+            kernel_arrivals.append((stamp, self._kernel_arrival()))
         with self._lock:
             if self._push is not None:
-                self._push[0](data, now_ns())
+                self._push[0](data, stamp)
                 return
             # the mark goes in first: a reader that sees the bytes always finds their stamp
-            self._marks.append((self._fed + len(data), now_ns()))
+            self._marks.append((self._fed + len(data), stamp))
             self._fed += len(data)
             if self._event is not None:
                 self._event.set()
@@ -414,9 +434,30 @@ class ArrivalStampedPipe(BufferedPipe):
 def stamp_arrivals(channel: paramiko.Channel) -> ArrivalStampedPipe:
     """Give `channel` an `ArrivalStampedPipe` input buffer; call before the peer can send (before
     `exec_command`, or in the server's exec request)."""
-    pipe = ArrivalStampedPipe()
+    sock = getattr(channel.get_transport(), "sock", None)
+    kernel = isinstance(sock, HubSocket) and sock._kernel
+    pipe = ArrivalStampedPipe(sock.arrival if kernel else None)  # listed in `kernel_arrivals`
     channel.in_buffer = pipe
     return pipe
+
+
+# (arrival stamp, the kernel's receive stamp: control messages) of every chunk fed to a stamped pipe: None (the
+# default) until `record_kernel_arrivals`, for accounting only: nothing in the harness reads it.
+kernel_arrivals: list[tuple[int, list]] | None = None
+
+
+def record_kernel_arrivals() -> list[tuple[int, list]]:
+    """From now on, hub sockets read with the kernel's receive stamp (SO_TIMESTAMPNS), and each chunk their
+    channels' pipes stamp is listed with it (`kernel_arrivals`, parsed with devices.timing.kernel_realtime_ns:
+    CLOCK_REALTIME): when its SSH packet reached this machine, besides its stamp, the hub's read of it — which
+    also counts the hub's own backlog (a busy process's, every packet ahead decrypted first). The stamps
+    themselves are unchanged; a read costs a recvmsg instead of a recv and a feed one append. For
+    benchmarks/timestamp_accuracy.py, which splits a cycle's delivery between the bench and the harness where
+    the line reached the machine."""
+    global kernel_arrivals
+    if kernel_arrivals is None:
+        kernel_arrivals = []
+    return kernel_arrivals
 
 
 class _FirstSend(threading.local):

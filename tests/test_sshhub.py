@@ -260,6 +260,45 @@ def test_arrival_stamps_follow_the_bytes_read_not_the_read(monkeypatch):
     assert pipe.read(100) == b"def\n" and pipe.last_read_ns == 300  # the last byte's arrival
 
 
+def test_kernel_arrivals_are_when_the_bytes_reached_the_machine_not_when_the_hub_read_them(hub, monkeypatch):
+    from devices import sshhub
+    from devices.timing import ClockPair, kernel_realtime_ns, now_ns
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    peer = socket.create_connection(listener.getsockname())
+    mine, _ = listener.accept()
+    plain = HubSocket(socket.socketpair()[0], hub)  # made before: read as before, no kernel stamps
+    monkeypatch.setattr(sshhub, "kernel_arrivals", None)
+    listed = sshhub.record_kernel_arrivals()
+    s = HubSocket(mine, hub)
+    deadline = Deadline(10)  # the kernel starts stamping a moment after the first socket asks (deferred work)
+    while not deadline.expired():
+        peer.sendall(b".")
+        if _in_hub(hub, lambda: s.recv(1)).get(timeout=30) == b"." and kernel_realtime_ns(s.arrival()):
+            break
+    before_send = now_ns()
+    peer.sendall(b"line\n")
+    time.sleep(0.02)  # the hub gets to it later (a busy process's hub is behind)
+
+    def read():
+        began = now_ns()
+        return began, s.recv(100)
+
+    began, data = _in_hub(hub, read).get(timeout=30)
+    clocks = ClockPair.now()
+    arrived = kernel_realtime_ns(s.arrival()) - clocks.offset_ns
+    assert data == b"line\n" and before_send - clocks.width_ns <= arrived < began  # arrived before it was read
+    pipe = sshhub.ArrivalStampedPipe(s.arrival)  # what `stamp_arrivals` gives a channel on that socket
+    pipe.feed(data)
+    assert pipe.read(100) == data and pipe.last_read_ns >= began  # the stamp stays the hub's read
+    assert listed == [(pipe.last_read_ns, s.arrival())]  # listed with the kernel's stamp, for accounting
+    assert not plain._kernel and plain.arrival() == []
+    for sock in (s, plain):
+        sock.close()
+    peer.close()
+    listener.close()
+
+
 def test_first_send_ns_is_when_the_socket_send_began(hub):
     from devices.sshhub import first_send_ns
     from devices.timing import now_ns
