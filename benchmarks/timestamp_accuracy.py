@@ -16,7 +16,8 @@ compares every recorded event with the emulator's ground truth:
   By default the arrival is the kernel's receive time of the line's SSH packet (`--arrival kernel`:
   devices.sshhub.record_kernel_arrivals, beside each stamp; ~1-2 µs more a read on the harness's SSH hub, the
   harness otherwise unchanged); `--arrival read` takes `recv_ns` itself, the hub's read of the line, which
-  counts the hub's own backlog (the harness's) as the bench's.
+  counts the hub's own backlog (the harness's) as the bench's. With kernel arrivals, delivery_hub_backlog is the
+  first part of the harness's side: the last line's wait, arrived, for the hub to read it.
   harness_side = before_command + delivery_harness_side + between_cycles: the harness's own part of total,
   goal median ≤ 2 ms (the rest of total is the emulated bench's, sharing the machine's cores).
   With the emulator in its own process, its CPU per cycle too (`cpu_emulator`: every thread, sampled from
@@ -171,10 +172,10 @@ ARRIVALS: list[tuple[int, list]] | None = None  # (recv_ns, its kernel receive s
 REALTIME: list = []  # devices.timing.ClockPair before and after the run: the kernel stamps' CLOCK_REALTIME
 
 
-def arrivals_ns(obs_records: list[dict]) -> np.ndarray:
+def arrivals_ns(obs_records: list[dict], with_reads: bool = False):
     """When each host line reached this machine, sorted: its SSH packet's kernel receive time (`ARRIVALS`,
     CLOCK_REALTIME converted with the offset measured around the run, which must not have moved), else its
-    `recv_ns` (the harness's read of it)."""
+    `recv_ns` (the harness's read of it); `with_reads`: also each one's `recv_ns`, in the same order."""
     from devices.timing import kernel_realtime_ns
 
     kernel = {}
@@ -188,7 +189,10 @@ def arrivals_ns(obs_records: list[dict]) -> np.ndarray:
         kernel = {recv: realtime - offset for recv, stamp in ARRIVALS
                   if (realtime := kernel_realtime_ns(stamp)) is not None}
     KERNEL_STAMPED[:] = [sum(r["recv_ns"] in kernel for r in obs_records), len(obs_records)]
-    return np.sort(np.array([kernel.get(r["recv_ns"], r["recv_ns"]) for r in obs_records], dtype=np.int64))
+    reads = np.array([r["recv_ns"] for r in obs_records], dtype=np.int64)
+    arrived = np.array([kernel.get(r, r) for r in reads.tolist()], dtype=np.int64)
+    order = np.argsort(arrived, kind="stable")
+    return (arrived[order], reads[order]) if with_reads else arrived[order]
 
 
 KERNEL_STAMPED = [0, 0]  # host lines with a kernel arrival stamp, of all (the rest: their read)
@@ -196,16 +200,23 @@ KERNEL_STAMPED = [0, 0]  # host lines with a kernel arrival stamp, of all (the r
 
 def delivery_split_ms(obs_records: list[dict], cycles: pd.DataFrame, truth: pd.DataFrame) -> dict[str, np.ndarray]:
     """after_last_event in two: the bench's side (last true event -> the cycle's last host line reaches this
-    machine: agent poll, emulator, SSH) and the harness's side (that line -> the cycle's end)."""
-    recv = arrivals_ns(obs_records)
+    machine: agent poll, emulator, SSH) and the harness's side (that line -> the cycle's end); with kernel
+    arrivals, the harness's side's first part too: that line's wait for the SSH hub to read it (its
+    `recv_ns` - its arrival: the hub's backlog)."""
+    recv, reads = arrivals_ns(obs_records, with_reads=True)
     last_true = truth.groupby("cycle")["t_ns"].max()
-    bench, harness = [], []
+    bench, harness, hub = [], [], []
     for row in cycles.itertuples():
-        window = recv[(recv >= row.sent_ns) & (recv <= row.done_ns)]
-        if window.size and row.cycle in last_true.index:
-            bench.append(window[-1] - last_true[row.cycle])
-            harness.append(row.done_ns - window[-1])
-    return {"delivery_bench_side": np.array(bench) / 1e6, "delivery_harness_side": np.array(harness) / 1e6}
+        inside = np.nonzero((recv >= row.sent_ns) & (recv <= row.done_ns))[0]
+        if inside.size and row.cycle in last_true.index:
+            last = inside[-1]
+            bench.append(recv[last] - last_true[row.cycle])
+            harness.append(row.done_ns - recv[last])
+            hub.append(reads[last] - recv[last])
+    parts = {"delivery_bench_side": np.array(bench) / 1e6, "delivery_harness_side": np.array(harness) / 1e6}
+    if ARRIVALS is not None:
+        parts["delivery_hub_backlog"] = np.array(hub) / 1e6
+    return parts
 
 
 EMULATOR_CPU: CpuSampler | None = None  # the separate emulator's, when the last run had one
