@@ -92,6 +92,30 @@ def test_apply_exclusive_moves_only_what_changes(scpi, emulator):
         ("mirror_released", 17), ("mirror_released", 18), ("mirror_settled", 18), ("mirror_settled", 19)]
 
 
+def test_begin_apply_returns_once_the_change_is_written_and_finish_reads_its_reply(scpi, emulator):
+    """The harness goes on while the switch settles: `begin_apply` writes the change and reads nothing of
+    its reply; `finish` reads it and returns what `apply` returns; the session is held until then."""
+    bench, _ = emulator
+    scpi.connect(1, 17)
+    before, read = scpi.last_timing, scpi.patches()  # a read: `:CONN:ONLY` is planned from one
+    pending = scpi.begin_apply({1: 18, 2: 19}, exclusive=True)
+    assert pending.sent_ns == scpi._channel.last_write[0] and scpi._lock.locked()
+    assert scpi.last_timing is not before and scpi.last_timing.completed_ns < pending.sent_ns  # the read's
+    timing = pending.finish()
+    assert timing.sent_ns == pending.sent_ns < timing.completed_ns and not scpi._lock.locked()
+    assert read == {1: 17} and scpi.patches() == {1: 18, 2: 19}
+    # outside the allowlist a SUB then an ADD: the first is begin's write, the ADD waits for its reply
+    switch = _open(_url(emulator[1], "tcp"), allowed=ALL_PORTS - {16, 32})
+    try:
+        scpi.connect(16, 32)
+        pending = switch.begin_apply({1: 19, 3: 18})
+        assert switch._channel.last_write[0] == pending.sent_ns and switch._lock.locked()
+        timing = pending.finish()
+        assert timing.sent_ns == pending.sent_ns and switch.patches() == {1: 19, 3: 18, 16: 32}
+    finally:
+        switch.close()
+
+
 def test_apply_keeps_patches_outside_the_allowlist(emulator):
     bench, servers = emulator
     admin = _open(_url(servers, "tcp"))

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Mapping, Sequence
+from typing import Generator, Mapping, Sequence
 
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportClosed
 from devices.ocs.base import (ConfirmedState, DeviceEvent, DeviceEvents, ImpossibleState, Planned, check_allowed,
                               check_state, confirm_planned, disconnect_ports, plan_for, power_ports)
 from devices.ocs.lines import LineChannel, LineTooLong, excerpt
-from devices.protocols import CircuitSwitch
+from devices.protocols import CircuitSwitch, Pending
 from devices.resources import OcsResource
 from devices.timing import CommandTiming, Deadline, Receipt, now_ns
 
@@ -171,12 +171,18 @@ class ScpiSwitch(CircuitSwitch):
 
     def execute(self, text: str, *, deadline: Deadline | None = None) -> CommandTiming:
         """Send a command followed by `*OPC?`, then check the error queue; DeviceDenied on error."""
+        return Pending(self._execute_steps(text, deadline)).finish()
+
+    def _execute_steps(self, text: str, deadline: Deadline | None = None) -> Generator[int, None, CommandTiming]:
+        """`execute` as a driver's steps (devices.protocols.Pending): the session is held from the write until
+        the error queue is read."""
         with self._lock:
             self._confirmed.forget()  # a change: plan the next apply from a read, unless apply confirms it
             deadline = deadline or Deadline(self.timeout_s)
             line = f"{text};*OPC?"
             self._write(line)
             write = self._channel.last_write
+            yield write[0]
             receipt, reply = self._reply(line, deadline)
             if reply.rsplit(";", 1)[-1].strip() != "1":
                 raise DeviceError(f"{text!r}: expected *OPC? reply 1, got {excerpt(reply)}")
@@ -231,8 +237,15 @@ class ScpiSwitch(CircuitSwitch):
         return self.execute(f":OXC:SWIT:CONN:SUB {channel_list(ingresses)},(@)")
 
     def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
-        """One atomic `:CONN:ONLY` when the whole switch state lies on allowed ports (so replacing it
-        cannot touch anything else); otherwise `:CONN:SUB` of the conflicts, then `:CONN:ADD`. Planned from
+        return self.begin_apply(mapping, exclusive=exclusive).finish()
+
+    def begin_apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> Pending[CommandTiming]:
+        return Pending(self._apply_steps(mapping, exclusive))
+
+    def _apply_steps(self, mapping: Mapping[int, int], exclusive: bool) -> Generator[int, None, CommandTiming]:
+        """`apply`'s steps (devices.protocols.Pending), yielding after the first change's write. One atomic
+        `:CONN:ONLY` when the whole switch state lies on allowed ports (so replacing it cannot touch anything
+        else); otherwise `:CONN:SUB` of the conflicts, then `:CONN:ADD`. Planned from
         the read after our last change (base.plan_for) only for SUB + ADD: `:CONN:ONLY` replaces the whole
         switch state, so whether it lies on allowed ports is always read from the switch first."""
         planned = plan_for(self, mapping, exclusive)
@@ -243,16 +256,17 @@ class ScpiSwitch(CircuitSwitch):
             return planned.read
         if self._replaces_all(planned):
             ins = sorted(final)
-            timing = self.execute(f":OXC:SWIT:CONN:ONLY {channel_list(ins)},"
-                                  f"{channel_list([final[i] for i in ins])}")
+            timing = yield from self._execute_steps(f":OXC:SWIT:CONN:ONLY {channel_list(ins)},"
+                                                    f"{channel_list([final[i] for i in ins])}")
         else:
-            timings = []
+            commands = []
             if plan.removes:
-                timings.append(self.execute(f":OXC:SWIT:CONN:SUB {channel_list(sorted(plan.removes))},(@)"))
+                commands.append(f":OXC:SWIT:CONN:SUB {channel_list(sorted(plan.removes))},(@)")
             if plan.adds:
                 ins = sorted(plan.adds)
-                timings.append(self.execute(f":OXC:SWIT:CONN:ADD {channel_list(ins)},"
-                                            f"{channel_list([plan.adds[i] for i in ins])}"))
+                commands.append(f":OXC:SWIT:CONN:ADD {channel_list(ins)},{channel_list([plan.adds[i] for i in ins])}")
+            # the first is the change's write; an ADD after a SUB waits for the SUB's reply (SCPI: one at a time)
+            timings = [(yield from self._execute_steps(commands[0]))] + [self.execute(c) for c in commands[1:]]
             timing = timings[0].until(timings[-1])
         confirm_planned(self, planned, mapping)
         return timing
