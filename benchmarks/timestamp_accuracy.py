@@ -14,8 +14,8 @@ compares every recorded event with the emulator's ground truth:
   after_last_event is split by each line's arrival stamp (`recv_ns`): the bench's side (agent poll, emulator,
   SSH, until the cycle's last host line reaches this machine) and the harness's side (that line -> cycle's end).
   By default the arrival is the kernel's receive time of the line's SSH packet (`--arrival kernel`:
-  devices.sshhub.record_kernel_arrivals, beside each stamp; ~1-2 µs more a read on the harness's SSH hub, the
-  harness otherwise unchanged); `--arrival read` takes `recv_ns` itself, the hub's read of the line, which
+  devices.sshhub.record_kernel_arrivals, beside each stamp; a recvmsg instead of a recv per read on the harness's
+  SSH hub, the harness otherwise unchanged); `--arrival read` takes `recv_ns` itself, the hub's read of the line, which
   counts the hub's own backlog (the harness's) as the bench's. With kernel arrivals, delivery_hub_backlog is the
   first part of the harness's side: the last line's wait, arrived, for the hub to read it.
   harness_side = before_command + delivery_harness_side + between_cycles: the harness's own part of total,
@@ -172,10 +172,10 @@ ARRIVALS: list[tuple[int, list]] | None = None  # (recv_ns, its kernel receive s
 REALTIME: list = []  # devices.timing.ClockPair before and after the run: the kernel stamps' CLOCK_REALTIME
 
 
-def arrivals_ns(obs_records: list[dict], with_reads: bool = False):
+def arrivals_ns(obs_records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """When each host line reached this machine, sorted: its SSH packet's kernel receive time (`ARRIVALS`,
     CLOCK_REALTIME converted with the offset measured around the run, which must not have moved), else its
-    `recv_ns` (the harness's read of it); `with_reads`: also each one's `recv_ns`, in the same order."""
+    `recv_ns` (the harness's read of it); and each one's `recv_ns`, in the same order."""
     from devices.timing import kernel_realtime_ns
 
     kernel = {}
@@ -192,18 +192,18 @@ def arrivals_ns(obs_records: list[dict], with_reads: bool = False):
     reads = np.array([r["recv_ns"] for r in obs_records], dtype=np.int64)
     arrived = np.array([kernel.get(r, r) for r in reads.tolist()], dtype=np.int64)
     order = np.argsort(arrived, kind="stable")
-    return (arrived[order], reads[order]) if with_reads else arrived[order]
+    return arrived[order], reads[order]
 
 
 KERNEL_STAMPED = [0, 0]  # host lines with a kernel arrival stamp, of all (the rest: their read)
 
 
-def delivery_split_ms(obs_records: list[dict], cycles: pd.DataFrame, truth: pd.DataFrame) -> dict[str, np.ndarray]:
+def delivery_split_ms(recv: np.ndarray, reads: np.ndarray, cycles: pd.DataFrame,
+                      truth: pd.DataFrame) -> dict[str, np.ndarray]:
     """after_last_event in two: the bench's side (last true event -> the cycle's last host line reaches this
     machine: agent poll, emulator, SSH) and the harness's side (that line -> the cycle's end); with kernel
     arrivals, the harness's side's first part too: that line's wait for the SSH hub to read it (its
-    `recv_ns` - its arrival: the hub's backlog)."""
-    recv, reads = arrivals_ns(obs_records, with_reads=True)
+    `recv_ns` - its arrival: the hub's backlog). `recv`, `reads`: `arrivals_ns`."""
     last_true = truth.groupby("cycle")["t_ns"].max()
     bench, harness, hub = [], [], []
     for row in cycles.itertuples():
@@ -222,10 +222,9 @@ def delivery_split_ms(obs_records: list[dict], cycles: pd.DataFrame, truth: pd.D
 EMULATOR_CPU: CpuSampler | None = None  # the separate emulator's, when the last run had one
 
 
-def harness_side_ms(obs_records: list[dict], cycles: pd.DataFrame) -> np.ndarray:
+def harness_side_ms(recv: np.ndarray, cycles: pd.DataFrame) -> np.ndarray:
     """Per cycle, the harness's own part of `total`: before_command + (the cycle's last host line ->
-    its end) + between_cycles."""
-    recv = arrivals_ns(obs_records)
+    its end) + between_cycles. `recv`: the lines' arrivals, sorted (`arrivals_ns`)."""
     c = cycles.sort_values("cycle").reset_index(drop=True)
     out = []
     for i, row in enumerate(c.itertuples()):
@@ -244,8 +243,9 @@ def report(run_dir: Path, truth: pd.DataFrame, clocks: dict) -> dict:
     ports = events[events["stage"] == "phy_up"].groupby(["host", "port"]).ngroups
     parts = overhead_ms(cycles, truth)
     records = observation_records(run_dir)
-    parts.update(delivery_split_ms(records.get("obs", []), cycles, truth))
-    parts["harness_side"] = harness_side_ms(records.get("obs", []), cycles)
+    arrived, reads = arrivals_ns(records.get("obs", []))
+    parts.update(delivery_split_ms(arrived, reads, cycles, truth))
+    parts["harness_side"] = harness_side_ms(arrived, cycles)
     parts.update({f"cpu_{k}": v for k, v in cpu_ms(records.get("cycle", [])).items()})
     if EMULATOR_CPU is not None:
         parts["cpu_emulator"] = EMULATOR_CPU.per_cycle_ms(cycles[cycles["cycle"] > 0])

@@ -23,15 +23,17 @@ class Pending(Generic[T]):
         try:
             self.sent_ns = next(steps)
         except StopIteration as ended:  # nothing to send (a plan that was already in place)
-            self._steps, self._value = None, ended.value
-            self.sent_ns = getattr(ended.value, "sent_ns", 0)
+            self._ended(ended.value)
 
     @classmethod
     def done(cls, value: T) -> "Pending[T]":
         """A call that already ended (a driver that cannot write before it waits: the whole call ran)."""
         pending = cls.__new__(cls)
-        pending._steps, pending._value, pending.sent_ns = None, value, getattr(value, "sent_ns", 0)
+        pending._ended(value)
         return pending
+
+    def _ended(self, value: T) -> None:
+        self._steps, self._value, self.sent_ns = None, value, getattr(value, "sent_ns", 0)
 
     def finish(self) -> T:
         steps, self._steps = self._steps, None
@@ -44,7 +46,6 @@ class Pending(Generic[T]):
                 steps.close()
                 raise RuntimeError("a driver's steps yield once, after the write")
         return self._value
-
 
 
 class CircuitSwitch(ABC):

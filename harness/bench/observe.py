@@ -115,13 +115,13 @@ class CycleWatch:
         if obs.kind == "watch" and obs.interval_ns == 0:
             # A (re)started watch prints current values. After a reconnect during this cycle, a stage already
             # reached — once the mirrors settled, so the old light is gone — happened while nobody looked.
-            if self.reconnected.get(obs.host, 0) >= self.first_sent and self.completed is None:
-                # the switch's reply is still to come: the host's lines wait for it, in order
+            if self.reconnected.get(obs.host, 0) < self.first_sent:
+                return
+            if self.completed is None:  # the switch's reply is still to come: the host's lines wait for it, in order
                 self._held[obs.host] = lambda: self.completed is not None
                 self._parked.append(obs)
                 return
-            if self.reconnected.get(obs.host, 0) >= self.first_sent and \
-                    self.convert(obs.host, obs.host_ns)[0] > self.completed:
+            if self.convert(obs.host, obs.host_ns)[0] > self.completed:
                 for gone, marker in REACHED.items():
                     if (obs.field, obs.value) == marker and gone in self.need[key]:
                         self._lose(key, [gone] + (["first_packet"] if gone == "port_active" else []))

@@ -214,21 +214,21 @@ class TurnaroundRun:
                 sent = command.sent_ns or None
                 if upcoming is not None:  # the next cycle is planned while this one's circuits settle
                     self._ahead = self._plan(mapping, upcoming)
-                ahead = self._ahead.ocs_map if upcoming is not None else None
+                next_map = self._ahead.ocs_map if upcoming is not None else None
                 if sent:
                     # The change is on the wire. Its reply (the switch settled: tens of ms) is awaited on the
                     # guard's thread, which then plans the next command from it, while this thread feeds the
                     # host lines that come meanwhile: blocked on the reply, it found them queued, and a reply
                     # that came late left it behind the cycle's last lines (docs/turnaround.md).
-                    plan_next = (lambda: self.guard.plan_ahead(ahead)) if ahead is not None else None
+                    plan_next = (lambda: self.guard.plan_ahead(next_map)) if next_map is not None else None
                     finishing = self.guard.finish_later(command, self.log.wake, then=plan_next)
                 else:  # the first attempt failed before its write: when the change went out, the retries say
                     applied = command.finish()
                     sent, completed, stamps = applied.first_sent_ns, applied.timing.completed_ns, \
                         applied.ocs_stamps
                     causes += [("", c) for c in applied.causes]
-                    if ahead is not None:
-                        self.guard.plan_ahead(ahead)
+                    if next_map is not None:
+                        self.guard.plan_ahead(next_map)
                 self.after_command()  # the command is out: the last cycle's leftovers cost it nothing now
                 collect_young()
                 built = CycleEvents(self.ctx.run_id, cycle, self.ports, sent, self.hosts.convert, self.chain,
