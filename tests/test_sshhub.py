@@ -267,7 +267,8 @@ def test_kernel_arrivals_are_when_the_bytes_reached_the_machine_not_when_the_hub
     listener = socket.create_server(("127.0.0.1", 0))
     peer = socket.create_connection(listener.getsockname())
     mine, _ = listener.accept()
-    plain = HubSocket(socket.socketpair()[0], hub)  # made before: read as before, no kernel stamps
+    plain_end, plain_peer = socket.socketpair()
+    plain = HubSocket(plain_end, hub)  # made before: read as before, no kernel stamps
     monkeypatch.setattr(sshhub, "kernel_arrivals", None)
     listed = sshhub.record_kernel_arrivals()
     s = HubSocket(mine, hub)
@@ -295,8 +296,8 @@ def test_kernel_arrivals_are_when_the_bytes_reached_the_machine_not_when_the_hub
     assert not plain._kernel and plain.arrival() == []
     for sock in (s, plain):
         sock.close()
-    peer.close()
-    listener.close()
+    for sock in (plain_peer, peer, listener):
+        sock.close()
 
 
 def test_first_send_ns_is_when_the_socket_send_began(hub):
