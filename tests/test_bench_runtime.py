@@ -217,6 +217,44 @@ def test_lines_that_mark_no_stage_are_mirrored_but_not_queued_and_the_cycle_is_t
 
 
 
+def test_the_mirror_writes_lines_at_flush_in_the_order_put_and_loses_none_put_meanwhile(tmp_path):
+    """The reader's `put_many` only queues a batch for the mirror; `flush` (the step's, once the next command is
+    out), a record written (a clock sample) and `close` write every batch put before them, in order. Batches put
+    from another thread while the mirror is written are each written exactly once."""
+    from harness.clock import ClockSample
+
+    path = tmp_path / "observations.jsonl"
+    script = ScriptedObservations()
+    for i in range(3000):
+        script.watch("h1", "eth0", "carrier", str(i % 2), 100 * MS + i * 1000)
+    items = script.items
+    log = ObservationLog(path)
+    log.put_many(items[:2])
+    log._file.flush()
+    assert path.read_text() == ""  # not serialised on the reader's thread
+    sample = ClockSample(**{f: 1 for f in ClockSample.__dataclass_fields__})
+    log.clock_sample("h1", sample)  # a record: the lines put before it go first
+    log.flush()
+    assert [json.loads(line)["k"] for line in path.read_text().splitlines()] == ["obs", "obs", "clock"]
+
+    batches = [items[i:i + 7] for i in range(2, len(items), 7)]
+    done = threading.Event()
+
+    def reader() -> None:
+        for batch in batches:
+            log.put_many(batch)
+        done.set()
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    while not done.is_set():
+        log.flush()
+    thread.join()
+    log.close()
+    written = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [w["host_ns"] for w in written if w["k"] == "obs"] == [o.host_ns for o in items]
+
+
 def test_the_cycles_collector_frees_what_became_cyclic_garbage_and_freezes_the_rest():
     """During a step's cycles automatic collection is off; `collect_young`, once a cycle in its physical wait,
     collects what is cyclic garbage by then and freezes the survivors (not scanned again)."""

@@ -261,26 +261,27 @@ class ObservationLog:
         self._backlog: collections.deque = collections.deque()  # taken from the queue, not yet read
         self._lock = threading.Lock()
         self._file = open(path, "ab") if path is not None else None
+        # Batches not yet mirrored: serialising them was a third of the SSH hub's work per line in a cycle's
+        # burst, which the cycle's end waits for. `flush` mirrors them, once the next command is out.
+        self._unwritten: collections.deque = collections.deque()
 
     def _write(self, record: dict) -> None:
         if self._file is not None:
             # orjson: a cycle's record holds every kept observation; json.dumps took ~2 ms of the cycle
             line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
             with self._lock:
+                self._mirror()  # the lines put before it go first
                 self._file.write(line)
 
     def put(self, obs) -> None:
         self.put_many([obs])
 
     def put_many(self, batch: list) -> None:
-        """Observations that arrived together: mirrored raw in one write, queued as one item — but for watch
+        """Observations that arrived together: mirrored raw at the next `flush`, queued as one item — but for watch
         lines of a field that marks no stage (STAGE_FIELDS), which only the mirror keeps: a third of a
         cycle's watch lines, each a wake-up's share and a `feed` on the step's thread in the cycle's burst."""
         if self._file is not None:
-            # orjson serialises the flat dataclass itself (no dict built per observation)
-            lines = b"".join([b'{"k":"obs",' + orjson.dumps(obs)[1:] + b"\n" for obs in batch])
-            with self._lock:
-                self._file.write(lines)
+            self._unwritten.append(batch)  # a deque: appended here, taken by `_mirror` without a lock
         read = [obs for obs in batch if obs.kind != "watch" or obs.field in STAGE_FIELDS]
         if read:
             self._queue.put(read)
@@ -305,16 +306,26 @@ class ObservationLog:
                      "cpu_ns": time.process_time_ns() if cpu_ns is None else cpu_ns,
                      "step_cpu_ns": time.thread_time_ns() if step_cpu_ns is None else step_cpu_ns})
 
+    def _mirror(self) -> None:
+        """Write the observations put so far (under `_lock`), each batch in one write."""
+        unwritten, write = self._unwritten, self._file.write
+        while unwritten:
+            # orjson serialises the flat dataclass itself (no dict built per observation)
+            write(b"".join([b'{"k":"obs",' + orjson.dumps(obs)[1:] + b"\n" for obs in unwritten.popleft()]))
+
     def flush(self) -> None:
-        """Hand what was written to the OS (it survives the process; events.jsonl, fsynced per cycle, stays
-        the record of truth, so the cycle does not wait for this raw log's fsync)."""
+        """Mirror the observations put so far and hand the log to the OS (it survives the process). The step
+        calls this once a cycle's next command is out, not between its cycles: events.jsonl, fsynced per
+        cycle, is the record of truth; a run killed before then loses this raw copy of the cycle's lines."""
         if self._file is not None:
             with self._lock:
+                self._mirror()
                 self._file.flush()
 
     def close(self) -> None:
         if self._file is not None:
             with self._lock:
+                self._mirror()
                 self._file.flush()
                 os.fsync(self._file.fileno())
                 self._file.close()

@@ -312,6 +312,7 @@ class TurnaroundRun:
             self._leftover = None
             self.log.cycle(cycle, sent, completed, self.ocs, self.ports, arrivals, cpu_ns=cpu, step_cpu_ns=step_cpu,
                            ocs_stamps=stamps)
+            self.log.flush()
             up = max((e.t_ns for e in events if e.stage in self.chain), default=arrivals.done_ns)
             status = next((o.status for o in reversed(self.outcomes) if o.cycle == cycle), "")
             self.progress.update(self.task, advance=1, last=f"{status} {(up - sent) / 1e6:8.1f} ms")
@@ -347,8 +348,7 @@ class TurnaroundRun:
 
     def _record(self, events: list[Event], encoded: list | None = None) -> None:
         self.ctx.record(events, encoded)
-        self.log.flush()
-        self.ctx.log.flush()  # durable (fsynced) before the next command
+        self.ctx.log.flush()  # durable (fsynced) before the next command; the raw lines' mirror after it
 
     def _latch(self, cycle: int, begin: int, affected: list[str], causes: list[tuple[str, str]], why: str,
                record: bool, sent: int | None, completed: int | None,
