@@ -382,3 +382,30 @@ def test_packets_macs_come_from_copies_of_a_keyed_base_with_paramikos_digests():
         if rng.random() < 0.01:
             sshhub._keyed.clear()
     assert set(sshhub._keyed) <= {(k, d) for k in keys for d in digests}
+
+
+@pytest.mark.parametrize("server_ciphers, agreed", [(None, "aes128-gcm@openssh.com"),
+                                                    (("aes256-ctr", "aes128-ctr"), "aes128-ctr")])
+def test_a_hub_client_asks_for_aes_gcm_first_and_takes_what_the_server_has(hub, server_ciphers, agreed):
+    """Against a plain paramiko server: AES-GCM both ways when the server has it; a server without it gets the
+    client's next choice (paramiko's order), and the connection carries packets either way."""
+    import paramiko
+
+    a, b = socket.socketpair()
+    server = paramiko.Transport(b)
+    server.add_server_key(paramiko.RSAKey.generate(1024))
+    if server_ciphers is not None:
+        server.get_security_options().ciphers = server_ciphers
+    server.start_server(event=threading.Event(), server=paramiko.ServerInterface())
+    client = HubTransport(a, hub=hub)
+    try:
+        client.start_client(timeout=20)
+        assert (client.local_cipher, client.remote_cipher) == (agreed, agreed)
+        assert (server.local_cipher, server.remote_cipher) == (agreed, agreed)
+        client.renegotiate_keys()  # a key exchange needs packets both ways under the agreed cipher
+        assert client.is_active() and server.is_active() and client.local_cipher == agreed
+    finally:
+        client.close()
+        server.close()
+        a.close()
+        b.close()
