@@ -11,13 +11,14 @@ compares every recorded event with the emulator's ground truth:
   end → next begin: clock check, conversion, durable write, bookkeeping). Wall times grow with the machine's
   load (other processes), so the harness's CPU per cycle is reported too (process CPU, every thread, and the
   CPU of the thread running the step, between consecutive cycle ends: `cpu_ns` in observations.jsonl).
-  after_last_event is split by each line's arrival stamp (`recv_ns`): the bench's side (agent poll, emulator,
-  SSH, until the cycle's last host line reaches this machine) and the harness's side (that line -> cycle's end).
-  By default the arrival is the kernel's receive time of the line's SSH packet (`--arrival kernel`:
-  devices.sshhub.record_kernel_arrivals, beside each stamp; a recvmsg instead of a recv per read on the harness's
-  SSH hub, the harness otherwise unchanged); `--arrival read` takes `recv_ns` itself, the hub's read of the line, which
-  counts the hub's own backlog (the harness's) as the bench's. With kernel arrivals, delivery_hub_backlog is the
-  first part of the harness's side: the last line's wait, arrived, for the hub to read it.
+  after_last_event is split where the cycle's last host line left the bench: the bench's side (agent poll,
+  emulator, its SSH, until then) and the harness's side (that line -> cycle's end). By default that is when the
+  emulator's socket send of the last byte of the line's SSH packet began (`--arrival wire`:
+  devices.sshhub.record_wire in both processes, `harness emulate --wire-out`; the packet cannot have reached
+  this machine before, so the harness's side also counts the few µs of loopback); `--arrival read` takes
+  `recv_ns` itself, the hub's read of the line, which counts the hub's own backlog (the harness's) as the bench's.
+  With wire arrivals, delivery_hub_backlog is the first part of the harness's side: the last line's wait, sent,
+  for the hub to read it.
   harness_side = before_command + delivery_harness_side + between_cycles: the harness's own part of total,
   goal median ≤ 2 ms (the rest of total is the emulated bench's, sharing the machine's cores).
   With the emulator in its own process, its CPU per cycle too (`cpu_emulator`: every thread, sampled from
@@ -137,9 +138,10 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
                          step: dict) -> tuple[Path, pd.DataFrame, dict]:
     """`harness emulate` in its own process and the harness driving its inventory, as on a real bench:
     the overhead measured is then the harness's own, not the emulator's sharing its interpreter."""
-    inventory, truth_file = out / "bench.yaml", out / "truth.jsonl"
+    inventory, truth_file, wire_file = out / "bench.yaml", out / "truth.jsonl", out / "wire.json"
     emulator = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--profile", profile, "--seed", "11",
-                                 "--inventory-out", str(inventory), "--truth-out", str(truth_file)],
+                                 "--inventory-out", str(inventory), "--truth-out", str(truth_file)]
+                                + (["--wire-out", str(wire_file)] if WIRE is not None else []),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     sampler = CpuSampler(emulator.pid)
     try:
@@ -160,6 +162,8 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
     run_dir = next((out / "runs").iterdir())
     global EMULATOR_CPU
     EMULATOR_CPU = sampler
+    if WIRE is not None:
+        EMULATOR_WIRE.extend(json.loads(wire_file.read_text()))
     rows = [json.loads(line) for line in truth_file.read_text().splitlines()]
     clocks = {r["host"]: r for r in rows if r["stage"] == "host_clock"}
     truth = pd.DataFrame([r for r in rows if r["stage"] in STAGES])
@@ -168,42 +172,55 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
     return run_dir, truth, clocks
 
 
-ARRIVALS: list[tuple[int, list]] | None = None  # (recv_ns, its kernel receive stamp) with `--arrival kernel`
-REALTIME: list = []  # devices.timing.ClockPair before and after the run: the kernel stamps' CLOCK_REALTIME
+WIRE: dict | None = None  # this process's devices.sshhub.record_wire, with `--arrival wire`
+EMULATOR_WIRE: list[dict] = []  # the separate emulator's (`harness emulate --wire-out`)
+
+
+def _sends_by_connection() -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+    """(local port, peer port) -> (when each send began, where its bytes end), of every socket that sent: the
+    emulator's, and in-process this one's."""
+    sends = {(r["local"], r["peer"]): r["sent"] for r in EMULATOR_WIRE}
+    sends.update({key: r["sent"] for key, r in (WIRE or {}).items() if r["sent"]})
+    return {key: (np.array([t for t, _ in v], dtype=np.int64), np.array([e for _, e in v], dtype=np.int64))
+            for key, v in sends.items() if v}
 
 
 def arrivals_ns(obs_records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-    """When each host line reached this machine, sorted: its SSH packet's kernel receive time (`ARRIVALS`,
-    CLOCK_REALTIME converted with the offset measured around the run, which must not have moved), else its
-    `recv_ns` (the harness's read of it); and each one's `recv_ns`, in the same order."""
-    from devices.timing import kernel_realtime_ns
-
-    kernel = {}
-    if ARRIVALS is not None:
-        before, after = REALTIME
-        moved = abs(after.offset_ns - before.offset_ns)
-        if moved > 100_000:
-            raise SystemExit(f"CLOCK_REALTIME moved {moved} ns against the harness clock during the run: the "
-                             f"kernel arrival stamps cannot be converted; run again, or use --arrival read")
-        offset = (before.offset_ns + after.offset_ns) // 2
-        kernel = {recv: realtime - offset for recv, stamp in ARRIVALS
-                  if (realtime := kernel_realtime_ns(stamp)) is not None}
-    KERNEL_STAMPED[:] = [sum(r["recv_ns"] in kernel for r in obs_records), len(obs_records)]
+    """When each host line left the bench, sorted: with `--arrival wire`, when the peer's send of the last byte of
+    its SSH packet began (the packet is fed where it ends in the stream; the first send whose bytes reach there
+    carried it), else its `recv_ns` (the harness's read of it); and each one's `recv_ns`, in the same order."""
+    left = {}
+    if WIRE is not None:
+        sends = _sends_by_connection()
+        later = 0
+        for (local, peer), record in WIRE.items():
+            if not record["fed"] or (peer, local) not in sends:
+                continue
+            began, ends = sends[(peer, local)]
+            stamps, fed_ends = np.array(record["fed"], dtype=np.int64).T
+            at = np.searchsorted(ends, fed_ends)  # the first send whose bytes reach the packet's end
+            ok = at < len(ends)
+            sent = began[np.minimum(at, len(ends) - 1)]
+            later += int(np.sum(ok & (sent > stamps)))
+            left.update(zip(stamps[ok].tolist(), sent[ok].tolist()))
+        if later:  # a packet fed before its bytes were sent: the accounting, not the harness, is wrong
+            raise SystemExit(f"{later} SSH packets were fed before their send began: the wire lists do not match")
+    WIRE_MATCHED[:] = [sum(r["recv_ns"] in left for r in obs_records), len(obs_records)]
     reads = np.array([r["recv_ns"] for r in obs_records], dtype=np.int64)
-    arrived = np.array([kernel.get(r, r) for r in reads.tolist()], dtype=np.int64)
+    arrived = np.array([left.get(r, r) for r in reads.tolist()], dtype=np.int64)
     order = np.argsort(arrived, kind="stable")
     return arrived[order], reads[order]
 
 
-KERNEL_STAMPED = [0, 0]  # host lines with a kernel arrival stamp, of all (the rest: their read)
+WIRE_MATCHED = [0, 0]  # host lines matched to the send that carried them, of all (the rest: their read)
 
 
 def delivery_split_ms(recv: np.ndarray, reads: np.ndarray, cycles: pd.DataFrame,
                       truth: pd.DataFrame) -> dict[str, np.ndarray]:
-    """after_last_event in two: the bench's side (last true event -> the cycle's last host line reaches this
-    machine: agent poll, emulator, SSH) and the harness's side (that line -> the cycle's end); with kernel
-    arrivals, the harness's side's first part too: that line's wait for the SSH hub to read it (its
-    `recv_ns` - its arrival: the hub's backlog). `recv`, `reads`: `arrivals_ns`."""
+    """after_last_event in two: the bench's side (last true event -> the cycle's last host line leaves the bench:
+    agent poll, emulator, its SSH) and the harness's side (that line -> the cycle's end); with wire arrivals,
+    the harness's side's first part too: that line's wait for the SSH hub to read it (its `recv_ns` - its
+    send: loopback and the hub's backlog). `recv`, `reads`: `arrivals_ns`."""
     last_true = truth.groupby("cycle")["t_ns"].max()
     bench, harness, hub = [], [], []
     for row in cycles.itertuples():
@@ -214,7 +231,7 @@ def delivery_split_ms(recv: np.ndarray, reads: np.ndarray, cycles: pd.DataFrame,
             harness.append(row.done_ns - recv[last])
             hub.append(reads[last] - recv[last])
     parts = {"delivery_bench_side": np.array(bench) / 1e6, "delivery_harness_side": np.array(harness) / 1e6}
-    if ARRIVALS is not None:
+    if WIRE is not None:
         parts["delivery_hub_backlog"] = np.array(hub) / 1e6
     return parts
 
@@ -263,30 +280,26 @@ if __name__ == "__main__":
     ap.add_argument("--watch-us", type=int, default=200, help="agent poll interval (sysfs and ethtool -m)")
     ap.add_argument("--emulator", choices=("process", "in-process"), default="process",
                     help="`harness emulate` in its own process (default, as on a bench) or inside the harness")
-    ap.add_argument("--arrival", choices=("kernel", "read"), default="kernel",
-                    help="where a host line's delivery stops being the bench's: its SSH packet's kernel receive "
-                         "time (default) or the harness's read of it")
+    ap.add_argument("--arrival", choices=("wire", "read"), default="wire",
+                    help="where a host line's delivery stops being the bench's: the emulator's send of its SSH "
+                         "packet (default) or the harness's read of it")
     ap.add_argument("--late-report-ms", type=float, default=None,
                     help="the step's grace for late polled reports once a port's last stage is in (default: the "
                          "step's); it is a wait the playbook chooses, counted in after_last_event")
     args = ap.parse_args()
     step = {} if args.late_report_ms is None else {"late_report_ms": args.late_report_ms}
     runner = run_separate_process if args.emulator == "process" else run_in_process
-    if args.arrival == "kernel":
-        from devices.sshhub import record_kernel_arrivals
+    if args.arrival == "wire":
+        from devices.sshhub import record_wire
 
-        ARRIVALS = record_kernel_arrivals()  # this process's (the harness's) hub sockets, opened by the run
+        WIRE = record_wire()  # this process's hub sockets, opened by the run (in-process: the emulator's too)
     with tempfile.TemporaryDirectory() as tmp:
-        from devices.timing import ClockPair
-
-        REALTIME.append(ClockPair.now())
         ran = runner(args.cycles, args.profile, args.watch_us, Path(tmp), step)
-        REALTIME.append(ClockPair.now())
         r = report(*ran)
     print(f"{r['cycles']} cycles x {r['ports']} ports, profile {args.profile}, poll {args.watch_us} µs, "
           f"emulator {args.emulator}, late_report_ms {step.get('late_report_ms', 'default')}, "
-          f"line arrival: {args.arrival}" + (f" ({KERNEL_STAMPED[0]} of {KERNEL_STAMPED[1]} lines kernel-stamped)"
-                                              if args.arrival == "kernel" else ""))
+          f"line arrival: {args.arrival}" + (f" ({WIRE_MATCHED[0]} of {WIRE_MATCHED[1]} lines matched to their send)"
+                                              if args.arrival == "wire" else ""))
     print(f"host clock offsets (ms): {r['host_offsets_ms']}  drift (ppm): {r['host_drift_ppm']}")
     print(r["accuracy"].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     print(f"load average (1 min) {os.getloadavg()[0]:.1f}")

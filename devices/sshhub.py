@@ -43,7 +43,7 @@ import paramiko.util
 from paramiko.buffered_pipe import BufferedPipe
 from paramiko.packet import Packetizer
 
-from devices.timing import STAMP_SPACE, enable_receive_stamps, now_ns
+from devices.timing import now_ns
 
 _log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ def _compute_hmac(key: bytes, message: bytes, digest_class) -> bytes:
 
 
 paramiko.packet.compute_hmac = _compute_hmac
+_READ_AHEAD = 65536  # bytes a hub socket's read takes at most
 _LOCK_RETRY_S = 0.0005  # a lock another thread holds is tried again this often (the hub serves others meanwhile)
 
 
@@ -295,9 +296,15 @@ class HubSocket:
         self._fd = sock.fileno()
         self._timeout: float | None = None
         self._closed = False  # paramiko reads it (Transport.stop_thread)
-        # `record_kernel_arrivals`: each read's kernel receive stamp (its control message, parsed later)
-        self._kernel = kernel_arrivals is not None and enable_receive_stamps(sock)
-        self.arrived: list = []
+        # Bytes read ahead: paramiko asks for a packet's header, then its rest, each a syscall that also lets go
+        # of the interpreter lock; one read takes what has come (a cycle's burst: tens of packets).
+        self._ahead = b""
+        self._at = 0
+        self.handed = 0  # bytes handed to paramiko so far: after a packet is read, where it ends in the stream
+        self.sent = 0  # bytes sent so far
+        # `record_wire`: (ns a send began, where its bytes end in the stream) and (ns a chunk was fed, where it
+        # ends), for accounting only
+        self.wire = _wire_record(sock) if wire is not None else None
 
     def settimeout(self, timeout: float | None) -> None:
         self._timeout = timeout
@@ -337,24 +344,29 @@ class HubSocket:
                 raise socket.timeout("timed out")
 
     def recv(self, n: int) -> bytes:
-        if not self._kernel:
-            return self._nonblocking(self.sock.recv, n, selectors.EVENT_READ)
-        data, self.arrived, _, _ = self._nonblocking(self._recvmsg, n, selectors.EVENT_READ)
+        """Up to `n` bytes: from those read ahead, else from one read of what has come (up to _READ_AHEAD)."""
+        ahead, at = self._ahead, self._at
+        if at == len(ahead):
+            ahead = self._nonblocking(self.sock.recv, _READ_AHEAD, selectors.EVENT_READ)
+            if len(ahead) <= n:  # all of it (b"": the peer closed)
+                self._ahead, self._at = b"", 0
+                self.handed += len(ahead)
+                return ahead
+            at = 0
+        data = ahead[at:at + n]
+        self._ahead, self._at = ahead, at + len(data)
+        self.handed += len(data)
         return data
 
-    def _recvmsg(self, n: int):
-        return self.sock.recvmsg(n, STAMP_SPACE)
-
-    def arrival(self) -> list:
-        """The last read's control messages: its SO_TIMESTAMPNS (devices.timing.kernel_realtime_ns) is when the
-        segment that held the last of its bytes reached this machine. paramiko reads a packet's bytes exactly,
-        so for a packet just taken off this socket, that is when its end arrived."""
-        return self.arrived
-
     def send(self, data) -> int:
+        began = now_ns()
         if _first_send.armed and not _first_send.ns:
-            _first_send.ns = now_ns()
-        return self._nonblocking(self.sock.send, data, selectors.EVENT_WRITE)
+            _first_send.ns = began
+        sent = self._nonblocking(self.sock.send, data, selectors.EVENT_WRITE)
+        self.sent += sent
+        if self.wire is not None:
+            self.wire["sent"].append((began, self.sent))
+        return sent
 
     def close(self) -> None:
         if not self._closed:
@@ -368,9 +380,9 @@ class ArrivalStampedPipe(BufferedPipe):
     the GIL to read it (0.1-3 ms later on a busy process). After `read`, `last_read_ns` is the arrival of the
     last byte returned. One reader thread per channel (its `recv`); feeds come from the loop only."""
 
-    def __init__(self, kernel_arrival: Callable[[], list] | None = None):
+    def __init__(self, sock: "HubSocket | None" = None):
         super().__init__()
-        self._kernel_arrival = kernel_arrival  # `record_kernel_arrivals`: when a chunk fed now reached the machine
+        self._sock = sock if sock is not None and sock.wire is not None else None  # `record_wire`: list the feeds
         self._marks: collections.deque = collections.deque()  # (bytes fed in total after the chunk, its ns)
         self._fed = 0
         self._consumed = 0
@@ -379,8 +391,8 @@ class ArrivalStampedPipe(BufferedPipe):
 
     def feed(self, data) -> None:
         stamp = now_ns()
-        if self._kernel_arrival is not None:
-            kernel_arrivals.append((stamp, self._kernel_arrival()))
+        if self._sock is not None:
+            self._sock.wire["fed"].append((stamp, self._sock.handed))  # the packet just read ends there
         with self._lock:
             if self._push is not None:
                 self._push[0](data, stamp)
@@ -435,29 +447,35 @@ def stamp_arrivals(channel: paramiko.Channel) -> ArrivalStampedPipe:
     """Give `channel` an `ArrivalStampedPipe` input buffer; call before the peer can send (before
     `exec_command`, or in the server's exec request)."""
     sock = getattr(channel.get_transport(), "sock", None)
-    kernel = isinstance(sock, HubSocket) and sock._kernel
-    pipe = ArrivalStampedPipe(sock.arrival if kernel else None)  # listed in `kernel_arrivals`
+    pipe = ArrivalStampedPipe(sock if isinstance(sock, HubSocket) else None)
     channel.in_buffer = pipe
     return pipe
 
 
-# (arrival stamp, the kernel's receive stamp: control messages) of every chunk fed to a stamped pipe: None (the
-# default) until `record_kernel_arrivals`, for accounting only: nothing in the harness reads it.
-kernel_arrivals: list[tuple[int, list]] | None = None
+# Every hub socket's traffic, by (its local port, its peer's port), for accounting only: None (the default) until
+# `record_wire`; nothing in the harness reads it.
+wire: dict[tuple[int, int], dict[str, list[tuple[int, int]]]] | None = None
 
 
-def record_kernel_arrivals() -> list[tuple[int, list]]:
-    """From now on, hub sockets read with the kernel's receive stamp (SO_TIMESTAMPNS), and each chunk their
-    channels' pipes stamp is listed with it (`kernel_arrivals`, parsed with devices.timing.kernel_realtime_ns:
-    CLOCK_REALTIME): when its SSH packet reached this machine, besides its stamp, the hub's read of it — which
-    also counts the hub's own backlog (a busy process's, every packet ahead decrypted first). The stamps
-    themselves are unchanged; a read costs a recvmsg instead of a recv and a feed one append. For
-    benchmarks/timestamp_accuracy.py, which splits a cycle's delivery between the bench and the harness where
-    the line reached the machine."""
-    global kernel_arrivals
-    if kernel_arrivals is None:
-        kernel_arrivals = []
-    return kernel_arrivals
+def record_wire() -> dict[tuple[int, int], dict[str, list[tuple[int, int]]]]:
+    """From now on, every hub socket of this process lists, by (local port, peer port): "sent", per send, when it
+    began (now_ns) and where its bytes end in the stream; "fed", per chunk its channels' stamped pipes were fed
+    (one SSH packet each), the stamp and where the packet ends. A packet's bytes cannot reach the other end
+    before the peer's send of its last byte began: with both ends' lists (an emulator's, `harness emulate
+    --wire-out`), benchmarks/timestamp_accuracy.py splits a line's delivery there, whatever the reader's reads
+    took at once. A send costs one append, a feed one."""
+    global wire
+    if wire is None:
+        wire = {}
+    return wire
+
+
+def _wire_record(sock: socket.socket) -> dict[str, list[tuple[int, int]]] | None:
+    try:
+        key = (sock.getsockname()[1], sock.getpeername()[1])
+    except (OSError, IndexError, TypeError):  # not an IP socket (a socketpair): nothing to pair it with
+        return None
+    return wire.setdefault(key, {"sent": [], "fed": []})
 
 
 class _FirstSend(threading.local):

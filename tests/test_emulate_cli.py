@@ -1,6 +1,7 @@
 """`harness emulate` as a user meets it: a stock OpenSSH client and a raw TCP TL1 client against it."""
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import socket
@@ -17,7 +18,8 @@ def emulate(tmp_path):
     inventory = tmp_path / "bench.yaml"
     truth = tmp_path / "truth.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--profile", "instant",
-                             "--inventory-out", str(inventory), "--truth-out", str(truth)],
+                             "--inventory-out", str(inventory), "--truth-out", str(truth),
+                             "--wire-out", str(tmp_path / "wire.json")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     end = time.monotonic() + 60
     while not inventory.exists() and proc.poll() is None and time.monotonic() < end:
@@ -62,6 +64,18 @@ def test_raw_tl1_client_and_stock_ssh(emulate):
     assert proc.wait(timeout=30) == 0
     assert truth.exists()  # the ground truth of what the switch did is written on exit
     assert any('"mirror_settled"' in line for line in truth.read_text().splitlines())
+    # the SSH server's sends on that connection: when each began, where its bytes end in the stream
+    (connection,) = [c for c in json.loads((truth.parent / "wire.json").read_text()) if c["local"] == h["port"]]
+    began, ends = zip(*connection["sent"])
+    assert list(began) == sorted(began) and all(a < b for a, b in zip(ends, ends[1:])) and len(ends) > 5
+
+
+def test_wire_out_with_host_workers_is_refused_exit_2(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "harness", "emulate", "--profile", "instant", "--workers", "2",
+                          "--inventory-out", str(tmp_path / "x.yaml"), "--wire-out", str(tmp_path / "w.json")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--wire-out" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "x.yaml").exists()
 
 
 def test_bad_profile_is_one_line_exit_2(tmp_path):

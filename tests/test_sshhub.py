@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import paramiko
 import pytest
 import yaml
 
@@ -260,44 +261,109 @@ def test_arrival_stamps_follow_the_bytes_read_not_the_read(monkeypatch):
     assert pipe.read(100) == b"def\n" and pipe.last_read_ns == 300  # the last byte's arrival
 
 
-def test_kernel_arrivals_are_when_the_bytes_reached_the_machine_not_when_the_hub_read_them(hub, monkeypatch):
-    from devices import sshhub
-    from devices.timing import ClockPair, kernel_realtime_ns, now_ns
+class _CountingSocket:
+    """A socket whose recv calls are counted (HubSocket's reads)."""
 
-    listener = socket.create_server(("127.0.0.1", 0))
-    peer = socket.create_connection(listener.getsockname())
-    mine, _ = listener.accept()
-    plain_end, plain_peer = socket.socketpair()
-    plain = HubSocket(plain_end, hub)  # made before: read as before, no kernel stamps
-    monkeypatch.setattr(sshhub, "kernel_arrivals", None)
-    listed = sshhub.record_kernel_arrivals()
+    def __init__(self, sock):
+        self.sock, self.recvs = sock, 0
+
+    def recv(self, n):
+        self.recvs += 1
+        return self.sock.recv(n)
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+
+def test_a_hub_socket_reads_what_has_come_at_once_and_hands_it_out_as_asked(hub):
+    """paramiko asks for a packet's header, then its rest: from what one read took, byte for byte in order, with
+    `handed` where the bytes handed so far end; a read waits only once all is handed; b"" at the peer's close."""
+    mine, peer = socket.socketpair()
     s = HubSocket(mine, hub)
-    deadline = Deadline(10)  # the kernel starts stamping a moment after the first socket asks (deferred work)
-    while not deadline.expired():
-        peer.sendall(b".")
-        if _in_hub(hub, lambda: s.recv(1)).get(timeout=30) == b"." and kernel_realtime_ns(s.arrival()):
-            break
-    before_send = now_ns()
-    peer.sendall(b"line\n")
-    time.sleep(0.02)  # the hub gets to it later (a busy process's hub is behind)
+    s.sock = counting = _CountingSocket(mine)
+    stream = bytes(range(256)) * 40  # 10 240 bytes, three packets' worth and more
+    peer.sendall(stream)
+    time.sleep(0.05)
+    sizes = [16, 1000, 16, 5000, 4208]
 
-    def read():
-        began = now_ns()
-        return began, s.recv(100)
+    def reads():
+        return [s.recv(n) for n in sizes]
 
-    began, data = _in_hub(hub, read).get(timeout=30)
-    clocks = ClockPair.now()
-    arrived = kernel_realtime_ns(s.arrival()) - clocks.offset_ns
-    assert data == b"line\n" and before_send - clocks.width_ns <= arrived < began  # arrived before it was read
-    pipe = sshhub.ArrivalStampedPipe(s.arrival)  # what `stamp_arrivals` gives a channel on that socket
-    pipe.feed(data)
-    assert pipe.read(100) == data and pipe.last_read_ns >= began  # the stamp stays the hub's read
-    assert listed == [(pipe.last_read_ns, s.arrival())]  # listed with the kernel's stamp, for accounting
-    assert not plain._kernel and plain.arrival() == []
-    for sock in (s, plain):
-        sock.close()
-    for sock in (plain_peer, peer, listener):
-        sock.close()
+    got = _in_hub(hub, reads).get(timeout=30)
+    assert [len(g) for g in got] == sizes and b"".join(got) == stream and s.handed == len(stream)
+    assert counting.recvs == 1  # all of it was there: one read
+    peer.sendall(b"tail")
+    assert _in_hub(hub, lambda: s.recv(100)).get(timeout=30) == b"tail" and counting.recvs == 2
+    peer.close()
+    assert _in_hub(hub, lambda: s.recv(100)).get(timeout=30) == b"" and s.handed == len(stream) + 4
+    s.close()
+
+
+class _OneCommandServer(paramiko.ServerInterface):
+    """paramiko's server side for one exec channel, no authentication (only over loopback in this test)."""
+
+    def __init__(self):
+        self.channel_open = threading.Event()
+
+    def get_allowed_auths(self, username):
+        return "none"
+
+    def check_auth_none(self, username):
+        return paramiko.AUTH_SUCCESSFUL
+
+    def check_channel_request(self, kind, chanid):
+        return paramiko.OPEN_SUCCEEDED
+
+    def check_channel_exec_request(self, channel, command):
+        self.channel_open.set()
+        return True
+
+
+def test_the_wire_record_pairs_each_packet_fed_with_the_peer_s_send_that_carried_it(hub, monkeypatch):
+    """With `record_wire`, a client and a server on the hub list their sends and the packets their stamped pipes
+    were fed, by (local port, peer port): every packet the client was fed ends where one of the server's sends
+    ended, and that send began before the client was fed it."""
+    import bisect
+
+    from devices import sshhub
+
+    monkeypatch.setattr(sshhub, "wire", None)
+    wire = sshhub.record_wire()
+    listener = socket.create_server(("127.0.0.1", 0))
+    client_sock = socket.create_connection(listener.getsockname())
+    server_sock, _ = listener.accept()
+    server = HubTransport(server_sock, hub=hub)
+    server.add_server_key(paramiko.RSAKey.generate(1024))
+    interface = _OneCommandServer()
+    server.start_server(event=threading.Event(), server=interface)
+    client = HubTransport(client_sock, hub=hub)
+    try:
+        client.start_client(timeout=20)
+        client.auth_none("test")
+        channel = client.open_session(timeout=20)
+        pipe = sshhub.stamp_arrivals(channel)
+        channel.exec_command("lines")
+        served = server.accept(20)
+        assert served is not None and interface.channel_open.wait(20)
+        lines = [f"line {i}\n".encode() for i in range(40)]
+        for line in lines:
+            served.sendall(line)
+        got = b""
+        while len(got) < sum(map(len, lines)):
+            got += channel.recv(4096)
+        assert got == b"".join(lines)
+        mine = wire[client_sock.getsockname()[1], client_sock.getpeername()[1]]
+        theirs = wire[server_sock.getsockname()[1], server_sock.getpeername()[1]]
+        ends = [end for _, end in theirs["sent"]]
+        assert len(mine["fed"]) == len(lines) and pipe.last_read_ns == mine["fed"][-1][0]
+        for fed_ns, end in mine["fed"]:
+            at = bisect.bisect_left(ends, end)
+            assert ends[at] == end and theirs["sent"][at][0] < fed_ns  # one send per packet, begun before
+        assert ends[-1] == server.sock.sent and mine["sent"][-1][1] == client.sock.sent
+    finally:
+        client.close()
+        server.close()
+        listener.close()
 
 
 def test_first_send_ns_is_when_the_socket_send_began(hub):
@@ -389,8 +455,6 @@ def test_packets_macs_come_from_copies_of_a_keyed_base_with_paramikos_digests():
 def test_a_hub_client_asks_for_aes_gcm_first_and_takes_what_the_server_has(hub, server_ciphers, agreed):
     """Against a plain paramiko server: AES-GCM both ways when the server has it; a server without it gets the
     client's next choice (paramiko's order), and the connection carries packets either way."""
-    import paramiko
-
     a, b = socket.socketpair()
     server = paramiko.Transport(b)
     server.add_server_key(paramiko.RSAKey.generate(1024))

@@ -16,6 +16,9 @@ def register(sub) -> None:
     p.add_argument("--protocol", default=DEFAULT_PROTOCOL, choices=protocol_names(),
                    help="the OCS protocol the inventory names (TL1 and SCPI are served either way)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--wire-out", help="write, on exit, when each emulated host's SSH sends began and where their "
+                                      "bytes end in each connection (JSON; for delivery accounting: "
+                                      "devices.sshhub.record_wire); with --workers 0 only")
     p.add_argument("--workers", type=int, default=0,
                    help="serve the hosts' SSH from this many processes over one physics (a pod); 0: this process")
     p.set_defaults(func=_emulate)
@@ -37,6 +40,13 @@ def _emulate(args) -> int:
         raise InputError("--inventory-out: the folder does not exist", str(out.parent))
     if args.workers < 0:
         raise InputError("--workers: expected a number >= 0", str(args.workers))
+    if args.wire_out and args.workers:
+        raise InputError("--wire-out: the hosts' SSH runs in the workers' processes; use --workers 0",
+                         str(args.workers))
+    if args.wire_out:
+        from devices.sshhub import record_wire
+
+        wire = record_wire()  # before any server socket exists
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -67,4 +77,8 @@ def _emulate(args) -> int:
                                         **bench.physics.host_clock_params(host)}) + "\n")
                 for row in bench.ground_truth():
                     f.write(json.dumps(row) + "\n")
+        if args.wire_out:
+            with open(args.wire_out, "w") as f:
+                json.dump([{"local": local, "peer": peer, "sent": record["sent"]}
+                           for (local, peer), record in list(wire.items())], f)
     return 0
