@@ -21,13 +21,19 @@ from typing import Callable
 
 import orjson
 
-from analysis.stages import PORT_CHAIN
+from analysis.stages import PORT_CHAIN, WATCH_STAGES
 from devices.timing import Deadline, now_ns
-from harness.bench.stages import STAGE_FIELDS, Arrivals, Convert, CycleEvents, classify, interval, not_yet
+from harness.bench.stages import STAGE_FIELDS, Arrivals, Convert, CycleEvents, interval, not_yet
 
 # Watch values that show a stage reached (a restarted watch prints them as current values).
 REACHED = {"light_detected": ("rx_los", "0"), "cdr_locked": ("rx_lol", "0"), "phy_up": ("carrier", "1"),
            "port_active": ("state", "ACTIVE")}
+
+
+@functools.lru_cache(maxsize=4096)  # a watch line's field and value: a few dozen pairs in practice
+def _meaning(field: str, value: str) -> tuple[str | None, str | None]:
+    """(the stage a watch line marks, the chain stage it shows not reached yet): `classify` and `not_yet`."""
+    return WATCH_STAGES.get((field, value)), not_yet(field, value)
 
 
 class CycleWatch:
@@ -56,6 +62,7 @@ class CycleWatch:
         self.events = events
         self.version: dict[str, int] = dict.fromkeys(self.need, 0)
         self._finals = {k: max(v, key=chain.index) for k, v in wants.items() if v}
+        self._later = {stage: chain[i + 1:] for i, stage in enumerate(chain)}  # `_implied`, per line of a burst
         self._open = {k for k, v in wants.items() if v}  # ports without their final stage (and still needing)
         self._ready: list[str] = []  # ports that have seen everything, their events not built yet
         self._partial: list[str] = []  # ports waiting only for their final stage (CycleEvents.partial)
@@ -81,7 +88,11 @@ class CycleWatch:
                 self._partial.append(key)
 
     def _implied(self, key: str, stage: str) -> bool:
-        return any((key, later) in self.arrivals.kept for later in self.chain[self.chain.index(stage) + 1:])
+        kept = self.arrivals.kept
+        for later in self._later[stage]:
+            if (key, later) in kept:
+                return True
+        return False
 
     def _lose(self, key: str, stages) -> None:
         for stage in stages:
@@ -108,11 +119,14 @@ class CycleWatch:
         self._feed(obs)
 
     def _feed(self, obs, released: bool = False) -> None:
+        # Run per host line of a cycle's burst, on the step's thread that the cycle's end waits for: what it
+        # needs of classify() and not_yet() is one cached lookup, and its checks are inline.
         key = self.port_of.get((obs.host, obs.netdev))
-        if key is None or key not in self.need:
+        need = self.need.get(key) if key is not None else None
+        if need is None:
             return
-        kept = self.arrivals.kept
-        if obs.kind == "watch" and obs.interval_ns == 0:
+        kind = obs.kind
+        if kind == "watch" and obs.interval_ns == 0:
             # A (re)started watch prints current values. After a reconnect during this cycle, a stage already
             # reached — once the mirrors settled, so the old light is gone — happened while nobody looked.
             if self.reconnected.get(obs.host, 0) < self.first_sent:
@@ -123,11 +137,15 @@ class CycleWatch:
                 return
             if self.convert(obs.host, obs.host_ns)[0] > self.completed:
                 for gone, marker in REACHED.items():
-                    if (obs.field, obs.value) == marker and gone in self.need[key]:
+                    if (obs.field, obs.value) == marker and gone in need:
                         self._lose(key, [gone] + (["first_packet"] if gone == "port_active" else []))
             return
-        stage = classify(obs)
-        if not self._surely_after(obs):
+        stage, gated = _meaning(obs.field, obs.value) if kind == "watch" else \
+            ("first_packet" if obs.field == "first" else None, None)
+        # Unless the change is surely after the command by its host time alone (`_mark_after`), convert it to the
+        # harness clock (a line's costly part) and check it is not stale: the exact check would decide the same.
+        mark = self._host_after.get(obs.host)
+        if mark is None or obs.host_ns - obs.interval_ns < mark[0] or mark[1] != self._generation(obs.host):
             lo, hi, offset = interval(obs, self.convert) if self.events is None else self.events.bound(obs)
             if hi < self.first_sent:  # happened before this cycle's command — or the host's clock stepped
                 if obs.recv_ns >= self.first_sent and self.suspect is not None and not released:
@@ -135,38 +153,28 @@ class CycleWatch:
                     self._parked.append(obs)
                 return
             self._mark_after(obs.host, (lo + hi) // 2, offset)
-        if obs.kind == "watch":
-            gated = not_yet(obs.field, obs.value)
-            if gated is not None and gated in self.need[key] and not self._implied(key, gated):
-                self.arrivals.not_yet[(key, gated)] = obs
-                self.version[key] += 1
-                self._convert_now(obs)
+        events, kept = self.events, self.arrivals.kept
+        if gated is not None and gated in need and not self._implied(key, gated):
+            self.arrivals.not_yet[(key, gated)] = obs
+            self.version[key] += 1
+            if events is not None:
+                events.bound(obs)  # what the port's events are made of is bounded now, not at the cycle's end
+        if stage is None:
+            return
         if stage == "port_down" and (key, "phy_up") in kept:
             self.arrivals.flaps[key] = self.arrivals.flaps.get(key, 0) + 1  # carrier lost with the light on
-        if stage is None or (key, stage) in kept:
+        if (key, stage) in kept:
             return
         if stage == "first_packet" and self.peer_mac is not None and \
                 obs.value.split()[0].lower() != self.peer_mac.get(key):
             return  # a probe from the old peer (its flow resumed), not through the new circuit
         if stage in self.wanted[key] or stage not in self.chain:
             kept[(key, stage)] = obs
-            self.need[key].discard(stage)
+            need.discard(stage)
             self.version[key] += 1
-            self._convert_now(obs)
+            if events is not None:
+                events.bound(obs)
             self._settle_port(key)
-
-    def _convert_now(self, obs) -> None:
-        """An observation the port's events will be made of: bounded now, while the cycle waits, not at
-        its end (`CycleEvents.bound` keeps it)."""
-        if self.events is not None:
-            self.events.bound(obs)
-
-    def _surely_after(self, obs) -> bool:
-        """Whether the change is surely after the command by its host time alone, so that converting it to
-        the harness clock (the costly part of a line) cannot find it stale: the exact check decides the same."""
-        mark = self._host_after.get(obs.host)
-        return mark is not None and obs.host_ns - obs.interval_ns >= mark[0] and \
-            mark[1] == self._generation(obs.host)
 
     def _mark_after(self, host: str, t_ns: int, offset_ns: int) -> None:
         """From a line converted at harness time `t_ns` with `offset_ns` (host minus harness): the host time from
