@@ -23,6 +23,7 @@ from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportCl
 from devices.ocs import Endpoint, OcsConfigError, open_switch, parse_url
 from devices.ocs.registry import OcsProtocol, register_protocol
 from devices.resources import OcsResource
+from devices.timing import now_ns
 from harness.cli import main
 
 N = 16
@@ -253,6 +254,28 @@ def test_deny_is_not_permanent_and_silence_times_out_then_reconnects(server, emu
         switch.reconnect()
         switch.apply({1: 17})
         assert switch.patches() == {1: 17} == bench.ocs_patches()
+    finally:
+        switch.close()
+
+
+def test_begin_apply_returns_once_the_edit_config_is_written_and_finish_awaits_its_reply(server, emulator):
+    """The edit-config is on the wire when begin_apply returns, stamped at the session's write; its reply is
+    finish's: a switch that never answers makes finish, not begin_apply, time out. Otherwise finish gives
+    what apply gives, and the session is free again after it."""
+    bench, servers = emulator
+    switch = _open(server, timeout_s=1.0)
+    try:
+        servers.faults.arm("silence")
+        before = now_ns()
+        pending = switch.begin_apply({3: 19})  # raised DeviceTimeout here when the reply was awaited first
+        assert before < pending.sent_ns == switch._sent_ns < now_ns()
+        with pytest.raises(DeviceTimeout):
+            pending.finish()
+        switch.reconnect()
+        pending = switch.begin_apply({3: 19, 4: 20})
+        timing = pending.finish()
+        assert timing.sent_ns == pending.sent_ns and timing.completed_ns >= timing.sent_ns
+        assert switch.patches() == {3: 19, 4: 20} == bench.ocs_patches()
     finally:
         switch.close()
 

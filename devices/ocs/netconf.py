@@ -18,7 +18,7 @@ import os
 import re
 import socket
 import threading
-from typing import Mapping, Sequence
+from typing import Generator, Mapping, Sequence
 
 import paramiko
 from lxml import etree
@@ -27,9 +27,9 @@ from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportCl
 from devices.ocs.base import (ConfirmedState, check_allowed, check_state, confirm_planned, disconnect_ports, plan_for,
                               power_ports)
 from devices.ocs.registry import OcsConfigError
-from devices.protocols import CircuitSwitch
+from devices.protocols import CircuitSwitch, Pending
 from devices.resources import OcsResource
-from devices.timing import CommandTiming, Receipt, now_ns
+from devices.timing import CommandTiming, Deadline, Receipt, now_ns
 
 OPTICAL_SWITCH_NS = "http://www.polatis.com/yang/optical-switch"
 NETCONF_NS = "urn:ietf:params:xml:ns:netconf:base:1.0"
@@ -78,6 +78,7 @@ class NetconfSwitch(CircuitSwitch):
         self._lock = threading.Lock()
         self._manager = None
         self._sent_ns = self._sent_end_ns = self._recv_ns = 0
+        self._written = threading.Event()  # set by the session's write of a request (its reader thread writes it)
         self.last_timing: CommandTiming | None = None
         self.pair_tag = "pair"
         self._confirmed = ConfirmedState()  # what the read after our last change showed (base.plan_for)
@@ -115,6 +116,7 @@ class NetconfSwitch(CircuitSwitch):
             self._sent_ns = now_ns()
             written = write(data)
             self._sent_end_ns = now_ns()
+            self._written.set()  # `_rpc_steps`: the request is on the wire
             return written
 
         def stamped_read():
@@ -177,18 +179,49 @@ class NetconfSwitch(CircuitSwitch):
             self._drop()
 
     # ---- raw protocol ---------------------------------------------------------------------------
-    def rpc(self, what: str, call, *args, **kwargs):
-        """Run one ncclient operation; map its errors to ours and set last_timing."""
+    def rpc(self, what: str, call):
+        """Run one ncclient operation `call(manager)`; map its errors to ours and set last_timing."""
+        return Pending(self._rpc_steps(what, call)).finish()
+
+    def _rpc_steps(self, what: str, call) -> Generator[int, None, object]:
+        """`rpc`'s steps (devices.protocols.Pending), yielding once the request is written: ncclient's
+        asynchronous mode hands it to the session's reader thread, which writes it; the reply is awaited and
+        checked after the yield as ncclient's synchronous mode does. The session's lock is held throughout."""
         from ncclient.operations import RPCError, TimeoutExpiredError
         from ncclient.transport import TransportError
+        from ncclient.xml_ import to_ele
 
         with self._lock:
             if self._manager is None or not self._manager.connected:
                 raise TransportClosed(f"NETCONF {self._endpoint.host}:{self._endpoint.port}: session closed")
             self._sent_ns = 0
-            self._manager.timeout = self.timeout_s  # callers may change the deadline between calls
+            self._written.clear()
+            manager = self._manager
+            manager.timeout = self.timeout_s  # callers may change the deadline between calls
+            deadline = Deadline(self.timeout_s)
+            manager.async_mode = True
             try:
-                reply = call(self._manager, *args, **kwargs)
+                request = call(manager)  # queued for the session's thread to write
+            except TransportError as exc:
+                self._confirmed.forget()
+                raise TransportClosed(f"{what}: NETCONF session lost: {exc}") from exc
+            finally:
+                manager.async_mode = False
+            # written, or failed before (the session's error sets the request's event): a short poll then
+            while not self._written.wait(min(0.05, deadline.remaining() or 0.05)):
+                if request.event.is_set() or deadline.expired():
+                    break
+            yield self._sent_ns or now_ns()
+            try:
+                if not request.event.wait(deadline.remaining()):
+                    raise TimeoutExpiredError("ncclient timed out while waiting for an rpc reply.")
+                if request.error is not None:  # what kept the reply from being delivered
+                    raise request.error
+                reply = request.reply
+                reply.parse()
+                if reply.error is not None:  # ncclient's default raise mode: every rpc-error
+                    errors = reply.errors
+                    raise RPCError(to_ele(reply._raw), errs=errors) if len(errors) > 1 else reply.error
             except RPCError as exc:
                 self._confirmed.forget()  # a refused change may have been partly made: read before the next
                 self.last_timing = self._timing()
@@ -198,7 +231,7 @@ class NetconfSwitch(CircuitSwitch):
                                    permanent=tag in PERMANENT_TAGS) from None
             except TimeoutExpiredError as exc:
                 self._confirmed.forget()
-                raise DeviceTimeout(f"{what}: no rpc-reply within {self._manager.timeout} s") from exc
+                raise DeviceTimeout(f"{what}: no rpc-reply within {manager.timeout} s") from exc
             except TransportError as exc:
                 self._confirmed.forget()
                 raise TransportClosed(f"{what}: NETCONF session lost: {exc}") from exc
@@ -227,9 +260,12 @@ class NetconfSwitch(CircuitSwitch):
         return data
 
     def _edit(self, what: str, *top: etree._Element) -> CommandTiming:
+        return Pending(self._edit_steps(what, *top)).finish()
+
+    def _edit_steps(self, what: str, *top: etree._Element) -> Generator[int, None, CommandTiming]:
         self._confirmed.forget()  # a change: plan the next apply from a read, unless apply confirms it
         config = _el(_NC + "config", *top)
-        reply = self.rpc(what, lambda m: m.edit_config(target="running", config=config))
+        reply = yield from self._rpc_steps(what, lambda m: m.edit_config(target="running", config=config))
         if not reply.ok:
             raise DeviceError(f"{what}: rpc-reply without <ok/>")
         return self.last_timing
@@ -283,13 +319,21 @@ class NetconfSwitch(CircuitSwitch):
 
     def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
         """One edit-config: `delete` the conflicting pairs, `merge` the wanted ones (moves included)."""
+        return self.begin_apply(mapping, exclusive=exclusive).finish()
+
+    def begin_apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> Pending[CommandTiming]:
+        """`apply` up to the edit-config's write; `finish()` awaits its <ok/> (the mirrors settled)."""
+        return Pending(self._apply_steps(mapping, exclusive))
+
+    def _apply_steps(self, mapping: Mapping[int, int], exclusive: bool) -> Generator[int, None, CommandTiming]:
         planned = plan_for(self, mapping, exclusive)
         plan = planned.plan
         if plan.empty:
             return planned.read
         edits = [_pair(self.pair_tag, i, operation="delete") for i in sorted(plan.removes) if i not in plan.adds]
         edits += [_pair(self.pair_tag, i, e, "merge") for i, e in sorted(plan.adds.items())]
-        timing = self._edit(f"edit-config apply {dict(sorted(plan.adds.items()))}", self._connections(*edits))
+        timing = yield from self._edit_steps(f"edit-config apply {dict(sorted(plan.adds.items()))}",
+                                             self._connections(*edits))
         confirm_planned(self, planned, mapping)
         return timing
 
