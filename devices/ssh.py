@@ -359,8 +359,8 @@ class SshLineStream(LineStream):
         self._recv_ns = arrival_ns
         self._buffer += data
         if b"\n" in data:
-            *complete, self._buffer = self._buffer.split(b"\n")
-            self._on_lines(arrival_ns, [line.decode(errors="replace") for line in complete])
+            complete, _, self._buffer = self._buffer.rpartition(b"\n")
+            self._on_lines(arrival_ns, complete.decode(errors="replace").split("\n"))  # one decode a packet
         self._unacked += len(data)
         if self._unacked >= min(_ACK_BYTES, self._channel.in_window_size // 4):
             consumed, self._unacked = self._unacked, 0

@@ -300,6 +300,7 @@ class HubSocket:
         # of the interpreter lock; one read takes what has come (a cycle's burst: tens of packets).
         self._ahead = b""
         self._at = 0
+        self._drained = False  # the last read returned less than it could: nothing more had come
         self.handed = 0  # bytes handed to paramiko so far: after a packet is read, where it ends in the stream
         self.sent = 0  # bytes sent so far
         # `record_wire`: (ns a send began, where its bytes end in the stream) and (ns a chunk was fed, where it
@@ -347,7 +348,12 @@ class HubSocket:
         """Up to `n` bytes: from those read ahead, else from one read of what has come (up to _READ_AHEAD)."""
         ahead, at = self._ahead, self._at
         if at == len(ahead):
+            # the last read took all there was: on the hub, wait for more first (its one select watches every
+            # socket) rather than find out with a read that would block, a system call more
+            if self._drained and self.hub.in_greenlet() and not self._wait(selectors.EVENT_READ):
+                raise socket.timeout("timed out")
             ahead = self._nonblocking(self.sock.recv, _READ_AHEAD, selectors.EVENT_READ)
+            self._drained = len(ahead) < _READ_AHEAD
             if len(ahead) <= n:  # all of it (b"": the peer closed)
                 self._ahead, self._at = b"", 0
                 self.handed += len(ahead)
