@@ -277,7 +277,8 @@ class _CountingSocket:
 
 def test_a_hub_socket_reads_what_has_come_at_once_and_hands_it_out_as_asked(hub):
     """paramiko asks for a packet's header, then its rest: from what one read took, byte for byte in order, with
-    `handed` where the bytes handed so far end; a read waits only once all is handed; b"" at the peer's close."""
+    `handed` where the bytes handed so far end; once all is handed, it waits for more on the hub's select before
+    it reads (no read that would block); b"" at the peer's close."""
     mine, peer = socket.socketpair()
     s = HubSocket(mine, hub)
     s.sock = counting = _CountingSocket(mine)
@@ -292,8 +293,10 @@ def test_a_hub_socket_reads_what_has_come_at_once_and_hands_it_out_as_asked(hub)
     got = _in_hub(hub, reads).get(timeout=30)
     assert [len(g) for g in got] == sizes and b"".join(got) == stream and s.handed == len(stream)
     assert counting.recvs == 1  # all of it was there: one read
+    waiting = _in_hub(hub, lambda: s.recv(100))  # all was taken: it waits on the hub's select, not in a read
+    time.sleep(0.05)
     peer.sendall(b"tail")
-    assert _in_hub(hub, lambda: s.recv(100)).get(timeout=30) == b"tail" and counting.recvs == 2
+    assert waiting.get(timeout=30) == b"tail" and counting.recvs == 2
     peer.close()
     assert _in_hub(hub, lambda: s.recv(100)).get(timeout=30) == b"" and s.handed == len(stream) + 4
     s.close()
