@@ -7,7 +7,8 @@ How, and why it stays paramiko:
   greenlet on the `Hub`; its socket is a `HubSocket`, non-blocking underneath: a `recv`/`send` that would block,
   made in a hub greenlet, registers the descriptor with the hub's selector and switches to the hub, which
   switches back when it is ready — or raises `socket.timeout` at the timeout paramiko set (0.1 s), so its
-  keep-alive, `active` and close checks run exactly as on a thread of their own. The same socket called from
+  keep-alive, `active` and close checks run exactly as on a thread of their own. One read takes what has come
+  and paramiko's exact reads (a packet's header, then its rest) are served from it. The same socket called from
   any other thread (a caller's `channel.send`) waits in that thread, as a blocking socket would.
 - Callers keep their threads: `open_session`, `Channel.recv`/`send`, auth and channel waits on
   `threading.Event` work unchanged (paramiko's loop sets those events, now from the hub thread).
