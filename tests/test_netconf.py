@@ -280,6 +280,22 @@ def test_begin_apply_returns_once_the_edit_config_is_written_and_finish_awaits_i
         switch.close()
 
 
+def test_requests_are_written_by_the_caller_not_when_ncclient_s_reader_loop_next_wakes(server, emulator,
+                                                                                       monkeypatch):
+    """ncclient queues a request for its reader loop, which writes it when its select next times out (TICK):
+    with a 30 s TICK, every request here would wait for it; written by the caller, each is answered at once."""
+    from ncclient.transport import session as nc_session
+
+    monkeypatch.setattr(nc_session, "TICK", 30.0)
+    switch = _open(server, timeout_s=5.0)
+    try:
+        for mapping in ({7: 23}, {7: 24, 8: 23}, {}):
+            switch.apply(mapping, exclusive=True)  # a read, then an edit-config: each would time out at 5 s
+            assert switch.patches() == mapping == emulator[0].ocs_patches()
+    finally:
+        switch.close()
+
+
 def test_line_noise_drops_the_session_and_replies_are_validated(server, emulator, monkeypatch):
     bench, servers = emulator
     switch = _open(server, timeout_s=2.0)

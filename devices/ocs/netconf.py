@@ -43,9 +43,6 @@ PERMANENT_TAGS = frozenset({"invalid-value", "too-big", "missing-attribute", "ba
                             "malformed-message"})
 _OS = f"{{{OPTICAL_SWITCH_NS}}}"
 _NC = f"{{{NETCONF_NS}}}"
-# ncclient writes a queued RPC only when its reader loop wakes, every TICK (0.1 s by default): shorten it
-# so a command leaves at once. `sent_ns` is stamped at the channel write itself either way.
-_READER_TICK_S = 0.002
 _PORT = re.compile(r"\s*\d{1,9}\s*")  # a port number (int() of a 5000-digit text would raise)
 
 
@@ -89,7 +86,6 @@ class NetconfSwitch(CircuitSwitch):
         from ncclient import manager
         from ncclient.transport import session as nc_session
 
-        nc_session.TICK = min(nc_session.TICK, _READER_TICK_S)
         host, port = self._endpoint.host, self._endpoint.port
         where = f"{host}:{port}"
         try:
@@ -125,6 +121,27 @@ class NetconfSwitch(CircuitSwitch):
             return data
 
         session._transport_write, session._transport_read = stamped_write, stamped_read
+
+        def send_now(message: str) -> None:
+            """ncclient's `send` queues a message for its reader loop, which writes it when it next wakes
+            (TICK: 0.1 s; shortened, that loop woke 500 times a second): written here instead, framed as that
+            loop frames it. Only callers write (under the session's lock); the loop then only reads."""
+            if not session.connected:
+                raise nc_session.TransportError("Not connected to NETCONF server")
+            data = message.encode()
+            if session._base == nc_session.NetconfBase.BASE_11:
+                data = b"\n#%d\n%s%s" % (len(data), data, nc_session.END_DELIM)
+            else:
+                data += nc_session.MSG_DELIM
+            with send_lock:
+                while data:
+                    n = stamped_write(data)
+                    if n <= 0:
+                        raise nc_session.SessionCloseError(session._buffer.getvalue(), data)
+                    data = data[n:]
+
+        send_lock = threading.Lock()
+        session.send = send_now
         self.pair_tag = self._pair_tag(list(self._manager.server_capabilities))
 
     def _pinned_key(self) -> str | None:
@@ -184,9 +201,9 @@ class NetconfSwitch(CircuitSwitch):
         return Pending(self._rpc_steps(what, call)).finish()
 
     def _rpc_steps(self, what: str, call) -> Generator[int, None, object]:
-        """`rpc`'s steps (devices.protocols.Pending), yielding once the request is written: ncclient's
-        asynchronous mode hands it to the session's reader thread, which writes it; the reply is awaited and
-        checked after the yield as ncclient's synchronous mode does. The session's lock is held throughout."""
+        """`rpc`'s steps (devices.protocols.Pending), yielding once the request is written: in ncclient's
+        asynchronous mode the operation returns once sent (written on this thread: `send_now`); the reply is
+        awaited and checked after the yield as its synchronous mode does. The session's lock is held throughout."""
         from ncclient.operations import RPCError, TimeoutExpiredError
         from ncclient.transport import TransportError
         from ncclient.xml_ import to_ele
@@ -207,7 +224,7 @@ class NetconfSwitch(CircuitSwitch):
                 raise TransportClosed(f"{what}: NETCONF session lost: {exc}") from exc
             finally:
                 manager.async_mode = False
-            # written, or failed before (the session's error sets the request's event): a short poll then
+            # written (normally by now), or failed before (the session's error sets the request's event)
             while not self._written.wait(min(0.05, deadline.remaining() or 0.05)):
                 if request.event.is_set() or deadline.expired():
                     break
