@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.accuracy import accuracy_table, assign_cycles, match  # noqa: E402
+from devices.ocs.registry import DEFAULT_PROTOCOL, protocol_names  # noqa: E402
 from harness.events import STAGES  # noqa: E402
 from harness.cli import main  # noqa: E402
 
@@ -92,7 +93,7 @@ def _playbook(out: Path, cycles: int, bench: str, watch_us: int, step: dict) -> 
 def run_in_process(cycles: int, profile: str, watch_us: int, out: Path,
                    step: dict) -> tuple[Path, pd.DataFrame, dict]:
     """The emulator inside the harness process (what `--bench emulated:PROFILE` does)."""
-    code = main(["run", str(_playbook(out, cycles, f"emulated:{profile}", watch_us, step)), "--out", str(out / "runs" / "run"),
+    code = main(["run", str(_playbook(out, cycles, f"emulated:{profile}?ocs={PROTOCOL}", watch_us, step)), "--out", str(out / "runs" / "run"),
                  "-q"])
     if code != 0:
         raise SystemExit(f"run failed with exit code {code}")
@@ -140,6 +141,7 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
     the overhead measured is then the harness's own, not the emulator's sharing its interpreter."""
     inventory, truth_file, wire_file = out / "bench.yaml", out / "truth.jsonl", out / "wire.json"
     emulator = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--profile", profile, "--seed", "11",
+                                 "--protocol", PROTOCOL,
                                  "--inventory-out", str(inventory), "--truth-out", str(truth_file)]
                                 + (["--wire-out", str(wire_file)] if WIRE is not None else []),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -172,6 +174,7 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
     return run_dir, truth, clocks
 
 
+PROTOCOL = DEFAULT_PROTOCOL  # `--protocol`: the emulated switch's, as the harness drives it
 WIRE: dict | None = None  # this process's devices.sshhub.record_wire, with `--arrival wire`
 EMULATOR_WIRE: list[dict] = []  # the separate emulator's (`harness emulate --wire-out`)
 
@@ -280,6 +283,8 @@ if __name__ == "__main__":
     ap.add_argument("--watch-us", type=int, default=200, help="agent poll interval (sysfs and ethtool -m)")
     ap.add_argument("--emulator", choices=("process", "in-process"), default="process",
                     help="`harness emulate` in its own process (default, as on a bench) or inside the harness")
+    ap.add_argument("--protocol", default=DEFAULT_PROTOCOL, choices=protocol_names(),
+                    help="the emulated OCS's protocol the harness drives (its driver's begin_apply/finish)")
     ap.add_argument("--arrival", choices=("wire", "read"), default="wire",
                     help="where a host line's delivery stops being the bench's: the emulator's send of its SSH "
                          "packet (default) or the harness's read of it")
@@ -287,6 +292,7 @@ if __name__ == "__main__":
                     help="the step's grace for late polled reports once a port's last stage is in (default: the "
                          "step's); it is a wait the playbook chooses, counted in after_last_event")
     args = ap.parse_args()
+    PROTOCOL = args.protocol
     step = {} if args.late_report_ms is None else {"late_report_ms": args.late_report_ms}
     runner = run_separate_process if args.emulator == "process" else run_in_process
     if args.arrival == "wire":
@@ -297,7 +303,7 @@ if __name__ == "__main__":
         ran = runner(args.cycles, args.profile, args.watch_us, Path(tmp), step)
         r = report(*ran)
     print(f"{r['cycles']} cycles x {r['ports']} ports, profile {args.profile}, poll {args.watch_us} µs, "
-          f"emulator {args.emulator}, late_report_ms {step.get('late_report_ms', 'default')}, "
+          f"emulator {args.emulator}, OCS {args.protocol}, late_report_ms {step.get('late_report_ms', 'default')}, "
           f"line arrival: {args.arrival}" + (f" ({WIRE_MATCHED[0]} of {WIRE_MATCHED[1]} lines matched to their send)"
                                               if args.arrival == "wire" else ""))
     print(f"host clock offsets (ms): {r['host_offsets_ms']}  drift (ppm): {r['host_drift_ppm']}")
