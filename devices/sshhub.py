@@ -35,7 +35,6 @@ import socket
 import threading
 import time
 import weakref
-from typing import Callable
 
 import greenlet
 import paramiko
@@ -557,9 +556,9 @@ class HubPacketizer(Packetizer):
 class HubTransport(paramiko.Transport):
     """A paramiko Transport whose loop runs as a greenlet on `hub` (default: the process's shared hub)."""
 
-    # AES-GCM first (OpenSSH has it since 6.2; a server without it gets paramiko's order): one AEAD call a
-    # packet where AES-CTR takes two cipher updates and an HMAC in Python (~0.5 against ~1.5 us, both ends).
-    # A client's order decides, a paramiko server's too.
+    # AES-GCM first (OpenSSH has it since 6.2; with a server without it, paramiko's order follows): one AEAD
+    # call a packet where AES-CTR takes two cipher updates and an HMAC in Python (~0.5 against ~1.5 us, at
+    # both ends). The client's order decides, and a paramiko server follows it.
     _preferred_ciphers = tuple(sorted(paramiko.Transport._preferred_ciphers, key=lambda name: "-gcm@" not in name))
 
     def __init__(self, sock: socket.socket, *args, hub: Hub | None = None, **kwargs):
