@@ -32,7 +32,7 @@ REACHED = {"light_detected": ("rx_los", "0"), "cdr_locked": ("rx_lol", "0"), "ph
 
 @functools.lru_cache(maxsize=4096)  # a watch line's field and value: a few dozen pairs in practice
 def _meaning(field: str, value: str) -> tuple[str | None, str | None]:
-    """(the stage a watch line marks, the chain stage it shows not reached yet): `classify` and `not_yet`."""
+    """(the stage a watch line marks, None if none; the chain stage it shows not reached yet, `not_yet`)."""
     return WATCH_STAGES.get((field, value)), not_yet(field, value)
 
 
@@ -119,8 +119,8 @@ class CycleWatch:
         self._feed(obs)
 
     def _feed(self, obs, released: bool = False) -> None:
-        # Run per host line of a cycle's burst, on the step's thread that the cycle's end waits for: what it
-        # needs of classify() and not_yet() is one cached lookup, and its checks are inline.
+        # Run per host line of a cycle's burst, on the step's thread that the cycle's end waits for: what a line
+        # marks is one cached lookup (`_meaning`; a probe's "first" marks its first packet), its checks inline.
         key = self.port_of.get((obs.host, obs.netdev))
         need = self.need.get(key) if key is not None else None
         if need is None:

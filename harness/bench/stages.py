@@ -68,13 +68,6 @@ class Arrivals:
                 {s: o for s in chain if (o := not_yet.get((key, s))) is not None})
 
 
-def classify(obs) -> str | None:
-    """The stage an observation marks (None: a value that marks none)."""
-    if obs.kind == "probe":
-        return "first_packet" if obs.field == "first" else None
-    return WATCH_STAGES.get((obs.field, obs.value))
-
-
 def interval(obs, convert: Convert) -> tuple[int, int, int]:
     """(lo, hi, offset_ns): the harness-clock interval that holds the observed change."""
     t, offset, clock_unc = convert(obs.host, obs.host_ns - obs.interval_ns // 2)
