@@ -217,10 +217,12 @@ def test_lines_that_mark_no_stage_are_mirrored_but_not_queued_and_the_cycle_is_t
 
 
 
-def test_the_mirror_writes_lines_at_flush_in_the_order_put_and_loses_none_put_meanwhile(tmp_path):
+def test_the_mirror_writes_lines_at_flush_in_the_order_put_and_loses_none_put_meanwhile(tmp_path, monkeypatch):
     """The reader's `put_many` only queues a batch for the mirror; `flush` (the step's, once the next command is
-    out), a record written (a clock sample) and `close` write every batch put before them, in order. Batches put
-    from another thread while the mirror is written are each written exactly once."""
+    out) and `close` write every batch put before them, in order; a record written meanwhile (a clock sample,
+    which may come in a cycle's burst) does not. Batches put from another thread while the mirror is written
+    are each written exactly once, and with nobody flushing, the queue is written once it holds too many."""
+    from harness.bench import observe
     from harness.clock import ClockSample
 
     path = tmp_path / "observations.jsonl"
@@ -233,9 +235,11 @@ def test_the_mirror_writes_lines_at_flush_in_the_order_put_and_loses_none_put_me
     log._file.flush()
     assert path.read_text() == ""  # not serialised on the reader's thread
     sample = ClockSample(**{f: 1 for f in ClockSample.__dataclass_fields__})
-    log.clock_sample("h1", sample)  # a record: the lines put before it go first
+    log.clock_sample("h1", sample)  # a record: written at once, the lines at the next flush
+    log._file.flush()
+    assert [json.loads(line)["k"] for line in path.read_text().splitlines()] == ["clock"]
     log.flush()
-    assert [json.loads(line)["k"] for line in path.read_text().splitlines()] == ["obs", "obs", "clock"]
+    assert [json.loads(line)["k"] for line in path.read_text().splitlines()] == ["clock", "obs", "obs"]
 
     batches = [items[i:i + 7] for i in range(2, len(items), 7)]
     done = threading.Event()
@@ -253,6 +257,14 @@ def test_the_mirror_writes_lines_at_flush_in_the_order_put_and_loses_none_put_me
     log.close()
     written = [json.loads(line) for line in path.read_text().splitlines()]
     assert [w["host_ns"] for w in written if w["k"] == "obs"] == [o.host_ns for o in items]
+
+    monkeypatch.setattr(observe, "_UNWRITTEN_MAX", 3)
+    unflushed = ObservationLog(tmp_path / "unflushed.jsonl")
+    for obs in items[:4]:
+        unflushed.put_many([obs])  # the fourth batch writes all four
+    unflushed._file.flush()
+    assert len((tmp_path / "unflushed.jsonl").read_text().splitlines()) == 4
+    unflushed.close()
 
 
 def test_the_cycles_collector_frees_what_became_cyclic_garbage_and_freezes_the_rest():

@@ -36,6 +36,9 @@ def _meaning(field: str, value: str) -> tuple[str | None, str | None]:
     return WATCH_STAGES.get((field, value)), not_yet(field, value)
 
 
+_UNWRITTEN_MAX = 20_000  # batches put before the mirror writes them anyway (an 8 x 8 cycle puts ~80)
+
+
 class CycleWatch:
     """One cycle's expectations: `wants` port key -> chain stages to see, in `chain` order."""
 
@@ -270,15 +273,15 @@ class ObservationLog:
         self._lock = threading.Lock()
         self._file = open(path, "ab") if path is not None else None
         # Batches not yet mirrored: serialising them was a third of the SSH hub's work per line in a cycle's
-        # burst, which the cycle's end waits for. `flush` mirrors them, once the next command is out.
+        # burst, which the cycle's end waits for. `flush` mirrors them, once the next command is out; not a
+        # record written meanwhile (a clock sample may come in the burst), which may so precede older lines.
         self._unwritten: collections.deque = collections.deque()
 
     def _write(self, record: dict) -> None:
         if self._file is not None:
             # orjson: a cycle's record holds every kept observation; json.dumps took ~2 ms of the cycle
             line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
-            with self._lock:
-                self._mirror()  # the lines put before it go first
+            with self._lock:  # the lines put before it are mirrored at the next flush (readers key by "k")
                 self._file.write(line)
 
     def put(self, obs) -> None:
@@ -290,6 +293,8 @@ class ObservationLog:
         cycle's watch lines, each a wake-up's share and a `feed` on the step's thread in the cycle's burst."""
         if self._file is not None:
             self._unwritten.append(batch)  # a deque: appended here, taken by `_mirror` without a lock
+            if len(self._unwritten) > _UNWRITTEN_MAX:  # no step flushing (lines between steps): bounded here
+                self.flush()
         read = [obs for obs in batch if obs.kind != "watch" or obs.field in STAGE_FIELDS]
         if read:
             self._queue.put(read)
