@@ -99,6 +99,20 @@ class CircuitSwitch(ABC):
         pass
 
 
+class SteppedSwitch(CircuitSwitch):
+    """A switch whose driver writes `apply` as steps (`_apply_steps`: a generator as `Pending` takes it, yielding
+    once its change is written): `begin_apply` runs them up to that write, `apply` through to the reply."""
+
+    def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
+        return self.begin_apply(mapping, exclusive=exclusive).finish()
+
+    def begin_apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> Pending[CommandTiming]:
+        return Pending(self._apply_steps(mapping, exclusive))
+
+    @abstractmethod
+    def _apply_steps(self, mapping: Mapping[int, int], exclusive: bool) -> Generator[int, None, CommandTiming]: ...
+
+
 @dataclass(frozen=True)
 class CommandResult:
     command: str

@@ -27,7 +27,7 @@ from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportCl
 from devices.ocs.base import (ConfirmedState, check_allowed, check_state, confirm_planned, disconnect_ports, plan_for,
                               power_ports)
 from devices.ocs.registry import OcsConfigError
-from devices.protocols import CircuitSwitch, Pending
+from devices.protocols import Pending, SteppedSwitch
 from devices.resources import OcsResource
 from devices.timing import CommandTiming, Deadline, Receipt, now_ns
 
@@ -61,7 +61,7 @@ def _pair(tag: str, ingress: int, egress: int | None = None, operation: str | No
     return _el(_OS + tag, *children, **attrib)
 
 
-class NetconfSwitch(CircuitSwitch):
+class NetconfSwitch(SteppedSwitch):
     """A Polatis switch over NETCONF. One RPC at a time (a lock serialises callers)."""
 
 
@@ -334,15 +334,9 @@ class NetconfSwitch(CircuitSwitch):
         return self._edit(f"edit-config delete {','.join(map(str, ingresses))}",
                           self._connections(*(_pair(self.pair_tag, i, operation="delete") for i in ingresses)))
 
-    def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
-        """One edit-config: `delete` the conflicting pairs, `merge` the wanted ones (moves included)."""
-        return self.begin_apply(mapping, exclusive=exclusive).finish()
-
-    def begin_apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> Pending[CommandTiming]:
-        """`apply` up to the edit-config's write; `finish()` awaits its <ok/> (the mirrors settled)."""
-        return Pending(self._apply_steps(mapping, exclusive))
-
     def _apply_steps(self, mapping: Mapping[int, int], exclusive: bool) -> Generator[int, None, CommandTiming]:
+        """`apply`'s steps, yielding once the edit-config is written (its <ok/>: the mirrors settled). One
+        edit-config: `delete` the conflicting pairs, `merge` the wanted ones (moves included)."""
         planned = plan_for(self, mapping, exclusive)
         plan = planned.plan
         if plan.empty:

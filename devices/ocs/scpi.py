@@ -14,7 +14,7 @@ from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportCl
 from devices.ocs.base import (ConfirmedState, DeviceEvent, DeviceEvents, ImpossibleState, Planned, check_allowed,
                               check_state, confirm_planned, disconnect_ports, plan_for, power_ports)
 from devices.ocs.lines import LineChannel, LineTooLong, excerpt
-from devices.protocols import CircuitSwitch, Pending
+from devices.protocols import Pending, SteppedSwitch
 from devices.resources import OcsResource
 from devices.timing import CommandTiming, Deadline, Receipt, now_ns
 
@@ -77,7 +77,7 @@ def parse_state(text: str, size: tuple[int, int] = (0, 0)) -> dict[int, int]:
     return check_state(pairs, size, "connection state")
 
 
-class ScpiSwitch(CircuitSwitch):
+class ScpiSwitch(SteppedSwitch):
     """A Polatis switch over SCPI."""
 
 
@@ -235,12 +235,6 @@ class ScpiSwitch(CircuitSwitch):
         """`:OXC:SWIT:CONN:SUB (@ingresses),(@)`: a port without a patch is the switch's error."""
         ingresses = disconnect_ports(self, ingresses)
         return self.execute(f":OXC:SWIT:CONN:SUB {channel_list(ingresses)},(@)")
-
-    def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
-        return self.begin_apply(mapping, exclusive=exclusive).finish()
-
-    def begin_apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> Pending[CommandTiming]:
-        return Pending(self._apply_steps(mapping, exclusive))
 
     def _apply_steps(self, mapping: Mapping[int, int], exclusive: bool) -> Generator[int, None, CommandTiming]:
         """`apply`'s steps (devices.protocols.Pending), yielding after the first change's write. One atomic

@@ -19,7 +19,7 @@ from devices.errors import DeviceDenied, DeviceError, DeviceTimeout
 from devices.ocs.base import (ConfirmedState, DeviceEvent, DeviceEvents, check_allowed, check_state,
                               disconnect_ports, keep_confirmed, plan_for, power_ports)
 from devices.ocs.lines import MAX_REPLY_BYTES, MAX_REPLY_LINES, LineChannel, LineTooLong, excerpt
-from devices.protocols import CircuitSwitch, Pending
+from devices.protocols import Pending, SteppedSwitch
 from devices.resources import OcsResource
 from devices.timing import CommandTiming, Deadline, Receipt
 
@@ -213,7 +213,7 @@ class Tl1Reader:
         self.events.add(DeviceEvent(t_ns, self.device, kind, severity, atag, tuple(lines)))
 
 
-class Tl1Switch(CircuitSwitch):
+class Tl1Switch(SteppedSwitch):
     """A Polatis switch over TL1. One exchange at a time (an internal lock serialises callers); `apply`
     pipelines its changes.
 
@@ -368,12 +368,6 @@ class Tl1Switch(CircuitSwitch):
         ingresses = disconnect_ports(self, ingresses)
         self.command("DLT-PATCH", "&".join(map(str, ingresses)))
         return self.last_timing
-
-    def apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> CommandTiming:
-        return self.begin_apply(mapping, exclusive=exclusive).finish()
-
-    def begin_apply(self, mapping: Mapping[int, int], *, exclusive: bool = False) -> Pending[CommandTiming]:
-        return Pending(self._apply_steps(mapping, exclusive))
 
     def _apply_steps(self, mapping: Mapping[int, int], exclusive: bool) -> Generator[int, None, CommandTiming]:
         """`apply`'s steps (devices.protocols.Pending). Read (or plan from the read after our last change:
