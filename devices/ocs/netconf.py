@@ -75,7 +75,6 @@ class NetconfSwitch(SteppedSwitch):
         self._lock = threading.Lock()
         self._manager = None
         self._sent_ns = self._sent_end_ns = self._recv_ns = 0
-        self._written = threading.Event()  # set by the session's write of a request (its reader thread writes it)
         self.last_timing: CommandTiming | None = None
         self.pair_tag = "pair"
         self._confirmed = ConfirmedState()  # what the read after our last change showed (base.plan_for)
@@ -112,7 +111,6 @@ class NetconfSwitch(SteppedSwitch):
             self._sent_ns = now_ns()
             written = write(data)
             self._sent_end_ns = now_ns()
-            self._written.set()  # `_rpc_steps`: the request is on the wire
             return written
 
         def stamped_read():
@@ -125,7 +123,7 @@ class NetconfSwitch(SteppedSwitch):
         def send_now(message: str) -> None:
             """ncclient's `send` queues a message for its reader loop, which writes it when it next wakes
             (TICK: 0.1 s; shortened, that loop woke 500 times a second): written here instead, framed as that
-            loop frames it. Only callers write (under the session's lock); the loop then only reads."""
+            loop frames it. Only callers write, each holding `_lock` (`_rpc_steps`, `close`); the loop only reads."""
             if not session.connected:
                 raise nc_session.TransportError("Not connected to NETCONF server")
             data = message.encode()
@@ -133,14 +131,12 @@ class NetconfSwitch(SteppedSwitch):
                 data = b"\n#%d\n%s%s" % (len(data), data, nc_session.END_DELIM)
             else:
                 data += nc_session.MSG_DELIM
-            with send_lock:
-                while data:
-                    n = stamped_write(data)
-                    if n <= 0:
-                        raise nc_session.SessionCloseError(session._buffer.getvalue(), data)
-                    data = data[n:]
+            while data:
+                n = stamped_write(data)
+                if n <= 0:
+                    raise nc_session.SessionCloseError(session._buffer.getvalue(), data)
+                data = data[n:]
 
-        send_lock = threading.Lock()
         session.send = send_now
         self.pair_tag = self._pair_tag(list(self._manager.server_capabilities))
 
@@ -202,8 +198,9 @@ class NetconfSwitch(SteppedSwitch):
 
     def _rpc_steps(self, what: str, call) -> Generator[int, None, object]:
         """`rpc`'s steps (devices.protocols.Pending), yielding once the request is written: in ncclient's
-        asynchronous mode the operation returns once sent (written on this thread: `send_now`); the reply is
-        awaited and checked after the yield as its synchronous mode does. The session's lock is held throughout."""
+        asynchronous mode the operation returns once sent, and `send_now` has written it on this thread; the
+        reply is awaited and checked after the yield as its synchronous mode does. The session's lock is held
+        throughout."""
         from ncclient.operations import RPCError, TimeoutExpiredError
         from ncclient.transport import TransportError
         from ncclient.xml_ import to_ele
@@ -212,22 +209,17 @@ class NetconfSwitch(SteppedSwitch):
             if self._manager is None or not self._manager.connected:
                 raise TransportClosed(f"NETCONF {self._endpoint.host}:{self._endpoint.port}: session closed")
             self._sent_ns = 0
-            self._written.clear()
             manager = self._manager
             manager.timeout = self.timeout_s  # callers may change the deadline between calls
             deadline = Deadline(self.timeout_s)
             manager.async_mode = True
             try:
-                request = call(manager)  # queued for the session's thread to write
+                request = call(manager)  # written (`send_now`), its reply to come
             except TransportError as exc:
                 self._confirmed.forget()
                 raise TransportClosed(f"{what}: NETCONF session lost: {exc}") from exc
             finally:
                 manager.async_mode = False
-            # written (normally by now), or failed before (the session's error sets the request's event)
-            while not self._written.wait(min(0.05, deadline.remaining() or 0.05)):
-                if request.event.is_set() or deadline.expired():
-                    break
             yield self._sent_ns or now_ns()
             try:
                 if not request.event.wait(deadline.remaining()):
