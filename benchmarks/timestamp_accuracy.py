@@ -300,8 +300,7 @@ if __name__ == "__main__":
 
         WIRE = record_wire()  # this process's hub sockets, opened by the run (in-process: the emulator's too)
     with tempfile.TemporaryDirectory() as tmp:
-        ran = runner(args.cycles, args.profile, args.watch_us, Path(tmp), step)
-        r = report(*ran)
+        r = report(*runner(args.cycles, args.profile, args.watch_us, Path(tmp), step))
     print(f"{r['cycles']} cycles x {r['ports']} ports, profile {args.profile}, poll {args.watch_us} µs, "
           f"emulator {args.emulator}, OCS {args.protocol}, late_report_ms {step.get('late_report_ms', 'default')}, "
           f"line arrival: {args.arrival}" + (f" ({WIRE_MATCHED[0]} of {WIRE_MATCHED[1]} lines matched to their send)"
