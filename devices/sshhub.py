@@ -302,7 +302,7 @@ class HubSocket:
         self._at = 0
         self._drained = False  # the last read returned less than it could: nothing more had come
         self.handed = 0  # bytes handed to paramiko so far: after a packet is read, where it ends in the stream
-        self.sent = 0  # bytes sent so far
+        self.sent = 0  # bytes sent so far (counted with `record_wire` only)
         # `record_wire`: (ns a send began, where its bytes end in the stream) and (ns a chunk was fed, where it
         # ends), for accounting only
         self.wire = _wire_record(sock) if wire is not None else None
@@ -365,13 +365,14 @@ class HubSocket:
         return data
 
     def send(self, data) -> int:
-        began = now_ns()
         if _first_send.armed and not _first_send.ns:
-            _first_send.ns = began
+            _first_send.ns = now_ns()
+        if self.wire is None:
+            return self._nonblocking(self.sock.send, data, selectors.EVENT_WRITE)
+        began = now_ns()
         sent = self._nonblocking(self.sock.send, data, selectors.EVENT_WRITE)
         self.sent += sent
-        if self.wire is not None:
-            self.wire["sent"].append((began, self.sent))
+        self.wire["sent"].append((began, self.sent))
         return sent
 
     def close(self) -> None:
