@@ -262,8 +262,9 @@ class SshTransport(CommandTransport):
 
 
 class SshLineStream(LineStream):
-    """Stdout lines of one remote command, each with the harness time its last byte arrived (stamped on the
-    SSH hub as the packet is taken off the socket: `ArrivalStampedPipe`)."""
+    """Stdout lines of one remote command, each with the harness time its last byte arrived (read: the kernel's
+    receive stamp of the packet's read, else the hub's feed of it; pushed (`deliver`): the feed; see
+    `ArrivalStampedPipe`)."""
 
     def __init__(self, channel: paramiko.Channel, command: str, where: str):
         self._channel = channel
@@ -309,7 +310,8 @@ class SshLineStream(LineStream):
                 self._buffer += data
 
     def _arrival_ns(self) -> int:
-        return getattr(self._pipe, "last_read_ns", 0) or now_ns()  # an unstamped channel: when read
+        # the kernel's bound where there is one (a clock probe's reply time: the hub's backlog is not the wire's)
+        return getattr(self._pipe, "last_arrival_ns", 0) or now_ns()  # an unstamped channel: when read
 
     def fileno(self) -> int:
         """Readable while the channel holds data or has ended (paramiko's pipe): for a selector."""

@@ -43,7 +43,7 @@ import paramiko.util
 from paramiko.buffered_pipe import BufferedPipe
 from paramiko.packet import Packetizer
 
-from devices.timing import now_ns
+from devices.timing import ReceiveStamps, enable_receive_stamps, now_ns
 
 _log = logging.getLogger(__name__)
 
@@ -293,6 +293,10 @@ class HubSocket:
     def __init__(self, sock: socket.socket, hub: Hub):
         sock.setblocking(False)
         self.sock, self.hub = sock, hub
+        # Each read's kernel receive stamp (SO_TIMESTAMPNS, its last segment's): `arrived_ns`, when the bytes read
+        # last had surely reached this machine — a clock probe's reply then does not count the hub's backlog
+        self._stamps = ReceiveStamps() if enable_receive_stamps(sock) else None
+        self.arrived_ns = 0  # harness clock: the upper bound of the last read's stamp (0: none yet, or unstamped)
         self._fd = sock.fileno()
         self._timeout: float | None = None
         self._closed = False  # paramiko reads it (Transport.stop_thread)
@@ -352,7 +356,10 @@ class HubSocket:
             # socket) rather than find out with a read that would block, a system call more
             if self._drained and self.hub.in_greenlet() and not self._wait(selectors.EVENT_READ):
                 raise socket.timeout("timed out")
-            ahead = self._nonblocking(self.sock.recv, _READ_AHEAD, selectors.EVENT_READ)
+            if self._stamps is not None:
+                ahead = self._nonblocking(self._stamped_recv, _READ_AHEAD, selectors.EVENT_READ)
+            else:
+                ahead = self._nonblocking(self.sock.recv, _READ_AHEAD, selectors.EVENT_READ)
             self._drained = len(ahead) < _READ_AHEAD
             if len(ahead) <= n:  # all of it (b"": the peer closed)
                 self._ahead, self._at = b"", 0
@@ -363,6 +370,11 @@ class HubSocket:
         self._ahead, self._at = ahead, at + len(data)
         self.handed += len(data)
         return data
+
+    def _stamped_recv(self, n: int) -> bytes:
+        got = self._stamps.recv(self.sock, n)
+        self.arrived_ns = got.t_ns + got.bound_ns  # a fallback's read time bounds it too
+        return got.data
 
     def send(self, data) -> int:
         if _first_send.armed and not _first_send.ns:
@@ -384,16 +396,22 @@ class HubSocket:
 class ArrivalStampedPipe(BufferedPipe):
     """A channel's input buffer that stamps each chunk (CLOCK_MONOTONIC ns) when the transport's loop feeds it,
     i.e. on the hub right after the packet left the socket and was decrypted, not when a reader thread gets
-    the GIL to read it (0.1-3 ms later on a busy process). After `read`, `last_read_ns` is the arrival of the
-    last byte returned. One reader thread per channel (its `recv`); feeds come from the loop only."""
+    the GIL to read it (0.1-3 ms later on a busy process). After `read`, `last_read_ns` is that stamp of the
+    last byte returned, and `last_arrival_ns` the earlier bound the socket's kernel receive stamp gives (the
+    packet had reached the machine by then; the hub may have been busy with other packets until it was fed):
+    what a clock probe's reply time needs, where the hub's backlog would lengthen only the return leg. Pushed
+    chunks (`push_to`) carry the feed stamp. One reader thread per channel (its `recv`); feeds come from the
+    loop only."""
 
     def __init__(self, sock: "HubSocket | None" = None):
         super().__init__()
         self._sock = sock if sock is not None and sock.wire is not None else None  # `record_wire`: list the feeds
-        self._marks: collections.deque = collections.deque()  # (bytes fed in total after the chunk, its ns)
+        self._stamped_by = sock  # whose `arrived_ns` bounds a chunk's arrival (None: the feed stamp does)
+        # (bytes fed in total after the chunk, its feed ns, its arrival bound ns)
+        self._marks: collections.deque = collections.deque()
         self._fed = 0
         self._consumed = 0
-        self.last_read_ns = 0
+        self.last_read_ns = self.last_arrival_ns = 0
         self._push = None  # (on_data, on_close) once `push_to`
 
     def feed(self, data) -> None:
@@ -404,8 +422,10 @@ class ArrivalStampedPipe(BufferedPipe):
             if self._push is not None:
                 self._push[0](data, stamp)
                 return
-            # the mark goes in first: a reader that sees the bytes always finds their stamp
-            self._marks.append((self._fed + len(data), stamp))
+            # the mark goes in first: a reader that sees the bytes always finds their stamp. The packet just read
+            # ends in the socket's last read, whose kernel stamp (if any, and consistent) is no later than now.
+            arrived = self._stamped_by.arrived_ns if self._stamped_by is not None else 0
+            self._marks.append((self._fed + len(data), stamp, arrived if 0 < arrived <= stamp else stamp))
             self._fed += len(data)
             if self._event is not None:
                 self._event.set()
@@ -446,7 +466,7 @@ class ArrivalStampedPipe(BufferedPipe):
             marks = self._marks
             while marks[0][0] < self._consumed:
                 marks.popleft()
-            self.last_read_ns = marks[0][1]
+            _, self.last_read_ns, self.last_arrival_ns = marks[0]
         return data
 
 

@@ -2,6 +2,7 @@
 against the bench's host clocks and ground truth."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -39,6 +40,32 @@ def probe_timesrv(ssh, bench, host: str, probes: int, prefix: str) -> None:
 
 def test_timesrv_answers_with_the_host_clock(ssh, bench, server):
     probe_timesrv(ssh, bench, server.host_name, 200, "t")
+
+
+def test_timesrv_reads_its_clock_midway_when_the_hub_is_held_up(ssh, bench, server):
+    """A token that waits in the emulator's socket while its SSH hub is busy: the host time answered is the
+    clock midway between the token's arrival (kernel) and the reply, as an idle host's would be — so the wait
+    falls on both legs of the probe alike and the harness's midpoint estimate stays unbiased. A stamp taken
+    when the hub got to the token would sit at the end of the wait (~100 ms off the midpoint here)."""
+    from devices.sshhub import shared_hub
+
+    host = server.host_name
+    with ssh.stream(f"python3 -u {AGENT} timesrv") as stream:
+        stream.write("warm\n")
+        assert stream.readline(Deadline(10))[1].startswith("warm ")
+        for i in range(3):
+            busy = threading.Event()
+            shared_hub().call_soon(lambda: (busy.set(), time.sleep(0.2)))  # the hub of both ends, here
+            assert busy.wait(10)
+            sent = now_ns()
+            stream.write(f"held{i}\n")
+            recv_ns, line = stream.readline(Deadline(10))
+            host_ns = int(line.split()[1])
+            assert recv_ns - sent >= 150_000_000  # the reply could only leave once the hub was free
+            # the harness time at which the host read its clock (drift: ppm, negligible over this span)
+            read_at = sent + (host_ns - bench.host_time(host, sent))
+            assert sent <= read_at <= recv_ns
+            assert abs(read_at - (sent + recv_ns) // 2) < 30_000_000
 
 
 def _read_watch(stream, until, deadline_s=10.0):

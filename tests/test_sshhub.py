@@ -261,8 +261,33 @@ def test_arrival_stamps_follow_the_bytes_read_not_the_read(monkeypatch):
     assert pipe.read(100) == b"def\n" and pipe.last_read_ns == 300  # the last byte's arrival
 
 
+def test_a_read_carries_the_kernel_arrival_not_the_hub_s_backlog(hub):
+    """Bytes that sat in the socket while the hub was busy: the pipe's feed stamp is when the hub got to them,
+    `last_arrival_ns` when the kernel had them (the read's SO_TIMESTAMPNS, bounded): never before the send, and
+    not the hub's wait (a clock probe's reply time must not count it). Fails with the feed stamp alone."""
+    from devices import sshhub
+    from devices.timing import now_ns
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    peer = socket.create_connection(listener.getsockname())
+    mine, _ = listener.accept()
+    s = HubSocket(mine, hub)
+    pipe = sshhub.ArrivalStampedPipe(s)
+    before = now_ns()
+    peer.sendall(b"token 123\n")  # loopback: in our receive queue when sendall returns
+    after = now_ns()
+    time.sleep(0.1)  # the hub is elsewhere meanwhile
+    pipe_fed = _in_hub(hub, lambda: pipe.feed(s.recv(100))).get(timeout=30)
+    assert pipe_fed is None and pipe.read(100) == b"token 123\n"
+    assert pipe.last_read_ns >= after + 100_000_000  # the feed: after the wait
+    assert before <= pipe.last_arrival_ns <= after + 5_000_000  # the kernel's: at the send (+ its bound)
+    s.close()
+    peer.close()
+    listener.close()
+
+
 class _CountingSocket:
-    """A socket whose recv calls are counted (HubSocket's reads)."""
+    """A socket whose reads (recv, or recvmsg with the kernel's receive stamp) are counted (HubSocket's)."""
 
     def __init__(self, sock):
         self.sock, self.recvs = sock, 0
@@ -270,6 +295,10 @@ class _CountingSocket:
     def recv(self, n):
         self.recvs += 1
         return self.sock.recv(n)
+
+    def recvmsg(self, *args):
+        self.recvs += 1
+        return self.sock.recvmsg(*args)
 
     def __getattr__(self, name):
         return getattr(self.sock, name)

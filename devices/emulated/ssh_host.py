@@ -44,7 +44,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from devices.emulated import dataplane, formats
 from devices.resources import HostResource
-from devices.sshhub import HubTransport, stamp_arrivals
+from devices.sshhub import HubSocket, HubTransport, stamp_arrivals
 from devices.timing import now_ns
 
 log = logging.getLogger(__name__)
@@ -1326,7 +1326,8 @@ def _runs_agent_timesrv(server: "EmulatedHostServer", command: str) -> bool:
 
 class _TimeResponder(BufferedPipe):
     """The stdin of an agent `timesrv`, answered where it arrives: on the SSH hub, as the transport's loop feeds
-    each chunk, `TOKEN` -> `TOKEN HOST_NS` with the host clock then (the token's arrival), sent at once. No
+    each chunk, `TOKEN` -> `TOKEN HOST_NS` with the host clock midway between the token's arrival (its read's
+    kernel stamp) and now, sent at once. No
     thread is woken per probe (the command's thread only waits for EOF): the clock path is the emulator's
     busiest per-packet path (~35 probes per 8x8 cycle), and a thread's wake-up after the hub had the token
     (0.1-2 ms on a busy emulator) fell on the probe's outbound leg only.
@@ -1336,6 +1337,8 @@ class _TimeResponder(BufferedPipe):
     def __init__(self, channel: paramiko.Channel, bench, host: str):
         super().__init__()
         self._channel, self._host_time, self._host = channel, bench.host_time, host
+        sock = getattr(getattr(channel, "transport", None), "sock", None)
+        self._sock = sock if isinstance(sock, HubSocket) else None  # whose reads' kernel stamps date a token
         self._partial = b""
         self._via_thread = False
 
@@ -1352,7 +1355,10 @@ class _TimeResponder(BufferedPipe):
         if b"\n" not in self._partial:
             return
         *lines, self._partial = self._partial.split(b"\n")
-        stamp = self._host_time(self._host, now_ns())
+        # the host clock midway between the token's arrival (its read's kernel stamp, bounded) and the reply's
+        # send: the hub's backlog ahead of this packet falls on both legs alike, as inside an idle host
+        now, arrived = now_ns(), self._sock.arrived_ns if self._sock is not None else 0
+        stamp = self._host_time(self._host, (arrived + now) // 2 if 0 < arrived <= now else now)
         reply = b"".join(b"%s %d\n" % (line.strip(), stamp) for line in lines)
         if not self._via_thread and len(reply) <= min(channel.out_window_size, channel.out_max_packet_size - 64):
             try:
@@ -1367,7 +1373,8 @@ class _TimeResponder(BufferedPipe):
 def _agent_timesrv(ctx: ExecContext, argv: list[str]) -> int:
     """`TOKEN` -> `TOKEN HOST_NS` at once. Answered on the hub by `_TimeResponder` where the exec request
     installed one; this thread then sends only the replies the hub could not (a short window), until EOF.
-    Otherwise this thread answers, lean on purpose, with HOST_NS the host clock midway between the token's arrival (stamped on the SSH hub as it left the socket) and the reply's send:
+    Otherwise this thread answers, lean on purpose, with HOST_NS the host clock midway between the token's arrival
+    (its read's kernel receive stamp) and the reply's send:
     the thread's wake-up after the hub fed the bytes (0.1-2 ms on a busy emulator) would otherwise lengthen
     only the probe's outbound leg and bias the harness's offset estimate (events recorded early)."""
     host_time, host, channel = ctx.bench.host_time, ctx.host, ctx.channel
@@ -1388,7 +1395,7 @@ def _agent_timesrv(ctx: ExecContext, argv: list[str]) -> int:
         if b"\n" not in buffer:
             continue
         *lines, buffer = buffer.split(b"\n")
-        arrived = getattr(arrivals, "last_read_ns", 0)
+        arrived = getattr(arrivals, "last_arrival_ns", 0)
         now = now_ns()
         stamp = host_time(host, (arrived + now) // 2 if 0 < arrived <= now else now)
         reply = b"".join(b"%s %d\n" % (line.strip(), stamp) for line in lines)
