@@ -33,6 +33,22 @@ def match(events: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
     return joined
 
 
+def clock_sample_errors(samples: pd.DataFrame, clocks: dict[str, dict]) -> pd.DataFrame:
+    """Each kept clock sample (host, t_ns, offset_ns, delay_ns, uncertainty_ns: observations.jsonl's "clock"
+    records) against its host's true offset at t_ns — an emulated clock's `epoch_ns + offset_ns + drift_ppm·1e-6·
+    (t − t0_ns)` (`host_clock_params`): error_ns = offset − true, covered = |error| ≤ uncertainty. Hosts
+    without truth are left out."""
+    rows = samples[samples["host"].isin(list(clocks))].copy()
+    params = pd.DataFrame.from_dict(clocks, orient="index").reindex(rows["host"])
+    t = rows["t_ns"].to_numpy(dtype=np.int64)
+    drift = np.trunc(params["drift_ppm"].to_numpy(dtype=float) * 1e-6 * (t - params["t0_ns"].to_numpy(dtype=np.int64)))
+    true = params["epoch_ns"].to_numpy(dtype=np.int64) + params["offset_ns"].to_numpy(dtype=np.int64) + \
+        drift.astype(np.int64)
+    rows["error_ns"] = rows["offset_ns"].to_numpy(dtype=np.int64) - true
+    rows["covered"] = np.abs(rows["error_ns"]) <= rows["uncertainty_ns"]
+    return rows.reset_index(drop=True)
+
+
 def accuracy_table(matched: pd.DataFrame) -> pd.DataFrame:
     """Per stage: n, p50 and p99 of |error| (ms), mean error (bias, ms), coverage of ±uncertainty."""
     rows = []

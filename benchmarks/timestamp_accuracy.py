@@ -4,6 +4,8 @@ Runs the turnaround playbook on an emulated bench whose hosts have non-zero cloc
 compares every recorded event with the emulator's ground truth:
 - per stage: p50 / p99 of |recorded − true| and the fraction of events whose true time lies within
   ±uncertainty (goals: p99 ≤ 1 ms, p50 ≤ 0.2 ms, coverage ≥ 99 %);
+- the clock samples the harness kept (observations.jsonl): their delay, and their offset against the host's
+  true offset then (`analysis.accuracy.clock_sample_errors`), what every conversion above stands on;
 - harness overhead per cycle: the wall time of a cycle that is not physics (`total`):
   (next cycle's begin − this cycle's begin) − (the cycle's last ground-truth stage event − its command sent),
   in three parts: before_command (begin → command on the wire: drain, plan), after_last_event (last true
@@ -46,7 +48,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.accuracy import accuracy_table, assign_cycles, match  # noqa: E402
+from analysis.accuracy import accuracy_table, assign_cycles, clock_sample_errors, match  # noqa: E402
 from devices.ocs.registry import DEFAULT_PROTOCOL, protocol_names  # noqa: E402
 from harness.events import STAGES  # noqa: E402
 from harness.cli import main  # noqa: E402
@@ -269,8 +271,10 @@ def report(run_dir: Path, truth: pd.DataFrame, clocks: dict) -> dict:
     parts.update({f"cpu_{k}": v for k, v in cpu_ms(records.get("cycle", [])).items()})
     if EMULATOR_CPU is not None:
         parts["cpu_emulator"] = EMULATOR_CPU.per_cycle_ms(cycles[cycles["cycle"] > 0])
+    samples = clock_sample_errors(pd.DataFrame(records.get("clock", []), columns=[
+        "host", "t_ns", "offset_ns", "delay_ns", "uncertainty_ns"]), clocks)
     return {"cycles": int(cycles["cycle"].nunique()), "ports": int(ports), "host_offsets_ms": offsets,
-            "host_drift_ppm": drifts, "accuracy": table,
+            "host_drift_ppm": drifts, "accuracy": table, "clock_samples": samples,
             "overhead_ms": {k: {"p50": float(np.median(v)), "p90": float(np.quantile(v, 0.9)),
                                 "p99": float(np.quantile(v, 0.99)), "n": int(v.size)} for k, v in parts.items()
                             if v.size}}
@@ -307,6 +311,13 @@ if __name__ == "__main__":
                                               if args.arrival == "wire" else ""))
     print(f"host clock offsets (ms): {r['host_offsets_ms']}  drift (ppm): {r['host_drift_ppm']}")
     print(r["accuracy"].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    cs = r["clock_samples"]
+    if len(cs):  # what every conversion stands on: the kept clock samples against the hosts' true offsets
+        err, delay = cs["error_ns"].abs() / 1e6, cs["delay_ns"] / 1e6
+        print(f"clock samples kept: {len(cs)}, delay p50 {delay.median():.3f} ms, p90 {delay.quantile(0.9):.3f} ms; "
+              f"|offset error| p50 {err.median():.4f} ms, p99 {err.quantile(0.99):.4f} ms, median error "
+              f"{cs['error_ns'].median() / 1e6:+.4f} ms, within ± uncertainty {cs['covered'].mean():.1%} "
+              "(the tracker weighs each by 1/uncertainty²)")
     print(f"load average (1 min) {os.getloadavg()[0]:.1f}")
     for part, o in r["overhead_ms"].items():
         print(f"harness overhead per cycle, {part:>16}: p50 {o['p50']:.2f} ms, p90 {o['p90']:.2f} ms, "
