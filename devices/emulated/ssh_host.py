@@ -1327,8 +1327,8 @@ def _runs_agent_timesrv(server: "EmulatedHostServer", command: str) -> bool:
 class _TimeResponder(BufferedPipe):
     """The stdin of an agent `timesrv`, answered where it arrives: on the SSH hub, as the transport's loop feeds
     each chunk, `TOKEN` -> `TOKEN HOST_NS` with the host clock midway between the token's arrival (its read's
-    kernel stamp) and now, sent at once. No
-    thread is woken per probe (the command's thread only waits for EOF): the clock path is the emulator's
+    kernel stamp) and now, sent at once. No thread is woken per probe (the command's thread only waits for
+    EOF): the clock path is the emulator's
     busiest per-packet path (~35 probes per 8x8 cycle), and a thread's wake-up after the hub had the token
     (0.1-2 ms on a busy emulator) fell on the probe's outbound leg only.
     Only when the channel's send window is short does a reply go through the command's thread (from then on
