@@ -46,26 +46,31 @@ def test_timesrv_reads_its_clock_midway_when_the_hub_is_held_up(ssh, bench, serv
     """A token that waits in the emulator's socket while its SSH hub is busy: the host time answered is the
     clock midway between the token's arrival (kernel) and the reply, as an idle host's would be — so the wait
     falls on both legs of the probe alike and the harness's midpoint estimate stays unbiased. A stamp taken
-    when the hub got to the token would sit at the end of the wait (~100 ms off the midpoint here)."""
+    when the hub got to the token would come after the hub was free again."""
     from devices.sshhub import shared_hub
 
     host = server.host_name
     with ssh.stream(f"python3 -u {AGENT} timesrv") as stream:
         stream.write("warm\n")
         assert stream.readline(Deadline(10))[1].startswith("warm ")
-        for i in range(3):
-            busy = threading.Event()
-            shared_hub().call_soon(lambda: (busy.set(), time.sleep(0.2)))  # the hub of both ends, here
+        held = 0
+        for i in range(5):
+            busy, released = threading.Event(), []
+            shared_hub().call_soon(lambda: (busy.set(), time.sleep(0.2), released.append(now_ns())))  # both ends'
             assert busy.wait(10)
             sent = now_ns()
             stream.write(f"held{i}\n")
             recv_ns, line = stream.readline(Deadline(10))
             host_ns = int(line.split()[1])
-            assert recv_ns - sent >= 150_000_000  # the reply could only leave once the hub was free
             # the harness time at which the host read its clock (drift: ppm, negligible over this span)
             read_at = sent + (host_ns - bench.host_time(host, sent))
-            assert sent <= read_at <= recv_ns
-            assert abs(read_at - (sent + recv_ns) // 2) < 30_000_000
+            assert sent <= read_at <= recv_ns and released and recv_ns >= released[0]
+            hold = released[0] - sent
+            if hold < 100_000_000:  # this thread was late to send (a loaded machine): no wait to look at
+                continue
+            held += 1
+            assert read_at - sent <= 0.8 * hold  # midway: ~0.5 of the wait; read when the hub got to it: >= 1
+        assert held >= 1
 
 
 def _read_watch(stream, until, deadline_s=10.0):

@@ -280,7 +280,7 @@ def test_a_read_carries_the_kernel_arrival_not_the_hub_s_backlog(hub):
     pipe_fed = _in_hub(hub, lambda: pipe.feed(s.recv(100))).get(timeout=30)
     assert pipe_fed is None and pipe.read(100) == b"token 123\n"
     assert pipe.last_read_ns >= after + 100_000_000  # the feed: after the wait
-    assert before <= pipe.last_arrival_ns <= after + 5_000_000  # the kernel's: at the send (+ its bound)
+    assert before <= pipe.last_arrival_ns <= after + 50_000_000  # the kernel's: at the send (+ its bound)
     s.close()
     peer.close()
     listener.close()
