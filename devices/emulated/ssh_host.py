@@ -1324,13 +1324,20 @@ def _runs_agent_timesrv(server: "EmulatedHostServer", command: str) -> bool:
         return path in server.fs.files
 
 
+def _clock_read_at(arrived_ns: int) -> int:
+    """When an emulated host reads its clock for a time token: midway between the token's arrival (its read's
+    kernel stamp, bounded; 0: unknown) and now, the reply's send — whatever backlog of the shared SSH hub lay
+    between falls on both legs of the probe alike, as inside an idle host; now where the arrival is unknown."""
+    now = now_ns()
+    return (arrived_ns + now) // 2 if 0 < arrived_ns <= now else now
+
+
 class _TimeResponder(BufferedPipe):
     """The stdin of an agent `timesrv`, answered where it arrives: on the SSH hub, as the transport's loop feeds
     each chunk, `TOKEN` -> `TOKEN HOST_NS` with the host clock midway between the token's arrival (its read's
-    kernel stamp) and now, sent at once. No thread is woken per probe (the command's thread only waits for
-    EOF): the clock path is the emulator's
-    busiest per-packet path (~35 probes per 8x8 cycle), and a thread's wake-up after the hub had the token
-    (0.1-2 ms on a busy emulator) fell on the probe's outbound leg only.
+    kernel stamp) and now (`_clock_read_at`), sent at once. No thread is woken per probe (the command's thread
+    only waits for EOF): the clock path is the emulator's busiest per-packet path (~35 probes per 8x8 cycle), and
+    a thread's wake-up after the hub had the token (0.1-2 ms on a busy emulator) fell on the outbound leg only.
     Only when the channel's send window is short does a reply go through the command's thread (from then on
     every reply, in order): a send from the hub must never wait for the client."""
 
@@ -1355,10 +1362,7 @@ class _TimeResponder(BufferedPipe):
         if b"\n" not in self._partial:
             return
         *lines, self._partial = self._partial.split(b"\n")
-        # the host clock midway between the token's arrival (its read's kernel stamp, bounded) and the reply's
-        # send: the hub's backlog ahead of this packet falls on both legs alike, as inside an idle host
-        now, arrived = now_ns(), self._sock.arrived_ns if self._sock is not None else 0
-        stamp = self._host_time(self._host, (arrived + now) // 2 if 0 < arrived <= now else now)
+        stamp = self._host_time(self._host, _clock_read_at(self._sock.arrived_ns if self._sock is not None else 0))
         reply = b"".join(b"%s %d\n" % (line.strip(), stamp) for line in lines)
         if not self._via_thread and len(reply) <= min(channel.out_window_size, channel.out_max_packet_size - 64):
             try:
@@ -1374,7 +1378,7 @@ def _agent_timesrv(ctx: ExecContext, argv: list[str]) -> int:
     """`TOKEN` -> `TOKEN HOST_NS` at once. Answered on the hub by `_TimeResponder` where the exec request
     installed one; this thread then sends only the replies the hub could not (a short window), until EOF.
     Otherwise this thread answers, lean on purpose, with HOST_NS the host clock midway between the token's arrival
-    (its read's kernel receive stamp) and the reply's send:
+    (its read's kernel receive stamp) and the reply's send (`_clock_read_at`):
     the thread's wake-up after the hub fed the bytes (0.1-2 ms on a busy emulator) would otherwise lengthen
     only the probe's outbound leg and bias the harness's offset estimate (events recorded early)."""
     host_time, host, channel = ctx.bench.host_time, ctx.host, ctx.channel
@@ -1395,9 +1399,7 @@ def _agent_timesrv(ctx: ExecContext, argv: list[str]) -> int:
         if b"\n" not in buffer:
             continue
         *lines, buffer = buffer.split(b"\n")
-        arrived = getattr(arrivals, "last_arrival_ns", 0)
-        now = now_ns()
-        stamp = host_time(host, (arrived + now) // 2 if 0 < arrived <= now else now)
+        stamp = host_time(host, _clock_read_at(getattr(arrivals, "last_arrival_ns", 0)))
         reply = b"".join(b"%s %d\n" % (line.strip(), stamp) for line in lines)
         try:
             channel.sendall(reply)
