@@ -49,6 +49,53 @@ def clock_sample_errors(samples: pd.DataFrame, clocks: dict[str, dict]) -> pd.Da
     return rows.reset_index(drop=True)
 
 
+# What an emulated switch records of each command (physics ground truth, host "ocs"): when a command that moves a
+# mirror reached it, and when each mirror settled. The harness records none of these as such; they bound its
+# OCS events (`ocs_command_check`).
+OCS_TRUTH_STAGES = ("ocs_command_arrived", "mirror_settled")
+
+
+def ocs_command_check(events: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
+    """Per cycle, the recorded OCS command against the switch's own record (`truth`: OCS_TRUTH_STAGES rows with
+    their cycle). `transit_ns` = the cycle's first arrival of a changing command − its recorded send
+    (`ocs_command_sent`, the first changing command's); `causal`: the send's lower bound (t − uncertainty) is
+    not after that arrival — a send stamped after the switch had the command would shift every turnaround of the
+    cycle. `settled_to_completed_ns` = the recorded completion − the cycle's last mirror settling;
+    `completed_before_settled`: the completion's upper bound is before it (a switch that answers once its mirrors
+    settled, as the emulated TL1 one, never does). Cycles without a send and an arrival are left out."""
+    def first(stage: str, how: str) -> pd.DataFrame:
+        rows = events[events["stage"] == stage]
+        return rows.groupby("cycle").agg(**{f"{stage}_ns": ("t_ns", how), f"{stage}_bound_ns": ("uncertainty_ns",
+                                                                                                 "first")})
+    arrived = truth[truth["stage"] == "ocs_command_arrived"].groupby("cycle")["t_ns"].min().rename("arrived_ns")
+    settled = truth[truth["stage"] == "mirror_settled"].groupby("cycle")["t_ns"].max().rename("settled_ns")
+    out = first("ocs_command_sent", "min").join(arrived, how="inner").join(first("ocs_command_completed", "max")) \
+        .join(settled)
+    out = out.rename(columns={"ocs_command_sent_ns": "sent_ns", "ocs_command_sent_bound_ns": "sent_bound_ns",
+                              "ocs_command_completed_ns": "completed_ns",
+                              "ocs_command_completed_bound_ns": "completed_bound_ns"})
+    out["transit_ns"] = out["arrived_ns"] - out["sent_ns"]
+    out["causal"] = out["sent_ns"] - out["sent_bound_ns"] <= out["arrived_ns"]
+    out["settled_to_completed_ns"] = out["completed_ns"] - out["settled_ns"]
+    # NaN (a cycle without a completion or a settling mirror) compares False: not counted as before
+    out["completed_before_settled"] = out["completed_ns"] + out["completed_bound_ns"] < out["settled_ns"]
+    return out.reset_index()
+
+
+def ocs_command_table(check: pd.DataFrame) -> dict:
+    """`ocs_command_check` in a few numbers (ms): n cycles, transit p50 / p99 / max, sends not causal, and the
+    completion after the last mirror settled, p50 / p99 (over the cycles that have both), and how many came
+    before it."""
+    transit = check["transit_ns"].to_numpy(dtype=float) / 1e6
+    after = check["settled_to_completed_ns"].dropna().to_numpy(dtype=float) / 1e6
+    q = lambda v, p: float(np.quantile(v, p)) if len(v) else float("nan")  # noqa: E731
+    return {"n": int(len(check)), "transit_p50_ms": q(transit, 0.5), "transit_p99_ms": q(transit, 0.99),
+            "transit_max_ms": float(transit.max()) if len(transit) else float("nan"),
+            "not_causal": int((~check["causal"]).sum()), "settled_to_completed_n": int(len(after)),
+            "completed_before_settled": int(check["completed_before_settled"].sum()),
+            "settled_to_completed_p50_ms": q(after, 0.5), "settled_to_completed_p99_ms": q(after, 0.99)}
+
+
 def accuracy_table(matched: pd.DataFrame) -> pd.DataFrame:
     """Per stage: n, p50 and p99 of |error| (ms), mean error (bias, ms), coverage of ±uncertainty."""
     rows = []

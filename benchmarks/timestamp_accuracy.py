@@ -48,10 +48,12 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.accuracy import accuracy_table, assign_cycles, clock_sample_errors, match  # noqa: E402
+from analysis.accuracy import (OCS_TRUTH_STAGES, accuracy_table, assign_cycles, clock_sample_errors, match,  # noqa: E402
+                               ocs_command_check, ocs_command_table)
 from devices.ocs.registry import DEFAULT_PROTOCOL, protocol_names  # noqa: E402
 from harness.events import STAGES  # noqa: E402
 from harness.cli import main  # noqa: E402
+from harness.finish import ocs_command_line  # noqa: E402
 
 
 def overhead_ms(cycles: pd.DataFrame, truth: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -101,6 +103,7 @@ def run_in_process(cycles: int, profile: str, watch_us: int, out: Path,
         raise SystemExit(f"run failed with exit code {code}")
     run_dir = next((out / "runs").iterdir())
     manifest = json.loads((run_dir / "manifest.json").read_text())
+    OCS_COMMAND.update(json.loads((run_dir / "summary.json").read_text())["summary"].get("ocs_command") or {})
     return run_dir, pd.read_parquet(run_dir / "ground_truth.parquet"), manifest["emulated_clocks"]
 
 
@@ -172,7 +175,11 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
     clocks = {r["host"]: r for r in rows if r["stage"] == "host_clock"}
     truth = pd.DataFrame([r for r in rows if r["stage"] in STAGES])
     cycles_df = pd.read_parquet(run_dir / "cycles.parquet")
-    truth = assign_cycles(truth, list(zip(cycles_df["cycle"], cycles_df["begin_ns"])))
+    starts = list(zip(cycles_df["cycle"], cycles_df["begin_ns"]))
+    truth = assign_cycles(truth, starts)
+    switch = assign_cycles(pd.DataFrame([r for r in rows if r["stage"] in OCS_TRUTH_STAGES]), starts)
+    events = pd.read_parquet(run_dir / "events.parquet")
+    OCS_COMMAND.update(ocs_command_table(ocs_command_check(events[events["cycle"] > 0], switch)))
     return run_dir, truth, clocks
 
 
@@ -241,6 +248,7 @@ def delivery_split_ms(recv: np.ndarray, reads: np.ndarray, cycles: pd.DataFrame,
     return parts
 
 
+OCS_COMMAND: dict = {}  # the last run's analysis.accuracy.ocs_command_table: recorded sends against the switch
 EMULATOR_CPU: CpuSampler | None = None  # the separate emulator's, when the last run had one
 
 
@@ -318,6 +326,8 @@ if __name__ == "__main__":
               f"|offset error| p50 {err.median():.4f} ms, p99 {err.quantile(0.99):.4f} ms, median error "
               f"{cs['error_ns'].median() / 1e6:+.4f} ms, within ± uncertainty {cs['covered'].mean():.1%} "
               "(the tracker weighs each by 1/uncertainty²)")
+    if OCS_COMMAND:
+        print(ocs_command_line(OCS_COMMAND))
     print(f"load average (1 min) {os.getloadavg()[0]:.1f}")
     for part, o in r["overhead_ms"].items():
         print(f"harness overhead per cycle, {part:>16}: p50 {o['p50']:.2f} ms, p90 {o['p90']:.2f} ms, "

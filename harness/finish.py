@@ -47,9 +47,10 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
                          for name, r in ctx.results.items()}}
     if len(measured):
         summary["delays_ms"] = summarize_events(measured, ctx.seed)
-    truth = truth_frame(ctx.emulated, [tuple(w) for r in ctx.results.values() for w in r.truth_windows])
+    windows = [tuple(w) for r in ctx.results.values() for w in r.truth_windows]
+    truth = truth_frame(ctx.emulated, windows)
     if truth is not None:
-        from analysis.accuracy import accuracy_table, match
+        from analysis.accuracy import OCS_TRUTH_STAGES, accuracy_table, match, ocs_command_check, ocs_command_table
 
         truth = _with_earlier(ctx, truth, "ground_truth.parquet")
         write_ground_truth(ctx, truth)
@@ -57,6 +58,10 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
         matched = match(measured, truth)
         if len(matched):
             summary["accuracy"] = accuracy_table(matched).to_dict(orient="records")
+        # this process's switch record only: a resumed run's earlier cycles have none (their n says so)
+        check = ocs_command_check(measured, truth_frame(ctx.emulated, windows, OCS_TRUTH_STAGES))
+        if len(check):
+            summary["ocs_command"] = ocs_command_table(check)
     for name, r in ctx.results.items():
         if r.summary:
             summary.setdefault("results", {})[name] = r.summary
@@ -77,6 +82,8 @@ def summary_markdown(ctx, summary: dict) -> str:
             lines.append(f"| {r['stage']} | {r['n']} | {r['abs_err_p50_ms']:.4f} | {r['abs_err_p99_ms']:.4f} | "
                          f"{r['bias_ms']:+.4f} | {100 * r['coverage']:.2f} % |")
         lines.append("")
+    if summary.get("ocs_command"):
+        lines += ["## OCS command against the switch's record", "", ocs_command_line(summary["ocs_command"]), ""]
     if summary.get("emulator"):
         lines += ["## Emulator schedule", "", emulator_line(summary["emulator"]), "",
                   "| stage | n | profile p50 (ms) | profile p99 | realised p50 | realised p99 | lateness p99 | KS p |",
@@ -99,6 +106,21 @@ def summary_markdown(ctx, summary: dict) -> str:
         lines += ["## Step files", ""] + [f"- {n}: {', '.join(f'`{a}`' for a in names)}" for n, names in files] + [""]
     lines += [r.summary_md for r in ctx.results.values() if r.summary_md]
     return "\n".join(lines) + "\n"
+
+
+def ocs_command_line(r: dict) -> str:
+    """One line: did each cycle's recorded send precede the command's arrival at the switch, and by how much?"""
+    verdict = "every recorded send precedes" if r["not_causal"] == 0 else \
+        f"**{r['not_causal']} recorded sends come after**"
+    line = (f"Over {r['n']} cycles, {verdict} the first changing command's arrival at the switch (its kernel "
+            f"stamp): transit p50 {r['transit_p50_ms']:.4f} ms, p99 {r['transit_p99_ms']:.4f} ms, max "
+            f"{r['transit_max_ms']:.4f} ms — counted in every turnaround, which starts at the send.")
+    if r["settled_to_completed_n"]:
+        line += (f" The completion came p50 {r['settled_to_completed_p50_ms']:.4f} ms, p99 "
+                 f"{r['settled_to_completed_p99_ms']:.4f} ms after the cycle's last mirror settled"
+                 + (f" ({r['completed_before_settled']} cycles' completions, bound included, before it)."
+                    if r["completed_before_settled"] else "."))
+    return line
 
 
 def emulator_line(report) -> str:

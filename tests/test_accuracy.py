@@ -48,3 +48,35 @@ def test_clock_samples_against_the_emulated_clocks_truth():
     assert out["host"].tolist() == [h for h in bench.hosts for _ in range(3)]
     assert out["error_ns"].tolist() == [0, 7, -40] * 2
     assert out["covered"].tolist() == [True, False, True] * 2
+
+
+def test_the_recorded_ocs_command_against_the_switchs_record():
+    """Per cycle, by hand: transit = first arrival − recorded send; a send whose lower bound is after the
+    arrival is not causal; completion − last settling, and a completion whose upper bound is before it; a cycle
+    without an arrival is left out."""
+    from analysis.accuracy import ocs_command_check, ocs_command_table
+
+    events = pd.DataFrame({
+        "cycle": [1, 1, 1, 2, 2, 3, 3],
+        "stage": ["ocs_command_sent", "ocs_command_completed", "phy_up", "ocs_command_sent",
+                  "ocs_command_completed", "ocs_command_sent", "ocs_command_completed"],
+        "t_ns": [1_000, 30_000, 31_000, 100_000, 120_000, 200_000, 230_000],
+        "uncertainty_ns": [10, 50, 5, 10, 100, 10, 50]})
+    truth = pd.DataFrame({
+        "cycle": [1, 1, 1, 1, 2, 2],
+        "stage": ["ocs_command_arrived", "ocs_command_arrived", "mirror_settled", "mirror_settled",
+                  "ocs_command_arrived", "mirror_settled"],
+        # cycle 1: arrivals 1 040 and 1 500 (the first counts), settled 28 000 and 29 000 (the last counts);
+        # cycle 2: arrival 20 before the recorded send's lower bound; the completion's upper bound is 500
+        # before its mirror settled
+        "t_ns": [1_500, 1_040, 28_000, 29_000, 99_970, 120_600]})
+    check = ocs_command_check(events, truth).set_index("cycle")
+    assert list(check.index) == [1, 2]  # cycle 3: no arrival
+    assert check["transit_ns"].to_dict() == {1: 40, 2: -30}
+    assert check["causal"].to_dict() == {1: True, 2: False}
+    assert check["settled_to_completed_ns"].to_dict() == {1: 1_000, 2: -600}
+    assert check["completed_before_settled"].to_dict() == {1: False, 2: True}
+    table = ocs_command_table(check.reset_index())
+    assert table["n"] == 2 and table["not_causal"] == 1 and table["completed_before_settled"] == 1
+    assert table["transit_max_ms"] == 40 / 1e6 and abs(table["transit_p50_ms"] - 5 / 1e6) < 1e-15
+    assert table["settled_to_completed_n"] == 2 and abs(table["settled_to_completed_p50_ms"] - 200 / 1e6) < 1e-15

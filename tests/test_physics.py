@@ -119,6 +119,29 @@ def test_invalid_commands_change_nothing():
         bench.stop()
 
 
+def test_the_switch_records_when_each_changing_command_reached_it():
+    """One truth row per command that moves a mirror: at the server's kernel stamp when it has one, else when
+    the physics handled it; a command that changes nothing, or one refused, leaves none."""
+    from devices.timing import now_ns
+
+    bench = OpticalBench(profile_from_dict(FAST), seed=1).start()
+    try:
+        mapping, a, b = pair(bench)
+        stamp = now_ns() - 3_000_000
+        bench.ocs_apply(mapping, at_ns=stamp)
+        before = now_ns()
+        bench.ocs_apply({}, removes=[a.ocs_tx])
+        after = now_ns()
+        bench.ocs_apply({})
+        with pytest.raises(OcsCommandError):
+            bench.ocs_apply({}, removes=[a.ocs_tx])
+        assert bench.wait_idle()
+        arrived = [t["t_ns"] for t in bench.ground_truth() if t["stage"] == "ocs_command_arrived"]
+        assert len(arrived) == 2 and arrived[0] == stamp and before <= arrived[1] <= after
+    finally:
+        bench.stop()
+
+
 def test_host_clock_carries_offset():
     bench = OpticalBench(profile_from_dict(FAST), seed=1)
     import time

@@ -133,6 +133,12 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_
     assert acc["all"]["n"] >= 4 * 4 * 5
     assert acc["all"]["abs_err_p99_ms"] < 2.0
     assert acc["all"]["coverage"] >= 0.95
+    # each cycle's recorded send precedes its command's arrival at the switch (its kernel stamp), and the TL1
+    # switch, which answers once its mirrors settled, is never recorded as answering before they did
+    ocs_check = summary["summary"]["ocs_command"]
+    assert ocs_check["n"] == 4 and ocs_check["not_causal"] == 0 and ocs_check["completed_before_settled"] == 0
+    assert ocs_check["settled_to_completed_n"] == 4
+    assert "## OCS command against the switch's record" in (run / "summary.md").read_text()
     # every delay the emulator drew, keyed by switch command, port and stage; its schedule report
     draws = pd.read_parquet(run / "ground_truth_delays.parquet")
     assert list(draws.columns) == ["command", "port", "stage", "delay_ns"]

@@ -36,8 +36,10 @@ def load_profile(name_or_path: str):
     return profile_from_spec(validate(ProfileSpec, data, "", (data.file, data.line)), str(path))
 
 
-def truth_frame(emulated, cycle_starts: list[tuple[int, int]]):
-    """The emulator's ground truth with cycles assigned from the steps' cycle starts (None: a real bench)."""
+def truth_frame(emulated, cycle_starts: list[tuple[int, int]], stages: tuple[str, ...] | None = None):
+    """The emulator's ground truth of `stages` (default: the recorded stages, harness.events.STAGES; the
+    switch's own record: analysis.accuracy.OCS_TRUTH_STAGES) with cycles assigned from the steps' cycle starts
+    (None: a real bench)."""
     if emulated is None:
         return None
     import pandas as pd
@@ -49,7 +51,7 @@ def truth_frame(emulated, cycle_starts: list[tuple[int, int]]):
     if emulated.netns is not None:
         # Real frames cross the namespaces: the physics' modelled first packet is not the truth there.
         raw = raw[raw["stage"] != "first_packet"]
-    truth = assign_cycles(raw[raw["stage"].isin(STAGES)], cycle_starts)
+    truth = assign_cycles(raw[raw["stage"].isin(STAGES if stages is None else stages)], cycle_starts)
     return truth[truth["cycle"] >= 1]
 
 
