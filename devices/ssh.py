@@ -11,6 +11,7 @@ Secrets (passwords, key material) never appear in error messages.
 """
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -24,7 +25,7 @@ from devices.errors import DeviceError, DeviceTimeout, TransportClosed
 from devices.protocols import CommandResult, CommandTransport, LineStream
 from devices.resources import HostResource
 from devices.sshhub import ArrivalStampedPipe, HubTransport, first_send_ns, stamp_arrivals
-from devices.timing import CommandTiming, Deadline, now_ns
+from devices.timing import ClockPair, CommandTiming, Deadline, now_ns
 
 _CHUNK = 65536
 _POLL_S = 0.05  # how often a blocked read wakes to drain stderr and check its deadline
@@ -66,6 +67,8 @@ class SshTransport(CommandTransport):
         self._lock = threading.Lock()
         self._closed = False
         self.connects = 0  # successful connections so far (1 + reconnects)
+        self._fallbacks_before = 0  # read-time fallbacks of the connections before this one (`receive_stamps`)
+        self._closed_report = (False, 0, "never connected")  # the last connection's, once closed
 
     # ------------------------------------------------------------------ connection
     @property
@@ -80,6 +83,7 @@ class SshTransport(CommandTransport):
 
     def _connect_once(self) -> paramiko.SSHClient:
         r = self.resource
+        since = ClockPair.now()  # the replies' kernel stamps are trusted from here (HubSocket)
         sock = socket.create_connection((r.address, r.port), timeout=self.connect_timeout)
         client = None
         try:
@@ -102,7 +106,7 @@ class SshTransport(CommandTransport):
                            channel_timeout=self.connect_timeout,
                            look_for_keys=key_file is None and self._password is None,
                            allow_agent=key_file is None and self._password is None,
-                           transport_factory=HubTransport)
+                           transport_factory=functools.partial(HubTransport, stamps_since=since))
         except BaseException:
             transport = client.get_transport() if client is not None else None
             if transport is not None:  # its socket is closed on the hub that watches it
@@ -126,6 +130,7 @@ class SshTransport(CommandTransport):
                 transport = client.get_transport()
                 if transport is not None and transport.is_active():
                     return transport
+                self._fallbacks_before += self._stamp_report()[1]
                 client.close()
                 self._client = None
             last = ""
@@ -154,6 +159,20 @@ class SshTransport(CommandTransport):
     def connect(self) -> None:
         """Open the connection now instead of at the first command."""
         self._transport()
+
+    def _stamp_report(self) -> tuple[bool, int, str]:
+        transport = self._client.get_transport() if self._client is not None else None
+        report = getattr(getattr(transport, "sock", None), "stamp_report", None)
+        return report() if report is not None else (False, 0, "never connected")
+
+    def receive_stamps(self) -> dict:
+        """How this host's replies were dated (a clock probe's reply: by its kernel receive stamp, or by its read,
+        which counts the hub's backlog in the probe's delay): `stamp` "kernel" or "read" (the connection now),
+        `fallbacks` — reads dated by their read instead, every connection of the run — and the last `reason`."""
+        with self._lock:
+            kernel, fallbacks, reason = self._stamp_report() if self._client is not None else self._closed_report
+            return {"stamp": "kernel" if kernel else "read", "fallbacks": self._fallbacks_before + fallbacks,
+                    "reason": reason}
 
     def _open_channel(self, deadline: Deadline) -> paramiko.Channel:
         for attempt in range(2):
@@ -251,6 +270,7 @@ class SshTransport(CommandTransport):
         with self._lock:
             self._closed = True
             if self._client is not None:
+                self._closed_report = self._stamp_report()  # what `receive_stamps` says once closed
                 self._client.close()
                 self._client = None
 

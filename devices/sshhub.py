@@ -43,7 +43,7 @@ import paramiko.util
 from paramiko.buffered_pipe import BufferedPipe
 from paramiko.packet import Packetizer
 
-from devices.timing import ReceiveStamps, enable_receive_stamps, now_ns
+from devices.timing import ClockPair, ReceiveStamps, enable_receive_stamps, now_ns
 
 _log = logging.getLogger(__name__)
 
@@ -290,12 +290,13 @@ class HubSocket:
     """A connected socket for paramiko whose blocking calls wait on the hub when made in one of its greenlets,
     and in the calling thread otherwise; `settimeout` bounds each wait (`socket.timeout`), as on a socket."""
 
-    def __init__(self, sock: socket.socket, hub: Hub):
+    def __init__(self, sock: socket.socket, hub: Hub, stamps_since: ClockPair | None = None):
         sock.setblocking(False)
         self.sock, self.hub = sock, hub
         # Each read's kernel receive stamp (SO_TIMESTAMPNS, its last segment's): `arrived_ns`, when the bytes read
-        # last had surely reached this machine — a clock probe's reply then does not count the hub's backlog
-        self._stamps = ReceiveStamps() if enable_receive_stamps(sock) else None
+        # last had surely reached this machine — a clock probe's reply then does not count the hub's backlog.
+        # `stamps_since`: taken before the socket connected (the server's banner may come before this exists)
+        self._stamps = ReceiveStamps(stamps_since) if enable_receive_stamps(sock) else None
         self.arrived_ns = 0  # harness clock: the upper bound of the last read's stamp (0: none yet, or unstamped)
         self._fd = sock.fileno()
         self._timeout: float | None = None
@@ -370,6 +371,12 @@ class HubSocket:
         self._ahead, self._at = ahead, at + len(data)
         self.handed += len(data)
         return data
+
+    def stamp_report(self) -> tuple[bool, int, str]:
+        """(reads are kernel-stamped, how many fell back to the read time, the last fallback's reason)."""
+        if self._stamps is None:
+            return False, 0, "the socket does not give kernel receive stamps"
+        return True, self._stamps.fallbacks, self._stamps.reason
 
     def _stamped_recv(self, n: int) -> bytes:
         got = self._stamps.recv(self.sock, n)
@@ -582,12 +589,13 @@ class HubTransport(paramiko.Transport):
     # both ends). The client's order decides, and a paramiko server follows it.
     _preferred_ciphers = tuple(sorted(paramiko.Transport._preferred_ciphers, key=lambda name: "-gcm@" not in name))
 
-    def __init__(self, sock: socket.socket, *args, hub: Hub | None = None, **kwargs):
+    def __init__(self, sock: socket.socket, *args, hub: Hub | None = None, stamps_since: ClockPair | None = None,
+                 **kwargs):
         hub = hub or shared_hub()
         self._hub = hub
         self._loop_started = False
         self._loop_done = threading.Event()
-        super().__init__(HubSocket(sock, hub), *args, packetizer_class=HubPacketizer, **kwargs)
+        super().__init__(HubSocket(sock, hub, stamps_since), *args, packetizer_class=HubPacketizer, **kwargs)
         self.clear_to_send_lock = HubLock(self.clear_to_send_lock, hub)
 
     # Thread parts: a greenlet, not a thread

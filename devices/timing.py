@@ -143,7 +143,8 @@ class Received(NamedTuple):
 
 class ReceiveStamps:
     """recvmsg with SO_TIMESTAMPNS -> (data, its kernel receive time on the harness clock, bound): one per
-    reader, created before its socket can receive (a stamp from before it is not trusted).
+    reader, created (or given `since`, a pair taken) before its socket can receive (a stamp from before is not
+    trusted).
 
     The kernel stamps in CLOCK_REALTIME; the harness clock is CLOCK_MONOTONIC. Linux slews both alike
     (adjtimex frequency and offset corrections change their common rate), so realtime - monotonic changes only
@@ -155,8 +156,10 @@ class ReceiveStamps:
     that drains a backlog queued across the step (a read that filled its buffer may leave older data behind).
     A stamp later than its own read, or earlier than this run of agreeing pairs began, falls back too."""
 
-    def __init__(self) -> None:
-        self._last = ClockPair.now()
+    def __init__(self, since: ClockPair | None = None) -> None:
+        # `since`: a pair taken before the socket could receive (a client's, before it connected: the peer's
+        # first bytes may come before this reader exists); default now
+        self._last = since or ClockPair.now()
         self._steady_since_ns = self._last.mono_ns - self._last.width_ns
         self._backlog_suspect = False
         self.fallbacks = 0

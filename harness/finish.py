@@ -82,6 +82,10 @@ def summary_markdown(ctx, summary: dict) -> str:
             lines.append(f"| {r['stage']} | {r['n']} | {r['abs_err_p50_ms']:.4f} | {r['abs_err_p99_ms']:.4f} | "
                          f"{r['bias_ms']:+.4f} | {100 * r['coverage']:.2f} % |")
         lines.append("")
+    for host, r in (summary.get("clock_replies_by_read") or {}).items():
+        lines += [f"⚠ clock probe replies of `{host}` dated by their read, not the kernel's receive stamp "
+                  f"({'always' if r['stamp'] != 'kernel' else str(r['fallbacks']) + ' reads'}: {r['reason']}): their "
+                  "samples count the SSH hub's backlog in their delay (wider bounds, still bounds).", ""]
     if summary.get("ocs_command"):
         lines += ["## OCS command against the switch's record", "", ocs_command_line(summary["ocs_command"]), ""]
     if summary.get("emulator"):
@@ -175,6 +179,12 @@ def finish_run(ctx, manifest: dict, *, status: str, wall_s: float, started_utc: 
     write_cycles(ctx, events)
     summary = build_summary(ctx, events, status, wall_s)
     clocks = ctx.clock_tables()
+    # hosts whose clock probes' replies were (sometimes) dated by their read, not by the kernel: still bounds,
+    # wider by the hub's backlog then
+    by_read = {c["host"]: c["reply_stamps"] for c in clocks if c.get("reply_stamps") and (
+        c["reply_stamps"]["stamp"] != "kernel" or c["reply_stamps"]["fallbacks"])}
+    if by_read:
+        summary["clock_replies_by_read"] = by_read
     manifest = {**manifest, "clock": clocks or manifest.get("clock"), "status": status,
                 "extra": {**manifest.get("extra", {}), **ctx.manifest_extra}}
     if ctx.emulated is not None:

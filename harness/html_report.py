@@ -305,12 +305,20 @@ def provenance_section(run: RunData) -> str:
                      f'<td class="num">{_num((seg.get("uncertainty_ns") or math.nan) / 1e3, ".1f")}</td>',
                      f'<td class="num">{_num(seg.get("drift_ppm"), ".2f")}</td>',
                      f'<td class="num">{_num(truth.get("drift_ppm"), ".2f")}</td>',
-                     f'<td class="num">{len(c.get("steps") or [])}</td>'])
+                     f'<td class="num">{len(c.get("steps") or [])}</td>', _e(_reply_stamps(c.get("reply_stamps")))])
     if rows:
         parts.append("<h3>Host clocks</h3>" + _table(
             ["host", "fit segments", "samples (last)", "offset bound (µs)", "drift (ppm)",
-             "true drift (emulator, ppm)", "clock steps"], rows))
+             "true drift (emulator, ppm)", "clock steps", "probe replies dated by"], rows))
     return "".join(parts)
+
+
+def _reply_stamps(r: dict | None) -> str:
+    if not r:
+        return "–"  # a run recorded before this was kept
+    if r["stamp"] != "kernel":
+        return f"read time ({r['reason']})"
+    return "kernel receive stamp" + (f"; {r['fallbacks']} read-time fallbacks ({r['reason']})" if r["fallbacks"] else "")
 
 
 def html_page(title: str, body: list[str]) -> str:

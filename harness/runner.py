@@ -162,8 +162,14 @@ class RunContext:
         return {h: self._sessions[h] for h in hosts}
 
     def clock_tables(self) -> list[dict]:
-        """The clock model of every host session this run opened (for the manifest)."""
-        return [s.clock.table() for s in self._sessions.values() if s.clock is not None]
+        """The clock model of every host session this run opened (for the manifest), with how its probes'
+        replies were dated (`SshTransport.receive_stamps`)."""
+        tables = []
+        for s in self._sessions.values():
+            if s.clock is not None:
+                stamps = getattr(s.transport, "receive_stamps", None)
+                tables.append({**s.clock.table(), **({"reply_stamps": stamps()} if stamps is not None else {})})
+        return tables
 
     def sessions(self) -> dict[str, Any]:
         return self.open_sessions(list(self.bench.hosts))

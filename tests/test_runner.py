@@ -154,6 +154,10 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_
         assert (wide[b] + 1_000_000 >= wide[a]).all(), (a, b)
     manifest = result.manifest()
     assert manifest["seed"] == 3 and manifest["extra"]["restored"] == {"ocs1": True}
+    # every host's clock probe replies were dated by the kernel's receive stamp, none by a late read
+    assert len(manifest["clock"]) == len(set(events.loc[events["host"] != "", "host"])) and \
+        all(c["reply_stamps"] == {"stamp": "kernel", "fallbacks": 0, "reason": ""} for c in manifest["clock"])
+    assert "clock_replies_by_read" not in summary["summary"]
     assert len(manifest["clock"]) == 2
     # the report converts the raw observations again with the final clock fit: same events, still covered
     capsys.readouterr()
@@ -276,3 +280,22 @@ def test_bad_bench_and_playbook_exit_2(tmp_path, run_playbook, capsys):
     assert broken.exit_code == 2 and broken.run_dir is None and "bad.yaml:4" in broken.error
     err = capsys.readouterr().err
     assert "bad.yaml:4" in err and "Traceback" not in err
+
+
+def test_summary_names_hosts_whose_clock_replies_were_dated_by_their_read():
+    """The summary's markdown warns per host whose probe replies were dated by their read (always, or some
+    reads), with the reason, and says nothing when every reply had its kernel stamp."""
+    from types import SimpleNamespace
+
+    from harness.finish import summary_markdown
+
+    ctx = SimpleNamespace(run_id="r", playbook=SimpleNamespace(name="p"), bench=SimpleNamespace(name="b"),
+                          manifest_extra={}, results={})
+    base = {"status": "ok", "wall_s": 1.0, "faults": 0, "steps": {}}
+    assert "dated by their read" not in summary_markdown(ctx, base)
+    text = summary_markdown(ctx, {**base, "clock_replies_by_read": {
+        "gpu2": {"stamp": "kernel", "fallbacks": 3, "reason": "CLOCK_REALTIME stepped by 5 ns since the last read"},
+        "gpu7": {"stamp": "read", "fallbacks": 0, "reason": "the socket does not give kernel receive stamps"}}})
+    warned = [line for line in text.splitlines() if "dated by their read" in line]
+    assert len(warned) == 2 and "`gpu2`" in warned[0] and "3 reads: CLOCK_REALTIME stepped" in warned[0]
+    assert "`gpu7`" in warned[1] and "always: the socket does not give" in warned[1]

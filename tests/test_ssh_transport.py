@@ -214,3 +214,38 @@ def test_wrong_identity_is_refused_without_leaking_secrets(bench, server):
         message = str(info.value)
         assert "hunter2-secret" not in message and "PRIVATE KEY" not in message
         assert server.host_name in message and str(server.port) in message
+
+
+class _RealtimeAhead:
+    """CLOCK_REALTIME as devices.timing reads it, 5 s ahead: a step faked on our side only."""
+    monotonic_ns = staticmethod(time.monotonic_ns)
+
+    @staticmethod
+    def time_ns():
+        return time.time_ns() + 5_000_000_000
+
+
+def test_receive_stamps_say_how_replies_were_dated_across_reconnects_and_after_close(server, monkeypatch):
+    """Replies dated by the kernel's receive stamp; a CLOCK_REALTIME step (faked on our side) makes the reads
+    around it fall back to the read time: counted, with the reason, and still counted after a reconnect and
+    once the transport is closed."""
+    import devices.timing as timing
+
+    with SshTransport(server.resource(), retries=3, backoff_s=0.05) as ssh:
+        assert ssh.receive_stamps()["reason"] == "never connected"
+        assert ssh.run("true").exit_status == 0
+        assert ssh.receive_stamps() == {"stamp": "kernel", "fallbacks": 0, "reason": ""}
+        monkeypatch.setattr(timing, "time", _RealtimeAhead)
+        assert ssh.run("true").exit_status == 0
+        monkeypatch.undo()
+        stepped = ssh.receive_stamps()
+        assert stepped["stamp"] == "kernel" and stepped["fallbacks"] >= 1, stepped
+        # the read across the step names it; the next ones find their stamps before the run of agreeing reads
+        assert "CLOCK_REALTIME stepped" in stepped["reason"] or "outside" in stepped["reason"], stepped
+        assert server.drop_connections() >= 1
+        deadline = time.monotonic() + 10
+        while ssh._client.get_transport().is_active() and time.monotonic() < deadline:  # noqa: SLF001
+            time.sleep(0.01)
+        assert ssh.run("true").exit_status == 0 and ssh.connects == 2
+        assert ssh.receive_stamps()["fallbacks"] >= stepped["fallbacks"]
+    assert ssh.receive_stamps()["fallbacks"] >= stepped["fallbacks"]
