@@ -296,6 +296,22 @@ def test_requests_are_written_by_the_caller_not_when_ncclient_s_reader_loop_next
         switch.close()
 
 
+def test_an_ncclient_without_the_internals_the_driver_stamps_through_is_refused_clearly(server, monkeypatch):
+    """A future ncclient that renamed what the driver frames and stamps the wire with (here its 1.1 framing's end
+    delimiter): a DeviceError at connect naming the version and what is missing — not an AttributeError at the
+    first change — and the session closed."""
+    from ncclient.transport import session as nc_session
+    from ncclient.transport import ssh as nc_ssh
+
+    monkeypatch.delattr(nc_session, "END_DELIM")
+    closed, close = [], nc_ssh.SSHSession.close
+    monkeypatch.setattr(nc_ssh.SSHSession, "close", lambda self: (closed.append(self), close(self)))
+    with pytest.raises(DeviceError, match=r"ncclient \S+ lacks ncclient.transport.session.END_DELIM, which this "
+                                          r"driver stamps the wire through"):
+        _open(server, timeout_s=5.0)
+    assert len(closed) == 1 and not closed[0].connected
+
+
 def test_line_noise_drops_the_session_and_replies_are_validated(server, emulator, monkeypatch):
     bench, servers = emulator
     switch = _open(server, timeout_s=2.0)

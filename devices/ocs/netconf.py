@@ -103,6 +103,13 @@ class NetconfSwitch(SteppedSwitch):
             raise DeviceError(f"NETCONF {where}: {type(exc).__name__}: {exc}") from exc
         self._manager.timeout = self.timeout_s
         session = self._manager._session  # stamp the real channel write and read (see _READER_TICK_S)
+        missing = _missing_internals(session, nc_session)
+        if missing:
+            self._manager = None
+            session.close()
+            raise DeviceError(f"NETCONF {where}: ncclient {_ncclient_version()} lacks {', '.join(missing)}, which this "
+                              "driver stamps the wire through (its writes and reads; found in ncclient 0.6.15 to "
+                              "0.7.1): use a version of that range")
         write, read = session._transport_write, session._transport_read
 
         def stamped_write(data):
@@ -358,3 +365,26 @@ class NetconfSwitch(SteppedSwitch):
         if missing:
             raise DeviceError(f"opm-power returned no power for port(s) {missing}")
         return {p: power[p] for p in ports}
+
+
+# What `_connect` uses of ncclient beyond its public API, to stamp the wire: the session's own write and read of
+# the channel, its framing state, and the framing constants (ncclient 0.6.15 to 0.7.1 have them all).
+_SESSION_INTERNALS = ("_transport_write", "_transport_read", "_base", "_buffer", "connected")
+_MODULE_INTERNALS = ("NetconfBase", "END_DELIM", "MSG_DELIM")
+
+
+def _missing_internals(session, module) -> list[str]:
+    missing = [f"session.{name}" for name in _SESSION_INTERNALS if not hasattr(session, name)]
+    missing += [f"ncclient.transport.session.{name}" for name in _MODULE_INTERNALS if not hasattr(module, name)]
+    if hasattr(module, "NetconfBase") and not hasattr(module.NetconfBase, "BASE_11"):
+        missing.append("NetconfBase.BASE_11")
+    return missing
+
+
+def _ncclient_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ncclient")
+    except PackageNotFoundError:
+        return "(version unknown)"
