@@ -412,8 +412,9 @@ class ArrivalStampedPipe(BufferedPipe):
 
     def __init__(self, sock: "HubSocket | None" = None):
         super().__init__()
-        self._sock = sock if sock is not None and sock.wire is not None else None  # `record_wire`: list the feeds
-        self._stamped_by = sock  # whose `arrived_ns` bounds a chunk's arrival (None: the feed stamp does)
+        # the socket whose `arrived_ns` bounds a chunk's arrival (None: the feed stamp does); with `record_wire`,
+        # its `wire` lists the feeds
+        self._sock = sock
         # (bytes fed in total after the chunk, its feed ns, its arrival bound ns)
         self._marks: collections.deque = collections.deque()
         self._fed = 0
@@ -423,15 +424,16 @@ class ArrivalStampedPipe(BufferedPipe):
 
     def feed(self, data) -> None:
         stamp = now_ns()
-        if self._sock is not None:
-            self._sock.wire["fed"].append((stamp, self._sock.handed))  # the packet just read ends there
+        sock = self._sock
+        if sock is not None and sock.wire is not None:
+            sock.wire["fed"].append((stamp, sock.handed))  # the packet just read ends there
         with self._lock:
             if self._push is not None:
                 self._push[0](data, stamp)
                 return
             # the mark goes in first: a reader that sees the bytes always finds their stamp. The packet just read
             # ends in the socket's last read, whose kernel stamp (if any, and consistent) is no later than now.
-            arrived = self._stamped_by.arrived_ns if self._stamped_by is not None else 0
+            arrived = sock.arrived_ns if sock is not None else 0
             self._marks.append((self._fed + len(data), stamp, arrived if 0 < arrived <= stamp else stamp))
             self._fed += len(data)
             if self._event is not None:
