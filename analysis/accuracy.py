@@ -60,14 +60,16 @@ def ocs_command_check(events: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame
     their cycle). `transit_ns` = the cycle's first arrival of a changing command − its recorded send
     (`ocs_command_sent`, the first changing command's); `causal`: the send's lower bound (t − uncertainty) is
     not after that arrival — a send stamped after the switch had the command would shift every turnaround of the
-    cycle. `settled_to_completed_ns` = the recorded completion − the cycle's last mirror settling;
+    cycle (`arrived_by`: the truth row's `port`, how the switch dated the arrival: "kernel", or "handled" when it
+    had no stamp). `settled_to_completed_ns` = the recorded completion − the cycle's last mirror settling;
     `completed_before_settled`: the completion's upper bound is before it (a switch that answers once its mirrors
     settled, as the emulated TL1 one, never does). Cycles without a send and an arrival are left out."""
     def first(stage: str, how: str) -> pd.DataFrame:
         rows = events[events["stage"] == stage]
         return rows.groupby("cycle").agg(**{f"{stage}_ns": ("t_ns", how), f"{stage}_bound_ns": ("uncertainty_ns",
                                                                                                  "first")})
-    arrived = truth[truth["stage"] == "ocs_command_arrived"].groupby("cycle")["t_ns"].min().rename("arrived_ns")
+    arrivals = truth[truth["stage"] == "ocs_command_arrived"].sort_values("t_ns", kind="stable")
+    arrived = arrivals.groupby("cycle").agg(arrived_ns=("t_ns", "first"), arrived_by=("port", "first"))
     settled = truth[truth["stage"] == "mirror_settled"].groupby("cycle")["t_ns"].max().rename("settled_ns")
     out = first("ocs_command_sent", "min").join(arrived, how="inner").join(first("ocs_command_completed", "max")) \
         .join(settled)
@@ -83,13 +85,16 @@ def ocs_command_check(events: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame
 
 
 def ocs_command_table(check: pd.DataFrame) -> dict:
-    """`ocs_command_check` in a few numbers (ms): n cycles, transit p50 / p99 / max, sends not causal, and the
-    completion after the last mirror settled, p50 / p99 (over the cycles that have both), and how many came
-    before it."""
+    """`ocs_command_check` in a few numbers (ms): n cycles, how their arrivals were dated (`arrived_by`: the switch's
+    "kernel" receive stamp, or when it "handled" the command — later, so those transits are upper bounds),
+    transit p50 / p99 / max, sends not causal, and the completion after the last mirror settled, p50 / p99 (over
+    the cycles that have both), and how many came before it."""
     transit = check["transit_ns"].to_numpy(dtype=float) / 1e6
     after = check["settled_to_completed_ns"].dropna().to_numpy(dtype=float) / 1e6
     q = lambda v, p: float(np.quantile(v, p)) if len(v) else float("nan")  # noqa: E731
-    return {"n": int(len(check)), "transit_p50_ms": q(transit, 0.5), "transit_p99_ms": q(transit, 0.99),
+    by = check["arrived_by"].value_counts(sort=False)
+    return {"n": int(len(check)), "arrived_by": {str(k): int(v) for k, v in by.items()},
+            "transit_p50_ms": q(transit, 0.5), "transit_p99_ms": q(transit, 0.99),
             "transit_max_ms": float(transit.max()) if len(transit) else float("nan"),
             "not_causal": int((~check["causal"]).sum()), "settled_to_completed_n": int(len(after)),
             "completed_before_settled": int(check["completed_before_settled"].sum()),

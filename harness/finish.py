@@ -116,8 +116,12 @@ def ocs_command_line(r: dict) -> str:
     """One line: did each cycle's recorded send precede the command's arrival at the switch, and by how much?"""
     verdict = "every recorded send precedes" if r["not_causal"] == 0 else \
         f"**{r['not_causal']} recorded sends come after**"
-    line = (f"Over {r['n']} cycles, {verdict} the first changing command's arrival at the switch (its kernel "
-            f"stamp): transit p50 {r['transit_p50_ms']:.4f} ms, p99 {r['transit_p99_ms']:.4f} ms, max "
+    by = r.get("arrived_by") or {}
+    dated = "its kernel receive stamp" if set(by) == {"kernel"} else \
+        "when the switch handled it, after it arrived: the transits are upper bounds" if set(by) == {"handled"} \
+        else ", ".join(f"{n} by {'its kernel receive stamp' if k == 'kernel' else 'when handled'}" for k, n in by.items())
+    line = (f"Over {r['n']} cycles, {verdict} the first changing command's arrival at the switch ({dated}): "
+            f"transit p50 {r['transit_p50_ms']:.4f} ms, p99 {r['transit_p99_ms']:.4f} ms, max "
             f"{r['transit_max_ms']:.4f} ms — counted in every turnaround, which starts at the send.")
     if r["settled_to_completed_n"]:
         line += (f" The completion came p50 {r['settled_to_completed_p50_ms']:.4f} ms, p99 "

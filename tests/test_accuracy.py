@@ -69,14 +69,17 @@ def test_the_recorded_ocs_command_against_the_switchs_record():
         # cycle 1: arrivals 1 040 and 1 500 (the first counts), settled 28 000 and 29 000 (the last counts);
         # cycle 2: arrival 20 before the recorded send's lower bound; the completion's upper bound is 500
         # before its mirror settled
-        "t_ns": [1_500, 1_040, 28_000, 29_000, 99_970, 120_600]})
+        "t_ns": [1_500, 1_040, 28_000, 29_000, 99_970, 120_600],
+        "port": ["kernel", "handled", "17", "18", "kernel", "17"]})  # how each arrival was dated (or the egress)
     check = ocs_command_check(events, truth).set_index("cycle")
     assert list(check.index) == [1, 2]  # cycle 3: no arrival
     assert check["transit_ns"].to_dict() == {1: 40, 2: -30}
+    assert check["arrived_by"].to_dict() == {1: "handled", 2: "kernel"}  # the first arrival's dating
     assert check["causal"].to_dict() == {1: True, 2: False}
     assert check["settled_to_completed_ns"].to_dict() == {1: 1_000, 2: -600}
     assert check["completed_before_settled"].to_dict() == {1: False, 2: True}
     table = ocs_command_table(check.reset_index())
     assert table["n"] == 2 and table["not_causal"] == 1 and table["completed_before_settled"] == 1
+    assert table["arrived_by"] == {"handled": 1, "kernel": 1}
     assert table["transit_max_ms"] == 40 / 1e6 and abs(table["transit_p50_ms"] - 5 / 1e6) < 1e-15
     assert table["settled_to_completed_n"] == 2 and abs(table["settled_to_completed_p50_ms"] - 200 / 1e6) < 1e-15

@@ -136,8 +136,9 @@ def test_the_switch_records_when_each_changing_command_reached_it():
         with pytest.raises(OcsCommandError):
             bench.ocs_apply({}, removes=[a.ocs_tx])
         assert bench.wait_idle()
-        arrived = [t["t_ns"] for t in bench.ground_truth() if t["stage"] == "ocs_command_arrived"]
-        assert len(arrived) == 2 and arrived[0] == stamp and before <= arrived[1] <= after
+        arrived = [(t["t_ns"], t["port"]) for t in bench.ground_truth() if t["stage"] == "ocs_command_arrived"]
+        assert len(arrived) == 2 and arrived[0] == (stamp, "kernel") and arrived[1][1] == "handled"
+        assert before <= arrived[1][0] <= after
     finally:
         bench.stop()
 

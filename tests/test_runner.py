@@ -137,6 +137,7 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_
     # switch, which answers once its mirrors settled, is never recorded as answering before they did
     ocs_check = summary["summary"]["ocs_command"]
     assert ocs_check["n"] == 4 and ocs_check["not_causal"] == 0 and ocs_check["completed_before_settled"] == 0
+    assert ocs_check["arrived_by"] == {"kernel": 4}  # the TL1 server's kernel receive stamps
     assert ocs_check["settled_to_completed_n"] == 4
     assert "## OCS command against the switch's record" in (run / "summary.md").read_text()
     # every delay the emulator drew, keyed by switch command, port and stage; its schedule report
