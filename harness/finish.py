@@ -47,11 +47,17 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
                          for name, r in ctx.results.items()}}
     if len(measured):
         summary["delays_ms"] = summarize_events(measured, ctx.seed)
-    windows = [tuple(w) for r in ctx.results.values() for w in r.truth_windows]
-    truth = truth_frame(ctx.emulated, windows)
-    if truth is not None:
-        from analysis.accuracy import OCS_TRUTH_STAGES, accuracy_table, match, ocs_command_check, ocs_command_table
+    from analysis.accuracy import OCS_TRUTH_STAGES
+    from harness.events import STAGES
 
+    # the recorded stages' truth and the switch's own record, from one copy of the emulator's truth
+    truth = truth_frame(ctx.emulated, [tuple(w) for r in ctx.results.values() for w in r.truth_windows],
+                        STAGES + OCS_TRUTH_STAGES)
+    if truth is not None:
+        from analysis.accuracy import accuracy_table, match, ocs_command_check, ocs_command_table
+
+        of_switch = truth["stage"].isin(OCS_TRUTH_STAGES)
+        truth, switch_truth = truth[~of_switch], truth[of_switch]
         truth = _with_earlier(ctx, truth, "ground_truth.parquet")
         write_ground_truth(ctx, truth)
         summary["emulator"] = ctx.emulated.physics.schedule_report()
@@ -59,7 +65,7 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
         if len(matched):
             summary["accuracy"] = accuracy_table(matched).to_dict(orient="records")
         # this process's switch record only: a resumed run's earlier cycles have none (their n says so)
-        check = ocs_command_check(measured, truth_frame(ctx.emulated, windows, OCS_TRUTH_STAGES))
+        check = ocs_command_check(measured, switch_truth)
         if len(check):
             summary["ocs_command"] = ocs_command_table(check)
     for name, r in ctx.results.items():
@@ -84,8 +90,8 @@ def summary_markdown(ctx, summary: dict) -> str:
         lines.append("")
     for host, r in (summary.get("clock_replies_by_read") or {}).items():
         lines += [f"⚠ clock probe replies of `{host}` dated by their read, not the kernel's receive stamp "
-                  f"({'always' if r['stamp'] != 'kernel' else str(r['fallbacks']) + ' reads'}: {r['reason']}): their "
-                  "samples count the SSH hub's backlog in their delay (wider bounds, still bounds).", ""]
+                  f"({read_dated(r)}): their samples count the SSH hub's backlog in their delay (wider bounds, "
+                  "still bounds).", ""]
     if summary.get("ocs_command"):
         lines += ["## OCS command against the switch's record", "", ocs_command_line(summary["ocs_command"]), ""]
     if summary.get("emulator"):
@@ -110,6 +116,14 @@ def summary_markdown(ctx, summary: dict) -> str:
         lines += ["## Step files", ""] + [f"- {n}: {', '.join(f'`{a}`' for a in names)}" for n, names in files] + [""]
     lines += [r.summary_md for r in ctx.results.values() if r.summary_md]
     return "\n".join(lines) + "\n"
+
+
+def read_dated(r: dict) -> str | None:
+    """Which of a host's probe replies (`SshTransport.receive_stamps`) were dated by their read, and why: "always:
+    REASON", "N reads: REASON", or None when the kernel's receive stamp dated every one."""
+    if r["stamp"] != "kernel":
+        return f"always: {r['reason']}"
+    return f"{r['fallbacks']} reads: {r['reason']}" if r["fallbacks"] else None
 
 
 def ocs_command_line(r: dict) -> str:
@@ -185,8 +199,7 @@ def finish_run(ctx, manifest: dict, *, status: str, wall_s: float, started_utc: 
     clocks = ctx.clock_tables()
     # hosts whose clock probes' replies were (sometimes) dated by their read, not by the kernel: still bounds,
     # wider by the hub's backlog then
-    by_read = {c["host"]: c["reply_stamps"] for c in clocks if c.get("reply_stamps") and (
-        c["reply_stamps"]["stamp"] != "kernel" or c["reply_stamps"]["fallbacks"])}
+    by_read = {c["host"]: c["reply_stamps"] for c in clocks if c.get("reply_stamps") and read_dated(c["reply_stamps"])}
     if by_read:
         summary["clock_replies_by_read"] = by_read
     manifest = {**manifest, "clock": clocks or manifest.get("clock"), "status": status,

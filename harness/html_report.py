@@ -314,11 +314,12 @@ def provenance_section(run: RunData) -> str:
 
 
 def _reply_stamps(r: dict | None) -> str:
+    from harness.finish import read_dated
+
     if not r:
         return "–"  # a run recorded before this was kept
-    if r["stamp"] != "kernel":
-        return f"read time ({r['reason']})"
-    return "kernel receive stamp" + (f"; {r['fallbacks']} read-time fallbacks ({r['reason']})" if r["fallbacks"] else "")
+    read = read_dated(r)
+    return "kernel receive stamp" if read is None else f"read time ({read})"
 
 
 def html_page(title: str, body: list[str]) -> str:
