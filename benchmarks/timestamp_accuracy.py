@@ -25,7 +25,8 @@ compares every recorded event with the emulator's ground truth:
   goal median ≤ 2 ms (the rest of total is the emulated bench's, sharing the machine's cores).
   With the emulator in its own process, its CPU per cycle too (`cpu_emulator`: every thread, sampled from
   /proc, the measured cycles' span divided by their number): both processes share the machine's cores, so
-  a burst of work in one delays the other.
+  a burst of work in one delays the other; and the emulator's own line on how late its schedule ran (`harness
+  emulate` prints it at exit).
 
     .venv/bin/python benchmarks/timestamp_accuracy.py [--cycles 200] [--profile burst-mode]
 """
@@ -149,7 +150,7 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
                                  "--protocol", PROTOCOL,
                                  "--inventory-out", str(inventory), "--truth-out", str(truth_file)]
                                 + (["--wire-out", str(wire_file)] if WIRE is not None else []),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                stdout=(out / "emulator.out").open("w"), stderr=subprocess.PIPE)
     sampler = CpuSampler(emulator.pid)
     try:
         end = time.monotonic() + 60
@@ -167,6 +168,8 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
         emulator.send_signal(signal.SIGINT)
         emulator.wait(timeout=30)
     run_dir = next((out / "runs").iterdir())
+    EMULATOR_SCHEDULE.extend(line for line in (out / "emulator.out").read_text().splitlines()
+                             if line.startswith("emulator schedule:"))
     global EMULATOR_CPU
     EMULATOR_CPU = sampler
     if WIRE is not None:
@@ -250,6 +253,7 @@ def delivery_split_ms(recv: np.ndarray, reads: np.ndarray, cycles: pd.DataFrame,
 
 OCS_COMMAND: dict = {}  # the last run's analysis.accuracy.ocs_command_table: recorded sends against the switch
 EMULATOR_CPU: CpuSampler | None = None  # the separate emulator's, when the last run had one
+EMULATOR_SCHEDULE: list[str] = []  # the separate emulator's own line on its schedule's lateness, at its exit
 
 
 def harness_side_ms(recv: np.ndarray, cycles: pd.DataFrame) -> np.ndarray:
@@ -328,6 +332,7 @@ if __name__ == "__main__":
               "(the tracker weighs each by 1/uncertainty²)")
     if OCS_COMMAND:
         print(ocs_command_line(OCS_COMMAND))
+    print(*EMULATOR_SCHEDULE, sep="\n")
     print(f"load average (1 min) {os.getloadavg()[0]:.1f}")
     for part, o in r["overhead_ms"].items():
         print(f"harness overhead per cycle, {part:>16}: p50 {o['p50']:.2f} ms, p90 {o['p90']:.2f} ms, "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import socket
@@ -62,6 +63,11 @@ def test_raw_tl1_client_and_stock_ssh(emulate):
     assert out.stdout in ("1: DOWN\n", "4: ACTIVE\n")
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0
+    # at exit, how late this machine let its schedule run: the ENT-PATCH's mirror and the light it brought
+    (schedule,) = [line for line in proc.stdout.read().splitlines() if line.startswith("emulator schedule: ")]
+    actions = re.search(r"lateness p50 [0-9.]+ ms, p99 [0-9.]+ ms, max [0-9.]+ ms over (\d+) scheduled actions",
+                        schedule)
+    assert actions and int(actions[1]) >= 2, schedule
     assert truth.exists()  # the ground truth of what the switch did is written on exit
     assert any('"mirror_settled"' in line for line in truth.read_text().splitlines())
     # the SSH server's sends on that connection: when each began, where its bytes end in the stream

@@ -3,9 +3,17 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 
 from devices.ocs.registry import DEFAULT_PROTOCOL, protocol_names
+
+# The emulator is soft real time: its physics, the hosts' agents and SSH servers and the switch's replies each
+# act at a due time, all threads of this one interpreter. At the default 5 ms switch interval a busy thread
+# holds the others off up to that long: at 8 hosts x 8 NICs the switch's ENT-PATCH reply reached the harness
+# p50 7.2-8.2 ms after its mirrors settled; at 0.2 ms, 2.1-2.4 ms (benchmarks/timestamp_accuracy.py --profile),
+# for ~10 % more of the emulator's CPU. The physics' own lateness (p50 0.7-0.8 ms there) is not its doing.
+SWITCH_INTERVAL_S = 0.0002
 
 
 def register(sub) -> None:
@@ -33,8 +41,10 @@ def _emulate(args) -> int:
     from devices.emulated.bench import PASSWORD_ENV, EmulatedBench
     from harness.bench.emulated import load_profile
     from harness.errors import InputError
+    from harness.finish import emulator_line
 
     profile = load_profile(args.profile)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     out = Path(args.inventory_out)
     if not out.parent.exists():
         raise InputError("--inventory-out: the folder does not exist", str(out.parent))
@@ -70,6 +80,8 @@ def _emulate(args) -> int:
         # sight, a full collection walks only what the run makes, not ~10^5 start-up objects with the GIL held.
         gc.freeze()
         stop.wait()
+        # how late this machine let the schedule run: what the emulated delays on the wire include
+        print(f"emulator schedule: {emulator_line(bench.physics.schedule_report())}", flush=True)
         if args.truth_out:
             with open(args.truth_out, "w") as f:
                 for host in bench.physics.hosts:  # each host's true clock, for checking clock correction
