@@ -116,6 +116,35 @@ def test_a_stage_passed_between_two_polls_is_bounded_by_its_neighbours():
     assert not [e for e in events.values() if e.stage == "fault"]
 
 
+def test_a_latched_loss_of_light_read_after_the_link_is_up_still_bounds_its_clearing():
+    """A re-pairing faster than a poll (dark 30 µs at 100.03 ms, the new light at once): the sysfs poll sees the
+    carrier drop and return (carrier_changes) at 100.2 ms, and the same poll's `ethtool -m` reads the module's
+    latched LOS flag set; the next ethtool poll, at 100.4 ms, reads it clear. The light came back within the
+    "1"'s interval, though the link was already up when it was read: light_detected's event holds 100.03 ms
+    and the chain does not call the port's bounds contradictory (before, it kept the "0"'s own interval, later
+    than the truth, and lost light_lost's reading as a "not yet")."""
+    script = ScriptedObservations()
+    _full_chain(script, "h1", 102 * MS)
+    script.watch("h2", "eth0", "carrier", "0", 100_200_000)
+    script.watch("h2", "eth0", "carrier", "1", 100_200_000)
+    script.watch("h2", "eth0", "rx_los", "1", 100_200_000)
+    script.watch("h2", "eth0", "rx_lol", "1", 100_200_000)
+    script.watch("h2", "eth0", "state", "ACTIVE", 100_200_000)
+    script.probe("h2", "eth0", MAC["h2:eth0"], 100_250_000)
+    script.watch("h2", "eth0", "rx_los", "0", 100_400_000)
+    script.watch("h2", "eth0", "rx_lol", "0", 100_400_000)
+    arrivals = _feed(_watch(script, completed=100_040_000), script).result(110 * MS)
+    events = {(e.host, e.stage): e for e in stage_events("r", 1, PORTS, "ocs1", 100 * MS, 100_040_000, arrivals,
+                                                         script.convert, CHAIN)}
+    assert not [e for e in events.values() if e.stage == "fault"]
+    for stage in ("light_detected", "cdr_locked", "light_lost"):
+        e = events[("h2", stage)]
+        assert e.t_ns - e.uncertainty_ns <= 100_030_000 <= e.t_ns + e.uncertainty_ns, stage
+    first = events[("h2", "first_packet")]
+    assert events[("h2", "light_detected")].t_ns + events[("h2", "light_detected")].uncertainty_ns <= \
+        first.t_ns + first.uncertainty_ns  # the chain's order holds: light before the first packet
+
+
 def test_the_last_poll_that_saw_it_down_bounds_a_hidden_stage_from_below():
     script = ScriptedObservations()
     _full_chain(script, "h1", 102 * MS)

@@ -326,3 +326,32 @@ def test_a_stream_whose_channel_is_gone_at_its_first_lines_ends_unregistered():
     assert ended.wait(10)
     streams.close()
     assert stream.closed and all(not routes for routes in streams._routes.values())
+
+
+def test_watch_reads_a_loss_of_light_shorter_than_a_poll_latched(ssh, bench, server):
+    """Re-pairing a lit port at once (the `instant` profile: the light goes and comes back at one instant) is a
+    loss of light no poll sees live. `ethtool -m` reads the module's LOS flag latched, so the agent's next poll
+    reads it set ("1") and the poll after that clear ("0"): the light came back within the "1"'s interval, one
+    poll before the "0"'s own — what harness.bench.stages.own_bound allows for."""
+    host = server.host_name
+    nic, other = bench.nic_ports(host)[:2]
+    ethtool_us = 5000
+    bench.ocs_apply({}, removes=list(bench.ocs_patches()))  # the module's bench, as earlier tests left it
+    bench.ocs_apply({nic.ocs_tx: nic.ocs_rx})
+    assert bench.wait_idle()
+    with ssh.stream(f"python3 -u {AGENT} watch --interval-us 2000 --ethtool-interval-us {ethtool_us} "
+                    f"{nic.netdev}={nic.rdma_dev}/{nic.rdma_port}") as stream:
+        initial = _read_watch(stream, lambda lines: len(lines) == len(AGENT_FIELDS))
+        assert ("rx_los", "0") in [(f, v) for _, _, f, v, _ in initial]
+        start = len(bench.ground_truth())
+        bench.ocs_apply({other.ocs_tx: nic.ocs_rx}, removes=[nic.ocs_tx])
+        changes = _read_watch(stream, lambda lines: ("rx_los", "0") in [(f, v) for _, _, f, v, _ in lines])
+    los = [(host_ns, value, interval) for host_ns, _, field, value, interval in changes if field == "rx_los"]
+    step = ethtool_us * 1000
+    assert [(value, interval) for _, value, interval in los] == [("1", step), ("0", step)]
+    (set_at, _, _), (clear_at, _, _) = los
+    assert abs(clear_at - (set_at + step)) <= step // 1000  # the very next poll (on the host's drifting clock)
+    truth = {g["stage"]: bench.host_time(host, g["t_ns"]) for g in bench.ground_truth()[start:]
+             if g["host"] == host and g["port"] == nic.netdev and g["stage"] in ("light_lost", "light_detected")}
+    assert truth["light_lost"] == truth["light_detected"]  # dark for no time at all
+    assert set_at - step < truth["light_detected"] <= set_at  # within the "1"'s interval, not the "0"'s

@@ -43,6 +43,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from devices.emulated import dataplane, formats
+from devices.emulated.physics import NicChange
 from devices.resources import HostResource
 from devices.sshhub import HubSocket, HubTransport, stamp_arrivals
 from devices.timing import now_ns
@@ -1611,7 +1612,9 @@ class _WatchStream(_Stream):
     stamped with the host clock at that tick, and printed no earlier than that tick (the ticks reached late,
     in one write). Changes that revert between two ticks are never seen, as with a real poller — except
     carrier and the IB state, whose drop and return the agent reads from `carrier_changes` and `link_downed`
-    (both lines, one tick)."""
+    (both lines, one tick), and the module's LOS and LOL flags, which `ethtool -m` reads latched (as the
+    emulated `ethtool -m` does): a tick after the flag was set reads "1" even if it has cleared since, and the
+    tick after that reads it as it is then."""
 
     def __init__(self, ctx: ExecContext, watched: dict[str, tuple[str, ...]], interval: int, ethtool_interval: int):
         super().__init__(ctx)
@@ -1621,7 +1624,8 @@ class _WatchStream(_Stream):
         rng = random.Random()
         start = now_ns()
         self.phase = {False: start + rng.randrange(interval), True: start + rng.randrange(ethtool_interval)}
-        self.last: dict[tuple[str, str], str] = {}
+        self.last: dict[tuple[str, str], str] = {}  # as printed
+        self.live: dict[tuple[str, str], str] = {}  # as the physics last set it
 
     def grid(self, field: str) -> tuple[int, int]:
         ethtool = field in _ETHTOOL_FIELDS
@@ -1634,26 +1638,35 @@ class _WatchStream(_Stream):
         for netdev, fields in self.watched.items():
             values = _snapshot_fields(ctx.bench.nic_snapshot(ctx.host, netdev))
             for field in fields:
-                self.last[(netdev, field)] = values[field]
+                self.last[(netdev, field)] = self.live[(netdev, field)] = values[field]
                 lines.append(f"{host_now} {netdev} {field} {values[field]} 0\n")
         return "".join(lines)
 
     def lines(self, items: list) -> str:
-        out, last, i = [], self.last, 0
+        out, last, live, i = [], self.last, self.live, 0
         while i < len(items):  # tick by tick: a poller sees only the value at the tick
             tick = items[i][0]
             seen: dict[tuple[str, str], str] = {}
             flipped: set[tuple[str, str]] = set()  # a value that changed in this tick (carrier_changes moved)
+            latched: set[tuple[str, str]] = set()  # a module flag set since the last tick
             while i < len(items) and items[i][0] == tick:
                 change = items[i][1]
                 key = (change.netdev, change.field)
+                i += 1
+                if change.value is None:  # the read after a latched flag: the value as it is now
+                    seen.setdefault(key, live.get(key))
+                    continue
                 if change.value != last.get(key) or key in seen:
                     flipped.add(key)
-                seen[key] = change.value
-                i += 1
+                if change.value == "1" and key[1] in _ETHTOOL_FIELDS:
+                    latched.add(key)
+                seen[key] = live[key] = change.value
             host_ns = self.ctx.bench.host_time(self.ctx.host, tick)
             for key, value in seen.items():
                 step = self.ethtool_interval if key[1] in _ETHTOOL_FIELDS else self.interval
+                if key in latched and value != "1":  # read as set; the next tick reads it as it is then
+                    value = "1"
+                    self.ctx.server.agent_streams().arm(NicChange(tick + 1, self.ctx.host, *key, None))
                 if last.get(key) != value:
                     last[key] = value
                     out.append(f"{host_ns} {key[0]} {key[1]} {value} {step}\n")

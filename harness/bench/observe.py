@@ -23,7 +23,7 @@ import orjson
 
 from analysis.stages import PORT_CHAIN, WATCH_STAGES
 from devices.timing import Deadline, now_ns
-from harness.bench.stages import STAGE_FIELDS, Arrivals, Convert, CycleEvents, interval, not_yet
+from harness.bench.stages import LATCHED_FIELDS, STAGE_FIELDS, Arrivals, Convert, CycleEvents, interval, not_yet
 
 # Watch values that show a stage reached (a restarted watch prints them as current values).
 REACHED = {"light_detected": ("rx_los", "0"), "cdr_locked": ("rx_lol", "0"), "phy_up": ("carrier", "1"),
@@ -157,7 +157,9 @@ class CycleWatch:
                 return
             self._mark_after(obs.host, (lo + hi) // 2, offset)
         events, kept = self.events, self.arrivals.kept
-        if gated is not None and gated in need and not self._implied(key, gated):
+        # A latched flag's "1" counts even where a later stage already implies the one it gates: it says when the
+        # flag was set, which bounds its clearing — the "0" that follows — from below (stages.own_bound).
+        if gated is not None and gated in need and (obs.field in LATCHED_FIELDS or not self._implied(key, gated)):
             self.arrivals.not_yet[(key, gated)] = obs
             self.version[key] += 1
             if events is not None:

@@ -28,6 +28,12 @@ def not_yet(field: str, value: str) -> str | None:
     return _NOT_YET.get((field, value))
 
 
+# Module flags the agent reads with `ethtool -m`, which prints the *latched* flag bytes (SFF-8636's `*_AW_OFFSET`,
+# CMIS' latched lane flags: set when the condition asserts, cleared on read). A poll's "1" then says the condition
+# held at some time since the poll before, not that it still holds; a "0" right after it says it ended between
+# the poll before that "1" and this one — an interval longer than the "0"'s own (`own_bound`).
+LATCHED_FIELDS = frozenset({"rx_los", "rx_lol"})
+
 # The watch fields a stage or a "not yet" is read from; a watch line of any other (operstate, phys_state) marks
 # nothing here and is kept for the record only (observations.jsonl).
 STAGE_FIELDS = frozenset({f for f, _ in WATCH_STAGES} | {f for f, _ in _NOT_YET} | {"state"})
@@ -89,6 +95,20 @@ def source_of(obs) -> str:
 _EVENT = Event.unchecked  # for stages taken from STAGES itself: none to check
 
 
+def own_bound(obs, shown_not_yet, bound: Callable[[object], tuple[int, int, int]]) -> tuple[int, int, int]:
+    """The bound of the chain stage `obs` marks, given the latest observation that showed it not reached yet
+    (None: none). A latched flag's clearing ("0") polled right after the poll that showed it set ("1") may have
+    happened within that "1"'s own interval — the flag latched a short loss, and was already clear when read —
+    so its lower bound is that "1"'s; in every other case, `bound(obs)`. "Right after": the "1" is later than
+    1.5 of the "0"'s intervals before it (polls ~one interval apart; a poller's reads take time, a host clock
+    drifts: never an exact match)."""
+    own = bound(obs)
+    if shown_not_yet is not None and obs.kind == "watch" and obs.field in LATCHED_FIELDS and \
+            shown_not_yet.host_ns > obs.host_ns - obs.interval_ns * 3 // 2:
+        return min(own[0], bound(shown_not_yet)[0]), own[1], own[2]
+    return own
+
+
 @functools.cache
 def _plan(chain: tuple[str, ...]) -> tuple[Callable[..., Event], tuple[str, ...]]:
     """How a chain's events are made (unchecked where its stages are all known) and the kept stages outside
@@ -116,14 +136,13 @@ def port_events(run_id: str, cycle: int, port: PortRef, first_sent_ns: int, kept
     key, host, device, netdev, ocs_port = port.key, port.host, port.device, port.netdev, port.ocs_port
     seen, los, lo = {}, [], first_sent_ns
     for stage in chain:  # lower bounds: the command, this and every earlier stage's, the last poll not yet
-        obs = kept.get(stage)
+        obs, early = kept.get(stage), not_yet.get(stage)
         if obs is not None:
-            seen[stage] = own = bound(obs)
+            seen[stage] = own = own_bound(obs, early, bound) if early is not None else bound(obs)
             if own[0] > lo:
                 lo = own[0]
-        obs = not_yet.get(stage)
-        if obs is not None:
-            earliest = bound(obs)[0]
+        if early is not None:
+            earliest = bound(early)[0]
             if earliest > lo:
                 lo = earliest
         los.append(lo)
@@ -248,7 +267,7 @@ class CycleEvents:
             return
         # the last stage's lower bound but its own (port_events: the command, every earlier stage's, every
         # "not yet" one's)
-        floor = max([self.first_sent] + [bound(kept[s])[0] for s in self.chain[:-1]]
+        floor = max([self.first_sent] + [own_bound(kept[s], not_yet.get(s), bound)[0] for s in self.chain[:-1]]
                     + [bound(o)[0] for s, o in not_yet.items() if s in self.chain])
         chain_events = sum(e.stage in self.chain for e in events)
         encoded = [self.encode(e) for e in events] if self.encode is not None else []
