@@ -33,6 +33,22 @@ def match(events: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
     return joined
 
 
+def watched_truth(truth: pd.DataFrame, watched_until: dict[int, int]) -> pd.DataFrame:
+    """The first true event per (cycle, stage, host, port) that happened while its cycle was watched: at or
+    before `watched_until[cycle]` (harness ns the cycle stopped watching; a cycle not in it was not watched)."""
+    first = truth.groupby(KEY, observed=True, as_index=False)["t_ns"].min()
+    until = first["cycle"].map(watched_until)
+    return first[until.notna() & (first["t_ns"] <= until)].reset_index(drop=True)
+
+
+def unrecorded(events: pd.DataFrame, watched: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `watched` (`watched_truth`) with no recorded event of the same (cycle, stage, host, port):
+    true events the harness lost — unless its cycle's faults name them."""
+    recorded = set(zip(*(events[k].astype(str if k != "cycle" else "int64") for k in KEY)))
+    keys = zip(*(watched[k].astype(str if k != "cycle" else "int64") for k in KEY))
+    return watched.loc[np.fromiter((key not in recorded for key in keys), bool, len(watched))].reset_index(drop=True)
+
+
 def clock_sample_errors(samples: pd.DataFrame, clocks: dict[str, dict]) -> pd.DataFrame:
     """Each kept clock sample (host, t_ns, offset_ns, delay_ns, uncertainty_ns: observations.jsonl's "clock"
     records) against its host's true offset at t_ns — an emulated clock's `epoch_ns + offset_ns + drift_ppm·1e-6·

@@ -42,7 +42,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.accuracy import assign_cycles, match  # noqa: E402
+from analysis.accuracy import assign_cycles, match, unrecorded, watched_truth  # noqa: E402
 from analysis.stages import PORT_CHAIN, STAGE_TABLE, STAGES_DOWN  # noqa: E402
 from harness.events import STAGES  # noqa: E402
 
@@ -238,11 +238,9 @@ def compare(run_dir: Path, truth_file: Path, start_ns: int) -> dict:
     truth = truth[truth["stage"].isin(PORT_STAGES) & (truth["t_ns"] <= truth["cycle"].map(done))]  # not the restore
     events = pd.read_parquet(run_dir / "events.parquet")
     events = events[events["cycle"].isin(cycles["cycle"]) & events["stage"].isin(PORT_STAGES)]
-    key = ["cycle", "stage", "host", "port"]
-    true_keys = truth.groupby(key)["t_ns"].min()
-    recorded = events.groupby(key)["t_ns"].min()
-    out["true_events"] = int(len(true_keys))
-    out["lost_events"] = int(len(true_keys.index.difference(recorded.index)))
+    watched = watched_truth(truth, done.to_dict())
+    out["true_events"] = int(len(watched))
+    out["lost_events"] = int(len(unrecorded(events, watched)))
     matched = match(events, truth)  # each recorded event's bound (± uncertainty) against the true time
     out["bounds_contain_truth"] = f"{int(matched['covered'].sum())}/{len(matched)}"
     out["verdict"] = "pass" if out["lost_events"] == 0 and bool(matched["covered"].all()) else "FAIL"

@@ -54,7 +54,8 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
     truth = truth_frame(ctx.emulated, [tuple(w) for r in ctx.results.values() for w in r.truth_windows],
                         STAGES + OCS_TRUTH_STAGES)
     if truth is not None:
-        from analysis.accuracy import accuracy_table, match, ocs_command_check, ocs_command_table
+        from analysis.accuracy import (KEY, accuracy_table, match, ocs_command_check, ocs_command_table,
+                                       unrecorded, watched_truth)
 
         of_switch = truth["stage"].isin(OCS_TRUTH_STAGES)
         truth, switch_truth = truth[~of_switch], truth[of_switch]
@@ -64,6 +65,15 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
         matched = match(measured, truth)
         if len(matched):
             summary["accuracy"] = accuracy_table(matched).to_dict(orient="records")
+        # this process's cycles, each while it watched: true events without a recorded one
+        watched = watched_truth(truth, {o.cycle: o.done_ns for r in ctx.results.values() for o in r.cycles})
+        if len(watched):
+            lost = unrecorded(measured, watched)
+            silent = lost[~lost["cycle"].isin(measured.loc[measured["stage"] == "fault", "cycle"])]
+            summary["lost_events"] = {"true": len(watched), "in_ok_cycles": len(silent),
+                                      "in_faulted_cycles": len(lost) - len(silent),
+                                      "first_in_ok_cycles": [[int(c), str(st), str(h), str(p)] for c, st, h, p in
+                                                             silent[KEY].head(5).itertuples(index=False)]}
         # this process's switch record only: a resumed run's earlier cycles have none (their n says so)
         check = ocs_command_check(measured, switch_truth)
         if len(check):
@@ -88,6 +98,8 @@ def summary_markdown(ctx, summary: dict) -> str:
             lines.append(f"| {r['stage']} | {r['n']} | {r['abs_err_p50_ms']:.4f} | {r['abs_err_p99_ms']:.4f} | "
                          f"{r['bias_ms']:+.4f} | {100 * r['coverage']:.2f} % |")
         lines.append("")
+    if summary.get("lost_events"):
+        lines += [lost_line(summary["lost_events"]), ""]
     for host, r in (summary.get("clock_replies_by_read") or {}).items():
         lines += [f"⚠ clock probe replies of `{host}` dated by their read, not the kernel's receive stamp "
                   f"({read_dated(r)}): their samples count the SSH hub's backlog in their delay (wider bounds, "
@@ -143,6 +155,15 @@ def ocs_command_line(r: dict) -> str:
                  + (f" ({r['completed_before_settled']} cycles' completions, bound included, before it)."
                     if r["completed_before_settled"] else "."))
     return line
+
+
+def lost_line(lost: dict) -> str:
+    """The true stage events, while their cycles were watched, that have no recorded event."""
+    head = (f"of {lost['true']} true stage events while their cycles were watched, {lost['in_ok_cycles']} in ok "
+            f"cycles and {lost['in_faulted_cycles']} in faulted cycles (their faults name them) have no recorded event")
+    if lost["in_ok_cycles"]:
+        return f"WARNING: {head}; lost silently: {', '.join(':'.join(map(str, k)) for k in lost['first_in_ok_cycles'])}"
+    return head[0].upper() + head[1:] + "."
 
 
 def emulator_line(report) -> str:
@@ -242,6 +263,9 @@ def console_summary(ctx, record: rec.RunRecord) -> None:
         a = accuracy["all"]
         console.print(f"vs emulator truth: |error| p50 {a['abs_err_p50_ms']:.3f} ms, p99 {a['abs_err_p99_ms']:.3f} ms, "
                       f"{100 * a['coverage']:.1f} % within ±uncertainty (n={a['n']})")
+    if summary.get("lost_events"):
+        line = lost_line(summary["lost_events"])
+        console.print(f"lost events: {'[yellow]' + line + '[/]' if line.startswith('WARNING') else line}")
     if summary.get("emulator"):
         line = emulator_line(summary["emulator"])
         console.print(f"emulator: {'[yellow]' + line + '[/]' if line.startswith('WARNING') else line}")

@@ -260,8 +260,12 @@ def accuracy_section(run: RunData) -> str:
     rows = [[_e(r["stage"]), f'<td class="num">{r["n"]}</td>', f'<td class="num">{r["abs_err_p50_ms"]:.4f}</td>',
              f'<td class="num">{r["abs_err_p99_ms"]:.4f}</td>', f'<td class="num">{r["bias_ms"]:+.4f}</td>',
              f'<td class="num">{100 * r["coverage"]:.2f} %</td>'] for r in acc]
-    return _table(["stage", "n", "|error| p50 (ms)", "p99 (ms)", "bias (ms)", "true time within ± uncertainty"],
-                  rows)
+    table = _table(["stage", "n", "|error| p50 (ms)", "p99 (ms)", "bias (ms)", "true time within ± uncertainty"],
+                   rows)
+    from harness.finish import lost_line
+
+    lost = run.summary.get("lost_events")
+    return table + (f"<p>{_e(lost_line(lost))}</p>" if lost else "")
 
 
 def _flat(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:

@@ -1,6 +1,6 @@
 import pandas as pd
 
-from analysis.accuracy import accuracy_table, assign_cycles, clock_sample_errors, match
+from analysis.accuracy import accuracy_table, assign_cycles, clock_sample_errors, match, unrecorded, watched_truth
 
 
 def test_cycles_are_assigned_by_start_time():
@@ -21,6 +21,28 @@ def test_error_and_coverage_per_stage():
                                                                     (2, "phy_up"): True}
     table = accuracy_table(m).set_index("stage")
     assert table.loc["all", "n"] == 3 and abs(table.loc["all", "coverage"] - 2 / 3) < 1e-12
+
+
+def test_true_events_the_harness_did_not_record_while_their_cycle_was_watched():
+    """By hand: a port's repeated stage counts once (its first), a true event after its cycle stopped watching
+    or in a cycle nobody watched is not the harness's to record, and a recorded event of another port, stage or
+    cycle does not stand in for the missing one."""
+    truth = pd.DataFrame({"cycle": [1, 1, 1, 1, 2, 2, 3], "stage": ["phy_up", "phy_up", "port_active", "phy_up",
+                                                                    "phy_up", "port_active", "phy_up"],
+                          "host": ["h", "h", "h", "g", "h", "h", "h"], "port": "p",
+                          "t_ns": [100, 150, 200, 120, 1100, 1900, 2100]})
+    watched = watched_truth(truth, {1: 1000, 2: 1500})  # cycle 2 stopped watching before its port_active
+    assert sorted(zip(watched["cycle"], watched["stage"], watched["host"], watched["t_ns"])) == [
+        (1, "phy_up", "g", 120), (1, "phy_up", "h", 100), (1, "port_active", "h", 200), (2, "phy_up", "h", 1100)]
+    events = pd.DataFrame({"cycle": [1, 1, 2, 1], "stage": ["phy_up", "fault", "port_active", "phy_up"],
+                           "host": ["h", "h", "h", "x"], "port": pd.Categorical(["p", "", "p", "p"]),
+                           "t_ns": [101, 0, 1901, 5]})
+    lost = unrecorded(events, watched)
+    assert sorted(zip(lost["cycle"], lost["stage"], lost["host"])) == [
+        (1, "phy_up", "g"), (1, "port_active", "h"), (2, "phy_up", "h")]
+    assert unrecorded(events, watched.iloc[0:0]).empty
+    everything = pd.concat([events, watched.assign(uncertainty_ns=0)], ignore_index=True)
+    assert unrecorded(everything, watched).empty
 
 
 def test_clock_samples_against_the_emulated_clocks_truth():

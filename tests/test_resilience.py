@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis.accuracy import KEY
+from analysis.accuracy import KEY, unrecorded, watched_truth
 from devices.emulated.bench import PASSWORD_ENV, EmulatedBench
 from devices.emulated.profile import profile_from_dict
 from harness.cli import main
@@ -71,12 +71,9 @@ def lost_in_ok_cycles(run: Path, events: pd.DataFrame) -> set:
     """True (ground truth) events the harness should have recorded — those inside a cycle's watch window,
     from its start to when it stopped watching — in cycles it called ok, and did not."""
     truth = pd.read_parquet(run / "ground_truth.parquet")
-    windows = pd.read_parquet(run / "cycles.parquet").set_index("cycle")
+    watched = watched_truth(truth, pd.read_parquet(run / "cycles.parquet").set_index("cycle")["done_ns"].to_dict())
     faulted = set(faulted_cycles(events))
-    ok = set(events["cycle"].unique()) - faulted
-    truth = truth[truth["cycle"].isin(ok)]
-    truth = truth[truth["t_ns"].to_numpy() <= windows.loc[truth["cycle"], "done_ns"].to_numpy()]
-    return set(map(tuple, truth[KEY].to_numpy())) - set(map(tuple, events[KEY].to_numpy()))
+    return {key for key in map(tuple, unrecorded(events, watched)[KEY].to_numpy()) if key[0] not in faulted}
 
 
 def cycles_meeting(run: Path, step: dict) -> set[int]:

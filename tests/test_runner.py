@@ -133,6 +133,11 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_
     assert acc["all"]["n"] >= 4 * 4 * 5
     assert acc["all"]["abs_err_p99_ms"] < 2.0
     assert acc["all"]["coverage"] >= 0.95
+    # no true stage event of a watched cycle is without its recorded one, and the summary says so
+    assert summary["summary"]["lost_events"] == {"true": acc["all"]["n"], "in_ok_cycles": 0, "in_faulted_cycles": 0,
+                                                 "first_in_ok_cycles": []}
+    assert f"Of {acc['all']['n']} true stage events while their cycles were watched, 0 in ok cycles" in \
+        (run / "summary.md").read_text()
     # each cycle's recorded send precedes its command's arrival at the switch (its kernel stamp), and the TL1
     # switch, which answers once its mirrors settled, is never recorded as answering before they did
     ocs_check = summary["summary"]["ocs_command"]
