@@ -25,7 +25,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.accuracy import KEY  # noqa: E402
+from analysis.accuracy import unrecorded, watched_truth  # noqa: E402
 
 # fault kind -> extra params; each is injected at cycle 3 (harness_kill: 4, disk_full: 5)
 MATRIX: dict[str, dict] = {
@@ -77,13 +77,10 @@ def score(run: Path) -> dict:
     if truth is not None:
         truth = truth[truth["cycle"].isin(cycles)]  # cycles never recorded (run stopped) are reported apart
         # a cycle's watch window ends when it stops watching (the restore after the last one is no event)
-        windows = pd.read_parquet(run / "cycles.parquet").set_index("cycle")
-        truth = truth[truth["t_ns"].to_numpy() <= windows.loc[truth["cycle"], "done_ns"].to_numpy()]
-        true_keys = set(map(tuple, truth[KEY].drop_duplicates().to_numpy()))
-        got = set(map(tuple, measured[KEY].drop_duplicates().to_numpy()))
-        missing = true_keys - got
-        true_events = len(true_keys)
-        lost_faulted = sum(1 for k in missing if k[0] in faulted)
+        watched = watched_truth(truth, pd.read_parquet(run / "cycles.parquet").set_index("cycle")["done_ns"].to_dict())
+        missing = unrecorded(measured, watched)
+        true_events = len(watched)
+        lost_faulted = int(missing["cycle"].isin(faulted).sum())
         lost_ok = len(missing) - lost_faulted
     row.update(true_events=true_events, lost=lost_ok, missed_in_faulted=lost_faulted)
     step = summary["summary"]["steps"].get("measure", {})
