@@ -160,7 +160,7 @@ def ocs_command_line(r: dict) -> str:
 def lost_line(lost: dict) -> str:
     """The true stage events, while their cycles were watched, that have no recorded event."""
     head = (f"of {lost['true']} true stage events while their cycles were watched, {lost['in_ok_cycles']} in ok "
-            f"cycles and {lost['in_faulted_cycles']} in faulted cycles (their faults name them) have no recorded event")
+            f"cycles and {lost['in_faulted_cycles']} in faulted cycles (each with its fault events) have no recorded event")
     if lost["in_ok_cycles"]:
         return f"WARNING: {head}; lost silently: {', '.join(':'.join(map(str, k)) for k in lost['first_in_ok_cycles'])}"
     return head[0].upper() + head[1:] + "."
