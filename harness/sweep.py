@@ -281,6 +281,9 @@ def result_row(point: Point, run_dir: Path, exit_code: int | None) -> dict:
     for acc in summary.get("accuracy") or []:
         if acc["stage"] == "all":
             row.update({"accuracy_abs_err_p99_ms": acc["abs_err_p99_ms"], "accuracy_coverage": acc["coverage"]})
+    lost = summary.get("lost_events")
+    if lost:  # true events of watched cycles without a recorded one, in cycles the harness called ok
+        row.update({"true_events": lost["true"], "lost_in_ok_cycles": lost["in_ok_cycles"]})
     for step, result in (summary.get("results") or {}).items():
         for key, value in result.items():
             row[f"{step}.{key}"] = value if isinstance(value, (int, float, str, bool)) else json.dumps(value)

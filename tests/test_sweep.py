@@ -85,7 +85,8 @@ def test_grid_expands_over_steps_assumptions_profile_and_seeds(tmp_path):
 
 
 DETERMINED = ["profile.ocs.switch.ms", "seed", "point", "exit_code", "outcome", "light_detected_n",
-              "port_active_n", "truth_draws", "truth_draws_sha256", "truth_switch_mean_ms", "accuracy_coverage"]
+              "port_active_n", "truth_draws", "truth_draws_sha256", "truth_switch_mean_ms", "accuracy_coverage",
+              "true_events", "lost_in_ok_cycles"]
 
 
 def test_sweep_on_a_local_cluster_equals_serial_resumes_and_refuses_a_changed_grid(tmp_path, capsys):
@@ -99,6 +100,7 @@ def test_sweep_on_a_local_cluster_equals_serial_resumes_and_refuses_a_changed_gr
     # the parameters decide is identical, and every recorded time contains the true one in both.
     pd.testing.assert_frame_equal(serial[DETERMINED], parallel[DETERMINED])
     assert list(serial["truth_switch_mean_ms"]) == [1.0, 3.0] and (serial["accuracy_coverage"] == 1.0).all()
+    assert (serial["true_events"] > 0).all() and (serial["lost_in_ok_cycles"] == 0).all()
     run = tmp_path / "dask" / "points" / parallel["run_dir"][1]
     assert yaml.safe_load(next((run / "inputs").glob("*profile*.yaml")).read_text())["ocs"]["switch"]["ms"] == 3.0
     capsys.readouterr()
