@@ -255,3 +255,30 @@ def test_a_serial_read_time_is_bounded_back_to_the_last_idle_instant_or_the_send
         channel.close()
         for sock in (peer, listener):
             sock.close()
+
+
+def test_the_emulated_switch_acts_from_the_latest_instant_its_command_can_have_arrived():
+    """A kernel receive stamp converts to the harness clock within a bound (the realtime/monotonic pair read after
+    it, wide when its thread was preempted in between: its midpoint then lies up to half the width early). The
+    switch's physics and its `ocs_command_arrived` truth start from the stamp plus that bound, so a command is
+    never acted on before the harness wrote it (one 8 x 8 run had an arrival 454 µs before the recorded send: its
+    light_lost truth fell before the cycle began, and the harness rightly dropped 40 of the 64 lines as stale)."""
+    import asyncio
+
+    from devices.emulated.ocs_server import _StampedConnection
+    from devices.timing import Received
+
+    class Stamps:
+        def __init__(self, received):
+            self.received = received
+
+        def recv(self, sock, size):
+            return self.received
+
+    def read(received):
+        connection = _StampedConnection.__new__(_StampedConnection)
+        connection._stamps, connection._sock, connection._lost = Stamps(received), None, False
+        return asyncio.run(connection.read())
+
+    assert read(Received(b"ENT-PATCH::1,17:3:;", 5_000_000, 480_000, True)) == (b"ENT-PATCH::1,17:3:;", 5_480_000)
+    assert read(Received(b"x;", 5_000_000, 0, False)) == (b"x;", None)  # no stamp: the physics takes its own time

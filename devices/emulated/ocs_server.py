@@ -409,7 +409,9 @@ class _StampedConnection(asyncio.StreamReaderProtocol):
             self._ready.set_result(None)
 
     async def read(self) -> tuple[bytes, int | None]:
-        """(bytes, their kernel receive time on the harness clock); b"" once the connection is gone."""
+        """(bytes, when they had surely arrived on the harness clock: the kernel's receive stamp, converted, plus
+        the conversion's bound — the switch acts from then, never before the command can have reached it; None:
+        no stamp); b"" once the connection is gone."""
         loop = asyncio.get_running_loop()
         while not self._lost:
             try:
@@ -419,7 +421,7 @@ class _StampedConnection(asyncio.StreamReaderProtocol):
             except OSError:
                 return b"", None
             else:
-                return received.data, received.t_ns if received.kernel else None
+                return received.data, received.t_ns + received.bound_ns if received.kernel else None
             self._ready = loop.create_future()
             fd = self._sock.fileno()
             loop.add_reader(fd, self._wake)
