@@ -282,3 +282,17 @@ def test_the_emulated_switch_acts_from_the_latest_instant_its_command_can_have_a
 
     assert read(Received(b"ENT-PATCH::1,17:3:;", 5_000_000, 480_000, True)) == (b"ENT-PATCH::1,17:3:;", 5_480_000)
     assert read(Received(b"x;", 5_000_000, 0, False)) == (b"x;", None)  # no stamp: the physics takes its own time
+
+
+def test_a_clock_pair_interrupted_between_its_reads_is_read_again(monkeypatch):
+    """A realtime/monotonic pair whose reads a preemption or a thread switch split (1 ms apart) bounds its
+    conversions only to half that: it is read once more and the narrower kept; a narrow pair is read once."""
+    import devices.timing as timing
+
+    mono = iter([0, 1_000_000, 2_000_000, 2_000_100, 3_000_000, 3_000_050])
+    real = iter([10_000_000_400_000, 10_000_002_000_050, 10_000_003_000_025])
+    monkeypatch.setattr(timing, "now_ns", lambda: next(mono))
+    monkeypatch.setattr(timing, "time", type("Clock", (), {"time_ns": staticmethod(lambda: next(real))}))
+    assert timing.ClockPair.now() == timing.ClockPair(2_000_050, 10_000_000_000_000, 100)
+    assert timing.ClockPair.now() == timing.ClockPair(3_000_025, 10_000_000_000_000, 50)
+    assert next(mono, None) is None and next(real, None) is None  # the narrow one took one reading
