@@ -147,11 +147,12 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
     """`harness emulate` in its own process and the harness driving its inventory, as on a real bench:
     the overhead measured is then the harness's own, not the emulator's sharing its interpreter."""
     inventory, truth_file, wire_file = out / "bench.yaml", out / "truth.jsonl", out / "wire.json"
+    emulator_out = (out / "emulator.out").open("w")
     emulator = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--profile", profile, "--seed", "11",
                                  "--protocol", PROTOCOL,
                                  "--inventory-out", str(inventory), "--truth-out", str(truth_file)]
                                 + (["--wire-out", str(wire_file)] if WIRE is not None else []),
-                                stdout=(out / "emulator.out").open("w"), stderr=subprocess.PIPE)
+                                stdout=emulator_out, stderr=subprocess.PIPE)
     sampler = CpuSampler(emulator.pid)
     try:
         end = time.monotonic() + 60
@@ -168,6 +169,7 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
         sampler.stop()
         emulator.send_signal(signal.SIGINT)
         emulator.wait(timeout=30)
+        emulator_out.close()
     run_dir = next((out / "runs").iterdir())
     EMULATOR_SCHEDULE.extend(line for line in (out / "emulator.out").read_text().splitlines()
                              if line.startswith("emulator schedule:"))

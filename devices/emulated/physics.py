@@ -411,8 +411,9 @@ class OpticalBench:
                 return t0
             self._command += 1
             command = self._command
-            # when the command reached the switch (the server's kernel stamp; else when it was handled, later —
-            # `port` says which): what the harness's recorded send must precede (analysis.accuracy.ocs_command_check)
+            # when the command had surely reached the switch (the server's kernel stamp plus its conversion's bound;
+            # else when it was handled, later — `port` says which): what the harness's recorded send must precede
+            # (analysis.accuracy.ocs_command_check)
             self._truth.append(dict(t_ns=t0 if at_ns is None else at_ns, stage="ocs_command_arrived", host="ocs",
                                     port="handled" if at_ns is None else "kernel", ocs_port=0))
             dark, dark_draw = self._draw(_OCS, command, "dark", self.profile.ocs["dark"]) if removes else (0, -1)
