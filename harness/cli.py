@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import pkgutil
 import sys
 
@@ -40,13 +39,20 @@ def build_parser() -> argparse.ArgumentParser:
     for info in sorted(pkgutil.iter_modules(harness.commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"harness.commands.{info.name}")
         module.register(sub)
+    for p in [parser, *sub.choices.values()]:  # before or after the command: `harness -v run` = `harness run -v`
+        default = 0 if p is parser else argparse.SUPPRESS
+        p.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=default,
+                       help="show INFO logs on stderr (SSH connections, paramiko's among them)")
+        p.add_argument("--debug", dest="verbosity", action="store_const", const=2, default=default,
+                       help="show DEBUG logs on stderr, every wire record too (also in a run's wire.log)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    # paramiko logs every reset socket on its own threads; the harness reports transport failures itself.
-    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    from harness import logs
+
     args = build_parser().parse_args(argv)
+    logs.configure(args.verbosity)
     try:
         return int(args.func(args) or 0)
     except InputError as exc:

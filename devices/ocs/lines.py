@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import Iterator
 
+from devices import wirelog
 from devices.errors import DeviceError, DeviceTimeout, TransportClosed
 from devices.timing import Deadline, Receipt, ReceiveStamps, enable_receive_stamps, now_ns
 
@@ -113,13 +114,14 @@ class LineChannel(ABC):
     def last_bound_ns(self) -> int:
         return self.last_receipt.bound_ns
 
-    def write_line(self, text: str, eol: str = "\r\n") -> int:
+    def write_line(self, text: str, eol: str = "\r\n", *, shown: str | None = None) -> int:
         """Send `text` + `eol` in one write; returns the harness time just before the write (`last_write`:
-        before and after it)."""
+        before and after it). The wire log gets `shown` instead of `text` when given (a password as ***)."""
         data = (text + eol).encode("utf-8")
         sent_ns = now_ns()
         self._write(data)
         self.last_write = (sent_ns, now_ns())
+        wirelog.record(sent_ns, self.description, ">", data if shown is None else shown + eol)
         return sent_ns
 
     def read_line(self, deadline: Deadline) -> tuple[int, str]:
@@ -165,6 +167,8 @@ class LineChannel(ABC):
         chunk, receipt = self._read(timeout_s)
         if not chunk:  # nothing was there at some instant after `started`: what comes next arrived later
             self._quiet_ns = max(self._quiet_ns, started)  # a pyserial read may have seen a later one
+        else:
+            wirelog.record(receipt.t_ns, self.description, "<", chunk)
         return chunk, receipt
 
     @abstractmethod
@@ -209,6 +213,7 @@ class TcpLineChannel(LineChannel):
             raise TransportClosed(f"cannot connect to {self.description}: {exc}") from exc
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         enable_receive_stamps(self._sock)
+        wirelog.note(now_ns(), self.description, "#", "connected")
 
     def _write(self, data: bytes) -> None:
         try:
@@ -231,6 +236,7 @@ class TcpLineChannel(LineChannel):
         return data, Receipt(stamp, 0, self._quiet_ns, f"read (fallback: {self.stamps.reason})")
 
     def close(self) -> None:
+        wirelog.note(now_ns(), self.description, "#", "closed")
         try:
             self._sock.close()
         except OSError:
@@ -260,6 +266,7 @@ class SerialLineChannel(LineChannel):
         if isinstance(sock, socket.socket):  # socket:// and rfc2217:// leave Nagle on
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._serial_exception = serial.SerialException
+        wirelog.note(now_ns(), self.description, "#", "opened")
 
     def _write(self, data: bytes) -> None:
         try:
@@ -289,6 +296,7 @@ class SerialLineChannel(LineChannel):
         return data, Receipt(now_ns(), 0, self._quiet_ns, "read")
 
     def close(self) -> None:
+        wirelog.note(now_ns(), self.description, "#", "closed")
         try:
             self._port.close()
         except (self._serial_exception, OSError):

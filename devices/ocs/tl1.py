@@ -273,7 +273,8 @@ class Tl1Switch(SteppedSwitch):
                 texts.append(f"{verb}:{self._tid}:{aid}:{ctag}:" + (f":{params}" if params else "") + ";")
                 self._reader.expect(ctag)
                 sent.append((ctag, f"{verb}:{self._tid}:{aid}:{ctag}::***;" if redact else texts[-1]))
-            self._channel.write_line("\r\n".join(texts))  # one write: nothing can come between them
+            # one write: nothing can come between them (the wire log shows a password as ***)
+            self._channel.write_line("\r\n".join(texts), shown="\r\n".join(shown for _, shown in sent))
             write = self._channel.last_write
             replies: list[Tl1Reply] = []
             try:

@@ -1,0 +1,56 @@
+"""The wire log's device side: what drivers said to their peers and heard back, as records of the standard
+`logging` logger `ocs_hil.wire` (the harness writes them to a run's wire.log: harness.logs).
+
+Each record carries `t_ns` (the harness clock: a write's start, a read's receive stamp), `peer` (the
+channel: a URL or a host name) and `arrow` (`>` sent, `<` received, `$` an SSH command, `=` its end, `#`
+the channel's state). Nothing is formatted unless the logger is enabled, so a driver pays one level check
+per write or read when no wire log is kept. Secrets must never reach a record: the caller passes what it
+shows (a TL1 login's password as ***); harness.logs also scrubs every known secret before a line is written.
+"""
+from __future__ import annotations
+
+import logging
+import re
+
+WIRE = logging.getLogger("ocs_hil.wire")
+_CONTROL = re.compile(rb"[\x00-\x1f\x7f\\]")
+
+
+def enabled() -> bool:
+    return WIRE.isEnabledFor(logging.DEBUG)
+
+
+def record(t_ns: int, peer: str, arrow: str, data: bytes | str) -> None:
+    """One record per line of `data` (split after each LF): its text with CR, LF and other control bytes
+    escaped (`\\r`, `\\n`, `\\xNN`), so the bytes can be read back exactly and one record is one line."""
+    if not data or not WIRE.isEnabledFor(logging.DEBUG):
+        return
+    raw = data.encode("utf-8", "backslashreplace") if isinstance(data, str) else bytes(data)
+    for piece in raw.splitlines(keepends=True):
+        WIRE.debug("%s", _Shown(piece), extra={"t_ns": t_ns, "peer": peer, "arrow": arrow})
+
+
+def note(t_ns: int, peer: str, arrow: str, text: str) -> None:
+    """A line about the channel (a connection made, a command's exit status), not bytes on it."""
+    if WIRE.isEnabledFor(logging.DEBUG):
+        WIRE.debug("%s", text, extra={"t_ns": t_ns, "peer": peer, "arrow": arrow})
+
+
+class _Shown:
+    """Rendered when a handler formats the record, not when a driver logs it."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def __str__(self) -> str:
+        return _CONTROL.sub(_escape, self.data).decode("utf-8", "backslashreplace")
+
+
+_NAMED = {b"\r": b"\\r", b"\n": b"\\n", b"\t": b"\\t", b"\\": b"\\\\"}
+
+
+def _escape(match: re.Match) -> bytes:
+    byte = match.group()
+    return _NAMED.get(byte) or b"\\x%02x" % byte[0]
