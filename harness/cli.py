@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     from harness import logs
 
     args = build_parser().parse_args(argv)
-    logs.configure(args.verbosity)
     try:
-        return int(args.func(args) or 0)
+        with logs.verbosity(args.verbosity):
+            return int(args.func(args) or 0)
     except InputError as exc:
         for problem in getattr(exc, "errors", [exc]):  # every problem of a file, one line each
             print(f"harness: {problem.format()}", file=sys.stderr)

@@ -135,24 +135,34 @@ class _EchoHandler(logging.Handler):
 _verbosity = 0
 
 
-def configure(verbosity: int = 0) -> None:
+@contextlib.contextmanager
+def verbosity(n: int = 0) -> Iterator[None]:
     """0: warnings and errors; 1 (-v): INFO too, paramiko's included; 2 (--debug): DEBUG, wire records too.
-    Log lines and Python warnings go to the console (stderr) and the running run's console.log."""
+    Log lines and Python warnings go to the console (stderr) and the running run's console.log, until the
+    block ends (a command run in-process leaves logging as it found it)."""
     global _verbosity
-    _verbosity = verbosity
-    level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
-    root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, _EchoHandler)]:
-        root.removeHandler(handler)
+    root, paramiko_log = logging.getLogger(), logging.getLogger("paramiko")
+    saved = _verbosity, root.level, paramiko_log.level
+    _verbosity = n
+    level = {0: logging.WARNING, 1: logging.INFO}.get(n, logging.DEBUG)
     handler = _EchoHandler(level)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
     root.setLevel(level)
     # paramiko logs every reset socket on its own threads and the harness reports transport failures itself:
     # quiet unless asked for
-    logging.getLogger("paramiko").setLevel(logging.CRITICAL if verbosity == 0 else level)
+    paramiko_log.setLevel(logging.CRITICAL if n == 0 else level)
     _wire_level()
     logging.captureWarnings(True)
+    try:
+        yield
+    finally:
+        logging.captureWarnings(False)
+        root.removeHandler(handler)
+        _verbosity = saved[0]
+        root.setLevel(saved[1])
+        paramiko_log.setLevel(saved[2])
+        _wire_level()
 
 
 # ------------------------------------------------------------------------------------------ a run's files
