@@ -4,8 +4,9 @@
 Each record carries `t_ns` (the harness clock: a write's start, a read's receive stamp), `peer` (the
 channel: a URL or a host name) and `arrow` (`>` sent, `<` received, `$` an SSH command, `=` its end, `#`
 the channel's state). Nothing is formatted unless the logger is enabled, so a driver pays one level check
-per write or read when no wire log is kept. Secrets must never reach a record: the caller passes what it
-shows (a TL1 login's password as ***); harness.logs also scrubs every known secret before a line is written.
+per write or read when no wire log is kept. Secrets must never reach a record: a channel names its own
+(`hidden`: a TL1 login's password, shown as *** both ways, an echo included); harness.logs also scrubs every
+secret the bench holds before a line is written.
 """
 from __future__ import annotations
 
@@ -20,12 +21,15 @@ def enabled() -> bool:
     return WIRE.isEnabledFor(logging.DEBUG)
 
 
-def record(t_ns: int, peer: str, arrow: str, data: bytes | str) -> None:
+def record(t_ns: int, peer: str, arrow: str, data: bytes | str, hidden: tuple[bytes, ...] = ()) -> None:
     """One record per line of `data` (split after each LF): its text with CR, LF and other control bytes
-    escaped (`\\r`, `\\n`, `\\xNN`), so the bytes can be read back exactly and one record is one line."""
+    escaped (`\\r`, `\\n`, `\\xNN`), so the bytes can be read back exactly and one record is one line;
+    each of `hidden` (the channel's secrets) shown as ***."""
     if not data or not WIRE.isEnabledFor(logging.DEBUG):
         return
     raw = data.encode("utf-8", "backslashreplace") if isinstance(data, str) else bytes(data)
+    for secret in hidden:
+        raw = raw.replace(secret, b"***")
     for piece in raw.splitlines(keepends=True):
         WIRE.debug("%s", _Shown(piece), extra={"t_ns": t_ns, "peer": peer, "arrow": arrow})
 

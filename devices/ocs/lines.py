@@ -108,20 +108,21 @@ class LineChannel(ABC):
         self._ready: deque[tuple[Receipt, str]] = deque()
         self.last_receipt = Receipt(0, 0, 0, "")
         self.last_write = (0, 0)
+        self.hidden: tuple[bytes, ...] = ()  # secrets (a login's password) the wire log shows as ***
         self._quiet_ns = 0  # the last instant this channel was seen to hold no unread data
 
     @property
     def last_bound_ns(self) -> int:
         return self.last_receipt.bound_ns
 
-    def write_line(self, text: str, eol: str = "\r\n", *, shown: str | None = None) -> int:
+    def write_line(self, text: str, eol: str = "\r\n") -> int:
         """Send `text` + `eol` in one write; returns the harness time just before the write (`last_write`:
-        before and after it). The wire log gets `shown` instead of `text` when given (a password as ***)."""
+        before and after it)."""
         data = (text + eol).encode("utf-8")
         sent_ns = now_ns()
         self._write(data)
         self.last_write = (sent_ns, now_ns())
-        wirelog.record(sent_ns, self.description, ">", data if shown is None else shown + eol)
+        wirelog.record(sent_ns, self.description, ">", data, self.hidden)
         return sent_ns
 
     def read_line(self, deadline: Deadline) -> tuple[int, str]:
@@ -168,7 +169,7 @@ class LineChannel(ABC):
         if not chunk:  # nothing was there at some instant after `started`: what comes next arrived later
             self._quiet_ns = max(self._quiet_ns, started)  # a pyserial read may have seen a later one
         else:
-            wirelog.record(receipt.t_ns, self.description, "<", chunk)
+            wirelog.record(receipt.t_ns, self.description, "<", chunk, self.hidden)
         return chunk, receipt
 
     @abstractmethod

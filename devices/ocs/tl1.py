@@ -273,8 +273,7 @@ class Tl1Switch(SteppedSwitch):
                 texts.append(f"{verb}:{self._tid}:{aid}:{ctag}:" + (f":{params}" if params else "") + ";")
                 self._reader.expect(ctag)
                 sent.append((ctag, f"{verb}:{self._tid}:{aid}:{ctag}::***;" if redact else texts[-1]))
-            # one write: nothing can come between them (the wire log shows a password as ***)
-            self._channel.write_line("\r\n".join(texts), shown="\r\n".join(shown for _, shown in sent))
+            self._channel.write_line("\r\n".join(texts))  # one write: nothing can come between them
             write = self._channel.last_write
             replies: list[Tl1Reply] = []
             try:
@@ -307,6 +306,7 @@ class Tl1Switch(SteppedSwitch):
             self.login(self.resource.user, self.resource.password or "")
 
     def login(self, user: str, password: str) -> CommandTiming:
+        self._channel.hidden = (password.encode(),) if password else ()  # the wire log shows ***
         self.command("ACT-USER", user, password, redact=True)
         self._logged_in = True
         self._user = user
