@@ -264,7 +264,7 @@ def console_summary(ctx, record: rec.RunRecord) -> None:
     if "all" in accuracy:
         a = accuracy["all"]
         say(f"vs emulator truth: |error| p50 {a['abs_err_p50_ms']:.3f} ms, p99 {a['abs_err_p99_ms']:.3f} ms, "
-                      f"{100 * a['coverage']:.1f} % within ±uncertainty (n={a['n']})")
+            f"{100 * a['coverage']:.1f} % within ±uncertainty (n={a['n']})")
     if summary.get("lost_events"):
         line = lost_line(summary["lost_events"])
         say(f"lost events: {'[yellow]' + line + '[/]' if line.startswith('WARNING') else line}")
@@ -273,7 +273,7 @@ def console_summary(ctx, record: rec.RunRecord) -> None:
         say(f"emulator: {'[yellow]' + line + '[/]' if line.startswith('WARNING') else line}")
     for name, results in summary.get("results", {}).items():
         say(f"{name}: " + ", ".join(f"{k} [bold]{v:.3g}[/]" if isinstance(v, float) else f"{k} [bold]{v}[/]"
-                                              for k, v in results.items() if isinstance(v, (str, int, float))))
+                                    for k, v in results.items() if isinstance(v, (str, int, float))))
     for name, step in summary.get("steps", {}).items():
         for check in step["checks"]:
             mark = "[green]✔[/]" if check["ok"] else "[red]✘[/]"
