@@ -167,8 +167,9 @@ def verbosity(n: int = 0) -> Iterator[None]:
 
 # ------------------------------------------------------------------------------------------ a run's files
 def _wire_line(record: logging.LogRecord) -> str:
-    return SECRETS.scrub(f"{getattr(record, 't_ns', 0)} {getattr(record, 'peer', '-')} "
-                         f"{getattr(record, 'arrow', '#')} {record.getMessage()}")
+    """`T_NS PEER ARROW TEXT`, one such line per line of the record (devices.wirelog: a chunk read is one)."""
+    head = f"{getattr(record, 't_ns', 0)} {getattr(record, 'peer', '-')} {getattr(record, 'arrow', '#')} "
+    return SECRETS.scrub("\n".join(head + line for line in record.getMessage().split("\n")))
 
 
 class _WireFormatter(logging.Formatter):

@@ -101,6 +101,7 @@ def test_verbose_and_debug_reach_stderr_before_or_after_the_command(flag, parami
     flags = [flag] if flag else []
     before = build_parser().parse_args([*flags, "validate", "x.yaml"]).verbosity
     assert before == build_parser().parse_args(["validate", "x.yaml", *flags]).verbosity == \
+        build_parser().parse_args(["ocs", "--url", "tcp://h:1", "list", *flags]).verbosity == \
         {"": 0, "-v": 1, "--debug": 2}[flag]
     level = logging.getLogger("paramiko").level
     with logs.verbosity(before):
