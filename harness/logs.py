@@ -87,7 +87,7 @@ class _Scrubbed:
 
 
 _stderr: tuple[object, Console] | None = None  # (the sys.stderr it was made for, the console)
-_run_console: Console | None = None  # the running run's console.log
+_run_consoles: list[Console] = []  # the running run's console.log (two runs in one process: each its own)
 
 
 def console() -> Console:
@@ -104,7 +104,7 @@ def console() -> Console:
 
 def echo(*objects, quiet: bool = False, markup: bool = True) -> None:
     """Print to the console (not when `quiet`) and to the running run's console.log (always)."""
-    sinks = ([] if quiet else [console()]) + ([_run_console] if _run_console is not None else [])
+    sinks = ([] if quiet else [console()]) + _run_consoles
     boxes = {id(obj): obj.box for obj in objects if isinstance(obj, Table)}
     try:
         for sink in sinks:
@@ -177,21 +177,18 @@ class _WireFormatter(logging.Formatter):
         return _wire_line(record)
 
 
-_wire_handler: logging.Handler | None = None
+_wire_handlers: list[logging.Handler] = []
 
 
 def _wire_level() -> None:
     """Wire records are made only when someone keeps them: a run's wire.log, or --debug."""
-    WIRE.setLevel(logging.DEBUG if _verbosity >= 2 or _wire_handler is not None else logging.WARNING)
+    WIRE.setLevel(logging.DEBUG if _verbosity >= 2 or _wire_handlers else logging.WARNING)
     WIRE.propagate = _verbosity >= 2  # to the console with --debug only
 
 
 @contextlib.contextmanager
 def run_logs(run_dir: Path) -> Iterator[None]:
     """console.log and wire.log in `run_dir` (appended to: a resumed run continues them) while the run lasts."""
-    global _run_console, _wire_handler
-    if _wire_handler is not None:
-        raise RuntimeError("one run at a time keeps its logs in one process")
     run_dir = Path(run_dir)
     with open(run_dir / CONSOLE_LOG, "a", encoding="utf-8") as console_file:
         handler = logging.FileHandler(run_dir / WIRE_LOG, encoding="utf-8")
@@ -200,16 +197,17 @@ def run_logs(run_dir: Path) -> Iterator[None]:
         handler.stream.write(f"# {run_dir.name}: T_NS PEER ARROW TEXT; T_NS on the harness clock (CLOCK_MONOTONIC), "
                              f"{t_ns} = {utc}; > sent, < received (control bytes escaped), $ an SSH command, "
                              "= its end, # the channel\n")
-        _run_console = Console(file=_Scrubbed(console_file), highlight=False, emoji=False, soft_wrap=True,
-                               width=WIDE, color_system=None, force_terminal=False)
-        _wire_handler = handler
+        sink = Console(file=_Scrubbed(console_file), highlight=False, emoji=False, soft_wrap=True, width=WIDE,
+                       color_system=None, force_terminal=False)
+        _run_consoles.append(sink)
+        _wire_handlers.append(handler)
         WIRE.addHandler(handler)
         _wire_level()
         try:
             yield
         finally:
             WIRE.removeHandler(handler)
-            _wire_handler = None
+            _wire_handlers.remove(handler)
             _wire_level()
             handler.close()
-            _run_console = None
+            _run_consoles.remove(sink)

@@ -101,3 +101,38 @@ def test_a_secret_echoed_back_is_hidden_too(tmp_path):
         logs.echo(f"peer said {SECRET}", quiet=True)
     assert "ACT-USER::admin:1::***;\\r\\n" in (tmp_path / "wire.log").read_text()
     assert "peer said ***" in (tmp_path / "console.log").read_text()
+
+
+@pytest.fixture(scope="module")
+def switch_servers():
+    from devices.emulated.netconf_server import NetconfServer
+    from devices.emulated.ocs_server import OcsServers
+    from devices.emulated.physics import OpticalBench
+    from devices.emulated.profile import load_profile
+
+    bench = OpticalBench(load_profile("instant"), seed=3).start()
+    servers = OcsServers(bench, pty=False).start()
+    with NetconfServer(servers) as netconf:
+        yield servers, netconf
+    servers.stop()
+    bench.stop()
+
+
+def test_debug_shows_scpi_and_netconf_bytes_both_ways(switch_servers, capsys, monkeypatch):
+    from harness.cli import main
+
+    servers, netconf = switch_servers
+    monkeypatch.setenv("OCS_HIL_TEST_PASSWORD", "root")
+    host, port = servers.scpi_address
+    scpi = f"tcp://{host}:{port}"
+    assert main(["--debug", "ocs", "--url", scpi, "--protocol", "polatis-scpi", "connect", "2", "18"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert any(re.fullmatch(rf"\d+ {scpi} > [^ ].*\\r\\n", line) for line in err), err
+    assert any(re.fullmatch(rf"\d+ {scpi} < .+", line) for line in err), err
+    assert main(["ocs", "--url", netconf.url, "--protocol", "polatis-netconf", "--user", "admin",
+                 "--password-env", "OCS_HIL_TEST_PASSWORD", "list", "--debug"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "2 -> 18\n"
+    peer = re.escape("netconf://" + netconf.url.removeprefix("ssh://").split("?")[0])
+    assert any(re.fullmatch(rf"\d+ {peer} > .*<nc:rpc .*get-config.*", line) for line in err.splitlines()), err
+    assert any(re.fullmatch(rf"\d+ {peer} < .*<rpc-reply .*", line) for line in err.splitlines()), err
