@@ -84,6 +84,10 @@ class RunContext:
     _sessions: dict[str, Any] = field(default_factory=dict)
     _transports: dict[str, Any] = field(default_factory=dict)  # SSH connections opened before their host's session
 
+    def latch_broken(self, why: str) -> None:
+        """Latch the bench broken (the first cause stands): the rest of the run is skipped, not attempted."""
+        self.broken = self.broken or why
+
     def rng(self, stream: str) -> np.random.Generator:
         """An independent, reproducible random stream per purpose (same seed → same stream on resume)."""
         key = [self.seed] + [ord(c) for c in stream]
@@ -370,6 +374,8 @@ def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, 
             if not options.dry_run:  # the quick preflight (harness bench check --quick) before any switch is touched
                 _preflight(ctx)
             for step in playbook.steps:
+                if ctx.lease is not None and ctx.lease.lost:
+                    ctx.latch_broken(f"bench lock lost: {ctx.lease.lost}")
                 if ctx.broken:
                     ctx.results[step.name] = StepOutcome.skipped(ctx.broken)
                     continue
