@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis import diloco as dl
-from devices.emulated.vllm_server import InterferenceWindow, ServiceModel, VllmEmulator, simulate_service
+from analysis.serving import InterferenceWindow, ServiceModel, simulate_service
+from devices.emulated.vllm_server import VllmEmulator
 from harness.cli import main
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
