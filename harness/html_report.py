@@ -12,6 +12,7 @@ import html
 import io
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,10 @@ table{border-collapse:collapse;margin:.6em 0;font-size:13px}th,td{border:1px sol
 vertical-align:top;text-align:left}th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .falsified{background:#fbd5d5}.holds{background:#d7f2d7}.inconclusive,.falsified-if{background:#fcefc7}
 .missing{color:#888;font-style:italic}.banner{background:#fff4d6;border-left:4px solid #e0a800;padding:.5em 1em}
-img{max-width:100%;height:auto}code{font-size:12px}"""
+img{max-width:100%;height:auto}code{font-size:12px}nav.toc{background:#f7f7f7;border:1px solid #ddd;padding:.4em 1em;
+display:inline-block}nav.toc ol{margin:.2em 0;padding-left:1.4em}table table{margin:0;font-size:12px}
+details>summary{cursor:pointer;color:#225}pre.console{font-size:12px;background:#f7f7f7;padding:.6em;overflow-x:auto;
+max-height:40em}.warnings{background:#fff4d6;border-left:4px solid #e0a800;padding:.3em 1em}"""
 
 
 @dataclass
@@ -172,7 +176,7 @@ def _num(value: Any, fmt: str = ".4g") -> str:
 
 def _table(head: list[str], rows: list[list[str]]) -> str:
     """Cells are HTML already (escape with _e / _num)."""
-    out = ["<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
+    out = ["<table>" + ("<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" if head else "")]
     for row in rows:
         out.append("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in row) + "</tr>")
     return "".join(out) + "</table>"
@@ -274,6 +278,33 @@ def _flat(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix, obj)]
 
 
+def _records(rows: list[dict]) -> str:
+    """A list of records as one table, a column per field (nested fields dotted)."""
+    flat = [dict(_flat(r)) for r in rows]
+    columns = list(dict.fromkeys(k for r in flat for k in r))
+    return _table([_e(c) for c in columns], [[_cell(r.get(c)) for c in columns] for r in flat])
+
+
+def _cell(value: Any) -> str:
+    """A recorded value as HTML a reader can read: records as tables, lists joined, nothing as a dash — never
+    a Python repr."""
+    if value is None or value == "" or value == [] or value == {}:
+        return '<span class="missing" title="not reported">–</span>'
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        return _num(value)
+    if isinstance(value, dict):
+        if all(isinstance(v, dict) for v in value.values()):  # records keyed by name: a row each
+            return _records([{"": k, **v} for k, v in value.items()])
+        return _table([], [[_e(k), _cell(v)] for k, v in value.items()])
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, dict) for v in value):
+            return _records(list(value))
+        return ", ".join(_cell(v) for v in value)
+    return f"<code>{_e(value)}</code>"
+
+
 def gpu_section(run: RunData) -> str:
     from harness.gpu_view import TABLE_HEAD, table_rows
 
@@ -292,12 +323,14 @@ def provenance_section(run: RunData) -> str:
     keep["extra"] = {k: v for k, v in (m.get("extra") or {}).items() if k not in ("devices", "gpu_view")}  # own tables
     keep["versions"] = {k: v for k, v in (m.get("versions") or {}).items() if k != "packages"}
     keep["packages"] = (m.get("versions") or {}).get("packages")
-    rows = [[_e(k), f"<code>{_e(v)}</code>"] for k, v in _flat(keep) if v not in (None, "", {}, [])]
-    parts = [_table(["manifest field", "value"], rows)]
+    rows = [[_e(k), _cell(v)] for k, v in _flat(keep) if v not in (None, "", {}, [])]
+    parts = ["<details><summary>Manifest: playbook, inventory, seed, versions, packages</summary>" +
+             _table(["manifest field", "value"], rows) + "</details>"]
     devices = m.get("devices") or (m.get("extra") or {}).get("devices")
     if devices:
-        parts.append("<h3>Device identity</h3>" + _table(["device", "identity"], [
-            [_e(k), f"<code>{_e(v)}</code>"] for k, v in _flat(devices)]))
+        parts.append("<h3>Device identity</h3>" + f"<details><summary>{sum(len(v) if isinstance(v, dict) else 1 for v in devices.values())} devices: switches, NICs and transceivers, GPUs</summary>" + _table(["kind", "device", "identity"], [
+            [_e(kind), _e(name), _cell(ident)] for kind, named in devices.items()
+            for name, ident in (named.items() if isinstance(named, dict) else [("", named)])]) + "</details>")
     else:
         parts.append(_missing("device identity: not recorded by this run"))
     rows = []
@@ -326,12 +359,63 @@ def _reply_stamps(r: dict | None) -> str:
     return "kernel receive stamp" if read is None else f"read time ({read})"
 
 
+def _anchor(text: str, taken: set[str]) -> str:
+    base = "-".join(re.findall(r"[a-z0-9]+", text.lower())) or "section"
+    anchor, k = base, 1
+    while anchor in taken:
+        k += 1
+        anchor = f"{base}-{k}"
+    taken.add(anchor)
+    return anchor
+
+
 def html_page(title: str, body: list[str]) -> str:
+    """The page: a table of contents of its sections (every `<h2>` gets an anchor), then the body."""
+    taken: set[str] = set()
+    toc, out = [], []
+    for part in body:
+        heading = re.fullmatch(r"<h2>(.*)</h2>", part, re.S)
+        if heading:
+            anchor = _anchor(html.unescape(re.sub(r"<[^>]+>", "", heading.group(1))), taken)
+            toc.append(f'<li><a href="#{anchor}">{heading.group(1)}</a></li>')
+            part = f'<h2 id="{anchor}">{heading.group(1)}</h2>'
+        out.append(part)
+    if toc:
+        at = next((i + 1 for i, p in enumerate(out) if p.startswith("<h1")), 0)
+        out.insert(at, '<nav class="toc"><b>Contents</b><ol>' + "".join(toc) + "</ol></nav>")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; "
             "style-src 'unsafe-inline'\">"
-            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>\n" + "\n".join(body) +
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>\n" + "\n".join(out) +
             "\n</body></html>\n")
+
+
+def warnings_section(run: RunData) -> str:
+    """Every warning the run's record carries (the console printed the same), or nothing."""
+    from harness.finish import emulator_line, lost_line
+
+    s = run.summary or {}
+    found = []
+    if (s.get("emulator") or {}).get("warning"):
+        found.append(emulator_line(s["emulator"]))
+    if (s.get("lost_events") or {}).get("in_ok_cycles"):
+        found.append(lost_line(s["lost_events"]))
+    for host, stamps in (s.get("clock_replies_by_read") or {}).items():
+        found.append(f"host {host}: clock probe replies dated by their read, not the kernel ({_reply_stamps(stamps)})")
+    for name, step in (s.get("steps") or {}).items():
+        found += [f"step {name}: {c.get('name')}: {c.get('detail', '')}" for c in step.get("checks", [])
+                  if not c.get("ok", True)]
+    if not found:
+        return ""
+    return '<div class="warnings"><b>Warnings</b><ul>' + "".join(f"<li>{_e(w)}</li>" for w in found) + "</ul></div>"
+
+
+def console_section(run: RunData) -> str:
+    path = run.path / "console.log"
+    if not path.is_file():
+        return _missing("no console.log in this run directory")
+    return (f"<details><summary>console.log ({path.stat().st_size} bytes)</summary>"
+            f'<pre class="console">{_e(path.read_text(errors="replace"))}</pre></details>')
 
 
 def _fig_or_missing(fig: str | None, what: str) -> str:
@@ -349,7 +433,7 @@ def _status_line(run: RunData) -> str:
 
 def run_page(run: RunData) -> str:
     return html_page(f"Run {run.name}", [
-        f"<h1>Run {_e(run.name)}</h1>", _status_line(run),
+        f"<h1>Run {_e(run.name)}</h1>", _status_line(run), warnings_section(run),
         "<h2>Verdict</h2>", verdict_section(run),
         "<h2>Stage delays</h2>", delays_section(run),
         _fig_or_missing(cdf_figure([run]), "no events.parquet"),
@@ -357,7 +441,8 @@ def run_page(run: RunData) -> str:
         "<h2>Accuracy against ground truth</h2>", accuracy_section(run),
         _fig_or_missing(accuracy_figure([run]), "no ground_truth.parquet"),
         "<h2>GPUs while the network re-trains</h2>", gpu_section(run),
-        "<h2>Provenance</h2>", provenance_section(run)])
+        "<h2>Provenance</h2>", provenance_section(run),
+        "<h2>Console output</h2>", console_section(run)])
 
 
 def comparison_page(runs: list[RunData]) -> str:
@@ -367,10 +452,11 @@ def comparison_page(runs: list[RunData]) -> str:
             "<h2>Accuracy against ground truth</h2>",
             _fig_or_missing(accuracy_figure(runs), "no run has ground truth")]
     for r in runs:
-        body += [f"<h2>{_e(r.name)}</h2>", "<h3>Verdict</h3>", verdict_section(r), "<h3>Stage delays</h3>",
-                 delays_section(r), _fig_or_missing(timeline_figure(r), "no measured cycle"),
+        body += [f"<h2>{_e(r.name)}</h2>", warnings_section(r), "<h3>Verdict</h3>", verdict_section(r),
+                 "<h3>Stage delays</h3>", delays_section(r),
+                 _fig_or_missing(timeline_figure(r), "no measured cycle"),
                  "<h3>Accuracy</h3>", accuracy_section(r), "<h3>GPUs while the network re-trains</h3>",
-                 gpu_section(r), "<h3>Provenance</h3>", provenance_section(r)]
+                 gpu_section(r), "<details><summary>Provenance</summary>" + provenance_section(r) + "</details>"]
     return html_page(f"Comparison of {len(runs)} runs", body)
 
 

@@ -37,7 +37,7 @@ def run_dir(tmp_path_factory) -> Path:
 def test_page_is_self_contained_and_carries_the_records_numbers(run_dir):
     text = (run_dir / "report.html").read_text()
     assert "<script" not in text and "<link" not in text and "url(" not in text
-    sources = re.findall(r'\b(?:src|href)="([^"]*)"', text)
+    sources = [s for s in re.findall(r'\b(?:src|href)="([^"]*)"', text) if not s.startswith("#")]  # in-page links
     assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
     for src in sources:   # every inline figure is a real PNG
         assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
@@ -56,7 +56,22 @@ def test_page_is_self_contained_and_carries_the_records_numbers(run_dir):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["playbook"]["sha256"] in text
     identity = text[text.index("<h3>Device identity</h3>"):]
-    assert f"<td>ocs.ocs1</td><td><code>{manifest['extra']['devices']['ocs']['ocs1']}</code>" in identity
+    assert f"<td>ocs</td><td>ocs1</td><td><code>{manifest['extra']['devices']['ocs']['ocs1']}</code>" in identity
+    gpu = manifest["extra"]["devices"]["hosts"]["gpu1"]["gpus"][0]
+    assert f"<td><code>{gpu['name']}</code></td><td><code>{gpu['uuid']}</code></td>" in identity  # a row per GPU
+
+
+def test_page_has_a_table_of_contents_and_no_python_reprs(run_dir):
+    """Every section is reachable from the contents; recorded values are rendered as tables and text, never
+    as Python reprs (a dict or a list of dicts pasted as a string)."""
+    text = (run_dir / "report.html").read_text()
+    toc = re.search(r'<nav class="toc">(.*?)</nav>', text, re.S)
+    assert toc, "no table of contents"
+    links = re.findall(r'<a href="#([^"]+)">', toc.group(1))
+    headings = re.findall(r'<h2 id="([^"]+)">', text)
+    assert links == headings and {"verdict", "stage-delays", "provenance"} <= set(links)
+    for repr_mark in ("{'", "[{", "None<", ">None", "&#x27;:"):
+        assert repr_mark not in text, repr_mark
 
 
 def test_comparison_of_two_runs_names_both(run_dir, tmp_path):
@@ -65,7 +80,7 @@ def test_comparison_of_two_runs_names_both(run_dir, tmp_path):
     out = tmp_path / "cmp.html"
     assert main(["report", str(run_dir), str(other), "--html", "--out", str(out)]) == 0
     text = out.read_text()
-    assert "Comparison of 2 runs" in text and f"<h2>{run_dir.name}</h2>" in text and "<h2>other-run</h2>" in text
+    assert "Comparison of 2 runs" in text and f">{run_dir.name}</h2>" in text and ">other-run</h2>" in text
 
 
 def test_several_runs_without_html_are_refused(run_dir, capsys):
