@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis.stages import BY_NAME, STAGES_UP  # noqa: E402
+from analysis.stats import MIN_DIFFERENCE_UNITS, MIN_MEAN_UNITS  # noqa: E402
 
 REPORT_NAME = "report.html"
 COMPARISON_NAME = "comparison.html"
@@ -93,12 +94,21 @@ def cdf_figure(runs: list[RunData]) -> str | None:
     rows = math.ceil(len(stages) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
     for ax, stage in zip(axes.flat, stages):
+        spans = []
         for name, table in tables:
-            x = np.sort(table[stage].dropna().to_numpy())
+            column = table[stage].dropna()
+            x = np.sort(column.to_numpy())
             if len(x):
-                ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post", label=f"{name} (n={len(x)})")
+                cycles = column.index.get_level_values("cycle").nunique()
+                ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post",
+                        label=f"{name} ({len(x)} ports, {cycles} cycles)")
+                spans += [x[0], x[-1]]
+        # runs decades apart (a 25 ms switch beside a 6 s NIC re-activation) share one readable axis
+        log = len(spans) > 2 and min(spans) > 0 and max(spans) / min(spans) > 30
+        if log:
+            ax.set_xscale("log")
         ax.set_title(BY_NAME[stage].label, fontsize=10)
-        ax.set_xlabel("ms after OCS command sent", fontsize=8)
+        ax.set_xlabel("ms after OCS command sent" + (" (log)" if log else ""), fontsize=8)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(stages):]:
@@ -187,7 +197,7 @@ def _missing(what: str) -> str:
 
 
 def delays_section(run: RunData) -> str:
-    from analysis.stats import p99_interval_text
+    from analysis.stats import mean_interval_text, p99_interval_text
 
     delays = (run.summary or {}).get("delays_ms")
     if not delays:
@@ -197,9 +207,8 @@ def delays_section(run: RunData) -> str:
              "turnaround": "turnaround, per cycle (slowest port's first packet)"}
     items = [(f"{BY_NAME[k].label} ({k})", v) for k, v in delays["stages"].items()]
     for name, s in items + [(label, delays[k]) for k, label in extra.items() if k in delays]:
-        ci = s.get("mean_ci95")
         rows.append([_e(name), f'<td class="num">{s["n"]}</td>', f'<td class="num">{s["n_cycles"]}</td>',
-                     f'<td class="num">{_num(s["mean"])}</td>', _e(f"{ci[0]:.4g}–{ci[1]:.4g}" if ci else "–"),
+                     f'<td class="num">{_num(s["mean"])}</td>', _e(mean_interval_text(s)),
                      f'<td class="num">{_num(s["p50"])}</td>', f'<td class="num">{_num(s["p99"])}</td>',
                      _e(p99_interval_text(s, "", 4))])
     return _table(["delay after OCS command (ms)", "n", "cycles", "mean", "mean 95 % CI (cycles)", "p50",
@@ -445,9 +454,95 @@ def run_page(run: RunData) -> str:
         "<h2>Console output</h2>", console_section(run)])
 
 
+COMPARED = (("ocs_switch", "OCS switch, per cycle"), *((s, BY_NAME[s].label) for s in STAGES_UP[2:]),
+            ("turnaround", "turnaround, per cycle (slowest port's first packet)"))
+
+
+def difference_rows(runs: list[RunData]) -> list[dict]:
+    """Each later run against the first, per stage: means over per-cycle values (the cycle is the unit) with
+    their intervals, the difference of means with its interval (two-sample studentised bootstrap, coverage in
+    benchmarks/coverage_difference.py) and the ratio of means."""
+    from analysis.stats import cycle_units, mean_difference_interval, mean_interval
+
+    base = runs[0]
+    units = {r.name: cycle_units(r.events) if r.events is not None else {} for r in runs}
+    rows = []
+    for other in runs[1:]:
+        for stage, label in COMPARED:
+            a = units[base.name].get(stage, np.array([])) / 1e6
+            b = units[other.name].get(stage, np.array([])) / 1e6
+            if not (len(a) or len(b)):
+                continue
+            mean_a = float(a.mean()) if len(a) else None
+            mean_b = float(b.mean()) if len(b) else None
+            rows.append({"A": base.name, "B": other.name, "stage": stage, "label": label,
+                         "cycles_A": int(len(a)), "cycles_B": int(len(b)), "mean_A_ms": mean_a, "mean_B_ms": mean_b,
+                         "mean_A_ci": mean_interval(a), "mean_B_ci": mean_interval(b),
+                         "difference_ms": None if mean_a is None or mean_b is None else mean_b - mean_a,
+                         "difference_ci": mean_difference_interval(a, b),
+                         "ratio": mean_b / mean_a if mean_a and mean_b is not None else None})
+    return rows
+
+
+def _ms_with_interval(value: float | None, ci: list[float] | None, needs: int) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f" (an interval needs ≥ {needs} cycles)")
+
+
+def difference_markdown(runs: list[RunData]) -> str:
+    """The comparison as a table a terminal or a report takes: per stage, then per claim."""
+    lines = ["| stage | A | B | cycles A/B | mean A (ms) [95 % CI] | mean B (ms) [95 % CI] | B − A (ms) [95 % CI] "
+             "| B / A |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in difference_rows(runs):
+        lines.append(f"| {r['label']} | {r['A']} | {r['B']} | {r['cycles_A']}/{r['cycles_B']} | "
+                     f"{_ms_with_interval(r['mean_A_ms'], r['mean_A_ci'], MIN_MEAN_UNITS)} | "
+                     f"{_ms_with_interval(r['mean_B_ms'], r['mean_B_ci'], MIN_MEAN_UNITS)} | "
+                     f"{_ms_with_interval(r['difference_ms'], r['difference_ci'], MIN_DIFFERENCE_UNITS)} | "
+                     f"{'–' if r['ratio'] is None else format(r['ratio'], '.3g')} |")
+    claims = claim_rows(runs)
+    if claims:
+        lines += ["", "| claim | " + " | ".join(r.name for r in runs) + " |", "|---|" + "---|" * len(runs)]
+        lines += [f"| {c} | " + " | ".join(v.get(r.name, "–") for r in runs) + " |" for c, v in claims.items()]
+    return "\n".join(lines)
+
+
+def claim_rows(runs: list[RunData]) -> dict[str, dict[str, str]]:
+    """claim id -> run -> its verdict, for runs with a verdict."""
+    out: dict[str, dict[str, str]] = {}
+    for r in runs:
+        for claim in (r.verdict or {}).get("claims", []):
+            out.setdefault(claim["id"], {})[r.name] = claim["verdict"]
+    return out
+
+
+def differences_section(runs: list[RunData]) -> str:
+    rows = difference_rows(runs)
+    if not rows:
+        return _missing("no run has measured cycles to compare")
+    head = ["stage", "A", "B", "cycles A / B", "mean A (ms) [95 % CI]", "mean B (ms) [95 % CI]",
+            "B − A (ms) [95 % CI]", "B / A"]
+    table = _table(head, [[_e(r["label"]), _e(r["A"]), _e(r["B"]),
+                           f'<td class="num">{r["cycles_A"]} / {r["cycles_B"]}</td>',
+                           f'<td class="num">{_ms_with_interval(r["mean_A_ms"], r["mean_A_ci"], MIN_MEAN_UNITS)}</td>',
+                           f'<td class="num">{_ms_with_interval(r["mean_B_ms"], r["mean_B_ci"], MIN_MEAN_UNITS)}</td>',
+                           f'<td class="num">{_ms_with_interval(r["difference_ms"], r["difference_ci"], MIN_DIFFERENCE_UNITS)}</td>',
+                           f'<td class="num">{"–" if r["ratio"] is None else format(r["ratio"], ".3g")}</td>']
+                          for r in rows])
+    note = ("<p>Means over per-cycle values (a port stage: the mean of the cycle's ports), so the cycle is the "
+            "unit of replication; intervals are bootstrap-t, the difference's a two-sample one.</p>")
+    claims = claim_rows(runs)
+    if claims:
+        table += "<h3>Claims</h3>" + _table(["claim"] + [_e(r.name) for r in runs], [
+            [f"<code>{_e(c)}</code>"] + [f'<td class="{_verdict_class(v.get(r.name, ""))}">{_e(v.get(r.name, "–"))}</td>'
+                                        for r in runs] for c, v in claims.items()])
+    return note + table
+
+
 def comparison_page(runs: list[RunData]) -> str:
     body = [f"<h1>Comparison of {len(runs)} runs</h1>",
             _table(["run", "status"], [[_e(r.name), _status_line(r)] for r in runs]),
+            "<h2>Differences against the first run</h2>", differences_section(runs),
             "<h2>Stage delays, per-stage CDFs</h2>", _fig_or_missing(cdf_figure(runs), "no events.parquet"),
             "<h2>Accuracy against ground truth</h2>",
             _fig_or_missing(accuracy_figure(runs), "no run has ground truth")]

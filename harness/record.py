@@ -175,7 +175,7 @@ def _fmt(v: Any) -> str:
 
 def summary_markdown(summary: Mapping, title: str = "Run summary") -> str:
     """A markdown table from analysis.stats.summarize_events output (times in ms)."""
-    from analysis.stats import p99_interval_text
+    from analysis.stats import mean_interval_text, p99_interval_text
 
     rows: list[tuple[str, Mapping]] = []
     for key, label in _SUMMARY_ROWS:
@@ -194,7 +194,7 @@ def summary_markdown(summary: Mapping, title: str = "Run summary") -> str:
     for label, s in rows:
         lines.append(f"| {label} | {_fmt(s.get('n'))} | {_fmt(s.get('n_cycles'))} | {_fmt(s.get('mean'))} | {_fmt(s.get('p50'))} | "
                      f"{_fmt(s.get('p90'))} | {_fmt(s.get('p99'))} | {_fmt(s.get('max'))} | "
-                     f"{_fmt(s.get('mean_ci95'))} | {p99_interval_text(s, digits=4) if s.get('n') else '–'} |")
+                     f"{mean_interval_text(s)} | {p99_interval_text(s, digits=4) if s.get('n') else '–'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -80,12 +80,32 @@ def test_comparison_of_two_runs_names_both(run_dir, tmp_path):
     out = tmp_path / "cmp.html"
     assert main(["report", str(run_dir), str(other), "--html", "--out", str(out)]) == 0
     text = out.read_text()
+    assert "Differences against the first run" in text and text.index("Differences against") < text.index("per-stage CDFs")
     assert "Comparison of 2 runs" in text and f">{run_dir.name}</h2>" in text and ">other-run</h2>" in text
 
 
-def test_several_runs_without_html_are_refused(run_dir, capsys):
-    assert main(["report", str(run_dir), str(run_dir)]) == 2
-    assert "only with --html" in capsys.readouterr().err
+def test_two_runs_are_compared_by_their_differences_per_cycle(run_dir, tmp_path, capsys):
+    """The oracle: a copy of the run whose first packets all came 5 ms later differs by exactly +5 ms in
+    first_packet and turnaround (interval around it), and by nothing in the stages before."""
+    import pandas as pd
+
+    later = tmp_path / "later"
+    shutil.copytree(run_dir, later)
+    events = pd.read_parquet(later / "events.parquet")
+    events.loc[events["stage"] == "first_packet", "t_ns"] += 5_000_000
+    events.to_parquet(later / "events.parquet", index=False)
+    from harness.html_report import difference_rows, load_run
+
+    rows = {r["stage"]: r for r in difference_rows([load_run(run_dir), load_run(later)])}
+    for stage in ("first_packet", "turnaround"):
+        r = rows[stage]
+        assert abs(r["difference_ms"] - 5.0) < 1e-6 and r["cycles_A"] == r["cycles_B"] == 2
+        assert r["difference_ci"] is None  # 2 cycles a side: too few for an interval that holds its level
+    assert rows["phy_up"]["difference_ms"] == 0 and rows["phy_up"]["ratio"] == 1
+    assert main(["report", str(run_dir), str(later)]) == 0
+    out = capsys.readouterr().out
+    assert "| first packet | run | later |" in out and "| 5.000 (an interval needs ≥ 10 cycles) |" in out
+    assert main(["report", str(run_dir), str(later), "--recompute"]) == 2
 
 
 def browser() -> str:
