@@ -54,6 +54,7 @@ class RunOptions:
     dry_run: bool = False
     quiet: bool = False
     json: bool = False  # one result line on stdout
+    junit: str | None = None  # also write the record as JUnit XML there
     adopt_current_state: bool = False  # take a switch another run left changed as the original
 
 
@@ -421,6 +422,10 @@ def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, 
         # The bench is still up here (the stack unwinds after), so ground truth is complete.
         try:
             record = finish_run(ctx, manifest, status=status, wall_s=wall, started_utc=started_utc)
+            if options.junit:
+                from harness.junit import write_junit
+
+                write_junit(run_dir, Path(options.junit))
             if not ctx.quiet:
                 console_summary(ctx, record)
         except OSError as exc:  # e.g. the disk filled up: the JSONL log is still the record

@@ -14,6 +14,7 @@ def register(sub) -> None:
     p.add_argument("--html", action="store_true",
                    help="write one self-contained HTML page: RUN_DIR/report.html, or comparison.html for several")
     p.add_argument("--out", help="with --html: where to write the page")
+    p.add_argument("--junit", metavar="FILE", help="write the run's checks and claims as JUnit XML to FILE")
     p.set_defaults(func=_report)
 
 
@@ -37,6 +38,13 @@ def _report(args) -> int:
         return 0
     if args.out:
         raise InputError("--out goes with --html")
+    if args.junit:
+        if len(args.run_dir) > 1 or not (run / "summary.json").is_file():
+            raise InputError("--junit takes one RUN_DIR with a run record (summary.json)")
+        from harness.junit import write_junit
+
+        print(f"wrote {write_junit(run, Path(args.junit))}")
+        return 0
     if len(args.run_dir) > 1:
         if args.recompute:
             raise InputError("--recompute takes one RUN_DIR")
