@@ -605,9 +605,11 @@ def report_markdown(out: dict) -> str:
                   f"(schedule level, draw mean): mean {cmp_['mean_pp']:+.2f} pp, sd {f(cmp_['sd_pp'])}, effect size "
                   f"d_z {f(cmp_['effect_size_dz'])}, better on {cmp_['wins']} of {flip['n']} seeds; sign-flip "
                   f"({flip['method']}, {flip['patterns']} patterns) p_less = {flip['p_less']:.4f}, two-sided "
-                  f"{flip['p_two_sided']:.4f}; plain sign test p_less = {sign['p_less']:.4f}; bootstrap 95 % CI of "
-                  f"the mean [{cmp_['bootstrap_ci_pp'][0]:+.2f}, {cmp_['bootstrap_ci_pp'][1]:+.2f}] pp (realised "
-                  f"coverage at this n: {f(cmp_['bootstrap_coverage'])}).", "",
+                  f"{flip['p_two_sided']:.4f}; plain sign test p_less = {sign['p_less']:.4f}; "
+                  + (f"bootstrap-t 95 % CI of the mean [{cmp_['bootstrap_ci_pp'][0]:+.2f}, "
+                     f"{cmp_['bootstrap_ci_pp'][1]:+.2f}] pp (realised coverage at this n: "
+                     f"{cmp_['bootstrap_coverage']:.1%} ± {cmp_['bootstrap_coverage_se']:.1%})."
+                     if cmp_["bootstrap_ci_pp"] else "too few seeds for an interval of the mean."), "",
               f"Criterion: {claim['criterion']}."]
     if claim["reasons"]:
         lines += ["", "Why: " + "; ".join(claim["reasons"]) + "."]
