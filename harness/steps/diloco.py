@@ -182,7 +182,7 @@ def sync_durations(cost: dict, seed: int, count: int) -> np.ndarray:
 
 # ---- evaluation (runs in worker processes) --------------------------------------------------------------------
 def _latencies_from_model(service, frame: pd.DataFrame, windows: list) -> pd.DataFrame:
-    from harness.bench.emulated import simulate_service
+    from analysis.serving import simulate_service
 
     arrival = frame["arrival_s"].to_numpy(dtype=float)
     sim = simulate_service(service, arrival, frame["prompt_tokens"], frame["output_tokens"], windows)
@@ -198,8 +198,7 @@ def _latencies_from_model(service, frame: pd.DataFrame, windows: list) -> pd.Dat
 def evaluate_run(task: dict) -> dict:
     """One (seed, policy, draw): latencies per request under its sync windows, measured (replay) and/or
     from the model. Top-level so a process pool can run it."""
-    from harness.bench.emulated import InterferenceWindow, ServiceModel
-    from harness.steps.replay import request_latencies
+    from analysis.serving import InterferenceWindow, ServiceModel, request_latencies
 
     cpu_start = time.process_time()  # this worker's CPU: the replay client and its endpoint share the process
     frame = pd.DataFrame(task["requests"])
@@ -210,7 +209,7 @@ def evaluate_run(task: dict) -> dict:
                                  max_model_len=p["max_model_len"])
     out = {"key": task["key"], "model": _latencies_from_model(model_service, frame, windows)}
     if p["evaluate"] == "replay":
-        from harness.steps.replay import _serve_and_replay
+        from harness.bench.serving import serve_and_replay
         from traces.replay import run_loop
 
         window_frame = pd.DataFrame(task["windows"], columns=["start_s", "duration_s"]) if task["windows"] else None
@@ -218,7 +217,7 @@ def evaluate_run(task: dict) -> dict:
         log_path = Path(task["log_path"])
         if log_path.exists():  # a rerun replays from scratch; the old log stays beside it
             log_path.replace(log_path.with_suffix(".incomplete.jsonl"))
-        summary = run_loop(_serve_and_replay(frame, task["url"], replay_p, window_frame, log_path))
+        summary = run_loop(serve_and_replay(frame, task["url"], replay_p, window_frame, log_path))
         scale = p["time_scale"] if task["url"] is None else 1.0
         out["replay"] = request_latencies(summary.records, scale)
         out["send_error_p99_us"] = float(np.percentile(summary.records["send_error_ns"], 99) / 1e3)  # on the wire
@@ -229,7 +228,7 @@ def evaluate_run(task: dict) -> dict:
 
 
 def violation_rate(latencies: pd.DataFrame, p: dict) -> float:
-    from harness.steps.replay import slo_violations
+    from analysis.serving import slo_violations
 
     bad = slo_violations(latencies, p["slo_ttft_ms"], p["slo_tpot_ms"], p["slo_e2e_ms"])
     return float(bad.mean() * 100) if len(bad) else float("nan")
@@ -238,7 +237,7 @@ def violation_rate(latencies: pd.DataFrame, p: dict) -> float:
 def calibrate_slots(segments: list[pd.DataFrame], p: dict, target_pct: float) -> tuple[int, float]:
     """The smallest batch_slots whose pooled no-sync violation rate (model) is ≤ target (bisection: more
     slots never delay a FIFO queue's admissions)."""
-    from harness.bench.emulated import ServiceModel
+    from analysis.serving import ServiceModel
 
     def rate(slots: int) -> float:
         service = ServiceModel(p["prefill_tokens_per_s"], p["decode_tokens_per_s"], slots, p["max_model_len"])
@@ -322,13 +321,13 @@ def _segments(frame: pd.DataFrame, n_seeds: int, duration_s: float, seed: int) -
 def diloco_step(ctx, step) -> StepOutcome:
     import traces
     from analysis import diloco as dl
-    from harness.steps.replay import _resolve_path, check_endpoint
+    from harness.bench.serving import check_endpoint
 
     p = dict(step.params)
     _check(step, p)
     study = _study_params(step, p)
     url = check_endpoint(step, p["endpoint"], real_bench=ctx.emulated is None)
-    path = _resolve_path(step, p["requests"])
+    path = step.resolve_path(p["requests"])
     if not path.is_file():
         raise _bad(step, f"requests: no such trace file {str(path)!r}")
     frame = traces.load_requests(path)
@@ -439,7 +438,7 @@ def _start_worker(priority: tuple[str, int] | None, ready) -> None:
     import threading
 
     import aiohttp.web  # noqa: F401  (the emulated endpoint's server)
-    import harness.steps.replay  # noqa: F401
+    import harness.bench.serving  # noqa: F401
     import traces.replay  # noqa: F401  (aiohttp's client, uvloop)
 
     if priority is not None:
@@ -457,7 +456,7 @@ def _start_worker(priority: tuple[str, int] | None, ready) -> None:
 def _sensitivity(p, policies, per_seed, tasks_by_key, rule, seed) -> list[dict]:
     """The claim's verdict (model evaluation) at other values of the sync-capacity assumption."""
     from analysis import diloco as dl
-    from harness.bench.emulated import InterferenceWindow, ServiceModel
+    from analysis.serving import InterferenceWindow, ServiceModel
 
     service = ServiceModel(p["prefill_tokens_per_s"], p["decode_tokens_per_s"], p["batch_slots"], p["max_model_len"])
     out = []
@@ -606,9 +605,11 @@ def report_markdown(out: dict) -> str:
                   f"(schedule level, draw mean): mean {cmp_['mean_pp']:+.2f} pp, sd {f(cmp_['sd_pp'])}, effect size "
                   f"d_z {f(cmp_['effect_size_dz'])}, better on {cmp_['wins']} of {flip['n']} seeds; sign-flip "
                   f"({flip['method']}, {flip['patterns']} patterns) p_less = {flip['p_less']:.4f}, two-sided "
-                  f"{flip['p_two_sided']:.4f}; plain sign test p_less = {sign['p_less']:.4f}; bootstrap 95 % CI of "
-                  f"the mean [{cmp_['bootstrap_ci_pp'][0]:+.2f}, {cmp_['bootstrap_ci_pp'][1]:+.2f}] pp (realised "
-                  f"coverage at this n: {f(cmp_['bootstrap_coverage'])}).", "",
+                  f"{flip['p_two_sided']:.4f}; plain sign test p_less = {sign['p_less']:.4f}; "
+                  + (f"bootstrap-t 95 % CI of the mean [{cmp_['bootstrap_ci_pp'][0]:+.2f}, "
+                     f"{cmp_['bootstrap_ci_pp'][1]:+.2f}] pp (realised coverage at this n: "
+                     f"{cmp_['bootstrap_coverage']:.1%} ± {cmp_['bootstrap_coverage_se']:.1%})."
+                     if cmp_["bootstrap_ci_pp"] else "too few seeds for an interval of the mean."), "",
               f"Criterion: {claim['criterion']}."]
     if claim["reasons"]:
         lines += ["", "Why: " + "; ".join(claim["reasons"]) + "."]

@@ -36,7 +36,6 @@ import pandas as pd
 from devices.errors import DeviceError
 from devices.parsers.common import ParseError
 from devices.timing import Deadline, now_ns
-from harness.bench import BenchBroken
 from harness.bench.circuits import RetryPolicy, guard
 from harness.config import register_step
 from harness.specs import AtLeastOne, Count, Literal, Positive
@@ -485,8 +484,6 @@ class MoeTrafficRun:
                             reconf_s, links_up = self.reconfigure(wanted)
                         except DeviceError as exc:
                             failure = f"reconfiguration before iteration {ph.iteration}: {exc}"
-                            if isinstance(exc, BenchBroken):
-                                ctx.broken = str(exc)
                             break
                         reconfigured = True
                         reconfigurations.append({"iteration": ph.iteration, "seconds": reconf_s,
