@@ -194,7 +194,9 @@ class SshTransport(CommandTransport):
         """Run `command`, feed `stdin` (then EOF), collect stdout/stderr/exit status before `deadline`.
         The wire log (devices.wirelog) gets the command, then its exit status, time and output sizes."""
         name = self.resource.name
-        wirelog.note(now_ns(), name, "$", command + (f"  (stdin: {len(stdin)} bytes)" if stdin else ""))
+        if wirelog.enabled():
+            size = len(stdin.encode() if isinstance(stdin, str) else stdin or b"")
+            wirelog.note(now_ns(), name, "$", command + (f"  (stdin: {size} bytes)" if size else ""))
         try:
             result = self._run(command, deadline, stdin)
         except DeviceError as exc:
