@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +29,7 @@ from devices.wirelog import WIRE
 CONSOLE_LOG, WIRE_LOG = "console.log", "wire.log"
 WIDE = 4096  # a console that is not a terminal never wraps: a piped line stays one line
 _HIDDEN = "***"
+_PADDING = re.compile(r"[ \t]+(?=\n)")
 
 
 class _Secrets:
@@ -64,13 +66,15 @@ def hide_secrets(bench) -> None:
 
 # ------------------------------------------------------------------------------------------ the console
 class _Scrubbed:
-    """A text file that hides the secrets in what it is given."""
+    """A text file that hides the secrets in what it is given (and, not a terminal, a table's padding at the
+    ends of lines)."""
 
     def __init__(self, file):
         self.file = file
+        self.plain = not file.isatty()
 
     def write(self, text: str) -> int:
-        return self.file.write(SECRETS.scrub(text))
+        return self.file.write(SECRETS.scrub(_PADDING.sub("", text) if self.plain else text))
 
     def flush(self) -> None:
         self.file.flush()
