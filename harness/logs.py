@@ -32,20 +32,15 @@ _HIDDEN = "***"
 _PADDING = re.compile(r"[ \t]+(?=\n)")
 
 
-class _Secrets:
-    """The secrets of the benches in use in this process; `scrub` hides each in a text."""
-
-    def __init__(self):
-        self.values: set[str] = set()
-
-    def scrub(self, text: str) -> str:
-        for secret in self.values:
-            if secret in text:
-                text = text.replace(secret, _HIDDEN)
-        return text
+_secrets: list[str] = []  # of the benches in use in this process, the longest first (one may hold another)
 
 
-SECRETS = _Secrets()
+def scrub(text: str) -> str:
+    """`text` with every known secret shown as ***."""
+    for secret in _secrets:
+        if secret in text:
+            text = text.replace(secret, _HIDDEN)
+    return text
 
 
 def secrets_of(bench) -> set[str]:
@@ -61,7 +56,7 @@ def secrets_of(bench) -> set[str]:
 
 def hide_secrets(bench) -> None:
     """From now on, the bench's secrets never reach the console, console.log or wire.log."""
-    SECRETS.values |= secrets_of(bench)
+    _secrets[:] = sorted(set(_secrets) | secrets_of(bench), key=len, reverse=True)
 
 
 # ------------------------------------------------------------------------------------------ the console
@@ -74,7 +69,7 @@ class _Scrubbed:
         self.plain = not file.isatty()
 
     def write(self, text: str) -> int:
-        return self.file.write(SECRETS.scrub(_PADDING.sub("", text) if self.plain else text))
+        return self.file.write(scrub(_PADDING.sub("", text) if self.plain else text))
 
     def flush(self) -> None:
         self.file.flush()
@@ -173,7 +168,7 @@ def verbosity(n: int = 0) -> Iterator[None]:
 def _wire_line(record: logging.LogRecord) -> str:
     """`T_NS PEER ARROW TEXT`, one such line per line of the record (devices.wirelog: a chunk read is one)."""
     head = f"{getattr(record, 't_ns', 0)} {getattr(record, 'peer', '-')} {getattr(record, 'arrow', '#')} "
-    return SECRETS.scrub("\n".join(head + line for line in record.getMessage().split("\n")))
+    return scrub("\n".join(head + line for line in record.getMessage().split("\n")))
 
 
 class _WireFormatter(logging.Formatter):
