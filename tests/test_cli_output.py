@@ -19,10 +19,18 @@ RUN = ("import sys, devices.emulated.bench as b; b.EMULATED_PASSWORD = sys.argv[
        "from harness.cli import main; sys.exit(main(sys.argv[2:]))")
 
 
-@pytest.fixture(scope="module")
-def piped_run(tmp_path_factory):
-    """`harness run playbooks/turnaround.yaml --bench emulated:instant --cycles 3 --json | python -c json.load`."""
-    tmp = tmp_path_factory.mktemp("piped")
+def test_a_run_piped_into_a_json_reader(tmp_path):
+    """`harness run playbooks/turnaround.yaml --bench emulated:instant --cycles 3 --json | python -c json.load`:
+    one run (a fixture would run once per test worker), each part of its output checked below."""
+    piped_run = _piped_run(tmp_path)
+    json_alone_on_stdout(piped_run)
+    progress_and_summary_on_stderr_plain_and_unwrapped(piped_run)
+    console_log_keeps_what_the_console_showed(piped_run)
+    wire_log_has_switch_bytes_both_ways_and_ssh_commands(piped_run)
+    no_file_of_the_run_holds_the_secret(piped_run)
+
+
+def _piped_run(tmp: Path):
     run_dir, err = tmp / "run", tmp / "stderr"
     env = dict(os.environ, OCS_HIL_EMULATED_PASSWORD=SECRET, COLUMNS="80")
     env.pop("FORCE_COLOR", None)
@@ -34,13 +42,13 @@ def piped_run(tmp_path_factory):
     return proc, err.read_text(), run_dir
 
 
-def test_json_alone_on_stdout_parses_through_a_pipe(piped_run):
+def json_alone_on_stdout(piped_run):
     proc, stderr, _ = piped_run
     assert proc.returncode == 0, proc.stderr + stderr
     assert proc.stdout == "ok\n"
 
 
-def test_progress_and_summary_on_stderr_plain_and_unwrapped(piped_run):
+def progress_and_summary_on_stderr_plain_and_unwrapped(piped_run):
     _, stderr, run_dir = piped_run
     lines = stderr.splitlines()
     assert any(re.match(r"turnaround\s.*3/3", line) for line in lines), stderr  # the progress bar's last state
@@ -51,14 +59,14 @@ def test_progress_and_summary_on_stderr_plain_and_unwrapped(piped_run):
     assert not set("┏┓┃│└┘┡╇") & set(stderr)  # a box's corners and sides (the bar's ━ aside)
 
 
-def test_console_log_keeps_what_the_console_showed(piped_run):
+def console_log_keeps_what_the_console_showed(piped_run):
     _, stderr, run_dir = piped_run
     console = (run_dir / "console.log").read_text()
     assert "done: ok" in console and "OCS command → completed" in console
     assert "\x1b[" not in console
 
 
-def test_wire_log_has_switch_bytes_both_ways_and_ssh_commands(piped_run):
+def wire_log_has_switch_bytes_both_ways_and_ssh_commands(piped_run):
     _, _, run_dir = piped_run
     wire = (run_dir / "wire.log").read_text().splitlines()
     records = [line.split(" ", 3) for line in wire if not line.startswith("#")]
@@ -75,7 +83,7 @@ def test_wire_log_has_switch_bytes_both_ways_and_ssh_commands(piped_run):
     assert any(p == "gpu1" and a == "=" and re.match(r"exit 0 in [0-9.]+ ms, .*: ip -j link$", t) for p, a, t in ssh)
 
 
-def test_no_file_of_the_run_holds_the_secret(piped_run):
+def no_file_of_the_run_holds_the_secret(piped_run):
     proc, stderr, run_dir = piped_run
     assert proc.returncode == 0  # logged in: the secret went over the wire
     files = [p for p in run_dir.rglob("*") if p.is_file()]
