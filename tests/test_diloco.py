@@ -232,6 +232,9 @@ def test_step_parallel_replays_and_serial_model_agree(tmp_path):
     assert all(x["verdict"] == "inconclusive" for x in b["sensitivity"])
     report = (replayed / "diloco_report.md").read_text()
     assert "Calibration" in report and "Replay vs the emulator's model" in report
+    # named for what it is, with the artifact's own tie, in the report's first line and the record
+    assert report.startswith("# WA-DiLoCo sidecar study (a re-implementation)\n\nThis is a re-implementation")
+    assert "p_less = 0.344" in report and a["study_kind"].startswith("a re-implementation")
     assert (replayed / "diloco_envelope.png").stat().st_size > 0
 
 
