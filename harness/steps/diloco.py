@@ -516,6 +516,7 @@ def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration,
     seed = per_seed[0]["seed"]
     comparisons = {f"{a}_vs_{b}": dl.paired_comparison(seed_rate[a], seed_rate[b], seed=seed)
                    for a, b in (("wa_ewma", "random_schedule"), ("wa", "random_schedule"),
+                                ("wa_ewma", "random_spaced"), ("wa", "random_spaced"),
                                 ("wa_ewma", "random_policy"), ("wa_ewma", "fixed_period"),
                                 ("offline_bound", "random_schedule"), ("wa_ewma", "wa"))
                    if a in seed_rate and b in seed_rate}
