@@ -719,7 +719,9 @@ def _by_device(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> dict[st
 
 
 def ibstat(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> str:
-    """`ibstat`: one `CA 'dev'` block per device, TAB-indented `Key: value` lines, a `Port N:` block per port."""
+    """`ibstat`: one `CA 'dev'` block per device, TAB-indented `Key: value` lines, a `Port N:` block per port. A
+    RoCE port that is not Active reads `Rate: 40` (mlx5 reports 4X QDR without a link; every down port of the
+    real captures does)."""
     out = []
     for dev, dev_ports in _by_device(ports).items():
         node, _ = _guids(dev_ports[0][0].mac)
@@ -731,7 +733,7 @@ def ibstat(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> str:
             _, port_guid = _guids(m.mac)
             out.append(f"\tPort {m.rdma_port}:\n\t\tState: {IBSTAT_STATES.get(s.ib_state, s.ib_state.title())}\n"
                        f"\t\tPhysical state: {IBSTAT_PHYS.get(s.phys_state, s.phys_state)}\n"
-                       f"\t\tRate: {s.speed_mbps // 1000}\n"
+                       f"\t\tRate: {s.speed_mbps // 1000 if ib or s.ib_state == 'ACTIVE' else 40}\n"
                        f"\t\tBase lid: {getattr(m, 'lid', m.ifindex) if ib else 0}\n\t\tLMC: 0\n"
                        f"\t\tSM lid: {getattr(m, 'sm_lid', 1) if ib else 0}\n"
                        f"\t\tCapability mask: {'0xa651ec48' if ib else '0x00010000'}\n"
