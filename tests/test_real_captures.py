@@ -550,7 +550,8 @@ def test_ibstatus():
     assert (a100[-1].dev, a100[-1].link_layer, a100[-1].rate.gbps, a100[-1].default_gid) == \
         ("mlx5_8", "Ethernet", 40.0, "unknown")
     cx3 = parse_ibstatus(capture("ibstatus", "cx3-mlx4-two-ports-fdr-tabs-heioy.txt"))
-    assert [(p.dev, p.port, p.base_lid, p.rate.speed) for p in cx3] == [("mlx4_0", 1, 3, "FDR"), ("mlx4_0", 2, 2, "FDR")]
+    assert [(p.dev, p.port, p.base_lid, p.rate.speed) for p in cx3] == \
+        [("mlx4_0", 1, 3, "FDR"), ("mlx4_0", 2, 2, "FDR")]
 
 
 def test_ibv_devinfo():

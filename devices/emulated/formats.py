@@ -695,7 +695,8 @@ def nvidia_smi_topo(gpus: Sequence[EmulatedGpu], rdma_devs: Sequence[str], *, nv
 
 
 # ---------------------------------------------------------------- RDMA port tools (ibstat, ibv_devinfo, ibdev2netdev)
-# Layouts held to real captures in tests/data/real/{ibstat,ibv-devinfo,ibdev2netdev}/ (tests/test_format_conformance.py).
+# Layouts held to real captures in tests/data/real/{ibstat,ibv-devinfo,ibdev2netdev}/ by
+# tests/test_format_conformance.py.
 
 IBSTAT_STATES = {"DOWN": "Down", "INIT": "Initializing", "ARMED": "Armed", "ACTIVE": "Active"}  # ibstat.c words
 IBSTAT_PHYS = {"Phy Test": "PhyTest"}  # the other sysfs words are ibstat's as they are
@@ -803,7 +804,8 @@ def nvidia_smi_table(gpus: Sequence[EmulatedGpu], host_ns: int) -> str:
               "|  GPU   GI   CI        PID   Type   Process name                              GPU Memory |\n",
               "|        ID   ID                                                               Usage      |\n",
               "|=========================================================================================|\n",
-              "|  No running processes found                                                             |\n", _SMI_WIDE]
+              "|  No running processes found                                                             |\n",
+              _SMI_WIDE]
     return "".join(lines)
 
 

@@ -446,7 +446,8 @@ _LANES = re.compile(r"\[ ((?:Yes|No)(?:, (?:Yes|No))*) \]")
 _RX_POWER = re.compile(r".*(?:Rx|Rcvr|Receiver).*power.*?\(?Channel (\d+)\)?.*?:.*?(-?[\d.]+|-inf) dBm")
 # SFF-8472 (SFP/SFP+) has one receiver and no channel: ethtool's sfpdiag prints its average power (or OMA, when the
 # module reports that instead) as `%.4f mW / %.2f dBm`; read the dBm, else convert the mW.
-_SFP_RX_POWER = re.compile(r"\s*Receiver signal (?:average optical power|OMA)\s*: (-?[\d.]+) mW(?: / (-?[\d.]+|-inf) dBm)?")
+_SFP_RX_POWER = re.compile(r"\s*Receiver signal (?:average optical power|OMA)\s*: "
+                           r"(-?[\d.]+) mW(?: / (-?[\d.]+|-inf) dBm)?")
 _HEX_CODE = re.compile(r"0x([0-9a-fA-F]{2})\b")
 _MODULE_STATE = re.compile(r"0x[0-9a-fA-F]{2} \((\w+)\)")
 
