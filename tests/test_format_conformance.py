@@ -16,7 +16,7 @@ from devices.emulated.physics import NicSnapshot
 from devices.emulated.profile import ProfileError, profile_from_dict
 from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests
 from devices.parsers.gpu import parse_nvidia_smi_table
-from devices.parsers.ib_tools import parse_ibdev2netdev, parse_ibstat, parse_ibv_devinfo
+from devices.parsers.ib_tools import parse_ibdev2netdev, parse_ibstat, parse_ibstatus, parse_ibv_devinfo
 from devices.parsers.nic import parse_ethtool_module, parse_mlxlink, parse_rdma_link, parse_rdma_link_json
 
 REAL = Path(__file__).parent / "data" / "real"
@@ -389,6 +389,21 @@ def test_ibv_devinfo_keys_and_value_columns_match_real_ibv_devinfo():
         (theirs.transport, theirs.ports[0].state, theirs.ports[0].link_layer, theirs.ports[0].active_mtu)
 
 
+def test_ibstatus_blocks_match_the_real_ibstatus():
+    capture = real("ibstatus", "a100-hdr-all-active-gpud.txt")  # TABs arrived as spaces: compare columns
+    roce = capture[capture.index("Infiniband device 'mlx5_8'"):]  # its RoCE port, Active at 40 Gb/sec
+    text = formats.ibstatus([(Model(rdma_dev="mlx5_8"), UP._replace(speed_mbps=40_000))])
+    assert text.expandtabs(8) == roce
+    tabs = real("ibstatus", "cx3-mlx4-two-ports-fdr-tabs-heioy.txt")  # the TABs as printed, InfiniBand ports
+    ib = formats.ibstatus([(Model(rdma_dev="mlx4_0", link_layer="InfiniBand"), UP._replace(speed_mbps=56_000))])
+    first = tabs[:tabs.index("\n\n") + 2]
+    assert [line.split(":")[0] + line[line.index(":"):].split(" ")[0] for line in ib.splitlines() if ":" in line] \
+        == [line.split(":")[0] + line[line.index(":"):].split(" ")[0] for line in first.splitlines() if ":" in line]
+    (mine,), theirs = parse_ibstatus(ib), parse_ibstatus(first)[0]
+    assert (mine.state, mine.phys_state, mine.rate, mine.link_layer) == \
+        (theirs.state, theirs.phys_state, theirs.rate, theirs.link_layer)
+
+
 def test_ibdev2netdev_line_matches_the_real_one():
     sample = real("ibdev2netdev", "sriov-ib-vf-in-pod-down-sriov-operator382.txt")
     text = formats.ibdev2netdev([(Model(netdev="net1", rdma_dev="mlx5_3"), DARK)])
@@ -471,6 +486,8 @@ def test_bench_discover_reads_the_same_bench_through_every_fallback(bench):
         del server.commands["ibstat"], server.commands["ibdev2netdev"]
         assert facts()[0]["rdma_ports"] == "ibv_devinfo + sysfs" and facts()[1] == nics
         del server.commands["ibv_devinfo"]
+        assert facts()[0]["rdma_ports"] == "ibstatus + sysfs" and facts()[1] == nics
+        del server.commands["ibstatus"]
         by, none, _ = facts()
         assert none == [] and by["rdma_ports"].startswith("none of rdma, ibstat, ibv_devinfo")
     finally:

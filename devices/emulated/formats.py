@@ -719,10 +719,15 @@ def _by_device(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> dict[st
     return devices
 
 
+def _rate_gbps(model: NicModelLike, snapshot: NicSnapshotLike) -> int:
+    """The port rate ibstat and ibstatus print: a RoCE port that is not Active reads 40 (mlx5 reports 4X QDR
+    without a link; every down port of the real ibstat captures does)."""
+    ib = getattr(model, "link_layer", "Ethernet") == "InfiniBand"
+    return snapshot.speed_mbps // 1000 if ib or snapshot.ib_state == "ACTIVE" else 40
+
+
 def ibstat(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> str:
-    """`ibstat`: one `CA 'dev'` block per device, TAB-indented `Key: value` lines, a `Port N:` block per port. A
-    RoCE port that is not Active reads `Rate: 40` (mlx5 reports 4X QDR without a link; every down port of the
-    real captures does)."""
+    """`ibstat`: one `CA 'dev'` block per device, TAB-indented `Key: value` lines, a `Port N:` block per port."""
     out = []
     for dev, dev_ports in _by_device(ports).items():
         node, _ = _guids(dev_ports[0][0].mac)
@@ -734,7 +739,7 @@ def ibstat(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> str:
             _, port_guid = _guids(m.mac)
             out.append(f"\tPort {m.rdma_port}:\n\t\tState: {IBSTAT_STATES.get(s.ib_state, s.ib_state.title())}\n"
                        f"\t\tPhysical state: {IBSTAT_PHYS.get(s.phys_state, s.phys_state)}\n"
-                       f"\t\tRate: {s.speed_mbps // 1000 if ib or s.ib_state == 'ACTIVE' else 40}\n"
+                       f"\t\tRate: {_rate_gbps(m, s)}\n"
                        f"\t\tBase lid: {getattr(m, 'lid', m.ifindex) if ib else 0}\n\t\tLMC: 0\n"
                        f"\t\tSM lid: {getattr(m, 'sm_lid', 1) if ib else 0}\n"
                        f"\t\tCapability mask: {'0xa651ec48' if ib else '0x00010000'}\n"
@@ -764,6 +769,23 @@ def ibv_devinfo(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> str:
                        f"\t\t\tsm_lid:\t\t\t{getattr(m, 'sm_lid', 1) if ib else 0}\n"
                        f"\t\t\tport_lid:\t\t{getattr(m, 'lid', m.ifindex) if ib else 0}\n"
                        f"\t\t\tport_lmc:\t\t0x00\n\t\t\tlink_layer:\t\t{'InfiniBand' if ib else 'Ethernet'}\n\n")
+    return "".join(out)
+
+
+def ibstatus(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> str:
+    """`ibstatus` (a script over sysfs): a head line per port, `key:<TABs> value` with one blank before the value,
+    then a blank line. A RoCE port's default GID reads `unknown`, its lids 0x0, as in the real capture."""
+    out = []
+    for dev_ports in _by_device(ports).values():
+        for m, s in dev_ports:
+            ib = getattr(m, "link_layer", "Ethernet") == "InfiniBand"
+            _, port_guid = _guids(m.mac)
+            gid = "fe80:0000:0000:0000:" + _colon(port_guid) if ib else "unknown"
+            lid, sm_lid = (getattr(m, "lid", m.ifindex), getattr(m, "sm_lid", 1)) if ib else (0, 0)
+            out.append(f"Infiniband device '{m.rdma_dev}' port {m.rdma_port} status:\n\tdefault gid:\t {gid}\n"
+                       f"\tbase lid:\t {lid:#x}\n\tsm lid:\t\t {sm_lid:#x}\n\tstate:\t\t {sysfs_ib_state(s)}"
+                       f"\tphys state:\t {sysfs_ib_phys_state(s)}\trate:\t\t {sysfs_ib_rate(_rate_gbps(m, s) * 1000)}"
+                       f"\tlink_layer:\t {'InfiniBand' if ib else 'Ethernet'}\n\n")
     return "".join(out)
 
 

@@ -2,7 +2,7 @@
 
 Commands are answered from the `OpticalBench` in the real tools' formats (devices/emulated/formats.py):
 `cat` of sysfs files, `ip [-ts] [-o] monitor link` (streaming), `ip -o link`, `rdma [-j] link`, `ethtool`,
-`ethtool -m`, `mlxlink -d`, `nvidia-smi --query-gpu=…` and its default table, `ibstat`, `ibv_devinfo`,
+`ethtool -m`, `mlxlink -d`, `nvidia-smi --query-gpu=…` and its default table, `ibstat`, `ibstatus`, `ibv_devinfo`,
 `ibdev2netdev`, `uname`, `ls` (of the RDMA/net sysfs classes), `date +%s.%N`, `chronyc tracking`, the benchmark
 tools `alltoall_perf` (nccl-tests) and `ib_write_bw` (perftest) with transfer times derived from the current
 circuits (see the benchmark tools section), plus the host agent protocol of ARCHITECTURE.md (upload with
@@ -1003,6 +1003,19 @@ def _ibstat(ctx: ExecContext, argv: list[str]) -> int:
     return 0
 
 
+def _ibstatus(ctx: ExecContext, argv: list[str]) -> int:
+    """`ibstatus [DEV[:PORT]]`."""
+    ports = ctx.server.ports_with_state()
+    if len(argv) > 1:
+        dev, _, port = argv[1].partition(":")
+        ports = [(m, s) for m, s in ports if m.rdma_dev == dev and (not port or str(m.rdma_port) == port)]
+        if not ports:
+            ctx.err(f"stat: cannot stat '/sys/class/infiniband/{dev}': No such file or directory\n")
+            return 1
+    ctx.out(formats.ibstatus(ports))
+    return 0
+
+
 def _ibv_devinfo(ctx: ExecContext, argv: list[str]) -> int:
     ports = ctx.server.ports_with_state()
     args = argv[1:]
@@ -1922,7 +1935,8 @@ DEFAULT_COMMANDS: dict[str, Handler] = {
     "mkdir": _mkdir, "rm": _rm, "cat": _cat, "sha256sum": _sha256sum, "date": _date, "chronyc": _chronyc,
     "ip": _ip, "rdma": _rdma, "ethtool": _ethtool, "mlxlink": _mlxlink, "nvidia-smi": _nvidia_smi,
     "alltoall_perf": _alltoall_perf, "ib_write_bw": _ib_write_bw,
-    "ibstat": _ibstat, "ibv_devinfo": _ibv_devinfo, "ibdev2netdev": _ibdev2netdev, "uname": _uname, "ls": _ls,
+    "ibstat": _ibstat, "ibstatus": _ibstatus, "ibv_devinfo": _ibv_devinfo, "ibdev2netdev": _ibdev2netdev,
+    "uname": _uname, "ls": _ls,
 }
 AGENT_COMMANDS: dict[str, Handler] = {
     "timesrv": _agent_timesrv, "watch": _agent_watch, "counters": _agent_counters,
