@@ -422,7 +422,8 @@ def _links_as_before(nics: _Nics, before: dict, report: FibreReport, link_s: flo
 # ====================================================================== discovery
 
 
-# ibstat's and ibv_devinfo's words for a port's state, as `rdma link` prints them
+# ibstat's words for a port's state, as `rdma link` prints them (ibv_devinfo's only lose their `PORT_`, ibstatus
+# prints the sysfs codes, which index iproute2's table)
 _IBSTAT_STATES = {"Active": "ACTIVE", "Down": "DOWN", "Initializing": "INIT", "Armed": "ARMED"}
 _IBSTAT_PHYS = {"LinkUp": "LINK_UP", "Polling": "POLLING", "Disabled": "DISABLED", "Sleep": "SLEEP",
                 "LinkErrorRecovery": "LINK_ERROR_RECOVER", "PortConfigurationTraining": "ARMED"}
@@ -439,8 +440,9 @@ def _ports_from_ibv_devinfo(text: str) -> list[tuple[str, int, str, str]]:
 
 
 def _ports_from_ibstatus(text: str) -> list[tuple[str, int, str, str]]:
-    return [(p.dev, p.port, p.state.name, RDMA_PHYS_STATES[p.phys_state.code] if p.phys_state.code < len(
-             RDMA_PHYS_STATES) else p.phys_state.name) for p in parse_ibstatus(text)]
+    words = dict(enumerate(RDMA_PHYS_STATES))
+    return [(p.dev, p.port, p.state.name, words.get(p.phys_state.code, p.phys_state.name))
+            for p in parse_ibstatus(text)]
 
 
 _PORT_TOOLS = (("ibstat", _ports_from_ibstat), ("ibv_devinfo", _ports_from_ibv_devinfo),
