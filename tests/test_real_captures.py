@@ -480,6 +480,8 @@ SMI_TABLE = {
         ("595.80", "13.2", 1, (0, "NVIDIA L40S", "00000000:01:00.0", 1235, 46068, 9, None), 2),
     "rtx4080s-desktop-595.71.05-gpu-exporter.txt":
         ("595.71.05", "13.2", 1, (0, "NVIDIA GeForce RTX 4080 ...", "00000000:01:00.0", 1474, 16376, 7, None), 7),
+    "rtx2080s-windows-wddm-591.86-gpu-exporter.txt":
+        ("591.86", "13.1", 1, (0, "NVIDIA GeForce RTX 2080 ...", "00000000:0C:00.0", 1296, 8192, 7, None), 12),
 }
 
 
@@ -504,6 +506,9 @@ def test_nvidia_smi_default_table_details():
     assert {(p.gi, p.ci) for p in mig.processes} == {("2", "0")}  # the MIG devices table is not read as GPUs
     desk = parse_nvidia_smi_table(capture("nvidia-smi-table", "rtx4080s-desktop-595.71.05-gpu-exporter.txt"))
     assert (desk.gpus[0].fan_pct, desk.gpus[0].display_active, desk.processes[0].kind) == (0, "On", "C+G")
+    windows = parse_nvidia_smi_table(capture("nvidia-smi-table", "rtx2080s-windows-wddm-591.86-gpu-exporter.txt"))
+    assert (windows.gpus[0].persistence, windows.gpus[0].fan_pct, windows.processes[0].memory_mib) == ("WDDM", 38, None)
+    assert windows.processes[1].name == "...e Experience\\NVIDIA Share.exe"
     with pytest.raises(ParseError, match="NVIDIA-SMI"):
         parse_nvidia_smi_table(capture("nvidia-smi-topo", "rtx6000ada-4gpu-4nic-spaces-stelline.txt"))
 

@@ -196,7 +196,7 @@ class GpuTableRow:
 
     index: int
     name: str  # truncated by nvidia-smi when long: "NVIDIA GeForce RTX 4080 ..."
-    persistence: str  # On / Off
+    persistence: str  # Persistence-M: On / Off; on Windows the Driver-Model column: WDDM / TCC
     bus_id: str  # "00000000:19:00.0", as the CSV's pci.bus_id
     display_active: str
     ecc: str | None  # "Volatile Uncorr. ECC": a count, On (MIG), or None
@@ -233,7 +233,7 @@ class NvidiaSmiTable:
 
 _SMI_HEAD = re.compile(r"\|\s*NVIDIA-SMI (\S+)\s+Driver Version: (\S+)\s+CUDA Version: (\S+)")
 _BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]")
-_GPU_LINE1 = re.compile(rf"\|\s*(\d+)\s+(.+?)\s+(On|Off)\s*\|\s*({_BUS_ID.pattern})\s+(\S+)\s*\|\s*(.*?)\s*\|")
+_GPU_LINE1 = re.compile(rf"\|\s*(\d+)\s+(.+?)\s+(\S+)\s*\|\s*({_BUS_ID.pattern})\s+(\S+)\s*\|\s*(.*?)\s*\|")
 _GPU_LINE2 = re.compile(r"\|\s*(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*/\s*(\S+)\s*\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|"
                         r"\s*(\S+)\s+(.+?)\s*\|")
 _PROCESS = re.compile(r"\|\s*(\d+)\s+(\S+)\s+(\S+)\s+(\d+)\s+(C\+G|C|G)\s+(.*?)\s+(\d+MiB|N/A)\s*\|")
