@@ -139,21 +139,27 @@ def test_wire_framing_hello_get_and_rpc_errors(server, chunked, emulator):
         config = raw.rpc("<get-config><source><running/></source></get-config>").find(NC + "data")
         assert [c.tag.removeprefix(OS) for c in config] == ["port-config", "cross-connects"]  # no state data
         assert config.find(f"{OS}port-config/{OS}port/{OS}status") is None
+        # (error-type, error-tag) as netconfd answers the same requests (tests/test_netconf_peer.py compares
+        # every field against a running netconfd); in-use: the switch's own refusal, which netconfd lacks
         for body, expected in [
                 (edit.format("<pair><ingress>99</ingress><egress>20</egress></pair>"),
-                 ("application", "invalid-value")),
+                 ("protocol", "invalid-value")),
+                (edit.format("<pair><ingress>x</ingress><egress>20</egress></pair>"), ("protocol", "bad-element")),
                 (edit.format("<pair><ingress>4</ingress><egress>19</egress></pair>"), ("application", "in-use")),
-                (edit.format("<pair><ingress>4</ingress></pair>"), ("application", "missing-element")),
+                (edit.format("<pair><ingress>4</ingress></pair>"), ("application", "data-missing")),
                 (edit.format("<pair xmlns:nc='urn:ietf:params:xml:ns:netconf:base:1.0' nc:operation='delete'>"
                              "<ingress>5</ingress></pair>"), ("application", "data-missing")),
                 (edit.format("<pair operation='create'><ingress>3</ingress><egress>20</egress></pair>"),
                  ("application", "data-exists")),
+                (edit.format("<pair><ingress>4</ingress><egress>20</egress><foo/></pair>"),
+                 ("protocol", "unknown-element")),
                 ("<edit-config><target><running/></target><config><opm-power xmlns='http://www.polatis.com/"
-                 "yang/optical-switch'/></config></edit-config>", ("application", "invalid-value")),
+                 "yang/optical-switch'/></config></edit-config>", ("application", "access-denied")),
                 ("<edit-config><target><running/></target><config><system xmlns='urn:x'/></config>"
-                 "</edit-config>", ("application", "unknown-namespace")),
-                ("<get-config><source><candidate/></source></get-config>", ("protocol", "operation-not-supported")),
+                 "</edit-config>", ("protocol", "unknown-namespace")),
+                ("<get-config><source><candidate/></source></get-config>", ("protocol", "invalid-value")),
                 ("<commit/>", ("protocol", "operation-not-supported")),
+                ("<frobnicate/>", ("rpc", "unknown-element")),
                 ("<get/", ("rpc", "malformed-message"))]:
             assert _error(raw.rpc(body)) == expected, body
         assert _error(raw.rpc("<get/>", message_id=None)) == ("rpc", "missing-attribute")
