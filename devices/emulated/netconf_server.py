@@ -324,11 +324,13 @@ class NetconfServer:
                        "close-session": lambda op, sid: None}.get(name)
             if handler is None:
                 if name in _NOT_OFFERED:
-                    raise RpcError("operation-not-supported", f"operation {name} is not supported", "protocol",
+                    raise RpcError("operation-not-supported", f"operation not supported: {name}", "protocol",
                                    app_tag="no-support")
                 local = (name or "(none)").rpartition("}")[2]
-                raise RpcError("unknown-element", f"definition not found for {local}", "rpc", path=f"/nc:rpc/{local}",
-                               app_tag="data-incomplete", info=(("bad-element", local),))
+                prefix = "nc:" if operation is not None and operation.tag.startswith(NC) else ""
+                raise RpcError("unknown-element", f"definition not found for {local}", "rpc",
+                               path=f"/nc:rpc/{prefix}{local}", app_tag="data-incomplete",
+                               info=(("bad-element", prefix + local),))
             body = handler(operation, session_id)
             reply = self._reply(attrs, body=body)
             if name in ("get", "get-config"):
@@ -469,7 +471,8 @@ class NetconfServer:
         labels = dict(self.labels)
         for top in config:
             if not top.tag.startswith(OS):
-                raise RpcError("unknown-namespace", f"no data model for {top.tag}", "protocol", app_tag="data-invalid",
+                raise RpcError("unknown-namespace", f"unknown namespace: no data model for {top.tag}", "protocol",
+                               app_tag="data-invalid",
                                info=(("bad-element", top.tag.rpartition("}")[2]),
                                      ("bad-namespace", top.tag[1:].partition("}")[0])))
             name = top.tag.removeprefix(OS)

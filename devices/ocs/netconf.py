@@ -50,7 +50,8 @@ PAIR_RENAMED_REVISION = "2017-08-04"  # `pairs` -> `pair`
 PERMANENT_TAGS = frozenset({"invalid-value", "too-big", "missing-attribute", "bad-attribute",
                             "unknown-attribute", "missing-element", "bad-element", "unknown-element",
                             "unknown-namespace", "access-denied", "data-missing", "operation-not-supported",
-                            "malformed-message"})
+                            "malformed-message",
+                            "not-one-to-one"})  # the driver's own: a read showing two feeders of one egress
 WRITABLE_RUNNING = "urn:ietf:params:netconf:capability:writable-running:1.0"
 CANDIDATE = "urn:ietf:params:netconf:capability:candidate:1.0"
 # what an error-tag means at a switch, said once for the message (RFC 6241 appendix A)
@@ -78,20 +79,23 @@ def _el(tag: str, *children, text=None, **attrib) -> etree._Element:
     return element
 
 
-class NotOneToOne(ImpossibleState):
+class NotOneToOne(ImpossibleState, DeviceDenied):
     """The server reports an egress fed by more than one ingress (its model does not forbid it). `conflicts`:
     egress -> the ingresses that the server says feed it. Never believed as a switch state; the pairs can
-    still be removed (`disconnect`) or resolved by an `apply` that leaves one feeder per egress."""
+    still be removed (`disconnect`) or resolved by an `apply` that leaves one feeder per egress. Permanent
+    (code `not-one-to-one`): no retry can choose which feeder is meant."""
 
     def __init__(self, what: str, conflicts: Mapping[int, Sequence[int]]):
         self.conflicts = {e: tuple(sorted(i)) for e, i in sorted(conflicts.items())}
         pairs = "; ".join(f"egress {e} fed by ingress {' and '.join(map(str, i))} "
                           f"({', '.join(f'{x}->{e}' for x in i)})" for e, i in self.conflicts.items())
         extra = sorted(x for i in self.conflicts.values() for x in i[1:])
-        super().__init__(f"{what}: not 1:1 as a switch must be: {pairs}. The server accepted a second feeder "
-                         "of an egress (its model has no `unique egress`); put the bench back by disconnecting the "
-                         f"ingress(es) that should not be there (e.g. `disconnect {','.join(map(str, extra))}`) or "
-                         "by applying the wanted mapping")
+        message = (f"{what}: not 1:1 as a switch must be: {pairs}. The server accepted a second feeder of an "
+                   "egress (its model has no `unique egress`); put the bench back by disconnecting the ingress(es) "
+                   f"that should not be there (e.g. `disconnect {','.join(map(str, extra))}`) or by applying the "
+                   "wanted mapping")
+        DeviceDenied.__init__(self, what, "not-one-to-one", message, permanent=True)
+        self.args = (message,)  # the one line, not DeviceDenied's "denied by device"
 
 
 def rpc_error_text(error: etree._Element) -> tuple[str, str, str]:
