@@ -243,6 +243,46 @@ def test_old_model_revision_uses_pairs(server, emulator):
         switch.close()
 
 
+@pytest.mark.parametrize("server", [{"target": "candidate"}], indirect=True)
+def test_a_candidate_only_server_is_changed_by_commit_and_left_clean_after_a_refusal(server, emulator):
+    bench, servers = emulator
+    switch = _open(server)
+    try:
+        assert switch.target == "candidate"
+        switch.apply({1: 17, 2: 18})
+        assert bench.ocs_patches() == {1: 17, 2: 18}
+        with pytest.raises(DeviceDenied) as denied:
+            switch.connect(3, 99)  # refused at the edit of the candidate
+        assert denied.value.code == "invalid-value" and denied.value.permanent
+        servers.faults.arm("deny")  # the commit refused: worth a retry, and nothing of ours left behind
+        with pytest.raises(DeviceDenied) as denied:
+            switch.apply({3: 19})
+        assert denied.value.code == "in-use" and not denied.value.permanent
+        assert server._candidate is None and bench.ocs_patches() == {1: 17, 2: 18}
+        switch.apply({3: 19})
+        assert switch.patches() == {1: 17, 2: 18, 3: 19} == bench.ocs_patches()
+    finally:
+        switch.close()
+
+
+@pytest.mark.parametrize("server", [{"target": None}], indirect=True)
+def test_a_server_that_cannot_be_written_is_refused_before_sending(server, emulator):
+    bench, servers = emulator
+    switch = _open(server)
+    try:
+        assert switch.target is None
+        servers.faults.arm("deny", count=1000)  # a tripwire: an edit-config fires it
+        fired = len(servers.faults.fired)
+        for change in (lambda: switch.apply({1: 17}), lambda: switch.connect(1, 17)):
+            with pytest.raises(DeviceDenied, match="neither :writable-running nor :candidate") as denied:
+                change()
+            assert denied.value.permanent
+        assert len(servers.faults.fired) == fired and bench.ocs_patches() == {} == switch.patches()
+    finally:
+        servers.faults.clear()
+        switch.close()
+
+
 def test_deny_is_not_permanent_and_silence_times_out_then_reconnects(server, emulator):
     bench, servers = emulator
     switch = _open(server, timeout_s=1.0)

@@ -7,7 +7,10 @@ Wire behaviour:
   sides use chunked framing (`\\n#LEN\\n...\\n##\\n`) when both offered base:1.1, else `]]>]]>`.
 - `get` (state + config) and `get-config` (`running`) with RFC 6241 §6 subtree filters over
   `product-information`, `port-config`, `opm-power` and `cross-connects` of optical-switch@2018-03-22;
-- `edit-config` on `running`: pair `operation` merge / create / replace / delete / remove (qualified
+- `target="running"` (default, :writable-running), `"candidate"` (:candidate only, as netconfd's default:
+  `edit-config` on `candidate`, `commit` moves the mirrors, `discard-changes`; writing `running` is
+  operation-failed "cannot write to this configuration directly") or None (neither);
+- `edit-config`: pair `operation` merge / create / replace / delete / remove (qualified
   `nc:operation` as RFC 6241 has it, or unqualified as ONOS sends it), `default-operation` merge or none;
   the whole edit is validated first and applied as one change (all or nothing), and `<ok/>` is sent when
   the bench says the mirrors settle;
@@ -171,9 +174,15 @@ class NetconfServer:
     """NETCONF over SSH on `host`:`port` (0: ephemeral) in front of `servers` (an `OcsServers`)."""
 
     def __init__(self, servers, host: str = "127.0.0.1", port: int = 0, *, base11: bool = True,
-                 revision: str = "2018-03-22"):
+                 revision: str = "2018-03-22", target: str | None = "running"):
         """`base11=False`: offer NETCONF 1.0 only (`]]>]]>` framing). `revision`: of optical-switch; before
-        2017-08-04 the cross-connects list is `pairs`."""
+        2017-08-04 the cross-connects list is `pairs`. `target`: where changes are written, as netconfd's
+        `--target`: "running" (:writable-running), "candidate" (:candidate: edit the candidate, `commit` moves
+        the mirrors, `discard-changes`), or None (neither: a read-only server)."""
+        if target not in ("running", "candidate", None):
+            raise ValueError(f"target {target!r}: running, candidate or None")
+        self.target = target
+        self._candidate: tuple[dict[int, int], dict[int, tuple[str, str]]] | None = None  # None: as running
         self.servers = servers
         self.bench = servers.bench
         self.host = host
@@ -252,8 +261,9 @@ class NetconfServer:
         framing = _Framing(channel)
         try:
             capabilities = [BASE_10] + ([BASE_11] if self.base11 else []) + [
-                "urn:ietf:params:netconf:capability:writable-running:1.0",
-                f"{OS_NS}?module=optical-switch&revision={self.revision}"]
+                f"urn:ietf:params:netconf:capability:{capability}:1.0"
+                for capability in {"running": ["writable-running"], "candidate": ["candidate"]}.get(self.target, [])
+            ] + [f"{OS_NS}?module=optical-switch&revision={self.revision}"]
             hello = ET.Element(NC + "hello")
             caps = ET.SubElement(hello, NC + "capabilities")
             for uri in capabilities:
@@ -313,7 +323,8 @@ class NetconfServer:
                                                            ("bad-element", "rpc")))), False
         operation = rpc[0] if len(rpc) else None
         name = operation.tag.removeprefix(NC) if operation is not None else ""
-        fault = self.servers.faults.take(raw.decode(errors="replace"), name == "edit-config")
+        changes = "commit" if self.target == "candidate" else "edit-config"  # what moves the mirrors
+        fault = self.servers.faults.take(raw.decode(errors="replace"), name == changes)
         if fault == "silence":
             return None, False
         if fault == "deny":
@@ -322,6 +333,8 @@ class NetconfServer:
             handler = {"get": self._get, "get-config": self._get_config, "edit-config": self._edit_config,
                        "lock": self._lock, "unlock": self._unlock,
                        "close-session": lambda op, sid: None}.get(name)
+            if self.target == "candidate":
+                handler = handler or {"commit": self._commit, "discard-changes": self._discard_changes}.get(name)
             if handler is None:
                 if name in _NOT_OFFERED:
                     raise RpcError("operation-not-supported", f"operation not supported: {name}", "protocol",
@@ -370,8 +383,9 @@ class NetconfServer:
         return self._xml(reply)
 
     # ---- the data tree (optical-switch@2018-03-22) -------------------------------------------
-    def _tree(self, config_only: bool) -> list[ET.Element]:
+    def _tree(self, config_only: bool, store: str = "running") -> list[ET.Element]:
         n, m = self.bench.ocs_size
+        patches, labels = self._config(store)
         tops: list[ET.Element] = []
         if not config_only:
             info = ET.Element(OS + "product-information")
@@ -385,7 +399,7 @@ class NetconfServer:
             port.append(_leaf(OS + "port-id", p))
             if not config_only:
                 port.append(_leaf(OS + "status", "ENABLED"))
-            label, peer = self.labels.get(p, ("", ""))
+            label, peer = labels.get(p, ("", ""))
             port.extend([_leaf(OS + "label", label), _leaf(OS + "peer-port", peer)])
         tops.append(ports)
         if not config_only:
@@ -395,16 +409,22 @@ class NetconfServer:
                 port.extend([_leaf(OS + "port-id", p), _leaf(OS + "power", f"{self.bench.ocs_port_power(p):.2f}")])
             tops.append(opm)
         connections = ET.Element(OS + "cross-connects")
-        for ingress, egress in sorted(self.bench.ocs_patches().items()):
+        for ingress, egress in sorted(patches.items()):
             pair = ET.SubElement(connections, OS + self.pair_tag)
             pair.extend([_leaf(OS + "ingress", ingress), _leaf(OS + "egress", egress)])
         tops.append(connections)
         return tops
 
-    def _data(self, operation: ET.Element, config_only: bool) -> ET.Element:
+    def _config(self, store: str) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:
+        """The cross-connects and port labels of `store`: running is the switch's."""
+        if store == "candidate" and self._candidate is not None:
+            return dict(self._candidate[0]), dict(self._candidate[1])
+        return self.bench.ocs_patches(), dict(self.labels)
+
+    def _data(self, operation: ET.Element, config_only: bool, store: str = "running") -> ET.Element:
         data = ET.Element(NC + "data")
         spec = operation.find(NC + "filter")
-        tops = self._tree(config_only)
+        tops = self._tree(config_only, store)
         if spec is None:
             data.extend(tops)
             return data
@@ -419,23 +439,23 @@ class NetconfServer:
                         data.append(picked)
         return data
 
-    def _datastore(self, operation: ET.Element, which: str) -> None:
+    def _datastore(self, operation: ET.Element, which: str) -> str:
         holder = operation.find(NC + which)
         store = holder[0].tag.removeprefix(NC) if holder is not None and len(holder) else ""
         if not store:
             raise RpcError("missing-element", f"<{which}> must name a datastore", "protocol",
                            info=(("bad-element", which),))
-        if store != "running":
+        if store not in ("running", "candidate" if self.target == "candidate" else "running"):
             raise RpcError("invalid-value", f"config not found: this switch has no {store} datastore", "protocol",
                            path=f"/nc:rpc/nc:{operation.tag.removeprefix(NC)}/nc:{which}", app_tag="data-incomplete",
                            info=((BAD_VALUE, store),))
+        return store
 
     def _get(self, operation: ET.Element, _sid: int) -> ET.Element:
         return self._data(operation, config_only=False)
 
     def _get_config(self, operation: ET.Element, _sid: int) -> ET.Element:
-        self._datastore(operation, "source")
-        return self._data(operation, config_only=True)
+        return self._data(operation, config_only=True, store=self._datastore(operation, "source"))
 
     def _lock(self, operation: ET.Element, sid: int) -> None:
         self._datastore(operation, "target")
@@ -453,7 +473,10 @@ class NetconfServer:
             self._lock_owner = None
 
     def _edit_config(self, operation: ET.Element, sid: int) -> None:
-        self._datastore(operation, "target")
+        store = self._datastore(operation, "target")
+        if store != self.target:  # running, on a server that writes it through the candidate only (or not at all)
+            raise RpcError("operation-failed", "cannot write to this configuration directly", "protocol",
+                           path="/nc:rpc/nc:edit-config/nc:target", app_tag="no-access")
         with self._state_lock:
             if self._lock_owner not in (None, sid):
                 raise RpcError("in-use", "running is locked by another session", "protocol",
@@ -466,9 +489,7 @@ class NetconfServer:
             raise RpcError("data-missing", "missing mandatory choice: edit-config without <config>", "protocol",
                            path="/nc:rpc/nc:edit-config", app_tag="missing-choice",
                            info=(("{urn:ietf:params:xml:ns:yang:1}missing-choice", "input"),))
-        current = self.bench.ocs_patches()
-        final = dict(current)
-        labels = dict(self.labels)
+        final, labels = self._config(store)
         for top in config:
             if not top.tag.startswith(OS):
                 raise RpcError("unknown-namespace", f"unknown namespace: no data model for {top.tag}", "protocol",
@@ -494,6 +515,22 @@ class NetconfServer:
                                path=f"/opsw:cross-connects/opsw:pair[opsw:ingress='{ingress}']/opsw:egress",
                                info=((BAD_VALUE, str(egress)),))
             owners[egress] = ingress
+        if store == "candidate":
+            self._candidate = (final, labels)
+        else:
+            self._change(final, labels)
+
+    def _commit(self, _operation: ET.Element, _sid: int) -> None:
+        if self._candidate is not None:
+            self._change(*self._candidate)
+        self._candidate = None
+
+    def _discard_changes(self, _operation: ET.Element, _sid: int) -> None:
+        self._candidate = None
+
+    def _change(self, final: dict[int, int], labels: dict[int, tuple[str, str]]) -> None:
+        """Make `final` the switch's cross-connects (`<ok/>` once the mirrors settle) and `labels` its labels."""
+        current = self.bench.ocs_patches()
         removes = [i for i, e in current.items() if final.get(i) != e]
         adds = {i: e for i, e in final.items() if current.get(i) != e}
         if adds or removes:
