@@ -244,7 +244,7 @@ def test_old_model_revision_uses_pairs(server, emulator):
 
 
 @pytest.mark.parametrize("server", [{"target": "candidate"}], indirect=True)
-def test_a_candidate_only_server_is_changed_by_commit_and_left_clean_after_a_refusal(server, emulator):
+def test_a_candidate_only_server_is_changed_by_commit_under_lock_and_left_clean_after_a_refusal(server, emulator):
     bench, servers = emulator
     switch = _open(server)
     try:
@@ -259,6 +259,21 @@ def test_a_candidate_only_server_is_changed_by_commit_and_left_clean_after_a_ref
             switch.apply({3: 19})
         assert denied.value.code == "in-use" and not denied.value.permanent
         assert server._candidate is None and bench.ocs_patches() == {1: 17, 2: 18}
+        other = RawNetconf(server, base11=True)  # another session edits the candidate and does not commit
+        try:
+            edit = ("<edit-config><target><candidate/></target><config><cross-connects xmlns='http://www.polatis"
+                    ".com/yang/optical-switch'><pair><ingress>7</ingress><egress>23</egress></pair></cross-connects>"
+                    "</config></edit-config>")
+            assert other.rpc(edit).find(NC + "ok") is not None
+            with pytest.raises(DeviceDenied) as denied:
+                switch.apply({3: 19})  # its lock is refused: our commit would carry the other edit
+            assert denied.value.code == "resource-denied" and not denied.value.permanent
+        finally:
+            other.close()  # a session's uncommitted changes stay (it held no lock) ...
+        assert server._candidate is not None
+        cleaner = RawNetconf(server, base11=True)
+        assert cleaner.rpc("<discard-changes/>").find(NC + "ok") is not None  # ... until discarded
+        cleaner.close()
         switch.apply({3: 19})
         assert switch.patches() == {1: 17, 2: 18, 3: 19} == bench.ocs_patches()
     finally:

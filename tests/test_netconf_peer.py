@@ -222,7 +222,7 @@ def test_state_data_the_server_does_not_provide_is_said_so(switch):
         switch.port_power([1, 17])
 
 
-def test_candidate_only_server_is_changed_by_commit_and_left_clean_after_a_refusal():
+def test_candidate_only_server_is_changed_by_commit_under_lock_and_left_clean_after_a_refusal():
     with NetconfdPeer(target=None) as server:  # netconfd's default: :candidate, no :writable-running
         truth = _truth(server)
         switch = _open(server.url, server.user)
@@ -233,11 +233,15 @@ def test_candidate_only_server_is_changed_by_commit_and_left_clean_after_a_refus
             with pytest.raises(DeviceDenied) as denied:
                 switch.connect(0, 17)
             assert denied.value.code == "invalid-value" and denied.value.permanent
-            truth.edit(_pair(7, 23), target="candidate")  # then left uncommitted by someone ...
-            truth.send("<discard-changes/>")  # ... and taken back
             with pytest.raises(DeviceDenied) as denied:
                 switch.apply({5: 21, 6: 0})  # refused at the edit: discarded, not left for the next commit
             assert truth.pairs("candidate") == truth.pairs() == {3: 19, 4: 20}
+            truth.edit(_pair(7, 23), target="candidate")  # someone's edit, not committed: ours would carry it
+            with pytest.raises(DeviceDenied) as denied:
+                switch.apply({5: 21})
+            assert denied.value.code == "resource-denied" and not denied.value.permanent  # may clear: retried
+            assert "discard-changes needed" in str(denied.value) and truth.pairs() == {3: 19, 4: 20}
+            truth.send("<discard-changes/>")
             switch.disconnect([3])
             assert truth.pairs() == {4: 20} == switch.patches()
         finally:

@@ -192,7 +192,7 @@ class NetconfServer:
         self.pair_tag = "pairs" if revision < "2017-08-04" else "pair"  # renamed in that revision
         self.labels: dict[int, tuple[str, str]] = {}  # port-config label, peer-port (config)
         self._session_ids = itertools.count(1)
-        self._lock_owner: int | None = None
+        self._locks: dict[str, int] = {}  # datastore -> the session holding its lock
         self.last_modified = _utc_now()  # of running, as netconfd reports it on its data replies
         self._state_lock = threading.Lock()
         self._dir: tempfile.TemporaryDirectory | None = None
@@ -291,8 +291,10 @@ class NetconfServer:
             log.debug("netconf session %d ends: %s", session_id, exc)
         finally:
             with self._state_lock:
-                if self._lock_owner == session_id:
-                    self._lock_owner = None
+                for store in [s for s, owner in self._locks.items() if owner == session_id]:
+                    del self._locks[store]
+                    if store == "candidate":  # RFC 6241 §8.3.5.2: its changes go with the lock
+                        self._candidate = None
             try:
                 channel.send_exit_status(0)  # as sshd reports the end of a subsystem
                 channel.shutdown_write()  # EOF; the client closes (spec/feasibility.md §1)
@@ -347,7 +349,8 @@ class NetconfServer:
             body = handler(operation, session_id)
             reply = self._reply(attrs, body=body)
             if name in ("get", "get-config"):
-                reply = reply.replace(b"<rpc-reply ", b'<rpc-reply last-modified="%s" ' % self.last_modified.encode(), 1)
+                stamp = b'<rpc-reply last-modified="%s" ' % self.last_modified.encode()
+                reply = reply.replace(b"<rpc-reply ", stamp, 1)
         except RpcError as error:
             reply = self._reply(attrs, error=error)
         if fault in ("garbage", "drop_chars"):
@@ -458,19 +461,22 @@ class NetconfServer:
         return self._data(operation, config_only=True, store=self._datastore(operation, "source"))
 
     def _lock(self, operation: ET.Element, sid: int) -> None:
-        self._datastore(operation, "target")
+        store = self._datastore(operation, "target")
         with self._state_lock:
-            if self._lock_owner not in (None, sid):
-                raise RpcError("lock-denied", "running is locked by another session", "protocol",
-                               info=(("session-id", str(self._lock_owner)),))
-            self._lock_owner = sid
+            if self._locks.get(store, sid) != sid:
+                raise RpcError("lock-denied", f"lock denied: {store} is locked by another session", "protocol",
+                               app_tag="no-access", info=(("session-id", str(self._locks[store])),))
+            if store == "candidate" and self._candidate is not None and store not in self._locks:
+                raise RpcError("resource-denied", "candidate cannot be locked, discard-changes needed: it holds "
+                               "uncommitted changes", "protocol", app_tag="no-access")
+            self._locks[store] = sid
 
     def _unlock(self, operation: ET.Element, sid: int) -> None:
-        self._datastore(operation, "target")
+        store = self._datastore(operation, "target")
         with self._state_lock:
-            if self._lock_owner != sid:
-                raise RpcError("operation-failed", "running is not locked by this session", "protocol")
-            self._lock_owner = None
+            if self._locks.get(store) != sid:
+                raise RpcError("operation-failed", f"{store} is not locked by this session", "protocol")
+            del self._locks[store]
 
     def _edit_config(self, operation: ET.Element, sid: int) -> None:
         store = self._datastore(operation, "target")
@@ -478,9 +484,9 @@ class NetconfServer:
             raise RpcError("operation-failed", "cannot write to this configuration directly", "protocol",
                            path="/nc:rpc/nc:edit-config/nc:target", app_tag="no-access")
         with self._state_lock:
-            if self._lock_owner not in (None, sid):
-                raise RpcError("in-use", "running is locked by another session", "protocol",
-                               info=(("session-id", str(self._lock_owner)),))
+            if self._locks.get(store, sid) != sid:
+                raise RpcError("in-use", f"config locked: {store} is locked by another session", path=EDIT,
+                               app_tag="no-access", info=(("session-id", str(self._locks[store])),))
         default = _text(operation.find(NC + "default-operation")) or "merge"
         if default not in ("merge", "none"):
             raise RpcError("operation-not-supported", f"default-operation {default} is not supported", "protocol")
@@ -520,7 +526,11 @@ class NetconfServer:
         else:
             self._change(final, labels)
 
-    def _commit(self, _operation: ET.Element, _sid: int) -> None:
+    def _commit(self, _operation: ET.Element, sid: int) -> None:
+        with self._state_lock:
+            if self._locks.get("running", sid) != sid:
+                raise RpcError("in-use", "config locked: running is locked by another session", "protocol",
+                               app_tag="no-access", info=(("session-id", str(self._locks["running"])),))
         if self._candidate is not None:
             self._change(*self._candidate)
         self._candidate = None

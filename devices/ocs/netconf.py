@@ -98,8 +98,9 @@ class NotOneToOne(ImpossibleState, DeviceDenied):
         self.args = (message,)  # the one line, not DeviceDenied's "denied by device"
 
 
-def rpc_error_text(error: etree._Element) -> tuple[str, str, str]:
-    """One `rpc-error` -> (error-tag, error-app-tag, one line: type, message, app-tag, path, error-info)."""
+def rpc_error_text(error: etree._Element) -> tuple[str, str]:
+    """One `rpc-error` -> (error-tag, one line: type, message, app-tag, path, each error-info item, and what
+    the tag means at a switch)."""
     def text(name: str) -> str:
         return (error.findtext(_NC + name) or "").strip()
 
@@ -116,7 +117,7 @@ def rpc_error_text(error: etree._Element) -> tuple[str, str, str]:
     parts += details
     if tag in TAG_MEANING:
         parts.append(TAG_MEANING[tag])
-    return tag, app_tag, "; ".join(parts)
+    return tag, "; ".join(parts)
 
 
 def _pair(tag: str, ingress: int, egress: int | None = None, operation: str | None = None):
@@ -320,9 +321,9 @@ class NetconfSwitch(SteppedSwitch):
                 self.last_timing = self._timing()
                 errors = [rpc_error_text(e) for e in to_ele(reply._raw).iter(_NC + "rpc-error")
                           if (e.findtext(_NC + "error-severity") or "error").strip() != "warning"]
-                errors = errors or [(exc.tag or "operation-failed", "", str(exc))]
+                errors = errors or [(exc.tag or "operation-failed", str(exc))]
                 tag = errors[0][0]
-                raise DeviceDenied(what, tag, " | ".join(e[2] for e in errors)[:1000],
+                raise DeviceDenied(what, tag, " | ".join(text for _, text in errors)[:1000],
                                    permanent=tag in PERMANENT_TAGS) from None
             except TimeoutExpiredError as exc:
                 self._confirmed.forget()
@@ -358,9 +359,10 @@ class NetconfSwitch(SteppedSwitch):
         return Pending(self._edit_steps(what, *top)).finish()
 
     def _edit_steps(self, what: str, *top: etree._Element) -> Generator[int, None, CommandTiming]:
-        """One edit-config on `running`; with `:candidate` only, on `candidate` and then `commit` (the change
-        is the commit: its write is the yield, its <ok/> the completion). A refused edit or commit is followed
-        by `discard-changes`, so that nothing of ours is left in the candidate for the next commit."""
+        """One edit-config on `running`; with `:candidate` only, `lock` the candidate (refused while it holds
+        someone's uncommitted changes, which our commit would carry: resource-denied, retried), edit it,
+        `commit` (the change: its write is the yield, its <ok/> the completion) and `unlock`. A refused edit or
+        commit is followed by `discard-changes`; a session lost meanwhile takes our changes with its lock."""
         self._confirmed.forget()  # a change: plan the next apply from a read, unless apply confirms it
         config = _el(_NC + "config", *top)
         if self.target is None:
@@ -370,13 +372,16 @@ class NetconfSwitch(SteppedSwitch):
         if self.target == "running":
             reply = yield from self._rpc_steps(what, lambda m: m.edit_config(target="running", config=config))
         else:
+            self.rpc(what + " (lock candidate)", lambda m: m.lock("candidate"))
             try:
                 self._expect_ok(what + " (candidate)", self.rpc(
                     what + " (candidate)", lambda m: m.edit_config(target="candidate", config=config)))
                 reply = yield from self._rpc_steps(what + " (commit)", lambda m: m.commit())
             except DeviceDenied:
-                self._discard_changes()
+                self._quietly("discard-changes", lambda m: m.discard_changes())
                 raise
+            finally:
+                self._quietly("unlock candidate", lambda m: m.unlock("candidate"))
         self._expect_ok(what, reply)
         return self.last_timing
 
@@ -385,11 +390,13 @@ class NetconfSwitch(SteppedSwitch):
         if not reply.ok:
             raise DeviceError(f"{what}: rpc-reply without <ok/>")
 
-    def _discard_changes(self) -> None:
-        timing = self.last_timing  # the refusal's, not the clean-up's
+    def _quietly(self, what: str, call) -> None:
+        """A clean-up RPC that leaves `last_timing` (the change's) and any error of its own unsaid: what led
+        here is what the caller must see, and a session too broken to clean up releases its lock as it ends."""
+        timing = self.last_timing
         try:
-            self.rpc("discard-changes", lambda m: m.discard_changes())
-        except DeviceError:  # best effort: the refusal that led here is what the caller must see
+            self.rpc(what, call)
+        except DeviceError:
             pass
         self.last_timing = timing
 
@@ -430,12 +437,14 @@ class NetconfSwitch(SteppedSwitch):
                                   f"{etree.tostring(pair, encoding=str)[:120]!r}")
             pairs.append((int(ingress), int(egress)))
         what = f"{self.resource.name}: cross-connects"
-        conflicts = _conflicts(pairs)
-        for egress, ingresses in conflicts.items():  # each pair in range; the rest checked whole (ingress twice...)
-            for ingress in ingresses:
-                check_state([(ingress, egress)], self.resource.size, what)
-        check_state([(i, e) for i, e in pairs if e not in conflicts]
-                    + [(i[0], e) for e, i in conflicts.items()], self.resource.size, what)
+        egresses: dict[int, list[int]] = defaultdict(list)
+        for ingress, egress in pairs:
+            check_state([(ingress, egress)], self.resource.size, what)  # its ports on this switch
+            egresses[ingress].append(egress)
+        for ingress, ends in egresses.items():  # the list's key: a server that breaks it is not believed at all
+            if len(ends) > 1:
+                raise ImpossibleState(f"{what}: ingress {ingress} connected twice (to "
+                                      f"{' and '.join(map(str, ends))}) on a 1:1 switch")
         return dict(pairs), self.last_timing
 
     def _connections(self, *pairs: etree._Element) -> etree._Element:
@@ -507,10 +516,10 @@ class NetconfSwitch(SteppedSwitch):
         return {p: power[p] for p in ports}
 
 
-def _conflicts(pairs: Mapping[int, int] | Sequence[tuple[int, int]]) -> dict[int, list[int]]:
+def _conflicts(patches: Mapping[int, int]) -> dict[int, list[int]]:
     """egress -> its ingresses, for every egress that more than one ingress feeds."""
     feeders: dict[int, list[int]] = defaultdict(list)
-    for ingress, egress in (pairs.items() if isinstance(pairs, Mapping) else pairs):
+    for ingress, egress in patches.items():
         feeders[egress].append(ingress)
     return {e: sorted(i) for e, i in sorted(feeders.items()) if len(i) > 1}
 
