@@ -58,11 +58,10 @@ class Truth:
         reply = self.send(EDIT.format(target=target, pairs=pairs))
         assert reply.find(NC + "ok") is not None, ET.tostring(reply)
 
-    def clear(self, target="running") -> None:
-        self.send(EDIT.format(target=target, pairs="").replace("<cross-connects ", "<cross-connects "
-                                                                   "nc:operation='remove' "))
-        if target == "candidate":
-            assert self.send("<commit/>").find(NC + "ok") is not None
+    def clear(self) -> None:
+        reply = self.send(EDIT.format(target="running", pairs="").replace(
+            "<cross-connects ", "<cross-connects nc:operation='remove' "))
+        assert reply.find(NC + "ok") is not None, ET.tostring(reply)
 
     def close(self) -> None:
         self.m.close_session()
@@ -71,9 +70,10 @@ class Truth:
 def _truth(peer: NetconfdPeer) -> Truth:
     from ncclient import manager
 
+    host_key = (peer.dir / "ssh_host_ed25519_key.pub").read_text().split()[1]
     return Truth(manager.connect(host="127.0.0.1", port=peer.port, username=peer.user,
-                                 key_filename=str(peer.dir / "id_ed25519"), hostkey_verify=False,
-                                 allow_agent=False, look_for_keys=False, timeout=10))
+                                 key_filename=str(peer.dir / "id_ed25519"), hostkey_verify=True,
+                                 hostkey_b64=host_key, allow_agent=False, look_for_keys=False, timeout=10))
 
 
 def _count_requests(switch, monkeypatch) -> list[str]:
@@ -323,7 +323,8 @@ def test_the_emulator_refuses_as_netconfd_does(truth, module_switch, emulated):
     from ncclient import manager
 
     emulator = Truth(manager.connect(host="127.0.0.1", port=emulated.port, username="admin", password="root",
-                                     hostkey_verify=False, allow_agent=False, look_for_keys=False, timeout=10))
+                                     hostkey_verify=True, hostkey_b64=emulated.host_key.get_base64(),
+                                     allow_agent=False, look_for_keys=False, timeout=10))
     ours = open_switch(OcsResource(name="emu", protocol="polatis-netconf", url=emulated.url, size=(N, N),
                                    allowed_ports=ALL_PORTS | {0}, user="admin", password="root"), timeout_s=10)
     try:

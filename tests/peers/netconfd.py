@@ -35,6 +35,8 @@ def missing() -> str | None:
     for path, package in ((NETCONFD, "netconfd"), (SUBSYSTEM, "netconfd"), (SSHD, "openssh-server")):
         if not os.access(path, os.X_OK):
             return f"{path} not installed (apt-get install {package})"
+    if shutil.which("ssh-keygen") is None:
+        return "ssh-keygen not installed (apt-get install openssh-client)"
     if not YANG.is_file():
         return f"Polatis YANG not found at {YANG}"
     if os.geteuid() != 0:
