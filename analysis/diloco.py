@@ -13,6 +13,9 @@ sync cost of that seed's k-th sync, so the sync budget differs only by count):
   the §7.3 one-step forecast b̂_{t+1|t} as the serving-sync-cost term (w_ssc = 1).
 - `random_policy`: §7.2(a), same horizons, defers with probability 0.7 per cycle inside them.
 - `random_schedule`: §7.2(b), K = the controller's sync count, K starts uniform with minimum gaps.
+- `random_spaced`: the spacing-matched null: K starts uniform under the controller's own spacing as well —
+  none before min_h steps, consecutive starts min_h steps apart (its gaps, not `min_gap_s`'s) — so a
+  difference from it is timing, not spacing.
 - `fixed_period`: a sync every `fixed_period_steps` learner steps.
 - `no_sync`: no sync at all (the load match: sync-excess = rate − this).
 - `offline_bound`: K starts minimising the in-window busy fraction with hindsight (non-deployable).
@@ -33,7 +36,8 @@ import numpy as np
 
 from analysis.stats import MIN_MEAN_UNITS, mean_interval
 
-POLICIES = ("wa", "wa_ewma", "random_policy", "random_schedule", "fixed_period", "no_sync", "offline_bound")
+POLICIES = ("wa", "wa_ewma", "random_policy", "random_schedule", "random_spaced", "fixed_period", "no_sync",
+            "offline_bound")
 DEPLOYABLE = {p: p != "offline_bound" for p in POLICIES}
 
 
@@ -185,17 +189,18 @@ def simulate_policy(policy: str, b: np.ndarray, durations: np.ndarray, params: S
 
 
 # ---- schedule-level baselines ------------------------------------------------------------------------------
-def random_starts(rng: np.random.Generator, count: int, duration_s: float, window_s: float, min_gap_s: float
-                  ) -> np.ndarray:
-    """`count` sync starts uniform on [0, duration_s − window_s] subject to consecutive starts ≥ gap apart
+def random_starts(rng: np.random.Generator, count: int, duration_s: float, window_s: float, min_gap_s: float,
+                  first_s: float = 0.0) -> np.ndarray:
+    """`count` sync starts uniform on [first_s, duration_s − window_s] subject to consecutive starts ≥ gap apart
     (gap = max(min_gap_s, window_s), so windows never overlap): uniform order statistics on the interval
     shrunk by the gaps, shifted back, which is exactly the uniform law on the constrained set (what the
     artifact's rejection sampling draws from)."""
     gap = max(min_gap_s, window_s)
-    slack = duration_s - window_s - (count - 1) * gap
+    slack = duration_s - first_s - window_s - (count - 1) * gap
     if count < 0 or slack < 0:
-        raise ValueError(f"{count} windows of {window_s:g} s with gaps {gap:g} s do not fit in {duration_s:g} s")
-    return np.sort(rng.uniform(0.0, slack, size=count)) + np.arange(count) * gap
+        raise ValueError(f"{count} windows of {window_s:g} s with gaps {gap:g} s after {first_s:g} s do not fit "
+                         f"in {duration_s:g} s")
+    return first_s + np.sort(rng.uniform(0.0, slack, size=count)) + np.arange(count) * gap
 
 
 def offline_bound_starts(b: np.ndarray, durations: np.ndarray, cycle_s: float, duration_s: float,
@@ -246,13 +251,17 @@ def offline_bound_starts(b: np.ndarray, durations: np.ndarray, cycle_s: float, d
 
 def seed_schedules(b: np.ndarray, durations: np.ndarray, params: StudyParams, seed: int) -> dict[str, list]:
     """Every policy's schedule(s) for one seed: {policy: [starts array per draw]} (one draw for all but
-    random_schedule). random_schedule and offline_bound use K = the WA+EWMA controller's sync count."""
+    random_schedule and random_spaced). They and offline_bound use K = the WA+EWMA controller's sync count."""
     out = {p: [simulate_policy(p, b, durations, params, seed)["starts"]]
            for p in ("wa", "wa_ewma", "random_policy", "fixed_period")}
     k = len(out["wa_ewma"][0])
     window = float(np.max(durations[:k])) if k else 0.0
     out["random_schedule"] = [random_starts(np.random.default_rng([seed, 3, draw]), k, params.duration_s, window,
                                             params.min_gap_s) for draw in range(params.draws)]
+    spacing = params.controller.min_h * params.learner.step_time_s  # the controller's own first start and gap
+    out["random_spaced"] = [random_starts(np.random.default_rng([seed, 4, draw]), k, params.duration_s, window,
+                                          max(params.min_gap_s, spacing), first_s=spacing)
+                            for draw in range(params.draws)]
     out["no_sync"] = [np.empty(0)]
     out["offline_bound"] = [offline_bound_starts(b, durations[:k], params.cycle_s, params.duration_s,
                                                  params.min_gap_s)]

@@ -120,6 +120,25 @@ def test_schedule_level_draws_match_the_controller_count():
     assert len(schedules["no_sync"][0]) == 0
 
 
+def test_the_spacing_matched_null_keeps_the_controllers_own_spacing():
+    """Same count as the controller, none before min_h steps, consecutive starts min_h steps apart: the
+    controller's own schedule obeys the same constraints (a witness that the set is the right one), and the
+    plain matched null does not (its gaps are min_gap_s)."""
+    b = np.clip(np.random.default_rng(4).beta(2, 2, size=600), 0, 1)
+    durations = np.full(10, 6.0)
+    params = dl.StudyParams(draws=20)
+    schedules = dl.seed_schedules(b, durations, params, seed=9)
+    spacing = params.controller.min_h * params.learner.step_time_s
+    controller = schedules["wa_ewma"][0]
+    k = len(controller)
+    for starts in [controller] + schedules["random_spaced"]:
+        assert len(starts) == k and starts[0] >= spacing - 1e-9 and np.all(np.diff(starts) >= spacing - 1e-9)
+        assert starts[-1] + durations[0] <= params.duration_s + 1e-9
+    assert len({tuple(s) for s in schedules["random_spaced"]}) == 20
+    plain_gaps = np.concatenate([np.diff(s) for s in schedules["random_schedule"]] + [[s[0]] for s in schedules["random_schedule"]])
+    assert plain_gaps.min() < spacing  # the plain null is free to sync closer than the controller ever can
+
+
 @pytest.mark.parametrize("span", [1, 4, 9])
 def test_ewma_step_response_error_is_geometric(span):
     lam = 2 / (span + 1)
@@ -232,6 +251,9 @@ def test_step_parallel_replays_and_serial_model_agree(tmp_path):
     assert all(x["verdict"] == "inconclusive" for x in b["sensitivity"])
     report = (replayed / "diloco_report.md").read_text()
     assert "Calibration" in report and "Replay vs the emulator's model" in report
+    # named for what it is, with the artifact's own tie, in the report's first line and the record
+    assert report.startswith("# WA-DiLoCo sidecar study (a re-implementation)\n\nThis is a re-implementation")
+    assert "p_less = 0.344" in report and a["study_kind"].startswith("a re-implementation")
     assert (replayed / "diloco_envelope.png").stat().st_size > 0
 
 

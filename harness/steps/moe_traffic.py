@@ -137,6 +137,8 @@ def transfer_seconds(stdout: str, size_bytes: int) -> float:
         rows = parse_ib_write_bw(stdout).rows
         return sum(r.size_bytes * r.iterations / (r.bw_average_gbps * 1.25e8) for r in rows)
     rows = parse_nccl_tests(stdout).rows
+    if not rows:  # a summary without its table (nccl-tests' output cut short): no time to read
+        raise ParseError(f"nccl-tests result rows (one for {size_bytes} bytes)", stdout)
     row = next((r for r in rows if r.size_bytes == size_bytes), rows[-1])
     return row.out_of_place.time_us / 1e6
 
