@@ -83,12 +83,22 @@ def test_emulate_prints_the_export_and_harness_ocs_reads_that_variable(tmp_path)
         proc.wait(timeout=30)
 
 
-def test_harness_ocs_with_a_user_and_no_password_variable_exits_2(capsys, monkeypatch):
+def test_harness_ocs_names_the_unset_password_variable_when_the_login_fails(capsys, monkeypatch):
+    from devices.emulated.ocs_server import OcsServers
+    from devices.emulated.physics import OpticalBench
+    from devices.emulated.profile import load_profile
+
     monkeypatch.delenv(UNSET, raising=False)
-    code = main(["ocs", "--url", "tcp://127.0.0.1:9", "--user", "admin", "--password-env", UNSET, "list"])
-    assert code == 2
-    assert capsys.readouterr().err == f"harness: --user admin: the login password: environment variable {UNSET} " \
-                                      "is not set (--password-env names another)\n"
+    bench = OpticalBench(load_profile("instant"), seed=2).start()
+    servers = OcsServers(bench, pty=False).start()
+    try:
+        host, port = servers.tl1_address
+        code = main(["ocs", "--url", f"tcp://{host}:{port}", "--user", "admin", "--password-env", UNSET, "list"])
+    finally:
+        servers.stop()
+        bench.stop()
+    err = capsys.readouterr().err.splitlines()
+    assert code == 1 and len(err) == 1 and err[0].endswith(f" (no password: {UNSET} is not set)"), err
 
 
 @pytest.mark.parametrize("flag, paramiko, wire", [("", False, False), ("-v", True, False), ("--debug", True, True)])

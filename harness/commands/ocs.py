@@ -93,9 +93,6 @@ def _resource(args: argparse.Namespace, named_ports: list[int]) -> OcsResource:
     except ValueError as exc:
         raise InputError(f"--allowed-ports: {exc}") from None
     password = args.password if args.password is not None else os.environ.get(args.password_env)
-    if args.user and password is None:
-        raise InputError(f"--user {args.user}: the login password: environment variable {args.password_env} is not "
-                         "set (--password-env names another)")
     return OcsResource(name="cli", protocol=args.protocol, url=args.url, size=(n, m), allowed_ports=allowed,
                        user=args.user, password=password, baudrate=args.baudrate)
 
@@ -141,7 +138,9 @@ def _open_and_act(args: argparse.Namespace, resource: OcsResource, named: list[i
     try:
         switch = open_switch(resource, timeout_s=args.timeout)
     except DeviceError as exc:
-        print(f"harness ocs: {exc}", file=sys.stderr)
+        unset = resource.user and resource.password is None  # a key may do (NETCONF), so not refused before
+        print(f"harness ocs: {exc}" + (f" (no password: {args.password_env} is not set)" if unset else ""),
+              file=sys.stderr)
         return 1
     try:
         return _act(switch, args, named, pairs)
