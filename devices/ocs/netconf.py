@@ -33,6 +33,7 @@ from typing import Generator, Mapping, Sequence
 import paramiko
 from lxml import etree
 
+from devices import wirelog
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportClosed
 from devices.ocs.base import (ConfirmedState, ImpossibleState, check_allowed, check_state, confirm_planned,
                               disconnect_ports, plan_for, power_ports)
@@ -181,16 +182,21 @@ class NetconfSwitch(SteppedSwitch):
 
         def stamped_write(data):
             if self._sent_ns:
-                return write(data)
-            self._sent_ns = now_ns()
-            written = write(data)
-            self._sent_end_ns = now_ns()
+                started, written = now_ns(), write(data)
+            else:
+                self._sent_ns = started = now_ns()
+                written = write(data)
+                self._sent_end_ns = now_ns()
+            wirelog.record(started, wire_peer, ">", data[:max(written, 0)])
             return written
 
         def stamped_read():
             data = read()
             self._recv_ns = now_ns()
+            wirelog.record(self._recv_ns, wire_peer, "<", data)
             return data
+
+        wire_peer = f"netconf://{where}"
 
         session._transport_write, session._transport_read = stamped_write, stamped_read
 

@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from analysis.stages import PORT_CHAIN
 from devices.timing import Deadline, now_ns
+from harness import logs
 from harness.bench import BenchBroken
 from harness.bench.circuits import RetryPolicy, guard
 from harness.bench.emulated import FaultEntry, Faults
@@ -145,7 +146,7 @@ class TurnaroundRun:
         current: dict[str, str] = {}
         self.progress = progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[last]}"), TimeElapsedColumn(), disable=ctx.quiet,
-                            transient=False)
+                            transient=False, console=logs.console())
         with progress:
             self.task = task = progress.add_task("turnaround", total=self.cycles, last="")
             resume = ctx.resume_after.get(self.step.name, 0)
