@@ -161,3 +161,39 @@ def test_each_ports_chain_starts_at_its_own_switchs_send():
     again = stage_events("r", 1, ports, "ocs1", 100 * ms, 117 * ms, arrivals, convert, built=built,
                          commands=commands)
     assert again == events
+
+
+@pytest.fixture(scope="module")
+def two_switches():
+    with EmulatedBench(load_profile("instant"), seed=3, protocol="polatis-tl1,polatis-scpi") as bench:
+        yield bench
+
+
+def test_harness_ocs_reaches_each_switch_of_a_bench_inventory(two_switches, capsys):
+    inventory = str(two_switches.inventory_path)
+    assert main(["ocs", "--bench", inventory, "--ocs", "ocs2", "connect", "1", "9"]) == 0
+    assert main(["ocs", "--bench", inventory, "--ocs", "ocs2", "--json", "list"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {"1": 9}
+    assert main(["ocs", "--bench", inventory, "--ocs", "ocs1", "--json", "list"]) == 0
+    assert json.loads(capsys.readouterr().out) == {}  # the other switch's ports, its own patches
+    # a port the inventory does not allow is refused by the driver even when named (ocs2 allows 1-4, 9-12)
+    assert main(["ocs", "--bench", inventory, "--ocs", "ocs2", "connect", "5", "13"]) == 1
+    assert "not in the allowed ports" in capsys.readouterr().err
+    assert main(["ocs", "--bench", inventory, "--ocs", "ocs2", "--allowed-ports", "1-16", "apply", "--exclusive",
+                 "2:10"]) == 0
+    assert main(["ocs", "--bench", inventory, "--ocs", "ocs2", "--json", "list"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {"2": 10}
+    assert main(["ocs", "--bench", inventory, "--ocs", "ocs2", "disconnect", "2"]) == 0
+    assert two_switches.physics.ocs_patches() == {}
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["list"], "the bench has switches ocs1, ocs2; name one"),
+    (["--ocs", "ocs9", "list"], "--ocs ocs9: the bench has ocs1, ocs2"),
+    (["--ocs", "ocs1", "--protocol", "polatis-scpi", "list"], "--protocol: the inventory says it"),
+])
+def test_harness_ocs_bench_refusals(two_switches, argv, fragment, capsys):
+    assert main(["ocs", "--bench", str(two_switches.inventory_path)] + argv) == 2
+    assert fragment in capsys.readouterr().err
+    assert main(["ocs", "--url", "tcp://127.0.0.1:1", "--ocs", "ocs1", "list"]) == 2
+    assert "--ocs: names a switch of --bench" in capsys.readouterr().err
