@@ -148,3 +148,44 @@ def test_registries_refuse_a_name_twice():
         import_module("nowhere/plugin.py")
     assert load_group("ocs_hil.no_such_group_for_tests") == []
     assert OcsProtocol  # the type a plugin registers with
+
+
+def test_harness_parse_reads_a_real_capture_with_a_project_parser(capsys):
+    capture = ROOT / "tests" / "data" / "real" / "ethtool-m" / "sff8636-qsfp-40g-sr4-cx3-ethtool6-los-nolol.txt"
+    assert main(["parse", "ethtool-module", str(capture)]) == 0
+    assert json.loads(capsys.readouterr().out)["vendor_name"] == "AVAGO"
+    assert main(["parse", "mlxlink", str(capture)]) == 2  # not what mlxlink prints: its parser says so
+    assert "mlxlink: expected" in capsys.readouterr().err
+    assert main(["parse", "no-such-parser", str(capture)]) == 2
+    assert "unknown tool parser 'no-such-parser' (known: ethtool-module" in capsys.readouterr().err
+
+
+def test_a_lab_parser_from_an_installed_package_reads_its_tool(tmp_path):
+    """A parser for a tool the project does not read, installed as an entry point `ocs_hil.parsers`, read through
+    `harness parse` from a fresh process — against this machine's own /proc/uptime (proc(5): the seconds since
+    boot and the seconds idle, summed over CPUs)."""
+    package = tmp_path / "src" / "lab_uptime"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "parsers.py").write_text(textwrap.dedent("""\
+        from devices.parsers import ParseError
+        from devices.parsers.registry import ToolParser, register_parser
+
+        def parse_uptime(text):
+            try:
+                up, idle = (float(x) for x in text.split())
+            except ValueError:
+                raise ParseError("two numbers (seconds up, seconds idle)", text) from None
+            return {"up_s": up, "idle_s": idle}
+
+        register_parser(ToolParser("proc-uptime", "lab_uptime.parsers:parse_uptime", "cat /proc/uptime"))
+        """))
+    site = installed(tmp_path / "site", package, {"ocs_hil.parsers": {"uptime": "lab_uptime.parsers"}}, "lab-uptime")
+    result = harness(site, "parse", "proc-uptime", "/proc/uptime", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    value = json.loads(result.stdout)
+    assert value["up_s"] > 0 and value["idle_s"] >= 0
+    listed = harness(site, "parse", "--list", cwd=tmp_path)
+    assert "proc-uptime          cat /proc/uptime" in listed.stdout
+    bad = harness(site, "parse", "proc-uptime", str(package / "__init__.py"), cwd=tmp_path)
+    assert bad.returncode == 2 and "proc-uptime: expected two numbers" in bad.stderr
