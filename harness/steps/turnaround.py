@@ -2,8 +2,9 @@
 
 Per cycle: apply the next mapping through the run's CircuitGuard of each switch the ports are on
 (ocs_command_sent / ocs_command_completed on the harness clock, per switch; several switches are commanded at
-once, each port's stages bounded from its own switch's send), then `expect` from the observation log what the hosts' agents report — Rx LOS/LOL,
-carrier, port state, first probe — and convert it to stage events (harness.bench.stages), durable before
+once, each port's stages bounded from its own switch's send; docs/turnaround.md, "Several switches"), then
+`expect` from the observation log what the hosts' agents report — Rx LOS/LOL, carrier, port state, first
+probe — and convert it to stage events (harness.bench.stages), durable before
 the next cycle starts. Retries, reconnects, restore, stale reports and clock checks are the bench
 runtime's (harness.bench); a fault labels the cycle `faulted` with a `fault` event naming the cause, and an
 unrecoverable one latches the bench broken (`ctx.broken`) so the rest of the run is skipped. `faults:`
@@ -179,7 +180,7 @@ class TurnaroundRun:
         self.chain = PORT_CHAIN if self.p["probes"] else PORT_CHAIN[:-1]
         self.policy = RetryPolicy(self.p["retries"], self.p["retry_backoff_s"], self.p["ocs_timeout_s"])
         self.outcomes: list[CycleOutcome] = []
-        self.per_switch: dict[str, list[tuple[int, int]]] = {o: [] for o in self.switches}  # (switch, turnaround ns)
+        self.per_switch: dict[str, list[tuple[int, int]]] = {o: [] for o in self.switches}  # (command, turnaround)
         self._issuers: ThreadPoolExecutor | None = None  # begins the other switches' commands with the first's
         self.truth_windows: list[tuple[int, int]] = []  # (cycle, harness ns the cycle began)
         self.skipped: list[int] = []  # cycles not run because the bench was latched broken
