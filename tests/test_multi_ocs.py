@@ -197,3 +197,27 @@ def test_harness_ocs_bench_refusals(two_switches, argv, fragment, capsys):
     assert fragment in capsys.readouterr().err
     assert main(["ocs", "--url", "tcp://127.0.0.1:1", "--ocs", "ocs1", "list"]) == 2
     assert "--ocs: names a switch of --bench" in capsys.readouterr().err
+
+
+def test_one_silent_switch_of_two_latches_the_bench_and_both_are_restored(tmp_path, capsys):
+    """ocs1 swallows its changes in cycle 2 (its retries time out): the cycle records ocs2's command whole and
+    ocs1's send, the bench is latched broken after ocs2's reply came, and both switches are put back."""
+    profile = tmp_path / "fast.yaml"
+    profile.write_text(yaml.safe_dump(FAST))
+    run = tmp_path / "run"
+    pb = _playbook(tmp_path, 3, ocs_timeout_s=1.0, retries=1, retry_backoff_s=0.05,
+                   faults=[{"kind": "ocs_silence", "count": 20, "cycles": [2]}])
+    code = main(["run", str(pb), "--bench", f"emulated:{profile}?ocs=polatis-tl1,polatis-scpi", "--out", str(run),
+                 "--json", "-q"])
+    assert code == 1, capsys.readouterr()
+    events = pd.read_parquet(run / "events.parquet")
+    two = events[events["cycle"] == 2]
+    ocs = two[two["stage"].str.startswith("ocs_command")]
+    assert sorted(zip(ocs["device"], ocs["stage"])) == [("ocs1", "ocs_command_sent"),
+                                                         ("ocs2", "ocs_command_completed"),
+                                                         ("ocs2", "ocs_command_sent")]
+    faults = list(two.loc[two["stage"] == "fault", "source"])
+    assert any(f.startswith("broken:ocs ocs1: gave up") for f in faults), faults
+    assert not (events["cycle"] == 3).any()  # skipped: the bench is latched
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["extra"]["restored"] == {"ocs1": True, "ocs2": True}
