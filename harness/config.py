@@ -381,12 +381,39 @@ class HostSpec(Spec):
     nics: list[NicSpec] = []
 
 
+IMPORTS_HELP = ("plugin modules (names, or .py files relative to this file) imported before the rest is "
+                "checked: they register their step types and switch protocols (devices/plugins.py)")
+
+
+def import_plugins(data: Any, source: str) -> tuple[str, ...]:
+    """The modules an inventory or playbook names under `imports:`, imported before the rest of it is checked:
+    they may register the step types and switch protocols it uses. Returns them as imported (a file by its
+    absolute path: what a copy of the playbook, as a resumed run reads it, must name)."""
+    from devices.plugins import PluginError, import_module
+
+    node = data.get("imports") if isinstance(data, dict) else None
+    if not node:
+        return ()
+    where = data.where("imports") if isinstance(data, YamlMap) else (source, None)
+    if not isinstance(node, list) or not all(isinstance(name, str) and name for name in node):
+        raise InputError("imports: expected a list of module names or .py files", *where)
+    base = Path(source).resolve().parent if source and not source.startswith("<") else None
+    for i, name in enumerate(node):
+        try:
+            import_module(name, base)
+        except PluginError as exc:
+            raise InputError(f"imports[{i}]: {exc}", *(node.where(i) if isinstance(node, YamlList) else where)) \
+                from None
+    return tuple(str((base or Path()) / Path(name).expanduser()) if name.endswith(".py") else name for name in node)
+
+
 class InventorySpec(Spec):
     """A bench inventory (ARCHITECTURE.md): the switches, the hosts and the NIC ports cabled to them."""
 
     bench: BenchSpec
     ocs: Annotated[dict[str, OcsSpec], Field(min_length=1, description="at least one switch")]
     hosts: dict[str, HostSpec]
+    imports: list[str] = Field([], description=IMPORTS_HELP)
 
 
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
@@ -445,6 +472,7 @@ def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = 
     env = os.environ if env is None else env
     if not isinstance(data, dict):
         raise InputError(f"inventory: expected a mapping, found {describe(data)}", data.file, data.line)
+    import_plugins(data, source)
     for where, node, what in _password_places(data):
         raise InputError(f"{what}passwords never go in files: set an environment variable and name it with "
                          "password_env", *where)
@@ -639,6 +667,7 @@ class Playbook:
     sha256: str
     options: dict = field(default_factory=dict)
     sweep: dict | None = None  # a validated `sweep:` block (harness.sweep), run by `harness sweep`
+    imports: tuple[str, ...] = ()  # plugin modules it imported (import_plugins)
 
 
 def _distinct(what: str) -> AfterValidator:
@@ -674,6 +703,7 @@ class PlaybookSpec(Spec):
     cycles: Annotated[int, Field(ge=1, le=10_000_000, description="1..10000000")] = 1
     steps: list
     sweep: SweepSpec | None = None
+    imports: list[str] = Field([], description=IMPORTS_HELP)
 
 
 def playbook_model() -> type[Spec]:
@@ -692,11 +722,18 @@ def discover_steps() -> dict[str, StepType]:
         return STEP_TYPES
     for info in pkgutil.iter_modules(getattr(steps_pkg, "__path__", [])):
         importlib.import_module(f"harness.steps.{info.name}")
+    from devices.plugins import GROUPS, PluginError, load_group
+
+    try:  # a lab's installed step plugins (entry points `ocs_hil.steps`)
+        load_group(GROUPS["steps"])
+    except PluginError as exc:
+        raise InputError(str(exc)) from None
     return STEP_TYPES
 
 
 def playbook_from_data(loaded: LoadedYaml, source: str, step_types: Mapping[str, StepType]) -> Playbook:
     data = loaded.data
+    imports = import_plugins(data, source)  # registers into STEP_TYPES: `step_types` unless a test gave its own
     problems: list[InputError] = []
     try:  # the top-level keys and every step are checked in one pass
         top = check_mapping(data, playbook_model(), "playbook", (data.file, data.line))
@@ -724,7 +761,7 @@ def playbook_from_data(loaded: LoadedYaml, source: str, step_types: Mapping[str,
         sweep = check_sweep(data["sweep"], steps, step_types, data.where("sweep"))
     return Playbook(name=top["name"], description=top["description"], bench=top["bench"], seed=top["seed"],
                     cycles=top["cycles"], steps=steps, source=source, sha256=loaded.digest, options=options,
-                    sweep=sweep)
+                    sweep=sweep, imports=imports)
 
 
 def _step_from_node(i: int, node: Any, steps_node: Any, data: YamlMap, step_types: Mapping[str, StepType],

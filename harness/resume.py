@@ -33,6 +33,7 @@ def playbook_as_run(playbook: Playbook) -> dict:
     """The playbook with includes, ${ENV} and defaults resolved (what the steps actually received)."""
     return rec.to_jsonable({"name": playbook.name, "description": playbook.description, "bench": playbook.bench,
                             "seed": playbook.seed, "cycles": playbook.cycles, **playbook.options,
+                            **({"imports": list(playbook.imports)} if playbook.imports else {}),
                             "steps": [{"type": s.type, "name": s.name, **s.params} for s in playbook.steps]})
 
 

@@ -190,7 +190,9 @@ class RunContext:
 def emulated_spec(spec: str) -> tuple[str, str, str] | None:
     """'emulated[-netns]:PROFILE[?ocs=PROTOCOL]' → (kind, profile, protocol); None for an inventory path.
     The protocol is any registered switch protocol (default: the registry's): the same emulated switch, served over
-    that protocol's wire, so CI can drive the SCPI or NETCONF driver through `--bench` alone."""
+    that protocol's wire, so CI can drive the SCPI or NETCONF driver through `--bench` alone. Several, comma-separated
+    (`?ocs=polatis-tl1,polatis-scpi`): as many switches over the one physics (devices.emulated.bench.SwitchSlice),
+    returned as "a,b"."""
     from urllib.parse import parse_qs
 
     from devices.ocs.registry import DEFAULT_PROTOCOL, OcsConfigError, get_protocol
@@ -204,7 +206,7 @@ def emulated_spec(spec: str) -> tuple[str, str, str] | None:
     if unknown or not profile or any(len(v) != 1 for v in options.values()):
         raise InputError(f"--bench: expected {kind}:PROFILE or {kind}:PROFILE?ocs=PROTOCOL", spec)
     try:
-        protocol = get_protocol(options.get("ocs", [DEFAULT_PROTOCOL])[0]).name
+        protocol = ",".join(get_protocol(name).name for name in options.get("ocs", [DEFAULT_PROTOCOL])[0].split(","))
     except OcsConfigError as exc:
         raise InputError(f"--bench: {exc}", spec) from None
     return kind, profile, protocol
