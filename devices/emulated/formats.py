@@ -489,6 +489,14 @@ def chronyc_tracking(offset_s: float, freq_ppm: float, *, ref_id: str = "7F7F010
             f"Leap status     : Normal\n")
 
 
+def chronyc_tracking_csv(offset_s: float, freq_ppm: float, *, ref_time_s: float, ref_id: str = "7F7F0101",
+                         ref_name: str = "ntp1.example", stratum: int = 3) -> str:
+    """`chronyc -c tracking` (client.c's CSV: raw signed values, System time is the correction: > 0 when slow).
+    The same dispersion and delay as `chronyc_tracking`."""
+    return (f"{ref_id},{ref_name},{stratum},{ref_time_s:.9f},{-offset_s:.9f},{-offset_s:.9f},{abs(offset_s):.9f},"
+            f"{freq_ppm:.3f},0.001,0.020,0.000345678,0.000123456,64.2,Normal\n")
+
+
 # ---------------------------------------------------------------- benchmark tools (protocols.md §3.2, §3.3)
 
 

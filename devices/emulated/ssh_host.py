@@ -743,13 +743,16 @@ def _date(ctx: ExecContext, argv: list[str]) -> int:
 
 
 def _chronyc(ctx: ExecContext, argv: list[str]) -> int:
-    if argv[1:] != ["tracking"]:
-        ctx.err("chronyc: emulated host supports 'chronyc tracking' only\n")
+    if argv[1:] not in (["tracking"], ["-c", "tracking"]):
+        ctx.err("chronyc: emulated host supports 'chronyc [-c] tracking' only\n")
         return 1
-    offset_s = (ctx.bench.host_clock_ns(ctx.host) - time.time_ns()) / 1e9
+    host_ns = ctx.bench.host_clock_ns(ctx.host)
+    offset_s = (host_ns - time.time_ns()) / 1e9  # against this machine's realtime, the emulated hosts' "NTP time"
     params = getattr(ctx.bench, "host_clock_params", None)
     drift = params(ctx.host)["drift_ppm"] if params else 0.0
-    ctx.out(formats.chronyc_tracking(offset_s, drift))
+    csv = argv[1] == "-c"
+    ctx.out(formats.chronyc_tracking_csv(offset_s, drift, ref_time_s=host_ns / 1e9 - 1.0) if csv
+            else formats.chronyc_tracking(offset_s, drift))
     return 0
 
 
