@@ -282,6 +282,10 @@ def module_lanes(speed_mbps: int) -> int:
     return 8 if speed_mbps >= 400_000 else 4
 
 
+# CMIS 5 Table 8-6 module state codes, named as ethtool's cmis.c prints them
+_CMIS_MODULE_STATES = {"ModuleLowPwr": 1, "ModulePwrUp": 2, "ModuleReady": 3, "ModulePwrDn": 4}
+
+
 def ethtool_module(snapshot: NicSnapshotLike, *, rx_los: bool | None = None, rx_lol: bool | None = None,
                    tools: ToolVersions = CURRENT_TOOLS) -> str:
     """`ethtool -m <if>`: record order, names and units of ethtool's qsfp.c (SFF-8636, 100G SR4) or cmis.c
@@ -309,8 +313,9 @@ def ethtool_module(snapshot: NicSnapshotLike, *, rx_los: bool | None = None, rx_
                    ("Vendor rev", "A0"), ("Vendor SN", "EMU00000001"), ("Date code", "240101"),
                    ("Revision compliance", "Rev. 4.0")] + signals
         if tools.at_least("ethtool", "5.16"):
-            records += [("Module State", "0x03 (ModuleReady)"), ("LowPwrAllowRequestHW", "Off"),
-                        ("LowPwrRequestSW", "Off")]
+            state = getattr(snapshot, "module_state", None) or "ModuleReady"  # None: a module that shows no resets
+            records += [("Module State", f"0x{_CMIS_MODULE_STATES[state]:02x} ({state})"),
+                        ("LowPwrAllowRequestHW", "Off"), ("LowPwrRequestSW", "Off")]
         rx_name = "Rcvr signal avg optical power (Channel {})"
     else:
         records = [("Identifier", "0x11 (QSFP28)"), ("Extended identifier", "0x8c"),
