@@ -519,7 +519,7 @@ def read_clock_sources(stdout: str, *, max_clock_error_ppm: float = 1.0) -> tupl
     chrony = "\n".join(sections.get("chrony", ())).strip()
     try:
         if not chrony:
-            absent["chrony"] = "no chronyd answered"
+            absent["chrony"] = "no chronyd answered (none running, or chronyc absent)"
         else:
             t = parse_chronyc_tracking_csv(chrony)
             if t.leap_status == "Not synchronised" or t.stratum == 0:
@@ -535,7 +535,7 @@ def read_clock_sources(stdout: str, *, max_clock_error_ppm: float = 1.0) -> tupl
     try:
         status = ptp_status(parse_pmc("\n".join(sections.get("ptp", ()))))
         if status is None:
-            absent["ptp"] = "no ptp4l answered"
+            absent["ptp"] = "no ptp4l answered (none running, pmc absent, or its socket not ours to use)"
         elif not status.synced or status.mean_path_delay_ns is None:
             absent["ptp"] = f"ptp4l without a master sync (gmPresent {status.gm_present}, ingress_time " \
                             f"{status.ingress_time_ns}{', no path delay' if status.mean_path_delay_ns is None else ''})"
