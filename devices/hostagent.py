@@ -10,7 +10,7 @@ from devices.protocols import CommandTransport, LineStream
 from devices.records import record
 from devices.timing import Deadline
 
-WATCH_FIELDS = ("rx_los", "rx_lol", "carrier", "operstate", "phys_state", "state")
+WATCH_FIELDS = ("rx_los", "rx_lol", "carrier", "operstate", "phys_state", "state", "module_state")  # CMIS: ethtool -m
 
 
 def sysfs_watch_fields(rdma: bool) -> tuple[str, ...]:

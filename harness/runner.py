@@ -174,7 +174,9 @@ class RunContext:
         for s in self._sessions.values():
             if s.clock is not None:
                 stamps = getattr(s.transport, "receive_stamps", None)
-                tables.append({**s.clock.table(), **({"reply_stamps": stamps()} if stamps is not None else {})})
+                sources = s.clock_source_table() if hasattr(s, "clock_source_table") else {}
+                tables.append({**s.clock.table(), **({"reply_stamps": stamps()} if stamps is not None else {}),
+                               **({"sources": sources} if sources else {})})
         return tables
 
     def sessions(self) -> dict[str, Any]:

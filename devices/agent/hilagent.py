@@ -133,7 +133,8 @@ def _lanes_flagged(value):
 
 
 def parse_module_flags(text):
-    """rx_los / rx_lol from `ethtool -m` output (`\\t%-41s : value` records); missing ones are left out."""
+    """rx_los / rx_lol from `ethtool -m` output (`\\t%-41s : value` records), and a CMIS module's state
+    (ethtool cmis.c: `Module State : 0x03 (ModuleReady)`) as module_state; missing ones are left out."""
     flags = {}
     for line in text.splitlines():
         key, sep, value = line.partition(" : ")
@@ -144,6 +145,10 @@ def parse_module_flags(text):
             flags["rx_los"] = _lanes_flagged(value)
         elif key == "Rx loss of lock" and "rx_lol" not in flags:
             flags["rx_lol"] = _lanes_flagged(value)
+        elif key == "Module State" and "module_state" not in flags:
+            word = value.strip().rpartition("(")[2].rstrip(")").strip()
+            if word:
+                flags["module_state"] = word
     return flags
 
 
@@ -204,7 +209,7 @@ def watch_ethtool(netdevs, interval_ns, stop):
                      % (netdev, done.stderr.decode(errors="replace").strip() or "rc %d" % done.returncode))
                 skipped.add(netdev)
                 continue
-            for name in ("rx_los", "rx_lol"):
+            for name in ("rx_los", "rx_lol", "module_state"):
                 if name not in flags:
                     continue
                 key = (netdev, name)

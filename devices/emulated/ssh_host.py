@@ -59,6 +59,9 @@ PYTHON_NAMES = ("python3", "python")  # how the harness launches the agent (Host
 WATCH_ETHTOOL_DEFAULT_US = 100_000  # the agent's default --ethtool-interval-us
 AGENT_FIELDS = ("rx_los", "rx_lol", "carrier", "operstate", "phys_state", "state")
 _ETHTOOL_FIELDS = ("rx_los", "rx_lol")
+# Read from `ethtool -m` as well, on its grid, but a state, not a latched flag: a CMIS module's "Module State" (the
+# data-path state no `ethtool -m` prints, so the agent cannot watch it: it stays in the ground truth only).
+_ETHTOOL_STATES = ("module_state",)
 EPS_GBPS_DEFAULT = 100.0  # packet-fabric bandwidth per NIC when a pair has no circuit
 TRANSFER_LATENCY_US_DEFAULT = 10.0  # fixed start-up cost of one emulated transfer (launch, handshake)
 _BYTES_PER_GBIT = 1.25e8
@@ -744,13 +747,16 @@ def _date(ctx: ExecContext, argv: list[str]) -> int:
 
 
 def _chronyc(ctx: ExecContext, argv: list[str]) -> int:
-    if argv[1:] != ["tracking"]:
-        ctx.err("chronyc: emulated host supports 'chronyc tracking' only\n")
+    if argv[1:] not in (["tracking"], ["-c", "tracking"]):
+        ctx.err("chronyc: emulated host supports 'chronyc [-c] tracking' only\n")
         return 1
-    offset_s = (ctx.bench.host_clock_ns(ctx.host) - time.time_ns()) / 1e9
+    host_ns = ctx.bench.host_clock_ns(ctx.host)
+    offset_s = (host_ns - time.time_ns()) / 1e9  # against this machine's realtime, the emulated hosts' "NTP time"
     params = getattr(ctx.bench, "host_clock_params", None)
     drift = params(ctx.host)["drift_ppm"] if params else 0.0
-    ctx.out(formats.chronyc_tracking(offset_s, drift))
+    csv = argv[1] == "-c"
+    ctx.out(formats.chronyc_tracking_csv(offset_s, drift, ref_time_s=host_ns / 1e9 - 1.0) if csv
+            else formats.chronyc_tracking(offset_s, drift))
     return 0
 
 
@@ -1554,7 +1560,8 @@ def _options(argv: list[str], known: dict[str, type]) -> tuple[dict[str, object]
 def _snapshot_fields(snapshot) -> dict[str, str]:
     return {"rx_los": str(int(snapshot.rx_los)), "rx_lol": str(int(snapshot.rx_lol)),
             "carrier": str(int(snapshot.carrier)), "operstate": snapshot.operstate,
-            "phys_state": snapshot.phys_state, "state": snapshot.ib_state}
+            "phys_state": snapshot.phys_state, "state": snapshot.ib_state,
+            **({"module_state": snapshot.module_state} if snapshot.module_state is not None else {})}
 
 
 class _AgentStreams:
@@ -1748,7 +1755,7 @@ class _WatchStream(_Stream):
         self.live: dict[tuple[str, str], str] = {}  # as the physics last set it
 
     def grid(self, field: str) -> tuple[int, int]:
-        ethtool = field in _ETHTOOL_FIELDS
+        ethtool = field in _ETHTOOL_FIELDS or field in _ETHTOOL_STATES
         return self.phase[ethtool], self.ethtool_interval if ethtool else self.interval
 
     def first_lines(self) -> str:
@@ -1783,7 +1790,8 @@ class _WatchStream(_Stream):
                 seen[key] = live[key] = change.value
             host_ns = self.ctx.bench.host_time(self.ctx.host, tick)
             for key, value in seen.items():
-                step = self.ethtool_interval if key[1] in _ETHTOOL_FIELDS else self.interval
+                ethtool = key[1] in _ETHTOOL_FIELDS or key[1] in _ETHTOOL_STATES
+                step = self.ethtool_interval if ethtool else self.interval
                 if key in latched and value != "1":  # read as set; the next tick reads it as it is then
                     value = "1"
                     self.ctx.server.agent_streams().arm(NicChange(tick + 1, self.ctx.host, *key, None))
@@ -1819,7 +1827,8 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
             ctx.err(f"watch: no such port {target}\n")
             return 2
         fields = ("carrier", "operstate") + (("phys_state", "state") if eq else ())
-        watched[netdev] = fields + (_ETHTOOL_FIELDS if ethtool_us > 0 else ())
+        cmis = ctx.bench.nic_snapshot(ctx.host, netdev).module_state is not None  # its `ethtool -m` shows the state
+        watched[netdev] = fields + ((_ETHTOOL_FIELDS + _ETHTOOL_STATES * cmis) if ethtool_us > 0 else ())
     interval = int(opts["interval-us"]) * 1000
     stream = _WatchStream(ctx, watched, interval, int(ethtool_us) * 1000 or interval)
     return stream.serve(stream.first_lines)
