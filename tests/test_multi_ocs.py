@@ -52,6 +52,45 @@ def test_a_switch_slice_numbers_and_owns_its_share_of_the_ports():
         physics.stop()
 
 
+def test_same_seed_same_draws_whichever_switch_is_heard_first():
+    """Two switches over one physics: each switch's commands are keyed by its own count, so the draws do not
+    depend on which command reaches its server first (they did: one global count, 308 draws differed between
+    two same-seed runs); the first switch draws exactly as a lone switch."""
+    import time
+
+    def settled(physics) -> list[tuple]:
+        time.sleep(0.5)  # far past every due time of burst-mode's switch and NIC chain (tens of ms)
+        physics.ocs_patches()  # runs whatever is due
+        return sorted((d["command"], d["port"], d["stage"], d["delay_ns"]) for d in physics.draws())
+
+    def run(order, slices=2):
+        physics = OpticalBench(load_profile("burst-mode"), seed=7).start()
+        try:
+            switches = [SwitchSlice(physics, i, slices) for i in range(slices)]
+            for step in ({1: 9, 2: 10}, {1: 10, 2: 9}):
+                for i in order:
+                    switches[i].ocs_apply(step, list(switches[i].ocs_patches()))
+                settled(physics)
+            return settled(physics)
+        finally:
+            physics.stop()
+
+    forward, backward = run([0, 1]), run([1, 0])
+    assert forward == backward
+    assert {d[1] for d in forward} - {"ocs"}  # the NICs' draws are in it too, keyed by their switch's command
+    alone = OpticalBench(load_profile("burst-mode"), seed=7).start()
+    try:
+        first = SwitchSlice(alone, 0, 2)
+        for step in ({1: 9, 2: 10}, {1: 10, 2: 9}):
+            alone.ocs_apply({first.to_physics(i): first.to_physics(e) for i, e in step.items()},
+                            [first.to_physics(i) for i in first.ocs_patches()])
+            settled(alone)
+        lone = settled(alone)
+    finally:
+        alone.stop()
+    assert lone == [d for d in forward if d[0] < 1 << 40]  # switch 0's keys are a lone switch's
+
+
 def test_the_emulated_bench_writes_one_switch_per_protocol_with_its_own_ports():
     with EmulatedBench(load_profile("instant"), seed=2, protocol="polatis-tl1,polatis-netconf") as bench:
         inventory = yaml.safe_load(bench.inventory_path.read_text())

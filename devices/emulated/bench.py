@@ -86,7 +86,7 @@ class SwitchSlice:
             if not n < egress <= sum(self.ocs_size):
                 raise OcsCommandError("IIAC", f"Invalid egress port {egress}")
         return self.physics.ocs_apply({self.to_physics(i): self.to_physics(e) for i, e in adds.items()},
-                                      [self.to_physics(i) for i in removes], at_ns=at_ns)
+                                      [self.to_physics(i) for i in removes], at_ns=at_ns, switch=self.index)
 
     def ocs_port_power(self, port: int) -> float:
         return self.physics.ocs_port_power(self.to_physics(port))

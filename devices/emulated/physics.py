@@ -230,7 +230,9 @@ class OpticalBench:
         self.profile = profile
         self._streams = KeyedStreams(seed)
         self._now = clock  # CLOCK_MONOTONIC ns; tests pass a fake clock to make the scheduler late at will
-        self._command = 0  # switch commands that moved a mirror: the "cycle" part of the stream keys
+        # switch commands that moved a mirror, counted per switch: the "cycle" part of the stream keys, so that two
+        # switches over this physics draw the same whichever command reaches its server first
+        self._commands: dict[int, int] = {}
         # Every draw, column-wise (a pod draws ~10^4 per cycle): command, port index (-1: the switch), stage
         # code, delay, and how late the action it timed ran; and the lateness of every action run.
         self._draws = {k: array(t) for k, t in (("command", "q"), ("port", "l"), ("stage", "b"), ("delay_ns", "q"),
@@ -387,8 +389,12 @@ class OpticalBench:
             self._advance()
             return dict(self._patches)
 
-    def ocs_apply(self, adds: dict[int, int], removes: Iterable[int] = (), at_ns: int | None = None) -> int:
+    def ocs_apply(self, adds: dict[int, int], removes: Iterable[int] = (), at_ns: int | None = None,
+                  switch: int = 0) -> int:
         """Validate, then move mirrors. Returns the monotonic ns when every moved mirror has settled.
+
+        `switch`: which switch over this physics sent it (devices.emulated.bench.SwitchSlice); its commands are
+        counted on their own, the first switch's keyed exactly as a lone switch's.
 
         `at_ns`: when the command reached the switch (a server's kernel receive stamp). The mirrors move from
         then, not from when a busy machine let the server's thread get to it — as far back as no reader has
@@ -420,8 +426,8 @@ class OpticalBench:
             t0 = self._now()
             if not (adds or removes):
                 return t0
-            self._command += 1
-            command = self._command
+            count = self._commands[switch] = self._commands.get(switch, 0) + 1
+            command = count + (switch << 40)
             # when the command had surely reached the switch (the server's kernel stamp plus its conversion's bound;
             # else when it was handled, later — `port` says which): what the harness's recorded send must precede
             # (analysis.accuracy.ocs_command_check)

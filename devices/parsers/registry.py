@@ -73,7 +73,14 @@ for _name, _parse, _tool in (
         ("mlxlink", "devices.parsers.nic:parse_mlxlink", "mlxlink -d DEV"),
         ("nvidia-smi-topo", "devices.parsers.gpu:parse_nvidia_smi_topo", "nvidia-smi topo -m"),
         ("nvidia-smi-csv", "devices.parsers.gpu:parse_nvidia_smi_csv", "nvidia-smi --query-gpu=... --format=csv"),
+        ("nvidia-smi", "devices.parsers.gpu:parse_nvidia_smi_table", "nvidia-smi (the default table)"),
+        ("ibstat", "devices.parsers.ib_tools:parse_ibstat", "ibstat"),
+        ("ibstatus", "devices.parsers.ib_tools:parse_ibstatus", "ibstatus"),
+        ("ibv-devinfo", "devices.parsers.ib_tools:parse_ibv_devinfo", "ibv_devinfo"),
+        ("ibdev2netdev", "devices.parsers.ib_tools:parse_ibdev2netdev", "ibdev2netdev"),
         ("chronyc-tracking", "devices.parsers.clock_tools:parse_chronyc_tracking", "chronyc tracking"),
+        ("chronyc-tracking-csv", "devices.parsers.clock_tools:parse_chronyc_tracking_csv", "chronyc -c tracking"),
+        ("pmc", "devices.parsers.clock_tools:parse_pmc", "pmc -u -b 0 'GET TIME_STATUS_NP'"),
         ("nccl-tests", "devices.parsers.bench_tools:parse_nccl_tests", "all_reduce_perf, alltoall_perf, ..."),
         ("ib-write-bw", "devices.parsers.bench_tools:parse_ib_write_bw", "ib_write_bw")):
     register_parser(ToolParser(_name, _parse, _tool))

@@ -210,7 +210,7 @@ class TurnaroundRun:
 
     # ------------------------------------------------------------------ cycles
     def run(self) -> StepOutcome:
-        ctx, p = self.ctx, self.p
+        ctx = self.ctx
         rng = ctx.rng(f"turnaround:{self.step.name}")
         if ctx.broken:
             return StepOutcome.skipped(ctx.broken)
