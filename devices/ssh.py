@@ -157,6 +157,9 @@ class SshTransport(CommandTransport):
                                    f"({known_hosts or '~/.ssh/known_hosts'}): refused") from None
             if isinstance(exc, paramiko.AuthenticationException):
                 raise AuthenticationFailed(f"{where}: authentication failed") from None
+            if isinstance(exc, paramiko.SSHException) and "No authentication methods" in str(exc):
+                raise AuthenticationFailed(f"{where}: no key to offer (no identity_file, ssh_config IdentityFile, "
+                                           "ssh-agent key or ~/.ssh/id_*)") from None
             if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
                 raise HostKeyError(f"{where}: host key not in known_hosts "
                                    f"({known_hosts or '~/.ssh/known_hosts'}): refused") from None
@@ -560,13 +563,15 @@ def _private_key(path: str, passphrase: str | None, where: str) -> paramiko.PKey
     a missing file, an encrypted key without a passphrase, or a wrong one. Never says the passphrase."""
     full = os.path.expanduser(path)
     try:
-        return paramiko.PKey.from_path(full, password=passphrase or None)
+        return paramiko.PKey.from_path(full, password=passphrase.encode() if passphrase else None)
     except FileNotFoundError:
         raise AuthenticationFailed(f"{where}: identity file {path} does not exist") from None
-    except paramiko.PasswordRequiredException:
-        raise AuthenticationFailed(f"{where}: identity file {path} is encrypted: name the environment variable "
-                                   "holding its passphrase with passphrase_env") from None
     except (paramiko.SSHException, ValueError, TypeError) as exc:
+        # PEM keys raise PasswordRequiredException, OpenSSH-format ones a plain SSHException saying so
+        if not passphrase and (isinstance(exc, paramiko.PasswordRequiredException)
+                               or "password-protected" in str(exc) or "encrypted" in str(exc)):
+            raise AuthenticationFailed(f"{where}: identity file {path} is encrypted: name the environment variable "
+                                       "holding its passphrase with passphrase_env") from None
         hint = " (wrong passphrase?)" if passphrase else ""
         text = str(exc).replace(passphrase, "***") if passphrase else str(exc)
         raise AuthenticationFailed(f"{where}: cannot read identity file {path}{hint}: {text[:200]}") from None
@@ -621,6 +626,20 @@ class _RouteSocket(HubSocket):
             self.hub.sleep(0.001)
         else:
             time.sleep(0.001)
+
+    def _close_on_hub(self, close) -> None:
+        """Close on the hub thread, its selector forgetting the read descriptor first: a descriptor closed while
+        still registered, its number taken by a new socket, would leave that socket unwatched."""
+        fd = self._fd
+
+        class Closing:
+            def fileno(self) -> int:
+                return fd
+
+            def close(self) -> None:
+                close()
+
+        self.hub.close_socket(Closing())
 
     def getpeername(self):
         return ("", 0)
@@ -698,7 +717,7 @@ class _ChannelSocket(_RouteSocket):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._channel.close()
+            self._close_on_hub(self._channel.close)
 
 
 class _CommandSocket(_RouteSocket):
@@ -746,11 +765,14 @@ class _CommandSocket(_RouteSocket):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            process = self._proxy.process
-            process.kill()
-            for f in (process.stdin, process.stdout, process.stderr):
-                try:
-                    f.close()
-                except OSError:
-                    pass
-            process.wait()
+            self._close_on_hub(self._end)
+
+    def _end(self) -> None:
+        process = self._proxy.process
+        process.kill()
+        for f in (process.stdin, process.stdout, process.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+        process.wait()

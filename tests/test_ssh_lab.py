@@ -1,0 +1,321 @@
+"""SSH as a lab has it, against a real OpenSSH sshd (Debian's openssh-server) started here on 127.0.0.1 as the
+jump host, with the project's emulated SSH hosts behind it: ProxyJump chains with strict host keys on every hop,
+ssh_config, ProxyCommand, a pinned key with the agent's, an encrypted key's passphrase from the environment,
+`become: sudo` and `tools:`, and turnaround runs through the jump host.
+
+The sshd's own debug log (`-e`, LogLevel DEBUG1) is the oracle that traffic went through it: it names every
+direct-tcpip channel it opened and where to."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import paramiko
+import pytest
+import yaml
+
+from devices.resources import HostResource, JumpHost
+from devices.ssh import AuthenticationFailed, HostKeyError, SshTransport, learned_known_hosts
+from harness.config import load_inventory
+from harness.errors import InputError
+
+SSHD = "/usr/sbin/sshd"
+needs_sshd = pytest.mark.skipif(not os.path.exists(SSHD) or os.geteuid() != 0,
+                                reason="needs OpenSSH's /usr/sbin/sshd (Debian: apt-get install openssh-server) "
+                                       "and root (it logs in as root with a key only)")
+
+
+def _keygen(path: Path, passphrase: str = "") -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", "ocs-hil-test", "-f", str(path)],
+                   check=True)
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sshd:
+    """A real sshd on 127.0.0.1:port: its host key, one authorized client key for root, forwarding allowed."""
+
+    def __init__(self, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self.host_key = _keygen(folder / "ssh_host_ed25519_key")
+        self.client_key = _keygen(folder / "id_jump")
+        (folder / "authorized_keys").write_text((folder / "id_jump.pub").read_text())
+        self.log = folder / "sshd.log"
+        self.port = 0
+        self.proc = None
+
+    def start(self) -> "Sshd":
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # Debian's privilege separation directory
+        for _ in range(5):
+            self.port = _free_port()
+            config = self.folder / "sshd_config"
+            config.write_text("\n".join([
+                f"ListenAddress 127.0.0.1:{self.port}", f"HostKey {self.host_key}",
+                f"AuthorizedKeysFile {self.folder / 'authorized_keys'}", "PidFile none", "UsePAM no",
+                "StrictModes no", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no", "AllowTcpForwarding yes", "LogLevel DEBUG1", ""]))
+            log = open(self.log, "wb")
+            self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log)
+            log.close()
+            end = time.monotonic() + 10
+            while time.monotonic() < end and self.proc.poll() is None:
+                try:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                    return self
+                except OSError:
+                    time.sleep(0.02)
+            self.stop()  # the port was taken meanwhile: another one
+        raise RuntimeError(f"sshd did not start: {self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(5)
+
+    def known_hosts(self, path: Path) -> Path:
+        """A known_hosts naming this sshd's real key."""
+        pub = (self.folder / "ssh_host_ed25519_key.pub").read_text().split()
+        path.write_text(f"[127.0.0.1]:{self.port} {pub[0]} {pub[1]}\n")
+        return path
+
+    def forwards(self) -> list[int]:
+        """The ports of the direct-tcpip channels it opened, in order (its own debug log)."""
+        ports = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            if "server_request_direct_tcpip" in line and "target" in line:
+                ports.append(int(line.rsplit("port", 1)[1].split()[0]))
+        return ports
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    if not os.path.exists(SSHD) or os.geteuid() != 0:
+        pytest.skip("needs /usr/sbin/sshd and root")
+    daemon = Sshd(tmp_path_factory.mktemp("sshd")).start()
+    yield daemon
+    daemon.stop()
+
+
+def _jump(sshd: Sshd, tmp_path: Path, **kw) -> JumpHost:
+    return JumpHost(address="127.0.0.1", port=sshd.port, user="root", identity_file=str(sshd.client_key),
+                    known_hosts=str(sshd.known_hosts(tmp_path / "jump_known_hosts")), **kw)
+
+
+def _behind(server, *hops: JumpHost, **kw) -> HostResource:
+    """The emulated host as a lab's host behind `hops`: strict host keys everywhere."""
+    r = server.resource()
+    return HostResource(name=r.name, address=r.address, port=r.port, user=r.user, identity_file=r.identity_file,
+                        known_hosts=r.known_hosts, strict_host_key=True, proxy_jump=hops, **kw)
+
+
+@needs_sshd
+def test_proxy_jump_through_real_sshd_with_strict_host_keys(sshd, server, tmp_path):
+    before = len(sshd.forwards())
+    with SshTransport(_behind(server, _jump(sshd, tmp_path)), retries=0) as t:
+        result = t.run("hostname", check=True)
+        assert result.stdout.strip() == server.host_name
+        stamps = t.receive_stamps()  # the jump host's TCP socket dates the replies
+    assert sshd.forwards()[before:] == [server.port]  # the sshd opened the channel to the host, once
+    assert stamps["stamp"] == "kernel"
+
+
+@needs_sshd
+def test_two_hop_chain(sshd, server, tmp_path):
+    before = len(sshd.forwards())
+    hop = _jump(sshd, tmp_path)
+    with SshTransport(_behind(server, hop, hop), retries=0) as t:
+        assert t.run("hostname", check=True).stdout.strip() == server.host_name
+    # the first hop forwarded to the second (itself again), the second to the host
+    assert sshd.forwards()[before:] == [sshd.port, server.port]
+
+
+@needs_sshd
+def test_wrong_or_unknown_jump_host_key_is_refused(sshd, server, tmp_path):
+    other = paramiko.Ed25519Key.from_private_key_file(str(_keygen(tmp_path / "other")))
+    wrong = tmp_path / "wrong_known_hosts"
+    wrong.write_text(f"[127.0.0.1]:{sshd.port} {other.get_name()} {other.get_base64()}\n")
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    before = len(sshd.forwards())
+    for known_hosts, what in ((wrong, "does not match"), (empty, "not in known_hosts")):
+        hop = JumpHost("127.0.0.1", sshd.port, "root", str(sshd.client_key), str(known_hosts))
+        with SshTransport(_behind(server, hop), retries=2) as t:
+            with pytest.raises(HostKeyError) as caught:
+                t.run("hostname")
+        message = str(caught.value)
+        assert f"jump host root@127.0.0.1:{sshd.port}" in message and what in message and "refused" in message
+        assert t.connects == 0
+    assert sshd.forwards()[before:] == []  # nothing was forwarded
+    assert empty.read_text() == ""
+
+
+@needs_sshd
+def test_wrong_key_of_the_host_behind_the_jump_is_refused(sshd, server, tmp_path):
+    other = paramiko.Ed25519Key.from_private_key_file(str(_keygen(tmp_path / "other")))
+    wrong = tmp_path / "host_known_hosts"
+    wrong.write_text(f"[127.0.0.1]:{server.port} {other.get_name()} {other.get_base64()}\n")
+    resource = _behind(server, _jump(sshd, tmp_path))
+    resource = HostResource(**{**resource.__dict__, "known_hosts": str(wrong)})
+    with SshTransport(resource, retries=0) as t, pytest.raises(HostKeyError) as caught:
+        t.run("hostname")
+    assert "jump host" not in str(caught.value) and "does not match" in str(caught.value)
+
+
+@needs_sshd
+def test_emulated_bench_learns_unknown_keys_privately(sshd, server, tmp_path):
+    """Relaxed checks (emulated bench) still refuse nothing known, and write what they learn to the process's
+    own known_hosts, never to the inventory's file."""
+    inventory_known = tmp_path / "known_hosts"
+    inventory_known.write_text("")
+    r = server.resource()
+    relaxed = HostResource(name=r.name, address=r.address, port=r.port, user=r.user, identity_file=r.identity_file,
+                           known_hosts=str(inventory_known), strict_host_key=False)
+    with SshTransport(relaxed, retries=0) as t:
+        assert t.run("hostname", check=True).stdout.strip() == server.host_name
+    assert inventory_known.read_text() == ""
+    learned = Path(learned_known_hosts()).read_text()
+    assert f"[127.0.0.1]:{server.port} ssh-ed25519 {server.host_key.get_base64()}" in learned
+
+
+@needs_sshd
+def test_encrypted_key_with_passphrase_from_environment(sshd, server, tmp_path, monkeypatch):
+    key = tmp_path / "id_encrypted"
+    shutil.copy(server.client_key_path, key)
+    secret = "correct horse battery staple"
+    subprocess.run(["ssh-keygen", "-q", "-p", "-P", "", "-N", secret, "-f", str(key)], check=True)
+    pub = server.client_key_path.with_suffix(".pub").read_text()
+    kh = sshd.known_hosts(tmp_path / "jump_known_hosts")
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host bastion\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n"
+                      f"  IdentityFile {sshd.client_key}\n  UserKnownHostsFile {kh}\n")
+    inventory = tmp_path / "inventory.yaml"
+
+    def write(**host):
+        inventory.write_text(yaml.safe_dump({
+            "bench": {"name": "lab"},
+            "ocs": {"ocs1": {"protocol": "polatis-tl1", "url": "tcp://127.0.0.1:1", "size": [4, 4],
+                             "allowed_ports": ["1-8"]}},
+            "hosts": {"gpu1": {"address": "127.0.0.1", "port": server.port, "user": server.user,
+                               "identity_file": str(key), "known_hosts": str(server.known_hosts_path),
+                               "ssh_config": str(config), "proxy_jump": "bastion", **host}}}))
+        return load_inventory(inventory).hosts["gpu1"]
+
+    with SshTransport(write(), retries=0) as t, pytest.raises(AuthenticationFailed) as caught:
+        t.run("hostname")
+    assert "is encrypted" in str(caught.value) and "passphrase_env" in str(caught.value)
+    monkeypatch.delenv("LAB_KEY_PASSPHRASE", raising=False)
+    with pytest.raises(InputError, match="LAB_KEY_PASSPHRASE is not set"):
+        write(passphrase_env="LAB_KEY_PASSPHRASE")
+    monkeypatch.setenv("LAB_KEY_PASSPHRASE", "wrong")
+    with SshTransport(write(passphrase_env="LAB_KEY_PASSPHRASE"), retries=0) as t, \
+            pytest.raises(AuthenticationFailed, match="wrong passphrase"):
+        t.run("hostname")
+    monkeypatch.setenv("LAB_KEY_PASSPHRASE", secret)
+    resource = write(passphrase_env="LAB_KEY_PASSPHRASE")
+    assert secret not in repr(resource) and secret not in inventory.read_text()
+    with SshTransport(resource, retries=0) as t:
+        assert t.run("hostname", check=True).stdout.strip() == server.host_name
+    assert pub  # the key itself is the emulated host's own, only encrypted
+
+
+@needs_sshd
+def test_ssh_config_resolves_host_and_jump_and_inventory_wins(sshd, server, tmp_path):
+    kh = sshd.known_hosts(tmp_path / "jump_known_hosts")
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host bastion\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n  IdentityFile {sshd.client_key}\n"
+        f"  UserKnownHostsFile {kh}\n\n"
+        f"Host gpu*\n  HostName 127.0.0.1\n  Port {server.port}\n  User nobody\n"
+        f"  IdentityFile {server.client_key_path}\n  UserKnownHostsFile {server.known_hosts_path}\n"
+        f"  ProxyJump bastion\n")
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({
+        "bench": {"name": "lab"},
+        "ocs": {"ocs1": {"protocol": "polatis-tl1", "url": "tcp://127.0.0.1:1", "size": [4, 4],
+                         "allowed_ports": ["1-8"]}},
+        "host_defaults": {"ssh_config": str(config)},
+        "hosts": {"gpu1": {"user": server.user}, "gpu2": {"address": "gpu-other", "proxy_jump": "none"}}}))
+    hosts = load_inventory(inventory).hosts
+    gpu1 = hosts["gpu1"]
+    assert (gpu1.address, gpu1.port, gpu1.user) == ("127.0.0.1", server.port, server.user)  # User: inventory's
+    assert gpu1.identity_file == str(server.client_key_path) and gpu1.known_hosts == str(server.known_hosts_path)
+    assert gpu1.proxy_jump == (JumpHost("127.0.0.1", sshd.port, "root", str(sshd.client_key), str(kh)),)
+    assert hosts["gpu2"].proxy_jump == () and hosts["gpu2"].user == "nobody"  # `none` beats ssh_config's
+    before = len(sshd.forwards())
+    with SshTransport(gpu1, retries=0) as t:
+        assert t.run("hostname", check=True).stdout.strip() == server.host_name
+    assert sshd.forwards()[before:] == [server.port]
+
+
+def test_ssh_config_and_jump_errors_name_file_and_line(tmp_path):
+    inventory = tmp_path / "inventory.yaml"
+    base = {"bench": {"name": "lab"},
+            "ocs": {"ocs1": {"protocol": "polatis-tl1", "url": "tcp://127.0.0.1:1", "size": [4, 4],
+                             "allowed_ports": ["1-8"]}}}
+    cases = [({"a": {"address": "x", "ssh_config": str(tmp_path / "missing")}}, "ssh_config"),
+             ({"a": {"address": "x", "ssh_config": "none", "proxy_jump": "bad host"}}, "proxy_jump"),
+             ({"a": {"address": "x", "ssh_config": "none", "proxy_jump": ["j"], "proxy_command": "nc %h %p"}},
+              "exclude each other"),
+             ({"a": {"address": "x", "ssh_config": "none", "tools": {"ethtool": "ethtool"}}}, "absolute path"),
+             ({"a": {"address": "x", "ssh_config": "none", "tools": {"ethtol": "/usr/sbin/ethtool"}}}, "ethtol"),
+             ({"a": {"address": "x", "ssh_config": "none", "become": "su"}}, "become")]
+    for hosts, needle in cases:
+        inventory.write_text(yaml.safe_dump({**base, "hosts": hosts}))
+        with pytest.raises(InputError) as caught:
+            load_inventory(inventory)
+        text = caught.value.format()
+        assert needle in text and f"{inventory}:" in text, text
+
+
+@needs_sshd
+def test_proxy_command_through_real_ssh_client(sshd, server, tmp_path):
+    """OpenSSH's own client as the ProxyCommand (`ssh -W %h:%p`), strict on the jump host too."""
+    if shutil.which("ssh") is None:
+        pytest.skip("needs the OpenSSH client (ssh)")
+    kh = sshd.known_hosts(tmp_path / "jump_known_hosts")
+    r = server.resource()
+    command = (f"ssh -q -i {sshd.client_key} -o IdentitiesOnly=yes -o StrictHostKeyChecking=yes "
+               f"-o UserKnownHostsFile={kh} -o BatchMode=yes -p {sshd.port} -W {r.address}:{r.port} root@127.0.0.1")
+    resource = HostResource(name=r.name, address=r.address, port=r.port, user=r.user, identity_file=r.identity_file,
+                            known_hosts=r.known_hosts, strict_host_key=True, proxy_command=command)
+    before = len(sshd.forwards())
+    with SshTransport(resource, retries=0) as t:
+        for _ in range(3):
+            assert t.run("hostname", check=True).stdout.strip() == server.host_name
+        assert t.receive_stamps()["stamp"] == "read"  # a pipe: dated by its read, and says so
+    assert sshd.forwards()[before:] == [server.port]
+
+
+@needs_sshd
+def test_agent_key_for_the_jump_pinned_key_for_the_host(sshd, server, tmp_path, monkeypatch):
+    """The jump host accepts only the agent's key, the host only the pinned file: both are used."""
+    if shutil.which("ssh-agent") is None:
+        pytest.skip("needs ssh-agent")
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 5
+        while not sock.exists() and time.monotonic() < end:
+            time.sleep(0.01)
+        env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
+        subprocess.run(["ssh-add", "-q", str(sshd.client_key)], env=env, check=True, stderr=subprocess.DEVNULL)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        hop = JumpHost("127.0.0.1", sshd.port, "root", None, str(sshd.known_hosts(tmp_path / "kh")))
+        with SshTransport(_behind(server, hop), retries=0) as t:
+            assert t.run("hostname", check=True).stdout.strip() == server.host_name
+        monkeypatch.delenv("SSH_AUTH_SOCK")  # without the agent the jump host refuses
+        with SshTransport(_behind(server, hop), retries=0) as t, pytest.raises(AuthenticationFailed, match="jump"):
+            t.run("hostname")
+    finally:
+        agent.terminate()
+        agent.wait(5)
