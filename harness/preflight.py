@@ -205,9 +205,11 @@ def host_stages(bench: Bench, name: str, transport: SshTransport, *, probes: boo
                 present = flags is not None and (flags.rx_loss_of_signal if field_ == "rx_los"
                                                  else flags.rx_loss_of_lock) is not None
                 if not present:
-                    lost[stage] = (f"the module does not report {field_} (ethtool < 6.4, or no CDR)", False)
+                    lost[stage] = ("`ethtool -m` shows no Rx loss of signal (ethtool < 6.4)" if field_ == "rx_los" else
+                                   "`ethtool -m` shows no Rx loss of lock (ethtool < 6.4, or a module without CDR)",
+                                   False)
     notes = ()
-    if probes and host.user != "root" and host.become != "sudo":
+    if probes and not bench.emulated and host.user != "root" and host.become != "sudo":
         notes = (f"first_packet needs CAP_NET_RAW for the probes ({host.user} is not root, no become: sudo)",)
     return HostStages(name, how, tuple(s for s in stages if s not in lost), lost, notes)
 

@@ -463,9 +463,7 @@ def _preflight_stages(ctx) -> None:
     observing = [step.params for step in ctx.playbook.steps if "ethtool_interval_us" in step.params]
     if not observing:
         return
-    asked = {"phy_up", "port_active", *STAGES_DOWN}
-    if any(p["ethtool_interval_us"] > 0 for p in observing):
-        asked |= set(ETHTOOL_STAGES)
+    asked = {"phy_up", "port_active", *STAGES_DOWN, *ETHTOOL_STAGES}
     probes = any(p.get("probes") for p in observing)
     if probes:
         asked.add("first_packet")
@@ -476,7 +474,7 @@ def _preflight_stages(ctx) -> None:
             print(f"preflight: {r.line()}", file=sys.stderr)
     if stops:
         raise PreflightFailed(f"preflight: {stops[0]}" + (f" (+{len(stops) - 1} more hosts)" if len(stops) > 1 else "")
-                              + " — fix it, or set ethtool_interval_us: 0 / probes: false to run without those stages")
+                              + " — declare the tool's path (tools:) or the privilege (become: sudo) in the inventory")
     unobserved = [r.line() for r in reports if any(stage in asked for stage in r.lost)]
     if unobserved:
         ctx.manifest_extra["unobserved_stages"] = unobserved

@@ -319,3 +319,128 @@ def test_agent_key_for_the_jump_pinned_key_for_the_host(sshd, server, tmp_path, 
     finally:
         agent.terminate()
         agent.wait(5)
+
+
+# ------------------------------------------------------------------ turnaround runs through the jump host
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    from devices.emulated.bench import EmulatedBench
+
+    with EmulatedBench("instant", seed=3, workdir=tmp_path_factory.mktemp("bench")) as bench:
+        yield bench
+
+
+def _lab_inventory(emulated, path: Path, **host_defaults) -> Path:
+    """The emulated bench as a real lab's inventory: not marked emulated (strict host keys on every hop)."""
+    inventory = emulated.inventory()
+    inventory["bench"] = {"name": "lab-behind-bastion", "emulated": False}
+    inventory["host_defaults"] = host_defaults
+    path.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    return path
+
+
+def _run(tmp_path: Path, inventory: Path, name: str, capsys, **step) -> tuple[int, Path, str]:
+    from harness.cli import main
+
+    playbook = tmp_path / f"{name}.yaml"
+    playbook.write_text(yaml.safe_dump({"name": name, "bench": "emulated:instant", "seed": 3, "cycles": 2, "steps": [
+        {"type": "turnaround", "name": "measure", "cycle_timeout_s": 20, "clock_warmup_s": 0.3, **step}]}))
+    out = tmp_path / f"run-{name}"
+    code = main(["run", str(playbook), "--bench", str(inventory), "--out", str(out), "-q"])
+    return code, out if out.exists() else None, capsys.readouterr().err
+
+
+def _bastion_config(sshd: Sshd, tmp_path: Path) -> Path:
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host bastion\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n"
+                      f"  IdentityFile {sshd.client_key}\n"
+                      f"  UserKnownHostsFile {sshd.known_hosts(tmp_path / 'bastion_known_hosts')}\n")
+    return config
+
+
+@needs_sshd
+def test_turnaround_through_real_openssh_jump_host_with_strict_host_keys(sshd, emulated, tmp_path, capsys):
+    inventory = _lab_inventory(emulated, tmp_path / "lab.yaml", ssh_config=str(_bastion_config(sshd, tmp_path)),
+                               proxy_jump="bastion")
+    hosts = load_inventory(inventory).hosts
+    assert all(h.strict_host_key and [str(j) for j in h.proxy_jump] == [f"root@127.0.0.1:{sshd.port}"]
+               for h in hosts.values())
+    before = len(sshd.forwards())
+    code, run, err = _run(tmp_path, inventory, "jump", capsys)
+    assert code == 0, err
+    events = __import__("pandas").read_parquet(run / "events.parquet")
+    assert {"light_detected", "phy_up", "port_active"} <= set(events["stage"])
+    forwarded = set(sshd.forwards()[before:])
+    assert forwarded == {s.port for s in emulated.host_servers.values()}  # every host's SSH went through it
+    assert "unobserved" not in json_manifest(run)
+
+
+def json_manifest(run: Path) -> str:
+    return (run / "manifest.json").read_text()
+
+
+def test_turnaround_as_non_root_with_become_sudo(emulated, tmp_path, capsys):
+    """User `lab` (not root) with `become: sudo` and ethtool at its declared path: the agent and `ethtool -m` run
+    under `sudo -n` on every host (the emulated host's sudo records it), every stage observed."""
+    servers = emulated.host_servers.values()
+    for server in servers:
+        server.sudo_commands.clear()
+    inventory = _lab_inventory(emulated, tmp_path / "lab.yaml", ssh_config="none", become="sudo",
+                               tools={"ethtool": "/usr/sbin/ethtool"})
+    assert {h.user for h in load_inventory(inventory).hosts.values()} == {"lab"}
+    code, run, err = _run(tmp_path, inventory, "sudo", capsys)
+    assert code == 0, err
+    for server in servers:
+        ran = server.sudo_commands
+        assert any(c.startswith("/usr/sbin/ethtool -m ") for c in ran), ran  # the preflight's
+        assert any(" watch " in c and "--ethtool /usr/sbin/ethtool" in c for c in ran), ran  # the agent's
+        assert any(c.endswith(" timesrv") for c in ran), ran
+    events = __import__("pandas").read_parquet(run / "events.parquet")
+    assert {"light_detected", "cdr_locked", "phy_up", "port_active"} <= set(events["stage"])
+
+
+def test_lost_stages_stop_the_run_with_one_line_per_host(emulated, tmp_path, capsys):
+    """sudo refused, or ethtool not at its declared path: the preflight names the host, the stages and why, and
+    the run stops before any switch is touched; with ethtool_interval_us: 0 the same bench runs and says so."""
+    server = next(iter(emulated.host_servers.values()))
+    patches = emulated.physics.ocs_patches()
+    inventory = _lab_inventory(emulated, tmp_path / "lab.yaml", ssh_config="none", become="sudo")
+    server.sudo_allowed = False
+    try:
+        code, run, err = _run(tmp_path, inventory, "refused", capsys)
+    finally:
+        server.sudo_allowed = True
+    assert code != 0 and f"host {server.host_name} (lab@127.0.0.1 via sudo -n): observes nothing" in err
+    assert "sudo -n refused (sudo: a password is required)" in err
+    assert emulated.physics.ocs_patches() == patches
+    inventory = _lab_inventory(emulated, tmp_path / "lab.yaml", ssh_config="none",
+                               tools={"ethtool": "/opt/nowhere/ethtool"})
+    code, run, err = _run(tmp_path, inventory, "missing", capsys)
+    assert code != 0, err
+    lines = [line for line in err.splitlines() if line.startswith("preflight: host ")]
+    assert len(lines) == len(emulated.host_servers), err
+    assert all("not light_detected, cdr_locked, light_lost: /opt/nowhere/ethtool not found" in l for l in lines)
+    assert "tools:" in err and "become: sudo" in err  # what to fix
+    assert emulated.physics.ocs_patches() == patches
+
+
+def test_a_module_without_flags_is_said_on_console_and_in_summary(emulated, tmp_path, capsys):
+    """ethtool < 6.4 prints no Rx loss of signal/lock: nothing the lab can fix, so the run goes on, and says so."""
+    from devices.emulated import formats
+
+    servers = list(emulated.host_servers.values())
+    saved = [s.tools for s in servers]
+    for server in servers:
+        server.tools = formats.ToolVersions(ethtool="6.1")
+    try:
+        inventory = _lab_inventory(emulated, tmp_path / "lab.yaml", ssh_config="none")
+        code, run, err = _run(tmp_path, inventory, "old-ethtool", capsys)
+    finally:
+        for server, tools in zip(servers, saved):
+            server.tools = tools
+    assert code == 0, err
+    why = ("not light_detected, light_lost: `ethtool -m` shows no Rx loss of signal (ethtool < 6.4); "
+           "not cdr_locked: `ethtool -m` shows no Rx loss of lock")
+    assert sum(why in line for line in err.splitlines()) == len(servers), err
+    summary = (run / "summary.md").read_text()
+    assert sum(why in line and "stages not observed" in line for line in summary.splitlines()) == len(servers)
