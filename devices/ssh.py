@@ -104,8 +104,9 @@ class SshTransport(CommandTransport):
             else:
                 sock = self._tcp(first.address if first else r.address, first.port if first else r.port)
             for i, hop in enumerate(r.proxy_jump):
+                passphrase = r.passphrase if hop.identity_file == r.identity_file else None  # the host's key
                 client = self._login(sock, hop.address, hop.port, hop.user, hop.identity_file, hop.known_hosts,
-                                     None, since, f"{self._where}: jump host {hop}")
+                                     passphrase, since, f"{self._where}: jump host {hop}")
                 hops.append(client)
                 nxt = r.proxy_jump[i + 1] if i + 1 < len(r.proxy_jump) else r
                 sock = _ChannelSocket.open(client.get_transport(), nxt.address, nxt.port, self.connect_timeout,

@@ -130,6 +130,20 @@ def test_proxy_jump_through_real_sshd_with_strict_host_keys(sshd, server, tmp_pa
 
 
 @needs_sshd
+def test_a_dropped_host_is_reached_again_through_the_jump_host(sshd, server, tmp_path):
+    before = len(sshd.forwards())
+    with SshTransport(_behind(server, _jump(sshd, tmp_path)), retries=1, backoff_s=0.05) as t:
+        assert t.run("hostname", check=True).stdout.strip() == server.host_name
+        assert server.drop_connections() >= 1
+        deadline = time.monotonic() + 5
+        while t._client.get_transport().is_active() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert t.run("hostname", check=True).stdout.strip() == server.host_name
+        assert t.connects == 2
+    assert sshd.forwards()[before:] == [server.port, server.port]
+
+
+@needs_sshd
 def test_two_hop_chain(sshd, server, tmp_path):
     before = len(sshd.forwards())
     hop = _jump(sshd, tmp_path)
@@ -444,3 +458,26 @@ def test_a_module_without_flags_is_said_on_console_and_in_summary(emulated, tmp_
     assert sum(why in line for line in err.splitlines()) == len(servers), err
     summary = (run / "summary.md").read_text()
     assert sum(why in line and "stages not observed" in line for line in summary.splitlines()) == len(servers)
+
+
+def test_the_real_agent_runs_the_declared_ethtool_and_names_it_when_missing(tmp_path):
+    """hilagent's watch calls the ethtool it is given (the inventory's tools:), and says which one it lacks."""
+    import sys
+
+    from devices.agent import AGENT_FILE
+
+    fake = tmp_path / "ethtool"  # prints one SFF-8636 excerpt's flags, as ethtool 6.4+ does
+    fake.write_text("#!/bin/sh\nprintf '\\tRx loss of signal                         : [ Yes, No, No, No ]\\n"
+                    "\\tRx loss of lock                           : None\\n'\n")
+    fake.chmod(0o755)
+    for ethtool, expect in ((str(fake), "lo rx_los 1"), (str(tmp_path / "missing"), None)):
+        proc = subprocess.Popen([sys.executable, "-u", str(AGENT_FILE), "watch", "--interval-us", "2000",
+                                 "--ethtool-interval-us", "2000", "--ethtool", ethtool, "lo"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        out, err = proc.communicate(input="", timeout=20)  # stdin's EOF ends the watch
+        if expect:
+            assert any(" ".join(line.split()[1:4]) == expect for line in out.splitlines()), out
+            assert any(" ".join(line.split()[1:4]) == "lo rx_lol 0" for line in out.splitlines()), out
+        else:
+            assert f"{ethtool} not found; rx_los and rx_lol not watched" in err
