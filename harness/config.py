@@ -610,7 +610,7 @@ def host_resource(name: str, spec: HostSpec, defaults: HostAccessSpec | None, em
         jumps, jumps_where = found.get("proxyjump"), config_where
     if isinstance(jumps, str):
         jumps = [] if jumps.strip() == "none" else [j for j in jumps.split(",") if j.strip()]
-    proxy_command = spec.proxy_command or (None if jumps or spec.port else found.get("proxycommand"))
+    proxy_command = spec.proxy_command or (None if jumps else found.get("proxycommand"))
     if jumps and spec.proxy_command:
         raise InputError(f"hosts.{name}: proxy_jump and proxy_command exclude each other", *node.where("proxy_command"))
     hops = []

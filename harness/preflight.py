@@ -44,7 +44,7 @@ from analysis.stages import PORT_CHAIN, STAGE_TABLE, STAGES_DOWN
 from harness.fanout import fan_out
 
 LIT_DBM = -30.0  # receive power above which a module without an Rx LOS flag (ethtool < 6.4) sees light
-LINK_COMMAND = "ip link set dev {netdev} {state}"  # state: up | down; a lab without root: "sudo -n " + this
+LINK_COMMAND = "ip link set dev {netdev} {state}"  # state: up | down; under sudo -n where the host says become: sudo
 
 
 def check_link_command(template: str) -> str:

@@ -251,20 +251,24 @@ def test_ssh_config_resolves_host_and_jump_and_inventory_wins(sshd, server, tmp_
         f"  UserKnownHostsFile {kh}\n\n"
         f"Host gpu*\n  HostName 127.0.0.1\n  Port {server.port}\n  User nobody\n"
         f"  IdentityFile {server.client_key_path}\n  UserKnownHostsFile {server.known_hosts_path}\n"
-        f"  ProxyJump bastion\n")
+        f"  ProxyJump bastion\n\n"
+        f"Host piped\n  HostName 10.0.0.7\n  Port 2222\n  ProxyCommand ssh -W %h:%p bastion\n")
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(yaml.safe_dump({
         "bench": {"name": "lab"},
         "ocs": {"ocs1": {"protocol": "polatis-tl1", "url": "tcp://127.0.0.1:1", "size": [4, 4],
                          "allowed_ports": ["1-8"]}},
         "host_defaults": {"ssh_config": str(config)},
-        "hosts": {"gpu1": {"user": server.user}, "gpu2": {"address": "gpu-other", "proxy_jump": "none"}}}))
+        "hosts": {"gpu1": {"user": server.user}, "gpu2": {"address": "gpu-other", "proxy_jump": "none"},
+                  "gpu3": {"address": "piped"}}}))
     hosts = load_inventory(inventory).hosts
     gpu1 = hosts["gpu1"]
     assert (gpu1.address, gpu1.port, gpu1.user) == ("127.0.0.1", server.port, server.user)  # User: inventory's
     assert gpu1.identity_file == str(server.client_key_path) and gpu1.known_hosts == str(server.known_hosts_path)
     assert gpu1.proxy_jump == (JumpHost("127.0.0.1", sshd.port, "root", str(sshd.client_key), str(kh)),)
     assert hosts["gpu2"].proxy_jump == () and hosts["gpu2"].user == "nobody"  # `none` beats ssh_config's
+    assert hosts["gpu3"].proxy_command == "ssh -W 10.0.0.7:2222 bastion" and hosts["gpu3"].proxy_jump == ()
+    assert (hosts["gpu3"].address, hosts["gpu3"].port, hosts["gpu3"].user) == ("10.0.0.7", 2222, "root")
     before = len(sshd.forwards())
     with SshTransport(gpu1, retries=0) as t:
         assert t.run("hostname", check=True).stdout.strip() == server.host_name
@@ -481,3 +485,17 @@ def test_the_real_agent_runs_the_declared_ethtool_and_names_it_when_missing(tmp_
             assert any(" ".join(line.split()[1:4]) == "lo rx_lol 0" for line in out.splitlines()), out
         else:
             assert f"{ethtool} not found; rx_los and rx_lol not watched" in err
+
+
+def test_commands_as_the_host_runs_them():
+    plain = HostResource("h", "192.0.2.1")
+    assert plain.as_run("ethtool -m eth0") == "ethtool -m eth0"  # nothing declared: as written
+    lab = HostResource("h", "192.0.2.1", user="lab", become="sudo",
+                       tools=(("ethtool", "/usr/sbin/ethtool"), ("ip", "/usr/sbin/ip")))
+    assert lab.as_run("ethtool -m eth0") == "sudo -n /usr/sbin/ethtool -m eth0"
+    assert lab.as_run("ip link set dev eth0 down") == "sudo -n /usr/sbin/ip link set dev eth0 down"
+    assert lab.as_run("ip -j link") == "/usr/sbin/ip -j link"  # reading needs no root
+    assert lab.as_run("python3 -u .cache/ocs-hil/hilagent-x.py watch") == \
+        "sudo -n python3 -u .cache/ocs-hil/hilagent-x.py watch"  # the agent
+    assert lab.as_run("nvidia-smi -L") == "nvidia-smi -L" and lab.as_run("sudo -n true") == "sudo -n true"
+    assert lab.as_run("mkdir -p d && cat > d/f") == "mkdir -p d && cat > d/f"
