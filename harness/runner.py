@@ -54,6 +54,7 @@ class RunOptions:
     dry_run: bool = False
     quiet: bool = False
     json: bool = False  # one result line on stdout
+    junit: str | None = None  # also write the record as JUnit XML there
     adopt_current_state: bool = False  # take a switch another run left changed as the original
 
 
@@ -83,6 +84,10 @@ class RunContext:
     _switches: dict[str, CircuitSwitch] = field(default_factory=dict)
     _sessions: dict[str, Any] = field(default_factory=dict)
     _transports: dict[str, Any] = field(default_factory=dict)  # SSH connections opened before their host's session
+
+    def latch_broken(self, why: str) -> None:
+        """Latch the bench broken (the first cause stands): the rest of the run is skipped, not attempted."""
+        self.broken = self.broken or why
 
     def rng(self, stream: str) -> np.random.Generator:
         """An independent, reproducible random stream per purpose (same seed → same stream on resume)."""
@@ -370,6 +375,8 @@ def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, 
             if not options.dry_run:  # the quick preflight (harness bench check --quick) before any switch is touched
                 _preflight(ctx)
             for step in playbook.steps:
+                if ctx.lease is not None and ctx.lease.lost:
+                    ctx.latch_broken(f"bench lock lost: {ctx.lease.lost}")
                 if ctx.broken:
                     ctx.results[step.name] = StepOutcome.skipped(ctx.broken)
                     continue
@@ -415,6 +422,10 @@ def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, 
         # The bench is still up here (the stack unwinds after), so ground truth is complete.
         try:
             record = finish_run(ctx, manifest, status=status, wall_s=wall, started_utc=started_utc)
+            if options.junit:
+                from harness.junit import write_junit
+
+                write_junit(run_dir, Path(options.junit))
             if not ctx.quiet:
                 console_summary(ctx, record)
         except OSError as exc:  # e.g. the disk filled up: the JSONL log is still the record

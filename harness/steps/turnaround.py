@@ -158,9 +158,6 @@ class TurnaroundRun:
                     ctx.say(f"cycle {cycle}: " + ", ".join(f"{i}->{e}" for i, e in sorted(ocs_map.items())))
                     self.guard.switch.apply(ocs_map, exclusive=True)
                     continue
-                lease = getattr(ctx, "lease", None)
-                if lease is not None and lease.lost and not ctx.broken:
-                    ctx.broken = f"bench lock lost: {lease.lost}"
                 if ctx.broken:
                     self.skipped.append(cycle)
                     continue
@@ -355,7 +352,7 @@ class TurnaroundRun:
                stamps: OcsStamps = OcsStamps()) -> CycleOutcome:
         """Latch the bench broken: record this cycle as faulted with the cause, and stop."""
         self.after_command()
-        self.ctx.broken = why
+        self.ctx.latch_broken(why)
         self.ctx.say(f"[red]bench latched broken:[/] {why}")
         done = now_ns()
         mk = lambda stage, t, **kw: Event(self.ctx.run_id, cycle, stage, kw.get("host", ""),  # noqa: E731
