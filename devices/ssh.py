@@ -273,7 +273,7 @@ class SshTransport(CommandTransport):
                 except socket.timeout:
                     while channel.recv_stderr_ready():
                         err.append(channel.recv_stderr(_CHUNK))
-                    if channel.closed:
+                    if channel.closed and not channel.recv_ready():  # output may have come with the close
                         break
                     continue
                 if not data:

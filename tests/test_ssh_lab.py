@@ -61,7 +61,8 @@ class Sshd:
             config = self.folder / "sshd_config"
             config.write_text("\n".join([
                 f"ListenAddress 127.0.0.1:{self.port}", f"HostKey {self.host_key}",
-                f"AuthorizedKeysFile {self.folder / 'authorized_keys'}", "PidFile none", "UsePAM no",
+                f"AuthorizedKeysFile {self.folder / 'authorized_keys'} %h/.ssh/authorized_keys", "PidFile none",
+                "UsePAM no",
                 "StrictModes no", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no", "AllowTcpForwarding yes", "LogLevel DEBUG1", ""]))
             log = open(self.log, "wb")
@@ -141,6 +142,30 @@ def test_a_dropped_host_is_reached_again_through_the_jump_host(sshd, server, tmp
         assert t.run("hostname", check=True).stdout.strip() == server.host_name
         assert t.connects == 2
     assert sshd.forwards()[before:] == [server.port, server.port]
+
+
+@needs_sshd
+def test_output_that_comes_with_the_close_is_kept(sshd, tmp_path, monkeypatch):
+    """OpenSSH sends a short command's output, exit status, EOF and close together: a read that timed out just
+    before they came must still collect the output (3 of 400 `echo` runs came back empty, exit 0, before the
+    fix). Each timed-out read here returns only once the close has come, so the race is taken every time."""
+    recv = paramiko.Channel.recv
+
+    def late_timeout(channel, n):
+        try:
+            return recv(channel, n)
+        except socket.timeout:
+            channel.status_event.wait(5)  # the output and the exit status came meanwhile
+            end = time.monotonic() + 5
+            while not channel.closed and time.monotonic() < end:
+                time.sleep(0.005)
+            raise
+
+    monkeypatch.setattr(paramiko.Channel, "recv", late_timeout)
+    root = HostResource("real", "127.0.0.1", sshd.port, "root", str(sshd.client_key),
+                        str(sshd.known_hosts(tmp_path / "kh")))
+    with SshTransport(root, retries=0) as t:
+        assert [t.run("sleep 0.2; echo x", check=True).stdout for _ in range(3)] == ["x\n"] * 3
 
 
 @needs_sshd
@@ -499,3 +524,62 @@ def test_commands_as_the_host_runs_them():
         "sudo -n python3 -u .cache/ocs-hil/hilagent-x.py watch"  # the agent
     assert lab.as_run("nvidia-smi -L") == "nvidia-smi -L" and lab.as_run("sudo -n true") == "sudo -n true"
     assert lab.as_run("mkdir -p d && cat > d/f") == "mkdir -p d && cat > d/f"
+
+
+# ------------------------------------------------------------------ real sudo, on the real sshd as the host
+@pytest.fixture
+def lab_user(sshd, tmp_path):
+    """A non-root login on the real sshd, created for this test and removed after it (with its sudoers file)."""
+    if shutil.which("sudo") is None or shutil.which("useradd") is None:
+        pytest.skip("needs sudo and useradd (Debian: apt-get install sudo)")
+    import tempfile
+
+    name = f"ocshil{os.getpid()}"
+    home = Path(tempfile.mkdtemp(prefix=f"{name}-"))  # outside pytest's root-only folder: sshd reads it as the user
+    sudoers = Path(f"/etc/sudoers.d/{name}")
+    subprocess.run(["useradd", "-M", "-d", str(home), "-s", "/bin/sh", "-p", "*", name], check=True)
+    try:
+        key = _keygen(tmp_path / "id_lab")
+        (home / ".ssh").mkdir()
+        (home / ".ssh" / "authorized_keys").write_text((tmp_path / "id_lab.pub").read_text())
+        for path in (home, home / ".ssh", home / ".ssh" / "authorized_keys"):
+            shutil.chown(path, name)
+        yield name, key, sudoers
+    finally:
+        sudoers.unlink(missing_ok=True)
+        end = time.monotonic() + 5  # its sshd session may outlive the test's connection by a moment
+        while subprocess.run(["userdel", name], capture_output=True).returncode == 8 and time.monotonic() < end:
+            time.sleep(0.1)  # 8: the user is logged in
+        subprocess.run(["userdel", "-f", name], capture_output=True)  # nothing left to do once removed
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@needs_sshd
+def test_become_sudo_with_real_sudo(sshd, lab_user, tmp_path):
+    """`become: sudo` runs the agent's interpreter under real `sudo -n`: as root where sudoers allows it without
+    a password, refused with sudo's own words (which the emulated host repeats) where it does not."""
+    from devices.hostagent import HostAgent
+    from devices.timing import Deadline
+
+    name, key, sudoers = lab_user
+    kh = str(sshd.known_hosts(tmp_path / "kh"))
+    whoami = "python3 -c 'import os; print(os.geteuid())'"
+    plain = HostResource("real", "127.0.0.1", sshd.port, name, str(key), kh)
+    become = HostResource("real", "127.0.0.1", sshd.port, name, str(key), kh, become="sudo")
+    with SshTransport(plain, retries=0) as t:
+        assert t.run(whoami, check=True).stdout.strip() == str(int(subprocess.check_output(["id", "-u", name])))
+    with SshTransport(become, retries=0) as t:
+        refused = t.run(whoami)
+        assert refused.exit_status == 1 and refused.stderr.strip().splitlines()[-1] == "sudo: a password is required"
+        sudoers.write_text(f"{name} ALL=(root) NOPASSWD: ALL\n")
+        sudoers.chmod(0o440)
+        assert t.run(whoami, check=True).stdout.strip() == "0"
+        agent = HostAgent(t)  # installed as the user, run as root from the login directory
+        agent.install(Deadline(20))
+        with agent.timesrv() as stream:
+            stream.write("t1\n")
+            got = stream.readline(Deadline(20))
+        assert got is not None and got[1].split()[0] == "t1"
+    from devices.emulated.ssh_host import _sudo  # the emulated host says what real sudo says
+    import inspect
+    assert '"sudo: a password is required\\n"' in inspect.getsource(_sudo)
