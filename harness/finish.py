@@ -105,6 +105,8 @@ def summary_markdown(ctx, summary: dict) -> str:
         lines.append("")
     if summary.get("lost_events"):
         lines += [lost_line(summary["lost_events"]), ""]
+    for line in ctx.manifest_extra.get("unobserved_stages") or []:  # the preflight's: never silent
+        lines += [f"⚠ stages not observed: {line}", ""]
     for host, r in (summary.get("clock_replies_by_read") or {}).items():
         lines += [f"⚠ clock probe replies of `{host}` dated by their read, not the kernel's receive stamp "
                   f"({read_dated(r)}): their samples count the SSH hub's backlog in their delay (wider bounds, "

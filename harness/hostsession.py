@@ -43,7 +43,7 @@ class HostSession:
         self.name = resource.name
         self.clock_probes = clock_probes
         self.transport = transport or SshTransport(resource)  # given: the run's connection, already used (preflight)
-        self.agent = HostAgent(self.transport, python=resource.python)
+        self.agent = HostAgent(self.transport, python=resource.python, ethtool=resource.tool("ethtool"))
         self._streams: list[LineStream] = []
         self._readers = readers  # None: the process's one reader thread (harness.bench.readers)
         self._timesrv: LineStream | None = None

@@ -464,6 +464,37 @@ def _preflight(ctx) -> None:
     if problems:
         raise PreflightFailed(f"preflight: {problems[0]}" + (f" (+{len(problems) - 1} more: harness bench check)"
                                                              if len(problems) > 1 else ""))
+    _preflight_stages(ctx)
+
+
+def _preflight_stages(ctx) -> None:
+    """One line per host: the stages its agent will observe and why not the others. A stage a step asked for
+    that the lab could give (a tool, a privilege) stops the run; one the module cannot report is said on the
+    console and in summary.md. Never silent."""
+    from analysis.stages import STAGES_DOWN
+    from harness.preflight import ETHTOOL_STAGES, PreflightFailed, stage_report
+
+    observing = [step.params for step in ctx.playbook.steps if "ethtool_interval_us" in step.params]
+    if not observing:
+        return
+    asked = {"phy_up", "port_active", *STAGES_DOWN, *ETHTOOL_STAGES}
+    probes = any(p.get("probes") for p in observing)
+    if probes:
+        asked.add("first_packet")
+    reports = stage_report(ctx.bench, ctx.transport, probes=probes)
+    stops = [r.line() for r in reports if any(fixable and stage in asked for stage, (_, fixable) in r.lost.items())]
+    if not ctx.quiet or stops:
+        for r in reports:
+            print(f"preflight: {r.line()}", file=sys.stderr)
+    if stops:
+        raise PreflightFailed(f"preflight: {stops[0]}" + (f" (+{len(stops) - 1} more hosts)" if len(stops) > 1 else "")
+                              + " — declare the tool's path (tools:) or the privilege (become: sudo) in the inventory")
+    unobserved = [r.line() for r in reports if any(stage in asked for stage in r.lost)]
+    if unobserved:
+        ctx.manifest_extra["unobserved_stages"] = unobserved
+        if ctx.quiet:
+            for line in unobserved:
+                print(f"preflight: {line}", file=sys.stderr)
 
 
 _error_line = logs.error_line

@@ -405,6 +405,11 @@ class EmulatedHostServer:
         self._unsubscribe: Callable[[], None] | None = None
         self._agent_streams: _AgentStreams | None = None
         self.reply_delay_s = 0.0  # fault injection: every output write of a command waits this long
+        # privileges: whether `sudo -n` may run commands as root (sudoers NOPASSWD), and what it ran (ground truth)
+        self.sudo_allowed = True
+        self.sudo_commands: list[str] = []
+        # where the host keeps its tools (Debian's layout); an absolute path elsewhere is "not found"
+        self.tool_paths: dict[str, tuple[str, ...]] = dict(TOOL_PATHS)
         # Emulated data plane of the benchmark tools (each overridable per command line):
         self.link_gbps: float | None = None  # over a circuit; None: the slower NIC's speed
         self.eps_gbps = EPS_GBPS_DEFAULT  # over the packet fabric, per NIC
@@ -590,6 +595,29 @@ def run_shell(ctx: ExecContext, command: str) -> int:
     return status
 
 
+def _has_tool(server: "EmulatedHostServer", path: str, tool: str) -> bool:
+    """Whether `path` runs `tool` on this host: its bare name, or an absolute path where the host keeps it."""
+    return (path == tool or path in server.tool_paths.get(tool, ())) and tool in server.commands
+
+
+def _sudo(ctx: ExecContext, argv: list[str]) -> int:
+    """sudo as the harness uses it, `sudo -n COMMAND...`: run as root when the host's user may (sudoers NOPASSWD:
+    `sudo_allowed`), else sudo's own refusal. Without -n sudo would prompt: there is no terminal here."""
+    words = argv[1:]
+    if words[:1] != ["-n"]:
+        ctx.err("sudo: a terminal is required to read the password; either use the -S option to read from "
+                "standard input or configure an askpass helper\nsudo: a password is required\n")
+        return 1
+    if len(words) < 2:
+        ctx.err("usage: sudo -h | -K | -k | -V\n")
+        return 1
+    if not ctx.server.sudo_allowed:
+        ctx.err("sudo: a password is required\n")
+        return 1
+    ctx.server.sudo_commands.append(shlex.join(words[1:]))
+    return _run_simple(ctx, words[1:])
+
+
 def _run_simple(ctx: ExecContext, words: list[str]) -> int:
     home = ctx.server.home
     words = [home + w[1:] if w == "~" or w.startswith("~/") else w for w in words]  # tilde expansion
@@ -612,6 +640,10 @@ def _run_simple(ctx: ExecContext, words: list[str]) -> int:
     if not words:
         return 0
     name = words[0]
+    if name.startswith("/") and not _has_tool(ctx.server, name, posixpath.basename(name)) \
+            and posixpath.basename(name) in ctx.server.tool_paths:
+        ctx.err(f"sh: 1: {name}: not found\n")
+        return 127
     handler = ctx.server.commands.get(name) or ctx.server.commands.get(posixpath.basename(name))
     if handler is None and posixpath.basename(name) in PYTHON_NAMES:
         handler = _python
@@ -1437,6 +1469,10 @@ def _runs_agent_timesrv(server: "EmulatedHostServer", command: str) -> bool:
     except ValueError:
         return False
     words = words[1:] if words[:1] == ["exec"] else words
+    if words[:2] == ["sudo", "-n"]:  # become: sudo
+        if not server.sudo_allowed:
+            return False
+        words = words[2:]
     words = [w for i, w in enumerate(words) if not (i == 1 and w == "-u")]
     if len(words) != 3 or words[2] != "timesrv" or posixpath.basename(words[0]) not in PYTHON_NAMES:
         return False
@@ -1810,7 +1846,7 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
     """The agent's `watch` (see `_WatchStream`); initial values carry INTERVAL_NS 0, `--ethtool-interval-us 0`
     turns the ethtool fields off. Ends when stdin closes or the client goes away."""
     try:
-        opts, targets = _options(argv[1:], {"interval-us": int, "ethtool-interval-us": int})
+        opts, targets = _options(argv[1:], {"interval-us": int, "ethtool-interval-us": int, "ethtool": str})
     except ValueError as exc:
         ctx.err(f"watch: {exc}\n")
         return 2
@@ -1818,6 +1854,10 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
         ctx.err("usage: watch --interval-us N [--ethtool-interval-us M] NETDEV[=RDMADEV/PORT] ...\n")
         return 2
     ethtool_us = WATCH_ETHTOOL_DEFAULT_US if opts["ethtool-interval-us"] is None else opts["ethtool-interval-us"]
+    ethtool = opts["ethtool"] or "ethtool"
+    if ethtool_us > 0 and not _has_tool(ctx.server, ethtool, "ethtool"):  # the agent's own note and behaviour
+        ctx.err(f"hilagent: {ethtool} not found; rx_los and rx_lol not watched\n")
+        ethtool_us = 0
     watched: dict[str, tuple[str, ...]] = {}  # netdev -> fields
     for target in targets:
         netdev, eq, rdma = target.partition("=")
@@ -1945,8 +1985,13 @@ DEFAULT_COMMANDS: dict[str, Handler] = {
     "ip": _ip, "rdma": _rdma, "ethtool": _ethtool, "mlxlink": _mlxlink, "nvidia-smi": _nvidia_smi,
     "alltoall_perf": _alltoall_perf, "ib_write_bw": _ib_write_bw,
     "ibstat": _ibstat, "ibstatus": _ibstatus, "ibv_devinfo": _ibv_devinfo, "ibdev2netdev": _ibdev2netdev,
-    "uname": _uname, "ls": _ls,
+    "uname": _uname, "ls": _ls, "sudo": _sudo,
 }
+# Debian's paths of the tools (ethtool, iproute2's ip and rdma in /usr/sbin and /sbin; usrmerge links both;
+# mlxlink from MFT and nvidia-smi in /usr/bin)
+TOOL_PATHS = {"ethtool": ("/usr/sbin/ethtool", "/sbin/ethtool"), "ip": ("/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"),
+              "rdma": ("/usr/sbin/rdma", "/sbin/rdma", "/usr/bin/rdma", "/bin/rdma"),
+              "mlxlink": ("/usr/bin/mlxlink",), "nvidia-smi": ("/usr/bin/nvidia-smi",)}
 AGENT_COMMANDS: dict[str, Handler] = {
     "timesrv": _agent_timesrv, "watch": _agent_watch, "counters": _agent_counters,
     "probe-send": _agent_probe_send, "probe-recv": _agent_probe_recv,
