@@ -134,7 +134,6 @@ class SshTransport(CommandTransport):
                passphrase: str | None, since: ClockPair, where: str) -> paramiko.SSHClient:
         """SSH over `sock` (a socket, a hop's channel, a proxy command) to `address:port` as `user`: the key
         pinned by `identity_file` first, then the agent's keys; host key against `known_hosts`."""
-        r = self.resource
         client = None
         try:
             client = paramiko.SSHClient()
