@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 
 from analysis.stages import STAGE_TABLE  # noqa: E402
 
-STAGE_STEPS = [(s.label, s.name, s.after) for s in STAGE_TABLE if s.up and s.after]
+STAGE_STEPS = [(s.label, s.name, s.after) for s in STAGE_TABLE if s.up and s.after and not s.optional]
 
 
 def plot_iteration_vs_delay(series: list[dict], markers: dict, path: Path, calibrated: set[str] | None = None) -> Path:
