@@ -541,7 +541,7 @@ def build_scenarios(models: Sequence[str] = tuple(mm.MODELS), links: Sequence[in
                     greedy: Literal["simulator", "paper"] = "simulator",
                     cost_basis: Literal["paper", "calculator", "spec"] = "paper",
                     prices: dict[int, cost_model.Prices] | None = None, skew: float = 0.5,
-                    seed: int = 0, rail_spine_share: float = RAIL_SPINE_SHARE) -> list[Scenario]:
+                    seed: int = 0, rail_spine_share: float = RAIL_SPINE_SHARE, rail: bool = True) -> list[Scenario]:
     """Timelines and costs per model × link speed. Costs are for the job's servers (pp·dp regions).
 
     Defaults (docs/mixnet.md): the paper's overlap ("all_hidden"), "on_change" reconfiguration (a port whose
@@ -572,11 +572,12 @@ def build_scenarios(models: Sequence[str] = tuple(mm.MODELS), links: Sequence[in
             mix = mx.build_timeline(model, par, spec, mx.Fabric("mixnet", link, alpha=alpha,
                                                                 code_compat_greedy=greedy == "simulator"),
                                     reconfigure=reconfigure, **common)
-            rail = mx.build_timeline(model, par, spec, mx.Fabric("rail_optimized", link,
-                                                                 rail_spine_share=rail_spine_share), **common)
+            rail_tl = mx.build_timeline(model, par, spec, mx.Fabric("rail_optimized", link,
+                                                                    rail_spine_share=rail_spine_share),
+                                        **common) if rail else None
             costs = cost_model.fabric_costs(par.servers, link, alpha=alpha, nics_per_server=par.gpus_per_server,
                                             basis=cost_basis, prices=prices)
-            scenarios.append(Scenario(name, int(link), ft, mix, costs["fat_tree"], costs["mixnet"], rail,
+            scenarios.append(Scenario(name, int(link), ft, mix, costs["fat_tree"], costs["mixnet"], rail_tl,
                                       region_servers=par.region_servers, alpha=alpha, cost_basis=cost_basis))
     return scenarios
 
@@ -883,12 +884,12 @@ class Setup:
     confidence: float = 0.95
     bound: BoundAssumptions = BoundAssumptions()
 
-    def scenarios(self, a: Assumptions, models: Sequence[str] | None = None,
-                  links: Sequence[int] | None = None) -> list[Scenario]:
+    def scenarios(self, a: Assumptions, models: Sequence[str] | None = None, links: Sequence[int] | None = None,
+                  rail: bool = True) -> list[Scenario]:
         return build_scenarios(self.models if models is None else models, self.links if links is None else links,
                                gpu=a.gpu, mfu=a.mfu, parallelism=dict(self.parallelism), alpha=a.alpha,
                                overlap=a.overlap, reconfigure=self.reconfigure, greedy=a.greedy,
-                               cost_basis=self.cost_basis, skew=a.skew, seed=self.seed)
+                               cost_basis=self.cost_basis, skew=a.skew, seed=self.seed, rail=rail)
 
     @property
     def record_models(self) -> tuple[str, ...]:
@@ -902,7 +903,7 @@ def _run_points(task: tuple) -> list[dict]:
     setup, points, measured, gate = task
     out = []
     for index, assumptions in points:
-        scenarios = setup.scenarios(assumptions)
+        scenarios = setup.scenarios(assumptions, rail=index == 0)     # only the baseline reports the rail
         res = evaluate_point(measured, scenarios, claims=setup.claims, calibration=setup.calibration,
                              seed=setup.seed, verdict_delay=setup.verdict_delay, n_reps=setup.n_reps,
                              n_boot=setup.n_boot, confidence=setup.confidence, full=index == 0, gate=gate)
