@@ -617,10 +617,23 @@ def delay_summary(delays: mx.CycleDelays) -> dict:
             "per_port_mean_ms": float(delays.samples().mean() * 1e3)}
 
 
+def expanded_tail(confidence: float, n: int) -> float:
+    """The tail probability of Hesterberg's expanded percentile interval (2015): Φ(−√(n/(n−1))·t_{n−1}) instead
+    of (1 − confidence)/2, so a percentile bootstrap over n clusters keeps its coverage at small n (10 cycles:
+    0.86 % instead of 2.5 %; benchmarks/coverage.py --verdict)."""
+    from scipy import stats as st
+
+    alpha = (1 - confidence) / 2
+    if n < 2:
+        return alpha
+    return float(st.norm.cdf(-math.sqrt(n / (n - 1)) * st.t.ppf(1 - alpha, n - 1)))
+
+
 def bootstrap_mixnet(timeline: mx.Timeline, delays: mx.CycleDelays, rng: np.random.Generator, *, n_reps: int,
                      n_boot: int, confidence: float = 0.95) -> dict:
-    """E[T_mix] and the mean delay per switching reconfiguration, each with a cluster-bootstrap percentile CI:
-    every replicate resamples whole cycles, then runs `n_reps` Monte Carlo iterations on them."""
+    """E[T_mix] and the mean delay per switching reconfiguration, each with a cluster-bootstrap expanded
+    percentile CI (`expanded_tail`): every replicate resamples whole cycles, then runs `n_reps` Monte Carlo
+    iterations on them."""
     point_t = mx.sample_iteration_times(timeline, delays, n_reps * max(1, n_boot // 4), rng)
     switching = timeline.trig_ports > 0
     rows = n_reps * timeline.dp
@@ -637,7 +650,7 @@ def bootstrap_mixnet(timeline: mx.Timeline, delays: mx.CycleDelays, rng: np.rand
         boot_t[lo:hi] = timeline.times(draws).reshape(hi - lo, n_reps, timeline.dp).max(axis=2).mean(axis=1)
         if switching.any():
             boot_d[lo:hi] = draws.reshape(hi - lo, rows, -1)[:, :, switching].mean(axis=(1, 2))
-    tail = (1 - confidence) / 2 * 100
+    tail = expanded_tail(confidence, delays.n_cycles) * 100
     return {"t_mean_s": float(point_t.mean()), "t_ci_s": [float(v) for v in np.percentile(boot_t, [tail, 100 - tail])],
             "delay_mean_s": float(boot_d.mean()),
             "delay_ci_s": [float(v) for v in np.percentile(boot_d, [tail, 100 - tail])]}

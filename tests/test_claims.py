@@ -330,3 +330,10 @@ def test_the_bound_finding_and_the_seed_test_use_the_authors_own_ratios():
         rail = claims.paper_reported_ratio(r["model"], r["link_gbps"], "rail_optimized")
         assert r["bound_vs_rail"] == pytest.approx(r["bound_vs_fat_tree"] / rail)
         assert r["model_vs_fat_tree"] is None                           # no baseline rows given: no model numbers
+
+
+def test_small_samples_widen_the_bootstrap_tail_and_large_ones_do_not():
+    tails = [claims.expanded_tail(0.95, n) for n in (5, 10, 20, 80, 10**6)]
+    assert tails == sorted(tails) and tails[1] < 0.01 < tails[2] < 0.025      # 10 cycles: 0.86 % per tail
+    assert tails[-1] == pytest.approx(0.025, abs=1e-4)
+    assert claims.expanded_tail(0.95, 1) == pytest.approx(0.025)
