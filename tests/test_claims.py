@@ -337,3 +337,9 @@ def test_small_samples_widen_the_bootstrap_tail_and_large_ones_do_not():
     assert tails == sorted(tails) and tails[1] < 0.01 < tails[2] < 0.025      # 10 cycles: 0.86 % per tail
     assert tails[-1] == pytest.approx(0.025, abs=1e-4)
     assert claims.expanded_tail(0.95, 1) == pytest.approx(0.025)
+
+
+@pytest.mark.slow
+def test_the_declared_rail_share_is_the_fit_on_the_train_links():
+    """≈ 5 s: the model's rail/fat-tree ratios on 100/400 Gb/s for every share of the grid, fitted again."""
+    assert claims.fit_rail_share(claims.rail_curves()) == claims.RAIL_SPINE_SHARE
