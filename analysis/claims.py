@@ -477,7 +477,8 @@ def seed_test(claims: Sequence[Claim], baseline_rows: Sequence[dict], a: BoundAs
                            "bound_vs_fat_tree": b, "bound_vs_rail": b / rail,
                            "falsified_vs_fat_tree": b > limit, "falsified_vs_rail": b / rail > limit,
                            "model_vs_fat_tree": None, "model_vs_rail": None,
-                           "model_carries_verdict": bool((gate.get(model) or {}).get("carries_verdict"))}
+                           "model_carries_verdict": bool((gate.get(model) or {}).get("carries_verdict")),
+                           "model_moves_circuits": None if base is None else bool(base["applicable"])}
                     t = (base or {}).get("seed_test_t_mixnet_s", {}).get(f"{d:.3f}")
                     if t is not None:
                         row["model_vs_fat_tree"] = t / base["t_fat_tree_s"]

@@ -241,12 +241,13 @@ def seed_test_markdown(verdict: dict) -> list[str]:
              f"NIC 5.67 s (mean) and 6.33 s (p99), each plus OCS 41 ms (mean) and 68 ms (p99) ({t['source']}), "
              f"against the fat-tree and rail-optimized at 100 and 400 Gb/s; limit T_mix/T_x <= {t['limit']:g}. "
              "Bound: the authors' own r25 and rail/fat-tree ratio with the bound's assumptions; model: the "
-             "baseline timeline at that constant delay (— where the model is not scored; *not scored*: its "
-             "scorecard gives it no verdict).", "",
+             "baseline timeline at that constant delay (*not scored*: its scorecard gives it no verdict; *never "
+             "moves a circuit*: in the model no delay enters, the bound still applies).", "",
              "| model | link | NIC + OCS (s) | bound vs fat-tree | bound vs rail | model vs fat-tree | model vs rail |",
              "|---|---|---|---|---|---|---|"]
     for r in t["rows"]:
-        tag = "" if r["model_carries_verdict"] else " (not scored)"
+        tag = " (not scored)" if not r["model_carries_verdict"] else \
+            " (never moves a circuit)" if r["model_moves_circuits"] is False else ""
         lines.append(f"| {r['model']} | {r['link_gbps']} | {r['nic_s']:g} + {r['ocs_s']:g} | "
                      f"≥ {r['bound_vs_fat_tree']:.3f} | ≥ {r['bound_vs_rail']:.3f} | "
                      f"{_f(r['model_vs_fat_tree'], '.3g')}{tag if r['model_vs_fat_tree'] is not None else ''} | "
