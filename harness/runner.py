@@ -460,10 +460,10 @@ def _error_line(text: str) -> None:
 def _acquire_lease(bench: Bench, where: str, run_id: str):
     """The lease on every OCS of `bench` (read from `where`, named in the refusal), or InputError naming who
     holds it."""
-    from harness.lock import BenchLease, BenchLocked, lease_ttl, ocs_lock_key
+    from harness.lock import BenchLease, BenchLocked, lease_ttl, ocs_lease_keys
 
     try:
-        lease = BenchLease([ocs_lock_key(name, r.url) for name, r in bench.ocs.items()], run_id=run_id,
+        lease = BenchLease([k for r in bench.ocs.values() for k in ocs_lease_keys(r)], run_id=run_id,
                            ttl_s=lease_ttl())
         return lease.acquire()
     except BenchLocked as exc:

@@ -246,10 +246,10 @@ def run_point(job: PointJob, _after: Any = None) -> dict:
 def _bench_holder(job: PointJob) -> str | None:
     """Who holds the lease on a switch of the point's inventory, if anyone does."""
     from harness.config import load_inventory
-    from harness.lock import live_holder, ocs_lock_key
+    from harness.lock import live_holder, ocs_lease_keys
 
     bench = load_inventory(job.bench)
-    return live_holder([ocs_lock_key(name, r.url) for name, r in bench.ocs.items()])
+    return live_holder([k for r in bench.ocs.values() for k in ocs_lease_keys(r)])
 
 
 def _finished(run_dir: Path) -> bool:

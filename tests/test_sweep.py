@@ -21,7 +21,7 @@ from harness import sweep
 from harness.cli import main
 from harness.config import load_inventory, load_playbook
 from harness.errors import InputError
-from harness.lock import BenchLease, ocs_lock_key
+from harness.lock import BenchLease, ocs_lease_keys
 
 PROFILE = {"name": "two-hosts", "description": "small, instant", "source": "none (a test fixture).",
            "ocs": {"switch": {"dist": "fixed", "ms": 0.0}, "dark": {"dist": "fixed", "ms": 0.0}},
@@ -125,7 +125,7 @@ def inventory_bench(tmp_path_factory):
 
 def _hold_the_bench(bench) -> BenchLease:
     (ocs,) = load_inventory(bench.inventory_path).ocs.items()
-    return BenchLease([ocs_lock_key(*ocs[:1], ocs[1].url)], run_id="someone-else").acquire()
+    return BenchLease(ocs_lease_keys(ocs[1]), run_id="someone-else").acquire()
 
 
 def _wait_for(path: Path, alive, timeout_s: float = 180.0) -> dict:

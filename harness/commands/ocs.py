@@ -116,10 +116,10 @@ WRITES = ("connect", "disconnect", "apply")
 
 
 def _lease(args: argparse.Namespace, resource: OcsResource):
-    from harness.lock import BenchLease, BenchLocked, lease_ttl, ocs_lock_key
+    from harness.lock import BenchLease, BenchLocked, lease_ttl, ocs_lease_keys
 
     try:
-        return BenchLease([ocs_lock_key(resource.name, resource.url)], run_id=f"harness ocs {args.action}",
+        return BenchLease(ocs_lease_keys(resource), run_id=f"harness ocs {args.action}",
                           ttl_s=lease_ttl()).acquire(keepalive=False)
     except BenchLocked as exc:
         raise InputError(f"bench is locked: {exc}") from None
