@@ -608,6 +608,13 @@ def register_step(type_name: str, schema: Mapping[str, tuple] | type[Spec] | Non
     return attach
 
 
+# A step name becomes part of file names in the run directory (`replay_NAME.parquet`): letters, digits, `_`
+# and `-` only, so it can neither leave the directory (`/`, `..`) nor meet another step's file (`srv.a` and
+# `srv.b` would both end in `replay_srv.*`).
+STEP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+STEP_NAME_RULE = "a letter, then up to 63 letters, digits, '_' or '-'"
+
+
 @dataclass(frozen=True)
 class Step:
     type: str
@@ -615,6 +622,10 @@ class Step:
     params: dict
     line: int | None
     file: str = ""
+
+    def __post_init__(self):
+        if not (isinstance(self.name, str) and STEP_NAME.fullmatch(self.name)):
+            raise ValueError(f"step name {self.name!r}: expected {STEP_NAME_RULE}")
 
     def resolve_path(self, value: str) -> Path:
         """A file a step names: `~` expanded, a relative path taken from the playbook's folder (not the
@@ -740,11 +751,12 @@ def _step_from_node(i: int, node: Any, steps_node: Any, data: YamlMap, step_type
         raise InputError(f"steps[{i}]: unknown step type {step_type!r} (known: "
                          f"{', '.join(sorted(step_types)) or 'none registered'})", *kw("type"))
     name = node.get("name", f"{step_type}-{i + 1}")
-    if not isinstance(name, str) or not name:
-        raise InputError(f"steps[{i}].name: expected a non-empty string", *kw("name"))
-    if name in names:
-        raise InputError(f"steps[{i}]: step name {name!r} already used on line {names[name]}", *kw("name"))
-    names[name] = where[1]
+    if not isinstance(name, str) or not STEP_NAME.fullmatch(name):
+        raise InputError(f"steps[{i}].name: expected {STEP_NAME_RULE}, found {describe(name)}", *kw("name"))
+    if name.casefold() in names:  # also on a case-insensitive file system, two steps never share a file
+        raise InputError(f"steps[{i}]: step name {name!r} already used on line {names[name.casefold()]}",
+                         *kw("name"))
+    names[name.casefold()] = where[1]
     raw_params = YamlMap({k: v for k, v in node.items() if k not in ("type", "name")})
     raw_params.file, raw_params.line = where
     raw_params.key_lines = {k: v for k, v in getattr(node, "key_lines", {}).items()}
