@@ -20,6 +20,7 @@ from typing import NamedTuple
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from analysis.stages import PORT_CHAIN
+from devices.errors import DeviceError
 from devices.timing import Deadline, now_ns
 from harness.bench import BenchBroken
 from harness.bench.circuits import RetryPolicy, guard
@@ -165,6 +166,8 @@ class TurnaroundRun:
                     self.skipped.append(cycle)
                     continue
                 measured = cycle != resume  # the first cycle brings the bench into the pattern's state
+                if not measured:
+                    current = self._found()
                 outcome = self.run_cycle(cycle, mapping, current, record=measured,
                                          upcoming=plan[at + 1][1] if at + 1 < len(plan) else None)
                 current = mapping
@@ -279,6 +282,18 @@ class TurnaroundRun:
         self.hosts.request_check(cycle if record else -1, self.p["clock_check_probes"])
         return CycleOutcome(cycle, "faulted" if faults else "ok", begin, sent, completed, arrivals.done_ns,
                             tuple(affected), arrivals.missing, faults)
+
+    def _found(self) -> dict[str, str]:
+        """What the switch shows now, as our ports' mapping: the unmeasured first cycle waits only for the
+        ports it changes (a resume finds the switch in the state the killed run left, often the very one it
+        starts from, and nothing would come). Unreadable: {} (every port expected to change)."""
+        by_ingress = {i: k for k, i in self.tx.items()}
+        by_egress = {e: k for k, e in self.rx.items()}
+        try:
+            patches = self.guard.switch.patches()
+        except DeviceError:
+            return {}
+        return {by_ingress[i]: by_egress[e] for i, e in patches.items() if i in by_ingress and e in by_egress}
 
     def _plan(self, current: dict[str, str], mapping: dict[str, str]) -> CyclePlan:
         old_src, new_src = sources(current), sources(mapping)
