@@ -91,8 +91,8 @@ class SshTransport(CommandTransport):
             client = paramiko.SSHClient()
             if r.known_hosts:
                 path = os.path.expanduser(r.known_hosts)
-                if os.path.exists(path):
-                    client.load_host_keys(path)
+                if os.path.exists(path):  # read only: `load_host_keys` would make AutoAddPolicy write an
+                    client.get_host_keys().load(path)  # emulated host's key into the inventory's file
                 elif r.strict_host_key:
                     raise HostKeyError(f"{self._where}: known_hosts file {r.known_hosts} does not exist")
             elif r.strict_host_key:
