@@ -412,8 +412,10 @@ def _client(scheduler: str | None, workers: int):
             raise InputError(f"--scheduler: cannot reach it ({exc}); the sweep resumes once it can",
                              scheduler) from None
     # Each point is its own `harness run` process, so the workers are threads: no second copy of the harness.
-    # dashboard_address=None would still serve the scheduler's HTTP routes on every interface, port 8787
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0")
+    # dashboard_address=None would still serve the scheduler's HTTP routes on every interface, port 8787, and
+    # each worker serves its own unless told where: all on loopback (a `--scheduler` decides for itself)
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=False,
+                           dashboard_address="127.0.0.1:0", worker_dashboard_address="127.0.0.1:0")
     return _Closing(Client(cluster), cluster)
 
 
