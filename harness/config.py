@@ -11,6 +11,7 @@ Loading rules (shared by inventories and playbooks):
 """
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import os
 import re
@@ -100,6 +101,10 @@ def expand_env(text: str, file: str, line: int | None, env: Mapping[str, str] | 
     return _TEMPLATE.sub(replace, text)
 
 
+# Within `load_yaml`: each templated string as substituted -> as written (LoadedYaml.templates).
+_TEMPLATES: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("templates", default=None)
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader that records marks, rejects duplicate keys and expands `${VAR}`."""
 
@@ -143,6 +148,9 @@ class _Loader(yaml.SafeLoader):
             return value
         line = node.start_mark.line + 1
         expanded = expand_env(value, self.source, line)
+        seen = _TEMPLATES.get()
+        if seen is not None and expanded != value:
+            seen[expanded] = value  # a record keeps `${NAME}`, never the value (a token, say)
         if node.style is None and expanded != value and _TEMPLATE.fullmatch(value.strip()):
             # An unquoted, wholly templated value takes the type its substitution implies.
             tag = self.resolve(yaml.ScalarNode, expanded, (True, False))
@@ -165,6 +173,7 @@ class LoadedYaml:
     data: YamlMap
     files: list[Path]  # the file and every included file, in reading order
     digest: str  # sha256 over the bytes of `files`
+    templates: dict[str, str] = field(default_factory=dict)  # each `${...}` string: substituted -> as written
 
 
 def _parse(path: Path, shown: str) -> tuple[Any, bytes]:
@@ -291,7 +300,12 @@ def load_yaml(path: str | os.PathLike) -> LoadedYaml:
     """Load a YAML mapping with marks, duplicate-key checks, env templating and includes."""
     path = Path(path)
     files: list[Path] = []
-    data = _load_file(path, (), files)
+    templates: dict[str, str] = {}
+    token = _TEMPLATES.set(templates)
+    try:
+        data = _load_file(path, (), files)
+    finally:
+        _TEMPLATES.reset(token)
     if not isinstance(data, YamlMap):
         kind = "an empty file" if data is None else f"a {type(data).__name__}"
         raise InputError(f"expected a YAML mapping at the top level, found {kind}", str(path),
@@ -299,7 +313,7 @@ def load_yaml(path: str | os.PathLike) -> LoadedYaml:
     digest = hashlib.sha256()
     for f in files:
         digest.update(f.read_bytes())
-    return LoadedYaml(data, files, digest.hexdigest())
+    return LoadedYaml(data, files, digest.hexdigest(), templates)
 
 
 # ------------------------------------------------------------------------------------ schema checks
@@ -648,6 +662,7 @@ class Playbook:
     sha256: str
     options: dict = field(default_factory=dict)
     sweep: dict | None = None  # a validated `sweep:` block (harness.sweep), run by `harness sweep`
+    templates: dict = field(default_factory=dict)  # substituted -> as written (`${NAME}`): what records keep
 
 
 def _distinct(what: str) -> AfterValidator:
@@ -733,7 +748,7 @@ def playbook_from_data(loaded: LoadedYaml, source: str, step_types: Mapping[str,
         sweep = check_sweep(data["sweep"], steps, step_types, data.where("sweep"))
     return Playbook(name=top["name"], description=top["description"], bench=top["bench"], seed=top["seed"],
                     cycles=top["cycles"], steps=steps, source=source, sha256=loaded.digest, options=options,
-                    sweep=sweep)
+                    sweep=sweep, templates=loaded.templates)
 
 
 def _step_from_node(i: int, node: Any, steps_node: Any, data: YamlMap, step_types: Mapping[str, StepType],
