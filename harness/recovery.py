@@ -71,6 +71,20 @@ def clear_pending(bench: Bench, run_dir: Path, restored: dict[str, bool] | None 
             _drop_pending(resource, str(Path(run_dir).resolve()))
 
 
+def restored_cleanly(run_dir: Path, bench: Bench, manifest: dict) -> list[str]:
+    """The switches the run snapshotted, if every one of them is back as found by the record's own word
+    (its teardown, or an earlier `bench restore`, verified it) and no note of this run says otherwise;
+    [] when any may still differ. Restoring such a run again would roll back whatever came after it."""
+    saved = [name for name in _snapshots(run_dir) if name in bench.ocs]
+    extra = manifest.get("extra") or {}
+    verified = {**(extra.get("restored") or {}), **(extra.get("restored_by_command") or {})}
+    mine = str(Path(run_dir).resolve())
+    if not saved or not all(verified.get(name) is True for name in saved):
+        return []
+    notes = [_read_note(path) or {} for name in saved for path in pending_paths(bench.ocs[name])]
+    return [] if any(note.get("run_dir") in (mine, "?") for note in notes) else saved
+
+
 def _snapshots(run_dir: Path) -> dict[str, dict[int, int]]:
     path = Path(run_dir) / "restore.json"
     try:

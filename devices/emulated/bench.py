@@ -81,7 +81,10 @@ class EmulatedBench:
                 self.netns = NetnsPlane(self.physics, self.netns_prefix)
                 self.netns.start()
                 extra = {h: passthrough_commands(self.netns, h) for h in self.physics.hosts}
-            self.ocs_servers = OcsServers(self.physics, user=EMULATED_USER, password=EMULATED_PASSWORD)
+            # the password is the one in the variable the inventory names (set to the default if unset)
+            password = os.environ.get(PASSWORD_ENV) or EMULATED_PASSWORD
+            os.environ[PASSWORD_ENV] = password
+            self.ocs_servers = OcsServers(self.physics, user=EMULATED_USER, password=password)
             self.ocs_servers.start()
             self.ocs_view = get_protocol(self.protocol).start_emulator(self.ocs_servers)
             if self.workers:
@@ -94,7 +97,6 @@ class EmulatedBench:
                 server = EmulatedHostServer(self.physics, host, extra_commands=extra.get(host))
                 server.start()
                 self.host_servers[host] = server
-            os.environ.setdefault(PASSWORD_ENV, EMULATED_PASSWORD)
             self.inventory_path.write_text(yaml.safe_dump(self.inventory(), sort_keys=False))
         except BaseException:
             self.stop()

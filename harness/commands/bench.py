@@ -53,6 +53,12 @@ def _restore(args) -> int:
         held = RunDirLock(run_dir).acquire(run_dir.name)
     except RunDirLocked as exc:
         raise InputError(f"the run is still running: {exc}") from None
+    clean = recovery.restored_cleanly(run_dir, bench, manifest)
+    if clean:
+        held.release()
+        print(f"harness bench: {run_dir} put {', '.join(clean)} back as found and verified it; nothing to "
+              "restore (restoring again would undo what came after the run)")
+        return 0
     lease = _acquire_lease(bench, spec, f"harness bench restore {run_dir.name}")
     try:
         results = recovery.restore_run(run_dir, bench, timeout_s=args.timeout)
