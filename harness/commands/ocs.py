@@ -10,6 +10,8 @@ Exit codes: 0 ok; 1 the switch refused or did not answer; 2 bad input (URL, prot
 """
 from __future__ import annotations
 
+from harness.commands import TIMEOUT_S, integer
+
 import argparse
 import contextlib
 import json
@@ -37,8 +39,8 @@ def register(subparsers) -> None:
     parser.add_argument("--allowed-ports", metavar="RANGES",
                         help="ports the command may touch, e.g. 1-8,17-24 (default: the ports named)")
     parser.add_argument("--size", default="0x0", metavar="NxM", help="switch size, informational")
-    parser.add_argument("--baudrate", type=int, default=38400, help="serial line speed (SCPI over serial)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per command (default 30)")
+    parser.add_argument("--baudrate", type=integer(50, 10_000_000), default=38400, help="serial line speed (SCPI over serial)")
+    parser.add_argument("--timeout", type=TIMEOUT_S, default=30.0, help="seconds per command (default 30)")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
