@@ -15,6 +15,7 @@ import contextvars
 import hashlib
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, Mapping
@@ -176,9 +177,28 @@ class LoadedYaml:
     templates: dict[str, str] = field(default_factory=dict)  # each `${...}` string: substituted -> as written
 
 
+# The largest YAML file read (playbooks and inventories are kilobytes); larger is refused before reading.
+MAX_YAML_BYTES = 4 * 2**20
+
+
+def _read_regular(path: Path, shown: str) -> bytes:
+    """A regular file's bytes, at most MAX_YAML_BYTES: /dev/zero or a FIFO is refused before it is read
+    (one would never end, the other blocks), as is a file too large to be a playbook."""
+    with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
+        info = os.fstat(f.fileno())
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError("not a regular file (a device, FIFO or socket is never read as YAML)", shown)
+        raw = f.read(MAX_YAML_BYTES + 1)
+    if len(raw) > MAX_YAML_BYTES:
+        raise InputError(f"larger than {MAX_YAML_BYTES} bytes: not a playbook, inventory or profile", shown)
+    return raw
+
+
 def _parse(path: Path, shown: str) -> tuple[Any, bytes]:
     try:
-        raw = path.read_bytes()
+        raw = _read_regular(path, shown)
     except FileNotFoundError:
         raise InputError("file not found", shown) from None
     except IsADirectoryError:

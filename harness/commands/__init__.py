@@ -24,7 +24,7 @@ def integer(low: int, high: int):
 
 def number(low: float, high: float, *, above: bool = False):
     """A finite number in [low, high] (`above`: low itself excluded)."""
-    span = f"{'above ' if above else ''}{low:g}..{high:g}"
+    span = f"in ({low:g}, {high:g}]" if above else f"in [{low:g}, {high:g}]"
 
     def parse(text: str) -> float:
         try:

@@ -132,6 +132,8 @@ def _lease(args: argparse.Namespace, resource: OcsResource):
 def _open_and_act(args: argparse.Namespace, resource: OcsResource, named: list[int], pairs: dict[int, int]) -> int:
     try:
         switch = open_switch(resource, timeout_s=args.timeout)
+    except OcsConfigError as exc:  # what the protocol needs and was not given, e.g. NETCONF's --user
+        raise InputError(f"{exc} (harness ocs --user NAME)" if "give a user" in str(exc) else str(exc)) from None
     except DeviceError as exc:
         print(f"harness ocs: {exc}", file=sys.stderr)
         return 1
