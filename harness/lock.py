@@ -94,11 +94,17 @@ def ocs_lease_keys(resource) -> list[str]:
     return endpoint_keys(resource.url, resource.protocol)
 
 
-def ocs_identity_key(identity: str) -> str | None:
-    """The lease key of a switch's own identity (manufacturer, model, serial as it answers `*IDN?`,
-    RTRV-NETYPE or NETCONF): the same box reached over two routes. None when it gave no serial-like field."""
-    fields = [f.strip().strip('"') for f in re.split(r"[,;]", identity or "")]
-    if len(fields) < 3 or not fields[2] or fields[2] in ("0", "-"):
+# Protocols whose identity answer carries the unit's serial as its third comma-separated field: SCPI's
+# IEEE 488.2 `*IDN?` (manufacturer,model,serial,firmware) and the NETCONF driver's product-information.
+# TL1's RTRV-NETYPE names vendor, model, type and release, no serial: no identity key there.
+SERIAL_IN_IDENTITY = ("polatis-scpi", "polatis-netconf")
+
+
+def ocs_identity_key(protocol: str, identity: str) -> str | None:
+    """The lease key of a switch's own identity (manufacturer, model, serial): the same unit reached over
+    two routes no resolver can relate (two management addresses). None where the answer has no serial."""
+    fields = [f.strip().strip('"') for f in (identity or "").split(",")]
+    if protocol not in SERIAL_IN_IDENTITY or len(fields) < 3 or not fields[2].strip("0 -"):
         return None
     digest = hashlib.sha256(",".join(fields[:3]).lower().encode()).hexdigest()[:16]
     return f"ocs-id-{digest}"
@@ -212,6 +218,19 @@ class BenchLease:
             self._thread = threading.Thread(target=self._keepalive, daemon=True, name="bench-lease")
             self._thread.start()
         return self
+
+    def add(self, key: str) -> None:
+        """Take one more key (a switch's identity, learnt once connected) while holding the others; BenchLocked
+        if another live run holds it."""
+        if key in self._held:
+            return
+        with _guard(self.directory, key):
+            current = read_lease(self._path(key))
+            if lease_is_live(current) and current.get("token") != self.token:
+                raise BenchLocked(_held_by(key, current))
+            self._write(key, self._record())
+            self._held.append(key)
+            self.keys = sorted(set(self.keys) | {key})
 
     def renew(self) -> None:
         """Push every expiry ttl_s ahead; sets `lost` if another run took a lease over meanwhile."""

@@ -69,6 +69,7 @@ def clear_pending(bench: Bench, run_dir: Path, restored: dict[str, bool] | None 
     for name, resource in bench.ocs.items():
         if name not in saved or (restored or {}).get(name):
             _drop_pending(resource, str(Path(run_dir).resolve()))
+            _drop_identity_notes(name, str(Path(run_dir).resolve()))
 
 
 def restored_cleanly(run_dir: Path, bench: Bench, manifest: dict) -> list[str]:
@@ -94,6 +95,31 @@ def _snapshots(run_dir: Path) -> dict[str, dict[int, int]]:
     except (OSError, ValueError) as exc:
         raise InputError(f"unreadable restore.json: {exc}", str(path)) from None
     return {name: {int(i): int(e) for i, e in patches.items()} for name, patches in data.items()}
+
+
+def claim_identity(key: str, name: str, run_dir: Path, run_id: str, *, adopt: bool) -> str | None:
+    """Under the identity lease `key` (harness.lock.ocs_identity_key), before switch `name` is snapshotted: the
+    refusal when another run's note names this very unit (reached then under another address), else this
+    run's note is written and None returned."""
+    path = lock_dir() / f"{key}.pending.json"
+    mine = str(Path(run_dir).resolve())
+    note = _read_note(path)
+    if note and note.get("run_dir") != mine and not adopt:
+        other = note.get("run_dir", "?")
+        return (f"{name}: this switch (the same unit by its serial) was left changed by run {note.get('run_id')}; "
+                f"run `harness bench restore {other}` first, or pass --adopt-current-state")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"run_dir": mine, "run_id": run_id, "ocs": name, "identity": True}) + "\n")
+    os.replace(tmp, path)
+    return None
+
+
+def _drop_identity_notes(name: str, run_dir: str) -> None:
+    for path in lock_dir().glob("ocs-id-*.pending.json"):
+        note = _read_note(path) or {}
+        if note.get("run_dir") == run_dir and note.get("ocs") == name:
+            path.unlink(missing_ok=True)
 
 
 def check_pending(bench: Bench, run_dir: Path, *, adopt: bool, warn) -> dict[str, dict]:
@@ -180,4 +206,5 @@ def restore_run(run_dir: Path, bench: Bench, *, timeout_s: float = 15.0) -> list
         results.append(result)
         if result.verified:
             _drop_pending(resource, str(Path(run_dir).resolve()))
+            _drop_identity_notes(name, str(Path(run_dir).resolve()))
     return results

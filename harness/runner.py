@@ -353,6 +353,8 @@ def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, 
                          quiet=options.quiet, resume_after=resume_after, lease=lease)
         if recovery is not None and recovery[1]:
             ctx.manifest_extra["adopted_state"] = recovery[1]
+        if options.adopt_current_state:  # also for a unit found by its identity (harness.bench.circuits)
+            ctx.manifest_extra["adopt_current_state"] = True
         inventory_text = None if emulated else source.data  # the bytes the run's identity hashed
         manifest = rec.build_manifest(playbook, inventory_text=inventory_text, seed=seed,
                                       profile=_profile_record(emulated.profile) if emulated else None,

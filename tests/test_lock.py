@@ -199,3 +199,54 @@ def test_runner_refuses_a_switch_leased_under_another_name(tmp_path, monkeypatch
             other.release()
         err = capsys.readouterr().err
         assert "bench is locked" in err and "someone-else" in err
+
+
+def test_a_switch_s_identity_is_a_lease_key_where_its_answer_carries_a_serial(tmp_path):
+    """Two routes to one unit that no resolver relates (two management addresses) meet on its serial."""
+    from harness.lock import ocs_identity_key
+
+    idn = "Polatis,6000,SN012345,7.1"
+    key = ocs_identity_key("polatis-scpi", idn)
+    assert key and key == ocs_identity_key("polatis-netconf", " Polatis, 6000 ,SN012345, 8.0")
+    assert ocs_identity_key("polatis-scpi", "Polatis,6000,SN012346,7.1") != key
+    assert ocs_identity_key("polatis-tl1", '"POLATIS,EMU-8x8,OXC,1.0"') is None  # no serial in RTRV-NETYPE
+    assert ocs_identity_key("polatis-scpi", "Polatis,6000,0,1") is None
+    first = BenchLease(endpoint_keys("tcp://192.0.2.10:5025", "polatis-scpi"), directory=tmp_path)
+    first.acquire(keepalive=False)
+    first.add(key)
+    second = BenchLease(endpoint_keys("tcp://192.0.2.99:5025", "polatis-scpi"), directory=tmp_path)
+    second.acquire(keepalive=False)  # another address: its endpoint is free...
+    with pytest.raises(BenchLocked):
+        second.add(key)  # ...but not the unit
+    first.release()
+    second.add(key)
+    second.release()
+
+
+def test_a_run_leases_the_switch_by_its_serial_and_is_refused_when_the_unit_is_held(tmp_path, monkeypatch, capsys):
+    """An SCPI switch answers *IDN? with its serial: a run takes that lease too, so a run holding the unit
+    under another address (here: held by its identity key alone) refuses this one before the snapshot."""
+    from harness.lock import ocs_identity_key
+
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path / "locks"))
+    with EmulatedBench(profile_from_dict(PROFILE), seed=1, protocol="polatis-scpi",
+                       workdir=tmp_path / "bench") as bench:
+        original = bench.physics.ocs_patches()
+        servers = bench.ocs_servers
+        n, m = bench.physics.ocs_size
+        key = ocs_identity_key("polatis-scpi", f"Polatis,EMU-{n}x{m},{servers.serial},{servers.version}")
+        assert key is not None
+        pb = tmp_path / "pb.yaml"
+        pb.write_text(yaml.safe_dump({"name": "l", "cycles": 1, "steps": [
+            {"type": "turnaround", "clock_warmup_s": 0.2, "cycle_timeout_s": 10, "probes": False}]}))
+        other = BenchLease([key], run_id="elsewhere").acquire(keepalive=False)
+        try:
+            code = main(["run", str(pb), "--bench", str(bench.inventory_path), "--out", str(tmp_path / "a"), "-q"])
+        finally:
+            other.release()
+        err = capsys.readouterr().err
+        assert code != 0 and "in use under another address" in err and "elsewhere" in err, err
+        assert bench.physics.ocs_patches() == original  # refused before anything moved
+        assert main(["run", str(pb), "--bench", str(bench.inventory_path), "--out", str(tmp_path / "b"), "-q"]) == 0
+        assert not list((tmp_path / "locks").glob("ocs-id-*.json")) and not list(
+            (tmp_path / "locks").glob("*.pending.json"))  # released, and no note left by a clean run
