@@ -695,6 +695,7 @@ def _distinct(what: str) -> AfterValidator:
 
 
 Seed = Annotated[int, Field(ge=0, lt=2**63), Expect("an integer 0..2**63-1")]
+MAX_CYCLES = 10_000_000  # a playbook's and `--cycles`' bound
 
 
 class SweepSpec(Spec):
@@ -715,7 +716,7 @@ class PlaybookSpec(Spec):
     description: str = ""
     bench: str = Field(DEFAULT_BENCH, description="emulated:PROFILE or an inventory file")
     seed: Annotated[int, Field(ge=0, lt=2**63, description="0..2**63-1")] = 0
-    cycles: Annotated[int, Field(ge=1, le=10_000_000, description="1..10000000")] = 1
+    cycles: Annotated[int, Field(ge=1, le=MAX_CYCLES, description=f"1..{MAX_CYCLES}")] = 1
     steps: list
     sweep: SweepSpec | None = None
 

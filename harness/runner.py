@@ -26,7 +26,7 @@ from devices.errors import DeviceError
 from devices.protocols import CircuitSwitch
 from devices.resources import Bench
 from harness import record as rec
-from harness.config import Playbook, load_inventory, load_playbook
+from harness.config import MAX_CYCLES, Playbook, load_inventory, load_playbook
 from harness.errors import InputError
 from harness.eventlog import EventLog
 from harness.events import Event
@@ -255,8 +255,8 @@ def run(options: RunOptions) -> int:
             raise InputError("harness run: a PLAYBOOK is required (or --resume RUN_DIR)")
         playbook = load_playbook(options.playbook)
         cycles = playbook.cycles if options.cycles is None else options.cycles
-        if cycles < 1:
-            raise InputError(f"--cycles: expected a positive number, found {cycles}")
+        if not 1 <= cycles <= MAX_CYCLES:  # the plan is built whole: 10**20 cycles would exhaust memory
+            raise InputError(f"--cycles: expected 1..{MAX_CYCLES}, found {cycles}")
         seed = playbook.seed if options.seed is None else options.seed
         if not 0 <= seed < 2**63:
             raise InputError(f"--seed: expected 0..2**63-1, found {seed}")

@@ -39,6 +39,5 @@ def number(low: float, high: float, *, above: bool = False):
 
 
 SEED = integer(0, 2**63 - 1)
-CYCLES = integer(1, 10_000_000)  # the playbook's own range (harness.config.PlaybookSpec)
 TIMEOUT_S = number(0, 86400, above=True)
 WORKERS = integer(1, 256)

@@ -1,8 +1,6 @@
 """`harness run PLAYBOOK`: execute a playbook on the emulated bench or a real one."""
 from __future__ import annotations
 
-from harness.commands import CYCLES, SEED
-
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="run a playbook", description=__doc__)
@@ -11,8 +9,8 @@ def register(sub) -> None:
     p.add_argument("--bench", help="emulated:PROFILE[?ocs=PROTOCOL], emulated-netns:PROFILE or an inventory YAML "
                                    "(default: the playbook's bench)")
     p.add_argument("--out", help="run directory (default runs/<UTC timestamp>-<playbook>)")
-    p.add_argument("--seed", type=SEED, help="override the playbook's seed")
-    p.add_argument("--cycles", type=CYCLES, help="override the number of cycles")
+    p.add_argument("--seed", type=int, help="override the playbook's seed")
+    p.add_argument("--cycles", type=int, help="override the number of cycles")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last complete cycle, on the "
                    "same bench with the same playbook, cycles and seed (anything else is refused)")
     p.add_argument("--dry-run", action="store_true", help="print the planned reconfigurations; touch nothing")
