@@ -13,6 +13,9 @@ sync cost of that seed's k-th sync, so the sync budget differs only by count):
   the §7.3 one-step forecast b̂_{t+1|t} as the serving-sync-cost term (w_ssc = 1).
 - `random_policy`: §7.2(a), same horizons, defers with probability 0.7 per cycle inside them.
 - `random_schedule`: §7.2(b), K = the controller's sync count, K starts uniform with minimum gaps.
+- `random_spaced`: the spacing-matched null: K starts uniform under the controller's own spacing as well —
+  none before min_h steps, consecutive starts min_h steps apart (its gaps, not `min_gap_s`'s) — so a
+  difference from it is timing, not spacing.
 - `fixed_period`: a sync every `fixed_period_steps` learner steps.
 - `no_sync`: no sync at all (the load match: sync-excess = rate − this).
 - `offline_bound`: K starts minimising the in-window busy fraction with hindsight (non-deployable).
@@ -24,13 +27,17 @@ staleness = seconds since the merge. The coordinator merges when ≥ min_ready l
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-POLICIES = ("wa", "wa_ewma", "random_policy", "random_schedule", "fixed_period", "no_sync", "offline_bound")
+from analysis.stats import MIN_MEAN_UNITS, mean_interval
+
+POLICIES = ("wa", "wa_ewma", "random_policy", "random_schedule", "random_spaced", "fixed_period", "no_sync",
+            "offline_bound")
 DEPLOYABLE = {p: p != "offline_bound" for p in POLICIES}
 
 
@@ -182,17 +189,18 @@ def simulate_policy(policy: str, b: np.ndarray, durations: np.ndarray, params: S
 
 
 # ---- schedule-level baselines ------------------------------------------------------------------------------
-def random_starts(rng: np.random.Generator, count: int, duration_s: float, window_s: float, min_gap_s: float
-                  ) -> np.ndarray:
-    """`count` sync starts uniform on [0, duration_s − window_s] subject to consecutive starts ≥ gap apart
+def random_starts(rng: np.random.Generator, count: int, duration_s: float, window_s: float, min_gap_s: float,
+                  first_s: float = 0.0) -> np.ndarray:
+    """`count` sync starts uniform on [first_s, duration_s − window_s] subject to consecutive starts ≥ gap apart
     (gap = max(min_gap_s, window_s), so windows never overlap): uniform order statistics on the interval
     shrunk by the gaps, shifted back, which is exactly the uniform law on the constrained set (what the
     artifact's rejection sampling draws from)."""
     gap = max(min_gap_s, window_s)
-    slack = duration_s - window_s - (count - 1) * gap
+    slack = duration_s - first_s - window_s - (count - 1) * gap
     if count < 0 or slack < 0:
-        raise ValueError(f"{count} windows of {window_s:g} s with gaps {gap:g} s do not fit in {duration_s:g} s")
-    return np.sort(rng.uniform(0.0, slack, size=count)) + np.arange(count) * gap
+        raise ValueError(f"{count} windows of {window_s:g} s with gaps {gap:g} s after {first_s:g} s do not fit "
+                         f"in {duration_s:g} s")
+    return first_s + np.sort(rng.uniform(0.0, slack, size=count)) + np.arange(count) * gap
 
 
 def offline_bound_starts(b: np.ndarray, durations: np.ndarray, cycle_s: float, duration_s: float,
@@ -243,13 +251,17 @@ def offline_bound_starts(b: np.ndarray, durations: np.ndarray, cycle_s: float, d
 
 def seed_schedules(b: np.ndarray, durations: np.ndarray, params: StudyParams, seed: int) -> dict[str, list]:
     """Every policy's schedule(s) for one seed: {policy: [starts array per draw]} (one draw for all but
-    random_schedule). random_schedule and offline_bound use K = the WA+EWMA controller's sync count."""
+    random_schedule and random_spaced). They and offline_bound use K = the WA+EWMA controller's sync count."""
     out = {p: [simulate_policy(p, b, durations, params, seed)["starts"]]
            for p in ("wa", "wa_ewma", "random_policy", "fixed_period")}
     k = len(out["wa_ewma"][0])
     window = float(np.max(durations[:k])) if k else 0.0
     out["random_schedule"] = [random_starts(np.random.default_rng([seed, 3, draw]), k, params.duration_s, window,
                                             params.min_gap_s) for draw in range(params.draws)]
+    spacing = params.controller.min_h * params.learner.step_time_s  # the controller's own first start and gap
+    out["random_spaced"] = [random_starts(np.random.default_rng([seed, 4, draw]), k, params.duration_s, window,
+                                          max(params.min_gap_s, spacing), first_s=spacing)
+                            for draw in range(params.draws)]
     out["no_sync"] = [np.empty(0)]
     out["offline_bound"] = [offline_bound_starts(b, durations[:k], params.cycle_s, params.duration_s,
                                                  params.min_gap_s)]
@@ -329,41 +341,36 @@ def sign_test(d) -> dict:
             "p_two_sided": float(binomtest(pos, m, 0.5).pvalue)}
 
 
-def bootstrap_mean_ci(d, *, n_boot: int = 10_000, confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap CI of mean(d) over seeds (seeds resampled with replacement)."""
-    d = np.asarray(d, dtype=float)
-    rng = np.random.default_rng([seed, 5])
-    means = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(axis=1)
-    alpha = (1 - confidence) / 2
-    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+@functools.lru_cache(maxsize=None)
+def interval_coverage(n: int, *, reps: int = 4000, confidence: float = 0.95) -> tuple[float, float]:
+    """(coverage, its standard error): how often `analysis.stats.mean_interval` (bootstrap-t), the interval
+    every comparison here states, holds the true mean of n normal values. The interval is scale-free, so this
+    is a function of n alone: one fixed stream, the same answer for every study seed, and enough repetitions
+    that its standard error is below 0.4 pp near 95 % (the percentile bootstrap this replaced covered 90.4 % at
+    10 seeds, a coin flip against a 90 % gate when estimated from 400 repetitions)."""
+    if n < MIN_MEAN_UNITS:
+        return float("nan"), float("nan")
+    data = np.random.default_rng([n, 6]).normal(0.0, 1.0, size=(reps, n))
+    hits = 0
+    for r, x in enumerate(data):
+        lo, hi = mean_interval(x, confidence, rng_seed=r, n_resamples=999)
+        hits += lo <= 0.0 <= hi
+    coverage = hits / reps
+    return coverage, math.sqrt(coverage * (1 - coverage) / reps)
 
 
-def bootstrap_coverage(n: int, sd: float, *, reps: int = 400, n_boot: int = 1000, confidence: float = 0.95,
-                       seed: int = 0) -> float:
-    """Realised coverage of `bootstrap_mean_ci` at this n for normal data of this sd (a check of the
-    interval, not of the data): the fraction of `reps` simulated studies whose CI contains the true mean."""
-    if n < 2 or not sd > 0:
-        return float("nan")
-    rng = np.random.default_rng([seed, 6])
-    data = rng.normal(0.0, sd, size=(reps, n))
-    idx = rng.integers(0, n, size=(n_boot, n))
-    means = data[:, idx].mean(axis=2)  # reps × n_boot
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(means, alpha, axis=1), np.quantile(means, 1 - alpha, axis=1)
-    return float(np.mean((lo <= 0) & (0 <= hi)))
-
-
-def paired_comparison(a, b, *, seed: int = 0, n_boot: int = 10_000, max_exact: int = 20, n_mc: int = 200_000
-                      ) -> dict:
-    """a vs b per seed (percentage points): d = a − b; sign-flip and sign tests, effect size, bootstrap CI."""
+def paired_comparison(a, b, *, seed: int = 0, max_exact: int = 20, n_mc: int = 200_000) -> dict:
+    """a vs b per seed (percentage points): d = a − b; sign-flip and sign tests, effect size, and the mean's
+    bootstrap-t interval over seeds (None below MIN_MEAN_UNITS seeds) with its realised coverage at this n."""
     d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
     sd = float(d.std(ddof=1)) if len(d) > 1 else float("nan")
-    lo, hi = bootstrap_mean_ci(d, n_boot=n_boot, seed=seed)
+    coverage, coverage_se = interval_coverage(len(d))
     return {"d_pp": d.tolist(), "mean_pp": float(d.mean()), "sd_pp": sd,
             "effect_size_dz": float(d.mean() / sd) if sd > 0 else None,
             "wins": int((d < 0).sum()), "losses": int((d > 0).sum()), "ties": int((d == 0).sum()),
             "sign_flip": sign_flip_test(d, max_exact=max_exact, n_mc=n_mc, seed=seed), "sign_test": sign_test(d),
-            "bootstrap_ci_pp": [lo, hi], "bootstrap_coverage": bootstrap_coverage(len(d), sd, seed=seed)}
+            "bootstrap_ci_pp": mean_interval(d, rng_seed=seed), "bootstrap_coverage": coverage,
+            "bootstrap_coverage_se": coverage_se}
 
 
 # ---- verdict --------------------------------------------------------------------------------------------------
@@ -383,16 +390,19 @@ def claim_verdict(comparison: dict, no_sync_rate_pp: float, rule: VerdictRule = 
     the CI's realised coverage at this n must be ≥ min_coverage."""
     n = comparison["sign_flip"]["n"]
     p = comparison["sign_flip"]["p_less"]
-    lo, hi = comparison["bootstrap_ci_pp"]
-    reasons = []
+    lo, hi = comparison["bootstrap_ci_pp"] or (-math.inf, math.inf)
+    reasons = [] if comparison["bootstrap_ci_pp"] else [f"n={n} seeds: too few for an interval that holds its level"]
     in_regime = rule.regime_pp[0] <= no_sync_rate_pp <= rule.regime_pp[1]
     if not in_regime:
         reasons.append(f"no-sync violation rate {no_sync_rate_pp:.2f} % is outside the paper's regime "
                        f"[{rule.regime_pp[0]:g}, {rule.regime_pp[1]:g}] %")
     coverage = comparison.get("bootstrap_coverage")
-    ci_ok = coverage is None or not math.isfinite(coverage) or coverage >= rule.min_coverage
-    if not ci_ok:
-        reasons.append(f"the bootstrap CI covers only {coverage:.0%} at n={n}")
+    se = comparison.get("bootstrap_coverage_se") or 0.0
+    # the gate is passed only beyond its own estimate's noise: two standard errors clear of min_coverage
+    ci_ok = comparison["bootstrap_ci_pp"] is not None and (
+        coverage is None or not math.isfinite(coverage) or coverage - 2 * se >= rule.min_coverage)
+    if comparison["bootstrap_ci_pp"] is not None and not ci_ok:
+        reasons.append(f"the interval covers {coverage:.1%} ± {se:.1%} at n={n}, not clearly ≥ {rule.min_coverage:.0%}")
     n_needed = max(1, math.ceil(math.log2(1 / rule.alpha)))
     if n < n_needed:
         reasons.append(f"n={n} seeds cannot reach p ≤ {rule.alpha:g} (the smallest sign-flip p is 1/2^n; "

@@ -203,15 +203,24 @@ def quantile_interval(units, p: float, confidence: float = 0.95) -> dict:
     return out
 
 
+# The fewest independent units an interval is given for: below them its coverage falls away (bootstrap-t at 2
+# cycles: 0 %, every resample's t is 0; at 3: 83 %; from 5: 92.5-95.5 % on the bench-like and skewed models;
+# the two-sample difference holds 93-96 % from 10 cycles a side, 91 % at 4-6): benchmarks/coverage.py and
+# benchmarks/coverage_difference.py.
+MIN_MEAN_UNITS = 5
+MIN_DIFFERENCE_UNITS = 10
+
+
 def mean_interval(units, confidence: float = 0.95, *, rng_seed: int = 0,
                   n_resamples: int = 1999) -> list[float] | None:
     """Bootstrap-t (studentised bootstrap) interval of the mean over independent units (per-cycle means when
     ports share a cycle); None below 2 units. The Student-t interval under-covers skewed delays at small n
     (90.5 % at 10 cycles of a lognormal σ 0.6); the studentised bootstrap holds ±3 pp of nominal there and on
-    the bench-like models (benchmarks/coverage.py). scipy.stats.bootstrap has no studentised method."""
+    the bench-like models (benchmarks/coverage.py). scipy.stats.bootstrap has no studentised method. None
+    below MIN_MEAN_UNITS units."""
     x = np.asarray(units, dtype=float)
     x = x[np.isfinite(x)]
-    if x.size < 2:
+    if x.size < MIN_MEAN_UNITS:
         return None
     if np.ptp(x) == 0:
         return [float(x[0]), float(x[0])]
@@ -226,6 +235,44 @@ def mean_interval(units, confidence: float = 0.95, *, rng_seed: int = 0,
     return [float(mean - hi_q * se), float(mean - lo_q * se)]
 
 
+def mean_difference_interval(a_units, b_units, confidence: float = 0.95, *, rng_seed: int = 0,
+                             n_resamples: int = 1999) -> list[float] | None:
+    """Interval of mean(b) − mean(a) over two independent sets of units (per-cycle values of two runs): the
+    two-sample studentised bootstrap of Welch's statistic (each run resampled within itself), as
+    `mean_interval` is for one. None below MIN_DIFFERENCE_UNITS units on either side. Coverage:
+    benchmarks/coverage_difference.py."""
+    a, b = (np.asarray(u, dtype=float) for u in (a_units, b_units))
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if a.size < MIN_DIFFERENCE_UNITS or b.size < MIN_DIFFERENCE_UNITS:
+        return None
+    diff = b.mean() - a.mean()
+    se = np.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
+    if se == 0:
+        return [float(diff), float(diff)]
+    rng = np.random.default_rng(rng_seed)
+    ra = a[rng.integers(0, a.size, size=(n_resamples, a.size))]
+    rb = b[rng.integers(0, b.size, size=(n_resamples, b.size))]
+    se_star = np.sqrt(ra.var(axis=1, ddof=1) / a.size + rb.var(axis=1, ddof=1) / b.size)
+    keep = se_star > 0
+    t_star = (rb.mean(axis=1)[keep] - ra.mean(axis=1)[keep] - diff) / se_star[keep]
+    alpha = 1.0 - confidence
+    lo_q, hi_q = np.quantile(t_star, [alpha / 2, 1 - alpha / 2])
+    return [float(diff - hi_q * se), float(diff - lo_q * se)]
+
+
+def cycle_units(events: pd.DataFrame) -> dict[str, np.ndarray]:
+    """One value per measured cycle for every up-stage delay (the mean over the cycle's ports), the OCS
+    switch time and the turnaround, in the events' units: what two runs are compared by."""
+    measured = events[events["cycle"] > 0]
+    table = stage_table(measured)
+    out = {"ocs_switch": ocs_switch_times(measured).to_numpy()}
+    for stage in UP_STAGES[1:]:
+        column = table[stage].dropna()
+        out[stage] = column.groupby(level="cycle").mean().to_numpy() if len(column) else np.array([])
+    out["turnaround"] = turnaround(measured).to_numpy()
+    return out
+
+
 def summarize(samples, rng_seed: int, *, cycles=None, confidence: float = 0.95) -> dict:
     """n, n_cycles, mean, p50, p90, p99, max, and intervals whose unit is the cycle.
 
@@ -234,7 +281,7 @@ def summarize(samples, rng_seed: int, *, cycles=None, confidence: float = 0.95) 
     interval over per-cycle means; the p99's is an order-statistic interval over one port drawn per cycle (the ports of a
     cycle share one OCS draw, so only cycles are independent). Where the cycles are too few for a two-sided
     p99 interval, `p99_ci95` is None, `p99_needs_cycles` says how many would do and `p99_bound95` holds the
-    one-sided bounds the data support.
+    one-sided bounds the data support; likewise `mean_ci95` is None below MIN_MEAN_UNITS cycles.
     """
     x = np.asarray(samples, dtype=float)
     c = _units(x, cycles)
@@ -258,6 +305,14 @@ def summarize(samples, rng_seed: int, *, cycles=None, confidence: float = 0.95) 
             "p90": float(p90), "p99": float(p99), "max": float(x.max()),
             "mean_ci95": mean_interval(units_mean, confidence, rng_seed=rng_seed), "p99_ci95": q["ci"],
             "p99_needs_cycles": q["needs_n"], "p99_bound95": {"lower": q["lower"], "upper": q["upper"]}}
+
+
+def mean_interval_text(s: dict, unit: str = "", digits: int = 4) -> str:
+    """How a summary's mean interval reads in a report: the interval, or how many cycles it needs."""
+    ci = s.get("mean_ci95")
+    if ci is not None:
+        return f"{ci[0]:.{digits}g}–{ci[1]:.{digits}g}{unit}"
+    return f"needs ≥ {MIN_MEAN_UNITS} cycles" if s.get("n") else "–"
 
 
 def p99_interval_text(s: dict, unit: str = "", digits: int = 3) -> str:

@@ -21,6 +21,7 @@ from typing import Iterator
 import paramiko
 from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
 
+from devices import wirelog
 from devices.errors import DeviceError, DeviceTimeout, ReadBudget, TransportClosed
 from devices.protocols import CommandResult, CommandTransport, LineStream
 from devices.resources import HostResource
@@ -190,7 +191,28 @@ class SshTransport(CommandTransport):
     # ------------------------------------------------------------------ commands
     def run(self, command: str, *, deadline: Deadline | None = None, stdin: str | bytes | None = None,
             check: bool = False) -> CommandResult:
-        """Run `command`, feed `stdin` (then EOF), collect stdout/stderr/exit status before `deadline`."""
+        """Run `command`, feed `stdin` (then EOF), collect stdout/stderr/exit status before `deadline`.
+        The wire log (devices.wirelog) gets the command, then its exit status, time and output sizes."""
+        name = self.resource.name
+        if wirelog.enabled():
+            size = len(stdin.encode() if isinstance(stdin, str) else stdin or b"")
+            wirelog.note(now_ns(), name, "$", command + (f"  (stdin: {size} bytes)" if size else ""))
+        try:
+            result = self._run(command, deadline, stdin)
+        except DeviceError as exc:
+            wirelog.note(now_ns(), name, "=", f"{type(exc).__name__}: {exc}")
+            raise
+        if wirelog.enabled():
+            tail = result.stderr.strip().splitlines()[-1:] if result.exit_status else []
+            wirelog.note(result.timing.completed_ns, name, "=",
+                         f"exit {result.exit_status} in {result.timing.elapsed_s * 1e3:.3f} ms, stdout "
+                         f"{len(result.stdout)} B, stderr {len(result.stderr)} B: {command[:200]}"
+                         + (f"  (stderr: {tail[0][:200]})" if tail else ""))
+        if check and result.exit_status != 0:
+            raise CommandFailed(self._where, result)
+        return result
+
+    def _run(self, command: str, deadline: Deadline | None, stdin: str | bytes | None) -> CommandResult:
         deadline = deadline or Deadline(None)
         channel = self._open_channel(deadline)
         out: list[bytes] = []
@@ -238,11 +260,8 @@ class SshTransport(CommandTransport):
             channel.close()
         if status == -1 and self._transport_dying(channel):
             raise TransportClosed(f"{self._where}: connection lost during {command!r}")
-        result = CommandResult(command, status, b"".join(out).decode(errors="replace"),
-                               b"".join(err).decode(errors="replace"), CommandTiming(sent, completed))
-        if check and status != 0:
-            raise CommandFailed(self._where, result)
-        return result
+        return CommandResult(command, status, b"".join(out).decode(errors="replace"),
+                             b"".join(err).decode(errors="replace"), CommandTiming(sent, completed))
 
     @staticmethod
     def _transport_dying(channel: paramiko.Channel, grace_s: float = 0.5) -> bool:
@@ -265,7 +284,8 @@ class SshTransport(CommandTransport):
         except (OSError, EOFError, paramiko.SSHException) as exc:
             channel.close()
             raise TransportClosed(f"{self._where}: cannot start {command!r}: {self._scrub(str(exc))}") from None
-        return SshLineStream(channel, command, self._where)
+        wirelog.note(now_ns(), self.resource.name, "$", f"{command}  (stream)")
+        return SshLineStream(channel, command, self._where, self.resource.name)
 
     def close(self) -> None:
         with self._lock:
@@ -319,7 +339,8 @@ class SshLineStream(LineStream):
     receive stamp of the packet's read, else the hub's feed of it; pushed (`deliver`): the feed; see
     `ArrivalStampedPipe`)."""
 
-    def __init__(self, channel: paramiko.Channel, command: str, where: str):
+    def __init__(self, channel: paramiko.Channel, command: str, where: str, name: str = ""):
+        self._name = name  # the host's, for the wire log
         self._channel = channel
         self._pipe = channel.in_buffer
         self.command = command
@@ -490,6 +511,10 @@ class SshLineStream(LineStream):
         return self._channel.exit_status if self._channel.exit_status_ready() else None
 
     def close(self) -> None:
+        if wirelog.enabled():
+            status = self.exit_status
+            wirelog.note(now_ns(), self._name, "=", ("stream closed, still running" if status is None else
+                                                     f"stream ended, exit {status}") + f": {self.command[:200]}")
         self._channel.close()
 
     def __enter__(self) -> "SshLineStream":

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import pkgutil
 import sys
 
@@ -40,15 +39,31 @@ def build_parser() -> argparse.ArgumentParser:
     for info in sorted(pkgutil.iter_modules(harness.commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"harness.commands.{info.name}")
         module.register(sub)
+    for p in _parsers(parser):  # before or after the command: `harness -v run` = `harness run -v`
+        default = 0 if p is parser else argparse.SUPPRESS
+        p.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=default,
+                       help="show INFO logs on stderr (SSH connections, paramiko's among them)")
+        p.add_argument("--debug", dest="verbosity", action="store_const", const=2, default=default,
+                       help="show DEBUG logs on stderr, every wire record too (also in a run's wire.log)")
     return parser
 
 
+def _parsers(parser: argparse.ArgumentParser):
+    """`parser` and every sub-command's parser under it (`harness ocs ... list` has two levels)."""
+    yield parser
+    for action in parser._actions:  # argparse keeps sub-parsers only there
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # an alias maps to the same parser
+                yield from _parsers(child)
+
+
 def main(argv: list[str] | None = None) -> int:
-    # paramiko logs every reset socket on its own threads; the harness reports transport failures itself.
-    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    from harness import logs
+
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with logs.verbosity(args.verbosity):
+            return int(args.func(args) or 0)
     except InputError as exc:
         for problem in getattr(exc, "errors", [exc]):  # every problem of a file, one line each
             print(f"harness: {problem.format()}", file=sys.stderr)

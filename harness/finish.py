@@ -239,12 +239,14 @@ def finish_run(ctx, manifest: dict, *, status: str, wall_s: float, started_utc: 
 
 def console_summary(ctx, record: rec.RunRecord) -> None:
     """One screen at the end of a run: stage delays, accuracy against truth, checks."""
-    from rich.console import Console
     from rich.table import Table
 
     from analysis.stats import p99_interval_text
+    from harness import logs
 
-    console = Console(stderr=True, highlight=False)
+    def say(text) -> None:  # quiet: into console.log only
+        logs.echo(text, quiet=ctx.quiet)
+
     summary = record.summary
     delays = summary.get("delays_ms")
     if delays:
@@ -257,22 +259,22 @@ def console_summary(ctx, record: rec.RunRecord) -> None:
             if s["n"]:
                 table.add_row(name, str(s["n"]), f"{s['mean']:.3f}", f"{s['p50']:.3f}", f"{s['p99']:.3f}",
                               p99_interval_text(s))
-        console.print(table)
+        say(table)
     accuracy = {r["stage"]: r for r in summary.get("accuracy", ())}
     if "all" in accuracy:
         a = accuracy["all"]
-        console.print(f"vs emulator truth: |error| p50 {a['abs_err_p50_ms']:.3f} ms, p99 {a['abs_err_p99_ms']:.3f} ms, "
-                      f"{100 * a['coverage']:.1f} % within ±uncertainty (n={a['n']})")
+        say(f"vs emulator truth: |error| p50 {a['abs_err_p50_ms']:.3f} ms, p99 {a['abs_err_p99_ms']:.3f} ms, "
+            f"{100 * a['coverage']:.1f} % within ±uncertainty (n={a['n']})")
     if summary.get("lost_events"):
         line = lost_line(summary["lost_events"])
-        console.print(f"lost events: {'[yellow]' + line + '[/]' if line.startswith('WARNING') else line}")
+        say(f"lost events: {'[yellow]' + line + '[/]' if line.startswith('WARNING') else line}")
     if summary.get("emulator"):
         line = emulator_line(summary["emulator"])
-        console.print(f"emulator: {'[yellow]' + line + '[/]' if line.startswith('WARNING') else line}")
+        say(f"emulator: {'[yellow]' + line + '[/]' if line.startswith('WARNING') else line}")
     for name, results in summary.get("results", {}).items():
-        console.print(f"{name}: " + ", ".join(f"{k} [bold]{v:.3g}[/]" if isinstance(v, float) else f"{k} [bold]{v}[/]"
-                                              for k, v in results.items() if isinstance(v, (str, int, float))))
+        say(f"{name}: " + ", ".join(f"{k} [bold]{v:.3g}[/]" if isinstance(v, float) else f"{k} [bold]{v}[/]"
+                                    for k, v in results.items() if isinstance(v, (str, int, float))))
     for name, step in summary.get("steps", {}).items():
         for check in step["checks"]:
             mark = "[green]✔[/]" if check["ok"] else "[red]✘[/]"
-            console.print(f"{mark} {name}: {check['name']} — {check.get('detail', '')}")
+            say(f"{mark} {name}: {check['name']} — {check.get('detail', '')}")

@@ -12,6 +12,7 @@ import html
 import io
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis.stages import BY_NAME, STAGES_UP  # noqa: E402
+from analysis.stats import MIN_DIFFERENCE_UNITS, MIN_MEAN_UNITS  # noqa: E402
 
 REPORT_NAME = "report.html"
 COMPARISON_NAME = "comparison.html"
@@ -33,7 +35,10 @@ table{border-collapse:collapse;margin:.6em 0;font-size:13px}th,td{border:1px sol
 vertical-align:top;text-align:left}th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .falsified{background:#fbd5d5}.holds{background:#d7f2d7}.inconclusive,.falsified-if{background:#fcefc7}
 .missing{color:#888;font-style:italic}.banner{background:#fff4d6;border-left:4px solid #e0a800;padding:.5em 1em}
-img{max-width:100%;height:auto}code{font-size:12px}"""
+img{max-width:100%;height:auto}code{font-size:12px}nav.toc{background:#f7f7f7;border:1px solid #ddd;padding:.4em 1em;
+display:inline-block}nav.toc ol{margin:.2em 0;padding-left:1.4em}table table{margin:0;font-size:12px}
+details>summary{cursor:pointer;color:#225}pre.console{font-size:12px;background:#f7f7f7;padding:.6em;overflow-x:auto;
+max-height:40em}.warnings{background:#fff4d6;border-left:4px solid #e0a800;padding:.3em 1em}"""
 
 
 @dataclass
@@ -89,12 +94,21 @@ def cdf_figure(runs: list[RunData]) -> str | None:
     rows = math.ceil(len(stages) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
     for ax, stage in zip(axes.flat, stages):
+        spans = []
         for name, table in tables:
-            x = np.sort(table[stage].dropna().to_numpy())
+            column = table[stage].dropna()
+            x = np.sort(column.to_numpy())
             if len(x):
-                ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post", label=f"{name} (n={len(x)})")
+                cycles = column.index.get_level_values("cycle").nunique()
+                ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post",
+                        label=f"{name} ({len(x)} ports, {cycles} cycles)")
+                spans += [x[0], x[-1]]
+        # runs decades apart (a 25 ms switch beside a 6 s NIC re-activation) share one readable axis
+        log = len(spans) > 2 and min(spans) > 0 and max(spans) / min(spans) > 30
+        if log:
+            ax.set_xscale("log")
         ax.set_title(BY_NAME[stage].label, fontsize=10)
-        ax.set_xlabel("ms after OCS command sent", fontsize=8)
+        ax.set_xlabel("ms after OCS command sent" + (" (log)" if log else ""), fontsize=8)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(stages):]:
@@ -172,7 +186,7 @@ def _num(value: Any, fmt: str = ".4g") -> str:
 
 def _table(head: list[str], rows: list[list[str]]) -> str:
     """Cells are HTML already (escape with _e / _num)."""
-    out = ["<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
+    out = ["<table>" + ("<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" if head else "")]
     for row in rows:
         out.append("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in row) + "</tr>")
     return "".join(out) + "</table>"
@@ -183,7 +197,7 @@ def _missing(what: str) -> str:
 
 
 def delays_section(run: RunData) -> str:
-    from analysis.stats import p99_interval_text
+    from analysis.stats import mean_interval_text, p99_interval_text
 
     delays = (run.summary or {}).get("delays_ms")
     if not delays:
@@ -193,9 +207,8 @@ def delays_section(run: RunData) -> str:
              "turnaround": "turnaround, per cycle (slowest port's first packet)"}
     items = [(f"{BY_NAME[k].label} ({k})", v) for k, v in delays["stages"].items()]
     for name, s in items + [(label, delays[k]) for k, label in extra.items() if k in delays]:
-        ci = s.get("mean_ci95")
         rows.append([_e(name), f'<td class="num">{s["n"]}</td>', f'<td class="num">{s["n_cycles"]}</td>',
-                     f'<td class="num">{_num(s["mean"])}</td>', _e(f"{ci[0]:.4g}–{ci[1]:.4g}" if ci else "–"),
+                     f'<td class="num">{_num(s["mean"])}</td>', _e(mean_interval_text(s)),
                      f'<td class="num">{_num(s["p50"])}</td>', f'<td class="num">{_num(s["p99"])}</td>',
                      _e(p99_interval_text(s, "", 4))])
     return _table(["delay after OCS command (ms)", "n", "cycles", "mean", "mean 95 % CI (cycles)", "p50",
@@ -274,6 +287,33 @@ def _flat(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix, obj)]
 
 
+def _records(rows: list[dict]) -> str:
+    """A list of records as one table, a column per field (nested fields dotted)."""
+    flat = [dict(_flat(r)) for r in rows]
+    columns = list(dict.fromkeys(k for r in flat for k in r))
+    return _table([_e(c) for c in columns], [[_cell(r.get(c)) for c in columns] for r in flat])
+
+
+def _cell(value: Any) -> str:
+    """A recorded value as HTML a reader can read: records as tables, lists joined, nothing as a dash — never
+    a Python repr."""
+    if value is None or value == "" or value == [] or value == {}:
+        return '<span class="missing" title="not reported">–</span>'
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        return _num(value)
+    if isinstance(value, dict):
+        if all(isinstance(v, dict) for v in value.values()):  # records keyed by name: a row each
+            return _records([{"": k, **v} for k, v in value.items()])
+        return _table([], [[_e(k), _cell(v)] for k, v in value.items()])
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, dict) for v in value):
+            return _records(list(value))
+        return ", ".join(_cell(v) for v in value)
+    return f"<code>{_e(value)}</code>"
+
+
 def gpu_section(run: RunData) -> str:
     from harness.gpu_view import TABLE_HEAD, table_rows
 
@@ -292,12 +332,14 @@ def provenance_section(run: RunData) -> str:
     keep["extra"] = {k: v for k, v in (m.get("extra") or {}).items() if k not in ("devices", "gpu_view")}  # own tables
     keep["versions"] = {k: v for k, v in (m.get("versions") or {}).items() if k != "packages"}
     keep["packages"] = (m.get("versions") or {}).get("packages")
-    rows = [[_e(k), f"<code>{_e(v)}</code>"] for k, v in _flat(keep) if v not in (None, "", {}, [])]
-    parts = [_table(["manifest field", "value"], rows)]
+    rows = [[_e(k), _cell(v)] for k, v in _flat(keep) if v not in (None, "", {}, [])]
+    parts = ["<details><summary>Manifest: playbook, inventory, seed, versions, packages</summary>" +
+             _table(["manifest field", "value"], rows) + "</details>"]
     devices = m.get("devices") or (m.get("extra") or {}).get("devices")
     if devices:
-        parts.append("<h3>Device identity</h3>" + _table(["device", "identity"], [
-            [_e(k), f"<code>{_e(v)}</code>"] for k, v in _flat(devices)]))
+        parts.append("<h3>Device identity</h3>" + f"<details><summary>{sum(len(v) if isinstance(v, dict) else 1 for v in devices.values())} devices: switches, NICs and transceivers, GPUs</summary>" + _table(["kind", "device", "identity"], [
+            [_e(kind), _e(name), _cell(ident)] for kind, named in devices.items()
+            for name, ident in (named.items() if isinstance(named, dict) else [("", named)])]) + "</details>")
     else:
         parts.append(_missing("device identity: not recorded by this run"))
     rows = []
@@ -326,12 +368,63 @@ def _reply_stamps(r: dict | None) -> str:
     return "kernel receive stamp" if read is None else f"read time ({read})"
 
 
+def _anchor(text: str, taken: set[str]) -> str:
+    base = "-".join(re.findall(r"[a-z0-9]+", text.lower())) or "section"
+    anchor, k = base, 1
+    while anchor in taken:
+        k += 1
+        anchor = f"{base}-{k}"
+    taken.add(anchor)
+    return anchor
+
+
 def html_page(title: str, body: list[str]) -> str:
+    """The page: a table of contents of its sections (every `<h2>` gets an anchor), then the body."""
+    taken: set[str] = set()
+    toc, out = [], []
+    for part in body:
+        heading = re.fullmatch(r"<h2>(.*)</h2>", part, re.S)
+        if heading:
+            anchor = _anchor(html.unescape(re.sub(r"<[^>]+>", "", heading.group(1))), taken)
+            toc.append(f'<li><a href="#{anchor}">{heading.group(1)}</a></li>')
+            part = f'<h2 id="{anchor}">{heading.group(1)}</h2>'
+        out.append(part)
+    if toc:
+        at = next((i + 1 for i, p in enumerate(out) if p.startswith("<h1")), 0)
+        out.insert(at, '<nav class="toc"><b>Contents</b><ol>' + "".join(toc) + "</ol></nav>")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; "
             "style-src 'unsafe-inline'\">"
-            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>\n" + "\n".join(body) +
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>\n" + "\n".join(out) +
             "\n</body></html>\n")
+
+
+def warnings_section(run: RunData) -> str:
+    """Every warning the run's record carries (the console printed the same), or nothing."""
+    from harness.finish import emulator_line, lost_line
+
+    s = run.summary or {}
+    found = []
+    if (s.get("emulator") or {}).get("warning"):
+        found.append(emulator_line(s["emulator"]))
+    if (s.get("lost_events") or {}).get("in_ok_cycles"):
+        found.append(lost_line(s["lost_events"]))
+    for host, stamps in (s.get("clock_replies_by_read") or {}).items():
+        found.append(f"host {host}: clock probe replies dated by their read, not the kernel ({_reply_stamps(stamps)})")
+    for name, step in (s.get("steps") or {}).items():
+        found += [f"step {name}: {c.get('name')}: {c.get('detail', '')}" for c in step.get("checks", [])
+                  if not c.get("ok", True)]
+    if not found:
+        return ""
+    return '<div class="warnings"><b>Warnings</b><ul>' + "".join(f"<li>{_e(w)}</li>" for w in found) + "</ul></div>"
+
+
+def console_section(run: RunData) -> str:
+    path = run.path / "console.log"
+    if not path.is_file():
+        return _missing("no console.log in this run directory")
+    return (f"<details><summary>console.log ({path.stat().st_size} bytes)</summary>"
+            f'<pre class="console">{_e(path.read_text(errors="replace"))}</pre></details>')
 
 
 def _fig_or_missing(fig: str | None, what: str) -> str:
@@ -349,7 +442,7 @@ def _status_line(run: RunData) -> str:
 
 def run_page(run: RunData) -> str:
     return html_page(f"Run {run.name}", [
-        f"<h1>Run {_e(run.name)}</h1>", _status_line(run),
+        f"<h1>Run {_e(run.name)}</h1>", _status_line(run), warnings_section(run),
         "<h2>Verdict</h2>", verdict_section(run),
         "<h2>Stage delays</h2>", delays_section(run),
         _fig_or_missing(cdf_figure([run]), "no events.parquet"),
@@ -357,20 +450,108 @@ def run_page(run: RunData) -> str:
         "<h2>Accuracy against ground truth</h2>", accuracy_section(run),
         _fig_or_missing(accuracy_figure([run]), "no ground_truth.parquet"),
         "<h2>GPUs while the network re-trains</h2>", gpu_section(run),
-        "<h2>Provenance</h2>", provenance_section(run)])
+        "<h2>Provenance</h2>", provenance_section(run),
+        "<h2>Console output</h2>", console_section(run)])
+
+
+COMPARED = (("ocs_switch", "OCS switch, per cycle"), *((s, BY_NAME[s].label) for s in STAGES_UP[2:]),
+            ("turnaround", "turnaround, per cycle (slowest port's first packet)"))
+
+
+def difference_rows(runs: list[RunData]) -> list[dict]:
+    """Each later run against the first, per stage: means over per-cycle values (the cycle is the unit) with
+    their intervals, the difference of means with its interval (two-sample studentised bootstrap, coverage in
+    benchmarks/coverage_difference.py) and the ratio of means."""
+    from analysis.stats import cycle_units, mean_difference_interval, mean_interval
+
+    base = runs[0]
+    units = {r.name: cycle_units(r.events) if r.events is not None else {} for r in runs}
+    rows = []
+    for other in runs[1:]:
+        for stage, label in COMPARED:
+            a = units[base.name].get(stage, np.array([])) / 1e6
+            b = units[other.name].get(stage, np.array([])) / 1e6
+            if not (len(a) or len(b)):
+                continue
+            mean_a = float(a.mean()) if len(a) else None
+            mean_b = float(b.mean()) if len(b) else None
+            rows.append({"A": base.name, "B": other.name, "stage": stage, "label": label,
+                         "cycles_A": int(len(a)), "cycles_B": int(len(b)), "mean_A_ms": mean_a, "mean_B_ms": mean_b,
+                         "mean_A_ci": mean_interval(a), "mean_B_ci": mean_interval(b),
+                         "difference_ms": None if mean_a is None or mean_b is None else mean_b - mean_a,
+                         "difference_ci": mean_difference_interval(a, b),
+                         "ratio": mean_b / mean_a if mean_a and mean_b is not None else None})
+    return rows
+
+
+def _ms_with_interval(value: float | None, ci: list[float] | None, needs: int) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f" (an interval needs ≥ {needs} cycles)")
+
+
+def difference_markdown(runs: list[RunData]) -> str:
+    """The comparison as a table a terminal or a report takes: per stage, then per claim."""
+    lines = ["| stage | A | B | cycles A/B | mean A (ms) [95 % CI] | mean B (ms) [95 % CI] | B − A (ms) [95 % CI] "
+             "| B / A |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in difference_rows(runs):
+        lines.append(f"| {r['label']} | {r['A']} | {r['B']} | {r['cycles_A']}/{r['cycles_B']} | "
+                     f"{_ms_with_interval(r['mean_A_ms'], r['mean_A_ci'], MIN_MEAN_UNITS)} | "
+                     f"{_ms_with_interval(r['mean_B_ms'], r['mean_B_ci'], MIN_MEAN_UNITS)} | "
+                     f"{_ms_with_interval(r['difference_ms'], r['difference_ci'], MIN_DIFFERENCE_UNITS)} | "
+                     f"{'–' if r['ratio'] is None else format(r['ratio'], '.3g')} |")
+    claims = claim_rows(runs)
+    if claims:
+        lines += ["", "| claim | " + " | ".join(r.name for r in runs) + " |", "|---|" + "---|" * len(runs)]
+        lines += [f"| {c} | " + " | ".join(v.get(r.name, "–") for r in runs) + " |" for c, v in claims.items()]
+    return "\n".join(lines)
+
+
+def claim_rows(runs: list[RunData]) -> dict[str, dict[str, str]]:
+    """claim id -> run -> its verdict, for runs with a verdict."""
+    out: dict[str, dict[str, str]] = {}
+    for r in runs:
+        for claim in (r.verdict or {}).get("claims", []):
+            out.setdefault(claim["id"], {})[r.name] = claim["verdict"]
+    return out
+
+
+def differences_section(runs: list[RunData]) -> str:
+    rows = difference_rows(runs)
+    if not rows:
+        return _missing("no run has measured cycles to compare")
+    head = ["stage", "A", "B", "cycles A / B", "mean A (ms) [95 % CI]", "mean B (ms) [95 % CI]",
+            "B − A (ms) [95 % CI]", "B / A"]
+    table = _table(head, [[_e(r["label"]), _e(r["A"]), _e(r["B"]),
+                           f'<td class="num">{r["cycles_A"]} / {r["cycles_B"]}</td>',
+                           f'<td class="num">{_ms_with_interval(r["mean_A_ms"], r["mean_A_ci"], MIN_MEAN_UNITS)}</td>',
+                           f'<td class="num">{_ms_with_interval(r["mean_B_ms"], r["mean_B_ci"], MIN_MEAN_UNITS)}</td>',
+                           f'<td class="num">{_ms_with_interval(r["difference_ms"], r["difference_ci"], MIN_DIFFERENCE_UNITS)}</td>',
+                           f'<td class="num">{"–" if r["ratio"] is None else format(r["ratio"], ".3g")}</td>']
+                          for r in rows])
+    note = ("<p>Means over per-cycle values (a port stage: the mean of the cycle's ports), so the cycle is the "
+            "unit of replication; intervals are bootstrap-t, the difference's a two-sample one.</p>")
+    claims = claim_rows(runs)
+    if claims:
+        table += "<h3>Claims</h3>" + _table(["claim"] + [_e(r.name) for r in runs], [
+            [f"<code>{_e(c)}</code>"] + [f'<td class="{_verdict_class(v.get(r.name, ""))}">{_e(v.get(r.name, "–"))}</td>'
+                                        for r in runs] for c, v in claims.items()])
+    return note + table
 
 
 def comparison_page(runs: list[RunData]) -> str:
     body = [f"<h1>Comparison of {len(runs)} runs</h1>",
             _table(["run", "status"], [[_e(r.name), _status_line(r)] for r in runs]),
+            "<h2>Differences against the first run</h2>", differences_section(runs),
             "<h2>Stage delays, per-stage CDFs</h2>", _fig_or_missing(cdf_figure(runs), "no events.parquet"),
             "<h2>Accuracy against ground truth</h2>",
             _fig_or_missing(accuracy_figure(runs), "no run has ground truth")]
     for r in runs:
-        body += [f"<h2>{_e(r.name)}</h2>", "<h3>Verdict</h3>", verdict_section(r), "<h3>Stage delays</h3>",
-                 delays_section(r), _fig_or_missing(timeline_figure(r), "no measured cycle"),
+        body += [f"<h2>{_e(r.name)}</h2>", warnings_section(r), "<h3>Verdict</h3>", verdict_section(r),
+                 "<h3>Stage delays</h3>", delays_section(r),
+                 _fig_or_missing(timeline_figure(r), "no measured cycle"),
                  "<h3>Accuracy</h3>", accuracy_section(r), "<h3>GPUs while the network re-trains</h3>",
-                 gpu_section(r), "<h3>Provenance</h3>", provenance_section(r)]
+                 gpu_section(r), "<details><summary>Provenance</summary>" + provenance_section(r) + "</details>"]
     return html_page(f"Comparison of {len(runs)} runs", body)
 
 

@@ -21,11 +21,13 @@
   whose laser stays on darkens nothing and is reported as unverified, never as verified. At the end every
   NIC's admin state and RDMA port state are read back against what they were before the check;
 - `discover(...)`: a draft inventory from what the hosts report (NICs, RDMA ports, transceivers, GPUs and
-  their closest NICs from `nvidia-smi topo -m`).
+  their closest NICs from `nvidia-smi topo -m`); where `rdma` or `nvidia-smi --query-gpu` do not answer, from
+  ibstat / ibv_devinfo / ibstatus with ibdev2netdev (or sysfs) and from the default `nvidia-smi` table.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,15 +36,16 @@ from typing import Callable
 
 from devices.errors import DeviceError
 from devices.parsers.common import ParseError
-from devices.parsers.gpu import parse_nvidia_smi_csv, parse_nvidia_smi_topo
-from devices.parsers.nic import (IpLink, RdmaLink, parse_ethtool_module, parse_ip_link_json, parse_ip_link_oneline,
-                                 parse_rdma_link, parse_rdma_link_json)
+from devices.parsers.gpu import parse_nvidia_smi_csv, parse_nvidia_smi_table, parse_nvidia_smi_topo
+from devices.parsers.ib_tools import parse_ibdev2netdev, parse_ibstat, parse_ibstatus, parse_ibv_devinfo
+from devices.parsers.nic import (RDMA_PHYS_STATES, IpLink, ModuleFlags, RdmaLink, parse_ethtool_module,
+                                 parse_ip_link_json, parse_ip_link_oneline, parse_rdma_link, parse_rdma_link_json)
 from devices.resources import Bench, HostResource, NicPort
 from devices.ssh import CommandFailed, SshTransport
 from devices.timing import Deadline
 from harness.fanout import fan_out
 
-LIT_DBM = -30.0  # receive power above which a module without an Rx LOS flag (ethtool < 6.4) sees light
+LIT_DBM = -30.0  # receive power above which a module without an Rx LOS flag (ethtool < 6.4, any SFP) sees light
 LINK_COMMAND = "ip link set dev {netdev} {state}"  # state: up | down; a lab without root: "sudo -n " + this
 
 
@@ -59,6 +62,15 @@ def check_link_command(template: str) -> str:
 
 class PreflightFailed(DeviceError):
     """The bench does not match its inventory (a host, NIC, RDMA port or switch named there is missing)."""
+
+
+def receiver_lit(module: ModuleFlags) -> bool:
+    """Whether a module's receiver sees light: its Rx loss-of-signal flags where the tool prints them (ethtool
+    >= 6.4, SFF-8636 / CMIS), else its strongest lane's receive power (older ethtool; SFF-8472 SFPs, whose one
+    lane is `Receiver signal average optical power`)."""
+    if module.rx_los is not None:
+        return not module.rx_los
+    return max(module.rx_power_dbm, default=-math.inf) > LIT_DBM
 
 
 def _transport(host: HostResource, timeout_s: float) -> SshTransport:
@@ -151,9 +163,7 @@ class _Nics:
         for port in (p for p in self.ports if p.host == host):
             out = self.transports[host].run(f"ethtool -m {shlex.quote(port.netdev)}",
                                             deadline=Deadline(self.timeout_s), check=True).stdout
-            module = parse_ethtool_module(out)
-            light = (not module.rx_los) if module.rx_los is not None else max(module.rx_power_dbm or (-99,)) > LIT_DBM
-            if light:
+            if receiver_lit(parse_ethtool_module(out)):
                 seen.add(port.key)
         return seen
 
@@ -412,39 +422,112 @@ def _links_as_before(nics: _Nics, before: dict, report: FibreReport, link_s: flo
 # ====================================================================== discovery
 
 
+# ibstat's words for a port's state, as `rdma link` prints them (ibv_devinfo's only lose their `PORT_`, ibstatus
+# prints the sysfs codes, which index iproute2's table)
+_IBSTAT_STATES = {"Active": "ACTIVE", "Down": "DOWN", "Initializing": "INIT", "Armed": "ARMED"}
+_IBSTAT_PHYS = {"LinkUp": "LINK_UP", "Polling": "POLLING", "Disabled": "DISABLED", "Sleep": "SLEEP",
+                "LinkErrorRecovery": "LINK_ERROR_RECOVER", "PortConfigurationTraining": "ARMED"}
+
+
+def _ports_from_ibstat(text: str) -> list[tuple[str, int, str, str]]:
+    return [(p.ca, p.port, _IBSTAT_STATES.get(p.state, p.state.upper()), _IBSTAT_PHYS.get(p.physical_state,
+             p.physical_state.upper())) for p in parse_ibstat(text)]
+
+
+def _ports_from_ibv_devinfo(text: str) -> list[tuple[str, int, str, str]]:
+    return [(d.hca_id, p.port, p.state.removeprefix("PORT_"), p.phys_state or "UNKNOWN")
+            for d in parse_ibv_devinfo(text) for p in d.ports]
+
+
+def _ports_from_ibstatus(text: str) -> list[tuple[str, int, str, str]]:
+    words = dict(enumerate(RDMA_PHYS_STATES))
+    return [(p.dev, p.port, p.state.name, words.get(p.phys_state.code, p.phys_state.name))
+            for p in parse_ibstatus(text)]
+
+
+_PORT_TOOLS = (("ibstat", _ports_from_ibstat), ("ibv_devinfo", _ports_from_ibv_devinfo),
+               ("ibstatus", _ports_from_ibstatus))
+
+
+def _rdma_ports(transport: SshTransport, run: Callable[[str], str], timeout_s: float) -> tuple[list[RdmaLink], str]:
+    """The host's RDMA ports and the tool that told: `rdma link` where iproute2 has it, else the first of ibstat,
+    ibv_devinfo and ibstatus that answers, with each port's netdev from `ibdev2netdev` or, failing that, the
+    one entry of sysfs `/sys/class/infiniband/DEV/device/net`. ([], why) when none answers."""
+    try:
+        return _rdma_links(transport, timeout_s), "rdma link"
+    except (CommandFailed, ParseError):
+        pass
+    for command, read in _PORT_TOOLS:
+        text = run(command)
+        try:
+            ports = read(text) if text else None
+        except ParseError:
+            ports = None
+        if not ports:
+            continue
+        netdevs: dict[tuple[str, int], str] = {}
+        with contextlib.suppress(ParseError):
+            netdevs = {(x.dev, x.port): x.netdev for x in parse_ibdev2netdev(run("ibdev2netdev"))}
+        found = f"{command} + ibdev2netdev" if netdevs else command
+        if not netdevs:
+            for dev in sorted({dev for dev, *_ in ports}):
+                names = run(f"ls /sys/class/infiniband/{shlex.quote(dev)}/device/net").split()
+                if len(names) == 1:
+                    netdevs.update({(dev, port): names[0] for d, port, *_ in ports if d == dev})
+            found += " + sysfs" if netdevs else ""
+        return [RdmaLink(dev, port, state, phys, netdevs.get((dev, port))) for dev, port, state, phys in ports], found
+    return [], "none of rdma, ibstat, ibv_devinfo, ibstatus answered"
+
+
+def _gpus(run: Callable[[str], str]) -> tuple[list[dict], str | None]:
+    """The host's GPUs from `nvidia-smi --query-gpu`, else from the default `nvidia-smi` table (no UUID there);
+    ([], None) where neither answers."""
+    query = run("nvidia-smi --query-gpu=index,name,pci.bus_id,uuid --format=csv,noheader")
+    with contextlib.suppress(ParseError):
+        if query:
+            rows = parse_nvidia_smi_csv(query, ["index", "name", "pci.bus_id", "uuid"], header=False).records()
+            return [{"index": int(row["index"]), "name": row["name"], "pci_bus_id": row["pci.bus_id"],
+                     "uuid": row["uuid"]} for row in rows], "nvidia-smi --query-gpu"
+    table = run("nvidia-smi")
+    with contextlib.suppress(ParseError):
+        if table:
+            return [{"index": g.index, "name": g.name, "pci_bus_id": g.bus_id, "uuid": None}
+                    for g in parse_nvidia_smi_table(table).gpus], "nvidia-smi"
+    return [], None
+
+
 def discover_host(host: HostResource, *, timeout_s: float = 10.0) -> dict:
     """What one host reports: hostname, RDMA ports with their netdevs and transceivers, GPUs and the GPUs
-    closest to each NIC (`nvidia-smi topo -m`; no GPUs where nvidia-smi is missing)."""
+    closest to each NIC (`nvidia-smi topo -m`; no GPUs where nvidia-smi is missing), and `found_by`: the tool
+    that answered for the RDMA ports and for the GPUs (the fallbacks when `rdma` or `--query-gpu` do not)."""
     transport = _transport(host, timeout_s)
     try:
-        def run(command: str, check: bool = True) -> str:
+        def run(command: str, check: bool = False) -> str:
             result = transport.run(command, deadline=Deadline(timeout_s), check=check)
             return result.stdout if result.exit_status == 0 else ""
 
-        hostname = run("hostname").strip() or host.name
+        hostname = run("hostname", check=True).strip() or host.name
         links = {link.ifname: link for link in _links(transport, timeout_s)}
+        rdma_ports, ports_by = _rdma_ports(transport, run, timeout_s)
         nics = []
-        for r in _rdma_links(transport, timeout_s):
+        for r in rdma_ports:
             nic = {"netdev": r.netdev, "rdma_dev": r.dev, "rdma_port": r.port, "state": r.state,
                    "mac": links[r.netdev].mac if r.netdev in links else None}
-            module_text = run(f"ethtool -m {shlex.quote(r.netdev)}", check=False) if r.netdev else ""
+            module_text = run(f"ethtool -m {shlex.quote(r.netdev)}") if r.netdev else ""
             if module_text:
                 m = parse_ethtool_module(module_text)
                 nic["transceiver"] = {"vendor": m.vendor_name, "part": m.vendor_pn, "serial": m.vendor_sn,
                                       "type": f"0x{m.identifier:02x}" if m.identifier is not None else None}
             nics.append(nic)
-        gpus: list[dict] = []
-        query = run("nvidia-smi --query-gpu=index,name,pci.bus_id,uuid --format=csv,noheader", check=False)
-        if query:
-            rows = parse_nvidia_smi_csv(query, ["index", "name", "pci.bus_id", "uuid"], header=False).records()
-            gpus = [{"index": int(row["index"]), "name": row["name"], "pci_bus_id": row["pci.bus_id"],
-                     "uuid": row["uuid"]} for row in rows]
-            topo_text = run("nvidia-smi topo -m", check=False)
+        gpus, gpus_by = _gpus(run)
+        if gpus:
+            topo_text = run("nvidia-smi topo -m")
             if topo_text:
                 topo = parse_nvidia_smi_topo(topo_text)
                 for nic in nics:
                     nic["closest_gpus"] = [int(g[3:]) for g in topo.closest_gpus(nic["rdma_dev"])]
-        return {"hostname": hostname, "nics": nics, "gpus": gpus}
+        return {"hostname": hostname, "nics": nics, "gpus": gpus,
+                "found_by": {"rdma_ports": ports_by, "gpus": gpus_by or "no nvidia-smi answered"}}
     finally:
         transport.close()
 

@@ -174,8 +174,8 @@ def _fmt(v: Any) -> str:
 
 
 def summary_markdown(summary: Mapping, title: str = "Run summary") -> str:
-    """A markdown table from analysis.stats.summarize_events output (times in ms)."""
-    from analysis.stats import p99_interval_text
+    """A markdown table from analysis.stats.summarize_events output (times in ms, 3 decimals: µs)."""
+    from analysis.stats import MIN_MEAN_UNITS, CHAIN
 
     rows: list[tuple[str, Mapping]] = []
     for key, label in _SUMMARY_ROWS:
@@ -185,16 +185,46 @@ def summary_markdown(summary: Mapping, title: str = "Run summary") -> str:
         rows.append((f"{stage} (after sent)", s))
     for name, s in (summary.get("chain") or {}).items():
         rows.append((f"chain: {name}", s))
-    unit = "ms" if summary.get("unit_scale", 1e-6) == 1e-6 else f"×{summary.get('unit_scale')} ns"
+    ms = summary.get("unit_scale", 1e-6) == 1e-6
+    unit = "ms" if ms else f"×{summary.get('unit_scale')} ns"
+
+    def value(v: Any) -> str:
+        return _fmt(v) if not ms or v is None or not isinstance(v, float) or not math.isfinite(v) else f"{v:.3f}"
+
+    def mean_ci(s: Mapping) -> str:
+        ci = s.get("mean_ci95")
+        return f"{value(ci[0])}–{value(ci[1])}" if ci else f"needs ≥ {MIN_MEAN_UNITS} cycles" if s.get("n") else "–"
+
+    # a two-sided p99 interval needs hundreds of cycles: where no row has one, say so once and give the bound
+    two_sided = any(s.get("p99_ci95") for _, s in rows)
     lines = [f"# {title}", ""]
     if "cycles" in summary:
         lines += [f"Cycles: {summary['cycles']}", ""]
-    lines += [f"| delay ({unit}) | n | cycles | mean | p50 | p90 | p99 | max | mean 95% CI | p99 95% CI |",
+    needs = next((s.get("p99_needs_cycles") for _, s in rows if s.get("p99_needs_cycles")), None)
+    if not two_sided and needs:
+        lines += [f"A two-sided 95 % interval of a p99 needs ≥ {needs} cycles; the last column gives the one-sided "
+                  "95 % lower bound the cycles support.", ""]
+    lines += [f"| delay ({unit}) | n | cycles | mean | p50 | p90 | p99 | max | mean 95% CI | "
+              f"{'p99 95% CI' if two_sided else 'p99 ≥ (95 %)'} |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for label, s in rows:
-        lines.append(f"| {label} | {_fmt(s.get('n'))} | {_fmt(s.get('n_cycles'))} | {_fmt(s.get('mean'))} | {_fmt(s.get('p50'))} | "
-                     f"{_fmt(s.get('p90'))} | {_fmt(s.get('p99'))} | {_fmt(s.get('max'))} | "
-                     f"{_fmt(s.get('mean_ci95'))} | {p99_interval_text(s, digits=4) if s.get('n') else '–'} |")
+        if s.get("p99_ci95"):
+            p99 = f"{value(s['p99_ci95'][0])}–{value(s['p99_ci95'][1])}"
+        else:
+            lower = (s.get("p99_bound95") or {}).get("lower")
+            p99 = "–" if lower is None else (f"≥ {value(lower)}" if two_sided else value(lower))
+        lines.append(f"| {label} | {_fmt(s.get('n'))} | {_fmt(s.get('n_cycles'))} | {value(s.get('mean'))} | "
+                     f"{value(s.get('p50'))} | {value(s.get('p90'))} | {value(s.get('p99'))} | {value(s.get('max'))} | "
+                     f"{mean_ci(s)} | {p99} |")
+    backwards = [name for name, s in (summary.get("chain") or {}).items()
+                 if isinstance(s.get("mean"), float) and s["mean"] < 0]
+    for name in backwards:
+        later, earlier = CHAIN[name]
+        lines += ["", f"chain: {name} is negative: {later} was seen before {earlier} (each dated within its bound). "
+                  + ("Light reached the receivers before the switch reported the command complete: a switch "
+                     "replies after its last mirror settles, and the reply takes its own time to arrive."
+                     if earlier == "ocs_command_completed" else
+                     "The two stages are closer than their bounds, so their order is not resolved.")]
     return "\n".join(lines) + "\n"
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from devices.errors import DeviceError
 from devices.protocols import CircuitSwitch
 from devices.resources import Bench
+from harness import logs
 from harness import record as rec
 from harness.config import MAX_CYCLES, Playbook, load_inventory, load_playbook
 from harness.errors import InputError
@@ -54,6 +55,7 @@ class RunOptions:
     dry_run: bool = False
     quiet: bool = False
     json: bool = False  # one result line on stdout
+    junit: str | None = None  # also write the record as JUnit XML there
     adopt_current_state: bool = False  # take a switch another run left changed as the original
 
 
@@ -83,6 +85,10 @@ class RunContext:
     _switches: dict[str, CircuitSwitch] = field(default_factory=dict)
     _sessions: dict[str, Any] = field(default_factory=dict)
     _transports: dict[str, Any] = field(default_factory=dict)  # SSH connections opened before their host's session
+
+    def latch_broken(self, why: str) -> None:
+        """Latch the bench broken (the first cause stands): the rest of the run is skipped, not attempted."""
+        self.broken = self.broken or why
 
     def rng(self, stream: str) -> np.random.Generator:
         """An independent, reproducible random stream per purpose (same seed → same stream on resume)."""
@@ -178,10 +184,7 @@ class RunContext:
         self.log.extend(events, encoded)
 
     def say(self, text: str) -> None:
-        if not self.quiet:
-            from rich.console import Console
-
-            Console(stderr=True, highlight=False).print(text)
+        logs.echo(text, quiet=self.quiet)  # console.log keeps it in quiet mode too
 
 
 def emulated_spec(spec: str) -> tuple[str, str, str] | None:
@@ -277,6 +280,7 @@ def run(options: RunOptions) -> int:
                     held.callback(RunDirLock(run_dir).acquire(run_dir.name).release)
                 except RunDirLocked as exc:
                     raise InputError(f"run directory in use: {exc}") from None
+                held.enter_context(logs.run_logs(run_dir))  # console.log, wire.log
             # A lease on every OCS of an inventory, real or an external emulated bench (`emulated: true`, as
             # `harness emulate` writes: shared like a real one). A run's own emulator and dry runs need none.
             lease = recovery = None
@@ -348,6 +352,7 @@ def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, 
             raise InputError(f"cannot write the run record: {exc.strerror or exc}", str(run_dir)) from None
         stack.callback(log.close)
         bench, emulated = resolve_bench(bench_spec, seed, stack, run_dir, inventory=source.inventory)
+        logs.hide_secrets(bench)  # before any device is opened
         ctx = RunContext(playbook=playbook, bench=bench, run_dir=run_dir, run_id=run_id, seed=seed,
                          cycles=cycles, log=log, stack=stack, emulated=emulated, dry_run=options.dry_run,
                          quiet=options.quiet, resume_after=resume_after, lease=lease)
@@ -372,6 +377,8 @@ def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, 
             if not options.dry_run:  # the quick preflight (harness bench check --quick) before any switch is touched
                 _preflight(ctx)
             for step in playbook.steps:
+                if ctx.lease is not None and ctx.lease.lost:
+                    ctx.latch_broken(f"bench lock lost: {ctx.lease.lost}")
                 if ctx.broken:
                     ctx.results[step.name] = StepOutcome.skipped(ctx.broken)
                     continue
@@ -417,8 +424,11 @@ def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, 
         # The bench is still up here (the stack unwinds after), so ground truth is complete.
         try:
             record = finish_run(ctx, manifest, status=status, wall_s=wall, started_utc=started_utc)
-            if not ctx.quiet:
-                console_summary(ctx, record)
+            if options.junit:
+                from harness.junit import write_junit
+
+                write_junit(run_dir, Path(options.junit))
+            console_summary(ctx, record)  # quiet: into console.log only
         except OSError as exc:  # e.g. the disk filled up: the JSONL log is still the record
             _error_line(f"cannot write the run record in {run_dir}: {exc}")
             status = "error"
@@ -454,9 +464,7 @@ def _preflight(ctx) -> None:
                                                              if len(problems) > 1 else ""))
 
 
-def _error_line(text: str) -> None:
-    """One line on stderr, also in quiet mode (what stopped the run must never be silent)."""
-    print(" ".join(str(text).split()), file=sys.stderr)
+_error_line = logs.error_line
 
 
 def _acquire_lease(bench: Bench, where: str, run_id: str):

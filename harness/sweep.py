@@ -376,10 +376,12 @@ def execute(sweep: SweepPlan, *, scheduler: str | None, workers: int, serial: bo
     """Run every job; serially in this process, or on a dask cluster (physical points chained)."""
     from rich.progress import Progress
 
+    from harness import logs
+
     todo = [j for j in sweep.jobs if not _finished(Path(j.run_dir))]
     done = [{"point": j.name, "exit_code": _json(Path(j.run_dir) / "point.json").get("exit_code"), "ran": False}
             for j in sweep.jobs if j not in todo]
-    with Progress(disable=quiet, transient=False) as bar:
+    with Progress(disable=quiet, transient=False, console=logs.console()) as bar:
         task = bar.add_task(f"sweep: {len(todo)} to run, {len(done)} finished", total=len(sweep.jobs),
                             completed=len(done))
         if serial or not todo:

@@ -32,12 +32,14 @@ MAC = {"h1:eth0": "02:00:00:00:00:02", "h2:eth0": "02:00:00:00:00:01"}
 
 
 def _ctx(tmp_path, nics, session):
-    return SimpleNamespace(bench=SimpleNamespace(nic_ports=nics, ocs={"ocs1": OCS}), cycles=1, run_dir=tmp_path,
-                           resume_after={},
-                           dry_run=False, teardown=contextlib.ExitStack(), stack=contextlib.ExitStack(),
-                           switch=lambda name: FakeSwitch(OCS), session=lambda host: session,
-                           open_sessions=lambda hosts: {h: session for h in hosts}, emulated=None,
-                           manifest_extra={}, guards={}, observations=None, run_id="r")
+    ctx = SimpleNamespace(bench=SimpleNamespace(nic_ports=nics, ocs={"ocs1": OCS}), cycles=1, run_dir=tmp_path,
+                          resume_after={},
+                          dry_run=False, teardown=contextlib.ExitStack(), stack=contextlib.ExitStack(),
+                          switch=lambda name: FakeSwitch(OCS), session=lambda host: session,
+                          open_sessions=lambda hosts: {h: session for h in hosts}, emulated=None,
+                          manifest_extra={}, guards={}, observations=None, run_id="r", lease=None, broken=None)
+    ctx.latch_broken = lambda why: setattr(ctx, "broken", ctx.broken or why)
+    return ctx
 
 
 class _RecordingSession:

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from devices.emulated import formats
-from devices.emulated.formats import ToolVersions
+from devices.emulated.formats import EmulatedGpu, ToolVersions
 from devices.emulated.physics import NicSnapshot
 from devices.emulated.profile import ProfileError, profile_from_dict
 from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests
+from devices.parsers.gpu import parse_nvidia_smi_table
+from devices.parsers.ib_tools import parse_ibdev2netdev, parse_ibstat, parse_ibstatus, parse_ibv_devinfo
 from devices.parsers.nic import parse_ethtool_module, parse_mlxlink, parse_rdma_link, parse_rdma_link_json
 
 REAL = Path(__file__).parent / "data" / "real"
@@ -338,3 +340,192 @@ def test_profile_pins_tool_versions_and_rejects_bad_pins():
     for bad in ({"ethtool": "new"}, {"wireshark": "4.0"}, ["ethtool"]):
         with pytest.raises(ProfileError, match="tools"):
             profile_from_dict({"tools": bad}, "bench.yaml")
+
+
+# ---------------------------------------------------------------- ibstat / ibv_devinfo / ibdev2netdev
+
+def ibstat_shape(text: str) -> list[tuple[int, str]]:
+    """(leading TABs, key) per line: the block structure ibstat prints."""
+    return [(len(line) - len(line.lstrip("\t")), line.strip().split("'")[0].split(":")[0])
+            for line in text.splitlines()]
+
+
+def test_ibstat_blocks_match_the_real_ibstat():
+    capture = real("ibstat", "h100-roce-and-ib-some-down-polling-gpud-tabs.txt")
+    blocks = ["CA '" + b for b in capture.split("CA '")[1:]]
+    up, dark = blocks[0], next(b for b in blocks if "Polling" in b)  # mlx5_0 Active/LinkUp, mlx5_11 Down/Polling
+    for snapshot, sample in ((UP, up), (DARK, dark)):
+        text = formats.ibstat([(Model(), snapshot._replace(speed_mbps=400_000))])
+        assert ibstat_shape(text) == ibstat_shape(sample)
+        mine, theirs = parse_ibstat(text)[0], parse_ibstat(sample)[0]
+        assert (mine.state, mine.physical_state, mine.rate_gbps, mine.link_layer, mine.base_lid) == \
+            (theirs.state, theirs.physical_state, theirs.rate_gbps, theirs.link_layer, theirs.base_lid)
+    # mlx5 derives a RoCE port's GUIDs from its MAC: the real mlx5_0's node and port GUIDs from that rule
+    node, port = formats._guids("a0:88:c2:ad:ea:b8")
+    assert (f"0x{node}", f"0x{port}") == ("0xa088c20300adeab8", "0xa288c2fffeadeab8")
+    assert "Node GUID: 0xa088c20300adeab8" in up and "Port GUID: 0xa288c2fffeadeab8" in up
+
+
+def devinfo_columns(text: str) -> list[tuple[str, int]]:
+    """(key, column where its value starts, TABs expanded to 8) per `key: value` line."""
+    out = []
+    for line in text.expandtabs(8).splitlines():
+        m = re.match(r"(\s*)(\w[\w ]*):(\s+)\S", line)
+        if m:
+            out.append((m.group(2), m.end() - 1))
+    return out
+
+
+def test_ibv_devinfo_keys_and_value_columns_match_real_ibv_devinfo():
+    text = formats.ibv_devinfo([(Model(), DARK)])
+    roce = real("ibv-devinfo", "cx6dx-roce-port-down-spaces-deepep60.txt")  # rdma-core of 2025, TABs as spaces
+    assert devinfo_columns(text) == devinfo_columns(roce)  # the same keys, order and value columns (40, 24, 48)
+    tabs = real("ibv-devinfo", "cx3-mlx4-two-hcas-two-ports-tabs-heioy.txt")  # the TABs as printed
+    assert [c for c in devinfo_columns(tabs) if c[0] != "Device ports"][:18] == devinfo_columns(text)
+    assert [line.count("\t") for line in text.splitlines()[:18]] == \
+        [line.count("\t") for line in tabs.splitlines() if "Device ports" not in line][:18]
+    (mine,), (theirs,) = parse_ibv_devinfo(text), parse_ibv_devinfo(roce)
+    assert (mine.transport, mine.ports[0].state, mine.ports[0].link_layer, mine.ports[0].active_mtu) == \
+        (theirs.transport, theirs.ports[0].state, theirs.ports[0].link_layer, theirs.ports[0].active_mtu)
+
+
+def test_ibstatus_blocks_match_the_real_ibstatus():
+    capture = real("ibstatus", "a100-hdr-all-active-gpud.txt")  # TABs arrived as spaces: compare columns
+    roce = capture[capture.index("Infiniband device 'mlx5_8'"):]  # its RoCE port, Active at 40 Gb/sec
+    text = formats.ibstatus([(Model(rdma_dev="mlx5_8"), UP._replace(speed_mbps=40_000))])
+    assert text.expandtabs(8) == roce
+    tabs = real("ibstatus", "cx3-mlx4-two-ports-fdr-tabs-heioy.txt")  # the TABs as printed, InfiniBand ports
+    ib = formats.ibstatus([(Model(rdma_dev="mlx4_0", link_layer="InfiniBand"), UP._replace(speed_mbps=56_000))])
+    first = tabs[:tabs.index("\n\n") + 2]
+    assert [line.split(":")[0] + line[line.index(":"):].split(" ")[0] for line in ib.splitlines() if ":" in line] \
+        == [line.split(":")[0] + line[line.index(":"):].split(" ")[0] for line in first.splitlines() if ":" in line]
+    (mine,), theirs = parse_ibstatus(ib), parse_ibstatus(first)[0]
+    assert (mine.state, mine.phys_state, mine.rate, mine.link_layer) == \
+        (theirs.state, theirs.phys_state, theirs.rate, theirs.link_layer)
+
+
+def test_ibdev2netdev_line_matches_the_real_one():
+    sample = real("ibdev2netdev", "sriov-ib-vf-in-pod-down-sriov-operator382.txt")
+    text = formats.ibdev2netdev([(Model(netdev="net1", rdma_dev="mlx5_3"), DARK)])
+    assert text == sample  # `mlx5_3 port 1 ==> net1 (Down)`, byte for byte
+    assert parse_ibdev2netdev(formats.ibdev2netdev([(Model(), UP)]))[0].netdev_up
+
+
+# ---------------------------------------------------------------- the default nvidia-smi table
+
+def smi_layout(text: str) -> list[tuple[int, tuple[int, ...]]]:
+    """(length, column of every `|` or `+`) per table line."""
+    return [(len(line), tuple(i for i, c in enumerate(line) if c in "|+")) for line in text.splitlines()
+            if line[:1] in "|+"]
+
+
+def test_nvidia_smi_table_matches_the_550_capture_line_for_line():
+    sample = real("nvidia-smi-table", "h100x8-550.90.07-gpud.txt")
+    gpus = [EmulatedGpu(i) for i in range(8)]
+    text = formats.nvidia_smi_table(gpus, 1_737_368_306 * 10**9)
+    assert smi_layout(text) == smi_layout(sample)  # every line's width and separators
+    fixed = [line for line in sample.splitlines() if not re.search(r"\d", line)]  # rules, heads, process table
+    assert [line for line in text.splitlines() if not re.search(r"\d", line)] == fixed
+    mine, theirs = parse_nvidia_smi_table(text), parse_nvidia_smi_table(sample)
+    assert [(g.index, g.name, g.memory_total_mib, g.persistence, g.mig_mode) for g in mine.gpus] == \
+        [(g.index, g.name, g.memory_total_mib, g.persistence, g.mig_mode) for g in theirs.gpus]
+    assert [g.bus_id for g in mine.gpus] == [g.pci_bus_id for g in gpus] and mine.driver_version == "550.54.15"
+    assert re.fullmatch(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4} *", text.splitlines()[0])
+
+
+# ---------------------------------------------------------------- end to end: `bench discover` and its fallbacks
+
+@pytest.fixture(scope="module")
+def bench():
+    from devices.emulated.bench import EmulatedBench
+
+    with EmulatedBench("instant", seed=2) as eb:
+        yield eb
+
+
+def _run(server, command: str):
+    from devices.ssh import SshTransport
+    from devices.timing import Deadline
+
+    transport = SshTransport(server.resource(), connect_timeout=5.0)
+    try:
+        return transport.run(command, deadline=Deadline(10.0), check=False)
+    finally:
+        transport.close()
+
+
+def _refuse_query(real_nvidia_smi):
+    def nvidia_smi(ctx, argv):  # a driver whose nvidia-smi does not answer --query-gpu (the table it does)
+        if any(a.startswith("--query-gpu") for a in argv):
+            ctx.err("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n")
+            return 2
+        return real_nvidia_smi(ctx, argv)
+    return nvidia_smi
+
+
+def test_bench_discover_reads_the_same_bench_through_every_fallback(bench):
+    from harness.preflight import discover_host
+
+    name, server = sorted(bench.host_servers.items())[0]
+    saved = dict(server.commands)
+
+    def facts():
+        found = discover_host(server.resource(), timeout_s=10.0)
+        nics = [(n["rdma_dev"], n["rdma_port"], n["netdev"], n["state"], n.get("closest_gpus")) for n in found["nics"]]
+        gpus = [(g["index"], g["name"], g["pci_bus_id"]) for g in found["gpus"]]
+        return found["found_by"], nics, gpus
+
+    try:
+        by, nics, gpus = facts()
+        assert by == {"rdma_ports": "rdma link", "gpus": "nvidia-smi --query-gpu"}
+        truth = [(m.rdma_dev, m.rdma_port, m.netdev) for m in bench.physics.nic_ports(name)]
+        assert [n[:3] for n in nics] == truth and len(gpus) == len(server.gpus) and nics[0][4]
+        del server.commands["rdma"]
+        server.commands["nvidia-smi"] = _refuse_query(saved["nvidia-smi"])
+        assert facts() == ({"rdma_ports": "ibstat + ibdev2netdev", "gpus": "nvidia-smi"}, nics, gpus)
+        del server.commands["ibstat"], server.commands["ibdev2netdev"]
+        assert facts()[0]["rdma_ports"] == "ibv_devinfo + sysfs" and facts()[1] == nics
+        del server.commands["ibv_devinfo"]
+        assert facts()[0]["rdma_ports"] == "ibstatus + sysfs" and facts()[1] == nics
+        del server.commands["ibstatus"]
+        by, none, _ = facts()
+        assert none == [] and by["rdma_ports"].startswith("none of rdma, ibstat, ibv_devinfo")
+    finally:
+        server.commands.clear()
+        server.commands.update(saved)
+
+
+# ---------------------------------------------------------------- uname and ls against the real tools (peers)
+
+def test_uname_answers_like_gnu_uname(bench):
+    import subprocess
+
+    server = sorted(bench.host_servers.values(), key=lambda s: s.host_name)[0]
+    for args in ("", "-s", "-r -n", "-m -s", "-x"):
+        peer = subprocess.run(["uname", *args.split()], capture_output=True, text=True)
+        mine = _run(server, f"uname {args}")
+        assert (mine.exit_status, len(mine.stdout.split()), mine.stderr.splitlines()[:1]) == \
+            (peer.returncode, len(peer.stdout.split()), peer.stderr.splitlines()[:1]), args
+    fields = _run(server, "uname -a").stdout.split()
+    assert fields[:2] == ["Linux", server.host_name] and fields[-1] == "GNU/Linux" and "SMP" in fields
+
+
+def test_ls_lists_the_sysfs_classes_like_gnu_ls(bench, tmp_path):
+    import subprocess
+
+    server = sorted(bench.host_servers.values(), key=lambda s: s.host_name)[0]
+    devs = sorted({m.rdma_dev for m in bench.physics.nic_ports(server.host_name)})
+    root = tmp_path / "sys" / "class" / "infiniband"
+    for dev in devs + ["mlx5_10"]:  # byte order puts mlx5_10 before mlx5_2, as real ls and ibdev2netdev show
+        (root / dev).mkdir(parents=True)
+    peer = subprocess.run(["ls", str(root)], capture_output=True, text=True, env={"LC_ALL": "C"}, cwd=tmp_path)
+    mine = _run(server, "ls /sys/class/infiniband")
+    assert mine.stdout.splitlines() == [d for d in peer.stdout.splitlines() if d != "mlx5_10"] == devs
+    assert peer.stdout.splitlines().index("mlx5_10") == 2
+    # several paths, one missing: GNU ls heads each directory and names the missing one on stderr, status 2
+    peer = subprocess.run(["ls", "nope", "sys/class/infiniband"], capture_output=True, text=True,
+                          env={"LC_ALL": "C"}, cwd=tmp_path)
+    mine = _run(server, "ls nope /sys/class/infiniband")
+    assert mine.exit_status == peer.returncode == 2
+    assert mine.stderr == peer.stderr and mine.stdout.splitlines()[0] == "/sys/class/infiniband:"
+    assert peer.stdout.splitlines()[0] == "sys/class/infiniband:"

@@ -37,7 +37,7 @@ def run_dir(tmp_path_factory) -> Path:
 def test_page_is_self_contained_and_carries_the_records_numbers(run_dir):
     text = (run_dir / "report.html").read_text()
     assert "<script" not in text and "<link" not in text and "url(" not in text
-    sources = re.findall(r'\b(?:src|href)="([^"]*)"', text)
+    sources = [s for s in re.findall(r'\b(?:src|href)="([^"]*)"', text) if not s.startswith("#")]  # in-page links
     assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
     for src in sources:   # every inline figure is a real PNG
         assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
@@ -56,7 +56,22 @@ def test_page_is_self_contained_and_carries_the_records_numbers(run_dir):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["playbook"]["sha256"] in text
     identity = text[text.index("<h3>Device identity</h3>"):]
-    assert f"<td>ocs.ocs1</td><td><code>{manifest['extra']['devices']['ocs']['ocs1']}</code>" in identity
+    assert f"<td>ocs</td><td>ocs1</td><td><code>{manifest['extra']['devices']['ocs']['ocs1']}</code>" in identity
+    gpu = manifest["extra"]["devices"]["hosts"]["gpu1"]["gpus"][0]
+    assert f"<td><code>{gpu['name']}</code></td><td><code>{gpu['uuid']}</code></td>" in identity  # a row per GPU
+
+
+def test_page_has_a_table_of_contents_and_no_python_reprs(run_dir):
+    """Every section is reachable from the contents; recorded values are rendered as tables and text, never
+    as Python reprs (a dict or a list of dicts pasted as a string)."""
+    text = (run_dir / "report.html").read_text()
+    toc = re.search(r'<nav class="toc">(.*?)</nav>', text, re.S)
+    assert toc, "no table of contents"
+    links = re.findall(r'<a href="#([^"]+)">', toc.group(1))
+    headings = re.findall(r'<h2 id="([^"]+)">', text)
+    assert links == headings and {"verdict", "stage-delays", "provenance"} <= set(links)
+    for repr_mark in ("{'", "[{", "None<", ">None", "&#x27;:"):
+        assert repr_mark not in text, repr_mark
 
 
 def test_comparison_of_two_runs_names_both(run_dir, tmp_path):
@@ -65,12 +80,32 @@ def test_comparison_of_two_runs_names_both(run_dir, tmp_path):
     out = tmp_path / "cmp.html"
     assert main(["report", str(run_dir), str(other), "--html", "--out", str(out)]) == 0
     text = out.read_text()
-    assert "Comparison of 2 runs" in text and f"<h2>{run_dir.name}</h2>" in text and "<h2>other-run</h2>" in text
+    assert "Differences against the first run" in text and text.index("Differences against") < text.index("per-stage CDFs")
+    assert "Comparison of 2 runs" in text and f">{run_dir.name}</h2>" in text and ">other-run</h2>" in text
 
 
-def test_several_runs_without_html_are_refused(run_dir, capsys):
-    assert main(["report", str(run_dir), str(run_dir)]) == 2
-    assert "only with --html" in capsys.readouterr().err
+def test_two_runs_are_compared_by_their_differences_per_cycle(run_dir, tmp_path, capsys):
+    """The oracle: a copy of the run whose first packets all came 5 ms later differs by exactly +5 ms in
+    first_packet and turnaround (interval around it), and by nothing in the stages before."""
+    import pandas as pd
+
+    later = tmp_path / "later"
+    shutil.copytree(run_dir, later)
+    events = pd.read_parquet(later / "events.parquet")
+    events.loc[events["stage"] == "first_packet", "t_ns"] += 5_000_000
+    events.to_parquet(later / "events.parquet", index=False)
+    from harness.html_report import difference_rows, load_run
+
+    rows = {r["stage"]: r for r in difference_rows([load_run(run_dir), load_run(later)])}
+    for stage in ("first_packet", "turnaround"):
+        r = rows[stage]
+        assert abs(r["difference_ms"] - 5.0) < 1e-6 and r["cycles_A"] == r["cycles_B"] == 2
+        assert r["difference_ci"] is None  # 2 cycles a side: too few for an interval that holds its level
+    assert rows["phy_up"]["difference_ms"] == 0 and rows["phy_up"]["ratio"] == 1
+    assert main(["report", str(run_dir), str(later)]) == 0
+    out = capsys.readouterr().out
+    assert "| first packet | run | later |" in out and "| 5.000 (an interval needs ≥ 10 cycles) |" in out
+    assert main(["report", str(run_dir), str(later), "--recompute"]) == 2
 
 
 def browser() -> str:

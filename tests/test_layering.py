@@ -56,3 +56,32 @@ def test_cli_start_up_leaves_the_heavy_libraries_to_the_commands_that_use_them()
                                 cwd=ROOT).stdout.split())
     assert "harness.commands.profile" in loaded and "harness.commands.traces" in loaded  # the check is live
     assert {m.split(".")[0] for m in loaded} & {"pandas", "pyarrow", "scipy", "matplotlib", "dask"} == set()
+
+
+# What a step may not reach for: another step, the emulator's glue, device parsers and the host agent's driver
+# (the bench runtime gives steps what they need). The sites left from before the rule are listed, so the
+# rule fails on any new one and this list only shrinks (issue #33).
+STEP_RULE = ("harness.steps.", "harness.bench.emulated", "devices.parsers", "devices.hostagent")
+STEP_SITES_LEFT = {
+    "harness/steps/diloco.py imports devices.parsers.bench_tools",
+    "harness/steps/diloco.py imports harness.bench.emulated",
+    "harness/steps/linkfail.py imports devices.hostagent",
+    "harness/steps/linkfail.py imports harness.bench.emulated",
+    "harness/steps/linkfail.py imports harness.steps.mixnet",
+    "harness/steps/linkfail.py imports harness.steps.moe_traffic",
+    "harness/steps/moe_traffic.py imports devices.parsers.bench_tools",
+    "harness/steps/moe_traffic.py imports devices.parsers.common",
+    "harness/steps/spectrumx.py imports harness.steps.linkfail",
+    "harness/steps/turnaround.py imports harness.bench.emulated",
+}
+
+
+def test_a_step_reaches_only_the_bench_runtime():
+    found = set()
+    for path in sorted((ROOT / "harness" / "steps").glob("*.py")):
+        for module in _imports(path):
+            if any(module.startswith(rule) or module == rule.rstrip(".") for rule in STEP_RULE) \
+                    and module != "harness.steps":
+                found.add(f"{path.relative_to(ROOT)} imports {module}")
+    assert found - STEP_SITES_LEFT == set(), "a step reaches around the bench runtime"
+    assert STEP_SITES_LEFT - found == set(), "fixed: remove these from STEP_SITES_LEFT"

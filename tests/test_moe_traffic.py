@@ -18,6 +18,7 @@ from devices.emulated.profile import load_profile
 from devices.emulated.ssh_host import EmulatedHostServer
 from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests
 from devices.ssh import SshTransport
+from devices.parsers.common import ParseError
 from harness.cli import main
 from harness.errors import InputError
 from harness.steps.moe_traffic import MoeTrafficRun, check_template, render_command, transfer_seconds
@@ -368,6 +369,9 @@ def test_transfer_seconds_reads_both_tool_formats(bench, ssh):
     rows = parse_nccl_tests(out).rows
     assert transfer_seconds(out, 2 * MIB) == rows[1].out_of_place.time_us / 1e6
     assert transfer_seconds(out, 3) == rows[-1].out_of_place.time_us / 1e6
+    summary_only = "\n".join(line for line in out.splitlines() if "bus bandwidth" in line or "Out of bounds" in line)
+    with pytest.raises(ParseError, match="nccl-tests result rows"):  # a cut output is a clear error, not an IndexError
+        transfer_seconds(summary_only, MIB)
 
 
 def test_step_records_the_gpus_around_each_reconfiguration(moe_run):

@@ -139,21 +139,27 @@ def test_wire_framing_hello_get_and_rpc_errors(server, chunked, emulator):
         config = raw.rpc("<get-config><source><running/></source></get-config>").find(NC + "data")
         assert [c.tag.removeprefix(OS) for c in config] == ["port-config", "cross-connects"]  # no state data
         assert config.find(f"{OS}port-config/{OS}port/{OS}status") is None
+        # (error-type, error-tag) as netconfd answers the same requests (tests/test_netconf_peer.py compares
+        # every field against a running netconfd); in-use: the switch's own refusal, which netconfd lacks
         for body, expected in [
                 (edit.format("<pair><ingress>99</ingress><egress>20</egress></pair>"),
-                 ("application", "invalid-value")),
+                 ("protocol", "invalid-value")),
+                (edit.format("<pair><ingress>x</ingress><egress>20</egress></pair>"), ("protocol", "bad-element")),
                 (edit.format("<pair><ingress>4</ingress><egress>19</egress></pair>"), ("application", "in-use")),
-                (edit.format("<pair><ingress>4</ingress></pair>"), ("application", "missing-element")),
+                (edit.format("<pair><ingress>4</ingress></pair>"), ("application", "data-missing")),
                 (edit.format("<pair xmlns:nc='urn:ietf:params:xml:ns:netconf:base:1.0' nc:operation='delete'>"
                              "<ingress>5</ingress></pair>"), ("application", "data-missing")),
                 (edit.format("<pair operation='create'><ingress>3</ingress><egress>20</egress></pair>"),
                  ("application", "data-exists")),
+                (edit.format("<pair><ingress>4</ingress><egress>20</egress><foo/></pair>"),
+                 ("protocol", "unknown-element")),
                 ("<edit-config><target><running/></target><config><opm-power xmlns='http://www.polatis.com/"
-                 "yang/optical-switch'/></config></edit-config>", ("application", "invalid-value")),
+                 "yang/optical-switch'/></config></edit-config>", ("application", "access-denied")),
                 ("<edit-config><target><running/></target><config><system xmlns='urn:x'/></config>"
-                 "</edit-config>", ("application", "unknown-namespace")),
-                ("<get-config><source><candidate/></source></get-config>", ("protocol", "operation-not-supported")),
+                 "</edit-config>", ("protocol", "unknown-namespace")),
+                ("<get-config><source><candidate/></source></get-config>", ("protocol", "invalid-value")),
                 ("<commit/>", ("protocol", "operation-not-supported")),
+                ("<frobnicate/>", ("rpc", "unknown-element")),
                 ("<get/", ("rpc", "malformed-message"))]:
             assert _error(raw.rpc(body)) == expected, body
         assert _error(raw.rpc("<get/>", message_id=None)) == ("rpc", "missing-attribute")
@@ -234,6 +240,61 @@ def test_old_model_revision_uses_pairs(server, emulator):
         switch.apply({5: 21, 6: 22})
         assert switch.patches() == {5: 21, 6: 22} == emulator[0].ocs_patches()
     finally:
+        switch.close()
+
+
+@pytest.mark.parametrize("server", [{"target": "candidate"}], indirect=True)
+def test_a_candidate_only_server_is_changed_by_commit_under_lock_and_left_clean_after_a_refusal(server, emulator):
+    bench, servers = emulator
+    switch = _open(server)
+    try:
+        assert switch.target == "candidate"
+        switch.apply({1: 17, 2: 18})
+        assert bench.ocs_patches() == {1: 17, 2: 18}
+        with pytest.raises(DeviceDenied) as denied:
+            switch.connect(3, 99)  # refused at the edit of the candidate
+        assert denied.value.code == "invalid-value" and denied.value.permanent
+        servers.faults.arm("deny")  # the commit refused: worth a retry, and nothing of ours left behind
+        with pytest.raises(DeviceDenied) as denied:
+            switch.apply({3: 19})
+        assert denied.value.code == "in-use" and not denied.value.permanent
+        assert server._candidate is None and bench.ocs_patches() == {1: 17, 2: 18}
+        other = RawNetconf(server, base11=True)  # another session edits the candidate and does not commit
+        try:
+            edit = ("<edit-config><target><candidate/></target><config><cross-connects xmlns='http://www.polatis"
+                    ".com/yang/optical-switch'><pair><ingress>7</ingress><egress>23</egress></pair></cross-connects>"
+                    "</config></edit-config>")
+            assert other.rpc(edit).find(NC + "ok") is not None
+            with pytest.raises(DeviceDenied) as denied:
+                switch.apply({3: 19})  # its lock is refused: our commit would carry the other edit
+            assert denied.value.code == "resource-denied" and not denied.value.permanent
+        finally:
+            other.close()  # a session's uncommitted changes stay (it held no lock) ...
+        assert server._candidate is not None
+        cleaner = RawNetconf(server, base11=True)
+        assert cleaner.rpc("<discard-changes/>").find(NC + "ok") is not None  # ... until discarded
+        cleaner.close()
+        switch.apply({3: 19})
+        assert switch.patches() == {1: 17, 2: 18, 3: 19} == bench.ocs_patches()
+    finally:
+        switch.close()
+
+
+@pytest.mark.parametrize("server", [{"target": None}], indirect=True)
+def test_a_server_that_cannot_be_written_is_refused_before_sending(server, emulator):
+    bench, servers = emulator
+    switch = _open(server)
+    try:
+        assert switch.target is None
+        servers.faults.arm("deny", count=1000)  # a tripwire: an edit-config fires it
+        fired = len(servers.faults.fired)
+        for change in (lambda: switch.apply({1: 17}), lambda: switch.connect(1, 17)):
+            with pytest.raises(DeviceDenied, match="neither :writable-running nor :candidate") as denied:
+                change()
+            assert denied.value.permanent
+        assert len(servers.faults.fired) == fired and bench.ocs_patches() == {} == switch.patches()
+    finally:
+        servers.faults.clear()
         switch.close()
 
 

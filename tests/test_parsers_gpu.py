@@ -6,7 +6,8 @@ from hypothesis import given, settings, strategies as st
 
 from devices.emulated import formats
 from devices.parsers import ParseError
-from devices.parsers.gpu import parse_nvidia_smi_csv, parse_nvidia_timestamp
+from devices.parsers.gpu import (parse_nvidia_smi_csv, parse_nvidia_smi_table, parse_nvidia_smi_topo,
+                                 parse_nvidia_timestamp)
 
 
 def test_real_capture_with_header_and_nounits():
@@ -71,3 +72,16 @@ def test_emulator_output_parses_back(fields, count, header, units, used):
         assert q.column("memory.free") == [81559 - used] * count
     if "fan.speed" in fields:
         assert q.column("fan.speed") == [None] * count
+
+
+def test_topo_header_without_any_separator_is_refused_clearly():
+    # a paste that lost every TAB of the header (`GPU0GPU1NIC0...`) cannot be split into columns
+    text = "GPU0GPU1NIC0CPU Affinity\nGPU0     X     SYS    PHB    0-13    0\n"
+    with pytest.raises(ParseError, match="header row"):
+        parse_nvidia_smi_topo(text)
+
+
+def test_table_refuses_a_driver_failure_message():
+    with pytest.raises(ParseError, match="NVIDIA-SMI x  Driver Version"):
+        parse_nvidia_smi_table("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                               "Make sure that the latest NVIDIA driver is installed and running.\n")

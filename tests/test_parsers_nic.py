@@ -226,3 +226,33 @@ def test_ip_monitor_stamp_round_trips_to_the_microsecond(model, carrier, opersta
     assume(time.localtime(seconds - 3600).tm_isdst == time.localtime(seconds + 3600).tm_isdst)
     assert event.stamp_ns() == host_ns // 1000 * 1000
     assert event.stamp_ns(utc_offset_s=time.localtime(seconds).tm_gmtoff) == host_ns // 1000 * 1000
+
+
+def _real(tool: str, name: str) -> str:
+    from pathlib import Path
+
+    return (Path(__file__).parent / "data" / "real" / tool / name).read_text().partition("\n")[2]
+
+
+def test_mlxlink_excerpt_without_its_state_line():
+    # an excerpt of a real capture as posters cut it: every line but `State`
+    full = _real("mlxlink", "cx4-hpe-840qsfp28-physical-linkup-sonic3578.txt")
+    excerpt = "\n".join(line for line in full.splitlines() if not line.startswith("State "))
+    info = parse_mlxlink(excerpt)
+    assert (info.state, info.physical_state, info.speed, info.link_up) == (None, "LinkUp", "100GbE", True)
+    fsm = _real("mlxlink", "cx6-200g-eth-an-fsm-enable-kontronn.txt")
+    info = parse_mlxlink("\n".join(line for line in fsm.splitlines() if not line.startswith("State ")))
+    assert (info.state, info.physical_state, info.link_up) == (None, "ETH_AN_FSM_ENABLE", None)  # cannot tell
+    with pytest.raises(ParseError, match="Operational Info"):
+        parse_mlxlink(_real("ethtool", "rtl8126-5g-link-down-openwrt4.txt"))
+
+
+def test_ip_monitor_labels_with_timestamps():
+    stamped = "[2024-05-02T10:00:00.123456] [ROUTE]10.0.0.0/24 dev eth0 proto kernel scope link src 10.0.0.1"
+    assert parse_ip_monitor_line(stamped) is None
+    assert parse_ip_monitor_line("[ADDR]2: eth0    inet 10.0.0.1/24 brd 10.0.0.255 scope global eth0") is None
+    link = parse_ip_monitor_line("[2024-05-02T10:00:00.123456] [LINK]3: eth1: <BROADCAST,MULTICAST> mtu 1500 "
+                                 "qdisc pfifo_fast state DOWN group default")
+    assert (link.ifname, link.operstate, link.stamp.microsecond) == ("eth1", "DOWN", 123456)
+    with pytest.raises(ParseError, match="label"):
+        parse_ip_monitor_line("[garbage")

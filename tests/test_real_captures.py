@@ -10,14 +10,19 @@ from pathlib import Path
 import pytest
 
 from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests, parse_perftest_header
-from devices.parsers.gpu import FIELD_ALIASES, canonical_field, parse_nvidia_smi_csv
+from devices.parsers.common import ParseError
+from devices.parsers.gpu import (FIELD_ALIASES, canonical_field, parse_nvidia_smi_csv, parse_nvidia_smi_table,
+                                 parse_nvidia_smi_topo)
+from devices.parsers.ib_tools import parse_ibdev2netdev, parse_ibstat, parse_ibstatus, parse_ibv_devinfo
 from devices.parsers.nic import (EthtoolSettings, parse_ethtool, parse_ethtool_json, parse_ethtool_module,
                                  parse_ip_link, parse_ip_link_json, parse_ip_link_oneline, parse_ip_monitor_line,
                                  parse_mlxlink, parse_rdma_link)
+from harness.preflight import receiver_lit
 
 REAL = Path(__file__).parent / "data" / "real"
 MIN_PER_TOOL = {"ethtool-m": 5, "rdma-link": 5, "nccl-tests": 5, "perftest": 5, "nvidia-smi": 5, "ethtool": 5,
-                "ip-link": 5, "mlxlink": 5, "ip-monitor": 5, "ip-j-link": 2, "ethtool-json": 1}
+                "ip-link": 5, "mlxlink": 5, "ip-monitor": 5, "ip-j-link": 2, "ethtool-json": 1, "ibstat": 4,
+                "ibstatus": 2, "ibv-devinfo": 3, "ibdev2netdev": 2, "nvidia-smi-table": 5, "nvidia-smi-topo": 2}
 
 
 def capture(tool: str, name: str) -> str:
@@ -52,6 +57,10 @@ ETHTOOL_M = {
     "sff8636-qsfp-40g-sr4-cx3-ethtool-pre5.13-nolos.txt": (0x0D, None, None, None, (-2.43,) + (-math.inf,) * 3),
     "sff8636-qsfp-40g-sr4-cx3-ethtool6-los-nolol.txt": (0x0D, (), None, None, (-2.45,) + (-math.inf,) * 3),
     "sff8636-qsfp28-100g-sr4-fs-lldpd477.txt": (0x11, None, None, None, ()),
+    # SFF-8472 (SFP/SFP+): one receiver, no channel number, no LOS/LOL lines in any ethtool version
+    "sff8472-sfp-1g-bx10-fs-lit-ixgbe-castellotti.txt": (0x03, None, None, None, (-5.62,)),
+    "sff8472-sfp-grep-dbm-swp1-transceiver-exporter1.txt": (None, None, None, None, (-2.36,)),
+    "sff8472-sfp-zero-diagnostics-cx2-mlx4-oledzki.txt": (0x03, None, None, None, (-math.inf,)),
 }
 
 
@@ -64,6 +73,18 @@ def test_ethtool_module(name):
     assert flags.rx_power_dbm == power
     assert flags.rx_los == (None if los is None else any(los))
     assert flags.rx_lol == (None if lol is None else any(lol))
+
+
+def test_bench_check_sees_light_on_a_lit_sfp_and_none_on_a_dark_one():
+    # an SFP reports no Rx LOS line, so `bench check` decides on the one lane's receive power
+    lit = {name: receiver_lit(parse_ethtool_module(capture("ethtool-m", name)))
+           for name in ETHTOOL_M if name.startswith("sff8472")}
+    assert lit == {"sff8472-sfp-1g-bx10-fs-lit-ixgbe-castellotti.txt": True,
+                   "sff8472-sfp-grep-dbm-swp1-transceiver-exporter1.txt": True,
+                   "sff8472-sfp-zero-diagnostics-cx2-mlx4-oledzki.txt": False}
+    # the thresholds' dBm lines (`Laser rx power low alarm threshold : 0.0028 mW / -25.53 dBm`) are not read
+    fs = parse_ethtool_module(capture("ethtool-m", "sff8472-sfp-1g-bx10-fs-lit-ixgbe-castellotti.txt"))
+    assert (fs.vendor_pn, fs.vendor_name, fs.vendor_sn, fs.cmis) == ("SFP-GE-BX", "FS", "S2202359108", False)
 
 
 def test_ethtool_module_identity_fields():
@@ -157,6 +178,17 @@ def test_ip_monitor_flag_only_events():
     up = _events("wlan-admin-up-flag-only-syogaraj.txt")
     assert [e.operstate for e in up] == ["DOWN", None, None, None, None, "DORMANT", "UP", None, None]
     assert [e.carrier for e in up] == [False] * 6 + [True] * 3
+
+
+def test_ip_monitor_labels_of_other_families_are_skipped():
+    lines = capture("ip-monitor", "label-neigh-then-link-iproute2-manpage.txt").splitlines()
+    assert parse_ip_monitor_line(lines[0]) is None  # [NEIGH]10.16.0.112 dev eth0 lladdr ... REACHABLE
+    assert [(e.ifindex, e.ifname, e.operstate, e.carrier) for e in map(parse_ip_monitor_line, lines[1:]) if e] == \
+        [(3, "eth1", "DOWN", False)]
+    # with all-nsid the neighbour event comes without a family label, after `[nsid 0]`
+    assert parse_ip_monitor_line(capture("ip-monitor", "all-nsid-neigh-iproute2-manpage.txt").strip()) is None
+    with pytest.raises(ParseError, match="ip monitor link"):
+        parse_ip_monitor_line("Settings for eth0:")  # not ip monitor output at all
 
 
 def test_ip_o_link_older_iproute2():
@@ -301,6 +333,14 @@ def test_nccl_tests(name):
     assert all(r.in_place is not None for r in result.rows)
 
 
+def test_nccl_tests_summary_lines_pasted_without_their_hash():
+    first = parse_nccl_tests(capture("nccl-tests", "summary-only-no-hash-kernel515-nccltests362.txt"))
+    second = parse_nccl_tests(capture("nccl-tests", "summary-only-no-hash-indented-kernel68-nccltests362.txt"))
+    assert [(r.avg_busbw_gbs, r.out_of_bounds, r.rows) for r in (first, second)] == [(481.0, 0, []), (104.0, 0, [])]
+    with pytest.raises(ParseError, match="result row or an 'Avg bus bandwidth'"):
+        parse_nccl_tests(capture("ethtool", "rtl8126-5g-link-down-openwrt4.txt"))  # another tool's output
+
+
 def test_nccl_tests_details_a_reader_sees():
     dstack = parse_nccl_tests(capture("nccl-tests", "dstack-lambda-b200-nccl-tests-2.17.6.txt"))
     assert dstack.collective == "all_reduce_perf"
@@ -399,3 +439,150 @@ def test_field_aliases_are_nvidia_smis_own():
         pairs |= {(alias, names[0]) for alias in names[1:]}
     assert set(FIELD_ALIASES.items()) <= pairs
     assert canonical_field("clocks.sm") == "clocks.current.sm" and canonical_field("index") == "index"
+
+
+def test_nvidia_smi_590_deprecated_and_unsupported_values_read_as_none():
+    # driver >= 590 answers six fields with `[Requested functionality has been deprecated]`
+    for name in GPUS:
+        (record,) = parse_nvidia_smi_csv(capture("nvidia-smi", name)).records()
+        assert not [k for k, v in record.items() if isinstance(v, str) and v.startswith("[")], name
+        assert record["display_mode"] is None and record["clocks.applications.graphics"] is None, name
+        assert record["power.management"] is None and isinstance(record["power.draw"], float), name
+
+
+# ---------------------------------------------------------------- nvidia-smi topo -m
+
+def test_nvidia_smi_topo_pasted_with_spaces_reads_like_tabs():
+    spaces = parse_nvidia_smi_topo(capture("nvidia-smi-topo", "rtx6000ada-4gpu-4nic-spaces-stelline.txt"))
+    assert spaces.links["GPU0"] == {"GPU0": "X", "GPU1": "NODE", "GPU2": "SYS", "GPU3": "SYS", "NIC0": "NODE",
+                                    "NIC1": "NODE", "NIC2": "SYS", "NIC3": "SYS"}
+    assert spaces.nic_names == {f"NIC{i}": f"mlx5_{i}" for i in range(4)}
+    assert spaces.cpu_affinity == {"GPU0": "0-31", "GPU1": "0-31", "GPU2": "32-63", "GPU3": "32-63"}
+    assert spaces.numa_affinity == {"GPU0": "0", "GPU1": "0", "GPU2": "1", "GPU3": "1"}
+    assert spaces.closest_gpus("mlx5_0") == ["GPU0", "GPU1"] and spaces.closest_gpus("mlx5_3") == ["GPU2", "GPU3"]
+    tabs = parse_nvidia_smi_topo(capture("nvidia-smi-topo", "a100-8gpu-10nic-nv12-tabs.txt"))
+    assert tabs.links["GPU0"]["GPU0"] == "X" and tabs.closest_gpus("mlx5_0") == ["GPU0", "GPU1"]
+
+
+# ---------------------------------------------------------------- default nvidia-smi table
+
+SMI_TABLE = {
+    # name: (driver, cuda, gpus, first GPU (index, name, bus_id, used, total MiB, util %, mig mode), processes)
+    "h100x8-550.90.07-gpud.txt":
+        ("550.90.07", "12.4", 8, (0, "NVIDIA H100 80GB HBM3", "00000000:19:00.0", 1, 81559, 0, "Disabled"), 0),
+    "geforce-err-fan-525.125.06-gpud.txt":
+        ("525.125.06", "12.0", 1, (0, "NVIDIA GeForce ...", "00000000:01:00.0", 2021, 23028, 0, None), 0),
+    "h100-load-590.48.01-gpu-exporter.txt":
+        ("590.48.01", "13.1", 1, (0, "NVIDIA H100 80GB HBM3", "00000000:00:09.0", 19818, 81559, 100, "Disabled"), 3),
+    "h100-mig-load-590.48.01-gpu-exporter.txt":
+        ("590.48.01", "13.1", 1, (0, "NVIDIA H100 80GB HBM3", "00000000:00:09.0", 11125, 81559, None, "Enabled"), 3),
+    "l40s-load-595.80-gpu-exporter.txt":
+        ("595.80", "13.2", 1, (0, "NVIDIA L40S", "00000000:01:00.0", 1235, 46068, 9, None), 2),
+    "rtx4080s-desktop-595.71.05-gpu-exporter.txt":
+        ("595.71.05", "13.2", 1, (0, "NVIDIA GeForce RTX 4080 ...", "00000000:01:00.0", 1474, 16376, 7, None), 7),
+    "rtx2080s-windows-wddm-591.86-gpu-exporter.txt":
+        ("591.86", "13.1", 1, (0, "NVIDIA GeForce RTX 2080 ...", "00000000:0C:00.0", 1296, 8192, 7, None), 12),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMI_TABLE))
+def test_nvidia_smi_default_table(name):
+    driver, cuda, n_gpus, first, n_processes = SMI_TABLE[name]
+    table = parse_nvidia_smi_table(capture("nvidia-smi-table", name))
+    g = table.gpus[0]
+    assert (table.driver_version, table.cuda_version, len(table.gpus), len(table.processes)) == \
+        (driver, cuda, n_gpus, n_processes)
+    assert (g.index, g.name, g.bus_id, g.memory_used_mib, g.memory_total_mib, g.util_pct, g.mig_mode) == first
+    assert [x.index for x in table.gpus] == list(range(n_gpus))
+
+
+def test_nvidia_smi_default_table_details():
+    h100 = parse_nvidia_smi_table(capture("nvidia-smi-table", "h100x8-550.90.07-gpud.txt"))
+    assert [g.bus_id[9:11] for g in h100.gpus] == ["19", "3B", "4C", "5D", "9B", "BB", "CB", "DB"]
+    assert (h100.gpus[7].temp_c, h100.gpus[7].power_w, h100.gpus[7].power_cap_w) == (23, 72, 700)
+    err = parse_nvidia_smi_table(capture("nvidia-smi-table", "geforce-err-fan-525.125.06-gpud.txt")).gpus[0]
+    assert (err.fan_pct, err.temp_c, err.perf, err.compute_mode) == (None, 38, "P5", "E. Process")  # fan `ERR!`
+    mig = parse_nvidia_smi_table(capture("nvidia-smi-table", "h100-mig-load-590.48.01-gpu-exporter.txt"))
+    assert {(p.gi, p.ci) for p in mig.processes} == {("2", "0")}  # the MIG devices table is not read as GPUs
+    desk = parse_nvidia_smi_table(capture("nvidia-smi-table", "rtx4080s-desktop-595.71.05-gpu-exporter.txt"))
+    assert (desk.gpus[0].fan_pct, desk.gpus[0].display_active, desk.processes[0].kind) == (0, "On", "C+G")
+    windows = parse_nvidia_smi_table(capture("nvidia-smi-table", "rtx2080s-windows-wddm-591.86-gpu-exporter.txt"))
+    assert (windows.gpus[0].persistence, windows.gpus[0].fan_pct, windows.processes[0].memory_mib) == ("WDDM", 38, None)
+    assert windows.processes[1].name == "...e Experience\\NVIDIA Share.exe"
+    with pytest.raises(ParseError, match="NVIDIA-SMI"):
+        parse_nvidia_smi_table(capture("nvidia-smi-topo", "rtx6000ada-4gpu-4nic-spaces-stelline.txt"))
+
+
+# ---------------------------------------------------------------- ibstat / ibstatus / ibv_devinfo / ibdev2netdev
+
+IBSTAT = {
+    # name: (ports, first (ca, port, state, physical_state, rate, link_layer, base_lid), not Active)
+    "h100-roce-and-ib-some-down-polling-gpud-tabs.txt":
+        (12, ("mlx5_0", 1, "Active", "LinkUp", 400.0, "Ethernet", 0), {"mlx5_11": "Polling", "mlx5_5": "Disabled"}),
+    "a100-hdr-ibpanic-trailer-gpud-spaces.txt":
+        (8, ("mlx5_0", 1, "Active", "LinkUp", 200.0, "InfiniBand", 13247), {}),
+    "a100-ib-and-roce-all-active-gpud-tabs.txt":
+        (9, ("mlx5_0", 1, "Active", "LinkUp", 200.0, "Ethernet", 0), {}),
+    "cx3-mlx4-two-ports-fdr-tabs-heioy.txt":
+        (4, ("mlx4_0", 1, "Active", "LinkUp", 56.0, "InfiniBand", 10), {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IBSTAT))
+def test_ibstat(name):
+    n, first, down = IBSTAT[name]
+    ports = parse_ibstat(capture("ibstat", name))
+    p = ports[0]
+    assert len(ports) == n
+    assert (p.ca, p.port, p.state, p.physical_state, p.rate_gbps, p.link_layer, p.base_lid) == first
+    assert {x.ca: x.physical_state for x in ports if not x.active} == down
+
+
+def test_ibstat_two_port_cas_and_the_ibpanic_trailer():
+    cx3 = parse_ibstat(capture("ibstat", "cx3-mlx4-two-ports-fdr-tabs-heioy.txt"))
+    assert [(p.ca, p.port, p.base_lid, p.sm_lid) for p in cx3] == [("mlx4_0", 1, 10, 9), ("mlx4_0", 2, 12, 9),
+                                                                 ("mlx4_1", 1, 1, 7), ("mlx4_1", 2, 4, 7)]
+    panic = parse_ibstat(capture("ibstat", "a100-hdr-ibpanic-trailer-gpud-spaces.txt"))
+    assert [p.ca for p in panic] == [f"mlx5_{i}" for i in range(8)]  # mlx5_8 vanished: ibpanic line, no block
+    assert panic[-1].port_guid == "0x00155dfffd3411f2" and panic[0].ca_type == "MT4124"
+
+
+def test_ibstatus():
+    a100 = parse_ibstatus(capture("ibstatus", "a100-hdr-all-active-gpud.txt"))
+    assert [(p.dev, p.state.name, p.phys_state.name, p.rate.gbps, p.rate.speed) for p in a100[:2]] == \
+        [("mlx5_0", "ACTIVE", "LinkUp", 200.0, "HDR"), ("mlx5_1", "ACTIVE", "LinkUp", 200.0, "HDR")]
+    assert (a100[0].base_lid, a100[0].sm_lid, a100[0].link_layer) == (0x33BF, 1, "InfiniBand")
+    assert (a100[-1].dev, a100[-1].link_layer, a100[-1].rate.gbps, a100[-1].default_gid) == \
+        ("mlx5_8", "Ethernet", 40.0, "unknown")
+    cx3 = parse_ibstatus(capture("ibstatus", "cx3-mlx4-two-ports-fdr-tabs-heioy.txt"))
+    assert [(p.dev, p.port, p.base_lid, p.rate.speed) for p in cx3] == \
+        [("mlx4_0", 1, 3, "FDR"), ("mlx4_0", 2, 2, "FDR")]
+
+
+def test_ibv_devinfo():
+    cx3 = parse_ibv_devinfo(capture("ibv-devinfo", "cx3-mlx4-two-hcas-two-ports-tabs-heioy.txt"))
+    assert [(d.hca_id, d.vendor_part_id, [(p.port, p.state, p.port_lid) for p in d.ports]) for d in cx3] == [
+        ("mlx4_1", 4099, [(1, "PORT_ACTIVE", 22), (2, "PORT_DOWN", 0)]),
+        ("mlx4_0", 4099, [(1, "PORT_ACTIVE", 32), (2, "PORT_DOWN", 0)])]
+    (roce,) = parse_ibv_devinfo(capture("ibv-devinfo", "cx6dx-roce-port-down-spaces-deepep60.txt"))
+    assert (roce.hca_id, roce.fw_ver, roce.ports[0].state, roce.ports[0].link_layer, roce.ports[0].active_mtu) == \
+        ("mlx5_12", "22.38.1900", "PORT_DOWN", "Ethernet", 1024)
+    (flat,) = parse_ibv_devinfo(capture("ibv-devinfo", "cx7-ib-vf-port-init-flattened-network-operator1646.txt"))
+    assert (flat.board_id, flat.ports[0].state, flat.ports[0].sm_lid, flat.ports[0].link_layer) == \
+        ("MT_0000000838", "PORT_INIT", 4, "InfiniBand")  # the port's fields lost their indent in the paste
+
+
+def test_ibdev2netdev():
+    imbue = parse_ibdev2netdev(capture("ibdev2netdev", "h100-cx7-ib-cx6-eth-column-t-comments-imbue4.txt"))
+    assert len(imbue) == 12 and {(x.dev, x.netdev) for x in imbue if x.netdev_up} == \
+        {("mlx5_1", "enp27s0f0np0"), ("mlx5_7", "enp157s0f0np0")}
+    assert imbue[2] == parse_ibdev2netdev("mlx5_10 port 1 ==> ibp204s0 (Down)")[0]
+    (vf,) = parse_ibdev2netdev(capture("ibdev2netdev", "sriov-ib-vf-in-pod-down-sriov-operator382.txt"))
+    assert (vf.dev, vf.port, vf.netdev, vf.netdev_up) == ("mlx5_3", 1, "net1", False)
+
+
+@pytest.mark.parametrize("parse", [parse_ibstat, parse_ibstatus, parse_ibv_devinfo, parse_ibdev2netdev,
+                                   parse_nvidia_smi_table])
+def test_new_parsers_refuse_another_tools_output(parse):
+    with pytest.raises(ParseError):
+        parse(capture("ethtool", "rtl8126-5g-link-down-openwrt4.txt"))

@@ -85,8 +85,24 @@ def test_summary_markdown_table():
     cells = [c.strip() for c in lines[0].split("|")[1:-1]]
     assert cells[1] == "4" and cells[2] == "4" and float(cells[3]) == pytest.approx(5722.5)
     assert float(cells[7]) == pytest.approx(5724)
-    assert cells[9].startswith("p99 needs ≥ 368 cycles")  # 4 cycles support no two-sided p99 interval
+    # 4 cycles support no two-sided p99 interval: said once, the column holds the one-sided bound; nor a mean one
+    assert "A two-sided 95 % interval of a p99 needs ≥ 368 cycles" in text and "| p99 ≥ (95 %) |" in text
+    assert cells[9] == f"{summary['turnaround']['p99_bound95']['lower']:.3f}" and cells[8] == "needs ≥ 5 cycles"
+    assert cells[3] == "5722.500"  # ms at a fixed µs precision, not %g
     assert "| chain: phy_up | 4 | 4 |" in text and "Cycles: 4" in text
+
+
+def test_a_negative_chain_duration_is_explained_where_it_appears():
+    rows = []
+    for c in range(3):
+        base = 10**12 * (c + 1)
+        rows += [(c, "ocs_command_sent", "h", "ocs1", base), (c, "ocs_command_completed", "h", "ocs1", base + 44 * 10**6)]
+        rows += [(c, stage, "gpu1", "p0", base + dt * 10**6) for stage, dt in
+                 (("light_detected", 41), ("cdr_locked", 42), ("phy_up", 50), ("port_active", 51), ("first_packet", 52))]
+    text = summary_markdown(summarize_events(pd.DataFrame(rows, columns=["cycle", "stage", "host", "port", "t_ns"]), 1))
+    assert "| chain: los_clear | 3 | 3 | -3.000 |" in text
+    assert "chain: los_clear is negative: light_detected was seen before ocs_command_completed" in text
+    assert "chain: phy_up is negative" not in text
 
 
 def test_record_is_immutable_and_writers_run(tmp_path, monkeypatch):

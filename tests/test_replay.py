@@ -11,7 +11,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from devices.emulated.vllm_server import ServiceModel, VllmEmulator
+from analysis.serving import ServiceModel
+from devices.emulated.vllm_server import VllmEmulator
 from traces.errors import TraceFormatError
 from traces.replay import ReplayConfig, ReplayLog, read_replay_log, replay, replay_log_to_parquet, replay_requests
 

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main
-from harness.steps.replay import in_windows, summarise
+from analysis.serving import in_windows
+from harness.steps.replay import summarise
 from traces.replay import read_replay_log
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"

@@ -218,4 +218,32 @@ def test_summarize_small_inputs():
     assert summarize([], 0)["n"] == 0 and np.isnan(summarize([], 0)["mean"])
     one = summarize([5.0], 0)
     assert one["mean_ci95"] is None and one["p99"] == 5.0 and one["p99_ci95"] is None
-    assert summarize([5.0, 5.0], 0)["mean_ci95"] == [5.0, 5.0]
+    assert summarize([5.0] * 5, 0)["mean_ci95"] == [5.0, 5.0]
+
+
+def test_no_mean_interval_below_the_cycles_where_its_coverage_holds():
+    """At 2 cycles every bootstrap-t resample has t = 0: the interval collapsed onto the mean (coverage 0 %);
+    below MIN_MEAN_UNITS none is given, and the report says how many cycles one needs."""
+    from analysis.stats import MIN_MEAN_UNITS, mean_interval_text
+
+    assert mean_interval([2.1, 4.0]) is None and mean_interval([2.1, 4.0, 3.0, 2.5]) is None
+    lo, hi = mean_interval([2.1, 4.0, 3.0, 2.5, 3.3])
+    assert lo < 2.98 < hi  # the mean, strictly inside
+    s = summarize([2.1, 4.0], 0)
+    assert s["mean_ci95"] is None and mean_interval_text(s) == f"needs ≥ {MIN_MEAN_UNITS} cycles"
+
+
+def test_the_difference_interval_matches_welch_where_the_means_are_normal():
+    """Oracle: for large normal samples the two-sample bootstrap-t interval of mean(b) − mean(a) approaches
+    Welch's t interval; below MIN_DIFFERENCE_UNITS cycles a side none is given."""
+    from scipy import stats as st
+
+    from analysis.stats import MIN_DIFFERENCE_UNITS, mean_difference_interval
+
+    rng = np.random.default_rng(4)
+    a, b = rng.normal(10.0, 2.0, 400), rng.normal(11.0, 3.0, 300)
+    lo, hi = mean_difference_interval(a, b, rng_seed=1)
+    welch = st.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)
+    assert lo == pytest.approx(welch.low, abs=0.05) and hi == pytest.approx(welch.high, abs=0.05)
+    assert mean_difference_interval(a[:MIN_DIFFERENCE_UNITS - 1], b) is None
+    assert mean_difference_interval(a, b[:MIN_DIFFERENCE_UNITS]) is not None

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from scipy import integrate
 
-from devices.emulated.vllm_server import InterferenceWindow, ServiceModel, VllmEmulator
+from analysis.serving import InterferenceWindow, ServiceModel
+from devices.emulated.vllm_server import VllmEmulator
 from devices.timing import now_ns
 
 

@@ -692,3 +692,149 @@ def nvidia_smi_topo(gpus: Sequence[EmulatedGpu], rdma_devs: Sequence[str], *, nv
     if n_nic:
         text += "\nNIC Legend:\n\n" + "".join(f"  NIC{j}: {dev}\n" for j, dev in enumerate(rdma_devs))
     return text + "\n"
+
+
+# ---------------------------------------------------------------- RDMA port tools (ibstat, ibv_devinfo, ibdev2netdev)
+# Layouts held to real captures in tests/data/real/{ibstat,ibv-devinfo,ibdev2netdev}/ by
+# tests/test_format_conformance.py.
+
+IBSTAT_STATES = {"DOWN": "Down", "INIT": "Initializing", "ARMED": "Armed", "ACTIVE": "Active"}  # ibstat.c words
+IBSTAT_PHYS = {"Phy Test": "PhyTest"}  # the other sysfs words are ibstat's as they are
+CA_TYPE, PART_ID, FW_VER, BOARD_ID = "MT4129", 4129, "28.39.1002", "MT_0000000838"  # ConnectX-7
+
+
+def _guids(mac: str) -> tuple[str, str]:
+    """(node GUID, port GUID) as mlx5 derives them from the port's MAC: the node GUID inserts 03:00, the RoCE
+    port GUID is the EUI-64 (ff:fe inserted, universal/local bit flipped) — the pattern of the real captures."""
+    b = [int(x, 16) for x in mac.split(":")]
+    node = b[:3] + [0x03, 0x00] + b[3:]
+    port = [b[0] ^ 0x02] + b[1:3] + [0xFF, 0xFE] + b[3:]
+    return "".join(f"{x:02x}" for x in node), "".join(f"{x:02x}" for x in port)
+
+
+def _by_device(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> dict[str, list]:
+    devices: dict[str, list] = {}
+    for m, s in sorted(ports, key=lambda p: (p[0].rdma_dev, p[0].rdma_port)):
+        devices.setdefault(m.rdma_dev, []).append((m, s))
+    return devices
+
+
+def _rate_gbps(model: NicModelLike, snapshot: NicSnapshotLike) -> int:
+    """The port rate ibstat and ibstatus print: a RoCE port that is not Active reads 40 (mlx5 reports 4X QDR
+    without a link; every down port of the real ibstat captures does)."""
+    ib = getattr(model, "link_layer", "Ethernet") == "InfiniBand"
+    return snapshot.speed_mbps // 1000 if ib or snapshot.ib_state == "ACTIVE" else 40
+
+
+def ibstat(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> str:
+    """`ibstat`: one `CA 'dev'` block per device, TAB-indented `Key: value` lines, a `Port N:` block per port."""
+    out = []
+    for dev, dev_ports in _by_device(ports).items():
+        node, _ = _guids(dev_ports[0][0].mac)
+        out.append(f"CA '{dev}'\n\tCA type: {CA_TYPE}\n\tNumber of ports: {len(dev_ports)}\n"
+                   f"\tFirmware version: {FW_VER}\n\tHardware version: 0\n\tNode GUID: 0x{node}\n"
+                   f"\tSystem image GUID: 0x{node}\n")
+        for m, s in dev_ports:
+            ib = getattr(m, "link_layer", "Ethernet") == "InfiniBand"
+            _, port_guid = _guids(m.mac)
+            out.append(f"\tPort {m.rdma_port}:\n\t\tState: {IBSTAT_STATES.get(s.ib_state, s.ib_state.title())}\n"
+                       f"\t\tPhysical state: {IBSTAT_PHYS.get(s.phys_state, s.phys_state)}\n"
+                       f"\t\tRate: {_rate_gbps(m, s)}\n"
+                       f"\t\tBase lid: {getattr(m, 'lid', m.ifindex) if ib else 0}\n\t\tLMC: 0\n"
+                       f"\t\tSM lid: {getattr(m, 'sm_lid', 1) if ib else 0}\n"
+                       f"\t\tCapability mask: {'0xa651ec48' if ib else '0x00010000'}\n"
+                       f"\t\tPort GUID: 0x{port_guid}\n\t\tLink layer: {'InfiniBand' if ib else 'Ethernet'}\n")
+    return "".join(out)
+
+
+def _colon(guid_hex: str) -> str:
+    return ":".join(guid_hex[i:i + 4] for i in range(0, 16, 4))
+
+
+def ibv_devinfo(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> str:
+    """`ibv_devinfo` (rdma-core devinfo.c, no -v): device fields TAB-padded to column 40, `port:` at 16, port
+    fields to column 48; a blank line after each device."""
+    out = []
+    for dev, dev_ports in _by_device(ports).items():
+        node, _ = _guids(dev_ports[0][0].mac)
+        out.append(f"hca_id:\t{dev}\n\ttransport:\t\t\tInfiniBand (0)\n\tfw_ver:\t\t\t\t{FW_VER}\n"
+                   f"\tnode_guid:\t\t\t{_colon(node)}\n\tsys_image_guid:\t\t\t{_colon(node)}\n"
+                   f"\tvendor_id:\t\t\t0x02c9\n\tvendor_part_id:\t\t\t{PART_ID}\n\thw_ver:\t\t\t\t0x0\n"
+                   f"\tboard_id:\t\t\t{BOARD_ID}\n\tphys_port_cnt:\t\t\t{len(dev_ports)}\n")
+        for m, s in dev_ports:
+            ib = getattr(m, "link_layer", "Ethernet") == "InfiniBand"
+            state = f"PORT_{s.ib_state} ({IB_STATE_CODES.get(s.ib_state, 0)})"
+            out.append(f"\t\tport:\t{m.rdma_port}\n\t\t\tstate:\t\t\t{state}\n\t\t\tmax_mtu:\t\t4096 (5)\n"
+                       f"\t\t\tactive_mtu:\t\t{'4096 (5)' if ib else '1024 (3)'}\n"
+                       f"\t\t\tsm_lid:\t\t\t{getattr(m, 'sm_lid', 1) if ib else 0}\n"
+                       f"\t\t\tport_lid:\t\t{getattr(m, 'lid', m.ifindex) if ib else 0}\n"
+                       f"\t\t\tport_lmc:\t\t0x00\n\t\t\tlink_layer:\t\t{'InfiniBand' if ib else 'Ethernet'}\n\n")
+    return "".join(out)
+
+
+def ibstatus(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> str:
+    """`ibstatus` (a script over sysfs): a head line per port, `key:<TABs> value` with one blank before the value,
+    then a blank line. A RoCE port's default GID reads `unknown`, its lids 0x0, as in the real capture."""
+    out = []
+    for dev_ports in _by_device(ports).values():
+        for m, s in dev_ports:
+            ib = getattr(m, "link_layer", "Ethernet") == "InfiniBand"
+            _, port_guid = _guids(m.mac)
+            gid = "fe80:0000:0000:0000:" + _colon(port_guid) if ib else "unknown"
+            lid, sm_lid = (getattr(m, "lid", m.ifindex), getattr(m, "sm_lid", 1)) if ib else (0, 0)
+            out.append(f"Infiniband device '{m.rdma_dev}' port {m.rdma_port} status:\n\tdefault gid:\t {gid}\n"
+                       f"\tbase lid:\t {lid:#x}\n\tsm lid:\t\t {sm_lid:#x}\n\tstate:\t\t {sysfs_ib_state(s)}"
+                       f"\tphys state:\t {sysfs_ib_phys_state(s)}\trate:\t\t {sysfs_ib_rate(_rate_gbps(m, s) * 1000)}"
+                       f"\tlink_layer:\t {'InfiniBand' if ib else 'Ethernet'}\n\n")
+    return "".join(out)
+
+
+def ibdev2netdev(ports: Iterable[tuple[NicModelLike, NicSnapshotLike]]) -> str:
+    """`ibdev2netdev`: `dev port N ==> netdev (Up|Down)`, Up when the netdev's operstate is up."""
+    return "".join(f"{m.rdma_dev} port {m.rdma_port} ==> {m.netdev} ({'Up' if s.operstate == 'up' else 'Down'})\n"
+                   for dev_ports in _by_device(ports).values() for m, s in dev_ports)
+
+
+# ---------------------------------------------------------------- the default nvidia-smi table
+
+_SMI_RULE = "+-----------------------------------------+------------------------+----------------------+\n"
+_SMI_WIDE = "+-----------------------------------------------------------------------------------------+\n"
+
+
+def nvidia_smi_table(gpus: Sequence[EmulatedGpu], host_ns: int) -> str:
+    """The default `nvidia-smi` output in the 89-column layout of drivers 530-580 (real capture of 550.90.07 in
+    tests/data/real/nvidia-smi-table/): date line, header, three lines per GPU, then the process table."""
+    import time as _time
+
+    driver = gpus[0].driver_version if gpus else "550.54.15"
+    lines = [_time.strftime("%a %b %e %H:%M:%S %Y", _time.localtime(host_ns // 1_000_000_000)) + "       \n",
+             _SMI_WIDE,
+             f"| NVIDIA-SMI {driver:<22} Driver Version: {driver:<14} CUDA Version: {'12.4':<9}|\n",
+             "|-----------------------------------------+------------------------+----------------------+\n",
+             "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |\n",
+             "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |\n",
+             "|                                         |                        |               MIG M. |\n",
+             "|=========================================+========================+======================|\n"]
+    for g in gpus:
+        lines += [f"| {g.index:>3}  {g.name:<29}{'On':>4}  |   {g.pci_bus_id} {'Off':>3} | {'0':>20} |\n",
+                  f"| {'N/A':>3}{str(g.temperature_c) + 'C':>6}{g.pstate:>6}{str(round(g.power_draw_w)) + 'W':>16} / "
+                  f"{str(round(g.power_limit_w)) + 'W':>5} |{str(g.memory_used_mib) + 'MiB':>11} / "
+                  f"{str(g.memory_total_mib) + 'MiB':>9} |{str(g.utilization_gpu) + '%':>8}{'Default':>13} |\n",
+                  f"|{'':41}|{'':24}|{'Disabled':>21} |\n", _SMI_RULE]
+    lines += ["\n", _SMI_WIDE,
+              "| Processes:                                                                              |\n",
+              "|  GPU   GI   CI        PID   Type   Process name                              GPU Memory |\n",
+              "|        ID   ID                                                               Usage      |\n",
+              "|=========================================================================================|\n",
+              "|  No running processes found                                                             |\n",
+              _SMI_WIDE]
+    return "".join(lines)
+
+
+UNAME_OPTIONS = "snrvmpio"  # `uname -a` prints these fields in this order, whatever order they were asked in
+
+
+def uname_fields(host: str, *, release: str = "6.8.0-45-generic",
+                 version: str = "#45-Ubuntu SMP PREEMPT_DYNAMIC Fri Aug 30 12:02:04 UTC 2024") -> tuple[str, ...]:
+    """`uname` fields: kernel name, node name, release, version, machine, processor, hardware platform, OS."""
+    return ("Linux", host, release, version, "x86_64", "x86_64", "x86_64", "GNU/Linux")

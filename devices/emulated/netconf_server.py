@@ -7,15 +7,26 @@ Wire behaviour:
   sides use chunked framing (`\\n#LEN\\n...\\n##\\n`) when both offered base:1.1, else `]]>]]>`.
 - `get` (state + config) and `get-config` (`running`) with RFC 6241 §6 subtree filters over
   `product-information`, `port-config`, `opm-power` and `cross-connects` of optical-switch@2018-03-22;
-- `edit-config` on `running`: pair `operation` merge / create / replace / delete / remove (qualified
+- `target="running"` (default, :writable-running), `"candidate"` (:candidate only, as netconfd's default:
+  `edit-config` on `candidate`, `commit` moves the mirrors, `discard-changes`; writing `running` is
+  operation-failed "cannot write to this configuration directly") or None (neither);
+- `edit-config`: pair `operation` merge / create / replace / delete / remove (qualified
   `nc:operation` as RFC 6241 has it, or unqualified as ONOS sends it), `default-operation` merge or none;
   the whole edit is validated first and applied as one change (all or nothing), and `<ok/>` is sent when
   the bench says the mirrors settle;
 - `lock` / `unlock` of `running`, `close-session`;
-- `rpc-error` with RFC 6241 appendix A tags: invalid-value (a port this switch does not have, a leaf of
-  state data), in-use (an egress another pair holds; the switch busy), data-missing / data-exists,
-  missing-element, unknown-element, unknown-namespace, operation-not-supported, malformed-message,
-  missing-attribute, lock-denied.
+- `rpc-error`s as yuma123's netconfd writes them with the same model (captured from netconfd 2.13 with
+  optical-switch@2018-03-22, tests/test_netconf_peer.py compares them): the tag, error-type, error-app-tag,
+  error-path (the request's path, `/nc:rpc/nc:edit-config/nc:config/opsw:...`, or the data's for a
+  mandatory leaf missing after the edit) and error-info (`bad-element` with its prefix, `bad-value` in the
+  yuma-ncx namespace; not yuma's own `error-number`): invalid-value / not-in-range (a port this switch does
+  not have; a datastore it has not: "config not found"), bad-element (not a number), data-missing (no pair to
+  delete: data-incomplete; a pair without its mandatory egress: instance-required), data-exists,
+  access-denied (state data written: no-access), unknown-element, unknown-namespace, bad-attribute,
+  operation-not-supported (commit, discard-changes, ... without :candidate), malformed-message,
+  missing-attribute, lock-denied. Unlike netconfd, it refuses a second pair on one egress (in-use), as the
+  switch behind it must: the model does not say so, a switch cannot do it;
+- `last-modified` on get / get-config replies, as netconfd sends it.
 """
 from __future__ import annotations
 
@@ -47,6 +58,12 @@ _CHUNK = re.compile(rb"\n#([1-9][0-9]{0,9})\n")
 _MAX_MESSAGE = 16 << 20
 # the emulator's OCS codes (physics, shared with TL1/SCPI) as NETCONF error-tags
 _TAGS = {"IIAC": "invalid-value", "SROF": "in-use", "IDNV": "data-missing"}
+NCX_NS = "http://netconfcentral.org/ns/yuma-ncx"  # where netconfd puts `bad-value` (RFC 6241 names none)
+BAD_VALUE = f"{{{NCX_NS}}}bad-value"
+EDIT = "/nc:rpc/nc:edit-config/nc:config"  # netconfd's error-path of what an edit-config carries
+# NETCONF operations this server knows of but does not offer (no :candidate, :startup, :validate, ...)
+_NOT_OFFERED = {"commit", "discard-changes", "cancel-commit", "validate", "copy-config", "delete-config",
+                "kill-session", "partial-lock", "partial-unlock", "create-subscription", "get-schema"}
 
 
 @dataclass
@@ -55,7 +72,8 @@ class RpcError(Exception):
     message: str
     type: str = "application"
     path: str = ""
-    info: tuple[tuple[str, str], ...] = ()
+    info: tuple[tuple[str, str], ...] = ()  # (tag or {namespace}tag, text)
+    app_tag: str = ""
 
 
 class _Closed(Exception):
@@ -156,9 +174,15 @@ class NetconfServer:
     """NETCONF over SSH on `host`:`port` (0: ephemeral) in front of `servers` (an `OcsServers`)."""
 
     def __init__(self, servers, host: str = "127.0.0.1", port: int = 0, *, base11: bool = True,
-                 revision: str = "2018-03-22"):
+                 revision: str = "2018-03-22", target: str | None = "running"):
         """`base11=False`: offer NETCONF 1.0 only (`]]>]]>` framing). `revision`: of optical-switch; before
-        2017-08-04 the cross-connects list is `pairs`."""
+        2017-08-04 the cross-connects list is `pairs`. `target`: where changes are written, as netconfd's
+        `--target`: "running" (:writable-running), "candidate" (:candidate: edit the candidate, `commit` moves
+        the mirrors, `discard-changes`), or None (neither: a read-only server)."""
+        if target not in ("running", "candidate", None):
+            raise ValueError(f"target {target!r}: running, candidate or None")
+        self.target = target
+        self._candidate: tuple[dict[int, int], dict[int, tuple[str, str]]] | None = None  # None: as running
         self.servers = servers
         self.bench = servers.bench
         self.host = host
@@ -168,7 +192,8 @@ class NetconfServer:
         self.pair_tag = "pairs" if revision < "2017-08-04" else "pair"  # renamed in that revision
         self.labels: dict[int, tuple[str, str]] = {}  # port-config label, peer-port (config)
         self._session_ids = itertools.count(1)
-        self._lock_owner: int | None = None
+        self._locks: dict[str, int] = {}  # datastore -> the session holding its lock
+        self.last_modified = _utc_now()  # of running, as netconfd reports it on its data replies
         self._state_lock = threading.Lock()
         self._dir: tempfile.TemporaryDirectory | None = None
         self._listener: socket.socket | None = None
@@ -236,8 +261,9 @@ class NetconfServer:
         framing = _Framing(channel)
         try:
             capabilities = [BASE_10] + ([BASE_11] if self.base11 else []) + [
-                "urn:ietf:params:netconf:capability:writable-running:1.0",
-                f"{OS_NS}?module=optical-switch&revision={self.revision}"]
+                f"urn:ietf:params:netconf:capability:{capability}:1.0"
+                for capability in {"running": ["writable-running"], "candidate": ["candidate"]}.get(self.target, [])
+            ] + [f"{OS_NS}?module=optical-switch&revision={self.revision}"]
             hello = ET.Element(NC + "hello")
             caps = ET.SubElement(hello, NC + "capabilities")
             for uri in capabilities:
@@ -265,8 +291,10 @@ class NetconfServer:
             log.debug("netconf session %d ends: %s", session_id, exc)
         finally:
             with self._state_lock:
-                if self._lock_owner == session_id:
-                    self._lock_owner = None
+                for store in [s for s, owner in self._locks.items() if owner == session_id]:
+                    del self._locks[store]
+                    if store == "candidate":  # RFC 6241 §8.3.5.2: its changes go with the lock
+                        self._candidate = None
             try:
                 channel.send_exit_status(0)  # as sshd reports the end of a subsystem
                 channel.shutdown_write()  # EOF; the client closes (spec/feasibility.md §1)
@@ -278,6 +306,7 @@ class NetconfServer:
     @staticmethod
     def _xml(element: ET.Element) -> bytes:
         ET.register_namespace("", NC_NS)
+        ET.register_namespace("ncx", NCX_NS)
         return b'<?xml version="1.0" encoding="UTF-8"?>' + ET.tostring(element)
 
     def _handle(self, raw: bytes, session_id: int) -> tuple[bytes | None, bool]:
@@ -296,21 +325,32 @@ class NetconfServer:
                                                            ("bad-element", "rpc")))), False
         operation = rpc[0] if len(rpc) else None
         name = operation.tag.removeprefix(NC) if operation is not None else ""
-        fault = self.servers.faults.take(raw.decode(errors="replace"), name == "edit-config")
+        changes = "commit" if self.target == "candidate" else "edit-config"  # what moves the mirrors
+        fault = self.servers.faults.take(raw.decode(errors="replace"), name == changes)
         if fault == "silence":
             return None, False
         if fault == "deny":
             return self._reply(attrs, error=RpcError("in-use", "Switch busy")), False
         try:
-            if operation is None or not operation.tag.startswith(NC):
-                raise RpcError("operation-not-supported", f"unknown operation {name or '(none)'}", "protocol")
             handler = {"get": self._get, "get-config": self._get_config, "edit-config": self._edit_config,
                        "lock": self._lock, "unlock": self._unlock,
                        "close-session": lambda op, sid: None}.get(name)
+            if self.target == "candidate":
+                handler = handler or {"commit": self._commit, "discard-changes": self._discard_changes}.get(name)
             if handler is None:
-                raise RpcError("operation-not-supported", f"operation {name} is not supported", "protocol")
+                if name in _NOT_OFFERED:
+                    raise RpcError("operation-not-supported", f"operation not supported: {name}", "protocol",
+                                   app_tag="no-support")
+                local = (name or "(none)").rpartition("}")[2]
+                prefix = "nc:" if operation is not None and operation.tag.startswith(NC) else ""
+                raise RpcError("unknown-element", f"definition not found for {local}", "rpc",
+                               path=f"/nc:rpc/{prefix}{local}", app_tag="data-incomplete",
+                               info=(("bad-element", prefix + local),))
             body = handler(operation, session_id)
             reply = self._reply(attrs, body=body)
+            if name in ("get", "get-config"):
+                stamp = b'<rpc-reply last-modified="%s" ' % self.last_modified.encode()
+                reply = reply.replace(b"<rpc-reply ", stamp, 1)
         except RpcError as error:
             reply = self._reply(attrs, error=error)
         if fault in ("garbage", "drop_chars"):
@@ -322,8 +362,10 @@ class NetconfServer:
         reply = ET.Element(NC + "rpc-reply", attrs)
         if error is not None:
             rpc_error = ET.SubElement(reply, NC + "rpc-error")
-            for tag, value in (("error-type", error.type), ("error-tag", error.tag), ("error-severity", "error")):
-                ET.SubElement(rpc_error, NC + tag).text = value
+            for tag, value in (("error-type", error.type), ("error-tag", error.tag), ("error-severity", "error"),
+                               ("error-app-tag", error.app_tag)):
+                if value:
+                    ET.SubElement(rpc_error, NC + tag).text = value
             if error.path:
                 ET.SubElement(rpc_error, NC + "error-path").text = error.path
             ET.SubElement(rpc_error, NC + "error-message",
@@ -331,7 +373,7 @@ class NetconfServer:
             if error.info:
                 info = ET.SubElement(rpc_error, NC + "error-info")
                 for tag, value in error.info:
-                    ET.SubElement(info, NC + tag).text = value
+                    ET.SubElement(info, tag if tag.startswith("{") else NC + tag).text = value
         elif body is None:
             ET.SubElement(reply, NC + "ok")
         else:
@@ -344,8 +386,9 @@ class NetconfServer:
         return self._xml(reply)
 
     # ---- the data tree (optical-switch@2018-03-22) -------------------------------------------
-    def _tree(self, config_only: bool) -> list[ET.Element]:
+    def _tree(self, config_only: bool, store: str = "running") -> list[ET.Element]:
         n, m = self.bench.ocs_size
+        patches, labels = self._config(store)
         tops: list[ET.Element] = []
         if not config_only:
             info = ET.Element(OS + "product-information")
@@ -359,7 +402,7 @@ class NetconfServer:
             port.append(_leaf(OS + "port-id", p))
             if not config_only:
                 port.append(_leaf(OS + "status", "ENABLED"))
-            label, peer = self.labels.get(p, ("", ""))
+            label, peer = labels.get(p, ("", ""))
             port.extend([_leaf(OS + "label", label), _leaf(OS + "peer-port", peer)])
         tops.append(ports)
         if not config_only:
@@ -369,16 +412,22 @@ class NetconfServer:
                 port.extend([_leaf(OS + "port-id", p), _leaf(OS + "power", f"{self.bench.ocs_port_power(p):.2f}")])
             tops.append(opm)
         connections = ET.Element(OS + "cross-connects")
-        for ingress, egress in sorted(self.bench.ocs_patches().items()):
+        for ingress, egress in sorted(patches.items()):
             pair = ET.SubElement(connections, OS + self.pair_tag)
             pair.extend([_leaf(OS + "ingress", ingress), _leaf(OS + "egress", egress)])
         tops.append(connections)
         return tops
 
-    def _data(self, operation: ET.Element, config_only: bool) -> ET.Element:
+    def _config(self, store: str) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:
+        """The cross-connects and port labels of `store`: running is the switch's."""
+        if store == "candidate" and self._candidate is not None:
+            return dict(self._candidate[0]), dict(self._candidate[1])
+        return self.bench.ocs_patches(), dict(self.labels)
+
+    def _data(self, operation: ET.Element, config_only: bool, store: str = "running") -> ET.Element:
         data = ET.Element(NC + "data")
         spec = operation.find(NC + "filter")
-        tops = self._tree(config_only)
+        tops = self._tree(config_only, store)
         if spec is None:
             data.extend(tops)
             return data
@@ -393,55 +442,64 @@ class NetconfServer:
                         data.append(picked)
         return data
 
-    def _datastore(self, operation: ET.Element, which: str) -> None:
+    def _datastore(self, operation: ET.Element, which: str) -> str:
         holder = operation.find(NC + which)
         store = holder[0].tag.removeprefix(NC) if holder is not None and len(holder) else ""
-        if store != "running":
-            raise RpcError("operation-not-supported" if store else "missing-element",
-                           f"<{which}> must be <running/> (this switch has no {store or 'datastore'})",
-                           "protocol", info=(("bad-element", which),))
+        if not store:
+            raise RpcError("missing-element", f"<{which}> must name a datastore", "protocol",
+                           info=(("bad-element", which),))
+        if store not in ("running", "candidate" if self.target == "candidate" else "running"):
+            raise RpcError("invalid-value", f"config not found: this switch has no {store} datastore", "protocol",
+                           path=f"/nc:rpc/nc:{operation.tag.removeprefix(NC)}/nc:{which}", app_tag="data-incomplete",
+                           info=((BAD_VALUE, store),))
+        return store
 
     def _get(self, operation: ET.Element, _sid: int) -> ET.Element:
         return self._data(operation, config_only=False)
 
     def _get_config(self, operation: ET.Element, _sid: int) -> ET.Element:
-        self._datastore(operation, "source")
-        return self._data(operation, config_only=True)
+        return self._data(operation, config_only=True, store=self._datastore(operation, "source"))
 
     def _lock(self, operation: ET.Element, sid: int) -> None:
-        self._datastore(operation, "target")
+        store = self._datastore(operation, "target")
         with self._state_lock:
-            if self._lock_owner not in (None, sid):
-                raise RpcError("lock-denied", "running is locked by another session", "protocol",
-                               info=(("session-id", str(self._lock_owner)),))
-            self._lock_owner = sid
+            if self._locks.get(store, sid) != sid:
+                raise RpcError("lock-denied", f"lock denied: {store} is locked by another session", "protocol",
+                               app_tag="no-access", info=(("session-id", str(self._locks[store])),))
+            if store == "candidate" and self._candidate is not None and store not in self._locks:
+                raise RpcError("resource-denied", "candidate cannot be locked, discard-changes needed: it holds "
+                               "uncommitted changes", "protocol", app_tag="no-access")
+            self._locks[store] = sid
 
     def _unlock(self, operation: ET.Element, sid: int) -> None:
-        self._datastore(operation, "target")
+        store = self._datastore(operation, "target")
         with self._state_lock:
-            if self._lock_owner != sid:
-                raise RpcError("operation-failed", "running is not locked by this session", "protocol")
-            self._lock_owner = None
+            if self._locks.get(store) != sid:
+                raise RpcError("operation-failed", f"{store} is not locked by this session", "protocol")
+            del self._locks[store]
 
     def _edit_config(self, operation: ET.Element, sid: int) -> None:
-        self._datastore(operation, "target")
+        store = self._datastore(operation, "target")
+        if store != self.target:  # running, on a server that writes it through the candidate only (or not at all)
+            raise RpcError("operation-failed", "cannot write to this configuration directly", "protocol",
+                           path="/nc:rpc/nc:edit-config/nc:target", app_tag="no-access")
         with self._state_lock:
-            if self._lock_owner not in (None, sid):
-                raise RpcError("in-use", "running is locked by another session", "protocol",
-                               info=(("session-id", str(self._lock_owner)),))
+            if self._locks.get(store, sid) != sid:
+                raise RpcError("in-use", f"config locked: {store} is locked by another session", path=EDIT,
+                               app_tag="no-access", info=(("session-id", str(self._locks[store])),))
         default = _text(operation.find(NC + "default-operation")) or "merge"
         if default not in ("merge", "none"):
             raise RpcError("operation-not-supported", f"default-operation {default} is not supported", "protocol")
         config = operation.find(NC + "config")
         if config is None:
-            raise RpcError("missing-element", "edit-config without <config>", "protocol",
-                           info=(("bad-element", "config"),))
-        current = self.bench.ocs_patches()
-        final = dict(current)
-        labels = dict(self.labels)
+            raise RpcError("data-missing", "missing mandatory choice: edit-config without <config>", "protocol",
+                           path="/nc:rpc/nc:edit-config", app_tag="missing-choice",
+                           info=(("{urn:ietf:params:xml:ns:yang:1}missing-choice", "input"),))
+        final, labels = self._config(store)
         for top in config:
             if not top.tag.startswith(OS):
-                raise RpcError("unknown-namespace", f"no data model for {top.tag}",
+                raise RpcError("unknown-namespace", f"unknown namespace: no data model for {top.tag}", "protocol",
+                               app_tag="data-invalid",
                                info=(("bad-element", top.tag.rpartition("}")[2]),
                                      ("bad-namespace", top.tag[1:].partition("}")[0])))
             name = top.tag.removeprefix(OS)
@@ -450,17 +508,39 @@ class NetconfServer:
             elif name == "port-config":
                 self._edit_ports(top, labels)
             elif name in ("opm-power", "product-information"):
-                raise RpcError("invalid-value", f"{name} is state data (config false)", path=f"/opsw:{name}",
-                               info=(("bad-element", name),))
+                raise RpcError("access-denied", f"cannot write to a read-only object: {name} is state data",
+                               path=f"{EDIT}/opsw:{name}", app_tag="no-access")
             else:
-                raise RpcError("unknown-element", f"{name} is not a top-level node of optical-switch",
-                               info=(("bad-element", name),))
+                raise RpcError("unknown-element", f"unknown object: {name} is not a top-level node of "
+                               "optical-switch", "protocol", path=EDIT, app_tag="data-invalid",
+                               info=(("bad-element", f"opsw:{name}"),))
         owners: dict[int, int] = {}
         for ingress, egress in sorted(final.items()):
             if egress in owners:
                 raise RpcError("in-use", f"egress {egress} is already connected to ingress {owners[egress]}",
-                               path=f"/opsw:cross-connects/opsw:pair[opsw:ingress='{ingress}']/opsw:egress")
+                               path=f"/opsw:cross-connects/opsw:pair[opsw:ingress='{ingress}']/opsw:egress",
+                               info=((BAD_VALUE, str(egress)),))
             owners[egress] = ingress
+        if store == "candidate":
+            self._candidate = (final, labels)
+        else:
+            self._change(final, labels)
+
+    def _commit(self, _operation: ET.Element, sid: int) -> None:
+        with self._state_lock:
+            if self._locks.get("running", sid) != sid:
+                raise RpcError("in-use", "config locked: running is locked by another session", "protocol",
+                               app_tag="no-access", info=(("session-id", str(self._locks["running"])),))
+        if self._candidate is not None:
+            self._change(*self._candidate)
+        self._candidate = None
+
+    def _discard_changes(self, _operation: ET.Element, _sid: int) -> None:
+        self._candidate = None
+
+    def _change(self, final: dict[int, int], labels: dict[int, tuple[str, str]]) -> None:
+        """Make `final` the switch's cross-connects (`<ok/>` once the mirrors settle) and `labels` its labels."""
+        current = self.bench.ocs_patches()
         removes = [i for i, e in current.items() if final.get(i) != e]
         adds = {i: e for i, e in final.items() if current.get(i) != e}
         if adds or removes:
@@ -471,26 +551,31 @@ class NetconfServer:
             delay = (settle_ns - now_ns()) / 1e9
             if delay > 0:
                 time.sleep(delay)  # <ok/> when the mirrors have settled, as TL1 COMPLD
+        if adds or removes or labels != self.labels:
+            self.last_modified = _utc_now()
         self.labels = labels
 
     def _port(self, text: str, where: str, leaf: str) -> int:
+        """`where`: the entry's path in the request (netconfd's error-path)."""
         try:
             port = int(text)
         except ValueError:
-            port = 0
+            raise RpcError("bad-element", f"invalid number: {leaf} {text!r}", "protocol", path=f"{where}/opsw:{leaf}",
+                           app_tag="data-invalid", info=(("bad-element", f"opsw:{leaf}"), (BAD_VALUE, text))) from None
         n, m = self.bench.ocs_size
         valid = {"ingress": range(1, n + 1), "egress": range(n + 1, n + m + 1)}.get(leaf, range(1, n + m + 1))
         if port not in valid:
-            raise RpcError("invalid-value", f"{leaf} {text!r} is not a port of this {n}x{m} switch "
-                           f"({valid.start}..{valid.stop - 1})", path=f"{where}/opsw:{leaf}",
-                           info=(("bad-element", leaf),))
+            raise RpcError("invalid-value", f"value not in range: {leaf} {text!r} is not a port of this {n}x{m} "
+                           f"switch ({valid.start}..{valid.stop - 1})", "protocol", path=f"{where}/opsw:{leaf}",
+                           app_tag="not-in-range", info=((BAD_VALUE, text),))
         return port
 
     def _edit_pairs(self, top: ET.Element, final: dict[int, int], default: str) -> None:
         container_op = _operation(top, default)
         if container_op in ("delete", "remove"):
             if container_op == "delete" and not final:
-                raise RpcError("data-missing", "no cross-connects to delete", path="/opsw:cross-connects")
+                raise RpcError("data-missing", "data missing: no cross-connects to delete",
+                               path=f"{EDIT}/opsw:cross-connects", app_tag="data-incomplete")
             final.clear()
             return
         if container_op == "replace":
@@ -498,64 +583,72 @@ class NetconfServer:
         for pair in top:
             tag = pair.tag.removeprefix(OS)
             if tag != self.pair_tag:
-                raise RpcError("unknown-element", f"cross-connects has no {tag}", path="/opsw:cross-connects",
-                               info=(("bad-element", tag),))
+                raise RpcError("unknown-element", f"unknown object: cross-connects has no {tag}", "protocol",
+                               path=f"{EDIT}/opsw:cross-connects", app_tag="data-invalid",
+                               info=(("bad-element", f"opsw:{tag}"),))
+            if pair.find(OS + "ingress") is None:
+                raise RpcError("missing-element", "pair without its key ingress", "protocol",
+                               path=f"{EDIT}/opsw:cross-connects/opsw:{tag}", info=(("bad-element", "ingress"),))
+            key = f"/opsw:cross-connects/opsw:{tag}[opsw:ingress='{_text(pair.find(OS + 'ingress'))}']"
+            where = EDIT + key
             for leaf in pair:
                 if leaf.tag not in (OS + "ingress", OS + "egress"):
-                    raise RpcError("unknown-element", f"pair has no {leaf.tag.rpartition('}')[2]}",
-                                   info=(("bad-element", leaf.tag.rpartition("}")[2]),))
-            if pair.find(OS + "ingress") is None:
-                raise RpcError("missing-element", "pair without its key ingress", path="/opsw:cross-connects/opsw:pair",
-                               info=(("bad-element", "ingress"),))
-            where = f"/opsw:cross-connects/opsw:pair[opsw:ingress='{_text(pair.find(OS + 'ingress'))}']"
+                    raise RpcError("unknown-element", f"unknown object: pair has no {leaf.tag.rpartition('}')[2]}",
+                                   "protocol", path=where, app_tag="data-invalid",
+                                   info=(("bad-element", f"opsw:{leaf.tag.rpartition('}')[2]}"),))
             ingress = self._port(_text(pair.find(OS + "ingress")), where, "ingress")
             op = _operation(pair, "merge" if container_op == "replace" else container_op)
             egress_el = pair.find(OS + "egress")
             if op in ("delete", "remove"):
                 if op == "delete" and ingress not in final:
-                    raise RpcError("data-missing", f"no pair on ingress {ingress}", path=where,
-                                   info=(("bad-element", "pair"),))
-                if egress_el is not None and ingress in final and final[ingress] != self._port(
-                        _text(egress_el), where, "egress"):
-                    raise RpcError("data-missing", f"pair {ingress} goes to {final[ingress]}, "
-                                   f"not {_text(egress_el)}", path=where)
+                    raise RpcError("data-missing", f"data missing: no pair on ingress {ingress}", path=where,
+                                   app_tag="data-incomplete")
+                if egress_el is not None:
+                    self._port(_text(egress_el), where, "egress")  # checked; the pair goes by its key, as in netconfd
                 final.pop(ingress, None)
                 continue
             if op not in ("merge", "create", "replace", "none"):
-                raise RpcError("bad-attribute", f"operation {op!r}", "protocol",
-                               info=(("bad-attribute", "operation"), ("bad-element", "pair")))
+                raise RpcError("bad-attribute", f"invalid value: operation {op!r}", "protocol", path=where,
+                               app_tag="data-invalid", info=(("bad-attribute", "operation"),
+                                                             ("bad-element", f"opsw:{tag}"), (BAD_VALUE, op)))
             egress = self._port(_text(egress_el), where, "egress") if egress_el is not None else None
             if op == "create" and ingress in final:
-                raise RpcError("data-exists", f"ingress {ingress} is already connected to {final[ingress]}",
-                               path=where, info=(("bad-element", "pair"),))
+                raise RpcError("data-exists", f"data exists: ingress {ingress} is already connected to "
+                               f"{final[ingress]}", path=where, app_tag="no-access")
             if egress is None:
                 if op == "none" or (op == "merge" and ingress in final):
                     continue
-                raise RpcError("missing-element", "pair without its mandatory egress", path=where,
-                               info=(("bad-element", "egress"),))
+                # found when the edited datastore is validated: the data's path, not the request's
+                raise RpcError("data-missing", "required value instance not found: pair without its mandatory "
+                               "egress", path=f"{key}/opsw:egress", app_tag="instance-required",
+                               info=((BAD_VALUE, "egress"),))
             final[ingress] = egress
 
     def _edit_ports(self, top: ET.Element, labels: dict[int, tuple[str, str]]) -> None:
         for port in top:
-            where = f"/opsw:port-config/opsw:port[opsw:port-id='{_text(port.find(OS + 'port-id'))}']"
+            where = f"{EDIT}/opsw:port-config/opsw:port[opsw:port-id='{_text(port.find(OS + 'port-id'))}']"
             if port.tag != OS + "port" or port.find(OS + "port-id") is None:
-                raise RpcError("missing-element", "port-config/port needs its key port-id", path=where,
+                raise RpcError("missing-element", "port-config/port needs its key port-id", "protocol", path=where,
                                info=(("bad-element", "port-id"),))
             pid = self._port(_text(port.find(OS + "port-id")), where, "port-id")
             label, peer = labels.get(pid, ("", ""))
             for leaf in port:
                 name = leaf.tag.removeprefix(OS)
                 if name == "status":
-                    raise RpcError("invalid-value", "status is state data (config false); use port-set-state",
-                                   path=f"{where}/opsw:status", info=(("bad-element", "status"),))
+                    raise RpcError("access-denied", "cannot write to a read-only object: status is state data; "
+                                   "use port-set-state", path=f"{where}/opsw:status", app_tag="no-access")
                 if name == "label":
                     label = leaf.text or ""
                 elif name == "peer-port":
                     peer = leaf.text or ""
                 elif name != "port-id":
-                    raise RpcError("unknown-element", f"port has no {name}", path=where,
-                                   info=(("bad-element", name),))
+                    raise RpcError("unknown-element", f"unknown object: port has no {name}", "protocol", path=where,
+                                   app_tag="data-invalid", info=(("bad-element", f"opsw:{name}"),))
             labels[pid] = (label, peer)
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class _SshAuth(paramiko.ServerInterface):

@@ -2,7 +2,8 @@
 
 Commands are answered from the `OpticalBench` in the real tools' formats (devices/emulated/formats.py):
 `cat` of sysfs files, `ip [-ts] [-o] monitor link` (streaming), `ip -o link`, `rdma [-j] link`, `ethtool`,
-`ethtool -m`, `mlxlink -d`, `nvidia-smi --query-gpu=…`, `date +%s.%N`, `chronyc tracking`, the benchmark
+`ethtool -m`, `mlxlink -d`, `nvidia-smi --query-gpu=…` and its default table, `ibstat`, `ibstatus`, `ibv_devinfo`,
+`ibdev2netdev`, `uname`, `ls` (of the RDMA/net sysfs classes), `date +%s.%N`, `chronyc tracking`, the benchmark
 tools `alltoall_perf` (nccl-tests) and `ib_write_bw` (perftest) with transfer times derived from the current
 circuits (see the benchmark tools section), plus the host agent protocol of ARCHITECTURE.md (upload with
 `mkdir -p … && cat > PATH`, `python3 -u PATH SUBCOMMAND`).
@@ -965,8 +966,12 @@ def _nvidia_smi(ctx: ExecContext, argv: list[str]) -> int:
                 ctx.err(f"Invalid value for {name}: {value!r}\n")
                 return 2
             loop_ms = int(value) * (1 if name in ("-lms", "--loop-ms") else 1000)
+    if not args:
+        ctx.out(formats.nvidia_smi_table(_gpus_now(ctx, ctx.server.gpus), ctx.bench.host_clock_ns(ctx.host)))
+        return 0
     if fields is None or "csv" not in fmt:
-        ctx.err("emulated nvidia-smi supports --query-gpu=FIELDS --format=csv[,noheader][,nounits] "
+        ctx.err("emulated nvidia-smi supports no option (the default table), "
+                "--query-gpu=FIELDS --format=csv[,noheader][,nounits] "
                 "[-lms MS | -l S] only\n")
         return 2
     for field in fields:
@@ -981,6 +986,121 @@ def _nvidia_smi(ctx: ExecContext, argv: list[str]) -> int:
     ctx.out(formats.nvidia_smi_query(_gpus_now(ctx, chosen), fields, ctx.bench.host_clock_ns(ctx.host),
                                      header=header, units=units))
     return 0
+
+
+def _ibstat(ctx: ExecContext, argv: list[str]) -> int:
+    """`ibstat [CA [PORT]]`; an unknown CA ends as ibstat does, with its ibpanic line and exit status 255."""
+    ports = ctx.server.ports_with_state()
+    if len(argv) > 1:
+        chosen = [(m, s) for m, s in ports if m.rdma_dev == argv[1]
+                  and (len(argv) < 3 or str(m.rdma_port) == argv[2])]
+        if not chosen:
+            ctx.err(f"ibpanic: [{_fake_pid('ibstat', argv[1])}] main: stat of IB device '{argv[1]}' failed: "
+                    "No such file or directory\n")
+            return 255
+        ports = chosen
+    ctx.out(formats.ibstat(ports))
+    return 0
+
+
+def _ibstatus(ctx: ExecContext, argv: list[str]) -> int:
+    """`ibstatus [DEV[:PORT]]`."""
+    ports = ctx.server.ports_with_state()
+    if len(argv) > 1:
+        dev, _, port = argv[1].partition(":")
+        ports = [(m, s) for m, s in ports if m.rdma_dev == dev and (not port or str(m.rdma_port) == port)]
+        if not ports:
+            ctx.err(f"stat: cannot stat '/sys/class/infiniband/{dev}': No such file or directory\n")
+            return 1
+    ctx.out(formats.ibstatus(ports))
+    return 0
+
+
+def _ibv_devinfo(ctx: ExecContext, argv: list[str]) -> int:
+    ports = ctx.server.ports_with_state()
+    args = argv[1:]
+    if args[:1] in (["-d"], ["--ib-dev"]) and len(args) == 2:
+        ports = [(m, s) for m, s in ports if m.rdma_dev == args[1]]
+        if not ports:
+            ctx.err(f"IB device '{args[1]}' wasn't found\n")
+            return 255
+    elif args:
+        ctx.err("emulated ibv_devinfo supports [-d DEV] only\n")
+        return 1
+    ctx.out(formats.ibv_devinfo(ports))
+    return 0
+
+
+def _ibdev2netdev(ctx: ExecContext, argv: list[str]) -> int:
+    ctx.out(formats.ibdev2netdev(ctx.server.ports_with_state()))
+    return 0
+
+
+def _uname(ctx: ExecContext, argv: list[str]) -> int:
+    """`uname [-snrvmpioa]`: the fields asked for, in uname's own order; none asked is `-s`."""
+    letters = "".join(a[1:] for a in argv[1:]) if all(a.startswith("-") for a in argv[1:]) else "?"
+    if letters.strip(formats.UNAME_OPTIONS + "a"):
+        ctx.err(f"uname: invalid option -- '{letters.strip(formats.UNAME_OPTIONS + 'a')[0]}'\n"
+                "Try 'uname --help' for more information.\n")
+        return 1
+    fields = formats.uname_fields(ctx.host)
+    chosen = [f for flag, f in zip(formats.UNAME_OPTIONS, fields) if flag in letters or "a" in letters] or fields[:1]
+    ctx.out(" ".join(chosen) + "\n")
+    return 0
+
+
+def _ls_names(ctx: ExecContext, path: str) -> list[str] | None:
+    """The entries of a directory of the emulated host (its RDMA and net sysfs classes and the virtual files),
+    None when there is no such directory."""
+    models = ctx.bench.nic_ports(ctx.host)
+    parts = path.rstrip("/").split("/")[1:] if path != "/" else []
+    if parts == ["sys", "class", "infiniband"]:
+        return sorted({m.rdma_dev for m in models})
+    if parts == ["sys", "class", "net"]:
+        return sorted({"lo"} | {m.netdev for m in models})
+    if parts[:3] == ["sys", "class", "infiniband"] and len(parts) >= 5 and \
+            any(m.rdma_dev == parts[3] for m in models):
+        if parts[4:] == ["device", "net"]:
+            return sorted(m.netdev for m in models if m.rdma_dev == parts[3])
+        if parts[4:] == ["ports"]:
+            return sorted(str(m.rdma_port) for m in models if m.rdma_dev == parts[3])
+        return None
+    fs = ctx.server.fs
+    with fs.lock:
+        if path not in fs.dirs:
+            return None
+        prefix = path.rstrip("/") + "/"
+        return sorted({p[len(prefix):].split("/")[0] for p in list(fs.files) + list(fs.dirs)
+                       if p.startswith(prefix) and p != prefix})
+
+
+def _ls(ctx: ExecContext, argv: list[str]) -> int:
+    """`ls [-1] [PATH...]` as a non-terminal gets it: one name a line; several directories under `PATH:` heads."""
+    paths = [a for a in argv[1:] if a != "-1"]
+    if any(a.startswith("-") for a in paths):
+        ctx.err("emulated ls supports [-1] [PATH...] only\n")
+        return 2
+    status, blocks = 0, []
+    for word in paths or ["."]:
+        path = ctx.path(word) if word != "." else ctx.server.home
+        names = _ls_names(ctx, posixpath.normpath(path))
+        if names is None:
+            if _read_file(ctx, path) is not None:
+                blocks.append((None, [word]))
+                continue
+            ctx.err(f"ls: cannot access '{word}': No such file or directory\n")
+            status = 2
+            continue
+        blocks.append((word, names))
+    files = [n for head, names in blocks if head is None for n in names]
+    dirs = [(head, names) for head, names in blocks if head is not None]
+    out = "".join(f"{n}\n" for n in files)
+    for i, (head, names) in enumerate(dirs):
+        if len(paths) > 1:
+            out += ("\n" if out else "") + f"{head}:\n"
+        out += "".join(f"{n}\n" for n in names)
+    ctx.out(out)
+    return status
 
 
 # ====================================================================== benchmark tools (protocols.md §3.2, §3.3)
@@ -1815,6 +1935,8 @@ DEFAULT_COMMANDS: dict[str, Handler] = {
     "mkdir": _mkdir, "rm": _rm, "cat": _cat, "sha256sum": _sha256sum, "date": _date, "chronyc": _chronyc,
     "ip": _ip, "rdma": _rdma, "ethtool": _ethtool, "mlxlink": _mlxlink, "nvidia-smi": _nvidia_smi,
     "alltoall_perf": _alltoall_perf, "ib_write_bw": _ib_write_bw,
+    "ibstat": _ibstat, "ibstatus": _ibstatus, "ibv_devinfo": _ibv_devinfo, "ibdev2netdev": _ibdev2netdev,
+    "uname": _uname, "ls": _ls,
 }
 AGENT_COMMANDS: dict[str, Handler] = {
     "timesrv": _agent_timesrv, "watch": _agent_watch, "counters": _agent_counters,

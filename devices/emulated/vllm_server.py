@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import time
 from bisect import bisect_right
 from collections import deque
@@ -30,130 +29,11 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from analysis.serving import InterferenceWindow, ServiceModel, capacity_profile
 from devices.timing import now_ns
 from traces._timerfd import MonotonicTimer
 
 LOOPBACK = "127.0.0.1"
-
-
-@dataclass(frozen=True)
-class ServiceModel:
-    prefill_tokens_per_s: float = 20_000.0
-    decode_tokens_per_s: float = 50.0
-    batch_slots: int = 64
-    max_model_len: int = 32_768
-    time_scale: float = 1.0
-    stream_interval_s: float = 0.0  # > 0: real s between SSE writes, tokens coalesced (first and last on time)
-
-    def __post_init__(self):
-        if min(self.prefill_tokens_per_s, self.decode_tokens_per_s, self.time_scale) <= 0 or self.batch_slots < 1:
-            raise ValueError("service rates, time_scale and batch_slots must be positive")
-
-
-@dataclass(frozen=True)
-class InterferenceWindow:
-    """[start_s, start_s + duration_s) in trace seconds after the epoch; capacity in (0, 1]."""
-
-    start_s: float
-    duration_s: float
-    capacity: float = 0.5
-
-    def __post_init__(self):
-        if not 0 < self.capacity <= 1 or self.duration_s <= 0:
-            raise ValueError("interference window needs duration > 0 and capacity in (0, 1]")
-
-    @classmethod
-    def from_frame(cls, frame, capacity: float) -> list["InterferenceWindow"]:
-        """Windows from any table with `start_s` and `duration_s` columns (e.g. DiLoCo sync windows)."""
-        return [cls(float(a), float(d), capacity) for a, d in zip(frame["start_s"], frame["duration_s"])]
-
-
-def capacity_profile(windows) -> tuple[np.ndarray, np.ndarray]:
-    """Window edges (trace s, sorted, distinct) and the capacity factor before, between and after them
-    (len(edges) + 1 values; overlapping windows multiply)."""
-    edges = sorted({t for w in windows for t in (w.start_s, w.start_s + w.duration_s)})
-    factors = [1.0]
-    for a, b in zip(edges[:-1], edges[1:]):
-        mid = (a + b) / 2
-        factors.append(math.prod(w.capacity for w in windows if w.start_s <= mid < w.start_s + w.duration_s))
-    factors.append(1.0)
-    return np.asarray(edges, dtype=float), np.asarray(factors if edges else [1.0])
-
-
-def simulate_service(service: ServiceModel, arrival_s, prompt_tokens, output_tokens, windows=()) -> dict:
-    """Ground truth of the service model for requests arriving at `arrival_s` (model seconds): what the
-    emulator does, as a discrete-event simulation — FIFO admission to max(1, int(batch_slots·capacity))
-    slots, re-checked at arrivals, completions and window edges; prefill then decode at the rates × the
-    capacity in force (work integrated over the piecewise-constant speed). Returns arrays admitted_s,
-    first_s, done_s (NaN where the emulator answers 400: empty prompt or prompt + output > max_model_len)."""
-    import heapq
-    from bisect import bisect_right
-
-    arrival = np.asarray(arrival_s, dtype=float)
-    prompts = np.asarray(prompt_tokens, dtype=np.int64)
-    outputs = np.maximum(1, np.asarray(output_tokens, dtype=np.int64))
-    n = len(arrival)
-    edges_arr, factors_arr = capacity_profile(list(windows))
-    # Scalar bisection on lists: this runs once per request, where numpy's per-call overhead dominates.
-    edges, factors = edges_arr.tolist(), factors_arr.tolist()
-    cum = np.r_[0.0, np.cumsum(np.diff(edges_arr) * factors_arr[1:-1])].tolist() if edges else []
-
-    def work_at(t: float) -> float:  # ∫ speed from the first edge (or 0) to t
-        if not edges:
-            return t
-        k = bisect_right(edges, t)
-        return (t - edges[0]) * factors[0] if k == 0 else cum[k - 1] + (t - edges[k - 1]) * factors[k]
-
-    def time_of(w: float) -> float:  # inverse of work_at
-        if not edges:
-            return w
-        k = bisect_right(cum, w)
-        return edges[0] + w / factors[0] if k == 0 else edges[k - 1] + (w - cum[k - 1]) / factors[k]
-
-    def slots(t: float) -> int:
-        return max(1, int(service.batch_slots * (factors[bisect_right(edges, t)] if edges else 1.0)))
-
-    admitted, first, done = (np.full(n, np.nan) for _ in range(3))
-    valid = ((prompts >= 1) & (prompts + outputs <= service.max_model_len)).tolist()
-    prefill = (prompts / service.prefill_tokens_per_s).tolist()
-    decode = ((outputs - 1) / service.decode_tokens_per_s).tolist()
-    arrivals = arrival.tolist()
-    finishing: list[tuple[float, int]] = []
-    waiting: deque[int] = deque()
-    running = 0
-
-    def admit(i: int, t: float) -> None:
-        nonlocal running
-        running += 1
-        w0 = work_at(t)
-        end = time_of(w0 + prefill[i] + decode[i])
-        admitted[i], first[i], done[i] = t, time_of(w0 + prefill[i]), end
-        heapq.heappush(finishing, (end, i))
-
-    def fill(t: float) -> None:
-        while waiting and running < slots(t):
-            admit(waiting.popleft(), t)
-
-    edge_list, e, i = edges, 0, 0
-    while i < n or finishing:
-        t_arrival = arrivals[i] if i < n else math.inf
-        t_done = finishing[0][0] if finishing else math.inf
-        t_edge = edge_list[e] if e < len(edge_list) else math.inf
-        if t_done <= t_arrival and t_done <= t_edge:
-            heapq.heappop(finishing)
-            running -= 1
-            fill(t_done)
-        elif t_edge <= t_arrival:
-            e += 1
-            fill(t_edge)
-        else:
-            if valid[i]:
-                if not waiting and running < slots(t_arrival):
-                    admit(i, t_arrival)
-                else:
-                    waiting.append(i)
-            i += 1
-    return {"admitted_s": admitted, "first_s": first, "done_s": done}
 
 
 @dataclass

@@ -91,14 +91,15 @@ def check_allowed(allowed: frozenset[int], ports: Iterable[int], what: str) -> N
             f"({format_ports(allowed) or 'none'}); nothing was sent")
 
 
-def disconnect_ports(switch, ingresses: Iterable[int]) -> list[int]:
+def disconnect_ports(switch, ingresses: Iterable[int], current: Mapping[int, int] | None = None) -> list[int]:
     """The ingresses of a `disconnect`, checked before anything changes: at least one, all allowed, and the
-    far end of each of their patches (read from `switch`) allowed too — a patch has two ends."""
+    far end of each of their patches (`current`, else read from `switch`) allowed too — a patch has two ends."""
     ingresses = [int(i) for i in ingresses]
     if not ingresses:
         raise ValueError("disconnect needs at least one port")
     check_allowed(switch.allowed, ingresses, "disconnect")
-    current = switch.patches()
+    if current is None:
+        current = switch.patches()
     check_allowed(switch.allowed, [current[i] for i in ingresses if i in current], "disconnect")
     return ingresses
 

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import Iterator
 
+from devices import wirelog
 from devices.errors import DeviceError, DeviceTimeout, TransportClosed
 from devices.timing import Deadline, Receipt, ReceiveStamps, enable_receive_stamps, now_ns
 
@@ -107,6 +108,7 @@ class LineChannel(ABC):
         self._ready: deque[tuple[Receipt, str]] = deque()
         self.last_receipt = Receipt(0, 0, 0, "")
         self.last_write = (0, 0)
+        self.hidden: tuple[bytes, ...] = ()  # secrets (a login's password) the wire log shows as ***
         self._quiet_ns = 0  # the last instant this channel was seen to hold no unread data
 
     @property
@@ -120,6 +122,7 @@ class LineChannel(ABC):
         sent_ns = now_ns()
         self._write(data)
         self.last_write = (sent_ns, now_ns())
+        wirelog.record(sent_ns, self.description, ">", data, self.hidden)
         return sent_ns
 
     def read_line(self, deadline: Deadline) -> tuple[int, str]:
@@ -165,6 +168,8 @@ class LineChannel(ABC):
         chunk, receipt = self._read(timeout_s)
         if not chunk:  # nothing was there at some instant after `started`: what comes next arrived later
             self._quiet_ns = max(self._quiet_ns, started)  # a pyserial read may have seen a later one
+        else:
+            wirelog.record(receipt.t_ns, self.description, "<", chunk, self.hidden)
         return chunk, receipt
 
     @abstractmethod
@@ -209,6 +214,7 @@ class TcpLineChannel(LineChannel):
             raise TransportClosed(f"cannot connect to {self.description}: {exc}") from exc
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         enable_receive_stamps(self._sock)
+        wirelog.note(now_ns(), self.description, "#", "connected")
 
     def _write(self, data: bytes) -> None:
         try:
@@ -231,6 +237,7 @@ class TcpLineChannel(LineChannel):
         return data, Receipt(stamp, 0, self._quiet_ns, f"read (fallback: {self.stamps.reason})")
 
     def close(self) -> None:
+        wirelog.note(now_ns(), self.description, "#", "closed")
         try:
             self._sock.close()
         except OSError:
@@ -260,6 +267,7 @@ class SerialLineChannel(LineChannel):
         if isinstance(sock, socket.socket):  # socket:// and rfc2217:// leave Nagle on
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._serial_exception = serial.SerialException
+        wirelog.note(now_ns(), self.description, "#", "opened")
 
     def _write(self, data: bytes) -> None:
         try:
@@ -289,6 +297,7 @@ class SerialLineChannel(LineChannel):
         return data, Receipt(now_ns(), 0, self._quiet_ns, "read")
 
     def close(self) -> None:
+        wirelog.note(now_ns(), self.description, "#", "closed")
         try:
             self._port.close()
         except (self._serial_exception, OSError):

@@ -7,10 +7,19 @@ Model and element names as Polatis publishes them (optical-switch@2018-03-22.yan
   2017-08-04: the revision comes from the module capability in the server's hello, as ONOS reads it);
 - `opm-power/port` (`port-id`, `power` in dBm, state data), `product-information` (state data).
 
-Every change is one `edit-config` on `running` (pair `nc:operation="merge"` / `"delete"`), so `apply` moves
-all mirrors in one transaction. The switch's `rpc-error` becomes DeviceDenied with the error-tag as `code`.
+Every change is one `edit-config` (pair `nc:operation="merge"` / `"delete"`), so `apply` moves all mirrors in
+one transaction: on `running` when the server offers `:writable-running`, else on `candidate` followed by
+`commit` (`:candidate`; the mirrors move at the commit); a server with neither is refused before anything is
+sent. The switch's `rpc-error` becomes DeviceDenied with the error-tag as `code`, its error-app-tag, path and
+error-info (`bad-value`, `bad-element`, yuma's `error-number`, ...) in the message.
+
+The published model has no `unique egress` (a server without the switch behind it, such as netconfd, accepts
+two pairs on one egress): the driver never sends a second feeder of an egress, and a read that shows one names
+every conflicting pair (NotOneToOne) while `disconnect` of those ingresses and an `apply` that resolves them
+still work, so the bench can be put back.
 The port allowlist is checked before anything is sent, and every reply is validated before it is believed.
-URL: `ssh://HOST[:830][?known_hosts=FILE]`; host keys are always checked (FILE, then ~/.ssh/known_hosts).
+URL: `ssh://HOST[:830][?known_hosts=FILE][&identity_file=KEY]`; host keys are always checked (FILE, then
+~/.ssh/known_hosts); the login is the resource's password, or the private key KEY.
 """
 from __future__ import annotations
 
@@ -18,14 +27,16 @@ import os
 import re
 import socket
 import threading
+from collections import defaultdict
 from typing import Generator, Mapping, Sequence
 
 import paramiko
 from lxml import etree
 
+from devices import wirelog
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportClosed
-from devices.ocs.base import (ConfirmedState, check_allowed, check_state, confirm_planned, disconnect_ports, plan_for,
-                              power_ports)
+from devices.ocs.base import (ConfirmedState, ImpossibleState, check_allowed, check_state, confirm_planned,
+                              disconnect_ports, plan_for, power_ports)
 from devices.ocs.registry import OcsConfigError
 from devices.protocols import Pending, SteppedSwitch
 from devices.resources import OcsResource
@@ -40,7 +51,22 @@ PAIR_RENAMED_REVISION = "2017-08-04"  # `pairs` -> `pair`
 PERMANENT_TAGS = frozenset({"invalid-value", "too-big", "missing-attribute", "bad-attribute",
                             "unknown-attribute", "missing-element", "bad-element", "unknown-element",
                             "unknown-namespace", "access-denied", "data-missing", "operation-not-supported",
-                            "malformed-message"})
+                            "malformed-message",
+                            "not-one-to-one"})  # the driver's own: a read showing two feeders of one egress
+WRITABLE_RUNNING = "urn:ietf:params:netconf:capability:writable-running:1.0"
+CANDIDATE = "urn:ietf:params:netconf:capability:candidate:1.0"
+# what an error-tag means at a switch, said once for the message (RFC 6241 appendix A)
+TAG_MEANING = {
+    "invalid-value": "a value the server's model refuses",
+    "data-missing": "no such entry (or a mandatory one missing) on the server",
+    "data-exists": "the entry exists already",
+    "access-denied": "the server does not let this be written (read-only state data, or access control)",
+    "unknown-element": "the server's model has no such element (another model revision?)",
+    "unknown-namespace": "the server does not know this namespace",
+    "operation-not-supported": "the server does not support this operation",
+    "in-use": "the resource is in use",
+    "lock-denied": "another session holds the lock",
+}
 _OS = f"{{{OPTICAL_SWITCH_NS}}}"
 _NC = f"{{{NETCONF_NS}}}"
 _PORT = re.compile(r"\s*\d{1,9}\s*")  # a port number (int() of a 5000-digit text would raise)
@@ -52,6 +78,47 @@ def _el(tag: str, *children, text=None, **attrib) -> etree._Element:
         element.text = str(text)
     element.extend(children)
     return element
+
+
+class NotOneToOne(ImpossibleState, DeviceDenied):
+    """The server reports an egress fed by more than one ingress (its model does not forbid it). `conflicts`:
+    egress -> the ingresses that the server says feed it. Never believed as a switch state; the pairs can
+    still be removed (`disconnect`) or resolved by an `apply` that leaves one feeder per egress. Permanent
+    (code `not-one-to-one`): no retry can choose which feeder is meant."""
+
+    def __init__(self, what: str, conflicts: Mapping[int, Sequence[int]]):
+        self.conflicts = {e: tuple(sorted(i)) for e, i in sorted(conflicts.items())}
+        pairs = "; ".join(f"egress {e} fed by ingress {' and '.join(map(str, i))} "
+                          f"({', '.join(f'{x}->{e}' for x in i)})" for e, i in self.conflicts.items())
+        extra = sorted(x for i in self.conflicts.values() for x in i[1:])
+        message = (f"{what}: not 1:1 as a switch must be: {pairs}. The server accepted a second feeder of an "
+                   "egress (its model has no `unique egress`); put the bench back by disconnecting the ingress(es) "
+                   f"that should not be there (e.g. `disconnect {','.join(map(str, extra))}`) or by applying the "
+                   "wanted mapping")
+        DeviceDenied.__init__(self, what, "not-one-to-one", message, permanent=True)
+        self.args = (message,)  # the one line, not DeviceDenied's "denied by device"
+
+
+def rpc_error_text(error: etree._Element) -> tuple[str, str]:
+    """One `rpc-error` -> (error-tag, one line: type, message, app-tag, path, each error-info item, and what
+    the tag means at a switch)."""
+    def text(name: str) -> str:
+        return (error.findtext(_NC + name) or "").strip()
+
+    tag, app_tag = text("error-tag") or "operation-failed", text("error-app-tag")
+    info = error.find(_NC + "error-info")
+    details = [f"{etree.QName(item).localname} {(item.text or '').strip()}"
+               for item in (info if info is not None else ()) if isinstance(item.tag, str)]
+    parts = [" ".join(x for x in (text("error-type") and text("error-type") + " error:", text("error-message"))
+                      if x) or "no error-message"]
+    if app_tag:
+        parts[0] += f" [{app_tag}]"
+    if text("error-path"):
+        parts.append(f"at {text('error-path')}")
+    parts += details
+    if tag in TAG_MEANING:
+        parts.append(TAG_MEANING[tag])
+    return tag, "; ".join(parts)
 
 
 def _pair(tag: str, ingress: int, egress: int | None = None, operation: str | None = None):
@@ -77,6 +144,7 @@ class NetconfSwitch(SteppedSwitch):
         self._sent_ns = self._sent_end_ns = self._recv_ns = 0
         self.last_timing: CommandTiming | None = None
         self.pair_tag = "pair"
+        self.target = "running"  # the datastore changes are written to (`candidate`: then committed)
         self._confirmed = ConfirmedState()  # what the read after our last change showed (base.plan_for)
         self._connect()
 
@@ -96,7 +164,7 @@ class NetconfSwitch(SteppedSwitch):
             self._manager = manager.connect(
                 host=host, port=port, sock=sock, username=self.resource.user,
                 password=self.resource.password, hostkey_verify=True, hostkey_b64=self._pinned_key(),
-                allow_agent=False, look_for_keys=False, timeout=self.timeout_s,
+                key_filename=self._identity_file(), allow_agent=False, look_for_keys=False, timeout=self.timeout_s,
                 device_params={"name": "default"})
         except Exception as exc:  # ncclient raises SSHError, AuthenticationError, SessionError...
             sock.close()
@@ -114,16 +182,21 @@ class NetconfSwitch(SteppedSwitch):
 
         def stamped_write(data):
             if self._sent_ns:
-                return write(data)
-            self._sent_ns = now_ns()
-            written = write(data)
-            self._sent_end_ns = now_ns()
+                started, written = now_ns(), write(data)
+            else:
+                self._sent_ns = started = now_ns()
+                written = write(data)
+                self._sent_end_ns = now_ns()
+            wirelog.record(started, wire_peer, ">", data[:max(written, 0)])
             return written
 
         def stamped_read():
             data = read()
             self._recv_ns = now_ns()
+            wirelog.record(self._recv_ns, wire_peer, "<", data)
             return data
+
+        wire_peer = f"netconf://{where}"
 
         session._transport_write, session._transport_read = stamped_write, stamped_read
 
@@ -145,7 +218,18 @@ class NetconfSwitch(SteppedSwitch):
                 data = data[n:]
 
         session.send = send_now
-        self.pair_tag = self._pair_tag(list(self._manager.server_capabilities))
+        capabilities = list(self._manager.server_capabilities)
+        self.pair_tag = self._pair_tag(capabilities)
+        self.target = _writable_target(capabilities)
+
+    def _identity_file(self) -> str | None:
+        path = self._endpoint.option("identity_file")
+        if path is None:
+            return None
+        path = os.path.expanduser(path)
+        if not os.path.isfile(path):
+            raise OcsConfigError(f"ocs {self.resource.name}: identity_file {path!r} does not exist")
+        return path
 
     def _pinned_key(self) -> str | None:
         """The host key for this switch from `?known_hosts=FILE`, or None (ncclient then checks
@@ -241,9 +325,11 @@ class NetconfSwitch(SteppedSwitch):
             except RPCError as exc:
                 self._confirmed.forget()  # a refused change may have been partly made: read before the next
                 self.last_timing = self._timing()
-                tag = exc.tag or "operation-failed"
-                raise DeviceDenied(what, tag, f"{exc.type or ''} {exc.message or ''}".strip()
-                                   + (f" at {exc.path.strip()}" if exc.path else ""),
+                errors = [rpc_error_text(e) for e in to_ele(reply._raw).iter(_NC + "rpc-error")
+                          if (e.findtext(_NC + "error-severity") or "error").strip() != "warning"]
+                errors = errors or [(exc.tag or "operation-failed", str(exc))]
+                tag = errors[0][0]
+                raise DeviceDenied(what, tag, " | ".join(text for _, text in errors)[:1000],
                                    permanent=tag in PERMANENT_TAGS) from None
             except TimeoutExpiredError as exc:
                 self._confirmed.forget()
@@ -279,19 +365,53 @@ class NetconfSwitch(SteppedSwitch):
         return Pending(self._edit_steps(what, *top)).finish()
 
     def _edit_steps(self, what: str, *top: etree._Element) -> Generator[int, None, CommandTiming]:
+        """One edit-config on `running`; with `:candidate` only, `lock` the candidate (refused while it holds
+        someone's uncommitted changes, which our commit would carry: resource-denied, retried), edit it,
+        `commit` (the change: its write is the yield, its <ok/> the completion) and `unlock`. A refused edit or
+        commit is followed by `discard-changes`; a session lost meanwhile takes our changes with its lock."""
         self._confirmed.forget()  # a change: plan the next apply from a read, unless apply confirms it
         config = _el(_NC + "config", *top)
-        reply = yield from self._rpc_steps(what, lambda m: m.edit_config(target="running", config=config))
+        if self.target is None:
+            raise DeviceDenied(what, "operation-not-supported",
+                               "the server offers neither :writable-running nor :candidate, so no change can be "
+                               "written; nothing was sent", permanent=True)
+        if self.target == "running":
+            reply = yield from self._rpc_steps(what, lambda m: m.edit_config(target="running", config=config))
+        else:
+            self.rpc(what + " (lock candidate)", lambda m: m.lock("candidate"))
+            try:
+                self._expect_ok(what + " (candidate)", self.rpc(
+                    what + " (candidate)", lambda m: m.edit_config(target="candidate", config=config)))
+                reply = yield from self._rpc_steps(what + " (commit)", lambda m: m.commit())
+            except DeviceDenied:
+                self._quietly("discard-changes", lambda m: m.discard_changes())
+                raise
+            finally:
+                self._quietly("unlock candidate", lambda m: m.unlock("candidate"))
+        self._expect_ok(what, reply)
+        return self.last_timing
+
+    @staticmethod
+    def _expect_ok(what: str, reply) -> None:
         if not reply.ok:
             raise DeviceError(f"{what}: rpc-reply without <ok/>")
-        return self.last_timing
+
+    def _quietly(self, what: str, call) -> None:
+        """A clean-up RPC that leaves `last_timing` (the change's) and any error of its own unsaid: what led
+        here is what the caller must see, and a session too broken to clean up releases its lock as it ends."""
+        timing = self.last_timing
+        try:
+            self.rpc(what, call)
+        except DeviceError:
+            pass
+        self.last_timing = timing
 
     # ---- CircuitSwitch --------------------------------------------------------------------------
     def identify(self) -> str:
         data = self._get("get product-information", _el(_OS + "product-information"))
         info = data.find(_OS + "product-information")
         if info is None:
-            raise DeviceError("get product-information: no product-information in the reply")
+            raise DeviceError(_not_provided("product-information", "identify"))
         fields = [info.findtext(_OS + name, "").strip()
                   for name in ("manufacturer", "model-name", "serial-number", "software-version")]
         return ",".join(fields)
@@ -301,9 +421,16 @@ class NetconfSwitch(SteppedSwitch):
         return 0
 
     def patches(self) -> dict[int, int]:
-        return self._read_patches()[0]
+        patches = self._read_patches()[0]
+        conflicts = _conflicts(patches)
+        if conflicts:
+            raise NotOneToOne(f"{self.resource.name}: cross-connects", conflicts)
+        return patches
 
     def _read_patches(self) -> tuple[dict[int, int], CommandTiming]:
+        """ingress -> egress as the server reports them, every port checked against the switch's size. A
+        second feeder of an egress is kept in (`_conflicts`): `patches` refuses it, `disconnect` removes it,
+        `apply` may resolve it (`plan_for` reads through here)."""
         data = self._get("get-config cross-connects", _el(_OS + "cross-connects"), config=True)
         pairs: list[tuple[int, int]] = []
         containers = data.findall(_OS + "cross-connects")
@@ -315,21 +442,43 @@ class NetconfSwitch(SteppedSwitch):
                 raise DeviceError(f"cross-connects: malformed {self.pair_tag} "
                                   f"{etree.tostring(pair, encoding=str)[:120]!r}")
             pairs.append((int(ingress), int(egress)))
-        return check_state(pairs, self.resource.size, f"{self.resource.name}: cross-connects"), self.last_timing
+        what = f"{self.resource.name}: cross-connects"
+        egresses: dict[int, list[int]] = defaultdict(list)
+        for ingress, egress in pairs:
+            check_state([(ingress, egress)], self.resource.size, what)  # its ports on this switch
+            egresses[ingress].append(egress)
+        for ingress, ends in egresses.items():  # the list's key: a server that breaks it is not believed at all
+            if len(ends) > 1:
+                raise ImpossibleState(f"{what}: ingress {ingress} connected twice (to "
+                                      f"{' and '.join(map(str, ends))}) on a 1:1 switch")
+        return dict(pairs), self.last_timing
 
     def _connections(self, *pairs: etree._Element) -> etree._Element:
         return _el(_OS + "cross-connects", *pairs)
 
     def connect(self, ingress: int, egress: int) -> CommandTiming:
-        """`create` as is: a patched ingress or a busy egress is the switch's error (`apply` reconciles)."""
+        """`create` as is: a patched ingress is the switch's error (data-exists; `apply` reconciles). A busy
+        egress is refused here, after a read, with the switch's own tag (in-use): the model lets a server
+        accept a second feeder of an egress, which no switch can have. Ports the switch does not have are left
+        for the switch to refuse (its invalid-value says which)."""
         ingress, egress = int(ingress), int(egress)
+        what = f"edit-config create {ingress}->{egress}"
         check_allowed(self.allowed, (ingress, egress), f"connect {ingress}->{egress}")
-        return self._edit(f"edit-config create {ingress}->{egress}",
-                          self._connections(_pair(self.pair_tag, ingress, egress, "create")))
+        n, m = self.resource.size
+        on_switch = not (n and m) or (1 <= ingress <= n < egress <= n + m)
+        feeders = sorted(i for i, e in self._read_patches()[0].items()
+                         if e == egress and i != ingress) if on_switch else []
+        if feeders:
+            raise DeviceDenied(what, "in-use", f"egress {egress} is already fed by ingress "
+                               f"{' and '.join(map(str, feeders))} (read just now); nothing was sent")
+        return self._edit(what, self._connections(_pair(self.pair_tag, ingress, egress, "create")))
 
     def disconnect(self, ingresses: Sequence[int]) -> CommandTiming:
-        """`delete` as is: an ingress without a pair is the switch's error (data-missing)."""
-        ingresses = disconnect_ports(self, ingresses)
+        """`delete` as is: an ingress without a pair is the switch's error (data-missing). Works on a state
+        that is not 1:1 (NotOneToOne), to remove the pair that should not be there."""
+        ingresses = [int(i) for i in ingresses]
+        check_allowed(self.allowed, ingresses, "disconnect")  # before the read
+        ingresses = disconnect_ports(self, ingresses, current=self._read_patches()[0])
         return self._edit(f"edit-config delete {','.join(map(str, ingresses))}",
                           self._connections(*(_pair(self.pair_tag, i, operation="delete") for i in ingresses)))
 
@@ -338,6 +487,10 @@ class NetconfSwitch(SteppedSwitch):
         edit-config: `delete` the conflicting pairs, `merge` the wanted ones (moves included)."""
         planned = plan_for(self, mapping, exclusive)
         plan = planned.plan
+        left = _conflicts(planned.expected)
+        if left:  # a state that is not 1:1 (read as it is: `_read_patches`) that this apply would not resolve
+            raise NotOneToOne(f"{self.resource.name}: cross-connects (apply {dict(mapping)} would leave them; "
+                              "nothing was sent)", left)
         if plan.empty:
             return planned.read
         edits = [_pair(self.pair_tag, i, operation="delete") for i in sorted(plan.removes) if i not in plan.adds]
@@ -354,6 +507,8 @@ class NetconfSwitch(SteppedSwitch):
         subtree = _el(_OS + "opm-power", *(_el(_OS + "port", _el(_OS + "port-id", text=p), _el(_OS + "power"))
                                             for p in ports))
         data = self._get("get opm-power", subtree)
+        if data.find(_OS + "opm-power") is None:
+            raise DeviceError(_not_provided("opm-power", "port power"))
         power: dict[int, float] = {}
         for port in data.iterfind(f"{_OS}opm-power/{_OS}port"):
             try:
@@ -365,6 +520,29 @@ class NetconfSwitch(SteppedSwitch):
         if missing:
             raise DeviceError(f"opm-power returned no power for port(s) {missing}")
         return {p: power[p] for p in ports}
+
+
+def _conflicts(patches: Mapping[int, int]) -> dict[int, list[int]]:
+    """egress -> its ingresses, for every egress that more than one ingress feeds."""
+    feeders: dict[int, list[int]] = defaultdict(list)
+    for ingress, egress in patches.items():
+        feeders[egress].append(ingress)
+    return {e: sorted(i) for e, i in sorted(feeders.items()) if len(i) > 1}
+
+
+def _writable_target(capabilities: list[str]) -> str | None:
+    """The datastore a change is written to: `running` with :writable-running, else `candidate` (then
+    committed) with :candidate, else None (no change can be made)."""
+    offered = {uri.partition("?")[0] for uri in capabilities}
+    if WRITABLE_RUNNING in offered:
+        return "running"
+    return "candidate" if CANDIDATE in offered else None
+
+
+def _not_provided(container: str, what: str) -> str:
+    return (f"get {container}: the server returned no {container}: it does not provide this state data, so "
+            f"{what} is not available from it (a NETCONF server without the switch's instrumentation behind "
+            "it, e.g. netconfd with the model alone, serves configuration only)")
 
 
 # What `_connect` uses of ncclient beyond its public API, to stamp the wire: the session's own write and read of

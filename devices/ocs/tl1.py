@@ -306,6 +306,7 @@ class Tl1Switch(SteppedSwitch):
             self.login(self.resource.user, self.resource.password or "")
 
     def login(self, user: str, password: str) -> CommandTiming:
+        self._channel.hidden = (password.encode(),) if password else ()  # the wire log shows ***
         self.command("ACT-USER", user, password, redact=True)
         self._logged_in = True
         self._user = user

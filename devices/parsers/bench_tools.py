@@ -45,8 +45,10 @@ class NcclResult:
 # prefix before it. Only stdout lines carry the table.
 _TAG = re.compile(r"^.*?\[\d+,\d+\]<(stdout|stderr)>:")
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\b.*?\bon\s+(\S+)\s+device\s+(\d+)")
-_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
-_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
+# The two summary lines, with their `#` as printed or without it as often pasted (the `#` turns a line into a
+# Markdown heading, so posters drop it: real captures in tests/data/real/nccl-tests/).
+_AVG = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*(\S+)")
+_OOB = re.compile(r"^#?\s*Out of bounds values\s*:\s*(\d+)")
 _VERSION = re.compile(r"^#\s*nccl-tests version (\S+)")
 _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _SETTING = re.compile(r"\b(nThread|nGpus|minBytes|maxBytes|step|warmup iters|iters|agg iters|validation|graph|unalign):?"
@@ -81,7 +83,8 @@ def _untag(line: str) -> str | None:
 def parse_nccl_tests(text: str) -> NcclResult:
     """Parse any nccl-tests collective's output (`alltoall_perf`, `all_reduce_perf`, ...): every table layout
     since 2019 — size count type [redop [root]] then one or two phases of time algbw busbw #wrong|error —
-    with or without `mpirun --tag-output` prefixes. Raises ParseError if there is no result row."""
+    with or without `mpirun --tag-output` prefixes; the summary lines with or without their `#` (a paste that
+    kept only the summary gives no rows). Raises ParseError with neither a result row nor a summary."""
     result = NcclResult(rows=[])
     for raw in text.splitlines():
         line = _untag(raw)
@@ -90,13 +93,15 @@ def parse_nccl_tests(text: str) -> NcclResult:
         stripped = line.strip()
         if not stripped:
             continue
+        if m := _AVG.match(stripped):
+            result.avg_busbw_gbs = _float(m.group(1), line)
+            continue
+        if m := _OOB.match(stripped):
+            result.out_of_bounds = int(m.group(1))
+            continue
         if stripped.startswith("#"):
             if m := _RANK.match(stripped):
                 result.ranks.append({"rank": int(m.group(1)), "host": m.group(2), "device": int(m.group(3))})
-            elif m := _AVG.match(stripped):
-                result.avg_busbw_gbs = _float(m.group(1), line)
-            elif m := _OOB.match(stripped):
-                result.out_of_bounds = int(m.group(1))
             elif m := _VERSION.match(stripped):
                 result.version = m.group(1)
             elif m := _STARTING.match(stripped):
@@ -119,8 +124,8 @@ def parse_nccl_tests(text: str) -> NcclResult:
         in_place = _phase(tokens[first + 4:first + 8], line) if phases == 2 else None
         result.rows.append(NcclRow(size, count, tokens[2], tokens[3] if extra else "", root,
                                    _phase(tokens[first:first + 4], line), in_place))
-    if not result.rows:
-        raise ParseError("at least one nccl-tests result row", text[:120])
+    if not result.rows and result.avg_busbw_gbs is None:
+        raise ParseError("at least one nccl-tests result row or an 'Avg bus bandwidth' line", text[:120])
     return result
 
 

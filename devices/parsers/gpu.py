@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from devices.parsers.common import ParseError
 
-GpuValue = int | float | str | None  # None for [N/A] / [Not Supported]
+GpuValue = int | float | str | None  # None for [N/A], [Not Supported], [Requested functionality has been deprecated]
 
 # nvidia-smi accepts two names for some fields and prints the first in the CSV header ("clocks.sm" is queried,
 # "clocks.current.sm [MHz]" comes back). From `nvidia-smi --help-query-gpu` (driver 590; real lines in
@@ -30,7 +30,9 @@ def canonical_field(name: str) -> str:
     return FIELD_ALIASES.get(name, name)
 
 
-_NOT_AVAILABLE = ("[N/A]", "[Not Supported]", "N/A", "[Unknown Error]")
+# nvidia-smi puts every value it cannot give in brackets: [N/A], [Not Supported], [Unknown Error], and since driver
+# 590 [Requested functionality has been deprecated] (real captures in tests/data/real/nvidia-smi/).
+_NOT_AVAILABLE = ("N/A",)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _HEADER_FIELD = re.compile(r"([^\[\]]+?)(?: \[([^\]]+)\])?")
 
@@ -59,7 +61,7 @@ _TEXT_FIELDS = ("driver_version", "vbios_version", "inforom.", "pci.", "uuid", "
 
 def _value(raw: str, unit: str | None, field: str = "") -> GpuValue:
     text = raw.strip()
-    if text in _NOT_AVAILABLE:
+    if text in _NOT_AVAILABLE or (text.startswith("[") and text.endswith("]")):
         return None
     if field.startswith(_TEXT_FIELDS):
         return text
@@ -130,15 +132,25 @@ _LINK_RANK = {"PIX": 0, "PXB": 1, "PHB": 2, "NODE": 3, "SYS": 4}
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+# Cells are TAB-separated as printed; pasted copies often carry the TABs as runs of spaces. A run of two or more
+# spaces never occurs inside a cell ("CPU Affinity" has one), so both read the same.
+_CELL_BREAK = re.compile(r"\t+| {2,}")
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in _CELL_BREAK.split(line.strip()) if c.strip()]
+
+
 def parse_nvidia_smi_topo(text: str) -> GpuTopology:
     """`nvidia-smi topo -m`: a tab-separated matrix (the header row underlined with ANSI escapes on a
-    terminal), then `Legend:` and, with NICs, `NIC Legend:` lines `  NIC0: mlx5_0`."""
+    terminal; TABs pasted as spaces read the same), then `Legend:` and, with NICs, `NIC Legend:` lines
+    `  NIC0: mlx5_0`."""
     lines = _ANSI.sub("", text).splitlines()
     header_at = next((i for i, line in enumerate(lines) if line.split()[:1] == ["GPU0"]
                       and not line.startswith("GPU0")), None)
     if header_at is None:
         raise ParseError("a header row '\\tGPU0\\tGPU1...' (nvidia-smi topo -m)", text)
-    columns = [c.strip() for c in lines[header_at].split("\t")[1:]]
+    columns = _cells(lines[header_at])
     devices = [c for c in columns if re.fullmatch(r"GPU\d+|NIC\d+|mlx\d+_\d+|\w+_\d+", c)]
     links: dict[str, dict[str, str]] = {}
     cpu: dict[str, str] = {}
@@ -146,7 +158,7 @@ def parse_nvidia_smi_topo(text: str) -> GpuTopology:
     for line in lines[header_at + 1:]:
         if not line.strip():
             break
-        cells = [c.strip() for c in line.split("\t")]
+        cells = _cells(line)
         if not re.fullmatch(r"GPU\d+", cells[0]):
             continue
         values = cells[1:]
@@ -174,3 +186,93 @@ def parse_nvidia_timestamp(text: str) -> int:
         raise ParseError("a timestamp 'YYYY/MM/DD HH:MM:SS.mmm' (nvidia-smi)", text)
     y, mo, d, h, mi, s, ms = (int(g) for g in m.groups())
     return (calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0)) * 1000 + ms) * 1_000_000
+
+
+# ---- the default `nvidia-smi` table ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuTableRow:
+    """One GPU of the default `nvidia-smi` table (its three lines), values as printed (None for N/A)."""
+
+    index: int
+    name: str  # truncated by nvidia-smi when long: "NVIDIA GeForce RTX 4080 ..."
+    persistence: str  # Persistence-M: On / Off; on Windows the Driver-Model column: WDDM / TCC
+    bus_id: str  # "00000000:19:00.0", as the CSV's pci.bus_id
+    display_active: str
+    ecc: str | None  # "Volatile Uncorr. ECC": a count, On (MIG), or None
+    fan_pct: int | None
+    temp_c: int | None
+    perf: str | None
+    power_w: int | None
+    power_cap_w: int | None
+    memory_used_mib: int
+    memory_total_mib: int
+    util_pct: int | None  # None in MIG mode (N/A)
+    compute_mode: str
+    mig_mode: str | None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    gpu: int
+    gi: str | None
+    ci: str | None
+    pid: int
+    kind: str  # C, G, C+G
+    name: str
+    memory_mib: int | None
+
+
+@dataclass(frozen=True)
+class NvidiaSmiTable:
+    driver_version: str
+    cuda_version: str | None
+    gpus: tuple[GpuTableRow, ...]
+    processes: tuple[GpuProcess, ...]
+
+
+_SMI_HEAD = re.compile(r"\|\s*NVIDIA-SMI (\S+)\s+Driver Version: (\S+)\s+CUDA Version: (\S+)")
+_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]")
+_GPU_LINE1 = re.compile(rf"\|\s*(\d+)\s+(.+?)\s+(\S+)\s*\|\s*({_BUS_ID.pattern})\s+(\S+)\s*\|\s*(.*?)\s*\|")
+_GPU_LINE2 = re.compile(r"\|\s*(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*/\s*(\S+)\s*\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|"
+                        r"\s*(\S+)\s+(.+?)\s*\|")
+_PROCESS = re.compile(r"\|\s*(\d+)\s+(\S+)\s+(\S+)\s+(\d+)\s+(C\+G|C|G)\s+(.*?)\s+(\d+MiB|N/A)\s*\|")
+
+
+def _number(text: str, suffix: str) -> int | None:
+    m = re.fullmatch(rf"(\d+){re.escape(suffix)}", text)
+    return int(m.group(1)) if m else None
+
+
+def parse_nvidia_smi_table(text: str) -> NvidiaSmiTable:
+    """The default `nvidia-smi` output (no options): the header with driver and CUDA versions, three lines per
+    GPU (79-column layout before driver 530, 89 after), the MIG devices table (skipped) and the process table.
+    Raises ParseError when the text has no `NVIDIA-SMI ... Driver Version:` header (e.g. "NVIDIA-SMI has failed
+    because it couldn't communicate with the NVIDIA driver")."""
+    lines = text.splitlines()
+    head = next((m for m in map(_SMI_HEAD.search, lines) if m), None)
+    if head is None:
+        raise ParseError("the '| NVIDIA-SMI x  Driver Version: y  CUDA Version: z |' header (nvidia-smi)", text)
+    gpus, processes = [], []
+    i = 0
+    while i < len(lines):
+        first = _GPU_LINE1.match(lines[i])
+        second = _GPU_LINE2.match(lines[i + 1]) if first and i + 1 < len(lines) else None
+        if first and second:
+            index, name, persistence, bus_id, disp, ecc = first.groups()
+            fan, temp, perf, power, cap, used, total, util, compute = second.groups()
+            third = lines[i + 2].split("|") if i + 2 < len(lines) else []
+            mig = third[3].strip() if len(third) > 4 and third[3].strip() else None
+            gpus.append(GpuTableRow(int(index), name, persistence, bus_id, disp, None if ecc == "N/A" else ecc,
+                                    _number(fan, "%"), _number(temp, "C"), None if perf == "N/A" else perf,
+                                    _number(power, "W"), _number(cap, "W"), int(used), int(total),
+                                    _number(util, "%"), compute, None if mig == "N/A" else mig))
+            i += 3
+            continue
+        if m := _PROCESS.match(lines[i]):
+            gpu, gi, ci, pid, kind, name, memory = m.groups()
+            processes.append(GpuProcess(int(gpu), None if gi == "N/A" else gi, None if ci == "N/A" else ci, int(pid),
+                                        kind, name, _number(memory, "MiB")))
+        i += 1
+    return NvidiaSmiTable(head.group(2), None if head.group(3) == "N/A" else head.group(3), tuple(gpus),
+                          tuple(processes))

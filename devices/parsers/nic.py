@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import calendar
 import json
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -207,12 +208,17 @@ def parse_ip_link_oneline(text: str) -> list[IpLink]:
     return links
 
 
-_LABEL = re.compile(r"\[(?:LINK|nsid \d+)\] ?")
+_LABEL = re.compile(r"\[(?:([A-Z]+)|nsid \d+|nsid current)\] ?")
+# Events of other families that `ip monitor all` / `all-nsid` print unlabelled: a neighbour or route
+# (`10.16.0.112 dev eth0 lladdr ... REACHABLE`, `default via ... dev ...`) or an address (`2: eth0    inet ...`).
+_OTHER_EVENT = re.compile(r"(?:Deleted |Miss )?(?:\S+ )+dev \S+|(?:Deleted )?\d+: \S+\s+(?:inet6?|link/\S+) ")
 
 
 def parse_ip_monitor_line(line: str) -> IpLink | None:
-    """One line of `ip [-ts] [-o] monitor link` (or `ip monitor all` / `label`, which prefix `[LINK]`). Returns
-    None for a continuation line (`    link/ether …`) of the multi-line form; those carry only the address."""
+    """One line of `ip [-ts] [-o] monitor link` or of `ip monitor all` / `label` / `all-nsid`. Returns the link
+    event; None for a line that is no link event: a continuation line (`    link/ether …`) of the multi-line
+    form (it carries only the address) and an event of another family (`[NEIGH]`, `[ADDR]`, `[ROUTE]`, ... or,
+    unlabelled, a neighbour, route or address line)."""
     body = line.rstrip("\n")
     stamp = None
     m = _TS.match(body)
@@ -220,10 +226,14 @@ def parse_ip_monitor_line(line: str) -> IpLink | None:
         stamp = datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S").replace(microsecond=int(m.group(2)))
         body = body[m.end():]
     while (label := _LABEL.match(body)) is not None:
+        if label.group(1) not in (None, "LINK"):
+            return None  # iproute2 labels every family it prints: [NEIGH], [ADDR], [ROUTE], [RULE], [NETCONF], ...
         body = body[label.end():]
     if body.startswith("["):
-        raise ParseError("'[YYYY-MM-DDTHH:MM:SS.uuuuuu] ' timestamp", line)
+        raise ParseError("'[YYYY-MM-DDTHH:MM:SS.uuuuuu] ' timestamp or a '[FAMILY]' label", line)
     if body.startswith((" ", "\t")) and "link/" in body:
+        return None
+    if not _LINK_HEAD.match(body) and _OTHER_EVENT.match(body):
         return None
     return _parse_link_text(body.replace("\\", " "), "an 'ip monitor link' event", stamp, flags_only_ok=True)
 
@@ -404,7 +414,8 @@ class ModuleFlags:
 
     A flag tuple is empty when the tool printed `None` (no lane flagged) and None when it printed no such
     line at all: ethtool < 6.4 prints no `Rx loss of signal/lock` for SFF-8636 or CMIS modules, and 6.4+
-    prints `Rx loss of lock` only for modules with a CDR. `rx_power_dbm` holds per-lane receive power."""
+    prints `Rx loss of lock` only for modules with a CDR; SFF-8472 (SFP) dumps print neither. `rx_power_dbm` holds
+    per-lane receive power (one lane for an SFP: `Receiver signal average optical power`)."""
 
     rx_loss_of_signal: tuple[bool, ...] | None
     rx_loss_of_lock: tuple[bool, ...] | None
@@ -433,6 +444,10 @@ class ModuleFlags:
 
 _LANES = re.compile(r"\[ ((?:Yes|No)(?:, (?:Yes|No))*) \]")
 _RX_POWER = re.compile(r".*(?:Rx|Rcvr|Receiver).*power.*?\(?Channel (\d+)\)?.*?:.*?(-?[\d.]+|-inf) dBm")
+# SFF-8472 (SFP/SFP+) has one receiver and no channel: ethtool's sfpdiag prints its average power (or OMA, when the
+# module reports that instead) as `%.4f mW / %.2f dBm`; read the dBm, else convert the mW.
+_SFP_RX_POWER = re.compile(r"\s*Receiver signal (?:average optical power|OMA)\s*: "
+                           r"(-?[\d.]+) mW(?: / (-?[\d.]+|-inf) dBm)?")
 _HEX_CODE = re.compile(r"0x([0-9a-fA-F]{2})\b")
 _MODULE_STATE = re.compile(r"0x[0-9a-fA-F]{2} \((\w+)\)")
 
@@ -463,9 +478,12 @@ def parse_ethtool_module(text: str) -> ModuleFlags:
         raise ParseError("'Key : value' records (ethtool -m)", text)
     power: dict[int, float] = {}
     for line in lines:
-        m = _RX_POWER.match(line)
-        if m:
+        if m := _RX_POWER.match(line):
             power[int(m.group(1))] = float(m.group(2))
+        elif m := _SFP_RX_POWER.match(line):
+            mw = float(m.group(1))
+            power.setdefault(1, float(m.group(2)) if m.group(2) else
+                             (10 * math.log10(mw) if mw > 0 else -math.inf))
     code = _HEX_CODE.match(fields.get("Identifier", ""))
     state = _MODULE_STATE.match(fields.get("Module State", ""))
     return ModuleFlags(
@@ -488,8 +506,8 @@ def parse_ethtool_module(text: str) -> ModuleFlags:
 class MlxlinkInfo:
     """`mlxlink -d <dev>`: Operational Info plus every section as (title, ((key, value), ...))."""
 
-    state: str
-    physical_state: str
+    state: str | None  # None in an excerpt without its State line
+    physical_state: str | None
     speed: str | None
     width: str | None
     fec: str | None
@@ -502,9 +520,12 @@ class MlxlinkInfo:
         raise KeyError(title)
 
     @property
-    def link_up(self) -> bool:
+    def link_up(self) -> bool | None:
         """The port manager state says the link is up. Physical state is the AN/PHY FSM word and does not
-        say it: a ConnectX-6 Dx Ethernet link that is up reads `ETH_AN_FSM_ENABLE`."""
+        say it: a ConnectX-6 Dx Ethernet link that is up reads `ETH_AN_FSM_ENABLE`. Without a State line only
+        `LinkUp` says so; anything else leaves it unknown (None)."""
+        if self.state is None:
+            return True if self.physical_state == "LinkUp" else None
         return self.state in ("Active", "Physical LinkUp")
 
 
@@ -526,7 +547,7 @@ def parse_mlxlink(text: str) -> MlxlinkInfo:
         sections.append((stripped.removesuffix(" #"), []))
     frozen = tuple((title, tuple(records)) for title, records in sections)
     operational = dict(next((r for t, r in frozen if t == "Operational Info"), ()))
-    if "State" not in operational or "Physical state" not in operational:
-        raise ParseError("an 'Operational Info' section with State and Physical state (mlxlink)", text)
-    return MlxlinkInfo(operational["State"], operational["Physical state"], operational.get("Speed"),
+    if not operational.keys() & {"State", "Physical state", "Speed"}:
+        raise ParseError("an 'Operational Info' section with State, Physical state or Speed (mlxlink)", text)
+    return MlxlinkInfo(operational.get("State"), operational.get("Physical state"), operational.get("Speed"),
                        operational.get("Width"), operational.get("FEC"), frozen)

@@ -64,9 +64,14 @@ class RestoreOutcome:
 
 class CircuitGuard:
     def __init__(self, name: str, switch: CircuitSwitch, *, snapshot_path: Path | None, resuming: bool,
-                 teardown_s: float = 15.0, events_path: Path | None = None, allowed: frozenset[int] = frozenset()):
-        """allowed: the inventory's allowlist of this OCS (what an exclusive apply may clear)."""
+                 teardown_s: float = 15.0, events_path: Path | None = None, allowed: frozenset[int] = frozenset(),
+                 lease=None, on_broken: Callable[[str], None] | None = None):
+        """allowed: the inventory's allowlist of this OCS (what an exclusive apply may clear). lease: the run's
+        bench lease (its `lost` says why it is no longer ours); once lost, every apply but the restore is
+        refused, whichever step asks. on_broken(why): told of every BenchBroken the guard raises, so the run
+        latches broken whatever the step does with the exception."""
         self.name, self.switch, self.teardown_s, self.allowed = name, switch, teardown_s, frozenset(allowed)
+        self.lease, self.on_broken = lease, on_broken
         self.suspect = False  # the session timed out or dropped: reconnect before the next use
         self._replies: ThreadPoolExecutor | None = None  # the one thread that awaits replies (`finish_later`)
         self.touched: set[int] = set()
@@ -107,6 +112,17 @@ class CircuitGuard:
             write_text_atomic(path, json.dumps(saved, indent=1) + "\n")
         return original
 
+    def broken(self, why: str, causes: list[str] | None = None) -> BenchBroken:
+        """The BenchBroken to raise, the run told first."""
+        if self.on_broken is not None:
+            self.on_broken(why)
+        return BenchBroken(why, causes)
+
+    def check_lease(self) -> None:
+        """Refuse to change the switch once the bench lease is lost (another run may drive it now)."""
+        if self.lease is not None and self.lease.lost:
+            raise self.broken(f"bench lock lost: {self.lease.lost}")
+
     def _touch(self, mapping: Mapping[int, int], exclusive: bool) -> None:
         self.touched |= {p for pair in mapping.items() for p in pair}
         if exclusive:  # an exclusive apply drops every other patch whose ingress is allowed
@@ -120,21 +136,24 @@ class CircuitGuard:
         plan_ahead(self.switch, mapping, exclusive)
 
     def apply(self, mapping: Mapping[int, int], policy: RetryPolicy = RetryPolicy(), *, exclusive: bool = True,
-              deadline: Deadline | None = None) -> Applied:
+              deadline: Deadline | None = None, restoring: bool = False) -> Applied:
         """`switch.apply` with bounded retries and exponential backoff for transient faults (a refusal the
         driver does not call permanent, a timeout, a dropped connection, a garbled reply); reconnects after
         a timeout or a drop. `apply` reconciles from `patches()`, so a retry after a lost reply does not
-        repeat the change. Raises BenchBroken when the retries run out or the refusal is permanent;
-        PortNotAllowed as is (nothing was sent)."""
-        return self.begin(mapping, policy, exclusive=exclusive, deadline=deadline).finish()
+        repeat the change. Raises BenchBroken when the retries run out, the refusal is permanent or the bench
+        lease is lost (`restoring`: the restore itself, which runs whatever happened); PortNotAllowed as is
+        (nothing was sent)."""
+        return self.begin(mapping, policy, exclusive=exclusive, deadline=deadline, restoring=restoring).finish()
 
     def begin(self, mapping: Mapping[int, int], policy: RetryPolicy = RetryPolicy(), *, exclusive: bool = True,
-              deadline: Deadline | None = None) -> "GuardedApply":
+              deadline: Deadline | None = None, restoring: bool = False) -> "GuardedApply":
         """`apply` up to its first attempt's write (`CircuitSwitch.begin_apply`): `finish()` awaits the reply and
         makes the retries, on one thread, exactly once. PortNotAllowed as is (nothing was sent)."""
+        if not restoring:
+            self.check_lease()
         self._touch(mapping, exclusive)
         self.switch.timeout_s = policy.timeout_s
-        return GuardedApply(self, mapping, policy, exclusive, deadline)
+        return GuardedApply(self, mapping, policy, exclusive, deadline, restoring)
 
     def finish_later(self, command: "GuardedApply", on_done: Callable[[], None],
                      then: Callable[[], None] | None = None) -> Future:
@@ -184,7 +203,7 @@ class CircuitGuard:
                     self.suspect = False
                 target = self._on_touched(self.snapshot)
                 self.apply(target, RetryPolicy(retries=3, backoff_s=0.1, timeout_s=min(10.0, within_s)),
-                           exclusive=False, deadline=deadline)
+                           exclusive=False, deadline=deadline, restoring=True)
                 lingering = [i for i, e in self._on_touched(self.switch.patches()).items() if target.get(i) != e]
                 if lingering:  # patches the run made that the snapshot did not have
                     self.switch.disconnect(lingering)
@@ -214,9 +233,10 @@ class GuardedApply:
     """One guarded apply under way (`CircuitGuard.begin`): its first attempt is written, or failed."""
 
     def __init__(self, guard: CircuitGuard, mapping: Mapping[int, int], policy: RetryPolicy, exclusive: bool,
-                 deadline: Deadline | None):
+                 deadline: Deadline | None, restoring: bool = False):
         self.guard, self.mapping, self.policy, self.exclusive, self.deadline = guard, mapping, policy, exclusive, \
             deadline
+        self.restoring = restoring
         self.causes: list[str] = []
         self.first_start = now_ns()
         self._pending = self._attempt()
@@ -243,7 +263,7 @@ class GuardedApply:
         guard = self.guard
         if isinstance(exc, DeviceDenied):
             if exc.permanent:
-                raise BenchBroken(f"ocs {guard.name}: {exc}", self.causes) from exc
+                raise guard.broken(f"ocs {guard.name}: {exc}", self.causes) from exc
             # a pipelined command refused too is named with it: one cause per attempt, every refusal seen
             self.causes.append(f"ocs-retry:{guard.name}: denied {exc.code}"
                                + (f" (then {', '.join(exc.after)})" if exc.after else ""))
@@ -267,6 +287,8 @@ class GuardedApply:
                 if self.deadline is not None and (self.deadline.remaining() or 0) < wait:
                     break
                 time.sleep(wait)
+                if not self.restoring:  # a retry is a new change: not once the lease is lost
+                    self.guard.check_lease()
                 pending = self._attempt()
             if pending is None:
                 continue
@@ -284,7 +306,7 @@ class GuardedApply:
             applied = Applied(timing, first, tuple(self.causes), written=bool(self.sent_ns))
             self.guard.record_events()
             return applied
-        raise BenchBroken(f"ocs {self.guard.name}: gave up after {len(self.causes)} attempts "
+        raise self.guard.broken(f"ocs {self.guard.name}: gave up after {len(self.causes)} attempts "
                           f"({self.causes[-1] if self.causes else 'no time left'})", self.causes)
 
 
@@ -299,7 +321,7 @@ def guard(ctx, name: str, *, teardown_s: float = 15.0) -> CircuitGuard:
         path = None if ctx.dry_run else Path(ctx.run_dir) / "restore.json"
         g = CircuitGuard(name, switch, snapshot_path=path, resuming=bool(ctx.resume_after), teardown_s=teardown_s,
                          events_path=None if ctx.dry_run else Path(ctx.run_dir) / "ocs_events.jsonl",
-                         allowed=ctx.bench.ocs[name].allowed_ports)
+                         allowed=ctx.bench.ocs[name].allowed_ports, lease=ctx.lease, on_broken=ctx.latch_broken)
         guards[name] = g
 
         def restore():

@@ -146,7 +146,8 @@ class ServingEndpoint:
     `async with ServingEndpoint(params) as endpoint:` then `endpoint.url`, `endpoint.interfere(...)`."""
 
     def __init__(self, p: dict):
-        from devices.emulated.vllm_server import ServiceModel, VllmEmulator
+        from analysis.serving import ServiceModel
+        from devices.emulated.vllm_server import VllmEmulator
 
         service = ServiceModel(prefill_tokens_per_s=p["prefill_tokens_per_s"],
                                decode_tokens_per_s=p["decode_tokens_per_s"], batch_slots=p["batch_slots"],
@@ -161,7 +162,7 @@ class ServingEndpoint:
     def interfere(self, windows, capacity: float, epoch_ns: int) -> None:
         """Cut the service's capacity to `capacity` inside the windows (a frame of start_s/end_s in the
         trace's seconds, which begin at `epoch_ns` on the harness clock)."""
-        from devices.emulated.vllm_server import InterferenceWindow
+        from analysis.serving import InterferenceWindow
 
         self.server.set_interference(InterferenceWindow.from_frame(windows, capacity), epoch_ns=epoch_ns)
 
@@ -173,8 +174,7 @@ class ServingEndpoint:
         await self.server.stop()
 
 
-_LAZY = {"ServiceModel": "devices.emulated.vllm_server", "InterferenceWindow": "devices.emulated.vllm_server",
-         "simulate_service": "devices.emulated.vllm_server", "ProfileError": "devices.emulated.profile"}
+_LAZY = {"ProfileError": "devices.emulated.profile"}
 
 
 def __getattr__(name: str):

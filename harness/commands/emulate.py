@@ -4,6 +4,7 @@ from __future__ import annotations
 from harness.commands import SEED, integer
 
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -40,7 +41,7 @@ def _emulate(args) -> int:
     import shutil
     from pathlib import Path
 
-    from devices.emulated.bench import PASSWORD_ENV, EmulatedBench
+    from devices.emulated.bench import EMULATED_PASSWORD, EMULATED_USER, PASSWORD_ENV, EmulatedBench
     from harness.bench.emulated import load_profile
     from harness.errors import InputError
     from harness.finish import emulator_line
@@ -74,7 +75,10 @@ def _emulate(args) -> int:
         print(f"  OCS ({args.protocol}, in the inventory): {bench.ocs_view.description}", flush=True)
         print(f"  TL1  tcp://{ocs.tl1_address[0]}:{ocs.tl1_address[1]}   SCPI tcp://{ocs.scpi_address[0]}:"
               f"{ocs.scpi_address[1]}   SCPI serial {ocs.pty_path}", flush=True)
-        print(f"  OCS login admin / password in ${PASSWORD_ENV} (emulator default: root)", flush=True)
+        print(f"  OCS login {EMULATED_USER}, its password from ${PASSWORD_ENV} (the inventory's password_env): "
+              f"harness ocs --url {shlex.quote(bench.ocs_view.url)} --protocol {args.protocol} --user {EMULATED_USER} "
+              f"--password-env {PASSWORD_ENV} list", flush=True)
+        print(f"export {PASSWORD_ENV}={shlex.quote(EMULATED_PASSWORD)}", flush=True)  # the emulated switch's
         for name, server in bench.host_servers.items():
             print(f"  {name}: ssh -i {server.client_key_path} -o UserKnownHostsFile={server.known_hosts_path} "
                   f"-p {server.port} {server.resource().user}@127.0.0.1", flush=True)

@@ -1,6 +1,7 @@
 """`harness ocs`: talk to one optical circuit switch (any protocol in the OCS registry) from the command line.
 
-    harness ocs --url tcp://127.0.0.1:3082 --protocol polatis-tl1 --user admin --password root connect 1 17
+    export OCS_PASSWORD=...   # or the variable an inventory's password_env names: --password-env NAME
+    harness ocs --url tcp://127.0.0.1:3082 --protocol polatis-tl1 --user admin connect 1 17
     harness ocs --url /dev/ttyUSB0 --protocol polatis-scpi list
     harness ocs --url ssh://127.0.0.1:830 --protocol polatis-netconf --user admin list
 
@@ -25,6 +26,8 @@ from devices.ocs.base import format_ports, parse_port_ranges
 from devices.resources import OcsResource
 from harness.errors import InputError
 
+DEFAULT_PASSWORD_ENV = "OCS_PASSWORD"  # the name ARCHITECTURE.md's inventory gives password_env
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("ocs", help="query or change an optical circuit switch",
@@ -35,7 +38,11 @@ def register(subparsers) -> None:
                                        for p in map(get_protocol, protocol_names())))
     parser.add_argument("--protocol", default=DEFAULT_PROTOCOL, help=f"one of {', '.join(protocol_names())}")
     parser.add_argument("--user", help="login (TL1 ACT-USER, NETCONF SSH user); none: no login")
-    parser.add_argument("--password", help="login password (default: $OCS_PASSWORD)")
+    parser.add_argument("--password-env", default=DEFAULT_PASSWORD_ENV, metavar="NAME",
+                        help="the environment variable holding the login password, as an inventory's "
+                             f"password_env names it (default {DEFAULT_PASSWORD_ENV})")
+    parser.add_argument("--password", help="the login password itself (other users can read it in the process "
+                                           "list: prefer --password-env)")
     parser.add_argument("--allowed-ports", metavar="RANGES",
                         help="ports the command may touch, e.g. 1-8,17-24 (default: the ports named)")
     parser.add_argument("--size", default="0x0", metavar="NxM", help="switch size, informational")
@@ -87,7 +94,7 @@ def _resource(args: argparse.Namespace, named_ports: list[int]) -> OcsResource:
         raise InputError(str(exc)) from None
     except ValueError as exc:
         raise InputError(f"--allowed-ports: {exc}") from None
-    password = args.password if args.password is not None else os.environ.get("OCS_PASSWORD")
+    password = args.password if args.password is not None else os.environ.get(args.password_env)
     return OcsResource(name="cli", protocol=args.protocol, url=args.url, size=(n, m), allowed_ports=allowed,
                        user=args.user, password=password, baudrate=args.baudrate)
 
@@ -135,12 +142,14 @@ def _open_and_act(args: argparse.Namespace, resource: OcsResource, named: list[i
     except OcsConfigError as exc:  # what the protocol needs and was not given, e.g. NETCONF's --user
         raise InputError(f"{exc} (harness ocs --user NAME)" if "give a user" in str(exc) else str(exc)) from None
     except DeviceError as exc:
-        print(f"harness ocs: {exc}", file=sys.stderr)
+        unset = resource.user and resource.password is None  # a key may do (NETCONF), so not refused before
+        print(f"harness ocs: {exc}" + (f" (no password: {args.password_env} is not set)" if unset else ""),
+              file=sys.stderr)
         return 1
     try:
         return _act(switch, args, named, pairs)
     except DeviceError as exc:
-        hint = " (log in with --user and --password)" if getattr(exc, "code", "") == "PLNA" else ""
+        hint = " (log in with --user and --password-env)" if getattr(exc, "code", "") == "PLNA" else ""
         print(f"harness ocs: {exc}{hint}", file=sys.stderr)
         return 1
     except ValueError as exc:

@@ -7,12 +7,14 @@ from __future__ import annotations
 def register(sub) -> None:
     p = sub.add_parser("report", help="print a run's summary (rebuilds events.parquet if missing)",
                        description=__doc__)
-    p.add_argument("run_dir", nargs="+", help="a run directory (several: only with --html, a comparison)")
+    p.add_argument("run_dir", nargs="+", help="a run directory; several: their differences against the first, "
+                   "per stage and claim, with intervals (cycle as unit)")
     p.add_argument("--recompute", action="store_true",
                    help="rebuild verdict.json from the recorded events; exit 1 if it differs from the old one")
     p.add_argument("--html", action="store_true",
                    help="write one self-contained HTML page: RUN_DIR/report.html, or comparison.html for several")
     p.add_argument("--out", help="with --html: where to write the page")
+    p.add_argument("--junit", metavar="FILE", help="write the run's checks and claims as JUnit XML to FILE")
     p.set_defaults(func=_report)
 
 
@@ -34,10 +36,22 @@ def _report(args) -> int:
 
         print(f"wrote {write_html([Path(d) for d in args.run_dir], Path(args.out) if args.out else None)}")
         return 0
-    if len(args.run_dir) > 1:
-        raise InputError("several RUN_DIRs are compared only with --html")
     if args.out:
         raise InputError("--out goes with --html")
+    if args.junit:
+        if len(args.run_dir) > 1 or not (run / "summary.json").is_file():
+            raise InputError("--junit takes one RUN_DIR with a run record (summary.json)")
+        from harness.junit import write_junit
+
+        print(f"wrote {write_junit(run, Path(args.junit))}")
+        return 0
+    if len(args.run_dir) > 1:
+        if args.recompute:
+            raise InputError("--recompute takes one RUN_DIR")
+        from harness.html_report import difference_markdown, load_run
+
+        print(difference_markdown([load_run(Path(d)) for d in args.run_dir]))
+        return 0
     if args.recompute:
         return _recompute(run)
     for name in ("summary.md", *_step_reports(run)):

@@ -20,6 +20,7 @@ def register(sub) -> None:
                         "cross-connects as the original (recorded in the manifest)")
     p.add_argument("--json", action="store_true", help="one machine-readable result line on stdout (run dir, "
                                                       "status, exit code, checks); progress stays on stderr")
+    p.add_argument("--junit", metavar="FILE", help="also write the run's checks and claims as JUnit XML to FILE")
     p.set_defaults(func=_run)
 
 
@@ -31,7 +32,7 @@ def _run(args) -> int:
 
     options = RunOptions(playbook=args.playbook, bench=args.bench, out=args.out, seed=args.seed,
                          cycles=args.cycles, resume=args.resume, dry_run=args.dry_run, quiet=args.quiet,
-                         json=args.json, adopt_current_state=args.adopt_current_state)
+                         json=args.json, adopt_current_state=args.adopt_current_state, junit=args.junit)
     try:
         return run(options)
     except InputError as exc:

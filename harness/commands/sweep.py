@@ -19,10 +19,15 @@ def register(sub) -> None:
                    help="how long a point on a physical bench waits for a bench lease someone else holds "
                         "(default 600 s; 0: fail at once, naming the holder)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="one machine-readable result line on stdout (sweep dir, "
+                                                      "results file, points, failed points, exit code); the "
+                                                      "progress bar and the summary stay on stderr")
     p.set_defaults(func=_sweep)
 
 
 def _sweep(args) -> int:
+    import json
+    import sys
     import time
 
     from harness import sweep
@@ -42,9 +47,17 @@ def _sweep(args) -> int:
     frame = sweep.gather(plan, outcomes)
     ran = sum(1 for o in outcomes if o.get("ran"))
     failed = [o for o in outcomes if o.get("exit_code") not in (0,)]
+    out = sys.stderr if args.json else sys.stdout
     print(f"sweep {plan.sweep_dir}: {len(plan.points)} points ({ran} run now, {len(plan.points) - ran} already "
           f"finished) in {time.monotonic() - started:.1f} s; results: {plan.sweep_dir / sweep.RESULTS_NAME} "
-          f"({len(frame)} rows)")
+          f"({len(frame)} rows)", file=out)
     for o in failed:
-        print(f"  point {o['point']}: exit {o.get('exit_code')}" + (f": {o['error']}" if o.get("error") else ""))
-    return 0 if not failed else (2 if all(o.get("exit_code") == 2 for o in failed) else 1)
+        print(f"  point {o['point']}: exit {o.get('exit_code')}" + (f": {o['error']}" if o.get("error") else ""),
+              file=out)
+    code = 0 if not failed else (2 if all(o.get("exit_code") == 2 for o in failed) else 1)
+    if args.json:
+        print(json.dumps({"sweep_dir": str(plan.sweep_dir), "results": str(plan.sweep_dir / sweep.RESULTS_NAME),
+                          "points": len(plan.points), "ran": ran, "rows": len(frame), "exit_code": code,
+                          "failed": [{"point": o["point"], "exit_code": o.get("exit_code"),
+                                      "error": o.get("error")} for o in failed]}), flush=True)
+    return code

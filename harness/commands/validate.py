@@ -8,12 +8,13 @@ from harness.config import bench_from_data, discover_steps, load_yaml, looks_lik
 from harness.errors import InputError
 
 
-def describe_file(path: str) -> str:
-    """Validate one file; return a one-line description, raise InputError on the first problem."""
+def describe_file(path: str, connect: bool = False) -> str:
+    """Validate one file; return a one-line description, raise InputError on the first problem. `connect`:
+    an inventory's secrets must be set too (without, their variables may be unset: CI lints without them)."""
     loaded = load_yaml(path)
     kind = looks_like(loaded.data)
     if kind == "inventory":
-        bench = bench_from_data(loaded.data, path)
+        bench = bench_from_data(loaded.data, path, secrets=connect)
         return (f"inventory {bench.name!r}: {len(bench.ocs)} OCS, {len(bench.hosts)} hosts, "
                 f"{len(bench.nic_ports)} NIC ports{', emulated' if bench.emulated else ''}")
     if kind == "playbook":
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     for path in args.files:
         try:
-            print(f"{path}: ok ({describe_file(path)})")
+            print(f"{path}: ok ({describe_file(path, connect=args.connect)})")
         except InputError as exc:
             # One line per problem, whatever characters the file smuggled into the message.
             for problem in getattr(exc, "errors", [exc]):
@@ -47,4 +48,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("validate", help="check inventory, playbook and timing profile files",
                                    description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", metavar="FILE", help="inventory, playbook or timing profile YAML")
+    parser.add_argument("--connect", action="store_true",
+                        help="also check what connecting needs: every variable an inventory's password_env names "
+                             "is set (without this, an inventory is checked without its secrets)")
     parser.set_defaults(func=run)

@@ -17,19 +17,13 @@ has no record in the durable log.
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import dataclasses
-import ipaddress
 import math
-import signal
-import threading
-from pathlib import Path
-from urllib.parse import urlsplit
 
 import numpy as np
 import pandas as pd
 
+from analysis.serving import in_windows, request_latencies, slo_violations
+from harness.bench.serving import check_endpoint, run_replay
 from harness.config import register_step
 from harness.errors import InputError
 from harness.steps import StepResult
@@ -64,55 +58,12 @@ SCHEMA = {
     "max_connections": (int, 256),
     "lead_s": (float, 0.5),  # wall time between start-up and the first request
 }
-LOOPBACK_NAMES = ("localhost",)
 
 
 # ---- pure summary ------------------------------------------------------------------------------------------
 def _pct(values: np.ndarray, q: float) -> float | None:
     values = values[np.isfinite(values)]
     return float(np.percentile(values, q)) if len(values) else None
-
-
-def in_windows(times_s: np.ndarray, windows: pd.DataFrame | None) -> np.ndarray:
-    """True where a time falls in some [start_s, start_s + duration_s)."""
-    times_s = np.asarray(times_s, dtype=float)
-    if windows is None or not len(windows):
-        return np.zeros(len(times_s), dtype=bool)
-    starts = windows["start_s"].to_numpy(dtype=float)
-    ends = starts + windows["duration_s"].to_numpy(dtype=float)
-    order = np.argsort(starts)
-    starts, ends = starts[order], ends[order]
-    # Windows do not overlap (validated / generated so): the candidate is the last one starting at or before t.
-    k = np.searchsorted(starts, times_s, side="right") - 1
-    return (k >= 0) & (times_s < ends[np.clip(k, 0, None)])
-
-
-def request_latencies(records: pd.DataFrame, latency_scale: float = 1.0) -> pd.DataFrame:
-    """Per request (sorted by index): ttft_ms, tpot_ms, e2e_ms in trace time (measured × latency_scale);
-    NaN where undefined (failed requests; TPOT needs ≥ 2 output tokens)."""
-    rec = records.sort_values("index")
-    sent = rec["sent_ns"].to_numpy(dtype=float)
-    first = rec["first_token_ns"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
-    done = rec["completed_ns"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
-    tokens = rec["output_tokens"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
-    ok = (rec["status"] == "ok").to_numpy()
-    scale = latency_scale / 1e6
-    ttft = np.where(ok, (first - sent) * scale, np.nan)
-    e2e = np.where(ok, (done - sent) * scale, np.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(ok & (tokens >= 2), (done - first) * scale / (tokens - 1), np.nan)
-    return pd.DataFrame({"index": rec["index"].to_numpy(), "status": rec["status"].to_numpy(),
-                         "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e})
-
-
-def slo_violations(latencies: pd.DataFrame, slo_ttft_ms: float = 0.0, slo_tpot_ms: float = 0.0,
-                   slo_e2e_ms: float = 0.0) -> np.ndarray:
-    """A request violates the SLO if it did not finish ok or exceeds any configured bound (0 = unset)."""
-    bad = (latencies["status"] != "ok").to_numpy().copy()
-    for column, bound in (("ttft_ms", slo_ttft_ms), ("tpot_ms", slo_tpot_ms), ("e2e_ms", slo_e2e_ms)):
-        if bound > 0:
-            bad |= latencies[column].to_numpy(dtype=float) > bound  # NaN (undefined) compares False
-    return bad
 
 
 def summarise(records: pd.DataFrame, arrival_s: np.ndarray, windows: pd.DataFrame | None, *,
@@ -201,13 +152,6 @@ def _bad(step, message: str) -> InputError:
     return InputError(f"step {step.name}: {message}", step.file, step.line)
 
 
-def _resolve_path(step, value: str) -> Path:
-    path = Path(value).expanduser()
-    if not path.is_absolute() and step.file:
-        path = Path(step.file).resolve().parent / path
-    return path
-
-
 def _check_params(step, p: dict) -> None:
     positive = ("rate", "duration_s", "time_scale", "timeout_s", "prefill_tokens_per_s", "decode_tokens_per_s",
                 "burst_factor", "mean_burst_s", "mean_gap_s", "prompt_median", "output_median", "sync_window_s")
@@ -222,28 +166,6 @@ def _check_params(step, p: dict) -> None:
             raise _bad(step, f"{key} must be >= 1, found {p[key]}")
     if not 0 < p["interference_capacity"] <= 1:
         raise _bad(step, f"interference_capacity must be in (0, 1], found {p['interference_capacity']}")
-
-
-def check_endpoint(step, endpoint: str, real_bench: bool) -> str | None:
-    """None for the emulated endpoint, else the validated base URL."""
-    if endpoint == "emulated":
-        return None
-    parts = urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise _bad(step, f"endpoint must be 'emulated' or an http://HOST:PORT URL, found {endpoint!r}")
-    try:
-        parts.port  # noqa: B018 - raises on a malformed port
-    except ValueError:
-        raise _bad(step, f"endpoint has an invalid port: {endpoint!r}") from None
-    host = parts.hostname
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host.lower() in LOOPBACK_NAMES
-    if not loopback and not real_bench:
-        raise _bad(step, f"endpoint {host} is not a loopback address: on an emulated bench the replay only "
-                         "talks to 127.0.0.1 (use 'emulated', or run on a real bench inventory)")
-    return endpoint.rstrip("/")
 
 
 def stream_seed(ctx, step, purpose: str) -> int:
@@ -269,7 +191,7 @@ def load_trace(ctx, step, p: dict) -> tuple[pd.DataFrame, str]:
     elif source.startswith("generate:"):
         raise _bad(step, f"requests: unknown generator {source!r} (known: {', '.join(GENERATORS)})")
     else:
-        path = _resolve_path(step, source)
+        path = step.resolve_path(source)
         if not path.is_file():
             raise _bad(step, f"requests: no such trace file {str(path)!r}")
         frame = traces.load_requests(path)  # TraceFormatError names the trace file and line
@@ -299,66 +221,13 @@ def load_windows(ctx, step, p: dict, trace_end_s: float, emulated_endpoint: bool
             raise _bad(step, f"interference: {exc} (the trace spans {trace_end_s:g} s)") from None
     if choice.startswith("generate:"):
         raise _bad(step, f"interference: unknown generator {choice!r} (known: generate:diloco)")
-    path = _resolve_path(step, choice)
+    path = step.resolve_path(choice)
     if not path.is_file():
         raise _bad(step, f"interference: no such sync-window file {str(path)!r}")
     return traces.load_sync_windows(path)
 
 
 # ---- the step --------------------------------------------------------------------------------------------
-async def _serve_and_replay(requests: pd.DataFrame, url: str | None, p: dict, windows: pd.DataFrame | None,
-                            log_path: Path):
-    from devices.timing import now_ns
-    from harness.bench.emulated import ServingEndpoint
-    from traces.replay import ReplayConfig, prepared_prompts, replay_requests
-
-    async with contextlib.AsyncExitStack() as stack:
-        emulator = None if url is not None else await stack.enter_async_context(ServingEndpoint(p))
-        config = ReplayConfig(url=url or emulator.url, model=p["model"], time_scale=p["time_scale"],
-                              timeout_s=p["timeout_s"], max_connections=p["max_connections"],
-                              prompt_seed=p.get("prompt_seed", 0),
-                              warm_connections=p.get("warm_connections", ReplayConfig.warm_connections))
-        prompts = prepared_prompts(requests, config)  # before the origin: the lead time is for connections
-        origin = now_ns() + int(p["lead_s"] * 1e9)
-        if emulator is not None and windows is not None and len(windows):
-            # The replay sends the first request at the origin; windows are in the trace's own seconds.
-            epoch = origin - int(round(float(requests["arrival_s"].iloc[0]) * 1e9 / p["time_scale"]))
-            emulator.interfere(windows, p["interference_capacity"], epoch)
-        return await replay_requests(requests, dataclasses.replace(config, origin_ns=origin), log_path, prompts)
-
-
-def run_replay(requests: pd.DataFrame, url: str | None, p: dict, windows: pd.DataFrame | None,
-               log_path: Path):
-    """One asyncio loop for the endpoint and the replay. SIGTERM cancels the replay (in-flight requests get
-    their records, the log is flushed) and then raises the runner's Aborted, so teardown runs as usual."""
-    from harness.runner import Aborted
-
-    terminated: list[bool] = []
-
-    async def main():
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        try:
-            loop.add_signal_handler(signal.SIGTERM, lambda: (terminated.append(True), task.cancel()))
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signal support
-            pass
-        return await _serve_and_replay(requests, url, p, windows, log_path)
-
-    from traces.replay import run_loop
-
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
-    try:
-        return run_loop(main())
-    except asyncio.CancelledError:
-        if terminated:
-            raise Aborted("SIGTERM") from None
-        raise
-    finally:
-        if in_main_thread and previous is not None:
-            signal.signal(signal.SIGTERM, previous)  # the loop reset it to the default on close
-
-
 @register_step("replay", SCHEMA)
 def replay_step(ctx, step) -> StepResult:
     import json

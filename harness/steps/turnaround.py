@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from analysis.stages import PORT_CHAIN
 from devices.errors import DeviceError
 from devices.timing import Deadline, now_ns
+from harness import logs
 from harness.bench import BenchBroken
 from harness.bench.circuits import RetryPolicy, guard
 from harness.bench.emulated import FaultEntry, Faults
@@ -146,7 +147,7 @@ class TurnaroundRun:
         current: dict[str, str] = {}
         self.progress = progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[last]}"), TimeElapsedColumn(), disable=ctx.quiet,
-                            transient=False)
+                            transient=False, console=logs.console())
         with progress:
             self.task = task = progress.add_task("turnaround", total=self.cycles, last="")
             resume = ctx.resume_after.get(self.step.name, 0)
@@ -159,9 +160,6 @@ class TurnaroundRun:
                     ctx.say(f"cycle {cycle}: " + ", ".join(f"{i}->{e}" for i, e in sorted(ocs_map.items())))
                     self.guard.switch.apply(ocs_map, exclusive=True)
                     continue
-                lease = getattr(ctx, "lease", None)
-                if lease is not None and lease.lost and not ctx.broken:
-                    ctx.broken = f"bench lock lost: {lease.lost}"
                 if ctx.broken:
                     self.skipped.append(cycle)
                     continue
@@ -370,7 +368,7 @@ class TurnaroundRun:
                stamps: OcsStamps = OcsStamps()) -> CycleOutcome:
         """Latch the bench broken: record this cycle as faulted with the cause, and stop."""
         self.after_command()
-        self.ctx.broken = why
+        self.ctx.latch_broken(why)
         self.ctx.say(f"[red]bench latched broken:[/] {why}")
         done = now_ns()
         mk = lambda stage, t, **kw: Event(self.ctx.run_id, cycle, stage, kw.get("host", ""),  # noqa: E731
