@@ -10,7 +10,7 @@ from devices.protocols import CommandTransport, LineStream
 from devices.records import record
 from devices.timing import Deadline
 
-WATCH_FIELDS = ("rx_los", "rx_lol", "carrier", "operstate", "phys_state", "state")
+WATCH_FIELDS = ("rx_los", "rx_lol", "carrier", "operstate", "phys_state", "state", "module_state")  # CMIS: ethtool -m
 
 
 def sysfs_watch_fields(rdma: bool) -> tuple[str, ...]:
@@ -108,9 +108,10 @@ class HostAgent:
     """The agent on one host. `install()` uploads it once (content-addressed path), then sub-commands run
     as long-lived streams over the host's one SSH connection."""
 
-    def __init__(self, transport: CommandTransport, python: str = "python3"):
+    def __init__(self, transport: CommandTransport, python: str = "python3", ethtool: str = "ethtool"):
         self.transport = transport
         self.python = python
+        self.ethtool = ethtool  # the path the host runs ethtool by (its inventory `tools:`), for the watch
         self._path: str | None = None
 
     def install(self, deadline: Deadline | None = None) -> str:
@@ -138,8 +139,9 @@ class HostAgent:
               ethtool_interval_us: int) -> LineStream:
         """ports: (netdev, rdma_dev or None, rdma_port or None)."""
         specs = [n if d is None else f"{n}={d}/{p}" for n, d, p in ports]
+        tool = ("--ethtool", self.ethtool) if self.ethtool != "ethtool" else ()
         return self.transport.stream(self._cmd("watch", "--interval-us", str(int(interval_us)),
-                                               "--ethtool-interval-us", str(int(ethtool_interval_us)), *specs))
+                                               "--ethtool-interval-us", str(int(ethtool_interval_us)), *tool, *specs))
 
     def counters(self, ports: Iterable[tuple[str, int]], interval_us: int) -> LineStream:
         """RDMA data counters of `ports` ((rdma_dev, port)) sampled every `interval_us` on the host."""

@@ -28,8 +28,28 @@ class OcsResource:
 
 
 @dataclass(frozen=True)
+class JumpHost:
+    """One SSH hop on the way to a host (OpenSSH's ProxyJump): its own user, key and known_hosts."""
+
+    address: str
+    port: int = 22
+    user: str = "root"
+    identity_file: str | None = None
+    known_hosts: str | None = None  # None: ~/.ssh/known_hosts
+
+    def __str__(self) -> str:
+        return f"{self.user}@{self.address}:{self.port}"
+
+
+# Tools whose reading needs root on a Linux host: the module EEPROM (`ethtool -m`), the NIC's registers
+# (mlxlink), link changes (`ip link set`) and the agent (raw sockets for its probes, `ethtool -m` in its watch).
+PRIVILEGED_TOOLS = frozenset({"ethtool", "mlxlink"})
+KNOWN_TOOLS = ("ethtool", "ip", "rdma", "mlxlink", "nvidia-smi")
+
+
+@dataclass(frozen=True)
 class HostResource:
-    """A Linux host reached over SSH."""
+    """A Linux host reached over SSH (through `proxy_jump` hops in order, or a `proxy_command`)."""
 
     name: str
     address: str
@@ -39,6 +59,35 @@ class HostResource:
     known_hosts: str | None = None
     strict_host_key: bool = True  # False only when the bench is emulated
     python: str = "python3"
+    proxy_jump: tuple[JumpHost, ...] = ()
+    proxy_command: str | None = None  # OpenSSH's ProxyCommand, %h %p %r already expanded
+    passphrase: str | None = field(default=None, repr=False)  # of identity_file; from the environment, never logged
+    become: str | None = None  # "sudo": the agent and privileged tools run under `sudo -n`
+    tools: tuple[tuple[str, str], ...] = ()  # (tool name, absolute path) used instead of the bare name
+
+    def tool(self, name: str) -> str:
+        """The path the host runs `name` by (its `tools:` entry, else the bare name on its PATH)."""
+        return dict(self.tools).get(name, name)
+
+    def privileged(self, command: str) -> bool:
+        """Whether `command` (a shell command line) needs root: a privileged tool, `ip link set`, or the agent."""
+        words = command.split()
+        if not words:
+            return False
+        first = words[0].rsplit("/", 1)[-1]
+        return (first in PRIVILEGED_TOOLS or first == self.python.rsplit("/", 1)[-1]
+                or (first == "ip" and words[1:3] == ["link", "set"]))
+
+    def as_run(self, command: str) -> str:
+        """`command` as this host runs it: its first word replaced by the declared tool path, and under
+        `sudo -n` (never a password prompt) when it needs root and the host says `become: sudo`. A command
+        line of several commands (`a && b`) is left as it is: only the harness's single tool calls are mapped."""
+        head, sep, rest = command.partition(" ")
+        if head in dict(self.tools) and not any(op in command for op in ("&&", "||", ";", "|")):
+            command = self.tool(head) + sep + rest
+        if self.become == "sudo" and self.privileged(command) and not command.startswith("sudo "):
+            command = "sudo -n " + command
+        return command
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,14 @@ Secrets (passwords, key material) never appear in error messages.
 """
 from __future__ import annotations
 
+import atexit
+import errno
 import functools
 import os
+import selectors
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from typing import Iterator
@@ -24,8 +29,8 @@ from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
 from devices import wirelog
 from devices.errors import DeviceError, DeviceTimeout, ReadBudget, TransportClosed
 from devices.protocols import CommandResult, CommandTransport, LineStream
-from devices.resources import HostResource
-from devices.sshhub import ArrivalStampedPipe, HubTransport, first_send_ns, stamp_arrivals
+from devices.resources import HostResource, JumpHost
+from devices.sshhub import ArrivalStampedPipe, HubSocket, HubTransport, first_send_ns, shared_hub, stamp_arrivals
 from devices.timing import ClockPair, CommandTiming, Deadline, now_ns
 
 _CHUNK = 65536
@@ -70,56 +75,116 @@ class SshTransport(CommandTransport):
         self.connects = 0  # successful connections so far (1 + reconnects)
         self._fallbacks_before = 0  # read-time fallbacks of the connections before this one (`receive_stamps`)
         self._closed_report = (False, 0, "never connected")  # the last connection's, once closed
+        self._hops: list[paramiko.SSHClient] = []  # the jump hosts' connections of the live route, in order
 
     # ------------------------------------------------------------------ connection
     @property
     def _where(self) -> str:
         r = self.resource
-        return f"{r.name} ({r.user}@{r.address}:{r.port})"
+        via = f" via {','.join(map(str, r.proxy_jump))}" if r.proxy_jump else (
+            " via its proxy command" if r.proxy_command else "")
+        return f"{r.name} ({r.user}@{r.address}:{r.port}{via})"
 
     def _scrub(self, text: str) -> str:
-        if self._password:
-            text = text.replace(self._password, "***")
+        for secret in (self._password, self.resource.passphrase):
+            if secret:
+                text = text.replace(secret, "***")
         return text
 
     def _connect_once(self) -> paramiko.SSHClient:
+        """One connection along the host's route: each `proxy_jump` hop logged into in turn (strict host keys on
+        every hop), the next one reached through a direct-tcpip channel of the one before; or the
+        `proxy_command`'s pipes; else a TCP socket."""
         r = self.resource
         since = ClockPair.now()  # the replies' kernel stamps are trusted from here (HubSocket)
-        sock = socket.create_connection((r.address, r.port), timeout=self.connect_timeout)
-        client = None
+        hops: list[paramiko.SSHClient] = []
+        try:
+            first = r.proxy_jump[0] if r.proxy_jump else None
+            if r.proxy_command and not first:
+                sock = _CommandSocket(r.proxy_command, shared_hub())
+            else:
+                sock = self._tcp(first.address if first else r.address, first.port if first else r.port)
+            for i, hop in enumerate(r.proxy_jump):
+                passphrase = r.passphrase if hop.identity_file == r.identity_file else None  # the host's key
+                client = self._login(sock, hop.address, hop.port, hop.user, hop.identity_file, hop.known_hosts,
+                                     passphrase, since, f"{self._where}: jump host {hop}")
+                hops.append(client)
+                nxt = r.proxy_jump[i + 1] if i + 1 < len(r.proxy_jump) else r
+                sock = _ChannelSocket.open(client.get_transport(), nxt.address, nxt.port, self.connect_timeout,
+                                           f"{self._where}: jump host {hop}")
+            client = self._login(sock, r.address, r.port, r.user, r.identity_file, r.known_hosts, r.passphrase,
+                                 since, self._where)
+        except BaseException:
+            for hop_client in reversed(hops):
+                hop_client.close()
+            raise
+        self._hops = hops
+        return client
+
+    def _tcp(self, address: str, port: int) -> socket.socket:
+        sock = socket.create_connection((address, port), timeout=self.connect_timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def _login(self, sock, address: str, port: int, user: str, identity_file: str | None, known_hosts: str | None,
+               passphrase: str | None, since: ClockPair, where: str) -> paramiko.SSHClient:
+        """SSH over `sock` (a socket, a hop's channel, a proxy command) to `address:port` as `user`: the key
+        pinned by `identity_file` first, then the agent's keys; host key against `known_hosts`."""
+        client = None
+        try:
             client = paramiko.SSHClient()
-            if r.known_hosts:
-                path = os.path.expanduser(r.known_hosts)
-                if os.path.exists(path):  # read only: `load_host_keys` would make AutoAddPolicy write an
-                    client.get_host_keys().load(path)  # emulated host's key into the inventory's file
-                elif r.strict_host_key:
-                    raise HostKeyError(f"{self._where}: known_hosts file {r.known_hosts} does not exist")
-            elif r.strict_host_key:
-                client.load_system_host_keys()
-            client.set_missing_host_key_policy(
-                paramiko.RejectPolicy() if r.strict_host_key else paramiko.AutoAddPolicy())
-            key_file = os.path.expanduser(r.identity_file) if r.identity_file else None
-            client.connect(r.address, port=r.port, username=r.user, password=self._password,
-                           key_filename=key_file, sock=sock, timeout=self.connect_timeout,
+            self._host_keys(client, known_hosts, where)
+            pkey = _private_key(identity_file, passphrase, where) if identity_file else None
+            client.connect(address, port=port, username=user, password=self._password, pkey=pkey,
+                           sock=sock, timeout=self.connect_timeout,
                            banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
                            channel_timeout=self.connect_timeout,
-                           look_for_keys=key_file is None and self._password is None,
-                           allow_agent=key_file is None and self._password is None,
+                           look_for_keys=pkey is None and self._password is None,
+                           allow_agent=self._password is None,
                            transport_factory=functools.partial(HubTransport, stamps_since=since))
-        except BaseException:
+        except BaseException as exc:
             transport = client.get_transport() if client is not None else None
             if transport is not None:  # its socket is closed on the hub that watches it
                 transport.close()
                 transport.sock.close()  # also when the transport never started (close() then does nothing)
             else:
                 sock.close()
+            if isinstance(exc, paramiko.BadHostKeyException):
+                raise HostKeyError(f"{where}: host key does not match known_hosts "
+                                   f"({known_hosts or '~/.ssh/known_hosts'}): refused") from None
+            if isinstance(exc, paramiko.AuthenticationException):
+                raise AuthenticationFailed(f"{where}: authentication failed") from None
+            if isinstance(exc, paramiko.SSHException) and "No authentication methods" in str(exc):
+                raise AuthenticationFailed(f"{where}: no key to offer (no identity_file, ssh_config IdentityFile, "
+                                           "ssh-agent key or ~/.ssh/id_*)") from None
+            if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
+                raise HostKeyError(f"{where}: host key not in known_hosts "
+                                   f"({known_hosts or '~/.ssh/known_hosts'}): refused") from None
             raise
         transport = client.get_transport()
         assert transport is not None
         transport.set_keepalive(max(1, int(self.keepalive_s)))
         return client
+
+    def _host_keys(self, client: paramiko.SSHClient, known_hosts: str | None, where: str) -> None:
+        """Strict: `known_hosts` (else the user's) and RejectPolicy. Emulated bench: a known key must still
+        match, an unknown one is accepted and written to this process's own known_hosts, never to `known_hosts`."""
+        strict = self.resource.strict_host_key
+        path = os.path.expanduser(known_hosts) if known_hosts else None
+        if path and os.path.exists(path):
+            if strict:
+                client.load_host_keys(path)
+            else:
+                client.get_host_keys().load(path)  # read only: paramiko would save learned keys into it
+        elif path and strict:
+            raise HostKeyError(f"{where}: known_hosts file {known_hosts} does not exist")
+        elif strict:
+            client.load_system_host_keys()
+        client.set_missing_host_key_policy(paramiko.RejectPolicy() if strict else _LearnPolicy())
 
     def _transport(self) -> paramiko.Transport:
         """The live transport, (re)connecting with bounded retries and backoff."""
@@ -133,6 +198,7 @@ class SshTransport(CommandTransport):
                     return transport
                 self._fallbacks_before += self._stamp_report()[1]
                 client.close()
+                self._close_hops()
                 self._client = None
             last = ""
             for attempt in range(self.retries + 1):
@@ -144,14 +210,7 @@ class SshTransport(CommandTransport):
                     transport = self._client.get_transport()
                     assert transport is not None
                     return transport
-                except paramiko.BadHostKeyException:
-                    raise HostKeyError(f"{self._where}: host key does not match known_hosts") from None
-                except paramiko.AuthenticationException:
-                    raise AuthenticationFailed(f"{self._where}: authentication failed") from None
                 except paramiko.SSHException as exc:
-                    if "not found in known_hosts" in str(exc):
-                        raise HostKeyError(f"{self._where}: host key not in known_hosts "
-                                           f"({self.resource.known_hosts or 'system file'})") from None
                     last = self._scrub(str(exc))
                 except (OSError, EOFError) as exc:
                     last = self._scrub(f"{type(exc).__name__}: {exc}")
@@ -214,6 +273,7 @@ class SshTransport(CommandTransport):
 
     def _run(self, command: str, deadline: Deadline | None, stdin: str | bytes | None) -> CommandResult:
         deadline = deadline or Deadline(None)
+        command = self.resource.as_run(command)  # declared tool paths, `sudo -n` (become)
         channel = self._open_channel(deadline)
         out: list[bytes] = []
         err: list[bytes] = []
@@ -235,7 +295,7 @@ class SshTransport(CommandTransport):
                 except socket.timeout:
                     while channel.recv_stderr_ready():
                         err.append(bound(channel.recv_stderr(_CHUNK)))
-                    if channel.closed:
+                    if channel.closed and not channel.recv_ready():  # output may have come with the close
                         break
                     continue
                 if not data:
@@ -277,6 +337,7 @@ class SshTransport(CommandTransport):
 
     def stream(self, command: str) -> "SshLineStream":
         """Start a long-running command; read its stdout line by line, write to its stdin."""
+        command = self.resource.as_run(command)  # declared tool paths, `sudo -n` (become)
         channel = self._open_channel(Deadline(None))
         stamp_arrivals(channel)  # each line's recv_ns: when the hub had its bytes, not when we read them
         try:
@@ -294,6 +355,12 @@ class SshTransport(CommandTransport):
                 self._closed_report = self._stamp_report()  # what `receive_stamps` says once closed
                 self._client.close()
                 self._client = None
+            self._close_hops()
+
+    def _close_hops(self) -> None:
+        hops, self._hops = self._hops, []
+        for client in reversed(hops):
+            client.close()
 
     def __enter__(self) -> "SshTransport":
         return self
@@ -522,3 +589,259 @@ class SshLineStream(LineStream):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# ====================================================================== the route: ssh_config, jumps, proxy command
+def ssh_config_for(alias: str, path: str) -> dict:
+    """OpenSSH's settings for `alias` in the ssh_config file `path` (paramiko.SSHConfig: Host and Match blocks,
+    first value wins, %-tokens expanded): keys lowercased (hostname, port, user, identityfile, proxyjump,
+    proxycommand, userknownhostsfile). OSError when it cannot be read; paramiko's ConfigParseError when malformed."""
+    config = paramiko.SSHConfig.from_path(os.path.expanduser(path))
+    return config.lookup(alias)
+
+
+def parse_jump(spec: str, *, config: str | None, user: str, identity_file: str | None,
+               known_hosts: str | None) -> JumpHost:
+    """One ProxyJump hop: `[user@]host[:port]` or `ssh://[user@]host[:port]`, `host` also an ssh_config alias
+    (its HostName, Port, User, IdentityFile, UserKnownHostsFile). Explicit parts win over ssh_config, ssh_config
+    over the target host's `user`, `identity_file` and `known_hosts`. ValueError when malformed."""
+    text = spec.strip()
+    if text.startswith("ssh://"):
+        text = text[len("ssh://"):]
+    hop_user, _, rest = text.rpartition("@")
+    port = None
+    if rest.startswith("["):  # [v6]:port
+        host, _, tail = rest[1:].partition("]")
+        if tail.startswith(":"):
+            port = tail[1:]
+    else:
+        host, sep, tail = rest.partition(":")
+        port = tail if sep else None
+    if not host or (port is not None and not port.isdigit()) or any(c.isspace() for c in text):
+        raise ValueError(f"expected [user@]host[:port], found {spec!r}")
+    found = ssh_config_for(host, config) if config else {}
+    files = found.get("identityfile") or []
+    return JumpHost(address=found.get("hostname", host), port=int(port or found.get("port", 22)),
+                    user=hop_user or found.get("user") or user,
+                    identity_file=files[0] if files else identity_file,
+                    known_hosts=(found.get("userknownhostsfile") or "").split(" ")[0] or known_hosts)
+
+
+def _private_key(path: str, passphrase: str | None, where: str) -> paramiko.PKey:
+    """The pinned key, decrypted with the passphrase from the environment (`passphrase_env`): a clear error for
+    a missing file, an encrypted key without a passphrase, or a wrong one. Never says the passphrase."""
+    full = os.path.expanduser(path)
+    try:
+        return paramiko.PKey.from_path(full, password=passphrase.encode() if passphrase else None)
+    except FileNotFoundError:
+        raise AuthenticationFailed(f"{where}: identity file {path} does not exist") from None
+    except (paramiko.SSHException, ValueError, TypeError) as exc:
+        # PEM keys raise PasswordRequiredException, OpenSSH-format ones a plain SSHException saying so
+        if not passphrase and (isinstance(exc, paramiko.PasswordRequiredException)
+                               or "password-protected" in str(exc) or "encrypted" in str(exc)):
+            raise AuthenticationFailed(f"{where}: identity file {path} is encrypted: name the environment variable "
+                                       "holding its passphrase with passphrase_env") from None
+        hint = " (wrong passphrase?)" if passphrase else ""
+        text = str(exc).replace(passphrase, "***") if passphrase else str(exc)
+        raise AuthenticationFailed(f"{where}: cannot read identity file {path}{hint}: {text[:200]}") from None
+
+
+_learned: dict[str, str] = {}
+
+
+def learned_known_hosts() -> str:
+    """This process's own known_hosts (a run's): where an emulated bench's unknown host keys are written, never
+    into the inventory's file. Removed at exit."""
+    if "path" not in _learned:
+        folder = tempfile.mkdtemp(prefix="ocs-hil-known-hosts-")
+        atexit.register(shutil.rmtree, folder, True)
+        _learned["path"] = os.path.join(folder, "known_hosts")
+    return _learned["path"]
+
+
+class _LearnPolicy(paramiko.MissingHostKeyPolicy):
+    """Emulated bench: accept an unknown host key and append it to `learned_known_hosts()`."""
+
+    _lock = threading.Lock()
+
+    def missing_host_key(self, client, hostname, key) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with self._lock, open(learned_known_hosts(), "a") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+class _RouteSocket(HubSocket):
+    """paramiko's socket for a connection that is not a TCP socket of its own (a hop's channel, a proxy
+    command's pipes), on the hub as a `HubSocket` is: a read or write that would block waits on the hub in a
+    hub greenlet (the hop's own loop runs there too: blocking would stop it), in the calling thread otherwise."""
+
+    def __init__(self, hub, read_fd: int):
+        self.hub = hub
+        self._fd = read_fd
+        self._timeout = None
+        self._closed = False
+        self.handed = self.sent = 0
+        self.wire = None  # `record_wire` accounts TCP sockets only
+
+    def _readable(self) -> bool:
+        if self.hub.in_greenlet():
+            return self.hub.wait(self._fd, selectors.EVENT_READ, self._timeout)
+        return _poll(self._fd, self._timeout)
+
+    def _pause(self, give_up: float | None) -> None:
+        if give_up is not None and time.monotonic() >= give_up:
+            raise socket.timeout("timed out")
+        if self.hub.in_greenlet():
+            self.hub.sleep(0.001)
+        else:
+            time.sleep(0.001)
+
+    def _close_on_hub(self, close) -> None:
+        """Close on the hub thread, its selector forgetting the read descriptor first: a descriptor closed while
+        still registered, its number taken by a new socket, would leave that socket unwatched."""
+        fd = self._fd
+
+        class Closing:
+            def fileno(self) -> int:
+                return fd
+
+            def close(self) -> None:
+                close()
+
+        self.hub.close_socket(Closing())
+
+    def getpeername(self):
+        return ("", 0)
+
+    def getsockname(self):
+        return ("", 0)
+
+    def setsockopt(self, *args) -> None:
+        pass
+
+
+def _poll(fd: int, timeout: float | None) -> bool:
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else timeout * 1000))
+
+
+class _ChannelSocket(_RouteSocket):
+    """The next hop's connection: a direct-tcpip channel of the hop before (OpenSSH's ProxyJump, `ssh -W`).
+    Its timeout stays 0 (the reader is a hub greenlet); a read waits for the channel's pipe to be readable. A
+    read's arrival bound is the hop's socket's last kernel stamp: the bytes came in over that socket, no later."""
+
+    def __init__(self, channel: paramiko.Channel, hub, under):
+        channel.settimeout(0.0)
+        super().__init__(hub, channel.fileno())
+        self._channel, self._under = channel, under
+
+    @classmethod
+    def open(cls, transport: paramiko.Transport, address: str, port: int, timeout: float,
+             where: str) -> "_ChannelSocket":
+        try:
+            channel = transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0), timeout=timeout)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportClosed(f"{where}: cannot forward to {address}:{port} "
+                                  f"(AllowTcpForwarding on the jump host?): {exc}") from None
+        return cls(channel, transport._hub, transport.sock)
+
+    @property
+    def arrived_ns(self) -> int:
+        return getattr(self._under, "arrived_ns", 0)
+
+    def stamp_report(self) -> tuple[bool, int, str]:
+        report = getattr(self._under, "stamp_report", None)
+        return report() if report is not None else (False, 0, "the jump host's socket gives no receive stamps")
+
+    def fileno(self) -> int:
+        return -1 if self._closed else self._fd
+
+    def recv(self, n: int) -> bytes:
+        channel = self._channel
+        while True:
+            if self._closed:
+                raise OSError(errno.EBADF, "socket closed")
+            try:
+                data = channel.recv(n)  # never blocks: timeout 0
+            except socket.timeout:
+                if not self._readable():
+                    raise socket.timeout("timed out") from None
+                continue
+            self.handed += len(data)
+            return data
+
+    def send(self, data) -> int:
+        give_up = None if self._timeout is None else time.monotonic() + self._timeout
+        while True:
+            if self._closed or self._channel.closed:
+                raise OSError(errno.EPIPE, "the jump host's channel is closed")
+            try:
+                return self._channel.send(data)  # never blocks: timeout 0 (a full window raises)
+            except socket.timeout:
+                self._pause(give_up)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close_on_hub(self._channel.close)
+
+
+class _CommandSocket(_RouteSocket):
+    """A `proxy_command` (OpenSSH's ProxyCommand, started by paramiko.ProxyCommand): its stdout read and its
+    stdin written without blocking. Pipes give no kernel receive stamps: replies are dated by their read."""
+
+    def __init__(self, command: str, hub):
+        self._proxy = paramiko.ProxyCommand(command)
+        self._out = self._proxy.process.stdout.fileno()
+        self._in = self._proxy.process.stdin.fileno()
+        os.set_blocking(self._out, False)
+        os.set_blocking(self._in, False)
+        super().__init__(hub, self._out)
+        self.arrived_ns = 0
+
+    def stamp_report(self) -> tuple[bool, int, str]:
+        return False, 0, "a proxy command's pipe gives no kernel receive stamps"
+
+    def fileno(self) -> int:
+        return -1 if self._closed else self._out
+
+    def recv(self, n: int) -> bytes:
+        while True:
+            if self._closed:
+                raise OSError(errno.EBADF, "socket closed")
+            try:
+                data = os.read(self._out, n)
+            except BlockingIOError:
+                if not self._readable():
+                    raise socket.timeout("timed out") from None
+                continue
+            self.handed += len(data)
+            return data
+
+    def send(self, data) -> int:
+        give_up = None if self._timeout is None else time.monotonic() + self._timeout
+        while True:
+            if self._closed:
+                raise OSError(errno.EBADF, "socket closed")
+            try:
+                return os.write(self._in, data)
+            except BlockingIOError:
+                self._pause(give_up)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close_on_hub(self._end)
+
+    def _end(self) -> None:
+        process = self._proxy.process
+        process.kill()
+        for f in (process.stdin, process.stdout, process.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+        process.wait()

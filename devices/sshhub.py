@@ -597,7 +597,9 @@ class HubTransport(paramiko.Transport):
         self._hub = hub
         self._loop_started = False
         self._loop_done = threading.Event()
-        super().__init__(HubSocket(sock, hub, stamps_since), *args, packetizer_class=HubPacketizer, **kwargs)
+        # a HubSocket already (a route's: a jump host's channel, a proxy command) is used as it is
+        sock = sock if isinstance(sock, HubSocket) else HubSocket(sock, hub, stamps_since)
+        super().__init__(sock, *args, packetizer_class=HubPacketizer, **kwargs)
         self.clear_to_send_lock = HubLock(self.clear_to_send_lock, hub)
 
     # Thread parts: a greenlet, not a thread

@@ -452,3 +452,154 @@ def clock_table(trackers: dict[str, ClockTracker] | list[ClockTracker]) -> list[
     """Manifest `clock` entry for several hosts."""
     values = trackers.values() if isinstance(trackers, dict) else trackers
     return [t.table() for t in values]
+
+
+# ---------------------------------------------------------------- clock sources a lab already runs
+# One exec per host: chrony's tracking, the local ptp4l's time status and path delay, then the host's time (the
+# instant the readings are grown to). A missing daemon or tool only empties its section.
+CLOCK_SOURCES_COMMAND = ("echo '## chrony'; chronyc {chronyd}-c tracking; echo '## ptp'; "
+                         "pmc -u -b 0 {ptp4l}'GET TIME_STATUS_NP' 'GET CURRENT_DATA_SET'; "
+                         "echo '## date'; date +%s.%N")
+
+
+def clock_sources_command(chronyd_socket: str | None = None, ptp4l_socket: str | None = None) -> str:
+    """The command `read_clock_sources` parses; the sockets: daemons not at their default paths
+    (/var/run/chrony/chronyd.sock, /var/run/ptp4l)."""
+    import shlex
+
+    return CLOCK_SOURCES_COMMAND.format(chronyd=f"-h {shlex.quote(chronyd_socket)} " if chronyd_socket else "",
+                                        ptp4l=f"-s {shlex.quote(ptp4l_socket)} " if ptp4l_socket else "")
+
+
+@dataclass(frozen=True)
+class SourceReading:
+    """A host clock against a source's reference: host minus reference = `offset_ns` ± `width_ns` at host time
+    `host_ns`; `bound_ns` = |offset_ns| + width_ns, the bound on the host clock's error itself (ClockBound's
+    clock error bound for chrony). `rule` says how `width_ns` was derived."""
+
+    source: str  # 'chrony' | 'ptp'
+    host_ns: int
+    offset_ns: int
+    width_ns: int
+    reference: str
+    rule: str
+
+    @property
+    def bound_ns(self) -> int:
+        return abs(self.offset_ns) + self.width_ns
+
+
+CHRONY_RULE = ("AWS ClockBound: |System time| + Root dispersion + Root delay/2, the dispersion grown since Ref time "
+               "at (1 ppm + Skew + |Residual freq|)")
+PTP_RULE = ("IEEE 1588 delay request-response: |master_offset| + meanPathDelay (the offset errs by half the one-way "
+            "delays' difference, at most their mean), grown since ingress_time at 1 ppm; the clock ptp4l stamps "
+            "with (CLOCK_REALTIME under -S, else the NIC's PHC, which phc2sys copies with its own error)")
+
+
+def read_clock_sources(stdout: str, *, max_clock_error_ppm: float = 1.0) -> tuple[dict[str, SourceReading], dict]:
+    """Parse the output of `clock_sources_command()`: the readings found and, per source, why there is none."""
+    from devices.parsers.clock_tools import (parse_chronyc_tracking_csv, parse_date_ns, parse_pmc,
+                                             ptp_status)
+    from devices.parsers.common import ParseError
+
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in stdout.splitlines():
+        if line.startswith("## "):
+            current = sections.setdefault(line[3:].strip(), [])
+        elif current is not None:
+            current.append(line)
+    if "date" not in sections:
+        raise ClockSyncError(f"clock sources: no '## date' section in {stdout[-200:]!r}")
+    try:
+        host_ns = parse_date_ns("\n".join(sections["date"]))
+    except ParseError as exc:
+        raise ClockSyncError(f"clock sources: {exc}") from None
+    readings: dict[str, SourceReading] = {}
+    absent: dict[str, str] = {}
+    chrony = "\n".join(sections.get("chrony", ())).strip()
+    try:
+        if not chrony:
+            absent["chrony"] = "no chronyd answered (none running, or chronyc absent)"
+        else:
+            t = parse_chronyc_tracking_csv(chrony)
+            if t.leap_status == "Not synchronised" or t.stratum == 0:
+                absent["chrony"] = f"chronyd not synchronised (stratum {t.stratum}, {t.leap_status})"
+            else:
+                at_s = host_ns / 1e9
+                readings["chrony"] = SourceReading(
+                    source="chrony", host_ns=host_ns, offset_ns=round(t.system_time_s * 1e9),
+                    width_ns=math.ceil(t.correction_bound_s(at_s, max_clock_error_ppm) * 1e9),
+                    reference=f"{t.reference_id} ({t.reference_name}) stratum {t.stratum}", rule=CHRONY_RULE)
+    except ParseError as exc:
+        absent["chrony"] = f"unreadable chronyc -c tracking: {exc}"
+    try:
+        status = ptp_status(parse_pmc("\n".join(sections.get("ptp", ()))))
+        if status is None:
+            absent["ptp"] = "no ptp4l answered (none running, pmc absent, or its socket not ours to use)"
+        elif not status.synced or status.mean_path_delay_ns is None:
+            absent["ptp"] = f"ptp4l without a master sync (gmPresent {status.gm_present}, ingress_time " \
+                            f"{status.ingress_time_ns}{', no path delay' if status.mean_path_delay_ns is None else ''})"
+        else:
+            readings["ptp"] = SourceReading(
+                source="ptp", host_ns=host_ns, offset_ns=status.master_offset_ns,
+                width_ns=math.ceil(status.offset_bound_ns(host_ns, max_clock_error_ppm)),
+                reference=f"grandmaster {status.gm_identity}, {status.steps_removed} step(s) removed", rule=PTP_RULE)
+    except ParseError as exc:
+        absent["ptp"] = f"unreadable pmc reply: {exc}"
+    return readings, absent
+
+
+def realtime_minus_monotonic() -> tuple[int, int]:
+    """This machine's CLOCK_REALTIME minus the harness clock, ± half the pair's read width (the narrower of two)."""
+    import time
+
+    best = None
+    for _ in range(2):
+        a = now_ns()
+        r = time.clock_gettime_ns(time.CLOCK_REALTIME)
+        b = now_ns()
+        if best is None or b - a < best[1]:
+            best = (r - (a + b) // 2, b - a)
+    return best[0], (best[1] + 1) // 2 + 1
+
+
+def cross_check(reading: SourceReading, probe: tuple[int, int, int], harness_realtime: tuple[int, int]) -> dict:
+    """The source's offset against the SSH probe's at the reading's host time. `probe`: the tracker's
+    `to_harness(reading.host_ns)` = (t_ns, host minus harness clock, ±); `harness_realtime`: this machine's realtime
+    minus the harness clock (±). Assumes the harness machine's realtime is on the source's reference (a lab's hosts
+    and harness following the same servers); their disagreement beyond both bounds (and the pair's) is a warning."""
+    _, probe_offset, probe_u = probe
+    rt_offset, rt_u = harness_realtime
+    probe_vs_realtime = probe_offset - rt_offset  # host minus this machine's realtime, by the probe
+    disagreement = probe_vs_realtime - reading.offset_ns
+    allowed = probe_u + rt_u + reading.width_ns
+    return {"probe_offset_ns": probe_vs_realtime, "probe_uncertainty_ns": probe_u + rt_u,
+            "disagreement_ns": disagreement, "allowed_ns": allowed, "ok": abs(disagreement) <= allowed}
+
+
+def clock_source_entry(readings: dict[str, SourceReading], absent: dict, tracker: "ClockTracker | None",
+                       harness_realtime: tuple[int, int]) -> dict:
+    """The manifest's `sources` entry of one host: each reading with the probe's bound beside it."""
+    entry: dict = {"absent": dict(absent)} if absent else {}
+    for name, r in readings.items():
+        row = {"offset_ns": r.offset_ns, "width_ns": r.width_ns, "bound_ns": r.bound_ns, "host_ns": r.host_ns,
+               "reference": r.reference, "rule": r.rule}
+        if tracker is not None and tracker.segments:
+            row["probe"] = cross_check(r, tracker.to_harness(r.host_ns), harness_realtime)
+        entry[name] = row
+    return entry
+
+
+def source_warnings(tables: list[dict]) -> list[str]:
+    """One line per host and source whose reading disagrees with the SSH probe beyond both bounds."""
+    out = []
+    for t in tables:
+        for name, row in (t.get("sources") or {}).items():
+            check = row.get("probe") if isinstance(row, dict) else None
+            if check and not check["ok"]:
+                out.append(f"clock of {t['host']}: {name} says {row['offset_ns'] / 1e3:+.1f} µs ± "
+                           f"{row['width_ns'] / 1e3:.1f}, the SSH probe {check['probe_offset_ns'] / 1e3:+.1f} µs ± "
+                           f"{check['probe_uncertainty_ns'] / 1e3:.1f}: they disagree by "
+                           f"{check['disagreement_ns'] / 1e3:+.1f} µs, beyond both bounds")
+    return out

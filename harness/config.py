@@ -27,7 +27,7 @@ from devices.resources import Bench, HostResource, NicPort, OcsResource
 from harness.errors import InputError
 from pydantic import ValidationError, ValidationInfo, field_validator
 
-from harness.specs import (AfterValidator, BaseModel, Expect, Field, Name, Port, Spec, describe, errors_of,
+from harness.specs import (AfterValidator, BaseModel, Expect, Field, Literal, Name, Port, Spec, describe, errors_of,
                            model_from_schema, raise_all, union_of, validate)
 
 PortItem = union_of((int, str))
@@ -405,14 +405,68 @@ class NicSpec(Spec):
     rx: int = Field(description="the switch's egress port this NIC receives from")
 
 
-class HostSpec(Spec):
-    address: str
-    port: Port = 22
-    user: str = "root"
-    identity_file: str | None = None
-    known_hosts: str | None = None
+def _absolute_paths(tools: dict[str, str] | None) -> dict[str, str] | None:
+    for name, path in (tools or {}).items():
+        if not path.startswith("/"):
+            raise ValueError(f"tools.{name}: expected an absolute path, found {path!r}")
+    return tools
+
+
+Jumps = union_of((str, list))
+
+
+class HostAccessSpec(Spec):
+    """How a host is reached and what it may run: per host, or for every host as `host_defaults`. A value given
+    in the inventory wins over ssh_config's."""
+
+    user: str | None = Field(None, description="login user (default: ssh_config's User, else root)")
+    identity_file: str | None = Field(None, description="the pinned private key (tried before the ssh-agent's)")
+    passphrase_env: str | None = Field(None, description="the environment variable holding identity_file's passphrase")
+    known_hosts: str | None = Field(None, description="known_hosts for the host and its jump hosts (default: "
+                                                      "ssh_config's UserKnownHostsFile, else ~/.ssh/known_hosts)")
+    ssh_config: str | None = Field(None, description="the ssh_config file read for the host and its jump hosts "
+                                                     "(default: ~/.ssh/config on a real bench; 'none': no file)")
+    proxy_jump: Jumps | None = Field(None, description="jump hosts in order, '[user@]host[:port]' or ssh_config "
+                                                       "aliases: 'a,b' or a list; 'none': direct")
+    become: Literal["sudo"] | None = Field(None, description="sudo: the agent and privileged tools run under "
+                                                             "`sudo -n` (never a password prompt)")
+    tools: Annotated[dict[str, str] | None, AfterValidator(_absolute_paths),
+                     Field(description="tool name -> absolute path run instead of the bare name "
+                                       "(ethtool, ip, rdma, mlxlink, nvidia-smi)")] = None
+
+
+class HostSpec(HostAccessSpec):
+    address: str | None = Field(None, description="the address or ssh_config alias (default: the host's name)")
+    port: Port | None = Field(None, description="default: ssh_config's Port, else 22")
+    proxy_command: str | None = Field(None, description="OpenSSH ProxyCommand (%h, %p, %r expanded)")
     python: str = "python3"
     nics: list[NicSpec] = []
+
+
+IMPORTS_HELP = ("plugin modules (names, or .py files relative to this file) imported before the rest is "
+                "checked: they register their step types and switch protocols (devices/plugins.py)")
+
+
+def import_plugins(data: Any, source: str) -> tuple[str, ...]:
+    """The modules an inventory or playbook names under `imports:`, imported before the rest of it is checked:
+    they may register the step types and switch protocols it uses. Returns them as imported (a file by its
+    absolute path: what a copy of the playbook, as a resumed run reads it, must name)."""
+    from devices.plugins import PluginError, import_module
+
+    node = data.get("imports") if isinstance(data, dict) else None
+    if not node:
+        return ()
+    where = data.where("imports") if isinstance(data, YamlMap) else (source, None)
+    if not isinstance(node, list) or not all(isinstance(name, str) and name for name in node):
+        raise InputError("imports: expected a list of module names or .py files", *where)
+    base = Path(source).resolve().parent if source and not source.startswith("<") else None
+    for i, name in enumerate(node):
+        try:
+            import_module(name, base)
+        except PluginError as exc:
+            raise InputError(f"imports[{i}]: {exc}", *(node.where(i) if isinstance(node, YamlList) else where)) \
+                from None
+    return tuple(str((base or Path()) / Path(name).expanduser()) if name.endswith(".py") else name for name in node)
 
 
 class InventorySpec(Spec):
@@ -420,7 +474,9 @@ class InventorySpec(Spec):
 
     bench: BenchSpec
     ocs: Annotated[dict[str, OcsSpec], Field(min_length=1, description="at least one switch")]
+    host_defaults: HostAccessSpec | None = None
     hosts: dict[str, HostSpec]
+    imports: list[str] = Field([], description=IMPORTS_HELP)
 
 
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
@@ -479,6 +535,7 @@ def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = 
     env = os.environ if env is None else env
     if not isinstance(data, dict):
         raise InputError(f"inventory: expected a mapping, found {describe(data)}", data.file, data.line)
+    import_plugins(data, source)
     for where, node, what in _password_places(data):
         raise InputError(f"{what}passwords never go in files: set an environment variable and name it with "
                          "password_env", *where)
@@ -557,13 +614,98 @@ def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = 
                     used_ocs_ports[(switch.name, port)] = f"{name}:{nic.netdev}"
             nic_ports.append(NicPort(host=name, netdev=nic.netdev, rdma_dev=nic.rdma_dev, rdma_port=nic.rdma_port,
                                      ocs=switch.name, ocs_tx=nic.tx, ocs_rx=nic.rx))
+    hosts = {}
+    if inv is not None:
+        for name, spec in inv.hosts.items():
+            try:
+                hosts[name] = host_resource(name, spec, inv.host_defaults, inv.bench.emulated, env,
+                                            data["hosts"][name], data.get("host_defaults"))
+            except InputError as exc:
+                problems.append(exc)
     raise_all(problems)
-    hosts = {name: HostResource(name=name, address=spec.address, port=spec.port, user=spec.user,
-                                identity_file=spec.identity_file, known_hosts=spec.known_hosts,
-                                strict_host_key=not inv.bench.emulated, python=spec.python)
-             for name, spec in inv.hosts.items()}
     return Bench(name=inv.bench.name, emulated=inv.bench.emulated, ocs=switches, hosts=hosts,
                  nic_ports=tuple(nic_ports), source=source)
+
+
+SSH_CONFIG = "~/.ssh/config"
+
+
+def host_resource(name: str, spec: HostSpec, defaults: HostAccessSpec | None, emulated: bool,
+                  env: Mapping[str, str], node: YamlMap, defaults_node: YamlMap | None) -> HostResource:
+    """One host as the harness reaches it: its own fields, else `host_defaults`, else ssh_config's (Host/Match
+    on its address or name: HostName, User, Port, IdentityFile, UserKnownHostsFile, ProxyJump, ProxyCommand),
+    else the built-in defaults. ssh_config is read from the named file, else ~/.ssh/config where it exists on a
+    real bench (an emulated one is on loopback: a personal ssh_config has nothing to say about it)."""
+    from devices.resources import KNOWN_TOOLS
+    from devices.ssh import parse_jump, ssh_config_for
+
+    def given(key: str):
+        """(value, where) from the host, else host_defaults; (None, host) when neither names it."""
+        value = getattr(spec, key)
+        if value is not None:
+            return value, node.where(key)
+        value = getattr(defaults, key) if defaults is not None else None
+        if value is not None:
+            return value, defaults_node.where(key)
+        return None, node.where()
+
+    config_path, config_where = given("ssh_config")
+    if config_path is None and not emulated and os.path.exists(os.path.expanduser(SSH_CONFIG)):
+        config_path = SSH_CONFIG
+    if config_path == "none":
+        config_path = None
+    alias = spec.address or name
+    try:
+        found = ssh_config_for(alias, config_path) if config_path else {}
+    except OSError as exc:
+        raise InputError(f"hosts.{name}: ssh_config {config_path}: {exc.strerror or exc}", *config_where) from None
+    except paramiko_errors() as exc:
+        raise InputError(f"hosts.{name}: ssh_config {config_path}: {exc}", *config_where) from None
+    user = given("user")[0] or found.get("user") or "root"
+    identity_file = given("identity_file")[0] or next(iter(found.get("identityfile") or []), None)
+    known_hosts = given("known_hosts")[0] or (found.get("userknownhostsfile") or "").split(" ")[0] or None
+    try:
+        port = spec.port or int(found.get("port", 22))
+    except ValueError:
+        raise InputError(f"hosts.{name}: ssh_config {config_path}: Port {found.get('port')!r} is not a number",
+                         *config_where) from None
+    jumps, jumps_where = given("proxy_jump")
+    if jumps is None:
+        jumps, jumps_where = found.get("proxyjump"), config_where
+    if isinstance(jumps, str):
+        jumps = [] if jumps.strip() == "none" else [j for j in jumps.split(",") if j.strip()]
+    proxy_command = spec.proxy_command or (None if jumps else found.get("proxycommand"))
+    if jumps and spec.proxy_command:
+        raise InputError(f"hosts.{name}: proxy_jump and proxy_command exclude each other", *node.where("proxy_command"))
+    hops = []
+    for hop in jumps or []:
+        try:
+            hops.append(parse_jump(str(hop), config=config_path, user=user, identity_file=identity_file,
+                                   known_hosts=known_hosts))
+        except (ValueError, OSError) as exc:
+            raise InputError(f"hosts.{name}.proxy_jump: {exc}", *jumps_where) from None
+    passphrase = None
+    passphrase_env, passphrase_where = given("passphrase_env")
+    if passphrase_env:
+        passphrase = env.get(passphrase_env)
+        if passphrase is None:
+            raise InputError(f"hosts.{name}.passphrase_env: environment variable {passphrase_env} is not set",
+                             *passphrase_where)
+    tools, tools_where = given("tools")
+    unknown = sorted(set(tools or {}) - set(KNOWN_TOOLS))
+    if unknown:
+        raise InputError(f"hosts.{name}.tools: {', '.join(unknown)}: expected tools among {', '.join(KNOWN_TOOLS)}",
+                         *tools_where)
+    return HostResource(name=name, address=found.get("hostname", alias), port=port, user=user,
+                        identity_file=identity_file, known_hosts=known_hosts, strict_host_key=not emulated,
+                        python=spec.python, proxy_jump=tuple(hops), proxy_command=proxy_command,
+                        passphrase=passphrase, become=given("become")[0], tools=tuple(sorted((tools or {}).items())))
+
+
+def paramiko_errors() -> tuple[type[Exception], ...]:
+    import paramiko
+
+    return (paramiko.ssh_exception.ConfigParseError, paramiko.SSHException)
 
 
 def _password_places(data: YamlMap):
@@ -684,6 +826,7 @@ class Playbook:
     sha256: str
     options: dict = field(default_factory=dict)
     sweep: dict | None = None  # a validated `sweep:` block (harness.sweep), run by `harness sweep`
+    imports: tuple[str, ...] = ()  # plugin modules it imported (import_plugins)
     templates: dict = field(default_factory=dict)  # substituted -> as written (`${NAME}`): what records keep
 
 
@@ -721,6 +864,7 @@ class PlaybookSpec(Spec):
     cycles: Annotated[int, Field(ge=1, le=MAX_CYCLES, description=f"1..{MAX_CYCLES}")] = 1
     steps: list
     sweep: SweepSpec | None = None
+    imports: list[str] = Field([], description=IMPORTS_HELP)
 
 
 def playbook_model() -> type[Spec]:
@@ -739,11 +883,18 @@ def discover_steps() -> dict[str, StepType]:
         return STEP_TYPES
     for info in pkgutil.iter_modules(getattr(steps_pkg, "__path__", [])):
         importlib.import_module(f"harness.steps.{info.name}")
+    from devices.plugins import GROUPS, PluginError, load_group
+
+    try:  # a lab's installed step plugins (entry points `ocs_hil.steps`)
+        load_group(GROUPS["steps"])
+    except PluginError as exc:
+        raise InputError(str(exc)) from None
     return STEP_TYPES
 
 
 def playbook_from_data(loaded: LoadedYaml, source: str, step_types: Mapping[str, StepType]) -> Playbook:
     data = loaded.data
+    imports = import_plugins(data, source)  # registers into STEP_TYPES: `step_types` unless a test gave its own
     problems: list[InputError] = []
     try:  # the top-level keys and every step are checked in one pass
         top = check_mapping(data, playbook_model(), "playbook", (data.file, data.line))
@@ -771,7 +922,7 @@ def playbook_from_data(loaded: LoadedYaml, source: str, step_types: Mapping[str,
         sweep = check_sweep(data["sweep"], steps, step_types, data.where("sweep"))
     return Playbook(name=top["name"], description=top["description"], bench=top["bench"], seed=top["seed"],
                     cycles=top["cycles"], steps=steps, source=source, sha256=loaded.digest, options=options,
-                    sweep=sweep, templates=loaded.templates)
+                    sweep=sweep, imports=imports, templates=loaded.templates)
 
 
 def _step_from_node(i: int, node: Any, steps_node: Any, data: YamlMap, step_types: Mapping[str, StepType],

@@ -10,8 +10,10 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
+from analysis.stages import OPTIONAL_STAGES
 from harness import record as rec
 from harness.bench.emulated import emulated_clocks, truth_frame
+from harness.clock import source_warnings
 from harness.eventlog import GroundTruth, to_parquet
 def _with_earlier(ctx, frame: pd.DataFrame, name: str) -> pd.DataFrame:
     """A resumed run's table holds every cycle: the rows an earlier attempt recorded up to the resume
@@ -66,7 +68,10 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
         if len(matched):
             summary["accuracy"] = accuracy_table(matched).to_dict(orient="records")
         # this process's cycles, each while it watched: true events without a recorded one
-        watched = watched_truth(truth, {o.cycle: o.done_ns for r in ctx.results.values() for o in r.cycles})
+        # an optional stage (CMIS states) the bench's tools never showed in this run is unobservable here, not lost
+        unseen = set(OPTIONAL_STAGES) - set(measured["stage"].astype(str))
+        watched = watched_truth(truth[~truth["stage"].isin(unseen)],
+                                {o.cycle: o.done_ns for r in ctx.results.values() for o in r.cycles})
         if len(watched):
             lost = unrecorded(measured, watched)
             silent = lost[~lost["cycle"].isin(measured.loc[measured["stage"] == "fault", "cycle"])]
@@ -100,10 +105,14 @@ def summary_markdown(ctx, summary: dict) -> str:
         lines.append("")
     if summary.get("lost_events"):
         lines += [lost_line(summary["lost_events"]), ""]
+    for line in ctx.manifest_extra.get("unobserved_stages") or []:  # the preflight's: never silent
+        lines += [f"⚠ stages not observed: {line}", ""]
     for host, r in (summary.get("clock_replies_by_read") or {}).items():
         lines += [f"⚠ clock probe replies of `{host}` dated by their read, not the kernel's receive stamp "
                   f"({read_dated(r)}): their samples count the SSH hub's backlog in their delay (wider bounds, "
                   "still bounds).", ""]
+    for warning in summary.get("clock_source_warnings", ()):
+        lines += [f"⚠ {warning}", ""]
     if summary.get("ocs_command"):
         lines += ["## OCS command against the switch's record", "", ocs_command_line(summary["ocs_command"]), ""]
     if summary.get("emulator"):
@@ -223,6 +232,9 @@ def finish_run(ctx, manifest: dict, *, status: str, wall_s: float, started_utc: 
     by_read = {c["host"]: c["reply_stamps"] for c in clocks if c.get("reply_stamps") and read_dated(c["reply_stamps"])}
     if by_read:
         summary["clock_replies_by_read"] = by_read
+    warnings = source_warnings(clocks)
+    if warnings:
+        summary["clock_source_warnings"] = warnings
     manifest = {**manifest, "clock": clocks or manifest.get("clock"), "status": status,
                 "extra": {**manifest.get("extra", {}), **ctx.manifest_extra}}
     if ctx.emulated is not None:
@@ -268,6 +280,8 @@ def console_summary(ctx, record: rec.RunRecord) -> None:
     if summary.get("lost_events"):
         line = lost_line(summary["lost_events"])
         say(f"lost events: {'[yellow]' + line + '[/]' if line.startswith('WARNING') else line}")
+    for warning in summary.get("clock_source_warnings", ()):
+        say(f"[yellow]WARNING: {warning}[/]")
     if summary.get("emulator"):
         line = emulator_line(summary["emulator"])
         say(f"emulator: {'[yellow]' + line + '[/]' if line.startswith('WARNING') else line}")

@@ -35,17 +35,20 @@ class Observation:
 class HostSession:
     """Opened once per host per run; `close()` ends every stream and the connection."""
 
+    sources_command: str | None = None  # None: `harness.clock.clock_sources_command()`, the daemons' default sockets
+
     def __init__(self, resource: HostResource, clock_probes: int = 24, readers=None,
                  transport: SshTransport | None = None):
         self.resource = resource
         self.name = resource.name
         self.clock_probes = clock_probes
         self.transport = transport or SshTransport(resource)  # given: the run's connection, already used (preflight)
-        self.agent = HostAgent(self.transport, python=resource.python)
+        self.agent = HostAgent(self.transport, python=resource.python, ethtool=resource.tool("ethtool"))
         self._streams: list[LineStream] = []
         self._readers = readers  # None: the process's one reader thread (harness.bench.readers)
         self._timesrv: LineStream | None = None
         self.clock = None
+        self.clock_sources = None  # (readings, absent, realtime minus harness clock) of read_clock_sources
         self._clock_lock = threading.Lock()
         self._stop = threading.Event()
         self._probe_lock = threading.Lock()  # one clock probe at a time over the shared time responder
@@ -65,6 +68,28 @@ class HostSession:
         self._timesrv = self._keep(self.agent.timesrv())
         self.clock = ClockTracker(self.name)
         self.sync_clock()
+        self.read_clock_sources()
+
+    def read_clock_sources(self) -> None:
+        """What the host's own chrony / ptp4l say of its clock (one exec), with this machine's realtime minus the
+        harness clock at that moment: the manifest sets them beside the probe's bound (`clock_source_table`)."""
+        from harness.clock import ClockSyncError, clock_sources_command, read_clock_sources, realtime_minus_monotonic
+
+        try:
+            result = self.transport.run(self.sources_command or clock_sources_command(), deadline=Deadline(5))
+            readings, absent = read_clock_sources(result.stdout)
+        except (DeviceError, ClockSyncError) as exc:
+            readings, absent = {}, {"all": f"clock sources not read: {exc}"[:300]}
+        self.clock_sources = (readings, absent, realtime_minus_monotonic())
+
+    def clock_source_table(self) -> dict:
+        from harness.clock import clock_source_entry
+
+        if self.clock_sources is None:
+            return {}
+        readings, absent, realtime = self.clock_sources
+        with self._clock_lock:
+            return clock_source_entry(readings, absent, self.clock, realtime)
 
     def sync_clock(self, count: int | None = None):
         """One min-delay estimate over the long-lived responder, added to the tracker."""

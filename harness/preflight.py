@@ -43,10 +43,11 @@ from devices.parsers.nic import (RDMA_PHYS_STATES, IpLink, ModuleFlags, RdmaLink
 from devices.resources import Bench, HostResource, NicPort
 from devices.ssh import CommandFailed, SshTransport
 from devices.timing import Deadline
+from analysis.stages import PORT_CHAIN, STAGE_TABLE, STAGES_DOWN
 from harness.fanout import fan_out
 
 LIT_DBM = -30.0  # receive power above which a module without an Rx LOS flag (ethtool < 6.4, any SFP) sees light
-LINK_COMMAND = "ip link set dev {netdev} {state}"  # state: up | down; a lab without root: "sudo -n " + this
+LINK_COMMAND = "ip link set dev {netdev} {state}"  # state: up | down; under sudo -n where the host says become: sudo
 
 
 def check_link_command(template: str) -> str:
@@ -144,6 +145,92 @@ def quick_check(bench: Bench, *, timeout_s: float = 10.0, switch_of: Callable | 
     # every switch, then every host, each asked at once (a bounded pool); problems in inventory order
     found = fan_out(check_switch, bench.ocs, name="preflight") + fan_out(check_host, bench.hosts, name="preflight")
     return [problem for problems in found for problem in problems]
+
+
+# ====================================================================== stages a host can observe
+# The stages the agent reads from `ethtool -m` (its module flags) and which flag each needs.
+ETHTOOL_STAGES = {s.name: s.watch[0] for s in STAGE_TABLE if s.watch and s.watch[0] in ("rx_los", "rx_lol")}
+PORT_STAGES = tuple(dict.fromkeys(PORT_CHAIN + STAGES_DOWN))
+
+
+@dataclass(frozen=True)
+class HostStages:
+    """What one host's agent will observe, and why not the rest. `lost`: stage -> why, `fixable` when the lab
+    can mend it (a tool missing, no privilege, sudo refused) rather than its module or ethtool not reporting a
+    flag; `notes`: what is not checked here but needed (CAP_NET_RAW for the probes)."""
+
+    host: str
+    how: str  # "lab@gpu1 via sudo -n"
+    observed: tuple[str, ...]
+    lost: dict[str, tuple[str, bool]]
+    notes: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        text = f"host {self.host} ({self.how}): observes {', '.join(self.observed) or 'nothing'}"
+        by_why: dict[str, list[str]] = {}
+        for stage, (why, _) in self.lost.items():
+            by_why.setdefault(why, []).append(stage)
+        text += "".join(f"; not {', '.join(stages)}: {why}" for why, stages in by_why.items())
+        return text + "".join(f"; {note}" for note in self.notes)
+
+
+def _tool_problem(result, host: HostResource, tool: str) -> str | None:
+    """Why `ethtool -m` (as the host runs it) gave no module record: fixable causes named as the lab sees them."""
+    err = (result.stderr.strip().splitlines() or [""])[-1][:160]
+    if "a password is required" in result.stderr or "sudo:" in err:
+        return f"sudo -n refused ({err})"
+    if result.exit_status == 127 or "not found" in err or "No such file" in err:
+        return (f"{host.tool(tool)} not found (set tools.{tool} to its absolute path)" if host.tool(tool) == tool
+                else f"{host.tool(tool)} not found")
+    if "Operation not permitted" in result.stderr or "Permission denied" in result.stderr:
+        return f"no privilege for `{tool} -m` ({host.user} is not root: set become: sudo)"
+    if result.exit_status != 0:
+        return f"no module EEPROM ({tool} -m: {err or 'exit %d' % result.exit_status})"
+    return None
+
+
+def host_stages(bench: Bench, name: str, transport: SshTransport, *, probes: bool = True,
+                timeout_s: float = 10.0) -> HostStages:
+    """Ask the host what its agent can see: `sudo -n true` when it declares `become: sudo`, then `ethtool -m`
+    on its first NIC port exactly as the agent will run it (declared path, under sudo -n)."""
+    host = bench.hosts[name]
+    how = f"{host.user}@{host.address}" + (" via sudo -n" if host.become == "sudo" else "")
+    stages = [s for s in PORT_STAGES if probes or s != "first_packet"]
+    lost: dict[str, tuple[str, bool]] = {}
+    if host.become == "sudo":
+        result = transport.run("sudo -n true", deadline=Deadline(timeout_s), check=False)
+        if result.exit_status != 0:
+            why = f"sudo -n refused ({(result.stderr.strip().splitlines() or [''])[-1][:160]}): the agent cannot run"
+            return HostStages(name, how, (), {s: (why, True) for s in stages})
+    ports = bench.ports_of(name)
+    if ports:
+        result = transport.run(f"ethtool -m {shlex.quote(ports[0].netdev)}", deadline=Deadline(timeout_s), check=False)
+        problem = _tool_problem(result, host, "ethtool")
+        if problem:
+            lost.update({s: (problem, True) for s in ETHTOOL_STAGES})
+        else:
+            try:
+                flags = parse_ethtool_module(result.stdout)
+            except ParseError:
+                flags = None
+            for stage, field_ in ETHTOOL_STAGES.items():
+                present = flags is not None and (flags.rx_loss_of_signal if field_ == "rx_los"
+                                                 else flags.rx_loss_of_lock) is not None
+                if not present:
+                    lost[stage] = ("`ethtool -m` shows no Rx loss of signal (ethtool < 6.4)" if field_ == "rx_los" else
+                                   "`ethtool -m` shows no Rx loss of lock (ethtool < 6.4, or a module without CDR)",
+                                   False)
+    notes = ()
+    if probes and not bench.emulated and host.user != "root" and host.become != "sudo":
+        notes = (f"first_packet needs CAP_NET_RAW for the probes ({host.user} is not root, no become: sudo)",)
+    return HostStages(name, how, tuple(s for s in stages if s not in lost), lost, notes)
+
+
+def stage_report(bench: Bench, transport_of: Callable, *, probes: bool = True,
+                 timeout_s: float = 10.0) -> list[HostStages]:
+    """`host_stages` for every host at once, in inventory order."""
+    return fan_out(lambda name: host_stages(bench, name, transport_of(name), probes=probes, timeout_s=timeout_s),
+                   bench.hosts, name="preflight")
 
 
 # ====================================================================== fibre map

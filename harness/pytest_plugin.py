@@ -2,14 +2,16 @@
 
     pytest --bench emulated:burst-mode          # the default is emulated:instant
     pytest --bench emulated:instant?ocs=polatis-scpi
+    pytest --bench emulated:instant?ocs=polatis-tl1,polatis-scpi   # two switches: `ocs` tests run once per switch
     pytest --bench lab-a.yaml                   # a real bench: its inventory
 
 Fixtures
   bench         BenchHandle: the inventory's resources (`.resources`), whether the bench is emulated, its
                 inventory file; on an `emulated:` spec one emulated bench serves the whole session.
-  ocs           the driver of the bench's OCS (the only one, or `--bench-ocs NAME`), leased for the session;
-                after each test the cross-connects on the allowed ports are put back as the test found them,
-                and that is verified (a teardown error otherwise).
+  ocs           the driver of the bench's OCS, leased for the session; on a bench with several a test that
+                uses it runs once per switch (`test_x[ocs2]`; `--bench-ocs NAME`: that one only), `ocs_name`
+                saying which; after each test the cross-connects on the allowed ports are put back as the
+                test found them, and that is verified (a teardown error otherwise).
   hosts         {host name: SshTransport}, strict host keys unless the inventory says the bench is emulated.
   run_playbook  run_playbook(PLAYBOOK, **options) runs a playbook as `harness run --json` does (each run in
                 its own directory under the test's tmp_path) and returns a PlaybookRun: bad input is exit 2
@@ -45,7 +47,7 @@ def pytest_addoption(parser) -> None:
                     help=f"emulated:PROFILE[?ocs=PROTOCOL] or a bench inventory YAML (default {DEFAULT_BENCH}; "
                          "ini: hil_bench)")
     group.addoption("--bench-ocs", dest="hil_bench_ocs", default=None,
-                    help="the OCS the `ocs` fixture drives when the inventory has several")
+                    help="the OCS the `ocs` fixture drives when the inventory has several (default: each)")
     group.addoption("--bench-seed", dest="hil_bench_seed", type=int, default=0,
                     help="seed of the session's emulated bench")
     parser.addini("hil_bench", "default --bench", default=DEFAULT_BENCH)
@@ -67,6 +69,40 @@ def _spec_is_emulated(spec: str) -> bool:
     from harness.config import load_inventory
 
     return load_inventory(spec).emulated
+
+
+def _switch_names(config) -> list[str]:
+    """The bench's switches the `ocs` fixture drives (`--bench-ocs`, else every one), known at collection:
+    an emulated spec serves one per protocol it names, as ocs1, ocs2, ...; an inventory names its own."""
+    from harness.errors import InputError
+    from harness.runner import emulated_spec
+
+    wanted = config.getoption("hil_bench_ocs")
+    if wanted is not None:
+        return [wanted]
+    spec = _bench_spec(config)
+    try:
+        emulated = emulated_spec(spec)
+        if emulated:
+            return [f"ocs{i + 1}" for i in range(len(emulated[2].split(",")))]
+        from harness.config import load_inventory
+
+        return list(load_inventory(spec).ocs)
+    except InputError as exc:
+        raise pytest.UsageError(exc.format()) from None
+
+
+def pytest_generate_tests(metafunc) -> None:
+    if "ocs" in metafunc.fixturenames:
+        names = _switch_names(metafunc.config)
+        if len(names) > 1:
+            metafunc.parametrize("ocs_name", names, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def ocs_name(request, pytestconfig) -> str:
+    """The switch the `ocs` fixture drives in this test."""
+    return getattr(request, "param", None) or _switch_names(pytestconfig)[0]
 
 
 def pytest_runtest_setup(item) -> None:
@@ -209,15 +245,12 @@ class _SessionLease:
 
 
 @pytest.fixture(scope="session")
-def _hil_switch(pytestconfig, hil_bench):
+def _hil_switch(pytestconfig, hil_bench, ocs_name):
     from devices.ocs import open_switch
     from harness.lock import ocs_lease_keys
 
     names = sorted(hil_bench.resources.ocs)
-    wanted = pytestconfig.getoption("hil_bench_ocs")
-    if wanted is None and len(names) != 1:
-        raise pytest.UsageError(f"the bench has OCSs {', '.join(names) or 'none'}: choose one with --bench-ocs")
-    name = wanted or names[0]
+    name = ocs_name
     if name not in hil_bench.resources.ocs:
         raise pytest.UsageError(f"--bench-ocs {name}: the bench has {', '.join(names)}")
     resource = hil_bench.resources.ocs[name]

@@ -35,6 +35,7 @@ def playbook_as_run(playbook: Playbook, *, as_written: bool = False) -> dict:
     a token in the environment never lands in a file)."""
     data = rec.to_jsonable({"name": playbook.name, "description": playbook.description, "bench": playbook.bench,
                             "seed": playbook.seed, "cycles": playbook.cycles, **playbook.options,
+                            **({"imports": list(playbook.imports)} if playbook.imports else {}),
                             "steps": [{"type": s.type, "name": s.name, **s.params} for s in playbook.steps]})
     return _as_written(data, playbook.templates) if as_written and playbook.templates else data
 

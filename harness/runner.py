@@ -174,7 +174,9 @@ class RunContext:
         for s in self._sessions.values():
             if s.clock is not None:
                 stamps = getattr(s.transport, "receive_stamps", None)
-                tables.append({**s.clock.table(), **({"reply_stamps": stamps()} if stamps is not None else {})})
+                sources = s.clock_source_table() if hasattr(s, "clock_source_table") else {}
+                tables.append({**s.clock.table(), **({"reply_stamps": stamps()} if stamps is not None else {}),
+                               **({"sources": sources} if sources else {})})
         return tables
 
     def sessions(self) -> dict[str, Any]:
@@ -190,7 +192,9 @@ class RunContext:
 def emulated_spec(spec: str) -> tuple[str, str, str] | None:
     """'emulated[-netns]:PROFILE[?ocs=PROTOCOL]' → (kind, profile, protocol); None for an inventory path.
     The protocol is any registered switch protocol (default: the registry's): the same emulated switch, served over
-    that protocol's wire, so CI can drive the SCPI or NETCONF driver through `--bench` alone."""
+    that protocol's wire, so CI can drive the SCPI or NETCONF driver through `--bench` alone. Several, comma-separated
+    (`?ocs=polatis-tl1,polatis-scpi`): as many switches over the one physics (devices.emulated.bench.SwitchSlice),
+    returned as "a,b"."""
     from urllib.parse import parse_qs
 
     from devices.ocs.registry import DEFAULT_PROTOCOL, OcsConfigError, get_protocol
@@ -204,7 +208,7 @@ def emulated_spec(spec: str) -> tuple[str, str, str] | None:
     if unknown or not profile or any(len(v) != 1 for v in options.values()):
         raise InputError(f"--bench: expected {kind}:PROFILE or {kind}:PROFILE?ocs=PROTOCOL", spec)
     try:
-        protocol = get_protocol(options.get("ocs", [DEFAULT_PROTOCOL])[0]).name
+        protocol = ",".join(get_protocol(name).name for name in options.get("ocs", [DEFAULT_PROTOCOL])[0].split(","))
     except OcsConfigError as exc:
         raise InputError(f"--bench: {exc}", spec) from None
     return kind, profile, protocol
@@ -462,6 +466,37 @@ def _preflight(ctx) -> None:
     if problems:
         raise PreflightFailed(f"preflight: {problems[0]}" + (f" (+{len(problems) - 1} more: harness bench check)"
                                                              if len(problems) > 1 else ""))
+    _preflight_stages(ctx)
+
+
+def _preflight_stages(ctx) -> None:
+    """One line per host: the stages its agent will observe and why not the others. A stage a step asked for
+    that the lab could give (a tool, a privilege) stops the run; one the module cannot report is said on the
+    console and in summary.md. Never silent."""
+    from analysis.stages import STAGES_DOWN
+    from harness.preflight import ETHTOOL_STAGES, PreflightFailed, stage_report
+
+    observing = [step.params for step in ctx.playbook.steps if "ethtool_interval_us" in step.params]
+    if not observing:
+        return
+    asked = {"phy_up", "port_active", *STAGES_DOWN, *ETHTOOL_STAGES}
+    probes = any(p.get("probes") for p in observing)
+    if probes:
+        asked.add("first_packet")
+    reports = stage_report(ctx.bench, ctx.transport, probes=probes)
+    stops = [r.line() for r in reports if any(fixable and stage in asked for stage, (_, fixable) in r.lost.items())]
+    if not ctx.quiet or stops:
+        for r in reports:
+            print(f"preflight: {r.line()}", file=sys.stderr)
+    if stops:
+        raise PreflightFailed(f"preflight: {stops[0]}" + (f" (+{len(stops) - 1} more hosts)" if len(stops) > 1 else "")
+                              + " — declare the tool's path (tools:) or the privilege (become: sudo) in the inventory")
+    unobserved = [r.line() for r in reports if any(stage in asked for stage in r.lost)]
+    if unobserved:
+        ctx.manifest_extra["unobserved_stages"] = unobserved
+        if ctx.quiet:
+            for line in unobserved:
+                print(f"preflight: {line}", file=sys.stderr)
 
 
 _error_line = logs.error_line

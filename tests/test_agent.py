@@ -89,7 +89,8 @@ def test_module_flags_agree_with_the_project_parser(los, lol):
     text = formats.ethtool_module(NicSnapshot(rx_los=los, rx_lol=lol))
     expected = parse_ethtool_module(text)
     assert hilagent.parse_module_flags(text) == {"rx_los": str(int(expected.rx_los)),
-                                                 "rx_lol": str(int(expected.rx_lol))}
+                                                 "rx_lol": str(int(expected.rx_lol)),
+                                                 "module_state": expected.module_state}
     assert (expected.rx_los, expected.rx_lol) == (los, lol)
 
 

@@ -221,7 +221,7 @@ def test_lines_that_mark_no_stage_are_mirrored_but_not_queued_and_the_cycle_is_t
     from harness.bench.stages import STAGE_FIELDS
 
     assert {field for field, _ in REACHED.values()} <= STAGE_FIELDS
-    assert STAGE_FIELDS == {"rx_los", "rx_lol", "carrier", "state"}
+    assert STAGE_FIELDS == {"rx_los", "rx_lol", "carrier", "state", "module_state", "datapath_state"}  # CMIS: optional
     script = ScriptedObservations()
     for host in ("h1", "h2"):
         script.watch(host, "eth0", "rx_los", "1", 100 * MS + 300_000)

@@ -47,6 +47,31 @@ def test_ocs_and_hosts_fixtures_drive_the_emulated_bench_and_the_switch_is_put_b
     result.assert_outcomes(passed=2)
 
 
+def test_on_a_bench_with_two_switches_an_ocs_test_runs_once_per_switch_and_each_is_put_back(pytester):
+    pytester.makepyfile(test_lab=textwrap.dedent("""\
+        SEEN = {}
+
+        def test_a_changes_a_cross_connect(bench, ocs, ocs_name):
+            ports = [p for p in bench.resources.nic_ports if p.ocs == ocs_name]
+            assert len(ports) == 4  # rails: each host's NIC k on switch k
+            SEEN[ocs_name] = ocs.patches()
+            ocs.apply({ports[0].ocs_tx: ports[1].ocs_rx}, exclusive=True)
+            assert ocs.patches() == {ports[0].ocs_tx: ports[1].ocs_rx}
+
+        def test_b_finds_what_test_a_found(ocs, ocs_name, bench):
+            assert ocs.patches() == SEEN[ocs_name] == {}
+            assert bench.emulator.physics.ocs_patches() == {}
+        """))
+    result = pytester.runpytest("-p", "no:cacheprovider", "-v", "--bench",
+                                "emulated:instant?ocs=polatis-tl1,polatis-scpi")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*test_a_changes_a_cross_connect?ocs1? PASSED*",
+                                 "*test_a_changes_a_cross_connect?ocs2? PASSED*"])
+    only = pytester.runpytest("-p", "no:cacheprovider", "--bench", "emulated:instant?ocs=polatis-tl1,polatis-scpi",
+                              "--bench-ocs", "ocs2")
+    only.assert_outcomes(passed=2)
+
+
 def test_hardware_marker_skips_on_an_emulated_bench_with_the_reason(pytester):
     pytester.makepyfile(test_hw=textwrap.dedent("""\
         import pytest

@@ -33,8 +33,9 @@ def test_an_inventory_reports_every_problem_at_its_line(tmp_path, monkeypatch):
         load_inventory(write(tmp_path, "inv.yaml", text))
     got = [(e.line, e.message) for e in info.value.errors]
     assert got == [(6, "ocs.ocs1.size[1]: expected [ingress_count, egress_count] (integers 1..4096), found 0"),
-                   (15, "hosts.gpu1: unknown key 'colour' (expected one of: address, port, user, identity_file, "
-                        "known_hosts, python, nics)"),
+                   (15, "hosts.gpu1: unknown key 'colour' (expected one of: user, identity_file, passphrase_env, "
+                        "known_hosts, ssh_config, proxy_jump, become, tools, address, port, proxy_command, python, "
+                        "nics)"),
                    (21, "hosts.gpu2.port: expected a port number in 1..65535, found 0"),
                    (23, "hosts.gpu2.nics[0].ocs: no switch named 'ocs9' (known: ocs1)")]
     # cabling problems alone, all of them

@@ -133,7 +133,8 @@ def _lanes_flagged(value):
 
 
 def parse_module_flags(text):
-    """rx_los / rx_lol from `ethtool -m` output (`\\t%-41s : value` records); missing ones are left out."""
+    """rx_los / rx_lol from `ethtool -m` output (`\\t%-41s : value` records), and a CMIS module's state
+    (ethtool cmis.c: `Module State : 0x03 (ModuleReady)`) as module_state; missing ones are left out."""
     flags = {}
     for line in text.splitlines():
         key, sep, value = line.partition(" : ")
@@ -144,6 +145,10 @@ def parse_module_flags(text):
             flags["rx_los"] = _lanes_flagged(value)
         elif key == "Rx loss of lock" and "rx_lol" not in flags:
             flags["rx_lol"] = _lanes_flagged(value)
+        elif key == "Module State" and "module_state" not in flags:
+            word = value.strip().rpartition("(")[2].rstrip(")").strip()
+            if word:
+                flags["module_state"] = word
     return flags
 
 
@@ -177,8 +182,9 @@ def open_fields(specs):
     return fields
 
 
-def watch_ethtool(netdevs, interval_ns, stop):
-    """Poll `ethtool -m` per netdev in its own thread, so a slow tool never delays the sysfs polls."""
+def watch_ethtool(netdevs, interval_ns, stop, ethtool="ethtool"):
+    """Poll `ethtool -m` per netdev in its own thread, so a slow tool never delays the sysfs polls. `ethtool`:
+    the path the inventory declares (a non-root PATH may lack /usr/sbin)."""
     last = {}  # (netdev, field) -> value
     prev_start = {}
     skipped = set()
@@ -190,10 +196,10 @@ def watch_ethtool(netdevs, interval_ns, stop):
                 continue
             start = time.time_ns()
             try:
-                done = subprocess.run(["ethtool", "-m", netdev], stdout=subprocess.PIPE,
+                done = subprocess.run([ethtool, "-m", netdev], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, timeout=5)
             except FileNotFoundError:
-                note("ethtool not found; rx_los and rx_lol not watched")
+                note("%s not found; rx_los and rx_lol not watched" % ethtool)
                 return
             except subprocess.TimeoutExpired:
                 continue
@@ -204,7 +210,7 @@ def watch_ethtool(netdevs, interval_ns, stop):
                      % (netdev, done.stderr.decode(errors="replace").strip() or "rc %d" % done.returncode))
                 skipped.add(netdev)
                 continue
-            for name in ("rx_los", "rx_lol"):
+            for name in ("rx_los", "rx_lol", "module_state"):
                 if name not in flags:
                     continue
                 key = (netdev, name)
@@ -244,7 +250,7 @@ def cmd_watch(args):
     fields = open_fields(args.ports)
     if args.ethtool_interval_us > 0:
         netdevs = [spec[0] for spec in args.ports]
-        threading.Thread(target=watch_ethtool, args=(netdevs, args.ethtool_interval_us * 1000, stop),
+        threading.Thread(target=watch_ethtool, args=(netdevs, args.ethtool_interval_us * 1000, stop, args.ethtool),
                          name="ethtool", daemon=True).start()
     interval_ns = args.interval_us * 1000
     failed = set()
@@ -558,6 +564,7 @@ def make_parser():
     w = sub.add_parser("watch", help="poll link state locally, print changes")
     w.add_argument("--interval-us", type=int, required=True)
     w.add_argument("--ethtool-interval-us", type=int, default=100_000, help="0 disables `ethtool -m` polls")
+    w.add_argument("--ethtool", default="ethtool", help="the ethtool to run (an absolute path: the inventory's tools:)")
     w.add_argument("ports", nargs="+", type=parse_watch_spec, metavar="NETDEV[=RDMADEV/PORT]")
     w.set_defaults(func=cmd_watch)
     c = sub.add_parser("counters", help="sample RDMA data counters locally, print every sample")

@@ -1,6 +1,8 @@
 """The whole emulated bench: physics, OCS protocol servers and one SSH server per host, on 127.0.0.1.
 
-It writes an ordinary inventory, so the harness drives it exactly as it drives a real bench.
+It writes an ordinary inventory, so the harness drives it exactly as it drives a real bench. Given several
+protocols (`EmulatedBench(..., protocol="polatis-tl1,polatis-scpi")`) it serves as many switches over the one
+physics, each owning a share of its ports (`SwitchSlice`) and numbering them as a switch of its own.
 """
 from __future__ import annotations
 
@@ -8,11 +10,11 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import yaml
 
-from devices.emulated.physics import OpticalBench
+from devices.emulated.physics import OcsCommandError, OpticalBench
 from devices.emulated.profile import Profile, load_profile
 from devices.ocs.registry import DEFAULT_PROTOCOL, get_protocol
 
@@ -41,15 +43,67 @@ def scpi_view(servers) -> OcsView:
     return OcsView(f"tcp://{host}:{port}", f"SCPI tcp://{host}:{port}   SCPI serial {servers.pty_path}")
 
 
+class SwitchSlice:
+    """Switch `index` of `count` over one physics: the physics' ingress p and egress q (0-based on their side)
+    belong to switch `p % count` and `q % count` (NIC i, host-major, is cabled to ingress i and egress i: a
+    NIC's two fibres land on one switch, its rail when NICs per host is a multiple of `count`). The switch
+    numbers its own ports as a Polatis does: ingress 1..n, egress n+1..n+m. What the protocol servers read of
+    a switch (`ocs_size`, `ocs_patches`, `ocs_apply`, `ocs_port_power`), over its ports only."""
+
+    def __init__(self, physics: OpticalBench, index: int, count: int):
+        self.physics, self.index, self.count = physics, index, count
+        n, m = physics.ocs_size
+        self._n_phys = n
+        self.ocs_size = (len(range(index, n, count)), len(range(index, m, count)))
+
+    def to_physics(self, port: int) -> int:
+        n, m = self.ocs_size
+        if not 1 <= port <= n + m:
+            raise OcsCommandError("IIAC", f"Invalid port {port}")
+        if port <= n:
+            return (port - 1) * self.count + self.index + 1
+        return self._n_phys + (port - n - 1) * self.count + self.index + 1
+
+    def owns(self, physical: int) -> bool:
+        side = physical - 1 if physical <= self._n_phys else physical - self._n_phys - 1
+        return side % self.count == self.index
+
+    def from_physics(self, physical: int) -> int:
+        if physical <= self._n_phys:
+            return (physical - 1) // self.count + 1
+        return self.ocs_size[0] + (physical - self._n_phys - 1) // self.count + 1
+
+    def ocs_patches(self) -> dict[int, int]:
+        return {self.from_physics(i): self.from_physics(e) for i, e in self.physics.ocs_patches().items()
+                if self.owns(i)}
+
+    def ocs_apply(self, adds: dict[int, int], removes: Iterable[int] = (), at_ns: int | None = None) -> int:
+        n, _ = self.ocs_size
+        for ingress in list(adds) + list(removes):
+            if not 1 <= ingress <= n:
+                raise OcsCommandError("IIAC", f"Invalid ingress port {ingress}")
+        for egress in adds.values():
+            if not n < egress <= sum(self.ocs_size):
+                raise OcsCommandError("IIAC", f"Invalid egress port {egress}")
+        return self.physics.ocs_apply({self.to_physics(i): self.to_physics(e) for i, e in adds.items()},
+                                      [self.to_physics(i) for i in removes], at_ns=at_ns, switch=self.index)
+
+    def ocs_port_power(self, port: int) -> float:
+        return self.physics.ocs_port_power(self.to_physics(port))
+
+
 class EmulatedBench:
     """Start with `with EmulatedBench("mixnet-testbed", seed=1) as bench: bench.inventory_path ...`."""
 
-    def __init__(self, profile: Profile | str, seed: int = 0, protocol: str = DEFAULT_PROTOCOL,
+    def __init__(self, profile: Profile | str, seed: int = 0, protocol: str | Iterable[str] = DEFAULT_PROTOCOL,
                  workdir: str | os.PathLike | None = None, netns_prefix: str | None = None,
                  miscable: list | tuple = (), workers: int = 0):
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         self.seed = seed
-        self.protocol = get_protocol(protocol).name  # unknown names fail here, before anything starts
+        # one switch per protocol ("a,b" or a list); unknown names fail here, before anything starts
+        names = protocol.split(",") if isinstance(protocol, str) else list(protocol)
+        self.protocols = tuple(get_protocol(name.strip()).name for name in names)
+        self.protocol = self.protocols[0]
         # miscable [[a, b], ...]: fibres at OCS ports a and b swapped; the inventory still claims the intended map
         self.physics = OpticalBench(self.profile, seed=seed, miscable=miscable)
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ocs-hil-bench-")
@@ -63,8 +117,9 @@ class EmulatedBench:
         self.workers = int(workers)
         self._shards = None
         self.netns = None
-        self.ocs_servers = None
-        self.ocs_view = None  # the chosen protocol's view: url, description, stop()
+        self.ocs_servers = None  # the first switch's servers (fault injection drives this one)
+        self.ocs_view = None  # the first switch's view in its protocol: url, description, stop()
+        self.switches: dict[str, tuple] = {}  # inventory name -> (servers, view, SwitchSlice | None)
         self.host_servers: dict = {}
         self.inventory_path = self.workdir / "inventory.yaml"
 
@@ -84,9 +139,13 @@ class EmulatedBench:
             # the password is the one in the variable the inventory names (set to the default if unset)
             password = os.environ.get(PASSWORD_ENV) or EMULATED_PASSWORD
             os.environ[PASSWORD_ENV] = password
-            self.ocs_servers = OcsServers(self.physics, user=EMULATED_USER, password=password)
-            self.ocs_servers.start()
-            self.ocs_view = get_protocol(self.protocol).start_emulator(self.ocs_servers)
+            count = len(self.protocols)
+            for index, protocol in enumerate(self.protocols):
+                part = SwitchSlice(self.physics, index, count) if count > 1 else None
+                servers = OcsServers(part or self.physics, user=EMULATED_USER, password=password)
+                self.switches[f"ocs{index + 1}"] = (servers.start(), None, part)  # stopped even if its view fails
+                self.switches[f"ocs{index + 1}"] = (servers, get_protocol(protocol).start_emulator(servers), part)
+            self.ocs_servers, self.ocs_view, _ = self.switches["ocs1"]
             if self.workers:
                 from devices.emulated.shards import HostWorkers
 
@@ -105,27 +164,37 @@ class EmulatedBench:
 
     def inventory(self) -> dict:
         """The bench as an inventory (ARCHITECTURE.md contract)."""
-        n, m = self.physics.ocs_size
         nics = self.physics.all_nic_ports()
         claimed = self.physics.cabled_as  # the intended cabling; the lab owns the ports the fibres really use too
-        allowed = sorted({p for pair in claimed.values() for p in pair} | {p.ocs_tx for p in nics}
-                         | {p.ocs_rx for p in nics})
+        used = {p for pair in claimed.values() for p in pair} | {p.ocs_tx for p in nics} | {p.ocs_rx for p in nics}
+
+        def on_switch(physical: int) -> tuple[str, int]:  # (the switch, its own port number)
+            for name, (_, _, part) in self.switches.items():
+                if part is None or part.owns(physical):
+                    return name, part.from_physics(physical) if part is not None else physical
+            raise AssertionError(physical)
+
         hosts = {}
         for name, server in self.host_servers.items():
             res = server.resource()
+            nic_rows = []
+            for p in self.physics.nic_ports(name):
+                (ocs, tx), (_, rx) = on_switch(claimed[p.key][0]), on_switch(claimed[p.key][1])
+                nic_rows.append({"netdev": p.netdev, "rdma_dev": p.rdma_dev, "rdma_port": p.rdma_port, "ocs": ocs,
+                                 "tx": tx, "rx": rx})
             hosts[name] = {
                 "address": res.address, "port": res.port, "user": res.user,
                 "identity_file": str(server.client_key_path), "known_hosts": str(server.known_hosts_path),
-                "nics": [{"netdev": p.netdev, "rdma_dev": p.rdma_dev, "rdma_port": p.rdma_port, "ocs": "ocs1",
-                          "tx": claimed[p.key][0], "rx": claimed[p.key][1]} for p in self.physics.nic_ports(name)],
+                "nics": nic_rows,
             }
-        return {
-            "bench": {"name": f"emulated-{self.profile.name}", "emulated": True},
-            "ocs": {"ocs1": {"protocol": self.protocol, "url": self.ocs_view.url, "size": [n, m],
-                             "allowed_ports": [str(p) for p in allowed], "user": EMULATED_USER,
-                             "password_env": PASSWORD_ENV}},
-            "hosts": hosts,
-        }
+        switches = {}
+        for (name, (servers, view, _)), protocol in zip(self.switches.items(), self.protocols):
+            allowed = sorted(port for ocs, port in map(on_switch, used) if ocs == name)
+            switches[name] = {"protocol": protocol, "url": view.url, "size": list(servers.bench.ocs_size),
+                              "allowed_ports": [str(p) for p in allowed], "user": EMULATED_USER,
+                              "password_env": PASSWORD_ENV}
+        return {"bench": {"name": f"emulated-{self.profile.name}", "emulated": True}, "ocs": switches,
+                "hosts": hosts}
 
     def ground_truth(self) -> list[dict]:
         return self.physics.ground_truth()
@@ -140,18 +209,15 @@ class EmulatedBench:
         if self._shards is not None:
             self._shards.stop()
             self._shards = None
-        if self.ocs_view is not None:
-            try:
-                self.ocs_view.stop()
-            except Exception:
-                pass
-            self.ocs_view = None
-        if self.ocs_servers is not None:
-            try:
-                self.ocs_servers.stop()
-            except Exception:
-                pass
-            self.ocs_servers = None
+        for servers, view, _ in self.switches.values():
+            for stop in (view.stop if view is not None else None, servers.stop):
+                try:
+                    if stop is not None:
+                        stop()
+                except Exception:  # teardown must reach every switch
+                    pass
+        self.switches = {}
+        self.ocs_servers = self.ocs_view = None
         if self.netns is not None:
             self.netns.stop()
             self.netns = None

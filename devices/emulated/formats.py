@@ -282,6 +282,10 @@ def module_lanes(speed_mbps: int) -> int:
     return 8 if speed_mbps >= 400_000 else 4
 
 
+# CMIS 5 Table 8-6 module state codes, named as ethtool's cmis.c prints them
+_CMIS_MODULE_STATES = {"ModuleLowPwr": 1, "ModulePwrUp": 2, "ModuleReady": 3, "ModulePwrDn": 4}
+
+
 def ethtool_module(snapshot: NicSnapshotLike, *, rx_los: bool | None = None, rx_lol: bool | None = None,
                    tools: ToolVersions = CURRENT_TOOLS) -> str:
     """`ethtool -m <if>`: record order, names and units of ethtool's qsfp.c (SFF-8636, 100G SR4) or cmis.c
@@ -309,8 +313,9 @@ def ethtool_module(snapshot: NicSnapshotLike, *, rx_los: bool | None = None, rx_
                    ("Vendor rev", "A0"), ("Vendor SN", "EMU00000001"), ("Date code", "240101"),
                    ("Revision compliance", "Rev. 4.0")] + signals
         if tools.at_least("ethtool", "5.16"):
-            records += [("Module State", "0x03 (ModuleReady)"), ("LowPwrAllowRequestHW", "Off"),
-                        ("LowPwrRequestSW", "Off")]
+            state = getattr(snapshot, "module_state", None) or "ModuleReady"  # None: a module that shows no resets
+            records += [("Module State", f"0x{_CMIS_MODULE_STATES[state]:02x} ({state})"),
+                        ("LowPwrAllowRequestHW", "Off"), ("LowPwrRequestSW", "Off")]
         rx_name = "Rcvr signal avg optical power (Channel {})"
     else:
         records = [("Identifier", "0x11 (QSFP28)"), ("Extended identifier", "0x8c"),
@@ -487,6 +492,14 @@ def chronyc_tracking(offset_s: float, freq_ppm: float, *, ref_id: str = "7F7F010
             f"Root dispersion : 0.000123456 seconds\n"
             f"Update interval : 64.2 seconds\n"
             f"Leap status     : Normal\n")
+
+
+def chronyc_tracking_csv(offset_s: float, freq_ppm: float, *, ref_time_s: float, ref_id: str = "7F7F0101",
+                         ref_name: str = "ntp1.example", stratum: int = 3) -> str:
+    """`chronyc -c tracking` (client.c's CSV: raw signed values, System time is the correction: > 0 when slow).
+    The same dispersion and delay as `chronyc_tracking`."""
+    return (f"{ref_id},{ref_name},{stratum},{ref_time_s:.9f},{-offset_s:.9f},{-offset_s:.9f},{abs(offset_s):.9f},"
+            f"{freq_ppm:.3f},0.001,0.020,0.000345678,0.000123456,64.2,Normal\n")
 
 
 # ---------------------------------------------------------------- benchmark tools (protocols.md §3.2, §3.3)

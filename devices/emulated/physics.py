@@ -25,14 +25,15 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from devices.emulated.profile import NIC_KEYS, OCS_KEYS, Profile
+from devices.emulated.profile import NIC_KEYS, OCS_KEYS, OPTIONAL_NIC_KEYS, Profile
 from devices.timing import now_ns
 
 WIRE_LATENCY_NS = 2_000  # fibre + serialisation of one probe frame
 _RATE_STAGES = frozenset({"light_lost", "light_detected", "port_down", "phy_up", "port_active"})
 DARK_DBM = -60.0
 # Stream key of every random quantity: (domain, command, stage) -> one value per port (or per host).
-_STREAM_STAGES = OCS_KEYS + NIC_KEYS + ("clock_offset", "clock_drift")
+# The optional stages come last: the others keep their codes, so a profile without them draws as before.
+_STREAM_STAGES = OCS_KEYS + NIC_KEYS + ("clock_offset", "clock_drift") + OPTIONAL_NIC_KEYS
 _STAGE_CODE = {stage: i for i, stage in enumerate(_STREAM_STAGES)}
 _OCS, _NIC, _CLOCK, _ADMIN = 0, 1, 2, 3  # _ADMIN: re-training after `ip link set up` (its own streams)
 
@@ -79,13 +80,20 @@ class NicSnapshot(NamedTuple):
     light_lost_ns: int | None = None  # when the light last went off (the fabric's failure detection starts)
     admin_up: bool = True  # `ip link set dev X up|down`: a port set down transmits no light and holds no link
     lit_by: str | None = None  # the NIC ("host:netdev") whose transmitter lights this receiver, None when dark
+    # CMIS module (ethtool -m "Module State") and data-path states; None: the module shows none (the default)
+    module_state: str | None = None
+    datapath_state: str | None = None
 
 
 _SNAPSHOT_INDEX = {name: i for i, name in enumerate(NicSnapshot._fields)}
 _SNAPSHOT_FIELDS = frozenset(_SNAPSHOT_INDEX)
 # snapshot attribute -> the agent's watch field it shows as
 _WATCHED = {"rx_los": "rx_los", "rx_lol": "rx_lol", "carrier": "carrier", "phys_state": "phys_state",
-            "ib_state": "state", "operstate": "operstate"}
+            "ib_state": "state", "operstate": "operstate", "module_state": "module_state",
+            "datapath_state": "datapath_state"}
+# A CMIS module that lost its light: the host re-initialises it (the SONiC CMIS manager's re-init the field reports),
+# so it passes ModuleReady and DataPathActivated again before its PHY can train.
+_CMIS_RESET = {"module_state": "ModuleLowPwr", "datapath_state": "DataPathDeactivated"}
 
 
 def _with(snapshot: NicSnapshot, changes: dict) -> NicSnapshot:
@@ -185,6 +193,7 @@ class _Port:
     flaps: int = 0  # "flap": carrier down/up cycles after each PHY training, light staying on
     flap_ns: int = 1_000_000  # "flap": how long each carrier-down and carrier-up phase lasts
     trained_on: int | None = None  # the ingress whose signal the link last trained on (its far-end transmitter)
+    cmis: bool = False  # its module shows CMIS module / data-path states (the profile gives their delays)
 
 
 @dataclass
@@ -221,7 +230,9 @@ class OpticalBench:
         self.profile = profile
         self._streams = KeyedStreams(seed)
         self._now = clock  # CLOCK_MONOTONIC ns; tests pass a fake clock to make the scheduler late at will
-        self._command = 0  # switch commands that moved a mirror: the "cycle" part of the stream keys
+        # switch commands that moved a mirror, counted per switch: the "cycle" part of the stream keys, so that two
+        # switches over this physics draw the same whichever command reaches its server first
+        self._commands: dict[int, int] = {}
         # Every draw, column-wise (a pod draws ~10^4 per cycle): command, port index (-1: the switch), stage
         # code, delay, and how late the action it timed ran; and the lateness of every action run.
         self._draws = {k: array(t) for k, t in (("command", "q"), ("port", "l"), ("stage", "b"), ("delay_ns", "q"),
@@ -278,7 +289,9 @@ class OpticalBench:
                              mac=f"0c:42:a1:{h:02x}:{j:02x}:01", ifindex=3 + j, ocs_tx=swap.get(tx, tx),
                              ocs_rx=swap.get(rx, rx))
             self.cabled_as[model.key] = (tx, rx)
-            self._ports[(host, model.netdev)] = _Port(model, index=i)
+            self._ports[(host, model.netdev)] = _Port(model, index=i, cmis=profile.has_cmis(model.key))
+            if self._ports[(host, model.netdev)].cmis:  # dark at start: reset, as after a light loss
+                self._ports[(host, model.netdev)].state = NicSnapshot(**_CMIS_RESET)
         self._host_ports: dict[str, list[_Port]] = {h: [] for h in self.hosts}  # O(NICs of the host) lookups
         for port in self._ports.values():
             self._host_ports[port.model.host].append(port)
@@ -376,8 +389,12 @@ class OpticalBench:
             self._advance()
             return dict(self._patches)
 
-    def ocs_apply(self, adds: dict[int, int], removes: Iterable[int] = (), at_ns: int | None = None) -> int:
+    def ocs_apply(self, adds: dict[int, int], removes: Iterable[int] = (), at_ns: int | None = None,
+                  switch: int = 0) -> int:
         """Validate, then move mirrors. Returns the monotonic ns when every moved mirror has settled.
+
+        `switch`: which switch over this physics sent it (devices.emulated.bench.SwitchSlice); its commands are
+        counted on their own, the first switch's keyed exactly as a lone switch's.
 
         `at_ns`: when the command reached the switch (a server's kernel receive stamp). The mirrors move from
         then, not from when a busy machine let the server's thread get to it — as far back as no reader has
@@ -409,8 +426,8 @@ class OpticalBench:
             t0 = self._now()
             if not (adds or removes):
                 return t0
-            self._command += 1
-            command = self._command
+            count = self._commands[switch] = self._commands.get(switch, 0) + 1
+            command = count + (switch << 40)
             # when the command had surely reached the switch (the server's kernel stamp plus its conversion's bound;
             # else when it was handled, later — `port` says which): what the harness's recorded send must precede
             # (analysis.accuracy.ocs_command_check)
@@ -523,7 +540,7 @@ class OpticalBench:
             if self._link_up(port) and port.trained_on != self._settled_to.get(port.model.ocs_rx):
                 # A new far-end transmitter (an atomic swap, no dark gap the link could notice): its clock
                 # and phase are not the ones the receiver locked to, so the lock and the link are lost now.
-                self._drop_link(port, t, rx_lol=True)
+                self._drop_link(port, t, rx_lol=True, **(_CMIS_RESET if port.cmis else {}))
 
             def los_clear(t, gen=gen):
                 if port.gen != gen:
@@ -538,6 +555,19 @@ class OpticalBench:
                     return
                 self._emit(port, t, "cdr_locked", rx_lol=False)
                 if port.fault != "never_up" and port.state.admin_up:
+                    if port.cmis:
+                        after(t, "module_ready", module_ready)
+                    else:
+                        after(t, "phy_up", phy_up)
+
+            def module_ready(t, gen=gen):
+                if port.gen == gen:
+                    self._emit(port, t, "module_ready", module_state="ModuleReady")
+                    after(t, "datapath_activated", datapath_activated)
+
+            def datapath_activated(t, gen=gen):
+                if port.gen == gen:
+                    self._emit(port, t, "datapath_activated", datapath_state="DataPathActivated")
                     after(t, "phy_up", phy_up)
 
             flaps_left = [port.flaps if port.fault == "flap" else 0]
@@ -572,7 +602,7 @@ class OpticalBench:
             after(t, "los_clear", los_clear)
         else:
             self._emit(port, t, "light_lost", rx_los=True, rx_lol=True, rx_power_dbm=DARK_DBM, light_lost_ns=t,
-                       lit_by=None)
+                       lit_by=None, **(_CMIS_RESET if port.cmis else {}))
 
             def link_down(t, gen=gen):
                 if port.gen == gen and self._link_up(port):

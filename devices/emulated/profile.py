@@ -13,7 +13,7 @@ import yaml
 from pydantic import Field, ValidationError, create_model, model_validator
 
 from analysis.delays import Delay
-from analysis.stages import NIC_PROFILE_KEYS
+from analysis.stages import NIC_PROFILE_KEYS, OPTIONAL_NIC_PROFILE_KEYS
 from devices.emulated.faults import FaultEntry
 from devices.specs import AtLeastOne, Spec, ranged
 
@@ -21,6 +21,8 @@ PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
 OCS_KEYS = ("switch", "dark")
 NIC_KEYS = NIC_PROFILE_KEYS  # from the one stage table
+# Stages a port has only if its profile gives their delays (CMIS module / data-path states): unset, none drawn.
+OPTIONAL_NIC_KEYS = OPTIONAL_NIC_PROFILE_KEYS
 
 
 class ProfileError(ValueError):
@@ -66,10 +68,12 @@ class DelaySpec(Spec):
         return Delay.from_spec(self.given())
 
 
-def _delays(name: str, keys: tuple[str, ...], defaults: dict | None) -> type[Spec]:
-    """A section of delays by key; `defaults` None: every key optional (a per-port override)."""
+def _delays(name: str, keys: tuple[str, ...], defaults: dict | None, optional: tuple[str, ...] = ()) -> type[Spec]:
+    """A section of delays by key; `defaults` None: every key optional (a per-port override); `optional`: keys
+    that stay unset unless given."""
     fields = {k: (DelaySpec | None, None) if defaults is None else (DelaySpec, DelaySpec(**defaults[k]))
               for k in keys}
+    fields.update({k: (DelaySpec | None, None) for k in optional})
     return create_model(name, __base__=Spec, **fields)
 
 
@@ -78,8 +82,8 @@ _DEFAULT_NIC = {"los_clear": {"dist": "fixed", "ms": 0.05}, "cdr_lock": {"dist":
                 "phy_up": {"dist": "fixed", "ms": 0.0}, "port_active": {"dist": "fixed", "ms": 0.0},
                 "link_down": {"dist": "fixed", "ms": 1.0}}
 OcsDelays = _delays("OcsDelays", OCS_KEYS, _DEFAULT_OCS)
-NicDelays = _delays("NicDelays", NIC_KEYS, _DEFAULT_NIC)
-PortDelays = _delays("PortDelays", NIC_KEYS, None)
+NicDelays = _delays("NicDelays", NIC_KEYS, _DEFAULT_NIC, OPTIONAL_NIC_KEYS)
+PortDelays = _delays("PortDelays", NIC_KEYS + OPTIONAL_NIC_KEYS, None)
 Pair = Annotated[list[float], Field(min_length=2, max_length=2, description="[low, high]")]
 
 
@@ -164,6 +168,15 @@ class ProfileSpec(Spec):
     tools: ToolPins = ToolPins()
     fabric: FabricSpec = FabricSpec()
 
+    @model_validator(mode="after")
+    def _cmis_pairs(self):
+        for where, section in [("nic", self.nic)] + [(f"per_port.{k}", v) for k, v in self.per_port.items()]:
+            given = [k for k in OPTIONAL_NIC_KEYS if getattr(section, k) is not None]
+            if given and len(given) != len(OPTIONAL_NIC_KEYS):
+                raise ValueError(f"{where}: a CMIS module needs both {' and '.join(OPTIONAL_NIC_KEYS)} delays "
+                                 f"(got only {given[0]})")
+        return self
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -201,6 +214,11 @@ class Profile:
 
     def nic_delay(self, port_key: str, stage: str) -> Delay:
         return self.per_port.get(port_key, {}).get(stage) or self.nic[stage]
+
+    def has_cmis(self, port_key: str) -> bool:
+        """Whether this port's module shows CMIS module / data-path states (their delays given, in `nic` or the
+        port's own): both or neither."""
+        return all(k in self.nic or k in self.per_port.get(port_key, {}) for k in OPTIONAL_NIC_KEYS)
 
 
 # No public Spectrum-X detection figure was retrievable (spec algorithms.md §8: the seed paper was not found):

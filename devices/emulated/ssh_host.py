@@ -59,6 +59,9 @@ PYTHON_NAMES = ("python3", "python")  # how the harness launches the agent (Host
 WATCH_ETHTOOL_DEFAULT_US = 100_000  # the agent's default --ethtool-interval-us
 AGENT_FIELDS = ("rx_los", "rx_lol", "carrier", "operstate", "phys_state", "state")
 _ETHTOOL_FIELDS = ("rx_los", "rx_lol")
+# Read from `ethtool -m` as well, on its grid, but a state, not a latched flag: a CMIS module's "Module State" (the
+# data-path state no `ethtool -m` prints, so the agent cannot watch it: it stays in the ground truth only).
+_ETHTOOL_STATES = ("module_state",)
 EPS_GBPS_DEFAULT = 100.0  # packet-fabric bandwidth per NIC when a pair has no circuit
 TRANSFER_LATENCY_US_DEFAULT = 10.0  # fixed start-up cost of one emulated transfer (launch, handshake)
 _BYTES_PER_GBIT = 1.25e8
@@ -402,6 +405,11 @@ class EmulatedHostServer:
         self._unsubscribe: Callable[[], None] | None = None
         self._agent_streams: _AgentStreams | None = None
         self.reply_delay_s = 0.0  # fault injection: every output write of a command waits this long
+        # privileges: whether `sudo -n` may run commands as root (sudoers NOPASSWD), and what it ran (ground truth)
+        self.sudo_allowed = True
+        self.sudo_commands: list[str] = []
+        # where the host keeps its tools (Debian's layout); an absolute path elsewhere is "not found"
+        self.tool_paths: dict[str, tuple[str, ...]] = dict(TOOL_PATHS)
         # Emulated data plane of the benchmark tools (each overridable per command line):
         self.link_gbps: float | None = None  # over a circuit; None: the slower NIC's speed
         self.eps_gbps = EPS_GBPS_DEFAULT  # over the packet fabric, per NIC
@@ -587,6 +595,29 @@ def run_shell(ctx: ExecContext, command: str) -> int:
     return status
 
 
+def _has_tool(server: "EmulatedHostServer", path: str, tool: str) -> bool:
+    """Whether `path` runs `tool` on this host: its bare name, or an absolute path where the host keeps it."""
+    return (path == tool or path in server.tool_paths.get(tool, ())) and tool in server.commands
+
+
+def _sudo(ctx: ExecContext, argv: list[str]) -> int:
+    """sudo as the harness uses it, `sudo -n COMMAND...`: run as root when the host's user may (sudoers NOPASSWD:
+    `sudo_allowed`), else sudo's own refusal. Without -n sudo would prompt: there is no terminal here."""
+    words = argv[1:]
+    if words[:1] != ["-n"]:
+        ctx.err("sudo: a terminal is required to read the password; either use the -S option to read from "
+                "standard input or configure an askpass helper\nsudo: a password is required\n")
+        return 1
+    if len(words) < 2:
+        ctx.err("usage: sudo -h | -K | -k | -V\n")
+        return 1
+    if not ctx.server.sudo_allowed:
+        ctx.err("sudo: a password is required\n")
+        return 1
+    ctx.server.sudo_commands.append(shlex.join(words[1:]))
+    return _run_simple(ctx, words[1:])
+
+
 def _run_simple(ctx: ExecContext, words: list[str]) -> int:
     home = ctx.server.home
     words = [home + w[1:] if w == "~" or w.startswith("~/") else w for w in words]  # tilde expansion
@@ -609,6 +640,10 @@ def _run_simple(ctx: ExecContext, words: list[str]) -> int:
     if not words:
         return 0
     name = words[0]
+    if name.startswith("/") and not _has_tool(ctx.server, name, posixpath.basename(name)) \
+            and posixpath.basename(name) in ctx.server.tool_paths:
+        ctx.err(f"sh: 1: {name}: not found\n")
+        return 127
     handler = ctx.server.commands.get(name) or ctx.server.commands.get(posixpath.basename(name))
     if handler is None and posixpath.basename(name) in PYTHON_NAMES:
         handler = _python
@@ -744,13 +779,16 @@ def _date(ctx: ExecContext, argv: list[str]) -> int:
 
 
 def _chronyc(ctx: ExecContext, argv: list[str]) -> int:
-    if argv[1:] != ["tracking"]:
-        ctx.err("chronyc: emulated host supports 'chronyc tracking' only\n")
+    if argv[1:] not in (["tracking"], ["-c", "tracking"]):
+        ctx.err("chronyc: emulated host supports 'chronyc [-c] tracking' only\n")
         return 1
-    offset_s = (ctx.bench.host_clock_ns(ctx.host) - time.time_ns()) / 1e9
+    host_ns = ctx.bench.host_clock_ns(ctx.host)
+    offset_s = (host_ns - time.time_ns()) / 1e9  # against this machine's realtime, the emulated hosts' "NTP time"
     params = getattr(ctx.bench, "host_clock_params", None)
     drift = params(ctx.host)["drift_ppm"] if params else 0.0
-    ctx.out(formats.chronyc_tracking(offset_s, drift))
+    csv = argv[1] == "-c"
+    ctx.out(formats.chronyc_tracking_csv(offset_s, drift, ref_time_s=host_ns / 1e9 - 1.0) if csv
+            else formats.chronyc_tracking(offset_s, drift))
     return 0
 
 
@@ -1431,6 +1469,10 @@ def _runs_agent_timesrv(server: "EmulatedHostServer", command: str) -> bool:
     except ValueError:
         return False
     words = words[1:] if words[:1] == ["exec"] else words
+    if words[:2] == ["sudo", "-n"]:  # become: sudo
+        if not server.sudo_allowed:
+            return False
+        words = words[2:]
     words = [w for i, w in enumerate(words) if not (i == 1 and w == "-u")]
     if len(words) != 3 or words[2] != "timesrv" or posixpath.basename(words[0]) not in PYTHON_NAMES:
         return False
@@ -1554,7 +1596,8 @@ def _options(argv: list[str], known: dict[str, type]) -> tuple[dict[str, object]
 def _snapshot_fields(snapshot) -> dict[str, str]:
     return {"rx_los": str(int(snapshot.rx_los)), "rx_lol": str(int(snapshot.rx_lol)),
             "carrier": str(int(snapshot.carrier)), "operstate": snapshot.operstate,
-            "phys_state": snapshot.phys_state, "state": snapshot.ib_state}
+            "phys_state": snapshot.phys_state, "state": snapshot.ib_state,
+            **({"module_state": snapshot.module_state} if snapshot.module_state is not None else {})}
 
 
 class _AgentStreams:
@@ -1748,7 +1791,7 @@ class _WatchStream(_Stream):
         self.live: dict[tuple[str, str], str] = {}  # as the physics last set it
 
     def grid(self, field: str) -> tuple[int, int]:
-        ethtool = field in _ETHTOOL_FIELDS
+        ethtool = field in _ETHTOOL_FIELDS or field in _ETHTOOL_STATES
         return self.phase[ethtool], self.ethtool_interval if ethtool else self.interval
 
     def first_lines(self) -> str:
@@ -1783,7 +1826,8 @@ class _WatchStream(_Stream):
                 seen[key] = live[key] = change.value
             host_ns = self.ctx.bench.host_time(self.ctx.host, tick)
             for key, value in seen.items():
-                step = self.ethtool_interval if key[1] in _ETHTOOL_FIELDS else self.interval
+                ethtool = key[1] in _ETHTOOL_FIELDS or key[1] in _ETHTOOL_STATES
+                step = self.ethtool_interval if ethtool else self.interval
                 if key in latched and value != "1":  # read as set; the next tick reads it as it is then
                     value = "1"
                     self.ctx.server.agent_streams().arm(NicChange(tick + 1, self.ctx.host, *key, None))
@@ -1802,7 +1846,7 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
     """The agent's `watch` (see `_WatchStream`); initial values carry INTERVAL_NS 0, `--ethtool-interval-us 0`
     turns the ethtool fields off. Ends when stdin closes or the client goes away."""
     try:
-        opts, targets = _options(argv[1:], {"interval-us": int, "ethtool-interval-us": int})
+        opts, targets = _options(argv[1:], {"interval-us": int, "ethtool-interval-us": int, "ethtool": str})
     except ValueError as exc:
         ctx.err(f"watch: {exc}\n")
         return 2
@@ -1810,6 +1854,10 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
         ctx.err("usage: watch --interval-us N [--ethtool-interval-us M] NETDEV[=RDMADEV/PORT] ...\n")
         return 2
     ethtool_us = WATCH_ETHTOOL_DEFAULT_US if opts["ethtool-interval-us"] is None else opts["ethtool-interval-us"]
+    ethtool = opts["ethtool"] or "ethtool"
+    if ethtool_us > 0 and not _has_tool(ctx.server, ethtool, "ethtool"):  # the agent's own note and behaviour
+        ctx.err(f"hilagent: {ethtool} not found; rx_los and rx_lol not watched\n")
+        ethtool_us = 0
     watched: dict[str, tuple[str, ...]] = {}  # netdev -> fields
     for target in targets:
         netdev, eq, rdma = target.partition("=")
@@ -1819,7 +1867,8 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
             ctx.err(f"watch: no such port {target}\n")
             return 2
         fields = ("carrier", "operstate") + (("phys_state", "state") if eq else ())
-        watched[netdev] = fields + (_ETHTOOL_FIELDS if ethtool_us > 0 else ())
+        cmis = ctx.bench.nic_snapshot(ctx.host, netdev).module_state is not None  # its `ethtool -m` shows the state
+        watched[netdev] = fields + ((_ETHTOOL_FIELDS + _ETHTOOL_STATES * cmis) if ethtool_us > 0 else ())
     interval = int(opts["interval-us"]) * 1000
     stream = _WatchStream(ctx, watched, interval, int(ethtool_us) * 1000 or interval)
     return stream.serve(stream.first_lines)
@@ -1936,8 +1985,13 @@ DEFAULT_COMMANDS: dict[str, Handler] = {
     "ip": _ip, "rdma": _rdma, "ethtool": _ethtool, "mlxlink": _mlxlink, "nvidia-smi": _nvidia_smi,
     "alltoall_perf": _alltoall_perf, "ib_write_bw": _ib_write_bw,
     "ibstat": _ibstat, "ibstatus": _ibstatus, "ibv_devinfo": _ibv_devinfo, "ibdev2netdev": _ibdev2netdev,
-    "uname": _uname, "ls": _ls,
+    "uname": _uname, "ls": _ls, "sudo": _sudo,
 }
+# Debian's paths of the tools (ethtool, iproute2's ip and rdma in /usr/sbin and /sbin; usrmerge links both;
+# mlxlink from MFT and nvidia-smi in /usr/bin)
+TOOL_PATHS = {"ethtool": ("/usr/sbin/ethtool", "/sbin/ethtool"), "ip": ("/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"),
+              "rdma": ("/usr/sbin/rdma", "/sbin/rdma", "/usr/bin/rdma", "/bin/rdma"),
+              "mlxlink": ("/usr/bin/mlxlink",), "nvidia-smi": ("/usr/bin/nvidia-smi",)}
 AGENT_COMMANDS: dict[str, Handler] = {
     "timesrv": _agent_timesrv, "watch": _agent_watch, "counters": _agent_counters,
     "probe-send": _agent_probe_send, "probe-recv": _agent_probe_recv,

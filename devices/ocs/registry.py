@@ -4,13 +4,17 @@ An entry names the driver (loaded on first use), the URL schemes and default por
 no retry can cure, and the emulator that speaks the protocol over the emulated bench. The inventory loader,
 `harness ocs`, `harness emulate` and `EmulatedBench` read this table; nothing else lists protocol names.
 A lab adds a protocol with one module and one `register_protocol(OcsProtocol(...))` call (labgrid's
-power-backend-per-module pattern); registering a name twice is refused.
+power-backend-per-module pattern); registering a name twice is refused. The module comes from the lab's own
+package through the entry-point group `ocs_hil.ocs`, loaded at the first look-up here, or from an `imports:`
+list of its inventory or playbook (devices/plugins.py).
 """
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
 from typing import Any
+
+from devices.plugins import GROUPS, PluginError, load_group
 
 # pyserial URL handlers (serial.serial_for_url)
 SERIAL_SCHEMES = ("socket", "rfc2217", "loop", "spy", "alt", "hwgrep", "cp2110")
@@ -85,16 +89,30 @@ def register_protocol(protocol: OcsProtocol) -> OcsProtocol:
     return protocol
 
 
+_plugin_problem: list[str] = []  # an installed protocol plugin that failed to load: named where it is missed
+
+
+def _with_plugins() -> None:
+    """Load the installed protocol plugins once. One that fails does not stop commands that do not need it; a
+    look-up of a protocol that is not registered names it."""
+    try:
+        load_group(GROUPS["ocs"])
+    except PluginError as exc:
+        _plugin_problem.append(str(exc))
+
+
 def protocol_names() -> tuple[str, ...]:
+    _with_plugins()
     return tuple(_PROTOCOLS)
 
 
 def get_protocol(name: str) -> OcsProtocol:
+    _with_plugins()
     try:
         return _PROTOCOLS[name]
     except (KeyError, TypeError):
-        raise OcsConfigError(f"unknown switch protocol {name!r} "
-                             f"(choose from {', '.join(_PROTOCOLS)})") from None
+        raise OcsConfigError(f"unknown switch protocol {name!r} (choose from {', '.join(_PROTOCOLS)})"
+                             + "".join(f"; {problem}" for problem in _plugin_problem)) from None
 
 
 def load(target: str) -> Any:

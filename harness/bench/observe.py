@@ -305,11 +305,14 @@ class ObservationLog:
         self._write({"k": "clock", "host": host, **vars(sample)})
 
     def cycle(self, cycle: int, first_sent_ns: int, completed_ns: int, ocs: str, ports: dict, arrivals, *,
-              cpu_ns: int | None = None, step_cpu_ns: int | None = None, ocs_stamps: tuple = ()) -> None:
-        """A cycle's inputs of `stage_events`, so a report can convert them again; the harness's CPU when it
-        ended (default: now)."""
+              cpu_ns: int | None = None, step_cpu_ns: int | None = None, ocs_stamps: tuple = (),
+              commands: tuple = ()) -> None:
+        """A cycle's inputs of `stage_events` (`commands`: each switch's, when it commanded several), so a report
+        can convert them again; the harness's CPU when it ended (default: now)."""
         self._write({"k": "cycle", "cycle": cycle, "first_sent_ns": first_sent_ns, "completed_ns": completed_ns,
                      "ocs_stamps": list(ocs_stamps),
+                     **({"commands": [[c.ocs, c.sent_ns, c.completed_ns, list(c.stamps)] for c in commands]}
+                        if commands else {}),
                      # dataclasses as they are: orjson writes their fields (no dict copied per observation)
                      "ocs": ocs, "ports": ports,
                      "kept": [[k, s, o] for (k, s), o in arrivals.kept.items()],

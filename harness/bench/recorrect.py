@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.bench.stages import Arrivals, OcsStamps, PortRef, stage_events
+from harness.bench.stages import Arrivals, OcsCommand, OcsStamps, PortRef, stage_events
 from harness.clock import ClockSample, ClockTracker
 from harness.events import EVENT_COLUMNS
 from harness.hostsession import Observation
@@ -54,7 +54,10 @@ def recorrected_events(run_dir: Path, run_id: str | None = None) -> pd.DataFrame
                             causes=[tuple(x) for x in c["causes"]], done_ns=c["done_ns"])
         rows += [e.to_dict() for e in stage_events(run_id or Path(run_dir).name, c["cycle"], ports, c["ocs"],
                                                    c["first_sent_ns"], c["completed_ns"], arrivals, convert,
-                                                   ocs_stamps=OcsStamps(*c.get("ocs_stamps", ())))]
+                                                   ocs_stamps=OcsStamps(*c.get("ocs_stamps", ())),
+                                                   commands=tuple(OcsCommand(ocs, sent, completed, OcsStamps(*stamps))
+                                                                  for ocs, sent, completed, stamps in
+                                                                  c.get("commands", ())))]
     return pd.DataFrame(rows, columns=list(EVENT_COLUMNS))
 
 

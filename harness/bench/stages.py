@@ -49,6 +49,7 @@ class PortRef:
     netdev: str
     device: str
     ocs_port: int
+    ocs: str = ""  # the switch its fibres land on: its chain starts at that switch's command
 
 
 @dataclass
@@ -183,12 +184,15 @@ class CycleEvents:
     """A cycle's port events built while the cycle still waits for its last observations (`prepare`, when
     the log has nothing queued), each port's serialised with them (`encode`), so that the cycle's end
     builds only the ports whose observations (`version`) or host clock (`generation`: samples added) changed
-    since: the same events `stage_events` builds from scratch, with every clock sample up to the end."""
+    since: the same events `stage_events` builds from scratch, with every clock sample up to the end.
+    `sent_by_ocs`: on a cycle that commands several switches, each one's send — a port's chain starts at its own
+    switch's (`PortRef.ocs`); else at `first_sent_ns`."""
 
     def __init__(self, run_id: str, cycle: int, ports: dict[str, PortRef], first_sent_ns: int, convert: Convert,
                  chain: tuple[str, ...] = PORT_CHAIN, generation: Callable[[str], int] = lambda host: 0,
-                 encode: Callable[[Event], object] | None = None):
+                 encode: Callable[[Event], object] | None = None, sent_by_ocs: dict[str, int] | None = None):
         self.run_id, self.cycle, self.ports, self.first_sent = run_id, cycle, ports, first_sent_ns
+        self.sent_by_ocs = sent_by_ocs or {}
         self.convert, self.chain, self.generation, self.encode = convert, chain, generation, encode
         self._built: dict[str, tuple[tuple[int, int], list[Event], list]] = {}  # key -> (version, events, encoded)
         self._partial: dict[str, tuple] = {}  # key -> a port's events without its chain's last stage (`partial`)
@@ -242,7 +246,7 @@ class CycleEvents:
             known = cache.get((obs.host, obs.host_ns, obs.interval_ns))
             return known[1] if known is not None and known[0] == generation else again(obs, generation)
 
-        events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet, self.convert,
+        events = port_events(self.run_id, self.cycle, port, self.sent_of(port), kept, not_yet, self.convert,
                              self.chain, done_ns, bound)
         if events is None:
             return None
@@ -251,6 +255,10 @@ class CycleEvents:
         if done_ns is not None:
             self.rebuilt += 1
         return events, encoded
+
+    def sent_of(self, port: PortRef) -> int:
+        """When the command that changes `port` was sent: its switch's."""
+        return self.sent_by_ocs.get(port.ocs, self.first_sent)
 
     def partial(self, key: str, kept: dict[str, object], not_yet: dict[str, object]) -> None:
         """Build now the events of a port that waits only for its chain's last stage (the first probe), every
@@ -261,13 +269,14 @@ class CycleEvents:
             return
         generation = self.generation(port.host)
         bound = functools.partial(self.bound, generation=generation)
-        events = port_events(self.run_id, self.cycle, port, self.first_sent, kept, not_yet, self.convert, self.chain,
+        sent = self.sent_of(port)
+        events = port_events(self.run_id, self.cycle, port, sent, kept, not_yet, self.convert, self.chain,
                              bound=bound)
         if events is None:
             return
         # the last stage's lower bound but its own (port_events: the command, every earlier stage's, every
         # "not yet" one's)
-        floor = max([self.first_sent] + [own_bound(kept[s], not_yet.get(s), bound)[0] for s in self.chain[:-1]]
+        floor = max([sent] + [own_bound(kept[s], not_yet.get(s), bound)[0] for s in self.chain[:-1]]
                     + [bound(o)[0] for s, o in not_yet.items() if s in self.chain])
         chain_events = sum(e.stage in self.chain for e in events)
         encoded = [self.encode(e) for e in events] if self.encode is not None else []
@@ -312,14 +321,25 @@ class OcsStamps(NamedTuple):
     completed_source: str = "harness"
 
 
+class OcsCommand(NamedTuple):
+    """One switch's command in a cycle that commands several: its events carry the switch's name."""
+
+    ocs: str
+    sent_ns: int
+    completed_ns: int | None
+    stamps: OcsStamps = OcsStamps()
+
+
 def stage_events(run_id: str, cycle: int, ports: dict[str, PortRef], ocs: str, first_sent_ns: int,
                  completed_ns: int, arrivals: Arrivals, convert: Convert,
                  chain: tuple[str, ...] = PORT_CHAIN, built: CycleEvents | None = None,
-                 versions: dict[str, int] | None = None, ocs_stamps: OcsStamps = OcsStamps()) -> list[Event]:
-    """The cycle's events: the OCS command, every port's (`port_events`; those `built` already while the
-    cycle waited reused where their `versions` and host clocks did not change since), and the faults."""
+                 versions: dict[str, int] | None = None, ocs_stamps: OcsStamps = OcsStamps(),
+                 commands: tuple[OcsCommand, ...] = ()) -> list[Event]:
+    """The cycle's events: the OCS command (or `commands`: each switch's), every port's (`port_events`; those
+    `built` already while the cycle waited reused where their `versions` and host clocks did not change since),
+    and the faults."""
     return list(cycle_events(run_id, cycle, ports, ocs, first_sent_ns, completed_ns, arrivals, convert, chain,
-                             built, versions, ocs_stamps)[0])
+                             built, versions, ocs_stamps, commands)[0])
 
 
 def ocs_events(run_id: str, cycle: int, ocs: str, first_sent_ns: int, completed_ns: int | None,
@@ -336,12 +356,15 @@ def ocs_events(run_id: str, cycle: int, ocs: str, first_sent_ns: int, completed_
 def cycle_events(run_id: str, cycle: int, ports: dict[str, PortRef], ocs: str, first_sent_ns: int,
                  completed_ns: int, arrivals: Arrivals, convert: Convert, chain: tuple[str, ...] = PORT_CHAIN,
                  built: CycleEvents | None = None, versions: dict[str, int] | None = None,
-                 ocs_stamps: OcsStamps = OcsStamps()) -> tuple[list[Event], list | None]:
+                 ocs_stamps: OcsStamps = OcsStamps(), commands: tuple[OcsCommand, ...] = ()
+                 ) -> tuple[list[Event], list | None]:
     """`stage_events` and, with `built`, each event's encoding (`built.encode`) in the same order."""
     if built is None:
-        built = CycleEvents(run_id, cycle, ports, first_sent_ns, convert, chain)
+        built = CycleEvents(run_id, cycle, ports, first_sent_ns, convert, chain,
+                            sent_by_ocs={c.ocs: c.sent_ns for c in commands})
     encode = built.encode
-    events = ocs_events(run_id, cycle, ocs, first_sent_ns, completed_ns, ocs_stamps)
+    events = [e for c in commands for e in ocs_events(run_id, cycle, c.ocs, c.sent_ns, c.completed_ns, c.stamps)] \
+        if commands else ocs_events(run_id, cycle, ocs, first_sent_ns, completed_ns, ocs_stamps)
     encoded = [encode(e) for e in events] if encode is not None else None
     versions = versions or {}
     for key in ports:

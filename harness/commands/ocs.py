@@ -4,9 +4,11 @@
     harness ocs --url tcp://127.0.0.1:3082 --protocol polatis-tl1 --user admin connect 1 17
     harness ocs --url /dev/ttyUSB0 --protocol polatis-scpi list
     harness ocs --url ssh://127.0.0.1:830 --protocol polatis-netconf --user admin list
+    harness ocs --bench lab-a.yaml --ocs ocs2 list      # a switch of a bench inventory, as a run reaches it
 
 Only the ports named on the command line (for `disconnect`: the named ingresses and the far ends of their
-patches) may be touched unless `--allowed-ports` says otherwise.
+patches) may be touched unless `--allowed-ports` says otherwise; with `--bench`, only those of them the
+inventory allows.
 Exit codes: 0 ok; 1 the switch refused or did not answer; 2 bad input (URL, protocol, port numbers).
 """
 from __future__ import annotations
@@ -32,11 +34,15 @@ DEFAULT_PASSWORD_ENV = "OCS_PASSWORD"  # the name ARCHITECTURE.md's inventory gi
 def register(subparsers) -> None:
     parser = subparsers.add_parser("ocs", help="query or change an optical circuit switch",
                                    description=__doc__.splitlines()[0])
-    parser.add_argument("--url", required=True,
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--bench", metavar="INVENTORY",
+                       help="a bench inventory: the switch's protocol, URL, login and allowed ports come from it")
+    where.add_argument("--url",
                         help="; ".join(f"{p.name}: " + ", ".join(f"{s}://" for s in p.schemes[:3])
                                        + (", a device path" if p.serial_paths else "")
                                        for p in map(get_protocol, protocol_names())))
-    parser.add_argument("--protocol", default=DEFAULT_PROTOCOL, help=f"one of {', '.join(protocol_names())}")
+    parser.add_argument("--ocs", metavar="NAME", help="with --bench: the switch (needed when it has several)")
+    parser.add_argument("--protocol", help=f"one of {', '.join(protocol_names())} (default {DEFAULT_PROTOCOL})")
     parser.add_argument("--user", help="login (TL1 ACT-USER, NETCONF SSH user); none: no login")
     parser.add_argument("--password-env", default=DEFAULT_PASSWORD_ENV, metavar="NAME",
                         help="the environment variable holding the login password, as an inventory's "
@@ -79,7 +85,39 @@ def _port(text: str) -> int:
 MAX_SIDE = 4096  # ports per side of any switch we may meet (Polatis: up to 384x384); size 0x0 = unknown
 
 
+def _from_bench(args: argparse.Namespace, named_ports: list[int]) -> OcsResource:
+    """The inventory's switch, its allowlist narrowed to the ports this command names (or --allowed-ports)."""
+    import dataclasses
+
+    from harness.config import load_inventory
+
+    given = [flag for flag, value in (("--url", args.url), ("--protocol", args.protocol), ("--user", args.user),
+                                      ("--password", args.password)) if value is not None]
+    if given:
+        raise InputError(f"{', '.join(given)}: the inventory says it; drop it or drop --bench")
+    bench = load_inventory(args.bench)
+    names = list(bench.ocs)
+    name = args.ocs or (names[0] if len(names) == 1 else None)
+    if name is None:
+        raise InputError(f"--ocs: the bench has switches {', '.join(names)}; name one", args.bench)
+    if name not in bench.ocs:
+        raise InputError(f"--ocs {name}: the bench has {', '.join(names)}", args.bench)
+    resource = bench.ocs[name]
+    try:
+        wanted = (parse_port_ranges(args.allowed_ports, limit=sum(resource.size)) if args.allowed_ports
+                  else frozenset(named_ports))
+    except ValueError as exc:
+        raise InputError(f"--allowed-ports: {exc}") from None
+    args.inventory_allowed = resource.allowed_ports
+    return dataclasses.replace(resource, allowed_ports=frozenset(wanted) & resource.allowed_ports)
+
+
 def _resource(args: argparse.Namespace, named_ports: list[int]) -> OcsResource:
+    if args.bench is not None:
+        return _from_bench(args, named_ports)
+    if args.ocs is not None:
+        raise InputError("--ocs: names a switch of --bench INVENTORY")
+    args.protocol = args.protocol or DEFAULT_PROTOCOL
     try:
         n, m = (int(x) for x in args.size.lower().split("x"))
         if not (0 <= n <= MAX_SIDE and 0 <= m <= MAX_SIDE):
@@ -169,7 +207,8 @@ def _act(switch, args: argparse.Namespace, named: list[int], pairs: dict[int, in
     if args.action == "disconnect" and not args.allow_ports_given:
         # naming an ingress names its patch: the far end may be touched too
         current = switch.patches()
-        switch.allowed = switch.allowed | {current[i] for i in named if i in current}
+        far = {current[i] for i in named if i in current}
+        switch.allowed = switch.allowed | (far & args.inventory_allowed if args.bench else far)
     if args.action == "identify":
         ident = switch.identify()
         emit({"identity": ident}, ident)

@@ -1,8 +1,10 @@
 """The turnaround step: reconfigure, then timestamp every stage on every affected port.
 
-Per cycle: apply the next mapping through the run's CircuitGuard (ocs_command_sent / ocs_command_completed
-on the harness clock), then `expect` from the observation log what the hosts' agents report — Rx LOS/LOL,
-carrier, port state, first probe — and convert it to stage events (harness.bench.stages), durable before
+Per cycle: apply the next mapping through the run's CircuitGuard of each switch the ports are on
+(ocs_command_sent / ocs_command_completed on the harness clock, per switch; several switches are commanded at
+once, each port's stages bounded from its own switch's send; docs/turnaround.md, "Several switches"), then
+`expect` from the observation log what the hosts' agents report — Rx LOS/LOL, carrier, port state, first
+probe — and convert it to stage events (harness.bench.stages), durable before
 the next cycle starts. Retries, reconnects, restore, stale reports and clock checks are the bench
 runtime's (harness.bench); a fault labels the cycle `faulted` with a `fault` event naming the cause, and an
 unrecoverable one latches the bench broken (`ctx.broken`) so the rest of the run is skipped. `faults:`
@@ -15,7 +17,8 @@ import dataclasses
 import gc
 import threading
 import time
-from typing import NamedTuple
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, NamedTuple
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -24,22 +27,23 @@ from devices.errors import DeviceError
 from devices.timing import Deadline, now_ns
 from harness import logs
 from harness.bench import BenchBroken
-from harness.bench.circuits import RetryPolicy, guard
+from harness.bench.circuits import Applied, CircuitGuard, RetryPolicy, guard
 from harness.bench.emulated import FaultEntry, Faults
 from harness.bench.hosts import HostGroup
 from harness.bench.observe import CycleWatch, observation_log
-from harness.bench.stages import CycleEvents, OcsStamps, PortRef, cycle_events, ocs_events
+from harness.bench.stages import CycleEvents, OcsCommand, OcsStamps, PortRef, cycle_events, ocs_events
 from harness.config import register_step
 from harness.errors import InputError
 from harness.eventlog import encode
 from harness.events import Event
 from harness.gpu_view import gpu_view
 from harness.specs import Count, Field, Interval, Port, Seconds, Spec
-from harness.patterns import cycle_mappings, ocs_mapping, sources
+from harness.patterns import cycle_mappings, sources
 from harness.steps import CycleOutcome, StepOutcome, resume_after_logged
 
 class TurnaroundParams(Spec):
-    """Measure the reconfiguration turnaround, cycle by cycle, on the NIC ports of one OCS."""
+    """Measure the reconfiguration turnaround, cycle by cycle, on NIC ports of one or several OCSs (a port's
+    peer in every cycle is on its own switch)."""
 
     cycles: Count = Field(0, description="cycles to run; 0: the playbook's (or --cycles) value")
     pattern: str = "ring-shift"
@@ -74,7 +78,87 @@ class CyclePlan(NamedTuple):
     mapping: dict[str, str]
     new_src: dict[str, str]  # port key -> the source lighting it
     affected: list[str]  # the ports whose source changes
-    ocs_map: dict[int, int]
+    ocs_maps: dict[str, dict[int, int]]  # per switch: its cross-connects
+
+
+class SwitchCommand:
+    """One switch's part of a cycle's reconfiguration: its guarded apply up to the write (`begin`), then its
+    reply awaited on the guard's thread (`finish`), or here with its retries if the first attempt failed before
+    its write."""
+
+    def __init__(self, ocs: str, guard: CircuitGuard, ocs_map: dict[int, int]):
+        self.ocs, self.guard, self.map = ocs, guard, ocs_map
+        self.command = None
+        self.reply: Future | None = None  # of its Applied, while awaited on the guard's thread
+        self.applied: Applied | None = None
+
+    def begin(self, policy: RetryPolicy) -> None:
+        self.command = self.guard.begin(self.map, policy)
+
+    @property
+    def sent(self) -> int:
+        """When the change went out (0: not known, the command never written)."""
+        if self.applied is not None:
+            return self.applied.first_sent_ns
+        return self.command.sent_ns if self.command is not None else 0
+
+    def finish(self, next_map: dict[int, int] | None, on_done: Callable[[], None]) -> Future:
+        plan_next = (lambda: self.guard.plan_ahead(next_map)) if next_map is not None else None
+        if self.command.sent_ns:
+            # The change is on the wire. Its reply (the switch settled: tens of ms) is awaited on the guard's
+            # thread, which then plans the next command from it, while the step's thread feeds the host lines
+            # that come meanwhile: blocked on the reply, it found them queued, and a reply that came late left it
+            # behind the cycle's last lines (docs/turnaround.md).
+            self.reply = self.guard.finish_later(self.command, on_done, then=plan_next)
+            return self.reply
+        self.applied = self.command.finish()  # when the change went out, the retries say
+        if plan_next is not None:
+            plan_next()
+        done = Future()
+        done.set_result(self.applied)
+        return done
+
+    def result(self) -> Applied:
+        """Its Applied, the reply awaited (raises the guard's BenchBroken)."""
+        if self.reply is not None:
+            self.applied, self.reply = self.reply.result(), None
+        return self.applied
+
+    def abandon(self) -> None:
+        """A write made while another switch's begin failed: await it here, so the driver is left in order."""
+        if self.command is not None and self.command.sent_ns and self.applied is None and self.reply is None:
+            try:
+                self.applied = self.command.finish()
+            except Exception:  # the cycle is failing already; the restore reads the switch afresh
+                pass
+
+    def event(self) -> OcsCommand:
+        a = self.result()
+        return OcsCommand(self.ocs, a.first_sent_ns, a.timing.completed_ns, a.ocs_stamps)
+
+
+def latest_reply(replies: list[Future], wake: Callable[[], None]) -> Future:
+    """One Future for several switches' replies: done when all are, with the latest reply's Applied (what a
+    cycle's watch waits for), or the first failure; `wake()` once it is done."""
+    combined: Future = Future()
+    left = [len(replies)]
+    lock = threading.Lock()
+
+    def one_done(_) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        failed = next((f.exception() for f in replies if f.exception() is not None), None)
+        if failed is not None:
+            combined.set_exception(failed)
+        else:
+            combined.set_result(max((f.result() for f in replies), key=lambda a: a.timing.completed_ns))
+        wake()
+
+    for reply in replies:
+        reply.add_done_callback(one_done)
+    return combined
 
 
 class TurnaroundRun:
@@ -88,16 +172,18 @@ class TurnaroundRun:
             raise InputError(f"step {step.name}: unknown NIC port(s) {', '.join(map(str, unknown))}; known: "
                              f"{', '.join(nics)}", step.file, step.line)
         self.nics = [nics[k] for k in wanted]
-        if len({n.ocs for n in self.nics}) != 1:
-            raise InputError(f"step {step.name}: all ports must be on one OCS", step.file, step.line)
-        self.ocs = self.nics[0].ocs
-        self.ports = {n.key: PortRef(n.key, n.host, n.netdev, n.rdma_dev, n.ocs_rx) for n in self.nics}
+        self.switches = list(dict.fromkeys(n.ocs for n in self.nics))  # in the ports' order
+        self.ocs = self.switches[0]
+        self.ocs_of = {n.key: n.ocs for n in self.nics}
+        self.ports = {n.key: PortRef(n.key, n.host, n.netdev, n.rdma_dev, n.ocs_rx, n.ocs) for n in self.nics}
         self.port_of = {(n.host, n.netdev): n.key for n in self.nics}
         self.tx = {n.key: n.ocs_tx for n in self.nics}
         self.rx = {n.key: n.ocs_rx for n in self.nics}
         self.chain = PORT_CHAIN if self.p["probes"] else PORT_CHAIN[:-1]
         self.policy = RetryPolicy(self.p["retries"], self.p["retry_backoff_s"], self.p["ocs_timeout_s"])
         self.outcomes: list[CycleOutcome] = []
+        self.per_switch: dict[str, list[tuple[int, int]]] = {o: [] for o in self.switches}  # (command, turnaround)
+        self._issuers: ThreadPoolExecutor | None = None  # begins the other switches' commands with the first's
         self.truth_windows: list[tuple[int, int]] = []  # (cycle, harness ns the cycle began)
         self.skipped: list[int] = []  # cycles not run because the bench was latched broken
         self.settling_faults: list[str] = []  # the unmeasured first cycle's fault sources (recorded as cycle 0)
@@ -109,9 +195,12 @@ class TurnaroundRun:
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         ctx, p = self.ctx, self.p
-        self.guard = guard(ctx, self.ocs, teardown_s=p["teardown_s"])
+        self.guards = {ocs: guard(ctx, ocs, teardown_s=p["teardown_s"]) for ocs in self.switches}
         if ctx.dry_run:
             return
+        if len(self.switches) > 1:
+            self._issuers = ThreadPoolExecutor(len(self.switches) - 1, thread_name_prefix="ocs-begin")
+            ctx.stack.callback(self._issuers.shutdown, wait=False)
         self.log = observation_log(ctx)
         self.hosts = HostGroup(ctx.open_sessions(sorted({n.host for n in self.nics})),
                                retries=p["retries"], backoff_s=p["retry_backoff_s"])
@@ -122,7 +211,7 @@ class TurnaroundRun:
 
     # ------------------------------------------------------------------ cycles
     def run(self) -> StepOutcome:
-        ctx, p = self.ctx, self.p
+        ctx = self.ctx
         rng = ctx.rng(f"turnaround:{self.step.name}")
         if ctx.broken:
             return StepOutcome.skipped(ctx.broken)
@@ -153,12 +242,15 @@ class TurnaroundRun:
             resume = ctx.resume_after.get(self.step.name, 0)
             progress.update(task, completed=resume)
             schedule = str(self.step.resolve_path(p["schedule"])) if p["schedule"] else ""
-            plan = list(cycle_mappings(p["pattern"], keys, self.cycles, rng, schedule))
+            plan = self._mappings(keys, rng, schedule)
             for at, (cycle, mapping) in enumerate(plan[resume:], resume):
                 if ctx.dry_run:
-                    ocs_map = ocs_mapping(mapping, self.tx, self.rx)
-                    ctx.say(f"cycle {cycle}: " + ", ".join(f"{i}->{e}" for i, e in sorted(ocs_map.items())))
-                    self.guard.switch.apply(ocs_map, exclusive=True)
+                    maps = self._plan({}, mapping).ocs_maps
+                    ctx.say(f"cycle {cycle}: " + "; ".join(
+                        (f"{ocs} " if len(maps) > 1 else "") + ", ".join(f"{i}->{e}" for i, e in sorted(m.items()))
+                        for ocs, m in maps.items()))
+                    for ocs, ocs_map in maps.items():
+                        self.guards[ocs].switch.apply(ocs_map, exclusive=True)
                     continue
                 if ctx.broken:
                     self.skipped.append(cycle)
@@ -178,6 +270,28 @@ class TurnaroundRun:
             self.finish_checks()
         return self.outcome()
 
+    def _mappings(self, keys: list[str], rng, schedule: str) -> list[tuple[int, dict[str, str]]]:
+        """The pattern's mapping per cycle. Over several switches each switch's ports follow the pattern among
+        themselves (its own random stream), as a fibre goes only where its switch reaches; a schedule names
+        every pair itself, each within one switch."""
+        p = self.p
+        if len(self.switches) == 1 or p["pattern"] == "schedule":
+            plan = list(cycle_mappings(p["pattern"], keys, self.cycles, rng, schedule))
+        else:
+            parts = [list(cycle_mappings(p["pattern"], [k for k in keys if self.ocs_of[k] == ocs], self.cycles,
+                                         self.ctx.rng(f"turnaround:{self.step.name}:{ocs}")))
+                     for ocs in self.switches]
+            plan = [(cycle, {s: d for part in cycle_parts for s, d in part[1].items()})
+                    for cycle, cycle_parts in enumerate(zip(*parts))]
+        for cycle, mapping in plan:
+            across = [f"{s} ({self.ocs_of[s]}) -> {d} ({self.ocs_of[d]})" for s, d in mapping.items()
+                      if self.ocs_of[s] != self.ocs_of[d]]
+            if across:
+                raise InputError(f"step {self.step.name}: cycle {cycle} pairs ports on different switches: "
+                                 f"{', '.join(across[:3])}; a circuit stays within one switch",
+                                 self.step.file, self.step.line)
+        return plan
+
     def outcome(self) -> StepOutcome:
         ok = all(o.status == "ok" for o in self.outcomes) and not self.skipped
         checks = [{"name": "all cycles completed", "ok": ok,
@@ -190,17 +304,40 @@ class TurnaroundRun:
         if self.ctx.broken:
             checks.append({"name": "bench usable", "ok": False, "detail": self.ctx.broken})
         self.faults.record()
+        summary, summary_md = self.switch_summary()
         return StepOutcome(ok=ok, checks=checks, cycles=list(self.outcomes), truth_windows=self.truth_windows,
-                           data={"ports": list(self.ports), "ocs": self.ocs, "skipped_cycles": self.skipped,
-                                 "faults_injected": self.faults.fired})
+                           summary=summary, summary_md=summary_md,
+                           data={"ports": list(self.ports), "ocs": self.ocs, "switches": self.switches,
+                                 "skipped_cycles": self.skipped, "faults_injected": self.faults.fired})
+
+    def switch_summary(self) -> tuple[dict, str]:
+        """Over several switches, each one's own numbers (ms): its command (completed − sent) and its
+        turnaround (its ports' last first packet, or last stage, − its send), p50 and p99 over the ok cycles."""
+        from analysis.stats import summarize
+
+        if len(self.switches) < 2:
+            return {}, ""
+        summary, lines = {}, [f"## Per switch ({self.step.name})", "",
+                              "| switch | cycles | command p50 (ms) | p99 | turnaround p50 (ms) | p99 |",
+                              "|---|---:|---:|---:|---:|---:|"]
+        for at, (ocs, rows) in enumerate(self.per_switch.items()):
+            command = summarize([c / 1e6 for c, _ in rows], self.ctx.seed + at)
+            turn = summarize([t / 1e6 for _, t in rows], self.ctx.seed + 100 + at)
+            summary[f"{ocs}_cycles"] = len(rows)
+            for name, s in (("command", command), ("turnaround", turn)):
+                summary[f"{ocs}_{name}_p50_ms"], summary[f"{ocs}_{name}_p99_ms"] = s["p50"], s["p99"]
+            lines.append(f"| {ocs} | {len(rows)} | {command['p50']:.3f} | {command['p99']:.3f} | "
+                         f"{turn['p50']:.3f} | {turn['p99']:.3f} |")
+        return summary, "\n".join(lines) + "\n"
 
     def run_cycle(self, cycle: int, mapping: dict[str, str], current: dict[str, str],
                   record: bool = True, upcoming: dict[str, str] | None = None) -> CycleOutcome:
         ahead = self._ahead
-        _, _, new_src, affected, ocs_map = ahead if ahead is not None and ahead.current is current and \
+        _, _, new_src, affected, ocs_maps = ahead if ahead is not None and ahead.current is current and \
             ahead.mapping is mapping else self._plan(current, mapping)
+        commands = [SwitchCommand(ocs, self.guards[ocs], ocs_map) for ocs, ocs_map in ocs_maps.items()]
+        single = len(commands) == 1
         sent = completed = finishing = None
-        stamps = OcsStamps()
         causes: list[tuple[str, str]] = []
         begin = now_ns()
         try:
@@ -211,29 +348,22 @@ class TurnaroundRun:
             self.hosts.cycle_started(cycle if record else -1, begin)
             self.truth_windows.append((cycle if record else -1, begin))
             with self.faults.armed(cycle, measured=record):
-                command = self.guard.begin(ocs_map, self.policy)
-                sent = command.sent_ns or None
+                self._begin(commands)
                 if upcoming is not None:  # the next cycle is planned while this one's circuits settle
                     self._ahead = self._plan(mapping, upcoming)
-                next_map = self._ahead.ocs_map if upcoming is not None else None
-                if sent:
-                    # The change is on the wire. Its reply (the switch settled: tens of ms) is awaited on the
-                    # guard's thread, which then plans the next command from it, while this thread feeds the
-                    # host lines that come meanwhile: blocked on the reply, it found them queued, and a reply
-                    # that came late left it behind the cycle's last lines (docs/turnaround.md).
-                    plan_next = (lambda: self.guard.plan_ahead(next_map)) if next_map is not None else None
-                    finishing = self.guard.finish_later(command, self.log.wake, then=plan_next)
-                else:  # the first attempt failed before its write: when the change went out, the retries say
-                    applied = command.finish()
-                    sent, completed, stamps = applied.first_sent_ns, applied.timing.completed_ns, \
-                        applied.ocs_stamps
-                    causes += [("", c) for c in applied.causes]
-                    if next_map is not None:
-                        self.guard.plan_ahead(next_map)
+                next_maps = self._ahead.ocs_maps if upcoming is not None else {}
+                replies = [c.finish(next_maps.get(c.ocs), self.log.wake if single else lambda: None)
+                           for c in commands]
+                if all(r.done() for r in replies):  # every first attempt failed before its write: retried here
+                    completed = max(r.result().timing.completed_ns for r in replies)
+                else:
+                    finishing = replies[0] if single else latest_reply(replies, self.log.wake)
+                sent = min(c.sent for c in commands)
                 self.after_command()  # the command is out: the last cycle's leftovers cost it nothing now
                 collect_young()
                 built = CycleEvents(self.ctx.run_id, cycle, self.ports, sent, self.hosts.convert, self.chain,
-                                    self.hosts.clock_generation, encode)
+                                    self.hosts.clock_generation, encode,
+                                    sent_by_ocs=None if single else {c.ocs: c.sent for c in commands})
                 watch = CycleWatch({k: set(self.chain) for k in affected}, self.port_of, sent, completed,
                                    self.hosts.convert, peer_mac={k: self.mac_of.get(new_src.get(k)) for k in affected}
                                    if self.p["probes"] else None, reconnected=self.hosts.reconnected,
@@ -243,17 +373,19 @@ class TurnaroundRun:
                 arrivals = self.log.expect(watch, Deadline(self.p["cycle_timeout_s"]), self.hosts.on_fault,
                                            finishing)
                 if finishing is not None:
-                    applied, finishing = finishing.result(), None  # raises the guard's BenchBroken
-                    completed, stamps = applied.timing.completed_ns, applied.ocs_stamps
-                    causes += [("", c) for c in applied.causes]
+                    finishing.result()  # raises the guard's BenchBroken
+                    finishing = None
+                issued = tuple(c.event() for c in commands)
+                completed = max(c.completed_ns for c in issued)
+                causes += [("", cause) for c in commands for cause in c.applied.causes]
                 if arrivals.missing:
                     self.ctx.say(f"[yellow]cycle {cycle}: timed out after {self.p['cycle_timeout_s']} s[/] — "
                                  f"{watch.describe()}")
         except BenchBroken as exc:
-            if finishing is not None:  # a host dropped for good while the switch settled: let it end first
-                concurrent.futures.wait([finishing])
+            # a host dropped for good, or one switch failed, while the switches settled: let them end first
+            concurrent.futures.wait([c.reply for c in commands if c.reply is not None])
             return self._latch(cycle, begin, affected, causes + [("", c) for c in exc.causes], str(exc), record,
-                               sent, completed, stamps)
+                               commands)
         self.hosts.cycle_ended(arrivals.done_ns)
         cpu = time.process_time_ns(), time.thread_time_ns()  # the cycle's end, for its raw record
         # the checks asked for so far, those finished (normally all: the last one ran in this cycle's physical
@@ -263,14 +395,17 @@ class TurnaroundRun:
         # the ports built while the cycle waited are built again only where an observation or a clock
         # step came after (docs/turnaround.md, "The cycle's end")
         events, encoded = cycle_events(self.ctx.run_id, cycle, self.ports, self.ocs, sent, completed, arrivals,
-                                       self.hosts.convert, self.chain, built, watch.version, stamps)
+                                       self.hosts.convert, self.chain, built, watch.version, issued[0].stamps,
+                                       () if single else issued)
         faults = tuple(e.source for e in events if e.stage == "fault")
         if record:
             late = self._label_written(labels)
             self._record(late + events, [encode(e) for e in late] + encoded)
             # Kept until the next command is out: freeing the cycle's ~2 000 objects (events, their lines, the
             # watch's maps) at this function's return took ~0.2 ms between the cycles.
-            self._leftover = (cycle, sent, completed, arrivals, cpu, stamps, events, (built, watch, encoded))
+            self._leftover = (cycle, sent, completed, arrivals, cpu, issued, events, (built, watch, encoded))
+            if not single and not faults:
+                self._per_switch(issued, events)
         elif faults:
             self._record_settling(events, arrivals)
         # This cycle's clock check runs on the clock thread once the cycle is on disk, while the next command
@@ -282,21 +417,54 @@ class TurnaroundRun:
                             tuple(affected), arrivals.missing, faults)
 
     def _found(self) -> dict[str, str]:
-        """What the switch shows now, as our ports' mapping: the unmeasured first cycle waits only for the
-        ports it changes (a resume finds the switch in the state the killed run left, often the very one it
-        starts from, and nothing would come). Unreadable: {} (every port expected to change)."""
-        by_ingress = {i: k for k, i in self.tx.items()}
-        by_egress = {e: k for k, e in self.rx.items()}
+        """What the switches show now, as our ports' mapping: the unmeasured first cycle waits only for the
+        ports it changes (a resume finds the switches in the state the killed run left, often the very one it
+        starts from, and nothing would come). A switch that cannot be read: its ports expected to change."""
+        found = {}
+        for ocs in self.switches:
+            keys = [k for k in self.tx if self.ocs_of[k] == ocs]
+            by_ingress, by_egress = {self.tx[k]: k for k in keys}, {self.rx[k]: k for k in keys}
+            try:
+                patches = self.guards[ocs].switch.patches()
+            except DeviceError:
+                continue
+            found.update({by_ingress[i]: by_egress[e] for i, e in patches.items()
+                          if i in by_ingress and e in by_egress})
+        return found
+
+    def _begin(self, commands: list[SwitchCommand]) -> None:
+        """Every switch's command up to its write: the first's on this thread, the others' at the same time on
+        the issuers' threads (one per further switch), so no switch's write waits for another's. If one fails
+        (a permanent refusal, a port not allowed), the writes made are awaited before it is raised."""
+        others = [self._issuers.submit(c.begin, self.policy) for c in commands[1:]]
+        failed = None
         try:
-            patches = self.guard.switch.patches()
-        except DeviceError:
-            return {}
-        return {by_ingress[i]: by_egress[e] for i, e in patches.items() if i in by_ingress and e in by_egress}
+            commands[0].begin(self.policy)
+        except BaseException as exc:
+            failed = exc
+        for future in others:
+            if future.exception() is not None and failed is None:
+                failed = future.exception()
+        if failed is not None:
+            for c in commands:
+                c.abandon()
+            raise failed
+
+    def _per_switch(self, issued: tuple[OcsCommand, ...], events: list) -> None:
+        """Each switch's command time and turnaround in an ok cycle (its ports' last chain stage − its send)."""
+        last = self.chain[-1]
+        for c in issued:
+            up = [e.t_ns for e in events
+                  if e.stage == last and self.ocs_of.get(self.port_of.get((e.host, e.port), "")) == c.ocs]
+            if up:
+                self.per_switch[c.ocs].append((c.completed_ns - c.sent_ns, max(up) - c.sent_ns))
 
     def _plan(self, current: dict[str, str], mapping: dict[str, str]) -> CyclePlan:
         old_src, new_src = sources(current), sources(mapping)
-        return CyclePlan(current, mapping, new_src, [k for k in self.ports if new_src.get(k) != old_src.get(k)],
-                         ocs_mapping(mapping, self.tx, self.rx))
+        maps: dict[str, dict[int, int]] = {ocs: {} for ocs in self.switches}
+        for src, dst in mapping.items():
+            maps[self.ocs_of[src]][self.tx[src]] = self.rx[dst]
+        return CyclePlan(current, mapping, new_src, [k for k in self.ports if new_src.get(k) != old_src.get(k)], maps)
 
     def _label_written(self, labels: dict[int, list[tuple[str, str]]]) -> list[Event]:
         """Fault events for cycles already written that a late clock check found a step in (their outcome
@@ -321,10 +489,10 @@ class TurnaroundRun:
         raw, to observations.jsonl (`harness report` converts them again; a run killed in that window loses
         this one record, not the cycle's events), its line on the progress bar, and freeing its objects."""
         if self._leftover is not None:
-            cycle, sent, completed, arrivals, (cpu, step_cpu), stamps, events, _ = self._leftover
+            cycle, sent, completed, arrivals, (cpu, step_cpu), issued, events, _ = self._leftover
             self._leftover = None
             self.log.cycle(cycle, sent, completed, self.ocs, self.ports, arrivals, cpu_ns=cpu, step_cpu_ns=step_cpu,
-                           ocs_stamps=stamps)
+                           ocs_stamps=issued[0].stamps, commands=issued if len(issued) > 1 else ())
             self.log.flush()
             up = max((e.t_ns for e in events if e.stage in self.chain), default=arrivals.done_ns)
             status = next((o.status for o in reversed(self.outcomes) if o.cycle == cycle), "")
@@ -364,16 +532,26 @@ class TurnaroundRun:
         self.ctx.log.flush()  # durable (fsynced) before the next command; the raw lines' mirror after it
 
     def _latch(self, cycle: int, begin: int, affected: list[str], causes: list[tuple[str, str]], why: str,
-               record: bool, sent: int | None, completed: int | None,
-               stamps: OcsStamps = OcsStamps()) -> CycleOutcome:
-        """Latch the bench broken: record this cycle as faulted with the cause, and stop."""
+               record: bool, commands: list[SwitchCommand]) -> CycleOutcome:
+        """Latch the bench broken: record this cycle as faulted with the cause, and stop. Each switch's command
+        is recorded as far as it went: sent if it was written, completed if its reply came."""
         self.after_command()
         self.ctx.latch_broken(why)
         self.ctx.say(f"[red]bench latched broken:[/] {why}")
         done = now_ns()
         mk = lambda stage, t, **kw: Event(self.ctx.run_id, cycle, stage, kw.get("host", ""),  # noqa: E731
                                           kw.get("device", ""), "", 0, t, 0, 0, kw["source"])
-        events = ocs_events(self.ctx.run_id, cycle, self.ocs, sent, None, stamps) if sent is not None else []
+        events, sent, completed = [], None, None
+        for c in commands:
+            if c.reply is not None and c.reply.done() and c.reply.exception() is None:
+                c.result()
+            if c.sent:
+                applied = c.applied if c.applied is not None and c.reply is None else None
+                done_ns = applied.timing.completed_ns if applied is not None else None
+                events += ocs_events(self.ctx.run_id, cycle, c.ocs, c.sent, done_ns,
+                                     applied.ocs_stamps if applied is not None else OcsStamps())
+                sent = min(sent or c.sent, c.sent)
+                completed = max(completed or 0, done_ns or 0) or None
         events += [mk("fault", done, host=h, source=c) for h, c in causes]
         events.append(mk("fault", done, source=f"broken:{why}"[:300]))
         if record:
