@@ -43,7 +43,7 @@ from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from devices.emulated import dataplane, formats
+from devices.emulated import coreutils, dataplane, formats
 from devices.emulated.physics import NicChange
 from devices.resources import HostResource
 from devices.sshhub import HubSocket, HubTransport, stamp_arrivals
@@ -84,6 +84,14 @@ class ExecContext:
         self.command = command
         self._redirect: list[bytes] | None = None
         self._stdin_buffer = b""
+        self._stdin_fixed = False  # stdin is `_stdin_buffer` alone (a pipe's left side, or /dev/null), not the channel
+        self.tty = False  # the session has a pty: its line discipline turns \n into \r\n and merges stderr
+
+    def with_stdin(self, data: bytes) -> "ExecContext":
+        """This context reading `data` as its whole stdin (one stage of a pipe)."""
+        stage = ExecContext(self.server, self.channel, self.command)
+        stage.tty, stage._stdin_buffer, stage._stdin_fixed = self.tty, data, True
+        return stage
 
     # ---- output
     def out(self, text: str | bytes) -> None:
@@ -91,6 +99,8 @@ class ExecContext:
         if self._redirect is not None:
             self._redirect.append(data)
             return
+        if self.tty:
+            data = data.replace(b"\n", b"\r\n")
         if self.server.reply_delay_s > 0:  # fault injection: a slow (loaded) host
             time.sleep(self.server.reply_delay_s)
         try:
@@ -98,9 +108,13 @@ class ExecContext:
         except (OSError, EOFError) as exc:
             raise ChannelGone() from exc
 
-    def err(self, text: str) -> None:
+    def err(self, text: str | bytes) -> None:
+        data = text.encode() if isinstance(text, str) else text
         try:
-            self.channel.sendall_stderr(text.encode())
+            if self.tty:
+                self.channel.sendall(data.replace(b"\n", b"\r\n"))
+                return
+            self.channel.sendall_stderr(data)
         except (OSError, EOFError) as exc:
             raise ChannelGone() from exc
 
@@ -109,11 +123,12 @@ class ExecContext:
         """All of stdin, up to EOF (or the client closing)."""
         chunks = [self._stdin_buffer]
         self._stdin_buffer = b""
-        while True:
+        while not self._stdin_fixed:
             data = self.channel.recv(65536)
             if not data:
                 return b"".join(chunks)
             chunks.append(data)
+        return b"".join(chunks)
 
     def stdin_lines(self) -> Iterator[bytes]:
         """Stdin line by line (without newline) until EOF."""
@@ -123,7 +138,7 @@ class ExecContext:
                 line, self._stdin_buffer = self._stdin_buffer[:cut], self._stdin_buffer[cut + 1:]
                 yield line
                 continue
-            data = self.channel.recv(65536)
+            data = b"" if self._stdin_fixed else self.channel.recv(65536)
             if not data:
                 return
             self._stdin_buffer += data
@@ -567,31 +582,93 @@ class EmulatedHostServer:
 # ====================================================================== a minimal shell
 
 
-def _split_commands(command: str) -> list[tuple[str, list[str]]]:
-    """`a && b ; c` -> [('', a-words), ('&&', b-words), (';', c-words)]."""
+class _ShellSyntax(ValueError):
+    """A command line sh would refuse to parse (dash's message)."""
+
+
+def _split_commands(command: str) -> list[tuple[str, list[list[str]]]]:
+    """`a | b && c ; d` -> [('', [a-words, b-words]), ('&&', [c-words]), (';', [d-words])]."""
     lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|<>")
     lexer.whitespace_split = True
-    pieces: list[tuple[str, list[str]]] = [("", [])]
+    pieces: list[tuple[str, list[list[str]]]] = [("", [[]])]
     for token in lexer:
         if token in ("&&", ";", "||"):
-            pieces.append((token, []))
+            pieces.append((token, [[]]))
+        elif token == "|":
+            if not pieces[-1][1][-1]:
+                raise _ShellSyntax('"|" unexpected')
+            pieces[-1][1].append([])
         else:
-            pieces[-1][1].append(token)
-    return [(op, words) for op, words in pieces if words]
+            pieces[-1][1][-1].append(token)
+    for _, pipeline in pieces:
+        if len(pipeline) > 1 and not pipeline[-1]:
+            raise _ShellSyntax("end of file unexpected")
+    return [(op, pipeline) for op, pipeline in pieces if pipeline[0]]
 
 
-def run_shell(ctx: ExecContext, command: str) -> int:
-    """Run `command` with `&&`, `||`, `;` and `> FILE` (stdout into the virtual file system)."""
+def run_shell(ctx: ExecContext, command: str, status: int = 0) -> int:
+    """Run `command` with `&&`, `||`, `;`, pipes of commands that end, `> FILE` (stdout into the virtual file
+    system) and `$?` (`status`: the previous command's, in an interactive shell)."""
     try:
         pieces = _split_commands(command)
     except ValueError as exc:
         ctx.err(f"sh: 1: Syntax error: {exc}\n")
         return 2
-    status = 0
-    for op, words in pieces:
+    for op, pipeline in pieces:
         if (op == "&&" and status != 0) or (op == "||" and status == 0):
             continue
-        status = _run_simple(ctx, words)
+        pipeline = [[str(status) if w == "$?" else w for w in words] for words in pipeline]
+        status = _run_pipeline(ctx, pipeline)
+    return status
+
+
+def _streams(ctx: ExecContext, words: list[str]) -> str | None:
+    """What a command streams until the client stops it (so it cannot be a pipe's stage), None if it ends."""
+    name = posixpath.basename(words[0]) if words else ""
+    if name in PYTHON_NAMES:
+        return "the agent"
+    if name == "ip" and "monitor" in words:
+        return "ip monitor"
+    if name == "nvidia-smi" and any(w in ("-l", "-lms") or w.startswith(("--loop", "-l=", "-lms=")) for w in words):
+        return "nvidia-smi's loop"
+    return None
+
+
+def _run_pipeline(ctx: ExecContext, pipeline: list[list[str]]) -> int:
+    """`a | b | c` as sh runs commands that end: each stage's stdout is the next one's stdin, the status is the
+    last stage's. The stages run one after another (the emulated tools end), so a streaming command is refused."""
+    if len(pipeline) == 1:
+        return _run_simple(ctx, pipeline[0])
+    for words in pipeline:
+        if (what := _streams(ctx, words)) is not None:
+            ctx.err(f"sh: 1: emulated host: {what} streams until stopped and cannot run in a pipe\n")
+            return 2
+    stage_ctx, status = ctx, 0
+    for i, words in enumerate(pipeline):
+        last = i == len(pipeline) - 1
+        if last:
+            return _run_simple(stage_ctx, words)
+        saved, stage_ctx._redirect = stage_ctx._redirect, []
+        try:
+            status = _run_simple(stage_ctx, words)
+        finally:
+            data, stage_ctx._redirect = b"".join(stage_ctx._redirect), saved
+        stage_ctx = ctx.with_stdin(data)
+        stage_ctx._redirect = ctx._redirect
+    return status
+
+
+def _filter(ctx: ExecContext, argv: list[str]) -> int:
+    """A coreutils/grep filter over stdin or files of the host (devices/emulated/coreutils.py)."""
+    def read(word: str) -> bytes | None:
+        content = _read_file(ctx, ctx.path(word))
+        return content.encode() if isinstance(content, str) else content
+    tool = coreutils.FILTERS[posixpath.basename(argv[0])]
+    out, err, status = tool(argv, ctx.read_stdin, read)  # stdin read only when an operand is `-` or none is given
+    if out:
+        ctx.out(out)
+    if err:
+        ctx.err(err)
     return status
 
 
@@ -632,8 +709,8 @@ def _run_simple(ctx: ExecContext, words: list[str]) -> int:
         if posixpath.dirname(target) not in ctx.server.fs.dirs:
             ctx.err(f"sh: 1: cannot create {target}: Directory nonexistent\n")
             return 2
-    if any(w in ("|", "<", ">>", "&", "|&") for w in words):
-        ctx.err("sh: 1: emulated host: pipes and input redirection are not supported\n")
+    if any(w in ("<", ">>", "&", "|&") for w in words):
+        ctx.err("sh: 1: emulated host: input redirection, appending and background jobs are not supported\n")
         return 2
     if words and words[0] == "exec":
         words = words[1:]
@@ -654,11 +731,11 @@ def _run_simple(ctx: ExecContext, words: list[str]) -> int:
         return 127
     if target is None:
         return handler(ctx, words)
-    ctx._redirect = []
+    saved, ctx._redirect = ctx._redirect, []
     try:
         status = handler(ctx, words)
     finally:
-        data, ctx._redirect = b"".join(ctx._redirect), None
+        data, ctx._redirect = b"".join(ctx._redirect), saved
     with ctx.server.fs.lock:
         ctx.server.fs.files[target] = data
     return status
@@ -1986,6 +2063,7 @@ DEFAULT_COMMANDS: dict[str, Handler] = {
     "alltoall_perf": _alltoall_perf, "ib_write_bw": _ib_write_bw,
     "ibstat": _ibstat, "ibstatus": _ibstatus, "ibv_devinfo": _ibv_devinfo, "ibdev2netdev": _ibdev2netdev,
     "uname": _uname, "ls": _ls, "sudo": _sudo,
+    **{name: _filter for name in coreutils.FILTERS},
 }
 # Debian's paths of the tools (ethtool, iproute2's ip and rdma in /usr/sbin and /sbin; usrmerge links both;
 # mlxlink from MFT and nvidia-smi in /usr/bin)
