@@ -30,6 +30,7 @@ import random
 import selectors
 import shlex
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -86,11 +87,12 @@ class ExecContext:
         self._stdin_buffer = b""
         self._stdin_fixed = False  # stdin is `_stdin_buffer` alone (a pipe's left side, or /dev/null), not the channel
         self.tty = False  # the session has a pty: its line discipline turns \n into \r\n and merges stderr
+        self.bash = False  # run by the interactive login shell (bash), not by `sh -c` (dash)
 
     def with_stdin(self, data: bytes) -> "ExecContext":
         """This context reading `data` as its whole stdin (one stage of a pipe)."""
         stage = ExecContext(self.server, self.channel, self.command)
-        stage.tty, stage._stdin_buffer, stage._stdin_fixed = self.tty, data, True
+        stage.tty, stage.bash, stage._stdin_buffer, stage._stdin_fixed = self.tty, self.bash, data, True
         return stage
 
     # ---- output
@@ -217,13 +219,16 @@ def _forget_accepted(channel: paramiko.Channel) -> None:
             pass
 
 
-def server_transport(sock: socket.socket, host_key: paramiko.PKey,
-                     interface: paramiko.ServerInterface) -> paramiko.Transport | None:
+def server_transport(sock: socket.socket, host_key: paramiko.PKey, interface: paramiko.ServerInterface,
+                     subsystems: dict[str, tuple] | None = None) -> paramiko.Transport | None:
     """An SSH server transport (TCP_NODELAY) on an accepted connection; its loop runs on the process's SSH
-    hub (devices.sshhub: one thread for every connection). None if it cannot start."""
+    hub (devices.sshhub: one thread for every connection). `subsystems`: name -> (handler class, *args), as
+    paramiko's set_subsystem_handler takes them. None if it cannot start."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     transport = HubTransport(sock)
     transport.add_server_key(host_key)
+    for name, (handler, *args) in (subsystems or {}).items():
+        transport.set_subsystem_handler(name, handler, *args)
     try:
         transport.start_server(event=threading.Event(), server=interface)
     except (paramiko.SSHException, OSError, EOFError):
@@ -365,6 +370,7 @@ class _HostsLoop:
 class _SshServer(paramiko.ServerInterface):
     def __init__(self, host: "EmulatedHostServer"):
         self.host = host
+        self.ptys: dict[int, str] = {}  # channel id -> the terminal type its pty request named
 
     def get_allowed_auths(self, username: str) -> str:
         return "publickey"
@@ -389,7 +395,20 @@ class _SshServer(paramiko.ServerInterface):
             channel.in_buffer = _TimeResponder(channel, self.host.bench, self.host.host_name)
         else:
             stamp_arrivals(channel)
-        _HostsLoop.get().run_command(self.host._exec, (channel, text), f"ssh-{self.host.host_name}-exec")
+        _HostsLoop.get().run_command(self.host._exec, (channel, text, channel.chanid in self.ptys),
+                                     f"ssh-{self.host.host_name}-exec")
+        return True
+
+    def check_channel_pty_request(self, channel, term, width, height, pixelwidth, pixelheight, modes) -> bool:
+        self.ptys[channel.chanid] = term.decode(errors="replace") if isinstance(term, bytes) else term
+        return True
+
+    def check_channel_window_change_request(self, channel, width, height, pixelwidth, pixelheight) -> bool:
+        return True
+
+    def check_channel_shell_request(self, channel: paramiko.Channel) -> bool:
+        _HostsLoop.get().run_command(self.host._interactive, (channel, channel.chanid in self.ptys),
+                                     f"ssh-{self.host.host_name}-shell")
         return True
 
 
@@ -521,15 +540,17 @@ class EmulatedHostServer:
         if not self._running:
             sock.close()
             return
-        transport = server_transport(sock, self.host_key, _SshServer(self))
+        transport = server_transport(sock, self.host_key, _SshServer(self),
+                                     {"sftp": (_SftpSession, _HostSftp)})
         if transport is not None:
             with self._lock:
                 self._transports = [t for t in self._transports if t.is_active()] + [transport]
                 self.connections += 1
 
-    def _exec(self, channel: paramiko.Channel, command: str) -> None:
+    def _exec(self, channel: paramiko.Channel, command: str, tty: bool = False) -> None:
         _forget_accepted(channel)
         ctx = ExecContext(self, channel, command)
+        ctx.tty = tty
         try:
             status = run_shell(ctx, command)
         except ChannelGone:
@@ -541,12 +562,25 @@ class EmulatedHostServer:
             except ChannelGone:
                 return
             status = 1
+        self._end_session(channel, status)
+
+    def _end_session(self, channel: paramiko.Channel, status: int) -> None:
         try:
             channel.send_exit_status(status)
             channel.shutdown_write()
         except (OSError, EOFError):
             return
         _HostsLoop.get().close_later(channel)
+
+    def _interactive(self, channel: paramiko.Channel, tty: bool) -> None:
+        """A login shell: a prompt, each line run by run_shell, until `exit` or Ctrl-D on an empty line."""
+        _forget_accepted(channel)
+        shell = _InteractiveShell(self, channel, tty)
+        try:
+            status = shell.run()
+        except ChannelGone:
+            return
+        self._end_session(channel, status)
 
     def agent_streams(self) -> "_AgentStreams":
         """The thread serving this host's agent streams (started with the first stream)."""
@@ -672,6 +706,103 @@ def _filter(ctx: ExecContext, argv: list[str]) -> int:
     return status
 
 
+class _InteractiveShell:
+    """What an engineer meets after `ssh host`: Debian's bash as a login shell with its default prompt
+    (`user@host:~$ `, no colour) and readline's basic editing: echo, backspace, Ctrl-U, Ctrl-C (`^C`, status
+    130), Ctrl-D on an empty line or `exit [N]` (`logout`). Under a pty output lines end in CRLF (ONLCR) and
+    stderr joins stdout. A command's stdin is empty (the terminal stays the shell's), so a streaming command
+    is refused: there would be no way to stop it but closing the session."""
+
+    def __init__(self, server: "EmulatedHostServer", channel: paramiko.Channel, tty: bool):
+        self.server, self.channel = server, channel
+        self.ctx = ExecContext(server, channel, "-bash")
+        self.ctx.tty, self.ctx.bash = tty, True
+        self.prompt = f"{server.user}@{server.host_name.split('.')[0]}:~$ "
+        self.status = 0
+
+    def run(self) -> int:
+        self.ctx.out(self.prompt)
+        line, escape = bytearray(), b""
+        while True:
+            data = self.channel.recv(4096)
+            if not data:
+                return self.status  # the client closed its side: the session ends as on a hang-up
+            for byte in data:
+                char = bytes([byte])
+                if escape or char == b"\x1b":  # cursor keys and the like: an escape sequence, not input
+                    escape += char
+                    if len(escape) > 1 and (escape[-1:].isalpha() or escape[-1:] == b"~"):
+                        escape = b""
+                    continue
+                if char in (b"\r", b"\n"):
+                    self.ctx.out("\n")
+                    if (done := self.line(line.decode(errors="replace"))) is not None:
+                        return done
+                    line.clear()
+                    self.ctx.out(self.prompt)
+                elif char in (b"\x7f", b"\x08"):
+                    if line:
+                        line.pop()
+                        self.ctx.out("\b \b")
+                elif char == b"\x15":
+                    self.ctx.out("\b \b" * len(line))
+                    line.clear()
+                elif char == b"\x03":
+                    self.ctx.out("^C\n" + self.prompt)
+                    line.clear()
+                    self.status = 130
+                elif char == b"\x04":
+                    if not line:
+                        self.ctx.out("logout\n")
+                        return self.status
+                elif byte >= 0x20 or char == b"\t":
+                    line += char
+                    self.ctx.out(char)
+
+    def line(self, text: str) -> int | None:
+        """Run one line; the session's exit status when it was `exit`."""
+        try:
+            words = shlex.split(text)
+        except ValueError:
+            words = None
+        if words and words[0] == "exit":
+            if len(words) > 1 and not words[1].lstrip("-").isdigit():
+                self.ctx.err(f"-bash: exit: {words[1]}: numeric argument required\n")
+                return 2
+            self.ctx.out("logout\n")
+            return int(words[1]) & 255 if len(words) > 1 else self.status
+        if not text.strip():
+            return None
+        try:
+            pieces = _split_commands(text)
+        except ValueError:
+            pieces = []
+        streaming = [what for _, pipeline in pieces for words in pipeline if (what := _streams(self.ctx, words))]
+        if streaming:
+            self.ctx.err(f"-bash: emulated host: {streaming[0]} streams until stopped; run it with "
+                         "`ssh host COMMAND` instead\n")
+            self.status = 2
+            return None
+        try:
+            self.status = run_shell(self.ctx.with_stdin(b""), text, self.status)
+        except ChannelGone:
+            raise
+        except Exception as exc:  # a handler bug must not end the session
+            log.exception("emulated host %s: %r failed", self.server.host_name, text)
+            self.ctx.err(f"emulator: {type(exc).__name__}: {exc}\n")
+            self.status = 1
+        return None
+
+
+def _not_found(ctx: ExecContext, name: str) -> int:
+    """dash's complaint for `ssh host COMMAND`, bash's in the interactive login shell."""
+    if not ctx.bash:
+        ctx.err(f"sh: 1: {name}: not found\n")
+    else:
+        ctx.err(f"-bash: {name}: " + ("No such file or directory\n" if "/" in name else "command not found\n"))
+    return 127
+
+
 def _has_tool(server: "EmulatedHostServer", path: str, tool: str) -> bool:
     """Whether `path` runs `tool` on this host: its bare name, or an absolute path where the host keeps it."""
     return (path == tool or path in server.tool_paths.get(tool, ())) and tool in server.commands
@@ -719,16 +850,14 @@ def _run_simple(ctx: ExecContext, words: list[str]) -> int:
     name = words[0]
     if name.startswith("/") and not _has_tool(ctx.server, name, posixpath.basename(name)) \
             and posixpath.basename(name) in ctx.server.tool_paths:
-        ctx.err(f"sh: 1: {name}: not found\n")
-        return 127
+        return _not_found(ctx, name)
     handler = ctx.server.commands.get(name) or ctx.server.commands.get(posixpath.basename(name))
     if handler is None and posixpath.basename(name) in PYTHON_NAMES:
         handler = _python
     if handler is None:
         handler = ctx.server.commands.get("*")
     if handler is None:
-        ctx.err(f"sh: 1: {name}: not found\n")
-        return 127
+        return _not_found(ctx, name)
     if target is None:
         return handler(ctx, words)
     saved, ctx._redirect = ctx._redirect, []
@@ -739,6 +868,175 @@ def _run_simple(ctx: ExecContext, words: list[str]) -> int:
     with ctx.server.fs.lock:
         ctx.server.fs.files[target] = data
     return status
+
+
+# ====================================================================== sftp (and so scp: OpenSSH >= 9 copies over SFTP)
+
+
+class _SftpSession(paramiko.SFTPServer):
+    """paramiko's SFTP server on its own thread (one per session), the channel off the accept queue."""
+
+    def start_subsystem(self, name, transport, channel):
+        _forget_accepted(channel)
+        super().start_subsystem(name, transport, channel)
+
+    def finish_subsystem(self):
+        try:  # sshd's internal-sftp ends with status 0; scp takes a session without one (-1) as failed
+            self.sock.send_exit_status(0)
+        except (OSError, EOFError):
+            pass
+        super().finish_subsystem()
+
+
+class _HostSftp(paramiko.SFTPServerInterface):
+    """The host's files over SFTP: the virtual file system (read, write, create, remove, rename, mkdir, rmdir)
+    and the emulated sysfs (listed and read; read-only, as sysfs is to the non-root user)."""
+
+    def __init__(self, server: _SshServer, *args, **kwargs):
+        super().__init__(server, *args, **kwargs)
+        self.host = server.host
+        self.fs = self.host.fs
+        self.ctx = ExecContext(self.host, None, "internal-sftp")  # for _read_file/_ls_names: no channel I/O
+
+    def canonicalize(self, path: str) -> str:
+        return self.ctx.path(path or ".") if path not in (".", "") else self.host.home
+
+    def attributes(self, path: str, listed: bool = False) -> paramiko.SFTPAttributes | int:
+        attr = paramiko.SFTPAttributes()
+        attr.st_uid = attr.st_gid = 1000 if path.startswith(self.host.home) or path in self.fs.files else 0
+        attr.st_atime = attr.st_mtime = int(time.time())
+        if _ls_names(self.ctx, path) is not None:
+            attr.st_mode, attr.st_size = stat.S_IFDIR | 0o755, 4096
+            return attr
+        content = _read_file(self.ctx, path)
+        if content is None:
+            if not listed:
+                return paramiko.SFTP_NO_SUCH_FILE
+            attr.st_mode, attr.st_size = stat.S_IFDIR | 0o755, 0  # a sysfs entry we only list (a device's dir)
+            return attr
+        with self.fs.lock:
+            mine = path in self.fs.files
+        attr.st_mode = stat.S_IFREG | (0o644 if mine else 0o444)
+        attr.st_size = len(content.encode() if isinstance(content, str) else content)
+        return attr
+
+    def stat(self, path: str):
+        return self.attributes(self.canonicalize(path))
+
+    lstat = stat
+
+    def list_folder(self, path: str):
+        where = self.canonicalize(path)
+        names = _ls_names(self.ctx, where)
+        if names is None:
+            return paramiko.SFTP_NO_SUCH_FILE
+        entries = []
+        for name in names:
+            attr = self.attributes(posixpath.join(where, name), listed=True)
+            attr.filename = name
+            entries.append(attr)
+        return entries
+
+    def open(self, path: str, flags: int, attr):
+        where = self.canonicalize(path)
+        if _ls_names(self.ctx, where) is not None:
+            return paramiko.SFTP_FAILURE  # a directory
+        content = _read_file(self.ctx, where)
+        data = bytearray(content.encode() if isinstance(content, str) else content or b"")
+        writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
+        if writing:
+            with self.fs.lock:
+                mine = where in self.fs.files
+                parent = posixpath.dirname(where) in self.fs.dirs
+            if content is not None and not mine:
+                return paramiko.SFTP_PERMISSION_DENIED
+            if not parent or (content is None and not flags & os.O_CREAT):
+                return paramiko.SFTP_NO_SUCH_FILE
+            if content is not None and flags & os.O_CREAT and flags & os.O_EXCL:
+                return paramiko.SFTP_FAILURE
+            if flags & os.O_TRUNC:
+                data.clear()
+            with self.fs.lock:
+                self.fs.files[where] = bytes(data)
+        elif content is None:
+            return paramiko.SFTP_NO_SUCH_FILE
+        return _SftpFile(self, where, data, writing, flags)
+
+    def remove(self, path: str):
+        where = self.canonicalize(path)
+        with self.fs.lock:
+            if self.fs.files.pop(where, None) is not None:
+                return paramiko.SFTP_OK
+        return paramiko.SFTP_NO_SUCH_FILE if _read_file(self.ctx, where) is None else paramiko.SFTP_PERMISSION_DENIED
+
+    def rename(self, oldpath: str, newpath: str):
+        old, new = self.canonicalize(oldpath), self.canonicalize(newpath)
+        with self.fs.lock:
+            if old not in self.fs.files:
+                return paramiko.SFTP_NO_SUCH_FILE
+            if posixpath.dirname(new) not in self.fs.dirs or new in self.fs.dirs:
+                return paramiko.SFTP_FAILURE
+            self.fs.files[new] = self.fs.files.pop(old)
+        return paramiko.SFTP_OK
+
+    posix_rename = rename
+
+    def mkdir(self, path: str, attr):
+        where = self.canonicalize(path)
+        with self.fs.lock:
+            if where in self.fs.dirs or where in self.fs.files:
+                return paramiko.SFTP_FAILURE
+            if posixpath.dirname(where) not in self.fs.dirs:
+                return paramiko.SFTP_NO_SUCH_FILE
+            self.fs.dirs.add(where)
+        return paramiko.SFTP_OK
+
+    def rmdir(self, path: str):
+        where = self.canonicalize(path)
+        with self.fs.lock:
+            if where not in self.fs.dirs:
+                return paramiko.SFTP_NO_SUCH_FILE
+            prefix = where.rstrip("/") + "/"
+            if where in ("/", "/home", "/tmp", self.host.home) or \
+                    any(p.startswith(prefix) for p in list(self.fs.files) + list(self.fs.dirs)):
+                return paramiko.SFTP_FAILURE
+            self.fs.dirs.discard(where)
+        return paramiko.SFTP_OK
+
+    def chattr(self, path: str, attr):
+        return paramiko.SFTP_OK if _read_file(self.ctx, self.canonicalize(path)) is not None \
+            or _ls_names(self.ctx, self.canonicalize(path)) is not None else paramiko.SFTP_NO_SUCH_FILE
+
+
+class _SftpFile(paramiko.SFTPHandle):
+    """An open file: a snapshot read at open (a sysfs file is rendered once, as a read of it would); writes
+    reach the host's file system at each write, so a concurrent `cat` sees them as on a real host."""
+
+    def __init__(self, sftp: _HostSftp, path: str, data: bytearray, writing: bool, flags: int):
+        super().__init__(flags)
+        self.sftp, self.path, self.data, self.writing = sftp, path, data, writing
+        self.append = bool(flags & os.O_APPEND)
+
+    def read(self, offset: int, length: int):
+        return bytes(self.data[offset:offset + length])
+
+    def write(self, offset: int, data: bytes):
+        if not self.writing:
+            return paramiko.SFTP_PERMISSION_DENIED
+        if self.append:
+            offset = len(self.data)
+        if offset > len(self.data):
+            self.data.extend(bytes(offset - len(self.data)))
+        self.data[offset:offset + len(data)] = data
+        with self.sftp.fs.lock:
+            self.sftp.fs.files[self.path] = bytes(self.data)
+        return paramiko.SFTP_OK
+
+    def stat(self):
+        return self.sftp.attributes(self.path)
+
+    def chattr(self, attr):
+        return paramiko.SFTP_OK
 
 
 # ====================================================================== tool commands
