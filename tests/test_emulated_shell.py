@@ -4,9 +4,12 @@ shell under a pty (paramiko's invoke_shell and the stock OpenSSH client), and SF
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import stat
 import subprocess
 
+import paramiko
 import pytest
 
 from devices.emulated import coreutils
@@ -72,3 +75,191 @@ def test_an_option_outside_the_emulated_set_is_refused_not_ignored():
     for argv in (["grep", "-o", "a"], ["sort", "-k2"], ["wc", "-L"], ["cut", "-c1"], ["head", "-c", "3"]):
         out, err, status = coreutils.FILTERS[argv[0]](argv, b"a\n", _FILES.get)
         assert out == b"" and status in (1, 2) and b"not supported" in err, argv
+
+
+# ---------------------------------------------------------------------------------------------------- pipes over SSH
+
+PIPELINES = [  # (left side run on the emulated host, the filter the pipe feeds)
+    ("ip -o link", ["grep", "-c", "UP"]),
+    ("ip -o link", ["grep", "-v", "lo"]),
+    ("ip -o link", ["cut", "-d:", "-f2"]),
+    ("ls /sys/class/net", ["sort", "-r"]),
+    ("rdma link", ["wc", "-l"]),
+    ("ethtool ens1f0np0", ["grep", "-E", "Speed|Link detected"]),
+    ("nvidia-smi --query-gpu=index,temperature.gpu --format=csv,noheader", ["sort", "-n", "-r"]),
+    ("ibstat", ["head", "-n", "4"]),
+    ("ibstat", ["tail", "-3"]),
+    ("ip -o link", ["grep", "-q", "nomatch-anywhere"]),
+]
+
+
+@pytest.mark.parametrize("left,right", PIPELINES, ids=lambda x: x if isinstance(x, str) else " ".join(x))
+def test_a_pipe_feeds_the_left_sides_output_to_the_right_side(ssh, left, right):
+    real_tool = shutil.which(right[0])
+    if real_tool is None:
+        pytest.skip(f"no real {right[0]} on this machine to compare with")
+    alone = ssh.run(left, check=True).stdout.encode()
+    piped = ssh.run(f"{left} | {' '.join(shlex.quote(w) for w in right)}")
+    real = subprocess.run([real_tool] + right[1:], input=alone, capture_output=True, env=_C, timeout=10)
+    assert (piped.stdout.encode(), piped.exit_status) == (real.stdout, real.returncode)
+
+
+def test_three_stages_and_the_last_stages_status(ssh):
+    assert ssh.run("ls /sys/class/net | grep -v lo | wc -l").stdout == "2\n"
+    statuses = {c: ssh.run(c).exit_status for c in ("false | true", "true | false", "echo a | grep b",
+                                                     "echo a | grep a", "no-such-tool | wc -l")}
+    assert statuses == {"false | true": 0, "true | false": 1, "echo a | grep b": 1, "echo a | grep a": 0,
+                        "no-such-tool | wc -l": 0}
+    assert ssh.run("echo a | grep b; echo $?").stdout == "1\n"
+    assert ssh.run("echo a | grep -q a && echo yes || echo no").stdout == "yes\n"
+
+
+def test_the_first_stage_reads_the_sessions_stdin(ssh):
+    assert ssh.run("cat | grep -n b | tail -1", stdin="a\nb\nc\nab\n").stdout == "4:ab\n"
+    assert ssh.run("wc -c", stdin="12345").stdout == "5\n"
+
+
+def test_a_streaming_command_is_refused_in_a_pipe(ssh):
+    for command in ("ip monitor link | grep x", "ip -ts -o monitor link | head -1",
+                    "nvidia-smi --query-gpu=index --format=csv -lms 100 | head -1", "python3 - watch | wc -l"):
+        result = ssh.run(command)
+        assert result.exit_status == 2 and result.stdout == "", command
+        assert result.stderr.startswith("sh: 1: emulated host: ") and "cannot run in a pipe" in result.stderr
+
+
+def test_a_pipe_without_a_command_is_a_syntax_error(ssh):
+    for command, message in (("ls |", "end of file unexpected"), ("| wc", '"|" unexpected')):
+        result = ssh.run(command)
+        assert (result.exit_status, result.stderr) == (2, f"sh: 1: Syntax error: {message}\n")
+
+
+# ---------------------------------------------------------------------------------------------------- interactive
+
+
+def _paramiko_client(server):
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(server.known_hosts_path))
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client.connect("127.0.0.1", server.port, server.user, key_filename=str(server.client_key_path),
+                   look_for_keys=False, allow_agent=False, timeout=10)
+    return client
+
+
+def _until_closed(channel) -> bytes:
+    channel.settimeout(10)
+    out = b""
+    while data := channel.recv(65536):
+        out += data
+    return out
+
+
+def test_interactive_shell_prompt_echo_editing_and_exit_status(server):
+    prompt = f"{server.user}@{server.host_name}:~$ ".encode()
+    with _paramiko_client(server) as client:
+        channel = client.invoke_shell()  # pty-req (vt100) + shell, as a terminal user's ssh sends them
+        channel.sendall(b"echo hi | wc -c\rfalsx\x7fe\recho $?\rec\x03echo $?\rnosuch\r\x1b[Aexit 3\r")
+        transcript = _until_closed(channel)
+        status = channel.recv_exit_status()
+    assert transcript == (prompt + b"echo hi | wc -c\r\n3\r\n"
+                          + prompt + b"falsx\b \be\r\n"
+                          + prompt + b"echo $?\r\n1\r\n"
+                          + prompt + b"ec^C\r\n"
+                          + prompt + b"echo $?\r\n130\r\n"
+                          + prompt + b"nosuch\r\n-bash: nosuch: command not found\r\n"
+                          + prompt + b"exit 3\r\nlogout\r\n")
+    assert status == 3
+
+
+def test_interactive_ctrl_d_ends_with_the_last_status_and_streams_are_refused(server):
+    with _paramiko_client(server) as client:
+        channel = client.invoke_shell()
+        channel.sendall(b"ip monitor link\rgrep -c x /no/such\r\x04")
+        transcript = _until_closed(channel)
+        assert channel.recv_exit_status() == 2
+    assert b"-bash: emulated host: ip monitor streams until stopped" in transcript
+    assert b"grep: /no/such: No such file or directory\r\n" in transcript  # stderr joins stdout under a pty
+    assert transcript.endswith(b"logout\r\n")
+
+
+def test_a_command_without_a_pty_keeps_lf_and_with_one_gets_crlf(server):
+    with _paramiko_client(server) as client:
+        _, out, _ = client.exec_command("ls /sys/class/net")
+        assert out.read() == b"ens1f0np0\nens2f0np0\nlo\n"
+        _, out, _ = client.exec_command("ls /sys/class/net", get_pty=True)
+        assert out.read() == b"ens1f0np0\r\nens2f0np0\r\nlo\r\n"
+
+
+def _openssh(tool: str, server, port_flag: str = "-p") -> list[str]:
+    return [tool, "-F", "/dev/null", "-i", str(server.client_key_path), "-o",
+            f"UserKnownHostsFile={server.known_hosts_path}", "-o", "StrictHostKeyChecking=yes", "-o",
+            "BatchMode=yes", "-o", "IdentitiesOnly=yes", port_flag, str(server.port)]
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client binary on this machine")
+def test_stock_openssh_client_gets_an_interactive_shell(server):
+    prompt = f"{server.user}@{server.host_name}:~$ ".encode()
+    done = subprocess.run(_openssh("ssh", server) + ["-tt", f"{server.user}@127.0.0.1"], timeout=60,
+                          input=b"ls /sys/class/net | grep -c ens\ncat /no/such\n\x04", capture_output=True)
+    assert done.stdout == (prompt + b"ls /sys/class/net | grep -c ens\r\n2\r\n"
+                           + prompt + b"cat /no/such\r\ncat: /no/such: No such file or directory\r\n"
+                           + prompt + b"logout\r\n")
+    assert done.returncode == 1, done.stderr
+
+
+# ---------------------------------------------------------------------------------------------------- sftp, scp
+
+
+def test_sftp_reads_writes_lists_and_renames_the_hosts_files(server, ssh, bench):
+    nic = bench.nic_ports(server.host_name)[0]
+    with _paramiko_client(server) as client, client.open_sftp() as sftp:
+        assert sftp.normalize(".") == server.home
+        sftp.mkdir("up")
+        with sftp.open("up/a.txt", "w") as f:
+            f.write(b"one\ntwo\n")
+        assert ssh.run("cat ~/up/a.txt | wc -l").stdout == "2\n"  # the shell sees what SFTP wrote
+        assert sftp.stat("up/a.txt").st_size == 8 and stat.S_ISDIR(sftp.stat("up").st_mode)
+        sftp.rename("up/a.txt", "up/b.txt")
+        assert sftp.listdir("up") == ["b.txt"]
+        assert sftp.open("up/b.txt").read() == b"one\ntwo\n"
+        carrier = sftp.open(f"/sys/class/net/{nic.netdev}/carrier").read()
+        assert carrier.decode() == ssh.run(f"cat /sys/class/net/{nic.netdev}/carrier").stdout
+        assert sorted(sftp.listdir("/sys/class/net")) == sorted(ssh.run("ls /sys/class/net").stdout.split())
+        with pytest.raises(PermissionError):
+            sftp.open(f"/sys/class/net/{nic.netdev}/carrier", "w")
+        with pytest.raises(FileNotFoundError):
+            sftp.open("no/such/dir/file", "w")
+        with pytest.raises(FileNotFoundError):
+            sftp.stat("missing")
+        with pytest.raises(OSError):
+            sftp.rmdir("up")  # not empty
+        sftp.remove("up/b.txt")
+        sftp.rmdir("up")
+        assert "up" not in sftp.listdir(".")
+
+
+@pytest.mark.skipif(shutil.which("sftp") is None or shutil.which("scp") is None, reason="no OpenSSH sftp/scp")
+def test_stock_sftp_and_scp_clients_put_get_and_list(server, bench, tmp_path):
+    nic = bench.nic_ports(server.host_name)[0]
+    payload = os.urandom(300_000)
+    (tmp_path / "up.bin").write_bytes(payload)
+    batch = (f"put {tmp_path}/up.bin\nls\nget up.bin {tmp_path}/down.bin\n"
+             f"get /sys/class/infiniband/{nic.rdma_dev}/ports/{nic.rdma_port}/state {tmp_path}/state\n")
+    done = subprocess.run(_openssh("sftp", server, "-P") + ["-b", "-", f"{server.user}@127.0.0.1"], timeout=60,
+                          input=batch.encode(), capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert b"sftp> ls\nup.bin" in done.stdout
+    assert (tmp_path / "down.bin").read_bytes() == payload
+    assert (tmp_path / "state").read_text().split(": ")[1].strip() == \
+        bench.nic_snapshot(server.host_name, nic.netdev).ib_state
+    # scp (OpenSSH >= 9 speaks SFTP): up to /tmp, back under another name
+    remote = f"{server.user}@127.0.0.1:/tmp/scp.bin"
+    up = subprocess.run(_openssh("scp", server, "-P") + [str(tmp_path / "up.bin"), remote], capture_output=True,
+                        timeout=60)
+    assert up.returncode == 0, up.stderr
+    down = subprocess.run(_openssh("scp", server, "-P") + [remote, str(tmp_path / "back.bin")], capture_output=True,
+                          timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert (tmp_path / "back.bin").read_bytes() == payload
+    missing = subprocess.run(_openssh("scp", server, "-P") + [f"{server.user}@127.0.0.1:/tmp/none", str(tmp_path)],
+                             capture_output=True, timeout=60)
+    assert missing.returncode == 1 and b"No such file" in missing.stderr
