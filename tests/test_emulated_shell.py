@@ -263,3 +263,24 @@ def test_stock_sftp_and_scp_clients_put_get_and_list(server, bench, tmp_path):
     missing = subprocess.run(_openssh("scp", server, "-P") + [f"{server.user}@127.0.0.1:/tmp/none", str(tmp_path)],
                              capture_output=True, timeout=60)
     assert missing.returncode == 1 and b"No such file" in missing.stderr
+
+
+@pytest.mark.skipif(shutil.which("scp") is None, reason="no OpenSSH scp")
+def test_legacy_scp_protocol_puts_and_gets_a_file(server, bench, tmp_path):
+    nic = bench.nic_ports(server.host_name)[0]
+    payload = os.urandom(70_000)
+    (tmp_path / "up.bin").write_bytes(payload)
+    scp = _openssh("scp", server, "-P") + ["-O"]  # -O: the rcp-style protocol, `scp -t`/`scp -f` on the host
+    host = f"{server.user}@127.0.0.1"
+    up = subprocess.run(scp + [str(tmp_path / "up.bin"), f"{host}:"], capture_output=True, timeout=60)
+    assert up.returncode == 0, up.stderr
+    down = subprocess.run(scp + [f"{host}:up.bin", f"{host}:/sys/class/net/{nic.netdev}/operstate", str(tmp_path)],
+                          capture_output=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert (tmp_path / "up.bin").read_bytes() == payload
+    assert (tmp_path / "operstate").read_text() == bench.nic_snapshot(server.host_name, nic.netdev).operstate + "\n"
+    missing = subprocess.run(scp + [f"{host}:/tmp/none", str(tmp_path)], capture_output=True, timeout=60)
+    assert missing.returncode == 1 and b"scp: /tmp/none: No such file or directory" in missing.stderr
+    refused = subprocess.run(scp + [str(tmp_path / "up.bin"), f"{host}:/sys/class/net/{nic.netdev}/carrier"],
+                             capture_output=True, timeout=60)
+    assert refused.returncode == 1 and b"Permission denied" in refused.stderr

@@ -870,7 +870,7 @@ def _run_simple(ctx: ExecContext, words: list[str]) -> int:
     return status
 
 
-# ====================================================================== sftp (and so scp: OpenSSH >= 9 copies over SFTP)
+# ====================================================================== sftp, scp (OpenSSH >= 9's scp speaks SFTP)
 
 
 class _SftpSession(paramiko.SFTPServer):
@@ -1037,6 +1037,82 @@ class _SftpFile(paramiko.SFTPHandle):
 
     def chattr(self, attr):
         return paramiko.SFTP_OK
+
+
+def _scp(ctx: ExecContext, argv: list[str]) -> int:
+    """The remote end of legacy `scp -O` (rcp's protocol): `scp -t TARGET` receives one file or more, `scp -f
+    PATH...` sends them; single files only (no -r). Each message is acknowledged by a NUL byte; a refusal is
+    \\x01 and the message, as OpenSSH's scp sends it."""
+    words = [w for w in argv[1:] if w not in ("-v", "-p", "-q", "-d", "--")]
+    if len(words) < 2 or words[0] not in ("-t", "-f") or any(w.startswith("-") for w in words[1:]):
+        ctx.err("scp: emulated host: only `scp -t TARGET` and `scp -f PATH...` (single files) are served\n")
+        return 1
+
+    def exact(n: int) -> bytes:
+        while len(ctx._stdin_buffer) < n:
+            data = ctx.channel.recv(65536)
+            if not data:
+                raise ChannelGone()
+            ctx._stdin_buffer += data
+        out, ctx._stdin_buffer = ctx._stdin_buffer[:n], ctx._stdin_buffer[n:]
+        return out
+
+    def line() -> bytes:
+        while b"\n" not in ctx._stdin_buffer:
+            data = ctx.channel.recv(65536)
+            if not data:
+                return b""
+            ctx._stdin_buffer += data
+        out, _, ctx._stdin_buffer = ctx._stdin_buffer.partition(b"\n")
+        return out
+
+    def refuse(message: str) -> int:
+        ctx.out(b"\x01scp: " + message.encode() + b"\n")
+        return 1
+
+    fs = ctx.server.fs
+    if words[0] == "-t":
+        target = ctx.path(words[1])
+        ctx.out(b"\0")
+        while header := line():
+            kind, rest = header[:1], header[1:].decode(errors="replace")
+            if kind == b"T":  # -p's times: acknowledged, not kept
+                ctx.out(b"\0")
+                continue
+            if kind != b"C":
+                return refuse(f"emulated host: {header[:1].decode()!r} (directories, -r) is not supported")
+            _, size, name = rest.split(" ", 2)
+            path = posixpath.join(target, name) if target in fs.dirs else target
+            if path not in fs.files and _read_file(ctx, path) is not None:
+                return refuse(f"{path}: Permission denied")
+            if posixpath.dirname(path) not in fs.dirs:
+                return refuse(f"{path}: No such file or directory")
+            ctx.out(b"\0")
+            data = exact(int(size))
+            exact(1)  # the sender's NUL after the data
+            with fs.lock:
+                fs.files[path] = data
+            ctx.out(b"\0")
+        return 0
+    status = 0
+    if exact(1) != b"\0":
+        return 1
+    for word in words[1:]:
+        path = ctx.path(word)
+        content = _read_file(ctx, path)
+        if content is None:
+            ctx.out(f"\x01scp: {word}: No such file or directory\n")
+            status = 1
+            continue
+        data = content.encode() if isinstance(content, str) else content
+        mode = "0644" if path in fs.files else "0444"
+        ctx.out(f"C{mode} {len(data)} {posixpath.basename(path)}\n")
+        if exact(1) != b"\0":
+            return 1
+        ctx.out(data + b"\0")
+        if exact(1) != b"\0":
+            return 1
+    return status
 
 
 # ====================================================================== tool commands
@@ -2361,7 +2437,7 @@ DEFAULT_COMMANDS: dict[str, Handler] = {
     "alltoall_perf": _alltoall_perf, "ib_write_bw": _ib_write_bw,
     "ibstat": _ibstat, "ibstatus": _ibstatus, "ibv_devinfo": _ibv_devinfo, "ibdev2netdev": _ibdev2netdev,
     "uname": _uname, "ls": _ls, "sudo": _sudo,
-    **{name: _filter for name in coreutils.FILTERS},
+    "scp": _scp, **{name: _filter for name in coreutils.FILTERS},
 }
 # Debian's paths of the tools (ethtool, iproute2's ip and rdma in /usr/sbin and /sbin; usrmerge links both;
 # mlxlink from MFT and nvidia-smi in /usr/bin)
