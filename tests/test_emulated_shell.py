@@ -120,7 +120,7 @@ def test_the_first_stage_reads_the_sessions_stdin(ssh):
 
 
 def test_a_streaming_command_is_refused_in_a_pipe(ssh):
-    for command in ("ip monitor link | grep x", "ip -ts -o monitor link | head -1",
+    for command in ("ip monitor link | grep x", "sudo -n ip monitor | wc -l", "ip -ts -o monitor link | head -1",
                     "nvidia-smi --query-gpu=index --format=csv -lms 100 | head -1", "python3 - watch | wc -l"):
         result = ssh.run(command)
         assert result.exit_status == 2 and result.stdout == "", command
@@ -131,6 +131,21 @@ def test_a_pipe_without_a_command_is_a_syntax_error(ssh):
     for command, message in (("ls |", "end of file unexpected"), ("| wc", '"|" unexpected')):
         result = ssh.run(command)
         assert (result.exit_status, result.stderr) == (2, f"sh: 1: Syntax error: {message}\n")
+
+
+def test_unquoted_globs_expand_over_sysfs_and_files_quoted_ones_stay(ssh, bench, server):
+    nics = bench.nic_ports(server.host_name)
+    states = ssh.run("cat /sys/class/infiniband/*/ports/*/state", check=True).stdout
+    assert states == "".join(ssh.run(f"cat /sys/class/infiniband/{n.rdma_dev}/ports/{n.rdma_port}/state").stdout
+                             for n in sorted(nics, key=lambda n: (n.rdma_dev, n.rdma_port)))
+    assert ssh.run("echo /sys/class/net/ens*").stdout.split() == \
+        sorted(f"/sys/class/net/{n.netdev}" for n in nics if n.netdev.startswith("ens"))
+    ssh.run("mkdir -p g && echo 1 > g/b1.log && echo 2 > g/a2.log && echo 3 > g/c.txt", check=True)
+    assert ssh.run("echo g/*.log g/?.txt").stdout == "g/a2.log g/b1.log g/c.txt\n"
+    assert ssh.run("cat g/*.log | sort -n").stdout == "1\n2\n"
+    # nothing matches: the word itself (dash); quoted or escaped: literal, so grep gets its pattern
+    assert ssh.run("echo g/*.none 'g/*.log' \"g/?\" g/\\*").stdout == "g/*.none g/*.log g/? g/*\n"
+    assert ssh.run("cat g/*.log | grep -c '[12]*'").stdout == "2\n"
 
 
 # ---------------------------------------------------------------------------------------------------- interactive
@@ -242,7 +257,7 @@ def test_stock_sftp_and_scp_clients_put_get_and_list(server, bench, tmp_path):
     nic = bench.nic_ports(server.host_name)[0]
     payload = os.urandom(300_000)
     (tmp_path / "up.bin").write_bytes(payload)
-    batch = (f"put {tmp_path}/up.bin\nls\nget up.bin {tmp_path}/down.bin\n"
+    batch = (f"mkdir batch\ncd batch\nput {tmp_path}/up.bin\nls\nget up.bin {tmp_path}/down.bin\n"
              f"get /sys/class/infiniband/{nic.rdma_dev}/ports/{nic.rdma_port}/state {tmp_path}/state\n")
     done = subprocess.run(_openssh("sftp", server, "-P") + ["-b", "-", f"{server.user}@127.0.0.1"], timeout=60,
                           input=batch.encode(), capture_output=True)

@@ -18,6 +18,7 @@ A reaper closes channels the client leaves open (e.g. a stock `ssh` whose stdin 
 """
 from __future__ import annotations
 
+import fnmatch
 import functools
 import hashlib
 import heapq
@@ -620,9 +621,60 @@ class _ShellSyntax(ValueError):
     """A command line sh would refuse to parse (dash's message)."""
 
 
+_GLOB = "*?["
+_QUOTED_GLOB = dict(zip(_GLOB, "\ue000\ue001\ue002"))  # a quoted glob character, kept literal through shlex
+
+
+def _mark_quoted_globs(command: str) -> str:
+    """`command` with each quoted or escaped `*?[` replaced by a private character, so that after shlex has
+    removed the quotes only the unquoted ones expand (`grep 'a*' f`: a pattern; `cat /sys/*/x`: a glob)."""
+    out, quote, escaped = [], "", False
+    for c in command:
+        if escaped:  # the character after a backslash: literal
+            escaped = False
+            if c in _GLOB and not quote:
+                out[-1] = _QUOTED_GLOB[c]  # for the backslash, which shlex would keep before a private character
+                continue
+            out.append(_QUOTED_GLOB.get(c, c))
+            continue
+        if c == "\\" and quote != "'":
+            escaped = True
+        elif c in "'\"" and quote in ("", c):
+            quote = "" if quote else c
+        elif quote and c in _GLOB:
+            c = _QUOTED_GLOB[c]
+        out.append(c)
+    return "".join(out)
+
+
+def _unmark(text: str) -> str:
+    return text.translate({ord(v): k for k, v in _QUOTED_GLOB.items()})
+
+
+def _expand_word(ctx: ExecContext, word: str) -> list[str]:
+    """Pathname expansion as dash does it: the matching paths of the host's file system and sysfs in C-locale
+    order, the word itself when nothing matches (or it has no unquoted glob character)."""
+    if not any(c in word for c in _GLOB):
+        return [_unmark(word)]
+    matches, part = ["/" if word.startswith("/") else ""], ""
+    for part in (p for p in word.split("/") if p):
+        if not any(c in part for c in _GLOB):
+            matches = [posixpath.join(base, _unmark(part)) for base in matches]
+            continue
+        # quoted glob characters match only themselves; a leading dot is matched only by a dot (no hidden files)
+        pattern = "".join({v: f"[{k}]" for k, v in _QUOTED_GLOB.items()}.get(c, c) for c in part)
+        matches = [posixpath.join(base, name) for base in matches
+                   for name in _ls_names(ctx, ctx.path(base or ".")) or []
+                   if not name.startswith(".") and fnmatch.fnmatchcase(name, pattern)]
+    if not any(c in part for c in _GLOB):  # listed entries exist; a literal last component may not
+        matches = [m for m in matches if _read_file(ctx, m) is not None or _ls_names(ctx, m) is not None]
+    return sorted(matches, key=str.encode) or [_unmark(word)]
+
+
 def _split_commands(command: str) -> list[tuple[str, list[list[str]]]]:
-    """`a | b && c ; d` -> [('', [a-words, b-words]), ('&&', [c-words]), (';', [d-words])]."""
-    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|<>")
+    """`a | b && c ; d` -> [('', [a-words, b-words]), ('&&', [c-words]), (';', [d-words])]. Quoted glob
+    characters stay marked in the words (see _mark_quoted_globs); _expand_word expands or restores them."""
+    lexer = shlex.shlex(_mark_quoted_globs(command), posix=True, punctuation_chars=";&|<>")
     lexer.whitespace_split = True
     pieces: list[tuple[str, list[list[str]]]] = [("", [[]])]
     for token in lexer:
@@ -651,13 +703,16 @@ def run_shell(ctx: ExecContext, command: str, status: int = 0) -> int:
     for op, pipeline in pieces:
         if (op == "&&" and status != 0) or (op == "||" and status == 0):
             continue
-        pipeline = [[str(status) if w == "$?" else w for w in words] for words in pipeline]
+        pipeline = [[x for w in words for x in ([str(status)] if w == "$?" else _expand_word(ctx, w))]
+                    for words in pipeline]
         status = _run_pipeline(ctx, pipeline)
     return status
 
 
 def _streams(ctx: ExecContext, words: list[str]) -> str | None:
     """What a command streams until the client stops it (so it cannot be a pipe's stage), None if it ends."""
+    while words[:1] in (["exec"], ["sudo"]):
+        words = words[2:] if words[1:2] == ["-n"] else words[1:]
     name = posixpath.basename(words[0]) if words else ""
     if name in PYTHON_NAMES:
         return "the agent"
@@ -899,7 +954,7 @@ class _HostSftp(paramiko.SFTPServerInterface):
         self.ctx = ExecContext(self.host, None, "internal-sftp")  # for _read_file/_ls_names: no channel I/O
 
     def canonicalize(self, path: str) -> str:
-        return self.ctx.path(path or ".") if path not in (".", "") else self.host.home
+        return self.ctx.path(path or ".")  # relative to the home directory, as sshd's sftp-server starts there
 
     def attributes(self, path: str, listed: bool = False) -> paramiko.SFTPAttributes | int:
         attr = paramiko.SFTPAttributes()
