@@ -371,7 +371,7 @@ class _HostsLoop:
 class _SshServer(paramiko.ServerInterface):
     def __init__(self, host: "EmulatedHostServer"):
         self.host = host
-        self.ptys: dict[int, str] = {}  # channel id -> the terminal type its pty request named
+        self.ptys: set[int] = set()  # the channels (ids) that asked for a pty
 
     def get_allowed_auths(self, username: str) -> str:
         return "publickey"
@@ -401,7 +401,7 @@ class _SshServer(paramiko.ServerInterface):
         return True
 
     def check_channel_pty_request(self, channel, term, width, height, pixelwidth, pixelheight, modes) -> bool:
-        self.ptys[channel.chanid] = term.decode(errors="replace") if isinstance(term, bytes) else term
+        self.ptys.add(channel.chanid)
         return True
 
     def check_channel_window_change_request(self, channel, width, height, pixelwidth, pixelheight) -> bool:
@@ -709,7 +709,7 @@ def run_shell(ctx: ExecContext, command: str, status: int = 0) -> int:
     return status
 
 
-def _streams(ctx: ExecContext, words: list[str]) -> str | None:
+def _streams(words: list[str]) -> str | None:
     """What a command streams until the client stops it (so it cannot be a pipe's stage), None if it ends."""
     while words[:1] in (["exec"], ["sudo"]):
         words = words[2:] if words[1:2] == ["-n"] else words[1:]
@@ -729,22 +729,19 @@ def _run_pipeline(ctx: ExecContext, pipeline: list[list[str]]) -> int:
     if len(pipeline) == 1:
         return _run_simple(ctx, pipeline[0])
     for words in pipeline:
-        if (what := _streams(ctx, words)) is not None:
+        if (what := _streams(words)) is not None:
             ctx.err(f"sh: 1: emulated host: {what} streams until stopped and cannot run in a pipe\n")
             return 2
-    stage_ctx, status = ctx, 0
-    for i, words in enumerate(pipeline):
-        last = i == len(pipeline) - 1
-        if last:
-            return _run_simple(stage_ctx, words)
+    stage_ctx = ctx
+    for words in pipeline[:-1]:
         saved, stage_ctx._redirect = stage_ctx._redirect, []
         try:
-            status = _run_simple(stage_ctx, words)
+            _run_simple(stage_ctx, words)
         finally:
             data, stage_ctx._redirect = b"".join(stage_ctx._redirect), saved
         stage_ctx = ctx.with_stdin(data)
         stage_ctx._redirect = ctx._redirect
-    return status
+    return _run_simple(stage_ctx, pipeline[-1])
 
 
 def _filter(ctx: ExecContext, argv: list[str]) -> int:
@@ -832,7 +829,7 @@ class _InteractiveShell:
             pieces = _split_commands(text)
         except ValueError:
             pieces = []
-        streaming = [what for _, pipeline in pieces for words in pipeline if (what := _streams(self.ctx, words))]
+        streaming = [what for _, pipeline in pieces for words in pipeline if (what := _streams(words))]
         if streaming:
             self.ctx.err(f"-bash: emulated host: {streaming[0]} streams until stopped; run it with "
                          "`ssh host COMMAND` instead\n")
