@@ -1,4 +1,4 @@
-"""The filters engineers pipe tool output into on the emulated host: grep, head, tail, wc, sort, cut.
+"""The filters engineers pipe tool output into on the emulated host: grep, head, tail, wc, sort, cut, tr.
 
 Pure functions of (argv, stdin, a file reader) -> (stdout, stderr, exit status), behaving as GNU grep 3.8 and
 GNU coreutils 9.1 do in the C locale (bytes, ASCII classes). tests/test_emulated_shell.py holds them to the real
@@ -374,5 +374,77 @@ def cut(argv: list[str], stdin: Stdin, read: Reader) -> Result:
     return out, errors, 1 if errors else 0
 
 
+# ---------------------------------------------------------------------------------------------------- tr
+
+_TR_CLASSES = {"upper": b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", "lower": b"abcdefghijklmnopqrstuvwxyz",
+               "digit": b"0123456789", "space": b" \t\n\v\f\r", "blank": b" \t",
+               "alpha": b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz",
+               "alnum": b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"}
+_TR_ESCAPES = {"n": 10, "t": 9, "r": 13, "\\": 92, "v": 11, "f": 12, "a": 7, "b": 8}
+
+
+def _tr_set(spec: str) -> bytes:
+    """A tr SET: characters, `\\n`-style escapes, ranges `a-z` and classes `[:upper:]`."""
+    chars, i, raw = [], 0, spec.encode()
+    while i < len(raw):
+        m = re.match(rb"\[:(\w+):\]", raw[i:])
+        if m:
+            if m.group(1).decode() not in _TR_CLASSES:
+                raise _Usage(f"tr: invalid character class '{m.group(1).decode()}'\n")
+            chars.extend(_TR_CLASSES[m.group(1).decode()])
+            i += m.end()
+            continue
+        c, i = raw[i], i + 1
+        if c == 92 and i < len(raw):
+            c, i = _TR_ESCAPES.get(chr(raw[i]), raw[i]), i + 1
+        if i + 1 < len(raw) and raw[i] == ord("-"):
+            end = raw[i + 1]
+            if end < c:
+                raise _Usage(f"tr: range-endpoints of '{chr(c)}-{chr(end)}' are in reverse collating sequence "
+                             "order\n")
+            chars.extend(range(c, end + 1))
+            i += 2
+            continue
+        chars.append(c)
+    return bytes(chars)
+
+
+def tr(argv: list[str], stdin: Stdin, read: Reader) -> Result:
+    """`tr SET1 SET2`, `tr -d SET1`, `tr -s SET1 [SET2]` (and -ds) on stdin, as GNU tr in the C locale. Like
+    GNU tr, upper/lower classes pair up case for case, and a short SET2 repeats its last character."""
+    flags, sets = set(), []
+    for word in argv[1:]:
+        if word.startswith("-") and len(word) > 1 and not sets:
+            for letter in word[1:]:
+                if letter not in "ds":
+                    return b"", str(_unsupported("tr", "-" + letter)).encode(), 1
+                flags.add(letter)
+        else:
+            sets.append(word)
+    wanted = {frozenset("d"): (1,), frozenset("s"): (1, 2)}.get(frozenset(flags), (2,))  # translate, -ds: 2
+    if len(sets) not in wanted:
+        return b"", (f"tr: {'missing operand' if len(sets) < 2 else 'extra operand'}\n"
+                     "Try 'tr --help' for more information.\n").encode(), 1
+    try:
+        set1, set2 = _tr_set(sets[0]), _tr_set(sets[1]) if len(sets) > 1 else b""
+    except _Usage as exc:
+        return b"", str(exc).encode(), 1
+    data = stdin() if callable(stdin) else stdin
+    if "d" in flags:
+        data = data.translate(None, set1)
+        squeeze = set2
+    else:
+        if set2:
+            padded = set2 + set2[-1:] * max(len(set1) - len(set2), 0)
+            table = bytearray(range(256))
+            for a, b in zip(set1, padded):
+                table[a] = b
+            data = data.translate(bytes(table))
+        squeeze = set2 if set2 else set1
+    if "s" in flags and squeeze:
+        data = re.sub(b"([" + b"".join(re.escape(bytes([c])) for c in set(squeeze)) + b"])\\1+", rb"\1", data)
+    return data, b"", 0
+
+
 FILTERS: dict[str, Callable[[list[str], Stdin, Reader], Result]] = {
-    "grep": grep, "head": head, "tail": tail, "wc": wc, "sort": sort, "cut": cut}
+    "grep": grep, "head": head, "tail": tail, "wc": wc, "sort": sort, "cut": cut, "tr": tr}
