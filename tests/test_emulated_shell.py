@@ -11,6 +11,8 @@ import subprocess
 
 import paramiko
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from devices.emulated import coreutils
 
@@ -301,3 +303,26 @@ def test_legacy_scp_protocol_puts_and_gets_a_file(server, bench, tmp_path):
     refused = subprocess.run(scp + [str(tmp_path / "up.bin"), f"{host}:/sys/class/net/{nic.netdev}/carrier"],
                              capture_output=True, timeout=60)
     assert refused.returncode == 1 and b"Permission denied" in refused.stderr
+
+
+_ALPHABET = b"ab AB1 0.-\t_x"
+
+
+@settings(max_examples=60)
+@given(data=st.lists(st.binary(min_size=0, max_size=12).map(lambda b: bytes(_ALPHABET[c % len(_ALPHABET)] for c in b)),
+                     max_size=8).map(lambda rows: b"\n".join(rows)),
+       trailing=st.booleans(),
+       argv=st.sampled_from([["sort"], ["sort", "-n"], ["sort", "-nr"], ["sort", "-nu"], ["sort", "-ru"],
+                             ["wc"], ["wc", "-w"], ["grep", "-c", "a"], ["grep", "-iw", "a"], ["grep", "-xF", "ab"],
+                             ["grep", "-nv", "[0-9]"], ["grep", "-E", "^-?[0-9]+(\\.[0-9]*)?"], ["tail", "-2"],
+                             ["head", "-n", "-2"], ["cut", "-d", " ", "-f", "2-3"], ["tr", "-s", " a"],
+                             ["tr", "a-z", "A-Z"]]))
+def test_filters_agree_with_the_real_tools_on_generated_input(data, trailing, argv):
+    """Generated lines of numbers, signs, dots, blanks and letters: where sort -n's and grep -w's rules bite."""
+    real_tool = shutil.which(argv[0])
+    if real_tool is None:
+        pytest.skip(f"no real {argv[0]} on this machine to compare with")
+    data += b"\n" if trailing and data else b""
+    real = subprocess.run([real_tool] + argv[1:], input=data, capture_output=True, env=_C, timeout=10)
+    out, _, status = coreutils.FILTERS[argv[0]](argv, data, _FILES.get)
+    assert (out, status) == (real.stdout, real.returncode)
