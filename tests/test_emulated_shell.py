@@ -4,6 +4,7 @@ shell under a pty (paramiko's invoke_shell and the stock OpenSSH client), and SF
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -261,12 +262,16 @@ def test_stock_sftp_and_scp_clients_put_get_and_list(server, bench, tmp_path):
     nic = bench.nic_ports(server.host_name)[0]
     payload = os.urandom(300_000)
     (tmp_path / "up.bin").write_bytes(payload)
-    batch = (f"mkdir batch\ncd batch\nput {tmp_path}/up.bin\nls\nget up.bin {tmp_path}/down.bin\n"
+    batch = (f"mkdir batch\ncd batch\nput {tmp_path}/up.bin\nls\nls -l\nget up.bin {tmp_path}/down.bin\n"
              f"get /sys/class/infiniband/{nic.rdma_dev}/ports/{nic.rdma_port}/state {tmp_path}/state\n")
     done = subprocess.run(_openssh("sftp", server, "-P") + ["-b", "-", f"{server.user}@127.0.0.1"], timeout=60,
                           input=batch.encode(), capture_output=True)
     assert done.returncode == 0, done.stderr
     assert b"sftp> ls\nup.bin" in done.stdout
+    # `ls -l` prints the server's long name: OpenSSH sftp-server's ls_file() line, owner by name
+    (long,) = [line for line in done.stdout.decode().splitlines() if line.endswith(" up.bin") and line[0] == "-"]
+    assert re.fullmatch(rf"-rw-r--r--    1 {server.user:<8} {server.user:<8}   300000 [A-Z][a-z]{{2}} [ 123]\d "
+                        r"\d\d:\d\d up\.bin", long), long
     assert (tmp_path / "down.bin").read_bytes() == payload
     assert (tmp_path / "state").read_text().split(": ")[1].strip() == \
         bench.nic_snapshot(server.host_name, nic.netdev).ib_state

@@ -940,6 +940,20 @@ class _SftpSession(paramiko.SFTPServer):
         super().finish_subsystem()
 
 
+class _LongName(paramiko.SFTPAttributes):
+    """A directory entry whose long name (what `sftp`'s `ls -l` prints) is the line OpenSSH's sftp-server writes
+    (sftp-common.c ls_file: "%s %3u %-*s %-*s %8llu %s %s", strmode's 11 characters, names at least 8 wide,
+    "%b %e %H:%M" within half a year, else "%b %e  %Y")."""
+    owner = "root"
+
+    def __str__(self) -> str:
+        mode = super().__str__()[:10] + " "
+        recent = 0 <= time.time() - self.st_mtime < 365 * 24 * 3600 / 2
+        when = time.strftime("%b %e %H:%M" if recent else "%b %e  %Y", time.localtime(self.st_mtime))
+        return (f"{mode} {1:3d} {self.owner:<8} {self.owner:<8} {self.st_size or 0:8d} {when} "
+                f"{getattr(self, 'filename', '?')}")
+
+
 class _HostSftp(paramiko.SFTPServerInterface):
     """The host's files over SFTP: the virtual file system (read, write, create, remove, rename, mkdir, rmdir)
     and the emulated sysfs (listed and read; read-only, as sysfs is to the non-root user)."""
@@ -954,8 +968,9 @@ class _HostSftp(paramiko.SFTPServerInterface):
         return self.ctx.path(path or ".")  # relative to the home directory, as sshd's sftp-server starts there
 
     def attributes(self, path: str, listed: bool = False) -> paramiko.SFTPAttributes | int:
-        attr = paramiko.SFTPAttributes()
-        attr.st_uid = attr.st_gid = 1000 if path.startswith(self.host.home) or path in self.fs.files else 0
+        attr = paramiko.SFTPAttributes()  # exactly this class: paramiko's server packs no subclass
+        mine = path.startswith(self.host.home + "/") or path == self.host.home or path in self.fs.files
+        attr.st_uid = attr.st_gid = 1000 if mine else 0
         attr.st_atime = attr.st_mtime = int(time.time())
         if _ls_names(self.ctx, path) is not None:
             attr.st_mode, attr.st_size = stat.S_IFDIR | 0o755, 4096
@@ -984,9 +999,10 @@ class _HostSftp(paramiko.SFTPServerInterface):
             return paramiko.SFTP_NO_SUCH_FILE
         entries = []
         for name in names:
-            attr = self.attributes(posixpath.join(where, name), listed=True)
-            attr.filename = name
-            entries.append(attr)
+            entry = _LongName()
+            entry.__dict__.update(vars(self.attributes(posixpath.join(where, name), listed=True)))
+            entry.filename, entry.owner = name, self.host.user if entry.st_uid else "root"
+            entries.append(entry)
         return entries
 
     def open(self, path: str, flags: int, attr):
