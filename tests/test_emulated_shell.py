@@ -201,6 +201,27 @@ def test_interactive_ctrl_d_ends_with_the_last_status_and_streams_are_refused(se
     assert transcript.endswith(b"logout\r\n")
 
 
+def test_interactive_cd_moves_the_prompt_and_relative_paths(server):
+    with _paramiko_client(server) as client:
+        channel = client.invoke_shell()
+        channel.sendall(b"mkdir -p w/d\rcd w\recho x > d/f\rcd /sys/class/net\rls | grep -c ens\rcd /nope\r"
+                        b"cd\rcat w/d/f\rpwd\rexit\r")
+        transcript = _until_closed(channel).decode()
+    home = f"{server.user}@{server.host_name}:~"
+    for expected in (f"{home}/w$ echo x > d/f\r\n", f"{server.user}@{server.host_name}:/sys/class/net$ ls | grep",
+                     "\r\n2\r\n", "-bash: cd: /nope: No such file or directory\r\n", f"{home}$ cat w/d/f\r\nx\r\n",
+                     f"pwd\r\n{server.home}\r\n"):
+        assert expected in transcript, (expected, transcript)
+
+
+def test_cd_lasts_for_its_command_line_only(ssh, server):
+    assert ssh.run("cd /sys/class && ls net | wc -l && pwd").stdout == f"3\n/sys/class\n"
+    assert ssh.run("pwd").stdout == f"{server.home}\n"  # each `ssh host COMMAND` is a new shell
+    assert ssh.run("cd /tmp | true; pwd").stdout == f"{server.home}\n"  # a pipe's stage is a subshell
+    missing = ssh.run("cd /nope")
+    assert (missing.exit_status, missing.stderr) == (2, "sh: 1: cd: can't cd to /nope\n")
+
+
 def test_a_command_without_a_pty_keeps_lf_and_with_one_gets_crlf(server):
     with _paramiko_client(server) as client:
         _, out, _ = client.exec_command("ls /sys/class/net")

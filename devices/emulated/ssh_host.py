@@ -89,11 +89,15 @@ class ExecContext:
         self._stdin_fixed = False  # stdin is `_stdin_buffer` alone (a pipe's left side, or /dev/null), not the channel
         self.tty = False  # the session has a pty: its line discipline turns \n into \r\n and merges stderr
         self.bash = False  # run by the interactive login shell (bash), not by `sh -c` (dash)
+        self.cwd = server.home  # the shell's working directory (`cd`); a session starts in the home directory
 
-    def with_stdin(self, data: bytes) -> "ExecContext":
-        """This context reading `data` as its whole stdin (one stage of a pipe)."""
+    def with_stdin(self, data: bytes | None) -> "ExecContext":
+        """A subshell of this context (a pipe's stage: its `cd` stays its own) reading `data` as its whole
+        stdin, or, for None, this context's stdin."""
         stage = ExecContext(self.server, self.channel, self.command)
-        stage.tty, stage.bash, stage._stdin_buffer, stage._stdin_fixed = self.tty, self.bash, data, True
+        stage.tty, stage.bash, stage.cwd, stage._redirect = self.tty, self.bash, self.cwd, self._redirect
+        stage._stdin_buffer, stage._stdin_fixed = (self._stdin_buffer, self._stdin_fixed) if data is None \
+            else (data, True)
         return stage
 
     # ---- output
@@ -172,11 +176,11 @@ class ExecContext:
         return True
 
     def path(self, word: str) -> str:
-        """A shell word as an absolute path (`~` is the user's home)."""
+        """A shell word as an absolute path (`~` is the user's home, a relative path from the working directory)."""
         if word == "~" or word.startswith("~/"):
             word = self.server.home + word[1:]
         if not word.startswith("/"):
-            word = posixpath.join(self.server.home, word)
+            word = posixpath.join(self.cwd, word)
         return posixpath.normpath(word)
 
 
@@ -732,16 +736,15 @@ def _run_pipeline(ctx: ExecContext, pipeline: list[list[str]]) -> int:
         if (what := _streams(words)) is not None:
             ctx.err(f"sh: 1: emulated host: {what} streams until stopped and cannot run in a pipe\n")
             return 2
-    stage_ctx = ctx
+    data = None  # the first stage reads the session's stdin
     for words in pipeline[:-1]:
-        saved, stage_ctx._redirect = stage_ctx._redirect, []
-        try:
-            _run_simple(stage_ctx, words)
-        finally:
-            data, stage_ctx._redirect = b"".join(stage_ctx._redirect), saved
-        stage_ctx = ctx.with_stdin(data)
-        stage_ctx._redirect = ctx._redirect
-    return _run_simple(stage_ctx, pipeline[-1])
+        stage = ctx.with_stdin(data)
+        stage._redirect = []
+        _run_simple(stage, words)
+        if data is None:  # what it left unread stays for the commands after the pipe
+            ctx._stdin_buffer = stage._stdin_buffer
+        data = b"".join(stage._redirect)
+    return _run_simple(ctx.with_stdin(data), pipeline[-1])
 
 
 def _filter(ctx: ExecContext, argv: list[str]) -> int:
@@ -767,10 +770,16 @@ class _InteractiveShell:
 
     def __init__(self, server: "EmulatedHostServer", channel: paramiko.Channel, tty: bool):
         self.server, self.channel = server, channel
-        self.ctx = ExecContext(server, channel, "-bash")
+        self.ctx = ExecContext(server, channel, "-bash").with_stdin(b"")  # the terminal stays the shell's
         self.ctx.tty, self.ctx.bash = tty, True
-        self.prompt = f"{server.user}@{server.host_name.split('.')[0]}:~$ "
         self.status = 0
+
+    @property
+    def prompt(self) -> str:
+        """Debian's default PS1 without colour, `\\u@\\h:\\w\\$ `: the home directory shown as ~."""
+        cwd, home = self.ctx.cwd, self.server.home
+        where = "~" + cwd[len(home):] if cwd == home or cwd.startswith(home + "/") else cwd
+        return f"{self.server.user}@{self.server.host_name.split('.')[0]}:{where}$ "
 
     def run(self) -> int:
         self.ctx.out(self.prompt)
@@ -836,7 +845,7 @@ class _InteractiveShell:
             self.status = 2
             return None
         try:
-            self.status = run_shell(self.ctx.with_stdin(b""), text, self.status)
+            self.status = run_shell(self.ctx, text, self.status)
         except ChannelGone:
             raise
         except Exception as exc:  # a handler bug must not end the session
@@ -1184,6 +1193,28 @@ def _scp(ctx: ExecContext, argv: list[str]) -> int:
 
 
 # ====================================================================== tool commands
+
+
+def _cd(ctx: ExecContext, argv: list[str]) -> int:
+    """The builtin: the working directory of this shell (in a pipe a subshell's, as sh has it)."""
+    if len(argv) > 2:
+        ctx.err("-bash: cd: too many arguments\n" if ctx.bash else "sh: 1: cd: too many arguments\n")
+        return 1 if ctx.bash else 2
+    target = ctx.path(argv[1]) if len(argv) > 1 else ctx.server.home
+    if _ls_names(ctx, target) is None:
+        exists = _read_file(ctx, target) is not None
+        if ctx.bash:
+            ctx.err(f"-bash: cd: {argv[1]}: {'Not a directory' if exists else 'No such file or directory'}\n")
+            return 1
+        ctx.err(f"sh: 1: cd: can't cd to {argv[1]}\n")
+        return 2
+    ctx.cwd = target
+    return 0
+
+
+def _pwd(ctx: ExecContext, argv: list[str]) -> int:
+    ctx.out(ctx.cwd + "\n")
+    return 0
 
 
 def _true(ctx: ExecContext, argv: list[str]) -> int:
@@ -1611,6 +1642,8 @@ def _ls_names(ctx: ExecContext, path: str) -> list[str] | None:
     None when there is no such directory."""
     models = ctx.bench.nic_ports(ctx.host)
     parts = path.rstrip("/").split("/")[1:] if path != "/" else []
+    if parts in (["sys"], ["sys", "class"]):  # the way down to the classes below
+        return ["class"] if parts == ["sys"] else ["infiniband", "net"]
     if parts == ["sys", "class", "infiniband"]:
         return sorted({m.rdma_dev for m in models})
     if parts == ["sys", "class", "net"]:
@@ -1628,7 +1661,7 @@ def _ls_names(ctx: ExecContext, path: str) -> list[str] | None:
             return None
         prefix = path.rstrip("/") + "/"
         return sorted({p[len(prefix):].split("/")[0] for p in list(fs.files) + list(fs.dirs)
-                       if p.startswith(prefix) and p != prefix})
+                       if p.startswith(prefix) and p != prefix} | ({"sys"} if path == "/" else set()))
 
 
 def _ls(ctx: ExecContext, argv: list[str]) -> int:
@@ -1639,7 +1672,7 @@ def _ls(ctx: ExecContext, argv: list[str]) -> int:
         return 2
     status, blocks = 0, []
     for word in paths or ["."]:
-        path = ctx.path(word) if word != "." else ctx.server.home
+        path = ctx.path(word)
         names = _ls_names(ctx, posixpath.normpath(path))
         if names is None:
             if _read_file(ctx, path) is not None:
@@ -2505,7 +2538,7 @@ DEFAULT_COMMANDS: dict[str, Handler] = {
     "alltoall_perf": _alltoall_perf, "ib_write_bw": _ib_write_bw,
     "ibstat": _ibstat, "ibstatus": _ibstatus, "ibv_devinfo": _ibv_devinfo, "ibdev2netdev": _ibdev2netdev,
     "uname": _uname, "ls": _ls, "sudo": _sudo,
-    "scp": _scp, **{name: _filter for name in coreutils.FILTERS},
+    "cd": _cd, "pwd": _pwd, "scp": _scp, **{name: _filter for name in coreutils.FILTERS},
 }
 # Debian's paths of the tools (ethtool, iproute2's ip and rdma in /usr/sbin and /sbin; usrmerge links both;
 # mlxlink from MFT and nvidia-smi in /usr/bin)
