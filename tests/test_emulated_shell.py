@@ -1,4 +1,4 @@
-"""The emulated host's shell as an engineer pokes at it: pipes into grep/head/tail/wc/sort/cut (held byte for byte
+"""The emulated host's shell as an engineer pokes at it: pipes into grep/head/tail/wc/sort/cut/uniq/tr (held byte for byte
 to this machine's real GNU grep 3.8 / coreutils 9.1 in the C locale, the independent peer), an interactive login
 shell under a pty (paramiko's invoke_shell and the stock OpenSSH client), and SFTP/scp over the host's files."""
 from __future__ import annotations
@@ -42,7 +42,8 @@ CASES = [
     ["cut", "-f", "2"], ["cut", "-d", " ", "-f", "1"], ["cut", "-d", " ", "-f", "2-"], ["cut", "-d ", "-f1,3"],
     ["cut", "-d", " ", "-f", "-2", "-s"], ["cut", "-d:", "-f", "1"], ["cut", "-d", " ", "-f", "3", "a.txt"],
     ["tr", "a-z", "A-Z"], ["tr", "[:lower:]", "[:upper:]"], ["tr", "-d", "0-9"], ["tr", "-s", " "],
-    ["tr", "\\t", ","], ["tr", "-s", "a-z", "x"], ["tr", "-ds", "\\n", " "], ["tr", "abc", "x"], ["tr", "-d"],
+    ["uniq"], ["uniq", "-c"], ["uniq", "-d"], ["uniq", "-u"], ["uniq", "-cd"], ["uniq", "b.txt"],
+    ["uniq", "missing.txt"], ["tr", "\\t", ","], ["tr", "-s", "a-z", "x"], ["tr", "-ds", "\\n", " "], ["tr", "abc", "x"], ["tr", "-d"],
 ]
 
 
@@ -71,7 +72,7 @@ def test_filter_matches_the_real_tool_byte_for_byte(argv, filedir):
 def test_a_filter_with_file_operands_never_reads_stdin():
     def stdin() -> bytes:
         raise AssertionError("read stdin although files were named")
-    for name in ("grep", "head", "tail", "wc", "sort", "cut"):
+    for name in ("grep", "head", "tail", "wc", "sort", "cut", "uniq"):
         argv = {"grep": ["grep", "a"], "cut": ["cut", "-f1"]}.get(name, [name]) + ["a.txt"]
         assert coreutils.FILTERS[name](argv, stdin, _FILES.get)[2] == 0
 
@@ -342,7 +343,7 @@ _ALPHABET = b"ab AB1 0.-\t_x"
                              ["wc"], ["wc", "-w"], ["grep", "-c", "a"], ["grep", "-iw", "a"], ["grep", "-xF", "ab"],
                              ["grep", "-nv", "[0-9]"], ["grep", "-E", "^-?[0-9]+(\\.[0-9]*)?"], ["tail", "-2"],
                              ["head", "-n", "-2"], ["cut", "-d", " ", "-f", "2-3"], ["tr", "-s", " a"],
-                             ["tr", "a-z", "A-Z"]]))
+                             ["tr", "a-z", "A-Z"], ["uniq", "-c"], ["uniq", "-u"]]))
 def test_filters_agree_with_the_real_tools_on_generated_input(data, trailing, argv):
     """Generated lines of numbers, signs, dots, blanks and letters: where sort -n's and grep -w's rules bite."""
     real_tool = shutil.which(argv[0])

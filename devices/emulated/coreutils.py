@@ -1,4 +1,4 @@
-"""The filters engineers pipe tool output into on the emulated host: grep, head, tail, wc, sort, cut, tr.
+"""The filters engineers pipe tool output into on the emulated host: grep, head, tail, wc, sort, cut, uniq, tr.
 
 Pure functions of (argv, stdin, a file reader) -> (stdout, stderr, exit status), behaving as GNU grep 3.8 and
 GNU coreutils 9.1 do in the C locale (bytes, ASCII classes). tests/test_emulated_shell.py holds them to the real
@@ -374,6 +374,41 @@ def cut(argv: list[str], stdin: Stdin, read: Reader) -> Result:
     return out, errors, 1 if errors else 0
 
 
+# ---------------------------------------------------------------------------------------------------- uniq
+
+
+def uniq(argv: list[str], stdin: Stdin, read: Reader) -> Result:
+    """`uniq [-c] [-d] [-u] [INPUT]`: adjacent equal lines once; -c prefixes the count as "%7d "."""
+    flags, operands = set(), []
+    for word in argv[1:]:
+        if word.startswith("-") and word != "-":
+            for letter in word[1:]:
+                if letter not in "cdu":
+                    return b"", str(_unsupported("uniq", "-" + letter)).encode(), 1
+                flags.add(letter)
+        else:
+            operands.append(word)
+    if len(operands) > 1:
+        return b"", str(_unsupported("uniq", "OUTPUT")).encode(), 1
+    inputs, errors = _inputs("uniq", operands, stdin, read)
+    content = inputs[0][1]
+    if content is None:
+        return b"", errors, 1
+    groups: list[list] = []
+    for line in lines(content):
+        text = line[:-1] if line.endswith(b"\n") else line
+        if groups and groups[-1][0] == text:
+            groups[-1][1] += 1
+        else:
+            groups.append([text, 1])
+    out = b""
+    for text, count in groups:
+        if ("d" in flags and count < 2) or ("u" in flags and count > 1):
+            continue
+        out += (b"%7d " % count if "c" in flags else b"") + text + b"\n"
+    return out, b"", 0
+
+
 # ---------------------------------------------------------------------------------------------------- tr
 
 _TR_CLASSES = {"upper": b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", "lower": b"abcdefghijklmnopqrstuvwxyz",
@@ -447,4 +482,4 @@ def tr(argv: list[str], stdin: Stdin, read: Reader) -> Result:
 
 
 FILTERS: dict[str, Callable[[list[str], Stdin, Reader], Result]] = {
-    "grep": grep, "head": head, "tail": tail, "wc": wc, "sort": sort, "cut": cut, "tr": tr}
+    "grep": grep, "head": head, "tail": tail, "wc": wc, "sort": sort, "cut": cut, "tr": tr, "uniq": uniq}
