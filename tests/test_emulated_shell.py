@@ -248,6 +248,15 @@ def test_stock_openssh_client_gets_an_interactive_shell(server):
     assert done.returncode == 1, done.stderr
 
 
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client binary on this machine")
+def test_a_shell_without_a_pty_reads_its_commands_from_stdin(server):
+    done = subprocess.run(_openssh("ssh", server) + ["-T", f"{server.user}@127.0.0.1"], timeout=60,
+                          input=b"ls /sys/class/net | sort -r | head -1\nno-such-tool\nexit 4\necho never\n",
+                          capture_output=True)
+    assert (done.stdout, done.returncode) == (b"lo\n", 4)  # no prompt, no echo, LF line ends
+    assert done.stderr == b"-bash: no-such-tool: command not found\n"
+
+
 # ---------------------------------------------------------------------------------------------------- sftp, scp
 
 

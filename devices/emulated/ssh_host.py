@@ -765,8 +765,9 @@ class _InteractiveShell:
     """What an engineer meets after `ssh host`: Debian's bash as a login shell with its default prompt
     (`user@host:~$ `, no colour) and readline's basic editing: echo, backspace, Ctrl-U, Ctrl-C (`^C`, status
     130), Ctrl-D on an empty line or `exit [N]` (`logout`). Under a pty output lines end in CRLF (ONLCR) and
-    stderr joins stdout. A command's stdin is empty (the terminal stays the shell's), so a streaming command
-    is refused: there would be no way to stop it but closing the session."""
+    stderr joins stdout. Without a pty (`ssh -T host < script`) bash reads its commands from stdin instead: no
+    prompt, no echo, no editing. A command's stdin is empty (the terminal stays the shell's), so a streaming
+    command is refused: there would be no way to stop it but closing the session."""
 
     def __init__(self, server: "EmulatedHostServer", channel: paramiko.Channel, tty: bool):
         self.server, self.channel = server, channel
@@ -782,6 +783,8 @@ class _InteractiveShell:
         return f"{self.server.user}@{self.server.host_name.split('.')[0]}:{where}$ "
 
     def run(self) -> int:
+        if not self.ctx.tty:
+            return self.script()
         self.ctx.out(self.prompt)
         line, escape = bytearray(), b""
         while True:
@@ -814,11 +817,24 @@ class _InteractiveShell:
                     self.status = 130
                 elif char == b"\x04":
                     if not line:
-                        self.ctx.out("logout\n")
+                        self.ctx.err("logout\n")
                         return self.status
                 elif byte >= 0x20 or char == b"\t":
                     line += char
                     self.ctx.out(char)
+
+    def script(self) -> int:
+        """Lines from stdin until EOF or `exit`."""
+        pending = b""
+        while True:
+            data = self.channel.recv(4096)
+            rows = (pending + data).split(b"\n")
+            pending = rows.pop() if data else b""
+            for row in rows:
+                if (done := self.line(row.decode(errors="replace"))) is not None:
+                    return done
+            if not data:
+                return self.status
 
     def line(self, text: str) -> int | None:
         """Run one line; the session's exit status when it was `exit`."""
@@ -830,7 +846,8 @@ class _InteractiveShell:
             if len(words) > 1 and not words[1].lstrip("-").isdigit():
                 self.ctx.err(f"-bash: exit: {words[1]}: numeric argument required\n")
                 return 2
-            self.ctx.out("logout\n")
+            if self.ctx.tty:  # bash says it, on stderr, when an interactive login shell ends
+                self.ctx.err("logout\n")
             return int(words[1]) & 255 if len(words) > 1 else self.status
         if not text.strip():
             return None
