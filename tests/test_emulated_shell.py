@@ -1,5 +1,5 @@
-"""The emulated host's shell as an engineer pokes at it: pipes into grep/head/tail/wc/sort/cut/uniq/tr (held byte for byte
-to this machine's real GNU grep 3.8 / coreutils 9.1 in the C locale, the independent peer), an interactive login
+"""The emulated host's shell as an engineer pokes at it: pipes into grep/head/tail/wc/sort/cut/uniq/tr (held byte
+for byte to this machine's real GNU grep 3.8 / coreutils 9.1 in the C locale, the independent peer), a login
 shell under a pty (paramiko's invoke_shell and the stock OpenSSH client), and SFTP/scp over the host's files."""
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ CASES = [
     ["cut", "-d", " ", "-f", "-2", "-s"], ["cut", "-d:", "-f", "1"], ["cut", "-d", " ", "-f", "3", "a.txt"],
     ["tr", "a-z", "A-Z"], ["tr", "[:lower:]", "[:upper:]"], ["tr", "-d", "0-9"], ["tr", "-s", " "],
     ["uniq"], ["uniq", "-c"], ["uniq", "-d"], ["uniq", "-u"], ["uniq", "-cd"], ["uniq", "b.txt"],
-    ["uniq", "missing.txt"], ["tr", "\\t", ","], ["tr", "-s", "a-z", "x"], ["tr", "-ds", "\\n", " "], ["tr", "abc", "x"], ["tr", "-d"],
+    ["uniq", "missing.txt"], ["tr", "\\t", ","], ["tr", "-s", "a-z", "x"], ["tr", "-ds", "\\n", " "],
+    ["tr", "abc", "x"], ["tr", "-d"],
 ]
 
 

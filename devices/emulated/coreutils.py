@@ -16,7 +16,7 @@ Stdin = "bytes | Callable[[], bytes]"  # stdin, or how to read it (only when a f
 Result = tuple[bytes, bytes, int]
 
 _LINE = re.compile(rb"[^\n]*\n|[^\n]+\Z")
-_USAGE_HINT = {"grep": "Usage: grep [OPTION]... PATTERNS [FILE]...\nTry 'grep --help' for more information.\n"}
+_GREP_USAGE = "Usage: grep [OPTION]... PATTERNS [FILE]...\nTry 'grep --help' for more information.\n"
 
 
 class _Usage(Exception):
@@ -125,7 +125,7 @@ def grep(argv: list[str], stdin: Stdin, read: Reader) -> Result:
             if letter == "e":
                 value = letters or next(args, None)
                 if value is None:
-                    return b"", ("grep: option requires an argument -- 'e'\n" + _USAGE_HINT["grep"]).encode(), 2
+                    return b"", ("grep: option requires an argument -- 'e'\n" + _GREP_USAGE).encode(), 2
                 patterns.append(value)
                 letters = ""
             elif letter in "ivcqnwxEFGhHs":
@@ -134,7 +134,7 @@ def grep(argv: list[str], stdin: Stdin, read: Reader) -> Result:
                 return b"", str(_unsupported("grep", "-" + letter)).encode(), 2
     if not patterns:
         if not operands:
-            return b"", _USAGE_HINT["grep"].encode(), 2
+            return b"", _GREP_USAGE.encode(), 2
         patterns.append(operands.pop(0))
     alternatives = [p for pattern in patterns for p in pattern.split("\n")]
     try:
