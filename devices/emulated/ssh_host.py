@@ -18,6 +18,7 @@ A reaper closes channels the client leaves open (e.g. a stock `ssh` whose stdin 
 """
 from __future__ import annotations
 
+import fnmatch
 import functools
 import hashlib
 import heapq
@@ -30,6 +31,7 @@ import random
 import selectors
 import shlex
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -43,7 +45,7 @@ from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from devices.emulated import dataplane, formats
+from devices.emulated import coreutils, dataplane, formats
 from devices.emulated.physics import NicChange
 from devices.resources import HostResource
 from devices.sshhub import HubSocket, HubTransport, stamp_arrivals
@@ -84,6 +86,19 @@ class ExecContext:
         self.command = command
         self._redirect: list[bytes] | None = None
         self._stdin_buffer = b""
+        self._stdin_fixed = False  # stdin is `_stdin_buffer` alone (a pipe's left side, or /dev/null), not the channel
+        self.tty = False  # the session has a pty: its line discipline turns \n into \r\n and merges stderr
+        self.bash = False  # run by the interactive login shell (bash), not by `sh -c` (dash)
+        self.cwd = server.home  # the shell's working directory (`cd`); a session starts in the home directory
+
+    def with_stdin(self, data: bytes | None) -> "ExecContext":
+        """A subshell of this context (a pipe's stage: its `cd` stays its own) reading `data` as its whole
+        stdin, or, for None, this context's stdin."""
+        stage = ExecContext(self.server, self.channel, self.command)
+        stage.tty, stage.bash, stage.cwd, stage._redirect = self.tty, self.bash, self.cwd, self._redirect
+        stage._stdin_buffer, stage._stdin_fixed = (self._stdin_buffer, self._stdin_fixed) if data is None \
+            else (data, True)
+        return stage
 
     # ---- output
     def out(self, text: str | bytes) -> None:
@@ -91,6 +106,8 @@ class ExecContext:
         if self._redirect is not None:
             self._redirect.append(data)
             return
+        if self.tty:
+            data = data.replace(b"\n", b"\r\n")
         if self.server.reply_delay_s > 0:  # fault injection: a slow (loaded) host
             time.sleep(self.server.reply_delay_s)
         try:
@@ -98,9 +115,13 @@ class ExecContext:
         except (OSError, EOFError) as exc:
             raise ChannelGone() from exc
 
-    def err(self, text: str) -> None:
+    def err(self, text: str | bytes) -> None:
+        data = text.encode() if isinstance(text, str) else text
         try:
-            self.channel.sendall_stderr(text.encode())
+            if self.tty:
+                self.channel.sendall(data.replace(b"\n", b"\r\n"))
+                return
+            self.channel.sendall_stderr(data)
         except (OSError, EOFError) as exc:
             raise ChannelGone() from exc
 
@@ -109,11 +130,12 @@ class ExecContext:
         """All of stdin, up to EOF (or the client closing)."""
         chunks = [self._stdin_buffer]
         self._stdin_buffer = b""
-        while True:
+        while not self._stdin_fixed:
             data = self.channel.recv(65536)
             if not data:
                 return b"".join(chunks)
             chunks.append(data)
+        return b"".join(chunks)
 
     def stdin_lines(self) -> Iterator[bytes]:
         """Stdin line by line (without newline) until EOF."""
@@ -123,7 +145,7 @@ class ExecContext:
                 line, self._stdin_buffer = self._stdin_buffer[:cut], self._stdin_buffer[cut + 1:]
                 yield line
                 continue
-            data = self.channel.recv(65536)
+            data = b"" if self._stdin_fixed else self.channel.recv(65536)
             if not data:
                 return
             self._stdin_buffer += data
@@ -154,11 +176,11 @@ class ExecContext:
         return True
 
     def path(self, word: str) -> str:
-        """A shell word as an absolute path (`~` is the user's home)."""
+        """A shell word as an absolute path (`~` is the user's home, a relative path from the working directory)."""
         if word == "~" or word.startswith("~/"):
             word = self.server.home + word[1:]
         if not word.startswith("/"):
-            word = posixpath.join(self.server.home, word)
+            word = posixpath.join(self.cwd, word)
         return posixpath.normpath(word)
 
 
@@ -202,13 +224,16 @@ def _forget_accepted(channel: paramiko.Channel) -> None:
             pass
 
 
-def server_transport(sock: socket.socket, host_key: paramiko.PKey,
-                     interface: paramiko.ServerInterface) -> paramiko.Transport | None:
+def server_transport(sock: socket.socket, host_key: paramiko.PKey, interface: paramiko.ServerInterface,
+                     subsystems: dict[str, tuple] | None = None) -> paramiko.Transport | None:
     """An SSH server transport (TCP_NODELAY) on an accepted connection; its loop runs on the process's SSH
-    hub (devices.sshhub: one thread for every connection). None if it cannot start."""
+    hub (devices.sshhub: one thread for every connection). `subsystems`: name -> (handler class, *args), as
+    paramiko's set_subsystem_handler takes them. None if it cannot start."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     transport = HubTransport(sock)
     transport.add_server_key(host_key)
+    for name, (handler, *args) in (subsystems or {}).items():
+        transport.set_subsystem_handler(name, handler, *args)
     try:
         transport.start_server(event=threading.Event(), server=interface)
     except (paramiko.SSHException, OSError, EOFError):
@@ -350,6 +375,7 @@ class _HostsLoop:
 class _SshServer(paramiko.ServerInterface):
     def __init__(self, host: "EmulatedHostServer"):
         self.host = host
+        self.ptys: set[int] = set()  # the channels (ids) that asked for a pty
 
     def get_allowed_auths(self, username: str) -> str:
         return "publickey"
@@ -374,7 +400,20 @@ class _SshServer(paramiko.ServerInterface):
             channel.in_buffer = _TimeResponder(channel, self.host.bench, self.host.host_name)
         else:
             stamp_arrivals(channel)
-        _HostsLoop.get().run_command(self.host._exec, (channel, text), f"ssh-{self.host.host_name}-exec")
+        _HostsLoop.get().run_command(self.host._exec, (channel, text, channel.chanid in self.ptys),
+                                     f"ssh-{self.host.host_name}-exec")
+        return True
+
+    def check_channel_pty_request(self, channel, term, width, height, pixelwidth, pixelheight, modes) -> bool:
+        self.ptys.add(channel.chanid)
+        return True
+
+    def check_channel_window_change_request(self, channel, width, height, pixelwidth, pixelheight) -> bool:
+        return True
+
+    def check_channel_shell_request(self, channel: paramiko.Channel) -> bool:
+        _HostsLoop.get().run_command(self.host._interactive, (channel, channel.chanid in self.ptys),
+                                     f"ssh-{self.host.host_name}-shell")
         return True
 
 
@@ -506,15 +545,17 @@ class EmulatedHostServer:
         if not self._running:
             sock.close()
             return
-        transport = server_transport(sock, self.host_key, _SshServer(self))
+        transport = server_transport(sock, self.host_key, _SshServer(self),
+                                     {"sftp": (_SftpSession, _HostSftp)})
         if transport is not None:
             with self._lock:
                 self._transports = [t for t in self._transports if t.is_active()] + [transport]
                 self.connections += 1
 
-    def _exec(self, channel: paramiko.Channel, command: str) -> None:
+    def _exec(self, channel: paramiko.Channel, command: str, tty: bool = False) -> None:
         _forget_accepted(channel)
         ctx = ExecContext(self, channel, command)
+        ctx.tty = tty
         try:
             status = run_shell(ctx, command)
         except ChannelGone:
@@ -526,12 +567,25 @@ class EmulatedHostServer:
             except ChannelGone:
                 return
             status = 1
+        self._end_session(channel, status)
+
+    def _end_session(self, channel: paramiko.Channel, status: int) -> None:
         try:
             channel.send_exit_status(status)
             channel.shutdown_write()
         except (OSError, EOFError):
             return
         _HostsLoop.get().close_later(channel)
+
+    def _interactive(self, channel: paramiko.Channel, tty: bool) -> None:
+        """A login shell: a prompt, each line run by run_shell, until `exit` or Ctrl-D on an empty line."""
+        _forget_accepted(channel)
+        shell = _InteractiveShell(self, channel, tty)
+        try:
+            status = shell.run()
+        except ChannelGone:
+            return
+        self._end_session(channel, status)
 
     def agent_streams(self) -> "_AgentStreams":
         """The thread serving this host's agent streams (started with the first stream)."""
@@ -567,32 +621,264 @@ class EmulatedHostServer:
 # ====================================================================== a minimal shell
 
 
-def _split_commands(command: str) -> list[tuple[str, list[str]]]:
-    """`a && b ; c` -> [('', a-words), ('&&', b-words), (';', c-words)]."""
-    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|<>")
+class _ShellSyntax(ValueError):
+    """A command line sh would refuse to parse (dash's message)."""
+
+
+_GLOB = "*?["
+_QUOTED_GLOB = dict(zip(_GLOB, "\ue000\ue001\ue002"))  # a quoted glob character, kept literal through shlex
+
+
+def _mark_quoted_globs(command: str) -> str:
+    """`command` with each quoted or escaped `*?[` replaced by a private character, so that after shlex has
+    removed the quotes only the unquoted ones expand (`grep 'a*' f`: a pattern; `cat /sys/*/x`: a glob)."""
+    out, quote, escaped = [], "", False
+    for c in command:
+        if escaped:  # the character after a backslash: literal
+            escaped = False
+            if c in _GLOB and not quote:
+                out[-1] = _QUOTED_GLOB[c]  # for the backslash, which shlex would keep before a private character
+                continue
+            out.append(_QUOTED_GLOB.get(c, c))
+            continue
+        if c == "\\" and quote != "'":
+            escaped = True
+        elif c in "'\"" and quote in ("", c):
+            quote = "" if quote else c
+        elif quote and c in _GLOB:
+            c = _QUOTED_GLOB[c]
+        out.append(c)
+    return "".join(out)
+
+
+def _unmark(text: str) -> str:
+    return text.translate({ord(v): k for k, v in _QUOTED_GLOB.items()})
+
+
+def _expand_word(ctx: ExecContext, word: str) -> list[str]:
+    """Pathname expansion as dash does it: the matching paths of the host's file system and sysfs in C-locale
+    order, the word itself when nothing matches (or it has no unquoted glob character)."""
+    if not any(c in word for c in _GLOB):
+        return [_unmark(word)]
+    matches, part = ["/" if word.startswith("/") else ""], ""
+    for part in (p for p in word.split("/") if p):
+        if not any(c in part for c in _GLOB):
+            matches = [posixpath.join(base, _unmark(part)) for base in matches]
+            continue
+        # quoted glob characters match only themselves; a leading dot is matched only by a dot (no hidden files)
+        pattern = "".join({v: f"[{k}]" for k, v in _QUOTED_GLOB.items()}.get(c, c) for c in part)
+        matches = [posixpath.join(base, name) for base in matches
+                   for name in _ls_names(ctx, ctx.path(base or ".")) or []
+                   if not name.startswith(".") and fnmatch.fnmatchcase(name, pattern)]
+    if not any(c in part for c in _GLOB):  # listed entries exist; a literal last component may not
+        matches = [m for m in matches if _read_file(ctx, m) is not None or _ls_names(ctx, m) is not None]
+    return sorted(matches, key=str.encode) or [_unmark(word)]
+
+
+def _split_commands(command: str) -> list[tuple[str, list[list[str]]]]:
+    """`a | b && c ; d` -> [('', [a-words, b-words]), ('&&', [c-words]), (';', [d-words])]. Quoted glob
+    characters stay marked in the words (see _mark_quoted_globs); _expand_word expands or restores them."""
+    lexer = shlex.shlex(_mark_quoted_globs(command), posix=True, punctuation_chars=";&|<>")
     lexer.whitespace_split = True
-    pieces: list[tuple[str, list[str]]] = [("", [])]
+    pieces: list[tuple[str, list[list[str]]]] = [("", [[]])]
     for token in lexer:
         if token in ("&&", ";", "||"):
-            pieces.append((token, []))
+            pieces.append((token, [[]]))
+        elif token == "|":
+            if not pieces[-1][1][-1]:
+                raise _ShellSyntax('"|" unexpected')
+            pieces[-1][1].append([])
         else:
-            pieces[-1][1].append(token)
-    return [(op, words) for op, words in pieces if words]
+            pieces[-1][1][-1].append(token)
+    for _, pipeline in pieces:
+        if len(pipeline) > 1 and not pipeline[-1]:
+            raise _ShellSyntax("end of file unexpected")
+    return [(op, pipeline) for op, pipeline in pieces if pipeline[0]]
 
 
-def run_shell(ctx: ExecContext, command: str) -> int:
-    """Run `command` with `&&`, `||`, `;` and `> FILE` (stdout into the virtual file system)."""
+def run_shell(ctx: ExecContext, command: str, status: int = 0) -> int:
+    """Run `command` with `&&`, `||`, `;`, pipes of commands that end, `> FILE` (stdout into the virtual file
+    system) and `$?` (`status`: the previous command's, in an interactive shell)."""
     try:
         pieces = _split_commands(command)
     except ValueError as exc:
         ctx.err(f"sh: 1: Syntax error: {exc}\n")
         return 2
-    status = 0
-    for op, words in pieces:
+    for op, pipeline in pieces:
         if (op == "&&" and status != 0) or (op == "||" and status == 0):
             continue
-        status = _run_simple(ctx, words)
+        pipeline = [[x for w in words for x in ([str(status)] if w == "$?" else _expand_word(ctx, w))]
+                    for words in pipeline]
+        status = _run_pipeline(ctx, pipeline)
     return status
+
+
+def _streams(words: list[str]) -> str | None:
+    """What a command streams until the client stops it (so it cannot be a pipe's stage), None if it ends."""
+    while words[:1] in (["exec"], ["sudo"]):
+        words = words[2:] if words[1:2] == ["-n"] else words[1:]
+    name = posixpath.basename(words[0]) if words else ""
+    if name in PYTHON_NAMES:
+        return "the agent"
+    if name == "ip" and "monitor" in words:
+        return "ip monitor"
+    if name == "nvidia-smi" and any(w in ("-l", "-lms") or w.startswith(("--loop", "-l=", "-lms=")) for w in words):
+        return "nvidia-smi's loop"
+    return None
+
+
+def _run_pipeline(ctx: ExecContext, pipeline: list[list[str]]) -> int:
+    """`a | b | c` as sh runs commands that end: each stage's stdout is the next one's stdin, the status is the
+    last stage's. The stages run one after another (the emulated tools end), so a streaming command is refused."""
+    if len(pipeline) == 1:
+        return _run_simple(ctx, pipeline[0])
+    for words in pipeline:
+        if (what := _streams(words)) is not None:
+            ctx.err(f"sh: 1: emulated host: {what} streams until stopped and cannot run in a pipe\n")
+            return 2
+    data = None  # the first stage reads the session's stdin
+    for words in pipeline[:-1]:
+        stage = ctx.with_stdin(data)
+        stage._redirect = []
+        _run_simple(stage, words)
+        if data is None:  # what it left unread stays for the commands after the pipe
+            ctx._stdin_buffer = stage._stdin_buffer
+        data = b"".join(stage._redirect)
+    return _run_simple(ctx.with_stdin(data), pipeline[-1])
+
+
+def _filter(ctx: ExecContext, argv: list[str]) -> int:
+    """A coreutils/grep filter over stdin or files of the host (devices/emulated/coreutils.py)."""
+    def read(word: str) -> bytes | None:
+        content = _read_file(ctx, ctx.path(word))
+        return content.encode() if isinstance(content, str) else content
+    tool = coreutils.FILTERS[posixpath.basename(argv[0])]
+    out, err, status = tool(argv, ctx.read_stdin, read)  # stdin read only when an operand is `-` or none is given
+    if out:
+        ctx.out(out)
+    if err:
+        ctx.err(err)
+    return status
+
+
+class _InteractiveShell:
+    """What an engineer meets after `ssh host`: Debian's bash as a login shell with its default prompt
+    (`user@host:~$ `, no colour) and readline's basic editing: echo, backspace, Ctrl-U, Ctrl-C (`^C`, status
+    130), Ctrl-D on an empty line or `exit [N]` (`logout`). Under a pty output lines end in CRLF (ONLCR) and
+    stderr joins stdout. Without a pty (`ssh -T host < script`) bash reads its commands from stdin instead: no
+    prompt, no echo, no editing. A command's stdin is empty (the terminal stays the shell's), so a streaming
+    command is refused: there would be no way to stop it but closing the session."""
+
+    def __init__(self, server: "EmulatedHostServer", channel: paramiko.Channel, tty: bool):
+        self.server, self.channel = server, channel
+        self.ctx = ExecContext(server, channel, "-bash").with_stdin(b"")  # the terminal stays the shell's
+        self.ctx.tty, self.ctx.bash = tty, True
+        self.status = 0
+
+    @property
+    def prompt(self) -> str:
+        """Debian's default PS1 without colour, `\\u@\\h:\\w\\$ `: the home directory shown as ~."""
+        cwd, home = self.ctx.cwd, self.server.home
+        where = "~" + cwd[len(home):] if cwd == home or cwd.startswith(home + "/") else cwd
+        return f"{self.server.user}@{self.server.host_name.split('.')[0]}:{where}$ "
+
+    def run(self) -> int:
+        if not self.ctx.tty:
+            return self.script()
+        self.ctx.out(self.prompt)
+        line, escape = bytearray(), b""
+        while True:
+            data = self.channel.recv(4096)
+            if not data:
+                return self.status  # the client closed its side: the session ends as on a hang-up
+            for byte in data:
+                char = bytes([byte])
+                if escape or char == b"\x1b":  # cursor keys and the like: an escape sequence, not input
+                    escape += char
+                    if len(escape) > 1 and (escape[-1:].isalpha() or escape[-1:] == b"~"):
+                        escape = b""
+                    continue
+                if char in (b"\r", b"\n"):
+                    self.ctx.out("\n")
+                    if (done := self.line(line.decode(errors="replace"))) is not None:
+                        return done
+                    line.clear()
+                    self.ctx.out(self.prompt)
+                elif char in (b"\x7f", b"\x08"):
+                    if line:
+                        line.pop()
+                        self.ctx.out("\b \b")
+                elif char == b"\x15":
+                    self.ctx.out("\b \b" * len(line))
+                    line.clear()
+                elif char == b"\x03":
+                    self.ctx.out("^C\n" + self.prompt)
+                    line.clear()
+                    self.status = 130
+                elif char == b"\x04":
+                    if not line:
+                        self.ctx.err("logout\n")
+                        return self.status
+                elif byte >= 0x20 or char == b"\t":
+                    line += char
+                    self.ctx.out(char)
+
+    def script(self) -> int:
+        """Lines from stdin until EOF or `exit`."""
+        pending = b""
+        while True:
+            data = self.channel.recv(4096)
+            rows = (pending + data).split(b"\n")
+            pending = rows.pop() if data else b""
+            for row in rows:
+                if (done := self.line(row.decode(errors="replace"))) is not None:
+                    return done
+            if not data:
+                return self.status
+
+    def line(self, text: str) -> int | None:
+        """Run one line; the session's exit status when it was `exit`."""
+        try:
+            words = shlex.split(text)
+        except ValueError:
+            words = None
+        if words and words[0] == "exit":
+            if len(words) > 1 and not words[1].lstrip("-").isdigit():
+                self.ctx.err(f"-bash: exit: {words[1]}: numeric argument required\n")
+                return 2
+            if self.ctx.tty:  # bash says it, on stderr, when an interactive login shell ends
+                self.ctx.err("logout\n")
+            return int(words[1]) & 255 if len(words) > 1 else self.status
+        if not text.strip():
+            return None
+        try:
+            pieces = _split_commands(text)
+        except ValueError:
+            pieces = []
+        streaming = [what for _, pipeline in pieces for words in pipeline if (what := _streams(words))]
+        if streaming:
+            self.ctx.err(f"-bash: emulated host: {streaming[0]} streams until stopped; run it with "
+                         "`ssh host COMMAND` instead\n")
+            self.status = 2
+            return None
+        try:
+            self.status = run_shell(self.ctx, text, self.status)
+        except ChannelGone:
+            raise
+        except Exception as exc:  # a handler bug must not end the session
+            log.exception("emulated host %s: %r failed", self.server.host_name, text)
+            self.ctx.err(f"emulator: {type(exc).__name__}: {exc}\n")
+            self.status = 1
+        return None
+
+
+def _not_found(ctx: ExecContext, name: str) -> int:
+    """dash's complaint for `ssh host COMMAND`, bash's in the interactive login shell."""
+    if not ctx.bash:
+        ctx.err(f"sh: 1: {name}: not found\n")
+    else:
+        ctx.err(f"-bash: {name}: " + ("No such file or directory\n" if "/" in name else "command not found\n"))
+    return 127
 
 
 def _has_tool(server: "EmulatedHostServer", path: str, tool: str) -> bool:
@@ -632,8 +918,8 @@ def _run_simple(ctx: ExecContext, words: list[str]) -> int:
         if posixpath.dirname(target) not in ctx.server.fs.dirs:
             ctx.err(f"sh: 1: cannot create {target}: Directory nonexistent\n")
             return 2
-    if any(w in ("|", "<", ">>", "&", "|&") for w in words):
-        ctx.err("sh: 1: emulated host: pipes and input redirection are not supported\n")
+    if any(w in ("<", ">>", "&", "|&") for w in words):
+        ctx.err("sh: 1: emulated host: input redirection, appending and background jobs are not supported\n")
         return 2
     if words and words[0] == "exec":
         words = words[1:]
@@ -642,29 +928,310 @@ def _run_simple(ctx: ExecContext, words: list[str]) -> int:
     name = words[0]
     if name.startswith("/") and not _has_tool(ctx.server, name, posixpath.basename(name)) \
             and posixpath.basename(name) in ctx.server.tool_paths:
-        ctx.err(f"sh: 1: {name}: not found\n")
-        return 127
+        return _not_found(ctx, name)
     handler = ctx.server.commands.get(name) or ctx.server.commands.get(posixpath.basename(name))
     if handler is None and posixpath.basename(name) in PYTHON_NAMES:
         handler = _python
     if handler is None:
         handler = ctx.server.commands.get("*")
     if handler is None:
-        ctx.err(f"sh: 1: {name}: not found\n")
-        return 127
+        return _not_found(ctx, name)
     if target is None:
         return handler(ctx, words)
-    ctx._redirect = []
+    saved, ctx._redirect = ctx._redirect, []
     try:
         status = handler(ctx, words)
     finally:
-        data, ctx._redirect = b"".join(ctx._redirect), None
+        data, ctx._redirect = b"".join(ctx._redirect), saved
     with ctx.server.fs.lock:
         ctx.server.fs.files[target] = data
     return status
 
 
+# ====================================================================== sftp, scp (OpenSSH >= 9's scp speaks SFTP)
+
+
+class _SftpSession(paramiko.SFTPServer):
+    """paramiko's SFTP server on its own thread (one per session), the channel off the accept queue."""
+
+    def start_subsystem(self, name, transport, channel):
+        _forget_accepted(channel)
+        super().start_subsystem(name, transport, channel)
+
+    def finish_subsystem(self):
+        try:  # sshd's internal-sftp ends with status 0; scp takes a session without one (-1) as failed
+            self.sock.send_exit_status(0)
+        except (OSError, EOFError):
+            pass
+        super().finish_subsystem()
+
+
+class _LongName(paramiko.SFTPAttributes):
+    """A directory entry whose long name (what `sftp`'s `ls -l` prints) is the line OpenSSH's sftp-server writes
+    (sftp-common.c ls_file: "%s %3u %-*s %-*s %8llu %s %s", strmode's 11 characters, names at least 8 wide,
+    "%b %e %H:%M" within half a year, else "%b %e  %Y")."""
+    owner = "root"
+
+    def __str__(self) -> str:
+        mode = super().__str__()[:10] + " "
+        recent = 0 <= time.time() - self.st_mtime < 365 * 24 * 3600 / 2
+        when = time.strftime("%b %e %H:%M" if recent else "%b %e  %Y", time.localtime(self.st_mtime))
+        return (f"{mode} {1:3d} {self.owner:<8} {self.owner:<8} {self.st_size or 0:8d} {when} "
+                f"{getattr(self, 'filename', '?')}")
+
+
+class _HostSftp(paramiko.SFTPServerInterface):
+    """The host's files over SFTP: the virtual file system (read, write, create, remove, rename, mkdir, rmdir)
+    and the emulated sysfs (listed and read; read-only, as sysfs is to the non-root user)."""
+
+    def __init__(self, server: _SshServer, *args, **kwargs):
+        super().__init__(server, *args, **kwargs)
+        self.host = server.host
+        self.fs = self.host.fs
+        self.ctx = ExecContext(self.host, None, "internal-sftp")  # for _read_file/_ls_names: no channel I/O
+
+    def canonicalize(self, path: str) -> str:
+        return self.ctx.path(path or ".")  # relative to the home directory, as sshd's sftp-server starts there
+
+    def attributes(self, path: str, listed: bool = False) -> paramiko.SFTPAttributes | int:
+        attr = paramiko.SFTPAttributes()  # exactly this class: paramiko's server packs no subclass
+        mine = path.startswith(self.host.home + "/") or path == self.host.home or path in self.fs.files
+        attr.st_uid = attr.st_gid = 1000 if mine else 0
+        attr.st_atime = attr.st_mtime = int(time.time())
+        if _ls_names(self.ctx, path) is not None:
+            attr.st_mode, attr.st_size = stat.S_IFDIR | 0o755, 4096
+            return attr
+        content = _read_file(self.ctx, path)
+        if content is None:
+            if not listed:
+                return paramiko.SFTP_NO_SUCH_FILE
+            attr.st_mode, attr.st_size = stat.S_IFDIR | 0o755, 0  # a sysfs entry we only list (a device's dir)
+            return attr
+        with self.fs.lock:
+            mine = path in self.fs.files
+        attr.st_mode = stat.S_IFREG | (0o644 if mine else 0o444)
+        attr.st_size = len(content.encode() if isinstance(content, str) else content)
+        return attr
+
+    def stat(self, path: str):
+        return self.attributes(self.canonicalize(path))
+
+    lstat = stat
+
+    def list_folder(self, path: str):
+        where = self.canonicalize(path)
+        names = _ls_names(self.ctx, where)
+        if names is None:
+            return paramiko.SFTP_NO_SUCH_FILE
+        entries = []
+        for name in names:
+            entry = _LongName()
+            entry.__dict__.update(vars(self.attributes(posixpath.join(where, name), listed=True)))
+            entry.filename, entry.owner = name, self.host.user if entry.st_uid else "root"
+            entries.append(entry)
+        return entries
+
+    def open(self, path: str, flags: int, attr):
+        where = self.canonicalize(path)
+        if _ls_names(self.ctx, where) is not None:
+            return paramiko.SFTP_FAILURE  # a directory
+        content = _read_file(self.ctx, where)
+        data = bytearray(content.encode() if isinstance(content, str) else content or b"")
+        writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
+        if writing:
+            with self.fs.lock:
+                mine = where in self.fs.files
+                parent = posixpath.dirname(where) in self.fs.dirs
+            if content is not None and not mine:
+                return paramiko.SFTP_PERMISSION_DENIED
+            if not parent or (content is None and not flags & os.O_CREAT):
+                return paramiko.SFTP_NO_SUCH_FILE
+            if content is not None and flags & os.O_CREAT and flags & os.O_EXCL:
+                return paramiko.SFTP_FAILURE
+            if flags & os.O_TRUNC:
+                data.clear()
+            with self.fs.lock:
+                self.fs.files[where] = bytes(data)
+        elif content is None:
+            return paramiko.SFTP_NO_SUCH_FILE
+        return _SftpFile(self, where, data, writing, flags)
+
+    def remove(self, path: str):
+        where = self.canonicalize(path)
+        with self.fs.lock:
+            if self.fs.files.pop(where, None) is not None:
+                return paramiko.SFTP_OK
+        return paramiko.SFTP_NO_SUCH_FILE if _read_file(self.ctx, where) is None else paramiko.SFTP_PERMISSION_DENIED
+
+    def rename(self, oldpath: str, newpath: str):
+        old, new = self.canonicalize(oldpath), self.canonicalize(newpath)
+        with self.fs.lock:
+            if old not in self.fs.files:
+                return paramiko.SFTP_NO_SUCH_FILE
+            if posixpath.dirname(new) not in self.fs.dirs or new in self.fs.dirs:
+                return paramiko.SFTP_FAILURE
+            self.fs.files[new] = self.fs.files.pop(old)
+        return paramiko.SFTP_OK
+
+    posix_rename = rename
+
+    def mkdir(self, path: str, attr):
+        where = self.canonicalize(path)
+        with self.fs.lock:
+            if where in self.fs.dirs or where in self.fs.files:
+                return paramiko.SFTP_FAILURE
+            if posixpath.dirname(where) not in self.fs.dirs:
+                return paramiko.SFTP_NO_SUCH_FILE
+            self.fs.dirs.add(where)
+        return paramiko.SFTP_OK
+
+    def rmdir(self, path: str):
+        where = self.canonicalize(path)
+        with self.fs.lock:
+            if where not in self.fs.dirs:
+                return paramiko.SFTP_NO_SUCH_FILE
+            prefix = where.rstrip("/") + "/"
+            if where in ("/", "/home", "/tmp", self.host.home) or \
+                    any(p.startswith(prefix) for p in list(self.fs.files) + list(self.fs.dirs)):
+                return paramiko.SFTP_FAILURE
+            self.fs.dirs.discard(where)
+        return paramiko.SFTP_OK
+
+    def chattr(self, path: str, attr):
+        return paramiko.SFTP_OK if _read_file(self.ctx, self.canonicalize(path)) is not None \
+            or _ls_names(self.ctx, self.canonicalize(path)) is not None else paramiko.SFTP_NO_SUCH_FILE
+
+
+class _SftpFile(paramiko.SFTPHandle):
+    """An open file: a snapshot read at open (a sysfs file is rendered once, as a read of it would); writes
+    reach the host's file system at each write, so a concurrent `cat` sees them as on a real host."""
+
+    def __init__(self, sftp: _HostSftp, path: str, data: bytearray, writing: bool, flags: int):
+        super().__init__(flags)
+        self.sftp, self.path, self.data, self.writing = sftp, path, data, writing
+        self.append = bool(flags & os.O_APPEND)
+
+    def read(self, offset: int, length: int):
+        return bytes(self.data[offset:offset + length])
+
+    def write(self, offset: int, data: bytes):
+        if not self.writing:
+            return paramiko.SFTP_PERMISSION_DENIED
+        if self.append:
+            offset = len(self.data)
+        if offset > len(self.data):
+            self.data.extend(bytes(offset - len(self.data)))
+        self.data[offset:offset + len(data)] = data
+        with self.sftp.fs.lock:
+            self.sftp.fs.files[self.path] = bytes(self.data)
+        return paramiko.SFTP_OK
+
+    def stat(self):
+        return self.sftp.attributes(self.path)
+
+    def chattr(self, attr):
+        return paramiko.SFTP_OK
+
+
+def _scp(ctx: ExecContext, argv: list[str]) -> int:
+    """The remote end of legacy `scp -O` (rcp's protocol): `scp -t TARGET` receives one file or more, `scp -f
+    PATH...` sends them; single files only (no -r). Each message is acknowledged by a NUL byte; a refusal is
+    \\x01 and the message, as OpenSSH's scp sends it."""
+    words = [w for w in argv[1:] if w not in ("-v", "-p", "-q", "-d", "--")]
+    if len(words) < 2 or words[0] not in ("-t", "-f") or any(w.startswith("-") for w in words[1:]):
+        ctx.err("scp: emulated host: only `scp -t TARGET` and `scp -f PATH...` (single files) are served\n")
+        return 1
+
+    def exact(n: int) -> bytes:
+        while len(ctx._stdin_buffer) < n:
+            data = ctx.channel.recv(65536)
+            if not data:
+                raise ChannelGone()
+            ctx._stdin_buffer += data
+        out, ctx._stdin_buffer = ctx._stdin_buffer[:n], ctx._stdin_buffer[n:]
+        return out
+
+    def line() -> bytes:
+        while b"\n" not in ctx._stdin_buffer:
+            data = ctx.channel.recv(65536)
+            if not data:
+                return b""
+            ctx._stdin_buffer += data
+        out, _, ctx._stdin_buffer = ctx._stdin_buffer.partition(b"\n")
+        return out
+
+    def refuse(message: str) -> int:
+        ctx.out(b"\x01scp: " + message.encode() + b"\n")
+        return 1
+
+    fs = ctx.server.fs
+    if words[0] == "-t":
+        target = ctx.path(words[1])
+        ctx.out(b"\0")
+        while header := line():
+            kind, rest = header[:1], header[1:].decode(errors="replace")
+            if kind == b"T":  # -p's times: acknowledged, not kept
+                ctx.out(b"\0")
+                continue
+            if kind != b"C":
+                return refuse(f"emulated host: {header[:1].decode()!r} (directories, -r) is not supported")
+            _, size, name = rest.split(" ", 2)
+            path = posixpath.join(target, name) if target in fs.dirs else target
+            if path not in fs.files and _read_file(ctx, path) is not None:
+                return refuse(f"{path}: Permission denied")
+            if posixpath.dirname(path) not in fs.dirs:
+                return refuse(f"{path}: No such file or directory")
+            ctx.out(b"\0")
+            data = exact(int(size))
+            exact(1)  # the sender's NUL after the data
+            with fs.lock:
+                fs.files[path] = data
+            ctx.out(b"\0")
+        return 0
+    status = 0
+    if exact(1) != b"\0":
+        return 1
+    for word in words[1:]:
+        path = ctx.path(word)
+        content = _read_file(ctx, path)
+        if content is None:
+            ctx.out(f"\x01scp: {word}: No such file or directory\n")
+            status = 1
+            continue
+        data = content.encode() if isinstance(content, str) else content
+        mode = "0644" if path in fs.files else "0444"
+        ctx.out(f"C{mode} {len(data)} {posixpath.basename(path)}\n")
+        if exact(1) != b"\0":
+            return 1
+        ctx.out(data + b"\0")
+        if exact(1) != b"\0":
+            return 1
+    return status
+
+
 # ====================================================================== tool commands
+
+
+def _cd(ctx: ExecContext, argv: list[str]) -> int:
+    """The builtin: the working directory of this shell (in a pipe a subshell's, as sh has it)."""
+    if len(argv) > 2:
+        ctx.err("-bash: cd: too many arguments\n" if ctx.bash else "sh: 1: cd: too many arguments\n")
+        return 1 if ctx.bash else 2
+    target = ctx.path(argv[1]) if len(argv) > 1 else ctx.server.home
+    if _ls_names(ctx, target) is None:
+        exists = _read_file(ctx, target) is not None
+        if ctx.bash:
+            ctx.err(f"-bash: cd: {argv[1]}: {'Not a directory' if exists else 'No such file or directory'}\n")
+            return 1
+        ctx.err(f"sh: 1: cd: can't cd to {argv[1]}\n")
+        return 2
+    ctx.cwd = target
+    return 0
+
+
+def _pwd(ctx: ExecContext, argv: list[str]) -> int:
+    ctx.out(ctx.cwd + "\n")
+    return 0
 
 
 def _true(ctx: ExecContext, argv: list[str]) -> int:
@@ -1092,6 +1659,8 @@ def _ls_names(ctx: ExecContext, path: str) -> list[str] | None:
     None when there is no such directory."""
     models = ctx.bench.nic_ports(ctx.host)
     parts = path.rstrip("/").split("/")[1:] if path != "/" else []
+    if parts in (["sys"], ["sys", "class"]):  # the way down to the classes below
+        return ["class"] if parts == ["sys"] else ["infiniband", "net"]
     if parts == ["sys", "class", "infiniband"]:
         return sorted({m.rdma_dev for m in models})
     if parts == ["sys", "class", "net"]:
@@ -1109,7 +1678,7 @@ def _ls_names(ctx: ExecContext, path: str) -> list[str] | None:
             return None
         prefix = path.rstrip("/") + "/"
         return sorted({p[len(prefix):].split("/")[0] for p in list(fs.files) + list(fs.dirs)
-                       if p.startswith(prefix) and p != prefix})
+                       if p.startswith(prefix) and p != prefix} | ({"sys"} if path == "/" else set()))
 
 
 def _ls(ctx: ExecContext, argv: list[str]) -> int:
@@ -1120,7 +1689,7 @@ def _ls(ctx: ExecContext, argv: list[str]) -> int:
         return 2
     status, blocks = 0, []
     for word in paths or ["."]:
-        path = ctx.path(word) if word != "." else ctx.server.home
+        path = ctx.path(word)
         names = _ls_names(ctx, posixpath.normpath(path))
         if names is None:
             if _read_file(ctx, path) is not None:
@@ -1986,6 +2555,7 @@ DEFAULT_COMMANDS: dict[str, Handler] = {
     "alltoall_perf": _alltoall_perf, "ib_write_bw": _ib_write_bw,
     "ibstat": _ibstat, "ibstatus": _ibstatus, "ibv_devinfo": _ibv_devinfo, "ibdev2netdev": _ibdev2netdev,
     "uname": _uname, "ls": _ls, "sudo": _sudo,
+    "cd": _cd, "pwd": _pwd, "scp": _scp, **{name: _filter for name in coreutils.FILTERS},
 }
 # Debian's paths of the tools (ethtool, iproute2's ip and rdma in /usr/sbin and /sbin; usrmerge links both;
 # mlxlink from MFT and nvidia-smi in /usr/bin)
