@@ -266,9 +266,14 @@ def write_manifest(record: RunRecord) -> Path:
     return write_json_atomic(record.run_dir / "manifest.json", record.manifest)
 
 
+# summary.json and verdict.json follow schemas/summary.schema.json and schemas/verdict.schema.json: fields are only
+# added within a version; a removal or a change of meaning raises it.
+RECORD_SCHEMA_VERSION = 1
+
+
 def write_summary_json(record: RunRecord) -> Path:
     return write_json_atomic(record.run_dir / "summary.json", {
-        "run_id": record.run_id, "playbook": record.playbook, "outcome": record.outcome,
+        "schema_version": RECORD_SCHEMA_VERSION, "run_id": record.run_id, "playbook": record.playbook, "outcome": record.outcome,
         "started_utc": record.started_utc, "ended_utc": record.ended_utc, "error": record.error,
         "artifacts": record.artifacts, "summary": record.summary})
 

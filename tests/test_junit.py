@@ -81,3 +81,28 @@ def test_failed_checks_and_falsified_claims_are_failures_and_the_report_writes_t
     assert int(root.get("failures")) == 3
     assert main(["report", str(tmp_path), "--junit", str(out)]) == 2  # not a run record: exit 2, one line
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_summary_and_verdict_follow_their_versioned_schemas(run):
+    """summary.json and verdict.json validate against schemas/ (what CI and dashboards may rely on), and the
+    schemas are not vacuous: a record without its version or a claim without its verdict is refused."""
+    jsonschema = pytest.importorskip("jsonschema")
+    run_dir, _ = run
+    root = Path(__file__).resolve().parents[1] / "schemas"
+    for name in ("summary", "verdict"):
+        schema = json.loads((root / f"{name}.schema.json").read_text())
+        jsonschema.Draft202012Validator.check_schema(schema)
+        record = json.loads((run_dir / f"{name}.json").read_text())
+        jsonschema.validate(record, schema)
+        assert record["schema_version"] == 1
+        broken = {k: v for k, v in record.items() if k != "schema_version"}
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, schema)
+    verdict = json.loads((run_dir / "verdict.json").read_text())
+    verdict["claims"][0].pop("verdict")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(verdict, json.loads((root / "verdict.schema.json").read_text()))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["summary"]["delays_ms"]["turnaround"]["mean_ci95"] = [1.0]  # an interval has two ends
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(summary, json.loads((root / "summary.schema.json").read_text()))

@@ -159,7 +159,10 @@ PUBLIC_KEYS = ("provenance", "headline", "claims", "bound", "seed_test", "scorec
 
 def verdict_json_text(verdict: dict) -> str:
     """verdict.json as bytes-stable text: fixed key order, floats by repr."""
-    return json.dumps({k: verdict[k] for k in PUBLIC_KEYS}, indent=1, allow_nan=False) + "\n"
+    from harness.record import RECORD_SCHEMA_VERSION
+
+    return json.dumps({"schema_version": RECORD_SCHEMA_VERSION, **{k: verdict[k] for k in PUBLIC_KEYS}}, indent=1,
+                      allow_nan=False) + "\n"
 
 
 def _f(v, fmt: str = ".3g") -> str:

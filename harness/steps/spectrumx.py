@@ -197,7 +197,8 @@ def spectrumx_verdict(ctx, step) -> StepOutcome:
     failures = pd.concat(frames, ignore_index=True) if frames else None
     flaps = [row for s in studies if s["kind"] == "flaps" for row in s["table"]]
     verdict = compute_verdict(failures, flaps, p, ctx.seed, _provenance(ctx))
-    rec.write_text_atomic(ctx.run_dir / "verdict.json", json.dumps(verdict, indent=1, allow_nan=False) + "\n")
+    rec.write_text_atomic(ctx.run_dir / "verdict.json", json.dumps(
+        {"schema_version": rec.RECORD_SCHEMA_VERSION, **verdict}, indent=1, allow_nan=False) + "\n")
     md = verdict_markdown(verdict)
     rec.write_text_atomic(ctx.run_dir / "report.md", "# Spectrum-X falsification report\n\n" + md)
     return StepOutcome(ok=True, summary={c["id"]: c["verdict"] for c in verdict["claims"]}, summary_md=md,
