@@ -4,8 +4,7 @@ NIC port state machines (devices/emulated/nic.py) and the schedule they run on (
 Protocol servers (TL1/SCPI/NETCONF, SSH hosts) are thin views over one `OpticalBench`. State changes are actions
 on the schedule, each run with its DUE time: a late scheduler thread (a busy machine) cannot reorder cause and
 effect or stretch the profile's delays. Every reader (snapshots, port power, ground truth, the next command)
-first runs whatever is due, so the state
-it sees is the state at "now" on the schedule. Late running is recorded (`lateness()`, `schedule_report()`).
+first runs whatever is due, so the state it sees is the state at "now" on the schedule. Late running is recorded (`lateness()`, `schedule_report()`).
 Ground truth is appended with due times on the harness clock (CLOCK_MONOTONIC).
 
 Every random delay comes from a stream keyed by (seed, command, port, stage) — `command` is the switch
@@ -27,9 +26,6 @@ from devices.emulated.nic import (CMIS_RESET, DARK_DBM, NicChange, NicModel, Nic
 from devices.emulated.profile import NIC_KEYS, OCS_KEYS, OPTIONAL_NIC_KEYS, Profile
 from devices.emulated.schedule import Schedule
 from devices.timing import now_ns
-
-__all__ = ["DARK_DBM", "NicChange", "NicModel", "NicSnapshot", "OcsRefusal", "OpticalBench", "Subscribers",
-           "WIRE_LATENCY_NS"]
 
 WIRE_LATENCY_NS = 2_000  # fibre + serialisation of one probe frame
 # Stream key of every random quantity: (domain, command, stage) -> one value per port (or per host).
@@ -122,7 +118,7 @@ class OpticalBench:
         # switches over this physics draw the same whichever command reaches its server first
         self._commands: dict[int, int] = {}
         # Every draw, column-wise (a pod draws ~10^4 per cycle): command, port index (-1: the switch), stage
-        # code, delay, and how late the action it timed ran; and the lateness of every action run.
+        # code, delay, and how late the action it timed ran (the schedule fills that in).
         self._draws = {k: array(t) for k, t in (("command", "q"), ("port", "l"), ("stage", "b"), ("delay_ns", "q"),
                                                  ("late_ns", "q"))}
         topo = profile.topology
