@@ -169,7 +169,7 @@ def test_a_probe_receiver_started_while_probes_flow_reports_the_first_it_sees(be
             if isinstance(stream, ssh_host._ProbeRecvStream):
                 _flow_reaches(bench, nic)
                 deadline = Deadline(30)  # ... and the flow's first probe went by, to nobody
-                while bench._pending or not self._inbox.empty():
+                while bench._nic.pending or not self._inbox.empty():
                     assert not deadline.expired()
                     time.sleep(0.001)
                 time.sleep(0.05)  # the host's thread routes what it took off its inbox

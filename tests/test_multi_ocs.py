@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from devices.emulated.bench import EmulatedBench, SwitchSlice
-from devices.emulated.physics import OcsCommandError, OpticalBench
+from devices.emulated.physics import OcsRefusal, OpticalBench
 from devices.emulated.profile import load_profile
 from harness.bench.recorrect import recorrected_events
 from harness.cli import main
@@ -42,9 +42,9 @@ def test_a_switch_slice_numbers_and_owns_its_share_of_the_ports():
         b.ocs_apply({1: 10})
         assert a.ocs_patches() == {1: 9, 2: 10} and b.ocs_patches() == {1: 10}
         assert physics.ocs_patches() == {1: 17, 3: 19, 2: 19 + 1}
-        with pytest.raises(OcsCommandError, match="Invalid egress port 17"):
+        with pytest.raises(OcsRefusal, match="Invalid egress port 17"):
             a.ocs_apply({3: 17})  # beyond its own 8 x 8, though the physics has it
-        with pytest.raises(OcsCommandError, match="Invalid ingress port 9"):
+        with pytest.raises(OcsRefusal, match="Invalid ingress port 9"):
             b.ocs_apply({9: 10})
         b.ocs_apply({}, [1])
         assert b.ocs_patches() == {} and a.ocs_patches() == {1: 9, 2: 10}

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from devices.emulated.physics import OcsCommandError, OpticalBench
+from devices.emulated.physics import OcsRefusal, OpticalBench
 from devices.emulated.profile import load_profile, profile_from_dict
 
 FAST = {
@@ -74,8 +74,8 @@ def test_the_state_the_physics_keeps_is_not_walked_by_the_garbage_collector():
     assert bench.wait_idle()
     gc.collect()
     gc.collect()
-    kept = list(bench._rate_log) + [state for _, _, state in bench._rate_log] + bench._truth
-    assert len(bench._rate_log) >= 6 and len(bench._truth) >= 6
+    kept = list(bench._nic.rate_log) + [state for _, _, state in bench._nic.rate_log] + bench._truth
+    assert len(bench._nic.rate_log) >= 6 and len(bench._truth) >= 6
     assert [x for x in kept if gc.is_tracked(x)] == []
 
 
@@ -102,18 +102,18 @@ def test_invalid_commands_change_nothing():
     try:
         mapping, a, b = pair(bench)
         bench.ocs_apply(mapping)
-        with pytest.raises(OcsCommandError) as e:
+        with pytest.raises(OcsRefusal) as e:
             bench.ocs_apply({9: 5})
-        assert e.value.code == "IIAC"
-        with pytest.raises(OcsCommandError) as e:
+        assert e.value.kind == "invalid_port"
+        with pytest.raises(OcsRefusal) as e:
             bench.ocs_apply({a.ocs_tx: 8})
-        assert e.value.code == "SROF"
-        with pytest.raises(OcsCommandError) as e:
+        assert e.value.kind == "port_in_use"
+        with pytest.raises(OcsRefusal) as e:
             bench.ocs_apply({3: b.ocs_rx})
-        assert e.value.code == "SROF"
-        with pytest.raises(OcsCommandError) as e:
+        assert e.value.kind == "egress_in_use"
+        with pytest.raises(OcsRefusal) as e:
             bench.ocs_apply({}, removes=[3])
-        assert e.value.code == "IDNV"
+        assert e.value.kind == "no_patch"
         assert bench.ocs_patches() == mapping
     finally:
         bench.stop()
@@ -133,7 +133,7 @@ def test_the_switch_records_when_each_changing_command_reached_it():
         bench.ocs_apply({}, removes=[a.ocs_tx])
         after = now_ns()
         bench.ocs_apply({})
-        with pytest.raises(OcsCommandError):
+        with pytest.raises(OcsRefusal):
             bench.ocs_apply({}, removes=[a.ocs_tx])
         assert bench.wait_idle()
         arrived = [(t["t_ns"], t["port"]) for t in bench.ground_truth() if t["stage"] == "ocs_command_arrived"]
@@ -339,7 +339,7 @@ def test_a_new_far_end_transmitter_breaks_the_link_even_without_a_dark_gap(dark_
 
 
 def test_snapshot_copy_matches_replace_and_refuses_unknown_fields():
-    from devices.emulated.physics import NicSnapshot, _with
+    from devices.emulated.nic import NicSnapshot, _with
 
     old = NicSnapshot(rx_power_dbm=-3.2, lit_by="gpu1:ens1f0np0")
     changes = {"carrier": True, "phys_state": "LinkUp", "carrier_up_count": 4}

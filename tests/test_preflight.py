@@ -306,10 +306,10 @@ def test_a_host_that_refuses_the_link_command_leaves_tx_identity_unverified_not_
 def test_without_ingress_power_nic_receivers_watch_the_light_and_name_the_swap(miscabled, monkeypatch):
     """A switch without power monitors (its RTRV-PORT-POWER is denied): the claimed ingresses are connected onto
     receivers that passed their loop, in batches, while each NIC is set down — the same two TX fibres named."""
-    from devices.emulated.physics import OcsCommandError
+    from devices.emulated.physics import OcsRefusal
 
     def no_monitor(port):
-        raise OcsCommandError("SNVS", "No optical power monitor on this unit")
+        raise OcsRefusal("not_equipped", "No optical power monitor on this unit")
 
     monkeypatch.setattr(miscabled.physics, "ocs_port_power", no_monitor)
     links = _settled(miscabled)

@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 
 import yaml
 
-from devices.emulated.physics import OcsCommandError, OpticalBench
+from devices.emulated.physics import OcsRefusal, OpticalBench
 from devices.emulated.profile import Profile, load_profile
 from devices.ocs.registry import DEFAULT_PROTOCOL, get_protocol
 
@@ -59,7 +59,7 @@ class SwitchSlice:
     def to_physics(self, port: int) -> int:
         n, m = self.ocs_size
         if not 1 <= port <= n + m:
-            raise OcsCommandError("IIAC", f"Invalid port {port}")
+            raise OcsRefusal("invalid_port", f"Invalid port {port}")
         if port <= n:
             return (port - 1) * self.count + self.index + 1
         return self._n_phys + (port - n - 1) * self.count + self.index + 1
@@ -81,10 +81,10 @@ class SwitchSlice:
         n, _ = self.ocs_size
         for ingress in list(adds) + list(removes):
             if not 1 <= ingress <= n:
-                raise OcsCommandError("IIAC", f"Invalid ingress port {ingress}")
+                raise OcsRefusal("invalid_port", f"Invalid ingress port {ingress}")
         for egress in adds.values():
             if not n < egress <= sum(self.ocs_size):
-                raise OcsCommandError("IIAC", f"Invalid egress port {egress}")
+                raise OcsRefusal("invalid_port", f"Invalid egress port {egress}")
         return self.physics.ocs_apply({self.to_physics(i): self.to_physics(e) for i, e in adds.items()},
                                       [self.to_physics(i) for i in removes], at_ns=at_ns, switch=self.index)
 

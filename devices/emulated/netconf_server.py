@@ -43,7 +43,7 @@ from pathlib import Path
 
 import paramiko
 
-from devices.emulated.physics import OcsCommandError
+from devices.emulated.physics import OcsRefusal
 from devices.emulated.ssh_host import _forget_accepted, _generate_ed25519, accept_ssh
 from devices.timing import now_ns
 
@@ -56,8 +56,10 @@ BASE_10, BASE_11 = "urn:ietf:params:netconf:base:1.0", "urn:ietf:params:netconf:
 EOM = b"]]>]]>"
 _CHUNK = re.compile(rb"\n#([1-9][0-9]{0,9})\n")
 _MAX_MESSAGE = 16 << 20
-# the emulator's OCS codes (physics, shared with TL1/SCPI) as NETCONF error-tags
-_TAGS = {"IIAC": "invalid-value", "SROF": "in-use", "IDNV": "data-missing"}
+# the switch's refusal kinds (OcsRefusal.KINDS) as NETCONF error-tags (RFC 6241 appendix A)
+_TAGS = {"invalid_port": "invalid-value", "port_in_use": "in-use", "egress_in_use": "in-use",
+         "no_patch": "data-missing", "listed_twice": "data-missing", "lists_differ": "data-missing", "unsupported": "data-missing",
+         "not_equipped": "operation-failed"}
 NCX_NS = "http://netconfcentral.org/ns/yuma-ncx"  # where netconfd puts `bad-value` (RFC 6241 names none)
 BAD_VALUE = f"{{{NCX_NS}}}bad-value"
 EDIT = "/nc:rpc/nc:edit-config/nc:config"  # netconfd's error-path of what an edit-config carries
@@ -546,8 +548,8 @@ class NetconfServer:
         if adds or removes:
             try:
                 settle_ns = self.servers.apply(adds, removes)
-            except OcsCommandError as exc:
-                raise RpcError(_TAGS.get(exc.code, "operation-failed"), exc.text) from None
+            except OcsRefusal as exc:
+                raise RpcError(_TAGS[exc.kind], exc.text) from None
             delay = (settle_ns - now_ns()) / 1e9
             if delay > 0:
                 time.sleep(delay)  # <ok/> when the mirrors have settled, as TL1 COMPLD

@@ -24,7 +24,7 @@ import tty
 from collections import deque
 from typing import Callable, NamedTuple
 
-from devices.emulated.physics import OcsCommandError, OpticalBench
+from devices.emulated.physics import OcsRefusal, OpticalBench
 from devices.timing import ReceiveStamps, enable_receive_stamps, now_ns
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
@@ -181,8 +181,8 @@ class _Tl1Session:
             return self.reply(ctag, False, code="ICNV", comment=f"Command not valid: {verb}")
         try:
             return self.reply(ctag, True, handler(aid, parts[4:]))
-        except OcsCommandError as exc:
-            return self.reply(ctag, False, code=exc.code, comment=exc.text)
+        except OcsRefusal as exc:
+            return self.reply(ctag, False, code=_TL1_CODES[exc.kind], comment=exc.text)
         except ValueError:
             return self.reply(ctag, False, code="IIAC", comment=f"Invalid access identifier {aid!r}")
 
@@ -192,7 +192,7 @@ class _Tl1Session:
         if not ins or len(ins) != len(outs):
             raise ValueError(aid)
         if len(set(ins)) != len(ins):
-            raise OcsCommandError("IDNV", "Port listed twice")
+            raise OcsRefusal("listed_twice", "Port listed twice")
         self._settle(self.servers.apply(dict(zip(ins, outs)), (), at_ns=self.arrived_ns))
         return []
 
@@ -212,7 +212,7 @@ class _Tl1Session:
             wanted = set(_port_list(aid))
             n, m = self.servers.bench.ocs_size
             if any(not 1 <= p <= n + m for p in wanted):
-                raise OcsCommandError("IIAC", "Invalid port")
+                raise OcsRefusal("invalid_port", "Invalid port")
             patches = {i: e for i, e in patches.items() if i in wanted or e in wanted}
         return [f'"{i},{e}"' for i, e in sorted(patches.items())]
 
@@ -221,7 +221,7 @@ class _Tl1Session:
         ports = list(range(1, n + m + 1)) if aid.upper() in ("", "ALL") else _port_list(aid)
         for p in ports:
             if not 1 <= p <= n + m:
-                raise OcsCommandError("IIAC", f"Invalid port {p}")
+                raise OcsRefusal("invalid_port", f"Invalid port {p}")
         return [f'"{p}:{self.servers.bench.ocs_port_power(p):.2f}"' for p in ports]
 
     def _rtrv_netype(self, _aid: str, _params: list[str]) -> list[str]:
@@ -232,7 +232,7 @@ class _Tl1Session:
         if "PARAMETER=SIZE" in ":".join(params).upper().replace(" ", ""):
             n, m = self.servers.bench.ocs_size
             return [f'"{aid or "SYSTEM"}::SIZE={n}x{m}"']
-        raise OcsCommandError("IDNV", "Only PARAMETER=SIZE is emulated")
+        raise OcsRefusal("unsupported", "Only PARAMETER=SIZE is emulated")
 
 
 # SCPI mnemonics as the standard writes them: the upper-case part is the short form. A parser accepts
@@ -249,8 +249,13 @@ def _scpi_node(keyword: str) -> str:
     word = keyword.removesuffix("?").upper()
     return _SCPI_KEYWORDS.get(word, word) + ("?" if query else "")
 _CHANNELS = re.compile(r"^\s*\(@([^)]*)\)\s*,\s*\(@([^)]*)\)\s*$")
-_SCPI_ERRORS = {"IIAC": (-222, "Data out of range"), "SROF": (-221, "Settings conflict"),
-                "IDNV": (-224, "Illegal parameter value")}
+# Each refusal kind (OcsRefusal.KINDS) in the protocols' words: GR-831 error codes (TL1) and SCPI-99 error numbers
+_TL1_CODES = {"invalid_port": "IIAC", "port_in_use": "SROF", "egress_in_use": "SROF", "no_patch": "IDNV",
+              "listed_twice": "IDNV", "lists_differ": "IDNV", "unsupported": "IDNV", "not_equipped": "SNVS"}
+_SCPI_ERRORS = {"invalid_port": (-222, "Data out of range"), "port_in_use": (-221, "Settings conflict"),
+                "egress_in_use": (-221, "Settings conflict"), "no_patch": (-224, "Illegal parameter value"),
+                "listed_twice": (-224, "Illegal parameter value"), "lists_differ": (-224, "Illegal parameter value"),
+                "unsupported": (-224, "Illegal parameter value"), "not_equipped": (-200, "Execution error")}
 
 
 def _scpi_ports(text: str) -> list[int]:
@@ -330,7 +335,7 @@ class _ScpiSession:
             if path == "MON:POW?":
                 ports = _scpi_ports(args.strip().removeprefix("(@").removesuffix(")"))
                 if any(not 1 <= p <= n + m for p in ports) or not ports:
-                    raise OcsCommandError("IIAC", "Invalid port")
+                    raise OcsRefusal("invalid_port", "Invalid port")
                 return ",".join(f"{bench.ocs_port_power(p):.2f}" for p in ports)
             if path in ("OXC:SWIT:CONN:ADD", "OXC:SWIT:CONN:ONLY", "OXC:SWIT:CONN:SUB"):
                 match = _CHANNELS.match(args)
@@ -343,8 +348,8 @@ class _ScpiSession:
             if path in ("OXC:SWIT:DISC:ALL", "*RST"):
                 self.settle_ns = max(self.settle_ns, self.servers.apply({}, None, at_ns=self.arrived_ns))
                 return None
-        except OcsCommandError as exc:
-            code, text = _SCPI_ERRORS.get(exc.code, (-200, "Execution error"))
+        except OcsRefusal as exc:
+            code, text = _SCPI_ERRORS[exc.kind]
             self.error(code, f"{text}; {exc.text}")
             return None
         except ValueError:
@@ -357,23 +362,23 @@ class _ScpiSession:
         if action == "SUB":
             patches = self.servers.bench.ocs_patches()
             if outs and ins and len(ins) != len(outs):
-                raise OcsCommandError("IDNV", "Ingress and egress lists differ in length")
+                raise OcsRefusal("lists_differ", "Ingress and egress lists differ in length")
             removes = list(ins)
             if outs and not ins:  # by egress only
                 owner = {e: i for i, e in patches.items()}
                 missing = [e for e in outs if e not in owner]
                 if missing:
-                    raise OcsCommandError("IDNV", f"No patch on port {missing[0]}")
+                    raise OcsRefusal("no_patch", f"No patch on port {missing[0]}")
                 removes = [owner[e] for e in outs]
             for i, e in zip(ins, outs):
                 if patches.get(i) != e:
-                    raise OcsCommandError("IDNV", f"No patch {i}->{e}")
+                    raise OcsRefusal("no_patch", f"No patch {i}->{e}")
             settle = self.servers.apply({}, removes, at_ns=self.arrived_ns)
         else:
             if len(ins) != len(outs):
-                raise OcsCommandError("IDNV", "Ingress and egress lists differ in length")
+                raise OcsRefusal("lists_differ", "Ingress and egress lists differ in length")
             if len(set(ins)) != len(ins):
-                raise OcsCommandError("IDNV", "Port listed twice")
+                raise OcsRefusal("listed_twice", "Port listed twice")
             settle = self.servers.apply(dict(zip(ins, outs)), None if action == "ONLY" else (),
                                        at_ns=self.arrived_ns)
         self.settle_ns = max(self.settle_ns, settle)

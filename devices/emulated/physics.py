@@ -1,11 +1,10 @@
-"""The physical truth of the emulated bench: switch mirrors, fibres, NIC port state machines, host clocks.
+"""The physical truth of the emulated bench: switch mirrors, fibres, host clocks, and the composition of the
+NIC port state machines (devices/emulated/nic.py) and the schedule they run on (devices/emulated/schedule.py).
 
-Protocol servers (TL1/SCPI, SSH hosts) are thin views over one `OpticalBench`. State changes are actions on
-a schedule (a heap ordered by due time). An action runs with its DUE time, and its follow-ups are scheduled
-from that due time, never from when it actually ran: a late scheduler thread (a busy machine) delays the
-wall-clock moment an action runs, but cannot reorder cause and effect or stretch the profile's delays.
-Every reader (snapshots, port power, ground truth, the next command) first runs whatever is due, so the state
-it sees is the state at "now" on the schedule. Late running is recorded (`lateness()`, `schedule_report()`).
+Protocol servers (TL1/SCPI/NETCONF, SSH hosts) are thin views over one `OpticalBench`. State changes are actions
+on the schedule, each run with its DUE time: a late scheduler thread (a busy machine) cannot reorder cause and
+effect or stretch the profile's delays. Every reader (snapshots, port power, ground truth, the next command)
+first runs whatever is due, so the state it sees is the state at "now" on the schedule. Late running is recorded (`lateness()`, `schedule_report()`).
 Ground truth is appended with due times on the harness clock (CLOCK_MONOTONIC).
 
 Every random delay comes from a stream keyed by (seed, command, port, stage) — `command` is the switch
@@ -14,23 +13,21 @@ identical delays whatever the thread timing (`draws()` lists them).
 """
 from __future__ import annotations
 
-import heapq
-from array import array
-from collections import deque
-import itertools
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, NamedTuple, Sequence
+from array import array
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from devices.emulated.nic import (CMIS_RESET, DARK_DBM, NicChange, NicModel, NicSnapshot, NicStateMachine, Port,
+                                  Subscribers)
 from devices.emulated.profile import NIC_KEYS, OCS_KEYS, OPTIONAL_NIC_KEYS, Profile
+from devices.emulated.schedule import Schedule
 from devices.timing import now_ns
 
 WIRE_LATENCY_NS = 2_000  # fibre + serialisation of one probe frame
-_RATE_STAGES = frozenset({"light_lost", "light_detected", "port_down", "phy_up", "port_active"})
-DARK_DBM = -60.0
 # Stream key of every random quantity: (domain, command, stage) -> one value per port (or per host).
 # The optional stages come last: the others keep their codes, so a profile without them draws as before.
 _STREAM_STAGES = OCS_KEYS + NIC_KEYS + ("clock_offset", "clock_drift") + OPTIONAL_NIC_KEYS
@@ -38,121 +35,26 @@ _STAGE_CODE = {stage: i for i, stage in enumerate(_STREAM_STAGES)}
 _OCS, _NIC, _CLOCK, _ADMIN = 0, 1, 2, 3  # _ADMIN: re-training after `ip link set up` (its own streams)
 
 
-class OcsCommandError(Exception):
-    """The switch refuses a command. `code` is a GR-831 error code, `text` the switch's comment."""
+class OcsRefusal(Exception):
+    """The switch refuses a command, for a reason of `kind` (one of KINDS; each protocol server says it in its
+    own words: TL1 error codes, SCPI error numbers, NETCONF error tags); `text` is the switch's comment."""
 
-    def __init__(self, code: str, text: str):
-        super().__init__(f"{code}: {text}")
-        self.code, self.text = code, text
+    KINDS = frozenset({
+        "invalid_port",  # not a port of this switch, or not of the side the command needs
+        "port_in_use",  # an ingress already connected
+        "egress_in_use",  # an egress already connected, or named twice in one command
+        "no_patch",  # removing a connection that is not there
+        "listed_twice",  # an ingress named twice in one command
+        "lists_differ",  # ingress and egress lists of different lengths
+        "unsupported",  # a request the emulated switch does not offer
+        "not_equipped",  # the unit lacks the hardware (e.g. no optical power monitor)
+    })
 
-
-@dataclass(frozen=True)
-class NicModel:
-    host: str
-    netdev: str
-    rdma_dev: str
-    rdma_port: int
-    mac: str
-    ifindex: int
-    ocs_tx: int
-    ocs_rx: int
-
-    @property
-    def key(self) -> str:
-        return f"{self.host}:{self.netdev}"
-
-
-class NicSnapshot(NamedTuple):
-    """A NIC port's state at one instant (a tuple: a pod's burst makes ~10^3 in a millisecond of emulated
-    time; the rate log keeps each as a plain tuple, which the garbage collector stops tracking)."""
-
-    rx_los: bool = True
-    rx_lol: bool = True
-    carrier: bool = False
-    phys_state: str = "Polling"
-    ib_state: str = "DOWN"
-    operstate: str = "down"
-    carrier_up_count: int = 0
-    carrier_down_count: int = 0
-    link_downed: int = 0
-    rx_power_dbm: float = DARK_DBM
-    speed_mbps: int = 400_000
-    light_lost_ns: int | None = None  # when the light last went off (the fabric's failure detection starts)
-    admin_up: bool = True  # `ip link set dev X up|down`: a port set down transmits no light and holds no link
-    lit_by: str | None = None  # the NIC ("host:netdev") whose transmitter lights this receiver, None when dark
-    # CMIS module (ethtool -m "Module State") and data-path states; None: the module shows none (the default)
-    module_state: str | None = None
-    datapath_state: str | None = None
-
-
-_SNAPSHOT_INDEX = {name: i for i, name in enumerate(NicSnapshot._fields)}
-_SNAPSHOT_FIELDS = frozenset(_SNAPSHOT_INDEX)
-# snapshot attribute -> the agent's watch field it shows as
-_WATCHED = {"rx_los": "rx_los", "rx_lol": "rx_lol", "carrier": "carrier", "phys_state": "phys_state",
-            "ib_state": "state", "operstate": "operstate", "module_state": "module_state",
-            "datapath_state": "datapath_state"}
-# A CMIS module that lost its light: the host re-initialises it (the SONiC CMIS manager's re-init the field reports),
-# so it passes ModuleReady and DataPathActivated again before its PHY can train.
-_CMIS_RESET = {"module_state": "ModuleLowPwr", "datapath_state": "DataPathDeactivated"}
-
-
-def _with(snapshot: NicSnapshot, changes: dict) -> NicSnapshot:
-    """`snapshot` with `changes` (a pod's burst runs this hundreds of times in a millisecond of emulated
-    time: one tuple built from the fields, no per-call introspection)."""
-    if not changes.keys() <= _SNAPSHOT_FIELDS:
-        raise TypeError(f"NicSnapshot has no field(s) {sorted(changes.keys() - _SNAPSHOT_FIELDS)}")
-    values = list(snapshot)
-    for name, value in changes.items():
-        values[_SNAPSHOT_INDEX[name]] = value
-    return tuple.__new__(NicSnapshot, values)
-
-
-class NicChange(NamedTuple):
-    """One watched field of one port changed at `t_ns` (a tuple: a pod's burst makes ~10^3 of them in a
-    millisecond of emulated time, and a frozen dataclass's __init__ costs ~1.5 µs each)."""
-
-    t_ns: int
-    host: str
-    netdev: str
-    field: str
-    value: str
-
-
-class Subscribers:
-    """Callbacks per host for the NIC changes pushed to it: the physics' own, and a worker process's view of it
-    (devices/emulated/shards.py). Delivery is outside any lock (a subscriber may read snapshots)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._by_host: dict[str, list[Callable[[NicChange], None]]] = {}
-        self._snapshot: dict[str, tuple[Callable[[NicChange], None], ...]] | None = None
-
-    def add(self, host: str, callback: Callable[[NicChange], None]) -> Callable[[], None]:
-        """Subscribe; returns the unsubscribe."""
-        with self._lock:
-            self._by_host.setdefault(host, []).append(callback)
-            self._snapshot = None
-
-        def remove():
-            with self._lock:
-                if callback in self._by_host.get(host, []):
-                    self._by_host[host].remove(callback)
-                    self._snapshot = None
-
-        return remove
-
-    def snapshot(self) -> dict[str, tuple[Callable[[NicChange], None], ...]]:
-        """The subscribers now (read-only; built again only after a change: the scheduler takes one per pass)."""
-        with self._lock:
-            if self._snapshot is None:
-                self._snapshot = {h: tuple(cbs) for h, cbs in self._by_host.items()}
-            return self._snapshot
-
-    @staticmethod
-    def deliver(changes: Iterable[NicChange], subs: dict[str, list[Callable[[NicChange], None]]]) -> None:
-        for change in changes:
-            for callback in subs.get(change.host, ()):
-                callback(change)
+    def __init__(self, kind: str, text: str):
+        if kind not in self.KINDS:
+            raise TypeError(f"unknown refusal kind {kind!r}; expected one of {sorted(self.KINDS)}")
+        super().__init__(f"{kind}: {text}")
+        self.kind, self.text = kind, text
 
 
 class KeyedStreams:
@@ -176,24 +78,6 @@ class KeyedStreams:
             if len(self._blocks) > self._KEEP:
                 del self._blocks[next(iter(self._blocks))]
         return float(block[index])
-
-
-@dataclass
-class _Port:
-    model: NicModel
-    index: int = 0  # position in the bench: the port part of its stream key
-    state: NicSnapshot = field(default_factory=NicSnapshot)
-    gen: int = 0  # bumped on every light change; stale scheduled transitions check it
-    probe_interval_ns: int = 0
-    probe_t0_ns: int = 0
-    dp_gen: int = 0  # data-plane generation for first-packet scheduling
-    dp_up: bool = False
-    dp_flow: tuple[str, int, int, int] | None = None  # while up: (sender MAC, first seq, its arrival ns, interval)
-    fault: str | None = None  # "never_up" | "flap" | None
-    flaps: int = 0  # "flap": carrier down/up cycles after each PHY training, light staying on
-    flap_ns: int = 1_000_000  # "flap": how long each carrier-down and carrier-up phase lasts
-    trained_on: int | None = None  # the ingress whose signal the link last trained on (its far-end transmitter)
-    cmis: bool = False  # its module shows CMIS module / data-path states (the profile gives their delays)
 
 
 @dataclass
@@ -234,41 +118,33 @@ class OpticalBench:
         # switches over this physics draw the same whichever command reaches its server first
         self._commands: dict[int, int] = {}
         # Every draw, column-wise (a pod draws ~10^4 per cycle): command, port index (-1: the switch), stage
-        # code, delay, and how late the action it timed ran; and the lateness of every action run.
+        # code, delay, and how late the action it timed ran (the schedule fills that in).
         self._draws = {k: array(t) for k, t in (("command", "q"), ("port", "l"), ("stage", "b"), ("delay_ns", "q"),
                                                  ("late_ns", "q"))}
-        self._late_ns = array("q")
         topo = profile.topology
         self.ocs_size = topo.ocs_size
         n_in = topo.ocs_size[0]
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._heap: list[tuple[int, int, Callable[[int], None], int]] = []  # (due, seq, action, draw index)
-        self._seq = itertools.count()
+        self._schedule = Schedule(clock, self._wake, self._draws["late_ns"])
         self._patches: dict[int, int] = {}  # commanded: ingress -> egress
         self._settled: dict[int, int] = {}  # mirrors in place: ingress -> egress
         self._settled_to: dict[int, int] = {}  # mirrors in place: egress -> ingress (O(1) peer lookup)
         self._lit_egress: set[int] = set()
         self._truth: list[dict] = []
-        # (due ns, "host:netdev", state after) of each change a transfer's rate depends on (light, PHY, port
-        # state): the emulated tools integrate their bytes over it (devices/emulated/dataplane.py). The state
-        # as a plain tuple of atomic values, and the key a str: the garbage collector untracks such tuples
-        # (exact tuples only, not NicSnapshot's). Tracked, a pod's ~6.5 * 10^4 entries were walked by every
-        # full collection: ~0.13 s with the emulator's GIL held, every few dozen cycles.
-        self._rate_log: deque = deque(maxlen=1 << 16)
+        self._nic = NicStateMachine(
+            profile, at=self._schedule.at, draw=self._draw, truth=self._truth,
+            far_end=lambda port: self._settled_to.get(port.model.ocs_rx), peer_of=self._peer_of,
+            link_changed=lambda t, port: self._update_data_plane(t, self._dp_affected(port)))
         self._subs = Subscribers()
         # Observers of mirror moves, called (t_ns, ingress, egress, settled) on the scheduler thread with
         # the bench lock held: they must return quickly and not call back into the bench.
         self.on_mirror: list[Callable[[int, int, int, bool], None]] = []
         self.on_clock_step: list[Callable[[str], None]] = []  # called (host) after a clock step, no lock held
-        self._pending: list[NicChange] = []
-        # The latest time a reader saw the state at, and the due time of the last action run: a command dated
-        # back to its arrival (ocs_apply's at_ns) changes nothing before either.
-        self._observed_ns = self._ran_ns = 0
         self._thread: threading.Thread | None = None
         self._stop = False
         self.hosts = [f"{host_prefix}{h + 1}" for h in range(topo.hosts)]
-        self._ports: dict[tuple[str, str], _Port] = {}
+        self._ports: dict[tuple[str, str], Port] = {}
         epoch = time.time_ns() - time.monotonic_ns()
         start = self._now()
         lo, hi = profile.clock_offset_ms
@@ -289,10 +165,10 @@ class OpticalBench:
                              mac=f"0c:42:a1:{h:02x}:{j:02x}:01", ifindex=3 + j, ocs_tx=swap.get(tx, tx),
                              ocs_rx=swap.get(rx, rx))
             self.cabled_as[model.key] = (tx, rx)
-            self._ports[(host, model.netdev)] = _Port(model, index=i, cmis=profile.has_cmis(model.key))
+            self._ports[(host, model.netdev)] = Port(model, index=i, cmis=profile.has_cmis(model.key))
             if self._ports[(host, model.netdev)].cmis:  # dark at start: reset, as after a light loss
-                self._ports[(host, model.netdev)].state = NicSnapshot(**_CMIS_RESET)
-        self._host_ports: dict[str, list[_Port]] = {h: [] for h in self.hosts}  # O(NICs of the host) lookups
+                self._ports[(host, model.netdev)].state = NicSnapshot(**CMIS_RESET)
+        self._host_ports: dict[str, list[Port]] = {h: [] for h in self.hosts}  # O(NICs of the host) lookups
         for port in self._ports.values():
             self._host_ports[port.model.host].append(port)
         self._by_rx = {p.model.ocs_rx: p for p in self._ports.values()}
@@ -329,9 +205,10 @@ class OpticalBench:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._stop and not self._pending:
-                    if self._heap:
-                        wait = (self._heap[0][0] - self._now()) / 1e9
+                while not self._stop and not self._nic.pending:
+                    due = self._schedule.next_due()
+                    if due is not None:
+                        wait = (due - self._now()) / 1e9
                         if wait <= 0:
                             break
                         self._wake.wait(wait)
@@ -340,38 +217,18 @@ class OpticalBench:
                 if self._stop:
                     return
                 self._advance(observed=False)  # pushed changes carry their due times: no state read here
-                pending, self._pending = self._pending, []
+                pending, self._nic.pending = self._nic.pending, []
                 subs = self._subs.snapshot()  # with the changes: a later subscriber gets none of them
             Subscribers.deliver(pending, subs)  # outside the lock: a subscriber may read snapshots
 
     def _advance(self, observed: bool = True) -> None:
-        """Run, in due order and each at its due time, every action due by now. Caller holds the lock, and
-        reads the state at now (`observed`) unless it only changes it.
-
-        Follow-ups an action schedules are due after it, so they run in this same pass when they too are
-        due: lateness never reorders events, and nobody reads a state older than the schedule says."""
-        now = self._now()
-        if observed:
-            self._observed_ns = now
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            due, _, action, draw = heapq.heappop(heap)
-            self._ran_ns = max(self._ran_ns, due)
-            self._late_ns.append(now - due)
-            if draw >= 0:
-                self._draws["late_ns"][draw] = now - due
-            action(due)
-        if self._pending:
+        """Run every action due by now (Schedule.run_due). Caller holds the lock, and reads the state at now
+        (`observed`) unless it only changes it."""
+        self._schedule.run_due(observed)
+        if self._nic.pending:
             self._wake.notify()  # the scheduler thread delivers the changes
 
-    def _at(self, due_ns: int, action: Callable[[int], None], draw: int = -1) -> None:
-        """Schedule `action(due_ns)`; `draw` is the index (in `_draws`) of the delay that set the due time.
-        Caller holds the lock."""
-        heapq.heappush(self._heap, (due_ns, next(self._seq), action, draw))
-        if self._heap[0][0] == due_ns:  # a new earliest: the scheduler thread must wake sooner
-            self._wake.notify()
-
-    def _draw(self, domain: int, command: int, stage: str, delay, port: _Port | None = None) -> tuple[int, int]:
+    def _draw(self, domain: int, command: int, stage: str, delay, port: Port | None = None) -> tuple[int, int]:
         """(delay ns, draw index) of `delay` from the stream keyed (seed, command, port index, stage)."""
         index, size = (0, 1) if port is None else (port.index, len(self._ports))
         ns = int(delay.at_quantile(self._streams.uniform(domain, command, stage, index, size)) * 1e9)
@@ -405,24 +262,24 @@ class OpticalBench:
             self._advance(observed=False)
             for port in list(removes) + list(adds):
                 if not 1 <= port <= n:
-                    raise OcsCommandError("IIAC", f"Invalid ingress port {port}")
+                    raise OcsRefusal("invalid_port", f"Invalid ingress port {port}")
             for egress in adds.values():
                 if not n < egress <= n + m:
-                    raise OcsCommandError("IIAC", f"Invalid egress port {egress}")
+                    raise OcsRefusal("invalid_port", f"Invalid egress port {egress}")
             if len(set(removes)) != len(removes):
-                raise OcsCommandError("IDNV", "Port listed twice")
+                raise OcsRefusal("listed_twice", "Port listed twice")
             for ingress in removes:
                 if ingress not in self._patches:
-                    raise OcsCommandError("IDNV", f"No patch on port {ingress}")
+                    raise OcsRefusal("no_patch", f"No patch on port {ingress}")
             remaining = {i: e for i, e in self._patches.items() if i not in set(removes)}
             used_egress = set(remaining.values())
             if len(set(adds.values())) != len(adds):
-                raise OcsCommandError("SROF", "Egress port used twice in one command")
+                raise OcsRefusal("egress_in_use", "Egress port used twice in one command")
             for ingress, egress in adds.items():
                 if ingress in remaining:
-                    raise OcsCommandError("SROF", f"Port {ingress} already connected to {remaining[ingress]}")
+                    raise OcsRefusal("port_in_use", f"Port {ingress} already connected to {remaining[ingress]}")
                 if egress in used_egress:
-                    raise OcsCommandError("SROF", f"Port {egress} already connected")
+                    raise OcsRefusal("egress_in_use", f"Port {egress} already connected")
             t0 = self._now()
             if not (adds or removes):
                 return t0
@@ -437,11 +294,11 @@ class OpticalBench:
             base, base_draw = self._draw(_OCS, command, "switch", self.profile.ocs["switch"]) if adds else (0, -1)
             if at_ns is not None:
                 first = min(d for d, on in ((dark, removes), (base, adds)) if on)
-                t0 = min(t0, max(at_ns, max(self._observed_ns, self._ran_ns) - first + 1))
+                t0 = min(t0, max(at_ns, max(self._schedule.observed_ns, self._schedule.ran_ns) - first + 1))
             if removes:
                 for ingress in removes:
                     egress = self._patches.pop(ingress)
-                    self._at(t0 + dark, lambda t, i=ingress, e=egress: self._mirror_away(t, i, e, command),
+                    self._schedule.at(t0 + dark, lambda t, i=ingress, e=egress: self._mirror_away(t, i, e, command),
                              dark_draw)
             settle = t0
             if adds:
@@ -449,7 +306,8 @@ class OpticalBench:
                 draw = base_draw
                 for ingress, egress in adds.items():
                     self._patches[ingress] = egress
-                    self._at(settle, lambda t, i=ingress, e=egress: self._mirror_settled(t, i, e, command), draw)
+                    self._schedule.at(settle, lambda t, i=ingress, e=egress: self._mirror_settled(t, i, e, command),
+                                      draw)
             return settle
 
     def ocs_port_power(self, port: int) -> float:
@@ -494,139 +352,29 @@ class OpticalBench:
         if on != (egress in self._lit_egress):
             (self._lit_egress.add if on else self._lit_egress.discard)(egress)
             if port is not None:
-                self._light_changed(port, t, on, command, domain)
-        elif on and port is not None and self._link_up(port) and port.trained_on != source:
-            self._light_changed(port, t, on, command, domain)  # another transmitter, never dark between
+                self._nic.light_changed(port, t, on, command, domain)
+        elif on and port is not None and self._nic.link_up(port) and port.trained_on != source:
+            self._nic.light_changed(port, t, on, command, domain)  # another transmitter, never dark between
         if port is not None:
             self._update_data_plane(t, (port,))  # its peer may have changed even where the light did not
 
-    # ------------------------------------------------------------------ NIC state machine
-    @staticmethod
-    def _link_up(port: _Port) -> bool:
-        return port.state.carrier or port.state.ib_state != "DOWN"
-
-    def _drop_link(self, port: _Port, t: int, **changes) -> None:
-        had_carrier = port.state.carrier
-        self._emit(port, t, "port_down", carrier=False, phys_state="Polling", ib_state="DOWN", operstate="down",
-                   carrier_down_count=port.state.carrier_down_count + int(had_carrier),
-                   link_downed=(port.state.link_downed + int(had_carrier)) % 256, **changes)
-        self._update_data_plane(t, self._dp_affected(port))
-
-    def _emit(self, port: _Port, t: int, stage: str | None, **changes) -> None:
-        old = port.state
-        port.state = _with(old, changes)
-        model = port.model
-        for attr, value in changes.items():
-            name = _WATCHED.get(attr)
-            if name is not None and old[_SNAPSHOT_INDEX[attr]] != value:
-                value = str(int(value)) if isinstance(value, bool) else str(value)
-                self._pending.append(NicChange(t, model.host, model.netdev, name, value))
-        if stage:
-            self._truth.append(dict(t_ns=t, stage=stage, host=port.model.host, port=port.model.netdev,
-                                    ocs_port=port.model.ocs_rx))
-            if stage in _RATE_STAGES:
-                self._rate_log.append((t, port.model.key, tuple(port.state)))
-
-    def _light_changed(self, port: _Port, t: int, on: bool, command: int, domain: int = _NIC) -> None:
-        port.gen += 1
-        gen = port.gen
-
-        def after(t, stage, action):
-            delay, draw = self._draw(domain, command, stage, self.profile.nic_delay(port.model.key, stage), port)
-            self._at(t + delay, action, draw)
-
-        if on:
-            power = -3.0 - 0.05 * (port.model.ocs_rx % 7)
-            if self._link_up(port) and port.trained_on != self._settled_to.get(port.model.ocs_rx):
-                # A new far-end transmitter (an atomic swap, no dark gap the link could notice): its clock
-                # and phase are not the ones the receiver locked to, so the lock and the link are lost now.
-                self._drop_link(port, t, rx_lol=True, **(_CMIS_RESET if port.cmis else {}))
-
-            def los_clear(t, gen=gen):
-                if port.gen != gen:
-                    return
-                peer = self._peer_of(port)
-                self._emit(port, t, "light_detected", rx_los=False, rx_power_dbm=power,
-                           lit_by=None if peer is None else peer.model.key)
-                after(t, "cdr_lock", cdr_lock)
-
-            def cdr_lock(t, gen=gen):
-                if port.gen != gen:
-                    return
-                self._emit(port, t, "cdr_locked", rx_lol=False)
-                if port.fault != "never_up" and port.state.admin_up:
-                    if port.cmis:
-                        after(t, "module_ready", module_ready)
-                    else:
-                        after(t, "phy_up", phy_up)
-
-            def module_ready(t, gen=gen):
-                if port.gen == gen:
-                    self._emit(port, t, "module_ready", module_state="ModuleReady")
-                    after(t, "datapath_activated", datapath_activated)
-
-            def datapath_activated(t, gen=gen):
-                if port.gen == gen:
-                    self._emit(port, t, "datapath_activated", datapath_state="DataPathActivated")
-                    after(t, "phy_up", phy_up)
-
-            flaps_left = [port.flaps if port.fault == "flap" else 0]
-
-            def phy_up(t, gen=gen):
-                if port.gen != gen:
-                    return
-                port.trained_on = self._settled_to.get(port.model.ocs_rx)
-                self._emit(port, t, "phy_up", carrier=True, phys_state="LinkUp",
-                           carrier_up_count=port.state.carrier_up_count + 1)
-                if flaps_left[0] > 0:
-                    flaps_left[0] -= 1
-                    self._at(t + port.flap_ns, flap_down)
-                else:
-                    after(t, "port_active", port_active)
-
-            def flap_down(t, gen=gen):
-                # The light stays; the PHY loses and retrains the link (a marginal transceiver).
-                if port.gen != gen:
-                    return
-                self._emit(port, t, "port_down", carrier=False, phys_state="Polling",
-                           carrier_down_count=port.state.carrier_down_count + 1,
-                           link_downed=(port.state.link_downed + 1) % 256)
-                self._at(t + port.flap_ns, phy_up)
-
-            def port_active(t, gen=gen):
-                if port.gen != gen:
-                    return
-                self._emit(port, t, "port_active", ib_state="ACTIVE", operstate="up")
-                self._update_data_plane(t, self._dp_affected(port))
-
-            after(t, "los_clear", los_clear)
-        else:
-            self._emit(port, t, "light_lost", rx_los=True, rx_lol=True, rx_power_dbm=DARK_DBM, light_lost_ns=t,
-                       lit_by=None, **(_CMIS_RESET if port.cmis else {}))
-
-            def link_down(t, gen=gen):
-                if port.gen == gen and self._link_up(port):
-                    self._drop_link(port, t)
-
-            after(t, "link_down", link_down)
-
     # ------------------------------------------------------------------ data plane (probes)
-    def _peer_of(self, port: _Port) -> _Port | None:
+    def _peer_of(self, port: Port) -> Port | None:
         """The NIC whose transmitter currently lights this port's receiver."""
         ingress = self._settled_to.get(port.model.ocs_rx)
         return None if ingress is None else self._by_tx.get(ingress)
 
-    def _receiver_of(self, port: _Port) -> _Port | None:
+    def _receiver_of(self, port: Port) -> Port | None:
         """The NIC whose receiver this port's transmitter currently lights."""
         egress = self._settled.get(port.model.ocs_tx)
         return None if egress is None else self._by_rx.get(egress)
 
-    def _dp_affected(self, port: _Port) -> tuple[_Port, ...]:
+    def _dp_affected(self, port: Port) -> tuple[Port, ...]:
         """Receivers whose probe path depends on `port`'s state: itself and the port it transmits to."""
         receiver = self._receiver_of(port)
         return (port,) if receiver is None or receiver is port else (port, receiver)
 
-    def _update_data_plane(self, t: int, ports: Iterable[_Port]) -> None:
+    def _update_data_plane(self, t: int, ports: Iterable[Port]) -> None:
         """Re-evaluate, for the given receiving ports (those whose path just changed), whether probes from
         their peer get through: O(changed ports), not O(ports²)."""
         for port in ports:
@@ -648,12 +396,12 @@ class OpticalBench:
                 def first(t_now, port=port, peer=peer, seq=seq, gen=gen):
                     if port.dp_gen != gen:
                         return
-                    self._pending.append(NicChange(t_now, port.model.host, port.model.netdev, "probe_first",
+                    self._nic.pending.append(NicChange(t_now, port.model.host, port.model.netdev, "probe_first",
                                                    f"{peer.model.mac} {seq}"))
                     self._truth.append(dict(t_ns=t_now, stage="first_packet", host=port.model.host,
                                             port=port.model.netdev, ocs_port=port.model.ocs_rx))
 
-                self._at(arrival, first)
+                self._schedule.at(arrival, first)
 
     def probe_start(self, host: str, netdev: str, interval_ns: int) -> None:
         if interval_ns <= 0:
@@ -662,7 +410,7 @@ class OpticalBench:
             self._advance()
             port = self._port(host, netdev)
             port.probe_interval_ns, port.probe_t0_ns = int(interval_ns), self._now()
-            self._at(port.probe_t0_ns, lambda t: self._update_data_plane(t, self._dp_affected(port)))
+            self._schedule.at(port.probe_t0_ns, lambda t: self._update_data_plane(t, self._dp_affected(port)))
 
     def probe_flow(self, host: str, netdev: str) -> tuple[str, int, int, int] | None:
         """The probes reaching this port: (sender MAC, seq of the flow's first, its arrival ns, interval ns),
@@ -676,16 +424,16 @@ class OpticalBench:
             self._advance()
             port = self._port(host, netdev)
             port.probe_interval_ns = 0
-            self._at(self._now(), lambda t: self._update_data_plane(t, self._dp_affected(port)))
+            self._schedule.at(self._now(), lambda t: self._update_data_plane(t, self._dp_affected(port)))
 
     # ------------------------------------------------------------------ host view
-    def _port(self, host: str, netdev: str) -> _Port:
+    def _port(self, host: str, netdev: str) -> Port:
         try:
             return self._ports[(host, netdev)]
         except KeyError:
             raise KeyError(f"no NIC {netdev} on host {host}") from None
 
-    def _port_by_key(self, key: str) -> _Port:
+    def _port_by_key(self, key: str) -> Port:
         host, _, netdev = key.partition(":")
         return self._port(host, netdev)
 
@@ -707,7 +455,7 @@ class OpticalBench:
             self._advance()  # runs everything due by `now` (it reads the clock after us): undo what is later
             states = {p.model.key: p.state for p in self._ports.values()}
             later: set[str] = set()  # ports whose state moved past `now`: their last state by `now` instead
-            for t, key, state in reversed(self._rate_log):  # due order
+            for t, key, state in reversed(self._nic.rate_log):  # due order
                 if t > now:
                     later.add(key)
                 elif not later:
@@ -724,7 +472,7 @@ class OpticalBench:
             now = self._now()
             self._advance()
             out = []
-            for t, key, state in reversed(self._rate_log):
+            for t, key, state in reversed(self._nic.rate_log):
                 if t <= since_ns:
                     break
                 if t <= now:
@@ -774,13 +522,13 @@ class OpticalBench:
             self._truth.append(dict(t_ns=t, stage="admin_up" if up else "admin_down", host=host, port=netdev,
                                     ocs_port=port.model.ocs_tx))
             if up:
-                self._emit(port, t, None, admin_up=True, phys_state="Polling")
+                self._nic.emit(port, t, None, admin_up=True, phys_state="Polling")
                 if port.model.ocs_rx in self._lit_egress:
-                    self._light_changed(port, t, True, command, _ADMIN)
+                    self._nic.light_changed(port, t, True, command, _ADMIN)
             else:
                 port.gen += 1  # a training in flight stops here
                 had_carrier = port.state.carrier
-                self._emit(port, t, "port_down" if had_carrier or port.state.ib_state != "DOWN" else None,
+                self._nic.emit(port, t, "port_down" if had_carrier or port.state.ib_state != "DOWN" else None,
                            admin_up=False, carrier=False, phys_state="Disabled", ib_state="DOWN", operstate="down",
                            carrier_down_count=port.state.carrier_down_count + int(had_carrier))
                 self._update_data_plane(t, (port,))
@@ -846,11 +594,8 @@ class OpticalBench:
     def lateness(self) -> dict:
         """How late actions ran against their due time: n, p50, p99 and max in ms."""
         with self._lock:
-            late = np.asarray(self._late_ns, dtype=float) / 1e6
-        if late.size == 0:
-            return {"n": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
-        p50, p99 = np.quantile(late, [0.5, 0.99])
-        return {"n": int(late.size), "p50_ms": float(p50), "p99_ms": float(p99), "max_ms": float(late.max())}
+            late = np.asarray(self._schedule.late_ns, dtype=float)
+        return Schedule.summary(late)
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until no transition is scheduled (for tests)."""
@@ -858,7 +603,7 @@ class OpticalBench:
         while time.monotonic() < end:
             with self._lock:
                 self._advance()
-                if not self._heap and (not self._pending or self._thread is None):
+                if self._schedule.next_due() is None and (not self._nic.pending or self._thread is None):
                     return True
             time.sleep(0.001)
         return False

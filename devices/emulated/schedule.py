@@ -1,0 +1,65 @@
+"""The emulated bench's schedule: actions kept in a heap ordered by due time, each run with its DUE time.
+
+Follow-ups an action schedules are timed from that due time, never from when it actually ran: a late runner (a
+busy machine) delays the wall-clock moment an action runs, but cannot reorder cause and effect or stretch a
+delay. How late each action ran is recorded (`late_ns`; `summary`)."""
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from array import array
+from typing import Callable
+
+import numpy as np
+
+
+class Schedule:
+    """Not thread-safe: its owner holds the lock `wake` is built on around every call."""
+
+    def __init__(self, clock: Callable[[], int], wake: threading.Condition, draw_late_ns: array):
+        self.now = clock
+        self._wake = wake  # notified when a new earliest action is scheduled: the runner thread must wake sooner
+        self._heap: list[tuple[int, int, Callable[[int], None], int]] = []  # (due, seq, action, draw index)
+        self._seq = itertools.count()
+        self.late_ns = array("q")  # how late every action ran
+        self._draw_late_ns = draw_late_ns  # per draw: how late the action its delay timed ran
+        # The latest time a reader saw the state at, and the due time of the last action run: a change dated
+        # back (OpticalBench.ocs_apply's at_ns) must fall after both.
+        self.observed_ns = self.ran_ns = 0
+
+    def at(self, due_ns: int, action: Callable[[int], None], draw: int = -1) -> None:
+        """Run `action(due_ns)` when due; `draw` is the index of the drawn delay that set the due time."""
+        heapq.heappush(self._heap, (due_ns, next(self._seq), action, draw))
+        if self._heap[0][0] == due_ns:
+            self._wake.notify()
+
+    def next_due(self) -> int | None:
+        return self._heap[0][0] if self._heap else None
+
+    def run_due(self, observed: bool = True) -> None:
+        """Run, in due order and each at its due time, every action due by now; `observed`: the caller reads
+        the state at now (not only changes it).
+
+        Follow-ups an action schedules are due after it, so they run in this same pass when they too are
+        due: lateness never reorders events, and nobody reads a state older than the schedule says."""
+        now = self.now()
+        if observed:
+            self.observed_ns = now
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            due, _, action, draw = heapq.heappop(heap)
+            self.ran_ns = max(self.ran_ns, due)
+            self.late_ns.append(now - due)
+            if draw >= 0:
+                self._draw_late_ns[draw] = now - due
+            action(due)
+
+    @staticmethod
+    def summary(late_ns) -> dict:
+        """n, p50, p99 and max in ms of the lateness values `late_ns`."""
+        late = np.asarray(late_ns, dtype=float) / 1e6
+        if late.size == 0:
+            return {"n": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+        p50, p99 = np.quantile(late, [0.5, 0.99])
+        return {"n": int(late.size), "p50_ms": float(p50), "p99_ms": float(p99), "max_ms": float(late.max())}
