@@ -35,7 +35,9 @@ snapshots = st.builds(
     carrier_up_count=st.integers(0, 10**6), carrier_down_count=st.integers(0, 10**6),
     link_downed=st.integers(0, 10**4), rx_power_dbm=st.floats(-30, 5).map(lambda x: round(x, 2)),
     speed_mbps=st.sampled_from([400_000, 200_000, 100_000, 25_000]),
-    admin_up=st.just(True), light_lost_ns=st.none(), lit_by=st.none())  # the defaults (builds fills every field)
+    admin_up=st.just(True), light_lost_ns=st.none(), lit_by=st.none(),  # the defaults (builds fills every field)
+    module_state=st.sampled_from([None, "ModuleLowPwr", "ModulePwrUp", "ModuleReady", "ModulePwrDn"]),
+    datapath_state=st.sampled_from([None, "DataPathDeactivated", "DataPathActivated"]))  # a CMIS module's states
 models = st.builds(Model, netdev=st.from_regex(r"ens[1-9]f[01]np[01]", fullmatch=True),
                    rdma_dev=st.from_regex(r"mlx5_[0-9]", fullmatch=True), rdma_port=st.integers(1, 2),
                    mac=st.from_regex(r"([0-9a-f]{2}:){5}[0-9a-f]{2}", fullmatch=True), ifindex=st.integers(2, 999))
