@@ -261,7 +261,7 @@ class CycleWatch:
         need = self.need
         return {self._host_of[k] for k, last in self._last_watched.items() if last in need[k]} - self.stalled.keys()
 
-    def _watches_judged(self, now: int, since: int | None) -> bool:
+    def _watches_judged(self, now: int, since: int | None, mark: bool = True) -> bool:
         """Each host's watch judged: silent past its deadline during the cycle (then stalled), or live — and a
         host with a port's last watched stage unseen heard from after `since` (None: not asked). False while
         one may still speak (`_look_ns`: when its deadline passes)."""
@@ -272,19 +272,19 @@ class CycleWatch:
         for host in self._hosts - self.stalled.keys():
             silence = self.liveness.silence(host, self.first_sent, now)
             if silence >= self.liveness_ns:
-                self._stall(host, silence)
+                self._stall(host, silence, mark)
             elif host in unheard and (heard := self.liveness.heard(host)) < since:
                 look = max(heard, self.first_sent) + self.liveness_ns
                 self._look_ns = look if self._look_ns is None else min(self._look_ns, look)
         return self._look_ns is None
 
-    def _stall(self, host: str, silence_ns: int) -> None:
-        """`host`'s watch gave no line or heartbeat within its deadline: its ports' watched stages not reported
-        are unobserved in this cycle (no event, never implied by a later stage), and the cycle is faulted."""
+    def _stall(self, host: str, silence_ns: int, mark: bool = True) -> None:
+        """`host`'s watch gave no line or heartbeat within its deadline: the cycle is faulted, and (`mark`) its
+        ports' watched stages not reported are unobserved in this cycle (no event, never implied by a later stage)."""
         self.stalled[host] = silence_ns
         ports = 0
         for key, last in self._last_watched.items():
-            if self._host_of[key] != host:
+            if self._host_of[key] != host or not mark:
                 continue
             kept = [i for i, s in enumerate(self.chain) if s in _WATCHED and (key, s) in self.arrivals.kept]
             # after the last stage it did report: those before it are bounded by that one (between polls)
@@ -299,8 +299,8 @@ class CycleWatch:
             self.version[key] += 1
             self._settle_port(key)
         self.arrivals.causes.append((host, f"watch-stall:{host}: no line or heartbeat for {silence_ns / 1e6:.0f} ms "
-                                           f"(deadline {self.liveness_ns / 1e6:.0f} ms); unreported stages of "
-                                           f"{ports} port(s) unobserved"))
+                                           f"(deadline {self.liveness_ns / 1e6:.0f} ms)"
+                                           + (f"; unreported stages of {ports} port(s) unobserved" if mark else "")))
 
     def look_ns(self) -> int | None:
         """When the wait should look again without a line: the grace's end, or a watch's liveness deadline."""
@@ -318,8 +318,8 @@ class CycleWatch:
         return "; ".join(parts)
 
     def result(self, done_ns: int) -> Arrivals:
-        if not self.complete():  # timed out: was a watch silent meanwhile?
-            self._watches_judged(done_ns, None)
+        if not self.complete():  # timed out: was a watch silent meanwhile? (its stages stay missing: the timeout's)
+            self._watches_judged(done_ns, None, mark=False)
         a = self.arrivals
         missing = {k: sorted(s for s in need if not self._implied(k, s)) for k, need in self.need.items() if need}
         a.missing = {k: v for k, v in missing.items() if v}
