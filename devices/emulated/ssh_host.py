@@ -1888,8 +1888,8 @@ class _WatchStream(_Stream):
                 self.live[(change.netdev, change.field)] = change.value
                 self.moved.add((change.netdev, change.field))
         if now < stall:
-            if self.stalled_since is None:
-                self.stalled_since = now
+            if self.stalled_since is None:  # the first tick it kept silent: its changes happened within a step before
+                self.stalled_since = min((at for at, _ in items), default=now)
                 self.moved = {(change.netdev, change.field) for _, change in items if change.value is not None}
                 if not self.heartbeat:  # else its heartbeat's next tick is the stall's end
                     self.ctx.server.agent_streams().arm(_Tick(*self.timer, stall))
