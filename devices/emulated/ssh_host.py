@@ -1946,6 +1946,7 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
 
     def first_lines() -> str:
         text = stream.first_lines()
+        stream.printed_ns = now_ns()  # its first lines: the silence a heartbeat waits for starts now
         stream.arm_heartbeat(stream.printed_ns + stream.heartbeat)
         return text
 
