@@ -77,6 +77,20 @@ def parse_counter_line(line: str) -> CounterLine:
         raise DeviceError(f"agent counters: bad number in {line!r}") from None
 
 
+HEARTBEAT = "alive"  # `watch --heartbeat-us`: `HOST_NS alive`, printed after that long without a line
+
+
+def watch_heartbeat(line: str) -> int | None:
+    """The host time of a watch heartbeat line (`HOST_NS alive`), None for any other line."""
+    parts = line.split()
+    if len(parts) != 2 or parts[1] != HEARTBEAT:
+        return None
+    try:
+        return int(parts[0])
+    except ValueError:
+        raise DeviceError(f"agent watch: bad number in {line!r}") from None
+
+
 def parse_watch_line(line: str) -> WatchLine:
     return WatchLine(*watch_line_fields(line))
 
@@ -136,12 +150,15 @@ class HostAgent:
         return self.transport.stream(self._cmd("timesrv"))
 
     def watch(self, ports: Iterable[tuple[str, str | None, int | None]], interval_us: int,
-              ethtool_interval_us: int) -> LineStream:
-        """ports: (netdev, rdma_dev or None, rdma_port or None)."""
+              ethtool_interval_us: int, heartbeat_us: int = 0) -> LineStream:
+        """ports: (netdev, rdma_dev or None, rdma_port or None). `heartbeat_us` > 0: a `HOST_NS alive` line
+        (`watch_heartbeat`) after that long without a line, so a silent stream can be told from a quiet port."""
         specs = [n if d is None else f"{n}={d}/{p}" for n, d, p in ports]
         tool = ("--ethtool", self.ethtool) if self.ethtool != "ethtool" else ()
+        beat = ("--heartbeat-us", str(int(heartbeat_us))) if heartbeat_us > 0 else ()
         return self.transport.stream(self._cmd("watch", "--interval-us", str(int(interval_us)),
-                                               "--ethtool-interval-us", str(int(ethtool_interval_us)), *tool, *specs))
+                                               "--ethtool-interval-us", str(int(ethtool_interval_us)), *beat,
+                                               *tool, *specs))
 
     def counters(self, ports: Iterable[tuple[str, int]], interval_us: int) -> LineStream:
         """RDMA data counters of `ports` ((rdma_dev, port)) sampled every `interval_us` on the host."""

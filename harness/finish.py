@@ -49,6 +49,10 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
                          for name, r in ctx.results.items()}}
     if len(measured):
         summary["delays_ms"] = summarize_events(measured, ctx.seed)
+    stalls = events[(events["stage"] == "fault") & events["source"].astype(str).str.startswith("watch-stall:")]
+    if len(stalls):  # a host's watch went silent: those cycles' unreported stages are unobserved, not inferred
+        summary["watch_stalls"] = {"cycles": int(stalls["cycle"].nunique()),
+                                   "hosts": {str(h): int(n) for h, n in stalls.groupby("host")["cycle"].nunique().items()}}
     from analysis.accuracy import OCS_TRUTH_STAGES
     from harness.events import STAGES
 
@@ -105,6 +109,11 @@ def summary_markdown(ctx, summary: dict) -> str:
         lines.append("")
     if summary.get("lost_events"):
         lines += [lost_line(summary["lost_events"]), ""]
+    if summary.get("watch_stalls"):
+        w = summary["watch_stalls"]
+        lines += [f"⚠ watch stalled (no line or heartbeat within its deadline) in {w['cycles']} cycles "
+                  f"({', '.join(f'{h}: {n}' for h, n in w['hosts'].items())}): those cycles are faulted and their "
+                  "ports' unreported stages unobserved, never inferred.", ""]
     for line in ctx.manifest_extra.get("unobserved_stages") or []:  # the preflight's: never silent
         lines += [f"⚠ stages not observed: {line}", ""]
     for host, r in (summary.get("clock_replies_by_read") or {}).items():

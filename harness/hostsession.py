@@ -5,12 +5,13 @@ A dropped connection ends every stream; each reader reports it once as a 'fault'
 `reconnect()` brings the session back (new connection, agent, time responder and the same streams)."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import queue
 import threading
 
 from devices.errors import DeviceError, TransportClosed
-from devices.hostagent import HostAgent, parse_probe_line, sysfs_watch_fields, watch_line_fields
+from devices.hostagent import HostAgent, parse_probe_line, sysfs_watch_fields, watch_heartbeat, watch_line_fields
 from devices.protocols import LineStream
 from devices.records import record
 from devices.resources import HostResource
@@ -20,7 +21,8 @@ from devices.timing import Deadline, now_ns
 
 @record
 class Observation:
-    """A host-side fact, still on the host's clock. kind: 'watch' | 'probe' | 'fault'."""
+    """A host-side fact, still on the host's clock. kind: 'watch' | 'probe' | 'fault' | 'alive' (the watch's
+    heartbeat: it is running, nothing changed)."""
 
     kind: str
     host: str
@@ -56,6 +58,9 @@ class HostSession:
         self._watch_lock = threading.Lock()
         self._watch_awaited: set[tuple[str, str]] = set()  # (netdev, field) whose current value is still due
         self._watch_live: threading.Event | None = None
+        self.watch_heard_ns = 0  # harness time the watch last printed a line or a heartbeat (its liveness)
+        self.watch_gap_ns = 0  # a silence longer than this is kept in `watch_gaps` (0: none kept)
+        self.watch_gaps: collections.deque = collections.deque(maxlen=64)  # (last heard, heard again) ns
         self.reconnects = 0
         self.on_clock_sample = None  # called (host, ClockSample) for every sample added (observations.jsonl)
         self.generations: dict[str, int] | None = None  # host -> clock generation, kept by HostGroup (a step: +1)
@@ -186,11 +191,11 @@ class HostSession:
         self._readers.add_lines(stream, on_lines if parse is not None else lambda recv_ns, lines: None, on_end)
 
     def start_watch(self, ports: list[tuple[str, str | None, int | None]], interval_us: int,
-                    ethtool_interval_us: int, sink: "queue.Queue[Observation]") -> None:
-        self._starters.append(lambda: self._start_watch(ports, interval_us, ethtool_interval_us, sink))
-        self._start_watch(ports, interval_us, ethtool_interval_us, sink)
+                    ethtool_interval_us: int, sink: "queue.Queue[Observation]", heartbeat_us: int = 0) -> None:
+        self._starters.append(lambda: self._start_watch(ports, interval_us, ethtool_interval_us, sink, heartbeat_us))
+        self._start_watch(ports, interval_us, ethtool_interval_us, sink, heartbeat_us)
 
-    def _start_watch(self, ports, interval_us: int, ethtool_interval_us: int, sink) -> None:
+    def _start_watch(self, ports, interval_us: int, ethtool_interval_us: int, sink, heartbeat_us: int = 0) -> None:
         # Until the watch has printed a field's current value, a change of it is not seen as one (the agent
         # prints the new value as current): `wait_watching` holds the first command until they are all in.
         awaited = {(netdev, f) for netdev, rdma_dev, _ in ports for f in sysfs_watch_fields(rdma_dev is not None)}
@@ -199,11 +204,20 @@ class HostSession:
             self._watch_awaited, self._watch_live = awaited, live
         if not awaited:
             live.set()
-        stream = self._keep(self.agent.watch(ports, interval_us, ethtool_interval_us))
+        stream = self._keep(self.agent.watch(ports, interval_us, ethtool_interval_us, heartbeat_us))
 
         name = self.name
 
+        self.watch_heard_ns = now_ns()
+
         def parse(recv_ns: int, line: str) -> Observation:
+            if recv_ns - self.watch_heard_ns > self.watch_gap_ns > 0:
+                self.watch_gaps.append((self.watch_heard_ns, recv_ns))
+            self.watch_heard_ns = recv_ns
+            if "alive" in line:
+                beat = watch_heartbeat(line)
+                if beat is not None:
+                    return Observation("alive", name, "", "alive", "", beat, 0, recv_ns)
             host_ns, netdev, field, value, interval_ns = watch_line_fields(line)
             if interval_ns == 0 and not live.is_set():
                 with self._watch_lock:

@@ -31,6 +31,7 @@ SPIN_US = 50  # default: busy-wait only the last 50 µs before a probe is due, s
 MAX_CATCH_UP_NS = 1_000_000  # after a stall longer than this, skip missed ticks instead of bursting
 
 _out_lock = threading.Lock()
+_last_emit = [0]  # CLOCK_MONOTONIC ns of the last line written (watch: a heartbeat only after a silence)
 
 
 def emit(line):
@@ -41,6 +42,7 @@ def emit(line):
             os.write(1, data)
         except BrokenPipeError:
             os._exit(0)
+        _last_emit[0] = time.monotonic_ns()
 
 
 def note(message):
@@ -253,8 +255,12 @@ def cmd_watch(args):
         threading.Thread(target=watch_ethtool, args=(netdevs, args.ethtool_interval_us * 1000, stop, args.ethtool),
                          name="ethtool", daemon=True).start()
     interval_ns = args.interval_us * 1000
+    # A tick that finds the stream silent for a heartbeat period prints `HOST_NS alive`: the harness tells a quiet
+    # port from a stalled agent by it (no extra line while changes flow).
+    heartbeat_ns = max(0, args.heartbeat_us) * 1000
     failed = set()
     t0 = time.monotonic_ns()
+    _last_emit[0] = t0
     tick = 0
     while True:
         for f in fields:
@@ -269,6 +275,8 @@ def cmd_watch(args):
             end = time.time_ns()
             for line in poll_lines(f, value, f.changes_since_last(), start, end):
                 emit(line)
+        if heartbeat_ns and time.monotonic_ns() - _last_emit[0] >= heartbeat_ns:
+            emit("%d alive" % time.time_ns())
         # Absolute deadlines: ticks never drift; after a stall we skip to the next future tick.
         tick = max(tick + 1, (time.monotonic_ns() - t0) // interval_ns + 1)
         if stop.wait(max(0, t0 + tick * interval_ns - time.monotonic_ns()) / 1e9):
@@ -565,6 +573,8 @@ def make_parser():
     w.add_argument("--interval-us", type=int, required=True)
     w.add_argument("--ethtool-interval-us", type=int, default=100_000, help="0 disables `ethtool -m` polls")
     w.add_argument("--ethtool", default="ethtool", help="the ethtool to run (an absolute path: the inventory's tools:)")
+    w.add_argument("--heartbeat-us", type=int, default=0,
+                   help="print `HOST_NS alive` after this long without a line (0: never)")
     w.add_argument("ports", nargs="+", type=parse_watch_spec, metavar="NETDEV[=RDMADEV/PORT]")
     w.set_defaults(func=cmd_watch)
     c = sub.add_parser("counters", help="sample RDMA data counters locally, print every sample")

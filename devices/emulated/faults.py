@@ -103,6 +103,14 @@ class SlowHost(_FaultEntry):
     delay_ms: Seconds = 20.0
 
 
+class WatchStall(_FaultEntry):
+    """The host's agent watches print nothing (no line, no heartbeat) for `stall_ms` from arming, their streams
+    left open (a stopped or starved agent); then each prints what changed meanwhile, as a poller resumed."""
+    kind: Literal["watch_stall"]
+    target: Target = ""
+    stall_ms: Positive = 500.0
+
+
 class HarnessKill(_FaultEntry):
     """The harness process gets `signal` when the first mirror moves."""
     kind: Literal["harness_kill"]
@@ -115,11 +123,11 @@ class DiskFull(_FaultEntry):
 
 
 FAULT_MODELS = (SshDrop, OcsDeny, OcsSilence, LineGarbage, LineDrop, PortNeverUp, PortFlap, ClockStep, SlowHost,
-                HarnessKill, DiskFull)
+                WatchStall, HarnessKill, DiskFull)
 FaultEntry = Annotated[Union[FAULT_MODELS], Field(discriminator="kind")]
 FaultEntries = TypeAdapter(list[FaultEntry])
 FAULT_KINDS = tuple(m.model_fields["kind"].annotation.__args__[0] for m in FAULT_MODELS)
-HOST_FAULTS = ("ssh_drop", "clock_step", "slow_host")
+HOST_FAULTS = ("ssh_drop", "clock_step", "slow_host", "watch_stall")
 PORT_FAULTS = ("port_never_up", "port_flap")
 _OCS_FAULTS = {"ocs_deny": "deny", "ocs_silence": "silence", "line_garbage": "garbage", "line_drop": "drop_chars"}
 _WHEN = tuple(_FaultEntry.model_fields)
@@ -250,6 +258,10 @@ class FaultInjector:
                 server = self.bench.host_servers[target]
                 server.reply_delay_s = float(p["delay_ms"]) / 1e3
                 self._undo.append(lambda s=server: setattr(s, "reply_delay_s", 0.0))
+                self._fired(cycle, fault, target)
+            elif kind == "watch_stall":  # outlasts the cycle by design: it ends on its own
+                target = self._target(fault)
+                self.bench.host_servers[target].watch_stalled_until_ns = now_ns() + int(float(p["stall_ms"]) * 1e6)
                 self._fired(cycle, fault, target)
             elif kind == "ssh_drop":
                 target = self._target(fault)

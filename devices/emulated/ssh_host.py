@@ -444,6 +444,7 @@ class EmulatedHostServer:
         self._unsubscribe: Callable[[], None] | None = None
         self._agent_streams: _AgentStreams | None = None
         self.reply_delay_s = 0.0  # fault injection: every output write of a command waits this long
+        self.watch_stalled_until_ns = 0  # fault injection (`watch_stall`): the agent's watches print nothing until then
         # privileges: whether `sudo -n` may run commands as root (sudoers NOPASSWD), and what it ran (ground truth)
         self.sudo_allowed = True
         self.sudo_commands: list[str] = []
@@ -2304,6 +2305,15 @@ class _Stream:
         return 0
 
 
+class _Tick(NamedTuple):
+    """A stream's own timer, routed like a physics change to its own key (no value: it changes nothing)."""
+
+    netdev: str
+    field: str
+    t_ns: int
+    value: None = None
+
+
 class _GpuTick(NamedTuple):
     """A looping `nvidia-smi`'s next query, routed like a physics change to its own stream."""
 
@@ -2348,20 +2358,38 @@ class _WatchStream(_Stream):
     emulated `ethtool -m` does): a tick after the flag was set reads "1" even if it has cleared since, and the
     tick after that reads it as it is then."""
 
-    def __init__(self, ctx: ExecContext, watched: dict[str, tuple[str, ...]], interval: int, ethtool_interval: int):
+    def __init__(self, ctx: ExecContext, watched: dict[str, tuple[str, ...]], interval: int, ethtool_interval: int,
+                 heartbeat: int = 0):
         super().__init__(ctx)
         self.watched = watched
-        self.keys = tuple((netdev, field) for netdev, fields in watched.items() for field in fields)
-        self.interval, self.ethtool_interval = interval, ethtool_interval
+        # its own timer (`_Tick`s on this key, routed like a change): the heartbeat and the end of a stall
+        self.timer = ("", f"watch-timer-{id(self)}")
+        self.keys = tuple((netdev, field) for netdev, fields in watched.items() for field in fields) + (self.timer,)
+        self.interval, self.ethtool_interval, self.heartbeat = interval, ethtool_interval, heartbeat
         rng = random.Random()
         start = now_ns()
         self.phase = {False: start + rng.randrange(interval), True: start + rng.randrange(ethtool_interval)}
         self.last: dict[tuple[str, str], str] = {}  # as printed
         self.live: dict[tuple[str, str], str] = {}  # as the physics last set it
+        self.printed_ns = start  # harness time of the last line written (a heartbeat only after a silence)
+        self.stalled_since: int | None = None  # the first tick a `watch_stall` fault kept silent
+        self.moved: set[tuple[str, str]] = set()  # the fields that changed during that stall
 
     def grid(self, field: str) -> tuple[int, int]:
+        if field == self.timer[1]:
+            return 0, 0  # due at its own time
         ethtool = field in _ETHTOOL_FIELDS or field in _ETHTOOL_STATES
         return self.phase[ethtool], self.ethtool_interval if ethtool else self.interval
+
+    def arm_heartbeat(self, at_ns: int) -> None:
+        if self.heartbeat:
+            self.ctx.server.agent_streams().arm(_Tick(*self.timer, at_ns))
+
+    def write(self, items: list) -> None:
+        super().write(items)
+        if self.heartbeat and not self.closed and any(item[1].field == self.timer[1] for item in items):  # its one chain of ticks
+            self.arm_heartbeat(max(self.printed_ns + self.heartbeat, self.ctx.server.watch_stalled_until_ns,
+                                   now_ns() + 1))
 
     def first_lines(self) -> str:
         """Every watched field's value now, INTERVAL_NS 0 (as the real agent's first poll)."""
@@ -2375,7 +2403,15 @@ class _WatchStream(_Stream):
         return "".join(lines)
 
     def lines(self, items: list) -> str:
+        now = now_ns()
+        stall = self.ctx.server.watch_stalled_until_ns
+        if now < stall or self.stalled_since is not None:
+            return self._stalled(items, now, stall)
         out, last, live, i = [], self.last, self.live, 0
+        if self.heartbeat and now - self.printed_ns >= self.heartbeat and \
+                all(item[1].field == self.timer[1] for item in items):  # a silent tick: the agent's heartbeat
+            self.printed_ns = now
+            return f"{self.ctx.bench.host_time(self.ctx.host, now)} alive\n"
         while i < len(items):  # tick by tick: a poller sees only the value at the tick
             tick = items[i][0]
             seen: dict[tuple[str, str], str] = {}
@@ -2408,14 +2444,49 @@ class _WatchStream(_Stream):
                     out += [f"{host_ns} {key[0]} {key[1]} {v} {step}\n" for v in (other, value)]
                 elif key[1] == "state" and key in flipped and value == "ACTIVE":  # ... and link_downed move
                     out += [f"{host_ns} {key[0]} {key[1]} {v} {step}\n" for v in ("DOWN", value)]
+        if out:
+            self.printed_ns = now
         return "".join(out)
+
+    def _stalled(self, items: list, now: int, stall: int) -> str:
+        """A `watch_stall` fault: the agent is stopped (its stream stays open). Changes meanwhile only move
+        the values; the first tick after the stall prints every value that differs from the last printed one,
+        its interval reaching back to the last tick before the stall (what a poller resumed would see)."""
+        for _, change in items:
+            if change.field != self.timer[1] and change.value is not None:
+                self.live[(change.netdev, change.field)] = change.value
+                self.moved.add((change.netdev, change.field))
+        if now < stall:
+            if self.stalled_since is None:  # the first tick it kept silent: its changes happened within a step before
+                self.stalled_since = min((at for at, _ in items), default=now)
+                self.moved = {(change.netdev, change.field) for _, change in items if change.value is not None}
+                if not self.heartbeat:  # else its heartbeat's next tick is the stall's end
+                    self.ctx.server.agent_streams().arm(_Tick(*self.timer, stall))
+            return ""
+        since, self.stalled_since = self.stalled_since, None
+        host_ns = self.ctx.bench.host_time(self.ctx.host, now)
+        out = []
+        for key, value in self.live.items():
+            ethtool = key[1] in _ETHTOOL_FIELDS or key[1] in _ETHTOOL_STATES
+            interval = now - since + (self.ethtool_interval if ethtool else self.interval)
+            if self.last.get(key) != value:
+                self.last[key] = value
+                out.append(f"{host_ns} {key[0]} {key[1]} {value} {interval}\n")
+            elif key in self.moved and key[1] == "carrier":  # down and up meanwhile: carrier_changes moved
+                out += [f"{host_ns} {key[0]} {key[1]} {v} {interval}\n" for v in ("0" if value == "1" else "1", value)]
+            elif key in self.moved and key[1] == "state" and value == "ACTIVE":  # ... and link_downed
+                out += [f"{host_ns} {key[0]} {key[1]} {v} {interval}\n" for v in ("DOWN", value)]
+        self.moved = set()
+        self.printed_ns = now
+        return "".join(out) or f"{host_ns} alive\n"
 
 
 def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
     """The agent's `watch` (see `_WatchStream`); initial values carry INTERVAL_NS 0, `--ethtool-interval-us 0`
     turns the ethtool fields off. Ends when stdin closes or the client goes away."""
     try:
-        opts, targets = _options(argv[1:], {"interval-us": int, "ethtool-interval-us": int, "ethtool": str})
+        opts, targets = _options(argv[1:], {"interval-us": int, "ethtool-interval-us": int, "ethtool": str,
+                                            "heartbeat-us": int})
     except ValueError as exc:
         ctx.err(f"watch: {exc}\n")
         return 2
@@ -2439,8 +2510,16 @@ def _agent_watch(ctx: ExecContext, argv: list[str]) -> int:
         cmis = ctx.bench.nic_snapshot(ctx.host, netdev).module_state is not None  # its `ethtool -m` shows the state
         watched[netdev] = fields + ((_ETHTOOL_FIELDS + _ETHTOOL_STATES * cmis) if ethtool_us > 0 else ())
     interval = int(opts["interval-us"]) * 1000
-    stream = _WatchStream(ctx, watched, interval, int(ethtool_us) * 1000 or interval)
-    return stream.serve(stream.first_lines)
+    stream = _WatchStream(ctx, watched, interval, int(ethtool_us) * 1000 or interval,
+                          max(0, opts["heartbeat-us"] or 0) * 1000)
+
+    def first_lines() -> str:
+        text = stream.first_lines()
+        stream.printed_ns = now_ns()  # its first lines: the silence a heartbeat waits for starts now
+        stream.arm_heartbeat(stream.printed_ns + stream.heartbeat)
+        return text
+
+    return stream.serve(first_lines)
 
 
 def _agent_counters(ctx: ExecContext, argv: list[str]) -> int:

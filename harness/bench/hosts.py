@@ -34,6 +34,11 @@ def _port_mac(session, netdev: str, index: int) -> str:
     return mac if _MAC.match(mac) else f"02:00:00:00:{index // 256:02x}:{index % 256:02x}"
 
 
+# The watch's heartbeat: a line after this long without one. A stream silent for LIVENESS_BEATS periods has stalled
+# (a heartbeat is due after one; the rest is the SSH path's and a loaded host's slack). While changes flow, no
+# heartbeat is printed: it costs nothing per cycle.
+WATCH_HEARTBEAT_US = 100_000
+LIVENESS_BEATS = 3
 WATCH_READY_S = 15.0  # how long observe() waits for the watches' current values (an agent starting late)
 # Background clock probes per period, all hosts together. Since a reply is dated by the kernel's receive stamp, a
 # sample's delay is the wire's and the host's, not the hub's backlog: on an 8 x 8 bench 8 rounds a host find as
@@ -67,6 +72,7 @@ class HostGroup:
         self._spans: list[list[int]] = []  # [cycle, begin_ns, done_ns] (done: -1 while running)
         self._steps_labelled: dict[str, int] = {}  # host -> its clock steps already reported
         self.unwatched: list[tuple[str, str]] = []  # (host, fault source): a watch not live when observe() ended
+        self.liveness_ns = 0  # a watch silent this long has stalled (0: no heartbeat asked, not judged)
         # host -> its clock's generation: the tracker's segment count, which changes when the host's clock is found
         # to have stepped (a conversion made before that may not bound the truth; one made before another sample
         # still does). Each session updates it as it adds the sample that shows a step; it is read per host
@@ -78,15 +84,20 @@ class HostGroup:
         self.clock_generation: Callable[[str], int] = self.generations.__getitem__
 
     def observe(self, nics, log, *, watch_us: int, ethtool_us: int, clock_resync_s: float, probe_us: int = 0,
-                probe_gap_us: int = 2000, udp_port: int = 4791) -> dict[str, str]:
+                probe_gap_us: int = 2000, udp_port: int = 4791, heartbeat_us: int = WATCH_HEARTBEAT_US
+                ) -> dict[str, str]:
         """Start every reader of these NIC ports into `log`: the agent's watch (the inventory's RDMA device
-        and port), probe receivers and senders (`probe_us` > 0), the background clock sync, each sample also
-        logged. Returns port key -> the MAC its probes carry."""
+        and port; a heartbeat after `heartbeat_us` without a line, its liveness: `watch_silent`), probe receivers
+        and senders (`probe_us` > 0), the background clock sync, each sample also logged. Returns port key ->
+        the MAC its probes carry."""
         mac_of = {}
+        self.liveness_ns = heartbeat_us * 1000 * LIVENESS_BEATS if heartbeat_us > 0 else 0
         for host, session in self.sessions.items():
             mine = [n for n in nics if n.host == host]
             session.on_clock_sample = log.clock_sample
-            session.start_watch([(n.netdev, n.rdma_dev, n.rdma_port) for n in mine], watch_us, ethtool_us, log)
+            session.watch_gap_ns = self.liveness_ns
+            session.start_watch([(n.netdev, n.rdma_dev, n.rdma_port) for n in mine], watch_us, ethtool_us, log,
+                                heartbeat_us)
             if probe_us:
                 for n in mine:
                     session.start_probe_recv(n.netdev, probe_gap_us, udp_port, log)
@@ -218,6 +229,22 @@ class HostGroup:
         self._stop.set()
         with self._wake:
             self._wake.notify_all()
+
+    def heard(self, host: str) -> int:
+        """Harness time `host`'s watch last printed a line or heartbeat."""
+        return self.sessions[host].watch_heard_ns
+
+    def silence(self, host: str, since_ns: int, now_ns: int) -> int:
+        """The longest time within [since_ns, now_ns] that `host`'s watch printed nothing (the silence going on
+        counts). A silence that ends just after `since_ns` is short here: the lines that end it say what changed
+        meanwhile, with intervals that reach back over it."""
+        session = self.sessions[host]
+        longest = now_ns - max(session.watch_heard_ns, since_ns)
+        for begin, end in reversed(session.watch_gaps):
+            if end <= since_ns:
+                break
+            longest = max(longest, min(end, now_ns) - max(begin, since_ns))
+        return longest
 
     def convert(self, host: str, host_ns: int) -> tuple[int, int, int]:
         return self.sessions[host].to_harness(host_ns)

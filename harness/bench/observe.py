@@ -36,6 +36,7 @@ def _meaning(field: str, value: str) -> tuple[str | None, str | None]:
     return WATCH_STAGES.get((field, value)), not_yet(field, value)
 
 
+_WATCHED = frozenset(WATCH_STAGES.values())  # the stages a watch line marks (not the first probe)
 _UNWRITTEN_MAX = 20_000  # batches put before the mirror writes them anyway (an 8 x 8 cycle puts ~80)
 
 
@@ -46,7 +47,7 @@ class CycleWatch:
                  completed_ns: int | None, convert: Convert, *, peer_mac: dict[str, str] | None = None,
                  reconnected: dict[str, int] | None = None, chain: tuple[str, ...] = PORT_CHAIN,
                  grace_ns: int = 50_000_000, suspect: Callable[[str], None] | None = None,
-                 events: CycleEvents | None = None):
+                 events: CycleEvents | None = None, liveness=None):
         self.need = {k: set(v) for k, v in wants.items()}
         self.wanted = {k: set(v) for k, v in wants.items()}
         self.port_of, self.first_sent, self.completed = port_of, first_sent_ns, completed_ns
@@ -74,6 +75,19 @@ class CycleWatch:
         # host -> (host time surely after the command, the host clock's generation it was made with)
         self._host_after: dict[str, tuple[int, int]] = {}
         self._generation = events.generation if events is not None else (lambda host: 0)
+        # The hosts' watches' liveness (harness.bench.hosts.HostGroup: `heard(host)`, when its watch last printed a
+        # line or heartbeat; `silence(host, since, now)`; `liveness_ns`, 0: not judged). A watch silent that long
+        # during the cycle has stalled. A host whose port's last watched stage is still unseen once the cycle is
+        # otherwise settled must be heard from since, or be judged stalled: a later stage (the first probe) would
+        # imply that stage, as if watched.
+        self.liveness = liveness
+        self.liveness_ns = getattr(liveness, "liveness_ns", 0)
+        self._last_watched = {k: last for k, v in wants.items()
+                              if (last := max((s for s in v if s in _WATCHED), key=chain.index, default=None))}
+        self._host_of = {key: host for (host, _), key in port_of.items()}
+        self._hosts = {self._host_of[k] for k in wants if k in self._host_of}
+        self.stalled: dict[str, int] = {}  # host -> its watch's silence (ns) when judged stalled in this cycle
+        self._look_ns: int | None = None  # when to judge a watch again (its deadline), while waiting on it
 
     # ---- rules
     def _final(self, key: str) -> str:
@@ -230,13 +244,69 @@ class CycleWatch:
         return not self._open
 
     def settled(self, now: int) -> bool:
-        """Complete, and either everything seen or the grace for late polled reports has passed."""
+        """Complete, and either everything seen or the grace for late polled reports has passed — and then every
+        host whose port's last watched stage is unseen heard from since (its watch live: nothing was missed),
+        or judged stalled (`_stall`)."""
         if not self.complete():
             self.complete_since = None
             return False
         if self.complete_since is None:
             self.complete_since = now
-        return not any(self.need.values()) or now - self.complete_since >= self.grace_ns
+        if any(self.need.values()) and now - self.complete_since < self.grace_ns:
+            return False
+        return self._watches_judged(now, self.complete_since)
+
+    def _unheard_hosts(self) -> set[str]:
+        """Hosts with a port whose last watched stage is still needed (a later stage may stand in for it)."""
+        need = self.need
+        return {self._host_of[k] for k, last in self._last_watched.items() if last in need[k]} - self.stalled.keys()
+
+    def _watches_judged(self, now: int, since: int | None, mark: bool = True) -> bool:
+        """Each host's watch judged: silent past its deadline during the cycle (then stalled), or live — and a
+        host with a port's last watched stage unseen heard from after `since` (None: not asked). False while
+        one may still speak (`_look_ns`: when its deadline passes)."""
+        self._look_ns = None
+        if not self.liveness_ns:
+            return True
+        unheard = self._unheard_hosts() if since is not None else ()
+        for host in self._hosts - self.stalled.keys():
+            silence = self.liveness.silence(host, self.first_sent, now)
+            if silence >= self.liveness_ns:
+                self._stall(host, silence, mark)
+            elif host in unheard and (heard := self.liveness.heard(host)) < since:
+                look = max(heard, self.first_sent) + self.liveness_ns
+                self._look_ns = look if self._look_ns is None else min(self._look_ns, look)
+        return self._look_ns is None
+
+    def _stall(self, host: str, silence_ns: int, mark: bool = True) -> None:
+        """`host`'s watch gave no line or heartbeat within its deadline: the cycle is faulted, and (`mark`) its
+        ports' watched stages not reported are unobserved in this cycle (no event, never implied by a later stage)."""
+        self.stalled[host] = silence_ns
+        ports = 0
+        for key, last in self._last_watched.items():
+            if self._host_of[key] != host or not mark:
+                continue
+            kept = [i for i, s in enumerate(self.chain) if s in _WATCHED and (key, s) in self.arrivals.kept]
+            # after the last stage it did report: those before it are bounded by that one (between polls)
+            gone = [s for s in self.chain[max(kept, default=-1) + 1:] if s in _WATCHED and s in self.need[key]]
+            if not gone:
+                continue
+            ports += 1
+            self.need[key].difference_update(gone)
+            self.arrivals.unobserved[key] = gone
+            if self.events is not None:
+                self.events.unobserved = self.arrivals.unobserved
+            self.version[key] += 1
+            self._settle_port(key)
+        self.arrivals.causes.append((host, f"watch-stall:{host}: no line or heartbeat for {silence_ns / 1e6:.0f} ms "
+                                           f"(deadline {self.liveness_ns / 1e6:.0f} ms)"
+                                           + (f"; unreported stages of {ports} port(s) unobserved" if mark else "")))
+
+    def look_ns(self) -> int | None:
+        """When the wait should look again without a line: the grace's end, or a watch's liveness deadline."""
+        if self.complete_since is None:
+            return None
+        return self._look_ns if self._look_ns is not None else self.complete_since + self.grace_ns
 
     def describe(self) -> str:
         """What arrived and what is still missing, per port (for a timeout's message)."""
@@ -248,6 +318,8 @@ class CycleWatch:
         return "; ".join(parts)
 
     def result(self, done_ns: int) -> Arrivals:
+        if not self.complete():  # timed out: was a watch silent meanwhile? (its stages stay missing: the timeout's)
+            self._watches_judged(done_ns, None, mark=False)
         a = self.arrivals
         missing = {k: sorted(s for s in need if not self._implied(k, s)) for k, need in self.need.items() if need}
         a.missing = {k: v for k, v in missing.items() if v}
@@ -319,6 +391,7 @@ class ObservationLog:
                      "not_yet": [[k, s, o] for (k, s), o in arrivals.not_yet.items()],
                      "missing": arrivals.missing, "lost": arrivals.lost, "flaps": arrivals.flaps,
                      "causes": arrivals.causes, "done_ns": arrivals.done_ns,
+                     **({"unobserved": arrivals.unobserved} if arrivals.unobserved else {}),
                      # the harness's CPU so far (every thread, and the thread running the step): per-cycle
                      # overhead that a loaded machine does not inflate
                      "cpu_ns": time.process_time_ns() if cpu_ns is None else cpu_ns,
@@ -402,8 +475,9 @@ class ObservationLog:
                     if watch.prepare():  # nothing queued: build a complete port's events now, not at the end
                         continue
                     wait = min(0.5, deadline.remaining() or 0.5)
-                    if watch.complete_since is not None:
-                        wait = min(wait, max(0.0, (watch.complete_since + watch.grace_ns - now_ns()) / 1e9))
+                    look = watch.look_ns()
+                    if look is not None:
+                        wait = min(wait, max(0.0, (look - now_ns()) / 1e9))
                     obs = self.get(wait)
                 watch.retry()
                 if obs is None:

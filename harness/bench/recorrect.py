@@ -51,7 +51,8 @@ def recorrected_events(run_dir: Path, run_id: str | None = None) -> pd.DataFrame
         arrivals = Arrivals(kept={(k, s): Observation(**o) for k, s, o in c["kept"]},
                             not_yet={(k, s): Observation(**o) for k, s, o in c["not_yet"]},
                             missing=c["missing"], lost=c["lost"], flaps=c["flaps"],
-                            causes=[tuple(x) for x in c["causes"]], done_ns=c["done_ns"])
+                            causes=[tuple(x) for x in c["causes"]], done_ns=c["done_ns"],
+                            unobserved=c.get("unobserved", {}))
         rows += [e.to_dict() for e in stage_events(run_id or Path(run_dir).name, c["cycle"], ports, c["ocs"],
                                                    c["first_sent_ns"], c["completed_ns"], arrivals, convert,
                                                    ocs_stamps=OcsStamps(*c.get("ocs_stamps", ())),

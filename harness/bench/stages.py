@@ -57,7 +57,8 @@ class Arrivals:
     """What `ObservationLog.expect` collected for one cycle. kept: (port, stage) -> its first observation;
     not_yet: (port, stage) -> the latest observation showing the stage not reached yet; missing: stages
     never seen nor implied by a later one (the cycle waited them out); lost: stages reached while a host
-    was disconnected; flaps: carrier drops after phy_up; causes: (host, fault source)."""
+    was disconnected; flaps: carrier drops after phy_up; causes: (host, fault source); unobserved: port -> the
+    watched stages its host's stalled watch did not report (never inferred from a later stage)."""
 
     kept: dict[tuple[str, str], object] = field(default_factory=dict)
     not_yet: dict[tuple[str, str], object] = field(default_factory=dict)
@@ -66,6 +67,7 @@ class Arrivals:
     flaps: dict[str, int] = field(default_factory=dict)
     causes: list[tuple[str, str]] = field(default_factory=list)
     done_ns: int = 0
+    unobserved: dict[str, list[str]] = field(default_factory=dict)
 
     def of(self, key: str, chain: tuple[str, ...]) -> tuple[dict[str, object], dict[str, object]]:
         """Port `key`'s kept observations (stage -> observation, in stage order) and its chain's not-yet ones:
@@ -119,8 +121,8 @@ def _plan(chain: tuple[str, ...]) -> tuple[Callable[..., Event], tuple[str, ...]
 
 def port_events(run_id: str, cycle: int, port: PortRef, first_sent_ns: int, kept: dict[str, object],
                 not_yet: dict[str, object], convert: Convert, chain: tuple[str, ...] = PORT_CHAIN,
-                done_ns: int | None = None, bound: Callable[[object], tuple[int, int, int]] | None = None
-                ) -> list[Event] | None:
+                done_ns: int | None = None, bound: Callable[[object], tuple[int, int, int]] | None = None,
+                unobserved=()) -> list[Event] | None:
     """One port's events: every kept observation with its chain-tightened bound, and every chain stage
     implied by a later one (passed between two polls). A contradiction is a fault at `done_ns` (None, the
     cycle still running: returns None, the port is built again at its end).
@@ -128,7 +130,8 @@ def port_events(run_id: str, cycle: int, port: PortRef, first_sent_ns: int, kept
     Each chain stage's bound is the tightest the order allows: lo = max(the command, the lower bounds of this
     and every earlier stage, the last poll that showed it not yet reached), hi = min(the upper bounds of this
     and every later stage); a stage with no later evidence has none, and a seen stage whose bound would
-    contradict keeps its own interval. One pass each way, no intermediate maps: a cycle's end builds up to
+    contradict keeps its own interval; a stage in `unobserved` (its watch had stalled) is never implied. One pass
+    each way, no intermediate maps: a cycle's end builds up to
     64 ports (8 x 8) on the path between cycles (benchmarks/bench_port_events.py). `bound(obs)`: its
     `interval` (default: made with `convert`), when the caller has them already."""
     make, others = _plan(chain)
@@ -159,7 +162,7 @@ def port_events(run_id: str, cycle: int, port: PortRef, first_sent_ns: int, kept
             events.append(make(run_id, cycle, stage, host, device, netdev, ocs_port, t, own[2], high - t,
                                source_of(kept[stage])))
             later = stage
-        elif hi is not None:
+        elif hi is not None and stage not in unobserved:
             if lo <= hi:
                 t = (lo + hi) // 2
                 events.append(make(run_id, cycle, stage, host, device, netdev, ocs_port, t, seen[later][2],
@@ -196,6 +199,7 @@ class CycleEvents:
         self.convert, self.chain, self.generation, self.encode = convert, chain, generation, encode
         self._built: dict[str, tuple[tuple[int, int], list[Event], list]] = {}  # key -> (version, events, encoded)
         self._partial: dict[str, tuple] = {}  # key -> a port's events without its chain's last stage (`partial`)
+        self.unobserved: dict[str, list[str]] = {}  # Arrivals.unobserved: stages a stalled watch did not report
         self.rebuilt = 0  # ports built at the cycle's end (the rest were ready): what a test can check
         self.completed = 0  # ports whose final stage was added to their `partial` events (`_complete`)
         # (host, host_ns, interval_ns) -> (the host clock's generation, the interval): what `interval` reads of
@@ -247,7 +251,7 @@ class CycleEvents:
             return known[1] if known is not None and known[0] == generation else again(obs, generation)
 
         events = port_events(self.run_id, self.cycle, port, self.sent_of(port), kept, not_yet, self.convert,
-                             self.chain, done_ns, bound)
+                             self.chain, done_ns, bound, self.unobserved.get(key, ()))
         if events is None:
             return None
         encoded = [self.encode(e) for e in events] if self.encode is not None else []
@@ -363,6 +367,7 @@ def cycle_events(run_id: str, cycle: int, ports: dict[str, PortRef], ocs: str, f
         built = CycleEvents(run_id, cycle, ports, first_sent_ns, convert, chain,
                             sent_by_ocs={c.ocs: c.sent_ns for c in commands})
     encode = built.encode
+    built.unobserved = arrivals.unobserved
     events = [e for c in commands for e in ocs_events(run_id, cycle, c.ocs, c.sent_ns, c.completed_ns, c.stamps)] \
         if commands else ocs_events(run_id, cycle, ocs, first_sent_ns, completed_ns, ocs_stamps)
     encoded = [encode(e) for e in events] if encode is not None else None

@@ -369,7 +369,7 @@ class TurnaroundRun:
                                    if self.p["probes"] else None, reconnected=self.hosts.reconnected,
                                    chain=self.chain, grace_ns=int(self.p["late_report_ms"] * 1e6),
                                    suspect=lambda host: self.hosts.request_check(cycle if record else -1, 1),
-                                   events=built)
+                                   events=built, liveness=self.hosts)
                 arrivals = self.log.expect(watch, Deadline(self.p["cycle_timeout_s"]), self.hosts.on_fault,
                                            finishing)
                 if finishing is not None:
@@ -381,6 +381,9 @@ class TurnaroundRun:
                 if arrivals.missing:
                     self.ctx.say(f"[yellow]cycle {cycle}: timed out after {self.p['cycle_timeout_s']} s[/] — "
                                  f"{watch.describe()}")
+                for host, silence in watch.stalled.items():
+                    self.ctx.say(f"[yellow]cycle {cycle}: {host}'s watch silent {silence / 1e6:.0f} ms[/] — its "
+                                 f"ports' unreported stages unobserved, the cycle faulted")
         except BenchBroken as exc:
             # a host dropped for good, or one switch failed, while the switches settled: let them end first
             concurrent.futures.wait([c.reply for c in commands if c.reply is not None])
