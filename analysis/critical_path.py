@@ -47,16 +47,26 @@ class _Level:
 
 
 class _Run:
-    """Consecutive narrow levels, swept node by node in order (each node's inputs are already final)."""
+    """Consecutive narrow levels, swept node by node in order (each node's inputs are already final).
 
-    __slots__ = ("arcs", "other", "nodes", "bounds")
+    Values stay in Python floats: an arc's tail inside the run is read from the run's own list (`local`), one
+    outside it was gathered with numpy before the loop; no numpy scalar is touched per arc."""
+
+    __slots__ = ("arcs", "nodes", "bounds", "outside", "outside_other", "local")
 
     def __init__(self, arcs, other, nodes_sorted):
         starts = _segment_starts(nodes_sorted)
+        nodes = nodes_sorted[starts]
         self.arcs = arcs
-        self.other = other.tolist()
-        self.nodes = nodes_sorted[starts].tolist()
+        self.nodes = nodes
         self.bounds = np.r_[starts, arcs.size].tolist()
+        by_number = np.argsort(nodes, kind="stable")      # nodes are in (level, number) order
+        at = np.minimum(np.searchsorted(nodes, other, sorter=by_number), nodes.size - 1)
+        inside = nodes[by_number[at]] == other
+        pos = by_number[at]
+        self.outside = np.flatnonzero(~inside)
+        self.outside_other = other[~inside]
+        self.local = np.where(inside, pos, nodes.size).tolist()   # nodes.size: a slot that holds 0.0
 
 
 def _blocks(order: np.ndarray, level_key: np.ndarray, other: np.ndarray, node: np.ndarray,
@@ -169,19 +179,23 @@ def _sweep(blocks, pot: np.ndarray, w: np.ndarray, hard: bool) -> np.ndarray:
     with np.errstate(invalid="ignore", under="ignore", divide="ignore"):
         for lv in blocks:
             if isinstance(lv, _Run):
-                wl = w[lv.arcs].tolist()
-                other, bounds = lv.other, lv.bounds
-                for i, node in enumerate(lv.nodes):
+                base = w[lv.arcs]                            # w, plus the tail's value when it is outside
+                base[lv.outside] += pot[lv.outside_other]
+                base = base.tolist()
+                local, bounds = lv.local, lv.bounds
+                vals = [0.0] * (len(bounds) - 1) + [0.0]    # the last slot: "outside", adds nothing
+                for i in range(len(bounds) - 1):
                     lo, hi = bounds[i], bounds[i + 1]
                     if hi - lo == 1:
-                        pot[node] = pot[other[lo]] + wl[lo]
+                        vals[i] = base[lo] + vals[local[lo]]
                         continue
-                    xs = [float(pot[other[k]]) + wl[k] for k in range(lo, hi)]
+                    xs = [base[k] + vals[local[k]] for k in range(lo, hi)]
                     m = max(xs)
                     if hard or m == -inf:
-                        pot[node] = m
+                        vals[i] = m
                     else:
-                        pot[node] = m + log(sum(exp(x - m) for x in xs))
+                        vals[i] = m + log(sum([exp(x - m) for x in xs]))
+                pot[lv.nodes] = vals[:-1]
                 continue
             x = pot[lv.other] + w[lv.arcs]
             if lv.singleton:
