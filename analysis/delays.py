@@ -14,6 +14,7 @@ import numpy as np
 from scipy import special, stats
 
 Z99 = float(stats.norm.ppf(0.99))
+MAX_DELAY_MS = 3_600_000.0  # an hour: the longest delay parameter a profile may give
 MAX_LOGNORMAL_P99_RATIO = math.exp(Z99**2 / 2)  # the mean/p99 form of a lognormal exists only below this ratio
 
 # dist -> the parameter sets it takes (one of them, exactly)
@@ -78,6 +79,10 @@ class Delay:
             p = {k: float(spec[k]) for k in form if k != "quantiles_ms"}
         except (TypeError, ValueError):
             raise ValueError(f"{kind}: parameters must be numbers, found {dict(spec)!r}") from None
+        for name, value in p.items():  # a delay past an hour is a typo (1e30), and would overflow the clock
+            if not math.isfinite(value) or (name.endswith("ms") and abs(value) > MAX_DELAY_MS):
+                raise ValueError(f"{kind}: {name} must be a finite number of at most {MAX_DELAY_MS:g} ms, "
+                                 f"found {value:g}")
         if kind == "fixed":
             if not p["ms"] >= 0:
                 raise ValueError(f"fixed delay must be >= 0 ms, found {p['ms']:g}")
@@ -103,8 +108,9 @@ class Delay:
             q = np.asarray(spec["quantiles_ms"], dtype=float) / 1e3
         except (TypeError, ValueError):
             raise ValueError("empirical: quantiles_ms must be a list of numbers") from None
-        if q.ndim != 1 or len(q) < 2 or np.any(np.diff(q) < 0) or q[0] < 0 or not np.isfinite(q).all():
-            raise ValueError("empirical: quantiles_ms must be >= 2 non-decreasing values >= 0")
+        if q.ndim != 1 or len(q) < 2 or np.any(np.diff(q) < 0) or q[0] < 0 or not np.isfinite(q).all() \
+                or q[-1] > MAX_DELAY_MS / 1e3:
+            raise ValueError(f"empirical: quantiles_ms must be >= 2 non-decreasing values in 0..{MAX_DELAY_MS:g}")
         return cls(dict(spec), _Empirical(q))
 
     def sample(self, rng: np.random.Generator) -> float:

@@ -466,6 +466,9 @@ class Fabric:
     code_compat_greedy: bool = True   # the simulator's greedy: spreads circuits, MixNet's best case here
     a2a_model: Literal["hybrid", "dedicated"] = "hybrid"   # may circuit pairs also use the EPS?
     greedy_eps: Literal["nic", "server"] = "nic"   # B_eps in the greedy's T = D/B_eps: one NIC or all EPS NICs
+    # rail-optimized: traffic between GPUs of different rails crosses the spine, which carries this share of a
+    # server's NIC bandwidth (1: never binds; a free parameter fitted on 100/400 Gb/s, claims.fit_rail_share)
+    rail_spine_share: float = 1.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("fat_tree", "rail_optimized", "mixnet"):
@@ -475,6 +478,8 @@ class Fabric:
             raise MixnetInputError(f"unknown greedy_eps {self.greedy_eps!r}")
         if self.a2a_model not in ("hybrid", "dedicated"):
             raise MixnetInputError(f"unknown a2a_model {self.a2a_model!r}")
+        if not 0 < self.rail_spine_share <= 1:
+            raise MixnetInputError(f"rail_spine_share must be in (0, 1], got {self.rail_spine_share}")
         if self.kind == "mixnet" and not 1 <= self.alpha < self.nics_per_server:
             raise MixnetInputError(f"alpha must be in [1, {self.nics_per_server - 1}], got {self.alpha}")
 
@@ -489,8 +494,9 @@ class Fabric:
         return eps_nics * self.nic_bytes_per_s
 
 
-def fabric_a2a_time(demand, fabric: Fabric, circuits=None) -> float:
-    """All-to-all time of a server-level demand on `fabric` (MixNet needs `circuits`)."""
+def fabric_a2a_time(demand, fabric: Fabric, circuits=None, cross_rail=None) -> float:
+    """All-to-all time of a server-level demand on `fabric` (MixNet needs `circuits`). `cross_rail`: the part
+    of `demand` between GPUs on different rails (rail-optimized only; None: none)."""
     d = _demand(demand)
     if fabric.kind == "mixnet":
         if circuits is None:
@@ -503,6 +509,10 @@ def fabric_a2a_time(demand, fabric: Fabric, circuits=None) -> float:
         # all but 1/g of a server's traffic changes rail: one NVLink hop first (PXN)
         g = fabric.nics_per_server
         t = max(t, load * (g - 1) / g / (g * fabric.nvlink_bytes_per_s))
+        if cross_rail is not None:
+            c = _demand(cross_rail)
+            cross = float(np.maximum(c.sum(axis=1), c.sum(axis=0)).max(initial=0.0))
+            t = max(t, cross / (fabric.rail_spine_share * fabric.eps_bytes_per_s))
     return t
 
 
@@ -633,16 +643,18 @@ def traffic_from_matrices(matrices, model: mm.MoeModel, par: mm.Parallelism) -> 
 # Pure functions of their arguments, memoised by value: a robustness grid rebuilds the same routing and
 # circuits under other GPU/MFU/overlap assumptions, and the results are bit-identical either way.
 @lru_cache(maxsize=1 << 16)
-def _a2a_by_bytes(demand: bytes, n: int, fabric: Fabric, circuits: bytes | None) -> float:
+def _a2a_by_bytes(demand: bytes, n: int, fabric: Fabric, circuits: bytes | None, cross: bytes | None) -> float:
     d = np.frombuffer(demand).reshape(n, n)
     c = None if circuits is None else np.frombuffer(circuits, dtype=np.int64).reshape(n, n)
-    return fabric_a2a_time(d, fabric, c)
+    x = None if cross is None else np.frombuffer(cross).reshape(n, n)
+    return fabric_a2a_time(d, fabric, c, x)
 
 
-def _memo_a2a(demand: np.ndarray, fabric: Fabric, circuits) -> float:
+def _memo_a2a(demand: np.ndarray, fabric: Fabric, circuits, cross_rail=None) -> float:
     d = np.ascontiguousarray(demand, dtype=float)
     c = None if circuits is None else np.ascontiguousarray(circuits, dtype=np.int64).tobytes()
-    return _a2a_by_bytes(d.tobytes(), d.shape[0], fabric, c)
+    x = None if cross_rail is None else np.ascontiguousarray(cross_rail, dtype=float).tobytes()
+    return _a2a_by_bytes(d.tobytes(), d.shape[0], fabric, c, x)
 
 
 @lru_cache(maxsize=1 << 14)
@@ -694,6 +706,10 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
     servers_of_rank = rank_servers(par.ep, par.tp, par.gpus_per_server)
     popularity = expert_popularity(model.n_moe_layers, model.n_experts, skew, rng)
     ranks_per_server = par.gpus_per_server // par.tp
+    # a rank's GPUs sit on rails (r·tp mod g) .. +tp−1: ranks on other rails exchange cross-rail bytes
+    rail = (np.arange(par.ep) * par.tp) % par.gpus_per_server
+    cross_rail = rail[:, None] != rail[None, :]
+    rails = fabric.kind == "rail_optimized"
     p2p = ranks_per_server * tokens * model.hidden * dtype_bytes / fabric.eps_bytes_per_s if par.pp > 1 else 0.0
 
     fwd_base = np.zeros((par.pp, m))
@@ -705,7 +721,7 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
         head = t_head if s == par.pp - 1 else 0.0
         fwd_base[s] += n_dense * (t_attn + t_dense) + head
         bwd_base[s] += 2 * (n_dense * (t_attn + t_dense) + head)
-        demands, expert_times = {}, {}
+        demands, expert_times, crosses = {}, {}, {}
         for b in range(m):
             for l in range(n_moe):
                 if traffic is not None:
@@ -713,15 +729,21 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
                     if traffic_level == "rank":
                         recv = mat.sum(axis=0) / (model.hidden * dtype_bytes)
                         demands[l, b] = server_demand(mat, servers_of_rank)
+                        if rails:
+                            crosses[l, b] = server_demand(np.where(cross_rail, mat, 0.0), servers_of_rank)
                     else:
                         recv = np.full(par.ep, tokens * model.top_k)   # unknown per rank: balanced
                         demands[l, b] = _demand(mat)
+                        if rails:   # ranks spread evenly over rails: the share of rank pairs on other rails
+                            crosses[l, b] = demands[l, b] * float(cross_rail.mean())
                 else:
                     mat = moe_dispatch_bytes(tokens, model.top_k, model.hidden, dtype_bytes, expert_rank,
                                              popularity[moe_offset + l], rng if sampled_routing else None,
                                              n_ranks=par.ep)
                     recv = mat.sum(axis=0) / (model.hidden * dtype_bytes)
                     demands[l, b] = server_demand(mat, servers_of_rank)
+                    if rails:
+                        crosses[l, b] = server_demand(np.where(cross_rail, mat, 0.0), servers_of_rank)
                 expert_times[l, b] = float(recv.max()) * per_assignment
         # the order in which this stage's region meets its triggers: forward (b, l), then backward (b, l↓)
         sequence = [(0, b, l) for b in range(m) for l in range(n_moe)] + \
@@ -751,7 +773,7 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
                 if direction == 0:
                     circuit_log.append(now)
             else:
-                a2a_new = a2a_old = _memo_a2a(dem, fabric, None)
+                a2a_new = a2a_old = _memo_a2a(dem, fabric, None, crosses.get((l, b)))
             if direction == 0:
                 fwd_base[s, b] += t_attn + t_shared + 2 * a2a_new + t_exp
                 a2a_log.append(a2a_new)

@@ -133,14 +133,14 @@ SEQUENCES_PER_GPU = 1
 SEQ_LEN = 4096
 
 
-def _layout(ep: int, tp: int, pp: int, micro_batches: int = 8) -> Parallelism:
+def _layout(ep: int, tp: int, pp: int, micro_batches: int = 8, dp: int = 1) -> Parallelism:
     return Parallelism(ep=ep, tp=tp, pp=pp, micro_batches=micro_batches,
-                       micro_batch_sequences=SEQUENCES_PER_GPU * tp, seq_len=SEQ_LEN)
+                       micro_batch_sequences=SEQUENCES_PER_GPU * tp, seq_len=SEQ_LEN, dp=dp)
 
 
 DEFAULT_PARALLELISM: dict[str, Parallelism] = {
     "mixtral-8x7b": _layout(ep=8, tp=4, pp=4),
-    "mixtral-8x22b": _layout(ep=8, tp=8, pp=8),
+    "mixtral-8x22b": _layout(ep=8, tp=8, pp=8, dp=2),   # the authors' run: dp 2, tp 8, pp 8, ep 8
     "qwen1.5-moe-a2.7b": _layout(ep=12, tp=4, pp=2),
     "deepseek-moe-16b": _layout(ep=16, tp=2, pp=4),
     "llama-moe-3.5b": _layout(ep=8, tp=4, pp=4),     # as Mixtral-8x7B: same width, depth and expert count
@@ -222,3 +222,23 @@ def parameter_counts(model: MoeModel) -> tuple[float, float]:
 def with_overrides(par: Parallelism, **changes) -> Parallelism:
     """A copy of `par` with some fields changed (e.g. micro_batches=16)."""
     return replace(par, **changes)
+
+
+def forward_flops_per_token(model: MoeModel, seq_len: int) -> float:
+    """Forward FLOPs per token of the whole model (attention incl. causal scores, dense/shared/routed FFN, head)."""
+    return float(model.n_layers * attention_flops_per_token(model, seq_len)
+                 + model.first_dense_layers * local_ffn_flops_per_token(model, dense=True)
+                 + model.n_moe_layers * (local_ffn_flops_per_token(model, dense=False)
+                                         + model.top_k * expert_flops_per_assignment(model))
+                 + head_flops_per_token(model))
+
+
+def iteration_flops(model: MoeModel, par: Parallelism) -> float:
+    """Training FLOPs of one iteration of the whole job (forward + 2× backward = 3× forward), every replica."""
+    tokens = par.tokens_per_rank * par.ep * par.micro_batches * par.dp
+    return 3.0 * tokens * forward_flops_per_token(model, par.seq_len)
+
+
+def gpus(par: Parallelism) -> int:
+    return par.servers * par.gpus_per_server
+

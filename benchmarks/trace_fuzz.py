@@ -1,10 +1,12 @@
 """Trace importer fuzz: mutated real and generated traces through `harness traces inspect`; every outcome
 must be exit 0 or a one-line `file:line` error with exit 2 — never a traceback.
 
-Seeds: the Azure LLM 2023 and Mooncake traces from ../shared/traces (a slice), a BurstGPT-style CSV, and
-generated MoE traces (Megatron JSON lines, HarMoEny CSV directories). Mutations: byte flips and cuts,
+Seeds: the Azure LLM 2023 and Mooncake traces from ../shared/traces (a slice; `OCS_HIL_SHARED_TRACES` names
+another folder), a BurstGPT-style CSV, generated MoE traces (Megatron JSON lines), and Parquet: canonical
+request, sync-window and MoE traces and a FLAME-style routing file. Mutations: byte flips and cuts,
 duplicated and dropped lines, numbers replaced by negative, huge, fractional or non-finite values, headers
-renamed, empty and binary files.
+renamed, empty and binary files; for Parquet also byte flips and cuts of the binary, columns of the wrong
+type, odd kind tags and MoE headers.
 
     nice -n 10 .venv/bin/python benchmarks/trace_fuzz.py [--count 520] [--seed 1]
 """
@@ -14,6 +16,7 @@ import argparse
 import collections
 import contextlib
 import io
+import os
 import random
 import re
 import sys
@@ -23,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-SHARED = ROOT.parent / "shared" / "traces"
+SHARED = Path(os.environ.get("OCS_HIL_SHARED_TRACES") or ROOT.parent / "shared" / "traces")
 
 from harness.cli import main  # noqa: E402
 
@@ -45,6 +48,63 @@ def seeds(work: Path) -> list[tuple[str, str]]:
         '{"tokens_per_expert": [[%d, %d, %d, %d], [%d, %d, %d, %d]], "iteration": %d, "layer": %d}\n'
         % (*(random.Random(i).randrange(0, 50) for _ in range(8)), i // 2, i % 2) for i in range(12))))
     return out
+
+
+def parquet_seeds() -> list[tuple[str, bytes]]:
+    """(".parquet", bytes) of well-formed Parquet traces, written through the project's own writers."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from traces.generate import generate_moe
+    from traces.schema import write_moe, write_requests, write_sync_windows
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        write_requests(pd.DataFrame({"arrival_s": np.arange(20) * 0.5, "prompt_tokens": np.arange(20) + 10,
+                                     "output_tokens": np.arange(20) + 3}), base / "r.parquet")
+        write_sync_windows(pd.DataFrame({"start_s": [0.0, 30.0, 60.0], "duration_s": [8.0, 8.0, 8.0],
+                                         "bytes": [10**9] * 3}), base / "s.parquet")
+        write_moe(generate_moe(seed=1, iterations=8, layers=2, micro_batches=1, num_experts=8, top_k=2,
+                                            ep=4, regime_changes=1),
+                  base / "m.parquet")
+        pq.write_table(pa.table({"indices": [[0, 1], [2, 3], [1, 2]], "layer": [0, 0, 1]}), base / "f.parquet")
+        for name in ("r", "s", "m", "f"):
+            out.append((".parquet", (base / f"{name}.parquet").read_bytes()))
+    return out
+
+
+def mutate_parquet(raw: bytes, rng: random.Random) -> bytes:
+    """Damage a Parquet file: cut, flipped bytes, or rewritten with a wrong column type or odd tags."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kind = rng.randrange(5)
+    if kind == 0:
+        return raw[:rng.randrange(len(raw))]
+    if kind == 1:
+        data = bytearray(raw)
+        for _ in range(rng.randint(1, 16)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        return bytes(data)
+    table = pq.read_table(pa.BufferReader(raw))
+    if kind == 2:  # a column of another type
+        i = rng.randrange(table.num_columns)
+        column = rng.choice([pa.array(["x"] * table.num_rows), pa.array([None] * table.num_rows, pa.null()),
+                             pa.array([[1.5]] * table.num_rows), pa.array([2**63 - 1] * table.num_rows),
+                             pa.array([float("nan")] * table.num_rows)])
+        table = table.set_column(i, table.schema.field(i).name, column)
+    else:  # odd metadata: a kind tag or MoE header that is not what it claims
+        meta = dict(table.schema.metadata or {})
+        key = rng.choice([b"ocs_hil.kind", b"ocs_hil.moe_header", b"ocs_hil.regime_changes"])
+        meta[key] = rng.choice([b"\xff\xfe", b"{}", b"[", b"moe", b"requests", b'{"ranks": -1}', b"null",
+                                b'{"ranks": 1e400}'])
+        table = table.replace_schema_metadata(meta)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
 
 
 def mutate(text: str, rng: random.Random) -> str | bytes:
@@ -95,10 +155,10 @@ def main_fuzz() -> int:
     outcomes: collections.Counter = collections.Counter()
     crashes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="trace-fuzz-") as tmp:
-        base = seeds(Path(tmp))
+        base = seeds(Path(tmp)) + parquet_seeds()
         for i in range(args.count):
             suffix, text = base[i % len(base)]
-            data = mutate(text, rng)
+            data = mutate_parquet(text, rng) if isinstance(text, bytes) else mutate(text, rng)
             path = Path(tmp) / f"t{i}{suffix}"
             path.write_bytes(data if isinstance(data, bytes) else data.encode("utf-8", "surrogateescape"))
             err = io.StringIO()
@@ -113,6 +173,9 @@ def main_fuzz() -> int:
                     outcomes[f"exit {code}"] += 1
             except SystemExit as exc:
                 outcomes[f"exit {exc.code}"] += 1
+            except MemoryError:
+                outcomes["OUT OF MEMORY"] += 1
+                crashes.append(f"{path.name}: MemoryError")
             except BaseException as exc:  # a traceback
                 outcomes[f"TRACEBACK {type(exc).__name__}"] += 1
                 crashes.append(f"{path.name}: {''.join(traceback.format_exception(exc))[-1200:]}")

@@ -37,3 +37,24 @@ class PortNotAllowed(DeviceError):
 
 class TransportClosed(DeviceError):
     """The connection dropped; the caller may reconnect."""
+
+
+class OutputTooLong(DeviceError):
+    """A device sent more than a read may keep (bytes or lines): the read stopped there, and the message
+    names the bound, so a flood never grows the harness's memory."""
+
+
+class ReadBudget:
+    """The one bound of a read from a device: at most `max_bytes` bytes and `max_lines` lines, counted as the
+    data arrives (`take`), `OutputTooLong` naming `what` and the bound the moment either is passed."""
+
+    def __init__(self, what: str, max_bytes: int, max_lines: int):
+        self.what, self.max_bytes, self.max_lines = what, int(max_bytes), int(max_lines)
+        self.bytes = self.lines = 0
+
+    def take(self, data: bytes | str) -> None:
+        self.bytes += len(data)
+        self.lines += data.count(b"\n" if isinstance(data, bytes) else "\n")
+        if self.bytes > self.max_bytes or self.lines > self.max_lines:
+            raise OutputTooLong(f"{self.what}: more than {self.max_bytes} bytes or {self.max_lines} lines "
+                                "(the read was stopped at this bound)")

@@ -53,12 +53,26 @@ class CounterLine:
     read_ns: int
 
 
+def host_int(text: str, what: str, line: str) -> int:
+    """A number an agent printed (a host time in ns, an interval, a counter): 0 <= value < 2**63, so it fits
+    every int64 column of the record; anything else is the host's fault, said for that line alone."""
+    value = int(text)
+    if not 0 <= value < 2**63:
+        raise DeviceError(f"agent {what}: {_digits(text)} out of range 0..2**63-1 in {line[:200]!r}")
+    return value
+
+
+def _digits(text: str) -> str:
+    return text if len(text) <= 24 else f"{text[:20]}... ({len(text)} digits)"
+
+
 def parse_counter_line(line: str) -> CounterLine:
     parts = line.split()
     if len(parts) != 5 or "/" not in parts[1]:
         raise DeviceError(f"agent counters: expected 'HOST_NS RDMADEV/PORT XMIT RCV READ_NS', got {line!r}")
     try:
-        return CounterLine(int(parts[0]), parts[1], int(parts[2]), int(parts[3]), int(parts[4]))
+        return CounterLine(host_int(parts[0], "counters", line), parts[1], host_int(parts[2], "counters", line),
+                           host_int(parts[3], "counters", line), host_int(parts[4], "counters", line))
     except ValueError:
         raise DeviceError(f"agent counters: bad number in {line!r}") from None
 
@@ -74,7 +88,7 @@ def watch_line_fields(line: str) -> tuple[int, str, str, str, int]:
     if len(parts) != 5 or parts[2] not in WATCH_FIELDS:
         raise DeviceError(f"agent watch: expected 'HOST_NS NETDEV FIELD VALUE INTERVAL_NS', got {line!r}")
     try:
-        return int(parts[0]), parts[1], parts[2], parts[3], int(parts[4])
+        return host_int(parts[0], "watch", line), parts[1], parts[2], parts[3], host_int(parts[4], "watch", line)
     except ValueError:
         raise DeviceError(f"agent watch: bad number in {line!r}") from None
 
@@ -84,7 +98,8 @@ def parse_probe_line(line: str) -> ProbeLine:
     if len(parts) != 4 or parts[1] not in ("first", "last"):
         raise DeviceError(f"agent probe-recv: expected 'HOST_NS first|last SRC_MAC SEQ', got {line!r}")
     try:
-        return ProbeLine(int(parts[0]), parts[1], parts[2].lower(), int(parts[3]))
+        return ProbeLine(host_int(parts[0], "probe-recv", line), parts[1], parts[2].lower(),
+                         host_int(parts[3], "probe-recv", line))
     except ValueError:
         raise DeviceError(f"agent probe-recv: bad number in {line!r}") from None
 

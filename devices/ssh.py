@@ -27,7 +27,7 @@ import paramiko
 from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
 
 from devices import wirelog
-from devices.errors import DeviceError, DeviceTimeout, TransportClosed
+from devices.errors import DeviceError, DeviceTimeout, ReadBudget, TransportClosed
 from devices.protocols import CommandResult, CommandTransport, LineStream
 from devices.resources import HostResource, JumpHost
 from devices.sshhub import ArrivalStampedPipe, HubSocket, HubTransport, first_send_ns, shared_hub, stamp_arrivals
@@ -277,6 +277,7 @@ class SshTransport(CommandTransport):
         channel = self._open_channel(deadline)
         out: list[bytes] = []
         err: list[bytes] = []
+        bound = _output_budget(self._where, command)
         try:
             sent = now_ns()
             channel.exec_command(command)
@@ -293,19 +294,19 @@ class SshTransport(CommandTransport):
                     data = channel.recv(_CHUNK)
                 except socket.timeout:
                     while channel.recv_stderr_ready():
-                        err.append(channel.recv_stderr(_CHUNK))
+                        err.append(bound(channel.recv_stderr(_CHUNK)))
                     if channel.closed and not channel.recv_ready():  # output may have come with the close
                         break
                     continue
                 if not data:
                     break
-                out.append(data)
+                out.append(bound(data))
             channel.settimeout(None)
             while True:  # stdout hit EOF, so stderr is complete too
                 data = channel.recv_stderr(_CHUNK)
                 if not data:
                     break
-                err.append(data)
+                err.append(bound(data))
             remaining = deadline.remaining()
             if not channel.status_event.wait(timeout=self.connect_timeout if remaining is None else remaining):
                 raise DeviceTimeout(f"{self._where}: {command!r}: no exit status before its deadline",
@@ -368,6 +369,38 @@ class SshTransport(CommandTransport):
         self.close()
 
 
+# The most one command's output (stdout and stderr together) may hold: the tools the harness runs print
+# kilobytes (`ethtool -S` of a big NIC: ~100 KiB); more is a fault of the host, not data to keep.
+MAX_OUTPUT_BYTES = 16 * 2**20
+MAX_OUTPUT_LINES = 256 * 1024
+
+
+def _output_budget(where: str, command: str):
+    """`bound(data) -> data` for one command's output: OutputTooLong (a DeviceError naming the bound) past
+    MAX_OUTPUT_BYTES / MAX_OUTPUT_LINES, so an endless output ends the read, not the harness's memory."""
+    budget = ReadBudget(f"{where}: output of {command[:80]!r}", MAX_OUTPUT_BYTES, MAX_OUTPUT_LINES)
+
+    def bound(data: bytes) -> bytes:
+        budget.take(data)
+        return data
+    return bound
+
+
+# The longest line a stream keeps: the agent's lines are < 200 bytes. A longer one is handed over in pieces
+# one byte past this bound, never buffered whole, so a peer that never sends a line end cannot grow the buffer;
+# the reader sees a line longer than this (harness.bench.readers ends such a stream, naming the bound).
+MAX_STREAM_LINE_BYTES = 64 * 1024
+
+
+def _overlong(partial: bytes) -> tuple[list[bytes], bytes]:
+    """A partial line (no line end yet) -> (pieces past MAX_STREAM_LINE_BYTES to hand over as lines, the rest)."""
+    pieces = []
+    while len(partial) > MAX_STREAM_LINE_BYTES:
+        pieces.append(partial[:MAX_STREAM_LINE_BYTES + 1])
+        partial = partial[MAX_STREAM_LINE_BYTES + 1:]
+    return pieces, partial
+
+
 class SshLineStream(LineStream):
     """Stdout lines of one remote command, each with the harness time its last byte arrived (read: the kernel's
     receive stamp of the packet's read, else the hub's feed of it; pushed (`deliver`): the feed; see
@@ -393,6 +426,10 @@ class SshLineStream(LineStream):
             cut = self._buffer.find(b"\n")
             if cut >= 0:
                 line, self._buffer = self._buffer[:cut], self._buffer[cut + 1:]
+                return self._recv_ns, line.decode(errors="replace")
+            if len(self._buffer) > MAX_STREAM_LINE_BYTES:
+                (line, *_), _ = _overlong(self._buffer)
+                self._buffer = self._buffer[len(line):]
                 return self._recv_ns, line.decode(errors="replace")
             if self._eof:
                 if self._buffer:  # a last line without newline
@@ -442,6 +479,8 @@ class SshLineStream(LineStream):
             self._eof = True
             self._drain_stderr()
         *complete, self._buffer = self._buffer.split(b"\n")
+        pieces, self._buffer = _overlong(self._buffer)
+        complete += pieces
         lines = [(self._recv_ns, line.decode(errors="replace")) for line in complete]
         if self._eof and self._buffer:
             lines.append((self._recv_ns, self._buffer.decode(errors="replace")))
@@ -471,6 +510,9 @@ class SshLineStream(LineStream):
         if b"\n" in data:
             complete, _, self._buffer = self._buffer.rpartition(b"\n")
             self._on_lines(arrival_ns, complete.decode(errors="replace").split("\n"))  # one decode a packet
+        if len(self._buffer) > MAX_STREAM_LINE_BYTES:
+            pieces, self._buffer = _overlong(self._buffer)
+            self._on_lines(arrival_ns, [piece.decode(errors="replace") for piece in pieces])
         self._unacked += len(data)
         if self._unacked >= min(_ACK_BYTES, self._channel.in_window_size // 4):
             consumed, self._unacked = self._unacked, 0
@@ -523,6 +565,8 @@ class SshLineStream(LineStream):
     def _drain_stderr(self) -> None:
         while self._channel.recv_stderr_ready():
             self._stderr.append(self._channel.recv_stderr(_CHUNK))
+            while sum(map(len, self._stderr)) > MAX_STREAM_LINE_BYTES and len(self._stderr) > 1:
+                del self._stderr[0]  # a stream's stderr explains its end: its last bytes are kept
 
     @property
     def stderr(self) -> str:

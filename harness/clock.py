@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 
 from devices.errors import DeviceError, DeviceTimeout
+from devices.hostagent import host_int
 from devices.protocols import LineStream
 from devices.records import record
 from devices.timing import Deadline, now_ns
@@ -73,8 +74,8 @@ def _reply(stream: LineStream, token: str, t1: int, deadline: Deadline, granular
         if parts[0] == token:
             break  # anything else is a late reply to an earlier, abandoned probe
     try:
-        host_ns = int(parts[1])
-    except ValueError:
+        host_ns = host_int(parts[1], "timesrv", line)
+    except (ValueError, DeviceError):  # not a number, or beyond the record's int64
         raise ClockSyncError(f"{who}: bad timestamp in {line!r}"[:200]) from None
     # The stream's receive stamp is the tighter t4, if it is consistent.
     t4 = recv_ns if t1 <= recv_ns <= after else after

@@ -11,9 +11,11 @@ Loading rules (shared by inventories and playbooks):
 """
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, Mapping
@@ -100,6 +102,10 @@ def expand_env(text: str, file: str, line: int | None, env: Mapping[str, str] | 
     return _TEMPLATE.sub(replace, text)
 
 
+# Within `load_yaml`: each templated string as substituted -> as written (LoadedYaml.templates).
+_TEMPLATES: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("templates", default=None)
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader that records marks, rejects duplicate keys and expands `${VAR}`."""
 
@@ -143,6 +149,9 @@ class _Loader(yaml.SafeLoader):
             return value
         line = node.start_mark.line + 1
         expanded = expand_env(value, self.source, line)
+        seen = _TEMPLATES.get()
+        if seen is not None and expanded != value:
+            seen[expanded] = value  # a record keeps `${NAME}`, never the value (a token, say)
         if node.style is None and expanded != value and _TEMPLATE.fullmatch(value.strip()):
             # An unquoted, wholly templated value takes the type its substitution implies.
             tag = self.resolve(yaml.ScalarNode, expanded, (True, False))
@@ -165,11 +174,31 @@ class LoadedYaml:
     data: YamlMap
     files: list[Path]  # the file and every included file, in reading order
     digest: str  # sha256 over the bytes of `files`
+    templates: dict[str, str] = field(default_factory=dict)  # each `${...}` string: substituted -> as written
+
+
+# The largest YAML file read (playbooks and inventories are kilobytes); larger is refused before reading.
+MAX_YAML_BYTES = 4 * 2**20
+
+
+def _read_regular(path: Path, shown: str) -> bytes:
+    """A regular file's bytes, at most MAX_YAML_BYTES: /dev/zero or a FIFO is refused before it is read
+    (one would never end, the other blocks), as is a file too large to be a playbook."""
+    with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
+        info = os.fstat(f.fileno())
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError("not a regular file (a device, FIFO or socket is never read as YAML)", shown)
+        raw = f.read(MAX_YAML_BYTES + 1)
+    if len(raw) > MAX_YAML_BYTES:
+        raise InputError(f"larger than {MAX_YAML_BYTES} bytes: not a playbook, inventory or profile", shown)
+    return raw
 
 
 def _parse(path: Path, shown: str) -> tuple[Any, bytes]:
     try:
-        raw = path.read_bytes()
+        raw = _read_regular(path, shown)
     except FileNotFoundError:
         raise InputError("file not found", shown) from None
     except IsADirectoryError:
@@ -291,7 +320,12 @@ def load_yaml(path: str | os.PathLike) -> LoadedYaml:
     """Load a YAML mapping with marks, duplicate-key checks, env templating and includes."""
     path = Path(path)
     files: list[Path] = []
-    data = _load_file(path, (), files)
+    templates: dict[str, str] = {}
+    token = _TEMPLATES.set(templates)
+    try:
+        data = _load_file(path, (), files)
+    finally:
+        _TEMPLATES.reset(token)
     if not isinstance(data, YamlMap):
         kind = "an empty file" if data is None else f"a {type(data).__name__}"
         raise InputError(f"expected a YAML mapping at the top level, found {kind}", str(path),
@@ -299,7 +333,7 @@ def load_yaml(path: str | os.PathLike) -> LoadedYaml:
     digest = hashlib.sha256()
     for f in files:
         digest.update(f.read_bytes())
-    return LoadedYaml(data, files, digest.hexdigest())
+    return LoadedYaml(data, files, digest.hexdigest(), templates)
 
 
 # ------------------------------------------------------------------------------------ schema checks
@@ -752,6 +786,13 @@ def register_step(type_name: str, schema: Mapping[str, tuple] | type[Spec] | Non
     return attach
 
 
+# A step name becomes part of file names in the run directory (`replay_NAME.parquet`): letters, digits, `_`
+# and `-` only, so it can neither leave the directory (`/`, `..`) nor meet another step's file (`srv.a` and
+# `srv.b` would both end in `replay_srv.*`).
+STEP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+STEP_NAME_RULE = "a letter, then up to 63 letters, digits, '_' or '-'"
+
+
 @dataclass(frozen=True)
 class Step:
     type: str
@@ -759,6 +800,10 @@ class Step:
     params: dict
     line: int | None
     file: str = ""
+
+    def __post_init__(self):
+        if not (isinstance(self.name, str) and STEP_NAME.fullmatch(self.name)):
+            raise ValueError(f"step name {self.name!r}: expected {STEP_NAME_RULE}")
 
     def resolve_path(self, value: str) -> Path:
         """A file a step names: `~` expanded, a relative path taken from the playbook's folder (not the
@@ -782,6 +827,7 @@ class Playbook:
     options: dict = field(default_factory=dict)
     sweep: dict | None = None  # a validated `sweep:` block (harness.sweep), run by `harness sweep`
     imports: tuple[str, ...] = ()  # plugin modules it imported (import_plugins)
+    templates: dict = field(default_factory=dict)  # substituted -> as written (`${NAME}`): what records keep
 
 
 def _distinct(what: str) -> AfterValidator:
@@ -794,6 +840,7 @@ def _distinct(what: str) -> AfterValidator:
 
 
 Seed = Annotated[int, Field(ge=0, lt=2**63), Expect("an integer 0..2**63-1")]
+MAX_CYCLES = 10_000_000  # a playbook's and `--cycles`' bound
 
 
 class SweepSpec(Spec):
@@ -814,7 +861,7 @@ class PlaybookSpec(Spec):
     description: str = ""
     bench: str = Field(DEFAULT_BENCH, description="emulated:PROFILE or an inventory file")
     seed: Annotated[int, Field(ge=0, lt=2**63, description="0..2**63-1")] = 0
-    cycles: Annotated[int, Field(ge=1, le=10_000_000, description="1..10000000")] = 1
+    cycles: Annotated[int, Field(ge=1, le=MAX_CYCLES, description=f"1..{MAX_CYCLES}")] = 1
     steps: list
     sweep: SweepSpec | None = None
     imports: list[str] = Field([], description=IMPORTS_HELP)
@@ -875,7 +922,7 @@ def playbook_from_data(loaded: LoadedYaml, source: str, step_types: Mapping[str,
         sweep = check_sweep(data["sweep"], steps, step_types, data.where("sweep"))
     return Playbook(name=top["name"], description=top["description"], bench=top["bench"], seed=top["seed"],
                     cycles=top["cycles"], steps=steps, source=source, sha256=loaded.digest, options=options,
-                    sweep=sweep, imports=imports)
+                    sweep=sweep, imports=imports, templates=loaded.templates)
 
 
 def _step_from_node(i: int, node: Any, steps_node: Any, data: YamlMap, step_types: Mapping[str, StepType],
@@ -893,11 +940,12 @@ def _step_from_node(i: int, node: Any, steps_node: Any, data: YamlMap, step_type
         raise InputError(f"steps[{i}]: unknown step type {step_type!r} (known: "
                          f"{', '.join(sorted(step_types)) or 'none registered'})", *kw("type"))
     name = node.get("name", f"{step_type}-{i + 1}")
-    if not isinstance(name, str) or not name:
-        raise InputError(f"steps[{i}].name: expected a non-empty string", *kw("name"))
-    if name in names:
-        raise InputError(f"steps[{i}]: step name {name!r} already used on line {names[name]}", *kw("name"))
-    names[name] = where[1]
+    if not isinstance(name, str) or not STEP_NAME.fullmatch(name):
+        raise InputError(f"steps[{i}].name: expected {STEP_NAME_RULE}, found {describe(name)}", *kw("name"))
+    if name.casefold() in names:  # also on a case-insensitive file system, two steps never share a file
+        raise InputError(f"steps[{i}]: step name {name!r} already used on line {names[name.casefold()]}",
+                         *kw("name"))
+    names[name.casefold()] = where[1]
     raw_params = YamlMap({k: v for k, v in node.items() if k not in ("type", "name")})
     raw_params.file, raw_params.line = where
     raw_params.key_lines = {k: v for k, v in getattr(node, "key_lines", {}).items()}

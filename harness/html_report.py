@@ -225,6 +225,9 @@ def verdict_section(run: RunData) -> str:
         return _missing("no verdict.json: this playbook evaluated no claims")
     prov = v.get("provenance") or {}
     parts = []
+    if v.get("headline") is not None:
+        from harness.steps.mixnet import cause_sentence
+        parts.append(f"<p><b>{_e(cause_sentence(v))}</b></p>")
     if prov.get("emulated"):
         text = f"Emulated bench, not a hardware measurement: delays drawn from profile {prov.get('profile')}."
         if prov.get("copies_published_figures"):
@@ -253,12 +256,12 @@ def verdict_section(run: RunData) -> str:
     rob = v.get("robustness") or {}
     if rob.get("table"):
         ids = [c["id"] for c in v["claims"]]
-        rrows = [[_e(r["point"]), _e(", ".join(r["calibrated"]) or "none")] +
+        rrows = [[_e(r["point"]), _e(", ".join(r.get("model_verdict_scenarios", r.get("calibrated", []))) or "none")] +
                  [f'<td class="{_verdict_class(r["claims"][i])}">{_e(r["claims"][i])}'
                   f'{_e(" (" + ", ".join(r["falsified_by"][i]) + ")") if r["falsified_by"][i] else ""}</td>'
                   for i in ids] for r in rob["table"]]
         parts.append(f"<h3>Robustness over {rob.get('design_points')} assumption-grid points</h3>" +
-                     _table(["grid point", "calibrated scenarios"] + [_e(i) for i in ids], rrows))
+                     _table(["grid point", "scenarios with a model verdict"] + [_e(i) for i in ids], rrows))
     png = run.path / "iteration_vs_delay.png"
     if png.exists():
         parts.append(f'<img alt="iteration time vs delay" src="data:image/png;base64,'

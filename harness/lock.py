@@ -10,6 +10,8 @@ machines. Emulated benches skip the lock (each run has its own switch).
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import ipaddress
 import getpass
 import json
 import os
@@ -47,10 +49,65 @@ def lease_ttl() -> float:
     return ttl
 
 
-def ocs_lock_key(name: str, url: str) -> str:
-    """A file-name-safe key for one switch, by its address (two inventories naming it differently still
-    collide, as they must)."""
-    return "ocs-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", url.strip().lower()).strip("_")
+def _file_key(text: str) -> str:
+    return "ocs-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", text.strip().lower()).strip("_")
+
+
+def _canonical_address(address: str) -> str:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.compressed
+
+
+def endpoint_names(url: str, protocol: str) -> list[str]:
+    """Where a switch URL leads, never its spelling: every address its host resolves to with the port
+    (`localhost:P` and `127.0.0.1:P` share `127.0.0.1:P`), or a serial line's real device path. A host that
+    does not resolve keeps its lower-cased name (it cannot be reached, so it cannot be shared either)."""
+    from devices.ocs import parse_url
+
+    endpoint = parse_url(url, protocol)
+    if endpoint.kind == "serial":
+        scheme, sep, rest = endpoint.url.partition("://")
+        if not sep:
+            return [os.path.realpath(endpoint.url)]
+        host, colon, port = rest.split("?", 1)[0].strip("/").rpartition(":")
+        if not (colon and port.isdigit() and scheme.lower() in ("socket", "rfc2217")):
+            return [endpoint.url.strip().lower()]
+        endpoint = type(endpoint)(scheme, host=host.strip("[]"), port=int(port))
+    try:
+        infos = socket.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
+        addresses = sorted({_canonical_address(info[4][0]) for info in infos})
+    except (OSError, ValueError, UnicodeError):
+        addresses = [endpoint.host.lower()]
+    return [f"{a}:{endpoint.port}" for a in addresses]
+
+
+def endpoint_keys(url: str, protocol: str) -> list[str]:
+    """The lease keys of a switch URL: one per resolved endpoint, so any two names of one switch share at
+    least one key and cannot both be leased (BenchLease takes all or none)."""
+    return [_file_key(name) for name in endpoint_names(url, protocol)]
+
+
+def ocs_lease_keys(resource) -> list[str]:
+    """The lease keys of one switch (`OcsResource`)."""
+    return endpoint_keys(resource.url, resource.protocol)
+
+
+# Protocols whose identity answer carries the unit's serial as its third comma-separated field: SCPI's
+# IEEE 488.2 `*IDN?` (manufacturer,model,serial,firmware) and the NETCONF driver's product-information.
+# TL1's RTRV-NETYPE names vendor, model, type and release, no serial: no identity key there.
+SERIAL_IN_IDENTITY = ("polatis-scpi", "polatis-netconf")
+
+
+def ocs_identity_key(protocol: str, identity: str) -> str | None:
+    """The lease key of a switch's own identity (manufacturer, model, serial): the same unit reached over
+    two routes no resolver can relate (two management addresses). None where the answer has no serial."""
+    fields = [f.strip().strip('"') for f in (identity or "").split(",")]
+    if protocol not in SERIAL_IN_IDENTITY or len(fields) < 3 or not fields[2].strip("0 -"):
+        return None
+    digest = hashlib.sha256(",".join(fields[:3]).lower().encode()).hexdigest()[:16]
+    return f"ocs-id-{digest}"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -161,6 +218,19 @@ class BenchLease:
             self._thread = threading.Thread(target=self._keepalive, daemon=True, name="bench-lease")
             self._thread.start()
         return self
+
+    def add(self, key: str) -> None:
+        """Take one more key (a switch's identity, learnt once connected) while holding the others; BenchLocked
+        if another live run holds it."""
+        if key in self._held:
+            return
+        with _guard(self.directory, key):
+            current = read_lease(self._path(key))
+            if lease_is_live(current) and current.get("token") != self.token:
+                raise BenchLocked(_held_by(key, current))
+            self._write(key, self._record())
+            self._held.append(key)
+            self.keys = sorted(set(self.keys) | {key})
 
     def renew(self) -> None:
         """Push every expiry ttl_s ahead; sets `lost` if another run took a lease over meanwhile."""

@@ -200,15 +200,15 @@ class _SessionLease:
     runner takes the bench lease itself, and must not find it held by its own test session) and taken back
     after it."""
 
-    def __init__(self, key: str):
-        self.key = key
+    def __init__(self, keys: list[str]):
+        self.keys = keys
         self.lease = None
 
     def acquire(self) -> None:
         from harness.lock import BenchLease, BenchLocked
 
         try:
-            self.lease = BenchLease([self.key], run_id="pytest").acquire()
+            self.lease = BenchLease(self.keys, run_id="pytest").acquire()
         except BenchLocked as exc:
             pytest.fail(f"ocs: {exc}", pytrace=False)
 
@@ -221,7 +221,7 @@ class _SessionLease:
         """Whether a run on `bench_spec` takes this lease: an inventory naming the same switch (by address)."""
         from harness.config import load_inventory
         from harness.errors import InputError
-        from harness.lock import ocs_lock_key
+        from harness.lock import ocs_lease_keys
         from harness.runner import emulated_spec
 
         try:
@@ -230,7 +230,7 @@ class _SessionLease:
             bench = load_inventory(bench_spec)
         except InputError:
             return False  # the run itself reports it
-        return self.key in {ocs_lock_key(name, r.url) for name, r in bench.ocs.items()}
+        return bool(set(self.keys) & {k for r in bench.ocs.values() for k in ocs_lease_keys(r)})
 
     @contextlib.contextmanager
     def lent_to(self, bench_spec: str):
@@ -247,14 +247,14 @@ class _SessionLease:
 @pytest.fixture(scope="session")
 def _hil_switch(pytestconfig, hil_bench, ocs_name):
     from devices.ocs import open_switch
-    from harness.lock import ocs_lock_key
+    from harness.lock import ocs_lease_keys
 
     names = sorted(hil_bench.resources.ocs)
     name = ocs_name
     if name not in hil_bench.resources.ocs:
         raise pytest.UsageError(f"--bench-ocs {name}: the bench has {', '.join(names)}")
     resource = hil_bench.resources.ocs[name]
-    lease = _SessionLease(ocs_lock_key(name, resource.url))
+    lease = _SessionLease(ocs_lease_keys(resource))
     lease.acquire()
     pytestconfig.stash[_SESSION_LEASE] = lease
     try:

@@ -16,16 +16,17 @@ from pathlib import Path
 
 from devices.resources import Bench, OcsResource
 from harness.errors import InputError
-from harness.lock import lock_dir, ocs_lock_key
+from harness.lock import lock_dir, ocs_lease_keys
 
 
-def pending_path(resource: OcsResource) -> Path:
-    return lock_dir() / f"{ocs_lock_key(resource.name, resource.url)}.pending.json"
+def pending_paths(resource: OcsResource) -> list[Path]:
+    """One note per lease key of the switch (its resolved endpoints): any name of it finds the note."""
+    return [lock_dir() / f"{key}.pending.json" for key in ocs_lease_keys(resource)]
 
 
-def read_pending(resource: OcsResource) -> dict | None:
+def _read_note(path: Path) -> dict | None:
     try:
-        data = json.loads(pending_path(resource).read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
@@ -33,15 +34,32 @@ def read_pending(resource: OcsResource) -> dict | None:
     return data if isinstance(data, dict) else {"run_dir": "?", "run_id": "?"}
 
 
+def read_pending(resource: OcsResource, other_than: str | None = None) -> dict | None:
+    """The pending note on this switch under any of its endpoints (not run `other_than`'s), or None."""
+    for path in pending_paths(resource):
+        note = _read_note(path)
+        if note is not None and note.get("run_dir") != other_than:
+            return note
+    return None
+
+
+def _drop_pending(resource: OcsResource, run_dir: str | None = None) -> None:
+    """Remove the switch's notes (only `run_dir`'s, or unreadable ones, when given)."""
+    for path in pending_paths(resource):
+        note = _read_note(path)
+        if note is not None and (run_dir is None or note.get("run_dir") in (run_dir, "?")):
+            path.unlink(missing_ok=True)
+
+
 def mark_pending(bench: Bench, run_dir: Path, run_id: str) -> None:
     """Before anything may move: this run owns the switches' recovery until it ends cleanly."""
     for resource in bench.ocs.values():
-        path = pending_path(resource)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"run_dir": str(Path(run_dir).resolve()), "run_id": run_id, "ocs": resource.name,
-                                   "url": resource.url}) + "\n")
-        os.replace(tmp, path)
+        for path in pending_paths(resource):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"run_dir": str(Path(run_dir).resolve()), "run_id": run_id,
+                                       "ocs": resource.name, "url": resource.url}) + "\n")
+            os.replace(tmp, path)
 
 
 def clear_pending(bench: Bench, run_dir: Path, restored: dict[str, bool] | None = None) -> None:
@@ -49,11 +67,23 @@ def clear_pending(bench: Bench, run_dir: Path, restored: dict[str, bool] | None 
     snapshotted by this run)."""
     saved = _snapshots(run_dir)
     for name, resource in bench.ocs.items():
-        note = read_pending(resource)
-        if not note or note.get("run_dir") != str(Path(run_dir).resolve()):
-            continue
         if name not in saved or (restored or {}).get(name):
-            pending_path(resource).unlink(missing_ok=True)
+            _drop_pending(resource, str(Path(run_dir).resolve()))
+            _drop_identity_notes(name, str(Path(run_dir).resolve()))
+
+
+def restored_cleanly(run_dir: Path, bench: Bench, manifest: dict) -> list[str]:
+    """The switches the run snapshotted, if every one of them is back as found by the record's own word
+    (its teardown, or an earlier `bench restore`, verified it) and no note of this run says otherwise;
+    [] when any may still differ. Restoring such a run again would roll back whatever came after it."""
+    saved = [name for name in _snapshots(run_dir) if name in bench.ocs]
+    extra = manifest.get("extra") or {}
+    verified = {**(extra.get("restored") or {}), **(extra.get("restored_by_command") or {})}
+    mine = str(Path(run_dir).resolve())
+    if not saved or not all(verified.get(name) is True for name in saved):
+        return []
+    notes = [_read_note(path) or {} for name in saved for path in pending_paths(bench.ocs[name])]
+    return [] if any(note.get("run_dir") in (mine, "?") for note in notes) else saved
 
 
 def _snapshots(run_dir: Path) -> dict[str, dict[int, int]]:
@@ -67,6 +97,31 @@ def _snapshots(run_dir: Path) -> dict[str, dict[int, int]]:
     return {name: {int(i): int(e) for i, e in patches.items()} for name, patches in data.items()}
 
 
+def claim_identity(key: str, name: str, run_dir: Path, run_id: str, *, adopt: bool) -> str | None:
+    """Under the identity lease `key` (harness.lock.ocs_identity_key), before switch `name` is snapshotted: the
+    refusal when another run's note names this very unit (reached then under another address), else this
+    run's note is written and None returned."""
+    path = lock_dir() / f"{key}.pending.json"
+    mine = str(Path(run_dir).resolve())
+    note = _read_note(path)
+    if note and note.get("run_dir") != mine and not adopt:
+        other = note.get("run_dir", "?")
+        return (f"{name}: this switch (the same unit by its serial) was left changed by run {note.get('run_id')}; "
+                f"run `harness bench restore {other}` first, or pass --adopt-current-state")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"run_dir": mine, "run_id": run_id, "ocs": name, "identity": True}) + "\n")
+    os.replace(tmp, path)
+    return None
+
+
+def _drop_identity_notes(name: str, run_dir: str) -> None:
+    for path in lock_dir().glob("ocs-id-*.pending.json"):
+        note = _read_note(path) or {}
+        if note.get("run_dir") == run_dir and note.get("ocs") == name:
+            path.unlink(missing_ok=True)
+
+
 def check_pending(bench: Bench, run_dir: Path, *, adopt: bool, warn) -> dict[str, dict]:
     """Before a run snapshots: the other runs' notes for these switches. Refuses (InputError) unless
     `adopt`; returns what was adopted (for the manifest). A note whose run never snapshotted (no
@@ -74,8 +129,8 @@ def check_pending(bench: Bench, run_dir: Path, *, adopt: bool, warn) -> dict[str
     adopted = {}
     mine = str(Path(run_dir).resolve())
     for name, resource in bench.ocs.items():
-        note = read_pending(resource)
-        if not note or note.get("run_dir") == mine:
+        note = read_pending(resource, other_than=mine)
+        if not note:
             continue
         other = Path(note.get("run_dir", "?"))
         try:
@@ -84,7 +139,7 @@ def check_pending(bench: Bench, run_dir: Path, *, adopt: bool, warn) -> dict[str
             found = {}
         if found is None:
             warn(f"{name}: run {note.get('run_id')} ended uncleanly but never snapshotted the switch: nothing to restore")
-            pending_path(resource).unlink(missing_ok=True)
+            _drop_pending(resource, note.get("run_dir", "?"))
             continue
         warn(f"{name}: run {note.get('run_id')} ({other}) ended without restoring the switch; what it found is "
              f"in {other / 'restore.json'}")
@@ -149,7 +204,7 @@ def restore_run(run_dir: Path, bench: Bench, *, timeout_s: float = 15.0) -> list
             continue
         result = restore_switch(resource, saved[name], timeout_s=timeout_s)
         results.append(result)
-        note = read_pending(resource)
-        if result.verified and note and note.get("run_dir") in (str(Path(run_dir).resolve()), "?"):
-            pending_path(resource).unlink(missing_ok=True)
+        if result.verified:
+            _drop_pending(resource, str(Path(run_dir).resolve()))
+            _drop_identity_notes(name, str(Path(run_dir).resolve()))
     return results

@@ -29,12 +29,25 @@ class RunIdentity:
     seed: int
 
 
-def playbook_as_run(playbook: Playbook) -> dict:
-    """The playbook with includes, ${ENV} and defaults resolved (what the steps actually received)."""
-    return rec.to_jsonable({"name": playbook.name, "description": playbook.description, "bench": playbook.bench,
+def playbook_as_run(playbook: Playbook, *, as_written: bool = False) -> dict:
+    """The playbook with includes, ${ENV} and defaults resolved (what the steps actually received);
+    `as_written`: each string that came from the environment as its `${NAME}` again (what a record keeps:
+    a token in the environment never lands in a file)."""
+    data = rec.to_jsonable({"name": playbook.name, "description": playbook.description, "bench": playbook.bench,
                             "seed": playbook.seed, "cycles": playbook.cycles, **playbook.options,
                             **({"imports": list(playbook.imports)} if playbook.imports else {}),
                             "steps": [{"type": s.type, "name": s.name, **s.params} for s in playbook.steps]})
+    return _as_written(data, playbook.templates) if as_written and playbook.templates else data
+
+
+def _as_written(value, templates: dict[str, str]):
+    if isinstance(value, str):
+        return templates.get(value, value)
+    if isinstance(value, dict):
+        return {k: _as_written(v, templates) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_written(v, templates) for v in value]
+    return value
 
 
 def playbook_digest(playbook: Playbook) -> str:
@@ -98,8 +111,9 @@ def keep_inputs(run_dir: Path, playbook: Playbook, bench: BenchSource) -> None:
     """Copies of what the run ran: the playbook as run, and the inventory or profile bytes its digest covers."""
     inputs = run_dir / INPUTS
     inputs.mkdir(exist_ok=True)
-    rec.write_text_atomic(inputs / "playbook.yaml", "# the playbook as run (includes, ${ENV} and defaults "
-                          "resolved)\n" + yaml.safe_dump(playbook_as_run(playbook), sort_keys=False))
+    rec.write_text_atomic(inputs / "playbook.yaml", "# the playbook as run (includes and defaults resolved, "
+                          "${ENV} strings as written)\n"
+                          + yaml.safe_dump(playbook_as_run(playbook, as_written=True), sort_keys=False))
     if bench.data is not None:
         (inputs / ("bench.yaml" if bench.inventory is not None else "profile.yaml")).write_bytes(bench.data)
 

@@ -27,7 +27,7 @@ from devices.protocols import CircuitSwitch
 from devices.resources import Bench
 from harness import logs
 from harness import record as rec
-from harness.config import Playbook, load_inventory, load_playbook
+from harness.config import MAX_CYCLES, Playbook, load_inventory, load_playbook
 from harness.errors import InputError
 from harness.eventlog import EventLog
 from harness.events import Event
@@ -262,8 +262,8 @@ def run(options: RunOptions) -> int:
             raise InputError("harness run: a PLAYBOOK is required (or --resume RUN_DIR)")
         playbook = load_playbook(options.playbook)
         cycles = playbook.cycles if options.cycles is None else options.cycles
-        if cycles < 1:
-            raise InputError(f"--cycles: expected a positive number, found {cycles}")
+        if not 1 <= cycles <= MAX_CYCLES:  # the plan is built whole: 10**20 cycles would exhaust memory
+            raise InputError(f"--cycles: expected 1..{MAX_CYCLES}, found {cycles}")
         seed = playbook.seed if options.seed is None else options.seed
         if not 0 <= seed < 2**63:
             raise InputError(f"--seed: expected 0..2**63-1, found {seed}")
@@ -362,6 +362,8 @@ def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, 
                          quiet=options.quiet, resume_after=resume_after, lease=lease)
         if recovery is not None and recovery[1]:
             ctx.manifest_extra["adopted_state"] = recovery[1]
+        if options.adopt_current_state:  # also for a unit found by its identity (harness.bench.circuits)
+            ctx.manifest_extra["adopt_current_state"] = True
         inventory_text = None if emulated else source.data  # the bytes the run's identity hashed
         manifest = rec.build_manifest(playbook, inventory_text=inventory_text, seed=seed,
                                       profile=_profile_record(emulated.profile) if emulated else None,
@@ -503,10 +505,10 @@ _error_line = logs.error_line
 def _acquire_lease(bench: Bench, where: str, run_id: str):
     """The lease on every OCS of `bench` (read from `where`, named in the refusal), or InputError naming who
     holds it."""
-    from harness.lock import BenchLease, BenchLocked, lease_ttl, ocs_lock_key
+    from harness.lock import BenchLease, BenchLocked, lease_ttl, ocs_lease_keys
 
     try:
-        lease = BenchLease([ocs_lock_key(name, r.url) for name, r in bench.ocs.items()], run_id=run_id,
+        lease = BenchLease([k for r in bench.ocs.values() for k in ocs_lease_keys(r)], run_id=run_id,
                            ttl_s=lease_ttl())
         return lease.acquire()
     except BenchLocked as exc:

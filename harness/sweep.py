@@ -246,10 +246,10 @@ def run_point(job: PointJob, _after: Any = None) -> dict:
 def _bench_holder(job: PointJob) -> str | None:
     """Who holds the lease on a switch of the point's inventory, if anyone does."""
     from harness.config import load_inventory
-    from harness.lock import live_holder, ocs_lock_key
+    from harness.lock import live_holder, ocs_lease_keys
 
     bench = load_inventory(job.bench)
-    return live_holder([ocs_lock_key(name, r.url) for name, r in bench.ocs.items()])
+    return live_holder([k for r in bench.ocs.values() for k in ocs_lease_keys(r)])
 
 
 def _finished(run_dir: Path) -> bool:
@@ -414,8 +414,10 @@ def _client(scheduler: str | None, workers: int):
             raise InputError(f"--scheduler: cannot reach it ({exc}); the sweep resumes once it can",
                              scheduler) from None
     # Each point is its own `harness run` process, so the workers are threads: no second copy of the harness.
-    # dashboard_address=None would still serve the scheduler's HTTP routes on every interface, port 8787
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0")
+    # dashboard_address=None would still serve the scheduler's HTTP routes on every interface, port 8787, and
+    # each worker serves its own unless told where: all on loopback (a `--scheduler` decides for itself)
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=False,
+                           dashboard_address="127.0.0.1:0", worker_dashboard_address="127.0.0.1:0")
     return _Closing(Client(cluster), cluster)
 
 

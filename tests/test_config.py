@@ -228,6 +228,11 @@ def test_playbook_loads(tmp_path, registry):
     ("cycles: 3", "cycles: 3.5", 3, "expected an integer"),
     ("seed: 7", "seed: 7\ncolour: red", 3, "unknown key 'colour'"),
     ("name: smoke", "name: 'a b'", 1, "name"),
+    # Issue 38, reproduction 2: step names become file names (`srv.a` and `srv.b` both wrote replay_srv.*)
+    ("    name: first\n", "    name: srv.a\n", 6, "expected a letter, then up to 63 letters"),
+    ("    name: first\n", "    name: ../escape\n", 6, "expected a letter"),
+    ("    name: first\n", "    name: a/b\n", 6, "expected a letter"),
+    ("    name: first\n", "    name: Wait-2\n", 8, "already used on line 5"),
 ])
 def test_playbook_errors(tmp_path, registry, old, new, line, match):
     assert old in PLAYBOOK
@@ -299,3 +304,10 @@ def test_parameters_have_semantic_ranges(tmp_path, param, value, needle):
     with pytest.raises(InputError, match=needle) as info:
         load_playbook(path)
     assert info.value.line == 4
+
+
+def test_a_step_cannot_carry_a_name_that_leaves_the_run_directory():
+    """Steps built in code are held to the playbook's rule: no step name reaches a path unchecked."""
+    for bad in ("../x", "a/b", "srv.a", "", "x" * 65):
+        with pytest.raises(ValueError, match="step name"):
+            config.Step("wait", bad, {}, None)

@@ -15,7 +15,7 @@ from devices.resources import OcsResource
 from harness.bench import BenchBroken
 from harness.bench.circuits import CircuitGuard
 from harness.cli import main
-from harness.lock import LOCK_DIR_ENV, BenchLease, ocs_lock_key, read_lease
+from harness.lock import LOCK_DIR_ENV, BenchLease, endpoint_keys, read_lease
 
 INTRUDER = {"owner": "intruder@elsewhere pid 1", "hostname": "elsewhere", "pid": 1, "run_id": "theirs",
             "token": "0" * 16}
@@ -99,5 +99,5 @@ def test_a_step_whose_lease_is_taken_over_is_refused_its_next_change_and_the_ben
         assert manifest["extra"]["restored"] == {"ocs1": True} and bench.physics.ocs_patches() == original
         after = json.loads((out / "summary.json").read_text())["summary"]["steps"]["after"]
         assert [c["name"] for c in after["checks"]] == ["skipped: the bench is latched broken"]
-        key = ocs_lock_key("ocs1", inventory["ocs"]["ocs1"]["url"])
-        assert read_lease(Path(locks) / f"{key}.json")["run_id"] == "theirs"  # theirs is left alone
+        for key in endpoint_keys(inventory["ocs"]["ocs1"]["url"], inventory["ocs"]["ocs1"]["protocol"]):
+            assert read_lease(Path(locks) / f"{key}.json")["run_id"] == "theirs"  # theirs is left alone

@@ -16,9 +16,9 @@ import yaml
 from devices.emulated.bench import EmulatedBench
 from devices.emulated.profile import profile_from_dict
 from harness.cli import main
-from harness.lock import LOCK_DIR_ENV, TTL_ENV, BenchLease, BenchLocked, ocs_lock_key, read_lease
+from harness.lock import LOCK_DIR_ENV, TTL_ENV, BenchLease, BenchLocked, endpoint_keys, read_lease
 
-KEY = ocs_lock_key("ocs1", "tcp://192.0.2.10:3082")
+(KEY,) = endpoint_keys("tcp://192.0.2.10:3082", "polatis-tl1")
 
 
 def test_second_run_is_refused_and_told_who_holds_it(tmp_path):
@@ -32,7 +32,7 @@ def test_second_run_is_refused_and_told_who_holds_it(tmp_path):
 
 
 def test_all_or_nothing_over_several_switches(tmp_path):
-    other = ocs_lock_key("ocs2", "tcp://192.0.2.11:3082")
+    (other,) = endpoint_keys("tcp://192.0.2.11:3082", "polatis-tl1")
     holder = BenchLease([other], directory=tmp_path).acquire(keepalive=False)
     with pytest.raises(BenchLocked):
         BenchLease([KEY, other], directory=tmp_path).acquire(keepalive=False)
@@ -41,7 +41,21 @@ def test_all_or_nothing_over_several_switches(tmp_path):
 
 
 def test_same_switch_under_two_names_collides():
-    assert ocs_lock_key("a", "tcp://192.0.2.10:3082") == ocs_lock_key("b", "TCP://192.0.2.10:3082 ")
+    assert endpoint_keys("tcp://192.0.2.10:3082", "polatis-tl1") == endpoint_keys("TCP://192.0.2.10:3082 ", "polatis-tl1")
+
+
+def test_one_switch_under_two_host_names_shares_one_lease(tmp_path):
+    """Issue 38, reproduction 1: `tcp://localhost:P` and `tcp://127.0.0.1:P` are one switch: the second
+    lease is refused (the key is the resolved endpoint, never the URL text)."""
+    first = BenchLease(endpoint_keys("tcp://127.0.0.1:3082", "polatis-tl1"), directory=tmp_path)
+    first.acquire(keepalive=False)
+    with pytest.raises(BenchLocked):
+        BenchLease(endpoint_keys("tcp://localhost:3082", "polatis-tl1"), directory=tmp_path).acquire(keepalive=False)
+    with pytest.raises(BenchLocked):
+        BenchLease(endpoint_keys("tcp://[::ffff:127.0.0.1]:3082", "polatis-tl1"),
+                   directory=tmp_path).acquire(keepalive=False)
+    BenchLease(endpoint_keys("tcp://127.0.0.1:3083", "polatis-tl1"), directory=tmp_path).acquire(keepalive=False)
+    first.release()
 
 
 def test_an_expired_lease_is_taken_over(tmp_path):
@@ -114,7 +128,7 @@ def test_runner_refuses_a_locked_ocs_and_releases_its_own_lease(tmp_path, monkey
         inventory["bench"]["emulated"] = False  # a "real" bench: locked, strict host keys
         real = tmp_path / "real.yaml"
         real.write_text(yaml.safe_dump(inventory))
-        key = ocs_lock_key("ocs1", inventory["ocs"]["ocs1"]["url"])
+        (key,) = endpoint_keys(inventory["ocs"]["ocs1"]["url"], "polatis-tl1")
         pb = tmp_path / "pb.yaml"
         pb.write_text(yaml.safe_dump({"name": "l", "cycles": 2, "steps": [
             {"type": "turnaround", "clock_warmup_s": 0.2, "cycle_timeout_s": 10}]}))
@@ -139,7 +153,7 @@ def test_a_run_whose_lease_is_taken_over_stops_and_restores(tmp_path):
         inventory["bench"]["emulated"] = False
         real = tmp_path / "real.yaml"
         real.write_text(yaml.safe_dump(inventory))
-        key = ocs_lock_key("ocs1", inventory["ocs"]["ocs1"]["url"])
+        (key,) = endpoint_keys(inventory["ocs"]["ocs1"]["url"], "polatis-tl1")
         pb = tmp_path / "pb.yaml"
         pb.write_text(yaml.safe_dump({"name": "l", "cycles": 500, "steps": [
             {"type": "turnaround", "clock_warmup_s": 0.2, "cycle_timeout_s": 10}]}))
@@ -161,3 +175,78 @@ def test_a_run_whose_lease_is_taken_over_stops_and_restores(tmp_path):
         assert manifest["status"] == "broken" and "taken over by intruder@elsewhere" in manifest["extra"]["broken"]
         assert manifest["extra"]["restored"] == {"ocs1": True} and bench.physics.ocs_patches() == original
         assert read_lease(locks / f"{key}.json")["run_id"] == "theirs"  # ours is gone, theirs is left alone
+
+
+def test_runner_refuses_a_switch_leased_under_another_name(tmp_path, monkeypatch, capsys):
+    """Issue 38, reproduction 1 end to end: a run through `localhost` while the switch is leased through
+    `127.0.0.1` is refused before it touches anything."""
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path / "locks"))
+    with EmulatedBench(profile_from_dict(PROFILE), seed=1, workdir=tmp_path / "bench") as bench:
+        inventory = yaml.safe_load(bench.inventory_path.read_text())
+        inventory["bench"]["emulated"] = False
+        url = inventory["ocs"]["ocs1"]["url"]
+        assert "127.0.0.1" in url
+        inventory["ocs"]["ocs1"]["url"] = url.replace("127.0.0.1", "localhost")
+        alias = tmp_path / "alias.yaml"
+        alias.write_text(yaml.safe_dump(inventory))
+        pb = tmp_path / "pb.yaml"
+        pb.write_text(yaml.safe_dump({"name": "l", "cycles": 2, "steps": [
+            {"type": "turnaround", "clock_warmup_s": 0.2, "cycle_timeout_s": 10}]}))
+        other = BenchLease(endpoint_keys(url, "polatis-tl1"), run_id="someone-else").acquire(keepalive=False)
+        try:
+            assert main(["run", str(pb), "--bench", str(alias), "--out", str(tmp_path / "runs")]) == 2
+        finally:
+            other.release()
+        err = capsys.readouterr().err
+        assert "bench is locked" in err and "someone-else" in err
+
+
+def test_a_switch_s_identity_is_a_lease_key_where_its_answer_carries_a_serial(tmp_path):
+    """Two routes to one unit that no resolver relates (two management addresses) meet on its serial."""
+    from harness.lock import ocs_identity_key
+
+    idn = "Polatis,6000,SN012345,7.1"
+    key = ocs_identity_key("polatis-scpi", idn)
+    assert key and key == ocs_identity_key("polatis-netconf", " Polatis, 6000 ,SN012345, 8.0")
+    assert ocs_identity_key("polatis-scpi", "Polatis,6000,SN012346,7.1") != key
+    assert ocs_identity_key("polatis-tl1", '"POLATIS,EMU-8x8,OXC,1.0"') is None  # no serial in RTRV-NETYPE
+    assert ocs_identity_key("polatis-scpi", "Polatis,6000,0,1") is None
+    first = BenchLease(endpoint_keys("tcp://192.0.2.10:5025", "polatis-scpi"), directory=tmp_path)
+    first.acquire(keepalive=False)
+    first.add(key)
+    second = BenchLease(endpoint_keys("tcp://192.0.2.99:5025", "polatis-scpi"), directory=tmp_path)
+    second.acquire(keepalive=False)  # another address: its endpoint is free...
+    with pytest.raises(BenchLocked):
+        second.add(key)  # ...but not the unit
+    first.release()
+    second.add(key)
+    second.release()
+
+
+def test_a_run_leases_the_switch_by_its_serial_and_is_refused_when_the_unit_is_held(tmp_path, monkeypatch, capsys):
+    """An SCPI switch answers *IDN? with its serial: a run takes that lease too, so a run holding the unit
+    under another address (here: held by its identity key alone) refuses this one before the snapshot."""
+    from harness.lock import ocs_identity_key
+
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path / "locks"))
+    with EmulatedBench(profile_from_dict(PROFILE), seed=1, protocol="polatis-scpi",
+                       workdir=tmp_path / "bench") as bench:
+        original = bench.physics.ocs_patches()
+        servers = bench.ocs_servers
+        n, m = bench.physics.ocs_size
+        key = ocs_identity_key("polatis-scpi", f"Polatis,EMU-{n}x{m},{servers.serial},{servers.version}")
+        assert key is not None
+        pb = tmp_path / "pb.yaml"
+        pb.write_text(yaml.safe_dump({"name": "l", "cycles": 1, "steps": [
+            {"type": "turnaround", "clock_warmup_s": 0.2, "cycle_timeout_s": 10, "probes": False}]}))
+        other = BenchLease([key], run_id="elsewhere").acquire(keepalive=False)
+        try:
+            code = main(["run", str(pb), "--bench", str(bench.inventory_path), "--out", str(tmp_path / "a"), "-q"])
+        finally:
+            other.release()
+        err = capsys.readouterr().err
+        assert code != 0 and "in use under another address" in err and "elsewhere" in err, err
+        assert bench.physics.ocs_patches() == original  # refused before anything moved
+        assert main(["run", str(pb), "--bench", str(bench.inventory_path), "--out", str(tmp_path / "b"), "-q"]) == 0
+        assert not list((tmp_path / "locks").glob("ocs-id-*.json")) and not list(
+            (tmp_path / "locks").glob("*.pending.json"))  # released, and no note left by a clean run

@@ -90,11 +90,11 @@ def test_unreachable_switch_is_one_line(capsys):
 
 
 def test_writes_take_the_bench_lease_reads_do_not(servers, capsys):
-    from harness.lock import BenchLease, ocs_lock_key
+    from harness.lock import BenchLease, endpoint_keys
 
     base = _tl1(servers)
     url = base[base.index("--url") + 1]
-    run = BenchLease([ocs_lock_key("ocs1", url)], run_id="a-run").acquire(keepalive=False)
+    run = BenchLease(endpoint_keys(url, "polatis-tl1"), run_id="a-run").acquire(keepalive=False)
     try:
         for action in (["connect", "2", "18"], ["disconnect", "2"], ["apply", "2:18"]):
             assert main(base + action) == 2

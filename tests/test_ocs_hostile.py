@@ -191,6 +191,32 @@ def test_scpi_huge_reply_and_endless_stream_are_bounded():
         assert elapsed < TIMEOUT_S + SLACK_S and peak < MEMORY_LIMIT, (elapsed, peak)
 
 
+def test_tl1_flood_of_status_lines_is_bounded():
+    """Issue 38, reproduction 4: a status line's error text joined the reply outside its bounds (1.3 GB)."""
+    def respond(command):
+        return [Flood(f"M  {_ctag(command)} DENY  IIAC {'x' * 60000}\r\n".encode() * 4, 3.0)]
+
+    with HostilePeer(respond, "tl1") as peer:
+        switch = _switch(peer, "polatis-tl1")
+        switch.timeout_s = 2.0
+        outcome, elapsed, peak = _bounded(switch.patches)
+        switch.close()
+    assert isinstance(outcome, DeviceError), outcome
+    assert elapsed < 2.0 + SLACK_S and peak < MEMORY_LIMIT, (elapsed, peak)
+
+
+def test_scpi_state_line_of_ranges_is_bounded():
+    """Issue 38, reproduction 4: one 64 KiB state line of ranges expanded to millions of pairs before the
+    1:1 check; a switch of N ingresses lists at most N cross-connects."""
+    line = (b"(@1:16),(@17:32);" * 4000)[:60000].rpartition(b";")[0] + b"\n"
+    with HostilePeer(_scpi_respond(line)) as peer:
+        switch = _switch(peer, "polatis-scpi")
+        outcome, elapsed, peak = _bounded(switch.patches)
+        switch.close()
+    assert isinstance(outcome, DeviceError) and "more than 16 cross-connects" in str(outcome), outcome
+    assert peak < 2**20, peak
+
+
 def test_scpi_error_queue_at_connect_and_unsolicited_lines_are_events():
     queue = [b'-350,"Queue overflow"\n', b'-222,"Data out of range"\n', b'0,"No error"\n']
 

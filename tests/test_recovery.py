@@ -53,3 +53,16 @@ def test_a_run_that_never_snapshotted_moved_nothing(tmp_path):
     warnings = []
     assert recovery.check_pending(bench(), tmp_path / "fresh", adopt=False, warn=warnings.append) == {}
     assert "never snapshotted" in warnings[0] and recovery.read_pending(bench().ocs["ocs1"]) is None
+
+
+def test_a_note_left_through_one_name_of_the_switch_is_found_through_another(tmp_path):
+    """Issue 38, reproduction 1: a run killed while driving `tcp://127.0.0.1:P` must refuse a fresh run
+    reaching the same switch as `tcp://localhost:P` (the note is the switch's, not its spelling's)."""
+    run = tmp_path / "dead"
+    run.mkdir()
+    (run / "restore.json").write_text(json.dumps({"ocs1": {"2": 11}}))
+    recovery.mark_pending(bench("tcp://127.0.0.1:3082"), run, "dead")
+    with pytest.raises(InputError, match="left changed"):
+        recovery.check_pending(bench("tcp://localhost:3082"), tmp_path / "fresh", adopt=False, warn=[].append)
+    recovery.clear_pending(bench("tcp://localhost:3082"), run, {"ocs1": True})
+    assert recovery.read_pending(bench("tcp://127.0.0.1:3082").ocs["ocs1"]) is None

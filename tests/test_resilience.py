@@ -453,3 +453,30 @@ def test_emulators_listen_on_loopback_only(tmp_path):
         addresses = [bench.ocs_servers.tl1_address, bench.ocs_servers.scpi_address]
         addresses += [server._listener.getsockname() for server in bench.host_servers.values()]
         assert addresses and all(host == "127.0.0.1" for host, *_ in addresses)
+
+
+def _logged_cycle(log_dir: Path) -> int:
+    logs = list(log_dir.glob("*/events.jsonl"))
+    lines = logs[0].read_text().splitlines() if logs else []
+    return max((json.loads(x)["cycle"] for x in lines if x.endswith("}")), default=0)
+
+
+def test_a_resume_from_the_state_the_switch_is_already_in_proceeds(tmp_path):
+    """Issue 38, reproduction 6: killed inside `settle_s` after a cycle, the switch shows that cycle's mapping,
+    which is where the resume starts; its first (unmeasured) cycle then changed nothing, waited out the cycle
+    timeout for light that never changes, and the resumed run ended "failed"."""
+    with EmulatedBench(profile_from_dict(PROFILE), seed=9, workdir=tmp_path / "bench") as bench:
+        out = tmp_path / "runs"
+        pb = playbook(tmp_path, 2, settle_s=3, cycle_timeout_s=3)
+        proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out / "run"), "-q")
+        end = time.monotonic() + 60
+        while _logged_cycle(out) < 1 and time.monotonic() < end and proc.poll() is None:
+            time.sleep(0.05)
+        assert _logged_cycle(out) == 1, proc.stderr.read().decode() if proc.poll() is not None else "no cycle"
+        os.kill(proc.pid, signal.SIGKILL)  # inside cycle 1's 3 s settle: the switch shows cycle 1's mapping
+        proc.wait(timeout=30)
+        run = only_run(out)
+        resumed = _harness("run", "--resume", str(run), "-q")
+        assert resumed.wait(timeout=120) == 0, resumed.stderr.read().decode()[-2000:]
+        events, manifest = record(run)
+        assert manifest["status"] == "ok" and not (events["stage"] == "fault").any()

@@ -206,3 +206,23 @@ def test_a_full_disk_at_the_start_is_one_line_and_no_run_directory(tmp_path, mon
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "No space left on device" in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_a_playbook_s_environment_values_are_kept_as_their_names(tmp_path, monkeypatch):
+    """Issue 38, reproduction 10: a `${TOKEN}` in a playbook was stored in plain text in inputs/playbook.yaml.
+    The copy keeps `${NAME}`; a resume reads it back through the same environment, as the same run."""
+    secret = "s3cr3t-token-7f1e"
+    monkeypatch.setenv("HIL_TEST_TOKEN", secret)
+    pb = tmp_path / "pb.yaml"
+    pb.write_text(yaml.safe_dump({"name": "t", "bench": "emulated:instant", "seed": 3, "cycles": 4,
+                                  "description": "${HIL_TEST_TOKEN}", "steps": [STEP]}))
+    playbook = load_playbook(pb)
+    assert playbook.description == secret  # the run itself sees the value
+    run = tmp_path / "run"
+    run.mkdir()
+    source = resume.read_bench("emulated:instant")
+    resume.keep_inputs(run, playbook, source)
+    kept = (run / "inputs" / "playbook.yaml").read_text()
+    assert secret not in kept and "${HIL_TEST_TOKEN}" in kept
+    again = load_playbook(run / "inputs" / "playbook.yaml")
+    assert resume.playbook_digest(again) == resume.playbook_digest(playbook)

@@ -194,10 +194,14 @@ def test_strict_host_key_checking(bench, server, tmp_path):
             bad = dataclasses.replace(strict, known_hosts=str(forged), strict_host_key=strictness)
             with SshTransport(bad, retries=0) as ssh, pytest.raises(HostKeyError, match="does not match"):
                 ssh.connect()
-        # emulated bench, no matching entry: AutoAdd is allowed
-        relaxed = dataclasses.replace(wrong, strict_host_key=False)
+        # emulated bench, no matching entry: AutoAdd is allowed, and the inventory's file is only read (issue
+        # 38, reproduction 10: the unverified key was appended to a known_hosts a real inventory may share)
+        shared = tmp_path / "shared_known_hosts"
+        shared.write_text(other.known_hosts_path.read_text())
+        relaxed = dataclasses.replace(wrong, known_hosts=str(shared), strict_host_key=False)
         with SshTransport(relaxed) as ssh:
             assert ssh.run("true").exit_status == 0
+        assert shared.read_text() == other.known_hosts_path.read_text()
         missing = dataclasses.replace(strict, known_hosts=str(tmp_path / "absent"))
         with SshTransport(missing, retries=0) as ssh, pytest.raises(HostKeyError, match="does not exist"):
             ssh.connect()

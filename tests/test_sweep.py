@@ -21,7 +21,7 @@ from harness import sweep
 from harness.cli import main
 from harness.config import load_inventory, load_playbook
 from harness.errors import InputError
-from harness.lock import BenchLease, ocs_lock_key
+from harness.lock import BenchLease, ocs_lease_keys
 
 PROFILE = {"name": "two-hosts", "description": "small, instant", "source": "none (a test fixture).",
            "ocs": {"switch": {"dist": "fixed", "ms": 0.0}, "dark": {"dist": "fixed", "ms": 0.0}},
@@ -125,7 +125,7 @@ def inventory_bench(tmp_path_factory):
 
 def _hold_the_bench(bench) -> BenchLease:
     (ocs,) = load_inventory(bench.inventory_path).ocs.items()
-    return BenchLease([ocs_lock_key(*ocs[:1], ocs[1].url)], run_id="someone-else").acquire()
+    return BenchLease(ocs_lease_keys(ocs[1]), run_id="someone-else").acquire()
 
 
 def _wait_for(path: Path, alive, timeout_s: float = 180.0) -> dict:
@@ -189,3 +189,16 @@ def test_a_physical_point_that_may_not_wait_fails_naming_the_lease_holder(tmp_pa
     assert code == 2 and "exit 2: " in out and "bench is locked: " in out and "(run someone-else)" in out, out
     assert "(waited 0 s for the bench lease)" in out
     assert not list((tmp_path / "sweep" / "points").glob("*/point.json"))  # unfinished: a rerun runs it
+
+
+def test_the_local_cluster_listens_on_loopback_only():
+    """Issue 38, reproduction 10: the workers' HTTP servers listened on every interface (0.0.0.0, ::)."""
+    import ipaddress
+
+    import psutil
+
+    from harness.sweep import _client
+
+    with _client(None, 2):
+        listening = [c.laddr.ip for c in psutil.Process().net_connections(kind="inet") if c.status == "LISTEN"]
+    assert listening and all(ipaddress.ip_address(ip).is_loopback for ip in listening), listening

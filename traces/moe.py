@@ -10,10 +10,10 @@ from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 
 from traces.errors import TraceFormatError
-from traces.schema import MOE_HEADER_KEY, MOE_PHASES, MoeHeader, MoeTrace, read_moe_parquet
+from traces.schema import (MOE_HEADER_KEY, MOE_PHASES, MoeHeader, MoeTrace, checked_file, read_moe_parquet,
+                           read_parquet_schema, read_parquet_table)
 
 ROUTING_COLUMNS = ("iteration", "layer", "micro_batch", "src_rank", "expert", "tokens")
 HARMOENY_DIST_COLUMN = "expert distribution"
@@ -104,12 +104,12 @@ def detect_moe_format(path: str | Path) -> str:
         raise TraceFormatError("directory holds neither <rank>/moe_layer-<L>.csv (HarMoEny) nor *.parquet "
                                "(FLAME)", file=str(path))
     try:
-        with open(path, "rb") as fh:
+        with open(checked_file(path), "rb") as fh:
             head = fh.read(65536)
     except OSError as exc:
         raise TraceFormatError(f"cannot read: {exc.strerror}", file=str(path)) from exc
     if head.startswith(b"PAR1"):
-        meta = pq.read_schema(str(path)).metadata or {}
+        meta = read_parquet_schema(path).metadata or {}
         return "canonical-parquet" if MOE_HEADER_KEY in meta else "flame"
     text = head.decode("utf-8", "replace")
     if HARMOENY_DIST_COLUMN in text.split("\n", 1)[0]:
@@ -216,7 +216,7 @@ def _read_flame(path: Path, ep: int, tokens_per_micro_batch: int, micro_batches:
     frames, top_k, max_expert = [], None, -1
     per_iteration = ep * micro_batches * tokens_per_micro_batch
     for file in files:
-        table = pq.read_table(str(file))
+        table = read_parquet_table(file)
         if "indices" not in table.column_names:
             raise TraceFormatError(f"FLAME layout needs an 'indices' column (top-k expert ids), got "
                                    f"{table.column_names[:8]}", file=str(file))

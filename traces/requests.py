@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 
 from traces.errors import TraceFormatError
-from traces.schema import MAX_TOKENS, REQUEST_COLUMNS, SYNC_WINDOW_COLUMNS, parquet_kind, validate_requests
+from traces.schema import (MAX_TOKENS, REQUEST_COLUMNS, SYNC_WINDOW_COLUMNS, checked_file, parquet_kind,
+                           read_parquet_frame, validate_requests)
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
@@ -22,7 +22,7 @@ MOONCAKE_BLOCK_TOKENS = 512
 def detect_format(path: str | Path) -> str:
     """One of 'parquet', 'azure-csv', 'burstgpt-csv', 'canonical-csv', 'mooncake-jsonl',
     'canonical-jsonl', 'sync-windows-csv'; raises TraceFormatError when unknown."""
-    path = Path(path)
+    path = checked_file(path)
     try:
         with open(path, "rb") as fh:
             head = fh.read(4096)
@@ -72,7 +72,7 @@ def load_requests(path: str | Path) -> pd.DataFrame:
         return validate_requests(frame, str(path))
     if fmt == "parquet":
         kind = parquet_kind(path)
-        frame = pq.read_table(str(path)).to_pandas()
+        frame = read_parquet_frame(path)
         if kind not in (None, "requests") or not set(REQUEST_COLUMNS) <= set(frame.columns):
             raise TraceFormatError(f"Parquet file is not a request trace (kind {kind}, columns "
                                    f"{list(frame.columns)[:8]})", file=str(path))
@@ -85,7 +85,7 @@ def load_sync_windows(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     fmt = detect_format(path)
     if fmt == "parquet":
-        frame = pq.read_table(str(path)).to_pandas()
+        frame = read_parquet_frame(path)
         frame["_line"] = np.arange(1, len(frame) + 1)
     elif fmt == "sync-windows-csv":
         frame = _read_csv(path)

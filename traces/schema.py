@@ -187,22 +187,73 @@ def _write(table: pa.Table, path: str | Path, kind: bytes, extra: dict | None = 
     pq.write_table(table.replace_schema_metadata(meta), str(path))
 
 
+# The largest trace file read (a day of a busy serving trace is ~1 GB of CSV); larger is refused before reading.
+MAX_TRACE_BYTES = 8 * 2**30
+
+
+def checked_file(path: str | Path) -> Path:
+    """`path` if it is a regular file no larger than MAX_TRACE_BYTES, else TraceFormatError — before anything
+    is read (a FIFO would block the read, /dev/zero never end it)."""
+    import os
+    import stat
+
+    path = Path(path)
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
+    if not stat.S_ISREG(info.st_mode):
+        raise TraceFormatError("not a regular file (a device, FIFO or socket is never read as a trace)",
+                               file=str(path))
+    if info.st_size > MAX_TRACE_BYTES:
+        raise TraceFormatError(f"{info.st_size} bytes: larger than the {MAX_TRACE_BYTES}-byte limit of a trace",
+                               file=str(path))
+    return path
+
+
+def _parquet(what, path: str | Path):
+    """`what(path)` (a pyarrow read), any failure of a damaged file as TraceFormatError."""
+    path = checked_file(path)
+    try:
+        return what(str(path))
+    except (pa.ArrowException, OSError, ValueError, TypeError, KeyError, IndexError, OverflowError) as exc:
+        raise TraceFormatError(f"damaged or unreadable Parquet file: {str(exc)[:200]}", file=str(path)) from None
+
+
+def read_parquet_schema(path: str | Path) -> pa.Schema:
+    return _parquet(pq.read_schema, path)
+
+
+def read_parquet_table(path: str | Path) -> pa.Table:
+    """The one checked Parquet reader of the importers: a regular file within the size limit, read whole."""
+    return _parquet(pq.read_table, path)
+
+
+def read_parquet_frame(path: str | Path) -> pd.DataFrame:
+    """`read_parquet_table` as pandas; a column type pandas cannot take is the file's fault too."""
+    table = read_parquet_table(path)
+    return _parquet(lambda _: table.to_pandas(), path)
+
+
 def parquet_kind(path: str | Path) -> str | None:
     """'requests' | 'moe' | 'sync_windows' for files this project wrote, else None."""
-    meta = pq.read_schema(str(path)).metadata or {}
+    meta = read_parquet_schema(path).metadata or {}
     kind = meta.get(KIND_KEY)
-    return kind.decode() if kind else None
+    try:
+        return kind.decode() if kind else None
+    except UnicodeDecodeError:
+        raise TraceFormatError("Parquet file's kind tag is not text", file=str(path)) from None
 
 
 def read_moe_parquet(path: str | Path) -> MoeTrace:
-    table = pq.read_table(str(path))
+    table = read_parquet_table(path)
     meta = table.schema.metadata or {}
     if MOE_HEADER_KEY not in meta:
         raise TraceFormatError("Parquet file has no MoE header metadata (not a canonical MoE trace)",
                                file=str(path))
-    header = MoeHeader.from_json(meta[MOE_HEADER_KEY])
-    changes = tuple(json.loads(meta.get(b"ocs_hil.regime_changes", b"[]")))
     try:
+        header = MoeHeader.from_json(meta[MOE_HEADER_KEY])
+        changes = tuple(json.loads(meta.get(b"ocs_hil.regime_changes", b"[]")))
         return MoeTrace(header, table.to_pandas(), changes)
-    except ValueError as exc:
-        raise TraceFormatError(str(exc), file=str(path)) from exc
+    except (ValueError, TypeError, KeyError, AttributeError, pa.ArrowException) as exc:
+        raise TraceFormatError(f"bad MoE trace: {str(exc)[:200]}", file=str(path)) from None

@@ -136,11 +136,13 @@ class EmulatedBench:
                 self.netns = NetnsPlane(self.physics, self.netns_prefix)
                 self.netns.start()
                 extra = {h: passthrough_commands(self.netns, h) for h in self.physics.hosts}
+            # the password is the one in the variable the inventory names (set to the default if unset)
+            password = os.environ.get(PASSWORD_ENV) or EMULATED_PASSWORD
+            os.environ[PASSWORD_ENV] = password
             count = len(self.protocols)
             for index, protocol in enumerate(self.protocols):
                 part = SwitchSlice(self.physics, index, count) if count > 1 else None
-                servers = OcsServers(part or self.physics, user=EMULATED_USER, password=EMULATED_PASSWORD)
-                servers.serial = f"{index + 1:06d}"
+                servers = OcsServers(part or self.physics, user=EMULATED_USER, password=password)
                 self.switches[f"ocs{index + 1}"] = (servers.start(), None, part)  # stopped even if its view fails
                 self.switches[f"ocs{index + 1}"] = (servers, get_protocol(protocol).start_emulator(servers), part)
             self.ocs_servers, self.ocs_view, _ = self.switches["ocs1"]
@@ -154,7 +156,6 @@ class EmulatedBench:
                 server = EmulatedHostServer(self.physics, host, extra_commands=extra.get(host))
                 server.start()
                 self.host_servers[host] = server
-            os.environ.setdefault(PASSWORD_ENV, EMULATED_PASSWORD)
             self.inventory_path.write_text(yaml.safe_dump(self.inventory(), sort_keys=False))
         except BaseException:
             self.stop()

@@ -13,6 +13,7 @@ reading or sends half a command, never delays another. Each session handles its 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import re
@@ -58,6 +59,8 @@ def _port_list(text: str) -> list[int]:
         ports.extend(_port_range(lo, hi if sep else None))
     return ports
 
+
+_INSTANCES = itertools.count(1)  # emulated switches made by this process (their serial numbers)
 
 class CommandFaults:
     """OCS faults armed for the next matching commands (devices/emulated/faults.py arms them).
@@ -456,7 +459,7 @@ class OcsServers:
         self.autonomous = autonomous  # send `A ... REPT EVT PATCH` to logged-in TL1 sessions on changes
         self._tl1_sessions: set[_Tl1Session] = set()
         self._atag = 0
-        self.serial = "000001"
+        self.serial = f"EMU{os.getpid() % 100000:05d}{next(_INSTANCES):04d}"  # each unit its own, as on a bench
         self.version = "ocs-hil-emulator-1"
         self._ports = (tl1_port, scpi_port)
         self._want_pty = pty

@@ -13,7 +13,7 @@ from typing import Generator, Mapping, Sequence
 from devices.errors import DeviceDenied, DeviceError, DeviceTimeout, TransportClosed
 from devices.ocs.base import (ConfirmedState, DeviceEvent, DeviceEvents, ImpossibleState, Planned, check_allowed,
                               check_state, confirm_planned, disconnect_ports, plan_for, power_ports)
-from devices.ocs.lines import LineChannel, LineTooLong, excerpt
+from devices.ocs.lines import MAX_REPLY_LINES, LineChannel, LineTooLong, excerpt
 from devices.protocols import Pending, SteppedSwitch
 from devices.resources import OcsResource
 from devices.timing import CommandTiming, Deadline, Receipt, now_ns
@@ -68,12 +68,15 @@ def parse_state(text: str, size: tuple[int, int] = (0, 0)) -> dict[int, int]:
     if not groups:
         raise DeviceError(f"cannot parse connection state {excerpt(text)}")
     top = sum(size)
+    most = size[0] or MAX_REPLY_LINES  # a 1:1 switch has no more cross-connects than ingresses
     pairs: list[tuple[int, int]] = []
     for ins, outs in groups:
         ingress, egress = parse_channel_list(ins, top), parse_channel_list(outs, top)
         if len(ingress) != len(egress):
             raise ImpossibleState(f"connection state lists differ in length: {excerpt(text)}")
         pairs += zip(ingress, egress)
+        if len(pairs) > most:  # checked as they grow: one 64 KiB line of ranges must not expand unbounded
+            raise ImpossibleState(f"connection state lists more than {most} cross-connects: {excerpt(text)}")
     return check_state(pairs, size, "connection state")
 
 

@@ -180,7 +180,7 @@ class Tl1Reader:
                 if not reply[0] or status.group(2) == "DENY":
                     reply[0] = status.group(2)
                 if status.group(3).strip():  # some NEs put the error code on the status line
-                    reply[1].append(status.group(3).strip())
+                    self._body_line(status.group(3).strip())  # within the reply's bounds: a flood of them too
         # anything else outside a message (ack `IP ctag`, a stray `;`, noise): skip
         return None
 

@@ -316,6 +316,8 @@ def guard(ctx, name: str, *, teardown_s: float = 15.0) -> CircuitGuard:
     guards = ctx.guards
     if name not in guards:
         switch = ctx.switch(name)
+        if getattr(ctx, "lease", None) is not None and not ctx.dry_run:
+            _claim_identity(ctx, name, switch)
         path = None if ctx.dry_run else Path(ctx.run_dir) / "restore.json"
         g = CircuitGuard(name, switch, snapshot_path=path, resuming=bool(ctx.resume_after), teardown_s=teardown_s,
                          events_path=None if ctx.dry_run else Path(ctx.run_dir) / "ocs_events.jsonl",
@@ -334,3 +336,25 @@ def guard(ctx, name: str, *, teardown_s: float = 15.0) -> CircuitGuard:
             ctx.teardown.callback(restore)
     return guards[name]
 
+
+
+def _claim_identity(ctx, name: str, switch: CircuitSwitch) -> None:
+    """Before the snapshot: lease the switch by its own identity too (its serial, where its answer has one),
+    and refuse a unit another run left changed under another address (harness.recovery.claim_identity)."""
+    from harness import recovery
+    from harness.lock import BenchLocked, ocs_identity_key
+
+    try:
+        key = ocs_identity_key(ctx.bench.ocs[name].protocol, switch.identify())
+    except DeviceError:
+        return  # it cannot tell: its endpoints' lease stands alone
+    if key is None:
+        return
+    try:
+        ctx.lease.add(key)
+    except BenchLocked as exc:
+        raise BenchBroken(f"ocs {name}: the same switch is in use under another address: {exc}") from None
+    refusal = recovery.claim_identity(key, name, Path(ctx.run_dir), ctx.run_id,
+                                      adopt=bool(ctx.manifest_extra.get("adopt_current_state")))
+    if refusal:
+        raise BenchBroken(refusal)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import selectors
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 from devices.errors import DeviceError, TransportClosed
+from devices.ssh import MAX_STREAM_LINE_BYTES
 
 
 @dataclass(eq=False)
@@ -45,7 +47,10 @@ class StreamReaders:
         self.add_lines(stream, lambda recv_ns, lines: [on_line(recv_ns, line) for line in lines], on_end)
 
     def add_lines(self, stream, on_lines: Callable[[int, list[str]], None], on_end: Callable[[str], None]) -> None:
-        """Deliver `stream`'s lines in batches (those that arrived together, with their arrival time)."""
+        """Deliver `stream`'s lines in batches (those that arrived together, with their arrival time), within
+        the line bounds (`LineBounds`: a stream past them is ended with the bound as its reason)."""
+        bounds = LineBounds(stream, on_lines, on_end)
+        on_lines, on_end = bounds.on_lines, bounds.on_end
         entry = _Entry(stream, on_lines, on_end)
         deliver = getattr(stream, "deliver", None)
         if callable(deliver) and deliver(on_lines, lambda: on_end(_ended(stream))):
@@ -139,6 +144,57 @@ class StreamReaders:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+# What a host stream may deliver: the agent prints lines < 200 bytes, and at most a few thousand a second
+# (a burst of watch lines per cycle; counters: one per port per interval). Far more is a flood — a host
+# fault — and is cut off before it can fill the harness's memory or queues.
+MAX_LINE_CHARS = MAX_STREAM_LINE_BYTES
+MAX_LINES_PER_S = 200_000
+MAX_CHARS_PER_S = 32 * 2**20
+
+
+class LineBounds:
+    """One stream's line bounds: a line longer than MAX_LINE_CHARS, or more than MAX_LINES_PER_S lines or
+    MAX_CHARS_PER_S characters within one second, ends the stream: `on_end` gets the bound that was passed
+    (once), nothing more is delivered, the stream is closed (off the delivering thread)."""
+
+    def __init__(self, stream, on_lines, on_end, clock: Callable[[], float] = time.monotonic):
+        self._stream, self._deliver, self._end, self._clock = stream, on_lines, on_end, clock
+        self._window, self._lines, self._chars = clock(), 0, 0
+        self._ended = False
+        self._lock = threading.Lock()
+
+    def on_lines(self, recv_ns: int, lines: list[str]) -> None:
+        if self._ended:
+            return
+        now = self._clock()
+        if now - self._window >= 1.0:
+            self._window, self._lines, self._chars = now, 0, 0
+        self._lines += len(lines)
+        chars = sum(map(len, lines))
+        self._chars += chars
+        longest = max(map(len, lines), default=0)
+        if longest > MAX_LINE_CHARS:
+            return self._fault(f"a line longer than {MAX_LINE_CHARS} characters")
+        if self._lines > MAX_LINES_PER_S or self._chars > MAX_CHARS_PER_S:
+            return self._fault(f"more than {MAX_LINES_PER_S} lines or {MAX_CHARS_PER_S} characters "
+                               "within one second")
+        self._deliver(recv_ns, lines)
+
+    def _fault(self, bound: str) -> None:
+        what = getattr(self._stream, "command", "stream")
+        self.on_end(f"{what!r} sent {bound}: stream ended (a flood, not data)")
+        close = getattr(self._stream, "close", None)
+        if callable(close):  # not here: the hub delivers under the channel's pipe lock
+            threading.Thread(target=close, daemon=True, name="close-flood").start()
+
+    def on_end(self, reason: str) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        self._end(reason)
 
 
 def _ended(stream) -> str:

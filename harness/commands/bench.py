@@ -8,6 +8,8 @@ switch verified, 1 when one did not, 2 for bad input.
 """
 from __future__ import annotations
 
+from harness.commands import TIMEOUT_S
+
 import json
 import sys
 from pathlib import Path
@@ -20,7 +22,7 @@ def register(sub) -> None:
                                  description=__doc__)
     restore.add_argument("run_dir", metavar="RUN_DIR")
     restore.add_argument("--bench", help="the inventory (default: the run's, or its copy in RUN_DIR/inputs)")
-    restore.add_argument("--timeout", type=float, default=15.0, help="seconds per OCS command (default 15)")
+    restore.add_argument("--timeout", type=TIMEOUT_S, default=15.0, help="seconds per OCS command (default 15)")
     restore.set_defaults(func=_restore)
     from harness.commands import bench_preflight
 
@@ -53,6 +55,12 @@ def _restore(args) -> int:
         held = RunDirLock(run_dir).acquire(run_dir.name)
     except RunDirLocked as exc:
         raise InputError(f"the run is still running: {exc}") from None
+    clean = recovery.restored_cleanly(run_dir, bench, manifest)
+    if clean:
+        held.release()
+        print(f"harness bench: {run_dir} put {', '.join(clean)} back as found and verified it; nothing to "
+              "restore (restoring again would undo what came after the run)")
+        return 0
     lease = _acquire_lease(bench, spec, f"harness bench restore {run_dir.name}")
     try:
         results = recovery.restore_run(run_dir, bench, timeout_s=args.timeout)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from harness.commands import TIMEOUT_S
+
 
 def register(sub) -> None:
     """Nothing at the top level: `harness bench` (bench.py) adds these actions to its group."""
@@ -39,7 +41,7 @@ def add_actions(actions) -> None:
                            description=__doc__)
     c.add_argument("inventory", metavar="INVENTORY")
     c.add_argument("--quick", action="store_true", help="hosts, NICs and switches only (no fibre map)")
-    c.add_argument("--light-timeout", type=float, default=2.0,
+    c.add_argument("--light-timeout", type=TIMEOUT_S, default=2.0,
                    help="seconds to wait for a receiver to see light after a circuit settles (default 2)")
     c.add_argument("--link-command", default=None, metavar="TEMPLATE",
                    help="how a host sets a NIC down/up for the TX identity probe (default "

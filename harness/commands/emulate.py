@@ -1,6 +1,8 @@
 """`harness emulate`: run the emulated bench (OCS TL1/SCPI/NETCONF servers, SSH hosts) until interrupted."""
 from __future__ import annotations
 
+from harness.commands import SEED, integer
+
 import os
 import shlex
 import signal
@@ -24,11 +26,11 @@ def register(sub) -> None:
     p.add_argument("--truth-out", help="write the ground-truth log (JSON Lines) here on exit")
     p.add_argument("--protocol", default=DEFAULT_PROTOCOL, choices=protocol_names(),
                    help="the OCS protocol the inventory names (TL1 and SCPI are served either way)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--wire-out", help="write, on exit, when each emulated host's SSH sends began and where their "
                                       "bytes end in each connection (JSON; for delivery accounting: "
                                       "devices.sshhub.record_wire); with --workers 0 only")
-    p.add_argument("--workers", type=int, default=0,
+    p.add_argument("--workers", type=integer(0, 256), default=0,
                    help="serve the hosts' SSH from this many processes over one physics (a pod); 0: this process")
     p.set_defaults(func=_emulate)
 

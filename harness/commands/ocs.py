@@ -13,6 +13,8 @@ Exit codes: 0 ok; 1 the switch refused or did not answer; 2 bad input (URL, prot
 """
 from __future__ import annotations
 
+from harness.commands import TIMEOUT_S, integer
+
 import argparse
 import contextlib
 import json
@@ -52,8 +54,8 @@ def register(subparsers) -> None:
     parser.add_argument("--allowed-ports", metavar="RANGES",
                         help="ports the command may touch, e.g. 1-8,17-24 (default: the ports named)")
     parser.add_argument("--size", default="0x0", metavar="NxM", help="switch size, informational")
-    parser.add_argument("--baudrate", type=int, default=38400, help="serial line speed (SCPI over serial)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per command (default 30)")
+    parser.add_argument("--baudrate", type=integer(50, 10_000_000), default=38400, help="serial line speed (SCPI over serial)")
+    parser.add_argument("--timeout", type=TIMEOUT_S, default=30.0, help="seconds per command (default 30)")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
@@ -167,10 +169,10 @@ WRITES = ("connect", "disconnect", "apply")
 
 
 def _lease(args: argparse.Namespace, resource: OcsResource):
-    from harness.lock import BenchLease, BenchLocked, lease_ttl, ocs_lock_key
+    from harness.lock import BenchLease, BenchLocked, lease_ttl, ocs_lease_keys
 
     try:
-        return BenchLease([ocs_lock_key(resource.name, resource.url)], run_id=f"harness ocs {args.action}",
+        return BenchLease(ocs_lease_keys(resource), run_id=f"harness ocs {args.action}",
                           ttl_s=lease_ttl()).acquire(keepalive=False)
     except BenchLocked as exc:
         raise InputError(f"bench is locked: {exc}") from None
@@ -181,6 +183,8 @@ def _lease(args: argparse.Namespace, resource: OcsResource):
 def _open_and_act(args: argparse.Namespace, resource: OcsResource, named: list[int], pairs: dict[int, int]) -> int:
     try:
         switch = open_switch(resource, timeout_s=args.timeout)
+    except OcsConfigError as exc:  # what the protocol needs and was not given, e.g. NETCONF's --user
+        raise InputError(f"{exc} (harness ocs --user NAME)" if "give a user" in str(exc) else str(exc)) from None
     except DeviceError as exc:
         unset = resource.user and resource.password is None  # a key may do (NETCONF), so not refused before
         print(f"harness ocs: {exc}" + (f" (no password: {args.password_env} is not set)" if unset else ""),

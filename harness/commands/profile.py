@@ -1,6 +1,8 @@
 """`harness profile fit RUN_DIR... --out PROFILE.yaml`: fit an emulator timing profile to measured runs."""
 from __future__ import annotations
 
+from harness.commands import SEED, number
+
 import argparse
 import json
 from pathlib import Path
@@ -162,7 +164,7 @@ def register(subparsers) -> None:
     fit.add_argument("--out", required=True, metavar="PROFILE.yaml")
     fit.add_argument("--name", help="profile name (default: the output file's stem)")
     fit.add_argument("--base", help="profile (name or file) for keys the runs do not measure, e.g. ocs.dark")
-    fit.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    fit.add_argument("--alpha-ports", type=float, default=0.01,
+    fit.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default 0)")
+    fit.add_argument("--alpha-ports", type=number(0, 1, above=True), default=0.01,
                      help="Kruskal–Wallis level for per-port overrides (default 0.01)")
     fit.set_defaults(func=run_fit)

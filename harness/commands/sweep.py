@@ -3,6 +3,8 @@ directory under SWEEP_DIR/points/, on a dask LocalCluster (default) or `--schedu
 results in SWEEP_DIR/results.parquet, the parameters as columns. Run the same command again to resume."""
 from __future__ import annotations
 
+from harness.commands import WORKERS, number
+
 
 def register(sub) -> None:
     p = sub.add_parser("sweep", help="run a playbook's sweep: block (parameter grid x seeds) on dask",
@@ -11,9 +13,9 @@ def register(sub) -> None:
     p.add_argument("--bench", help="as for `harness run` (default: the playbook's bench)")
     p.add_argument("--out", help="sweep directory (default runs/<playbook>-sweep); the same one resumes")
     p.add_argument("--scheduler", help="a dask scheduler, tcp://HOST:PORT (default: a LocalCluster)")
-    p.add_argument("--workers", type=int, default=2, help="LocalCluster workers (default 2)")
+    p.add_argument("--workers", type=WORKERS, default=2, help="LocalCluster workers (default 2)")
     p.add_argument("--serial", action="store_true", help="no cluster: the points one by one in this process")
-    p.add_argument("--lease-wait", type=float, default=None, metavar="S",
+    p.add_argument("--lease-wait", type=number(0, 7 * 86400), default=None, metavar="S",
                    help="how long a point on a physical bench waits for a bench lease someone else holds "
                         "(default 600 s; 0: fail at once, naming the holder)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

@@ -23,6 +23,7 @@ from typing import Callable, NamedTuple
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from analysis.stages import PORT_CHAIN
+from devices.errors import DeviceError
 from devices.timing import Deadline, now_ns
 from harness import logs
 from harness.bench import BenchBroken
@@ -255,6 +256,8 @@ class TurnaroundRun:
                     self.skipped.append(cycle)
                     continue
                 measured = cycle != resume  # the first cycle brings the bench into the pattern's state
+                if not measured:
+                    current = self._found()
                 outcome = self.run_cycle(cycle, mapping, current, record=measured,
                                          upcoming=plan[at + 1][1] if at + 1 < len(plan) else None)
                 current = mapping
@@ -412,6 +415,22 @@ class TurnaroundRun:
         self.hosts.request_check(cycle if record else -1, self.p["clock_check_probes"])
         return CycleOutcome(cycle, "faulted" if faults else "ok", begin, sent, completed, arrivals.done_ns,
                             tuple(affected), arrivals.missing, faults)
+
+    def _found(self) -> dict[str, str]:
+        """What the switches show now, as our ports' mapping: the unmeasured first cycle waits only for the
+        ports it changes (a resume finds the switches in the state the killed run left, often the very one it
+        starts from, and nothing would come). A switch that cannot be read: its ports expected to change."""
+        found = {}
+        for ocs in self.switches:
+            keys = [k for k in self.tx if self.ocs_of[k] == ocs]
+            by_ingress, by_egress = {self.tx[k]: k for k in keys}, {self.rx[k]: k for k in keys}
+            try:
+                patches = self.guards[ocs].switch.patches()
+            except DeviceError:
+                continue
+            found.update({by_ingress[i]: by_egress[e] for i, e in patches.items()
+                          if i in by_ingress and e in by_egress})
+        return found
 
     def _begin(self, commands: list[SwitchCommand]) -> None:
         """Every switch's command up to its write: the first's on this thread, the others' at the same time on
