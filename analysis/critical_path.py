@@ -49,24 +49,23 @@ class _Level:
 class _Run:
     """Consecutive narrow levels, swept node by node in order (each node's inputs are already final).
 
-    Values stay in Python floats: an arc's tail inside the run is read from the run's own list (`local`), one
-    outside it was gathered with numpy before the loop; no numpy scalar is touched per arc."""
+    Values stay in Python floats: an arc's other end inside the run is read from the run's own list (`local`),
+    one outside it is gathered with numpy before the loop; no numpy scalar is touched per arc."""
 
     __slots__ = ("arcs", "nodes", "bounds", "outside", "outside_other", "local")
 
-    def __init__(self, arcs, other, nodes_sorted):
+    def __init__(self, arcs, other, nodes_sorted, slot):
         starts = _segment_starts(nodes_sorted)
         nodes = nodes_sorted[starts]
         self.arcs = arcs
         self.nodes = nodes
         self.bounds = np.r_[starts, arcs.size].tolist()
-        by_number = np.argsort(nodes, kind="stable")      # nodes are in (level, number) order
-        at = np.minimum(np.searchsorted(nodes, other, sorter=by_number), nodes.size - 1)
-        inside = nodes[by_number[at]] == other
-        pos = by_number[at]
-        self.outside = np.flatnonzero(~inside)
-        self.outside_other = other[~inside]
-        self.local = np.where(inside, pos, nodes.size).tolist()   # nodes.size: a slot that holds 0.0
+        slot[nodes] = np.arange(nodes.size)                 # slot: -1 everywhere but on this run's nodes
+        pos = slot[other]
+        slot[nodes] = -1
+        self.outside = np.flatnonzero(pos < 0)
+        self.outside_other = other[self.outside]
+        self.local = np.where(pos < 0, nodes.size, pos).tolist()   # nodes.size: a slot that holds 0.0
 
 
 def _blocks(order: np.ndarray, level_key: np.ndarray, other: np.ndarray, node: np.ndarray,
@@ -83,10 +82,15 @@ def _blocks(order: np.ndarray, level_key: np.ndarray, other: np.ndarray, node: n
     bstarts = starts[new_block]
     bends = np.r_[bstarts[1:], order.size]
     bwide = wide[new_block]
-    blocks = []
+    blocks, slot = [], None
     for a, b, is_wide in zip(bstarts.tolist(), bends.tolist(), bwide.tolist()):
         arcs = order[a:b]
-        blocks.append((_Level if is_wide else _Run)(arcs, other[arcs], node[arcs]))
+        if is_wide:
+            blocks.append(_Level(arcs, other[arcs], node[arcs]))
+        else:
+            if slot is None:  # node -> place in its run, shared by the runs (each resets its own entries)
+                slot = np.full(max(node.max(), other.max()) + 1, -1, dtype=np.int64)
+            blocks.append(_Run(arcs, other[arcs], node[arcs], slot))
     return blocks
 
 
