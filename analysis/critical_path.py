@@ -47,16 +47,25 @@ class _Level:
 
 
 class _Run:
-    """Consecutive narrow levels, swept node by node in order (each node's inputs are already final)."""
+    """Consecutive narrow levels, swept node by node in order (each node's inputs are already final).
 
-    __slots__ = ("arcs", "other", "nodes", "bounds")
+    Values stay in Python floats: an arc's other end inside the run is read from the run's own list (`local`),
+    one outside it is gathered with numpy before the loop; no numpy scalar is touched per arc."""
 
-    def __init__(self, arcs, other, nodes_sorted):
+    __slots__ = ("arcs", "nodes", "bounds", "outside", "outside_other", "local")
+
+    def __init__(self, arcs, other, nodes_sorted, slot):
         starts = _segment_starts(nodes_sorted)
+        nodes = nodes_sorted[starts]
         self.arcs = arcs
-        self.other = other.tolist()
-        self.nodes = nodes_sorted[starts].tolist()
+        self.nodes = nodes
         self.bounds = np.r_[starts, arcs.size].tolist()
+        slot[nodes] = np.arange(nodes.size)                 # slot: -1 everywhere but on this run's nodes
+        pos = slot[other]
+        slot[nodes] = -1
+        self.outside = np.flatnonzero(pos < 0)
+        self.outside_other = other[self.outside]
+        self.local = np.where(pos < 0, nodes.size, pos).tolist()   # nodes.size: a slot that holds 0.0
 
 
 def _blocks(order: np.ndarray, level_key: np.ndarray, other: np.ndarray, node: np.ndarray,
@@ -73,10 +82,15 @@ def _blocks(order: np.ndarray, level_key: np.ndarray, other: np.ndarray, node: n
     bstarts = starts[new_block]
     bends = np.r_[bstarts[1:], order.size]
     bwide = wide[new_block]
-    blocks = []
+    blocks, slot = [], None
     for a, b, is_wide in zip(bstarts.tolist(), bends.tolist(), bwide.tolist()):
         arcs = order[a:b]
-        blocks.append((_Level if is_wide else _Run)(arcs, other[arcs], node[arcs]))
+        if is_wide:
+            blocks.append(_Level(arcs, other[arcs], node[arcs]))
+        else:
+            if slot is None:  # node -> place in its run, shared by the runs (each resets its own entries)
+                slot = np.full(max(node.max(), other.max()) + 1, -1, dtype=np.int64)
+            blocks.append(_Run(arcs, other[arcs], node[arcs], slot))
     return blocks
 
 
@@ -169,19 +183,23 @@ def _sweep(blocks, pot: np.ndarray, w: np.ndarray, hard: bool) -> np.ndarray:
     with np.errstate(invalid="ignore", under="ignore", divide="ignore"):
         for lv in blocks:
             if isinstance(lv, _Run):
-                wl = w[lv.arcs].tolist()
-                other, bounds = lv.other, lv.bounds
-                for i, node in enumerate(lv.nodes):
+                base = w[lv.arcs]                            # w, plus the tail's value when it is outside
+                base[lv.outside] += pot[lv.outside_other]
+                base = base.tolist()
+                local, bounds = lv.local, lv.bounds
+                vals = [0.0] * (len(bounds) - 1) + [0.0]    # the last slot: "outside", adds nothing
+                for i in range(len(bounds) - 1):
                     lo, hi = bounds[i], bounds[i + 1]
                     if hi - lo == 1:
-                        pot[node] = pot[other[lo]] + wl[lo]
+                        vals[i] = base[lo] + vals[local[lo]]
                         continue
-                    xs = [float(pot[other[k]]) + wl[k] for k in range(lo, hi)]
+                    xs = [base[k] + vals[local[k]] for k in range(lo, hi)]
                     m = max(xs)
                     if hard or m == -inf:
-                        pot[node] = m
+                        vals[i] = m
                     else:
-                        pot[node] = m + log(sum(exp(x - m) for x in xs))
+                        vals[i] = m + log(sum([exp(x - m) for x in xs]))
+                pot[lv.nodes] = vals[:-1]
                 continue
             x = pot[lv.other] + w[lv.arcs]
             if lv.singleton:

@@ -58,9 +58,9 @@ def _parsers(parser: argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # --version and --help end here, before the logs' rich import
     from harness import logs
 
-    args = build_parser().parse_args(argv)
     try:
         with logs.verbosity(args.verbosity):
             return int(args.func(args) or 0)

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 from devices.ocs.registry import (SERIAL_SCHEMES, OcsConfigError, get_protocol, protocol_names,
                                   register_protocol)
-from devices.protocols import CircuitSwitch
-from devices.resources import OcsResource
+
+if TYPE_CHECKING:  # annotations only: every `harness` start-up imports this package for the protocol names
+    from devices.protocols import CircuitSwitch
+    from devices.resources import OcsResource
 
 
 @dataclass(frozen=True)

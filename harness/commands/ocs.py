@@ -20,13 +20,15 @@ import contextlib
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from devices.errors import DeviceError
 from devices.ocs import OcsConfigError, get_protocol, open_switch, parse_url, protocol_names
 from devices.ocs.registry import DEFAULT_PROTOCOL
-from devices.ocs.base import format_ports, parse_port_ranges
-from devices.resources import OcsResource
 from harness.errors import InputError
+
+if TYPE_CHECKING:  # annotations only; the drivers' modules are imported where a command runs
+    from devices.resources import OcsResource
 
 DEFAULT_PASSWORD_ENV = "OCS_PASSWORD"  # the name ARCHITECTURE.md's inventory gives password_env
 
@@ -89,6 +91,7 @@ def _from_bench(args: argparse.Namespace, named_ports: list[int]) -> OcsResource
     """The inventory's switch, its allowlist narrowed to the ports this command names (or --allowed-ports)."""
     import dataclasses
 
+    from devices.ocs.base import parse_port_ranges
     from harness.config import load_inventory
 
     given = [flag for flag, value in (("--url", args.url), ("--protocol", args.protocol), ("--user", args.user),
@@ -113,6 +116,9 @@ def _from_bench(args: argparse.Namespace, named_ports: list[int]) -> OcsResource
 
 
 def _resource(args: argparse.Namespace, named_ports: list[int]) -> OcsResource:
+    from devices.ocs.base import parse_port_ranges
+    from devices.resources import OcsResource
+
     if args.bench is not None:
         return _from_bench(args, named_ports)
     if args.ocs is not None:
@@ -197,6 +203,8 @@ def _open_and_act(args: argparse.Namespace, resource: OcsResource, named: list[i
 
 
 def _act(switch, args: argparse.Namespace, named: list[int], pairs: dict[int, int]) -> int:
+    from devices.ocs.base import format_ports
+
     def emit(data, text: str) -> None:
         print(json.dumps(data) if args.json else text)
 

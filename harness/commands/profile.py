@@ -8,11 +8,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
-
 from analysis.stages import NIC_PROFILE_KEYS
 from harness.errors import InputError
-from harness.record import write_json_atomic, write_text_atomic
 
 if TYPE_CHECKING:  # annotations only: pandas is imported where a command runs
     import pandas as pd
@@ -116,7 +113,10 @@ def _base_profile(name_or_path: str | None) -> dict:
 
 
 def run_fit(args: argparse.Namespace) -> int:
+    import yaml
+
     from devices.emulated.profile import ProfileError, profile_from_dict
+    from harness.record import write_json_atomic, write_text_atomic
 
     run_dirs = [Path(p) for p in args.runs]
     events = combined_events(run_dirs)

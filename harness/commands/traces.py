@@ -7,12 +7,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from harness.commands import SEED, TIMEOUT_S, integer, number
 from harness.errors import InputError
 
-if TYPE_CHECKING:  # annotations only: pandas is imported where a command runs
+if TYPE_CHECKING:  # annotations only: numpy and pandas are imported where a command runs
+    import numpy as np
     import pandas as pd
 
 
@@ -129,6 +128,8 @@ def _load_any(path: str, args) -> tuple[str, object]:
 # ---- inspect -----------------------------------------------------------------------------------------
 
 def _describe(values: np.ndarray) -> dict:
+    import numpy as np
+
     if not len(values):
         return {"sum": 0}
     return {"sum": int(values.sum()), "mean": float(values.mean()), "median": float(np.median(values)),
@@ -136,6 +137,8 @@ def _describe(values: np.ndarray) -> dict:
 
 
 def request_stats(frame: pd.DataFrame, bin_s: float | None = None) -> dict:
+    import numpy as np
+
     arrival = frame["arrival_s"].to_numpy(dtype=float)
     span = float(arrival[-1] - arrival[0]) if len(arrival) else 0.0
     bin_s = bin_s or max(span / 20, 1e-3)
@@ -192,6 +195,7 @@ def _plot_rate(stats: dict, out: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
     rate = np.asarray(stats["rate_per_s"])
     t = stats["start_s"] + np.arange(len(rate)) * stats["rate_bin_s"]
     fig, ax = plt.subplots(figsize=(8, 3))
@@ -208,6 +212,7 @@ def _plot_heatmap(trace, out: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
     n = trace.header.n_ranks
     dispatch = trace.traffic[trace.traffic["phase"] == "dispatch_fwd"]
     layers = sorted(dispatch["layer"].unique())

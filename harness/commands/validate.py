@@ -4,13 +4,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness.config import bench_from_data, discover_steps, load_yaml, looks_like, playbook_from_data
 from harness.errors import InputError
+
+
+def discover_steps():
+    """The registered step types; harness.config (pydantic) is imported here, not at every CLI start-up."""
+    from harness.config import discover_steps
+
+    return discover_steps()
 
 
 def describe_file(path: str, connect: bool = False) -> str:
     """Validate one file; return a one-line description, raise InputError on the first problem. `connect`:
     an inventory's secrets must be set too (without, their variables may be unset: CI lints without them)."""
+    from harness.config import bench_from_data, load_yaml, looks_like, playbook_from_data
+
     loaded = load_yaml(path)
     kind = looks_like(loaded.data)
     if kind == "inventory":
