@@ -183,7 +183,7 @@ def test_fault_entries_are_declared_kinds_checked_at_load(tmp_path):
     assert got == [(5, "faults[0].after_ms: expected a value >= 0, found -1"),
                    (7, "faults[1].probability: expected a probability in [0, 1], found 2"),
                    (8, "faults[2]: kind: expected one of 'ssh_drop', 'ocs_deny', 'ocs_silence', 'line_garbage', "
-                       "'line_drop', 'port_never_up', 'port_flap', 'clock_step', 'slow_host', 'harness_kill', "
+                       "'line_drop', 'port_never_up', 'port_flap', 'clock_step', 'slow_host', 'watch_stall', 'harness_kill', "
                        "'disk_full', found string 'meteor'"),
                    (9, "faults[3].signal: expected one of 'SIGKILL', 'SIGINT' or 'SIGTERM', found string 'SIGSEGV'")]
 
