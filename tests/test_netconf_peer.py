@@ -4,8 +4,6 @@ plain ncclient session; the same requests sent to our emulator must get the same
 from __future__ import annotations
 
 import json
-import os
-import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -133,39 +131,6 @@ def test_logs_in_with_its_key_and_the_pinned_host_key_only(peer, switch, tmp_pat
     wrong = peer.url.replace(str(peer.dir / "known_hosts"), str(tmp_path / "known_hosts"))
     with pytest.raises(DeviceError, match="SSHUnknownHostError: Unknown host key"):
         _open(wrong, peer.user)
-
-
-def test_logs_in_with_a_key_the_ssh_agent_holds(peer, tmp_path, monkeypatch):
-    """A lab's key in its ssh-agent (no key file named): offered after a pinned key, as OpenSSH does; without
-    the agent the same URL cannot log in (netconfd's sshd takes keys only)."""
-    import shutil
-    import subprocess
-
-    if shutil.which("ssh-agent") is None or shutil.which("ssh-add") is None:
-        pytest.skip("ssh-agent/ssh-add not installed (apt-get install openssh-client)")
-    no_key = peer.url.replace(f"&identity_file={peer.dir / 'id_ed25519'}", "")
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    with pytest.raises(DeviceError, match="Authentication|authentication|No authentication"):
-        _open(no_key, peer.user)
-    sock = tmp_path / "agent.sock"
-    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            if sock.exists():
-                break
-            time.sleep(0.05)
-        env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
-        subprocess.run(["ssh-add", "-q", str(peer.dir / "id_ed25519")], env=env, check=True)
-        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
-        switch = _open(no_key, peer.user)
-        try:
-            assert isinstance(switch.patches(), dict)  # a session that answers
-            assert "Accepted publickey" in peer.log("sshd")
-        finally:
-            switch.close()
-    finally:
-        agent.terminate()
-        agent.wait(timeout=10)
 
 
 def test_lists_makes_and_removes_cross_connects(switch, truth):

@@ -19,8 +19,7 @@ every conflicting pair (NotOneToOne) while `disconnect` of those ingresses and a
 still work, so the bench can be put back.
 The port allowlist is checked before anything is sent, and every reply is validated before it is believed.
 URL: `ssh://HOST[:830][?known_hosts=FILE][&identity_file=KEY]`; host keys are always checked (FILE, then
-~/.ssh/known_hosts); the login is the private key KEY if named, then the ssh-agent's keys (SSH_AUTH_SOCK), then the
-resource's password.
+~/.ssh/known_hosts); the login is the resource's password, or the private key KEY.
 """
 from __future__ import annotations
 
@@ -165,7 +164,7 @@ class NetconfSwitch(SteppedSwitch):
             self._manager = manager.connect(
                 host=host, port=port, sock=sock, username=self.resource.user,
                 password=self.resource.password, hostkey_verify=True, hostkey_b64=self._pinned_key(),
-                key_filename=self._identity_file(), allow_agent=True, look_for_keys=False, timeout=self.timeout_s,
+                key_filename=self._identity_file(), allow_agent=False, look_for_keys=False, timeout=self.timeout_s,
                 device_params={"name": "default"})
         except Exception as exc:  # ncclient raises SSHError, AuthenticationError, SessionError...
             sock.close()
