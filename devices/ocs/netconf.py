@@ -178,6 +178,7 @@ class NetconfSwitch(SteppedSwitch):
             raise DeviceError(f"NETCONF {where}: ncclient {_ncclient_version()} lacks {', '.join(missing)}, which this "
                               "driver stamps the wire through (its writes and reads; found in ncclient 0.6.15 to "
                               "0.7.1): use a version of that range")
+        self._hello_sent(where)
         write, read = session._transport_write, session._transport_read
 
         def stamped_write(data):
@@ -221,6 +222,24 @@ class NetconfSwitch(SteppedSwitch):
         capabilities = list(self._manager.server_capabilities)
         self.pair_tag = self._pair_tag(capabilities)
         self.target = _writable_target(capabilities)
+
+    def _hello_sent(self, where: str) -> None:
+        """ncclient queues our hello for its reader loop, which writes it once the channel is ready to send — on
+        a loaded machine only after the server's hello came in and `connect` returned. A request written directly
+        (`send_now`) could then go out before our hello, and a strict server (yuma123 netconfd) never answers it.
+        One first request through ncclient's own queue leaves after the hello, in order: once it is answered,
+        whatever it says, the hello is out and the direct path is safe."""
+        from ncclient.operations.rpc import RPCError
+
+        subtree = f'<cross-connects xmlns="{OPTICAL_SWITCH_NS}"/>'
+        try:
+            self._manager.get_config(source="running", filter=("subtree", subtree))
+        except RPCError:
+            pass  # an rpc-error answers too: the server read our hello
+        except Exception as exc:
+            self._drop()
+            raise DeviceError(f"NETCONF {where}: no answer after the hello exchange: {type(exc).__name__}: {exc}") \
+                from exc
 
     def _identity_file(self) -> str | None:
         path = self._endpoint.option("identity_file")
