@@ -83,9 +83,13 @@ def test_the_switch_is_read_and_changed_through_the_bastion(peer, bastion, tmp_p
             timing = switch.connect(5, 21)
             assert truth.pairs() == {3: 19, 5: 21}
             assert "jump host" in timing.completed_stamp  # read times, and said so
+            assert bastion.forwards()[before:] == [peer.port]  # one direct-tcpip channel, to the switch
+            switch.reconnect()  # a fresh route: the old one closed, a new channel opened
+            assert switch.patches() == {3: 19, 5: 21}
         finally:
             switch.close()
-        assert bastion.forwards()[before:] == [peer.port]  # one direct-tcpip channel, to the switch
+        assert bastion.forwards()[before:] == [peer.port, peer.port]
+        assert switch._jump is None  # the route went with the session
     finally:
         truth.clear()
         truth.close()
