@@ -161,7 +161,7 @@ class NetconfSwitch(SteppedSwitch):
         host, port = self._endpoint.host, self._endpoint.port
         where = f"{host}:{port}" + (f" via {','.join(map(str, self.resource.proxy_jump))}"
                                     if self.resource.proxy_jump else "")
-        pkey = self._private_key(where)
+        pkey, host_key = self._private_key(where), self._pinned_key()  # before the route: nothing left open
         sock = self._dial(host, port, where)
         handler = manager.make_device_handler({"name": "default"})
         session = transport.SSHSession(handler)  # manager.connect's steps, with the key already read (below)
@@ -185,7 +185,7 @@ class NetconfSwitch(SteppedSwitch):
         session._auth = auth
         try:
             session.connect(host=host, port=port, sock=sock, username=self.resource.user,
-                            password=self.resource.password, hostkey_verify=True, hostkey_b64=self._pinned_key(),
+                            password=self.resource.password, hostkey_verify=True, hostkey_b64=host_key,
                             key_filename=None, allow_agent=True, look_for_keys=False, timeout=self.timeout_s)
         except Exception as exc:  # ncclient raises SSHError, AuthenticationError, SessionError...
             if session.transport:
@@ -193,7 +193,6 @@ class NetconfSwitch(SteppedSwitch):
             self._close_route(sock)
             raise DeviceError(f"NETCONF {where}: {type(exc).__name__}: {exc}") from exc
         self._manager = manager.Manager(session, handler, timeout=self.timeout_s)
-        self._manager.timeout = self.timeout_s
         session = self._manager._session  # stamp the real channel write and read (see _READER_TICK_S)
         missing = _missing_internals(session, nc_session)
         if missing:
