@@ -25,6 +25,8 @@ class OcsResource:
     password: str | None = field(default=None, repr=False)  # resolved from the environment, never logged
     baudrate: int = 38400
     plan_from_confirmed_read: bool = False
+    proxy_jump: tuple["JumpHost", ...] = ()  # SSH jump hosts in order to an ssh:// switch (NETCONF)
+    passphrase: str | None = field(default=None, repr=False)  # of the URL's identity_file; from the environment
 
 
 @dataclass(frozen=True)

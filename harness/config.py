@@ -367,6 +367,9 @@ class BenchSpec(Spec):
     emulated: bool = False
 
 
+Jumps = union_of((str, list))
+
+
 class OcsSpec(Spec):
     protocol: str = Field(description="a protocol of the OCS registry (devices/ocs/registry.py), e.g. polatis-tl1")
     url: str = Field(description="a URL form the protocol accepts (tcp://H:P, ssh://H:830, a serial device, ...)")
@@ -375,6 +378,10 @@ class OcsSpec(Spec):
     allowed_ports: Annotated[list[PortItem], Field(description='port numbers or ranges "a-b"')]
     user: str | None = None
     password_env: str | None = Field(None, description="the environment variable holding the password")
+    passphrase_env: str | None = Field(None, description="ssh:// only: the environment variable holding the "
+                                                         "passphrase of the URL's identity_file")
+    proxy_jump: Jumps | None = Field(None, description="ssh:// only: SSH jump hosts in order, '[user@]host[:port]': "
+                                                       "'a,b' or a list (each checked against the URL's known_hosts)")
     baudrate: Annotated[int, Field(ge=1, le=10_000_000, description="1..10000000")] = 38400
     plan_from_confirmed_read: bool | None = Field(
         None, description="plan each change from the driver's own last confirming read, without a read round "
@@ -411,8 +418,6 @@ def _absolute_paths(tools: dict[str, str] | None) -> dict[str, str] | None:
             raise ValueError(f"tools.{name}: expected an absolute path, found {path!r}")
     return tools
 
-
-Jumps = union_of((str, list))
 
 
 class HostAccessSpec(Spec):
@@ -519,6 +524,38 @@ def _plan_from_confirmed_read(spec: OcsSpec, inv: InventorySpec | None) -> bool:
     return inv is not None and inv.bench.emulated
 
 
+def _ocs_route(name: str, spec: OcsSpec, node: YamlMap, env: Mapping[str, str], secrets: bool,
+               problems: list) -> tuple[tuple, str | None]:
+    """An ssh:// switch's jump hosts (each hop: the switch's user, the URL's identity_file and known_hosts unless
+    it names its own user) and its key's passphrase, read from the environment."""
+    from devices.ssh import parse_jump
+
+    jumps = spec.proxy_jump
+    if isinstance(jumps, str):
+        jumps = [] if jumps.strip() == "none" else [j for j in jumps.split(",") if j.strip()]
+    if not (jumps or spec.passphrase_env):
+        return (), None
+    endpoint = parse_url(spec.url, spec.protocol)  # valid: OcsSpec checked it
+    if endpoint.kind != "ssh":
+        key = "proxy_jump" if jumps else "passphrase_env"
+        problems.append(InputError(f"ocs.{name}.{key}: only for an ssh:// switch URL, found {spec.url!r}",
+                                   *node.where(key)))
+        return (), None
+    hops = []
+    for hop in jumps or []:
+        try:
+            hops.append(parse_jump(str(hop), config=None, user=spec.user or "root",
+                                   identity_file=endpoint.option("identity_file"),
+                                   known_hosts=endpoint.option("known_hosts")))
+        except ValueError as exc:
+            problems.append(InputError(f"ocs.{name}.proxy_jump: {exc}", *node.where("proxy_jump")))
+    passphrase = env.get(spec.passphrase_env) if spec.passphrase_env else None
+    if spec.passphrase_env and passphrase is None and secrets:
+        problems.append(InputError(f"ocs.{name}.passphrase_env: environment variable {spec.passphrase_env} is not set",
+                                   *node.where("passphrase_env")))
+    return tuple(hops), passphrase
+
+
 def _valid(model: type[Spec], node: Any) -> Spec | None:
     try:
         return model.model_validate(node)
@@ -574,8 +611,10 @@ def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = 
             if password is None and secrets:
                 bad(f"ocs.{name}.password_env: environment variable {spec.password_env} is not set",
                     node.where("password_env"))
+        hops, passphrase = _ocs_route(name, spec, node, env, secrets, problems)
         switches[name] = OcsResource(name=name, protocol=spec.protocol, url=spec.url, size=tuple(spec.size),
                                      allowed_ports=allowed, user=spec.user, password=password,
+                                     proxy_jump=hops, passphrase=passphrase,
                                      baudrate=spec.baudrate,
                                      plan_from_confirmed_read=_plan_from_confirmed_read(spec, inv))
 

@@ -19,7 +19,11 @@ every conflicting pair (NotOneToOne) while `disconnect` of those ingresses and a
 still work, so the bench can be put back.
 The port allowlist is checked before anything is sent, and every reply is validated before it is believed.
 URL: `ssh://HOST[:830][?known_hosts=FILE][&identity_file=KEY]`; host keys are always checked (FILE, then
-~/.ssh/known_hosts); the login is the resource's password, or the private key KEY.
+~/.ssh/known_hosts); the login is the private key KEY if named (decrypted with the resource's passphrase, from
+the environment: `passphrase_env`), then the ssh-agent's keys (SSH_AUTH_SOCK), then the resource's password.
+With the resource's `proxy_jump`, the switch is reached through a direct-tcpip channel of the last jump host, each
+hop logged into as devices/ssh.py logs into a host's (strict host keys from FILE, else ~/.ssh/known_hosts); the
+wire is stamped where ncclient writes and reads its channel, so a jump changes nothing there (read times).
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ from devices.ocs.base import (ConfirmedState, ImpossibleState, check_allowed, ch
                               disconnect_ports, plan_for, power_ports)
 from devices.ocs.registry import OcsConfigError
 from devices.protocols import Pending, SteppedSwitch
-from devices.resources import OcsResource
+from devices.resources import HostResource, OcsResource
 from devices.timing import CommandTiming, Deadline, Receipt, now_ns
 
 OPTICAL_SWITCH_NS = "http://www.polatis.com/yang/optical-switch"
@@ -141,6 +145,7 @@ class NetconfSwitch(SteppedSwitch):
         self._endpoint = endpoint
         self._lock = threading.Lock()
         self._manager = None
+        self._jump = None  # the last jump host's SshTransport (devices/ssh.py), with `proxy_jump`
         self._sent_ns = self._sent_end_ns = self._recv_ns = 0
         self.last_timing: CommandTiming | None = None
         self.pair_tag = "pair"
@@ -150,31 +155,50 @@ class NetconfSwitch(SteppedSwitch):
 
     # ---- session ------------------------------------------------------------------------------
     def _connect(self) -> None:
-        from ncclient import manager
+        from ncclient import manager, transport
         from ncclient.transport import session as nc_session
 
         host, port = self._endpoint.host, self._endpoint.port
-        where = f"{host}:{port}"
+        where = f"{host}:{port}" + (f" via {','.join(map(str, self.resource.proxy_jump))}"
+                                    if self.resource.proxy_jump else "")
+        pkey, host_key = self._private_key(where), self._pinned_key()  # before the route: nothing left open
+        sock = self._dial(host, port, where)
+        handler = manager.make_device_handler({"name": "default"})
+        session = transport.SSHSession(handler)  # manager.connect's steps, with the key already read (below)
+        ncclient_auth = getattr(session, "_auth", None)
+        if ncclient_auth is None:
+            self._close_route(sock)
+            raise DeviceError(f"NETCONF {where}: ncclient {_ncclient_version()} lacks SSHSession._auth, which this "
+                              "driver logs in through (found in ncclient 0.6.15 to 0.7.1): use a version of that range")
+
+        def auth(username, password, key_filenames, allow_agent, look_for_keys):
+            """The pinned key, decrypted here (ncclient would take the password for its passphrase and offer
+            that passphrase to the switch as a password), then ncclient's own: the agent's keys, the password."""
+            if pkey is not None:
+                try:
+                    session.transport.auth_publickey(username, pkey)
+                    return
+                except paramiko.AuthenticationException:
+                    pass
+            ncclient_auth(username, password, key_filenames, allow_agent, look_for_keys)
+
+        session._auth = auth
         try:
-            sock = socket.create_connection((host, port), timeout=self.timeout_s)
-        except OSError as exc:
-            raise TransportClosed(f"NETCONF {where}: cannot connect: {exc}") from exc
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # 44 ms per RPC otherwise
-        try:
-            self._manager = manager.connect(
-                host=host, port=port, sock=sock, username=self.resource.user,
-                password=self.resource.password, hostkey_verify=True, hostkey_b64=self._pinned_key(),
-                key_filename=self._identity_file(), allow_agent=False, look_for_keys=False, timeout=self.timeout_s,
-                device_params={"name": "default"})
+            session.connect(host=host, port=port, sock=sock, username=self.resource.user,
+                            password=self.resource.password, hostkey_verify=True, hostkey_b64=host_key,
+                            key_filename=None, allow_agent=True, look_for_keys=False, timeout=self.timeout_s)
         except Exception as exc:  # ncclient raises SSHError, AuthenticationError, SessionError...
-            sock.close()
+            if session.transport:
+                session.close()
+            self._close_route(sock)
             raise DeviceError(f"NETCONF {where}: {type(exc).__name__}: {exc}") from exc
-        self._manager.timeout = self.timeout_s
+        self._manager = manager.Manager(session, handler, timeout=self.timeout_s)
         session = self._manager._session  # stamp the real channel write and read (see _READER_TICK_S)
         missing = _missing_internals(session, nc_session)
         if missing:
             self._manager = None
             session.close()
+            self._close_route(None)
             raise DeviceError(f"NETCONF {where}: ncclient {_ncclient_version()} lacks {', '.join(missing)}, which this "
                               "driver stamps the wire through (its writes and reads; found in ncclient 0.6.15 to "
                               "0.7.1): use a version of that range")
@@ -197,7 +221,7 @@ class NetconfSwitch(SteppedSwitch):
             wirelog.record(self._recv_ns, wire_peer, "<", data)
             return data
 
-        wire_peer = f"netconf://{where}"
+        wire_peer = f"netconf://{host}:{port}"
 
         session._transport_write, session._transport_read = stamped_write, stamped_read
 
@@ -241,14 +265,57 @@ class NetconfSwitch(SteppedSwitch):
             raise DeviceError(f"NETCONF {where}: no answer after the hello exchange: {type(exc).__name__}: {exc}") \
                 from exc
 
-    def _identity_file(self) -> str | None:
+    def _dial(self, host: str, port: int, where: str):
+        """A TCP socket to the switch; with `proxy_jump`, a direct-tcpip channel to it from the last jump host,
+        each hop logged into as a host is (devices/ssh.py: strict host keys on every hop)."""
+        hops = self.resource.proxy_jump
+        if not hops:
+            try:
+                sock = socket.create_connection((host, port), timeout=self.timeout_s)
+            except OSError as exc:
+                raise TransportClosed(f"NETCONF {where}: cannot connect: {exc}") from exc
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # 44 ms per RPC otherwise
+            return sock
+        from devices.ssh import SshTransport
+
+        *before, last = hops
+        key = self._endpoint.option("identity_file")
+        jump = SshTransport(HostResource(
+            name=f"{self.resource.name}'s jump host", address=last.address, port=last.port, user=last.user,
+            identity_file=last.identity_file, known_hosts=last.known_hosts, proxy_jump=tuple(before),
+            passphrase=self.resource.passphrase if last.identity_file == key else None),
+            connect_timeout=self.timeout_s, retries=0)
+        try:
+            channel = jump._transport().open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0),
+                                                     timeout=self.timeout_s)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            jump.close()
+            raise TransportClosed(f"NETCONF {where}: cannot forward to {host}:{port} from jump host {last} "
+                                  f"(AllowTcpForwarding there?): {exc}") from None
+        except BaseException:
+            jump.close()
+            raise
+        self._jump = jump
+        return channel
+
+    def _close_route(self, sock) -> None:
+        if sock is not None:
+            sock.close()
+        if self._jump is not None:
+            self._jump.close()
+            self._jump = None
+
+    def _private_key(self, where: str) -> paramiko.PKey | None:
+        """The URL's `identity_file`, decrypted with `passphrase_env`'s passphrase (devices/ssh.py: a clear
+        error for an encrypted key without one or a wrong one, never saying it)."""
+        from devices.ssh import _private_key
+
         path = self._endpoint.option("identity_file")
         if path is None:
             return None
-        path = os.path.expanduser(path)
-        if not os.path.isfile(path):
+        if not os.path.isfile(os.path.expanduser(path)):
             raise OcsConfigError(f"ocs {self.resource.name}: identity_file {path!r} does not exist")
-        return path
+        return _private_key(path, self.resource.passphrase, f"NETCONF {where}")
 
     def _pinned_key(self) -> str | None:
         """The host key for this switch from `?known_hosts=FILE`, or None (ncclient then checks
@@ -290,6 +357,7 @@ class NetconfSwitch(SteppedSwitch):
             except Exception:  # a dead transport cannot be closed more
                 pass
             self._manager = None
+        self._close_route(None)
 
     def close(self) -> None:
         with self._lock:
@@ -367,8 +435,8 @@ class NetconfSwitch(SteppedSwitch):
         stamp, and an SSH packet is not the reply until decrypted), bounded back to the write."""
         if not self._sent_ns:
             self._sent_ns = self._sent_end_ns = now_ns()
-        return CommandTiming.of((self._sent_ns, self._sent_end_ns),
-                                Receipt(self._recv_ns, 0, 0, "read (NETCONF over SSH)"))
+        how = "read (NETCONF over SSH" + (" through a jump host's channel)" if self.resource.proxy_jump else ")")
+        return CommandTiming.of((self._sent_ns, self._sent_end_ns), Receipt(self._recv_ns, 0, 0, how))
 
     def _get(self, what: str, subtree: etree._Element, config: bool = False) -> etree._Element:
         if config:
