@@ -344,11 +344,13 @@ def test_begin_apply_returns_once_the_edit_config_is_written_and_finish_awaits_i
 def test_requests_are_written_by_the_caller_not_when_ncclient_s_reader_loop_next_wakes(server, emulator,
                                                                                        monkeypatch):
     """ncclient queues a request for its reader loop, which writes it when its select next times out (TICK):
-    with a 30 s TICK, every request here would wait for it; written by the caller, each is answered at once."""
+    with a 30 s TICK, every request here would wait for it; written by the caller, each is answered at once.
+    (The one request at connect goes through the queue on purpose, after our hello: `_hello_sent`.)"""
     from ncclient.transport import session as nc_session
 
-    monkeypatch.setattr(nc_session, "TICK", 30.0)
     switch = _open(server, timeout_s=5.0)
+    monkeypatch.setattr(nc_session, "TICK", 30.0)  # read by the loop at its next select
+    switch.patches()  # the loop's current select may still be the short one: from here on every select is 30 s
     try:
         for mapping in ({7: 23}, {7: 24, 8: 23}, {}):
             switch.apply(mapping, exclusive=True)  # a read, then an edit-config: each would time out at 5 s
