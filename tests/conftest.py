@@ -50,3 +50,25 @@ def server(bench):
 def ssh(server):
     with SshTransport(server.resource()) as t:
         yield t
+
+
+@pytest.fixture(scope="session")
+def falsify_run(tmp_path_factory):
+    """The main job's shape, small: a turnaround measured, then MixNet's claims judged; its HTML page and its
+    JUnit file written. Read-only for the tests that share it (the HTML report's and the exports')."""
+    import yaml
+
+    from harness.cli import main
+
+    tmp = tmp_path_factory.mktemp("falsify")
+    playbook = tmp / "falsify.yaml"
+    playbook.write_text(yaml.safe_dump({
+        "name": "falsify", "bench": "emulated:instant", "seed": 3, "cycles": 2,
+        "steps": [{"type": "turnaround", "name": "measure", "clock_warmup_s": 0.2},
+                  {"type": "mixnet_verdict", "name": "verdict", "models": ["mixtral-8x22b"], "links_gbps": [100],
+                   "n_boot": 20, "n_reps": 2, "grid": {"gpu": ["h100-sxm"]}, "workers": 1}]}))
+    junit = tmp / "out" / "junit.xml"
+    junit.parent.mkdir()
+    assert main(["run", str(playbook), "--out", str(tmp / "run"), "-q", "--junit", str(junit)]) == 0
+    assert main(["report", str(tmp / "run"), "--html"]) == 0
+    return tmp / "run", junit

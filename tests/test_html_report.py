@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from harness.cli import main
 from harness.html_report import html_page
@@ -21,17 +20,8 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stab
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("html")
-    playbook = tmp / "falsify.yaml"
-    playbook.write_text(yaml.safe_dump({
-        "name": "falsify", "bench": "emulated:instant", "seed": 3, "cycles": 2,
-        "steps": [{"type": "turnaround", "name": "measure", "clock_warmup_s": 0.2},
-                  {"type": "mixnet_verdict", "name": "verdict", "models": ["mixtral-8x22b"], "links_gbps": [100],
-                   "n_boot": 20, "n_reps": 2, "grid": {"gpu": ["h100-sxm"]}, "workers": 1}]}))
-    assert main(["run", str(playbook), "--out", str(tmp / "run"), "-q"]) == 0
-    assert main(["report", str(tmp / "run"), "--html"]) == 0
-    return tmp / "run"
+def run_dir(falsify_run) -> Path:
+    return falsify_run[0]
 
 
 def test_page_is_self_contained_and_carries_the_records_numbers(run_dir):

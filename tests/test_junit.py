@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
 from harness.cli import main
 
@@ -23,19 +22,9 @@ def _valid(path: Path):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> tuple[Path, Path]:
-    """The main job's shape, small: a turnaround measured, then MixNet's claims judged."""
-    tmp = tmp_path_factory.mktemp("junit")
-    book = tmp / "falsify.yaml"
-    book.write_text(yaml.safe_dump({
-        "name": "falsify", "bench": "emulated:instant", "seed": 3, "cycles": 2,
-        "steps": [{"type": "turnaround", "name": "measure", "clock_warmup_s": 0.2},
-                  {"type": "mixnet_verdict", "name": "verdict", "models": ["mixtral-8x22b"], "links_gbps": [100],
-                   "n_boot": 20, "n_reps": 2, "grid": {"gpu": ["h100-sxm"]}, "workers": 1}]}))
-    junit = tmp / "out" / "junit.xml"
-    junit.parent.mkdir()
-    assert main(["run", str(book), "--out", str(tmp / "run"), "-q", "--junit", str(junit)]) == 0
-    return tmp / "run", junit
+def run(falsify_run) -> tuple[Path, Path]:
+    """The main job's shape, small (conftest's falsify_run), and the JUnit file its run wrote."""
+    return falsify_run
 
 
 def test_a_runs_junit_file_is_schema_valid_and_has_a_case_per_check_and_claim(run):
