@@ -347,10 +347,13 @@ def test_agent_key_for_the_jump_pinned_key_for_the_host(sshd, server, tmp_path, 
     sock = tmp_path / "agent.sock"
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
     try:
-        end = time.monotonic() + 5
-        while not sock.exists() and time.monotonic() < end:
-            time.sleep(0.01)
         env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
+        # the socket file appears at bind, before the agent listens: ready once `ssh-add -l` reaches it (exit 2:
+        # no connection; 1: an agent without keys)
+        end = time.monotonic() + 10
+        while subprocess.run(["ssh-add", "-l"], env=env, capture_output=True).returncode == 2:
+            assert time.monotonic() < end, "ssh-agent did not listen within 10 s"
+            time.sleep(0.01)
         subprocess.run(["ssh-add", "-q", str(sshd.client_key)], env=env, check=True, stderr=subprocess.DEVNULL)
         monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
         hop = JumpHost("127.0.0.1", sshd.port, "root", None, str(sshd.known_hosts(tmp_path / "kh")))
