@@ -39,20 +39,15 @@ import numpy as np
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from analysis.delays import lognormal_from_mean_p99  # noqa: E402
 from analysis.stats import quantile_needs_n, summarize  # noqa: E402
 
 PORTS = 8
 Z99 = float(stats.norm.ppf(0.99))
 
 
-def lognormal(mean, p99):
-    gap = math.log(p99 / mean)
-    sigma = Z99 - math.sqrt(Z99**2 - 2 * gap)
-    return math.log(mean) - sigma**2 / 2, sigma
-
-
-OCS = lognormal(44.0, 64.0)
-NIC = lognormal(20.0, 40.0)
+OCS = lognormal_from_mean_p99(44.0, 64.0)
+NIC = lognormal_from_mean_p99(20.0, 40.0)
 
 
 def independent(rng, n):
@@ -151,7 +146,7 @@ def verdict_coverage(reps: int, seed: int, n_boot: int = 200, n_reps: int = 32) 
                      bwd_base=np.zeros((1, 1)), p2p_s=0.0, dp=1, trig_stage=np.zeros(k, int),
                      trig_dir=np.zeros(k, int), trig_mb=np.zeros(k, int), trig_window=np.zeros(k),
                      trig_ports=np.full(k, ports), trig_expert_s=np.zeros(k))
-    nic_models = {"NIC 5.67 s (p99 6.33)": lognormal(5670.0, 6330.0), "NIC 20 ms (p99 40)": NIC}
+    nic_models = {"NIC 5.67 s (p99 6.33)": lognormal_from_mean_p99(5670.0, 6330.0), "NIC 20 ms (p99 40)": NIC}
     rows = []
     for name, nic in nic_models.items():
         def cycles(rng, n):

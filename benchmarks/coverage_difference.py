@@ -20,22 +20,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from analysis.delays import lognormal_from_mean_p99  # noqa: E402
 from analysis.stats import mean_difference_interval  # noqa: E402
 
-Z99 = float(stats.norm.ppf(0.99))
 
 
-def lognormal(mean, p99):
-    gap = math.log(p99 / mean)
-    sigma = Z99 - math.sqrt(Z99**2 - 2 * gap)
-    return math.log(mean) - sigma**2 / 2, sigma
-
-
-OCS = lognormal(44.0, 64.0)
-FAST = lognormal(25.0, 30.0)
+OCS = lognormal_from_mean_p99(44.0, 64.0)
+FAST = lognormal_from_mean_p99(25.0, 30.0)
 SKEWED = (math.log(40.0), 0.6)
 MODELS = {"OCS 44/64": OCS, "switch 25/30": FAST, "skewed σ 0.6": SKEWED}
 PAIRS = [("OCS 44/64", "OCS 44/64"), ("switch 25/30", "OCS 44/64"), ("OCS 44/64", "skewed σ 0.6")]

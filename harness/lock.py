@@ -205,12 +205,7 @@ class BenchLease:
         self.directory.mkdir(parents=True, exist_ok=True)
         try:
             for key in self.keys:
-                with _guard(self.directory, key):
-                    current = read_lease(self._path(key))
-                    if lease_is_live(current) and current.get("token") != self.token:
-                        raise BenchLocked(_held_by(key, current))
-                    self._write(key, self._record())
-                    self._held.append(key)
+                self._take(key)
         except BaseException:
             self.release()
             raise
@@ -224,13 +219,17 @@ class BenchLease:
         if another live run holds it."""
         if key in self._held:
             return
+        self._take(key)
+        self.keys = sorted(set(self.keys) | {key})
+
+    def _take(self, key: str) -> None:
+        """Write our lease on `key` unless another live run holds it (BenchLocked), under the key's flock."""
         with _guard(self.directory, key):
             current = read_lease(self._path(key))
             if lease_is_live(current) and current.get("token") != self.token:
                 raise BenchLocked(_held_by(key, current))
             self._write(key, self._record())
             self._held.append(key)
-            self.keys = sorted(set(self.keys) | {key})
 
     def renew(self) -> None:
         """Push every expiry ttl_s ahead; sets `lost` if another run took a lease over meanwhile."""
