@@ -146,8 +146,9 @@ def test_runner_refuses_a_locked_ocs_and_releases_its_own_lease(tmp_path, monkey
 
 def test_a_run_whose_lease_is_taken_over_stops_and_restores(tmp_path):
     locks = tmp_path / "locks"
-    env = {**os.environ, LOCK_DIR_ENV: str(locks), TTL_ENV: "0.6"}
     with EmulatedBench(profile_from_dict(PROFILE), seed=2, workdir=tmp_path / "bench") as bench:
+        # after the bench started: it sets the password variable its inventory names (the child run reads it)
+        env = {**os.environ, LOCK_DIR_ENV: str(locks), TTL_ENV: "0.6"}
         original = bench.physics.ocs_patches()
         inventory = yaml.safe_load(bench.inventory_path.read_text())
         inventory["bench"]["emulated"] = False
