@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
-from scipy import special, stats
+from scipy import special
 
-Z99 = float(stats.norm.ppf(0.99))
+Z99 = float(special.ndtri(0.99))
 MAX_DELAY_MS = 3_600_000.0  # an hour: the longest delay parameter a profile may give
 MAX_LOGNORMAL_P99_RATIO = math.exp(Z99**2 / 2)  # the mean/p99 form of a lognormal exists only below this ratio
 
@@ -63,8 +63,23 @@ class Delay:
     """A delay distribution in seconds, backed by a frozen scipy distribution (or a constant)."""
 
     spec: dict[str, Any]
-    _dist: Any = field(repr=False, compare=False)
+    _family: Any = field(repr=False, compare=False)  # (scipy.stats name, its kwargs), or an _Empirical
     _const: float | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def _dist(self):
+        """The frozen scipy distribution, built on first use: scipy.stats costs half a second to import, and
+        a process that only samples (the emulator) never needs it."""
+        if isinstance(self._family, _Empirical):
+            return self._family
+        dist = getattr(self, "_frozen", None)
+        if dist is None:
+            from scipy import stats
+
+            name, kwargs = self._family
+            dist = getattr(stats, name)(**kwargs)
+            object.__setattr__(self, "_frozen", dist)
+        return dist
 
     @classmethod
     def fixed(cls, seconds: float) -> "Delay":
@@ -92,18 +107,18 @@ class Delay:
                 mu, sigma = lognormal_from_mean_p99(p["mean_ms"] / 1e3, p["p99_ms"] / 1e3)
             else:
                 mu, sigma = math.log(_positive(p["median_ms"], "median_ms") / 1e3), _positive(p["sigma"], "sigma")
-            return cls(dict(spec), stats.lognorm(s=sigma, scale=math.exp(mu)))
+            return cls(dict(spec), ("lognorm", {"s": sigma, "scale": math.exp(mu)}))
         if kind == "gamma":
             if "mean_ms" in p:
                 shape = 1.0 / _positive(p["cv"], "cv") ** 2
-                return cls(dict(spec), stats.gamma(a=shape, scale=_positive(p["mean_ms"], "mean_ms") / 1e3 / shape))
-            return cls(dict(spec), stats.gamma(a=_positive(p["shape"], "shape"),
-                                               scale=_positive(p["scale_ms"], "scale_ms") / 1e3))
+                return cls(dict(spec), ("gamma", {"a": shape, "scale": _positive(p["mean_ms"], "mean_ms") / 1e3 / shape}))
+            return cls(dict(spec), ("gamma", {"a": _positive(p["shape"], "shape"),
+                                              "scale": _positive(p["scale_ms"], "scale_ms") / 1e3}))
         if kind == "uniform":
             lo, hi = p["low_ms"] / 1e3, p["high_ms"] / 1e3
             if not 0 <= lo <= hi:
                 raise ValueError(f"uniform needs 0 <= low_ms <= high_ms, found {p['low_ms']:g}, {p['high_ms']:g}")
-            return cls(dict(spec), stats.uniform(loc=lo, scale=hi - lo))
+            return cls(dict(spec), ("uniform", {"loc": lo, "scale": hi - lo}))
         try:
             q = np.asarray(spec["quantiles_ms"], dtype=float) / 1e3
         except (TypeError, ValueError):
@@ -134,7 +149,7 @@ class Delay:
     def _ppf(self):
         fast = getattr(self, "_fast_ppf", None)
         if fast is None:
-            fast = _fast_ppf(self._dist)
+            fast = _fast_ppf(self._family) if not isinstance(self._family, _Empirical) else self._family.ppf
             object.__setattr__(self, "_fast_ppf", fast)
         return fast
 
@@ -152,12 +167,9 @@ class Delay:
         return self._const if self._const is not None else float(self._dist.ppf(q))
 
 
-def _fast_ppf(dist):
-    """A cheap quantile function equal to dist.ppf for the families profiles use."""
-    if isinstance(dist, _Empirical):
-        return dist.ppf
-    name = dist.dist.name
-    kw = dist.kwds
+def _fast_ppf(family):
+    """A cheap quantile function equal to scipy's ppf for the families profiles use."""
+    name, kw = family
     if name == "lognorm":
         s, scale = kw["s"], kw["scale"]
         return lambda q: scale * math.exp(s * special.ndtri(q))
@@ -167,7 +179,7 @@ def _fast_ppf(dist):
     if name == "gamma":
         a, scale = kw["a"], kw.get("scale", 1.0)
         return lambda q: scale * special.gammaincinv(a, q)
-    return dist.ppf
+    raise ValueError(f"no quantile function for {name}")
 
 
 class _Empirical:
