@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,7 @@ from traces.generate import generate_moe
 from traces.moe import moe_phases
 from traces.schema import write_moe
 
+ROOT = Path(__file__).resolve().parents[1]
 GBIT = 1.25e8  # bytes/s per Gb/s
 LATENCY_S = 10e-6  # the emulated tools' default fixed latency
 MIB = 1 << 20
@@ -434,3 +436,21 @@ def test_a_killed_step_keeps_its_phases_and_a_resume_continues_or_is_refused(tmp
     assert bool(frame["reconfigured"].iloc[3])  # the stop restored the switch: the resume wired it again
     summary = json.loads((run_dir / "moe_traffic_m.json").read_text())
     assert summary["resumed_after_phases"] == 3 and summary["phases"] == 6
+
+
+def test_links_that_never_train_time_out_saying_what_was_seen(tmp_path, capsys):
+    """A port whose PHY never trains after the circuit moves: the step gives up after `link_timeout_s` and
+    says, per port still waiting, what it read (its carrier count did not grow; RDMA not ACTIVE)."""
+    profile = yaml.safe_load((ROOT / "devices" / "profiles" / "burst-mode.yaml").read_text())
+    profile["faults"] = {"never_up": [PAIR[0]]}
+    (tmp_path / "stuck.yaml").write_text(yaml.safe_dump(profile))
+    book = _playbook(tmp_path / "moe.yaml", [{"type": "moe_traffic", "name": "pair", "reconfigure": "per_regime",
+                                              "endpoints": PAIR, "link_timeout_s": 0.5, **TRACE,
+                                              "iterations": 1, "regime_changes": []}])
+    main(["run", book, "--bench", f"emulated:{tmp_path / 'stuck.yaml'}", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert "links not up after 0.5 s" in err
+    (line,) = [x for x in err.splitlines() if "links not up" in x]
+    stuck = line.split(f"{PAIR[0]}: ", 1)[1]
+    count_before, count_after = stuck.split("carrier_up_count ", 1)[1].split(",", 1)[0].split(" → ")
+    assert count_before == count_after and "RDMA not ACTIVE" in stuck

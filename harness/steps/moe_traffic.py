@@ -367,17 +367,23 @@ class MoeTrafficRun:
         self.guard.apply(self.others | circuit_mapping(circuits, self.endpoints), self.policy)
         self.current = circuits
         deadline = Deadline(self.p["link_timeout_s"])
-        waiting = list(moved)
+        waiting, states, reads = list(moved), {}, 0
         while waiting and not deadline.expired():
             states = self._link_states(waiting)
+            reads += 1
             waiting = [e for e in waiting if not (states[e.key][0] > before[e.key][0] and states[e.key][1])]
             if waiting:
                 time.sleep(self.p["poll_interval_s"])
         if getattr(self, "gpu_view", None) is not None:
             self.gpu_view.window(begin, now_ns())
         if waiting:
-            self.ctx.say(f"[yellow]{self.step.name}: links not up after {self.p['link_timeout_s']} s: "
-                         f"{', '.join(e.key for e in waiting)}[/]")
+            # what was seen, not only what was missing: a carrier that never retrained reads differently
+            # from one that trained while the RDMA port stayed down
+            seen = "; ".join(f"{e.key}: carrier_up_count {before[e.key][0]} → {states.get(e.key, before[e.key])[0]}, "
+                             f"RDMA {'ACTIVE' if states.get(e.key, before[e.key])[1] else 'not ACTIVE'}"
+                             for e in waiting)
+            self.ctx.say(f"[yellow]{self.step.name}: links not up after {self.p['link_timeout_s']} s "
+                         f"({reads} reads): {seen}[/]")
         return (now_ns() - begin) / 1e9, not waiting
 
     def open_bench(self, n: int) -> list[str]:
