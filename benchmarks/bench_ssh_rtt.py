@@ -14,7 +14,7 @@ import paramiko
 
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import load_profile
-from devices.emulated.ssh_host import EmulatedHostServer
+from devices.emulated.host.server import EmulatedHostServer
 from devices.ssh import SshTransport
 from devices.timing import Deadline, now_ns
 

@@ -9,7 +9,7 @@ from hypothesis import settings
 
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import load_profile
-from devices.emulated.ssh_host import EmulatedHostServer
+from devices.emulated.host.server import EmulatedHostServer
 from devices.ssh import SshTransport
 
 # Compiled modules are cached for the suite's own processes even where the environment turns the cache off

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from devices.emulated.ssh_host import ChannelGone, EmulatedHostServer
+from devices.emulated.host.context import ChannelGone
+from devices.emulated.host.server import EmulatedHostServer
 from devices.errors import DeviceError, OutputTooLong, ReadBudget
 from devices.ssh import MAX_OUTPUT_BYTES, MAX_STREAM_LINE_BYTES, SshTransport
 from devices.timing import Deadline

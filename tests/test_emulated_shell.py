@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devices.emulated import coreutils
+from devices.emulated.host import coreutils
 
 _C = {**os.environ, "LC_ALL": "C"}
 _TEXT = (b"eth0 UP 100\nlo UNKNOWN 0\nens1f0np0 DOWN 25\nens1f1np1 UP 9\n\nfoo_bar up-link 7.5\n"

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 import harness.bench.hosts as hosts
-from devices.emulated import ssh_host
+from devices.emulated.host import agent as emulated_agent, streams
 from devices.emulated.physics import OpticalBench
 from devices.resources import HostResource
 from devices.ssh import SshTransport
@@ -61,7 +61,7 @@ def _gate_watch(monkeypatch, host: str) -> SimpleNamespace:
         gate.moved_ns = gate.moved_ns or now_ns()
         return apply(self, *args, **kwargs)
 
-    watch = ssh_host.AGENT_COMMANDS["watch"]
+    watch = emulated_agent.AGENT_COMMANDS["watch"]
 
     def gated(ctx, argv):
         if ctx.host == host:
@@ -70,7 +70,7 @@ def _gate_watch(monkeypatch, host: str) -> SimpleNamespace:
         return watch(ctx, argv)
 
     monkeypatch.setattr(OpticalBench, "ocs_apply", ocs_apply)
-    monkeypatch.setitem(ssh_host.AGENT_COMMANDS, "watch", gated)
+    monkeypatch.setitem(emulated_agent.AGENT_COMMANDS, "watch", gated)
     return gate
 
 
@@ -169,10 +169,10 @@ def test_a_probe_receiver_started_while_probes_flow_reports_the_first_it_sees(be
     host, agent = server.host_name, "~/.cache/ocs-hil/hilagent-late.py"
     nic = bench.nic_ports(host)[1]
     if flow_starts == "while the receiver registers":  # between the stream's creation and its registration
-        add = ssh_host._AgentStreams.add
+        add = streams.AgentStreams.add
 
         def late_add(self, stream):
-            if isinstance(stream, ssh_host._ProbeRecvStream):
+            if isinstance(stream, emulated_agent._ProbeRecvStream):
                 _flow_reaches(bench, nic)
                 deadline = Deadline(30)  # ... and the flow's first probe went by, to nobody
                 while bench._nic.pending or not self._inbox.empty():
@@ -181,7 +181,7 @@ def test_a_probe_receiver_started_while_probes_flow_reports_the_first_it_sees(be
                 time.sleep(0.05)  # the host's thread routes what it took off its inbox
             add(self, stream)
 
-        monkeypatch.setattr(ssh_host._AgentStreams, "add", late_add)
+        monkeypatch.setattr(streams.AgentStreams, "add", late_add)
     with SshTransport(server.resource()) as ssh:
         ssh.run(f"mkdir -p ~/.cache/ocs-hil && cat > {agent}", stdin="# the agent program\n", check=True)
         sender = ssh.stream(f"python3 -u {agent} probe-send --iface {nic.netdev} --template {'00' * 74} "

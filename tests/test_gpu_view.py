@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from devices.emulated.ssh_host import GPU_BUSY, GPU_STALLED
+from devices.emulated.host.gpu import GPU_BUSY, GPU_STALLED
 from devices.errors import TransportClosed
 from devices.timing import now_ns
 from harness import gpu_view

@@ -16,7 +16,7 @@ from analysis.mixnet import all_to_all_time, greedy_circuits
 from devices.emulated import formats
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import load_profile
-from devices.emulated.ssh_host import EmulatedHostServer
+from devices.emulated.host.server import EmulatedHostServer
 from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests
 from devices.ssh import SshTransport
 from devices.parsers.common import ParseError

@@ -9,7 +9,7 @@ from devices.agent import build_probe_template
 from devices.emulated.netns import NetnsPlane, list_netns, netns_available, passthrough_commands
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import profile_from_dict
-from devices.emulated.ssh_host import EmulatedHostServer
+from devices.emulated.host.server import EmulatedHostServer
 from devices.errors import TransportClosed
 from devices.hostagent import HostAgent, parse_probe_line
 from devices.parsers.nic import parse_ip_monitor_line

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from devices.emulated.ssh_host import AGENT_FIELDS
+from devices.emulated.host.agent import AGENT_FIELDS
 from devices.errors import TransportClosed
 from devices.ssh import SshTransport
 from devices.timing import Deadline, now_ns
@@ -204,13 +204,14 @@ def test_a_hosts_streams_share_one_subscription_and_get_only_their_changes():
     from types import SimpleNamespace
 
     from devices.emulated.physics import NicChange
-    from devices.emulated.ssh_host import _AgentStreams, _ProbeRecvStream
+    from devices.emulated.host.agent import _ProbeRecvStream
+    from devices.emulated.host.streams import AgentStreams
 
     callbacks, written, wrote = [], [], threading.Event()
     bench = SimpleNamespace(subscribe=lambda host, cb: callbacks.append(cb) or (lambda: None),
                             host_time=lambda host, t: t + 1000)
     server = SimpleNamespace(host_name="gpu1", bench=bench)
-    streams = _AgentStreams(server)
+    streams = AgentStreams(server)
     ctx = SimpleNamespace(bench=bench, host="gpu1", out=lambda text: (written.append(text), wrote.set()))
     mine, other = _ProbeRecvStream(ctx, "ens2f0np0"), _ProbeRecvStream(ctx, "ens3f0np0")
     streams.add(mine)
@@ -253,28 +254,28 @@ def test_emulated_time_responder_stamps_midway_between_arrival_and_reply(monkeyp
     import types
 
     from devices import sshhub
-    from devices.emulated import ssh_host
+    from devices.emulated.host import agent
 
     pipe = sshhub.ArrivalStampedPipe()
     monkeypatch.setattr(sshhub, "now_ns", lambda: 1_000)
     pipe.feed(b"c7\n")
     pipe.close()
-    monkeypatch.setattr(ssh_host, "now_ns", lambda: 3_000)  # the thread reads and answers later
+    monkeypatch.setattr(agent, "now_ns", lambda: 3_000)  # the thread reads and answers later
     sent = []
     channel = types.SimpleNamespace(in_buffer=pipe, recv=lambda n: pipe.read(n), sendall=sent.append)
     bench = types.SimpleNamespace(host_time=lambda host, mono: mono + 5_000_000)
     ctx = types.SimpleNamespace(bench=bench, host="gpu1", channel=channel)
-    assert ssh_host.AGENT_COMMANDS["timesrv"](ctx, ["timesrv"]) == 0
+    assert agent.AGENT_COMMANDS["timesrv"](ctx, ["timesrv"]) == 0
     assert sent == [b"c7 5002000\n"]
 
 
 def test_timesrv_is_answered_on_the_hub_without_the_commands_thread(ssh, bench, server, monkeypatch):
     """A probe's reply leaves from the SSH hub as the token arrives: the time responder needs no command
     thread (here the command's thread never runs), and the stamp lies between the send and the receive."""
-    from devices.emulated import ssh_host
+    from devices.emulated.host import ssh as host_ssh
 
     started = []
-    monkeypatch.setattr(ssh_host._HostsLoop, "run_command", lambda self, target, args, name: started.append(name))
+    monkeypatch.setattr(host_ssh.HostsLoop, "run_command", lambda self, target, args, name: started.append(name))
     probe_timesrv(ssh, bench, server.host_name, 5, "h")
     assert len(started) == 1  # the exec request was taken, its thread never started
 
@@ -284,17 +285,17 @@ def test_time_responder_hands_replies_to_the_commands_thread_when_the_window_is_
     command's thread, and every later one too (in order); the client's window is given back as tokens arrive."""
     import types
 
-    from devices.emulated.ssh_host import _TimeResponder
+    from devices.emulated.host.agent import TimeResponder
 
     sent, acks = [], []
     channel = types.SimpleNamespace(out_window_size=4, out_max_packet_size=32768, send=sent.append,
                                     _check_add_window=lambda n: acks.append(n) or 0)
-    pipe = _TimeResponder(channel, types.SimpleNamespace(host_time=lambda host, mono: 7), "gpu1")
+    pipe = TimeResponder(channel, types.SimpleNamespace(host_time=lambda host, mono: 7), "gpu1")
     pipe.feed(b"a1\nb")
     channel.out_window_size = 1 << 20
     pipe.feed(b"2\n")
     assert sent == [] and pipe.read(100) == b"a1 7\nb2 7\n" and acks == [4, 2]
-    pipe2 = _TimeResponder(channel, types.SimpleNamespace(host_time=lambda host, mono: 7), "gpu1")
+    pipe2 = TimeResponder(channel, types.SimpleNamespace(host_time=lambda host, mono: 7), "gpu1")
     pipe2.feed(b"c3\n")
     assert sent == [b"c3 7\n"] and len(pipe2) == 0
 
@@ -305,13 +306,15 @@ def test_a_stream_whose_channel_is_gone_at_its_first_lines_ends_unregistered():
     import threading
     from types import SimpleNamespace
 
-    from devices.emulated.ssh_host import ChannelGone, _AgentStreams, _ProbeRecvStream
+    from devices.emulated.host.agent import _ProbeRecvStream
+    from devices.emulated.host.context import ChannelGone
+    from devices.emulated.host.streams import AgentStreams
 
     def gone(text):
         raise ChannelGone()
 
     bench = SimpleNamespace(subscribe=lambda host, cb: (lambda: None), probe_flow=lambda host, netdev: None)
-    streams = _AgentStreams(SimpleNamespace(host_name="gpu1", bench=bench))
+    streams = AgentStreams(SimpleNamespace(host_name="gpu1", bench=bench))
     ctx = SimpleNamespace(bench=bench, host="gpu1", out=gone, server=SimpleNamespace(agent_streams=lambda: streams))
     stream = _ProbeRecvStream(ctx, "ens1f0np0")
     ended = threading.Event()

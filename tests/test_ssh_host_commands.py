@@ -11,7 +11,7 @@ import pytest
 
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import profile_from_dict
-from devices.emulated.ssh_host import EmulatedHostServer
+from devices.emulated.host.server import EmulatedHostServer
 from devices.parsers.gpu import parse_nvidia_smi_csv, parse_nvidia_timestamp
 from devices.parsers.nic import (parse_carrier, parse_ethtool, parse_ethtool_module, parse_ib_phys_state,
                                  parse_ib_rate, parse_ib_state, parse_ip_link_oneline, parse_ip_monitor_line,

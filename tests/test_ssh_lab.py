@@ -583,6 +583,6 @@ def test_become_sudo_with_real_sudo(sshd, lab_user, tmp_path):
             stream.write("t1\n")
             got = stream.readline(Deadline(20))
         assert got is not None and got[1].split()[0] == "t1"
-    from devices.emulated.ssh_host import _sudo  # the emulated host says what real sudo says
+    from devices.emulated.host.shell import _sudo  # the emulated host says what real sudo says
     import inspect
     assert '"sudo: a password is required\\n"' in inspect.getsource(_sudo)

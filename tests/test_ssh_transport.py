@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from devices.emulated.ssh_host import EmulatedHostServer
+from devices.emulated.host.server import EmulatedHostServer
 from devices.errors import DeviceTimeout, TransportClosed
 from devices.parsers.clock_tools import parse_date_ns
 from devices.ssh import AuthenticationFailed, CommandFailed, HostKeyError, SshTransport

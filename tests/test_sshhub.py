@@ -18,7 +18,7 @@ import yaml
 
 from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import load_profile
-from devices.emulated.ssh_host import EmulatedHostServer
+from devices.emulated.host.server import EmulatedHostServer
 from devices.ssh import SshTransport
 from devices.sshhub import Hub, HubLock, HubSocket, HubTransport
 from devices.timing import Deadline

@@ -240,12 +240,12 @@ def test_reproduction_a_quiet_watch_is_not_ok(tmp_path, monkeypatch):
     """The audit's case: gpu1's agent stops printing (its stream open) in cycles 3 and 4, while probes still flow.
     Before: every cycle "ok", gpu1's stages implied from the first probe. Now: those cycles faulted, naming the
     host and the silence; the others ok and whole."""
-    from devices.emulated import ssh_host
+    from devices.emulated.host import agent
     from harness.bench.hosts import HostGroup
 
     stalled = {"on": False}
-    lines, started = ssh_host._WatchStream.lines, HostGroup.cycle_started
-    monkeypatch.setattr(ssh_host._WatchStream, "lines", lambda self, items: (
+    lines, started = agent._WatchStream.lines, HostGroup.cycle_started
+    monkeypatch.setattr(agent._WatchStream, "lines", lambda self, items: (
         lambda text: "" if stalled["on"] and self.ctx.host == "gpu1" else text)(lines(self, items)))
     monkeypatch.setattr(HostGroup, "cycle_started", lambda self, cycle, begin: (
         stalled.update(on=cycle in (3, 4)), started(self, cycle, begin))[1])

@@ -125,7 +125,7 @@ class EmulatedBench:
 
     def start(self) -> "EmulatedBench":
         from devices.emulated.ocs_server import OcsServers
-        from devices.emulated.ssh_host import EmulatedHostServer
+        from devices.emulated.host.server import EmulatedHostServer
 
         try:
             self.physics.start()

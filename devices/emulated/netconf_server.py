@@ -44,7 +44,7 @@ from pathlib import Path
 import paramiko
 
 from devices.emulated.physics import OcsRefusal
-from devices.emulated.ssh_host import _forget_accepted, _generate_ed25519, accept_ssh
+from devices.emulated.host.ssh import accept_ssh, forget_accepted, generate_ed25519
 from devices.timing import now_ns
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ class NetconfServer:
 
     def start(self) -> "NetconfServer":
         self._dir = tempfile.TemporaryDirectory(prefix="ocs-hil-netconf-")
-        self.host_key = _generate_ed25519(Path(self._dir.name) / "ssh_host_ed25519_key")
+        self.host_key = generate_ed25519(Path(self._dir.name) / "ssh_host_ed25519_key")
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind((self.host, self.port))
@@ -258,7 +258,7 @@ class NetconfServer:
 
     # ---- one session ----------------------------------------------------------------------------
     def session(self, channel: paramiko.Channel) -> None:
-        _forget_accepted(channel)
+        forget_accepted(channel)
         session_id = next(self._session_ids)
         framing = _Framing(channel)
         try:

@@ -436,7 +436,7 @@ PASSTHROUGH_AGENT = ("probe-send", "probe-recv")
 def _pump(ctx, proc: subprocess.Popen, stops_on_stdin_eof: bool) -> int:
     """Relay a real process's stdout/stderr to an SSH channel until the client closes stdin or goes away;
     then end the process (by closing its stdin if it stops on EOF, else by SIGTERM)."""
-    from devices.emulated.ssh_host import ChannelGone
+    from devices.emulated.host.context import ChannelGone
 
     def relay(stream, write):
         try:
@@ -494,8 +494,9 @@ def passthrough_commands(plane: NetnsPlane, host: str) -> dict:
     `host`'s namespace: `ip ... monitor ...`, and the uploaded agent's probe-send / probe-recv. Every
     other command (and the agent's timesrv and watch, which read the physics' full NIC state) stays
     emulated."""
-    from devices.emulated.ssh_host import DEFAULT_COMMANDS, PYTHON_NAMES
-    from devices.emulated.ssh_host import _python as emulated_python  # file checks, usage, other subcommands
+    from devices.emulated.host.server import DEFAULT_COMMANDS
+    from devices.emulated.host.shell import PYTHON_NAMES
+    from devices.emulated.host.shell import run_python as emulated_python  # file checks, usage, other subcommands
 
     emulated_ip = DEFAULT_COMMANDS["ip"]
 

@@ -357,7 +357,7 @@ class PhysicsView:
 def _worker_main(calls_fd: int, pushes_fd: int) -> int:
     import signal
 
-    from devices.emulated.ssh_host import EmulatedHostServer
+    from devices.emulated.host.server import EmulatedHostServer
 
     # A terminal's Ctrl-C reaches the whole process group: the bench stops its workers over the pipe (and a
     # closed pipe stops them too), so the worker neither dies mid-stop nor prints a traceback.
