@@ -27,20 +27,12 @@ from devices.resources import Bench, HostResource, NicPort, OcsResource
 from harness.errors import InputError
 from pydantic import ValidationError, ValidationInfo, field_validator
 
-from harness.specs import (AfterValidator, BaseModel, Expect, Field, Literal, Name, Port, Spec, describe, errors_of,
-                           model_from_schema, raise_all, union_of, validate)
+from harness.specs import (REQUIRED, AfterValidator, BaseModel, Expect, Field, Literal, Name, Port, Spec, describe,
+                           errors_of, model_from_schema, raise_all, union_of, validate)
 
 PortItem = union_of((int, str))
 
 DEFAULT_BENCH = "emulated:mixnet-testbed"
-
-
-class _Required:
-    def __repr__(self) -> str:
-        return "REQUIRED"
-
-
-REQUIRED: Any = _Required()
 
 
 # --------------------------------------------------------------------------------------------- YAML
@@ -885,12 +877,64 @@ MAX_CYCLES = 10_000_000  # a playbook's and `--cycles`' bound
 class SweepSpec(Spec):
     """A sweep (harness sweep): every combination of the grid's values, each run once per seed. A grid key is
     STEP.PARAM (a step's parameter, dotted into mappings), profile.FIELD (the emulated bench's profile) or
-    `cycles`; which of them a playbook may name is checked against its steps (harness.sweep.check_sweep)."""
+    `cycles`; which of them a playbook may name is checked against its steps (harness.config.check_sweep)."""
 
     grid: Annotated[dict[str, Annotated[list, Field(min_length=1), _distinct("value"),
                                         Expect("a non-empty list of values")]],
                     Field(min_length=1), Expect("at least one parameter")]
     seeds: Annotated[list[Seed], _distinct("seed")] = Field([], description="empty: the playbook's seed")
+
+
+SWEEP_TOP_LEVEL = ("cycles",)  # the playbook's own keys a sweep grid may name
+
+
+def check_sweep(node: Any, steps: list, step_types: dict, where: tuple) -> dict:
+    """A playbook's `sweep:` block (its shape already validated: SweepSpec) against its steps:
+    every problem at its file:line at once. A plain dict back: {"grid": {key: [values]}, "seeds": [int]}.
+    Profile fields are checked when the bench is known."""
+    grid_node = node["grid"]
+    by_name = {s.name: s for s in steps}
+    problems: list[InputError] = []
+    for key, values in grid_node.items():
+        at = grid_node.where(key) if hasattr(grid_node, "where") else where
+        head, _, rest = str(key).partition(".")
+        if key in SWEEP_TOP_LEVEL:
+            problems += [InputError(f"sweep.grid.{key}[{i}]: expected a positive integer", *_item(values, i, at))
+                         for i, v in enumerate(values) if type(v) is not int or v < 1]
+        elif head == "profile":
+            if not rest:
+                problems.append(InputError("sweep.grid.profile: name a profile field, e.g. profile.ocs.switch.ms", *at))
+        elif head in by_name and rest:
+            step = by_name[head]
+            param = rest.split(".")[0]
+            model = step_types[step.type].model
+            if param not in model.model_fields:
+                problems.append(InputError(f"sweep.grid.{key}: step {head!r} ({step.type}) has no parameter "
+                                           f"{param!r} (known: {', '.join(model.model_fields) or 'none'})", *at))
+                continue
+            for i, v in enumerate(values):  # the step's own validation, on the overridden parameters
+                try:
+                    check_mapping(override(step.params, rest, v), model, f"sweep.grid value {i + 1} for step "
+                                  f"{head!r}", at)
+                except InputError as exc:
+                    problems += [InputError(e.message, *_item(values, i, at)) for e in getattr(exc, "errors", [exc])]
+        else:
+            problems.append(InputError(f"sweep.grid.{key}: expected STEP.PARAM (steps: {', '.join(by_name)}), "
+                                       f"profile.FIELD or {', '.join(SWEEP_TOP_LEVEL)}", *at))
+    raise_all(problems)
+    return {"grid": {str(k): list(v) for k, v in grid_node.items()}, "seeds": list(node.get("seeds", []))}
+
+
+def _item(values, i: int, fallback: tuple) -> tuple:
+    return values.where(i) if isinstance(values, YamlList) else fallback
+
+
+def override(mapping: dict, dotted: str, value: Any) -> dict:
+    """A copy of `mapping` with the value at `a.b.c` replaced (intermediate mappings created)."""
+    head, _, rest = dotted.partition(".")
+    out = dict(mapping)
+    out[head] = override(out.get(head) if isinstance(out.get(head), dict) else {}, rest, value) if rest else value
+    return out
 
 
 class PlaybookSpec(Spec):
@@ -956,8 +1000,6 @@ def playbook_from_data(loaded: LoadedYaml, source: str, step_types: Mapping[str,
     options = {k: top[k] for k in PLAYBOOK_OPTIONS}
     sweep = None
     if top["sweep"] is not None:
-        from harness.sweep import check_sweep
-
         sweep = check_sweep(data["sweep"], steps, step_types, data.where("sweep"))
     return Playbook(name=top["name"], description=top["description"], bench=top["bench"], seed=top["seed"],
                     cycles=top["cycles"], steps=steps, source=source, sha256=loaded.digest, options=options,

@@ -62,7 +62,7 @@ def _bench_spec(config) -> str:
 
 
 def _spec_is_emulated(spec: str) -> bool:
-    from harness.runner import emulated_spec
+    from harness.benchspec import emulated_spec
 
     if emulated_spec(spec):
         return True
@@ -75,7 +75,7 @@ def _switch_names(config) -> list[str]:
     """The bench's switches the `ocs` fixture drives (`--bench-ocs`, else every one), known at collection:
     an emulated spec serves one per protocol it names, as ocs1, ocs2, ...; an inventory names its own."""
     from harness.errors import InputError
-    from harness.runner import emulated_spec
+    from harness.benchspec import emulated_spec
 
     wanted = config.getoption("hil_bench_ocs")
     if wanted is not None:
@@ -222,7 +222,7 @@ class _SessionLease:
         from harness.config import load_inventory
         from harness.errors import InputError
         from harness.lock import ocs_lease_keys
-        from harness.runner import emulated_spec
+        from harness.benchspec import emulated_spec
 
         try:
             if emulated_spec(bench_spec) is not None or not Path(bench_spec).is_file():

@@ -12,6 +12,8 @@ import yaml
 
 from harness import record as rec
 from devices.resources import Bench
+from harness.bench.emulated import load_profile
+from harness.benchspec import BENCH_KINDS, emulated_spec
 from harness.config import Playbook, load_inventory, load_playbook
 from harness.errors import InputError
 
@@ -57,15 +59,9 @@ def playbook_digest(playbook: Playbook) -> str:
     return rec.sha256_text(json.dumps(data, sort_keys=True))
 
 
-def _emulated(spec: str):
-    from harness.runner import emulated_spec
-
-    return emulated_spec(spec)
-
-
 def bench_kind(spec: str) -> str:
     """What kind of bench a spec names: an inventory, or the emulator kind with the switch's protocol."""
-    parsed = _emulated(spec)
+    parsed = emulated_spec(spec)
     return f"{parsed[0]}?ocs={parsed[2]}" if parsed else "inventory"
 
 
@@ -87,17 +83,13 @@ class BenchSource:
 
 def read_bench(spec: str) -> BenchSource:
     """The bench spec's file, read and (an inventory) validated before any run directory exists."""
-    parsed = _emulated(spec)
+    parsed = emulated_spec(spec)
     if parsed:
-        from harness.bench.emulated import load_profile
-
         profile = load_profile(parsed[1])
         path = Path(profile.path) if profile.path else None
         return BenchSource(spec, path, path.read_bytes() if path else None, None)
     path = Path(spec)
     if not path.is_file():
-        from harness.runner import BENCH_KINDS
-
         raise InputError(f"--bench: no such inventory file, and not one of {', '.join(BENCH_KINDS)}", spec)
     data = path.read_bytes()
     return BenchSource(spec, path, data, load_inventory(path))
@@ -161,11 +153,11 @@ def plan_resume(run_dir: Path, *, playbook_path: str | None, bench: str | None, 
     if seed is not None and seed != was.seed:
         raise _refuse(f"this run has seed {was.seed}, not {seed}; start a new run", run_dir)
     spec = bench or was.bench
-    if not _emulated(spec) and not Path(spec).is_file() and bench is None:
+    if not emulated_spec(spec) and not Path(spec).is_file() and bench is None:
         spec = str(run_dir / INPUTS / "bench.yaml")  # the original inventory is gone: its copy
     kind, _, rest = spec.partition(":")
     profile, sep, query = rest.partition("?")
-    if bench is None and _emulated(spec) and Path(profile).suffix and not Path(profile).is_file():
+    if bench is None and emulated_spec(spec) and Path(profile).suffix and not Path(profile).is_file():
         spec = f"{kind}:{run_dir / INPUTS / 'profile.yaml'}{sep}{query}"  # the profile file is gone: its copy
     source = read_bench(spec)
     if bench_kind(spec) != bench_kind(was.bench) or source.digest != was.bench_digest:

@@ -25,16 +25,16 @@ import numpy as np
 from devices.errors import DeviceError
 from devices.protocols import CircuitSwitch
 from devices.resources import Bench
-from harness import logs
+from harness import logs, resume
 from harness import record as rec
-from harness.config import MAX_CYCLES, Playbook, load_inventory, load_playbook
+from harness.bench.emulated import load_profile
+from harness.benchspec import BENCH_KINDS, emulated_spec
+from harness.config import MAX_CYCLES, STEP_TYPES, Playbook, load_inventory, load_playbook
 from harness.errors import InputError
 from harness.eventlog import EventLog
 from harness.events import Event
+from harness.finish import console_summary, finish_run
 from harness.steps import StepOutcome
-
-BENCH_KINDS = ("emulated:PROFILE[?ocs=PROTOCOL]", "emulated-netns:PROFILE[?ocs=PROTOCOL]", "INVENTORY.yaml")
-
 
 class Aborted(Exception):
     """SIGTERM (or SIGINT) arrived; the run stops and tears down."""
@@ -189,31 +189,6 @@ class RunContext:
         logs.echo(text, quiet=self.quiet)  # console.log keeps it in quiet mode too
 
 
-def emulated_spec(spec: str) -> tuple[str, str, str] | None:
-    """'emulated[-netns]:PROFILE[?ocs=PROTOCOL]' → (kind, profile, protocol); None for an inventory path.
-    The protocol is any registered switch protocol (default: the registry's): the same emulated switch, served over
-    that protocol's wire, so CI can drive the SCPI or NETCONF driver through `--bench` alone. Several, comma-separated
-    (`?ocs=polatis-tl1,polatis-scpi`): as many switches over the one physics (devices.emulated.bench.SwitchSlice),
-    returned as "a,b"."""
-    from urllib.parse import parse_qs
-
-    from devices.ocs.registry import DEFAULT_PROTOCOL, OcsConfigError, get_protocol
-
-    kind, _, rest = spec.partition(":")
-    if kind not in ("emulated", "emulated-netns") or not rest:
-        return None
-    profile, _, query = rest.partition("?")
-    options = parse_qs(query, keep_blank_values=True, strict_parsing=False) if query else {}
-    unknown = set(options) - {"ocs"}
-    if unknown or not profile or any(len(v) != 1 for v in options.values()):
-        raise InputError(f"--bench: expected {kind}:PROFILE or {kind}:PROFILE?ocs=PROTOCOL", spec)
-    try:
-        protocol = ",".join(get_protocol(name).name for name in options.get("ocs", [DEFAULT_PROTOCOL])[0].split(","))
-    except OcsConfigError as exc:
-        raise InputError(f"--bench: {exc}", spec) from None
-    return kind, profile, protocol
-
-
 def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Path, inventory: Bench | None = None):
     """'emulated:PROFILE[?ocs=PROTOCOL]', 'emulated-netns:PROFILE[?ocs=...]' or an inventory path →
     (Bench, EmulatedBench|None). `inventory`: the spec's inventory, already parsed (a run parses it once)."""
@@ -221,7 +196,6 @@ def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Pa
     if emulated_bench:
         kind, profile, protocol = emulated_bench
         from devices.emulated.bench import EmulatedBench
-        from harness.bench.emulated import load_profile
 
         prof = load_profile(profile)
         netns = None
@@ -247,7 +221,6 @@ def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Pa
 def run(options: RunOptions) -> int:
     """Validate every input, then take the run directory (new, or the resumed one), its lock and the bench
     lease, then run. Nothing is created for input that fails validation; a dry run writes nothing."""
-    from harness import resume
     from harness.lock import RunDirLock, RunDirLocked
 
     resumed = None
@@ -338,9 +311,6 @@ def _take_over_recovery(bench: Bench, run_dir: Path, options: RunOptions):
 
 def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, previous_manifest: dict | None,
          lease, recovery=None) -> int:
-    from harness.finish import console_summary, finish_run
-    from harness.resume import identity_record
-
     seed, cycles, bench_spec = ident.seed, ident.cycles, ident.bench
     resume_after = _logged_cycles(run_dir, playbook) if previous_manifest else {}
     run_id = run_dir.name
@@ -368,7 +338,7 @@ def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, 
         manifest = rec.build_manifest(playbook, inventory_text=inventory_text, seed=seed,
                                       profile=_profile_record(emulated.profile) if emulated else None,
                                       extra={"run_id": run_id, "bench": bench_spec, "cycles": cycles})
-        manifest["run"] = identity_record(ident)
+        manifest["run"] = resume.identity_record(ident)
         if previous_manifest:
             manifest = previous_manifest
             manifest.setdefault("extra", {}).setdefault("resumed", []).append(
@@ -536,8 +506,6 @@ def _logged_cycles(run_dir: Path, playbook: Playbook) -> dict[str, int]:
                 f.write(b"\n".join(partial) + b"\n")
             rec.write_text_atomic(log_path, b"".join(ln + b"\n" for ln in keep).decode())
             last -= 1
-    from harness.config import STEP_TYPES
-
     return {s.name: STEP_TYPES[s.type].resume_point(run_dir, s, max(0, last)) for s in playbook.steps
             if STEP_TYPES[s.type].resume_point is not None}
 
@@ -553,8 +521,6 @@ def _profile_record(profile) -> dict:
 
 
 def _step_impl(step_type: str):
-    from harness.config import STEP_TYPES
-
     spec = STEP_TYPES[step_type]
     if spec.impl is None:
         raise InputError(f"step type {step_type!r} is declared but has no implementation")

@@ -16,6 +16,13 @@ from devices.specs import AtLeastOne, Count, Expect, Interval, Name, Port, Posit
 from harness.errors import InputError
 
 
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()  # a step parameter without a default, in the `{param: (type, default)}` form
+
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true/false", list: "a list",
                dict: "a mapping", type(None): "null"}
 _ERROR_WORDS = {"int": "an integer", "float": "a number", "string": "a string", "bool": "true/false",
@@ -81,8 +88,6 @@ def union_of(types: tuple[type, ...]) -> Any:
 def model_from_schema(name: str, schema: Mapping[str, tuple], base: type[Spec] | None = None) -> type[Spec]:
     """A step model from the older `{param: (type, default | REQUIRED)}` form, with the semantic range its
     name implies (so a lab's tuple schema gets the same checks and a JSON Schema)."""
-    from harness.config import REQUIRED
-
     fields = {}
     for key, (types, default, *_) in schema.items():
         types = types if isinstance(types, tuple) else (types,)

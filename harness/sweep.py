@@ -35,65 +35,16 @@ from typing import Any
 
 import yaml
 
-from harness.config import YamlList, check_mapping
-from harness.specs import raise_all
+from harness import record as rec
+from harness.bench.emulated import load_profile
+from harness.benchspec import emulated_spec
+from harness.config import load_inventory, load_playbook, override
 from harness.errors import InputError
 
-TOP_LEVEL = ("cycles",)
 SPEC_NAME = "sweep.json"
 RESULTS_NAME = "results.parquet"
 LEASE_WAIT_S = 600.0
 LEASE_POLL_S = 2.0
-
-
-# ------------------------------------------------------------------------------------------ the block
-def check_sweep(node: Any, steps: list, step_types: dict, where: tuple) -> dict:
-    """A playbook's `sweep:` block (its shape already validated: harness.config.SweepSpec) against its steps:
-    every problem at its file:line at once. A plain dict back: {"grid": {key: [values]}, "seeds": [int]}.
-    Profile fields are checked when the bench is known."""
-    grid_node = node["grid"]
-    by_name = {s.name: s for s in steps}
-    problems: list[InputError] = []
-    for key, values in grid_node.items():
-        at = grid_node.where(key) if hasattr(grid_node, "where") else where
-        head, _, rest = str(key).partition(".")
-        if key in TOP_LEVEL:
-            problems += [InputError(f"sweep.grid.{key}[{i}]: expected a positive integer", *_item(values, i, at))
-                         for i, v in enumerate(values) if type(v) is not int or v < 1]
-        elif head == "profile":
-            if not rest:
-                problems.append(InputError("sweep.grid.profile: name a profile field, e.g. profile.ocs.switch.ms", *at))
-        elif head in by_name and rest:
-            step = by_name[head]
-            param = rest.split(".")[0]
-            model = step_types[step.type].model
-            if param not in model.model_fields:
-                problems.append(InputError(f"sweep.grid.{key}: step {head!r} ({step.type}) has no parameter "
-                                           f"{param!r} (known: {', '.join(model.model_fields) or 'none'})", *at))
-                continue
-            for i, v in enumerate(values):  # the step's own validation, on the overridden parameters
-                try:
-                    check_mapping(_override(step.params, rest, v), model, f"sweep.grid value {i + 1} for step "
-                                  f"{head!r}", at)
-                except InputError as exc:
-                    problems += [InputError(e.message, *_item(values, i, at)) for e in getattr(exc, "errors", [exc])]
-        else:
-            problems.append(InputError(f"sweep.grid.{key}: expected STEP.PARAM (steps: {', '.join(by_name)}), "
-                                       f"profile.FIELD or {', '.join(TOP_LEVEL)}", *at))
-    raise_all(problems)
-    return {"grid": {str(k): list(v) for k, v in grid_node.items()}, "seeds": list(node.get("seeds", []))}
-
-
-def _item(values, i: int, fallback: tuple) -> tuple:
-    return values.where(i) if isinstance(values, YamlList) else fallback
-
-
-def _override(mapping: dict, dotted: str, value: Any) -> dict:
-    """A copy of `mapping` with the value at `a.b.c` replaced (intermediate mappings created)."""
-    head, _, rest = dotted.partition(".")
-    out = dict(mapping)
-    out[head] = _override(out.get(head) if isinstance(out.get(head), dict) else {}, rest, value) if rest else value
-    return out
 
 
 # ------------------------------------------------------------------------------------------ points
@@ -121,12 +72,6 @@ def expand(sweep: dict, default_seed: int) -> list[Point]:
             for i, (values, seed) in enumerate((c, s) for c in combos for s in seeds)]
 
 
-def _jsonable(obj: Any) -> Any:
-    from harness.record import to_jsonable
-
-    return to_jsonable(obj)
-
-
 def point_playbook(playbook, point: Point) -> dict:
     """The playbook of one point as YAML data: the sweep block gone, the point's values in place, every
     parameter explicit, and relative file names made absolute so the point runs from its own folder."""
@@ -137,9 +82,9 @@ def point_playbook(playbook, point: Point) -> dict:
         for key, value in point.params.items():
             head, _, rest = key.partition(".")
             if head == step.name:
-                params = _override(params, rest, value)
+                params = override(params, rest, value)
         steps.append({"type": step.type, "name": step.name, **params})
-    return _jsonable({"name": playbook.name, "description": playbook.description,
+    return rec.to_jsonable({"name": playbook.name, "description": playbook.description,
                       "cycles": point.params.get("cycles", playbook.cycles), "seed": point.seed, "steps": steps,
                       **playbook.options})
 
@@ -156,13 +101,11 @@ def point_profile(bench: str, point: Point) -> dict | None:
     path = Path(name) if Path(name).suffix else PROFILE_DIR / f"{name}.yaml"
     data = yaml.safe_load(path.read_text())
     for dotted, value in fields.items():
-        data = _override(data, dotted, value)
+        data = override(data, dotted, value)
     return data
 
 
 def _emulated_profile(bench: str) -> str:
-    from harness.runner import emulated_spec
-
     spec = emulated_spec(bench)
     if spec is None:
         raise InputError("sweep.grid: profile.* fields need an emulated bench (emulated:PROFILE)", bench)
@@ -198,8 +141,6 @@ def run_point(job: PointJob, _after: Any = None) -> dict:
     """Run (or resume, or skip when finished) one point with `harness run` in a subprocess; a row of facts.
     `_after` only orders physical points one after another (a dask dependency). point.json keeps the
     attempt's wall-clock start and end (ns) and how often the bench lease was refused before it."""
-    from harness import record as rec
-
     run_dir = Path(job.run_dir)
     if _finished(run_dir):
         return {"point": job.name, "exit_code": _json(run_dir / "point.json").get("exit_code"), "ran": False}
@@ -245,7 +186,6 @@ def run_point(job: PointJob, _after: Any = None) -> dict:
 
 def _bench_holder(job: PointJob) -> str | None:
     """Who holds the lease on a switch of the point's inventory, if anyone does."""
-    from harness.config import load_inventory
     from harness.lock import live_holder, ocs_lease_keys
 
     bench = load_inventory(job.bench)
@@ -307,18 +247,12 @@ class SweepPlan:
 
 def plan(playbook_path: str, *, bench: str | None, out: str | None, lease_wait_s: float = LEASE_WAIT_S) -> SweepPlan:
     """Validate, write the points' playbooks and profiles, and fix (or check) the sweep's identity."""
-    from harness import record as rec
-    from harness.config import load_playbook
-    from harness.runner import emulated_spec
-
     playbook = load_playbook(playbook_path)
     if playbook.sweep is None:
         raise InputError("no sweep: block in this playbook (see `harness sweep --help`)", playbook_path)
     bench = bench or playbook.bench
     physical = emulated_spec(bench) is None
     if not physical:
-        from harness.bench.emulated import load_profile
-
         load_profile(_emulated_profile(bench))
     elif any(k.startswith("profile.") for k in playbook.sweep["grid"]):
         raise InputError("sweep.grid: profile.* fields need an emulated bench (emulated:PROFILE)", bench)
@@ -327,8 +261,8 @@ def plan(playbook_path: str, *, bench: str | None, out: str | None, lease_wait_s
     points = expand(playbook.sweep, playbook.seed)
     sweep_dir = Path(out or Path("runs") / f"{playbook.name}-sweep").resolve()
     identity = {"format": 1, "playbook": playbook.name, "playbook_sha256": playbook.sha256, "bench": bench,
-                "grid": _jsonable(playbook.sweep["grid"]),
-                "points": [{"name": p.name, "params": _jsonable(p.params), "seed": p.seed} for p in points]}
+                "grid": rec.to_jsonable(playbook.sweep["grid"]),
+                "points": [{"name": p.name, "params": rec.to_jsonable(p.params), "seed": p.seed} for p in points]}
     spec_path = sweep_dir / SPEC_NAME
     if spec_path.exists():
         before = _json(spec_path)
@@ -362,11 +296,11 @@ def plan(playbook_path: str, *, bench: str | None, out: str | None, lease_wait_s
 
 
 def _check_profile(path: Path, point: Point) -> None:
-    from devices.emulated.profile import ProfileError, load_profile
+    from devices.emulated import profile
 
     try:
-        load_profile(str(path))
-    except ProfileError as exc:
+        profile.load_profile(str(path))
+    except profile.ProfileError as exc:
         keys = ", ".join(k for k in point.params if k.startswith("profile."))
         raise InputError(f"sweep.grid ({keys} = {[point.params[k] for k in point.params if k.startswith('profile.')]}): "
                          f"{exc}") from None

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from harness.config import InputError
-from harness.runner import emulated_spec
+from harness.benchspec import emulated_spec
 
 
 def test_emulated_spec_parses_the_protocol_choice():

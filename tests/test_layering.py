@@ -93,3 +93,84 @@ def test_a_step_reaches_only_the_bench_runtime():
                 found.add(f"{path.relative_to(ROOT)} imports {module}")
     assert found - STEP_SITES_LEFT == set(), "a step reaches around the bench runtime"
     assert STEP_SITES_LEFT - found == set(), "fixed: remove these from STEP_SITES_LEFT"
+
+
+# No import circle among the project's modules, function-local imports included: a circle held together by
+# imports inside functions (to dodge the ImportError a top-level one would meet) hides which module is the
+# lower layer, and every new module on it needs one more such import (issue #33 opened the last one: runner,
+# resume, config, specs, sweep, finish and harness.bench.emulated). Imports under `if TYPE_CHECKING:` never run.
+PACKAGES = ("harness", "devices", "analysis", "traces")
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _import_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the first-party modules it imports, at any depth (a name imported from a package counts as its
+    submodule when there is one)."""
+    modules = _modules(root)
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        edges: set[str] = set()
+        stack = [ast.parse(path.read_text(), filename=str(path))]
+        while stack:
+            for node in ast.iter_child_nodes(stack.pop()):
+                if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                    stack.extend(node.orelse)
+                    continue
+                stack.append(node)
+                if isinstance(node, ast.Import):
+                    edges |= {known(alias.name) for alias in node.names}
+                elif isinstance(node, ast.ImportFrom):
+                    base = node.module or ""
+                    if node.level:
+                        up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                        base = ".".join(up + ([base] if base else []))
+                    edges |= {known(f"{base}.{alias.name}") if f"{base}.{alias.name}" in modules else known(base)
+                              for alias in node.names}
+        graph[module] = edges - {None, module}
+    return graph
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    import graphlib
+
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        return exc.args[1]
+    return None
+
+
+def test_no_import_circle():
+    circle = _circle(_import_graph(ROOT))
+    assert circle is None, ("rule: no import circle among harness/devices/analysis/traces modules, not even "
+                            "through imports inside functions; move what both sides need into the lower "
+                            "module: " + " -> ".join(reversed(circle)))
+
+
+def test_the_circle_check_sees_a_circle_through_a_function_local_import(tmp_path):
+    (tmp_path / "harness" / "sub").mkdir(parents=True)
+    (tmp_path / "harness" / "__init__.py").write_text("")
+    (tmp_path / "harness" / "sub" / "__init__.py").write_text("")
+    (tmp_path / "harness" / "a.py").write_text("from harness.sub import b\n")
+    (tmp_path / "harness" / "sub" / "b.py").write_text("def f():\n    from ..a import g\n")
+    (tmp_path / "harness" / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                               "    import harness.a\n")
+    (tmp_path / "harness" / "d.py").write_text("import harness.c\n")
+    graph = _import_graph(tmp_path)
+    assert graph["harness.c"] == set() and graph["harness.d"] == {"harness.c"}
+    assert sorted(_circle(graph)[1:]) == ["harness.a", "harness.sub.b"]

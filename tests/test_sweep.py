@@ -19,7 +19,7 @@ from devices.emulated.bench import EmulatedBench
 from devices.emulated.profile import profile_from_dict
 from harness import sweep
 from harness.cli import main
-from harness.config import load_inventory, load_playbook
+from harness.config import load_inventory, load_playbook, override
 from harness.errors import InputError
 from harness.lock import BenchLease, ocs_lease_keys
 
@@ -80,7 +80,7 @@ def test_grid_expands_over_steps_assumptions_profile_and_seeds(tmp_path):
     assert "sweep" not in data and data["seed"] == 6 and data["steps"][0]["pattern"] == "random-matching"
     assert sweep.point_profile(pb.bench, points[7])["ocs"]["switch"] == {"dist": "fixed", "ms": 3.0}
     # An analysis assumption is a nested step parameter; the override keeps the rest of the mapping.
-    assert sweep._override({"baseline": {"gpu": "a", "skew": 0.5}}, "baseline.skew", 0.8) == \
+    assert override({"baseline": {"gpu": "a", "skew": 0.5}}, "baseline.skew", 0.8) == \
         {"baseline": {"gpu": "a", "skew": 0.8}}
 
 

@@ -7,7 +7,9 @@ import contextlib
 
 from devices.emulated.faults import FaultEntry  # noqa: F401  (the declared fault kinds, for step parameters)
 from devices.timing import now_ns
+from harness.config import load_yaml
 from harness.errors import InputError
+from harness.specs import validate
 
 
 def _where(node, step, key=None) -> tuple[str | None, int | None]:
@@ -25,8 +27,6 @@ def load_profile(name_or_path: str):
     """A timing profile (built-in name or file) through the harness's YAML loader: every problem of the file
     at its `file:line` (InputError / InputErrors), `${ENV}` templating and `include:` as in every input."""
     from devices.emulated.profile import ProfileError, ProfileSpec, profile_from_spec, profile_path
-    from harness.config import load_yaml
-    from harness.specs import validate
 
     try:
         path = profile_path(name_or_path)
