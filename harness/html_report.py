@@ -317,13 +317,31 @@ def _cell(value: Any) -> str:
     return f"<code>{_e(value)}</code>"
 
 
-def gpu_section(run: RunData) -> str:
+GPU_PLOT = "gpu_view.png"
+
+
+def gpu_plot(run: RunData) -> bytes | None:
+    """The GPU view over time as PNG bytes (gpu_samples.jsonl and the manifest's windows), or None."""
+    from harness.plots import plot_gpu_view
+
+    view = ((run.manifest or {}).get("extra") or {}).get("gpu_view")
+    path = run.path / "gpu_samples.jsonl"
+    if not view or not path.is_file() or not path.stat().st_size:
+        return None
+    buf = io.BytesIO()
+    plot_gpu_view(pd.read_json(path, lines=True), view, buf)
+    return buf.getvalue()
+
+
+def gpu_section(run: RunData, plot: bytes | None = None) -> str:
     from harness.gpu_view import TABLE_HEAD, table_rows
 
     view = ((run.manifest or {}).get("extra") or {}).get("gpu_view")
     if not view:
         return _missing("no GPU samples (no nvidia-smi on the hosts, or no reconfiguration step)")
-    return _table(TABLE_HEAD, [[_e(c) for c in row] for row in table_rows(view)])
+    figure = "" if plot is None else \
+        f'<img alt="GPU utilisation and power over time" src="data:image/png;base64,{base64.b64encode(plot).decode()}">'
+    return _table(TABLE_HEAD, [[_e(c) for c in row] for row in table_rows(view)]) + figure
 
 
 def provenance_section(run: RunData) -> str:
@@ -443,7 +461,7 @@ def _status_line(run: RunData) -> str:
             f"seed {_e((run.manifest or {}).get('seed', '?'))}.</p>")
 
 
-def run_page(run: RunData) -> str:
+def run_page(run: RunData, gpu_png: bytes | None = None) -> str:
     return html_page(f"Run {run.name}", [
         f"<h1>Run {_e(run.name)}</h1>", _status_line(run), warnings_section(run),
         "<h2>Verdict</h2>", verdict_section(run),
@@ -452,7 +470,7 @@ def run_page(run: RunData) -> str:
         "<h2>Cycle timeline</h2>", _fig_or_missing(timeline_figure(run), "no measured cycle"),
         "<h2>Accuracy against ground truth</h2>", accuracy_section(run),
         _fig_or_missing(accuracy_figure([run]), "no ground_truth.parquet"),
-        "<h2>GPUs while the network re-trains</h2>", gpu_section(run),
+        "<h2>GPUs while the network re-trains</h2>", gpu_section(run, gpu_png),
         "<h2>Provenance</h2>", provenance_section(run),
         "<h2>Console output</h2>", console_section(run)])
 
@@ -565,7 +583,10 @@ def write_html(run_dirs: list[Path], out: Path | None = None) -> Path:
     runs = [load_run(Path(d)) for d in run_dirs]
     if len(runs) == 1:
         path = out or runs[0].path / REPORT_NAME
-        text = run_page(runs[0])
+        gpu_png = gpu_plot(runs[0])
+        if gpu_png is not None:  # the same figure as a file beside the page
+            rec.write_bytes_atomic(path.with_name(GPU_PLOT), gpu_png)
+        text = run_page(runs[0], gpu_png)
     else:
         path = out or runs[0].path.parent / COMPARISON_NAME
         text = comparison_page(runs)
