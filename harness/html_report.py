@@ -38,7 +38,9 @@ vertical-align:top;text-align:left}th{background:#f3f3f3}td.num{text-align:right
 img{max-width:100%;height:auto}code{font-size:12px}nav.toc{background:#f7f7f7;border:1px solid #ddd;padding:.4em 1em;
 display:inline-block}nav.toc ol{margin:.2em 0;padding-left:1.4em}table table{margin:0;font-size:12px}
 details>summary{cursor:pointer;color:#225}pre.console{font-size:12px;background:#f7f7f7;padding:.6em;overflow-x:auto;
-max-height:40em}.warnings{background:#fff4d6;border-left:4px solid #e0a800;padding:.3em 1em}"""
+max-height:40em}.warnings{background:#fff4d6;border-left:4px solid #e0a800;padding:.3em 1em}
+ol.notes{font-size:13px}ul.claims li{margin:.3em 0}details.terms{font-size:13px;background:#f7f7f7;padding:.3em 1em}
+details.terms dt{font-weight:bold;float:left;clear:left;margin-right:.5em}details.terms dd{margin:0 0 .2em 0}"""
 
 
 @dataclass
@@ -197,22 +199,23 @@ def _missing(what: str) -> str:
 
 
 def delays_section(run: RunData) -> str:
-    from analysis.stats import mean_interval_text, p99_interval_text
+    from analysis.stats import mean_interval_text
+    from harness.record import p99_cell, p99_column
 
     delays = (run.summary or {}).get("delays_ms")
     if not delays:
         return _missing("no summary.json delays (the run recorded no measured cycle)")
-    rows = []
     extra = {"ocs_switch": "OCS switch, per cycle (completed − sent)",
              "turnaround": "turnaround, per cycle (slowest port's first packet)"}
     items = [(f"{BY_NAME[k].label} ({k})", v) for k, v in delays["stages"].items()]
-    for name, s in items + [(label, delays[k]) for k, label in extra.items() if k in delays]:
-        rows.append([_e(name), f'<td class="num">{s["n"]}</td>', f'<td class="num">{s["n_cycles"]}</td>',
-                     f'<td class="num">{_num(s["mean"])}</td>', _e(mean_interval_text(s)),
-                     f'<td class="num">{_num(s["p50"])}</td>', f'<td class="num">{_num(s["p99"])}</td>',
-                     _e(p99_interval_text(s, "", 4))])
-    return _table(["delay after OCS command (ms)", "n", "cycles", "mean", "mean 95 % CI (cycles)", "p50",
-                   "p99", "p99 95 % interval"], rows)
+    items += [(label, delays[k]) for k, label in extra.items() if k in delays]
+    head, note = p99_column([s for _, s in items])
+    rows = [[_e(name), f'<td class="num">{s["n"]}</td>', f'<td class="num">{s["n_cycles"]}</td>',
+             f'<td class="num">{_num(s["mean"])}</td>', _e(mean_interval_text(s)),
+             f'<td class="num">{_num(s["p50"])}</td>', f'<td class="num">{_num(s["p99"])}</td>',
+             f'<td class="num">{_e(p99_cell(s, head, lambda v: f"{v:.4g}"))}</td>'] for name, s in items]
+    return (f"<p>{_e(note)}</p>" if note else "") + _table(
+        ["delay after OCS command (ms)", "n", "cycles", "mean", "mean 95 % CI (cycles)", "p50", "p99", _e(head)], rows)
 
 
 def _verdict_class(v: str) -> str:
@@ -223,36 +226,34 @@ def verdict_section(run: RunData) -> str:
     v = run.verdict
     if v is None:
         return _missing("no verdict.json: this playbook evaluated no claims")
+    from harness import glossary
+    from harness.steps.mixnet import claim_sentences, claims_table
+
     prov = v.get("provenance") or {}
-    parts = []
-    if v.get("headline") is not None:
-        from harness.steps.mixnet import cause_sentence
-        parts.append(f"<p><b>{_e(cause_sentence(v))}</b></p>")
+    parts = ["<ul class=\"claims\">" + "".join(f"<li><b>{_e(x)}</b></li>" for x in claim_sentences(v)) + "</ul>"]
     if prov.get("emulated"):
         text = f"Emulated bench, not a hardware measurement: delays drawn from profile {prov.get('profile')}."
         if prov.get("copies_published_figures"):
             text += f" That profile copies published figures ({prov['copies_published_figures']})."
         parts.append(f'<p class="banner">{_e(text)}</p>')
-    scenarios = [s["scenario"] for s in v["baseline"]["scenarios"]]
-    claims = v["claims"]
-
-    def label(c: dict) -> str:
-        return c["verdict"] + (" " + " or ".join(c.get("conditions") or []) if c["verdict"] == "falsified if" else "")
-
-    parts.append(_table(["claim", "verdict", "why"], [
+    t = claims_table(v)
+    parts.append(_table(["claim", "verdict", "the bound", "the model's estimate"], [
         [f"<b>{_e(c['statement'])}</b><br><code>{_e(c['id'])}</code>",
-         f'<td class="{_verdict_class(c["verdict"])}"><b>{_e(label(c))}</b></td>', _e(c["summary"])] for c in claims]))
+         f'<td class="{_verdict_class(c["class"])}"><b>{_e(c["verdict"])}</b></td>', _e(c["bound"]), _e(c["model"])]
+        for c in t["claims"]]))
+    parts.append(f"<p><small>{_e(t['assumptions'])}</small></p>")
     rows = []
-    for name in scenarios:
-        cells = [f"<b>{_e(name)}</b>"]
-        for c in claims:
-            cell = c["by_scenario"].get(name)
-            cells.append("–" if cell is None else
-                         f'<td class="{_verdict_class(cell["verdict"])}">{_e(cell["verdict"])}: {_e(cell["short"])}</td>')
-        reasons = sorted({c["by_scenario"][name]["reason"] for c in claims if name in c["by_scenario"]})
-        rows.append(cells + [f"<small>{_e(' / '.join(reasons))}</small>"])
-    parts.append("<h3>By scenario</h3>" + _table(["scenario"] + [f"<code>{_e(c['id'])}</code>" for c in claims] +
-                                                 ["reasons"], rows))
+    for r in t["rows"]:
+        cells = [f"<b>{_e(r['scenario'])}</b>"]
+        for c in r["cells"]:
+            cells.append("–" if c is None else
+                         f'<td class="{_verdict_class(c["class"])}">bound: {_e(c["bound"])}<br>model: '
+                         f'{_e(c["model"])} <a href="#note-{c["note"]}">[{c["note"]}]</a></td>')
+        rows.append(cells)
+    notes = "".join(f'<li id="note-{i}">{_e(n)}</li>' for i, n in enumerate(t["notes"], 1))
+    parts.append("<h3>By scenario</h3>" + _table(["scenario"] + [f"<code>{_e(c['id'])}</code>" for c in t["claims"]],
+                                                 rows) +
+                 f"<p><small>{_e(t['legend'].replace('*', ''))}</small></p><ol class=\"notes\">{notes}</ol>")
     rob = v.get("robustness") or {}
     if rob.get("table"):
         ids = [c["id"] for c in v["claims"]]
@@ -266,6 +267,8 @@ def verdict_section(run: RunData) -> str:
     if png.exists():
         parts.append(f'<img alt="iteration time vs delay" src="data:image/png;base64,'
                      f'{base64.b64encode(png.read_bytes()).decode()}">')
+    # the terms under the claims' sentences: those the section's own text uses
+    parts.insert(1, glossary.html_block(html.unescape(re.sub(r"<[^>]+>", " ", "".join(parts)))))
     return "".join(parts)
 
 
