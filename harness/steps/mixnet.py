@@ -251,8 +251,9 @@ def claim_sentences(verdict: dict) -> list[str]:
             why = (f"the authors' own figures at 25 ms are already beyond the claim's {c['criterion']} in "
                    f"{', '.join(beyond)}; {measured} only adds to it")
         else:
-            silent = all(cell["value"] is None for _, cell in cells)
-            why = (f"the bound is silent at {measured}, below the paper's 25 ms" if silent else
+            silent = cells and all(cell["value"] is None for _, cell in cells)
+            why = ("no scenario of this run's models and links falls under it" if not cells else
+                   f"the bound is silent at {measured}, below the paper's 25 ms" if silent else
                    f"the bound does not decide it at {measured}") + \
                 f"; the model's estimate: {c['model_verdict']['summary']}"
         out.append(f"{c['statement']}: {claim_label(c, words)} — {why}.")
