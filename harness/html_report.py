@@ -86,6 +86,9 @@ def _stage_delays_ms(events: pd.DataFrame) -> pd.DataFrame:
     return stage_table(events[events["cycle"] > 0]) / 1e6
 
 
+PER_CYCLE = ("ocs_command_completed",)  # a stage of the cycle's command, not of a port
+
+
 def cdf_figure(runs: list[RunData]) -> str | None:
     """Empirical CDF of every up-stage's delay after the OCS command; one line per run."""
     tables = [(r.name, _stage_delays_ms(r.events)) for r in runs if r.events is not None]
@@ -97,13 +100,16 @@ def cdf_figure(runs: list[RunData]) -> str | None:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
     for ax, stage in zip(axes.flat, stages):
         spans = []
+        per_cycle = stage in PER_CYCLE
         for name, table in tables:
             column = table[stage].dropna()
+            if per_cycle:  # one value per cycle, repeated on every port's row: counted once
+                column = column.groupby(level="cycle").first()
             x = np.sort(column.to_numpy())
             if len(x):
                 cycles = column.index.get_level_values("cycle").nunique()
                 ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post",
-                        label=f"{name} ({len(x)} ports, {cycles} cycles)")
+                        label=f"{name} ({cycles} cycles)" if per_cycle else f"{name} ({len(x)} ports, {cycles} cycles)")
                 spans += [x[0], x[-1]]
         # runs decades apart (a 25 ms switch beside a 6 s NIC re-activation) share one readable axis
         log = len(spans) > 2 and min(spans) > 0 and max(spans) / min(spans) > 30
@@ -113,10 +119,10 @@ def cdf_figure(runs: list[RunData]) -> str | None:
         ax.set_xlabel("ms after OCS command sent" + (" (log)" if log else ""), fontsize=8)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
+        ax.set_ylabel("fraction of cycles" if per_cycle else "fraction of ports", fontsize=8)
+        ax.legend(fontsize=7, loc="lower right")
     for ax in list(axes.flat)[len(stages):]:
         ax.axis("off")
-    axes.flat[0].set_ylabel("fraction of ports")
-    axes.flat[0].legend(fontsize=7)
     fig.tight_layout()
     return _png(fig)
 
@@ -199,8 +205,12 @@ def _missing(what: str) -> str:
 
 
 def delays_section(run: RunData) -> str:
+    """The stage delays in ms at a fixed precision (3 decimals: µs), as summary.md gives them."""
     from analysis.stats import mean_interval_text
     from harness.record import p99_cell, p99_column
+
+    def ms(v) -> str:
+        return _num(v, ".3f")
 
     delays = (run.summary or {}).get("delays_ms")
     if not delays:
@@ -211,9 +221,9 @@ def delays_section(run: RunData) -> str:
     items += [(label, delays[k]) for k, label in extra.items() if k in delays]
     head, note = p99_column([s for _, s in items])
     rows = [[_e(name), f'<td class="num">{s["n"]}</td>', f'<td class="num">{s["n_cycles"]}</td>',
-             f'<td class="num">{_num(s["mean"])}</td>', _e(mean_interval_text(s)),
-             f'<td class="num">{_num(s["p50"])}</td>', f'<td class="num">{_num(s["p99"])}</td>',
-             f'<td class="num">{_e(p99_cell(s, head, lambda v: f"{v:.4g}"))}</td>'] for name, s in items]
+             f'<td class="num">{ms(s["mean"])}</td>', f'<td class="num">{_e(mean_interval_text(s))}</td>',
+             f'<td class="num">{ms(s["p50"])}</td>', f'<td class="num">{ms(s["p99"])}</td>',
+             f'<td class="num">{_e(p99_cell(s, head, ms))}</td>'] for name, s in items]
     return (f"<p>{_e(note)}</p>" if note else "") + _table(
         ["delay after OCS command (ms)", "n", "cycles", "mean", "mean 95 % CI (cycles)", "p50", "p99", _e(head)], rows)
 
@@ -256,9 +266,12 @@ def verdict_section(run: RunData) -> str:
                  f"<p><small>{_e(t['legend'].replace('*', ''))}</small></p><ol class=\"notes\">{notes}</ol>")
     rob = v.get("robustness") or {}
     if rob.get("table"):
+        from harness.steps.mixnet import evidence_words, say
+
+        words = evidence_words(prov)
         ids = [c["id"] for c in v["claims"]]
         rrows = [[_e(r["point"]), _e(", ".join(r.get("model_verdict_scenarios", r.get("calibrated", []))) or "none")] +
-                 [f'<td class="{_verdict_class(r["claims"][i])}">{_e(r["claims"][i])}'
+                 [f'<td class="{_verdict_class(r["claims"][i])}">{_e(say(r["claims"][i], words))}'
                   f'{_e(" (" + ", ".join(r["falsified_by"][i]) + ")") if r["falsified_by"][i] else ""}</td>'
                   for i in ids] for r in rob["table"]]
         parts.append(f"<h3>Robustness over {rob.get('design_points')} assumption-grid points</h3>" +

@@ -46,7 +46,7 @@ def test_page_is_self_contained_and_carries_the_records_numbers(run_dir):
     lost = summary["lost_events"]  # the true events of watched cycles without a recorded one: none here
     assert lost["true"] > 0 and f"<p>Of {lost['true']} true stage events while their cycles were watched, 0 in ok" in text
     turnaround = summary["delays_ms"]["turnaround"]
-    assert f'<td class="num">{turnaround["mean"]:.4g}</td>' in text
+    assert f'<td class="num">{turnaround["mean"]:.3f}</td>' in text
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["playbook"]["sha256"] in text
     identity = text[text.index("<h3>Device identity</h3>"):]

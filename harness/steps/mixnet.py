@@ -306,7 +306,7 @@ def claims_table(verdict: dict) -> dict:
             ref = note(cell["reason"])
             refs.append(ref)
             cells.append({"bound": bound, "model": model_words(cell["verdict"], cell["conditions"]), "note": ref,
-                          "class": cell["verdict"]})
+                          "class": "falsified" if bc is not None and bc["falsified"] else cell["verdict"]})
         rows.append({"scenario": name, "cells": cells, "notes": sorted(set(refs))})
     legend = (f"Each cell: the bound's conclusion, then the model's estimate over the assumption grid; "
               f"[n]: its reason, below. *{short['falsified']}*: {say('falsified', evidence_words(prov))}; "
@@ -403,9 +403,7 @@ def verdict_markdown(verdict: dict) -> str:
     from analysis.stats import p99_interval_text
 
     prov = verdict["provenance"]
-    scen = [s["scenario"] for s in verdict["baseline"]["scenarios"]]
-    claims = verdict["claims"]
-
+    words = evidence_words(prov)
     lines = provenance_lines(prov) + claims_markdown(verdict)
     lines += bound_markdown(verdict) + seed_test_markdown(verdict) + scorecard_markdown(verdict["scorecard"])
     m = verdict["measured"]
@@ -434,7 +432,7 @@ def verdict_markdown(verdict: dict) -> str:
         for c in verdict["claims"]:
             v = row["claims"][c["id"]]
             by = row["falsified_by"][c["id"]]
-            cells.append(v + (f" ({', '.join(by)})" if by else ""))
+            cells.append(say(v, words) + (f" ({', '.join(by)})" if by else ""))
         lines.append(f"| {row['point']} | {', '.join(row['model_verdict_scenarios']) or 'none'} | " + " | ".join(cells) + " |")
     lines += ["", "## The model at the paper's own 25 ms", "", verdict["calibration"]["criterion"] + ".", "",
               "| scenario | T_mix/T_ft | authors' ratio | cost-efficiency | paper's range | reproduces both |",
