@@ -217,7 +217,8 @@ def delays_section(run: RunData) -> str:
         return _missing("no summary.json delays (the run recorded no measured cycle)")
     extra = {"ocs_switch": "OCS switch, per cycle (completed − sent)",
              "turnaround": "turnaround, per cycle (slowest port's first packet)"}
-    items = [(f"{BY_NAME[k].label} ({k})", v) for k, v in delays["stages"].items()]
+    items = [(f"{BY_NAME[k].label} ({k})", v) for k, v in delays["stages"].items()
+             if not (k == "ocs_command_completed" and "ocs_switch" in delays)]  # the OCS switch row, once
     items += [(label, delays[k]) for k, label in extra.items() if k in delays]
     head, note = p99_column([s for _, s in items])
     rows = [[_e(name), f'<td class="num">{s["n"]}</td>', f'<td class="num">{s["n_cycles"]}</td>',

@@ -205,7 +205,8 @@ def summary_markdown(summary: Mapping, title: str = "Run summary") -> str:
         if key in summary:
             rows.append((label, summary[key]))
     for stage, s in (summary.get("stages") or {}).items():
-        rows.append((f"{stage} (after sent)", s))
+        if not (stage == "ocs_command_completed" and "ocs_switch" in summary):  # the OCS switch row, once
+            rows.append((f"{stage} (after sent)", s))
     for name, s in (summary.get("chain") or {}).items():
         rows.append((f"chain: {name}", s))
     ms = summary.get("unit_scale", 1e-6) == 1e-6
