@@ -307,11 +307,12 @@ def summarize(samples, rng_seed: int, *, cycles=None, confidence: float = 0.95) 
             "p99_needs_cycles": q["needs_n"], "p99_bound95": {"lower": q["lower"], "upper": q["upper"]}}
 
 
-def mean_interval_text(s: dict, unit: str = "", digits: int = 4) -> str:
-    """How a summary's mean interval reads in a report: the interval, or how many cycles it needs."""
+def mean_interval_text(s: dict, unit: str = "", digits: int = 3) -> str:
+    """How a summary's mean interval reads in a report (`digits` decimals): the interval, or how many cycles it
+    needs."""
     ci = s.get("mean_ci95")
     if ci is not None:
-        return f"{ci[0]:.{digits}g}–{ci[1]:.{digits}g}{unit}"
+        return f"{ci[0]:.{digits}f}–{ci[1]:.{digits}f}{unit}"
     return f"needs ≥ {MIN_MEAN_UNITS} cycles" if s.get("n") else "–"
 
 

@@ -93,9 +93,19 @@ def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict
     return summary
 
 
+def claim_sentences(summary: dict) -> list[str]:
+    """Every step's causal sentence per claim (a step's summary `claims`), in step order."""
+    return [x for r in (summary.get("results") or {}).values() for x in r.get("claims") or [] if isinstance(x, str)]
+
+
 def summary_markdown(ctx, summary: dict) -> str:
+    from harness import glossary
+
     lines = [f"# Run {ctx.run_id}", "", f"Playbook `{ctx.playbook.name}` on `{ctx.bench.name}`: "
              f"**{summary['status']}** in {summary['wall_s']:.1f} s; faults: {summary['faults']}.", ""]
+    opening = [f"- **{x}**" for x in claim_sentences(summary)]
+    lines += opening + [""] if opening else []
+    at = len(lines)  # the terms go under the opening, naming what the whole summary uses
     if summary.get("delays_ms"):
         lines.append(rec.summary_markdown(summary["delays_ms"], title="Delays after ocs_command_sent")
                      .replace("# Delays", "## Delays", 1))
@@ -145,6 +155,7 @@ def summary_markdown(ctx, summary: dict) -> str:
     if files:
         lines += ["## Step files", ""] + [f"- {n}: {', '.join(f'`{a}`' for a in names)}" for n, names in files] + [""]
     lines += [r.summary_md for r in ctx.results.values() if r.summary_md]
+    lines[at:at] = glossary.markdown("\n".join(lines))
     return "\n".join(lines) + "\n"
 
 
@@ -260,27 +271,32 @@ def finish_run(ctx, manifest: dict, *, status: str, wall_s: float, started_utc: 
 
 def console_summary(ctx, record: rec.RunRecord) -> None:
     """One screen at the end of a run: stage delays, accuracy against truth, checks."""
+    from rich.markup import escape
     from rich.table import Table
 
-    from analysis.stats import p99_interval_text
     from harness import logs
 
     def say(text) -> None:  # quiet: into console.log only
         logs.echo(text, quiet=ctx.quiet)
 
     summary = record.summary
+    for sentence in claim_sentences(summary):
+        say(f"[bold]{escape(sentence)}[/]")
     delays = summary.get("delays_ms")
     if delays:
-        table = Table(title=f"{ctx.playbook.name}: delays after ocs_command_sent (ms)", title_justify="left")
-        for column in ("stage", "n", "mean", "p50", "p99", "p99 95 % CI"):
-            table.add_column(column, justify="left" if column == "stage" else "right")
         rows = [("OCS command → completed", delays["ocs_switch"])] + list(delays["stages"].items())[1:] + [
             ("turnaround (last first packet)", delays["turnaround"])]
+        head, note = rec.p99_column([s for _, s in rows if s["n"]])
+        table = Table(title=f"{ctx.playbook.name}: delays after ocs_command_sent (ms)", title_justify="left")
+        for column in ("stage", "n", "cycles", "mean", "p50", "p99", head):
+            table.add_column(column, justify="left" if column == "stage" else "right")
         for name, s in rows:
             if s["n"]:
-                table.add_row(name, str(s["n"]), f"{s['mean']:.3f}", f"{s['p50']:.3f}", f"{s['p99']:.3f}",
-                              p99_interval_text(s))
+                table.add_row(name, str(s["n"]), str(s.get("n_cycles", "–")), f"{s['mean']:.3f}", f"{s['p50']:.3f}",
+                              f"{s['p99']:.3f}", rec.p99_cell(s, head))
         say(table)
+        if note:
+            say(note)
     accuracy = {r["stage"]: r for r in summary.get("accuracy", ())}
     if "all" in accuracy:
         a = accuracy["all"]

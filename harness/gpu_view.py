@@ -11,7 +11,8 @@ values were read after the query began and before they were sent, whatever the q
 stream that ends before the step does (host rebooted, nvidia-smi exited) is a fault of the view, reported with
 its reason, and is started again (at most RESTARTS times); the hole it leaves is a gap (successive samples more
 than GAP_INTERVALS intervals apart), also a fault. At the end of the step the
-samples go to `gpu_samples.jsonl` (fsynced) and the manifest gets, per host, the utilisation inside the
+samples go to `gpu_samples.jsonl` (fsynced) and the manifest gets the windows (`windows_ns`, for the report's
+plot) and, per host, the utilisation inside the
 re-training windows (a cycle's `ocs_command_sent` to its last `port_active`, or the windows a step marks)
 against between them (the steady state); a sample whose bound straddles a window edge is counted in neither.
 """
@@ -205,7 +206,7 @@ class GpuView:
         if not windows:
             return {}
         summary = {"samples": len(self.samples), "windows": len(windows), "hosts_total": self.hosts_total, "hosts": {},
-                   "faults": dict(self.faults)}
+                   "faults": dict(self.faults), "windows_ns": [[int(b), int(e)] for b, e in windows]}
         for host in sorted({s["host"] for s in self.samples}):
             inside, outside = [], []
             for s in (s for s in self.samples if s["host"] == host and s["utilization_gpu"] is not None):

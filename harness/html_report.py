@@ -38,7 +38,9 @@ vertical-align:top;text-align:left}th{background:#f3f3f3}td.num{text-align:right
 img{max-width:100%;height:auto}code{font-size:12px}nav.toc{background:#f7f7f7;border:1px solid #ddd;padding:.4em 1em;
 display:inline-block}nav.toc ol{margin:.2em 0;padding-left:1.4em}table table{margin:0;font-size:12px}
 details>summary{cursor:pointer;color:#225}pre.console{font-size:12px;background:#f7f7f7;padding:.6em;overflow-x:auto;
-max-height:40em}.warnings{background:#fff4d6;border-left:4px solid #e0a800;padding:.3em 1em}"""
+max-height:40em}.warnings{background:#fff4d6;border-left:4px solid #e0a800;padding:.3em 1em}
+ol.notes{font-size:13px}ul.claims li{margin:.3em 0}details.terms{font-size:13px;background:#f7f7f7;padding:.3em 1em}
+details.terms dt{font-weight:bold;float:left;clear:left;margin-right:.5em}details.terms dd{margin:0 0 .2em 0}"""
 
 
 @dataclass
@@ -84,6 +86,9 @@ def _stage_delays_ms(events: pd.DataFrame) -> pd.DataFrame:
     return stage_table(events[events["cycle"] > 0]) / 1e6
 
 
+PER_CYCLE = ("ocs_command_completed",)  # a stage of the cycle's command, not of a port
+
+
 def cdf_figure(runs: list[RunData]) -> str | None:
     """Empirical CDF of every up-stage's delay after the OCS command; one line per run."""
     tables = [(r.name, _stage_delays_ms(r.events)) for r in runs if r.events is not None]
@@ -95,13 +100,16 @@ def cdf_figure(runs: list[RunData]) -> str | None:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
     for ax, stage in zip(axes.flat, stages):
         spans = []
+        per_cycle = stage in PER_CYCLE
         for name, table in tables:
             column = table[stage].dropna()
+            if per_cycle:  # one value per cycle, repeated on every port's row: counted once
+                column = column.groupby(level="cycle").first()
             x = np.sort(column.to_numpy())
             if len(x):
                 cycles = column.index.get_level_values("cycle").nunique()
                 ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post",
-                        label=f"{name} ({len(x)} ports, {cycles} cycles)")
+                        label=f"{name} ({cycles} cycles)" if per_cycle else f"{name} ({len(x)} ports, {cycles} cycles)")
                 spans += [x[0], x[-1]]
         # runs decades apart (a 25 ms switch beside a 6 s NIC re-activation) share one readable axis
         log = len(spans) > 2 and min(spans) > 0 and max(spans) / min(spans) > 30
@@ -111,10 +119,10 @@ def cdf_figure(runs: list[RunData]) -> str | None:
         ax.set_xlabel("ms after OCS command sent" + (" (log)" if log else ""), fontsize=8)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
+        ax.set_ylabel("fraction of cycles" if per_cycle else "fraction of ports", fontsize=8)
+        ax.legend(fontsize=7, loc="lower right")
     for ax in list(axes.flat)[len(stages):]:
         ax.axis("off")
-    axes.flat[0].set_ylabel("fraction of ports")
-    axes.flat[0].legend(fontsize=7)
     fig.tight_layout()
     return _png(fig)
 
@@ -197,22 +205,28 @@ def _missing(what: str) -> str:
 
 
 def delays_section(run: RunData) -> str:
-    from analysis.stats import mean_interval_text, p99_interval_text
+    """The stage delays in ms at a fixed precision (3 decimals: µs), as summary.md gives them."""
+    from analysis.stats import mean_interval_text
+    from harness.record import p99_cell, p99_column
+
+    def ms(v) -> str:
+        return _num(v, ".3f")
 
     delays = (run.summary or {}).get("delays_ms")
     if not delays:
         return _missing("no summary.json delays (the run recorded no measured cycle)")
-    rows = []
     extra = {"ocs_switch": "OCS switch, per cycle (completed − sent)",
              "turnaround": "turnaround, per cycle (slowest port's first packet)"}
-    items = [(f"{BY_NAME[k].label} ({k})", v) for k, v in delays["stages"].items()]
-    for name, s in items + [(label, delays[k]) for k, label in extra.items() if k in delays]:
-        rows.append([_e(name), f'<td class="num">{s["n"]}</td>', f'<td class="num">{s["n_cycles"]}</td>',
-                     f'<td class="num">{_num(s["mean"])}</td>', _e(mean_interval_text(s)),
-                     f'<td class="num">{_num(s["p50"])}</td>', f'<td class="num">{_num(s["p99"])}</td>',
-                     _e(p99_interval_text(s, "", 4))])
-    return _table(["delay after OCS command (ms)", "n", "cycles", "mean", "mean 95 % CI (cycles)", "p50",
-                   "p99", "p99 95 % interval"], rows)
+    items = [(f"{BY_NAME[k].label} ({k})", v) for k, v in delays["stages"].items()
+             if not (k == "ocs_command_completed" and "ocs_switch" in delays)]  # the OCS switch row, once
+    items += [(label, delays[k]) for k, label in extra.items() if k in delays]
+    head, note = p99_column([s for _, s in items])
+    rows = [[_e(name), f'<td class="num">{s["n"]}</td>', f'<td class="num">{s["n_cycles"]}</td>',
+             f'<td class="num">{ms(s["mean"])}</td>', f'<td class="num">{_e(mean_interval_text(s))}</td>',
+             f'<td class="num">{ms(s["p50"])}</td>', f'<td class="num">{ms(s["p99"])}</td>',
+             f'<td class="num">{_e(p99_cell(s, head, ms))}</td>'] for name, s in items]
+    return (f"<p>{_e(note)}</p>" if note else "") + _table(
+        ["delay after OCS command (ms)", "n", "cycles", "mean", "mean 95 % CI (cycles)", "p50", "p99", _e(head)], rows)
 
 
 def _verdict_class(v: str) -> str:
@@ -223,41 +237,42 @@ def verdict_section(run: RunData) -> str:
     v = run.verdict
     if v is None:
         return _missing("no verdict.json: this playbook evaluated no claims")
+    from harness import glossary
+    from harness.steps.mixnet import claim_sentences, claims_table
+
     prov = v.get("provenance") or {}
-    parts = []
-    if v.get("headline") is not None:
-        from harness.steps.mixnet import cause_sentence
-        parts.append(f"<p><b>{_e(cause_sentence(v))}</b></p>")
+    parts = ["<ul class=\"claims\">" + "".join(f"<li><b>{_e(x)}</b></li>" for x in claim_sentences(v)) + "</ul>"]
     if prov.get("emulated"):
         text = f"Emulated bench, not a hardware measurement: delays drawn from profile {prov.get('profile')}."
         if prov.get("copies_published_figures"):
             text += f" That profile copies published figures ({prov['copies_published_figures']})."
         parts.append(f'<p class="banner">{_e(text)}</p>')
-    scenarios = [s["scenario"] for s in v["baseline"]["scenarios"]]
-    claims = v["claims"]
-
-    def label(c: dict) -> str:
-        return c["verdict"] + (" " + " or ".join(c.get("conditions") or []) if c["verdict"] == "falsified if" else "")
-
-    parts.append(_table(["claim", "verdict", "why"], [
+    t = claims_table(v)
+    parts.append(_table(["claim", "verdict", "the bound", "the model's estimate"], [
         [f"<b>{_e(c['statement'])}</b><br><code>{_e(c['id'])}</code>",
-         f'<td class="{_verdict_class(c["verdict"])}"><b>{_e(label(c))}</b></td>', _e(c["summary"])] for c in claims]))
+         f'<td class="{_verdict_class(c["class"])}"><b>{_e(c["verdict"])}</b></td>', _e(c["bound"]), _e(c["model"])]
+        for c in t["claims"]]))
+    parts.append(f"<p><small>{_e(t['assumptions'])}</small></p>")
     rows = []
-    for name in scenarios:
-        cells = [f"<b>{_e(name)}</b>"]
-        for c in claims:
-            cell = c["by_scenario"].get(name)
-            cells.append("–" if cell is None else
-                         f'<td class="{_verdict_class(cell["verdict"])}">{_e(cell["verdict"])}: {_e(cell["short"])}</td>')
-        reasons = sorted({c["by_scenario"][name]["reason"] for c in claims if name in c["by_scenario"]})
-        rows.append(cells + [f"<small>{_e(' / '.join(reasons))}</small>"])
-    parts.append("<h3>By scenario</h3>" + _table(["scenario"] + [f"<code>{_e(c['id'])}</code>" for c in claims] +
-                                                 ["reasons"], rows))
+    for r in t["rows"]:
+        cells = [f"<b>{_e(r['scenario'])}</b>"]
+        for c in r["cells"]:
+            cells.append("–" if c is None else
+                         f'<td class="{_verdict_class(c["class"])}">bound: {_e(c["bound"])}<br>model: '
+                         f'{_e(c["model"])} <a href="#note-{c["note"]}">[{c["note"]}]</a></td>')
+        rows.append(cells)
+    notes = "".join(f'<li id="note-{i}">{_e(n)}</li>' for i, n in enumerate(t["notes"], 1))
+    parts.append("<h3>By scenario</h3>" + _table(["scenario"] + [f"<code>{_e(c['id'])}</code>" for c in t["claims"]],
+                                                 rows) +
+                 f"<p><small>{_e(t['legend'].replace('*', ''))}</small></p><ol class=\"notes\">{notes}</ol>")
     rob = v.get("robustness") or {}
     if rob.get("table"):
+        from harness.steps.mixnet import evidence_words, say
+
+        words = evidence_words(prov)
         ids = [c["id"] for c in v["claims"]]
         rrows = [[_e(r["point"]), _e(", ".join(r.get("model_verdict_scenarios", r.get("calibrated", []))) or "none")] +
-                 [f'<td class="{_verdict_class(r["claims"][i])}">{_e(r["claims"][i])}'
+                 [f'<td class="{_verdict_class(r["claims"][i])}">{_e(say(r["claims"][i], words))}'
                   f'{_e(" (" + ", ".join(r["falsified_by"][i]) + ")") if r["falsified_by"][i] else ""}</td>'
                   for i in ids] for r in rob["table"]]
         parts.append(f"<h3>Robustness over {rob.get('design_points')} assumption-grid points</h3>" +
@@ -266,6 +281,8 @@ def verdict_section(run: RunData) -> str:
     if png.exists():
         parts.append(f'<img alt="iteration time vs delay" src="data:image/png;base64,'
                      f'{base64.b64encode(png.read_bytes()).decode()}">')
+    # the terms under the claims' sentences: those the section's own text uses
+    parts.insert(1, glossary.html_block(html.unescape(re.sub(r"<[^>]+>", " ", "".join(parts)))))
     return "".join(parts)
 
 
@@ -317,13 +334,31 @@ def _cell(value: Any) -> str:
     return f"<code>{_e(value)}</code>"
 
 
-def gpu_section(run: RunData) -> str:
+GPU_PLOT = "gpu_view.png"
+
+
+def gpu_plot(run: RunData) -> bytes | None:
+    """The GPU view over time as PNG bytes (gpu_samples.jsonl and the manifest's windows), or None."""
+    from harness.plots import plot_gpu_view
+
+    view = ((run.manifest or {}).get("extra") or {}).get("gpu_view")
+    path = run.path / "gpu_samples.jsonl"
+    if not view or not path.is_file() or not path.stat().st_size:
+        return None
+    buf = io.BytesIO()
+    plot_gpu_view(pd.read_json(path, lines=True), view, buf)
+    return buf.getvalue()
+
+
+def gpu_section(run: RunData, plot: bytes | None = None) -> str:
     from harness.gpu_view import TABLE_HEAD, table_rows
 
     view = ((run.manifest or {}).get("extra") or {}).get("gpu_view")
     if not view:
         return _missing("no GPU samples (no nvidia-smi on the hosts, or no reconfiguration step)")
-    return _table(TABLE_HEAD, [[_e(c) for c in row] for row in table_rows(view)])
+    figure = "" if plot is None else \
+        f'<img alt="GPU utilisation and power over time" src="data:image/png;base64,{base64.b64encode(plot).decode()}">'
+    return _table(TABLE_HEAD, [[_e(c) for c in row] for row in table_rows(view)]) + figure
 
 
 def provenance_section(run: RunData) -> str:
@@ -443,7 +478,7 @@ def _status_line(run: RunData) -> str:
             f"seed {_e((run.manifest or {}).get('seed', '?'))}.</p>")
 
 
-def run_page(run: RunData) -> str:
+def run_page(run: RunData, gpu_png: bytes | None = None) -> str:
     return html_page(f"Run {run.name}", [
         f"<h1>Run {_e(run.name)}</h1>", _status_line(run), warnings_section(run),
         "<h2>Verdict</h2>", verdict_section(run),
@@ -452,7 +487,7 @@ def run_page(run: RunData) -> str:
         "<h2>Cycle timeline</h2>", _fig_or_missing(timeline_figure(run), "no measured cycle"),
         "<h2>Accuracy against ground truth</h2>", accuracy_section(run),
         _fig_or_missing(accuracy_figure([run]), "no ground_truth.parquet"),
-        "<h2>GPUs while the network re-trains</h2>", gpu_section(run),
+        "<h2>GPUs while the network re-trains</h2>", gpu_section(run, gpu_png),
         "<h2>Provenance</h2>", provenance_section(run),
         "<h2>Console output</h2>", console_section(run)])
 
@@ -565,7 +600,10 @@ def write_html(run_dirs: list[Path], out: Path | None = None) -> Path:
     runs = [load_run(Path(d)) for d in run_dirs]
     if len(runs) == 1:
         path = out or runs[0].path / REPORT_NAME
-        text = run_page(runs[0])
+        gpu_png = gpu_plot(runs[0])
+        if gpu_png is not None:  # the same figure as a file beside the page
+            rec.write_bytes_atomic(path.with_name(GPU_PLOT), gpu_png)
+        text = run_page(runs[0], gpu_png)
     else:
         path = out or runs[0].path.parent / COMPARISON_NAME
         text = comparison_page(runs)

@@ -84,12 +84,16 @@ _UMASK = _umask()
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would create it (mkstemp makes 0600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -173,6 +177,25 @@ def _fmt(v: Any) -> str:
     return f"{v:.6g}"
 
 
+def p99_column(stats: list[Mapping]) -> tuple[str, str | None]:
+    """The p99 interval column's head, and the one note a report prints instead of "needs N cycles" on every row:
+    a two-sided interval of a p99 needs hundreds of cycles; until every row has one the column holds the one-sided
+    lower bound the cycles support."""
+    if any(s.get("p99_ci95") for s in stats):
+        return "p99 95% CI", None
+    needs = next((s.get("p99_needs_cycles") for s in stats if s.get("p99_needs_cycles")), None)
+    note = None if needs is None else (f"A two-sided 95 % interval of a p99 needs ≥ {needs} cycles; the p99 ≥ "
+                                       "column gives the one-sided 95 % lower bound the cycles support.")
+    return "p99 ≥ (95 %)", note
+
+
+def p99_cell(s: Mapping, head: str, value=lambda v: f"{v:.3f}") -> str:
+    if s.get("p99_ci95"):
+        return f"{value(s['p99_ci95'][0])}–{value(s['p99_ci95'][1])}"
+    lower = (s.get("p99_bound95") or {}).get("lower")
+    return "–" if lower is None else (f"≥ {value(lower)}" if head == "p99 95% CI" else value(lower))
+
+
 def summary_markdown(summary: Mapping, title: str = "Run summary") -> str:
     """A markdown table from analysis.stats.summarize_events output (times in ms, 3 decimals: µs)."""
     from analysis.stats import MIN_MEAN_UNITS, CHAIN
@@ -182,7 +205,8 @@ def summary_markdown(summary: Mapping, title: str = "Run summary") -> str:
         if key in summary:
             rows.append((label, summary[key]))
     for stage, s in (summary.get("stages") or {}).items():
-        rows.append((f"{stage} (after sent)", s))
+        if not (stage == "ocs_command_completed" and "ocs_switch" in summary):  # the OCS switch row, once
+            rows.append((f"{stage} (after sent)", s))
     for name, s in (summary.get("chain") or {}).items():
         rows.append((f"chain: {name}", s))
     ms = summary.get("unit_scale", 1e-6) == 1e-6
@@ -195,24 +219,16 @@ def summary_markdown(summary: Mapping, title: str = "Run summary") -> str:
         ci = s.get("mean_ci95")
         return f"{value(ci[0])}–{value(ci[1])}" if ci else f"needs ≥ {MIN_MEAN_UNITS} cycles" if s.get("n") else "–"
 
-    # a two-sided p99 interval needs hundreds of cycles: where no row has one, say so once and give the bound
-    two_sided = any(s.get("p99_ci95") for _, s in rows)
+    head, note = p99_column([s for _, s in rows])
     lines = [f"# {title}", ""]
     if "cycles" in summary:
         lines += [f"Cycles: {summary['cycles']}", ""]
-    needs = next((s.get("p99_needs_cycles") for _, s in rows if s.get("p99_needs_cycles")), None)
-    if not two_sided and needs:
-        lines += [f"A two-sided 95 % interval of a p99 needs ≥ {needs} cycles; the last column gives the one-sided "
-                  "95 % lower bound the cycles support.", ""]
-    lines += [f"| delay ({unit}) | n | cycles | mean | p50 | p90 | p99 | max | mean 95% CI | "
-              f"{'p99 95% CI' if two_sided else 'p99 ≥ (95 %)'} |",
+    if note:
+        lines += [note, ""]
+    lines += [f"| delay ({unit}) | n | cycles | mean | p50 | p90 | p99 | max | mean 95% CI | {head} |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for label, s in rows:
-        if s.get("p99_ci95"):
-            p99 = f"{value(s['p99_ci95'][0])}–{value(s['p99_ci95'][1])}"
-        else:
-            lower = (s.get("p99_bound95") or {}).get("lower")
-            p99 = "–" if lower is None else (f"≥ {value(lower)}" if two_sided else value(lower))
+        p99 = p99_cell(s, head, value)
         lines.append(f"| {label} | {_fmt(s.get('n'))} | {_fmt(s.get('n_cycles'))} | {value(s.get('mean'))} | "
                      f"{value(s.get('p50'))} | {value(s.get('p90'))} | {value(s.get('p99'))} | {value(s.get('max'))} | "
                      f"{mean_ci(s)} | {p99} |")

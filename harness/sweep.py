@@ -14,18 +14,23 @@ sweep:
 subprocess per point, so a point is exactly a run anyone can repeat: its playbook and profile are in the
 point's `inputs/`) on a dask `distributed.LocalCluster`, or on `--scheduler tcp://HOST:PORT` (workers must
 see the sweep directory and have the harness installed). Results are gathered into `results.parquet`, one row
-per point with the parameters as columns. Rerunning the same command resumes: finished points are skipped,
-an interrupted one is resumed (`harness run --resume`); a sweep directory started with another grid,
-playbook or bench is refused (exit 2). Points on a physical bench (an inventory) run one after another, each
+per point with the parameters as columns. Each point's folder is named by its values
+(`measure.pattern=ring-shift,seed=5`; `sweep.json` keeps the name of every point it ever planned). Rerunning
+resumes: finished points are skipped, an interrupted one is resumed (`harness run --resume`). The grid may grow:
+new values or seeds run only the new points. A point that has started is never redefined: if its playbook,
+profile or bench would differ now, the sweep is refused (exit 2, naming the points), as is a grid with other
+parameters. Points on a physical bench (an inventory) run one after another, each
 under the bench lease the runner takes; if someone else holds the lease, the point waits for it. Emulated
 points (each run has its own emulator) run in parallel.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -42,6 +47,8 @@ from harness.config import load_inventory, load_playbook, override
 from harness.errors import InputError
 
 SPEC_NAME = "sweep.json"
+SPEC_FORMAT = 2
+NAME_MAX = 100  # a point's folder name at most (its inputs add a suffix; file names stop at 255 bytes)
 RESULTS_NAME = "results.parquet"
 LEASE_WAIT_S = 600.0
 LEASE_POLL_S = 2.0
@@ -53,23 +60,69 @@ class Point:
     index: int
     params: dict  # grid key -> value
     seed: int
+    name: str = ""  # its folder: readable_name, or the name sweep.json gave it first
 
     @property
     def key(self) -> str:
-        return hashlib.sha256(json.dumps([self.params, self.seed], sort_keys=True).encode()).hexdigest()[:10]
+        return hashlib.sha256(self.identity.encode()).hexdigest()[:10]
 
     @property
-    def name(self) -> str:
-        return f"{self.index:04d}-{self.key}"
+    def identity(self) -> str:
+        return json.dumps([rec.to_jsonable(self.params), self.seed], sort_keys=True)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return json.dumps(rec.to_jsonable(value), sort_keys=True, separators=(",", ":"))
+
+
+def readable_name(point: Point) -> str:
+    """`key=value,...,seed=N`, safe as a file name. Where a character had to be replaced, or the name would be
+    longer than NAME_MAX, it is cut and ends in the point's hash, so two points never share a name."""
+    pairs = [*((str(k), _value_text(v)) for k, v in point.params.items()), ("seed", str(point.seed))]
+    raw = ",".join(f"{k}={v}" for k, v in pairs)
+    safe = ",".join(f"{_UNSAFE.sub('_', k).strip('_')}={_UNSAFE.sub('_', v).strip('_')}" for k, v in pairs)
+    if safe == raw and len(safe) <= NAME_MAX:
+        return safe
+    return hashed_name(point, safe)
+
+
+def hashed_name(point: Point, base: str | None = None) -> str:
+    base = readable_name(point) if base is None else base
+    return f"{base[:NAME_MAX - len(point.key) - 1]}~{point.key}"
 
 
 def expand(sweep: dict, default_seed: int) -> list[Point]:
-    """Every grid combination × every seed, in a fixed order (grid keys as written, seeds innermost)."""
+    """Every grid combination × every seed, in a fixed order (grid keys as written, seeds innermost), each
+    named by its values."""
     keys = list(sweep["grid"])
     seeds = sweep["seeds"] or [default_seed]
     combos = itertools.product(*(sweep["grid"][k] for k in keys))
-    return [Point(i, dict(zip(keys, values)), seed)
-            for i, (values, seed) in enumerate((c, s) for c in combos for s in seeds)]
+    points = [Point(i, dict(zip(keys, values)), seed)
+              for i, (values, seed) in enumerate((c, s) for c in combos for s in seeds)]
+    return name_points(points, {})
+
+
+def name_points(points: list[Point], known: dict[str, str]) -> list[Point]:
+    """Each point named: the name `known` (identity -> name, from sweep.json) gave it, else its readable name,
+    else (taken by another point) its hashed one."""
+    taken = set(known.values())
+    out = []
+    for p in points:
+        name = known.get(p.identity)
+        if name is None:
+            name = readable_name(p)
+            if name in taken:
+                name = hashed_name(p)
+        taken.add(name)
+        out.append(dataclasses.replace(p, name=name))
+    return out
 
 
 def point_playbook(playbook, point: Point) -> dict:
@@ -246,7 +299,9 @@ class SweepPlan:
 
 
 def plan(playbook_path: str, *, bench: str | None, out: str | None, lease_wait_s: float = LEASE_WAIT_S) -> SweepPlan:
-    """Validate, write the points' playbooks and profiles, and fix (or check) the sweep's identity."""
+    """Validate, name the points (the names sweep.json gave them before), write their playbooks and profiles,
+    and record every point in sweep.json. Refused: a point already started whose definition changed, a grid
+    over other parameters."""
     playbook = load_playbook(playbook_path)
     if playbook.sweep is None:
         raise InputError("no sweep: block in this playbook (see `harness sweep --help`)", playbook_path)
@@ -258,41 +313,66 @@ def plan(playbook_path: str, *, bench: str | None, out: str | None, lease_wait_s
         raise InputError("sweep.grid: profile.* fields need an emulated bench (emulated:PROFILE)", bench)
     else:
         bench = str(Path(bench).resolve())
-    points = expand(playbook.sweep, playbook.seed)
     sweep_dir = Path(out or Path("runs") / f"{playbook.name}-sweep").resolve()
-    identity = {"format": 1, "playbook": playbook.name, "playbook_sha256": playbook.sha256, "bench": bench,
-                "grid": rec.to_jsonable(playbook.sweep["grid"]),
-                "points": [{"name": p.name, "params": rec.to_jsonable(p.params), "seed": p.seed} for p in points]}
     spec_path = sweep_dir / SPEC_NAME
-    if spec_path.exists():
-        before = _json(spec_path)
-        if before != identity:
-            changed = [k for k in ("playbook", "playbook_sha256", "bench", "grid", "points") if before.get(k) != identity[k]]
-            raise InputError(f"{sweep_dir} holds a sweep with a different {', '.join(changed) or 'format'}; "
-                             "resume it unchanged or sweep into a new --out", str(spec_path))
-    else:
-        if sweep_dir.exists() and any(sweep_dir.iterdir()):
-            raise InputError("--out: exists, is not empty and holds no sweep", str(sweep_dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        rec.write_json_atomic(spec_path, identity)
-    jobs = []
+    keys = list(playbook.sweep["grid"])
+    record = _json(spec_path) if spec_path.exists() else None
+    if record is None and sweep_dir.exists() and any(sweep_dir.iterdir()):
+        raise InputError("--out: exists, is not empty and holds no sweep", str(sweep_dir))
+    if record is not None and record.get("format") != SPEC_FORMAT:
+        raise InputError(f"{sweep_dir} holds a sweep recorded in format {record.get('format')} (this harness "
+                         f"writes {SPEC_FORMAT}); sweep into a new --out", str(spec_path))
+    if record is not None and record["keys"] != keys:
+        raise InputError(f"{sweep_dir} holds a sweep over {', '.join(record['keys'])}, not "
+                         f"{', '.join(keys)}: a grid grows by values and seeds, not by parameters; "
+                         "sweep into a new --out", str(spec_path))
+    before = {p["name"]: p for p in (record or {}).get("points", [])}
+    points = name_points(expand(playbook.sweep, playbook.seed),
+                         {json.dumps([p["params"], p["seed"]], sort_keys=True): n for n, p in before.items()})
+    defined, changed = [], []
     for p in points:
-        inputs = sweep_dir / "inputs"
-        inputs.mkdir(exist_ok=True)
-        pb_path = inputs / f"{p.name}.playbook.yaml"
-        if not pb_path.exists():
-            rec.write_text_atomic(pb_path, yaml.safe_dump(point_playbook(playbook, p), sort_keys=False))
-        point_bench = bench
+        playbook_text = yaml.safe_dump(point_playbook(playbook, p), sort_keys=False)
         profile = None if physical else point_profile(bench, p)
-        if profile is not None:
+        profile_text = None if profile is None else yaml.safe_dump(profile, sort_keys=False)
+        entry = {"name": p.name, "params": rec.to_jsonable(p.params), "seed": p.seed, "bench": bench,
+                 "playbook_sha256": _sha256(playbook_text), "profile_sha256": _sha256(profile_text)}
+        old = before.get(p.name)
+        if old is not None and old != entry and (sweep_dir / "points" / p.name).exists():
+            differs = [k.removesuffix("_sha256") for k in ("playbook_sha256", "profile_sha256", "bench")
+                       if old.get(k) != entry[k]]
+            changed.append(f"{p.name} ({', '.join(differs)})")
+        defined.append((p, entry, playbook_text, profile_text))
+    if changed:
+        raise InputError(f"{sweep_dir}: {len(changed)} point(s) already started would now be defined differently: "
+                         f"{'; '.join(changed[:5])}{' …' if len(changed) > 5 else ''}; resume them unchanged, or "
+                         "sweep into a new --out", str(spec_path))
+    inputs = sweep_dir / "inputs"
+    inputs.mkdir(parents=True, exist_ok=True)
+    jobs, entries = [], dict(before)
+    for p, entry, playbook_text, profile_text in defined:
+        entries[p.name] = entry
+        pb_path = inputs / f"{p.name}.playbook.yaml"
+        _write_if_new(pb_path, playbook_text)
+        point_bench = bench
+        if profile_text is not None:
             prof_path = inputs / f"{p.name}.profile.yaml"
-            if not prof_path.exists():
-                rec.write_text_atomic(prof_path, yaml.safe_dump(profile, sort_keys=False))
+            _write_if_new(prof_path, profile_text)
             _check_profile(prof_path, p)
             point_bench = _with_profile(bench, prof_path)
-        jobs.append(PointJob(p.name, str(sweep_dir / "points" / p.name), str(pb_path), point_bench, p.seed, physical,
-                             lease_wait_s))
+        jobs.append(PointJob(p.name, str(sweep_dir / "points" / p.name), str(pb_path), point_bench, p.seed,
+                             physical, lease_wait_s))
+    rec.write_json_atomic(spec_path, {"format": SPEC_FORMAT, "playbook": playbook.name, "keys": keys,
+                                      "points": list(entries.values())})
     return SweepPlan(sweep_dir, points, jobs, physical)
+
+
+def _sha256(text: str | None) -> str | None:
+    return None if text is None else hashlib.sha256(text.encode()).hexdigest()
+
+
+def _write_if_new(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        rec.write_text_atomic(path, text)
 
 
 def _check_profile(path: Path, point: Point) -> None:

@@ -31,18 +31,22 @@ def test_page_is_self_contained_and_carries_the_records_numbers(run_dir):
     assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
     for src in sources:   # every inline figure is a real PNG
         assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len(sources) == 4  # verdict plot, stage CDFs, cycle timeline, accuracy vs truth
+    assert len(sources) == 5  # verdict plot, stage CDFs, cycle timeline, accuracy vs truth, GPU view
+    assert (run_dir / "gpu_view.png").read_bytes() == base64.b64decode(sources[4].split(",", 1)[1])
     verdict = json.loads((run_dir / "verdict.json").read_text())
+    from harness.steps.mixnet import claim_label, evidence_words
+
     for claim in verdict["claims"]:
         row = text[text.index(f"<code>{claim['id']}</code>"):]
-        assert row.split("</tr>")[0].count(f"<b>{claim['verdict']}") == 1
+        label = claim_label(claim, evidence_words(verdict["provenance"]))
+        assert row.split("</tr>")[0].count(f"<b>{label}</b>") == 1
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     for r in summary["accuracy"]:
         assert f"<td>{r['stage']}</td><td class=\"num\">{r['n']}</td>" in text
     lost = summary["lost_events"]  # the true events of watched cycles without a recorded one: none here
     assert lost["true"] > 0 and f"<p>Of {lost['true']} true stage events while their cycles were watched, 0 in ok" in text
     turnaround = summary["delays_ms"]["turnaround"]
-    assert f'<td class="num">{turnaround["mean"]:.4g}</td>' in text
+    assert f'<td class="num">{turnaround["mean"]:.3f}</td>' in text
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["playbook"]["sha256"] in text
     identity = text[text.index("<h3>Device identity</h3>"):]
@@ -62,6 +66,36 @@ def test_page_has_a_table_of_contents_and_no_python_reprs(run_dir):
     assert links == headings and {"verdict", "stage-delays", "provenance"} <= set(links)
     for repr_mark in ("{'", "[{", "None<", ">None", "&#x27;:"):
         assert repr_mark not in text, repr_mark
+
+
+def test_every_output_opens_with_the_same_sentence_per_claim_and_explains_its_terms(run_dir):
+    """report.md, summary.md, the console (its log) and the HTML page give each claim the same causal sentence
+    before anything else of the verdict; the terms those sentences use are explained where they first appear."""
+    import html
+
+    sentences = json.loads((run_dir / "summary.json").read_text())["summary"]["results"]["verdict"]["claims"]
+    assert len(sentences) == len(json.loads((run_dir / "verdict.json").read_text())["claims"])
+    report, summary = (run_dir / "report.md").read_text(), (run_dir / "summary.md").read_text()
+    page = html.unescape((run_dir / "report.html").read_text())
+    console = (run_dir / "console.log").read_text()
+    for text in (report, summary):
+        opening = text[:text.index("\n## ")]  # before the first section
+        assert [f"- **{x}**" for x in sentences] == [line for line in opening.splitlines() if line.startswith("- **")]
+        assert opening.index(sentences[-1]) < opening.index("**Terms.**") and "*d**: break-even delay" in opening
+    assert all(f"<li><b>{x}</b></li>" in page for x in sentences)
+    assert page.index(sentences[-1]) < page.index("<summary>Terms</summary>") < page.index("<h3>By scenario</h3>")
+    assert all(" ".join(x.split()) in " ".join(console.split()) for x in sentences)  # the console wraps lines
+
+
+def test_claims_table_gives_each_reason_once(run_dir):
+    from harness.steps.mixnet import claims_markdown
+
+    verdict = json.loads((run_dir / "verdict.json").read_text())
+    lines = claims_markdown(verdict)
+    reasons = {cell["reason"] for c in verdict["claims"] for cell in c["by_scenario"].values()}
+    text = "\n".join(lines)
+    assert reasons and all(text.count(r) == 1 for r in reasons)
+    assert text.count(verdict["bound"]["assumptions_text"]) == 1
 
 
 def test_comparison_of_two_runs_names_both(run_dir, tmp_path):

@@ -1,6 +1,7 @@
 """`harness sweep`: the `sweep:` block is validated with file:line errors; a small grid on a dask
 LocalCluster gives the serial results (same points, same parameters, same emulator draws, same outcomes);
-a rerun skips finished points; a changed grid is refused; points on a physical bench take turns under the
+points are named by their values; a grid grows (only the new points run); a rerun skips finished points; a
+point that ran is refused a new definition; points on a physical bench take turns under the
 bench lease, also on a cluster given by its address."""
 from __future__ import annotations
 
@@ -89,9 +90,18 @@ DETERMINED = ["profile.ocs.switch.ms", "seed", "point", "exit_code", "outcome", 
               "true_events", "lost_in_ok_cycles"]
 
 
-def test_sweep_on_a_local_cluster_equals_serial_resumes_and_refuses_a_changed_grid(tmp_path, capsys):
+def test_sweep_on_a_local_cluster_equals_serial_grows_resumes_and_refuses_a_changed_point(tmp_path, capsys):
     path = write(tmp_path, PLAYBOOK)
+    # the serial sweep grows: one value first, then the second runs alone and the first is reused
+    first = tmp_path / "one.yaml"
+    first.write_text(path.read_text().replace("[1.0, 3.0]", "[1.0]"))
+    assert main(["sweep", str(first), "--out", str(tmp_path / "serial"), "--serial", "-q"]) == 0
+    done = tmp_path / "serial" / "points" / "profile.ocs.switch.ms=1.0,seed=5"
+    stamp = (done / "point.json").read_text()
+    capsys.readouterr()
     assert main(["sweep", str(path), "--out", str(tmp_path / "serial"), "--serial", "-q"]) == 0
+    assert "(1 run now, 1 already finished)" in capsys.readouterr().out
+    assert (done / "point.json").read_text() == stamp
     assert main(["sweep", str(path), "--out", str(tmp_path / "dask"), "--workers", "2", "-q"]) == 0
     serial = pd.read_parquet(tmp_path / "serial" / sweep.RESULTS_NAME)
     parallel = pd.read_parquet(tmp_path / "dask" / sweep.RESULTS_NAME)
@@ -106,9 +116,14 @@ def test_sweep_on_a_local_cluster_equals_serial_resumes_and_refuses_a_changed_gr
     capsys.readouterr()
     assert main(["sweep", str(path), "--out", str(tmp_path / "dask"), "-q"]) == 0   # resume: nothing to run
     assert "(0 run now, 2 already finished)" in capsys.readouterr().out
-    path.write_text(path.read_text().replace("[1.0, 3.0]", "[1.0, 4.0]"))
+    # a point that ran is never redefined: another warm-up changes every point's playbook
+    path.write_text(path.read_text().replace("[1.0, 3.0]", "[1.0, 3.0, 4.0]").replace("clock_warmup_s: 0.1",
+                                                                                        "clock_warmup_s: 0.2"))
     assert main(["sweep", str(path), "--out", str(tmp_path / "dask"), "-q"]) == 2
-    assert "holds a sweep with a different" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "2 point(s) already started would now be defined differently: profile.ocs.switch.ms=1.0,seed=5 " \
+        "(playbook); profile.ocs.switch.ms=3.0,seed=5 (playbook)" in err, err
+    assert not (tmp_path / "dask" / "inputs" / "profile.ocs.switch.ms=4.0,seed=5.playbook.yaml").exists()
 
 
 # ------------------------------------------------------------------ points on a physical bench
@@ -202,3 +217,43 @@ def test_the_local_cluster_listens_on_loopback_only():
     with _client(None, 2):
         listening = [c.laddr.ip for c in psutil.Process().net_connections(kind="inet") if c.status == "LISTEN"]
     assert listening and all(ipaddress.ip_address(ip).is_loopback for ip in listening), listening
+
+
+def test_point_names_are_readable_safe_bounded_and_unique():
+    points = sweep.expand({"grid": {"measure.pattern": ["ring-shift", "a/b", "a_b"], "verdict.baseline":
+                                    [{"gpu": "h100-sxm"}]}, "seeds": [5]}, 1)
+    names = [p.name for p in points]
+    assert len(set(names)) == 3 and all(len(n) <= sweep.NAME_MAX and "/" not in n for n in names)
+    # a value that needed a replaced character ends in the point's hash: "a/b" and "a_b" stay apart
+    assert names[2].startswith("measure.pattern=a_b,verdict.baseline=gpu_h100-sxm,seed=5~")
+    assert names[1] != names[2] and names[1].endswith(points[1].key)
+    plain = sweep.expand({"grid": {"measure.pattern": ["ring-shift"], "cycles": [3]}, "seeds": [7]}, 1)[0]
+    assert plain.name == "measure.pattern=ring-shift,cycles=3,seed=7"
+    long = sweep.expand({"grid": {"measure.pattern": ["x" * 300]}, "seeds": []}, 2)[0]
+    assert len(long.name) == sweep.NAME_MAX and long.name.endswith(long.key)
+    # a name sweep.json gave a point first stays its name; a new point whose readable name is taken is hashed
+    two = sweep.expand({"grid": {"cycles": [3, 4]}, "seeds": [7]}, 1)
+    renamed = sweep.name_points(two, {two[0].identity: "old-name", "another point": "cycles=4,seed=7"})
+    assert [p.name for p in renamed] == ["old-name", f"cycles=4,seed=7~{two[1].key}"]
+
+
+def test_a_grid_grows_by_seeds_and_values_and_keeps_its_points(tmp_path):
+    """Planned only (no point runs): more seeds and values add points, the earlier ones keep their names and
+    inputs; a point not yet started may be redefined; a grid over other parameters is refused."""
+    path = write(tmp_path, PLAYBOOK)
+    out = str(tmp_path / "sw")
+    before = sweep.plan(str(path), bench=None, out=out)
+    inputs = {p.name: (before.sweep_dir / "inputs" / f"{p.name}.playbook.yaml").read_text() for p in before.points}
+    path.write_text(path.read_text().replace("[1.0, 3.0]", "[1.0, 3.0, 4.0]").replace("[5]", "[5, 6]"))
+    grown = sweep.plan(str(path), bench=None, out=out)
+    assert [p.name for p in grown.points] == [f"profile.ocs.switch.ms={v},seed={s}" for v in (1.0, 3.0, 4.0)
+                                              for s in (5, 6)]
+    assert all((grown.sweep_dir / "inputs" / f"{n}.playbook.yaml").read_text() == t for n, t in inputs.items())
+    assert len(json.loads((grown.sweep_dir / sweep.SPEC_NAME).read_text())["points"]) == 6
+    # nothing started yet: another warm-up redefines the points instead of refusing them
+    path.write_text(path.read_text().replace("clock_warmup_s: 0.1", "clock_warmup_s: 0.2"))
+    again = sweep.plan(str(path), bench=None, out=out)
+    assert "clock_warmup_s: 0.2" in Path(again.jobs[0].playbook).read_text()
+    path.write_text(path.read_text().replace("profile.ocs.switch.ms:", "cycles: [1]\n    profile.ocs.switch.ms:"))
+    with pytest.raises(InputError, match="a grid grows by values and seeds, not by parameters"):
+        sweep.plan(str(path), bench=None, out=out)

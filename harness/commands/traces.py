@@ -191,23 +191,6 @@ def _print_human(stats: dict) -> None:
             print(f"{key:>16}: {value}")
 
 
-def _plot_rate(stats: dict, out: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    rate = np.asarray(stats["rate_per_s"])
-    t = stats["start_s"] + np.arange(len(rate)) * stats["rate_bin_s"]
-    fig, ax = plt.subplots(figsize=(8, 3))
-    ax.step(t, rate, where="post")
-    ax.set_xlabel("trace time (s)")
-    ax.set_ylabel("requests/s")
-    ax.set_title(f"{stats['rows']} requests, bins of {stats['rate_bin_s']:.3g} s")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-
-
 def _plot_heatmap(trace, out: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -246,7 +229,9 @@ def cmd_inspect(args) -> int:
     stats = {"path": args.path, **stats}
     if args.plot:
         if kind == "requests":
-            _plot_rate(stats, args.plot)
+            from harness.plots import plot_request_rate
+
+            plot_request_rate(stats, args.plot)
         elif kind == "moe":
             _plot_heatmap(data, args.plot)
         else:

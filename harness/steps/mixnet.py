@@ -196,23 +196,140 @@ def say(verdict: str, words: dict[str, str]) -> str:
     return words.get(verdict, verdict)
 
 
-def cause_sentence(verdict: dict) -> str:
-    """The first line: the cause in one sentence (measured d against the bound's d*, the resulting ratio)."""
-    h = verdict.get("headline")
-    if not h:
-        return ("The bound is silent (no published ratio, or a measured delay below the paper's 25 ms): the verdict "
-                "rests on the model alone, where its scorecard lets it speak.")
-    words = evidence_words(verdict["provenance"])
-    kind = verdict["options"]["verdict_delay"]
-    if h["already_beyond"]:
-        return (f"The authors' own T_mix/T_ft at 25 ms ({h['r25']:.3f}) already exceeds {h['limit']:g} in "
-                f"{', '.join(h['beyond_at_25ms'])}; the measured {kind} delay ({h['d_s']:.3g} s) only adds to it.")
-    verb = say("falsified", words) if h["falsified"] else "not decided by the bound"
-    return (f"Measured {kind} delay per reconfiguration {h['d_s']:.3g} s against the bound's d* = "
-            f"{h['d_star_s'] * 1e3:.0f} ms ({h['d_s'] / h['d_star_s']:.0f}×) for {h['scenario']}: "
-            f"T_mix/T_ft >= {h['bound_ratio']:.3f} > {h['limit']:g} — {verb}"
-            + (f" (already beyond at 25 ms by the authors' own figures: {', '.join(h['beyond_at_25ms'])})"
-               if h["beyond_at_25ms"] else "") + ".")
+QUANTITY = {"iteration_ratio": "T_mix/T_ft", "cost_efficiency": "CE"}
+
+
+def short_words(prov: dict) -> dict[str, str]:
+    """evidence_words in a table cell's length (the table's legend gives the full words once)."""
+    if not prov.get("emulated"):
+        return {"falsified": "falsified", "holds": "holds"}
+    return {"falsified": "inconsistent", "holds": "consistent"}
+
+
+def delay_words(prov: dict) -> str:
+    if not prov.get("emulated"):
+        return f"measured on bench {prov['bench']}"
+    return f"emulated from profile {prov['profile']}" + (", which copies the paper's published figures"
+                                                          if prov.get("copies_published_figures") else "")
+
+
+def _duration(s: float) -> str:
+    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
+
+
+def claim_label(claim: dict, words: dict[str, str]) -> str:
+    return say(claim["verdict"], words) + (" " + " or ".join(claim["conditions"])
+                                           if claim["verdict"] == "falsified if" else "")
+
+
+def claim_sentences(verdict: dict) -> list[str]:
+    """One causal sentence per claim, the same in report.md, summary.md, the console and the HTML page: the
+    verdict, then what was measured (with its interval and provenance) against the delay at which the claim's
+    threshold is reached, in the scenario that shows it most clearly."""
+    prov, b = verdict["provenance"], verdict["bound"]
+    words = evidence_words(prov)
+    measured = (f"the measured {verdict['options']['verdict_delay']} delay per reconfiguration, at least "
+                f"{_duration(b['delay_s'])} ({verdict['options']['confidence'] * 100:g} % lower bound on its mean; "
+                f"{delay_words(prov)})")
+    out = []
+    for c in verdict["claims"]:
+        cells = [(r["scenario"], r["claims"][c["id"]]) for r in b["rows"] if c["id"] in r["claims"]]
+        r25 = {r["scenario"]: r["r25"] for r in b["rows"]}
+        beyond = [f"{name} (r25 = {r25[name]:.3f})" for name, cell in cells
+                  if cell["falsified"] and cell["flips"]["already_beyond"]]
+        decided = sorted((cell["flips"]["delay_s"], name, cell) for name, cell in cells
+                         if cell["falsified"] and not cell["flips"]["already_beyond"])
+        if decided:
+            d_star, name, cell = decided[0]
+            why = (f"{measured}, is {b['delay_s'] / d_star:.0f}× the d* = {_duration(d_star)} at which the bound "
+                   f"reaches the claim's threshold in {name}, where {QUANTITY[c['quantity']]} "
+                   f"{'≥' if cell['value_kind'] == 'at least' else '≤'} {cell['value']:.3f} against the claim's "
+                   f"{c['criterion']}")
+            if beyond:
+                why += f" (the authors' own figures at 25 ms are already beyond it in {', '.join(beyond)})"
+        elif beyond:
+            why = (f"the authors' own figures at 25 ms are already beyond the claim's {c['criterion']} in "
+                   f"{', '.join(beyond)}; {measured} only adds to it")
+        else:
+            silent = cells and all(cell["value"] is None for _, cell in cells)
+            why = ("no scenario of this run's models and links falls under it" if not cells else
+                   f"the bound is silent at {measured}, below the paper's 25 ms" if silent else
+                   f"the bound does not decide it at {measured}") + \
+                f"; the model's estimate: {c['model_verdict']['summary']}"
+        out.append(f"{c['statement']}: {claim_label(c, words)} — {why}.")
+    return out
+
+
+def claims_table(verdict: dict) -> dict:
+    """The claims × scenarios table as data, each reason once: per claim its verdict and basis; per scenario
+    and claim the bound's and the model's short verdicts with a note number; the notes (reasons) once each."""
+    prov = verdict["provenance"]
+    short = short_words(prov)
+    claims, b = verdict["claims"], verdict["bound"]
+    bound_cells = {(r["scenario"], cid): cell for r in b["rows"] for cid, cell in r["claims"].items()}
+    notes: list[str] = []
+
+    def note(reason: str) -> int:
+        if reason not in notes:
+            notes.append(reason)
+        return notes.index(reason) + 1
+
+    def model_words(v: str, conditions: list[str]) -> str:
+        text = {"falsified": short["falsified"], "holds": short["holds"], "not applicable": "n/a",
+                "falsified if": f"{short['falsified']} if"}.get(v, v)
+        return text + ((" " if v == "falsified if" else " at ") + " or ".join(conditions) if conditions else "")
+
+    summary = []
+    for c in claims:
+        falsified = b["claims"].get(c["id"], {}).get("falsified_by", [])
+        scenarios = b["claims"].get(c["id"], {}).get("scenarios", [])
+        carrying = [lab for lab, v in c["by_point"].items() if v != "no verdict"]
+        mv = c["model_verdict"]
+        model = (f"{model_words(mv['verdict'], mv['conditions'])} ({len(carrying)} of {len(c['by_point'])} grid "
+                 "points let the model carry a verdict)") if carrying else "no grid point lets the model carry a verdict"
+        summary.append({"id": c["id"], "statement": c["statement"], "verdict": claim_label(c, evidence_words(prov)),
+                        "class": c["verdict"],
+                        "bound": f"{short['falsified']} in {len(falsified)} of {len(scenarios)} scenarios"
+                                 if falsified else "does not decide it", "model": model})
+    rows = []
+    for s in verdict["baseline"]["scenarios"]:
+        name = s["scenario"]
+        cells, refs = [], []
+        for c in claims:
+            cell = c["by_scenario"].get(name)
+            if cell is None:
+                cells.append(None)
+                continue
+            bc = bound_cells.get((name, c["id"]))
+            bound = "no r25" if bc is None else "silent (d < 25 ms)" if bc["value"] is None else \
+                short["falsified"] if bc["falsified"] else "not shown"
+            ref = note(cell["reason"])
+            refs.append(ref)
+            cells.append({"bound": bound, "model": model_words(cell["verdict"], cell["conditions"]), "note": ref,
+                          "class": "falsified" if bc is not None and bc["falsified"] else cell["verdict"]})
+        rows.append({"scenario": name, "cells": cells, "notes": sorted(set(refs))})
+    legend = (f"Each cell: the bound's conclusion, then the model's estimate over the assumption grid; "
+              f"[n]: its reason, below. *{short['falsified']}*: {say('falsified', evidence_words(prov))}; "
+              "*not shown*: the bound does not reach the threshold there; *no r25*: the authors published no "
+              "ratio for it, so the bound cannot speak; *n/a*: the model never moves a circuit, "
+              "so no delay can matter; *inconclusive*: the numbers straddle the threshold, or no grid point lets "
+              "the model carry a verdict (scorecard); *… at / if P*: only at the grid points named.")
+    return {"claims": summary, "rows": rows, "notes": notes, "legend": legend,
+            "assumptions": f"The bound assumes {b['assumptions_text']} (its table below)."}
+
+
+def claims_markdown(verdict: dict) -> list[str]:
+    t = claims_table(verdict)
+    lines = ["## Claims × scenarios", "", "| claim | verdict | the bound | the model's estimate |", "|---|---|---|---|"]
+    lines += [f"| {c['statement']} (`{c['id']}`) | **{c['verdict']}** | {c['bound']} | {c['model']} |"
+              for c in t["claims"]]
+    lines += ["", t["assumptions"], "", "| scenario | " + " | ".join(f"`{c['id']}`" for c in t["claims"]) + " |",
+              "|---|" + "---|" * len(t["claims"])]
+    for r in t["rows"]:
+        cells = ["—" if c is None else f"bound: {c['bound']}; model: {c['model']} [{c['note']}]" for c in r["cells"]]
+        lines.append(f"| {r['scenario']} | " + " | ".join(cells) + " |")
+    lines += ["", t["legend"], ""] + [f"{i}. {reason}" for i, reason in enumerate(t["notes"], 1)] + [""]
+    return lines
 
 
 def bound_markdown(verdict: dict) -> list[str]:
@@ -286,32 +403,9 @@ def verdict_markdown(verdict: dict) -> str:
     from analysis.stats import p99_interval_text
 
     prov = verdict["provenance"]
-    scen = [s["scenario"] for s in verdict["baseline"]["scenarios"]]
-    claims = verdict["claims"]
-
     words = evidence_words(prov)
-
-    def label(v: dict) -> str:
-        return say(v["verdict"], words) + (" " + " or ".join(v["conditions"]) if v["verdict"] == "falsified if" else "")
-
-    lines = provenance_lines(prov) + [
-        "## Claims × scenarios", "",
-        "| | " + " | ".join(c["statement"] for c in claims) + " |", "|---|" + "---|" * len(claims),
-        "| **verdict** | " + " | ".join(f"**{label(c)}**" for c in claims) + " |",
-        "| why | " + " | ".join(c["summary"] for c in claims) + " |"]
-    for name in scen:
-        cells = []
-        for c in claims:
-            cell = c["by_scenario"].get(name)
-            cells.append("—" if cell is None else f"{label(cell)}: {cell['short']}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Verdicts over the assumption grid (Robustness below). *not applicable*: the model never moves a "
-              "circuit, so no delay can matter; *inconclusive*: the numbers straddle the bound, or the scenario is "
-              "model carries no verdict (scorecard); *falsified if …*: only at the grid points named.", ""]
-    for name in scen:
-        reasons = {c["by_scenario"][name]["reason"] for c in claims if name in c["by_scenario"]}
-        lines += [f"- {name}: " + " / ".join(sorted(reasons))]
-    lines += [""] + bound_markdown(verdict) + seed_test_markdown(verdict) + scorecard_markdown(verdict["scorecard"])
+    lines = provenance_lines(prov) + claims_markdown(verdict)
+    lines += bound_markdown(verdict) + seed_test_markdown(verdict) + scorecard_markdown(verdict["scorecard"])
     m = verdict["measured"]
     lines += ["## Delays and where they come from", "",
               "| delay | value | source |", "|---|---|---|"]
@@ -338,7 +432,7 @@ def verdict_markdown(verdict: dict) -> str:
         for c in verdict["claims"]:
             v = row["claims"][c["id"]]
             by = row["falsified_by"][c["id"]]
-            cells.append(v + (f" ({', '.join(by)})" if by else ""))
+            cells.append(say(v, words) + (f" ({', '.join(by)})" if by else ""))
         lines.append(f"| {row['point']} | {', '.join(row['model_verdict_scenarios']) or 'none'} | " + " | ".join(cells) + " |")
     lines += ["", "## The model at the paper's own 25 ms", "", verdict["calibration"]["criterion"] + ".", "",
               "| scenario | T_mix/T_ft | authors' ratio | cost-efficiency | paper's range | reproduces both |",
@@ -364,6 +458,15 @@ def verdict_markdown(verdict: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def opening_markdown(verdict: dict) -> str:
+    """A report's first lines: each claim's causal sentence, then the terms they and the report use."""
+    from harness import glossary
+
+    sentences = claim_sentences(verdict)
+    return "\n".join([f"- **{x}**" for x in sentences] + [""] +
+                     glossary.markdown("\n".join(sentences) + verdict_markdown(verdict))) + "\n"
+
+
 def write_outputs(run_dir, events, verdict: dict) -> list[str]:
     """verdict.json, report.md and the plots; returns the file names (the step's artifacts)."""
     from harness import record as rec
@@ -378,9 +481,8 @@ def write_outputs(run_dir, events, verdict: dict) -> list[str]:
     if events is not None:
         plots.append(plot_stage_breakdown(events[events["cycle"] > 0], run_dir / "turnaround_stages.png").name)
     rec.write_text_atomic(run_dir / "verdict.json", verdict_json_text(verdict))
-    rec.write_text_atomic(run_dir / "report.md", cause_sentence(verdict) + "\n\n# Falsification report\n\n" +
-                          verdict_markdown(verdict) +
-                          "".join(f"\n![{p}]({p})\n" for p in plots))
+    rec.write_text_atomic(run_dir / "report.md", "# Falsification report\n\n" + opening_markdown(verdict) +
+                          verdict_markdown(verdict) + "".join(f"\n![{p}]({p})\n" for p in plots))
     return ["verdict.json", "report.md", *plots]
 
 
@@ -401,13 +503,13 @@ def mixnet_verdict(ctx, step) -> StepResult:
     except (ClaimInputError, ValueError, TypeError) as exc:
         raise InputError(f"step {step.name}: {exc}", step.file, step.line) from None
     artifacts = write_outputs(ctx.run_dir, events, verdict)
-    md = f"**{cause_sentence(verdict)}**\n\n" + verdict_markdown(verdict)
+    md = verdict_markdown(verdict)  # summary.md opens with the claims' sentences (the step's summary) and terms
     falsified = [c["id"] for c in verdict["claims"] if c["verdict"] == "falsified"]
     # Verdicts are results, not failures of the run, unless the playbook asks for that.
     checks = [{"name": f"claim {c['id']} not falsified", "ok": c["verdict"] != "falsified",
                "detail": c["verdict"]} for c in verdict["claims"]] if p["fail_on_falsified"] else []
     return StepResult(ok=not (falsified and p["fail_on_falsified"]), checks=checks, summary_md=md,
-                      summary={"cause": cause_sentence(verdict),
+                      summary={"claims": claim_sentences(verdict),
                                **{c["id"]: say(c["verdict"], evidence_words(prov)) +
                                   (" " + " or ".join(c["conditions"]) if c["verdict"] == "falsified if" else "")
                                   for c in verdict["claims"]}}, artifacts=artifacts,

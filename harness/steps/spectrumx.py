@@ -199,7 +199,10 @@ def spectrumx_verdict(ctx, step) -> StepOutcome:
     verdict = compute_verdict(failures, flaps, p, ctx.seed, _provenance(ctx))
     rec.write_text_atomic(ctx.run_dir / "verdict.json", json.dumps(
         {"schema_version": rec.RECORD_SCHEMA_VERSION, **verdict}, indent=1, allow_nan=False) + "\n")
+    from harness import glossary
+
     md = verdict_markdown(verdict)
-    rec.write_text_atomic(ctx.run_dir / "report.md", "# Spectrum-X falsification report\n\n" + md)
+    rec.write_text_atomic(ctx.run_dir / "report.md", "# Spectrum-X falsification report\n\n" +
+                          "\n".join(glossary.markdown(md)) + "\n" + md)
     return StepOutcome(ok=True, summary={c["id"]: c["verdict"] for c in verdict["claims"]}, summary_md=md,
                        artifacts=["verdict.json", "report.md"])
