@@ -3,8 +3,8 @@
 - bus bandwidth (nccl-tests PERFORMANCE.md): algBW = bytes / time; all-to-all busBW = algBW·(n−1)/n,
   all-reduce busBW = algBW·2(n−1)/n;
 - effective-bandwidth fraction = busBW / line rate;
-- latency inflation = the p50 and p99 of per-operation times with f % of the links failed ÷ the same with
-  0 % failed;
+- latency inflation = the p50 and p99 of per-iteration times (an iteration of the trace, its phases back
+  to back: the unit that is independent) with f % of the links failed ÷ the same with 0 % failed;
 - proportionality = (busBW(f) / busBW(0)) ÷ (capacity(f) / capacity(0)): 1 when bandwidth follows the
   surviving capacity exactly, < 1 when the fabric loses more than the failed links carried;
 - flap reaction time = from link down until goodput is ≥ 95 % of the new steady state, over a goodput time
@@ -66,18 +66,46 @@ def proportionality(bus_bw_failed: float, bus_bw_baseline: float, capacity_faile
     return (bus_bw_failed / bus_bw_baseline) / (capacity_failed / capacity_baseline)
 
 
-def inflation_interval(failed_s: Sequence[float], baseline_s: Sequence[float], q: float,
-                       rng: np.random.Generator, n_boot: int = 2000, level: float = 0.95) -> tuple[float, float]:
-    """Percentile-bootstrap interval of quantile(failed, q) / quantile(baseline, q), both samples resampled
-    independently (operations are the unit). An interval, not a point: a claim is judged on it."""
-    failed, base = np.asarray(failed_s, dtype=float), np.asarray(baseline_s, dtype=float)
-    if failed.size < 2 or base.size < 2:
-        raise ValueError("both samples need at least two times")
-    fi = rng.integers(0, failed.size, size=(n_boot, failed.size))
-    bi = rng.integers(0, base.size, size=(n_boot, base.size))
-    ratios = np.quantile(failed[fi], q, axis=1) / np.quantile(base[bi], q, axis=1)
-    lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
+def iteration_times(seconds, units) -> np.ndarray:
+    """One time per unit (an iteration of the trace: its phases back to back): the sum of its phase times."""
+    x = np.asarray(seconds, dtype=float)
+    u = np.asarray(units)
+    if x.shape != u.shape:
+        raise ValueError("one unit per time")
+    _, inverse = np.unique(u, return_inverse=True)
+    return np.bincount(inverse, weights=x)
+
+
+def inflation_interval(failed_units_s: Sequence[float], baseline_units_s: Sequence[float], q: float,
+                       confidence: float = 0.95) -> dict:
+    """Interval of quantile(failed, q) / quantile(baseline, q) over independent units (one time per iteration:
+    the phases of one iteration share its fate and never count as independent). Each side's distribution-free
+    order-statistic interval (analysis.stats.quantile_interval) at 1 − α/2: both hold together with
+    probability ≥ `confidence`, and so does [low_f / high_b, high_f / low_b] (coverage: benchmarks/coverage.py
+    --inflation). Too few units for both ends (a p99 needs hundreds): "ci" None, "needs_n" per side, and the
+    one-sided bounds the units do support ("lower", "upper"; else None)."""
+    from analysis.stats import quantile_interval
+
+    failed, base = (np.asarray(x, dtype=float) for x in (failed_units_s, baseline_units_s))
+    if failed.size == 0 or base.size == 0:
+        raise ValueError("both sides need at least one unit")
+    each = 1 - (1 - confidence) / 2
+    f, b = quantile_interval(failed, q, each), quantile_interval(base, q, each)
+    value = float(np.quantile(failed, q) / np.quantile(base, q))
+    out = {"value": value, "ci": None, "lower": None, "upper": None, "needs_n": f["needs_n"],
+           "n_units": [int(base.size), int(failed.size)]}
+    if f["ci"] is not None and b["ci"] is not None and b["ci"][0] > 0:
+        out["ci"] = [f["ci"][0] / b["ci"][1], f["ci"][1] / b["ci"][0]]
+        return out
+    f_lo = f["ci"][0] if f["ci"] is not None else f["lower"]
+    b_hi = b["ci"][1] if b["ci"] is not None else b["upper"]
+    f_hi = f["ci"][1] if f["ci"] is not None else f["upper"]
+    b_lo = b["ci"][0] if b["ci"] is not None else b["lower"]
+    if f_lo is not None and b_hi is not None and b_hi > 0:
+        out["lower"] = f_lo / b_hi
+    if f_hi is not None and b_lo is not None and b_lo > 0:
+        out["upper"] = f_hi / b_lo
+    return out
 
 
 @dataclass(frozen=True)

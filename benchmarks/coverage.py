@@ -2,6 +2,14 @@
 
     .venv/bin/python benchmarks/coverage.py [--reps 2000 --seed 0 --json]
     .venv/bin/python benchmarks/coverage.py --verdict [--reps 300]   # the MixNet verdict's intervals
+    .venv/bin/python benchmarks/coverage.py --inflation [--reps 1000] # the link studies' latency inflation
+
+`--inflation`: the interval of p50 / p99 latency inflation (analysis.linkfail.inflation_interval, the
+iteration as the unit) against the one it replaced (a percentile bootstrap over phase times as if i.i.d.).
+A link study's iteration runs P = 4 phases back to back; phase j of iteration i takes base_j · e_i · (1 + ε),
+base_j in {1, 1, 2, 2} (phases of equal size: few distinct values), e_i lognormal σ 0.05 shared by the
+iteration's phases, ε ~ N(0, 0.002²); with f % failed the same × 1.05. The truth: 1.05 for either
+estimand (every quantile of the phase times and of the iteration times scales by 1.05).
 
 `--verdict`: the intervals of analysis.claims.bootstrap_mixnet (E[T_mix] and the mean delay per switching
 reconfiguration; cost-efficiency = cost ratio · T_ft / E[T_mix] is a monotone map of E[T_mix], so its
@@ -169,9 +177,61 @@ def verdict_coverage(reps: int, seed: int, n_boot: int = 200, n_reps: int = 32) 
     return rows
 
 
+INFLATION = 1.05
+PHASE_BASE = np.array([1.0, 1.0, 2.0, 2.0])
+
+
+def study_times(rng, n_iterations: int, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(phase times, iteration of each) of one side of a link study (the --inflation data model)."""
+    e = rng.lognormal(0.0, 0.05, size=(n_iterations, 1))
+    t = scale * PHASE_BASE * e * (1 + rng.normal(0.0, 0.002, size=(n_iterations, PHASE_BASE.size)))
+    return t.ravel(), np.repeat(np.arange(n_iterations), PHASE_BASE.size)
+
+
+def old_inflation_interval(failed, base, q, rng, n_boot=2000):
+    """The replaced interval: phase times resampled as if independent, percentile bootstrap of the ratio."""
+    fi = rng.integers(0, failed.size, size=(n_boot, failed.size))
+    bi = rng.integers(0, base.size, size=(n_boot, base.size))
+    ratios = np.quantile(failed[fi], q, axis=1) / np.quantile(base[bi], q, axis=1)
+    return np.quantile(ratios, [0.025, 0.975])
+
+
+def inflation_coverage(reps: int, reps_old: int, seed: int, ns=(6, 8, 20, 60, 500)) -> list[dict]:
+    from analysis.linkfail import inflation_interval, iteration_times
+
+    rows = []
+    for n in ns:
+        rng = np.random.default_rng([seed, 35, n])
+        for q in (0.5, 0.99):
+            hit = given = lower_ok = 0
+            width = []
+            for _ in range(reps):
+                b, bu = study_times(rng, n)
+                f, fu = study_times(rng, n, INFLATION)
+                iv = inflation_interval(iteration_times(f, fu), iteration_times(b, bu), q)
+                if iv["ci"] is not None:
+                    given += 1
+                    hit += iv["ci"][0] <= INFLATION <= iv["ci"][1]
+                    width.append(iv["ci"][1] - iv["ci"][0])
+                elif iv["lower"] is not None:
+                    lower_ok += iv["lower"] <= INFLATION
+            old = 0
+            for _ in range(reps_old):
+                b, _ = study_times(rng, n)
+                f, _ = study_times(rng, n, INFLATION)
+                lo, hi = old_inflation_interval(f, b, q, rng)
+                old += lo <= INFLATION <= hi
+            rows.append({"q": q, "n_iterations": n, "reps": reps, "given": given,
+                         "coverage": hit / given if given else None,
+                         "median_width": float(np.median(width)) if width else None,
+                         "old_reps": reps_old, "old_coverage": old / reps_old if reps_old else None})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--verdict", action="store_true", help="the MixNet verdict's intervals instead")
+    ap.add_argument("--inflation", action="store_true", help="the link studies' latency-inflation intervals")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--reps-old", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
@@ -188,6 +248,21 @@ def main() -> None:
             print(f"| {r['data']} | {r['n_cycles']} | {pct(r['t_mix'])} | {pct(r['delay'])} |")
         print(f"\nnominal 95 %; binomial SE ≈ {100 * math.sqrt(0.95 * 0.05 / reps):.2f} pp at {reps} repetitions; "
               f"{time.perf_counter() - t0:.0f} s")
+        return
+    if args.inflation:
+        reps = args.reps or 1000
+        rows = inflation_coverage(reps, args.reps_old, args.seed)
+        if args.json:
+            print(json.dumps(rows, indent=1))
+        print("| quantile | iterations a side | interval given | coverage | median width | "
+              "old: phases as i.i.d. |\n|---|---:|---:|---:|---:|---:|")
+        for r in rows:
+            cov = pct(r["coverage"]) if r["coverage"] is not None else "– (too few iterations: no interval)"
+            width = "–" if r["median_width"] is None else f"{r['median_width']:.3f}"
+            print(f"| p{round(r['q'] * 100)} | {r['n_iterations']} | {r['given']}/{r['reps']} | {cov} | {width} | "
+                  f"{pct(r['old_coverage'])} |")
+        print(f"\nnominal 95 %; binomial SE ≈ {100 * math.sqrt(0.95 * 0.05 / reps):.2f} pp at {reps} repetitions "
+              f"({args.reps_old} for the old method); {time.perf_counter() - t0:.0f} s")
         return
     args.reps = args.reps or 2000
     rows = run(args.reps, args.reps_old, args.seed)

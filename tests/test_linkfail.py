@@ -69,13 +69,26 @@ def test_reaction_time_never_reached_and_first_crossing():
     assert r.reached and r.low_s == pytest.approx(2e-3) and r.high_s == pytest.approx(4e-3)
 
 
-def test_inflation_interval_covers_the_true_ratio_and_is_seeded():
+def test_inflation_interval_is_over_units_and_says_what_it_needs():
     rng = np.random.default_rng(0)
     base = rng.lognormal(0.0, 0.3, 400)
     failed = 1.07 * rng.lognormal(0.0, 0.3, 400)
-    lo, hi = lf.inflation_interval(failed, base, 0.5, np.random.default_rng(1), n_boot=500)
-    assert lo < 1.07 < hi and hi - lo < 0.15
-    assert (lo, hi) == lf.inflation_interval(failed, base, 0.5, np.random.default_rng(1), n_boot=500)
+    out = lf.inflation_interval(failed, base, 0.5)
+    assert out["ci"][0] < 1.07 < out["ci"][1] and out["ci"][1] - out["ci"][0] < 0.3
+    assert out["ci"][0] <= out["value"] <= out["ci"][1]
+    # the bounds are the order statistics' ratios: at 8 units a side the p50 interval is the 1st and 8th
+    small = lf.inflation_interval(np.arange(1.0, 9.0) * 2, np.arange(1.0, 9.0), 0.5)
+    assert small["ci"] == pytest.approx([1 * 2 / 8, 8 * 2 / 1])
+    # a p99 needs hundreds of units; with 8 a side only what they support, and how many would do
+    p99 = lf.inflation_interval(np.arange(1.0, 9.0) * 2, np.arange(1.0, 9.0), 0.99)
+    assert p99["ci"] is None and p99["needs_n"] > 300
+    assert p99["lower"] is None and p99["upper"] is None  # a p99 upper bound of the baseline needs >= 367 too
+
+
+def test_iteration_times_sum_the_phases_of_each_unit():
+    assert list(lf.iteration_times([1.0, 2.0, 3.0, 4.0], ["a", "a", "b", "c"])) == [3.0, 3.0, 4.0]
+    with pytest.raises(ValueError):
+        lf.iteration_times([1.0, 2.0], ["a"])
 
 
 # ---------------------------------------------------------------------------------------- emulated data plane

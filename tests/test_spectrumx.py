@@ -19,7 +19,8 @@ def _frame(fraction: float, inflation: float, n: int = 60, links: int = 10, seed
     for pct, failed, scale in ((0.0, 0, 1.0), (10.0, 1, inflation)):
         t = 0.01 * scale * rng.lognormal(0, 0.01, n)
         rows.append(pd.DataFrame({"fail_pct": pct, "failed_links": failed, "links": links, "max_rank_bytes": 1e8,
-                                  "measured_s": t, "modelled_intact_s": 0.01 * fraction}))
+                                  "measured_s": t, "modelled_intact_s": 0.01 * fraction, "round": 0,
+                                  "iteration": np.arange(n)}))
     return pd.concat(rows, ignore_index=True)
 
 
@@ -27,13 +28,13 @@ def test_claims_hold_fail_and_straddle_by_their_intervals():
     rng = np.random.default_rng(1)
     assert line_rate_claim(_frame(0.99, 1.0), 0.98, rng, 500)["verdict"] == "holds"
     assert line_rate_claim(_frame(0.90, 1.0), 0.98, rng, 500)["verdict"] == "falsified"
-    c = latency_claim(_frame(0.99, 1.02), 1.07, 10.0, rng, 500)
+    c = latency_claim(_frame(0.99, 1.02, n=500), 1.07, 10.0)
     assert c["verdict"] == "holds" and c["p50"]["value"] == pytest.approx(1.02, abs=0.01)
-    assert latency_claim(_frame(0.99, 1.20), 1.07, 10.0, rng, 500)["verdict"] == "falsified"
+    assert latency_claim(_frame(0.99, 1.20), 1.07, 10.0)["verdict"] == "falsified"
     # a 10 % claim judged at 25 % realised: a violation there does not falsify the 10 % claim
-    c = latency_claim(_frame(0.99, 1.20, links=4), 1.07, 10.0, rng, 500)
+    c = latency_claim(_frame(0.99, 1.20, links=4), 1.07, 10.0)
     assert c["verdict"] == "inconclusive" and c["realised_failed_fraction"] == 0.25 and "note" in c
-    assert latency_claim(_frame(0.99, 1.0)[lambda f: f.fail_pct == 0], 1.07, 10.0, rng, 500)["verdict"] \
+    assert latency_claim(_frame(0.99, 1.0)[lambda f: f.fail_pct == 0], 1.07, 10.0)["verdict"] \
         == "not applicable"
 
 

@@ -117,9 +117,10 @@ class LinkStudy:
 
 
 def _provenance(ctx) -> dict:
-    from harness.steps.mixnet import _bench_name, _profile_of, provenance
+    from harness.steps.mixnet import _bench_name, _profile_of, evidence_words, provenance
 
     prov = provenance({"profile": _profile_of(ctx), "extra": {"bench": _bench_name(ctx)}})
+    prov["words"] = evidence_words(prov)
     if ctx.emulated:
         prof = ctx.emulated.profile
         prov["detection"] = {"ms": prof.fabric_detection.mean_s * 1e3, "source": prof.fabric_source}
@@ -132,8 +133,23 @@ def _provenance(ctx) -> dict:
     return prov
 
 
+def iteration_units(g: pd.DataFrame) -> np.ndarray:
+    """One time per iteration of the trace (its phases summed), rounds apart: the independent unit."""
+    keys = g["round"].astype(str) + "/" + g["iteration"].astype(str)
+    return lf.iteration_times(g["measured_s"].to_numpy(dtype=float), keys.to_numpy())
+
+
+def _interval_text(iv: dict) -> str:
+    if iv["ci"] is not None:
+        return f"{iv['ci'][0]:.3f}–{iv['ci'][1]:.3f}"
+    if iv["lower"] is not None:
+        return f"≥ {iv['lower']:.3f}"
+    return f"needs ≥ {iv['needs_n']} it."
+
+
 def failure_table(frame: pd.DataFrame) -> list[dict]:
-    """Per f: busBW fraction of line rate, latency inflation vs f = 0, proportionality."""
+    """Per f: busBW fraction of line rate, latency inflation vs f = 0 (iterations as units, with intervals),
+    proportionality."""
     base = frame[frame["fail_pct"] == 0]
     rows = []
     for pct, g in frame.groupby("fail_pct", sort=True):
@@ -146,11 +162,14 @@ def failure_table(frame: pd.DataFrame) -> list[dict]:
                "p99_ms": float(g["measured_s"].quantile(0.99) * 1e3),
                "capacity_fraction": float(g["modelled_intact_s"].sum() / g["modelled_surviving_s"].sum())}
         if len(base):
-            infl = lf.latency_inflation(g["measured_s"], base["measured_s"])
+            infl = {q: lf.inflation_interval(iteration_units(g), iteration_units(base), p)
+                    for q, p in (("p50", 0.5), ("p99", 0.99))}
             bus0 = float(lf.bus_bandwidth(base["max_rank_bytes"].sum(), base["measured_s"].sum(),
                                           int(base["n"].iloc[0])))
             cap0 = float(base["modelled_intact_s"].sum() / base["modelled_surviving_s"].sum())
-            row.update({"p50_inflation": infl["p50"], "p99_inflation": infl["p99"],
+            row.update({"iterations": int(iteration_units(g).size),
+                        "p50_inflation": infl["p50"]["value"], "p99_inflation": infl["p99"]["value"],
+                        "p50_ci": _interval_text(infl["p50"]), "p99_ci": _interval_text(infl["p99"]),
                         "proportionality": lf.proportionality(bus, bus0, row["capacity_fraction"], cap0)})
         rows.append(row)
     return rows
@@ -166,7 +185,8 @@ def _md_table(rows: list[dict], cols: list[tuple[str, str, str]]) -> list[str]:
 FAILURE_COLS = [("fail_pct", "f %", "g"), ("failed_links", "failed", "d"), ("links", "links", "d"),
                 ("phases", "phases", "d"), ("bus_bw_gbps", "busBW Gb/s", ".1f"),
                 ("line_fraction", "busBW / line", ".3f"), ("p50_ms", "p50 ms", ".3f"), ("p99_ms", "p99 ms", ".3f"),
-                ("p50_inflation", "p50 ÷ 0 %", ".3f"), ("p99_inflation", "p99 ÷ 0 %", ".3f"),
+                ("iterations", "iterations", "d"), ("p50_inflation", "p50 ÷ 0 %", ".3f"), ("p50_ci", "95 %", "s"),
+                ("p99_inflation", "p99 ÷ 0 %", ".3f"), ("p99_ci", "95 %", "s"),
                 ("capacity_fraction", "capacity kept", ".3f"), ("proportionality", "BW kept ÷ capacity kept", ".3f")]
 FLAP_COLS = [("flap", "flap", "d"), ("failed_links", "links pulled", "d"), ("down_ms", "down ms", ".0f"),
              ("ports", "ports sampled", "d"), ("samples", "samples", "d"), ("clock_ms", "clock ± ms", ".3f"),
@@ -196,8 +216,9 @@ def link_failures(ctx, step) -> StepOutcome:
     with ThreadPoolExecutor(max_workers=max(study.n, 1), thread_name_prefix=f"linkfail-{step.name}") as pool:
         study.moe.pool = pool
         try:
-            order = [float(pct) for _ in range(step.params["rounds"]) for pct in study.rng.permutation(study.fail_pct)]
-            for pct in order:
+            order = [(rnd, float(pct)) for rnd in range(step.params["rounds"])
+                     for pct in study.rng.permutation(study.fail_pct)]
+            for rnd, pct in order:
                 failed = study.pick(pct)
                 study.wire_intact()
                 study.pull(failed)
@@ -205,7 +226,7 @@ def link_failures(ctx, step) -> StepOutcome:
                 for ph in study.phases:
                     row = study.phase_row(ph.matrix, circuits)
                     records.append({"fail_pct": pct, "failed_links": len(failed), "links": len(study.links),
-                                    "n": study.n, "iteration": ph.iteration, "layer": ph.layer, "phase": ph.phase,
+                                    "n": study.n, "round": rnd, "iteration": ph.iteration, "layer": ph.layer, "phase": ph.phase,
                                     **row})
         except (DeviceError, PhaseFailed) as exc:
             failure = str(exc)
