@@ -350,6 +350,127 @@ def record_times(scenarios: Sequence["Scenario"], delay_s: float = PAPER_DELAY_S
             for sc in scenarios}
 
 
+# ---------------------------------------------------------------------------------------------- the record fit
+
+# The model's free parameters against the authors' record, every one fitted on TRAIN_LINKS only (`fit_record`):
+# - per paper model, a transfer scale κ (all-to-all and pipeline transfers × κ): the one value that gives the
+#   authors' fat-tree T_ft(400)/T_ft(100); our byte counts at line rate cannot tell how their packet-level
+#   all-to-alls (per-TP-rank copies, TCP) compare with their task graphs' compute;
+# - per paper model, a time scale τ (compute and transfers × τ, the reconfiguration delay not): how much longer
+#   their iteration is than our FLOP count at the baseline MFU, least squares on T_mix/T_ft at 25 ms, between
+#   TIME_SCALE_MIN and the bound's declared compute rate (the model's compute never runs slower than the bound's
+#   MFU on the bound's GPU);
+# - one blend β shared by all models: each MixNet all-to-all's time is (1 − β) of the released simulator's
+#   reading (a server pair with a circuit sends on its circuits only, `a2a_model="dedicated"`) and β of the
+#   hybrid one (circuit pairs may also use the EPS); the grid value with the least train MAE.
+RECORD_BLEND_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+TIME_SCALE_MIN = 0.5      # compute at most 2x faster than the baseline MFU (0.4 -> 0.8)
+COMM_SCALE_RANGE = (0.02, 200.0)
+
+
+@dataclass(frozen=True)
+class RecordFit:
+    """The fitted free parameters (`fit_record`): the all-to-all blend β and per model (κ, τ)."""
+
+    blend: float = 1.0
+    scales: tuple[tuple[str, float, float], ...] = ()      # (model, comm scale κ, time scale τ)
+
+    def of(self, model: str) -> tuple[float, float]:
+        """(compute scale, transfer scale) = (τ, τ·κ) for `model`; (1, 1) for a model the record does not cover."""
+        for name, kappa, tau in self.scales:
+            if name == model:
+                return tau, tau * kappa
+        return 1.0, 1.0
+
+
+def _t0(tl: mx.Timeline) -> float:
+    return float(tl.times(np.zeros((1, 0)))[0])
+
+
+def _comm_scale_for(slow: mx.Timeline, fast: mx.Timeline, target: float) -> float:
+    """κ with T_ft(fast)/T_ft(slow) = target (monotone: more transfer time, more gain from the faster link)."""
+    from scipy import optimize
+
+    def gap(k: float) -> float:
+        return _t0(fast.scaled(1.0, k)) / _t0(slow.scaled(1.0, k)) - target
+    lo, hi = COMM_SCALE_RANGE
+    if gap(lo) * gap(hi) > 0:        # out of reach: the nearer end
+        return lo if abs(gap(lo)) < abs(gap(hi)) else hi
+    return float(optimize.brentq(gap, lo, hi, xtol=1e-9, rtol=1e-9))
+
+
+def _record_ratio(tls: Mapping, link: int, blend: float, compute: float, comm: float,
+                  delay_s: float = PAPER_DELAY_S) -> float:
+    mix = mx.blend_timelines(tls[link]["dedicated"], tls[link]["mixnet"], blend).scaled(compute, comm)
+    return float(mx.constant_delay_times(mix, [delay_s])[0]) / _t0(tls[link]["fat_tree"].scaled(compute, comm))
+
+
+def time_scale_max(gpu: mm.GpuSpec, bound: BoundAssumptions) -> float:
+    """The largest τ: compute at `gpu`'s rate / τ is no slower than the bound's MFU on the bound's GPU."""
+    return max(TIME_SCALE_MIN, gpu.flops / (mm.GPUS[bound.gpu].peak_flops * bound.mfu))
+
+
+def _fit_model(name: str, tls: Mapping, blend: float, kappa: float, tau_max: float,
+               paper: Mapping) -> tuple[float, float, float]:
+    """(κ, τ, train sum of squares) of one paper model at blend β."""
+    from scipy import optimize
+
+    def ratio(link: int) -> float:
+        return paper[name, link]["mixnet"] / paper[name, link]["fat_tree"]
+
+    def loss(log_tau: float) -> float:
+        tau = math.exp(log_tau)
+        return sum((_record_ratio(tls, link, blend, tau, tau * kappa) - ratio(link)) ** 2 for link in TRAIN_LINKS)
+    lo, hi = math.log(TIME_SCALE_MIN), math.log(tau_max)
+    grid = np.linspace(lo, hi, 25)
+    values = [loss(g) for g in grid]
+    i = int(np.argmin(values))
+    if max(values) - min(values) < 1e-15:      # no reconfiguration reaches the iteration: τ does not matter
+        return kappa, 1.0, values[i]
+    res = optimize.minimize_scalar(loss, bounds=(grid[max(i - 1, 0)], grid[min(i + 1, grid.size - 1)]),
+                                   method="bounded", options={"xatol": 1e-6})
+    return kappa, math.exp(float(res.x)), float(res.fun)
+
+
+def fit_record(timelines: Mapping[str, Mapping[int, Mapping[str, mx.Timeline]]], tau_max: float,
+               blends: Sequence[float] = RECORD_BLEND_GRID, paper: Mapping | None = None) -> dict:
+    """Fit β (shared) and per model κ, τ on TRAIN_LINKS only. `timelines[model][link]` holds the unscaled
+    "fat_tree", "mixnet" (hybrid all-to-all), "dedicated" (the simulator's) and optionally "rail_optimized"
+    timelines; `tau_max` (`time_scale_max`) caps τ; `paper`: per (model, link) fabric times (default: the
+    authors'). Points at other links are never read. Returns {"fit": RecordFit, "blends": per-β train MAE}."""
+    paper = {k: v for k, v in (paper_times() if paper is None else paper).items() if k[1] in TRAIN_LINKS}
+    lo, hi = TRAIN_LINKS
+    kappas = {name: _comm_scale_for(tls[lo]["fat_tree"], tls[hi]["fat_tree"],
+                                    paper[name, hi]["fat_tree"] / paper[name, lo]["fat_tree"])
+              for name, tls in timelines.items()}
+    trials = []
+    for blend in blends:
+        per = {name: _fit_model(name, tls, blend, kappas[name], tau_max, paper) for name, tls in timelines.items()}
+        errs = [abs(_record_ratio(tls, link, blend, per[name][1], per[name][1] * per[name][0])
+                    - paper[name, link]["mixnet"] / paper[name, link]["fat_tree"])
+                for name, tls in timelines.items() for link in TRAIN_LINKS]
+        trials.append((float(np.mean(errs)), float(blend), per))
+    mae, blend, per = min(trials, key=lambda t: (t[0], -t[1]))
+    fit = RecordFit(blend=blend, scales=tuple((name, float(k), float(t)) for name, (k, t, _) in per.items()))
+    return {"fit": fit, "blends": [{"blend": b, "train_mae": m} for m, b, _ in trials]}
+
+
+def fitted_times(timelines: Mapping[str, Mapping[int, Mapping[str, mx.Timeline]]], fit: RecordFit,
+                 delay_s: float = PAPER_DELAY_S) -> dict:
+    """Per (model, link): the three fabrics' iteration times under `fit`, MixNet at a constant `delay_s`."""
+    out = {}
+    for name, tls in timelines.items():
+        compute, comm = fit.of(name)
+        for link, t in tls.items():
+            mix = mx.blend_timelines(t["dedicated"], t["mixnet"], fit.blend).scaled(compute, comm)
+            row = {"fat_tree": _t0(t["fat_tree"].scaled(compute, comm)),
+                   "mixnet": float(mx.constant_delay_times(mix, [delay_s])[0])}
+            if t.get("rail_optimized") is not None:
+                row["rail_optimized"] = _t0(t["rail_optimized"].scaled(compute, comm))
+            out[name, int(link)] = row
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- the bound
 
 # The seed's concrete test: NIC re-activation 5.67 s (mean) and 6.33 s (p99), each plus the OCS's 41 ms (mean)
@@ -542,12 +663,14 @@ def build_scenarios(models: Sequence[str] = tuple(mm.MODELS), links: Sequence[in
                     greedy: Literal["simulator", "paper"] = "simulator",
                     cost_basis: Literal["paper", "calculator", "spec"] = "paper",
                     prices: dict[int, cost_model.Prices] | None = None, skew: float = 0.5,
-                    seed: int = 0, rail_spine_share: float = RAIL_SPINE_SHARE, rail: bool = True) -> list[Scenario]:
+                    seed: int = 0, rail_spine_share: float = RAIL_SPINE_SHARE, rail: bool = True,
+                    fit: RecordFit | None = None) -> list[Scenario]:
     """Timelines and costs per model × link speed. Costs are for the job's servers (pp·dp regions).
 
     Defaults (docs/mixnet.md): the paper's overlap ("all_hidden"), "on_change" reconfiguration (a port whose
     circuit is unchanged keeps its light), the released simulator's greedy (`greedy="paper"`: Algorithm 1 as
-    the paper words it), and the "paper" cost basis (EPS switch ports charged).
+    the paper words it), and the "paper" cost basis (EPS switch ports charged). `fit` (`fit_record`): the
+    MixNet all-to-all blend and each model's compute and transfer scales, applied to every fabric.
     """
     par_table = dict(mm.DEFAULT_PARALLELISM)
     if parallelism:
@@ -569,13 +692,20 @@ def build_scenarios(models: Sequence[str] = tuple(mm.MODELS), links: Sequence[in
             raise ClaimInputError(f"no parallelism for model {name!r}")
         for link in links:
             common = dict(overlap=overlap, skew=skew, seed=seed)
+            compute, comm = (1.0, 1.0) if fit is None else fit.of(name)
             ft = mx.build_timeline(model, par, spec, mx.Fabric("fat_tree", link), **common)
-            mix = mx.build_timeline(model, par, spec, mx.Fabric("mixnet", link, alpha=alpha,
-                                                                code_compat_greedy=greedy == "simulator"),
-                                    reconfigure=reconfigure, **common)
+            mix_fabric = mx.Fabric("mixnet", link, alpha=alpha, code_compat_greedy=greedy == "simulator")
+            mix = mx.build_timeline(model, par, spec, mix_fabric, reconfigure=reconfigure, **common)
+            if fit is not None and fit.blend < 1:
+                dedicated = mx.build_timeline(model, par, spec, replace(mix_fabric, a2a_model="dedicated"),
+                                              reconfigure=reconfigure, **common)
+                mix = mx.blend_timelines(dedicated, mix, fit.blend)
             rail_tl = mx.build_timeline(model, par, spec, mx.Fabric("rail_optimized", link,
                                                                     rail_spine_share=rail_spine_share),
                                         **common) if rail else None
+            if fit is not None:
+                ft, mix = ft.scaled(compute, comm), mix.scaled(compute, comm)
+                rail_tl = None if rail_tl is None else rail_tl.scaled(compute, comm)
             costs = cost_model.fabric_costs(par.servers, link, alpha=alpha, nics_per_server=par.gpus_per_server,
                                             basis=cost_basis, prices=prices)
             scenarios.append(Scenario(name, int(link), ft, mix, costs["fat_tree"], costs["mixnet"], rail_tl,
@@ -887,7 +1017,7 @@ class Setup:
     models: tuple[str, ...] = tuple(mm.MODELS)
     links: tuple[int, ...] = (100, 400)
     parallelism: tuple = ()                 # ((model, Parallelism), ...) overrides
-    reconfigure: str = "on_change"
+    reconfigure: str = "always"           # the released simulator's; the better fit on the train links
     cost_basis: str = "paper"
     claims: tuple[Claim, ...] = field(default_factory=paper_claims)
     calibration: Calibration = Calibration()
@@ -897,13 +1027,14 @@ class Setup:
     n_boot: int = 200
     confidence: float = 0.95
     bound: BoundAssumptions = BoundAssumptions()
+    fit: RecordFit | None = None            # the record fit (`fit_record`), once at the baseline
 
     def scenarios(self, a: Assumptions, models: Sequence[str] | None = None, links: Sequence[int] | None = None,
                   rail: bool = True) -> list[Scenario]:
         return build_scenarios(self.models if models is None else models, self.links if links is None else links,
                                gpu=a.gpu, mfu=a.mfu, parallelism=dict(self.parallelism), alpha=a.alpha,
                                overlap=a.overlap, reconfigure=self.reconfigure, greedy=a.greedy,
-                               cost_basis=self.cost_basis, skew=a.skew, seed=self.seed, rail=rail)
+                               cost_basis=self.cost_basis, skew=a.skew, seed=self.seed, rail=rail, fit=self.fit)
 
     @property
     def record_models(self) -> tuple[str, ...]:
@@ -928,9 +1059,23 @@ def _run_points(task: tuple) -> list[dict]:
 
 
 def _record_task(task: tuple) -> dict:
-    """One paper model at every published link speed: its three fabrics' times (the scorecard's input)."""
-    setup, assumptions, model = task
-    return record_times(setup.scenarios(assumptions, (model,), PAPER_LINKS))
+    """One paper model at every published link speed, unscaled: {link: {fabric: Timeline}} with the MixNet
+    all-to-all read both ways ("mixnet": hybrid, "dedicated": the simulator's) — `fit_record`'s input."""
+    setup, a, name = task
+    model = mm.get_model(name)
+    par = dict(setup.parallelism).get(name, mm.DEFAULT_PARALLELISM.get(name))
+    spec = mm.GPUS[a.gpu] if a.mfu is None else replace(mm.GPUS[a.gpu], mfu=float(a.mfu))
+    common = dict(overlap=a.overlap, skew=a.skew, seed=setup.seed)
+    out = {}
+    for link in PAPER_LINKS:
+        mix = mx.Fabric("mixnet", link, alpha=a.alpha, code_compat_greedy=a.greedy == "simulator")
+        out[link] = {"fat_tree": mx.build_timeline(model, par, spec, mx.Fabric("fat_tree", link), **common),
+                     "mixnet": mx.build_timeline(model, par, spec, mix, reconfigure=setup.reconfigure, **common),
+                     "dedicated": mx.build_timeline(model, par, spec, replace(mix, a2a_model="dedicated"),
+                                                    reconfigure=setup.reconfigure, **common),
+                     "rail_optimized": mx.build_timeline(model, par, spec, mx.Fabric(
+                         "rail_optimized", link, rail_spine_share=RAIL_SPINE_SHARE), **common)}
+    return out
 
 
 def plot_series(scenarios: Sequence[Scenario], claims: Sequence[Claim], lo_ms: float = 0.1,
@@ -957,9 +1102,19 @@ def _pool_map(fn, tasks: list, max_workers: int | None) -> list:
 
 
 def model_scorecard(setup: Setup, baseline: Assumptions, *, max_workers: int | None = 1) -> dict:
-    """The scorecard of the model at the baseline assumptions, over every link the authors published."""
-    parts = _pool_map(_record_task, [(setup, baseline, m) for m in setup.record_models], max_workers)
-    return scorecard({k: v for part in parts for k, v in part.items()})
+    """The model fitted to the authors' record on TRAIN_LINKS (`fit_record`) at the baseline assumptions, and
+    its scorecard over every link they published: {"fit": RecordFit, **scorecard}."""
+    models = setup.record_models
+    parts = _pool_map(_record_task, [(setup, baseline, m) for m in models], max_workers)
+    timelines = dict(zip(models, parts))
+    tau_max = time_scale_max(replace(mm.GPUS[baseline.gpu], mfu=float(baseline.mfu)), setup.bound)
+    fitted = fit_record(timelines, tau_max)
+    card = scorecard(fitted_times(timelines, fitted["fit"]))
+    fit = fitted["fit"]
+    card["fit"] = _plain({"blend": fit.blend, "blend_train_mae": fitted["blends"], "time_scale_max": tau_max,
+                          "models": {name: {"comm_scale": k, "time_scale": t} for name, k, t in fit.scales},
+                          "fitted_on_links": list(TRAIN_LINKS)})
+    return {"record_fit": fit, **card}
 
 
 def run_grid(setup: Setup, grid: Sequence[Assumptions], measured: Mapping, *,
@@ -1086,6 +1241,7 @@ def evaluate_claims(measured: Mapping, *, setup: Setup = Setup(), grid: Sequence
         raise ClaimInputError("the assumption grid is empty")
     delays = as_cycle_delays(measured)
     card = model_scorecard(setup, grid[0], max_workers=max_workers)
+    setup = replace(setup, fit=card.pop("record_fit"))
     gate = card["per_model"]
     results = run_grid(setup, grid, delays, max_workers=max_workers, gate=gate)
     rob = robustness(setup, grid, results)

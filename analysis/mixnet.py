@@ -548,6 +548,24 @@ class Timeline:
     a2a_time: np.ndarray = field(default_factory=lambda: np.zeros(0))   # (K_layers,) for reporting
     circuits: list = field(default_factory=list)                         # per forward trigger
     trig_expert_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (K,) expert compute next to k
+    # the network's share of fwd_base / bwd_base (all-to-all and pipeline transfers); the rest is compute
+    fwd_comm: np.ndarray | None = None     # (S, m)
+    bwd_comm: np.ndarray | None = None     # (S, m)
+
+    def scaled(self, compute: float = 1.0, comm: float = 1.0) -> "Timeline":
+        """The same iteration with every compute time × `compute` (expert windows included) and every transfer
+        × `comm` (all-to-alls and pipeline hops); reconfiguration delays are not scaled."""
+        if compute <= 0 or comm <= 0:
+            raise MixnetInputError(f"scales must be positive, got compute={compute}, comm={comm}")
+        if self.fwd_comm is None or self.bwd_comm is None:
+            raise MixnetInputError("this timeline does not separate compute from transfers (build it with "
+                                   "build_timeline, or pass fwd_comm / bwd_comm)")
+        def mix(base, net):
+            return compute * (base - net) + comm * net
+        expert = self.trig_expert_s * compute if self.trig_expert_s.size else self.trig_expert_s
+        return replace(self, fwd_base=mix(self.fwd_base, self.fwd_comm), bwd_base=mix(self.bwd_base, self.bwd_comm),
+                       fwd_comm=self.fwd_comm * comm, bwd_comm=self.bwd_comm * comm, p2p_s=self.p2p_s * comm,
+                       trig_window=self.trig_window * compute, trig_expert_s=expert)
 
     def with_overlap(self, overlap: Literal["simulator", "all_hidden"]) -> "Timeline":
         """The same timeline under another overlap variant (windows re-derived from `trig_expert_s`)."""
@@ -595,6 +613,22 @@ class Timeline:
         fwd = self.fwd_base[None] + extra[:, :, 0, :]
         bwd = self.bwd_base[None] + extra[:, :, 1, :]
         return _gpipe(fwd, bwd, self.p2p_s)
+
+
+def blend_timelines(a: Timeline, b: Timeline, weight: float) -> Timeline:
+    """Timeline `a` with every all-to-all time moved `weight` of the way to `b`'s (0: a, 1: b). Both must be the
+    same iteration with the same reconfigurations (they differ only in how an all-to-all uses the fabric)."""
+    if not 0 <= weight <= 1:
+        raise MixnetInputError(f"weight must be in [0, 1], got {weight}")
+    same = a.fwd_base.shape == b.fwd_base.shape and np.array_equal(a.trig_ports, b.trig_ports) and \
+        np.array_equal(a.trig_window, b.trig_window) and a.p2p_s == b.p2p_s
+    if not same or a.fwd_comm is None or b.fwd_comm is None:
+        raise MixnetInputError("blend_timelines needs two builds of one iteration with the same reconfigurations")
+    def mix(x, y):
+        return (1 - weight) * x + weight * y
+    return replace(a, fwd_base=mix(a.fwd_base, b.fwd_base), bwd_base=mix(a.bwd_base, b.bwd_base),
+                   fwd_comm=mix(a.fwd_comm, b.fwd_comm), bwd_comm=mix(a.bwd_comm, b.bwd_comm),
+                   a2a_time=mix(a.a2a_time, b.a2a_time) if a.a2a_time.shape == b.a2a_time.shape else a.a2a_time)
 
 
 def _gpipe(fwd: np.ndarray, bwd: np.ndarray, p2p: float) -> np.ndarray:
@@ -714,6 +748,8 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
 
     fwd_base = np.zeros((par.pp, m))
     bwd_base = np.zeros((par.pp, m))
+    fwd_comm = np.zeros((par.pp, m))
+    bwd_comm = np.zeros((par.pp, m))
     trig = {k: [] for k in ("stage", "dir", "mb", "window", "ports", "expert")}
     a2a_log, circuit_log = [], []
     moe_offset = 0
@@ -776,15 +812,18 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
                 a2a_new = a2a_old = _memo_a2a(dem, fabric, None, crosses.get((l, b)))
             if direction == 0:
                 fwd_base[s, b] += t_attn + t_shared + 2 * a2a_new + t_exp
+                fwd_comm[s, b] += 2 * a2a_new
                 a2a_log.append(a2a_new)
             else:  # combine-grad all-to-all still runs on the previous circuits
                 bwd_base[s, b] += 2 * (t_attn + t_shared) + a2a_old + 2 * t_exp + a2a_new
+                bwd_comm[s, b] += a2a_old + a2a_new
         moe_offset += n_moe
     as_array = {k: np.asarray(v, dtype=float if k in ("window", "expert") else np.int64) for k, v in trig.items()}
     return Timeline(fabric=fabric, overlap=overlap, fwd_base=fwd_base, bwd_base=bwd_base, p2p_s=p2p,
                     dp=par.dp, trig_stage=as_array["stage"], trig_dir=as_array["dir"], trig_mb=as_array["mb"],
                     trig_window=as_array["window"], trig_ports=as_array["ports"],
-                    a2a_time=np.asarray(a2a_log), circuits=circuit_log, trig_expert_s=as_array["expert"])
+                    a2a_time=np.asarray(a2a_log), circuits=circuit_log, trig_expert_s=as_array["expert"],
+                    fwd_comm=fwd_comm, bwd_comm=bwd_comm)
 
 
 def constant_delay_times(timeline: Timeline, delays_s) -> np.ndarray:

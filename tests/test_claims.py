@@ -287,6 +287,43 @@ def test_the_rail_share_is_fitted_on_the_train_links_only():
     assert claims.RAIL_SPINE_SHARE in claims.RAIL_SHARE_GRID
 
 
+def _record_timelines(c: float, k: float, g_dedicated: float, window: float) -> dict:
+    """One hand-built model per link: compute c, transfers k/link on the fat-tree, k·g/link on MixNet (g = 1 hybrid,
+    g_dedicated dedicated), one reconfiguration hidden behind `window` of compute."""
+    def tl(kind: str, comm: float, trig: bool) -> mx.Timeline:
+        n = 1 if trig else 0
+        return mx.Timeline(fabric=mx.Fabric(kind, 100), overlap="all_hidden", fwd_base=np.full((1, 1), c + comm),
+                           bwd_base=np.zeros((1, 1)), p2p_s=0.0, dp=1, trig_stage=np.zeros(n, int),
+                           trig_dir=np.zeros(n, int), trig_mb=np.zeros(n, int), trig_window=np.full(n, window),
+                           trig_ports=np.full(n, 4), trig_expert_s=np.full(n, window),
+                           fwd_comm=np.full((1, 1), comm), bwd_comm=np.zeros((1, 1)))
+    return {link: {"fat_tree": tl("fat_tree", k / link, False), "mixnet": tl("mixnet", k / link, True),
+                   "dedicated": tl("mixnet", g_dedicated * k / link, True),
+                   "rail_optimized": tl("rail_optimized", 1.1 * k / link, False)} for link in claims.PAPER_LINKS}
+
+
+def test_the_record_fit_recovers_known_parameters_from_the_train_links_and_never_reads_the_others():
+    """Oracle: a record made by the model itself at known β, κ, τ; the fit must find them from 100/400 Gb/s, and
+    spoiling 200/800 Gb/s must change nothing."""
+    tls = {"a": _record_timelines(0.05, 2.0, 1.5, 0.001), "b": _record_timelines(0.02, 6.0, 1.3, 0.002)}
+    truth = claims.RecordFit(blend=0.4, scales=(("a", 2.0, 3.0), ("b", 0.5, 1.7)))
+    record = claims.fitted_times(tls, truth)
+    fitted = claims.fit_record(tls, tau_max=25.0, blends=(0.0, 0.4, 1.0), paper=record)["fit"]
+    assert fitted.blend == 0.4
+    for (name, k, t), (_, k0, t0) in zip(fitted.scales, truth.scales):
+        assert k == pytest.approx(k0, rel=1e-6) and t == pytest.approx(t0, rel=1e-3)
+    spoiled = {(m, lk): {f: v * (0.5 if lk in claims.HELD_OUT_LINKS and f == "mixnet" else 1.0)
+                         for f, v in t.items()} for (m, lk), t in record.items()}
+    assert claims.fit_record(tls, tau_max=25.0, blends=(0.0, 0.4, 1.0), paper=spoiled)["fit"] == fitted
+    card = claims.scorecard(claims.fitted_times(tls, fitted), paper=spoiled)
+    assert not any(g["carries_verdict"] for g in card["per_model"].values())   # judged on what it never saw
+    # the cap binds: the model may not run its compute slower than the bound's declared MFU
+    capped = claims.fit_record(tls, tau_max=2.0, blends=(0.4,), paper=record)["fit"]
+    assert capped.of("a")[0] <= 2.0 + 1e-9
+    assert claims.time_scale_max(mm.GPUS["h100-sxm"], claims.BoundAssumptions()) == pytest.approx(
+        989e12 * 0.4 / (312e12 * 0.05))
+
+
 # ---------------------------------------------------------------------------------------------- the bound
 
 def test_the_bound_and_its_flip_points_are_where_it_meets_the_claim():

@@ -485,3 +485,39 @@ def test_with_overlap_rederives_the_windows():
                           mx.constant_delay_times(hidden, d))
     with pytest.raises(mx.MixnetInputError):
         sim.with_overlap("none")
+
+
+def test_scaling_transfers_is_a_slower_link_and_scaling_everything_is_a_slower_clock():
+    """Oracles: on the fat-tree every transfer takes bytes/rate, so transfers x 2 is the same iteration at half
+    the link speed; GPipe is positively homogeneous, so compute and transfers x 2 with the delays x 2 doubles T."""
+    model, par = mm.get_model("mixtral-8x7b"), mm.with_overrides(mm.DEFAULT_PARALLELISM["mixtral-8x7b"],
+                                                                  micro_batches=2)
+    gpu = mm.GPUS["h100-sxm"]
+    ft = mx.build_timeline(model, par, gpu, mx.Fabric("fat_tree", 200), seed=1)
+    slow = mx.build_timeline(model, par, gpu, mx.Fabric("fat_tree", 100), seed=1)
+    assert ft.scaled(1.0, 2.0).times(np.zeros((1, 0)))[0] == pytest.approx(slow.times(np.zeros((1, 0)))[0])
+    mix = mx.build_timeline(model, par, gpu, mx.Fabric("mixnet", 100, alpha=2), overlap="simulator",
+                            reconfigure="on_change", seed=1)
+    d = np.full(mix.n_triggers, 0.03)
+    assert mix.scaled(2.0, 2.0).times(2 * d)[0] == pytest.approx(2 * mix.times(d)[0])
+    assert mix.scaled(1.0, 1.0).times(d)[0] == pytest.approx(mix.times(d)[0])
+    assert np.allclose(mix.scaled(3.0, 1.0).trig_window, 3 * mix.trig_window)
+    with pytest.raises(mx.MixnetInputError):
+        _manual_timeline(np.ones((1, 1)), np.ones((1, 1)), 0.0).scaled(2.0, 1.0)   # no compute/transfer split
+
+
+def test_blending_two_readings_of_one_iteration_moves_every_transfer_between_them():
+    model, par = mm.get_model("mixtral-8x7b"), mm.with_overrides(mm.DEFAULT_PARALLELISM["mixtral-8x7b"],
+                                                                  micro_batches=2)
+    gpu = mm.GPUS["h100-sxm"]
+    hyb = mx.build_timeline(model, par, gpu, mx.Fabric("mixnet", 100, alpha=2), seed=1)
+    ded = mx.build_timeline(model, par, gpu, mx.Fabric("mixnet", 100, alpha=2, a2a_model="dedicated"), seed=1)
+    z = np.zeros(hyb.n_triggers)
+    assert mx.blend_timelines(ded, hyb, 0.0).times(z)[0] == pytest.approx(ded.times(z)[0])
+    assert mx.blend_timelines(ded, hyb, 1.0).times(z)[0] == pytest.approx(hyb.times(z)[0])
+    half = mx.blend_timelines(ded, hyb, 0.5)
+    assert np.allclose(half.fwd_comm, (ded.fwd_comm + hyb.fwd_comm) / 2)
+    assert np.allclose(half.fwd_base - half.fwd_comm, hyb.fwd_base - hyb.fwd_comm)    # compute untouched
+    other = mx.build_timeline(model, par, gpu, mx.Fabric("mixnet", 100, alpha=3), seed=1)
+    with pytest.raises(mx.MixnetInputError):
+        mx.blend_timelines(ded, other, 0.5)

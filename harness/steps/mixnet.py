@@ -55,8 +55,9 @@ class MixnetParams(Spec):
     ce_target_400g: Positive = 1.9
     verdict_delay: Literal[tuple(STAGE_OF)] = Field("total", description='"total": OCS + CDR + NIC; "ocs": the '
                                                                            "paper's omission")
-    reconfigure: Literal["on_change", "always"] = Field("on_change", description='"on_change": only ports whose '
-                                                        'circuit changes; "always": as the simulator')
+    reconfigure: Literal["on_change", "always"] = Field("always", description='"always": as the released simulator '
+                                                        '(the better fit to the record on the train links); '
+                                                        '"on_change": only ports whose circuit changes')
     cost_basis: Literal[BASES] = Field("paper", description='"paper": EPS switch ports charged')
     calibration_ratio_tolerance_pct: Seconds = Field(5.0, description="T_mix/T_ft at 25 ms vs the authors' ratio")
     calibration_ce_tolerance_pct: Seconds = Field(0.0, description="widening of the paper's cost-efficiency ranges")
@@ -387,6 +388,14 @@ def scorecard_markdown(card: dict) -> list[str]:
     for r in card["summary"]:
         lines.append(f"| {names[r['quantity']]} | {r['split']} | {r['n']} | {r['mae_model']:.3f} | "
                      f"{r['mae_trivial']:.3f} | {r['within_model']}/{r['n']} | {r['within_trivial']}/{r['n']} |")
+    fit = card.get("fit")
+    if fit:
+        lines += ["", f"Fitted on {'/'.join(map(str, fit['fitted_on_links']))} Gb/s (analysis.claims.fit_record): "
+                  f"all-to-all blend β = {fit['blend']:g} (share of the hybrid reading; 1 − β the released "
+                  f"simulator's dedicated circuits), per model the transfer scale κ (fat-tree link scaling) and "
+                  f"the time scale τ (T_mix/T_ft at 25 ms; at most {fit['time_scale_max']:.3g}, the bound's MFU).",
+                  "", "| model | κ (transfers) | τ (iteration) |", "|---|---|---|"]
+        lines += [f"| {m} | {v['comm_scale']:.3g} | {v['time_scale']:.3g} |" for m, v in fit["models"].items()]
     lines += ["", "| model | carries a verdict | held-out MAE model / trivial (T_mix/T_ft) | error carried |",
               "|---|---|---|---|"]
     for m, g in card["per_model"].items():
