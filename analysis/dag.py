@@ -308,26 +308,19 @@ def traffic_from_expert_counts(tokens_to_expert, expert_to_endpoint, num_endpoin
 
 
 def candidate_wirings(regime_traffic, config: MoEConfig, degree, *, b_ocs: float, b_eps: float,
-                      reconfig_delay: float = 0.0, b1: float = 1e6, schedule=((3.0,), 30.0, 40)) -> np.ndarray:
+                      reconfig_delay: float = 0.0, b1: float = 1e6, schedule: str = "fast") -> np.ndarray:
     """Candidate set W of §3: the rounded symmetric prior plus, per traffic regime ((L, n, n) bytes each),
-    the optimizer's wiring (entropic prox-gradient, beta annealed in units of 1 / median comm arc,
-    rounded, then critical-edge polish). Returns (W, E) integer circuits, duplicates removed, prior first."""
-    from .wiring import optimize_wiring, polish_wiring, round_wiring
+    `wiring.solve_wiring`'s integer wiring (the exact MILP on small regions, else the optimizer's rounded and
+    polished wiring). Returns (W, E) integer circuits, duplicates removed, prior first."""
+    from .wiring import round_wiring, solve_wiring
 
     out = []
-    prob = None
     for D in regime_traffic:
         dag = build_training_dag(D, config, b_ocs=b_ocs, b_eps=b_eps)
         prob = dag.to_wiring_problem(degree, reconfig_delay)
         if not out:
             out.append(round_wiring(prob.prior, prob.edges, prob.degree))
-        ell = prob.lengths(np.ones(prob.num_edges))
-        comm = prob.arc_edge >= 0
-        scale = float(np.median(ell[comm])) if comm.any() else 1.0
-        betas, final, iters = schedule
-        res = optimize_wiring(prob, b1, final / scale, anneal=tuple(b / scale for b in betas), max_iter=iters,
-                              tol=1e-6)
-        x, _ = polish_wiring(prob, round_wiring(res.w, prob.edges, prob.degree), neighborhood="critical")
+        x, _ = solve_wiring(prob, b1=b1, schedule=schedule)
         out.append(x)
     uniq = []
     for x in out:

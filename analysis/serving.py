@@ -165,10 +165,79 @@ def request_latencies(records: pd.DataFrame, latency_scale: float = 1.0) -> pd.D
 
 
 def slo_violations(latencies: pd.DataFrame, slo_ttft_ms: float = 0.0, slo_tpot_ms: float = 0.0,
-                   slo_e2e_ms: float = 0.0) -> np.ndarray:
-    """A request violates the SLO if it did not finish ok or exceeds any configured bound (0 = unset)."""
+                   slo_e2e_ms: float = 0.0, slo_batch_ms: float = 0.0) -> np.ndarray:
+    """A request violates the SLO if it did not finish ok or exceeds any configured bound (0 = unset);
+    `slo_batch_ms` bounds the latency of the closed-loop batch the request was sent in (column batch_ms)."""
     bad = (latencies["status"] != "ok").to_numpy().copy()
-    for column, bound in (("ttft_ms", slo_ttft_ms), ("tpot_ms", slo_tpot_ms), ("e2e_ms", slo_e2e_ms)):
+    for column, bound in (("ttft_ms", slo_ttft_ms), ("tpot_ms", slo_tpot_ms), ("e2e_ms", slo_e2e_ms),
+                          ("batch_ms", slo_batch_ms)):
         if bound > 0:
             bad |= latencies[column].to_numpy(dtype=float) > bound  # NaN (undefined) compares False
     return bad
+
+
+@dataclass(frozen=True)
+class BurstyClosedLoop:
+    """The authors' artifact's own serving load (its `real_sidecar_validation.py`, `--load-profile bursty`, as its
+    stage-12/13 runs set it): one closed-loop client sends a batch of `concurrency` prompts, waits until the whole
+    batch is done, then sends the next. The concurrency is `busy_concurrency` while (t + burst_phase_s) mod
+    burst_period_s < burst_window_s, else `quiet_concurrency`, read when a batch starts. Prompt lengths cycle
+    through `prompt_tokens` (the artifact's "mixed" style: its base prompt repeated 1, 4, 12 and 24 times, a
+    long preamble before the last two; token counts ours, approximate); every prompt decodes `output_tokens`
+    (max_new_tokens at temperature 0). The sidecar's inference pressure is `busy_pressure` inside a burst and
+    `quiet_pressure` outside (the artifact's sidecar reports 0.95 and 0.08 for this profile)."""
+
+    quiet_concurrency: int = 4
+    busy_concurrency: int = 12
+    burst_period_s: float = 120.0
+    burst_window_s: float = 30.0
+    burst_phase_s: float = 0.0
+    prompt_tokens: tuple[int, ...] = (14, 56, 248, 416)
+    output_tokens: int = 128
+    quiet_pressure: float = 0.08
+    busy_pressure: float = 0.95
+
+    def __post_init__(self):
+        if min(self.quiet_concurrency, self.busy_concurrency, self.output_tokens) < 1 or not self.prompt_tokens \
+                or min(self.prompt_tokens) < 1:
+            raise ValueError("concurrencies, output_tokens and every prompt length must be ≥ 1")
+        if not 0 <= self.burst_window_s <= self.burst_period_s or self.burst_period_s <= 0:
+            raise ValueError("need 0 <= burst_window_s <= burst_period_s and burst_period_s > 0")
+        if not (0 <= self.quiet_pressure <= 1 and 0 <= self.busy_pressure <= 1):
+            raise ValueError("pressures must be in [0, 1]")
+
+    def in_burst(self, t_s):
+        return (np.asarray(t_s, dtype=float) + self.burst_phase_s) % self.burst_period_s < self.burst_window_s
+
+    def pressure(self, cycle_s: float, duration_s: float, samples: int = 32) -> np.ndarray:
+        """The sidecar's inference pressure per control cycle: quiet + (busy − quiet) × the cycle's share in a
+        burst (at `samples` midpoints of the cycle, as the artifact's sidecar measures it)."""
+        n = int(math.ceil(duration_s / cycle_s - 1e-9))
+        t = (np.arange(n)[:, None] + (np.arange(samples)[None, :] + 0.5) / samples) * cycle_s
+        share = self.in_burst(t).mean(axis=1)
+        return self.quiet_pressure + (self.busy_pressure - self.quiet_pressure) * share
+
+
+def closed_loop_batches(service: ServiceModel, load: BurstyClosedLoop, duration_s: float, windows=()
+                        ) -> pd.DataFrame:
+    """The closed loop under the service model: batches start at 0 and each at the previous batch's end, until
+    `duration_s`; each batch's requests are served by `simulate_service` (the capacity cut inside `windows`).
+    One row per request: batch, start_s, prompt_tokens, output_tokens, first_s, done_s and batch_ms (the batch's
+    latency, which the artifact records for every request of it). A request the service refuses (prompt +
+    output > max_model_len) would never end the batch: an error here."""
+    windows = list(windows)
+    rows, t, index, batch = [], 0.0, 0, 0
+    cycle = len(load.prompt_tokens)
+    while t < duration_s:
+        c = load.busy_concurrency if load.in_burst(t) else load.quiet_concurrency
+        prompts = np.asarray([load.prompt_tokens[(index + i) % cycle] for i in range(c)])
+        outputs = np.full(c, load.output_tokens)
+        sim = simulate_service(service, np.full(c, t), prompts, outputs, windows)
+        if not np.all(np.isfinite(sim["done_s"])):
+            raise ValueError(f"a prompt of {int(prompts.max())} + {load.output_tokens} tokens exceeds max_model_len "
+                             f"{service.max_model_len}")
+        end = float(sim["done_s"].max())
+        rows.append(pd.DataFrame({"batch": batch, "start_s": t, "prompt_tokens": prompts, "output_tokens": outputs,
+                                  "first_s": sim["first_s"], "done_s": sim["done_s"], "batch_ms": (end - t) * 1e3}))
+        t, index, batch = end, index + c, batch + 1
+    return pd.concat(rows, ignore_index=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,7 +19,13 @@ from .critical_path import DagPlan, smoothed_critical_path
 
 __all__ = ["WiringProblem", "WiringResult", "kl_project", "kkt_residuals", "optimize_wiring",
            "exact_wiring_milp", "brute_force_wiring", "round_wiring", "complete_graph_edges",
-           "uniform_prior", "kl_divergence", "polish_wiring"]
+           "uniform_prior", "kl_divergence", "polish_wiring", "ProjectionNotConverged", "solve_wiring",
+           "EXACT_MAX_ENDPOINTS"]
+
+
+class ProjectionNotConverged(RuntimeWarning):
+    """`kl_project` used all its sweeps without reaching its tolerance: the point returned is off the
+    polytope by the primal violation the warning (and `return_info`'s "primal") states."""
 
 
 def complete_graph_edges(n: int) -> np.ndarray:
@@ -61,7 +68,9 @@ def kl_project(log_y, edges, degree_budget, *, equality: bool | None = None, lam
     and the problem is symmetric Sinkhorn (`equality`; lambda free, nu redundant). `method="parallel"`
     updates all duals at once with geometric-mean damping (Knight 2008); `method="newton"` minimises the
     same |V|-dim dual by Newton steps (quadratic convergence; used by `optimize_wiring`). Both: equality only.
-    Returns log w (and with `return_info` a dict: lam, nu, sweeps, kkt residuals).
+    Returns log w (and with `return_info` a dict: lam, nu, sweeps, converged, kkt residuals). A projection
+    that uses all `max_sweeps` without reaching `tol` warns (`ProjectionNotConverged`, with its primal
+    violation) and says converged = False.
     Raises EmptyPolytopeError when P (on the support of y) is empty: no point could satisfy the budgets.
     """
     log_y = np.asarray(log_y, dtype=np.float64)
@@ -85,12 +94,13 @@ def kl_project(log_y, edges, degree_budget, *, equality: bool | None = None, lam
         nu = logsumexp(logw)
         logw = logw - nu
     sweeps = 0
+    converged = False
     if method == "newton":
         if not equality:
             raise ValueError("method='newton' is for equality budgets only")
         if lam0 is None:                      # shift so that the initial log w <= 0
             lam = np.full(n, 0.5 * float(np.max(log_y)))
-        logw, lam, sweeps = _newton_equality(log_y, ei, ej, b, lam, tol, max_sweeps)
+        logw, lam, sweeps, converged = _newton_equality(log_y, ei, ej, b, lam, tol, max_sweeps)
     elif method == "parallel":
         if not equality:
             raise ValueError("method='parallel' is for equality budgets only")
@@ -98,6 +108,7 @@ def kl_project(log_y, edges, degree_budget, *, equality: bool | None = None, lam
             s = _node_lse(logw, ei, ej, n)
             r = s - log_b
             if np.max(np.abs(r)) < tol:
+                converged = True
                 break
             step = 0.5 * r
             lam += step
@@ -128,13 +139,17 @@ def kl_project(log_y, edges, degree_budget, *, equality: bool | None = None, lam
                 viol = max(np.max(np.maximum(s - log_b, 0.0)), abs(logsumexp(logw)),
                            np.max(np.where(lam > 0, np.abs(s - log_b), 0.0)))
             if viol < tol:
+                converged = True
                 break
     _check_feasible(log_y, logw, edges, b, equality, max(tol, 1e-6))
+    residuals = kkt_residuals(log_y, edges, b, logw, lam, nu, equality=equality)
+    if not converged:
+        warnings.warn(f"kl_project(method={method!r}) stopped after {sweeps} sweeps without reaching tol {tol:g}: "
+                      f"primal violation {residuals['primal']:.3g}", ProjectionNotConverged, stacklevel=2)
     if not return_info:
         return logw
-    info = {"lam": lam, "nu": nu, "sweeps": sweeps, "equality": equality}
-    info.update(kkt_residuals(log_y, edges, b, logw, lam, nu, equality=equality))
-    return logw, info
+    return logw, {"lam": lam, "nu": nu, "sweeps": sweeps, "equality": equality, "converged": converged,
+                  **residuals}
 
 
 class EmptyPolytopeError(ValueError):
@@ -184,7 +199,7 @@ def _newton_equality(log_y, ei, ej, b, lam, tol, max_iter):
         with np.errstate(divide="ignore"):
             r = np.log(bw) - log_b
         if np.max(np.abs(r)) < tol:
-            break
+            return logw, lam, it, True
         H = np.zeros((n, n))
         np.add.at(H, (ei, ej), w)
         H += H.T
@@ -206,10 +221,10 @@ def _newton_equality(log_y, ei, ej, b, lam, tol, max_iter):
                 if np.max(np.abs(np.log(c_bw) - log_b)) < 0.5 * rnorm:
                     break
             t *= 0.5
-        else:
-            break                              # no progress possible at machine precision
+        else:  # no progress possible at machine precision: as close as doubles get
+            return logw, lam, it, True
         lam, logw, w, bw, phi = cand, c_logw, c_w, c_bw, c_phi
-    return logw, lam, it
+    return logw, lam, it, False
 
 
 def _node_lse(logw, ei, ej, n):
@@ -699,3 +714,38 @@ def polish_wiring(problem: WiringProblem, x, *, beta_tiebreak: float | None = No
                 break
     return x, {"makespan": problem.makespan(x), "evals": evals, "moves": moves,
                "seconds": time.perf_counter() - t0}
+
+
+# ---------------------------------------------------------------------------------------------
+# the pipeline or the exact MILP, whichever is the better tool for the size
+
+EXACT_MAX_ENDPOINTS = 8  # up to here the MILP is exact and faster than the pipeline (benchmarks/bench_wiring.py)
+PIPELINE_SCHEDULES = {  # (anneal betas, final beta, max iterations per phase, tol), betas per median comm arc
+    "accurate": ((1.0, 10.0), 100.0, 400, 1e-9),
+    "fast": ((3.0,), 30.0, 40, 1e-6),
+}
+
+
+def solve_wiring(problem: WiringProblem, *, b1: float = 1e6, schedule: str = "fast",
+                 exact_max_endpoints: int = EXACT_MAX_ENDPOINTS, milp_time_limit: float = 60.0
+                 ) -> tuple[np.ndarray, dict]:
+    """Integer circuits for `problem`: the exact MILP (`exact_wiring_milp`) when it has at most
+    `exact_max_endpoints` endpoints, where it is both optimal and faster than the relaxation; above, the
+    pipeline: `optimize_wiring` (β annealed per `schedule`, in units of 1 / the median comm arc), rounded
+    (`round_wiring`), then critical-edge polish (`polish_wiring`). A MILP that returns no wiring within its
+    time limit falls back to the pipeline. Returns (x, {"method", "makespan", "seconds", ...})."""
+    t0 = time.perf_counter()
+    if len(problem.degree) <= exact_max_endpoints:
+        milp = exact_wiring_milp(problem, time_limit=milp_time_limit)
+        if milp["x"] is not None:
+            return milp["x"], {"method": "milp", "makespan": milp["makespan"], "seconds": time.perf_counter() - t0,
+                               "milp_status": milp["message"], "mip_gap": milp["mip_gap"]}
+    betas, final, iters, tol = PIPELINE_SCHEDULES[schedule]
+    ell = problem.lengths(np.ones(problem.num_edges))
+    comm = problem.arc_edge >= 0
+    scale = float(np.median(ell[comm])) if comm.any() else 1.0
+    res = optimize_wiring(problem, b1, final / scale, anneal=tuple(b / scale for b in betas), max_iter=iters,
+                          tol=tol)
+    x, polish = polish_wiring(problem, round_wiring(res.w, problem.edges, problem.degree), neighborhood="critical")
+    return x, {"method": "pipeline", "makespan": polish["makespan"], "seconds": time.perf_counter() - t0,
+               "schedule": schedule}

@@ -326,3 +326,49 @@ def test_study_replications_sweep_on_a_local_cluster_equal_serial_runs(tmp_path)
         assert results.loc[results["point"] == point, "study.verdict"].item() == serial["claims"][0]["verdict"]
         studies.append([x["offset_s"] for x in serial["seeds"]])
     assert studies[0] != studies[1]  # another run seed, other trace segments
+
+
+# ---- the artifact's own setup: a bursty closed loop ---------------------------------------------------------
+def test_closed_loop_batches_against_closed_forms():
+    from analysis.serving import BurstyClosedLoop, closed_loop_batches
+
+    svc = ServiceModel(prefill_tokens_per_s=1000, decode_tokens_per_s=100, batch_slots=64)
+    load = BurstyClosedLoop(quiet_concurrency=2, busy_concurrency=5, burst_period_s=20, burst_window_s=5,
+                            prompt_tokens=(100, 300), output_tokens=51)
+    free = closed_loop_batches(svc, load, 40.0)
+    batches = free.groupby("batch").agg(start=("start_s", "first"), size=("start_s", "size"), ms=("batch_ms", "first"))
+    # every batch holds both prompt lengths: its latency is the longest prefill plus 50 decode steps
+    assert batches["ms"].to_numpy() == pytest.approx(np.full(len(batches), (0.3 + 0.5) * 1e3))
+    assert np.diff(batches["start"]).tolist() == pytest.approx([0.8] * (len(batches) - 1))  # closed loop
+    in_burst = (batches["start"] % 20) < 5
+    assert (batches["size"] == np.where(in_burst, 5, 2)).all() and in_burst.any() and (~in_burst).any()
+    assert free["prompt_tokens"].tolist()[:4] == [100, 300, 100, 300]  # the lengths cycle over requests
+    # a window at half capacity covering a whole batch doubles it
+    cut = closed_loop_batches(svc, load, 10.0, [InterferenceWindow(0.0, 100.0, 0.5)])
+    assert cut["batch_ms"].to_numpy() == pytest.approx(np.full(len(cut), 1600.0))
+    b = load.pressure(1.0, 40.0)
+    assert b[:5].tolist() == pytest.approx([0.95] * 5) and b[5:20].tolist() == pytest.approx([0.08] * 15)
+
+
+def test_step_in_the_artifacts_setup(tmp_path, capsys):
+    base = {"load": "bursty", "evaluate": "model", "workers": 1, "seeds": 2, "duration_s": 120, "draws": 1,
+            "sync_window_s": 8, "slo_ttft_ms": 0, "slo_batch_ms": 1000, "batch_slots": 64, "sync_capacity": 0.6,
+            "decode_tokens_per_s": 175, "prefill_tokens_per_s": 50000, "max_model_len": 4096,
+            "policies": ["wa_ewma", "random_spaced"], "sensitivity_capacity": [], "regime_pct": [0.0, 0.5],
+            "controller": {"min_h": 16, "max_h": 64}}
+    playbook = tmp_path / "art.yaml"
+    playbook.write_text(yaml.safe_dump({"name": "art", "bench": "emulated:instant", "seed": 5, "steps": [
+        {"type": "diloco", "name": "study", **base}]}))
+    assert main(["run", str(playbook), "--out", str(tmp_path / "run"), "-q"]) == 0
+    out = json.loads((tmp_path / "run" / "diloco.json").read_text())
+    runs = pd.DataFrame(out["runs"])
+    assert (runs.loc[runs["policy"] == "no_sync", "violation_pct"] == 0).all()  # no sync, no batch over 1 s
+    synced = runs[runs["policy"] != "no_sync"]
+    assert (synced["syncs"] >= 1).all() and (synced["violation_pct"] > 0).all()
+    assert out["sync_cost"]["window_s"] == 8 and all(d == [8.0] * len(d) for d in
+                                                      (s["durations_s"] for s in out["seeds"]))
+    assert "batch latency ≤ 1000 ms" in out["claims"][0]["assumptions"][2]
+    playbook.write_text(yaml.safe_dump({"name": "art", "bench": "emulated:instant", "seed": 5, "steps": [
+        {"type": "diloco", "name": "study", **base, "evaluate": "replay"}]}))
+    assert main(["run", str(playbook), "--out", str(tmp_path / "bad"), "-q"]) == 2
+    assert "load: bursty is evaluated by the model only" in capsys.readouterr().err

@@ -233,3 +233,41 @@ def test_kl_project_raises_on_an_empty_polytope(method):
             kl_project(np.zeros(2), edges, np.array([0.3, 0.3, 0.3]))
         w = np.exp(kl_project(np.zeros(2), edges, np.array([1.0, 1.0, 1.0])))  # feasible: projected
         assert w == pytest.approx([0.5, 0.5])
+
+
+@pytest.mark.parametrize("method", ["coordinate", "parallel", "newton"])
+def test_kl_project_says_when_it_stops_short(method):
+    """A projection cut off before its tolerance warns with its primal violation and reports converged =
+    False; the same projection given its sweeps converges silently, its violation within tolerance."""
+    import warnings
+
+    from analysis.wiring import ProjectionNotConverged
+
+    n = 6
+    edges = complete_graph_edges(n)
+    log_y = np.random.default_rng(3).normal(0, 1.5, len(edges))  # away from the polytope
+    b = np.full(n, 2.0 / n)
+    with pytest.warns(ProjectionNotConverged, match=r"stopped after 1 sweeps .* primal violation"):
+        _, short = kl_project(log_y, edges, b, method=method, max_sweeps=1, tol=1e-12, return_info=True)
+    assert short["converged"] is False and short["primal"] > 1e-6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProjectionNotConverged)
+        _, full = kl_project(log_y, edges, b, method=method, tol=1e-10, return_info=True)
+    assert full["converged"] is True and full["primal"] < 1e-8
+
+
+def test_solve_wiring_takes_the_exact_milp_on_small_regions():
+    from analysis.wiring import EXACT_MAX_ENDPOINTS, solve_wiring
+
+    rng = np.random.default_rng(4)
+    chains = []
+    for _ in range(6):
+        i, j = sorted(rng.choice(5, 2, replace=False))
+        chains.append(((int(i), int(j)), float(rng.uniform(0.5, 5)), float(rng.uniform(0, 1))))
+    p = chains_problem(5, chains, 2.0, b_eps=0.2)
+    assert len(p.degree) <= EXACT_MAX_ENDPOINTS
+    x, info = solve_wiring(p)
+    assert info["method"] == "milp" and info["makespan"] == pytest.approx(brute_force_wiring(p)[0], rel=1e-7)
+    x_pipe, pipe = solve_wiring(p, exact_max_endpoints=4)  # one endpoint too many for the MILP: the pipeline
+    load = np.bincount(p.edges[:, 0], x_pipe, 5) + np.bincount(p.edges[:, 1], x_pipe, 5)
+    assert pipe["method"] == "pipeline" and np.all(load <= p.degree) and pipe["makespan"] >= info["makespan"] - 1e-12

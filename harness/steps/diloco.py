@@ -33,6 +33,10 @@ from harness.steps import StepOutcome
 
 SCHEMA = {
     "requests": (str, "../../shared/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"),
+    # trace: the trace's own arrivals (open loop); bursty: the artifact's closed-loop bursty client
+    # (analysis.serving.BurstyClosedLoop, its fields overridable in closed_loop:), evaluated by the model
+    "load": (str, "trace"),
+    "closed_loop": (dict, {}),
     "seeds": (int, 10),
     "policies": (list, []),  # empty: all of analysis.diloco.POLICIES
     "duration_s": (float, 600.0),  # trace seconds per seed (a segment of the trace)
@@ -63,11 +67,15 @@ SCHEMA = {
     "slo_ttft_ms": (float, 2000.0),
     "slo_tpot_ms": (float, 0.0),
     "slo_e2e_ms": (float, 0.0),
+    "slo_batch_ms": (float, 0.0),  # closed loop: a request violates when its batch takes longer than this
     "model_params": (float, 1.0e9),  # parameters of the trained model (its delta is what a sync moves)
     "bytes_per_param": (float, 2.0),  # bf16
     "compression": (float, 1.0),  # fraction of the delta's bytes sent (e.g. 0.25 for 4-bit)
     "bandwidth": (str, "measure"),  # measure (ib_write_bw on the bench) | Gb/s as a number
     "turnaround": (str, "events"),  # events (this run's turnaround cycles) | profile:NAME | none | SECONDS
+    # > 0: every sync is a window of this many seconds (the artifact's compute-stress window after a sync)
+    # instead of the transfer and turnaround above, which are then not measured
+    "sync_window_s": (float, 0.0),
     "sensitivity_capacity": (list, [0.25, 0.75, 0.9]),  # sync_capacity values re-evaluated by the model
     "fidelity_ms": (float, 0.0),  # a replay is faithful if send-error p99 × time_scale ≤ this (0: TTFT SLO / 10)
     "alpha": (float, 0.05),
@@ -153,6 +161,10 @@ def _turnaround_samples(ctx, step, spec: str) -> tuple[np.ndarray, str]:
 
 
 def sync_cost(ctx, step, p: dict, n_learners: int) -> dict:
+    if p["sync_window_s"] > 0:
+        return {"window_s": p["sync_window_s"], "transfer_s": 0.0,
+                "window_source": f"declared: a {p['sync_window_s']:g} s window after each sync (the artifact's "
+                                 "compute-stress window)", "_samples": np.full(1, p["sync_window_s"])}
     bytes_delta = p["model_params"] * p["bytes_per_param"] * p["compression"]
     wire_bytes = bytes_delta * 2 * (n_learners - 1) / n_learners
     if p["bandwidth"] == "measure":
@@ -181,6 +193,28 @@ def sync_durations(cost: dict, seed: int, count: int) -> np.ndarray:
 
 
 # ---- evaluation (runs in worker processes) --------------------------------------------------------------------
+def _closed_loop(p: dict):
+    from analysis.serving import BurstyClosedLoop
+
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in p["closed_loop"].items()}
+    return BurstyClosedLoop(**fields)
+
+
+def _model_latencies(service, task: dict, windows: list) -> pd.DataFrame:
+    """The model's per-request latencies for one task: its trace requests (open loop) or the closed loop."""
+    p = task["params"]
+    if p["load"] == "trace":
+        return _latencies_from_model(service, pd.DataFrame(task["requests"]), windows)
+    from analysis.serving import closed_loop_batches
+
+    batches = closed_loop_batches(service, _closed_loop(p), p["duration_s"], windows)
+    start = batches["start_s"].to_numpy()
+    tpot = (batches["done_s"] - batches["first_s"]) * 1e3 / np.maximum(1, batches["output_tokens"] - 1)
+    return pd.DataFrame({"index": np.arange(len(batches)), "status": "ok", "ttft_ms": (batches["first_s"] - start) * 1e3,
+                         "tpot_ms": tpot.where(batches["output_tokens"] >= 2), "e2e_ms": (batches["done_s"] - start) * 1e3,
+                         "batch_ms": batches["batch_ms"]})
+
+
 def _latencies_from_model(service, frame: pd.DataFrame, windows: list) -> pd.DataFrame:
     from analysis.serving import simulate_service
 
@@ -201,14 +235,14 @@ def evaluate_run(task: dict) -> dict:
     from analysis.serving import InterferenceWindow, ServiceModel, request_latencies
 
     cpu_start = time.process_time()  # this worker's CPU: the replay client and its endpoint share the process
-    frame = pd.DataFrame(task["requests"])
     p = task["params"]
     windows = [InterferenceWindow(float(s), float(d), p["sync_capacity"]) for s, d in task["windows"]]
     model_service = ServiceModel(prefill_tokens_per_s=p["prefill_tokens_per_s"],
                                  decode_tokens_per_s=p["decode_tokens_per_s"], batch_slots=p["batch_slots"],
                                  max_model_len=p["max_model_len"])
-    out = {"key": task["key"], "model": _latencies_from_model(model_service, frame, windows)}
+    out = {"key": task["key"], "model": _model_latencies(model_service, task, windows)}
     if p["evaluate"] == "replay":
+        frame = pd.DataFrame(task["requests"])
         from harness.bench.serving import serve_and_replay
         from traces.replay import run_loop
 
@@ -230,7 +264,7 @@ def evaluate_run(task: dict) -> dict:
 def violation_rate(latencies: pd.DataFrame, p: dict) -> float:
     from analysis.serving import slo_violations
 
-    bad = slo_violations(latencies, p["slo_ttft_ms"], p["slo_tpot_ms"], p["slo_e2e_ms"])
+    bad = slo_violations(latencies, p["slo_ttft_ms"], p["slo_tpot_ms"], p["slo_e2e_ms"], p["slo_batch_ms"])
     return float(bad.mean() * 100) if len(bad) else float("nan")
 
 
@@ -296,8 +330,25 @@ def _check(step, p: dict) -> None:
     unknown = [x for x in p["policies"] if x not in POLICIES]
     if unknown:
         raise _bad(step, f"policies: unknown {unknown} (known: {', '.join(POLICIES)})")
-    if not any(p[k] > 0 for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")):
-        raise _bad(step, "set at least one of slo_ttft_ms, slo_tpot_ms, slo_e2e_ms")
+    if not any(p[k] > 0 for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "slo_batch_ms")):
+        raise _bad(step, "set at least one of slo_ttft_ms, slo_tpot_ms, slo_e2e_ms, slo_batch_ms")
+    if p["sync_window_s"] < 0:
+        raise _bad(step, f"sync_window_s must be >= 0, found {p['sync_window_s']}")
+    if p["load"] not in ("trace", "bursty"):
+        raise _bad(step, f"load must be trace or bursty, found {p['load']!r}")
+    if p["load"] == "bursty":
+        if p["evaluate"] != "model":
+            raise _bad(step, "load: bursty is evaluated by the model only (evaluate: model): the replay client "
+                             "sends a trace's own arrivals, not a closed loop")
+        if p["batch_slots"] < 1:
+            raise _bad(step, "load: bursty needs batch_slots ≥ 1 (the closed loop's no-sync rate does not depend "
+                             "on them once they hold a batch, so there is nothing to calibrate)")
+        try:
+            _closed_loop(p)
+        except (TypeError, ValueError) as exc:
+            raise _bad(step, f"closed_loop: {exc}") from None
+    elif p["slo_batch_ms"] > 0:
+        raise _bad(step, "slo_batch_ms needs load: bursty (a trace's requests are not sent in batches)")
     if len(p["regime_pct"]) != 2 or not 0 <= p["regime_pct"][0] < p["regime_pct"][1]:
         raise _bad(step, f"regime_pct must be [low, high] percent, found {p['regime_pct']}")
 
@@ -327,24 +378,31 @@ def diloco_step(ctx, step) -> StepOutcome:
     _check(step, p)
     study = _study_params(step, p)
     url = check_endpoint(step, p["endpoint"], real_bench=ctx.emulated is None)
-    path = step.resolve_path(p["requests"])
-    if not path.is_file():
-        raise _bad(step, f"requests: no such trace file {str(path)!r}")
-    frame = traces.load_requests(path)
-    if len(frame) < 2:
-        raise _bad(step, f"requests: {path.name} has fewer than 2 requests")
-    span = float(frame["arrival_s"].iloc[-1] - frame["arrival_s"].iloc[0])
-    if span < p["duration_s"]:
-        raise _bad(step, f"duration_s {p['duration_s']:g} is longer than the trace ({span:.0f} s)")
+    if p["load"] == "trace":
+        path = step.resolve_path(p["requests"])
+        if not path.is_file():
+            raise _bad(step, f"requests: no such trace file {str(path)!r}")
+        frame = traces.load_requests(path)
+        if len(frame) < 2:
+            raise _bad(step, f"requests: {path.name} has fewer than 2 requests")
+        span = float(frame["arrival_s"].iloc[-1] - frame["arrival_s"].iloc[0])
+        if span < p["duration_s"]:
+            raise _bad(step, f"duration_s {p['duration_s']:g} is longer than the trace ({span:.0f} s)")
+        load_name = path.name
+    else:
+        load_name = "the artifact's bursty closed loop"
     policies = [x for x in dl.POLICIES if not p["policies"] or x in p["policies"]]
     for needed in ("wa_ewma", "random_schedule", "no_sync"):
         if needed not in policies:
             policies.append(needed)  # the claim, its baseline and the load match are always evaluated
     if ctx.dry_run:
         return StepOutcome(ok=True, summary_md=f"(dry run: would replay {p['seeds']} seeds × {len(policies)} "
-                                               f"policies of {path.name})")
+                                               f"policies of {load_name})")
     seed_base = int(ctx.rng(f"diloco:{step.name}").integers(2**62))
-    segments, offsets = _segments(frame, p["seeds"], p["duration_s"], seed_base)
+    if p["load"] == "trace":
+        segments, offsets = _segments(frame, p["seeds"], p["duration_s"], seed_base)
+    else:  # one load for every seed, as in the artifact: its seeds vary the learners and the random draws
+        segments, offsets = [None] * p["seeds"], [0.0] * p["seeds"]
     cost = sync_cost(ctx, step, p, study.learner.n_learners)
 
     calibration = {"target_no_sync_pct": p["target_no_sync_pct"], "regime_pct": list(p["regime_pct"])}
@@ -361,17 +419,28 @@ def diloco_step(ctx, step) -> StepOutcome:
     run_dir = ctx.run_dir / f"diloco_{step.name}"
     run_dir.mkdir(exist_ok=True)
     slot_capacity = slots * 1.0
+    if p["load"] == "bursty":
+        from analysis.serving import ServiceModel, closed_loop_batches
+
+        loop = _closed_loop(p)
+        b_bursty = loop.pressure(study.cycle_s, study.duration_s)
+        no_sync_requests = len(closed_loop_batches(ServiceModel(
+            p["prefill_tokens_per_s"], p["decode_tokens_per_s"], slots, p["max_model_len"]), loop, p["duration_s"]))
     for s, seg in enumerate(segments):
         seed = seed_base + s
-        work = seg["prompt_tokens"] / p["prefill_tokens_per_s"] + seg["output_tokens"] / p["decode_tokens_per_s"]
-        b = dl.busy_fraction(seg["arrival_s"].to_numpy(), work.to_numpy(), slot_capacity, study.cycle_s,
-                             study.duration_s)
+        if seg is None:
+            b, columns, n_requests = b_bursty, None, no_sync_requests
+        else:
+            work = seg["prompt_tokens"] / p["prefill_tokens_per_s"] + seg["output_tokens"] / p["decode_tokens_per_s"]
+            b = dl.busy_fraction(seg["arrival_s"].to_numpy(), work.to_numpy(), slot_capacity, study.cycle_s,
+                                 study.duration_s)
+            columns = {c: seg[c].tolist() for c in ("arrival_s", "prompt_tokens", "output_tokens",
+                                                    "prefix_block_ids") if c in seg.columns}
+            n_requests = int(len(seg))
         durations = sync_durations(cost, seed, max_syncs)
         schedules = dl.seed_schedules(b, durations, study, seed)
-        per_seed.append({"seed": seed, "offset_s": offsets[s], "requests": int(len(seg)),
+        per_seed.append({"seed": seed, "offset_s": offsets[s], "requests": n_requests,
                          "busy_mean": float(b.mean()), "durations_s": durations.tolist(), "schedules": schedules})
-        columns = {c: seg[c].tolist() for c in ("arrival_s", "prompt_tokens", "output_tokens", "prefix_block_ids")
-                   if c in seg.columns}
         for policy in policies:
             for draw, starts in enumerate(schedules[policy]):
                 windows = [(float(t), float(durations[k])) for k, t in enumerate(starts)]
@@ -379,11 +448,11 @@ def diloco_step(ctx, step) -> StepOutcome:
                               "params": p, "log_path": str(run_dir / f"seed{s}_{policy}_{draw}.jsonl")})
     workers = p["workers"] or os.cpu_count() or 1
     ctx.say(f"  {len(tasks)} replays ({p['seeds']} seeds × {len(policies)} policies, {p['draws']} matched-random "
-            f"draws) of {path.name}, {p['duration_s']:g} s each at ×{p['time_scale']:g}, {workers} workers; "
+            f"draws) of {load_name}, {p['duration_s']:g} s each at ×{p['time_scale']:g}, {workers} workers; "
             f"batch_slots {slots} ({calibration['chosen']})")
     started_s = time.monotonic()
     results = _run_tasks(tasks, workers, _priority(step, p["priority"], applied=p["evaluate"] == "replay"))
-    return _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration, path, url, run_dir,
+    return _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration, load_name, url, run_dir,
                    {t["key"]: t for t in tasks}, started_s)
 
 
@@ -469,7 +538,7 @@ def _sensitivity(p, policies, per_seed, tasks_by_key, rule, seed) -> list[dict]:
         for (s, pol, draw), task in tasks_by_key.items():
             if pol in rates:
                 windows = [InterferenceWindow(a, d, capacity) for a, d in task["windows"]]
-                lat = _latencies_from_model(service, pd.DataFrame(task["requests"]), windows)
+                lat = _model_latencies(service, task, windows)
                 rates[pol][s, draw] = violation_rate(lat, p)
         means = {pol: np.nanmean(v, axis=1) for pol, v in rates.items()}
         comparison = dl.paired_comparison(means["wa_ewma"], means["random_schedule"], seed=seed)
@@ -481,7 +550,7 @@ def _sensitivity(p, policies, per_seed, tasks_by_key, rule, seed) -> list[dict]:
     return out
 
 
-def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration, path, url, run_dir,
+def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration, load_name, url, run_dir,
             tasks_by_key, started_s: float) -> StepOutcome:
     from analysis import diloco as dl
     from harness import record as rec
@@ -530,10 +599,10 @@ def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration,
                                                 "traffic ran): the windows only split its metrics"]}
     claim["assumptions"] = [
         f"a sync leaves {p['sync_capacity']:g} of the serving capacity (rates and slots) while it runs",
-        f"sync cost: {cost['transfer_s']:.3f} s transfer ({cost['bandwidth_source']}) + turnaround "
-        f"({cost['turnaround_source']})",
-        f"SLO: TTFT ≤ {p['slo_ttft_ms']:g} ms" + (f", TPOT ≤ {p['slo_tpot_ms']:g} ms" if p["slo_tpot_ms"] else "")
-        + (f", e2e ≤ {p['slo_e2e_ms']:g} ms" if p["slo_e2e_ms"] else ""),
+        _cost_words(cost),
+        "SLO: " + ", ".join(f"{name} ≤ {p[key]:g} ms" for name, key in (
+            ("TTFT", "slo_ttft_ms"), ("TPOT", "slo_tpot_ms"), ("e2e", "slo_e2e_ms"), ("batch latency", "slo_batch_ms"))
+            if p[key]),
         f"emulated service: {p['batch_slots']} slots, prefill {p['prefill_tokens_per_s']:g} tok/s, decode "
         f"{p['decode_tokens_per_s']:g} tok/s per sequence ({calibration['chosen']})"]
     agreement = None
@@ -557,7 +626,7 @@ def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration,
                          "loaded for this time scale — lower time_scale or use fewer workers"]}
     sensitivity = _sensitivity(p, policies, per_seed, tasks_by_key, rule, seed)
     public_cost = {k: v for k, v in cost.items() if not k.startswith("_")}
-    out = {"study_kind": RE_IMPLEMENTATION, "trace": path.name, "evaluate": source, "endpoint": url or "emulated", "policies": policies,
+    out = {"study_kind": RE_IMPLEMENTATION, "trace": load_name, "evaluate": source, "endpoint": url or "emulated", "policies": policies,
            "params": {k: v for k, v in p.items()}, "study": study.as_dict(), "sync_cost": public_cost,
            "calibration": calibration, "table": table, "comparisons": comparisons, "claims": [claim],
            "replay_vs_model": agreement, "sensitivity": sensitivity, "effort": effort,
@@ -576,6 +645,13 @@ def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration,
                        summary_md=md, artifacts=["diloco.json", "diloco_report.md", plot.name, run_dir.name])
 
 
+def _cost_words(cost: dict) -> str:
+    if "window_s" in cost:
+        return f"sync cost: {cost['window_source']}"
+    return (f"sync cost: {cost['transfer_s']:.3f} s transfer ({cost['bandwidth_source']}) + turnaround "
+            f"({cost['turnaround_source']})")
+
+
 # What this study is, in every output: ours, not the authors' artifact, and what the artifact itself found.
 RE_IMPLEMENTATION = ("a re-implementation of the WA-DiLoCo sidecar study (spec algorithms.md §0 Paper D, §7): our "
                      "controller, learner-progress model, serving model and replay, not the authors' artifact; the "
@@ -590,18 +666,19 @@ def report_markdown(out: dict) -> str:
     cmp_ = out["comparisons"]["wa_ewma_vs_random_schedule"]
     flip, sign = cmp_["sign_flip"], cmp_["sign_test"]
     lines = [f"This is {out.get('study_kind', RE_IMPLEMENTATION)}.", "",
-             f"Trace `{out['trace']}`, {len(out['seeds'])} seeds × {out['study']['duration_s']:g} s segments, "
+             f"Serving load `{out['trace']}`, {len(out['seeds'])} seeds × {out['study']['duration_s']:g} s segments, "
              f"evaluated by {out['evaluate']} against the {out['endpoint']} endpoint.", "",
              f"**Calibration.** The emulated service has {cal['batch_slots']} slots ({cal['chosen']}"
              + (f": the smallest capacity whose no-sync violation rate (model) is ≤ {cal['target_no_sync_pct']:g} %, "
                 f"got {cal['model_no_sync_pct']:.2f} %" if cal["chosen"] == "calibrated" else "")
              + f"). Measured no-sync violation rate {cal['no_sync_pct']:.2f} %; the paper's regime is "
              f"[{cal['regime_pct'][0]:g}, {cal['regime_pct'][1]:g}] % (its policies: 4.45–6.92 %).", "",
-             f"**Sync cost.** {cost['delta_bytes'] / 1e9:.2f} GB delta, {cost['wire_bytes_per_learner'] / 1e9:.2f} GB "
-             f"per learner on the wire (ring {cost['ring']}) at {cost['bandwidth_gbps']:.1f} Gb/s "
-             f"({cost['bandwidth_source']}) = {cost['transfer_s']:.3f} s, plus turnaround mean "
-             f"{cost['turnaround_s']['mean']:.3f} s, p99 {cost['turnaround_s']['p99']:.3f} s "
-             f"({cost['turnaround_source']}).", "",
+             (f"**Sync cost.** {cost['window_source']}." if "window_s" in cost else
+              f"**Sync cost.** {cost['delta_bytes'] / 1e9:.2f} GB delta, {cost['wire_bytes_per_learner'] / 1e9:.2f} GB "
+              f"per learner on the wire (ring {cost['ring']}) at {cost['bandwidth_gbps']:.1f} Gb/s "
+              f"({cost['bandwidth_source']}) = {cost['transfer_s']:.3f} s, plus turnaround mean "
+              f"{cost['turnaround_s']['mean']:.3f} s, p99 {cost['turnaround_s']['p99']:.3f} s "
+              f"({cost['turnaround_source']})."), "",
              "| policy | SLO violations (mean ± sd over seeds) | matched-random envelope (draw min–max, mean over seeds) "
              "| sync-excess vs no-sync | syncs |", "|---|---:|---:|---:|---:|"]
     for row in out["table"]:
