@@ -132,6 +132,17 @@ def simulate_service(service: ServiceModel, arrival_s, prompt_tokens, output_tok
     return {"admitted_s": admitted, "first_s": first, "done_s": done}
 
 
+def peak_in_flight(start_s, end_s) -> int:
+    """The most intervals [start, end) open at once (NaN ends: answered at once, never in flight)."""
+    start = np.asarray(start_s, dtype=float)
+    end = np.asarray(end_s, dtype=float)
+    keep = np.isfinite(end) & (end > start)
+    times = np.r_[start[keep], end[keep]]
+    steps = np.r_[np.ones(keep.sum(), dtype=np.int64), -np.ones(keep.sum(), dtype=np.int64)]
+    order = np.lexsort((steps, times))  # at a tie an end comes before a start
+    return int(np.cumsum(steps[order]).max(initial=0))
+
+
 def in_windows(times_s: np.ndarray, windows: pd.DataFrame | None) -> np.ndarray:
     """True where a time falls in some [start_s, start_s + duration_s)."""
     times_s = np.asarray(times_s, dtype=float)

@@ -1,13 +1,21 @@
-"""Replay fidelity: the Azure 2023 conversation trace, time-scaled to >= 1000 requests/s, against the
-emulated vLLM endpoint running in its own process. Prints send-time error p50/p99 (on-wire − scheduled
-send on the monotonic clock) and the part of it spent waiting for a client connection. Goal: p99 <= 1 ms.
+"""Replay fidelity: the Azure 2023 conversation trace, time-scaled to each named rate, against the emulated vLLM
+endpoint in its own process (a fresh one per run), replayed by `traces.replay` and, beside it, by the naive
+script a lab would write. Prints, per rate and replayer: send-time error p50/p99 (on the wire − scheduled, on
+the monotonic clock), the part of it spent waiting for a client connection, and CPU per request of the client
+and of the server. Goals: p99 <= 1 ms at 1 000 req/s and <= 5 ms at 5 000 req/s.
 
-    .venv/bin/python benchmarks/replay_fidelity.py [--scale 200] [--limit N] [--in-process] [--no-timerfd]
+The naive replay: one loop that `asyncio.sleep`s until each request is due and starts it as a task, aiohttp's
+default session (a pool of 100, nothing opened ahead), the stream read line by line with `json.loads`; the
+same request bodies, and its send time stamped on the wire the same way.
+
+    .venv/bin/python benchmarks/replay_fidelity.py [--rates 100,1000,5000] [--seconds 4] [--runs 1]
+        [--no-naive] [--in-process] [--cprofile FILE]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -20,10 +28,10 @@ import numpy as np
 # Scripts run with benchmarks/ on sys.path; put the repo root first so the project's packages win.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import traces  # noqa: E402
-from traces.replay import ReplayConfig, replay_requests, run_loop  # noqa: E402
+from traces.replay import ReplayConfig, replay_requests, run_loop, wire_trace_config  # noqa: E402
 
-TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "azure-llm-2023" / \
-    "AzureLLMInferenceTrace_conv.csv"
+SHARED = Path(os.environ.get("OCS_HIL_SHARED") or Path(__file__).resolve().parents[1].parent / "shared")
+TRACE = SHARED / "traces" / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
 
 
 def process_cpu_s(pid: int) -> float | None:
@@ -35,9 +43,10 @@ def process_cpu_s(pid: int) -> float | None:
         return None
 
 
-def start_server(scale: float) -> tuple[subprocess.Popen, str]:
+def start_server(scale: float, stream_interval_s: float) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "devices.emulated.vllm_server", "--port", "0",
-                             "--time-scale", str(scale)], stdout=subprocess.PIPE, text=True)
+                             "--time-scale", str(scale), "--stream-interval-s", str(stream_interval_s)], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[1])
     line = proc.stdout.readline().strip()
     if not line.startswith("listening "):
         proc.kill()
@@ -45,75 +54,177 @@ def start_server(scale: float) -> tuple[subprocess.Popen, str]:
     return proc, "http://" + line.split()[1]
 
 
-async def run(args, url: str | None, server_pid: int | None) -> None:
-    requests = traces.load_requests(TRACE)
-    if args.limit:
-        requests = requests.iloc[: args.limit]
-    span = requests["arrival_s"].iloc[-1] - requests["arrival_s"].iloc[0]
-    emulator = None
-    if url is None:
-        from devices.emulated.vllm_server import ServiceModel, VllmEmulator
-        emulator = VllmEmulator(ServiceModel(time_scale=args.scale), keep_records=False)
-        await emulator.start()
-        url = emulator.url
+def harness_config(url: str, scale: float, requests) -> ReplayConfig:
+    """The replay step's configuration: its pool size and warm-up where this version of the code has them."""
+    from harness.bench import serving
+
+    kwargs = dict(url=url, time_scale=scale, max_connections=256)
+    sized = getattr(serving, "warm_pool_size", None)
+    if sized is not None:
+        from analysis.serving import ServiceModel
+
+        kwargs["warm_connections"] = sized(requests, ServiceModel(time_scale=scale), 256)
+    return ReplayConfig(**kwargs)
+
+
+async def naive_replay(requests, url: str, scale: float, prompts, origin_ns: int) -> list[dict]:
+    """What a lab script does: sleep until due, start a task, read the stream line by line."""
+    import aiohttp
+
+    from devices.timing import now_ns
+
+    arrival = requests["arrival_s"].to_numpy(dtype=float)
+    arrival = (arrival - arrival[0]) / scale
+    outputs = requests["output_tokens"].to_numpy()
+    records: list[dict] = []
+
+    async def one(session, i: int) -> None:
+        record = {"scheduled_ns": origin_ns + int(arrival[i] * 1e9), "sent_ns": None, "connection_wait_ns": 0}
+        body = (b'{"model":"emulated-llm","prompt":' + prompts.json_ids(i) +
+                f',"max_tokens":{max(1, int(outputs[i]))},"ignore_eos":true,"stream":true}}'.encode())
+        handed = now_ns()
+        try:
+            async with session.post(url + "/v1/completions", data=body, trace_request_ctx=record,
+                                    headers={"Content-Type": "application/json"}) as resp:
+                async for line in resp.content:
+                    if line.startswith(b"data:") and line.strip() != b"data: [DONE]":
+                        json.loads(line[5:])
+            record["ok"] = True
+        except (aiohttp.ClientError, OSError) as exc:
+            record["ok"], record["error"] = False, repr(exc)
+        record["sent_ns"] = record["sent_ns"] or handed
+        records.append(record)
+
+    async with aiohttp.ClientSession(trace_configs=[wire_trace_config()]) as session:
+        loop = asyncio.get_running_loop()
+        start = loop.time() + (origin_ns - now_ns()) / 1e9
+        tasks = []
+        for i in range(len(arrival)):
+            delay = start + arrival[i] - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(session, i)))
+        await asyncio.gather(*tasks)
+    return records
+
+
+def percentiles(values_ns) -> tuple[float, float]:
+    values = np.asarray(values_ns, dtype=float) / 1e3
+    return float(np.percentile(values, 50)), float(np.percentile(values, 99))
+
+
+async def measure(kind: str, requests, scale: float, url: str, server_pid: int | None, cprofile) -> dict:
+    from devices.timing import now_ns
+    from traces.replay import prepared_prompts
+
+    prompts = prepared_prompts(requests, ReplayConfig(url=url))
+    cpu0 = time.process_time()
+    server_cpu0 = process_cpu_s(server_pid) if server_pid else None
+    if cprofile is not None:
+        cprofile.enable()
     with tempfile.TemporaryDirectory() as tmp:
-        started, cpu0 = time.perf_counter(), time.process_time()
-        server_cpu0 = process_cpu_s(server_pid) if server_pid else None
-        summary = await replay_requests(requests, ReplayConfig(url=url, time_scale=args.scale,
-                                                               max_connections=args.connections,
-                                                               use_timerfd=not args.no_timerfd),
-                                        Path(tmp) / "replay.jsonl")
-        wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
-        server_cpu = process_cpu_s(server_pid) if server_pid else None
-    if emulator:
-        await emulator.stop()
-    err = summary.records["send_error_ns"].to_numpy() / 1e3
-    rate = len(requests) / (span / args.scale)
-    print(f"trace: {TRACE.name}, {len(requests)} requests, span {span:.0f} s, time scale {args.scale:g} "
-          f"-> {rate:.0f} requests/s mean; server {'in-process' if emulator else 'separate process'}; "
-          f"final wait {'spin' if args.no_timerfd else 'timerfd'}")
-    print(f"statuses: {summary.by_status}; max in flight {summary.max_in_flight}; wall {wall:.1f} s")
-    print(f"send-time error: p50 {np.percentile(err, 50):.0f} us, p99 {np.percentile(err, 99):.0f} us, "
-          f"p99.9 {np.percentile(err, 99.9):.0f} us, max {err.max():.0f} us; "
-          f"goal p99 <= 1000 us: {'met' if np.percentile(err, 99) <= 1000 else 'NOT met'} (on the wire)")
-    wait = summary.connection_wait_us
-    print(f"of it, waiting for a client connection: p50 {wait['p50']:.0f} us, p99 {wait['p99']:.0f} us, "
-          f"max {wait['max']:.0f} us")
+        if kind == "harness":
+            config = harness_config(url, scale, requests)
+            summary = await replay_requests(requests, config, Path(tmp) / "replay.jsonl", prompts)
+            rec = summary.records
+            errors, waits = rec["send_error_ns"].to_numpy(), rec["connection_wait_ns"].to_numpy()
+            ok, warm = int((rec["status"] == "ok").sum()), config.warm_connections
+        else:
+            origin = now_ns() + int(0.2e9)
+            rows = await naive_replay(requests, url, scale, prompts, origin)
+            errors = [r["sent_ns"] - r["scheduled_ns"] for r in rows]
+            waits = [r["connection_wait_ns"] for r in rows]
+            ok, warm = sum(r["ok"] for r in rows), 0
+    if cprofile is not None:
+        cprofile.disable()
+    cpu = time.process_time() - cpu0
+    server_cpu = process_cpu_s(server_pid) if server_pid else None
     n = len(requests)
-    server_part = f", server {1e6 * (server_cpu - server_cpu0) / n:.0f} us/request" \
-        if server_cpu is not None and server_cpu0 is not None else ""
-    print(f"CPU: replay {1e6 * cpu / n:.0f} us/request{server_part}; load average at start {args.load}")
-    print(f"TTFT (emulated service, scaled): p50 {summary.ttft_ms['p50']:.2f} ms, p99 {summary.ttft_ms['p99']:.2f} ms")
+    (e50, e99), (w50, w99) = percentiles(errors), percentiles(waits)
+    return {"kind": kind, "n": n, "ok": ok, "warm": warm, "err_p50_us": e50, "err_p99_us": e99,
+            "wait_p50_us": w50, "wait_p99_us": w99, "client_cpu_us": 1e6 * cpu / n,
+            "server_cpu_us": None if server_cpu is None or server_cpu0 is None else 1e6 * (server_cpu - server_cpu0) / n}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=float, default=200.0)
-    parser.add_argument("--limit", type=int, default=0, help="replay only the first N requests")
-    parser.add_argument("--connections", type=int, default=512)
+    parser.add_argument("--rates", default="100,1000,5000", help="mean requests/s, comma-separated")
+    parser.add_argument("--seconds", type=float, default=4.0, help="replayed wall seconds per run (trace allowing)")
+    parser.add_argument("--runs", type=int, default=1, help="runs per rate and replayer (interleaved)")
+    parser.add_argument("--no-naive", action="store_true", help="replay with traces.replay only")
     parser.add_argument("--in-process", action="store_true", help="run the emulator in the replay's own loop")
-    parser.add_argument("--no-timerfd", action="store_true", help="spin the last 1.5 ms instead (the fallback)")
-    parser.add_argument("--nice", type=int, default=0,
-                        help="scheduling niceness for replay and emulator (negative needs root; as on a real bench, "
-                             "a replay host should not share its cores with other work)")
+    parser.add_argument("--cprofile", help="write a cProfile of the client's replays (traces.replay only) here")
+    parser.add_argument("--stream-interval-s", type=float, default=0.0,
+                        help="the emulator's real seconds between stream writes (0: every token when due, as vLLM)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per run instead of a table")
     args = parser.parse_args()
     if not TRACE.exists():
-        print(f"skipped: {TRACE} not found (the shared traces folder is absent)")
+        print(f"skipped: {TRACE} not found (the shared traces folder is absent; OCS_HIL_SHARED names it)")
         return 0
-    proc = None
-    url = None
-    args.load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    if args.nice:
-        os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # inherited by the emulator process
-    if not args.in_process:
-        proc, url = start_server(args.scale)
-    try:
-        run_loop(run(args, url, proc.pid if proc else None))
-    finally:
-        if proc:
-            proc.terminate()
-            proc.wait(timeout=10)
+    full = traces.load_requests(TRACE)
+    trace_rate = (len(full) - 1) / (full["arrival_s"].iloc[-1] - full["arrival_s"].iloc[0])
+    cprofile = None
+    if args.cprofile:
+        import cProfile
+
+        cprofile = cProfile.Profile(time.process_time)
+    kinds = ["harness"] + ([] if args.no_naive else ["naive"])
+    rows = []
+    print(f"trace {TRACE.name}: {len(full)} requests, {trace_rate:.2f} requests/s; server "
+          f"{'in the replay process' if args.in_process else 'in its own process'}, stream interval "
+          f"{args.stream_interval_s:g} s; load average at start "
+          f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}", file=sys.stderr)
+    for rate in (float(r) for r in args.rates.split(",")):
+        scale = rate / trace_rate
+        requests = full.iloc[: min(len(full), max(2, int(rate * args.seconds)))].reset_index(drop=True)
+        for _ in range(args.runs):
+            for kind in kinds:
+                load = os.getloadavg()[0]
+                row = run_one(kind, requests, scale, args, cprofile if kind == "harness" else None)
+                row.update(rate=rate, scale=scale, load=load)
+                rows.append(row)
+                if args.json:
+                    print(json.dumps(row), flush=True)
+                else:
+                    print(f"  {rate:6.0f} req/s {kind:8s} done (load {load:.1f})", file=sys.stderr, flush=True)
+    if cprofile is not None:
+        cprofile.dump_stats(args.cprofile)
+    if not args.json:
+        print_table(rows)
     return 0
+
+
+def run_one(kind: str, requests, scale: float, args, cprofile) -> dict:
+    if args.in_process:
+        async def body():
+            from devices.emulated.vllm_server import ServiceModel, VllmEmulator
+
+            emulator = VllmEmulator(ServiceModel(time_scale=scale, stream_interval_s=args.stream_interval_s),
+                                    keep_records=False)
+            await emulator.start()
+            try:
+                return await measure(kind, requests, scale, emulator.url, None, cprofile)
+            finally:
+                await emulator.stop()
+        return run_loop(body())
+    proc, url = start_server(scale, args.stream_interval_s)
+    try:
+        return run_loop(measure(kind, requests, scale, url, proc.pid, cprofile))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def print_table(rows: list[dict]) -> None:
+    f = lambda v: "—" if v is None else (f"{v / 1e3:.2f} ms" if v >= 1e3 else f"{v:.0f} µs")  # noqa: E731
+    print("| req/s | replay | requests (ok) | warm | send error p50 | p99 | connection wait p50 | p99 | "
+          "client CPU/req | server CPU/req | load |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        server = "—" if r["server_cpu_us"] is None else f"{r['server_cpu_us']:.0f} µs"
+        print(f"| {r['rate']:.0f} | {r['kind']} | {r['n']} ({r['ok']}) | {r['warm']} | {f(r['err_p50_us'])} | "
+              f"{f(r['err_p99_us'])} | {f(r['wait_p50_us'])} | {f(r['wait_p99_us'])} | {r['client_cpu_us']:.0f} µs | "
+              f"{server} | {r['load']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -273,3 +273,25 @@ def test_spin_fallback_replays_too(tmp_path):
     service = ServiceModel(prefill_tokens_per_s=1e6, decode_tokens_per_s=1e4, stream_interval_s=0.0)
     summary, _ = asyncio.run(_replay_with(service, requests, tmp_path / "r.jsonl", use_timerfd=False))
     assert summary.by_status["ok"] == 4 and (summary.records["send_error_ns"] >= 0).all()
+
+
+def test_peak_in_flight_matches_brute_force_and_sizes_the_warm_pool():
+    """The most requests open at once, against a count at every start instant (ends exclusive, NaN never open);
+    the warm pool is that peak of the service model's simulation plus its margin, within max_connections."""
+    from analysis.serving import ServiceModel, peak_in_flight, simulate_service
+    from harness.bench.serving import warm_pool_size
+
+    rng = np.random.default_rng(7)
+    start = np.sort(rng.uniform(0, 10, 300))
+    end = start + rng.exponential(0.3, 300)
+    end[::17] = np.nan
+    end[5] = start[6]  # touching intervals: not open together
+    brute = max(int(np.sum((start <= t) & (t < end))) for t in start)
+    assert peak_in_flight(start, end) == brute
+    requests = frame(list(start), [100] * 300, [20] * 300)
+    service = ServiceModel(prefill_tokens_per_s=1e4, decode_tokens_per_s=50, batch_slots=8)
+    done = simulate_service(service, start, [100] * 300, [20] * 300)["done_s"]
+    peak = peak_in_flight(start, done)
+    assert 8 < peak  # requests queue for the 8 slots: in flight counts the queued too
+    assert warm_pool_size(requests, service, 1000) == int(peak * 1.25) + 8
+    assert warm_pool_size(requests, service, 10) == 10

@@ -255,3 +255,10 @@ def test_summary_counts_by_hand():
     assert s["send_error_us"]["p50"] == pytest.approx(3.0)
     # Fisher's exact one-sided p for [[2, 0], [1, 2]]: P(X >= 2) = C(3,2)·C(2,0)/C(5,2) = 3/10.
     assert s["inside_greater_p"] == pytest.approx(0.3)
+    # aiperf's terms: ITL is TPOT's quantity; duration = first send (0) to last ok answer (2.1 s wall, ×2);
+    # 4 ok requests and their 11 + 3 + 1 + 5 output tokens over it.
+    a = s["aiperf"]
+    assert a["inter_token_latency_ms"] == s["tpot_ms"] and a["time_to_first_token_ms"] == s["ttft_ms"]
+    assert a["benchmark_duration_s"] == pytest.approx(4.2)
+    assert a["request_throughput_per_s"] == pytest.approx(4 / 4.2)
+    assert a["output_token_throughput_per_s"] == pytest.approx(20 / 4.2)

@@ -220,33 +220,54 @@ class _Replayer:
 
     @staticmethod
     async def _read_stream(resp: aiohttp.ClientResponse, record: dict) -> None:
-        # Whole network reads split into SSE events by hand: line-by-line reading costs several times more.
-        chunks, usage_tokens, done, pending = 0, None, False, b""
+        # Whole network reads, cut at event boundaries and searched with bytes methods (C): events are
+        # decoded only until the first text-bearing one, and the usage event once, at the end. Decoding every
+        # token's event cost ~4 µs a token, most of a request's client CPU at ~200 tokens a request.
+        events_seen, usage_tokens, done, pending, previous = 0, None, False, b"", b""
         async for data in resp.content.iter_any():
-            pending += data.replace(b"\r\n", b"\n")
-            *events, pending = pending.split(b"\n\n")
-            for event in events:
-                for line in event.split(b"\n"):
-                    if not line.startswith(b"data:"):
-                        continue
-                    body = line[5:].strip()
-                    if body == b"[DONE]":
-                        done = True
-                        continue
-                    payload = orjson.loads(body)
-                    choices = payload.get("choices")
-                    if choices and choices[0].get("text"):
-                        chunks += 1
-                        if record["first_token_ns"] is None:
-                            record["first_token_ns"] = now_ns()
-                    if payload.get("usage"):
-                        usage_tokens = int(payload["usage"].get("completion_tokens", 0))
-        # Servers may coalesce tokens into one chunk; usage is exact, the chunk count a lower bound.
-        record["output_tokens"] = usage_tokens if usage_tokens is not None else chunks
+            pending += data
+            cut = max(pending.rfind(b"\n\n"), pending.rfind(b"\r\n\r\n"))
+            if cut < 0:
+                continue
+            events, pending = pending[:cut], pending[cut:]
+            events_seen += events.count(b"data:")
+            if record["first_token_ns"] is None and _first_text_event(events):
+                record["first_token_ns"] = now_ns()
+            if b"[DONE]" in events:
+                done = True
+                usage_tokens = _usage_tokens(previous + events)
+            previous = events
+        # Servers may coalesce tokens into one chunk; usage is exact, the event count a lower bound (neither
+        # the usage-only event nor [DONE] carries a token).
+        record["output_tokens"] = usage_tokens if usage_tokens is not None else max(0, events_seen - done)
         if done:
             record["status"] = "ok"
         else:
             record["status"], record["error"] = "error", "stream ended without [DONE]"
+
+
+def _first_text_event(events: bytes) -> bool:
+    """Whether some completion chunk among `events` (whole SSE events) carries text."""
+    for line in events.split(b"\n"):
+        if line.startswith(b"data:") and b"[DONE]" not in line:
+            choices = orjson.loads(line[5:]).get("choices")
+            if choices and choices[0].get("text"):
+                return True
+    return False
+
+
+def _usage_tokens(events: bytes) -> int | None:
+    """completion_tokens of the usage object among the stream's final events (it follows the last text
+    chunk), if any; the events are decoded from the end, so usually two."""
+    for line in reversed(events.split(b"\n")):
+        if not line.startswith(b"data:") or b"[DONE]" in line:
+            continue
+        payload = orjson.loads(line[5:])
+        if isinstance(payload.get("usage"), dict):
+            return int(payload["usage"].get("completion_tokens", 0))
+        if payload.get("choices"):
+            return None
+    return None
 
 
 def wire_trace_config() -> aiohttp.TraceConfig:

@@ -146,14 +146,10 @@ class ServingEndpoint:
     `async with ServingEndpoint(params) as endpoint:` then `endpoint.url`, `endpoint.interfere(...)`."""
 
     def __init__(self, p: dict):
-        from analysis.serving import ServiceModel
         from devices.emulated.vllm_server import VllmEmulator
+        from harness.bench.serving import service_model
 
-        service = ServiceModel(prefill_tokens_per_s=p["prefill_tokens_per_s"],
-                               decode_tokens_per_s=p["decode_tokens_per_s"], batch_slots=p["batch_slots"],
-                               max_model_len=p["max_model_len"], time_scale=p["time_scale"],
-                               stream_interval_s=p.get("stream_interval_s", 0.0))
-        self.server = VllmEmulator(service, model=p["model"])
+        self.server = VllmEmulator(service_model(p), model=p["model"])
 
     @property
     def url(self) -> str:

@@ -44,6 +44,26 @@ def check_endpoint(step, endpoint: str, real_bench: bool) -> str | None:
     return endpoint.rstrip("/")
 
 
+def service_model(p: dict):
+    """The emulated endpoint's service model from a step's parameters."""
+    from analysis.serving import ServiceModel
+
+    return ServiceModel(prefill_tokens_per_s=p["prefill_tokens_per_s"], decode_tokens_per_s=p["decode_tokens_per_s"],
+                        batch_slots=p["batch_slots"], max_model_len=p["max_model_len"], time_scale=p["time_scale"],
+                        stream_interval_s=p.get("stream_interval_s", 0.0))
+
+
+def warm_pool_size(requests: pd.DataFrame, service, max_connections: int) -> int:
+    """Keep-alive connections to open before the first request: the most requests the service model has in
+    flight at once over the trace (the emulated endpoint's own model; an estimate for a real endpoint), with
+    a quarter and 8 more for a client that reads answers late, within `max_connections`."""
+    from analysis.serving import peak_in_flight, simulate_service
+
+    arrival = requests["arrival_s"].to_numpy(dtype=float)
+    done = simulate_service(service, arrival, requests["prompt_tokens"], requests["output_tokens"])["done_s"]
+    return min(max_connections, int(peak_in_flight(arrival, done) * 1.25) + 8)
+
+
 async def serve_and_replay(requests: pd.DataFrame, url: str | None, p: dict, windows: pd.DataFrame | None,
                            log_path: Path):
     from devices.timing import now_ns
@@ -52,10 +72,10 @@ async def serve_and_replay(requests: pd.DataFrame, url: str | None, p: dict, win
 
     async with contextlib.AsyncExitStack() as stack:
         emulator = None if url is not None else await stack.enter_async_context(ServingEndpoint(p))
+        warm = p.get("warm_connections") or warm_pool_size(requests, service_model(p), p["max_connections"])
         config = ReplayConfig(url=url or emulator.url, model=p["model"], time_scale=p["time_scale"],
                               timeout_s=p["timeout_s"], max_connections=p["max_connections"],
-                              prompt_seed=p.get("prompt_seed", 0),
-                              warm_connections=p.get("warm_connections", ReplayConfig.warm_connections))
+                              prompt_seed=p.get("prompt_seed", 0), warm_connections=warm)
         prompts = prepared_prompts(requests, config)  # before the origin: the lead time is for connections
         origin = now_ns() + int(p["lead_s"] * 1e9)
         if emulator is not None and windows is not None and len(windows):

@@ -90,6 +90,7 @@ def summarise(records: pd.DataFrame, arrival_s: np.ndarray, windows: pd.DataFram
     for column in ("ttft_ms", "tpot_ms", "e2e_ms"):
         values = lat[column].to_numpy(dtype=float)
         summary[column] = {"p50": _pct(values, 50), "p99": _pct(values, 99)}
+    summary["aiperf"] = aiperf_terms(ordered, lat, latency_scale)
     slo = {"ttft_ms": slo_ttft_ms or None, "tpot_ms": slo_tpot_ms or None, "e2e_ms": slo_e2e_ms or None}
     summary["slo"] = slo
     inside = in_windows(np.asarray(arrival_s, dtype=float)[lat["index"].to_numpy()], windows)
@@ -115,6 +116,27 @@ def summarise(records: pd.DataFrame, arrival_s: np.ndarray, windows: pd.DataFram
     return summary
 
 
+def aiperf_terms(records: pd.DataFrame, lat: pd.DataFrame, latency_scale: float) -> dict:
+    """The replay in NVIDIA aiperf's metric names and definitions (its `metrics/types`): inter_token_latency
+    = (request_latency − TTFT) / (output_sequence_length − 1), the same quantity as vLLM's TPOT here;
+    benchmark_duration = first request sent to last response received; request_throughput = successful
+    requests / benchmark_duration; output_token_throughput = their output tokens / benchmark_duration.
+    Times in trace time (× latency_scale), as the step's other latencies."""
+    ok = (records["status"] == "ok").to_numpy()
+    itl = lat["tpot_ms"].to_numpy(dtype=float)
+    duration_s = None
+    if ok.any():
+        done = records["completed_ns"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)[ok]
+        duration_s = (np.nanmax(done) - records["sent_ns"].to_numpy(dtype=float).min()) / 1e9 * latency_scale
+    tokens = float(records["output_tokens"].astype("Float64").to_numpy(dtype=float, na_value=0.0)[ok].sum())
+    rate = lambda x: None if not duration_s else x / duration_s  # noqa: E731
+    return {"time_to_first_token_ms": {"p50": _pct(lat["ttft_ms"].to_numpy(dtype=float), 50),
+                                       "p99": _pct(lat["ttft_ms"].to_numpy(dtype=float), 99)},
+            "inter_token_latency_ms": {"p50": _pct(itl, 50), "p99": _pct(itl, 99)},
+            "benchmark_duration_s": duration_s, "request_throughput_per_s": rate(int(ok.sum())),
+            "output_token_throughput_per_s": rate(tokens)}
+
+
 def summary_markdown(name: str, s: dict, source: str, endpoint: str) -> str:
     f = lambda v, d=1: "—" if v is None else f"{v:.{d}f}"  # noqa: E731
     pct = lambda v: "—" if v is None else f"{100 * v:.1f} %"  # noqa: E731
@@ -128,8 +150,13 @@ def summary_markdown(name: str, s: dict, source: str, endpoint: str) -> str:
              f"| of which connection wait (µs, wall) | {f(s['connection_wait_us']['p50'])} | "
              f"{f(s['connection_wait_us']['p99'])} |",
              f"| TTFT (ms) | {f(s['ttft_ms']['p50'])} | {f(s['ttft_ms']['p99'])} |",
-             f"| TPOT (ms) | {f(s['tpot_ms']['p50'], 2)} | {f(s['tpot_ms']['p99'], 2)} |",
+             f"| TPOT = aiperf's inter-token latency (ms) | {f(s['tpot_ms']['p50'], 2)} | {f(s['tpot_ms']['p99'], 2)} |",
              f"| completion (ms) | {f(s['e2e_ms']['p50'])} | {f(s['e2e_ms']['p99'])} |", ""]
+    if s.get("aiperf"):
+        a = s["aiperf"]
+        lines += [f"In aiperf's terms (trace time): request throughput {f(a['request_throughput_per_s'], 2)} requests/s, "
+                  f"output token throughput {f(a['output_token_throughput_per_s'])} tokens/s over a benchmark "
+                  f"duration of {f(a['benchmark_duration_s'], 2)} s.", ""]
     if s["connection_wait_us"]["waited"]:
         lines += [f"{s['connection_wait_us']['waited']} requests waited for a client connection (pool full or a new "
                   "connection's set-up) before going on the wire: that wait is part of their send error, not of "
