@@ -14,7 +14,7 @@ from analysis.stages import OPTIONAL_STAGES
 from harness import record as rec
 from harness.bench.emulated import emulated_clocks, truth_frame
 from harness.clock import source_warnings
-from harness.eventlog import GroundTruth, to_parquet
+from harness.eventlog import GroundTruth, read_parquet_events
 def _with_earlier(ctx, frame: pd.DataFrame, name: str) -> pd.DataFrame:
     """A resumed run's table holds every cycle: the rows an earlier attempt recorded up to the resume
     point (per step where the table names it), then this attempt's."""
@@ -35,7 +35,7 @@ def write_ground_truth(ctx, truth: pd.DataFrame) -> None:
         gt.add(row.cycle, row.stage, row.host, row.port, row.t_ns)
     gt.write(ctx.run_dir / "ground_truth.parquet")
     # Every delay the emulator drew, keyed (command, port, stage): the same seed gives the same file.
-    draws = pd.DataFrame(ctx.emulated.physics.draws(), columns=["command", "port", "stage", "delay_ns", "late_ns"])
+    draws = ctx.emulated.physics.draws_frame()
     draws.drop(columns="late_ns").to_parquet(ctx.run_dir / "ground_truth_delays.parquet", index=False)
 
 
@@ -232,7 +232,8 @@ def _cycles_from_events(events: pd.DataFrame, step: str, cycles: list[int]) -> p
 
 
 def finish_run(ctx, manifest: dict, *, status: str, wall_s: float, started_utc: str) -> rec.RunRecord:
-    events = to_parquet(ctx.run_dir / "events.jsonl", ctx.run_dir / "events.parquet")
+    ctx.log.write_parquet(ctx.run_dir / "events.parquet")
+    events = read_parquet_events(ctx.run_dir / "events.parquet")
     write_cycles(ctx, events)
     summary = build_summary(ctx, events, status, wall_s)
     clocks = ctx.clock_tables()

@@ -165,15 +165,16 @@ class GpuView:
         self.windows.append((begin_ns, end_ns))
 
     def _event_windows(self) -> list[tuple[int, int]]:
-        events = self.ctx.log.events()
-        events = events[(events.t_ns >= self.started_ns) & (events.t_ns <= self.stopped_ns)]
-        out = []
-        for _, cycle in events.groupby("cycle"):
-            sent = cycle.t_ns[cycle.stage == "ocs_command_sent"]
-            up = cycle.t_ns[cycle.stage == "port_active"]
-            if len(sent) and len(up):
-                out.append((int(sent.min()), int(up.max())))
-        return out
+        import pandas as pd
+        import pyarrow.compute as pc
+
+        t, stage = pc.field("t_ns"), pc.field("stage")
+        events = self.ctx.log.table(["cycle", "stage", "t_ns"], (t >= self.started_ns) & (t <= self.stopped_ns) & (
+            stage.isin(["ocs_command_sent", "port_active"]))).to_pandas()  # of the step's events, only these
+        sent = events[events.stage == "ocs_command_sent"].groupby("cycle").t_ns.min()
+        up = events[events.stage == "port_active"].groupby("cycle").t_ns.max()
+        both = pd.concat([sent.rename("sent"), up.rename("up")], axis=1, join="inner").sort_index()
+        return [(int(s), int(u)) for s, u in zip(both["sent"], both["up"])]
 
     def stop(self) -> dict:
         from harness.bench.readers import shared_readers
