@@ -559,6 +559,12 @@ class OpticalBench:
             self._advance()
             return self._truth.rows()
 
+    def ground_truth_columns(self, stages=None):
+        """`ground_truth()` as columns (devices.emulated.truth.TruthLog.columns), only `stages` if given."""
+        with self._lock:
+            self._advance()
+            return self._truth.columns(stages)
+
     def ground_truth_frame(self, stages=None):
         """`ground_truth()` as a DataFrame (devices.emulated.truth.TRUTH_COLUMNS), only `stages` if given."""
         with self._lock:

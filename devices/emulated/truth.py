@@ -33,6 +33,18 @@ class TruthLog:
         keys = self._keys
         return [dict(zip(TRUTH_COLUMNS, (t, *keys[c]))) for t, c in zip(self._t, self._code)]
 
+    def columns(self, stages=None):
+        """(t_ns, code) as int64 arrays (copies) of the rows of `stages` (all if None), and the distinct
+        (stage, host, port, ocs_port) the codes index."""
+        import numpy as np
+
+        t = np.frombuffer(self._t, dtype=np.int64).copy() if len(self._t) else np.array([], dtype=np.int64)
+        code = np.frombuffer(self._code, dtype=np.int64).copy() if len(self._code) else np.array([], dtype=np.int64)
+        if stages is not None and len(t):
+            keep = np.array([k[0] in stages for k in self._keys])[code]
+            t, code = t[keep], code[keep]
+        return t, code, list(self._keys)
+
     def frame(self, stages=None):
         """The rows as a DataFrame (TRUTH_COLUMNS; strings as objects, shared per distinct value), only those of
         `stages` if given."""
