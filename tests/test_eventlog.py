@@ -1,6 +1,7 @@
 """Event log: JSONL append + fsync, torn last line, corruption, ENOSPC, Parquet dtypes."""
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 
@@ -256,3 +257,33 @@ def test_an_events_line_is_its_row():
         row, line = encode(event)
         assert row == event.to_dict() and list(row) == list(Event.__dataclass_fields__)
         assert line == orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+
+
+def test_the_memory_the_log_holds_does_not_grow_with_the_cycles_it_records(tmp_path, monkeypatch):
+    """An overnight campaign must not end out of memory: after 2N cycles the log holds what it held after N
+    (at most a row group's rows), where a log that kept its events held ~20 KB more per cycle of 58 events."""
+    import tracemalloc
+
+    monkeypatch.setattr("harness.eventlog.ROW_GROUP_ROWS", 58 * 10)  # a row group every 10 cycles
+    monkeypatch.setattr("harness.eventlog.os.fsync", lambda fd: None)  # memory is the question here, not the disk
+    log = EventLog(tmp_path / "events.jsonl")
+
+    def cycles(numbers):
+        for c in numbers:
+            log.extend([dataclasses.replace(make_event(i, STAGES[i % len(STAGES)]), cycle=c, t_ns=c * 10**9 + i)
+                        for i in range(58)])
+            log.flush()
+            log.spill()
+
+    cycles(range(1, 21))  # imports, caches, the first part's writer
+    tracemalloc.start()
+    try:
+        cycles(range(21, 121))
+        after_n = tracemalloc.get_traced_memory()[0]
+        cycles(range(121, 221))
+        after_2n = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+        log.close()
+    assert (after_2n - after_n) / 100 < 1000  # bytes a cycle
+    assert log.write_parquet(tmp_path / "events.parquet") == 220 * 58
