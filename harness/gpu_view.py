@@ -17,7 +17,9 @@ against between them (the steady state); a sample whose bound straddles a window
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import json
 import os
 import threading
@@ -207,13 +209,22 @@ class GpuView:
             return {}
         summary = {"samples": len(self.samples), "windows": len(windows), "hosts_total": self.hosts_total, "hosts": {},
                    "faults": dict(self.faults)}
+        # A window reaching past `t` from a begin at or before it: the latest end among the windows begun by then
+        # (a campaign has ~10^5 windows and ~10^5 samples: a search each, not every pair).
+        begins = [b for b, _ in windows]
+        reach = list(itertools.accumulate((e for _, e in windows), max))
+
+        def reached(t: int, by: int) -> bool:  # some window begun at or before `t` ends at or after `by`
+            k = bisect.bisect_right(begins, t)
+            return k > 0 and reach[k - 1] >= by
+
         for host in sorted({s["host"] for s in self.samples}):
             inside, outside = [], []
             for s in (s for s in self.samples if s["host"] == host and s["utilization_gpu"] is not None):
                 lo, hi = s["t_ns"] - s["uncertainty_ns"], s["t_ns"] + s["uncertainty_ns"]
-                if any(b <= lo and hi <= e for b, e in windows):
+                if reached(lo, hi):  # within one window
                     inside.append(s["utilization_gpu"])
-                elif windows[0][0] <= lo and hi <= windows[-1][1] and not any(lo <= e and b <= hi for b, e in windows):
+                elif windows[0][0] <= lo and hi <= windows[-1][1] and not reached(hi, lo):  # touches none
                     outside.append(s["utilization_gpu"])  # between two reconfigurations: the steady state
             summary["hosts"][host] = {
                 "n_inside": len(inside), "n_outside": len(outside),
