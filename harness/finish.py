@@ -157,70 +157,67 @@ def write_draws(ctx) -> None:
 
 
 def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:
-    """The run's summary, from events.parquet and the emulator's truth read a block of cycles at a time: each
+    """The run's summary, from events.parquet and the emulator's truth read once, a block of cycles at a time: each
     table below is per cycle (or per port of a cycle), so its blocks, in cycle order, are the table."""
-    from analysis.accuracy import OCS_TRUTH_STAGES
+    from analysis.accuracy import KEY, OCS_TRUTH_STAGES, accuracy_table, match, ocs_command_check, ocs_command_table, \
+        unrecorded, watched_truth
     from analysis.stats import cycle_tables, summarize_cycle_tables
     from harness.events import STAGES
 
+    truth = switch_truth = file = None
+    last = events.last
+    if ctx.emulated is not None:  # the recorded stages' truth and the switch's own record
+        windows = [tuple(w) for r in ctx.results.values() for w in r.truth_windows]
+        recorded = set(STAGES)
+        if ctx.emulated.netns is not None:  # real frames cross the namespaces: the modelled first packet is not truth
+            recorded.discard("first_packet")
+        truth = TruthBlocks(ctx.emulated, windows, recorded)
+        switch_truth = TruthBlocks(ctx.emulated, windows, set(OCS_TRUTH_STAGES))
+        last = max([last] + [int(t.cycle.max()) for t in (truth, switch_truth) if len(t.cycle)])
+        file = GroundTruthFile(ctx)
+        # an optional stage (CMIS states) the bench's tools never showed in this run is unobservable here, not lost
+        unseen = set(OPTIONAL_STAGES) - events.stages(pc_field("cycle") > 0)
+        watched_until = {o.cycle: o.done_ns for r in ctx.results.values() for o in r.cycles}
     faults, stall_rows, tables = 0, [], []
-    for block, _, _ in events.blocks():
+    matched, checks, n_watched, lost_ok, lost_faulted, first_lost = [], [], 0, 0, 0, []
+    for block, a, b in events.blocks(min(events.first, 1), last):
         faults += int((block["stage"] == "fault").sum())
         stall_rows.append(block[(block["stage"] == "fault")
                                 & block["source"].astype(str).str.startswith("watch-stall:")][["cycle", "host"]])
         measured = block[block["cycle"] > 0]
         if len(measured):
             tables.append(cycle_tables(measured))
+        if truth is None or b <= 1:
+            continue
+        true = truth.of_cycles(a, b)
+        file.write(true)
+        earlier = file.earlier_of(a, b)
+        if earlier is not None:  # a resumed run's earlier cycles: their truth from the earlier attempt
+            true = pd.concat([earlier, true], ignore_index=True)
+        matched.append(match(measured, true)[["stage", "error_ns", "covered"]])
+        # this process's cycles, each while it watched: true events without a recorded one
+        watched = watched_truth(true[~true["stage"].isin(unseen)], watched_until)
+        if len(watched):
+            n_watched += len(watched)
+            lost = unrecorded(measured, watched)
+            silent = lost[~lost["cycle"].isin(measured.loc[measured["stage"] == "fault", "cycle"])]
+            lost_ok, lost_faulted = lost_ok + len(silent), lost_faulted + len(lost) - len(silent)
+            first_lost += [[int(c), str(st), str(h), str(p)] for c, st, h, p in
+                           silent[KEY].head(5 - len(first_lost)).itertuples(index=False)]
+        # this process's switch record only: a resumed run's earlier cycles have none (their n says so)
+        checks.append(ocs_command_check(measured, switch_truth.of_cycles(a, b)))
     summary = {"status": status, "wall_s": round(wall_s, 3), "bench": ctx.bench.name, "faults": faults,
                "steps": {name: {"ok": r.ok, "checks": r.checks, "artifacts": list(r.artifacts)}
                          for name, r in ctx.results.items()}}
     if tables:
         summary["delays_ms"] = summarize_cycle_tables(tables, ctx.seed)
-    del tables
     stalls = pd.concat(stall_rows) if stall_rows else pd.DataFrame(columns=["cycle", "host"])
     if len(stalls):  # a host's watch went silent: those cycles' unreported stages are unobserved, not inferred
         summary["watch_stalls"] = {"cycles": int(stalls["cycle"].nunique()),
                                    "hosts": {str(h): int(n) for h, n in stalls.groupby("host")["cycle"].nunique().items()}}
-    if ctx.emulated is not None:
-        from analysis.accuracy import (KEY, accuracy_table, match, ocs_command_check, ocs_command_table,
-                                       unrecorded, watched_truth)
-
-        # the recorded stages' truth and the switch's own record
-        windows = [tuple(w) for r in ctx.results.values() for w in r.truth_windows]
-        recorded = set(STAGES)
-        if ctx.emulated.netns is not None:  # real frames cross the namespaces: the modelled first packet is not truth
-            recorded.discard("first_packet")
-        truth, switch_truth = TruthBlocks(ctx.emulated, windows, recorded), \
-            TruthBlocks(ctx.emulated, windows, set(OCS_TRUTH_STAGES))
-        file = GroundTruthFile(ctx)
-        # an optional stage (CMIS states) the bench's tools never showed in this run is unobservable here, not lost
-        unseen = set(OPTIONAL_STAGES) - events.stages(pc_field("cycle") > 0)
-        watched_until = {o.cycle: o.done_ns for r in ctx.results.values() for o in r.cycles}
-        matched, checks, n_watched, lost_ok, lost_faulted, first_lost = [], [], 0, 0, 0, []
-        last = max([events.last] + [int(t.cycle.max()) for t in (truth, switch_truth) if len(t.cycle)])
-        for block, a, b in events.blocks(1, last):
-            measured = block[block["cycle"] > 0]
-            true = truth.of_cycles(a, b)
-            file.write(true)
-            earlier = file.earlier_of(a, b)
-            if earlier is not None:  # a resumed run's earlier cycles: their truth from the earlier attempt
-                true = pd.concat([earlier, true], ignore_index=True)
-            m = match(measured, true)
-            matched.append(m[["stage", "error_ns", "covered"]])
-            # this process's cycles, each while it watched: true events without a recorded one
-            watched = watched_truth(true[~true["stage"].isin(unseen)], watched_until)
-            if len(watched):
-                n_watched += len(watched)
-                lost = unrecorded(measured, watched)
-                silent = lost[~lost["cycle"].isin(measured.loc[measured["stage"] == "fault", "cycle"])]
-                lost_ok, lost_faulted = lost_ok + len(silent), lost_faulted + len(lost) - len(silent)
-                first_lost += [[int(c), str(st), str(h), str(p)] for c, st, h, p in
-                               silent[KEY].head(5 - len(first_lost)).itertuples(index=False)]
-            # this process's switch record only: a resumed run's earlier cycles have none (their n says so)
-            checks.append(ocs_command_check(measured, switch_truth.of_cycles(a, b)))
+    if truth is not None:
         file.close()
         write_draws(ctx)
-        del truth, switch_truth
         summary["emulator"] = ctx.emulated.physics.schedule_report()
         matched = pd.concat(matched, ignore_index=True) if matched else pd.DataFrame()
         if len(matched):
