@@ -8,18 +8,27 @@ from scipy import stats
 KEY = ["cycle", "stage", "host", "port"]
 
 
+def cycle_of(t_ns: np.ndarray, cycle_starts: list[tuple[int, int]]) -> np.ndarray:
+    """Each time's cycle: the one whose start is the latest at or before it (`cycle_starts`: [(cycle, start_ns),
+    ...]); -2**63 for a time before the first start."""
+    t_ns = np.asarray(t_ns, dtype=np.int64)
+    if not cycle_starts:
+        return np.full(len(t_ns), np.iinfo(np.int64).min)
+    starts = sorted(cycle_starts, key=lambda cs: cs[1])
+    times = np.array([s for _, s in starts], dtype=np.int64)
+    cycles = np.array([c for c, _ in starts] + [np.iinfo(np.int64).min], dtype=np.int64)
+    return cycles[np.searchsorted(times, t_ns, side="right") - 1]  # index -1: before the first start
+
+
 def assign_cycles(truth: pd.DataFrame, cycle_starts: list[tuple[int, int]]) -> pd.DataFrame:
     """Give each truth row (t_ns) the cycle whose start is the latest at or before it; rows before the first
     start are dropped. `cycle_starts` is [(cycle, start_ns), ...]."""
     if truth.empty or not cycle_starts:
         return truth.assign(cycle=pd.Series(dtype="int64")).iloc[0:0]
-    starts = sorted(cycle_starts, key=lambda cs: cs[1])
-    times = np.array([s for _, s in starts], dtype=np.int64)
-    cycles = np.array([c for c, _ in starts], dtype=np.int64)
-    idx = np.searchsorted(times, truth["t_ns"].to_numpy(dtype=np.int64), side="right") - 1
-    keep = idx >= 0
+    cycle = cycle_of(truth["t_ns"].to_numpy(dtype=np.int64), cycle_starts)
+    keep = cycle != np.iinfo(np.int64).min
     out = truth.loc[keep].copy()
-    out["cycle"] = cycles[idx[keep]]
+    out["cycle"] = cycle[keep]
     return out
 
 

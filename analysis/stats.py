@@ -209,6 +209,7 @@ def quantile_interval(units, p: float, confidence: float = 0.95) -> dict:
 # benchmarks/coverage_difference.py.
 MIN_MEAN_UNITS = 5
 MIN_DIFFERENCE_UNITS = 10
+_RESAMPLE_VALUES = 1 << 22  # bootstrap values held at once
 
 
 def mean_interval(units, confidence: float = 0.95, *, rng_seed: int = 0,
@@ -226,10 +227,17 @@ def mean_interval(units, confidence: float = 0.95, *, rng_seed: int = 0,
         return [float(x[0]), float(x[0])]
     n = x.size
     mean, se = x.mean(), x.std(ddof=1) / np.sqrt(n)
-    resampled = x[np.random.default_rng(rng_seed).integers(0, n, size=(n_resamples, n))]
-    se_star = resampled.std(axis=1, ddof=1) / np.sqrt(n)
+    rng = np.random.default_rng(rng_seed)
+    # The resamples a block of rows at a time (one block up to ~2 000 units: the same draws as all at once), so a
+    # campaign of 10^5 cycles needs ~32 MiB here, not 1999 x 10^5 values
+    rows = max(1, min(n_resamples, _RESAMPLE_VALUES // n))
+    means, se_star = np.empty(n_resamples), np.empty(n_resamples)
+    for start in range(0, n_resamples, rows):
+        resampled = x[rng.integers(0, n, size=(min(rows, n_resamples - start), n))]
+        means[start:start + len(resampled)] = resampled.mean(axis=1)
+        se_star[start:start + len(resampled)] = resampled.std(axis=1, ddof=1) / np.sqrt(n)
     keep = se_star > 0                      # a resample of one repeated value has no studentised statistic
-    t_star = (resampled.mean(axis=1)[keep] - mean) / se_star[keep]
+    t_star = (means[keep] - mean) / se_star[keep]
     alpha = 1.0 - confidence
     lo_q, hi_q = np.quantile(t_star, [alpha / 2, 1 - alpha / 2])
     return [float(mean - hi_q * se), float(mean - lo_q * se)]
@@ -330,6 +338,14 @@ def p99_interval_text(s: dict, unit: str = "", digits: int = 3) -> str:
     return text
 
 
+def cycle_tables(events: pd.DataFrame) -> dict:
+    """What `summarize_events` needs of `events`, per cycle: the stage table, the OCS switch time per cycle and
+    the number of cycles. Tables of disjoint sets of cycles, in cycle order, summarise as their events would
+    together (`summarize_cycle_tables`): a long campaign is read a block of cycles at a time."""
+    return {"table": stage_table(events), "ocs_switch": ocs_switch_times(events),
+            "cycles": int(events["cycle"].nunique()) if len(events) else 0}
+
+
 def summarize_events(events: pd.DataFrame, rng_seed: int, *, scale: float = 1e-6) -> dict:
     """Summaries of every stage delay, chain duration, OCS switch time and turnaround.
 
@@ -337,10 +353,16 @@ def summarize_events(events: pd.DataFrame, rng_seed: int, *, scale: float = 1e-6
     turnaround are per-cycle quantities, counted once per cycle. `scale` converts event units to report
     units (default ns → ms).
     """
-    table = stage_table(events)
+    return summarize_cycle_tables([cycle_tables(events)], rng_seed, scale=scale)
+
+
+def summarize_cycle_tables(parts: list[dict], rng_seed: int, *, scale: float = 1e-6) -> dict:
+    """`summarize_events` over the `cycle_tables` of blocks of cycles (disjoint, in cycle order)."""
+    table = pd.concat([p["table"] for p in parts]) if len(parts) > 1 else parts[0]["table"]
+    per_cycle_ocs = pd.concat([p["ocs_switch"] for p in parts]) if len(parts) > 1 else parts[0]["ocs_switch"]
+    turn = table["first_packet"].groupby(level="cycle").max().dropna() if len(table) else pd.Series([], dtype="float64")
     cycles = table.index.get_level_values("cycle").to_numpy()
     out = {"unit_scale": scale, "stages": {}, "chain": {}}
-    per_cycle_ocs = ocs_switch_times(events)
     for i, stage in enumerate(UP_STAGES):
         if stage == "ocs_command_completed":  # one value per cycle, not one per port
             out["stages"][stage] = summarize(per_cycle_ocs.to_numpy() * scale, rng_seed + i)
@@ -350,6 +372,6 @@ def summarize_events(events: pd.DataFrame, rng_seed: int, *, scale: float = 1e-6
         out["chain"][name] = summarize(table[f"chain_{name}"].to_numpy() * scale, rng_seed + 100 + i,
                                        cycles=cycles)
     out["ocs_switch"] = summarize(per_cycle_ocs.to_numpy() * scale, rng_seed + 200)
-    out["turnaround"] = summarize(turnaround(events).to_numpy() * scale, rng_seed + 300)
-    out["cycles"] = int(events["cycle"].nunique()) if len(events) else 0
+    out["turnaround"] = summarize(turn.to_numpy() * scale, rng_seed + 300)
+    out["cycles"] = sum(p["cycles"] for p in parts)
     return out

@@ -1,7 +1,10 @@
-"""Append-only event log (JSON Lines, fsynced per cycle) and its conversion to Parquet.
+"""Append-only event log (JSON Lines, fsynced per cycle) and its Parquet table, written as the run goes.
 
 The JSONL file is the source of truth while a run is going: a crash loses at most the events since the
-last `flush()`, and leaves at worst one torn final line, which `read_events` skips and reports.
+last `flush()`, and leaves at worst one torn final line, which `read_events` skips and reports. The durable
+events also go, a row group at a time, into hidden Parquet parts beside it, so no campaign holds its events in
+memory: `write_parquet` turns the parts into events.parquet at the end, a crashed run's parts are rebuilt
+from the JSONL when it resumes.
 """
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import orjson
 import pandas as pd
@@ -25,6 +28,15 @@ log = logging.getLogger(__name__)
 _INT_COLUMNS = frozenset({"cycle", "ocs_port", "t_ns", "offset_ns", "uncertainty_ns"})
 EVENT_DTYPES = {c: ("int64" if c in _INT_COLUMNS else "string") for c in EVENT_COLUMNS}
 GROUND_TRUTH_DTYPES = {c: ("int64" if c in _INT_COLUMNS else "string") for c in GROUND_TRUTH_COLUMNS}
+ROW_GROUP_ROWS = 1 << 16  # events per Parquet row group written during a run (~1 100 cycles of 8 ports)
+
+
+def _event_schema() -> pa.Schema:
+    """events.parquet's schema, pandas metadata included (what `pa.Table.from_pandas` gives a typed frame of a
+    whole log, `attrs` and all), so that pandas reads the string columns back as strings."""
+    frame = _typed_frame([], EVENT_COLUMNS, EVENT_DTYPES)
+    frame.attrs["torn_line"] = None
+    return pa.Schema.from_pandas(frame, preserve_index=False)
 
 
 class EventLogError(OSError):
@@ -45,7 +57,8 @@ class EventLog:
 
     Lines are buffered here (not in a Python file buffer) so that after a write error nothing half-written
     can reach the file later; the file is cut back to its last durable size. A cycle's lines are handed
-    over joined once and its rows kept as given until `events()` asks (the cycle's end waits for neither).
+    over joined once and its rows kept as given until they are durable; durable rows go to the Parquet parts
+    a row group at a time (`spill`), so memory holds at most a row group's events whatever the run's length.
     """
 
     write_through_bytes = 1 << 16
@@ -60,10 +73,82 @@ class EventLog:
         self.durable_events = 0
         self._pending = 0
         self._failed: EventLogError | None = None
-        # The run's events in memory too (those of an interrupted run first), so later steps read what was
-        # recorded without parsing the log again.
-        self._rows: list[dict] = read_events(self.path).to_dict(orient="records") if self._durable_size else []
-        self._unlisted: list[list[tuple[dict, bytes]]] = []  # encoded events whose rows are not in _rows yet
+        self._unlisted: list[list[tuple[dict, bytes]]] = []  # encoded events handed over, not durable yet
+        self._durable: list[dict] = []  # rows of durable events not in a Parquet part yet
+        self._parts: list[Path] = []  # closed parts first, the one being written last
+        self._writer: pq.ParquetWriter | None = None
+        for stale in self.path.parent.glob(self._part_name("*")):  # a killed run's: the JSONL is the record
+            stale.unlink()
+        if self._durable_size:  # an interrupted run's events come first
+            for frame in iter_events(self.path):
+                self._write_rows(pa.Table.from_pandas(frame, schema=EVENT_SCHEMA, preserve_index=False))
+
+    def _part_name(self, n) -> str:
+        return f".{self.path.stem}.part{n}.parquet"
+
+    def _write_rows(self, table: pa.Table) -> None:
+        if self._writer is None:
+            self._parts.append(self.path.with_name(self._part_name(len(self._parts) + 1)))
+            self._writer = pq.ParquetWriter(self._parts[-1], EVENT_SCHEMA)
+        self._writer.write_table(table, row_group_size=len(table) or 1)
+
+    def spill(self, min_rows: int | None = None) -> None:
+        """Write the durable rows to the Parquet parts as one row group once there are `min_rows` (a step
+        calls this where a pause costs nothing: once a cycle's next command is out)."""
+        rows = self._durable
+        if len(rows) >= max(ROW_GROUP_ROWS if min_rows is None else min_rows, 1):
+            self._durable = []
+            self._write_rows(pa.Table.from_arrays(
+                [pa.array([row[c] for row in rows], type=EVENT_SCHEMA.field(c).type) for c in EVENT_COLUMNS],
+                schema=EVENT_SCHEMA))
+
+    def _parts_closed(self) -> list[Path]:
+        """Every durable event in the parts, the part being written closed (the next spill opens another)."""
+        self.spill(1)
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        return list(self._parts)
+
+    def table(self, columns: list[str] | None = None, filter=None) -> pa.Table:
+        """The durable events' `columns` (default: all) where `filter` (a pyarrow.compute expression) holds,
+        read from the parts a row group at a time: memory holds what is returned."""
+        import pyarrow.dataset as ds
+
+        parts = self._parts_closed()
+        if not parts:
+            return EVENT_SCHEMA.empty_table().select(columns or list(EVENT_COLUMNS))
+        return ds.dataset(parts, schema=EVENT_SCHEMA, format="parquet").to_table(columns=columns, filter=filter)
+
+    def events(self) -> pd.DataFrame:
+        """Every event recorded in this run (typed as `read_events` gives them), read back from disk."""
+        if self._failed is None:
+            self.flush()
+        table = self.table()
+        return _typed_frame([], EVENT_COLUMNS, EVENT_DTYPES) if not len(table) else \
+            table.to_pandas()[list(EVENT_COLUMNS)].astype(EVENT_DTYPES)
+
+    def write_parquet(self, path: str | os.PathLike) -> int:
+        """The run's durable events as one Parquet file at `path` (atomically; the schema `to_parquet` gives
+        the JSONL), its parts then gone. Returns the number of events."""
+        if self._failed is None and not self._file.closed:
+            self.flush()
+        parts, path = self._parts_closed(), Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        if len(parts) == 1:
+            os.replace(parts[0], tmp)
+        else:
+            with pq.ParquetWriter(tmp, EVENT_SCHEMA) as writer:
+                for part in parts:  # a row group at a time
+                    source = pq.ParquetFile(part)
+                    for group in range(source.num_row_groups):
+                        writer.write_table(source.read_row_group(group))
+        rows = pq.ParquetFile(tmp).metadata.num_rows
+        _fsync_replace(tmp, path)
+        for part in parts:
+            part.unlink(missing_ok=True)
+        self._parts = []
+        return rows
 
     def wrap_file(self, wrap) -> object:
         """Replace the log's file object by `wrap(file)` (fault injection: a disk that fills up); returns
@@ -71,13 +156,6 @@ class EventLog:
         if getattr(self, "_wrapped", None) is None:
             self._wrapped = self._file = wrap(self._file)
         return self._wrapped
-
-    def events(self) -> pd.DataFrame:
-        """Every event recorded in this run (typed as `read_events` gives them)."""
-        for encoded in self._unlisted:
-            self._rows.extend(row for row, _ in encoded)
-        self._unlisted.clear()
-        return _typed_frame(self._rows, EVENT_COLUMNS, EVENT_DTYPES)
 
     def append(self, event: Event) -> None:
         self.extend([event])
@@ -118,6 +196,10 @@ class EventLog:
             self._durable_size = self._written_size
             self.durable_events += self._pending
             self._pending = 0
+            for encoded in self._unlisted:
+                self._durable.extend(row for row, _ in encoded)
+            self._unlisted.clear()
+            self.spill(4 * ROW_GROUP_ROWS)  # a step that never spills (`spill`) is bounded here
 
     def close(self) -> None:
         if self._file.closed:
@@ -127,6 +209,9 @@ class EventLog:
                 self.flush()
         finally:
             self._file.close()
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
 
     def __enter__(self) -> "EventLog":
         return self
@@ -143,6 +228,7 @@ class EventLog:
     def _fail(self, cause: OSError) -> None:
         self._failed = EventLogError(self.path, cause, self.durable_events, self._pending)
         self._buffer.clear()
+        self._unlisted.clear()  # not durable: never in the Parquet parts either
         self._buffered = 0
         try:
             os.ftruncate(self._file.fileno(), self._durable_size)
@@ -167,33 +253,47 @@ def _typed_frame(rows: list[dict], columns: tuple[str, ...], dtypes: dict[str, s
         {c: pd.Series([], dtype=dtypes[c]) for c in columns})
 
 
-def read_events(path: str | os.PathLike) -> pd.DataFrame:
-    """Events from a JSONL log as a typed DataFrame (EVENT_COLUMNS).
+EVENT_SCHEMA = _event_schema()
 
-    An incomplete final line (crash mid-write) is skipped and reported in `frame.attrs["torn_line"]`;
-    any other bad line is an InputError naming file and line.
+
+def iter_events(path: str | os.PathLike, rows: int | None = None) -> Iterator[pd.DataFrame]:
+    """Events from a JSONL log as typed DataFrames (EVENT_COLUMNS) of at most `rows` events each, read as they
+    are needed (at least one frame, perhaps empty).
+
+    An incomplete final line (crash mid-write) is skipped and reported in the last frame's
+    `attrs["torn_line"]`; any other bad line is an InputError naming file and line.
     """
-    path = Path(path)
+    path, rows = Path(path), rows or ROW_GROUP_ROWS
     shown = str(path)
     try:
-        raw = path.read_bytes()
+        file = open(path, "rb")
     except OSError as exc:
         raise InputError(f"cannot read event log: {exc.strerror}", shown) from None
-    lines = raw.split(b"\n")
-    torn = None
-    if lines and lines[-1] == b"":
-        lines.pop()
-    elif lines:
-        # No trailing newline: the last line was being written when the run stopped.
-        try:
-            _parse_event(lines[-1], shown, len(lines))
-        except InputError:
-            torn = len(lines)
-            lines.pop()
-            log.warning("%s:%d: ignoring the incomplete last line (the run stopped mid-write)", shown, torn)
-    rows = [_parse_event(line, shown, number) for number, line in enumerate(lines, 1)]
-    frame = _typed_frame(rows, EVENT_COLUMNS, EVENT_DTYPES)
-    frame.attrs["torn_line"] = torn
+    with file:
+        records, number, torn = [], 0, None
+        for number, line in enumerate(file, 1):
+            if line.endswith(b"\n"):
+                records.append(_parse_event(line[:-1], shown, number))
+            else:  # no trailing newline: the last line was being written when the run stopped
+                try:
+                    records.append(_parse_event(line, shown, number))
+                except InputError:
+                    torn = number
+                    log.warning("%s:%d: ignoring the incomplete last line (the run stopped mid-write)", shown, torn)
+            if len(records) == rows:
+                yield _typed_frame(records, EVENT_COLUMNS, EVENT_DTYPES)
+                records = []
+    if records or not number or torn is not None:
+        frame = _typed_frame(records, EVENT_COLUMNS, EVENT_DTYPES)
+        frame.attrs["torn_line"] = torn
+        yield frame
+
+
+def read_events(path: str | os.PathLike) -> pd.DataFrame:
+    """Events from a JSONL log as one typed DataFrame (EVENT_COLUMNS); see `iter_events`."""
+    frames = list(iter_events(path))
+    frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    frame.attrs["torn_line"] = frames[-1].attrs.get("torn_line")
     return frame
 
 
@@ -222,19 +322,30 @@ def _parse_event(line: bytes, file: str, number: int) -> dict:
     return record
 
 
-def _write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp)
+def _fsync_replace(tmp: Path, path: Path) -> None:
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def to_parquet(jsonl: str | os.PathLike, parquet: str | os.PathLike) -> pd.DataFrame:
-    """Convert a JSONL event log to Parquet with the contract columns (ints int64, strings string)."""
-    frame = read_events(jsonl)
-    _write_parquet_atomic(frame, Path(parquet))
-    return frame
+def _write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp)
+    _fsync_replace(tmp, path)
+
+
+def to_parquet(jsonl: str | os.PathLike, parquet: str | os.PathLike) -> int:
+    """Convert a JSONL event log to Parquet with the contract columns (ints int64, strings string), a row group
+    at a time; returns the number of events."""
+    parquet = Path(parquet)
+    tmp, rows = parquet.with_name(parquet.name + ".tmp"), 0
+    with pq.ParquetWriter(tmp, EVENT_SCHEMA) as writer:
+        for frame in iter_events(jsonl):
+            writer.write_table(pa.Table.from_pandas(frame, schema=EVENT_SCHEMA, preserve_index=False),
+                               row_group_size=len(frame) or 1)
+            rows += len(frame)
+    _fsync_replace(tmp, parquet)
+    return rows
 
 
 def read_parquet_events(path: str | os.PathLike) -> pd.DataFrame:

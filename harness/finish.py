@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from analysis.stages import OPTIONAL_STAGES
 from harness import record as rec
-from harness.bench.emulated import emulated_clocks, truth_frame
+from harness.bench.emulated import emulated_clocks
 from harness.clock import source_warnings
-from harness.eventlog import GroundTruth, to_parquet
+from harness.eventlog import (EVENT_DTYPES, GROUND_TRUTH_DTYPES, _fsync_replace, _typed_frame)
+from harness.events import EVENT_COLUMNS, GROUND_TRUTH_COLUMNS
 def _with_earlier(ctx, frame: pd.DataFrame, name: str) -> pd.DataFrame:
     """A resumed run's table holds every cycle: the rows an earlier attempt recorded up to the resume
     point (per step where the table names it), then this attempt's."""
@@ -29,62 +32,200 @@ def _with_earlier(ctx, frame: pd.DataFrame, name: str) -> pd.DataFrame:
     return pd.concat([earlier[keep], frame], ignore_index=True) if len(frame) else earlier[keep]
 
 
-def write_ground_truth(ctx, truth: pd.DataFrame) -> None:
-    gt = GroundTruth()
-    for row in truth.itertuples(index=False):
-        gt.add(row.cycle, row.stage, row.host, row.port, row.t_ns)
-    gt.write(ctx.run_dir / "ground_truth.parquet")
+BLOCK_CYCLES = 2048  # cycles read at once at a run's end: memory holds a block's events and truth, not a campaign's
+
+
+class EventBlocks:
+    """events.parquet a block of cycles at a time (typed as `read_parquet_events` gives them), in cycle order:
+    every summary of a run is per cycle, or a reduction of per-cycle tables."""
+
+    def __init__(self, path):
+        import pyarrow.dataset as ds
+        import pyarrow.parquet as pq
+
+        self.dataset = ds.dataset(path, format="parquet")
+        meta, column = pq.ParquetFile(path).metadata, EVENT_COLUMNS.index("cycle")
+        stats = [meta.row_group(g).column(column).statistics for g in range(meta.num_row_groups)]
+        stats = [st for st in stats if st is not None and st.has_min_max]
+        self.first = min((st.min for st in stats), default=0)
+        self.last = max((st.max for st in stats), default=-1)
+
+    def blocks(self, first: int | None = None, last: int | None = None):
+        """(events of cycles [a, b), a, b) for consecutive blocks from `first` to `last` (default: the first and
+        the last cycle recorded)."""
+        for a in range(self.first if first is None else first, (self.last if last is None else last) + 1,
+                       BLOCK_CYCLES):
+            yield self.of_cycles(a, a + BLOCK_CYCLES), a, a + BLOCK_CYCLES
+
+    def of_cycles(self, a: int, b: int) -> pd.DataFrame:
+        import pyarrow.compute as pc
+
+        cycle = pc.field("cycle")
+        return self.frame((cycle >= a) & (cycle < b))
+
+    def frame(self, where) -> pd.DataFrame:
+        table = self.dataset.to_table(filter=where)
+        return table.to_pandas()[list(EVENT_COLUMNS)].astype(EVENT_DTYPES) if len(table) else \
+            _typed_frame([], EVENT_COLUMNS, EVENT_DTYPES)
+
+    def stages(self, where) -> set[str]:
+        """The distinct stages of the events where `where` holds (one column read, a batch at a time)."""
+        import pyarrow.compute as pc
+
+        seen: set[str] = set()
+        for batch in self.dataset.to_batches(columns=["stage"], filter=where):
+            seen.update(pc.unique(batch.column(0)).to_pylist())
+        return seen
+
+
+class TruthBlocks:
+    """The emulator's ground truth of `stages` with each row's cycle (`analysis.accuracy.assign_cycles`, cycles ≥ 1
+    only), handed out a block of cycles at a time in the order it happened."""
+
+    def __init__(self, emulated, cycle_starts: list[tuple[int, int]], stages):
+        from analysis.accuracy import cycle_of
+
+        self.t, self.code, self.keys = emulated.physics.ground_truth_columns(stages)
+        self.cycle = cycle_of(self.t, cycle_starts)
+        keep = self.cycle >= 1
+        self.t, self.code, self.cycle = self.t[keep], self.code[keep], self.cycle[keep]
+
+    def of_cycles(self, a: int, b: int) -> pd.DataFrame:
+        rows = (self.cycle >= a) & (self.cycle < b)
+        code = self.code[rows]
+        frame = {"t_ns": self.t[rows]}
+        for i, name in enumerate(("stage", "host", "port", "ocs_port")):
+            values = np.empty(len(self.keys), dtype=object)
+            values[:] = [k[i] for k in self.keys]
+            frame[name] = values[code] if len(self.keys) else np.array([], dtype=object)
+        frame = pd.DataFrame(frame)
+        frame["ocs_port"] = frame["ocs_port"].astype("int64")
+        frame["cycle"] = self.cycle[rows]
+        return frame
+
+
+class GroundTruthFile:
+    """ground_truth.parquet written a block at a time (a resumed run's: the earlier attempt's rows up to the resume
+    point first, as `_with_earlier` keeps them), replacing the earlier file once complete."""
+
+    def __init__(self, ctx):
+        import pyarrow.parquet as pq
+
+        self.path = ctx.run_dir / "ground_truth.parquet"
+        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        self.schema = pa.Schema.from_pandas(_typed_frame([], GROUND_TRUTH_COLUMNS, GROUND_TRUTH_DTYPES),
+                                            preserve_index=False)
+        self.writer = pq.ParquetWriter(self.tmp, self.schema)
+        self.earlier = None
+        if ctx.resume_after and self.path.exists():
+            import pyarrow.dataset as ds
+
+            self.earlier = ds.dataset(self.path, format="parquet")
+            limit = min(ctx.resume_after.values())
+            for batch in self.earlier.to_batches(filter=pc_field("cycle") <= limit):
+                self.write(batch.to_pandas())
+            self.earlier_limit = limit
+
+    def earlier_of(self, a: int, b: int) -> pd.DataFrame | None:
+        """The earlier attempt's rows of cycles [a, b) (kept: up to the resume point), or None."""
+        if self.earlier is None or a > self.earlier_limit:
+            return None
+        cycle = pc_field("cycle")
+        table = self.earlier.to_table(filter=(cycle >= a) & (cycle < b) & (cycle <= self.earlier_limit))
+        return table.to_pandas() if len(table) else None
+
+    def write(self, truth: pd.DataFrame) -> None:
+        frame = truth[list(GROUND_TRUTH_COLUMNS)].astype(GROUND_TRUTH_DTYPES)
+        if len(frame):
+            self.writer.write_table(pa.Table.from_pandas(frame, schema=self.schema, preserve_index=False))
+
+    def close(self) -> None:
+        self.writer.close()
+        _fsync_replace(self.tmp, self.path)
+
+
+def pc_field(name: str):
+    import pyarrow.compute as pc
+
+    return pc.field(name)
+
+
+def write_draws(ctx) -> None:
     # Every delay the emulator drew, keyed (command, port, stage): the same seed gives the same file.
-    draws = pd.DataFrame(ctx.emulated.physics.draws(), columns=["command", "port", "stage", "delay_ns", "late_ns"])
+    draws = ctx.emulated.physics.draws_frame()
     draws.drop(columns="late_ns").to_parquet(ctx.run_dir / "ground_truth_delays.parquet", index=False)
 
 
-def build_summary(ctx, events: pd.DataFrame, status: str, wall_s: float) -> dict:
-    from analysis.stats import summarize_events
+def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:
+    """The run's summary, from events.parquet and the emulator's truth read once, a block of cycles at a time: each
+    table below is per cycle (or per port of a cycle), so its blocks, in cycle order, are the table."""
+    from analysis.accuracy import KEY, OCS_TRUTH_STAGES, accuracy_table, match, ocs_command_check, ocs_command_table, \
+        unrecorded, watched_truth
+    from analysis.stats import cycle_tables, summarize_cycle_tables
+    from harness.events import STAGES
 
-    measured = events[events["cycle"] > 0]
-    summary = {"status": status, "wall_s": round(wall_s, 3), "bench": ctx.bench.name,
-               "faults": int((events["stage"] == "fault").sum()),
+    truth = switch_truth = file = None
+    last = events.last
+    if ctx.emulated is not None:  # the recorded stages' truth and the switch's own record
+        windows = [tuple(w) for r in ctx.results.values() for w in r.truth_windows]
+        recorded = set(STAGES)
+        if ctx.emulated.netns is not None:  # real frames cross the namespaces: the modelled first packet is not truth
+            recorded.discard("first_packet")
+        truth = TruthBlocks(ctx.emulated, windows, recorded)
+        switch_truth = TruthBlocks(ctx.emulated, windows, set(OCS_TRUTH_STAGES))
+        last = max([last] + [int(t.cycle.max()) for t in (truth, switch_truth) if len(t.cycle)])
+        file = GroundTruthFile(ctx)
+        # an optional stage (CMIS states) the bench's tools never showed in this run is unobservable here, not lost
+        unseen = set(OPTIONAL_STAGES) - events.stages(pc_field("cycle") > 0)
+        watched_until = {o.cycle: o.done_ns for r in ctx.results.values() for o in r.cycles}
+    faults, stall_rows, tables = 0, [], []
+    matched, checks, n_watched, lost_ok, lost_faulted, first_lost = [], [], 0, 0, 0, []
+    for block, a, b in events.blocks(min(events.first, 1), last):
+        faults += int((block["stage"] == "fault").sum())
+        stall_rows.append(block[(block["stage"] == "fault")
+                                & block["source"].astype(str).str.startswith("watch-stall:")][["cycle", "host"]])
+        measured = block[block["cycle"] > 0]
+        if len(measured):
+            tables.append(cycle_tables(measured))
+        if truth is None or b <= 1:
+            continue
+        true = truth.of_cycles(a, b)
+        file.write(true)
+        earlier = file.earlier_of(a, b)
+        if earlier is not None:  # a resumed run's earlier cycles: their truth from the earlier attempt
+            true = pd.concat([earlier, true], ignore_index=True)
+        matched.append(match(measured, true)[["stage", "error_ns", "covered"]])
+        # this process's cycles, each while it watched: true events without a recorded one
+        watched = watched_truth(true[~true["stage"].isin(unseen)], watched_until)
+        if len(watched):
+            n_watched += len(watched)
+            lost = unrecorded(measured, watched)
+            silent = lost[~lost["cycle"].isin(measured.loc[measured["stage"] == "fault", "cycle"])]
+            lost_ok, lost_faulted = lost_ok + len(silent), lost_faulted + len(lost) - len(silent)
+            first_lost += [[int(c), str(st), str(h), str(p)] for c, st, h, p in
+                           silent[KEY].head(5 - len(first_lost)).itertuples(index=False)]
+        # this process's switch record only: a resumed run's earlier cycles have none (their n says so)
+        checks.append(ocs_command_check(measured, switch_truth.of_cycles(a, b)))
+    summary = {"status": status, "wall_s": round(wall_s, 3), "bench": ctx.bench.name, "faults": faults,
                "steps": {name: {"ok": r.ok, "checks": r.checks, "artifacts": list(r.artifacts)}
                          for name, r in ctx.results.items()}}
-    if len(measured):
-        summary["delays_ms"] = summarize_events(measured, ctx.seed)
-    stalls = events[(events["stage"] == "fault") & events["source"].astype(str).str.startswith("watch-stall:")]
+    if tables:
+        summary["delays_ms"] = summarize_cycle_tables(tables, ctx.seed)
+    stalls = pd.concat(stall_rows) if stall_rows else pd.DataFrame(columns=["cycle", "host"])
     if len(stalls):  # a host's watch went silent: those cycles' unreported stages are unobserved, not inferred
         summary["watch_stalls"] = {"cycles": int(stalls["cycle"].nunique()),
                                    "hosts": {str(h): int(n) for h, n in stalls.groupby("host")["cycle"].nunique().items()}}
-    from analysis.accuracy import OCS_TRUTH_STAGES
-    from harness.events import STAGES
-
-    # the recorded stages' truth and the switch's own record, from one copy of the emulator's truth
-    truth = truth_frame(ctx.emulated, [tuple(w) for r in ctx.results.values() for w in r.truth_windows],
-                        STAGES + OCS_TRUTH_STAGES)
     if truth is not None:
-        from analysis.accuracy import (KEY, accuracy_table, match, ocs_command_check, ocs_command_table,
-                                       unrecorded, watched_truth)
-
-        of_switch = truth["stage"].isin(OCS_TRUTH_STAGES)
-        truth, switch_truth = truth[~of_switch], truth[of_switch]
-        truth = _with_earlier(ctx, truth, "ground_truth.parquet")
-        write_ground_truth(ctx, truth)
+        file.close()
+        write_draws(ctx)
         summary["emulator"] = ctx.emulated.physics.schedule_report()
-        matched = match(measured, truth)
+        matched = pd.concat(matched, ignore_index=True) if matched else pd.DataFrame()
         if len(matched):
             summary["accuracy"] = accuracy_table(matched).to_dict(orient="records")
-        # this process's cycles, each while it watched: true events without a recorded one
-        # an optional stage (CMIS states) the bench's tools never showed in this run is unobservable here, not lost
-        unseen = set(OPTIONAL_STAGES) - set(measured["stage"].astype(str))
-        watched = watched_truth(truth[~truth["stage"].isin(unseen)],
-                                {o.cycle: o.done_ns for r in ctx.results.values() for o in r.cycles})
-        if len(watched):
-            lost = unrecorded(measured, watched)
-            silent = lost[~lost["cycle"].isin(measured.loc[measured["stage"] == "fault", "cycle"])]
-            summary["lost_events"] = {"true": len(watched), "in_ok_cycles": len(silent),
-                                      "in_faulted_cycles": len(lost) - len(silent),
-                                      "first_in_ok_cycles": [[int(c), str(st), str(h), str(p)] for c, st, h, p in
-                                                             silent[KEY].head(5).itertuples(index=False)]}
-        # this process's switch record only: a resumed run's earlier cycles have none (their n says so)
-        check = ocs_command_check(measured, switch_truth)
+        if n_watched:
+            summary["lost_events"] = {"true": n_watched, "in_ok_cycles": lost_ok, "in_faulted_cycles": lost_faulted,
+                                      "first_in_ok_cycles": first_lost}
+        check = pd.concat(checks, ignore_index=True) if checks else pd.DataFrame()
         if len(check):
             summary["ocs_command"] = ocs_command_table(check)
     for name, r in ctx.results.items():
@@ -211,7 +352,7 @@ def write_markdown(ctx, summary: dict):
     return writer
 
 
-def write_cycles(ctx, events: pd.DataFrame) -> None:
+def write_cycles(ctx, events: EventBlocks) -> None:
     """Per-cycle bookkeeping of measuring steps (harness clock): begin, command sent/completed, done. On a
     resumed run the earlier cycles come from the earlier attempt's table, or, where a SIGKILL left none,
     from the event log (`recorded: events`: command times and status only)."""
@@ -222,7 +363,8 @@ def write_cycles(ctx, events: pd.DataFrame) -> None:
         known = set(frame.loc[frame["step"] == step, "cycle"]) if len(frame) else set()
         missing = [c for c in range(1, last + 1) if c not in known]
         if missing and len(ctx.resume_after) == 1:  # events carry no step name: unambiguous with one step
-            frame = pd.concat([frame, _cycles_from_events(events, step, missing)], ignore_index=True)
+            logged = events.frame(pc_field("cycle").isin(missing))
+            frame = pd.concat([frame, _cycles_from_events(logged, step, missing)], ignore_index=True)
     if len(frame):
         for column in ("begin_ns", "sent_ns", "completed_ns", "done_ns"):
             frame[column] = frame[column].astype("Int64")
@@ -243,7 +385,8 @@ def _cycles_from_events(events: pd.DataFrame, step: str, cycles: list[int]) -> p
 
 
 def finish_run(ctx, manifest: dict, *, status: str, wall_s: float, started_utc: str) -> rec.RunRecord:
-    events = to_parquet(ctx.run_dir / "events.jsonl", ctx.run_dir / "events.parquet")
+    ctx.log.write_parquet(ctx.run_dir / "events.parquet")
+    events = EventBlocks(ctx.run_dir / "events.parquet")
     write_cycles(ctx, events)
     summary = build_summary(ctx, events, status, wall_s)
     clocks = ctx.clock_tables()

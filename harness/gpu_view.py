@@ -18,7 +18,9 @@ against between them (the steady state); a sample whose bound straddles a window
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import json
 import os
 import threading
@@ -166,15 +168,16 @@ class GpuView:
         self.windows.append((begin_ns, end_ns))
 
     def _event_windows(self) -> list[tuple[int, int]]:
-        events = self.ctx.log.events()
-        events = events[(events.t_ns >= self.started_ns) & (events.t_ns <= self.stopped_ns)]
-        out = []
-        for _, cycle in events.groupby("cycle"):
-            sent = cycle.t_ns[cycle.stage == "ocs_command_sent"]
-            up = cycle.t_ns[cycle.stage == "port_active"]
-            if len(sent) and len(up):
-                out.append((int(sent.min()), int(up.max())))
-        return out
+        import pandas as pd
+        import pyarrow.compute as pc
+
+        t, stage = pc.field("t_ns"), pc.field("stage")
+        events = self.ctx.log.table(["cycle", "stage", "t_ns"], (t >= self.started_ns) & (t <= self.stopped_ns) & (
+            stage.isin(["ocs_command_sent", "port_active"]))).to_pandas()  # of the step's events, only these
+        sent = events[events.stage == "ocs_command_sent"].groupby("cycle").t_ns.min()
+        up = events[events.stage == "port_active"].groupby("cycle").t_ns.max()
+        both = pd.concat([sent.rename("sent"), up.rename("up")], axis=1, join="inner").sort_index()
+        return [(int(s), int(u)) for s, u in zip(both["sent"], both["up"])]
 
     def stop(self) -> dict:
         from harness.bench.readers import shared_readers
@@ -207,13 +210,22 @@ class GpuView:
             return {}
         summary = {"samples": len(self.samples), "windows": len(windows), "hosts_total": self.hosts_total, "hosts": {},
                    "faults": dict(self.faults), "windows_ns": [[int(b), int(e)] for b, e in windows]}
+        # A window reaching past `t` from a begin at or before it: the latest end among the windows begun by then
+        # (a campaign has ~10^5 windows and ~10^5 samples: a search each, not every pair).
+        begins = [b for b, _ in windows]
+        reach = list(itertools.accumulate((e for _, e in windows), max))
+
+        def reached(t: int, by: int) -> bool:  # some window begun at or before `t` ends at or after `by`
+            k = bisect.bisect_right(begins, t)
+            return k > 0 and reach[k - 1] >= by
+
         for host in sorted({s["host"] for s in self.samples}):
             inside, outside = [], []
             for s in (s for s in self.samples if s["host"] == host and s["utilization_gpu"] is not None):
                 lo, hi = s["t_ns"] - s["uncertainty_ns"], s["t_ns"] + s["uncertainty_ns"]
-                if any(b <= lo and hi <= e for b, e in windows):
+                if reached(lo, hi):  # within one window
                     inside.append(s["utilization_gpu"])
-                elif windows[0][0] <= lo and hi <= windows[-1][1] and not any(lo <= e and b <= hi for b, e in windows):
+                elif windows[0][0] <= lo and hi <= windows[-1][1] and not reached(hi, lo):  # touches none
                     outside.append(s["utilization_gpu"])  # between two reconfigurations: the steady state
             summary["hosts"][host] = {
                 "n_inside": len(inside), "n_outside": len(outside),

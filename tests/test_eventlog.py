@@ -1,10 +1,12 @@
 """Event log: JSONL append + fsync, torn last line, corruption, ENOSPC, Parquet dtypes."""
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -33,13 +35,14 @@ def test_roundtrip_and_parquet_dtypes(tmp_path):
                 log.flush()
     frame = read_events(tmp_path / "events.jsonl")
     assert events_equal(frame, events) and frame.attrs["torn_line"] is None
-    out = to_parquet(tmp_path / "events.jsonl", tmp_path / "events.parquet")
+    assert to_parquet(tmp_path / "events.jsonl", tmp_path / "events.parquet") == len(events)
     back = read_parquet_events(tmp_path / "events.parquet")
     assert list(back.columns) == list(EVENT_COLUMNS)
     for column in EVENT_COLUMNS:
         want = "int64" if column in ("cycle", "ocs_port", "t_ns", "offset_ns", "uncertainty_ns") else "string"
         assert str(back[column].dtype) == want, column
-    pd.testing.assert_frame_equal(back, out)
+        assert str(pd.read_parquet(tmp_path / "events.parquet")[column].dtype) == want, column  # as pandas reads it
+    pd.testing.assert_frame_equal(back, frame)
 
 
 def test_the_log_keeps_the_runs_events_in_memory_also_across_a_resume(tmp_path):
@@ -56,10 +59,50 @@ def test_the_log_keeps_the_runs_events_in_memory_also_across_a_resume(tmp_path):
         pd.testing.assert_frame_equal(resumed.events(), read_events(path))
 
 
+def test_the_durable_events_stream_to_parquet_as_the_run_goes_in_row_groups_of_a_bounded_size(tmp_path, monkeypatch):
+    # the log holds at most a row group's rows (and the cycle not yet durable) whatever the run's length; the
+    # Parquet written from its parts is the one the JSONL converts to, across a resume and a read mid-run
+    monkeypatch.setattr("harness.eventlog.ROW_GROUP_ROWS", 7)
+    path = tmp_path / "events.jsonl"
+    events = [make_event(i, STAGES[i % len(STAGES)]) for i in range(60)]
+    with EventLog(path) as log:
+        for i in range(0, 42, 3):  # cycles of 3 events
+            log.extend(events[i:i + 3])
+            log.flush()
+            log.spill()
+            assert len(log._durable) < 7 and not log._unlisted
+        assert log.durable_events == 42 and events_equal(log.events(), events[:42])  # read back from disk
+        assert len(list(tmp_path.glob(".events.part*.parquet"))) == 1  # closed by the read: the next spill opens another
+    with EventLog(path) as resumed:
+        resumed.extend(events[42:])
+        assert resumed.write_parquet(tmp_path / "events.parquet") == 60
+    assert not list(tmp_path.glob(".events.part*"))
+    streamed = pq.read_table(tmp_path / "events.parquet")
+    to_parquet(path, tmp_path / "converted.parquet")
+    assert streamed.equals(pq.read_table(tmp_path / "converted.parquet")) and streamed.num_rows == 60
+    assert streamed.schema.equals(pq.read_schema(tmp_path / "converted.parquet"), check_metadata=True)
+    assert pq.ParquetFile(tmp_path / "events.parquet").metadata.num_row_groups > 1
+
+
+def test_a_killed_runs_parts_are_rebuilt_from_the_jsonl_on_resume(tmp_path):
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    log.extend(make_event(i) for i in range(5))
+    log.flush()
+    log.events()  # a part written and closed, then the process dies (no close)
+    path.with_name(".events.part9.parquet").write_bytes(b"torn")  # a part left half-written
+    with EventLog(path) as resumed:
+        resumed.extend([make_event(5)])
+        assert events_equal(resumed.events(), [make_event(i) for i in range(6)])
+
+
 def test_empty_log_gives_typed_empty_frame(tmp_path):
     EventLog(tmp_path / "e.jsonl").close()
-    frame = to_parquet(tmp_path / "e.jsonl", tmp_path / "e.parquet")
-    assert len(frame) == 0 and str(read_parquet_events(tmp_path / "e.parquet")["t_ns"].dtype) == "int64"
+    assert to_parquet(tmp_path / "e.jsonl", tmp_path / "e.parquet") == 0
+    assert str(read_parquet_events(tmp_path / "e.parquet")["t_ns"].dtype) == "int64"
+    with EventLog(tmp_path / "f.jsonl") as log:
+        assert log.write_parquet(tmp_path / "f.parquet") == 0
+    assert str(read_parquet_events(tmp_path / "f.parquet")["t_ns"].dtype) == "int64"
 
 
 @settings(max_examples=30, deadline=None)
@@ -214,3 +257,33 @@ def test_an_events_line_is_its_row():
         row, line = encode(event)
         assert row == event.to_dict() and list(row) == list(Event.__dataclass_fields__)
         assert line == orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+
+
+def test_the_memory_the_log_holds_does_not_grow_with_the_cycles_it_records(tmp_path, monkeypatch):
+    """An overnight campaign must not end out of memory: after 2N cycles the log holds what it held after N
+    (at most a row group's rows), where a log that kept its events held ~20 KB more per cycle of 58 events."""
+    import tracemalloc
+
+    monkeypatch.setattr("harness.eventlog.ROW_GROUP_ROWS", 58 * 10)  # a row group every 10 cycles
+    monkeypatch.setattr("harness.eventlog.os.fsync", lambda fd: None)  # memory is the question here, not the disk
+    log = EventLog(tmp_path / "events.jsonl")
+
+    def cycles(numbers):
+        for c in numbers:
+            log.extend([dataclasses.replace(make_event(i, STAGES[i % len(STAGES)]), cycle=c, t_ns=c * 10**9 + i)
+                        for i in range(58)])
+            log.flush()
+            log.spill()
+
+    cycles(range(1, 21))  # imports, caches, the first part's writer
+    tracemalloc.start()
+    try:
+        cycles(range(21, 121))
+        after_n = tracemalloc.get_traced_memory()[0]
+        cycles(range(121, 221))
+        after_2n = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+        log.close()
+    assert (after_2n - after_n) / 100 < 1000  # bytes a cycle
+    assert log.write_parquet(tmp_path / "events.parquet") == 220 * 58

@@ -61,7 +61,7 @@ def test_removing_a_patch_drops_the_link_and_counts_it():
 
 
 def test_the_state_the_physics_keeps_is_not_walked_by_the_garbage_collector():
-    """The rate log's entries and ground-truth rows hold atomic values only, so collections stop tracking
+    """The rate log's entries and ground truth's distinct rows hold atomic values only, so collections stop tracking
     them (an entry after its state: two passes): a pod keeps ~10^5 of them, and a full collection that walked
     them held the GIL ~0.1 s."""
     import gc
@@ -74,8 +74,9 @@ def test_the_state_the_physics_keeps_is_not_walked_by_the_garbage_collector():
     assert bench.wait_idle()
     gc.collect()
     gc.collect()
-    kept = list(bench._nic.rate_log) + [state for _, _, state in bench._nic.rate_log] + bench._truth
-    assert len(bench._nic.rate_log) >= 6 and len(bench._truth) >= 6
+    truth = bench._truth
+    kept = list(bench._nic.rate_log) + [state for _, _, state in bench._nic.rate_log] + truth._keys + [truth._codes]
+    assert len(bench._nic.rate_log) >= 6 and len(truth) >= 6
     assert [x for x in kept if gc.is_tracked(x)] == []
 
 

@@ -247,3 +247,31 @@ def test_the_difference_interval_matches_welch_where_the_means_are_normal():
     assert lo == pytest.approx(welch.low, abs=0.05) and hi == pytest.approx(welch.high, abs=0.05)
     assert mean_difference_interval(a[:MIN_DIFFERENCE_UNITS - 1], b) is None
     assert mean_difference_interval(a, b[:MIN_DIFFERENCE_UNITS]) is not None
+
+
+def test_blocks_of_cycles_summarise_as_their_events_together():
+    """A long campaign's summary is made a block of cycles at a time (harness.finish): the blocks' tables, in
+    cycle order, give the summary of all the events at once, bit for bit."""
+    from analysis.stats import cycle_tables, summarize_cycle_tables
+
+    events, _, _ = synthetic_events(np.random.default_rng(5), cycles=40, drop=0.1)
+    whole = summarize_events(events, 7)
+    for size in (1, 7, 40):
+        blocks = [cycle_tables(events[(events["cycle"] >= a) & (events["cycle"] < a + size)])
+                  for a in range(0, 40, size)]
+        assert summarize_cycle_tables(blocks, 7) == whole
+
+
+def test_the_bootstrap_draws_its_resamples_in_blocks_the_same_as_at_once_where_one_block_holds_them(monkeypatch):
+    import analysis.stats as stats
+
+    x = np.random.default_rng(4).lognormal(3, 0.5, size=300)
+    # the studentised bootstrap with every resample drawn at once (the formula before blocks)
+    rng = np.random.default_rng(9)
+    resampled = x[rng.integers(0, 300, size=(1999, 300))]
+    se = x.std(ddof=1) / np.sqrt(300)
+    t_star = (resampled.mean(axis=1) - x.mean()) / (resampled.std(axis=1, ddof=1) / np.sqrt(300))
+    lo_q, hi_q = np.quantile(t_star, [0.025, 0.975])
+    assert mean_interval(x, rng_seed=9) == pytest.approx([x.mean() - hi_q * se, x.mean() - lo_q * se], rel=1e-12)
+    monkeypatch.setattr(stats, "_RESAMPLE_VALUES", 300 * 64)  # 64 resamples a block: another stream of them
+    assert mean_interval(x, rng_seed=9) == pytest.approx([x.mean() - hi_q * se, x.mean() - lo_q * se], rel=0.01)

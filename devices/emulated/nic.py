@@ -152,13 +152,13 @@ class NicStateMachine:
     - `far_end(port)`: the ingress whose settled mirror points at the port's receiver, None if none;
     - `peer_of(port)`: the NIC port transmitting into that ingress, None if none;
     - `link_changed(t, port)`: the port's link went up or down (the data plane re-evaluates its probe paths);
-    - `truth`: the ground-truth list it appends each stage to.
+    - `truth`: the ground truth (devices.emulated.truth.TruthLog) it appends each stage to.
 
     Its outputs: `pending` (changes not yet pushed to the hosts' subscribers; the owner takes them) and
     `rate_log` ((due ns, "host:netdev", state after) of each change a transfer's rate depends on: the emulated
     tools integrate their bytes over it, devices/emulated/dataplane.py)."""
 
-    def __init__(self, profile: Profile, *, at, draw, far_end, peer_of, link_changed, truth: list[dict]):
+    def __init__(self, profile: Profile, *, at, draw, far_end, peer_of, link_changed, truth):
         self.profile = profile
         self._at, self._draw, self._far_end, self._peer_of = at, draw, far_end, peer_of
         self._link_changed, self._truth = link_changed, truth
@@ -191,8 +191,7 @@ class NicStateMachine:
                 value = str(int(value)) if isinstance(value, bool) else str(value)
                 self.pending.append(NicChange(t, model.host, model.netdev, name, value))
         if stage:
-            self._truth.append(dict(t_ns=t, stage=stage, host=port.model.host, port=port.model.netdev,
-                                    ocs_port=port.model.ocs_rx))
+            self._truth.append(t, stage, port.model.host, port.model.netdev, port.model.ocs_rx)
             if stage in RATE_STAGES:
                 self.rate_log.append((t, port.model.key, tuple(port.state)))
 

@@ -25,6 +25,7 @@ from devices.emulated.nic import (CMIS_RESET, DARK_DBM, NicChange, NicModel, Nic
                                   Subscribers)
 from devices.emulated.profile import NIC_KEYS, OCS_KEYS, OPTIONAL_NIC_KEYS, Profile
 from devices.emulated.schedule import Schedule
+from devices.emulated.truth import TruthLog
 from devices.timing import now_ns
 
 WIRE_LATENCY_NS = 2_000  # fibre + serialisation of one probe frame
@@ -131,7 +132,7 @@ class OpticalBench:
         self._settled: dict[int, int] = {}  # mirrors in place: ingress -> egress
         self._settled_to: dict[int, int] = {}  # mirrors in place: egress -> ingress (O(1) peer lookup)
         self._lit_egress: set[int] = set()
-        self._truth: list[dict] = []
+        self._truth = TruthLog()
         self._nic = NicStateMachine(
             profile, at=self._schedule.at, draw=self._draw, truth=self._truth,
             far_end=lambda port: self._settled_to.get(port.model.ocs_rx), peer_of=self._peer_of,
@@ -288,8 +289,8 @@ class OpticalBench:
             # when the command had surely reached the switch (the server's kernel stamp plus its conversion's bound;
             # else when it was handled, later — `port` says which): what the harness's recorded send must precede
             # (analysis.accuracy.ocs_command_check)
-            self._truth.append(dict(t_ns=t0 if at_ns is None else at_ns, stage="ocs_command_arrived", host="ocs",
-                                    port="handled" if at_ns is None else "kernel", ocs_port=0))
+            self._truth.append(t0 if at_ns is None else at_ns, "ocs_command_arrived", "ocs",
+                               "handled" if at_ns is None else "kernel", 0)
             dark, dark_draw = self._draw(_OCS, command, "dark", self.profile.ocs["dark"]) if removes else (0, -1)
             base, base_draw = self._draw(_OCS, command, "switch", self.profile.ocs["switch"]) if adds else (0, -1)
             if at_ns is not None:
@@ -329,7 +330,7 @@ class OpticalBench:
                 for other, e in self._settled.items():
                     if e == egress:
                         self._settled_to[egress] = other
-        self._truth.append(dict(t_ns=t, stage="mirror_released", host="ocs", port=str(egress), ocs_port=egress))
+        self._truth.append(t, "mirror_released", "ocs", str(egress), egress)
         for observer in self.on_mirror:
             observer(t, ingress, egress, False)
         self._set_light(t, egress, command)
@@ -339,7 +340,7 @@ class OpticalBench:
             return  # superseded before it settled
         self._settled[ingress] = egress
         self._settled_to[egress] = ingress
-        self._truth.append(dict(t_ns=t, stage="mirror_settled", host="ocs", port=str(egress), ocs_port=egress))
+        self._truth.append(t, "mirror_settled", "ocs", str(egress), egress)
         for observer in self.on_mirror:
             observer(t, ingress, egress, True)
         self._set_light(t, egress, command)
@@ -398,8 +399,8 @@ class OpticalBench:
                         return
                     self._nic.pending.append(NicChange(t_now, port.model.host, port.model.netdev, "probe_first",
                                                    f"{peer.model.mac} {seq}"))
-                    self._truth.append(dict(t_ns=t_now, stage="first_packet", host=port.model.host,
-                                            port=port.model.netdev, ocs_port=port.model.ocs_rx))
+                    self._truth.append(t_now, "first_packet", port.model.host, port.model.netdev,
+                                       port.model.ocs_rx)
 
                 self._schedule.at(arrival, first)
 
@@ -501,7 +502,7 @@ class OpticalBench:
         with self._lock:
             self._advance()
             self._clocks[host].step_ns += int(delta_ns)
-            self._truth.append(dict(t_ns=self._now(), stage="clock_step", host=host, port="", ocs_port=0))
+            self._truth.append(self._now(), "clock_step", host, "", 0)
         for observer in self.on_clock_step:
             observer(host)
 
@@ -519,8 +520,7 @@ class OpticalBench:
             self._admin_changes += 1
             command = self._admin_changes
             (self._lit_ingress.add if up else self._lit_ingress.discard)(port.model.ocs_tx)
-            self._truth.append(dict(t_ns=t, stage="admin_up" if up else "admin_down", host=host, port=netdev,
-                                    ocs_port=port.model.ocs_tx))
+            self._truth.append(t, "admin_up" if up else "admin_down", host, netdev, port.model.ocs_tx)
             if up:
                 self._nic.emit(port, t, None, admin_up=True, phys_state="Polling")
                 if port.model.ocs_rx in self._lit_egress:
@@ -557,16 +557,41 @@ class OpticalBench:
     def ground_truth(self) -> list[dict]:
         with self._lock:
             self._advance()
-            return list(self._truth)
+            return self._truth.rows()
+
+    def ground_truth_columns(self, stages=None):
+        """`ground_truth()` as columns (devices.emulated.truth.TruthLog.columns), only `stages` if given."""
+        with self._lock:
+            self._advance()
+            return self._truth.columns(stages)
+
+    def ground_truth_frame(self, stages=None):
+        """`ground_truth()` as a DataFrame (devices.emulated.truth.TRUTH_COLUMNS), only `stages` if given."""
+        with self._lock:
+            self._advance()
+            return self._truth.frame(stages)
 
     def draws(self) -> list[dict]:
         """Every random delay drawn: command, port ("ocs" or host:netdev), stage, delay_ns, and late_ns — how
         long after its due time the action it timed actually ran (0 until it ran)."""
-        keys = [p.model.key for p in self._ports.values()]
+        return self.draws_frame().to_dict(orient="records")
+
+    def draws_frame(self):
+        """`draws()` as a DataFrame, built from the columns (strings shared per distinct value)."""
+        import pandas as pd
+
+        names = np.empty(len(self._ports) + 1, dtype=object)
+        names[:] = [p.model.key for p in self._ports.values()] + ["ocs"]  # index -1: the switch
+        stages = np.empty(len(_STREAM_STAGES), dtype=object)
+        stages[:] = list(_STREAM_STAGES)
         with self._lock:
-            cols = {k: v.tolist() for k, v in self._draws.items()}
-        return [dict(command=c, port="ocs" if p < 0 else keys[p], stage=_STREAM_STAGES[s], delay_ns=d, late_ns=late)
-                for c, p, s, d, late in zip(*cols.values())]
+            n = len(self._draws["command"])
+            cols = {k: np.frombuffer(v, dtype=np.dtype(v.typecode))[:n].copy() if n else np.array([], dtype=np.int64)
+                    for k, v in self._draws.items()}
+        return pd.DataFrame({"command": cols["command"].astype(np.int64), "port": names[cols["port"]],
+                             "stage": stages[cols["stage"]], "delay_ns": cols["delay_ns"].astype(np.int64),
+                             "late_ns": cols["late_ns"].astype(np.int64)},
+                            columns=["command", "port", "stage", "delay_ns", "late_ns"])
 
     def schedule_report(self) -> dict:
         """Lateness of the schedule and, per stage, the delays realised against the profile's
@@ -575,7 +600,7 @@ class OpticalBench:
 
         from analysis.accuracy import realised_vs_profile
 
-        draws = pd.DataFrame(self.draws(), columns=["command", "port", "stage", "delay_ns", "late_ns"])
+        draws = self.draws_frame()
         delays = {}
         for key in draws[["port", "stage"]].drop_duplicates().itertuples(index=False):
             delays[key] = (self.profile.ocs[key.stage] if key.port == "ocs"

@@ -42,16 +42,14 @@ def truth_frame(emulated, cycle_starts: list[tuple[int, int]], stages: tuple[str
     (None: a real bench)."""
     if emulated is None:
         return None
-    import pandas as pd
-
     from analysis.accuracy import assign_cycles
     from harness.events import STAGES
 
-    raw = pd.DataFrame(emulated.ground_truth(), columns=["t_ns", "stage", "host", "port", "ocs_port"])
+    stages = set(STAGES if stages is None else stages)
     if emulated.netns is not None:
         # Real frames cross the namespaces: the physics' modelled first packet is not the truth there.
-        raw = raw[raw["stage"] != "first_packet"]
-    truth = assign_cycles(raw[raw["stage"].isin(STAGES if stages is None else stages)], cycle_starts)
+        stages.discard("first_packet")
+    truth = assign_cycles(emulated.physics.ground_truth_frame(stages), cycle_starts)
     return truth[truth["cycle"] >= 1]
 
 

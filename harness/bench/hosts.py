@@ -240,7 +240,8 @@ class HostGroup:
         meanwhile, with intervals that reach back over it."""
         session = self.sessions[host]
         longest = now_ns - max(session.watch_heard_ns, since_ns)
-        for begin, end in reversed(session.watch_gaps):
+        # a copy: the SSH hub's thread appends to the deque meanwhile (tuple() copies it without yielding the GIL)
+        for begin, end in reversed(tuple(session.watch_gaps)):
             if end <= since_ns:
                 break
             longest = max(longest, min(end, now_ns) - max(begin, since_ns))

@@ -497,6 +497,7 @@ class TurnaroundRun:
             self.log.cycle(cycle, sent, completed, self.ocs, self.ports, arrivals, cpu_ns=cpu, step_cpu_ns=step_cpu,
                            ocs_stamps=issued[0].stamps, commands=issued if len(issued) > 1 else ())
             self.log.flush()
+            self.ctx.log.spill()  # a row group of events to Parquet, when enough are durable
             up = max((e.t_ns for e in events if e.stage in self.chain), default=arrivals.done_ns)
             status = next((o.status for o in reversed(self.outcomes) if o.cycle == cycle), "")
             self.progress.update(self.task, advance=1, last=f"{status} {(up - sent) / 1e6:8.1f} ms")
