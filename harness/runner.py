@@ -33,7 +33,9 @@ from harness.eventlog import EventLog
 from harness.events import Event
 from harness.steps import StepOutcome
 
-BENCH_KINDS = ("emulated:PROFILE[?ocs=PROTOCOL]", "emulated-netns:PROFILE[?ocs=PROTOCOL]", "INVENTORY.yaml")
+BENCH_KINDS = ("emulated:PROFILE[?ocs=PROTOCOL]", "emulated-netns:PROFILE[?ocs=PROTOCOL]",
+               "emulated-sshd:PROFILE[?ocs=PROTOCOL]", "INVENTORY.yaml")
+NETNS_KINDS = ("emulated-netns", "emulated-sshd")  # a real data plane in namespaces (sshd: real hosts in them)
 
 
 class Aborted(Exception):
@@ -190,7 +192,7 @@ class RunContext:
 
 
 def emulated_spec(spec: str) -> tuple[str, str, str] | None:
-    """'emulated[-netns]:PROFILE[?ocs=PROTOCOL]' → (kind, profile, protocol); None for an inventory path.
+    """'emulated[-netns|-sshd]:PROFILE[?ocs=PROTOCOL]' → (kind, profile, protocol); None for an inventory path.
     The protocol is any registered switch protocol (default: the registry's): the same emulated switch, served over
     that protocol's wire, so CI can drive the SCPI or NETCONF driver through `--bench` alone. Several, comma-separated
     (`?ocs=polatis-tl1,polatis-scpi`): as many switches over the one physics (devices.emulated.bench.SwitchSlice),
@@ -200,7 +202,7 @@ def emulated_spec(spec: str) -> tuple[str, str, str] | None:
     from devices.ocs.registry import DEFAULT_PROTOCOL, OcsConfigError, get_protocol
 
     kind, _, rest = spec.partition(":")
-    if kind not in ("emulated", "emulated-netns") or not rest:
+    if kind not in ("emulated", *NETNS_KINDS) or not rest:
         return None
     profile, _, query = rest.partition("?")
     options = parse_qs(query, keep_blank_values=True, strict_parsing=False) if query else {}
@@ -215,7 +217,8 @@ def emulated_spec(spec: str) -> tuple[str, str, str] | None:
 
 
 def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Path, inventory: Bench | None = None):
-    """'emulated:PROFILE[?ocs=PROTOCOL]', 'emulated-netns:PROFILE[?ocs=...]' or an inventory path →
+    """'emulated:PROFILE[?ocs=PROTOCOL]', 'emulated-netns:PROFILE[?ocs=...]', 'emulated-sshd:PROFILE[?ocs=...]'
+    (hosts: real sshd in the namespaces) or an inventory path →
     (Bench, EmulatedBench|None). `inventory`: the spec's inventory, already parsed (a run parses it once)."""
     emulated_bench = emulated_spec(spec)
     if emulated_bench:
@@ -225,14 +228,19 @@ def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Pa
 
         prof = load_profile(profile)
         netns = None
-        if kind == "emulated-netns":
+        if kind in NETNS_KINDS:
             if os.geteuid() != 0:
-                raise InputError("--bench emulated-netns needs root (network namespaces)")
+                raise InputError(f"--bench {kind} needs root (network namespaces)")
+            if kind == "emulated-sshd":
+                from devices.emulated.sshd_hosts import sshd_missing
+
+                if reason := sshd_missing():
+                    raise InputError(f"--bench emulated-sshd: {reason}")
             netns = f"hil{os.getpid() % 100000}"
             # Real processes in the namespaces read the real clock: no emulated offset or drift there.
             prof = dataclasses.replace(prof, clock_offset_ms=(0.0, 0.0), drift_ppm=(0.0, 0.0))
         emulated = EmulatedBench(prof, seed=seed, protocol=protocol, workdir=workdir / "bench",
-                                 netns_prefix=netns)
+                                 netns_prefix=netns, sshd=kind == "emulated-sshd")
         stack.callback(emulated.stop)
         emulated.start()
         return load_inventory(emulated.inventory_path), emulated

@@ -227,6 +227,8 @@ class NetnsPlane:
         self._agent_lock = threading.Lock()  # hosts' command threads upload the same agent at once
         self.errors: list[str] = []
         self.op_log: list[tuple[str, str, int, int]] = []  # (kind, port key, queued mono ns, done mono ns)
+        # (host, netdev, "carrier", "0"|"1", the physics' due ns) -> (sent, acknowledged) mono ns of its request
+        self.realised: dict[tuple[str, str, str, str, int], tuple[int, int]] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "NetnsPlane":
@@ -254,7 +256,7 @@ class NetnsPlane:
                 self._unsubscribes.append(self.bench.subscribe(host, self._on_change))
             for port in self.ports.values():  # carrier already up (light without patches: never, but be exact)
                 if self.bench.nic_snapshot(port.model.host, port.model.netdev).carrier:
-                    self._ops.put(("carrier", now_ns(), port, True))
+                    self._ops.put(("carrier", now_ns(), port, True, None))
         except BaseException:
             self.stop()
             raise
@@ -332,29 +334,34 @@ class NetnsPlane:
         wired = ingress in self._redirects
         if settled and target is not None:
             self._redirects[ingress] = egress
-            self._ops.put(("redirect", now_ns(), source, target))
+            self._ops.put(("redirect", now_ns(), source, target, None))
         elif wired and (settled or self._redirects[ingress] == egress):
             del self._redirects[ingress]  # released, or re-pointed to an egress without a NIC
-            self._ops.put(("redirect", now_ns(), source, None))
+            self._ops.put(("redirect", now_ns(), source, None, None))
 
     def _on_change(self, change: NicChange) -> None:
         if change.field == "carrier":
             port = self.ports.get(f"{change.host}:{change.netdev}")
             if port is not None:
-                self._ops.put(("carrier", now_ns(), port, change.value == "1"))
+                self._ops.put(("carrier", now_ns(), port, change.value == "1", change.t_ns))
 
     def _work(self) -> None:
         while True:
             op = self._ops.get()
             if op is None:
                 return
-            kind, queued, port, arg = op
+            kind, queued, port, arg, due = op
             if kind == "barrier":
                 arg.set()
                 continue
             try:
                 if kind == "carrier":
+                    sent = now_ns()
                     self._netlink.set_up(port.ocs_ifindex, arg)
+                    if due is not None:
+                        # the host side's carrier changed while the request was handled
+                        self.realised[(port.model.host, port.model.netdev, "carrier", str(int(arg)), due)] = \
+                            (sent, now_ns())
                 elif arg is None:
                     self._netlink.unredirect(port.ocs_ifindex)
                 else:
@@ -378,7 +385,7 @@ class NetnsPlane:
     def settle(self, timeout: float = 5.0) -> bool:
         """Block until every queued data-plane change is applied (for tests and benchmarks)."""
         done = threading.Event()
-        self._ops.put(("barrier", now_ns(), None, done))
+        self._ops.put(("barrier", now_ns(), None, done, None))
         return done.wait(timeout)
 
     # ------------------------------------------------------------------ direct control
@@ -389,7 +396,7 @@ class NetnsPlane:
             raise NetnsError("plane not started")
         port = self.port(host, netdev)
         sent = time.time_ns()
-        self._ops.put(("carrier", now_ns(), port, up))
+        self._ops.put(("carrier", now_ns(), port, up, None))
         return sent
 
     # ------------------------------------------------------------------ views

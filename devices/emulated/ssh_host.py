@@ -490,9 +490,15 @@ class EmulatedHostServer:
         self.port = self._listener.getsockname()[1]
         self.known_hosts_path.write_text(
             f"[127.0.0.1]:{self.port} {self.host_key.get_name()} {self.host_key.get_base64()}\n")
-        self._unsubscribe = self.bench.subscribe(self.host_name, self._latch)
+        self.follow_bench()
         self._running = True
         _HostsLoop.get().listen(self._listener, self)
+        return self
+
+    def follow_bench(self) -> "EmulatedHostServer":
+        """Keep the host's latched module flags from the bench's changes: all the command handlers need, without
+        a listener (devices/emulated/sshd_hosts.py serves them to its tools); stop() ends it."""
+        self._unsubscribe = self.bench.subscribe(self.host_name, self._latch)
         return self
 
     def stop(self) -> None:
