@@ -139,12 +139,13 @@ class EmulatedBench:
                 from devices.emulated.netns import NetnsPlane, passthrough_commands
 
                 self.netns = NetnsPlane(self.physics, self.netns_prefix)
-                self.netns.start()
                 if self.sshd:
                     from devices.emulated.sshd_hosts import SshdHosts
 
+                    # first: a port's RDMA state file is written before the plane wires frames to it
                     self.sshd_hosts = SshdHosts(self.netns, self.workdir / "sshd").start()
-                else:
+                self.netns.start()
+                if not self.sshd:
                     extra = {h: passthrough_commands(self.netns, h) for h in self.physics.hosts}
             # the password is the one in the variable the inventory names (set to the default if unset)
             password = os.environ.get(PASSWORD_ENV) or EMULATED_PASSWORD

@@ -440,8 +440,9 @@ class EmulatedHostServer:
         self.connections = 0  # SSH connections accepted (key exchange done) since start: ground truth for tests
         self._lock = threading.Lock()
         self._running = False
-        self._latched: set[tuple[str, str]] = set()
-        self._unsubscribe: Callable[[], None] | None = None
+        self._followed_ns = 0  # since when latched module flags count (follow_bench)
+        self._module_read_ns: dict[str, int] = {}  # netdev -> schedule ns of its last `ethtool -m`
+        self._module_lock = threading.Lock()
         self._agent_streams: _AgentStreams | None = None
         self.reply_delay_s = 0.0  # fault injection: every output write of a command waits this long
         self.watch_stalled_until_ns = 0  # fault injection (`watch_stall`): the agent's watches print nothing until then
@@ -496,16 +497,13 @@ class EmulatedHostServer:
         return self
 
     def follow_bench(self) -> "EmulatedHostServer":
-        """Keep the host's latched module flags from the bench's changes: all the command handlers need, without
-        a listener (devices/emulated/sshd_hosts.py serves them to its tools); stop() ends it."""
-        self._unsubscribe = self.bench.subscribe(self.host_name, self._latch)
+        """From now on the module's latched flags count (`take_latched`): all the command handlers need, without
+        a listener (devices/emulated/sshd_hosts.py serves them to its tools)."""
+        self._followed_ns = now_ns()
         return self
 
     def stop(self) -> None:
         self._running = False
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
         with self._lock:
             streams, self._agent_streams = self._agent_streams, None
         if streams is not None:
@@ -602,17 +600,17 @@ class EmulatedHostServer:
             return self._agent_streams
 
     # ------------------------------------------------------------------ state helpers
-    def _latch(self, change) -> None:
-        """Latched module flags: a LOS/LOL seen since the last `ethtool -m` read (clear-on-read)."""
-        if change.field in _ETHTOOL_FIELDS and change.value == "1":
-            self._latched.add((change.netdev, change.field))
-
     def take_latched(self, netdev: str) -> tuple[bool, bool]:
-        los = (netdev, "rx_los") in self._latched
-        lol = (netdev, "rx_lol") in self._latched
-        self._latched.discard((netdev, "rx_los"))
-        self._latched.discard((netdev, "rx_lol"))
-        return los, lol
+        """The module's latched (LOS, LOL), cleared by this read: asserted in a change due since the port's
+        last read — by due time, not by when the change reached this host (a late delivery must not latch into
+        a later read a loss the earlier read already covered)."""
+        key = f"{self.host_name}:{netdev}"
+        with self._module_lock:
+            since = self._module_read_ns.get(netdev, self._followed_ns)
+            now, changes = self.bench.nic_changes(since)
+            self._module_read_ns[netdev] = max(now, since)
+        states = [state for _, port, state in changes if port == key]
+        return any(s.rx_los for s in states), any(s.rx_lol for s in states)
 
     def nic_by_netdev(self, netdev: str):
         return next((m for m in self.bench.nic_ports(self.host_name) if m.netdev == netdev), None)

@@ -25,6 +25,7 @@ Needs root, /usr/sbin/sshd, ssh-keygen, iproute2, mount with overlayfs, and a C 
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
@@ -39,7 +40,8 @@ import threading
 from pathlib import Path
 
 from devices.emulated import formats
-from devices.emulated.nic import NicChange
+from devices.emulated.netns import gil_libc
+from devices.emulated.nic import NicChange, NicSnapshot
 from devices.resources import HostResource
 from devices.timing import now_ns
 
@@ -214,18 +216,20 @@ class ToolServer:
 
 
 # ---------------------------------------------------------------------- the RDMA port's sysfs
-def write_sysfs_file(path: Path, old: str, new: str) -> None:
+def write_sysfs_file(fd: int, old: bytes, new: bytes) -> tuple[int, int]:
     """Change a file another process keeps open and re-reads with pread at offset 0, so that every read is one
     line: shorter, truncated to the new length first (a read then shows the old text cut short); longer, written
-    whole (a read before the length grows shows the old length)."""
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        data = new.encode()
-        if len(data) < len(old.encode()):
-            os.ftruncate(fd, len(data))
-        os.pwrite(fd, data, 0)
-    finally:
-        os.close(fd)
+    whole (a read before the length grows shows the old length). Returns the monotonic ns just before and after
+    (calls that keep the GIL: devices.emulated.netns.gil_libc)."""
+    libc = gil_libc()
+    before = now_ns()
+    if len(new) < len(old):
+        libc.ftruncate(fd, len(new))
+    written = libc.pwrite(fd, new, len(new), 0)
+    after = now_ns()
+    if written != len(new):
+        raise OSError(ctypes.get_errno(), f"pwrite wrote {written} of {len(new)} bytes")
+    return before, after
 
 
 class IbSysfs:
@@ -233,51 +237,61 @@ class IbSysfs:
     the physics. `realised[(host, netdev, field, value, due_ns)] = (before_ns, after_ns)`: when a change due at
     `due_ns` was in the file."""
 
-    _FIELDS = {"state": "state", "phys_state": "phys_state"}  # watch field -> the file it changes
+    _FIELDS = {"state": "ib_state", "phys_state": "phys_state"}  # watch field (its file) -> the snapshot's
 
     def __init__(self, bench, roots: dict[str, Path]):
         self.bench = bench
         self.realised: dict[tuple[str, str, str, str, int], tuple[int, int]] = {}
-        self._files: dict[tuple[str, str], tuple[Path, object]] = {}  # (host, netdev) -> (port dir, model)
-        self._text: dict[Path, str] = {}
+        self._ports: dict[tuple[str, str], Path] = {}  # (host, netdev) -> its port directory
+        self._files: dict[Path, tuple[int, bytes]] = {}  # each file's descriptor and text
         self._lock = threading.Lock()
         self._unsubscribes = []
         for host, root in roots.items():
             for model in bench.nic_ports(host):
                 ports = root / model.rdma_dev / "ports" / str(model.rdma_port)
                 (ports / "counters").mkdir(parents=True, exist_ok=True)
-                self._files[(host, model.netdev)] = (ports, model)
+                self._ports[(host, model.netdev)] = ports
             self._unsubscribes.append(bench.subscribe(host, self._changed))
             for model in bench.nic_ports(host):  # after subscribing: no change falls between
                 self._render(host, model.netdev, IB_PORT_FILES)
 
-    def _render(self, host: str, netdev: str, names) -> tuple[int, int]:
-        ports, _ = self._files[(host, netdev)]
-        snapshot = self.bench.nic_snapshot(host, netdev)
+    def _render(self, host: str, netdev: str, names, snapshot=None) -> tuple[int, int]:
+        """Write the named files of a port from `snapshot` (default: its state now); returns the window the last
+        one changed in."""
+        ports = self._ports[(host, netdev)]
+        snapshot = snapshot or self.bench.nic_snapshot(host, netdev)
+        window = (0, 0)
         with self._lock:
-            before = now_ns()
             for name in names:
                 path = ports / name
-                text = formats.sysfs_ib_port_file(snapshot, name) or ""
-                old = self._text.get(path)
-                if old is None:
-                    path.write_text(text)
-                elif old != text:
-                    write_sysfs_file(path, old, text)
-                self._text[path] = text
-            return before, now_ns()
+                text = (formats.sysfs_ib_port_file(snapshot, name) or "").encode()
+                if path not in self._files:
+                    path.write_bytes(text)
+                    self._files[path] = (os.open(path, os.O_WRONLY), text)
+                    continue
+                fd, old = self._files[path]
+                if old != text:
+                    window = write_sysfs_file(fd, old, text)
+                    self._files[path] = (fd, text)
+        return window
 
     def _changed(self, change: NicChange) -> None:
-        name = self._FIELDS.get(change.field)
-        if name is None or (change.host, change.netdev) not in self._files:
+        attr = self._FIELDS.get(change.field)
+        if attr is None or (change.host, change.netdev) not in self._ports:
             return
-        self.realised[(change.host, change.netdev, change.field, change.value, change.t_ns)] = \
-            self._render(change.host, change.netdev, (name,))
+        # the change's own value: changes come in order, each written as it comes, late or not
+        window = self._render(change.host, change.netdev, (change.field,), NicSnapshot()._replace(**{attr: change.value}))
+        if window[1]:
+            self.realised[(change.host, change.netdev, change.field, change.value, change.t_ns)] = window
 
     def stop(self) -> None:
         for unsubscribe in self._unsubscribes:
             unsubscribe()
         self._unsubscribes.clear()
+        with self._lock:
+            for fd, _ in self._files.values():
+                os.close(fd)
+            self._files.clear()
 
 
 # ---------------------------------------------------------------------- the hosts
