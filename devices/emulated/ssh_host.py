@@ -441,7 +441,8 @@ class EmulatedHostServer:
         self._lock = threading.Lock()
         self._running = False
         self._followed_ns = 0  # since when latched module flags count (follow_bench)
-        self._module_read_ns: dict[str, int] = {}  # netdev -> schedule ns of its last `ethtool -m`
+        # netdev -> (schedule ns of its last `ethtool -m`, (LOS, LOL) then)
+        self._module_read: dict[str, tuple[int, tuple[bool, bool]]] = {}
         self._module_lock = threading.Lock()
         self._agent_streams: _AgentStreams | None = None
         self.reply_delay_s = 0.0  # fault injection: every output write of a command waits this long
@@ -601,16 +602,21 @@ class EmulatedHostServer:
 
     # ------------------------------------------------------------------ state helpers
     def take_latched(self, netdev: str) -> tuple[bool, bool]:
-        """The module's latched (LOS, LOL), cleared by this read: asserted in a change due since the port's
-        last read — by due time, not by when the change reached this host (a late delivery must not latch into
-        a later read a loss the earlier read already covered)."""
+        """The module's latched (LOS, LOL), cleared by this read: set where the flag rose in a change due since the
+        port's last read — by due time, not by when the change reached this host (a late delivery must not latch
+        into a later read a loss the earlier read already covered)."""
         key = f"{self.host_name}:{netdev}"
         with self._module_lock:
-            since = self._module_read_ns.get(netdev, self._followed_ns)
+            since, (los, lol) = self._module_read.get(netdev, (self._followed_ns, (True, True)))
             now, changes = self.bench.nic_changes(since)
-            self._module_read_ns[netdev] = max(now, since)
-        states = [state for _, port, state in changes if port == key]
-        return any(s.rx_los for s in states), any(s.rx_lol for s in states)
+            latched = [False, False]
+            for _, port, state in changes:
+                if port == key:
+                    latched[0] |= state.rx_los and not los
+                    latched[1] |= state.rx_lol and not lol
+                    los, lol = state.rx_los, state.rx_lol
+            self._module_read[netdev] = (max(now, since), (los, lol))
+        return latched[0], latched[1]
 
     def nic_by_netdev(self, netdev: str):
         return next((m for m in self.bench.nic_ports(self.host_name) if m.netdev == netdev), None)
