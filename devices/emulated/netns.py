@@ -420,6 +420,13 @@ class NetnsPlane:
             if kind == "barrier":
                 arg.set()
                 continue
+            if kind == "call":
+                try:
+                    arg()
+                except Exception:  # the caller's own work: logged, the plane goes on
+                    log.exception("netns plane %s: queued call failed", self.prefix)
+                    self.errors.append(f"queued call {arg!r} failed")
+                continue
             try:
                 if kind == "carrier":
                     window = self._netlink.set_up(port.ocs_ifindex, arg)
@@ -444,6 +451,11 @@ class NetnsPlane:
             return [*where, "del", *common]
         return [*where, "replace", *common, "handle", FILTER_HANDLE, "u32", "match", "u32", "0", "0",
                 "action", "mirred", "egress", "redirect", "dev", target.ocs_dev]
+
+    def submit(self, work: Callable[[], None]) -> None:
+        """Run `work` on the plane's worker, in order with the carrier and wiring changes queued before and after
+        it (a host-visible change made elsewhere then keeps the physics' order with these)."""
+        self._ops.put(("call", now_ns(), None, work, None))
 
     def settle(self, timeout: float = 5.0) -> bool:
         """Block until every queued data-plane change is applied (for tests and benchmarks)."""

@@ -11,8 +11,9 @@ shell, coreutils, `ip` and Python serving everything a host has without hardware
   host's), and `/sys/class/infiniband` from a per-host tree (an overlay on /sys/class adds the directory the
   machine has no driver for; /sys/class/net stays the kernel's: real veth carrier and operstate).
 - **The RDMA port's sysfs** (`ports/N/state`, `phys_state`, `rate`, `link_layer`) are plain files written from the
-  physics as it changes (formats.sysfs_ib_port_file renders them, as the paramiko host serves them): the agent
-  reads them through the file descriptor it keeps open, at the kernel's cost. A write that changes a file's length
+  physics' changes (formats.sysfs_ib_port_file renders them, as the paramiko host serves them), on the data
+  plane's worker in order with the veth carrier changes: the agent reads them through the file descriptor it
+  keeps open, at the kernel's cost. A write that changes a file's length
   keeps every read a single line (shorter: truncated first), and its time window is recorded: the bench's ground
   truth of the stages read from a file or from the kernel is when the file or the veth changed (`realised`), not
   when the physics meant it to.
@@ -38,6 +39,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Callable
 
 from devices.emulated import formats
 from devices.emulated.netns import gil_libc
@@ -85,13 +87,19 @@ def _run(argv: list[str], **kwargs) -> str:
     return done.stdout
 
 
-def build_shim(folder: Path) -> Path:
-    """The tool program compiled into `folder` (once per source)."""
+def build_shim() -> Path:
+    """The tool program, compiled once per source into the machine's temporary directory (a bench starts in
+    tens of milliseconds rather than a compiler's second on a loaded machine)."""
     source = SHIM_SOURCE.read_bytes()
-    binary = folder / f"toolshim-{hashlib.sha256(source).hexdigest()[:12]}"
+    binary = Path(tempfile.gettempdir()) / f"ocs-hil-toolshim-{hashlib.sha256(source).hexdigest()[:12]}"
     if not binary.exists():
         compiler = shutil.which("cc") or shutil.which("gcc")
-        _run([compiler, "-O2", "-o", str(binary), str(SHIM_SOURCE)])
+        partial = binary.with_name(f"{binary.name}.{os.getpid()}.partial")
+        try:
+            _run([compiler, "-O2", "-o", str(partial), str(SHIM_SOURCE)])
+            os.replace(partial, binary)  # whole or not at all: benches start at once in parallel tests
+        finally:
+            partial.unlink(missing_ok=True)
     return binary
 
 
@@ -239,8 +247,9 @@ class IbSysfs:
 
     _FIELDS = {"state": "ib_state", "phys_state": "phys_state"}  # watch field (its file) -> the snapshot's
 
-    def __init__(self, bench, roots: dict[str, Path]):
+    def __init__(self, bench, roots: dict[str, Path], submit: Callable[[Callable[[], None]], None]):
         self.bench = bench
+        self._submit = submit  # where the writes run: in order with the carrier changes (NetnsPlane.submit)
         self.realised: dict[tuple[str, str, str, str, int], tuple[int, int]] = {}
         self._ports: dict[tuple[str, str], Path] = {}  # (host, netdev) -> its port directory
         self._files: dict[Path, tuple[int, bytes]] = {}  # each file's descriptor and text
@@ -279,10 +288,16 @@ class IbSysfs:
         attr = self._FIELDS.get(change.field)
         if attr is None or (change.host, change.netdev) not in self._ports:
             return
-        # the change's own value: changes come in order, each written as it comes, late or not
-        window = self._render(change.host, change.netdev, (change.field,), NicSnapshot()._replace(**{attr: change.value}))
-        if window[1]:
-            self.realised[(change.host, change.netdev, change.field, change.value, change.t_ns)] = window
+        # The change's own value, written in the physics' order with the veth's carrier: changes delivered late
+        # come in one batch, and a state file written at once would show ACTIVE before the carrier it follows.
+        snapshot = NicSnapshot()._replace(**{attr: change.value})
+
+        def write() -> None:
+            window = self._render(change.host, change.netdev, (change.field,), snapshot)
+            if window[1]:
+                self.realised[(change.host, change.netdev, change.field, change.value, change.t_ns)] = window
+
+        self._submit(write)
 
     def stop(self) -> None:
         for unsubscribe in self._unsubscribes:
@@ -339,7 +354,7 @@ class SshdHosts:
     def _start(self) -> None:
         d = self.dir
         os.chmod(d, 0o755)
-        shim = build_shim(d)
+        shim = build_shim()
         (d / "lower" / "infiniband").mkdir(parents=True)  # the mount point the overlay adds to /sys/class
         self.log_dir.mkdir(parents=True, exist_ok=True)
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # Debian's privilege separation directory
@@ -369,7 +384,8 @@ class SshdHosts:
                 f"SetEnv PATH={h / 'bin'}:{_STANDARD_PATH}", ""]))
             _run([SSHD, "-t", "-f", str(h / "sshd_config")])
             self.tools[host] = ToolServer(self.bench, host, h / "tools.sock")
-        self.sysfs = IbSysfs(self.bench, {host: self.host_dir(host) / "infiniband" for host in self.bench.hosts})
+        self.sysfs = IbSysfs(self.bench, {host: self.host_dir(host) / "infiniband" for host in self.bench.hosts},
+                             self.plane.submit)
         self._running = True
         for host, listener in self._listeners.items():
             threading.Thread(target=self._accept, args=(host, listener), name=f"sshd-{host}", daemon=True).start()
