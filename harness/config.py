@@ -357,6 +357,9 @@ def params_of(spec: Spec, node: Mapping) -> dict:
 class BenchSpec(Spec):
     name: str
     emulated: bool = False
+    strict_host_keys: bool | None = Field(
+        None, description="check every host's key against its known_hosts and refuse unknown ones; default: true "
+                          "on a real bench, false on an emulated one (unknown keys are learned privately)")
 
 
 Jumps = union_of((str, list))
@@ -650,7 +653,8 @@ def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = 
         for name, spec in inv.hosts.items():
             try:
                 hosts[name] = host_resource(name, spec, inv.host_defaults, inv.bench.emulated, env,
-                                            data["hosts"][name], data.get("host_defaults"))
+                                            data["hosts"][name], data.get("host_defaults"),
+                                            strict=inv.bench.strict_host_keys)
             except InputError as exc:
                 problems.append(exc)
     raise_all(problems)
@@ -662,7 +666,8 @@ SSH_CONFIG = "~/.ssh/config"
 
 
 def host_resource(name: str, spec: HostSpec, defaults: HostAccessSpec | None, emulated: bool,
-                  env: Mapping[str, str], node: YamlMap, defaults_node: YamlMap | None) -> HostResource:
+                  env: Mapping[str, str], node: YamlMap, defaults_node: YamlMap | None,
+                  strict: bool | None = None) -> HostResource:
     """One host as the harness reaches it: its own fields, else `host_defaults`, else ssh_config's (Host/Match
     on its address or name: HostName, User, Port, IdentityFile, UserKnownHostsFile, ProxyJump, ProxyCommand),
     else the built-in defaults. ssh_config is read from the named file, else ~/.ssh/config where it exists on a
@@ -728,7 +733,8 @@ def host_resource(name: str, spec: HostSpec, defaults: HostAccessSpec | None, em
         raise InputError(f"hosts.{name}.tools: {', '.join(unknown)}: expected tools among {', '.join(KNOWN_TOOLS)}",
                          *tools_where)
     return HostResource(name=name, address=found.get("hostname", alias), port=port, user=user,
-                        identity_file=identity_file, known_hosts=known_hosts, strict_host_key=not emulated,
+                        identity_file=identity_file, known_hosts=known_hosts,
+                        strict_host_key=not emulated if strict is None else strict,
                         python=spec.python, proxy_jump=tuple(hops), proxy_command=proxy_command,
                         passphrase=passphrase, become=given("become")[0], tools=tuple(sorted((tools or {}).items())))
 

@@ -28,7 +28,7 @@ from devices.resources import Bench
 from harness import logs, resume
 from harness import record as rec
 from harness.bench.emulated import load_profile
-from harness.benchspec import BENCH_KINDS, emulated_spec
+from harness.benchspec import BENCH_KINDS, NETNS_KINDS, emulated_spec
 from harness.config import MAX_CYCLES, STEP_TYPES, Playbook, load_inventory, load_playbook
 from harness.errors import InputError
 from harness.eventlog import EventLog
@@ -190,7 +190,8 @@ class RunContext:
 
 
 def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Path, inventory: Bench | None = None):
-    """'emulated:PROFILE[?ocs=PROTOCOL]', 'emulated-netns:PROFILE[?ocs=...]' or an inventory path →
+    """'emulated:PROFILE[?ocs=PROTOCOL]', 'emulated-netns:PROFILE[?ocs=...]', 'emulated-sshd:PROFILE[?ocs=...]'
+    (hosts: real sshd in the namespaces) or an inventory path →
     (Bench, EmulatedBench|None). `inventory`: the spec's inventory, already parsed (a run parses it once)."""
     emulated_bench = emulated_spec(spec)
     if emulated_bench:
@@ -199,14 +200,19 @@ def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Pa
 
         prof = load_profile(profile)
         netns = None
-        if kind == "emulated-netns":
+        if kind in NETNS_KINDS:
             if os.geteuid() != 0:
-                raise InputError("--bench emulated-netns needs root (network namespaces)")
+                raise InputError(f"--bench {kind} needs root (network namespaces)")
+            if kind == "emulated-sshd":
+                from devices.emulated.sshd_hosts import sshd_missing
+
+                if reason := sshd_missing():
+                    raise InputError(f"--bench emulated-sshd: {reason}")
             netns = f"hil{os.getpid() % 100000}"
             # Real processes in the namespaces read the real clock: no emulated offset or drift there.
             prof = dataclasses.replace(prof, clock_offset_ms=(0.0, 0.0), drift_ppm=(0.0, 0.0))
         emulated = EmulatedBench(prof, seed=seed, protocol=protocol, workdir=workdir / "bench",
-                                 netns_prefix=netns)
+                                 netns_prefix=netns, sshd=kind == "emulated-sshd")
         stack.callback(emulated.stop)
         emulated.start()
         return load_inventory(emulated.inventory_path), emulated

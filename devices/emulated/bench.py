@@ -97,7 +97,7 @@ class EmulatedBench:
 
     def __init__(self, profile: Profile | str, seed: int = 0, protocol: str | Iterable[str] = DEFAULT_PROTOCOL,
                  workdir: str | os.PathLike | None = None, netns_prefix: str | None = None,
-                 miscable: list | tuple = (), workers: int = 0):
+                 miscable: list | tuple = (), workers: int = 0, sshd: bool = False):
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         self.seed = seed
         # one switch per protocol ("a,b" or a list); unknown names fail here, before anything starts
@@ -117,6 +117,11 @@ class EmulatedBench:
         self.workers = int(workers)
         self._shards = None
         self.netns = None
+        # sshd: each host a real OpenSSH sshd in its namespace of the data plane (devices/emulated/sshd_hosts.py)
+        if sshd and not netns_prefix:
+            raise ValueError("sshd hosts live in the netns data plane: give a netns_prefix")
+        self.sshd = sshd
+        self.sshd_hosts = None
         self.ocs_servers = None  # the first switch's servers (fault injection drives this one)
         self.ocs_view = None  # the first switch's view in its protocol: url, description, stop()
         self.switches: dict[str, tuple] = {}  # inventory name -> (servers, view, SwitchSlice | None)
@@ -134,8 +139,14 @@ class EmulatedBench:
                 from devices.emulated.netns import NetnsPlane, passthrough_commands
 
                 self.netns = NetnsPlane(self.physics, self.netns_prefix)
+                if self.sshd:
+                    from devices.emulated.sshd_hosts import SshdHosts
+
+                    # first: a port's RDMA state file is written before the plane wires frames to it
+                    self.sshd_hosts = SshdHosts(self.netns, self.workdir / "sshd").start()
                 self.netns.start()
-                extra = {h: passthrough_commands(self.netns, h) for h in self.physics.hosts}
+                if not self.sshd:
+                    extra = {h: passthrough_commands(self.netns, h) for h in self.physics.hosts}
             # the password is the one in the variable the inventory names (set to the default if unset)
             password = os.environ.get(PASSWORD_ENV) or EMULATED_PASSWORD
             os.environ[PASSWORD_ENV] = password
@@ -152,7 +163,7 @@ class EmulatedBench:
                 self._shards = HostWorkers(self.physics, self.workers)
                 self.host_servers = self._shards.start()
                 self.physics.on_clock_step.append(self._shards.clock_stepped)
-            for host in self.physics.hosts if not self.workers else ():
+            for host in self.physics.hosts if not (self.workers or self.sshd) else ():
                 server = EmulatedHostServer(self.physics, host, extra_commands=extra.get(host))
                 server.start()
                 self.host_servers[host] = server
@@ -175,8 +186,9 @@ class EmulatedBench:
             raise AssertionError(physical)
 
         hosts = {}
-        for name, server in self.host_servers.items():
-            res = server.resource()
+        resources = ({h: self.sshd_hosts.resource(h) for h in self.physics.hosts} if self.sshd_hosts is not None
+                     else {name: server.resource() for name, server in self.host_servers.items()})
+        for name, res in resources.items():
             nic_rows = []
             for p in self.physics.nic_ports(name):
                 (ocs, tx), (_, rx) = on_switch(claimed[p.key][0]), on_switch(claimed[p.key][1])
@@ -184,7 +196,7 @@ class EmulatedBench:
                                  "tx": tx, "rx": rx})
             hosts[name] = {
                 "address": res.address, "port": res.port, "user": res.user,
-                "identity_file": str(server.client_key_path), "known_hosts": str(server.known_hosts_path),
+                "identity_file": res.identity_file, "known_hosts": res.known_hosts,
                 "nics": nic_rows,
             }
         switches = {}
@@ -193,11 +205,26 @@ class EmulatedBench:
             switches[name] = {"protocol": protocol, "url": view.url, "size": list(servers.bench.ocs_size),
                               "allowed_ports": [str(p) for p in allowed], "user": EMULATED_USER,
                               "password_env": PASSWORD_ENV}
-        return {"bench": {"name": f"emulated-{self.profile.name}", "emulated": True}, "ocs": switches,
-                "hosts": hosts}
+        bench = {"name": f"emulated-{self.profile.name}", "emulated": True}
+        if self.sshd_hosts is not None:  # real sshd: its host keys are known, and checked as on a real bench
+            bench["strict_host_keys"] = True
+        return {"bench": bench, "ocs": switches, "hosts": hosts}
 
     def ground_truth(self) -> list[dict]:
-        return self.physics.ground_truth()
+        """The physics' events at their due times; with sshd hosts, a stage a host reads from the kernel or a file
+        (devices.emulated.sshd_hosts.REALISED_STAGES) at the middle of the window in which that changed."""
+        truth = self.physics.ground_truth()
+        if self.sshd_hosts is None:
+            return truth
+        from devices.emulated.sshd_hosts import REALISED_STAGES
+
+        realised = self.sshd_hosts.realised()
+        out = []
+        for row in truth:
+            marks = REALISED_STAGES.get(row["stage"])
+            window = marks and realised.get((row["host"], row["port"], *marks, row["t_ns"]))
+            out.append({**row, "t_ns": (window[0] + window[1]) // 2} if window else row)
+        return out
 
     def stop(self) -> None:
         for server in self.host_servers.values():
@@ -218,6 +245,9 @@ class EmulatedBench:
                     pass
         self.switches = {}
         self.ocs_servers = self.ocs_view = None
+        if self.sshd_hosts is not None:
+            self.sshd_hosts.stop()
+            self.sshd_hosts = None
         if self.netns is not None:
             self.netns.stop()
             self.netns = None

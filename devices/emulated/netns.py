@@ -3,7 +3,8 @@
 Each emulated host gets a namespace (`<prefix>h1`, ...) holding one veth end per NIC port, named like the
 NIC (`ens1f0np0`), with the NIC's MAC and an address in 198.18.0.0/15. The other ends live in one OCS
 namespace (`<prefix>ocs`). The OCS is a `tc` ingress u32 filter per port: while the mirror of a patch
-X.tx → Y.rx is settled, frames entering X's OCS-side veth leave on Y's; otherwise they are discarded.
+X.tx → Y.rx is settled and Y's port is ACTIVE (the physics' first packet follows the receiver's port_active),
+frames entering X's OCS-side veth leave on Y's; otherwise they are discarded.
 The physics (OpticalBench) drives the carrier: the OCS-side veth of port X is up exactly while X's
 `carrier` is 1, so host X's veth shows carrier and frames flow only then.
 
@@ -140,6 +141,26 @@ def in_netns(name: str) -> Iterator[None]:
         os.close(home)
 
 
+_libc_gil = None
+
+
+def gil_libc():
+    """The C library through ctypes.PyDLL: its calls keep the GIL, so no other thread of this process runs between
+    clock reads taken just before and after one (a kernel change the call makes is then dated to within the call,
+    not to within the wait for the GIL after it)."""
+    global _libc_gil
+    if _libc_gil is None:
+        libc = ctypes.PyDLL(None, use_errno=True)
+        libc.send.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
+        libc.send.restype = ctypes.c_ssize_t
+        libc.pwrite.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_long]
+        libc.pwrite.restype = ctypes.c_ssize_t
+        libc.ftruncate.argtypes = [ctypes.c_int, ctypes.c_long]
+        libc.ftruncate.restype = ctypes.c_int
+        _libc_gil = libc
+    return _libc_gil
+
+
 def _attr(kind: int, payload: bytes) -> bytes:
     """One netlink attribute (type, length, payload padded to 4 bytes)."""
     length = 4 + len(payload)
@@ -157,10 +178,19 @@ class Rtnetlink:
         self._sock.settimeout(2.0)
         self._seq = 0
 
-    def _request(self, kind: int, flags: int, body: bytes, what: str, missing_ok: bool = False) -> None:
+    def _request(self, kind: int, flags: int, body: bytes, what: str, missing_ok: bool = False) -> tuple[int, int]:
+        """Send one request and wait for its acknowledgement; returns the monotonic ns just before and just after
+        the send, within which the kernel carried it out (rtnetlink handles a request in the sender's call)."""
         self._seq += 1
         header = struct.pack("=IHHII", 16 + len(body), kind, _NLM_F_REQUEST | _NLM_F_ACK | flags, self._seq, 0)
-        self._sock.send(header + body)
+        data = header + body
+        libc = gil_libc()
+        sent = now_ns()
+        n = libc.send(self._sock.fileno(), data, len(data), 0)
+        done = now_ns()
+        if n != len(data):
+            err = ctypes.get_errno()
+            raise NetnsError(f"{what}: {os.strerror(err) if n < 0 else 'short send'}")
         while True:
             reply = self._sock.recv(65536)
             _, reply_kind, _, seq, _ = struct.unpack_from("=IHHII", reply)
@@ -168,12 +198,12 @@ class Rtnetlink:
                 error = -struct.unpack_from("=i", reply, 16)[0]
                 if error and not (missing_ok and error in (errno.ENOENT, errno.EINVAL)):
                     raise NetnsError(f"{what}: {os.strerror(error)}")
-                return
+                return sent, done
 
-    def set_up(self, ifindex: int, up: bool) -> None:
-        """`ip link set DEV up|down`."""
+    def set_up(self, ifindex: int, up: bool) -> tuple[int, int]:
+        """`ip link set DEV up|down`; returns when it happened (`_request`)."""
         ifinfo = struct.pack("=BxHiII", socket.AF_UNSPEC, 0, ifindex, _IFF_UP if up else 0, _IFF_UP)
-        self._request(_RTM_NEWLINK, 0, ifinfo, f"link {ifindex} {'up' if up else 'down'}")
+        return self._request(_RTM_NEWLINK, 0, ifinfo, f"link {ifindex} {'up' if up else 'down'}")
 
     @staticmethod
     def _tcmsg(ifindex: int, handle: int) -> bytes:
@@ -218,6 +248,10 @@ class NetnsPlane:
         self._by_rx = {p.model.ocs_rx: p for p in self.ports.values()}
         self._created: list[str] = []
         self._redirects: dict[int, int] = {}  # ingress -> egress currently wired
+        self._mirrors: dict[int, int] = {}  # ingress -> egress of each settled mirror
+        self._active: set[str] = set()  # ports whose state is ACTIVE
+        self._lit_by: dict[int, int] = {}  # egress -> the ingress of its last settled mirror
+        self._wiring = threading.Lock()  # the three above: mirrors come with the bench's lock, states without
         self._ops: queue.SimpleQueue = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._netlink: Rtnetlink | None = None
@@ -227,6 +261,8 @@ class NetnsPlane:
         self._agent_lock = threading.Lock()  # hosts' command threads upload the same agent at once
         self.errors: list[str] = []
         self.op_log: list[tuple[str, str, int, int]] = []  # (kind, port key, queued mono ns, done mono ns)
+        # (host, netdev, "carrier", "0"|"1", the physics' due ns) -> mono ns just before and after its request
+        self.realised: dict[tuple[str, str, str, str, int], tuple[int, int]] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "NetnsPlane":
@@ -254,7 +290,7 @@ class NetnsPlane:
                 self._unsubscribes.append(self.bench.subscribe(host, self._on_change))
             for port in self.ports.values():  # carrier already up (light without patches: never, but be exact)
                 if self.bench.nic_snapshot(port.model.host, port.model.netdev).carrier:
-                    self._ops.put(("carrier", now_ns(), port, True))
+                    self._ops.put(("carrier", now_ns(), port, True, None))
         except BaseException:
             self.stop()
             raise
@@ -325,36 +361,77 @@ class NetnsPlane:
     # ------------------------------------------------------------------ following the physics
     def _on_mirror(self, t_ns: int, ingress: int, egress: int, settled: bool) -> None:
         """Called by the bench with its lock held: only queue work."""
-        source = self._by_tx.get(ingress)
-        if source is None:
+        if ingress not in self._by_tx:
             return
-        target = self._by_rx.get(egress) if settled else None
-        wired = ingress in self._redirects
-        if settled and target is not None:
-            self._redirects[ingress] = egress
-            self._ops.put(("redirect", now_ns(), source, target))
-        elif wired and (settled or self._redirects[ingress] == egress):
-            del self._redirects[ingress]  # released, or re-pointed to an egress without a NIC
-            self._ops.put(("redirect", now_ns(), source, None))
+        with self._wiring:
+            if settled:
+                self._mirrors[ingress] = egress
+                target = self._by_rx.get(egress)
+                if target is not None and self._lit_by.get(egress) != ingress:
+                    # A new far end: the receiver trains again before it is active, whether or not the change
+                    # that says so (delivered after this call, outside the bench's lock) has come yet.
+                    self._active.discard(target.model.key)
+                self._lit_by[egress] = ingress
+            elif self._mirrors.get(ingress) == egress:
+                del self._mirrors[ingress]
+            self._rewire(ingress)
+
+    def _rewire(self, ingress: int) -> None:
+        """Wire `ingress` to the NIC its settled mirror lights, once that port is ACTIVE; else unwire it. The
+        physics' first packet comes after the receiving port is active (a frame before would bound its
+        port_active from above, before it happened). Holding `_wiring`."""
+        target = self._by_rx.get(self._mirrors.get(ingress, -1))
+        if target is not None and target.model.key not in self._active:
+            target = None
+        want = None if target is None else target.model.ocs_rx
+        if self._redirects.get(ingress) == want:
+            return
+        if want is None:
+            del self._redirects[ingress]
+        else:
+            self._redirects[ingress] = want
+        self._ops.put(("redirect", now_ns(), self._by_tx[ingress], target, None))
 
     def _on_change(self, change: NicChange) -> None:
+        port = self.ports.get(f"{change.host}:{change.netdev}")
+        if port is None:
+            return
         if change.field == "carrier":
-            port = self.ports.get(f"{change.host}:{change.netdev}")
-            if port is not None:
-                self._ops.put(("carrier", now_ns(), port, change.value == "1"))
+            self._ops.put(("carrier", now_ns(), port, change.value == "1", change.t_ns))
+        elif change.field == "state":
+            with self._wiring:
+                key = port.model.key
+                if (change.value == "ACTIVE") == (key in self._active):
+                    return
+                if change.value == "ACTIVE":
+                    self._active.add(key)
+                else:
+                    self._active.discard(key)
+                for ingress, egress in list(self._mirrors.items()):
+                    if egress == port.model.ocs_rx:
+                        self._rewire(ingress)
 
     def _work(self) -> None:
         while True:
             op = self._ops.get()
             if op is None:
                 return
-            kind, queued, port, arg = op
+            kind, queued, port, arg, due = op
             if kind == "barrier":
                 arg.set()
                 continue
+            if kind == "call":
+                try:
+                    arg()
+                except Exception:  # the caller's own work: logged, the plane goes on
+                    log.exception("netns plane %s: queued call failed", self.prefix)
+                    self.errors.append(f"queued call {arg!r} failed")
+                continue
             try:
                 if kind == "carrier":
-                    self._netlink.set_up(port.ocs_ifindex, arg)
+                    window = self._netlink.set_up(port.ocs_ifindex, arg)
+                    if due is not None:  # the host side's carrier changed with the OCS side's admin state
+                        self.realised[(port.model.host, port.model.netdev, "carrier", str(int(arg)), due)] = window
                 elif arg is None:
                     self._netlink.unredirect(port.ocs_ifindex)
                 else:
@@ -375,10 +452,15 @@ class NetnsPlane:
         return [*where, "replace", *common, "handle", FILTER_HANDLE, "u32", "match", "u32", "0", "0",
                 "action", "mirred", "egress", "redirect", "dev", target.ocs_dev]
 
+    def submit(self, work: Callable[[], None]) -> None:
+        """Run `work` on the plane's worker, in order with the carrier and wiring changes queued before and after
+        it (a host-visible change made elsewhere then keeps the physics' order with these)."""
+        self._ops.put(("call", now_ns(), None, work, None))
+
     def settle(self, timeout: float = 5.0) -> bool:
         """Block until every queued data-plane change is applied (for tests and benchmarks)."""
         done = threading.Event()
-        self._ops.put(("barrier", now_ns(), None, done))
+        self._ops.put(("barrier", now_ns(), None, done, None))
         return done.wait(timeout)
 
     # ------------------------------------------------------------------ direct control
@@ -389,7 +471,7 @@ class NetnsPlane:
             raise NetnsError("plane not started")
         port = self.port(host, netdev)
         sent = time.time_ns()
-        self._ops.put(("carrier", now_ns(), port, up))
+        self._ops.put(("carrier", now_ns(), port, up, None))
         return sent
 
     # ------------------------------------------------------------------ views

@@ -6,7 +6,8 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="run a playbook", description=__doc__)
     p.add_argument("playbook", nargs="?", help="playbook YAML (with --resume: taken from the run record; if "
                                                "given it must be the run's own)")
-    p.add_argument("--bench", help="emulated:PROFILE[?ocs=PROTOCOL], emulated-netns:PROFILE or an inventory YAML "
+    p.add_argument("--bench", help="emulated:PROFILE[?ocs=PROTOCOL], emulated-netns:PROFILE, emulated-sshd:PROFILE or an "
+                                   "inventory YAML "
                                    "(default: the playbook's bench)")
     p.add_argument("--out", help="run directory (default runs/<UTC timestamp>-<playbook>)")
     p.add_argument("--seed", type=int, help="override the playbook's seed")

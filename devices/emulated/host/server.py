@@ -8,7 +8,6 @@ import socket
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable
 
 import paramiko
 
@@ -18,13 +17,13 @@ from devices.emulated.host.agent import AGENT_COMMANDS, TimeResponder, runs_agen
 from devices.emulated.host.benchtools import EPS_GBPS_DEFAULT, TRANSFER_LATENCY_US_DEFAULT
 from devices.emulated.host.context import ChannelGone, ExecContext, Handler
 from devices.emulated.host.files import VirtualFs
-from devices.emulated.host.net import ETHTOOL_FIELDS
 from devices.emulated.host.shell import InteractiveShell, run_shell
 from devices.emulated.host.ssh import HostsLoop, forget_accepted, generate_ed25519, server_transport
 from devices.emulated.host.streams import AgentStreams
 from devices.emulated.host.transfer import HostSftp, SftpSession
 from devices.resources import HostResource
 from devices.sshhub import stamp_arrivals
+from devices.timing import now_ns
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +96,10 @@ class EmulatedHostServer:
         self.connections = 0  # SSH connections accepted (key exchange done) since start: ground truth for tests
         self._lock = threading.Lock()
         self._running = False
-        self._latched: set[tuple[str, str]] = set()
-        self._unsubscribe: Callable[[], None] | None = None
+        self._followed_ns = 0  # since when latched module flags count (follow_bench)
+        # netdev -> (schedule ns of its last `ethtool -m`, (LOS, LOL) then)
+        self._module_read: dict[str, tuple[int, tuple[bool, bool]]] = {}
+        self._module_lock = threading.Lock()
         self._agent_streams: AgentStreams | None = None
         self.reply_delay_s = 0.0  # fault injection: every output write of a command waits this long
         self.watch_stalled_until_ns = 0  # fault injection (`watch_stall`): the agent's watches print nothing until then
@@ -147,16 +148,19 @@ class EmulatedHostServer:
         self.port = self._listener.getsockname()[1]
         self.known_hosts_path.write_text(
             f"[127.0.0.1]:{self.port} {self.host_key.get_name()} {self.host_key.get_base64()}\n")
-        self._unsubscribe = self.bench.subscribe(self.host_name, self._latch)
+        self.follow_bench()
         self._running = True
         HostsLoop.get().listen(self._listener, self)
         return self
 
+    def follow_bench(self) -> "EmulatedHostServer":
+        """From now on the module's latched flags count (`take_latched`): all the command handlers need, without
+        a listener (devices/emulated/sshd_hosts.py serves them to its tools)."""
+        self._followed_ns = now_ns()
+        return self
+
     def stop(self) -> None:
         self._running = False
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
         with self._lock:
             streams, self._agent_streams = self._agent_streams, None
         if streams is not None:
@@ -253,17 +257,22 @@ class EmulatedHostServer:
             return self._agent_streams
 
     # ------------------------------------------------------------------ state helpers
-    def _latch(self, change) -> None:
-        """Latched module flags: a LOS/LOL seen since the last `ethtool -m` read (clear-on-read)."""
-        if change.field in ETHTOOL_FIELDS and change.value == "1":
-            self._latched.add((change.netdev, change.field))
-
     def take_latched(self, netdev: str) -> tuple[bool, bool]:
-        los = (netdev, "rx_los") in self._latched
-        lol = (netdev, "rx_lol") in self._latched
-        self._latched.discard((netdev, "rx_los"))
-        self._latched.discard((netdev, "rx_lol"))
-        return los, lol
+        """The module's latched (LOS, LOL), cleared by this read: set where the flag rose in a change due since the
+        port's last read — by due time, not by when the change reached this host (a late delivery must not latch
+        into a later read a loss the earlier read already covered)."""
+        key = f"{self.host_name}:{netdev}"
+        with self._module_lock:
+            since, (los, lol) = self._module_read.get(netdev, (self._followed_ns, (True, True)))
+            now, changes = self.bench.nic_changes(since)
+            latched = [False, False]
+            for _, port, state in changes:
+                if port == key:
+                    latched[0] |= state.rx_los and not los
+                    latched[1] |= state.rx_lol and not lol
+                    los, lol = state.rx_los, state.rx_lol
+            self._module_read[netdev] = (max(now, since), (los, lol))
+        return latched[0], latched[1]
 
     def nic_by_netdev(self, netdev: str):
         return next((m for m in self.bench.nic_ports(self.host_name) if m.netdev == netdev), None)
