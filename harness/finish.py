@@ -85,21 +85,16 @@ class TruthBlocks:
     def __init__(self, emulated, cycle_starts: list[tuple[int, int]], stages):
         from analysis.accuracy import cycle_of
 
-        self.t, self.code, self.keys = emulated.physics.ground_truth_columns(stages)
+        self.t, self.code, self.keys = emulated.ground_truth_columns(stages)
         self.cycle = cycle_of(self.t, cycle_starts)
         keep = self.cycle >= 1
         self.t, self.code, self.cycle = self.t[keep], self.code[keep], self.cycle[keep]
 
     def of_cycles(self, a: int, b: int) -> pd.DataFrame:
+        from devices.emulated.truth import truth_frame
+
         rows = (self.cycle >= a) & (self.cycle < b)
-        code = self.code[rows]
-        frame = {"t_ns": self.t[rows]}
-        for i, name in enumerate(("stage", "host", "port", "ocs_port")):
-            values = np.empty(len(self.keys), dtype=object)
-            values[:] = [k[i] for k in self.keys]
-            frame[name] = values[code] if len(self.keys) else np.array([], dtype=object)
-        frame = pd.DataFrame(frame)
-        frame["ocs_port"] = frame["ocs_port"].astype("int64")
+        frame = truth_frame(self.t[rows], self.code[rows], self.keys)
         frame["cycle"] = self.cycle[rows]
         return frame
 

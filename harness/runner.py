@@ -30,18 +30,11 @@ from harness import record as rec
 from harness.bench.emulated import load_profile
 from harness.benchspec import BENCH_KINDS, NETNS_KINDS, emulated_spec
 from harness.config import MAX_CYCLES, STEP_TYPES, Playbook, load_inventory, load_playbook
-from harness.errors import InputError
+from harness.errors import Aborted, InputError
 from harness.eventlog import EventLog
 from harness.events import Event
 from harness.finish import console_summary, finish_run
 from harness.steps import StepOutcome
-
-class Aborted(Exception):
-    """SIGTERM (or SIGINT) arrived; the run stops and tears down."""
-
-    def __init__(self, signame: str = "SIGTERM"):
-        super().__init__(signame)
-        self.signame = signame
 
 
 @dataclass

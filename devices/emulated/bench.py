@@ -213,18 +213,32 @@ class EmulatedBench:
     def ground_truth(self) -> list[dict]:
         """The physics' events at their due times; with sshd hosts, a stage a host reads from the kernel or a file
         (devices.emulated.sshd_hosts.REALISED_STAGES) at the middle of the window in which that changed."""
-        truth = self.physics.ground_truth()
+        t, code, keys = self.ground_truth_columns()
+        return [{"t_ns": int(ti), **dict(zip(("stage", "host", "port", "ocs_port"), keys[c]))} for ti, c in zip(t, code)]
+
+    def ground_truth_columns(self, stages=None):
+        """`ground_truth()` as columns (devices.emulated.truth.TruthLog.columns), only `stages` if given."""
+        t, code, keys = self.physics.ground_truth_columns(stages)
         if self.sshd_hosts is None:
-            return truth
+            return t, code, keys
         from devices.emulated.sshd_hosts import REALISED_STAGES
 
         realised = self.sshd_hosts.realised()
-        out = []
-        for row in truth:
-            marks = REALISED_STAGES.get(row["stage"])
-            window = marks and realised.get((row["host"], row["port"], *marks, row["t_ns"]))
-            out.append({**row, "t_ns": (window[0] + window[1]) // 2} if window else row)
-        return out
+        for k, (stage, host, port, _) in enumerate(keys):
+            marks = REALISED_STAGES.get(stage)
+            if not marks:
+                continue
+            for i in (code == k).nonzero()[0]:
+                window = realised.get((host, port, *marks, int(t[i])))
+                if window:
+                    t[i] = (window[0] + window[1]) // 2
+        return t, code, keys
+
+    def ground_truth_frame(self, stages=None):
+        """`ground_truth()` as a DataFrame (devices.emulated.truth.TRUTH_COLUMNS), only `stages` if given."""
+        from devices.emulated.truth import truth_frame
+
+        return truth_frame(*self.ground_truth_columns(stages))
 
     def stop(self) -> None:
         for server in self.host_servers.values():

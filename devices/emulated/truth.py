@@ -48,21 +48,19 @@ class TruthLog:
     def frame(self, stages=None):
         """The rows as a DataFrame (TRUTH_COLUMNS; strings as objects, shared per distinct value), only those of
         `stages` if given."""
-        import numpy as np
-        import pandas as pd
+        return truth_frame(*self.columns(stages))
 
-        # copies at once: a view would keep the arrays from growing (BufferError in whoever appends next)
-        t = np.frombuffer(self._t, dtype=np.int64).copy() if len(self._t) else np.array([], dtype=np.int64)
-        code = np.frombuffer(self._code, dtype=np.int64).copy() if len(self._code) else np.array([], dtype=np.int64)
-        if stages is not None:
-            wanted = np.array([k[0] in stages for k in self._keys] or [False])
-            keep = wanted[code]
-            t, code = t[keep], code[keep]
-        columns = {"t_ns": t}
-        for i, name in enumerate(TRUTH_COLUMNS[1:]):
-            values = np.empty(len(self._keys), dtype=object)
-            values[:] = [k[i] for k in self._keys]
-            columns[name] = values[code] if len(self._keys) else np.array([], dtype=object)
-        frame = pd.DataFrame(columns)
-        frame["ocs_port"] = frame["ocs_port"].astype("int64")
-        return frame
+
+def truth_frame(t, code, keys):
+    """Truth columns (TruthLog.columns) as a DataFrame of TRUTH_COLUMNS, strings shared per distinct value."""
+    import numpy as np
+    import pandas as pd
+
+    columns = {"t_ns": t}
+    for i, name in enumerate(TRUTH_COLUMNS[1:]):
+        values = np.empty(len(keys), dtype=object)
+        values[:] = [k[i] for k in keys]
+        columns[name] = values[code] if len(keys) else np.array([], dtype=object)
+    frame = pd.DataFrame(columns)
+    frame["ocs_port"] = frame["ocs_port"].astype("int64")
+    return frame

@@ -49,7 +49,7 @@ def truth_frame(emulated, cycle_starts: list[tuple[int, int]], stages: tuple[str
     if emulated.netns is not None:
         # Real frames cross the namespaces: the physics' modelled first packet is not the truth there.
         stages.discard("first_packet")
-    truth = assign_cycles(emulated.physics.ground_truth_frame(stages), cycle_starts)
+    truth = assign_cycles(emulated.ground_truth_frame(stages), cycle_starts)
     return truth[truth["cycle"] >= 1]
 
 

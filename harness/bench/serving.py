@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pandas as pd
 
-from harness.errors import InputError
+from harness.errors import Aborted, InputError
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -89,7 +89,6 @@ def run_replay(requests: pd.DataFrame, url: str | None, p: dict, windows: pd.Dat
                log_path: Path):
     """One asyncio loop for the endpoint and the replay. SIGTERM cancels the replay (in-flight requests get
     their records, the log is flushed) and then raises the runner's Aborted, so teardown runs as usual."""
-    from harness.runner import Aborted
 
     terminated: list[bool] = []
 
