@@ -25,6 +25,13 @@ class ServiceModel:
         if min(self.prefill_tokens_per_s, self.decode_tokens_per_s, self.time_scale) <= 0 or self.batch_slots < 1:
             raise ValueError("service rates, time_scale and batch_slots must be positive")
 
+    @classmethod
+    def of_step(cls, p: dict) -> "ServiceModel":
+        """The model a serving step's parameters describe (the emulated endpoint's)."""
+        return cls(prefill_tokens_per_s=p["prefill_tokens_per_s"], decode_tokens_per_s=p["decode_tokens_per_s"],
+                   batch_slots=p["batch_slots"], max_model_len=p["max_model_len"], time_scale=p["time_scale"],
+                   stream_interval_s=p.get("stream_interval_s", 0.0))
+
 
 @dataclass(frozen=True)
 class InterferenceWindow:

@@ -144,10 +144,10 @@ class ServingEndpoint:
     `async with ServingEndpoint(params) as endpoint:` then `endpoint.url`, `endpoint.interfere(...)`."""
 
     def __init__(self, p: dict):
+        from analysis.serving import ServiceModel
         from devices.emulated.vllm_server import VllmEmulator
-        from harness.bench.serving import service_model
 
-        self.server = VllmEmulator(service_model(p), model=p["model"])
+        self.server = VllmEmulator(ServiceModel.of_step(p), model=p["model"])
 
     @property
     def url(self) -> str:

@@ -44,15 +44,6 @@ def check_endpoint(step, endpoint: str, real_bench: bool) -> str | None:
     return endpoint.rstrip("/")
 
 
-def service_model(p: dict):
-    """The emulated endpoint's service model from a step's parameters."""
-    from analysis.serving import ServiceModel
-
-    return ServiceModel(prefill_tokens_per_s=p["prefill_tokens_per_s"], decode_tokens_per_s=p["decode_tokens_per_s"],
-                        batch_slots=p["batch_slots"], max_model_len=p["max_model_len"], time_scale=p["time_scale"],
-                        stream_interval_s=p.get("stream_interval_s", 0.0))
-
-
 def warm_pool_size(requests: pd.DataFrame, service, max_connections: int) -> int:
     """Keep-alive connections to open before the first request: the most requests the service model has in
     flight at once over the trace (the emulated endpoint's own model; an estimate for a real endpoint), with
@@ -67,12 +58,13 @@ def warm_pool_size(requests: pd.DataFrame, service, max_connections: int) -> int
 async def serve_and_replay(requests: pd.DataFrame, url: str | None, p: dict, windows: pd.DataFrame | None,
                            log_path: Path):
     from devices.timing import now_ns
+    from analysis.serving import ServiceModel
     from harness.bench.emulated import ServingEndpoint
     from traces.replay import ReplayConfig, prepared_prompts, replay_requests
 
     async with contextlib.AsyncExitStack() as stack:
         emulator = None if url is not None else await stack.enter_async_context(ServingEndpoint(p))
-        warm = p.get("warm_connections") or warm_pool_size(requests, service_model(p), p["max_connections"])
+        warm = p.get("warm_connections") or warm_pool_size(requests, ServiceModel.of_step(p), p["max_connections"])
         config = ReplayConfig(url=url or emulator.url, model=p["model"], time_scale=p["time_scale"],
                               timeout_s=p["timeout_s"], max_connections=p["max_connections"],
                               prompt_seed=p.get("prompt_seed", 0), warm_connections=warm)
