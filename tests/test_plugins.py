@@ -85,7 +85,12 @@ def test_a_broken_installed_plugin_is_named_in_a_one_line_error(tmp_path):
            "ModuleNotFoundError: No module named 'not_a_module_anywhere'" in result.stderr
 
 
-def test_imports_in_a_playbook_register_before_its_steps_are_checked(tmp_path):
+def test_imports_in_a_playbook_register_before_its_steps_are_checked(tmp_path, monkeypatch):
+    from harness import config
+
+    # the type registered here must not outlive the test (the playbook schema lists every registered type)
+    monkeypatch.setitem(config.STEP_TYPES, "lab_noop_for_test_plugins", None)  # undone last: the key removed
+    monkeypatch.delitem(config.STEP_TYPES, "lab_noop_for_test_plugins")
     module = tmp_path / "lab" / "noop_step.py"
     module.parent.mkdir()
     module.write_text(textwrap.dedent("""\
