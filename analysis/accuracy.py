@@ -33,12 +33,17 @@ def assign_cycles(truth: pd.DataFrame, cycle_starts: list[tuple[int, int]]) -> p
 
 
 def match(events: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
-    """First recorded event and first true event per (cycle, stage, host, port); error = recorded − true."""
+    """First recorded event and first true event per (cycle, stage, host, port); error = recorded − true.
+    Covered: the recorded bound meets the truth's — the truth is a point unless the frame has `truth_halfwidth_ns`
+    (an emulator that knows a change only to within a window: sshd hosts' kernel and file changes)."""
     rec = events.groupby(KEY, observed=True).agg(t_ns=("t_ns", "min"), uncertainty_ns=("uncertainty_ns", "first"))
-    tru = truth.groupby(KEY, observed=True)["t_ns"].min().rename("true_ns")
+    columns = ["t_ns", "truth_halfwidth_ns"] if "truth_halfwidth_ns" in truth else ["t_ns"]
+    tru = (truth.sort_values("t_ns", kind="stable").groupby(KEY, observed=True)[columns].first()
+           .rename(columns={"t_ns": "true_ns"}))
     joined = rec.join(tru, how="inner").reset_index()
     joined["error_ns"] = joined["t_ns"] - joined["true_ns"]
-    joined["covered"] = joined["error_ns"].abs() <= joined["uncertainty_ns"]
+    slack = joined["truth_halfwidth_ns"] if "truth_halfwidth_ns" in joined else 0
+    joined["covered"] = joined["error_ns"].abs() <= joined["uncertainty_ns"] + slack
     return joined
 
 

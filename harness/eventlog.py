@@ -25,7 +25,7 @@ from harness.events import EVENT_COLUMNS, GROUND_TRUTH_COLUMNS, STAGES, Event
 
 log = logging.getLogger(__name__)
 
-_INT_COLUMNS = frozenset({"cycle", "ocs_port", "t_ns", "offset_ns", "uncertainty_ns"})
+_INT_COLUMNS = frozenset({"cycle", "ocs_port", "t_ns", "offset_ns", "uncertainty_ns", "truth_halfwidth_ns"})
 EVENT_DTYPES = {c: ("int64" if c in _INT_COLUMNS else "string") for c in EVENT_COLUMNS}
 GROUND_TRUTH_DTYPES = {c: ("int64" if c in _INT_COLUMNS else "string") for c in GROUND_TRUTH_COLUMNS}
 ROW_GROUP_ROWS = 1 << 16  # events per Parquet row group written during a run (~1 100 cycles of 8 ports)
@@ -366,10 +366,10 @@ class GroundTruth:
     def __init__(self):
         self._rows: list[tuple] = []
 
-    def add(self, cycle: int, stage: str, host: str, port: str, t_ns: int) -> None:
+    def add(self, cycle: int, stage: str, host: str, port: str, t_ns: int, halfwidth_ns: int = 0) -> None:
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}")
-        self._rows.append((int(cycle), stage, host, port, int(t_ns)))
+        self._rows.append((int(cycle), stage, host, port, int(t_ns), int(halfwidth_ns)))
 
     def __len__(self) -> int:
         return len(self._rows)

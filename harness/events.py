@@ -7,7 +7,7 @@ from analysis.stages import STAGES, STAGES_DOWN, STAGES_UP  # noqa: F401  (stage
 
 EVENT_COLUMNS = ("run_id", "cycle", "stage", "host", "device", "port", "ocs_port", "t_ns", "offset_ns",
                  "uncertainty_ns", "source")
-GROUND_TRUTH_COLUMNS = ("cycle", "stage", "host", "port", "t_ns")
+GROUND_TRUTH_COLUMNS = ("cycle", "stage", "host", "port", "t_ns", "truth_halfwidth_ns")  # t_ns ± half-width
 
 
 @record

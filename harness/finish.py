@@ -85,16 +85,19 @@ class TruthBlocks:
     def __init__(self, emulated, cycle_starts: list[tuple[int, int]], stages):
         from analysis.accuracy import cycle_of
 
-        self.t, self.code, self.keys = emulated.ground_truth_columns(stages)
+        self.t, self.code, self.keys, self.halfwidth = emulated.ground_truth_columns(stages)
         self.cycle = cycle_of(self.t, cycle_starts)
         keep = self.cycle >= 1
         self.t, self.code, self.cycle = self.t[keep], self.code[keep], self.cycle[keep]
+        if self.halfwidth is not None:
+            self.halfwidth = self.halfwidth[keep]
 
     def of_cycles(self, a: int, b: int) -> pd.DataFrame:
         from devices.emulated.truth import truth_frame
 
         rows = (self.cycle >= a) & (self.cycle < b)
-        frame = truth_frame(self.t[rows], self.code[rows], self.keys)
+        frame = truth_frame(self.t[rows], self.code[rows], self.keys,
+                            None if self.halfwidth is None else self.halfwidth[rows])
         frame["cycle"] = self.cycle[rows]
         return frame
 
@@ -130,6 +133,8 @@ class GroundTruthFile:
         return table.to_pandas() if len(table) else None
 
     def write(self, truth: pd.DataFrame) -> None:
+        if "truth_halfwidth_ns" not in truth:  # exact truth
+            truth = truth.assign(truth_halfwidth_ns=0)
         frame = truth[list(GROUND_TRUTH_COLUMNS)].astype(GROUND_TRUTH_DTYPES)
         if len(frame):
             self.writer.write_table(pa.Table.from_pandas(frame, schema=self.schema, preserve_index=False))

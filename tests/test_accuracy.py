@@ -105,3 +105,16 @@ def test_the_recorded_ocs_command_against_the_switchs_record():
     assert table["arrived_by"] == {"handled": 1, "kernel": 1}
     assert table["transit_max_ms"] == 40 / 1e6 and abs(table["transit_p50_ms"] - 5 / 1e6) < 1e-15
     assert table["settled_to_completed_n"] == 2 and abs(table["settled_to_completed_p50_ms"] - 200 / 1e6) < 1e-15
+
+
+def test_a_truth_known_to_within_a_window_is_met_by_a_bound_that_reaches_the_window():
+    """sshd hosts' kernel changes are known only to within the window of the call that made them: a recorded
+    bound covers such a truth when the two intervals meet, and not otherwise."""
+    key = {"cycle": [1, 1, 1], "stage": ["phy_up"] * 3, "host": ["h"] * 3, "port": ["p0", "p1", "p2"]}
+    events = pd.DataFrame({**key, "t_ns": [1_000, 1_000, 1_000], "uncertainty_ns": [100, 100, 100]})
+    truth = pd.DataFrame({**key, "t_ns": [1_500, 1_500, 1_150], "truth_halfwidth_ns": [400, 399, 0]})
+    m = match(events, truth).set_index("port")
+    assert m["covered"].tolist() == [True, False, False]
+    assert m["error_ns"].tolist() == [-500, -500, -150]
+    exact = match(events, truth.drop(columns="truth_halfwidth_ns")).set_index("port")
+    assert not exact["covered"].any()

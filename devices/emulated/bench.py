@@ -213,17 +213,22 @@ class EmulatedBench:
     def ground_truth(self) -> list[dict]:
         """The physics' events at their due times; with sshd hosts, a stage a host reads from the kernel or a file
         (devices.emulated.sshd_hosts.REALISED_STAGES) at the middle of the window in which that changed."""
-        t, code, keys = self.ground_truth_columns()
+        t, code, keys, _ = self.ground_truth_columns()
         return [{"t_ns": int(ti), **dict(zip(("stage", "host", "port", "ocs_port"), keys[c]))} for ti, c in zip(t, code)]
 
     def ground_truth_columns(self, stages=None):
-        """`ground_truth()` as columns (devices.emulated.truth.TruthLog.columns), only `stages` if given."""
+        """`ground_truth()` as columns (devices.emulated.truth.TruthLog.columns), only `stages` if given, and
+        each row's half-width (None where every row is exact): a realised stage is known only to within its
+        window, which a loaded machine widens."""
         t, code, keys = self.physics.ground_truth_columns(stages)
         if self.sshd_hosts is None:
-            return t, code, keys
+            return t, code, keys, None
+        import numpy as np
+
         from devices.emulated.sshd_hosts import REALISED_STAGES
 
         realised = self.sshd_hosts.realised()
+        halfwidth = np.zeros(len(t), dtype=np.int64)
         for k, (stage, host, port, _) in enumerate(keys):
             marks = REALISED_STAGES.get(stage)
             if not marks:
@@ -232,7 +237,8 @@ class EmulatedBench:
                 window = realised.get((host, port, *marks, int(t[i])))
                 if window:
                     t[i] = (window[0] + window[1]) // 2
-        return t, code, keys
+                    halfwidth[i] = (window[1] - window[0] + 1) // 2
+        return t, code, keys, halfwidth
 
     def ground_truth_frame(self, stages=None):
         """`ground_truth()` as a DataFrame (devices.emulated.truth.TRUTH_COLUMNS), only `stages` if given."""

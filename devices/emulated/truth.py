@@ -51,8 +51,9 @@ class TruthLog:
         return truth_frame(*self.columns(stages))
 
 
-def truth_frame(t, code, keys):
-    """Truth columns (TruthLog.columns) as a DataFrame of TRUTH_COLUMNS, strings shared per distinct value."""
+def truth_frame(t, code, keys, halfwidth=None):
+    """Truth columns (TruthLog.columns) as a DataFrame of TRUTH_COLUMNS, strings shared per distinct value; with
+    `halfwidth` (ns a row's time may be off: its window's half), a truth_halfwidth_ns column as well."""
     import numpy as np
     import pandas as pd
 
@@ -63,4 +64,6 @@ def truth_frame(t, code, keys):
         columns[name] = values[code] if len(keys) else np.array([], dtype=object)
     frame = pd.DataFrame(columns)
     frame["ocs_port"] = frame["ocs_port"].astype("int64")
+    if halfwidth is not None:
+        frame["truth_halfwidth_ns"] = halfwidth
     return frame
