@@ -1,8 +1,8 @@
 """`--bench emulated-sshd:PROFILE`: the hosts are Debian's OpenSSH sshd in the namespaces of the netns data plane,
 reached with pinned host keys; the real agent watches the real veth carrier there, and only the hardware tools are
 the emulator's. A short turnaround on it against the emulator's ground truth. Needs root, sshd, iproute2 and a C
-compiler (.ci/run installs them); skipped with the reason otherwise. Bounds are loose: a loaded machine widens the
-intervals, never moves the truth out of them."""
+compiler (.ci/run installs them); skipped with the reason otherwise. Not yet robust on a loaded machine: run alone
+(`pytest -m alone`)."""
 from __future__ import annotations
 
 import re
@@ -13,7 +13,9 @@ import yaml
 from devices.emulated.netns import netns_available
 from devices.emulated.sshd_hosts import sshd_missing
 
-pytestmark = pytest.mark.netns
+# Alone: beside the parallel suite on 2 cores, `ethtool -m` round trips reach 100-180 ms and a port's loss of
+# light can be read in the wrong cycle (coverage 0.94, 3 faulted cycles); idle, it holds.
+pytestmark = [pytest.mark.netns, pytest.mark.alone]
 _UNAVAILABLE = netns_available() or sshd_missing()
 if _UNAVAILABLE:
     pytest.skip(f"emulated-sshd: {_UNAVAILABLE}", allow_module_level=True)
