@@ -30,32 +30,64 @@ def _claims(run_dir: Path, summary: dict) -> list[tuple[str, dict]]:
 def junit_xml(run_dir: Path) -> str:
     """The record in `run_dir` as a JUnit XML document (testsuites)."""
     record = json.loads((run_dir / "summary.json").read_text())
+    root = ET.Element("testsuites", name=str(record.get("playbook", "")),
+                      time=f"{float((record.get('summary') or {}).get('wall_s') or 0.0):.3f}")
+    return _document(root, _run_suites(root, run_dir))
+
+
+def sweep_junit_xml(name: str, points: list[tuple[str, Path]]) -> str:
+    """A sweep as one JUnit XML document: every point's suites, named `POINT/SUITE`; a point without a run record
+    is one failed case (it never ran to a record)."""
+    root = ET.Element("testsuites", name=name)
+    totals = [0, 0]
+    for point, run_dir in points:
+        if (run_dir / "summary.json").is_file():
+            tests, failures = _run_suites(root, run_dir, prefix=f"{point}/")
+        else:
+            tests, failures = _suite(root, f"{point}/run", "", [(f"{name}.{point}", "completed", "failure",
+                                                                 "no run record (summary.json)")])
+        totals[0] += tests
+        totals[1] += failures
+    return _document(root, tuple(totals))
+
+
+def _document(root: ET.Element, totals: tuple[int, int]) -> str:
+    root.set("tests", str(totals[0]))
+    root.set("failures", str(totals[1]))
+    root.set("errors", "0")
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _suite(root: ET.Element, name: str, timestamp: str,
+           cases: list[tuple[str, str, str | None, str | None]]) -> tuple[int, int]:
+    """cases: (classname, name, outcome None|'failure'|'skipped', message). Returns (tests, failures)."""
+    failures = sum(c[2] == "failure" for c in cases)
+    skipped = sum(c[2] == "skipped" for c in cases)
+    el = ET.SubElement(root, "testsuite", name=name, tests=str(len(cases)), failures=str(failures), errors="0",
+                       skipped=str(skipped), timestamp=timestamp)
+    for classname, case, outcome, message in cases:
+        tc = ET.SubElement(el, "testcase", classname=classname, name=case, time="0")
+        if outcome is not None:
+            ET.SubElement(tc, outcome, message=message or "", type=outcome).text = message or ""
+    return len(cases), failures
+
+
+def _run_suites(root: ET.Element, run_dir: Path, prefix: str = "") -> tuple[int, int]:
+    """One run record's suites (steps, claims, run) added to `root`, names prefixed. Returns (tests, failures)."""
+    record = json.loads((run_dir / "summary.json").read_text())
     summary = record.get("summary") or {}
-    wall = float(summary.get("wall_s") or 0.0)
-    root = ET.Element("testsuites", name=str(record.get("playbook", "")), time=f"{wall:.3f}")
-    totals = {"tests": 0, "failures": 0, "errors": 0}
-
-    def suite(name: str, cases: list[tuple[str, str, str | None, str | None]]) -> None:
-        """cases: (classname, name, outcome None|'failure'|'skipped', message)."""
-        failures = sum(c[2] == "failure" for c in cases)
-        skipped = sum(c[2] == "skipped" for c in cases)
-        el = ET.SubElement(root, "testsuite", name=name, tests=str(len(cases)), failures=str(failures), errors="0",
-                           skipped=str(skipped), timestamp=str(record.get("started_utc", "")))
-        for classname, case, outcome, message in cases:
-            tc = ET.SubElement(el, "testcase", classname=classname, name=case, time="0")
-            if outcome is not None:
-                ET.SubElement(tc, outcome, message=message or "", type=outcome).text = message or ""
-        totals["tests"] += len(cases)
-        totals["failures"] += failures
-
+    stamp = str(record.get("started_utc", ""))
+    playbook = record.get("playbook", "run")
+    counts = []
     for step, result in (summary.get("steps") or {}).items():
-        cases = [(f"{record.get('playbook', 'run')}.{step}", str(c.get("name", "check")),
+        cases = [(f"{playbook}.{step}", str(c.get("name", "check")),
                   None if c.get("ok") else "failure", None if c.get("ok") else str(c.get("detail", "")))
                  for c in result.get("checks") or []]
         if not cases:  # a step without checks still ran (or did not): one case for the step itself
-            cases = [(f"{record.get('playbook', 'run')}.{step}", "step",
+            cases = [(f"{playbook}.{step}", "step",
                       None if result.get("ok") else "failure", None if result.get("ok") else "step not ok")]
-        suite(step, cases)
+        counts.append(_suite(root, prefix + step, stamp, cases))
     claims = _claims(run_dir, summary)
     if claims:
         cases = []
@@ -66,15 +98,13 @@ def junit_xml(run_dir: Path) -> str:
                 or verdict.startswith("inconsistent") else "skipped"
             cases.append((f"claims.{Path(artifact).stem}", str(c["id"]), outcome,
                           None if outcome is None else why if why.startswith(verdict) else f"{verdict}: {why}"))
-        suite("claims", cases)
+        counts.append(_suite(root, prefix + "claims", stamp, cases))
     outcome = record.get("outcome")
-    suite("run", [(f"{record.get('playbook', 'run')}.run", "completed",  # a run that stopped early fails this case
-               None if outcome in (None, "completed") else "failure",
-               None if outcome in (None, "completed") else f"{outcome}: {record.get('error') or ''}".rstrip(": "))])
-    for key, value in totals.items():
-        root.set(key, str(value))
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    counts.append(_suite(root, prefix + "run", stamp, [(f"{playbook}.run", "completed",  # a run stopped early fails
+                                                       None if outcome in (None, "completed") else "failure",
+                                                       None if outcome in (None, "completed") else
+                                                       f"{outcome}: {record.get('error') or ''}".rstrip(": "))]))
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
 def write_junit(run_dir: Path, path: Path) -> Path:

@@ -9,6 +9,7 @@ import json
 import textwrap
 import threading
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pandas as pd
@@ -22,6 +23,7 @@ from harness import sweep
 from harness.cli import main
 from harness.config import load_inventory, load_playbook, override
 from harness.errors import InputError
+from harness.junit import junit_xml
 from harness.lock import BenchLease, ocs_lease_keys
 
 PROFILE = {"name": "two-hosts", "description": "small, instant", "source": "none (a test fixture).",
@@ -114,8 +116,18 @@ def test_sweep_on_a_local_cluster_equals_serial_grows_resumes_and_refuses_a_chan
     run = tmp_path / "dask" / "points" / parallel["run_dir"][1]
     assert yaml.safe_load(next((run / "inputs").glob("*profile*.yaml")).read_text())["ocs"]["switch"]["ms"] == 3.0
     capsys.readouterr()
-    assert main(["sweep", str(path), "--out", str(tmp_path / "dask"), "-q"]) == 0   # resume: nothing to run
+    junit = tmp_path / "sweep-junit.xml"
+    assert main(["sweep", str(path), "--out", str(tmp_path / "dask"), "-q", "--junit", str(junit)]) == 0  # resume
     assert "(0 run now, 2 already finished)" in capsys.readouterr().out
+    # the sweep's JUnit file: each point's own run file (harness.junit.junit_xml), its suites named POINT/SUITE
+    suites = ET.parse(junit).getroot()
+    for point in parallel["run_dir"]:
+        own = ET.fromstring(junit_xml(tmp_path / "dask" / "points" / point))
+        mine = [el for el in suites if el.get("name").startswith(f"{point}/")]
+        assert [el.get("name") for el in mine] == [f"{point}/{el.get('name')}" for el in own]
+        assert [[(c.get("name"), [o.tag for o in c]) for c in el] for el in mine] == \
+            [[(c.get("name"), [o.tag for o in c]) for c in el] for el in own]
+    assert suites.get("tests") == str(sum(len(el) for el in suites)) and suites.get("failures") == "0"
     # a point that ran is never redefined: another warm-up changes every point's playbook
     path.write_text(path.read_text().replace("[1.0, 3.0]", "[1.0, 3.0, 4.0]").replace("clock_warmup_s: 0.1",
                                                                                         "clock_warmup_s: 0.2"))

@@ -22,6 +22,8 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="one machine-readable result line on stdout (sweep dir, "
                                                       "results file, points, failed points, exit code); the "
                                                       "progress bar and the summary stay on stderr")
+    p.add_argument("--junit", metavar="FILE", help="also write every point's checks and claims as JUnit XML to FILE "
+                                                  "(suites named POINT/SUITE)")
     p.set_defaults(func=_sweep)
 
 
@@ -55,6 +57,14 @@ def _sweep(args) -> int:
         print(f"  point {o['point']}: exit {o.get('exit_code')}" + (f": {o['error']}" if o.get("error") else ""),
               file=out)
     code = 0 if not failed else (2 if all(o.get("exit_code") == 2 for o in failed) else 1)
+    if args.junit:
+        from pathlib import Path
+
+        from harness.junit import sweep_junit_xml
+        from harness.record import write_text_atomic
+
+        write_text_atomic(Path(args.junit), sweep_junit_xml(plan.sweep_dir.name,
+                                                            [(job.name, Path(job.run_dir)) for job in plan.jobs]))
     if args.json:
         print(json.dumps({"sweep_dir": str(plan.sweep_dir), "results": str(plan.sweep_dir / sweep.RESULTS_NAME),
                           "points": len(plan.points), "ran": ran, "rows": len(frame), "exit_code": code,
