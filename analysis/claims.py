@@ -24,6 +24,7 @@ identical to a serial run. The output is JSON-serialisable and identical for ide
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
@@ -1106,17 +1107,10 @@ def model_scorecard(setup: Setup, baseline: Assumptions, *, max_workers: int | N
     """The model fitted to the authors' record on TRAIN_LINKS (`fit_record`) at the baseline assumptions, and
     its scorecard over every link they published: {"fit": RecordFit, **scorecard}. It depends on the setup and
     the baseline alone (not on any measurement), so a process computes it once per pair (~10 s of CPU)."""
-    key = (setup, baseline)
-    if key not in _SCORECARDS:
-        while len(_SCORECARDS) >= 4:
-            _SCORECARDS.pop(next(iter(_SCORECARDS)))
-        _SCORECARDS[key] = _model_scorecard(setup, baseline, max_workers)
-    return copy.deepcopy(_SCORECARDS[key])
+    return copy.deepcopy(_model_scorecard(setup, baseline, max_workers))  # a copy: callers take parts out
 
 
-_SCORECARDS: dict[tuple, dict] = {}  # (setup, baseline) -> scorecard, the oldest dropped first
-
-
+@functools.lru_cache(maxsize=4)
 def _model_scorecard(setup: Setup, baseline: Assumptions, max_workers: int | None) -> dict:
     models = setup.record_models
     parts = _pool_map(_record_task, [(setup, baseline, m) for m in models], max_workers)
