@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from devices.emulated import dataplane, formats
+from devices.emulated import dataplane, formats, leafspine
 from devices.emulated.host.context import ExecContext, Handler, fake_pid
 from devices.timing import now_ns
 
@@ -137,13 +137,60 @@ class _DataPlane:
                 return None
 
 
+_RENDEZVOUS_S = 30.0  # NCCL's own bootstrap gives up after a while; a rank alone waits this long
+
+
+def _on_leafspine(ctx: ExecContext, plane: _DataPlane, declared, me, plan) -> list[tuple[int, int]] | None:
+    """The rank's transfers as part of the collective of `me` and its peers over the emulated leaf–spine
+    (devices/emulated/leafspine.py): every rank joins, the collective starts when the last has."""
+    steps = [[(m.key, send, recv) for m, send, recv in step] for step in plan]
+    group = leafspine.join(ctx.bench, declared, me.key, steps, int(plane.latency_s / plane.time_scale * 1e9),
+                           plane.time_scale, me.speed_mbps / 1000)
+    deadline = now_ns() + int(_RENDEZVOUS_S * 1e9)
+    while group["collective"] is None and group["error"] is None:
+        if now_ns() > deadline:
+            ctx.err(f"alltoall_perf: {me.key}: the other ranks did not join within {_RENDEZVOUS_S:g} s\n")
+            return None
+        if not ctx.sleep(0.001):
+            return None
+    if group["error"]:
+        ctx.err(f"alltoall_perf: {group['error']}\n")
+        return None
+    coll = group["collective"]
+    view = dataplane.counters(ctx.bench, me.key).start(lambda _t0: leafspine.RankView(coll, me.key), now_ns)
+    while True:
+        now = now_ns()
+        view.advance(now)
+        if view.finish_ns is not None:
+            return view.intervals()
+        wait = min(view.projected_finish_ns() - now, _TRANSFER_WAKE_NS) / 1e9
+        if not ctx.sleep(max(wait, 0.0)):
+            return None
+
+
+def _fabric_link(ctx: ExecContext, argv: list[str]) -> int:
+    """`fabric_link PLANE LEAF SPINE down|up`: a leaf–spine link of the emulated fabric shut or opened (the
+    leaf's port, as a switch CLI does it); prints the harness ns it took effect."""
+    try:
+        plane, leaf, spine = (int(x) for x in argv[1:4])
+        state = argv[4]
+        if len(argv) != 5 or state not in ("down", "up") or min(plane, leaf, spine) < 0:
+            raise ValueError
+    except (ValueError, IndexError):
+        ctx.err("usage: fabric_link PLANE LEAF SPINE down|up\n")
+        return 1
+    links = leafspine.links_of(ctx.bench, leafspine.detection_of(ctx.bench))
+    ctx.out(f"{links.set_state((plane, leaf, spine), state == 'up')}\n")
+    return 0
+
+
 def _device_index(ctx: ExecContext, model) -> int:
     return [m.netdev for m in ctx.bench.nic_ports(model.host)].index(model.netdev)
 
 
 _ALLTOALL_USAGE = ("usage: alltoall_perf [-b MINBYTES] [-e MAXBYTES] [-f FACTOR | -i STEPBYTES] [-g 1] [-n ITERS] "
                    "[-w WARMUP] [-c 0|1] [-d TYPE] --peers HOST:NETDEV[=SEND[/RECV]],... [--self HOST:NETDEV] "
-                   "[--link-gbps G] [--eps-gbps G] [--latency-us U] [--time-scale S]\n")
+                   "[--link-gbps G] [--eps-gbps G] [--latency-us U] [--time-scale S] [--fabric planes=P,per_leaf=L,spines=S,lb=M,seed=N]\n")
 
 
 def _alltoall_perf(ctx: ExecContext, argv: list[str]) -> int:
@@ -158,9 +205,10 @@ def _alltoall_perf(ctx: ExecContext, argv: list[str]) -> int:
             "-n": "n", "--iters": "n", "-w": "w", "--warmup_iters": "w", "-c": "c", "--check": "c",
             "-d": "d", "--datatype": "d", "-o": "o", "--op": "o", "-z": "z", "--blocking": "z",
             "--peers": "peers", "--self": "self", "--link-gbps": "link-gbps", "--eps-gbps": "eps-gbps",
-            "--latency-us": "latency-us", "--time-scale": "time-scale"}, {})
+            "--latency-us": "latency-us", "--time-scale": "time-scale", "--fabric": "fabric"}, {})
         if positional:
             raise _ToolUsage(f"unexpected argument {positional[0]!r}")
+        declared = leafspine.Declared.parse(str(opts["fabric"])) if "fabric" in opts else None
         if opts.get("g", "1") != "1" or opts.get("t", "1") != "1":
             raise _ToolUsage("the emulated alltoall_perf runs one rank per process (-g 1 -t 1)")
         dtype = str(opts.get("d", "float"))
@@ -214,7 +262,8 @@ def _alltoall_perf(ctx: ExecContext, argv: list[str]) -> int:
             break
         size = grown
     counts = (warmup, iters, iters)  # warm-up, out-of-place, in-place
-    intervals = plane.run(me, [rank_traffic(size) for size in sizes for n in counts for _ in range(n)])
+    plan = [rank_traffic(size) for size in sizes for n in counts for _ in range(n)]
+    intervals = plane.run(me, plan) if declared is None else _on_leafspine(ctx, plane, declared, me, plan)
     if intervals is None:
         return 1
 
@@ -305,4 +354,5 @@ def _ib_write_bw(ctx: ExecContext, argv: list[str]) -> int:
     return 0
 
 
-COMMANDS: dict[str, Handler] = {"alltoall_perf": _alltoall_perf, "ib_write_bw": _ib_write_bw}
+COMMANDS: dict[str, Handler] = {"alltoall_perf": _alltoall_perf, "ib_write_bw": _ib_write_bw,
+                                "fabric_link": _fabric_link}
