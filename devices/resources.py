@@ -103,6 +103,7 @@ class NicPort:
     ocs: str
     ocs_tx: int
     ocs_rx: int
+    gbps: float | None = None  # the port's physical rate, when the inventory states it
 
     @property
     def key(self) -> str:

@@ -405,6 +405,7 @@ class NicSpec(Spec):
     ocs: str
     tx: int = Field(description="the switch's ingress port this NIC transmits into")
     rx: int = Field(description="the switch's egress port this NIC receives from")
+    gbps: Annotated[float, Field(gt=0)] | None = Field(None, description="the port's physical rate (line rate)")
 
 
 def _absolute_paths(tools: dict[str, str] | None) -> dict[str, str] | None:
@@ -647,7 +648,7 @@ def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = 
                 else:
                     used_ocs_ports[(switch.name, port)] = f"{name}:{nic.netdev}"
             nic_ports.append(NicPort(host=name, netdev=nic.netdev, rdma_dev=nic.rdma_dev, rdma_port=nic.rdma_port,
-                                     ocs=switch.name, ocs_tx=nic.tx, ocs_rx=nic.rx))
+                                     ocs=switch.name, ocs_tx=nic.tx, ocs_rx=nic.rx, gbps=nic.gbps))
     hosts = {}
     if inv is not None:
         for name, spec in inv.hosts.items():

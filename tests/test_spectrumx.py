@@ -19,7 +19,7 @@ def _frame(fraction: float, inflation: float, n: int = 60, links: int = 10, seed
     for pct, failed, scale in ((0.0, 0, 1.0), (10.0, 1, inflation)):
         t = 0.01 * scale * rng.lognormal(0, 0.01, n)
         rows.append(pd.DataFrame({"fail_pct": pct, "failed_links": failed, "links": links, "max_rank_bytes": 1e8,
-                                  "measured_s": t, "modelled_intact_s": 0.01 * fraction, "round": 0,
+                                  "measured_s": t, "modelled_intact_s": 0.01 * fraction, "line_s": 0.01 * fraction, "round": 0,
                                   "iteration": np.arange(n)}))
     return pd.concat(rows, ignore_index=True)
 
@@ -69,7 +69,7 @@ def test_link_failures_and_flaps_on_the_emulated_bench(tmp_path):
     small = {"trace": "generate", "iterations": 2, "layers": 1, "regime_changes": 0, "tokens_per_micro_batch": 1024,
              "hidden_size": 1024, "max_phases": 2}
     playbook = {"name": "lf", "bench": "emulated:burst-mode", "seed": 5, "cycles": 1, "steps": [
-        {"type": "link_failures", "name": "failures", "fail_pct": [0, 10, 50], **small},
+        {"type": "link_failures", "name": "failures", "pull": "circuits", "fail_pct": [0, 10, 50], **small},
         {"type": "link_flaps", "name": "flaps", "fail_pct": [25], "down_ms": 30, "flaps": 1, "ops_before": 2,
          "lead_ms": 20, "tail_ms": 30, "sample_us": 500, **small, "tokens_per_micro_batch": 8192,
          "hidden_size": 4096},  # ~5 ms transfers: a few dozen in the long one
@@ -103,3 +103,62 @@ def test_link_failures_and_flaps_on_the_emulated_bench(tmp_path):
     assert {c["verdict"] for c in verdict["claims"]} <= {"holds", "falsified", "inconclusive", "not applicable"}
     assert verdict["provenance"]["emulated"] and "assumed" in verdict["provenance"]["detection"]["source"]
     assert "Emulated bench" in (run / "report.md").read_text()
+
+
+def test_emulated_leafspine_collective_is_the_fabric_models_answer():
+    # the emulator's ranks, joined as one collective, finish when analysis.fabric says (intact and with links
+    # shut before the start), ECMP and spraying alike; each rank's counters reach its bytes
+    import types
+
+    from analysis import fabric as fb
+    from devices.emulated import leafspine as ls
+
+    class Bench:
+        profile = None
+
+        def __init__(self, n):
+            self.ports = [types.SimpleNamespace(key=f"h{i}:e") for i in range(n)]
+
+        def all_nic_ports(self):
+            return self.ports
+
+    n, pair = 8, 1e6
+    for lb in ("ecmp", "spray"):
+        for dark in ((), ((0, 0, 1), (1, 1, 0))):
+            bench = Bench(n)
+            links = ls.links_of(bench, 0.0)  # detected at once: the collective runs routed around them
+            for link in dark:
+                links.set_state(link, up=False)
+            declared = ls.Declared(2, 4, 2, lb, 3)
+            for p in bench.ports:
+                group = ls.join(bench, declared, p.key, [[(q.key, pair, pair) for q in bench.ports if q is not p]],
+                                0, 1.0, 400.0)
+            coll = group["collective"]
+            views = [ls.RankView(coll, p.key) for p in bench.ports]
+            views[0].advance(coll.start_ns + 10**10)
+            took = max(v.finish_ns for v in views) - coll.start_ns
+            want = fb.alltoall_time(fb.LeafSpine(n, 2, 4, 2, 400.0), pair, lb, dark, seed=3)
+            assert took == pytest.approx(want * 1e9, abs=2)
+            assert views[3].delivered(coll.start_ns + 10**10) == pytest.approx(((n - 1) * pair,) * 2)
+
+
+def test_link_failures_pull_leafspine_links_on_the_emulated_bench(tmp_path):
+    small = {"trace": "generate", "iterations": 1, "layers": 1, "regime_changes": 0, "tokens_per_micro_batch": 2048,
+             "hidden_size": 1024, "max_phases": 1, "zipf_s": 0.0}
+    out = {}
+    for lb in ("ecmp", "spray"):
+        playbook = {"name": "lf", "bench": "emulated:burst-mode", "seed": 5, "cycles": 1, "steps": [
+            {"type": "link_failures", "name": "failures", "fail_pct": [0, 25], "rounds": 2, "planes": 2,
+             "per_leaf": 4, "spines": 2, "load_balancing": lb, **small}]}
+        path = tmp_path / f"{lb}.yaml"
+        path.write_text(yaml.safe_dump(playbook))
+        assert main(["run", str(path), "--out", str(tmp_path / lb), "-q"]) == 0
+        out[lb] = json.loads((tmp_path / lb / "linkfail_failures.json").read_text())
+    for lb, s in out.items():
+        table = s["table"]
+        assert s["provenance"]["fabric"]["links"] == 8 == table[0]["links"]  # 2 planes × 2 leaves × 2 spines
+        assert [r["failed_links"] for r in table] == [0, 2]
+        assert table[1]["capacity_fraction"] == pytest.approx(6 / 8)  # the raw surviving leaf–spine capacity
+        assert 0 < table[0]["line_fraction"] <= 1.0 + 1e-6  # line = the NICs' physical rate (inventory)
+    # per-flow hashing collides on the intact fabric, spraying does not: below and at line rate
+    assert out["ecmp"]["table"][0]["line_fraction"] < out["spray"]["table"][0]["line_fraction"] - 0.05

@@ -193,7 +193,8 @@ class EmulatedBench:
             for p in self.physics.nic_ports(name):
                 (ocs, tx), (_, rx) = on_switch(claimed[p.key][0]), on_switch(claimed[p.key][1])
                 nic_rows.append({"netdev": p.netdev, "rdma_dev": p.rdma_dev, "rdma_port": p.rdma_port, "ocs": ocs,
-                                 "tx": tx, "rx": rx})
+                                 "tx": tx, "rx": rx,
+                                 "gbps": self.physics.nic_snapshot(p.host, p.netdev).speed_mbps / 1000})
             hosts[name] = {
                 "address": res.address, "port": res.port, "user": res.user,
                 "identity_file": res.identity_file, "known_hosts": res.known_hosts,

@@ -28,18 +28,29 @@ import pandas as pd
 
 from analysis import linkfail as lf
 from devices.errors import DeviceError
-from devices.timing import now_ns
+from devices.timing import Deadline, now_ns
 from harness.config import register_step
-from harness.specs import Annotated, AtLeastOne, Expect, Field, Positive
+from analysis.fabric import MODES
+from harness.specs import Annotated, AtLeastOne, Expect, Field, Literal, Positive
 from harness.errors import InputError
 from harness.steps import StepOutcome
 from harness.steps.moe_traffic import SCHEMA as MOE_SCHEMA
-from harness.steps.moe_traffic import MoeTrafficRun, PhaseFailed, circuit_mapping
+from harness.steps.moe_traffic import MoeTrafficRun, PhaseFailed, check_template, circuit_mapping, render_command
 
 Percentages = Annotated[list[Annotated[float, Field(ge=0, lt=100)]], Field(min_length=1),
                         Expect("a list of percentages in [0, 100)")]
 Ops = Annotated[int, Field(ge=2), Expect("a value >= 2")]
-FAILURE_SCHEMA = {**MOE_SCHEMA, "reconfigure": (MOE_SCHEMA["reconfigure"][0], "none"),
+# The packet fabric whose leaf–spine links a study pulls (pull: fabric): its shape and load balancing as the
+# bench has them (the emulated bench builds it so), and how a link is shut / opened on it: a command run on
+# `fabric_host` (default: the first endpoint's host), e.g. on Cumulus "nv set interface swp{spine} link state
+# {state} && nv config apply" behind an ssh to the leaf; the emulated hosts have `fabric_link`.
+FABRIC_SCHEMA = {"pull": (Literal[("fabric", "circuits")], "fabric"),
+                 "planes": (AtLeastOne, 2), "per_leaf": (AtLeastOne, 4), "spines": (AtLeastOne, 4),
+                 "load_balancing": (Literal[MODES], "ecmp"),
+                 "fabric_command": (str, "fabric_link {plane} {leaf} {spine} {state}"),
+                 "fabric_host": (str, ""),
+                 "settle_ms": (Positive, 10.0)}  # after a pull, before measuring: the fabric routed around it
+FAILURE_SCHEMA = {**MOE_SCHEMA, **FABRIC_SCHEMA, "reconfigure": (MOE_SCHEMA["reconfigure"][0], "none"),
                   "fail_pct": (Percentages, [0, 10, 25, 50]),
                   "rounds": (AtLeastOne, 1)}  # each round: every f once, in a seeded random order (no f always first)
 FLAP_SCHEMA = {**MOE_SCHEMA, "reconfigure": (MOE_SCHEMA["reconfigure"][0], "none"), "fail_pct": (Percentages, [10]),
@@ -57,6 +68,10 @@ class LinkStudy:
         self.fail_pct = [float(v) for v in self.p["fail_pct"]]  # in [0, 100): the spec
         self.rng = np.random.default_rng([int(ctx.seed), 13])
 
+    @property
+    def on_fabric(self) -> bool:
+        return self.p.get("pull") == "fabric"
+
     def setup(self):
         from analysis.mixnet import greedy_circuits
 
@@ -64,6 +79,8 @@ class LinkStudy:
         trace = moe.load_trace()
         self.phases, demand = moe.phases(trace)
         self.n = self.phases[0].matrix.shape[0]
+        if self.on_fabric:
+            return self._setup_fabric()
         hosts = moe.open_bench(self.n)
         self.full = np.zeros_like(moe.current)
         self.full[: self.n, : self.n] = greedy_circuits(sum(demand.values()), 1, moe.b_ocs, moe.b_eps)
@@ -72,6 +89,54 @@ class LinkStudy:
             raise InputError(f"step {self.step.name}: the trace's demand wires no circuit", self.step.file,
                              self.step.line)
         return hosts
+
+    def _setup_fabric(self):
+        """The leaf–spine the endpoints hang off (endpoint i on leaf i // per_leaf of every plane); its links
+        are what a pull takes; line rate = the endpoints' physical NIC rate from the inventory."""
+        from analysis.fabric import LeafSpine
+
+        p, step, moe = self.p, self.step, self.moe
+        where = (step.file, step.line)
+        check_template(p["fabric_command"], where, ("plane", "leaf", "spine", "state"))
+        rates = {n.key: n.gbps for n in self.ctx.bench.nic_ports}
+        missing = [e.key for e in moe.endpoints[: self.n] if not rates.get(e.key)]
+        if missing:
+            raise InputError(f"step {step.name}: the inventory states no line rate (hosts.HOST.nics[].gbps) for "
+                             f"{', '.join(missing)}: busBW / line rate needs the NIC's physical rate", *where)
+        self.nic_gbps = min(rates[e.key] for e in moe.endpoints[: self.n])
+        try:
+            self.topo = LeafSpine(self.n, p["planes"], p["per_leaf"], p["spines"], self.nic_gbps)
+        except ValueError as exc:
+            raise InputError(f"step {step.name}: {exc}", *where) from None
+        self.links = self.topo.fabric_links()
+        self.fabric_host = p["fabric_host"] or moe.endpoints[0].host
+        if self.fabric_host not in self.ctx.bench.hosts:
+            raise InputError(f"step {step.name}: fabric_host {self.fabric_host!r} is not in the inventory", *where)
+        if self.ctx.emulated and p["command"] == "alltoall_perf":  # the emulated tool builds the declared fabric
+            spec = (f"planes={p['planes']},per_leaf={p['per_leaf']},spines={p['spines']},"
+                    f"lb={p['load_balancing']},seed={int(self.ctx.seed)}")
+            moe.p = {**moe.p, "args": [*moe.p["args"], "--fabric", spec]}
+        moe.sessions = self.ctx.open_sessions(sorted({e.host for e in moe.endpoints[: self.n]} | {self.fabric_host}))
+        self.down: set = set()
+        return sorted(moe.sessions)
+
+    def set_fabric(self, links, state: str) -> int:
+        """Every link in `links` shut ("down") or opened ("up") by the fabric command; the harness ns the
+        first was sent."""
+        session, first = self.moe.sessions[self.fabric_host], None
+        for plane, leaf, spine in links:
+            cmd = render_command(self.p["fabric_command"], {"plane": plane, "leaf": leaf, "spine": spine,
+                                                              "state": state}, [])
+            first = now_ns() if first is None else first
+            result = session.transport.run(cmd, deadline=Deadline(self.p["link_timeout_s"]))
+            if result.exit_status != 0:
+                raise PhaseFailed(f"{cmd!r} exited {result.exit_status}: {result.stderr.strip()[-200:]}")
+            (self.down.add if state == "down" else self.down.discard)((plane, leaf, spine))
+        return now_ns() if first is None else first
+
+    def restore_fabric(self) -> None:
+        if self.on_fabric and getattr(self, "down", None):
+            self.set_fabric(sorted(self.down), "up")
 
     def wire_intact(self) -> None:
         """Every circuit wired and trained (a study measures against an intact fabric, not a half-trained one)."""
@@ -108,12 +173,14 @@ class LinkStudy:
         off = matrix - np.diag(np.diag(matrix))
         size = float(max(off.sum(axis=1).max(), off.sum(axis=0).max()))
         measured = max(rank_s)
+        # nccl-tests' size counts the rank's chunk to itself: size = off-diagonal bytes · n / (n − 1)
+        row = {"start_ns": begin, "end_ns": end, "max_rank_bytes": size * n / (n - 1), "measured_s": measured,
+               "bus_bw": float(lf.bus_bandwidth(size * n / (n - 1), measured, n))}
+        if self.on_fabric:  # line rate: the NIC's physical rate moves the rank's bytes in line_s
+            return {**row, "line_s": size / (self.nic_gbps * 1.25e8)}
         intact = all_to_all_time(matrix, self.full[:n, :n], moe.b_ocs, moe.b_eps)
         surviving = all_to_all_time(matrix, circuits[:n, :n], moe.b_ocs, moe.b_eps)
-        return {"start_ns": begin, "end_ns": end, "max_rank_bytes": size, "measured_s": measured,
-                "bus_bw": float(lf.bus_bandwidth(size, measured, n)),
-                "line_bus_bw": float(lf.bus_bandwidth(size, intact, n)),
-                "modelled_intact_s": intact, "modelled_surviving_s": surviving}
+        return {**row, "line_s": intact, "modelled_intact_s": intact, "modelled_surviving_s": surviving}
 
 
 def _provenance(ctx) -> dict:
@@ -134,8 +201,10 @@ def _provenance(ctx) -> dict:
 
 
 def iteration_units(g: pd.DataFrame) -> np.ndarray:
-    """One time per iteration of the trace (its phases summed), rounds apart: the independent unit."""
-    keys = g["round"].astype(str) + "/" + g["iteration"].astype(str)
+    """One time per independent unit, its phases summed: the `unit` column where the study names it (a round:
+    one draw of failed fabric links), else an iteration of the trace, rounds apart."""
+    keys = (g["unit"].astype(str) if "unit" in g else
+            g["round"].astype(str) + "/" + g["iteration"].astype(str))
     return lf.iteration_times(g["measured_s"].to_numpy(dtype=float), keys.to_numpy())
 
 
@@ -147,6 +216,14 @@ def _interval_text(iv: dict) -> str:
     return f"needs ≥ {iv['needs_n']} it."
 
 
+def capacity_kept(g: pd.DataFrame) -> float:
+    """The raw capacity left ÷ intact: the surviving leaf–spine links' share (pull: fabric), else the circuit
+    model's intact ÷ surviving time."""
+    if "capacity_kept" in g:
+        return float(g["capacity_kept"].mean())
+    return float(g["modelled_intact_s"].sum() / g["modelled_surviving_s"].sum())
+
+
 def failure_table(frame: pd.DataFrame) -> list[dict]:
     """Per f: busBW fraction of line rate, latency inflation vs f = 0 (iterations as units, with intervals),
     proportionality."""
@@ -154,19 +231,19 @@ def failure_table(frame: pd.DataFrame) -> list[dict]:
     rows = []
     for pct, g in frame.groupby("fail_pct", sort=True):
         bus = float(lf.bus_bandwidth(g["max_rank_bytes"].sum(), g["measured_s"].sum(), int(g["n"].iloc[0])))
-        line = float(lf.bus_bandwidth(g["max_rank_bytes"].sum(), g["modelled_intact_s"].sum(), int(g["n"].iloc[0])))
+        line = float(lf.bus_bandwidth(g["max_rank_bytes"].sum(), g["line_s"].sum(), int(g["n"].iloc[0])))
         row = {"fail_pct": float(pct), "failed_links": int(g["failed_links"].iloc[0]),
                "links": int(g["links"].iloc[0]), "phases": int(len(g)),
                "bus_bw_gbps": bus * 8 / 1e9, "line_fraction": float(lf.effective_bandwidth_fraction(bus, line)),
                "p50_ms": float(g["measured_s"].quantile(0.5) * 1e3),
                "p99_ms": float(g["measured_s"].quantile(0.99) * 1e3),
-               "capacity_fraction": float(g["modelled_intact_s"].sum() / g["modelled_surviving_s"].sum())}
+               "capacity_fraction": capacity_kept(g)}
         if len(base):
             infl = {q: lf.inflation_interval(iteration_units(g), iteration_units(base), p)
                     for q, p in (("p50", 0.5), ("p99", 0.99))}
             bus0 = float(lf.bus_bandwidth(base["max_rank_bytes"].sum(), base["measured_s"].sum(),
                                           int(base["n"].iloc[0])))
-            cap0 = float(base["modelled_intact_s"].sum() / base["modelled_surviving_s"].sum())
+            cap0 = capacity_kept(base)
             row.update({"iterations": int(iteration_units(g).size),
                         "p50_inflation": infl["p50"]["value"], "p99_inflation": infl["p99"]["value"],
                         "p50_ci": _interval_text(infl["p50"]), "p99_ci": _interval_text(infl["p99"]),
@@ -220,21 +297,52 @@ def link_failures(ctx, step) -> StepOutcome:
                      for pct in study.rng.permutation(study.fail_pct)]
             for rnd, pct in order:
                 failed = study.pick(pct)
-                study.wire_intact()
-                study.pull(failed)
-                circuits = study.without(failed)
+                if study.on_fabric:  # the draw is the unit: its phases share the links it failed
+                    study.restore_fabric()
+                    study.set_fabric(failed, "down")
+                    time.sleep(study.p["settle_ms"] / 1e3)
+                    circuits, extra = None, {"unit": str(rnd), "capacity_kept":
+                                             study.topo.fabric_capacity(failed) / study.topo.fabric_capacity()}
+                else:
+                    study.wire_intact()
+                    study.pull(failed)
+                    circuits, extra = study.without(failed), {}
                 for ph in study.phases:
                     row = study.phase_row(ph.matrix, circuits)
                     records.append({"fail_pct": pct, "failed_links": len(failed), "links": len(study.links),
                                     "n": study.n, "round": rnd, "iteration": ph.iteration, "layer": ph.layer, "phase": ph.phase,
-                                    **row})
+                                    **extra, **row})
+            study.restore_fabric()
         except (DeviceError, PhaseFailed) as exc:
             failure = str(exc)
+            try:
+                study.restore_fabric()
+            except (DeviceError, PhaseFailed) as again:
+                failure += f"; restoring the fabric links: {again}"
     frame = pd.DataFrame.from_records(records)
     table = failure_table(frame) if len(frame) else []
-    summary = _write(ctx, step, "failures", frame, table, _provenance(ctx), failure)
-    md = [f"## Link failures ({step.name})", "", f"{len(study.links)} OCS-carried links between {study.n} "
-          f"endpoints; f % of them pulled (ceil), every phase of the trace per f.", ""]
+    prov = _provenance(ctx)
+    if study.on_fabric:
+        t = study.topo
+        prov["fabric"] = {"planes": t.planes, "leaves": t.leaves, "spines": t.spines, "per_leaf": t.per_leaf,
+                          "link_gbps": t.link_gbps, "nic_gbps": t.nic_gbps, "links": len(study.links),
+                          "load_balancing": study.p["load_balancing"], "line_rate": "the NICs' physical rate "
+                          "(inventory gbps)", "unit": "round (one draw of failed links)"}
+        if ctx.emulated:
+            prov["data_plane"] = ("emulated: alltoall_perf's ranks as one collective over the declared leaf–spine "
+                                  "(devices/emulated/leafspine.py: analysis.fabric's max-min fair fluid, "
+                                  f"{study.p['load_balancing']}, shut links routed around after the detection delay)")
+    summary = _write(ctx, step, "failures", frame, table, prov, failure)
+    if study.on_fabric:
+        t = study.topo
+        what = (f"{len(study.links)} leaf–spine links ({t.planes} planes × {t.leaves} leaves × {t.spines} spines, "
+                f"{t.link_gbps:g} Gb/s each; {study.n} NICs at {t.nic_gbps:g} Gb/s = line rate, "
+                f"{study.p['load_balancing']}); f % of them shut (ceil), a fresh seeded draw per round (the unit), "
+                f"every phase of the trace per f; capacity kept = the surviving leaf–spine links' share.")
+    else:
+        what = (f"{len(study.links)} OCS-carried links between {study.n} endpoints; f % of them pulled (ceil), "
+                "every phase of the trace per f.")
+    md = [f"## Link failures ({step.name})", "", what, ""]
     md += _md_table(table, FAILURE_COLS) + [""] + ([f"**Stopped:** {failure}", ""] if failure else [])
     checks = [{"name": "every fraction ran", "ok": failure is None and len(table) == len(set(study.fail_pct)),
                "detail": failure or f"{len(table)}/{len(study.fail_pct)}"}]

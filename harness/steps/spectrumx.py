@@ -4,8 +4,9 @@ not retrievable, the claims are the issue's reading of its abstract) judged on t
 not applicable — with the provenance of every delay. Writes verdict.json and report.md.
 
 - `line_rate`: busBW / line rate ≥ 98 % with no link failed — the median phase, on its bootstrap interval
-  (phases resampled); "line rate" is the intact fabric's busBW as the all-to-all model composes the links
-  (analysis.mixnet.all_to_all_time: circuits + packet fabric);
+  (phases resampled); "line rate" is the NICs' physical rate from the inventory when the study pulls
+  leaf–spine links (pull: fabric), else the intact circuits' busBW as analysis.mixnet.all_to_all_time
+  composes them;
 - `latency_10pct`: p50 and p99 of the iteration times (an iteration's phases summed: the independent unit)
   at the smallest pulled fraction ≥ 10 % ÷ at 0 % are ≤ 1.07 — on distribution-free intervals
   (analysis.linkfail.inflation_interval); a p99 needs hundreds of iterations, and says so; the realised
@@ -64,7 +65,7 @@ def line_rate_claim(frame: pd.DataFrame, bound: float, rng, n_boot: int) -> dict
         return {"verdict": "not applicable", "reason": "no phases with 0 % of the links failed"}
     # per phase busBW / line busBW = modelled intact time / measured time; the median phase (a busy host's
     # late wake-up inflates single phases; the run's aggregate stays in the link_failures table)
-    frac = base["modelled_intact_s"].to_numpy(dtype=float) / base["measured_s"].to_numpy(dtype=float)
+    frac = base["line_s"].to_numpy(dtype=float) / base["measured_s"].to_numpy(dtype=float)
     point = float(np.median(frac))
     idx = rng.integers(0, frac.size, size=(n_boot, frac.size))
     ci = tuple(float(x) for x in np.quantile(np.median(frac[idx], axis=1), [0.025, 0.975]))
@@ -83,7 +84,8 @@ def latency_claim(frame: pd.DataFrame, bound: float, at_pct: float) -> dict:
     failed_units, base_units = iteration_units(g), iteration_units(base)
     out = {"at_fail_pct": pct, "realised_failed_fraction": float(g["failed_links"].iloc[0] / g["links"].iloc[0]),
            "bound": bound, "n_iterations": [int(base_units.size), int(failed_units.size)],
-           "unit": "iteration (its phases summed)"}
+           "unit": ("round: one draw of failed links, its phases summed" if "unit" in g else
+                    "iteration (its phases summed)")}
     verdicts, short = [], []
     for q, name in ((0.5, "p50"), (0.99, "p99")):
         iv = lf.inflation_interval(failed_units, base_units, q)
@@ -131,7 +133,7 @@ def reaction_claim(flaps: list[dict], bound_ms: float) -> dict:
 def compute_verdict(failures: pd.DataFrame | None, flaps: list[dict], params: dict, seed: int, prov: dict) -> dict:
     rng = np.random.default_rng([int(seed), 8])
     empty = pd.DataFrame(columns=["fail_pct", "failed_links", "links", "max_rank_bytes", "measured_s",
-                                  "modelled_intact_s", "round", "iteration"])
+                                  "line_s", "round", "iteration"])
     frame = failures if failures is not None and len(failures) else empty
     claims = [
         {"id": "line_rate", **line_rate_claim(frame, params["line_rate_fraction"], rng, params["n_boot"])},
@@ -144,7 +146,7 @@ def compute_verdict(failures: pd.DataFrame | None, flaps: list[dict], params: di
         c["said"] = words.get(c["verdict"], c["verdict"])
     calibration = None
     base = frame[frame["fail_pct"] == 0]
-    if prov.get("emulated") and len(base):
+    if prov.get("emulated") and len(base) and "modelled_intact_s" in base and base["modelled_intact_s"].notna().all():
         late = float(np.median(base["measured_s"].to_numpy(dtype=float) /
                                base["modelled_intact_s"].to_numpy(dtype=float))) - 1
         calibration = {"median_phase_lateness": late, "tolerance": params["emulator_lateness_tolerance"],
@@ -182,7 +184,7 @@ def verdict_markdown(v: dict) -> str:
         if c["id"] == "latency_10pct" and "p50" in c:
             value = f"p50 {c['p50']['value']:.3f}, p99 {c['p99']['value']:.3f} (at {c['at_fail_pct']:g} %)"
             ci = ", ".join(f"{q} {interval_text(c[q])}" for q in ("p50", "p99")) + \
-                f" ({c['n_iterations'][1]} vs {c['n_iterations'][0]} iterations)"
+                f" ({c['n_iterations'][1]} vs {c['n_iterations'][0]} units: {c['unit']})"
             bound = f"≤ {c['bound']:g}"
         elif c["id"] == "line_rate" and "value" in c:
             value, ci, bound = f"{c['value']:.3f}", f"{c['ci95'][0]:.3f}–{c['ci95'][1]:.3f}", f"≥ {c['bound']:g}"
@@ -220,7 +222,11 @@ def spectrumx_verdict(ctx, step) -> StepOutcome:
     frames = [pd.read_parquet(ctx.run_dir / s["parquet"]) for s in studies if s["kind"] == "failures"]
     failures = pd.concat(frames, ignore_index=True) if frames else None
     flaps = [row for s in studies if s["kind"] == "flaps" for row in s["table"]]
-    verdict = compute_verdict(failures, flaps, p, ctx.seed, _provenance(ctx))
+    prov = _provenance(ctx)
+    for s in studies:  # a study over the leaf–spine names its fabric and data plane
+        if s["provenance"].get("fabric"):
+            prov.update(fabric=s["provenance"]["fabric"], data_plane=s["provenance"]["data_plane"])
+    verdict = compute_verdict(failures, flaps, p, ctx.seed, prov)
     rec.write_text_atomic(ctx.run_dir / "verdict.json", json.dumps(
         {"schema_version": rec.RECORD_SCHEMA_VERSION, **verdict}, indent=1, allow_nan=False) + "\n")
     from harness import glossary

@@ -145,7 +145,7 @@ def _on_leafspine(ctx: ExecContext, plane: _DataPlane, declared, me, plan) -> li
     (devices/emulated/leafspine.py): every rank joins, the collective starts when the last has."""
     steps = [[(m.key, send, recv) for m, send, recv in step] for step in plan]
     group = leafspine.join(ctx.bench, declared, me.key, steps, int(plane.latency_s / plane.time_scale * 1e9),
-                           plane.time_scale, me.speed_mbps / 1000)
+                           plane.time_scale, ctx.bench.nic_snapshot(me.host, me.netdev).speed_mbps / 1000)
     deadline = now_ns() + int(_RENDEZVOUS_S * 1e9)
     while group["collective"] is None and group["error"] is None:
         if now_ns() > deadline:
