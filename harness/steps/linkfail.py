@@ -32,9 +32,10 @@ from devices.timing import now_ns
 from harness.config import register_step
 from harness.specs import Annotated, AtLeastOne, Expect, Field, Positive
 from harness.errors import InputError
-from harness.steps import StepOutcome
-from harness.steps.moe_traffic import SCHEMA as MOE_SCHEMA
-from harness.steps.moe_traffic import MoeTrafficRun, PhaseFailed, circuit_mapping
+from harness.bench.linkstudy import iteration_units, link_provenance
+from harness.bench.traffic import SCHEMA as MOE_SCHEMA
+from harness.bench.traffic import MoeTraffic, PhaseFailed, circuit_mapping
+from harness.outcome import StepOutcome
 
 Percentages = Annotated[list[Annotated[float, Field(ge=0, lt=100)]], Field(min_length=1),
                         Expect("a list of percentages in [0, 100)")]
@@ -53,7 +54,7 @@ class LinkStudy:
 
     def __init__(self, ctx, step):
         self.ctx, self.step, self.p = ctx, step, step.params
-        self.moe = MoeTrafficRun(ctx, step)
+        self.moe = MoeTraffic(ctx, step)
         self.fail_pct = [float(v) for v in self.p["fail_pct"]]  # in [0, 100): the spec
         self.rng = np.random.default_rng([int(ctx.seed), 13])
 
@@ -114,29 +115,6 @@ class LinkStudy:
                 "bus_bw": float(lf.bus_bandwidth(size, measured, n)),
                 "line_bus_bw": float(lf.bus_bandwidth(size, intact, n)),
                 "modelled_intact_s": intact, "modelled_surviving_s": surviving}
-
-
-def _provenance(ctx) -> dict:
-    from harness.steps.mixnet import _bench_name, _profile_of, evidence_words, provenance
-
-    prov = provenance({"profile": _profile_of(ctx), "extra": {"bench": _bench_name(ctx)}})
-    prov["words"] = evidence_words(prov)
-    if ctx.emulated:
-        prof = ctx.emulated.profile
-        prov["detection"] = {"ms": prof.fabric_detection.mean_s * 1e3, "source": prof.fabric_source}
-        prov["data_plane"] = ("emulated: the hosts' alltoall_perf times and RDMA counters from the emulator's "
-                              "data-plane model (circuits, packet fabric, multiplane stall and re-spread after the "
-                              "detection delay), integrated over the ports' state changes at their due times")
-    else:
-        prov["detection"] = {"ms": None, "source": "the real fabric's own (not modelled)"}
-        prov["data_plane"] = f"measured by the transfer tool on bench {prov['bench']}"
-    return prov
-
-
-def iteration_units(g: pd.DataFrame) -> np.ndarray:
-    """One time per iteration of the trace (its phases summed), rounds apart: the independent unit."""
-    keys = g["round"].astype(str) + "/" + g["iteration"].astype(str)
-    return lf.iteration_times(g["measured_s"].to_numpy(dtype=float), keys.to_numpy())
 
 
 def _interval_text(iv: dict) -> str:
@@ -232,7 +210,7 @@ def link_failures(ctx, step) -> StepOutcome:
             failure = str(exc)
     frame = pd.DataFrame.from_records(records)
     table = failure_table(frame) if len(frame) else []
-    summary = _write(ctx, step, "failures", frame, table, _provenance(ctx), failure)
+    summary = _write(ctx, step, "failures", frame, table, link_provenance(ctx.live), failure)
     md = [f"## Link failures ({step.name})", "", f"{len(study.links)} OCS-carried links between {study.n} "
           f"endpoints; f % of them pulled (ceil), every phase of the trace per f.", ""]
     md += _md_table(table, FAILURE_COLS) + [""] + ([f"**Stopped:** {failure}", ""] if failure else [])
@@ -274,7 +252,7 @@ class FlapSeries:
                                  self._ended)
 
     def _counter(self, line: str, key_of: dict) -> None:
-        from devices.hostagent import parse_counter_line
+        from harness.bench.hosts import parse_counter_line
 
         if line.strip():
             try:
@@ -284,7 +262,7 @@ class FlapSeries:
                 self.problems.append(f"{line!r}: {exc}")
 
     def _watch(self, line: str, key_of: dict) -> None:
-        from devices.hostagent import parse_watch_line
+        from harness.bench.hosts import parse_watch_line
 
         if line.strip():
             try:
@@ -457,10 +435,8 @@ def link_flaps(ctx, step) -> StepOutcome:
                     raise PhaseFailed("; ".join(series.problems[:3]))
                 keys = [moe.endpoints[i].key for i in pulled]
                 row = flap_reaction(series, keys, begin_ns, down_ns, up_ns, p["sample_us"] / 1e6)
-                if ctx.emulated:
-                    from harness.bench.emulated import flap_truth_ns
-
-                    truth = flap_truth_ns(ctx.emulated, keys, down_ns)
+                if ctx.live.truth:
+                    truth = ctx.live.truth.flap(keys, down_ns)
                     row["truth_reaction_ms"] = None if truth is None else (truth[1] - truth[0]) / 1e6
                 row.update(iters=iters, op_s=wall_s)
                 return row, series, pulled, (down_ns, up_ns)
@@ -495,7 +471,7 @@ def link_flaps(ctx, step) -> StepOutcome:
         except (DeviceError, PhaseFailed) as exc:
             failure = str(exc)
     frame = pd.DataFrame.from_records(records)
-    summary = _write(ctx, step, "flaps", frame, table, _provenance(ctx), failure)
+    summary = _write(ctx, step, "flaps", frame, table, link_provenance(ctx.live), failure)
     md = [f"## Link flaps ({step.name})", "", f"{p['flaps']} flaps of ceil({pct:g} %) of {len(study.links)} "
           f"OCS-carried links, {p['down_ms']:g} ms down, pulled while one transfer runs; reaction = link down → "
           f"goodput ≥ 95 % of the new steady state, over the pulled ports' RDMA counters sampled every "
@@ -503,7 +479,7 @@ def link_flaps(ctx, step) -> StepOutcome:
     md += _md_table(table, FLAP_COLS) + [""] + ([f"**Stopped:** {failure}", ""] if failure else [])
     checks = [{"name": "every flap ran", "ok": failure is None and len(table) == p["flaps"],
                "detail": failure or f"{len(table)}/{p['flaps']}"}]
-    if ctx.emulated and table:
+    if ctx.live.truth and table:
         inside = [r["reaction_low_ms"] < (r.get("truth_reaction_ms") or -1) <= (r["reaction_high_ms"] or -1)
                   for r in table]
         checks.append({"name": "reaction bounds contain the emulator's truth", "ok": all(inside),

@@ -26,8 +26,8 @@ import pandas as pd
 from analysis import linkfail as lf
 from harness.config import register_step
 from harness.specs import Annotated, Expect, Field, Seconds, Spec
-from harness.steps import StepOutcome
-from harness.steps.linkfail import iteration_units
+from harness.outcome import StepOutcome
+from harness.bench.linkstudy import iteration_units, link_provenance
 
 class SpectrumxParams(Spec):
     """Judge the Spectrum-X claims on the link studies of this run."""
@@ -211,7 +211,6 @@ def verdict_markdown(v: dict) -> str:
 @register_step("spectrumx_verdict", SpectrumxParams)
 def spectrumx_verdict(ctx, step) -> StepOutcome:
     from harness import record as rec
-    from harness.steps.linkfail import _provenance
 
     p = dict(step.params)
     if ctx.dry_run:
@@ -220,7 +219,7 @@ def spectrumx_verdict(ctx, step) -> StepOutcome:
     frames = [pd.read_parquet(ctx.run_dir / s["parquet"]) for s in studies if s["kind"] == "failures"]
     failures = pd.concat(frames, ignore_index=True) if frames else None
     flaps = [row for s in studies if s["kind"] == "flaps" for row in s["table"]]
-    verdict = compute_verdict(failures, flaps, p, ctx.seed, _provenance(ctx))
+    verdict = compute_verdict(failures, flaps, p, ctx.seed, link_provenance(ctx.live))
     rec.write_text_atomic(ctx.run_dir / "verdict.json", json.dumps(
         {"schema_version": rec.RECORD_SCHEMA_VERSION, **verdict}, indent=1, allow_nan=False) + "\n")
     from harness import glossary

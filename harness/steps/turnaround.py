@@ -28,8 +28,8 @@ from devices.timing import Deadline, now_ns
 from harness import logs
 from harness.bench import BenchBroken
 from harness.bench.circuits import Applied, CircuitGuard, RetryPolicy, guard
-from harness.bench.emulated import FaultEntry, Faults
 from harness.bench.hosts import HostGroup
+from harness.bench.live import FaultEntry
 from harness.bench.observe import CycleWatch, observation_log
 from harness.bench.stages import CycleEvents, OcsCommand, OcsStamps, PortRef, cycle_events, ocs_events
 from harness.config import register_step
@@ -39,7 +39,7 @@ from harness.events import Event
 from harness.gpu_view import gpu_view
 from harness.specs import Count, Field, Interval, Port, Seconds, Spec
 from harness.patterns import cycle_mappings, sources
-from harness.steps import CycleOutcome, StepOutcome, resume_after_logged
+from harness.outcome import CycleOutcome, StepOutcome, resume_after_logged
 
 class TurnaroundParams(Spec):
     """Measure the reconfiguration turnaround, cycle by cycle, on NIC ports of one or several OCSs (a port's
@@ -190,7 +190,7 @@ class TurnaroundRun:
         self.mac_of: dict[str, str] = {}  # port key -> MAC its probes carry
         self._leftover: tuple | None = None  # the last cycle's, dealt with once the next command is out
         self._ahead: CyclePlan | None = None  # the next cycle's, made in this one's wait
-        self.faults = Faults(ctx, step, self.p["faults"], self.cycles, list(self.ports))
+        self.faults = ctx.live.faults(step, self.p["faults"], self.cycles, list(self.ports))
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
