@@ -100,7 +100,7 @@ def _measure_bandwidth_gbps(ctx, step) -> tuple[float, str]:
     whose hosts answer the client side; a real bench starts the server on the peer first)."""
     from devices.timing import Deadline
 
-    ports = list(ctx.bench.nic_ports)
+    ports = list(ctx.live.inventory.nic_ports)
     if len({n.host for n in ports}) < 2:
         raise _bad(step, "bandwidth: measure needs NIC ports on two hosts in the inventory")
     a = ports[0]
@@ -110,12 +110,12 @@ def _measure_bandwidth_gbps(ctx, step) -> tuple[float, str]:
     if ctx.live.truth is None:
         import threading
 
-        server = threading.Thread(target=ctx.session(b.host).transport.run, daemon=True,
+        server = threading.Thread(target=ctx.live.hosts.session(b.host).transport.run, daemon=True,
                                   args=(f"ib_write_bw -d {b.rdma_dev} -i {b.rdma_port} -s {size} -n {iters} "
                                         "--report_gbits",), kwargs={"deadline": Deadline(60)})
         server.start()
     command = f"ib_write_bw -d {a.rdma_dev} -i {a.rdma_port} -s {size} -n {iters} --report_gbits {b.host}"
-    result = ctx.session(a.host).transport.run(command, deadline=Deadline(60))
+    result = ctx.live.hosts.session(a.host).transport.run(command, deadline=Deadline(60))
     if server is not None:
         server.join(timeout=60)
     if result.exit_status != 0:
