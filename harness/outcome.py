@@ -4,7 +4,16 @@ the runner both import it, no step imports another."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
+
+
+class Check(TypedDict):
+    """One pass/fail check of a step (summary.json, JUnit cases, the HTML report): a typed record that is still
+    the plain mapping every writer reads."""
+
+    name: str
+    ok: bool
+    detail: str
 
 
 @dataclass(frozen=True)
@@ -35,7 +44,7 @@ class StepOutcome:
     of -1 is an unmeasured settling cycle); data: anything else later steps of the same run may read."""
 
     ok: bool = True
-    checks: list[dict[str, Any]] = field(default_factory=list)  # {"name", "ok", "detail"}
+    checks: list[Check] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     summary_md: str = ""
     cycles: list[CycleOutcome] = field(default_factory=list)
@@ -45,7 +54,7 @@ class StepOutcome:
 
     @classmethod
     def skipped(cls, why: str) -> "StepOutcome":
-        return cls(ok=False, checks=[{"name": "skipped: the bench is latched broken", "ok": False, "detail": why}],
+        return cls(ok=False, checks=[Check(name="skipped: the bench is latched broken", ok=False, detail=why)],
                    data={"skipped": True})
 
 

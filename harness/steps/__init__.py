@@ -5,6 +5,6 @@ fields, never a step's type name or private data.
 
 A step imports no other step: what two steps share lives in the bench runtime (`harness.bench`) or in
 `harness.outcome` (the outcome types, re-exported here for labs' step modules)."""
-from harness.outcome import CycleOutcome, StepOutcome, StepResult, resume_after_logged
+from harness.outcome import Check, CycleOutcome, StepOutcome, StepResult, resume_after_logged
 
-__all__ = ["CycleOutcome", "StepOutcome", "StepResult", "resume_after_logged"]
+__all__ = ["Check", "CycleOutcome", "StepOutcome", "StepResult", "resume_after_logged"]
