@@ -28,13 +28,14 @@ from devices.resources import Bench
 from harness import logs, resume
 from harness import record as rec
 from harness.bench.emulated import load_profile
+from harness.bench.live import LiveBench
 from harness.benchspec import BENCH_KINDS, NETNS_KINDS, emulated_spec
 from harness.config import MAX_CYCLES, STEP_TYPES, Playbook, load_inventory, load_playbook
 from harness.errors import Aborted, InputError
 from harness.eventlog import EventLog
 from harness.events import Event
 from harness.finish import console_summary, finish_run
-from harness.steps import StepOutcome
+from harness.outcome import StepOutcome
 
 
 @dataclass
@@ -65,7 +66,8 @@ class RunContext:
     log: EventLog
     stack: contextlib.ExitStack  # connections and emulators: closed last
     teardown: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # bench restores: before the record
-    emulated: Any = None  # EmulatedBench when the bench is emulated
+    emulated: Any = None  # EmulatedBench when the bench is emulated (the runner's and the record's; steps: live.truth)
+    live: Any = None  # harness.bench.live.LiveBench: the bench as a step sees it
     dry_run: bool = False
     quiet: bool = False
     results: dict[str, StepOutcome] = field(default_factory=dict)
@@ -329,6 +331,7 @@ def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, 
         ctx = RunContext(playbook=playbook, bench=bench, run_dir=run_dir, run_id=run_id, seed=seed,
                          cycles=cycles, log=log, stack=stack, emulated=emulated, dry_run=options.dry_run,
                          quiet=options.quiet, resume_after=resume_after, lease=lease)
+        ctx.live = LiveBench(ctx, emulated)
         if recovery is not None and recovery[1]:
             ctx.manifest_extra["adopted_state"] = recovery[1]
         if options.adopt_current_state:  # also for a unit found by its identity (harness.bench.circuits)

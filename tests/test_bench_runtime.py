@@ -16,6 +16,7 @@ from devices.resources import NicPort, OcsResource
 from devices.timing import Deadline
 from harness.bench import BenchBroken
 from harness.bench.circuits import CircuitGuard, RetryPolicy
+from harness.bench.live import LiveBench
 from harness.bench.observe import CycleWatch, ObservationLog
 from harness.bench.scripted import ScriptedObservations
 from harness.bench.stages import PortRef, stage_events
@@ -39,6 +40,7 @@ def _ctx(tmp_path, nics, session):
                           open_sessions=lambda hosts: {h: session for h in hosts}, emulated=None,
                           manifest_extra={}, guards={}, observations=None, run_id="r", lease=None, broken=None)
     ctx.latch_broken = lambda why: setattr(ctx, "broken", ctx.broken or why)
+    ctx.live = LiveBench(ctx)
     return ctx
 
 

@@ -58,7 +58,8 @@ SMALL = {"trace": "generate", "iterations": 3, "layers": 1, "regime_changes": [1
 
 @pytest.mark.parametrize("step", [
     {"type": "moe_traffic", "name": "moe", "reconfigure": "per_iteration", **SMALL},
-    {"type": "link_failures", "name": "failures", "fail_pct": [50], **SMALL, "regime_changes": 0}],
+    {"type": "link_failures", "name": "failures", "pull": "circuits", "fail_pct": [50], **SMALL,
+     "regime_changes": 0}],
     ids=["moe_traffic", "link_failures"])
 def test_a_step_whose_lease_is_taken_over_is_refused_its_next_change_and_the_bench_restored(
         step, tmp_path, monkeypatch):
@@ -101,3 +102,39 @@ def test_a_step_whose_lease_is_taken_over_is_refused_its_next_change_and_the_ben
         assert [c["name"] for c in after["checks"]] == ["skipped: the bench is latched broken"]
         for key in endpoint_keys(inventory["ocs"]["ocs1"]["url"], inventory["ocs"]["ocs1"]["protocol"]):
             assert read_lease(Path(locks) / f"{key}.json")["run_id"] == "theirs"  # theirs is left alone
+
+
+def test_a_fabric_study_whose_lease_is_taken_over_shuts_no_more_links_and_opens_those_it_shut(tmp_path, monkeypatch):
+    """A leaf–spine link shut by command is a change like a circuit: once the lease is lost the next shut is
+    refused, the run ends broken, and every link the study shut is opened again."""
+    from devices.emulated import leafspine
+    from harness.steps.linkfail import LinkStudy
+
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path / "locks"))
+    shut, set_fabric = [], LinkStudy.set_fabric
+
+    def spying_set_fabric(self, links, state):
+        if state == "down" and shut:
+            _take_over(self.ctx.lease)
+        out = set_fabric(self, links, state)
+        if state == "down":
+            shut.append(list(links))
+        return out
+
+    monkeypatch.setattr(LinkStudy, "set_fabric", spying_set_fabric)
+    with EmulatedBench(load_profile("burst-mode"), seed=4, workdir=tmp_path / "bench") as bench:
+        inventory = yaml.safe_load(bench.inventory_path.read_text())
+        inventory["bench"]["emulated"] = False  # a bench that is leased
+        real = tmp_path / "real.yaml"
+        real.write_text(yaml.safe_dump(inventory))
+        book = tmp_path / "pb.yaml"
+        book.write_text(yaml.safe_dump({"name": "lease", "seed": 3, "cycles": 1, "steps": [
+            {"type": "link_failures", "name": "failures", "fail_pct": [25], "rounds": 3, "planes": 2,
+             "per_leaf": 4, "spines": 2, **SMALL, "regime_changes": 0, "max_phases": 1}]}))
+        out = tmp_path / "run"
+        assert main(["run", str(book), "--bench", str(real), "--out", str(out), "-q"]) == 1
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["status"] == "broken" and "bench lock lost" in manifest["extra"]["broken"]
+        assert len(shut) == 1 and shut[0]  # the first round's links, and no later round's
+        links = leafspine.links_of(bench.physics, 0.0)
+        assert links.spans and all(spans[-1][1] is not None for spans in links.spans.values())  # all opened

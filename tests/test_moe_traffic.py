@@ -22,7 +22,8 @@ from devices.ssh import SshTransport
 from devices.parsers.common import ParseError
 from harness.cli import main
 from harness.errors import InputError
-from harness.steps.moe_traffic import MoeTrafficRun, check_template, render_command, transfer_seconds
+from harness.bench.traffic import check_template, render_command, transfer_seconds
+from harness.steps.moe_traffic import MoeTrafficRun
 from traces.generate import generate_moe
 from traces.moe import moe_phases
 from traces.schema import write_moe

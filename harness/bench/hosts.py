@@ -8,9 +8,14 @@ import threading
 import time
 from typing import Callable
 
+from devices import hostagent
 from devices.errors import DeviceError
 from devices.timing import Deadline, now_ns
 from harness.bench import BenchBroken
+
+# The agent's stream lines, parsed (DeviceError on a malformed one): a step reads a host's streams here.
+parse_counter_line = hostagent.parse_counter_line
+parse_watch_line = hostagent.parse_watch_line
 
 
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")

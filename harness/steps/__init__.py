@@ -1,58 +1,10 @@
 """Playbook step types. Each module registers its steps with `harness.config.register_step`; the runner
 calls `impl(ctx, step) -> StepOutcome`. A lab adds a step type by adding a module here (or importing one
 that calls register_step before the playbook loads). The runner and the run record read the outcome's
-fields, never a step's type name or private data."""
-from __future__ import annotations
+fields, never a step's type name or private data.
 
-from dataclasses import dataclass, field
-from typing import Any
+A step imports no other step: what two steps share lives in the bench runtime (`harness.bench`) or in
+`harness.outcome` (the outcome types, re-exported here for labs' step modules)."""
+from harness.outcome import Check, CycleOutcome, StepOutcome, StepResult, resume_after_logged
 
-
-@dataclass(frozen=True)
-class CycleOutcome:
-    """One measured cycle's bookkeeping (harness clock), for `cycles.parquet` and resume."""
-
-    cycle: int
-    status: str  # ok | faulted
-    begin_ns: int
-    sent_ns: int
-    completed_ns: int
-    done_ns: int
-    affected: tuple[str, ...] = ()
-    missing: dict[str, list[str]] = field(default_factory=dict)  # port -> stages never seen
-    causes: tuple[str, ...] = ()  # every fault source recorded for this cycle
-
-    def row(self) -> dict[str, Any]:
-        return {"cycle": self.cycle, "status": self.status, "begin_ns": self.begin_ns, "sent_ns": self.sent_ns,
-                "completed_ns": self.completed_ns, "done_ns": self.done_ns}
-
-
-@dataclass
-class StepOutcome:
-    """What a step leaves for the run record and for later steps (`ctx.results[step.name]`).
-
-    summary: headline results (summary.json `results.<step>`); cycles: measured cycles (cycles.parquet);
-    truth_windows: (cycle, harness ns the cycle began) — how ground truth is assigned to cycles (a cycle
-    of -1 is an unmeasured settling cycle); data: anything else later steps of the same run may read."""
-
-    ok: bool = True
-    checks: list[dict[str, Any]] = field(default_factory=list)  # {"name", "ok", "detail"}
-    summary: dict[str, Any] = field(default_factory=dict)
-    summary_md: str = ""
-    cycles: list[CycleOutcome] = field(default_factory=list)
-    truth_windows: list[tuple[int, int]] = field(default_factory=list)
-    artifacts: list[str] = field(default_factory=list)  # files the step wrote (run-dir relative): summary, report
-    data: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def skipped(cls, why: str) -> "StepOutcome":
-        return cls(ok=False, checks=[{"name": "skipped: the bench is latched broken", "ok": False, "detail": why}],
-                   data={"skipped": True})
-
-
-StepResult = StepOutcome  # the earlier name, kept for labs' step modules
-
-
-def resume_after_logged(run_dir, step, last_logged_cycle: int) -> int:
-    """A step whose cycles are numbered as in events.jsonl resumes after the last complete one."""
-    return last_logged_cycle
+__all__ = ["Check", "CycleOutcome", "StepOutcome", "StepResult", "resume_after_logged"]

@@ -33,9 +33,10 @@ from harness.config import register_step
 from analysis.fabric import MODES
 from harness.specs import Annotated, AtLeastOne, Expect, Field, Literal, Positive
 from harness.errors import InputError
-from harness.steps import StepOutcome
-from harness.steps.moe_traffic import SCHEMA as MOE_SCHEMA
-from harness.steps.moe_traffic import MoeTrafficRun, PhaseFailed, check_template, circuit_mapping, render_command
+from harness.bench.linkstudy import iteration_units, link_provenance
+from harness.bench.traffic import SCHEMA as MOE_SCHEMA
+from harness.bench.traffic import MoeTraffic, PhaseFailed, check_template, circuit_mapping, render_command
+from harness.outcome import StepOutcome
 
 Percentages = Annotated[list[Annotated[float, Field(ge=0, lt=100)]], Field(min_length=1),
                         Expect("a list of percentages in [0, 100)")]
@@ -64,7 +65,7 @@ class LinkStudy:
 
     def __init__(self, ctx, step):
         self.ctx, self.step, self.p = ctx, step, step.params
-        self.moe = MoeTrafficRun(ctx, step)
+        self.moe = MoeTraffic(ctx, step)
         self.fail_pct = [float(v) for v in self.p["fail_pct"]]  # in [0, 100): the spec
         self.rng = np.random.default_rng([int(ctx.seed), 13])
 
@@ -112,7 +113,7 @@ class LinkStudy:
         self.fabric_host = p["fabric_host"] or moe.endpoints[0].host
         if self.fabric_host not in self.ctx.bench.hosts:
             raise InputError(f"step {step.name}: fabric_host {self.fabric_host!r} is not in the inventory", *where)
-        if self.ctx.emulated and p["command"] == "alltoall_perf":  # the emulated tool builds the declared fabric
+        if self.ctx.live.truth and p["command"] == "alltoall_perf":  # the emulated tool builds the declared fabric
             spec = (f"planes={p['planes']},per_leaf={p['per_leaf']},spines={p['spines']},"
                     f"lb={p['load_balancing']},seed={int(self.ctx.seed)}")
             moe.p = {**moe.p, "args": [*moe.p["args"], "--fabric", spec]}
@@ -125,6 +126,8 @@ class LinkStudy:
         first was sent."""
         session, first = self.moe.sessions[self.fabric_host], None
         for plane, leaf, spine in links:
+            if state == "down":  # shutting is a change: not once the lease is lost (restoring runs regardless)
+                self.ctx.live.check_lease()
             cmd = render_command(self.p["fabric_command"], {"plane": plane, "leaf": leaf, "spine": spine,
                                                               "state": state}, [])
             first = now_ns() if first is None else first
@@ -181,31 +184,6 @@ class LinkStudy:
         intact = all_to_all_time(matrix, self.full[:n, :n], moe.b_ocs, moe.b_eps)
         surviving = all_to_all_time(matrix, circuits[:n, :n], moe.b_ocs, moe.b_eps)
         return {**row, "line_s": intact, "modelled_intact_s": intact, "modelled_surviving_s": surviving}
-
-
-def _provenance(ctx) -> dict:
-    from harness.steps.mixnet import _bench_name, _profile_of, evidence_words, provenance
-
-    prov = provenance({"profile": _profile_of(ctx), "extra": {"bench": _bench_name(ctx)}})
-    prov["words"] = evidence_words(prov)
-    if ctx.emulated:
-        prof = ctx.emulated.profile
-        prov["detection"] = {"ms": prof.fabric_detection.mean_s * 1e3, "source": prof.fabric_source}
-        prov["data_plane"] = ("emulated: the hosts' alltoall_perf times and RDMA counters from the emulator's "
-                              "data-plane model (circuits, packet fabric, multiplane stall and re-spread after the "
-                              "detection delay), integrated over the ports' state changes at their due times")
-    else:
-        prov["detection"] = {"ms": None, "source": "the real fabric's own (not modelled)"}
-        prov["data_plane"] = f"measured by the transfer tool on bench {prov['bench']}"
-    return prov
-
-
-def iteration_units(g: pd.DataFrame) -> np.ndarray:
-    """One time per independent unit, its phases summed: the `unit` column where the study names it (a round:
-    one draw of failed fabric links), else an iteration of the trace, rounds apart."""
-    keys = (g["unit"].astype(str) if "unit" in g else
-            g["round"].astype(str) + "/" + g["iteration"].astype(str))
-    return lf.iteration_times(g["measured_s"].to_numpy(dtype=float), keys.to_numpy())
 
 
 def _interval_text(iv: dict) -> str:
@@ -321,14 +299,14 @@ def link_failures(ctx, step) -> StepOutcome:
                 failure += f"; restoring the fabric links: {again}"
     frame = pd.DataFrame.from_records(records)
     table = failure_table(frame) if len(frame) else []
-    prov = _provenance(ctx)
+    prov = link_provenance(ctx.live)
     if study.on_fabric:
         t = study.topo
         prov["fabric"] = {"planes": t.planes, "leaves": t.leaves, "spines": t.spines, "per_leaf": t.per_leaf,
                           "link_gbps": t.link_gbps, "nic_gbps": t.nic_gbps, "links": len(study.links),
                           "load_balancing": study.p["load_balancing"], "line_rate": "the NICs' physical rate "
                           "(inventory gbps)", "unit": "round (one draw of failed links)"}
-        if ctx.emulated:
+        if ctx.live.truth:
             prov["data_plane"] = ("emulated: alltoall_perf's ranks as one collective over the declared leaf–spine "
                                   "(devices/emulated/leafspine.py: analysis.fabric's max-min fair fluid, "
                                   f"{study.p['load_balancing']}, shut links routed around after the detection delay)")
@@ -382,7 +360,7 @@ class FlapSeries:
                                  self._ended)
 
     def _counter(self, line: str, key_of: dict) -> None:
-        from devices.hostagent import parse_counter_line
+        from harness.bench.hosts import parse_counter_line
 
         if line.strip():
             try:
@@ -392,7 +370,7 @@ class FlapSeries:
                 self.problems.append(f"{line!r}: {exc}")
 
     def _watch(self, line: str, key_of: dict) -> None:
-        from devices.hostagent import parse_watch_line
+        from harness.bench.hosts import parse_watch_line
 
         if line.strip():
             try:
@@ -565,10 +543,8 @@ def link_flaps(ctx, step) -> StepOutcome:
                     raise PhaseFailed("; ".join(series.problems[:3]))
                 keys = [moe.endpoints[i].key for i in pulled]
                 row = flap_reaction(series, keys, begin_ns, down_ns, up_ns, p["sample_us"] / 1e6)
-                if ctx.emulated:
-                    from harness.bench.emulated import flap_truth_ns
-
-                    truth = flap_truth_ns(ctx.emulated, keys, down_ns)
+                if ctx.live.truth:
+                    truth = ctx.live.truth.flap(keys, down_ns)
                     row["truth_reaction_ms"] = None if truth is None else (truth[1] - truth[0]) / 1e6
                 row.update(iters=iters, op_s=wall_s)
                 return row, series, pulled, (down_ns, up_ns)
@@ -603,7 +579,7 @@ def link_flaps(ctx, step) -> StepOutcome:
         except (DeviceError, PhaseFailed) as exc:
             failure = str(exc)
     frame = pd.DataFrame.from_records(records)
-    summary = _write(ctx, step, "flaps", frame, table, _provenance(ctx), failure)
+    summary = _write(ctx, step, "flaps", frame, table, link_provenance(ctx.live), failure)
     md = [f"## Link flaps ({step.name})", "", f"{p['flaps']} flaps of ceil({pct:g} %) of {len(study.links)} "
           f"OCS-carried links, {p['down_ms']:g} ms down, pulled while one transfer runs; reaction = link down → "
           f"goodput ≥ 95 % of the new steady state, over the pulled ports' RDMA counters sampled every "
@@ -611,7 +587,7 @@ def link_flaps(ctx, step) -> StepOutcome:
     md += _md_table(table, FLAP_COLS) + [""] + ([f"**Stopped:** {failure}", ""] if failure else [])
     checks = [{"name": "every flap ran", "ok": failure is None and len(table) == p["flaps"],
                "detail": failure or f"{len(table)}/{p['flaps']}"}]
-    if ctx.emulated and table:
+    if ctx.live.truth and table:
         inside = [r["reaction_low_ms"] < (r.get("truth_reaction_ms") or -1) <= (r["reaction_high_ms"] or -1)
                   for r in table]
         checks.append({"name": "reaction bounds contain the emulator's truth", "ok": all(inside),

@@ -20,7 +20,8 @@ from analysis.moe_models import GPUS, MODELS
 from harness.config import register_step
 from harness.errors import InputError
 from harness.specs import Annotated, AtLeastOne, Expect, Field, Literal, Positive, Seconds, Spec, create_model
-from harness.steps import StepResult
+from harness.outcome import StepResult
+from harness.provenance import evidence_words
 
 STAGE_OF = {"ocs": "light_detected", "total": "first_packet"}
 Fraction = Annotated[float, Field(gt=0, le=1), Expect("a value in (0, 1]")]
@@ -101,20 +102,6 @@ def measured_delays(events, source: str = "unspecified") -> dict:
     return out
 
 
-def provenance(manifest: dict) -> dict:
-    """Where the delays come from, from the run's manifest: an emulated profile, or a real bench."""
-    profile = manifest.get("profile")
-    bench = (manifest.get("extra") or {}).get("bench") or (manifest.get("playbook") or {}).get("bench")
-    if profile:
-        copies = profile.get("copies")
-        return {"emulated": True, "bench": bench, "profile": profile.get("name"),
-                "profile_source": (profile.get("source") or "").strip(), "copies_published_figures": copies,
-                "delays": f"emulated from profile {profile.get('name')}" +
-                          (f" (copies published figures: {copies})" if copies else "")}
-    return {"emulated": False, "bench": bench, "profile": None, "copies_published_figures": None,
-            "delays": f"measured on bench {bench}"}
-
-
 def _setup(params: dict, seed: int):
     from analysis import claims as cl
     from analysis.moe_models import MODELS, get_model
@@ -179,18 +166,6 @@ def provenance_lines(prov: dict) -> list[str]:
                          "this verdict re-uses the paper's own numbers, it does not measure them.")
         return lines + [""]
     return [f"> Delays measured on bench `{prov['bench']}`.", ""]
-
-
-def evidence_words(prov: dict) -> dict[str, str]:
-    """What a verdict may be called given where its delays come from: measured on a bench → falsified / holds;
-    emulated from a profile copying the paper's figures → (in)consistent with the paper's own measured figures;
-    emulated from the emulator's own model → (in)consistent with the emulator's model."""
-    if not prov.get("emulated"):
-        return {"falsified": "falsified", "holds": "holds"}
-    if prov.get("copies_published_figures"):
-        return {"falsified": "inconsistent with the paper's own measured figures",
-                "holds": "consistent with the paper's own measured figures"}
-    return {"falsified": "inconsistent with the emulator's model", "holds": "consistent with the emulator's model"}
 
 
 def say(verdict: str, words: dict[str, str]) -> str:
@@ -504,7 +479,7 @@ def mixnet_verdict(ctx, step) -> StepResult:
     if ctx.dry_run:
         return StepResult(ok=True, summary_md="(dry run: no verdict)")
     events = ctx.log.events()  # the run's events, in memory (events.jsonl stays the durable record)
-    prov = provenance({"profile": _profile_of(ctx), "extra": {"bench": _bench_name(ctx)}})
+    prov = ctx.live.provenance()
     try:
         verdict = compute_verdict(events, p, ctx.seed, prov)
     except LookupError as exc:
@@ -524,13 +499,3 @@ def mixnet_verdict(ctx, step) -> StepResult:
                                   for c in verdict["claims"]}}, artifacts=artifacts,
                       data={"break_even_ms": verdict["break_even_ms"]["by_scenario"]})
 
-
-def _profile_of(ctx) -> dict | None:
-    if not ctx.emulated:
-        return None
-    prof = ctx.emulated.profile
-    return {"name": prof.name, "source": prof.source, "copies": getattr(prof, "copies", None)}
-
-
-def _bench_name(ctx) -> str:
-    return getattr(getattr(ctx.bench, "name", None), "__str__", lambda: None)() or str(ctx.playbook.bench)

@@ -17,7 +17,7 @@ import numpy as np
 from harness.config import register_step
 from harness.errors import InputError
 from harness.specs import Annotated, AtLeastOne, Count, Expect, Field, Positive, Seconds, Spec, ranged
-from harness.steps import StepResult
+from harness.outcome import StepResult
 
 AtLeastTwo = ranged(int, "a value >= 2", ge=2)
 

@@ -26,7 +26,7 @@ from analysis.serving import in_windows, request_latencies, slo_violations
 from harness.bench.serving import check_endpoint, run_replay
 from harness.config import register_step
 from harness.errors import InputError
-from harness.steps import StepResult
+from harness.outcome import StepResult
 
 GENERATORS = ("generate:poisson", "generate:mmpp")
 SCHEMA = {
@@ -265,7 +265,7 @@ def replay_step(ctx, step) -> StepResult:
 
     p = dict(step.params)
     _check_params(step, p)
-    url = check_endpoint(step, p["endpoint"], real_bench=ctx.emulated is None)
+    url = check_endpoint(step, p["endpoint"], real_bench=ctx.live.truth is None)
     requests, label = load_trace(ctx, step, p)
     arrival_s = requests["arrival_s"].to_numpy(dtype=float)
     trace_end = float(p["duration_s"]) if p["requests"] in GENERATORS else float(arrival_s[-1])

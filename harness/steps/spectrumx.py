@@ -27,8 +27,8 @@ import pandas as pd
 from analysis import linkfail as lf
 from harness.config import register_step
 from harness.specs import Annotated, Expect, Field, Seconds, Spec
-from harness.steps import StepOutcome
-from harness.steps.linkfail import iteration_units
+from harness.outcome import StepOutcome
+from harness.bench.linkstudy import iteration_units, link_provenance
 
 class SpectrumxParams(Spec):
     """Judge the Spectrum-X claims on the link studies of this run."""
@@ -213,7 +213,6 @@ def verdict_markdown(v: dict) -> str:
 @register_step("spectrumx_verdict", SpectrumxParams)
 def spectrumx_verdict(ctx, step) -> StepOutcome:
     from harness import record as rec
-    from harness.steps.linkfail import _provenance
 
     p = dict(step.params)
     if ctx.dry_run:
@@ -222,7 +221,7 @@ def spectrumx_verdict(ctx, step) -> StepOutcome:
     frames = [pd.read_parquet(ctx.run_dir / s["parquet"]) for s in studies if s["kind"] == "failures"]
     failures = pd.concat(frames, ignore_index=True) if frames else None
     flaps = [row for s in studies if s["kind"] == "flaps" for row in s["table"]]
-    prov = _provenance(ctx)
+    prov = link_provenance(ctx.live)
     for s in studies:  # a study over the leaf–spine names its fabric and data plane
         if s["provenance"].get("fabric"):
             prov.update(fabric=s["provenance"]["fabric"], data_plane=s["provenance"]["data_plane"])

@@ -27,10 +27,10 @@ from devices.errors import DeviceError
 from devices.timing import Deadline, now_ns
 from harness import logs
 from harness.bench import BenchBroken
-from harness.bench.circuits import Applied, CircuitGuard, RetryPolicy, guard
-from harness.bench.emulated import FaultEntry, Faults
+from harness.bench.circuits import Applied, CircuitGuard, RetryPolicy
 from harness.bench.hosts import HostGroup
-from harness.bench.observe import CycleWatch, observation_log
+from harness.bench.live import FaultEntry
+from harness.bench.observe import CycleWatch
 from harness.bench.stages import CycleEvents, OcsCommand, OcsStamps, PortRef, cycle_events, ocs_events
 from harness.config import register_step
 from harness.errors import InputError
@@ -39,7 +39,7 @@ from harness.events import Event
 from harness.gpu_view import gpu_view
 from harness.specs import Count, Field, Interval, Port, Seconds, Spec
 from harness.patterns import cycle_mappings, sources
-from harness.steps import CycleOutcome, StepOutcome, resume_after_logged
+from harness.outcome import CycleOutcome, StepOutcome, resume_after_logged
 
 class TurnaroundParams(Spec):
     """Measure the reconfiguration turnaround, cycle by cycle, on NIC ports of one or several OCSs (a port's
@@ -165,7 +165,7 @@ class TurnaroundRun:
     def __init__(self, ctx, step):
         self.ctx, self.step, self.p = ctx, step, step.params
         self.cycles = self.p["cycles"] or ctx.cycles
-        nics = {n.key: n for n in ctx.bench.nic_ports}
+        nics = {n.key: n for n in ctx.live.inventory.nic_ports}
         wanted = self.p["ports"] or list(nics)
         unknown = [k for k in wanted if k not in nics]
         if unknown:
@@ -190,19 +190,19 @@ class TurnaroundRun:
         self.mac_of: dict[str, str] = {}  # port key -> MAC its probes carry
         self._leftover: tuple | None = None  # the last cycle's, dealt with once the next command is out
         self._ahead: CyclePlan | None = None  # the next cycle's, made in this one's wait
-        self.faults = Faults(ctx, step, self.p["faults"], self.cycles, list(self.ports))
+        self.faults = ctx.live.faults(step, self.p["faults"], self.cycles, list(self.ports))
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         ctx, p = self.ctx, self.p
-        self.guards = {ocs: guard(ctx, ocs, teardown_s=p["teardown_s"]) for ocs in self.switches}
+        self.guards = {ocs: ctx.live.circuits(ocs, teardown_s=p["teardown_s"]) for ocs in self.switches}
         if ctx.dry_run:
             return
         if len(self.switches) > 1:
             self._issuers = ThreadPoolExecutor(len(self.switches) - 1, thread_name_prefix="ocs-begin")
             ctx.stack.callback(self._issuers.shutdown, wait=False)
-        self.log = observation_log(ctx)
-        self.hosts = HostGroup(ctx.open_sessions(sorted({n.host for n in self.nics})),
+        self.log = ctx.live.observe()
+        self.hosts = HostGroup(ctx.live.hosts.open(sorted({n.host for n in self.nics})),
                                retries=p["retries"], backoff_s=p["retry_backoff_s"])
         self.mac_of = self.hosts.observe(self.nics, self.log, watch_us=p["watch_interval_us"],
                                          ethtool_us=p["ethtool_interval_us"], clock_resync_s=p["clock_resync_s"],
