@@ -75,3 +75,96 @@ def test_a_fake_run_refuses_hosts_it_was_not_given(tmp_path):
     assert ctx.live.hosts.open(["h1"]) == {"h1": "session-h1"}
     with pytest.raises(KeyError, match="h2"):
         ctx.live.hosts.session("h2")
+
+
+class _WatchedHost:
+    """A host session whose watch reports what `on_apply` says after each switch command (host clock = harness
+    clock): the minimum `links.wire` reads, no agent behind it."""
+
+    clock = None
+
+    def __init__(self, name: str):
+        self.name, self.sink, self.started = name, None, []
+
+    def start_watch(self, ports, interval_us, ethtool_interval_us, sink, heartbeat_us=0):
+        from devices.timing import now_ns
+
+        self.sink = sink
+        self.started.append([p[0] for p in ports])
+        for netdev, *_ in ports:  # the current values, printed first
+            self.report(netdev, [("carrier", "1"), ("state", "ACTIVE")], now_ns(), interval_ns=0)
+
+    def wait_watching(self, deadline):
+        return []
+
+    def to_harness(self, host_ns):
+        return host_ns, 0, 0
+
+    def report(self, netdev, changes, at_ns, interval_ns=1000):
+        from harness.hostsession import Observation
+
+        self.sink.put_many([Observation("watch", self.name, netdev, f, v, at_ns, interval_ns, at_ns)
+                            for f, v in changes])
+
+
+def _wired_bench(tmp_path, on_apply, lease=None):
+    from devices.ocs.fake import FakeSwitch
+
+    class Switch(FakeSwitch):
+        def apply(self, mapping, *, exclusive=False):
+            timing = super().apply(mapping, exclusive=exclusive)
+            on_apply(mapping)
+            return timing
+
+    host = _WatchedHost("h1")
+    ctx = fake_run(LAB, tmp_path, sessions={"h1": host}, lease=lease)
+    ctx.switches["ocs1"] = Switch(OCS)
+    ports = [SimpleNamespace(key=f"h1:eth{i}", host="h1", netdev=f"eth{i}", rdma_dev=f"mlx5_{i}", rdma_port=1)
+             for i in range(2)]
+    return ctx, host, ports
+
+
+def test_wiring_waits_for_every_moved_port_to_train_and_says_what_arrived_when_one_does_not(tmp_path):
+    """links.wire: applied, then each awaited port's carrier and RDMA state read from the one observation log —
+    lines from before the command do not count; a port that only got its carrier is reported as such."""
+    from devices.timing import now_ns
+
+    script = {"eth0": [("carrier", "0"), ("state", "DOWN"), ("carrier", "1"), ("state", "ACTIVE")],
+              "eth1": [("carrier", "0"), ("state", "DOWN"), ("carrier", "1")]}
+
+    def on_apply(mapping):
+        for netdev, changes in script.items():
+            host.report(netdev, changes, now_ns())
+
+    ctx, host, ports = _wired_bench(tmp_path, on_apply)
+    wired = ctx.live.links.wire("ocs1", {1: 10, 2: 9}, 0.3, ports=ports[:1])
+    assert wired.up and wired.seen == "" and ctx.switches["ocs1"].patches() == {1: 10, 2: 9}
+    stale = now_ns()
+    host.report("eth1", [("carrier", "1"), ("state", "ACTIVE")], stale - 10_000_000)  # before the next command
+    wired = ctx.live.links.wire("ocs1", {1: 9, 2: 10}, 0.3, ports=ports)
+    assert not wired.up and host.started == [["eth0"], ["eth1"]]  # one watch per port and run
+    assert "h1:eth0" not in wired.seen
+    assert wired.seen.startswith("h1:eth1: saw phy_up, missing port_active (its watch: before the command "
+                                 "carrier 1, state ACTIVE; since carrier 0, state DOWN, carrier 1)"), wired.seen
+
+
+def test_a_failed_wiring_latches_and_later_wirings_are_refused_with_its_cause(tmp_path):
+    """labgrid's never_retry: the lease lost during a run → the wiring refused (BenchBroken, the switch
+    untouched) — and every later wiring refused at once, naming that first cause, even with the lease back."""
+    from harness.bench.links import WiringRefused
+
+    lease = _Lease()
+    ctx, host, ports = _wired_bench(tmp_path, lambda mapping: None, lease=lease)
+    switch = ctx.switch("ocs1")
+    found = switch.patches()
+    assert ctx.live.links.wire("ocs1", {1: 10}, 0.1).up  # no port awaited: applied, nothing to train
+    lease.lost = "taken over by theirs"
+    with pytest.raises(BenchBroken, match="bench lock lost"):
+        ctx.live.links.wire("ocs1", {3: 12}, 0.1, ports=ports)
+    assert 3 not in switch.patches()
+    lease.lost = None
+    with pytest.raises(WiringRefused, match="an earlier wiring failed: bench lock lost: taken over by theirs"):
+        ctx.live.links.wire("ocs1", {5: 14}, 0.1)
+    assert 5 not in switch.patches()
+    ctx.teardown.close()
+    assert switch.patches() == found

@@ -1,6 +1,6 @@
 """The one object a step is handed for the bench (`ctx.live`), after labgrid's Target: a step asks it for what
 it drives — the guarded circuits of a switch, the hosts' sessions, the one observation log, the transfer tools'
-results, the serving endpoint — and for what the bench is: its provenance, and the emulator's own record
+results, the serving endpoint, the links wired and trained (`links.wire`) — and for what the bench is: its provenance, and the emulator's own record
 (`truth`, None on a real bench). A step imports no emulator glue, device parser or other step: what it needs
 from the bench is a facet here, so the safety rules (lease, restore) live once, under every step.
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from harness.bench import emulated
+from harness.bench.links import Links
 from harness.provenance import provenance
 
 FaultEntry = emulated.FaultEntry  # the declared fault kinds, for a step's `faults:` parameter
@@ -94,6 +95,7 @@ class LiveBench:
         self.hosts = Hosts(ctx)
         self.traffic = Traffic()
         self.serving = Serving(self)
+        self.links = Links(self)
 
     @property
     def inventory(self):

@@ -439,14 +439,19 @@ class ObservationLog:
             self._backlog.extend(batch)
         return self._backlog.popleft()
 
-    def drain(self, on_fault: Callable) -> list[tuple[str, str]]:
-        """Drop what arrived between cycles; a host that dropped meanwhile is handled by `on_fault` (returns
-        the cause to label the next cycle with)."""
+    def drain(self, on_fault: Callable, seen: Callable | None = None) -> list[tuple[str, str]]:
+        """Drop what arrived between cycles (each observation but a fault shown to `seen` first); a host that
+        dropped meanwhile is handled by `on_fault` (returns the cause to label the next cycle with)."""
         causes = []
         while self._backlog or not self._queue.empty():
             obs = self.get(0)
-            if obs is not None and obs.kind == "fault" and (cause := on_fault(obs)):
-                causes.append((obs.host, cause))
+            if obs is None:
+                continue
+            if obs.kind == "fault":
+                if cause := on_fault(obs):
+                    causes.append((obs.host, cause))
+            elif seen is not None:
+                seen(obs)
         return causes
 
     def expect(self, watch: CycleWatch, deadline: Deadline, on_fault: Callable, command=None) -> Arrivals:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import shlex
 import string
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +58,7 @@ SCHEMA = {
     "time_scale": (Positive, 1.0),  # emulated tools: sleep time / time_scale, report × time_scale
     "link_timeout_s": (Positive, 15.0),
     "command_timeout_s": (Positive, 120.0),
-    "poll_interval_s": (Positive, 0.005),
+    "poll_interval_s": (Positive, 0.005),  # how often the hosts' watch reads link state while links train
 }
 
 
@@ -265,64 +264,21 @@ class MoeTraffic:
         return plan
 
     # ------------------------------------------------------------------ bench
-    def _cat(self, host: str, paths: list[str]) -> list[str]:
-        cmd = "cat " + " ".join(shlex.quote(x) for x in paths)
-        result = self.sessions[host].transport.run(cmd, deadline=Deadline(10))
-        lines = result.stdout.splitlines()
-        if result.exit_status != 0 or len(lines) != len(paths):
-            raise PhaseFailed(f"{host}: {cmd!r} failed: {result.stderr.strip()[:200]}")
-        return lines
-
-    def _link_files(self, e: Endpoint) -> list[str]:
-        return [f"/sys/class/net/{e.netdev}/carrier_up_count",
-                f"/sys/class/infiniband/{e.rdma_dev}/ports/{e.rdma_port}/state"]
-
-    def _link_states(self, ends: list[Endpoint]) -> dict[str, tuple[int, bool]]:
-        """endpoint key -> (carrier_up_count, RDMA port ACTIVE), one command per host, hosts in parallel."""
-        by_host: dict[str, list[Endpoint]] = {}
-        for e in ends:
-            by_host.setdefault(e.host, []).append(e)
-
-        def read(host: str) -> dict[str, tuple[int, bool]]:
-            lines = self._cat(host, [f for e in by_host[host] for f in self._link_files(e)])
-            out = {}
-            for k, e in enumerate(by_host[host]):
-                count, state = lines[2 * k].strip(), lines[2 * k + 1]
-                out[e.key] = (int(count) if count.isdigit() else -1, "ACTIVE" in state)
-            return out
-
-        states: dict[str, tuple[int, bool]] = {}
-        for part in self.pool.map(read, by_host):
-            states.update(part)
-        return states
-
     def reconfigure(self, circuits: np.ndarray) -> tuple[float, bool]:
-        """Apply `circuits`, wait until every re-pointed port trained a new link. (seconds, all up)."""
+        """Apply `circuits` and wait until every re-pointed port trained a new link (ctx.live.links.wire, its
+        deadline `link_timeout_s`). (seconds, all up)."""
         old_peer, new_peer = _peer_of(self.current), _peer_of(circuits)
         moved = [e for i, e in enumerate(self.endpoints) if new_peer[i] is not None and new_peer[i] != old_peer[i]]
         begin = now_ns()
-        before = self._link_states(moved) if moved else {}
-        self.guard.apply(self.others | circuit_mapping(circuits, self.endpoints), self.policy)
+        wired = self.ctx.live.links.wire(self.ocs, self.others | circuit_mapping(circuits, self.endpoints),
+                                         self.p["link_timeout_s"], ports=moved, policy=self.policy,
+                                         watch_us=max(1, round(self.p["poll_interval_s"] * 1e6)))
         self.current = circuits
-        deadline = Deadline(self.p["link_timeout_s"])
-        waiting, states, reads = list(moved), {}, 0
-        while waiting and not deadline.expired():
-            states = self._link_states(waiting)
-            reads += 1
-            waiting = [e for e in waiting if not (states[e.key][0] > before[e.key][0] and states[e.key][1])]
-            if waiting:
-                time.sleep(self.p["poll_interval_s"])
         if getattr(self, "gpu_view", None) is not None:
             self.gpu_view.window(begin, now_ns())
-        if waiting:
-            # what was seen, not only what was missing: a carrier that never retrained reads differently
-            # from one that trained while the RDMA port stayed down
-            seen = "; ".join(f"{e.key}: carrier_up_count {before[e.key][0]} → {states.get(e.key, before[e.key])[0]}, "
-                             f"RDMA {'ACTIVE' if states.get(e.key, before[e.key])[1] else 'not ACTIVE'}"
-                             for e in waiting)
-            self.ctx.say(f"[yellow]{self.step.name}: links not up after {self.p['link_timeout_s']} s "
-                         f"({reads} reads): {seen}[/]")
-        return (now_ns() - begin) / 1e9, not waiting
+        if not wired.up:
+            self.ctx.say(f"[yellow]{self.step.name}: links not up after {self.p['link_timeout_s']} s: {wired.seen}[/]")
+        return (now_ns() - begin) / 1e9, wired.up
 
     def open_bench(self, n: int) -> list[str]:
         """The switch's guard, the circuits found, one session per host of the first `n` endpoints."""
