@@ -323,12 +323,27 @@ def test_step_summary_and_restore(moe_run):
     ({"launch": "once"}, "needs a command template"),
     ({"launch": "once", "command": "run {self}"}, "unknown placeholder {self}"),
     ({"launch": "once", "command": "run {hosts}", "launch_host": "gpu9"}, "launch_host 'gpu9'"),
+    # the parameters' field limits (MoeTrafficParams), shared by the link studies
+    ({"layers": 0}, "layers: expected a value >= 1, found 0"),
+    ({"hidden_size": -4096}, "hidden_size: expected a value >= 1, found -4096"),
+    ({"zipf_s": -0.5}, "zipf_s: expected a value >= 0, found -0.5"),
+    ({"num_experts": -1}, "num_experts: expected a value >= 0, found -1"),
+    ({"regime_changes": "two"}, "regime_changes: expected an integer or a list, found string 'two'"),
 ])
 def test_bad_step_params_are_input_errors(tmp_path, capsys, change, message):
     book = _playbook(tmp_path / "bad.yaml", [{"type": "moe_traffic", "name": "m", **TRACE, **change}])
     assert main(["run", book, "--dry-run", "--out", str(tmp_path / "runs"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert message in err and "bad.yaml:" in err
+
+
+@pytest.mark.parametrize("kind", ["link_failures", "link_flaps"])
+def test_the_link_studies_check_the_traffic_parameters_alike(tmp_path, capsys, kind):
+    book = _playbook(tmp_path / "bad.yaml", [{"type": kind, "name": "m", **TRACE, "layers": 0, "zipf_s": -1.0}])
+    assert main(["run", book, "--dry-run", "--out", str(tmp_path / "runs"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "layers: expected a value >= 1, found 0" in err and "zipf_s: expected a value >= 0" in err, err
+    assert err.count("bad.yaml:") == 2
 
 
 HOSTILE = ["x; echo pwned > /tmp/pwned", "$(touch /tmp/pwned)", "`id`", "a && echo pwned > /tmp/pwned2", "'\"", ""]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import shlex
 import string
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from devices.parsers.common import ParseError
 from devices.timing import Deadline, now_ns
 from harness.bench.circuits import RetryPolicy
 from harness.errors import InputError
-from harness.specs import AtLeastOne, Count, Literal, Positive
+from harness.specs import AtLeastOne, Count, Field, Literal, Positive, Spec, ranged, union_of
 
 RECONFIGURE = ("none", "per_regime", "per_iteration")
 # The emulated hosts' alltoall_perf: one rank per endpoint, its own row and column of the phase matrix.
@@ -32,34 +33,49 @@ ONCE_PLACEHOLDERS = ("bytes", "recv_bytes", "hosts", "nranks", "iters", "link_gb
                      "args")
 LAUNCH = ("per_endpoint", "once")
 
-SCHEMA = {
-    "trace": (str, "generate"),  # a MoE trace file (traces.load_moe) or "generate" (traces.generate_moe)
-    "iterations": (int, 6),
-    "layers": (int, 2),
-    "micro_batches": (int, 1),
-    "regime_changes": ((int, list), 1),
-    "tokens_per_micro_batch": (int, 4096),
-    "hidden_size": (int, 4096),  # also turns routing-trace tokens into bytes
-    "top_k": (int, 2),
-    "num_experts": (int, 0),  # 0: two per endpoint
-    "zipf_s": (float, 1.2),
-    "drift": (float, 0.02),
-    "backward": (bool, True),
-    "max_phases": (Count, 0),  # 0: every phase of the trace
-    "endpoints": (list, []),  # NIC ports "host:netdev" of one OCS; empty: every port
-    "reconfigure": (Literal[RECONFIGURE], "per_regime"),
-    "command": (str, "alltoall_perf"),  # or a template with {placeholders}, each value shell-quoted
-    "launch": (Literal[LAUNCH], "per_endpoint"),  # per_endpoint: one command per rank | once: one per phase
-    "launch_host": (str, ""),  # launch: once — where (default: the first endpoint's host)
-    "args": (list, []),  # extra words for {args}, each shell-quoted
-    "iters": (AtLeastOne, 1),  # tool iterations per phase
-    "link_gbps": (Positive, 400.0),  # per circuit
-    "eps_gbps": (Positive, 100.0),  # packet fabric, per NIC
-    "time_scale": (Positive, 1.0),  # emulated tools: sleep time / time_scale, report × time_scale
-    "link_timeout_s": (Positive, 15.0),
-    "command_timeout_s": (Positive, 120.0),
-    "poll_interval_s": (Positive, 0.005),  # how often the hosts' watch reads link state while links train
-}
+NonNegative = ranged(float, "a value >= 0", ge=0)
+
+
+class MoeTrafficParams(Spec):
+    """MoE all-to-all phases of a trace as transfers over the bench's circuits (also the link studies'
+    traffic parameters)."""
+
+    trace: str = Field("generate", description='a MoE trace file (traces.load_moe) or "generate" '
+                                               "(traces.generate_moe, from the run's seed)")
+    iterations: AtLeastOne = 6
+    layers: AtLeastOne = 2
+    micro_batches: AtLeastOne = 1
+    regime_changes: union_of((int, list)) = Field(1, description="generate: how many routing shifts, or the "
+                                                                 "iterations they start at")
+    tokens_per_micro_batch: AtLeastOne = 4096
+    hidden_size: AtLeastOne = Field(4096, description="also turns routing-trace tokens into bytes")
+    top_k: AtLeastOne = 2
+    num_experts: Count = Field(0, description="0: two per endpoint")
+    zipf_s: NonNegative = Field(1.2, description="the experts' Zipf skew (0: uniform)")
+    drift: float = 0.02
+    backward: bool = True
+    max_phases: Count = Field(0, description="0: every phase of the trace")
+    endpoints: list = Field([], description='NIC ports "host:netdev" of one OCS; empty: every port')
+    reconfigure: Literal[RECONFIGURE] = "per_regime"
+    command: str = Field("alltoall_perf", description="or a template with {placeholders}, each value shell-quoted")
+    launch: Literal[LAUNCH] = Field("per_endpoint", description="per_endpoint: one command per rank | once: one "
+                                                                "per phase")
+    launch_host: str = Field("", description="launch: once — where (default: the first endpoint's host)")
+    args: list = Field([], description="extra words for {args}, each shell-quoted")
+    iters: AtLeastOne = Field(1, description="tool iterations per phase")
+    link_gbps: Positive = Field(400.0, description="per circuit")
+    eps_gbps: Positive = Field(100.0, description="packet fabric, per NIC")
+    time_scale: Positive = Field(1.0, description="emulated tools: sleep time / time_scale, report × time_scale")
+    link_timeout_s: Positive = Field(15.0, description="how long links may take to train after a wiring")
+    command_timeout_s: Positive = 120.0
+    poll_interval_s: Positive = Field(0.005, description="how often the hosts' watch reads link state while "
+                                                         "links train")
+
+
+# The same parameters in the `{param: (type, default)}` form, for a step that extends them (the link studies).
+SCHEMA = {name: (hint, MoeTrafficParams.model_fields[name].default)
+          for name, hint in typing.get_type_hints(MoeTrafficParams, include_extras=True).items()
+          if name in MoeTrafficParams.model_fields}
 
 
 class PhaseFailed(DeviceError):

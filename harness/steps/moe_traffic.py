@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from devices.errors import DeviceError
-from harness.bench.traffic import SCHEMA, MoeTraffic, PhaseFailed, circuit_labels, circuits_from_patches, trace_id
+from harness.bench.traffic import MoeTraffic, MoeTrafficParams, PhaseFailed, circuit_labels, circuits_from_patches, trace_id
 from harness.config import register_step
 from harness.errors import InputError
 from harness.gpu_view import gpu_view
@@ -231,7 +231,7 @@ def markdown(name: str, s: dict, frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-@register_step("moe_traffic", SCHEMA, resume_point=resume_point)
+@register_step("moe_traffic", MoeTrafficParams, resume_point=resume_point)
 def moe_traffic(ctx, step) -> StepOutcome:
     run = MoeTrafficRun(ctx, step)
     with gpu_view(ctx, step, {e.host for e in run.endpoints}) as run.gpu_view:  # GPUs around each reconfiguration
