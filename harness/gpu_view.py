@@ -53,7 +53,8 @@ def spread(hosts: list[str], at_most: int = MAX_HOSTS) -> list[str]:
 
 
 class _Feed:
-    """One host's nvidia-smi loop: its lines as they arrived (the SSH hub appends), and how it ended."""
+    """One host's nvidia-smi loop: its lines as they arrived (through the run's observation log, which mirrors
+    them raw), and how it ended."""
 
     def __init__(self, host: str, session):
         self.host, self.session = host, session
@@ -75,18 +76,25 @@ class GpuView:
         self.windows: list[tuple[int, int]] = []  # (begin_ns, end_ns) marked by the step
         self.faults: dict[str, str] = {}  # host -> what went wrong with its view (stream ended, gaps)
         self._feeds: list[_Feed] = []
+        self._by_host: dict[str, _Feed] = {}
         self._stopping = threading.Event()
         self._lock = threading.Lock()  # a stream (re)started vs the step's end
         self.started_ns = self.stopped_ns = 0
+        self._log = None
 
     def start(self) -> "GpuView":
         # The run's own session per host (its connection, a channel for the step; its clock model converts the
         # samples): a host costs one SSH login per run.
         sessions = self.ctx.open_sessions(self.hosts)
+        # Its lines go through the run's one observation log (mirrored raw with the hosts' other streams in
+        # observations.jsonl) and come back here, not to the queue a cycle's wait reads.
+        self._log = self.ctx.live.observe()
+        self._log.tap("gpu", self._arrived)
         self.started_ns = now_ns()
         for host in self.hosts:
             feed = _Feed(host, sessions[host])
             self._feeds.append(feed)
+            self._by_host[host] = feed
             self._start(feed)
         return self
 
@@ -103,8 +111,22 @@ class GpuView:
                 stream.close()
                 return
             feed.stream = stream
-            shared_readers().add_lines(stream, lambda recv_ns, lines: feed.arrived.append((recv_ns, lines)),
+            shared_readers().add_lines(stream, lambda recv_ns, lines: self._put(feed.host, recv_ns, lines),
                                        lambda reason: self._ended(feed, reason))
+
+    def _put(self, host: str, recv_ns: int, lines: list[str]) -> None:
+        """A packet's lines, as they came, into the log: host_ns 0, the line carries its host's local-time stamp
+        (its zone is found, and the stamp converted, at the step's end)."""
+        from harness.hostsession import Observation
+
+        batch = [Observation("gpu", host, "", "nvidia-smi", line, 0, 0, recv_ns) for line in lines if line.strip()]
+        if batch:
+            self._log.put_many(batch)
+
+    def _arrived(self, batch: list) -> None:
+        feed = self._by_host.get(batch[0].host)
+        if feed is not None:
+            feed.arrived.append((batch[0].recv_ns, [obs.value for obs in batch]))
 
     def _ended(self, feed: _Feed, reason: str) -> None:
         """Its loop ended while the step runs (the SSH hub's thread: the restart waits on a thread of its own)."""
@@ -190,6 +212,8 @@ class GpuView:
                 readers.remove(feed.stream)
                 with contextlib.suppress(Exception):  # the connection may be gone already
                     feed.stream.close()
+        if self._log is not None:
+            self._log.tap("gpu", None)
         self.stopped_ns = now_ns()
         for feed in self._feeds:
             samples = self._host_samples(feed)

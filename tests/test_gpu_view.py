@@ -4,7 +4,6 @@ inside every re-training window and busy outside — the emulator's rule, checke
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import yaml
@@ -144,11 +143,15 @@ def test_each_sample_is_bounded_by_its_host_stamp_and_arrival_and_a_dead_stream_
             lines += [(arrival, f"{stamp}, {gpu}, 97, 1024, 412.50") for gpu in (0, 1)]
             truth[host_ns // 10**6 * 10**6] = host_ns - _Session.OFFSET
         scripts.append(_ScriptedLoop(lines, 255))
+    printed = [line for script in scripts for _, line in script.lines]
     streams = {"gpu1": scripts, "gpu2": [_ScriptedLoop([], 127)]}
     said = []
+    from harness.bench.observe import ObservationLog
+
+    log = ObservationLog(tmp_path / "observations.jsonl")
     ctx = SimpleNamespace(bench=SimpleNamespace(hosts={"gpu1": None, "gpu2": None}), say=said.append,
                           open_sessions=lambda hosts: {h: _Session(streams[h]) for h in hosts},
-                          run_dir=tmp_path, manifest_extra={}, dry_run=False)
+                          run_dir=tmp_path, manifest_extra={}, dry_run=False, live=SimpleNamespace(observe=lambda: log))
     view = gpu_view.GpuView(ctx, "measure", ["gpu1", "gpu2"]).start()
     end = _time.monotonic() + 30
     while [len(f.ends) for f in view._feeds] != [3, 1]:  # gpu1: two ends and a refused restart; gpu2: one end
@@ -167,3 +170,10 @@ def test_each_sample_is_bounded_by_its_host_stamp_and_arrival_and_a_dead_stream_
     assert "no samples after the last" in fault
     assert summary["faults"] == view.faults and any("GPU view of gpu1" in line for line in said)
     assert any(fault in line for line in gpu_view.markdown({"measure": summary}))
+    # the lines went through the run's one observation log: mirrored raw, as nvidia-smi printed them, and none
+    # left on the queue a cycle's wait reads
+    log.close()
+    mirrored = [json.loads(x) for x in (tmp_path / "observations.jsonl").read_text().splitlines()]
+    assert [(m["kind"], m["host"], m["value"]) for m in mirrored] == \
+        [("gpu", "gpu1", line) for line in printed]
+    assert log.get(0) is None

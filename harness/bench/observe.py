@@ -350,6 +350,9 @@ class ObservationLog:
         # burst, which the cycle's end waits for. `flush` mirrors them, once the next command is out; not a
         # record written meanwhile (a clock sample may come in the burst), which may so precede older lines.
         self._unwritten: collections.deque = collections.deque()
+        # kind -> who reads observations of that kind instead of the queue (a stream read over a whole step, as
+        # the GPU view's: mirrored with the rest, but no wake-up of a cycle's wait and nothing for it to drop)
+        self._taps: dict[str, Callable[[list], None]] = {}
 
     def _write(self, record: dict) -> None:
         if self._file is not None:
@@ -369,9 +372,20 @@ class ObservationLog:
             self._unwritten.append(batch)  # a deque: appended here, taken by `_mirror` without a lock
             if len(self._unwritten) > _UNWRITTEN_MAX:  # no step flushing (lines between steps): bounded here
                 self.flush()
+        if self._taps and batch and (tap := self._taps.get(batch[0].kind)) is not None:  # a stream: one kind
+            tap(batch)
+            return
         read = [obs for obs in batch if obs.kind != "watch" or obs.field in STAGE_FIELDS]
         if read:
             self._queue.put(read)
+
+    def tap(self, kind: str, sink: Callable[[list], None] | None) -> None:
+        """Hand every batch of observations of `kind` to `sink` (called on the reader's thread) instead of the
+        queue; None: stop. They are mirrored all the same."""
+        if sink is None:
+            self._taps.pop(kind, None)
+        else:
+            self._taps[kind] = sink
 
     def clock_sample(self, host: str, sample) -> None:
         self._write({"k": "clock", "host": host, **vars(sample)})
