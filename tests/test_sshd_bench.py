@@ -31,13 +31,15 @@ PROFILE = {
     "name": "sshd-fast",
     "ocs": {"switch": {"dist": "uniform", "low_ms": 3, "high_ms": 6}, "dark": {"dist": "fixed", "ms": 0.2}},
     "nic": {"los_clear": {"dist": "fixed", "ms": 0.05}, "cdr_lock": {"dist": "uniform", "low_ms": 0.5, "high_ms": 1},
-            "phy_up": {"dist": "uniform", "low_ms": 150, "high_ms": 250}, "port_active": {"dist": "fixed", "ms": 5},
+            "phy_up": {"dist": "uniform", "low_ms": 400, "high_ms": 500}, "port_active": {"dist": "fixed", "ms": 5},
             "link_down": {"dist": "fixed", "ms": 0.5}},
     "hosts": {"clock_offset_ms": [0, 0], "drift_ppm": [0, 0]},
     "topology": {"hosts": 2, "nics_per_host": 2, "ocs_size": [8, 8]},
 }
-# phy_up: a cycle far longer than an `ethtool -m` round trip on a loaded machine (tens of ms here), so a port's
-# loss of light in one cycle and the next are never read by the same poll (two losses one poll apart read as one)
+# phy_up: a cycle far longer than the spacing of `ethtool -m` polls on a loaded machine, so a port's light coming
+# back in one cycle and lost in the next are never read by the same poll (its latched loss then reads as the loss
+# already seen: the next one goes unrecorded). At 150-250 ms, 1 run in ~20 lost one so at load ~20 on 2 cores (polls
+# up to 280 ms apart).
 
 
 def test_turnaround_on_real_sshd_hosts_matches_ground_truth(tmp_path, run_playbook):
