@@ -9,7 +9,8 @@ judged, and neither is
 an observation whose interval holds two true changes of its kind on its port (polls of `ethtool -m` 100-180 ms apart
 on a loaded 2-core machine can span a loss of light in two cycles: such a reading cannot say which it saw). Every
 other observation must hold its truth (a flag's truth is the physics' due time: later by at most what the emulator
-measured its own deliveries late), and no true change in a judged cycle may go unrecorded."""
+measured its own deliveries late), and no true change in a judged cycle may go unrecorded but a loss of light right
+after a return of light no poll saw (the harness inferred it between polls; the flag the agent prints never cleared)."""
 from __future__ import annotations
 
 import re
@@ -74,12 +75,19 @@ def test_turnaround_on_real_sshd_hosts_matches_ground_truth(tmp_path, run_playbo
     if faulted == set(cycles["cycle"]) == stalled:
         pytest.skip(f"every cycle's watch went silent (the machine starved the agent): {sorted(stalled)}")
     assert judged, faults
+    # none lost in a judged cycle, but a loss of light right after a return of light no poll saw (the harness
+    # inferred it between polls): the agent's flag still read lost, so the next loss changes nothing it prints
+    lost = summary["lost_events"]
+    unseen_return = {(c + 1, h, p) for c, h, p in events.loc[(events["stage"] == "light_detected") & events[
+        "source"].str.startswith("between-polls"), ["cycle", "host", "port"]].itertuples(index=False)}
+    excused = [k for k in lost["first_in_ok_cycles"] if k[1] == "light_lost" and (k[0], k[2], k[3]) in unseen_return]
+    assert lost["in_ok_cycles"] == len(excused) <= 4, lost  # first_in_ok_cycles lists up to 5
     matched = match(events[events["cycle"].isin(judged)], truth[truth["cycle"].isin(judged)])
     ambiguous = matched.apply(lambda m: _other_change_within(truth, m), axis=1).astype(bool)
     clear = matched[~ambiguous]
     # every port, every judged cycle: light, lock, PHY (the veth's carrier), active (the RDMA state file), and the
     # side losing light; first packets are real frames, not in the truth
-    assert len(matched) == len(judged) * 4 * 6, matched
+    assert len(matched) + len(excused) == len(judged) * 4 * 6, matched
     assert len(clear) >= len(matched) // 2, matched[ambiguous]  # the rule excuses a few readings, not the run
     # the truth of a flag is the physics' due time; a reading can be later by as much as the emulator itself measured
     # its deliveries late (0 on an idle machine)
@@ -87,7 +95,6 @@ def test_turnaround_on_real_sshd_hosts_matches_ground_truth(tmp_path, run_playbo
     bound = clear["uncertainty_ns"] + clear["truth_halfwidth_ns"]
     held = (clear["error_ns"] >= -bound) & (clear["error_ns"] <= bound + late_ns)
     assert held.all(), (late_ns, clear[~held])
-    assert summary["lost_events"]["in_ok_cycles"] == 0, summary["lost_events"]
     first = events[(events["stage"] == "first_packet") & events["cycle"].isin(judged)]
     assert len(first) == len(judged) * 4
 
