@@ -457,9 +457,12 @@ def clock_table(trackers: dict[str, ClockTracker] | list[ClockTracker]) -> list[
 # ---------------------------------------------------------------- clock sources a lab already runs
 # One exec per host: chrony's tracking, the local ptp4l's time status and path delay, then the host's time (the
 # instant the readings are grown to). A missing daemon or tool only empties its section.
-CLOCK_SOURCES_COMMAND = ("echo '## chrony'; chronyc {chronyd}-c tracking; echo '## ptp'; "
-                         "pmc -u -b 0 {ptp4l}'GET TIME_STATUS_NP' 'GET CURRENT_DATA_SET'; "
+CLOCK_SOURCES_COMMAND = ("echo '## chrony'; chronyc {chronyd}-c tracking; echo '## ptp'; {pmc}; "
                          "echo '## date'; date +%s.%N")
+PMC_COMMAND = "pmc -u -b 0 {ptp4l}'GET TIME_STATUS_NP' 'GET CURRENT_DATA_SET'"
+# Where ptp4l answered: a second exec reads PTP_SAMPLES more syncs PTP_SPACING_S apart (one sync can be delayed far
+# beyond the path delay on a loaded host: the bound takes the best-bounded of them, `ptp_offset_bound`)
+PTP_SAMPLES, PTP_SPACING_S = 4, 0.25
 
 
 def clock_sources_command(chronyd_socket: str | None = None, ptp4l_socket: str | None = None) -> str:
@@ -468,7 +471,21 @@ def clock_sources_command(chronyd_socket: str | None = None, ptp4l_socket: str |
     import shlex
 
     return CLOCK_SOURCES_COMMAND.format(chronyd=f"-h {shlex.quote(chronyd_socket)} " if chronyd_socket else "",
-                                        ptp4l=f"-s {shlex.quote(ptp4l_socket)} " if ptp4l_socket else "")
+                                        pmc=_pmc(ptp4l_socket))
+
+
+def ptp_samples_command(ptp4l_socket: str | None = None) -> str:
+    """More of ptp4l's syncs, each its own `## ptp` section, then the host's time: appended to the output of
+    `clock_sources_command`, `read_clock_sources` bounds the offset from all of them."""
+    pmc = _pmc(ptp4l_socket)
+    return "".join(f"sleep {PTP_SPACING_S}; echo '## ptp'; {pmc}; " for _ in range(PTP_SAMPLES)) + \
+        "echo '## date'; date +%s.%N"
+
+
+def _pmc(ptp4l_socket: str | None) -> str:
+    import shlex
+
+    return PMC_COMMAND.format(ptp4l=f"-s {shlex.quote(ptp4l_socket)} " if ptp4l_socket else "")
 
 
 @dataclass(frozen=True)
@@ -491,24 +508,26 @@ class SourceReading:
 
 CHRONY_RULE = ("AWS ClockBound: |System time| + Root dispersion + Root delay/2, the dispersion grown since Ref time "
                "at (1 ppm + Skew + |Residual freq|)")
-PTP_RULE = ("IEEE 1588 delay request-response: |master_offset| + meanPathDelay (the offset errs by half the one-way "
-            "delays' difference, at most their mean), grown since ingress_time at 1 ppm; the clock ptp4l stamps "
+PTP_RULE = ("IEEE 1588 delay request-response: |master_offset| + meanPathDelay + the sync's delay beyond the least "
+            "delayed of the syncs read (ptp4l subtracts its filtered path delay from each sync's own t2 - t1: the "
+            "offset errs by that sync's delay less the mean, within the mean if the least delayed sync was no "
+            "slower than the median round trip), grown since ingress_time at 1 ppm; the clock ptp4l stamps "
             "with (CLOCK_REALTIME under -S, else the NIC's PHC, which phc2sys copies with its own error)")
 
 
 def read_clock_sources(stdout: str, *, max_clock_error_ppm: float = 1.0) -> tuple[dict[str, SourceReading], dict]:
     """Parse the output of `clock_sources_command()`: the readings found and, per source, why there is none."""
     from devices.parsers.clock_tools import (parse_chronyc_tracking_csv, parse_date_ns, parse_pmc,
-                                             ptp_status)
+                                             ptp_offset_bound, ptp_status)
     from devices.parsers.common import ParseError
 
-    sections: dict[str, list[str]] = {}
-    current = None
+    blocks: list[tuple[str, list[str]]] = []  # a section may repeat (one `## ptp` per sync read): kept in order
     for line in stdout.splitlines():
         if line.startswith("## "):
-            current = sections.setdefault(line[3:].strip(), [])
-        elif current is not None:
-            current.append(line)
+            blocks.append((line[3:].strip(), []))
+        elif blocks:
+            blocks[-1][1].append(line)
+    sections = {name: lines for name, lines in blocks}  # the last of each: the latest `## date`
     if "date" not in sections:
         raise ClockSyncError(f"clock sources: no '## date' section in {stdout[-200:]!r}")
     try:
@@ -534,17 +553,18 @@ def read_clock_sources(stdout: str, *, max_clock_error_ppm: float = 1.0) -> tupl
     except ParseError as exc:
         absent["chrony"] = f"unreadable chronyc -c tracking: {exc}"
     try:
-        status = ptp_status(parse_pmc("\n".join(sections.get("ptp", ()))))
+        statuses = [ptp_status(parse_pmc("\n".join(lines))) for name, lines in blocks if name == "ptp"]
+        status = statuses[0] if statuses else None
         if status is None:
             absent["ptp"] = "no ptp4l answered (none running, pmc absent, or its socket not ours to use)"
         elif not status.synced or status.mean_path_delay_ns is None:
             absent["ptp"] = f"ptp4l without a master sync (gmPresent {status.gm_present}, ingress_time " \
                             f"{status.ingress_time_ns}{', no path delay' if status.mean_path_delay_ns is None else ''})"
         else:
+            best, width = ptp_offset_bound([s for s in statuses if s is not None], host_ns, max_clock_error_ppm)
             readings["ptp"] = SourceReading(
-                source="ptp", host_ns=host_ns, offset_ns=status.master_offset_ns,
-                width_ns=math.ceil(status.offset_bound_ns(host_ns, max_clock_error_ppm)),
-                reference=f"grandmaster {status.gm_identity}, {status.steps_removed} step(s) removed", rule=PTP_RULE)
+                source="ptp", host_ns=host_ns, offset_ns=best.master_offset_ns, width_ns=math.ceil(width),
+                reference=f"grandmaster {best.gm_identity}, {best.steps_removed} step(s) removed", rule=PTP_RULE)
     except ParseError as exc:
         absent["ptp"] = f"unreadable pmc reply: {exc}"
     return readings, absent

@@ -10,7 +10,7 @@ import contextlib
 import queue
 import threading
 
-from devices.errors import DeviceError, TransportClosed
+from devices.errors import DeviceError
 from devices.hostagent import HostAgent, parse_probe_line, sysfs_watch_fields, watch_heartbeat, watch_line_fields
 from devices.protocols import LineStream
 from devices.records import record
@@ -37,7 +37,8 @@ class Observation:
 class HostSession:
     """Opened once per host per run; `close()` ends every stream and the connection."""
 
-    sources_command: str | None = None  # None: `harness.clock.clock_sources_command()`, the daemons' default sockets
+    # (chronyd's, ptp4l's) command socket when not at the daemons' default paths (harness.clock.clock_sources_command)
+    clock_sockets: tuple[str | None, str | None] = (None, None)
 
     def __init__(self, resource: HostResource, clock_probes: int = 24, readers=None,
                  transport: SshTransport | None = None):
@@ -76,13 +77,19 @@ class HostSession:
         self.read_clock_sources()
 
     def read_clock_sources(self) -> None:
-        """What the host's own chrony / ptp4l say of its clock (one exec), with this machine's realtime minus the
-        harness clock at that moment: the manifest sets them beside the probe's bound (`clock_source_table`)."""
-        from harness.clock import ClockSyncError, clock_sources_command, read_clock_sources, realtime_minus_monotonic
+        """What the host's own chrony / ptp4l say of its clock (one exec; a second for more syncs where ptp4l
+        answered), with this machine's realtime minus the harness clock at that moment: the manifest sets them beside
+        the probe's bound (`clock_source_table`)."""
+        from harness.clock import (ClockSyncError, clock_sources_command, ptp_samples_command, read_clock_sources,
+                                   realtime_minus_monotonic)
 
+        chronyd, ptp4l = self.clock_sockets
         try:
-            result = self.transport.run(self.sources_command or clock_sources_command(), deadline=Deadline(5))
-            readings, absent = read_clock_sources(result.stdout)
+            stdout = self.transport.run(clock_sources_command(chronyd, ptp4l), deadline=Deadline(5)).stdout
+            readings, absent = read_clock_sources(stdout)
+            if "ptp" in readings:  # more syncs: one alone may have been delayed far beyond the path delay
+                stdout += self.transport.run(ptp_samples_command(ptp4l), deadline=Deadline(5)).stdout
+                readings, absent = read_clock_sources(stdout)
         except (DeviceError, ClockSyncError) as exc:
             readings, absent = {}, {"all": f"clock sources not read: {exc}"[:300]}
         self.clock_sources = (readings, absent, realtime_minus_monotonic())

@@ -1,6 +1,8 @@
 """Device identity for the manifest, where the bench can tell: the OCS's own answer (TL1 `RTRV-NETYPE`,
-SCPI `*IDN?`), per NIC port the firmware (`/sys/class/infiniband/<dev>/fw_ver`) and the transceiver's
-vendor, part number and serial (`ethtool -m`), per host the GPU model and serial (`nvidia-smi`).
+SCPI `*IDN?`), per NIC port the firmware (`/sys/class/infiniband/<dev>/fw_ver`), the transceiver's
+vendor, part number and serial (`ethtool -m`) and the link-up settings the NIC exposes (`ethtool`'s
+auto-negotiation, which link training rides on, and the driver's private flags, where a driver puts its own
+link-up behaviour), per host the GPU model and serial (`nvidia-smi`).
 
 Read once, at the end of a run, over the connections the run already has (no new ones), every device at once
 (harness.fanout); every probe is bounded and a device that cannot tell is recorded as such (`null` with the
@@ -70,6 +72,7 @@ def _host_identity(session, ports, within_s: float) -> dict[str, Any]:
         except ParseError:
             pass
         entry.setdefault("transceiver", None)
+        entry["link"] = _link_settings(transport, nic.netdev, deadline)
         nics[nic.netdev] = entry
     gpus = None
     text = _run(transport, f"nvidia-smi --query-gpu={','.join(GPU_FIELDS)} --format=csv,noheader", deadline)
@@ -80,6 +83,24 @@ def _host_identity(session, ports, within_s: float) -> dict[str, Any]:
         except (ParseError, ValueError):
             gpus = None
     return {"nics": nics, "gpus": gpus}
+
+
+def _link_settings(transport, netdev: str, deadline: Deadline) -> dict[str, Any] | None:
+    """{"autoneg": bool | None, "priv_flags": {name: bool} | None} in one exec; None if ethtool answers neither."""
+    from devices.parsers.common import ParseError
+    from devices.parsers.nic import parse_ethtool, parse_ethtool_priv_flags
+
+    dev = shlex.quote(netdev)
+    text = _run(transport, f"ethtool {dev}; echo '## priv-flags'; ethtool --show-priv-flags {dev}; true", deadline)
+    settings, _, flags = (text or "").partition("## priv-flags\n")
+    link: dict[str, Any] = {"autoneg": None, "priv_flags": None}
+    for key, parse, part in (("autoneg", lambda t: parse_ethtool(t).autoneg, settings),
+                             ("priv_flags", parse_ethtool_priv_flags, flags)):
+        try:
+            link[key] = parse(part) if part.strip() else None
+        except ParseError:
+            pass
+    return link if any(v is not None for v in link.values()) else None
 
 
 def device_identity(switches: dict, sessions: dict, nic_ports, not_asked: dict[str, str] | None = None

@@ -16,7 +16,7 @@ import pytest
 from devices.protocols import CommandResult, CommandTransport, LineStream
 from devices.resources import HostResource
 from devices.timing import CommandTiming, now_ns
-from harness.clock import (ClockSample, ClockSyncError, ClockTracker, clock_source_entry, clock_sources_command,
+from harness.clock import (ClockSample, ClockSyncError, ClockTracker, clock_source_entry,
                            cross_check, read_clock_sources, realtime_minus_monotonic, source_warnings)
 
 DATA = Path(__file__).parent / "data" / "clock"
@@ -44,6 +44,18 @@ def test_readings_from_real_captures():
     # ptp: master_offset -197 ns ± meanPathDelay 2361 ns + 2.65 ms since the sync at 1 ppm
     assert ptp.offset_ns == -197 and ptp.width_ns == pytest.approx(2361 + 2.649808, abs=1)
     assert "grandmaster 4eb648.fffe.fb5ee8" in ptp.reference
+
+
+def test_every_ptp_section_is_a_sync_read_and_the_latest_date_dates_them():
+    one, two = capture("pmc-time-status-current-data-set.txt"), capture("pmc-time-status-current-data-set-2.txt")
+    out = sections(capture("chronyc-c-tracking-slow-5ms.txt"), one, "1796533999.000000000") + \
+        f"## ptp\n{two}## date\n1796534018.000000000\n"
+    readings, absent = read_clock_sources(out)
+    ptp = readings["ptp"]
+    assert absent == {} and ptp.host_ns == 1796534018 * 10**9
+    # the second sync, 19 s later: its t2 - t1 (246 + 2226) is 308 ns above the first's (-197 + 2361), and the
+    # clocks may have moved 19 us apart meanwhile; the first, grown 19 s at 1 ppm, is wider still
+    assert ptp.offset_ns == 246 and ptp.width_ns == pytest.approx(2226 + 308 + 19_001.7 + 0.9, abs=1)
 
 
 def test_absent_and_unsynced_sources_say_why():
@@ -206,7 +218,7 @@ def test_bounds_from_real_ptp4l_and_chronyd_through_the_host_path(lab):
     ns, tmp = lab
     session = HostSession(HostResource(name="h1", address="netns"), clock_probes=8,
                           transport=NetnsTransport(ns, tmp))
-    session.sources_command = clock_sources_command(f"{tmp}/ch/s.sock", f"{tmp}/ptp-s")
+    session.clock_sockets = (f"{tmp}/ch/s.sock", f"{tmp}/ptp-s")
     try:
         session.open()  # agent, time responder, first probe, the clock sources
         deadline = time.monotonic() + 25

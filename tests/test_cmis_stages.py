@@ -1,6 +1,7 @@
 """CMIS module and data-path states (issue 37 item 5): declared in the one stage table as optional stages, modelled by
 the emulated NIC only where a profile gives their delays (off by default: every other draw and truth unchanged for the
-same seed), and read by the agent from `ethtool -m`'s "Module State" (a real CMIS capture)."""
+same seed), and read by the agent from `ethtool -m`'s "Module State" (a real CMIS capture). The link-up settings a NIC
+exposes (`ethtool --show-priv-flags`) read as ethtool prints them."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -151,3 +152,20 @@ def test_a_cmis_bench_records_module_ready_against_the_truth(tmp_path, run_playb
     accuracy = {r["stage"]: r for r in summary["accuracy"]}
     assert accuracy["module_ready"]["n"] == ports and accuracy["module_ready"]["coverage"] == 1.0
     assert summary["lost_events"]["in_ok_cycles"] == 0
+
+
+def test_private_flags_read_as_ethtool_prints_them():
+    from devices.emulated.formats import MLX5_PRIV_FLAGS, ethtool_priv_flags
+    from devices.parsers import ParseError
+    from devices.parsers.nic import parse_ethtool_priv_flags
+
+    flags = (("link-down-on-close", False), ("fw-lldp-agent", True), ("legacy-rx", False))  # another driver's names
+    # ethtool's own printf("%-*s: %s\n", max_len, name, on ? "on" : "off"), written out here
+    text = "Private flags for eth3:\n" + "".join("%-*s: %s\n" % (18, n, "on" if v else "off") for n, v in flags)
+    assert parse_ethtool_priv_flags(text) == dict(flags) == parse_ethtool_priv_flags(ethtool_priv_flags("eth3", flags))
+    assert parse_ethtool_priv_flags(ethtool_priv_flags("ens1f0np0")) == dict(MLX5_PRIV_FLAGS)
+    assert ethtool_priv_flags("x").startswith("Private flags for x:\nrx_cqe_moder       : on\n")
+    assert parse_ethtool_priv_flags("Private flags for lo:\n") == {}  # a driver without any
+    for bad in ("", "Cannot get private flag names: Operation not supported\n", text.replace(": on", ": yes")):
+        with pytest.raises(ParseError):
+            parse_ethtool_priv_flags(bad)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from analysis.accuracy import match
+from devices.emulated.formats import MLX5_PRIV_FLAGS
 from harness.cli import main
 from harness.events import EVENT_COLUMNS, GROUND_TRUTH_COLUMNS, STAGES_UP
 
@@ -126,6 +127,7 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_
     assert devices["ocs"]["ocs1"].startswith("POLATIS,")
     port = devices["hosts"]["gpu1"]["nics"]["ens1f0np0"]
     assert port["transceiver"]["part"] and port["transceiver"]["serial"] and port["transceiver"]["vendor"]
+    assert port["link"] == {"autoneg": True, "priv_flags": dict(MLX5_PRIV_FLAGS)}  # link-up settings, as exposed
     assert all(g["name"] and g["uuid"].startswith("GPU-") for g in devices["hosts"]["gpu1"]["gpus"])
     acc = {r["stage"]: r for r in summary["summary"]["accuracy"]}
     # Recorded times agree with the emulator's truth far inside one profile delay (0.5-6 ms),

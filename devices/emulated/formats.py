@@ -262,6 +262,20 @@ def ethtool(model: NicModelLike, snapshot: NicSnapshotLike, *, tools: ToolVersio
             f"\tLink detected: {'yes' if snapshot.carrier else 'no'}\n")
 
 
+# mlx5's private flags as a ConnectX-5/6 under a 6.x kernel lists them (mlx5e_priv_flags, in that order) with the
+# driver's defaults: where a driver exposes link-up behaviour it is here, so device identity records them verbatim
+MLX5_PRIV_FLAGS = (("rx_cqe_moder", True), ("tx_cqe_moder", False), ("rx_cqe_compress", False),
+                   ("rx_striding_rq", True), ("rx_no_csum_complete", False), ("xdp_tx_mpwqe", True),
+                   ("skb_tx_mpwqe", True), ("tx_port_ts", False))
+
+
+def ethtool_priv_flags(netdev: str, flags=MLX5_PRIV_FLAGS) -> str:
+    """`ethtool --show-priv-flags IF` (ethtool's `%-*s: %s`, names padded to the longest)."""
+    width = max((len(name) for name, _ in flags), default=0)
+    return f"Private flags for {netdev}:\n" + "".join(f"{name:<{width}}: {'on' if on else 'off'}\n"
+                                                     for name, on in flags)
+
+
 def _module_line(name: str, value: str) -> str:
     return f"\t{name:<41} : {value}\n"
 

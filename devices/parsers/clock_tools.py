@@ -188,15 +188,39 @@ class PtpStatus:
         return self.gm_present and self.ingress_time_ns > 0
 
     def offset_bound_ns(self, at_ns: int, max_drift_ppm: float = 1.0) -> float:
-        """Half-width around `master_offset_ns` holding this clock minus the master's at host time `at_ns`.
-        IEEE 1588 delay request-response: offset = ((t2 - t1) - (t4 - t3)) / 2 errs by half the difference of the
-        two one-way delays, at most their mean (both are >= 0): the same causality bound as our probe's delay/2.
-        ptp4l's mean path delay is filtered (a moving median), so this uses the mean, not the sync's own delay;
-        grown since the sync at `max_drift_ppm` (ClockBound's default max clock error, 1 ppm)."""
+        """Half-width around `master_offset_ns` holding this clock minus the master's at host time `at_ns`, from
+        this sync alone. ptp4l's offset is the sync's own t2 - t1 less its filtered mean path delay D (a moving
+        median of round trips / 2), so it errs by that sync's master-to-slave delay d less D: never below -D
+        (d >= 0), and at most D while d <= 2D, i.e. the sync was no slower than the median round trip (a sync
+        delayed beyond that, as on a loaded machine, errs by more: `ptp_offset_bound` reads several syncs and
+        carries their spread). Grown since the sync at `max_drift_ppm` (ClockBound's default max clock error,
+        1 ppm)."""
         if self.mean_path_delay_ns is None:
             raise ValueError("no mean path delay: ask pmc for CURRENT_DATA_SET too")
         age = max(0, at_ns - self.ingress_time_ns)
         return abs(self.mean_path_delay_ns) + age * max_drift_ppm * 1e-6
+
+
+def ptp_offset_bound(statuses: list[PtpStatus], at_ns: int, max_drift_ppm: float = 1.0) -> tuple[PtpStatus, float]:
+    """The sync read (synced, with a path delay) whose offset is bounded most tightly at host time `at_ns`, and
+    that half-width. Each sync k's t2 - t1 is r_k = offset_k + D_k; between syncs k and j the clocks move apart
+    by at most `max_drift_ppm` of the time between them, so sync k's delay exceeds the least-delayed one's by at
+    most S_k = max_j (r_k - r_j + drift * |t_k - t_j|). Sync k's offset then errs by at most D_k + S_k, provided
+    the least-delayed of the syncs read was no slower than twice the path delay (the median round trip) — an
+    assumption about the fastest of several syncs, not about each (`PtpStatus.offset_bound_ns`)."""
+    syncs = list({s.ingress_time_ns: s for s in statuses if s.synced and s.mean_path_delay_ns is not None}.values())
+    if not syncs:
+        raise ValueError("no sync with a path delay among the statuses")
+    rate = max_drift_ppm * 1e-6
+
+    def width(k: PtpStatus) -> float:
+        r_k = k.master_offset_ns + k.mean_path_delay_ns
+        spread = max(r_k - (j.master_offset_ns + j.mean_path_delay_ns)
+                     + rate * abs(k.ingress_time_ns - j.ingress_time_ns) for j in syncs)
+        return k.offset_bound_ns(at_ns, max_drift_ppm) + max(spread, 0.0)
+
+    best = min(syncs, key=width)
+    return best, width(best)
 
 
 def ptp_status(responses: list[PmcResponse]) -> PtpStatus | None:
@@ -267,22 +291,6 @@ def parse_ptp4l_line(line: str) -> Ptp4lOffset | None:
         return Ptp4lOffset(t_s=t_s, kind="summary", offset_ns=int(m.group(1)), max_abs_ns=int(m.group(2)),
                            path_delay_ns=None if m.group(4) is None else int(m.group(4)), freq_ppb=int(m.group(3)))
     if text.startswith(("master offset", "rms ")):
-        raise ParseError("'master offset N sK freq F [path delay D]' or 'rms R max M freq F +/- S [delay D +/- S]'",
-                         line)
-    return None
-    text = line[at:].rstrip()
-    m = _PTP4L_SYNC.fullmatch(text)
-    if m:
-        offset = int(m.group(2))
-        return Ptp4lOffset(t_s=float(m.group(1)), kind="sync", offset_ns=offset, max_abs_ns=abs(offset),
-                           path_delay_ns=None if m.group(5) is None else int(m.group(5)), freq_ppb=int(m.group(4)),
-                           state=m.group(3))
-    m = _PTP4L_SUMMARY.fullmatch(text)
-    if m:
-        return Ptp4lOffset(t_s=float(m.group(1)), kind="summary", offset_ns=int(m.group(2)),
-                           max_abs_ns=int(m.group(3)), path_delay_ns=None if m.group(5) is None else int(m.group(5)),
-                           freq_ppb=int(m.group(4)))
-    if re.search(r"\]: (?:\[[^\]]*\] )?(?:master offset|rms) ", text):
         raise ParseError("'master offset N sK freq F [path delay D]' or 'rms R max M freq F +/- S [delay D +/- S]'",
                          line)
     return None

@@ -392,6 +392,21 @@ def parse_ethtool(text: str) -> EthtoolSettings:
     return EthtoolSettings(head.group(1), speed_mbps, duplex, autoneg, fields["Link detected"] == "yes")
 
 
+def parse_ethtool_priv_flags(text: str) -> dict[str, bool]:
+    """`ethtool --show-priv-flags IF`: `Private flags for IF:` then one `name: on|off` per flag (names padded);
+    a driver without private flags prints the head alone ({})."""
+    lines = text.strip("\n").splitlines()
+    if not lines or not re.fullmatch(r"Private flags for \S+:", lines[0].strip()):
+        raise ParseError("'Private flags for IF:' (ethtool --show-priv-flags)", text)
+    flags: dict[str, bool] = {}
+    for line in lines[1:]:
+        m = re.fullmatch(r"(\S+)\s*: (on|off)", line.strip())
+        if not m:
+            raise ParseError("'NAME: on|off' (ethtool --show-priv-flags)", line)
+        flags[m.group(1)] = m.group(2) == "on"
+    return flags
+
+
 def parse_ethtool_json(text: str) -> EthtoolSettings:
     """`ethtool --json <if>` (netlink ethtool): an array of one object. `speed` is read only as an integer (Mb/s);
     the real capture of a link that is down carries no `speed` or `duplex` key at all."""

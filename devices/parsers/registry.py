@@ -66,6 +66,7 @@ for _name, _parse, _tool in (
         ("ethtool-module", "devices.parsers.nic:parse_ethtool_module", "ethtool -m DEV"),
         ("ethtool", "devices.parsers.nic:parse_ethtool", "ethtool DEV"),
         ("ethtool-json", "devices.parsers.nic:parse_ethtool_json", "ethtool --json DEV"),
+        ("ethtool-priv-flags", "devices.parsers.nic:parse_ethtool_priv_flags", "ethtool --show-priv-flags DEV"),
         ("ip-link", "devices.parsers.nic:parse_ip_link", "ip link show"),
         ("ip-link-json", "devices.parsers.nic:parse_ip_link_json", "ip -j link show"),
         ("rdma-link", "devices.parsers.nic:parse_rdma_link", "rdma link show"),

@@ -150,7 +150,8 @@ def _ethtool(ctx: ExecContext, argv: list[str]) -> int:
         ctx.out(f"ethtool version {ctx.server.tools.ethtool}\n")
         return 0
     module = bool(words) and words[0] in ("-m", "--dump-module-eeprom", "--module-info")
-    if module:
+    priv_flags = bool(words) and words[0] == "--show-priv-flags"
+    if module or priv_flags:
         words = words[1:]
     if len(words) != 1:
         ctx.err("ethtool: bad command line argument(s)\nFor more information run ethtool -h\n")
@@ -159,6 +160,9 @@ def _ethtool(ctx: ExecContext, argv: list[str]) -> int:
     if model is None:
         ctx.err("netlink error: no device matches name (offset 24)\nnetlink error: No such device\n")
         return 1
+    if priv_flags:
+        ctx.out(formats.ethtool_priv_flags(model.netdev))
+        return 0
     snapshot = ctx.bench.nic_snapshot(ctx.host, model.netdev)
     if module:
         los, lol = ctx.server.take_latched(model.netdev)
