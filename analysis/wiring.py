@@ -59,7 +59,8 @@ def _incidence(edges: np.ndarray, n: int):
 
 
 def kl_project(log_y, edges, degree_budget, *, equality: bool | None = None, lam0=None, tol: float = 1e-10,
-               max_sweeps: int = 10_000, method: str = "coordinate", return_info: bool = False):
+               max_sweeps: int = 10_000, method: str = "coordinate", return_info: bool = False,
+               residuals: bool = True):
     """argmin_{w in P} KL(w || y) with P = {w >= 0, 1'w = 1, B w <= b}, b = `degree_budget` (= d/M).
 
     Dual coordinate ascent on the |V| node duals lambda >= 0 (plus nu for 1'w = 1), each step exact:
@@ -70,7 +71,8 @@ def kl_project(log_y, edges, degree_budget, *, equality: bool | None = None, lam
     same |V|-dim dual by Newton steps (quadratic convergence; used by `optimize_wiring`). Both: equality only.
     Returns log w (and with `return_info` a dict: lam, nu, sweeps, converged, kkt residuals). A projection
     that uses all `max_sweeps` without reaching `tol` warns (`ProjectionNotConverged`, with its primal
-    violation) and says converged = False.
+    violation) and says converged = False. `residuals=False` leaves the KKT residuals out of the info of a
+    converged projection (an inner loop's saving; a stalled one always has them).
     Raises EmptyPolytopeError when P (on the support of y) is empty: no point could satisfy the budgets.
     """
     log_y = np.asarray(log_y, dtype=np.float64)
@@ -142,14 +144,13 @@ def kl_project(log_y, edges, degree_budget, *, equality: bool | None = None, lam
                 converged = True
                 break
     _check_feasible(log_y, logw, edges, b, equality, max(tol, 1e-6))
-    residuals = kkt_residuals(log_y, edges, b, logw, lam, nu, equality=equality)
+    kkt = kkt_residuals(log_y, edges, b, logw, lam, nu, equality=equality) if residuals or not converged else {}
     if not converged:
         warnings.warn(f"kl_project(method={method!r}) stopped after {sweeps} sweeps without reaching tol {tol:g}: "
-                      f"primal violation {residuals['primal']:.3g}", ProjectionNotConverged, stacklevel=2)
+                      f"primal violation {kkt['primal']:.3g}", ProjectionNotConverged, stacklevel=2)
     if not return_info:
         return logw
-    return logw, {"lam": lam, "nu": nu, "sweeps": sweeps, "equality": equality, "converged": converged,
-                  **residuals}
+    return logw, {"lam": lam, "nu": nu, "sweeps": sweeps, "equality": equality, "converged": converged, **kkt}
 
 
 class EmptyPolytopeError(ValueError):
@@ -162,7 +163,9 @@ def _check_feasible(log_y, logw, edges, b, equality: bool, tol: float) -> None:
     s = _node_lse(logw, edges[:, 0], edges[:, 1], n) if np.all(np.isfinite(logw) | (logw == -np.inf)) else None
     if s is not None:
         viol = np.abs(s - np.log(b)) if equality else np.maximum(s - np.log(b), 0.0)
-        if np.max(viol, initial=0.0) < tol and abs(logsumexp(logw)) < tol:
+        top = np.max(logw, initial=-np.inf)
+        total = top + np.log(np.sum(np.exp(logw - top))) if np.isfinite(top) else -np.inf   # log 1'w
+        if np.max(viol, initial=0.0) < tol and abs(total) < tol:
             return
     from scipy.optimize import linprog
 
@@ -324,7 +327,7 @@ class WiringProblem:
         M = self.num_circuits
         x = M * np.asarray(w, dtype=np.float64)
         ell = self.lengths(x)
-        val, mu = smoothed_critical_path(self.num_nodes, self.src, self.dst, ell, beta, plan=self.plan)
+        val, mu = smoothed_critical_path(self.num_nodes, self.src, self.dst, ell, beta, plan=self.plan, check=False)
         c = self._comm
         den = self._beps_comm + x[self.arc_edge[c]] * self.b_ocs
         dl_dw = -self.arc_bytes[c] * M * self.b_ocs / den ** 2
@@ -405,7 +408,8 @@ def optimize_wiring(problem: WiringProblem, b1: float, beta: float, *, w0=None, 
                 theta, tau = eta / (eta + b1), eta * b1 / (eta + b1)
             log_y = theta * log_q + (1.0 - theta) * logw - tau * g
             logw_new, info = kl_project(log_y, problem.edges, b, equality=equality, lam0=lam, tol=proj_tol,
-                                        method="newton" if equality else "coordinate", return_info=True)
+                                        method="newton" if equality else "coordinate", return_info=True,
+                                        residuals=False)
             sweeps_total += info["sweeps"]
             w_new = np.exp(logw_new)
             u_new, g_new, _ = problem.U(w_new, beta)
