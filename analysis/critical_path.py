@@ -3,8 +3,9 @@
 U_beta = (1/beta) log sum_{paths s->t} exp(beta L(path)); dU/dl_a = mu_a, the probability that arc a lies
 on a path drawn from the Gibbs law. Forward-backward recursion in the log domain, vectorised level by
 level: arcs are grouped by the (longest-hop) level of their head node; a wide level is one
-`np.maximum.reduceat` / `np.add.reduceat` over a contiguous slice, and runs of narrow levels are swept node by
-node, so both wide and deep DAGs cost O(|N|+|A|) per evaluation. The plan (levels, blocks) depends only on the
+`np.maximum.reduceat` / `np.add.reduceat` over a contiguous slice; short runs of narrow levels are swept node
+by node, long ones as chained chunk transfer matrices (`_Chunks`), so both wide and deep DAGs cost O(|N|+|A|)
+per evaluation with few Python steps. The plan (levels, blocks) depends only on the
 graph and is cached in `DagPlan` for repeated evaluations.
 
 beta = np.inf gives the hard (max-plus) critical path; its marginals are one-hot on one longest path.
