@@ -723,7 +723,8 @@ def polish_wiring(problem: WiringProblem, x, *, beta_tiebreak: float | None = No
 # ---------------------------------------------------------------------------------------------
 # the pipeline or the exact MILP, whichever is the better tool for the size
 
-EXACT_MAX_ENDPOINTS = 8  # up to here the MILP is exact and faster than the pipeline (benchmarks/bench_wiring.py)
+EXACT_MAX_ENDPOINTS = 8  # up to here the MILP is exact in seconds (the pipeline is not: up to 4.98 % off), though
+                         # not faster (benchmarks/bench_wiring.py --families; docs/scheduling.md)
 PIPELINE_SCHEDULES = {  # (anneal betas, final beta, max iterations per phase, tol), betas per median comm arc
     "accurate": ((1.0, 10.0), 100.0, 400, 1e-9),
     "fast": ((3.0,), 30.0, 40, 1e-6),
@@ -734,7 +735,8 @@ def solve_wiring(problem: WiringProblem, *, b1: float = 1e6, schedule: str = "fa
                  exact_max_endpoints: int = EXACT_MAX_ENDPOINTS, milp_time_limit: float = 60.0
                  ) -> tuple[np.ndarray, dict]:
     """Integer circuits for `problem`: the exact MILP (`exact_wiring_milp`) when it has at most
-    `exact_max_endpoints` endpoints, where it is both optimal and faster than the relaxation; above, the
+    `exact_max_endpoints` endpoints, where it is optimal in seconds (though not faster than the relaxation:
+    docs/scheduling.md, "Over instance families"); above, the
     pipeline: `optimize_wiring` (β annealed per `schedule`, in units of 1 / the median comm arc), rounded
     (`round_wiring`), then critical-edge polish (`polish_wiring`). A MILP that returns no wiring within its
     time limit falls back to the pipeline. Returns (x, {"method", "makespan", "seconds", ...})."""
