@@ -3,8 +3,9 @@
 U_beta = (1/beta) log sum_{paths s->t} exp(beta L(path)); dU/dl_a = mu_a, the probability that arc a lies
 on a path drawn from the Gibbs law. Forward-backward recursion in the log domain, vectorised level by
 level: arcs are grouped by the (longest-hop) level of their head node; a wide level is one
-`np.maximum.reduceat` / `np.add.reduceat` over a contiguous slice, and runs of narrow levels are swept node by
-node, so both wide and deep DAGs cost O(|N|+|A|) per evaluation. The plan (levels, blocks) depends only on the
+`np.maximum.reduceat` / `np.add.reduceat` over a contiguous slice; short runs of narrow levels are swept node
+by node, long ones as chained chunk transfer matrices (`_Chunks`), so both wide and deep DAGs cost O(|N|+|A|)
+per evaluation with few Python steps. The plan (levels, blocks) depends only on the
 graph and is cached in `DagPlan` for repeated evaluations.
 
 beta = np.inf gives the hard (max-plus) critical path; its marginals are one-hot on one longest path.
@@ -68,6 +69,96 @@ class _Run:
         self.local = np.where(pos < 0, nodes.size, pos).tolist()   # nodes.size: a slot that holds 0.0
 
 
+class _Chunks:
+    """A long run of narrow levels swept in chunks of `C` consecutive nodes, all chunks at once.
+
+    The recursion is linear in the (max, +) / (logsumexp, +) semiring, so a chunk's values are a transfer
+    matrix applied to its boundary (the outside nodes its arcs read): each chunk's matrix is built by sweeping
+    the chunk with one unit input per boundary node, node k of every chunk in the same numpy step (C steps);
+    the chunks are then chained in order, one small matrix-vector product each (n / C steps). A deep DAG
+    thus costs ~2 sqrt(n) numpy calls instead of one Python iteration per arc. Used where every chunk reads
+    few boundary nodes and no node has many in-arcs (`build` returns None otherwise)."""
+
+    __slots__ = ("nodes", "C", "B", "nc", "pos", "arcidx", "bnode", "bmask", "counts")
+
+    MIN_NODES = 2048        # below, the Python loop is as fast
+    MAX_WORK = 64           # in-degree × boundary per node step: above, the chunk sweep does too much work
+    CHUNK = (64, 1024)      # chunk length sqrt(2 n) clipped to this range (numpy steps: C + n / C)
+
+    @classmethod
+    def build(cls, arcs, other, nodes_sorted, slot):
+        starts = _segment_starts(nodes_sorted)
+        nodes = nodes_sorted[starts]
+        nn = nodes.size
+        if nn < cls.MIN_NODES:
+            return None
+        indeg = np.diff(np.r_[starts, arcs.size])
+        D = int(indeg.max())
+        C = int(min(cls.CHUNK[1], max(cls.CHUNK[0], round(math.sqrt(nn * 2)))))
+        rank = np.repeat(np.arange(nn), indeg)                  # node rank (in sweep order) of each arc
+        d = np.arange(arcs.size) - np.repeat(starts, indeg)    # the arc's slot among its node's in-arcs
+        c, k = np.divmod(rank, C)
+        slot[nodes] = np.arange(nn)
+        orank = slot[other]
+        slot[nodes] = -1
+        local = (orank >= 0) & (orank // C == c)
+        bnd = np.flatnonzero(~local)
+        span = slot.size                                        # > every node id
+        key = c[bnd] * span + other[bnd]
+        ukey, inv = np.unique(key, return_inverse=True)
+        uc = ukey // span
+        ustart = _segment_starts(uc)
+        per = np.diff(np.r_[ustart, ukey.size])
+        j_of_u = np.arange(ukey.size) - np.repeat(ustart, per)
+        B = int(per.max()) if per.size else 1
+        if D * B > cls.MAX_WORK:
+            return None
+        nc = -(-nn // C)
+        self = cls.__new__(cls)
+        self.nodes, self.C, self.B, self.nc = nodes, C, B, nc
+        pos = np.full((C, D, nc), B + C, dtype=np.int64)          # B + C: the row that stays -inf (padding)
+        pos[k, d, c] = np.where(local, B + orank % C, 0)
+        pos[k[bnd], d[bnd], c[bnd]] = j_of_u[inv]
+        self.pos = pos
+        arcidx = np.full((C, D, nc), -1, dtype=np.int64)
+        arcidx[k, d, c] = arcs
+        self.arcidx = arcidx
+        bnode = np.zeros((nc, B), dtype=np.int64)
+        bmask = np.zeros((nc, B), dtype=bool)
+        bnode[uc, j_of_u] = ukey - uc * span
+        bmask[uc, j_of_u] = True
+        self.bnode, self.bmask = bnode, bmask
+        self.counts = np.minimum(C, nn - np.arange(nc) * C).tolist()
+        return self
+
+    def sweep(self, pot: np.ndarray, w: np.ndarray, hard: bool) -> None:
+        C, B, nc = self.C, self.B, self.nc
+        V = np.full((nc, B + C + 1, B), -np.inf)
+        V[:, np.arange(B), np.arange(B)] = 0.0                  # unit input at each boundary node
+        W = np.where(self.arcidx >= 0, w[self.arcidx], -np.inf)[..., None]   # (C, D, nc, 1)
+        ci = np.arange(nc)
+        for k in range(C):
+            X = V[ci, self.pos[k]] + W[k]                        # (D, nc, B): each in-arc's path sums
+            m = X.max(axis=0)
+            if hard or X.shape[0] == 1:
+                V[:, B + k] = m
+                continue
+            m_safe = np.where(m == -np.inf, 0.0, m)
+            V[:, B + k] = m_safe + np.log(np.exp(X - m_safe).sum(axis=0))
+        lo = 0
+        for c in range(nc):         # chain the chunks in order: a boundary node is final when its chunk is read
+            X = V[c, B:B + self.counts[c]] + np.where(self.bmask[c], pot[self.bnode[c]], -np.inf)
+            m = X.max(axis=1)
+            if hard or B == 1:
+                vals = m
+            else:
+                m_safe = np.where(m == -np.inf, 0.0, m)
+                vals = m_safe + np.log(np.exp(X - m_safe[:, None]).sum(axis=1))
+            hi = lo + self.counts[c]
+            pot[self.nodes[lo:hi]] = vals
+            lo = hi
+
+
 def _blocks(order: np.ndarray, level_key: np.ndarray, other: np.ndarray, node: np.ndarray,
             vector_min: int) -> list:
     """Split arcs (already sorted by level, then node) into wide `_Level`s and narrow `_Run`s."""
@@ -90,7 +181,8 @@ def _blocks(order: np.ndarray, level_key: np.ndarray, other: np.ndarray, node: n
         else:
             if slot is None:  # node -> place in its run, shared by the runs (each resets its own entries)
                 slot = np.full(max(node.max(), other.max()) + 1, -1, dtype=np.int64)
-            blocks.append(_Run(arcs, other[arcs], node[arcs], slot))
+            blocks.append(_Chunks.build(arcs, other[arcs], node[arcs], slot)
+                          or _Run(arcs, other[arcs], node[arcs], slot))
     return blocks
 
 
@@ -162,11 +254,18 @@ def _levels(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     level[frontier] = lev
     done[frontier] = True
     if not done.all():
-        # finish sequentially: seed every open node from its finished tails, then relax in tail order
-        open_arcs = ~done[dst]
-        from_done = open_arcs & done[src]
+        # finish the narrow rest: every open node's level is max over its in-arcs of (tail's level + 1), the
+        # same (max, +) recursion as a sweep, in node order (src < dst); chunked where that pays
+        open_arcs = np.flatnonzero(~done[dst])
+        open_arcs = open_arcs[np.argsort(dst[open_arcs], kind="stable")]
+        chunks = _Chunks.build(open_arcs, src[open_arcs], dst[open_arcs], np.full(num_nodes, -1, dtype=np.int64))
+        if chunks is not None:
+            pot = np.where(done, level, -np.inf)
+            chunks.sweep(pot, np.ones(src.size), True)
+            return pot.astype(np.int64)
+        from_done = open_arcs[done[src[open_arcs]]]
         np.maximum.at(level, dst[from_done], level[src[from_done]] + 1)
-        rest = np.flatnonzero(open_arcs & ~done[src])
+        rest = open_arcs[~done[src[open_arcs]]]
         rest = rest[np.argsort(src[rest], kind="stable")]
         lv = level.tolist()
         for u, v in zip(src[rest].tolist(), dst[rest].tolist()):
@@ -182,6 +281,9 @@ def _sweep(blocks, pot: np.ndarray, w: np.ndarray, hard: bool) -> np.ndarray:
     exp, log, inf = math.exp, math.log, math.inf
     with np.errstate(invalid="ignore", under="ignore", divide="ignore"):
         for lv in blocks:
+            if isinstance(lv, _Chunks):
+                lv.sweep(pot, w, hard)
+                continue
             if isinstance(lv, _Run):
                 base = w[lv.arcs]                            # w, plus the tail's value when it is outside
                 base[lv.outside] += pot[lv.outside_other]

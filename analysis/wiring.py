@@ -59,7 +59,8 @@ def _incidence(edges: np.ndarray, n: int):
 
 
 def kl_project(log_y, edges, degree_budget, *, equality: bool | None = None, lam0=None, tol: float = 1e-10,
-               max_sweeps: int = 10_000, method: str = "coordinate", return_info: bool = False):
+               max_sweeps: int = 10_000, method: str = "coordinate", return_info: bool = False,
+               residuals: bool = True):
     """argmin_{w in P} KL(w || y) with P = {w >= 0, 1'w = 1, B w <= b}, b = `degree_budget` (= d/M).
 
     Dual coordinate ascent on the |V| node duals lambda >= 0 (plus nu for 1'w = 1), each step exact:
@@ -70,7 +71,8 @@ def kl_project(log_y, edges, degree_budget, *, equality: bool | None = None, lam
     same |V|-dim dual by Newton steps (quadratic convergence; used by `optimize_wiring`). Both: equality only.
     Returns log w (and with `return_info` a dict: lam, nu, sweeps, converged, kkt residuals). A projection
     that uses all `max_sweeps` without reaching `tol` warns (`ProjectionNotConverged`, with its primal
-    violation) and says converged = False.
+    violation) and says converged = False. `residuals=False` leaves the KKT residuals out of the info of a
+    converged projection (an inner loop's saving; a stalled one always has them).
     Raises EmptyPolytopeError when P (on the support of y) is empty: no point could satisfy the budgets.
     """
     log_y = np.asarray(log_y, dtype=np.float64)
@@ -142,14 +144,13 @@ def kl_project(log_y, edges, degree_budget, *, equality: bool | None = None, lam
                 converged = True
                 break
     _check_feasible(log_y, logw, edges, b, equality, max(tol, 1e-6))
-    residuals = kkt_residuals(log_y, edges, b, logw, lam, nu, equality=equality)
+    kkt = kkt_residuals(log_y, edges, b, logw, lam, nu, equality=equality) if residuals or not converged else {}
     if not converged:
         warnings.warn(f"kl_project(method={method!r}) stopped after {sweeps} sweeps without reaching tol {tol:g}: "
-                      f"primal violation {residuals['primal']:.3g}", ProjectionNotConverged, stacklevel=2)
+                      f"primal violation {kkt['primal']:.3g}", ProjectionNotConverged, stacklevel=2)
     if not return_info:
         return logw
-    return logw, {"lam": lam, "nu": nu, "sweeps": sweeps, "equality": equality, "converged": converged,
-                  **residuals}
+    return logw, {"lam": lam, "nu": nu, "sweeps": sweeps, "equality": equality, "converged": converged, **kkt}
 
 
 class EmptyPolytopeError(ValueError):
@@ -162,7 +163,9 @@ def _check_feasible(log_y, logw, edges, b, equality: bool, tol: float) -> None:
     s = _node_lse(logw, edges[:, 0], edges[:, 1], n) if np.all(np.isfinite(logw) | (logw == -np.inf)) else None
     if s is not None:
         viol = np.abs(s - np.log(b)) if equality else np.maximum(s - np.log(b), 0.0)
-        if np.max(viol, initial=0.0) < tol and abs(logsumexp(logw)) < tol:
+        top = np.max(logw, initial=-np.inf)
+        total = top + np.log(np.sum(np.exp(logw - top))) if np.isfinite(top) else -np.inf   # log 1'w
+        if np.max(viol, initial=0.0) < tol and abs(total) < tol:
             return
     from scipy.optimize import linprog
 
@@ -324,7 +327,7 @@ class WiringProblem:
         M = self.num_circuits
         x = M * np.asarray(w, dtype=np.float64)
         ell = self.lengths(x)
-        val, mu = smoothed_critical_path(self.num_nodes, self.src, self.dst, ell, beta, plan=self.plan)
+        val, mu = smoothed_critical_path(self.num_nodes, self.src, self.dst, ell, beta, plan=self.plan, check=False)
         c = self._comm
         den = self._beps_comm + x[self.arc_edge[c]] * self.b_ocs
         dl_dw = -self.arc_bytes[c] * M * self.b_ocs / den ** 2
@@ -405,7 +408,8 @@ def optimize_wiring(problem: WiringProblem, b1: float, beta: float, *, w0=None, 
                 theta, tau = eta / (eta + b1), eta * b1 / (eta + b1)
             log_y = theta * log_q + (1.0 - theta) * logw - tau * g
             logw_new, info = kl_project(log_y, problem.edges, b, equality=equality, lam0=lam, tol=proj_tol,
-                                        method="newton" if equality else "coordinate", return_info=True)
+                                        method="newton" if equality else "coordinate", return_info=True,
+                                        residuals=False)
             sweeps_total += info["sweeps"]
             w_new = np.exp(logw_new)
             u_new, g_new, _ = problem.U(w_new, beta)
@@ -719,7 +723,8 @@ def polish_wiring(problem: WiringProblem, x, *, beta_tiebreak: float | None = No
 # ---------------------------------------------------------------------------------------------
 # the pipeline or the exact MILP, whichever is the better tool for the size
 
-EXACT_MAX_ENDPOINTS = 8  # up to here the MILP is exact and faster than the pipeline (benchmarks/bench_wiring.py)
+EXACT_MAX_ENDPOINTS = 8  # up to here the MILP is exact in seconds (the pipeline is not: up to 4.98 % off), though
+                         # not faster (benchmarks/bench_wiring.py --families; docs/scheduling.md)
 PIPELINE_SCHEDULES = {  # (anneal betas, final beta, max iterations per phase, tol), betas per median comm arc
     "accurate": ((1.0, 10.0), 100.0, 400, 1e-9),
     "fast": ((3.0,), 30.0, 40, 1e-6),
@@ -730,7 +735,8 @@ def solve_wiring(problem: WiringProblem, *, b1: float = 1e6, schedule: str = "fa
                  exact_max_endpoints: int = EXACT_MAX_ENDPOINTS, milp_time_limit: float = 60.0
                  ) -> tuple[np.ndarray, dict]:
     """Integer circuits for `problem`: the exact MILP (`exact_wiring_milp`) when it has at most
-    `exact_max_endpoints` endpoints, where it is both optimal and faster than the relaxation; above, the
+    `exact_max_endpoints` endpoints, where it is optimal in seconds (though not faster than the relaxation:
+    docs/scheduling.md, "Over instance families"); above, the
     pipeline: `optimize_wiring` (β annealed per `schedule`, in units of 1 / the median comm arc), rounded
     (`round_wiring`), then critical-edge polish (`polish_wiring`). A MILP that returns no wiring within its
     time limit falls back to the pipeline. Returns (x, {"method", "makespan", "seconds", ...})."""

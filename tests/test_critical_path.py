@@ -1,5 +1,4 @@
 """Spec §1 oracles for the smoothed critical path."""
-import itertools
 
 import numpy as np
 import pytest
@@ -256,3 +255,35 @@ def test_deep_and_wide_dags_match_the_node_by_node_recursion(seed):
                 np.testing.assert_allclose(mu, ref_mu, rtol=1e-9, atol=1e-12)
             else:
                 assert ell[mu == 1].sum() == pytest.approx(ref_U, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_chunked_runs_match_the_node_by_node_recursion(seed, monkeypatch):
+    """Narrow runs swept as chained chunk transfer matrices (what a 10^6-arc deep DAG uses), forced onto small
+    random DAGs with level-skipping arcs and short chunks, so boundaries fall inside the run and outside it:
+    values, marginals and levels equal the spec's literal recursion and brute-force hop distances."""
+    from analysis import critical_path as cp
+
+    monkeypatch.setattr(cp._Chunks, "MIN_NODES", 1)
+    monkeypatch.setattr(cp._Chunks, "CHUNK", (3 + seed, 7 + seed))
+    monkeypatch.setattr(cp._Chunks, "MAX_WORK", 10**6)
+    rng = np.random.default_rng(200 + seed)
+    n, src, dst = _hourglass(rng, [int(w) for w in rng.choice([1, 2, 3, 30], size=30)])
+    skip_u = rng.integers(0, n - 2, size=n // 4)
+    skip_v = np.minimum(skip_u + rng.integers(2, 25, size=skip_u.size), n - 2)
+    keep = skip_v > skip_u
+    src, dst = np.r_[src, skip_u[keep]], np.r_[dst, skip_v[keep]]
+    ell = rng.uniform(0, 1, src.size)
+    plan = DagPlan.build(n, src, dst, vector_min_arcs=10**9)        # every level narrow: chunked throughout
+    assert any(isinstance(b, cp._Chunks) for b in plan.fwd_blocks + plan.bwd_blocks)
+    assert plan.level.tolist() == _hop_levels_brute(n, src.tolist(), dst.tolist())
+    lv_chunked = cp._levels(n, src, dst)             # its narrow rest finished by a chunked (max, +) sweep
+    assert lv_chunked.tolist() == plan.level.tolist()
+    for beta in (0.7, 30.0, np.inf):
+        ref_U, ref_mu = _dp_oracle(n, src.tolist(), dst.tolist(), ell, beta)
+        U, mu = smoothed_critical_path(n, src, dst, ell, beta, plan=plan)
+        assert U == pytest.approx(ref_U, rel=1e-12, abs=1e-12)
+        if ref_mu is not None:
+            np.testing.assert_allclose(mu, ref_mu, rtol=1e-9, atol=1e-12)
+        else:
+            assert ell[mu == 1].sum() == pytest.approx(ref_U, rel=1e-12)

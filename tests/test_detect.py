@@ -126,3 +126,31 @@ def test_calibrated_threshold_is_above_a_tied_null_quantile():
     cal = calibrate_threshold(p0, 60, 20, 40, 0.05, runs=300, seed=0, variant="kt")
     assert np.quantile(cal["max_statistics"], 0.95) == 0.0 and cal["threshold"] > 0.0
     assert np.mean(cal["max_statistics"] >= cal["threshold"]) <= 0.05
+
+
+@pytest.mark.parametrize("variant", ["glr", "kt"])
+def test_a_law_per_run_equals_each_run_alone(variant):
+    """glr_statistics with one pre-change law per run (R, m) is each run computed with its own law; integer
+    counts (table look-ups) and non-integer ones (special functions) agree with the streaming detector."""
+    rng = np.random.default_rng(11)
+    counts = rng.multinomial(30, P0, (5, 60)).astype(float)
+    laws = rng.dirichlet(np.ones(4) * 5, 5)
+    for c in (counts, counts + 0.25):
+        S = glr_statistics(c, laws, 8, variant)
+        for r in range(5):
+            det = GlrCusum(laws[r], 8, np.inf, variant)
+            stream = [det.statistic for row in c[r] if det.update(row) or True]
+            np.testing.assert_allclose(S[r], stream, rtol=1e-9, atol=1e-9)
+            np.testing.assert_allclose(S[r], glr_statistics(c[r], laws[r], 8, variant), rtol=1e-9, atol=1e-9)
+    with pytest.raises(ValueError, match="per run"):
+        glr_statistics(counts, laws[:3], 8, variant)
+
+
+def test_a_threshold_for_an_estimated_law_covers_the_estimate():
+    """Calibrated over the reference's own error, the threshold is higher than for the exact law, the more so
+    the shorter the reference, and meets it as the reference grows (same runs: common random numbers)."""
+    kw = dict(p0=P0, n_per_epoch=30, window=10, horizon=80, alpha=0.05, runs=600, seed=5, variant="kt")
+    exact = calibrate_threshold(**kw)["threshold"]
+    short, long_ = (calibrate_threshold(**kw, reference_epochs=k)["threshold"] for k in (5, 10**6))
+    assert short > exact + 1.0
+    assert long_ == pytest.approx(exact, abs=0.3)

@@ -252,8 +252,16 @@ def test_kl_project_says_when_it_stops_short(method):
     assert short["converged"] is False and short["primal"] > 1e-6
     with warnings.catch_warnings():
         warnings.simplefilter("error", ProjectionNotConverged)
-        _, full = kl_project(log_y, edges, b, method=method, tol=1e-10, return_info=True)
+        full_w, full = kl_project(log_y, edges, b, method=method, tol=1e-10, return_info=True)
     assert full["converged"] is True and full["primal"] < 1e-8
+    # without residuals (the optimizer's inner loop): the same point; a cut-off one still has and warns them
+    lean_w, lean = kl_project(log_y, edges, b, method=method, tol=1e-10, return_info=True, residuals=False)
+    np.testing.assert_array_equal(lean_w, full_w)
+    assert lean["converged"] is True and "primal" not in lean
+    with pytest.warns(ProjectionNotConverged):
+        _, short2 = kl_project(log_y, edges, b, method=method, max_sweeps=1, tol=1e-12, return_info=True,
+                               residuals=False)
+    assert short2["primal"] == short["primal"]
 
 
 def test_solve_wiring_takes_the_exact_milp_on_small_regions():
