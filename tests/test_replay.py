@@ -162,7 +162,6 @@ def test_replay_log_close_waits_for_a_periodic_write_still_running(tmp_path, mon
 def test_replay_through_declared_sync_windows_slows_only_those_requests(tmp_path):
     # Requests every 0.5 s of trace time; a sync window over [2, 60) s cuts capacity to 10 % (long, so that
     # requests a loaded machine delivers late still meet it).
-    import traces
     from devices.emulated.vllm_server import InterferenceWindow
     from devices.timing import now_ns
 
