@@ -118,13 +118,13 @@ async def measure(kind: str, requests, scale: float, url: str, server_pid: int |
     from traces.replay import prepared_prompts
 
     prompts = prepared_prompts(requests, ReplayConfig(url=url))
+    config = harness_config(url, scale, requests) if kind == "harness" else None  # the pool's sizing: not per request
     cpu0 = time.process_time()
     server_cpu0 = process_cpu_s(server_pid) if server_pid else None
     if cprofile is not None:
         cprofile.enable()
     with tempfile.TemporaryDirectory() as tmp:
         if kind == "harness":
-            config = harness_config(url, scale, requests)
             summary = await replay_requests(requests, config, Path(tmp) / "replay.jsonl", prompts)
             rec = summary.records
             errors, waits = rec["send_error_ns"].to_numpy(), rec["connection_wait_ns"].to_numpy()
