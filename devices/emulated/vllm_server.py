@@ -452,11 +452,13 @@ class VllmEmulator:
         interval_ns = int(self.service.stream_interval_s * 1e9)
         sent, last_write, n = 0, -interval_ns, len(times)
         one = chunk(1, None)
+        due = times.tolist()  # Python ints: a wake per token reads them, numpy's scalars cost more per read
+        last = due[-1]
         while sent < n:
             # Coalescing never holds back the last token: the completion time stays the model's.
-            await self._until(max(int(times[sent]), min(last_write + interval_ns, int(times[-1]))))
+            await self._until(max(due[sent], min(last_write + interval_ns, last)))
             now = now_ns()
-            ready = max(int(np.searchsorted(times, now, side="right")), sent + 1)
+            ready = max(bisect_right(due, now), sent + 1)
             if interval_ns:
                 parts = [chunk(ready - sent, "length" if ready == n else None)]
             else:
