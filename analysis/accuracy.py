@@ -141,7 +141,7 @@ def ocs_command_table(check: pd.DataFrame) -> dict:
 def accuracy_table(matched: pd.DataFrame) -> pd.DataFrame:
     """Per stage: n, p50 and p99 of |error| (ms), mean error (bias, ms), coverage of ±uncertainty."""
     rows = []
-    for stage, g in list(matched.groupby("stage")) + [("all", matched)]:
+    for stage, g in list(matched.groupby("stage", observed=True)) + [("all", matched)]:
         err = g["error_ns"].abs().to_numpy(dtype=float) / 1e6
         if len(err) == 0:
             continue
