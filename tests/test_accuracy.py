@@ -141,3 +141,15 @@ def test_unrecorded_is_the_set_difference_whatever_the_columns_dtypes():
         seen = set(key_set(events))
         expected = watched.loc[[key not in seen for key in key_set(watched)]].reset_index(drop=True)
         pd.testing.assert_frame_equal(unrecorded(events, watched), expected)
+
+
+def test_the_accuracy_table_of_category_stages_is_that_of_their_names():
+    """A run's end keeps each matched truth's stage as a category over every stage name (most unused): the
+    table is the one the names give, with no row for a stage that has no pair."""
+    rng = np.random.default_rng(3)
+    names = rng.choice(["phy_up", "light_detected", "port_active"], 500)
+    plain = pd.DataFrame({"stage": names, "error_ns": rng.integers(-10**6, 10**6, 500),
+                          "covered": rng.random(500) < 0.9})
+    coded = plain.assign(stage=pd.Categorical(names, categories=sorted(["cdr_locked", "first_packet", "light_detected",
+                                                                         "phy_up", "port_active"])))
+    pd.testing.assert_frame_equal(accuracy_table(coded), accuracy_table(plain))
