@@ -209,7 +209,7 @@ def quantile_interval(units, p: float, confidence: float = 0.95) -> dict:
 # benchmarks/coverage_difference.py.
 MIN_MEAN_UNITS = 5
 MIN_DIFFERENCE_UNITS = 10
-_RESAMPLE_VALUES = 1 << 22  # bootstrap values held at once
+_RESAMPLE_VALUES = 1 << 20  # bootstrap values held at once (8 MiB: at 32 a run's end grew by ~110 MB over its summaries)
 
 
 def mean_interval(units, confidence: float = 0.95, *, rng_seed: int = 0,
@@ -228,8 +228,8 @@ def mean_interval(units, confidence: float = 0.95, *, rng_seed: int = 0,
     n = x.size
     mean, se = x.mean(), x.std(ddof=1) / np.sqrt(n)
     rng = np.random.default_rng(rng_seed)
-    # The resamples a block of rows at a time (one block up to ~2 000 units: the same draws as all at once), so a
-    # campaign of 10^5 cycles needs ~32 MiB here, not 1999 x 10^5 values
+    # The resamples a block of rows at a time (one block up to ~520 units: the same draws as all at once), so a
+    # campaign of 10^5 cycles needs ~8 MiB here, not 1999 x 10^5 values
     rows = max(1, min(n_resamples, _RESAMPLE_VALUES // n))
     means, se_star = np.empty(n_resamples), np.empty(n_resamples)
     for start in range(0, n_resamples, rows):

@@ -106,17 +106,23 @@ def main() -> int:
     parser.add_argument("--show", type=int, default=5)
     args = parser.parse_args()
     outcomes: collections.Counter = collections.Counter()
+    by_command: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     bad: list[str] = []
     with tempfile.TemporaryDirectory(prefix="cli-fuzz-") as tmp:
         work = Path(tmp)
         argvs = cases(work, args.count, random.Random(args.seed))
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            for outcome, detail in pool.map(lambda argv: run_case(argv, work), argvs):
+            for argv, (outcome, detail) in zip(argvs, pool.map(lambda argv: run_case(argv, work), argvs)):
                 outcomes[outcome] += 1
+                by_command[" ".join(argv[:2] if argv[0] in ("traces", "bench") else argv[:1])][outcome] += 1
                 if detail:
                     bad.append(f"{outcome}: {detail}")
     print(f"{args.count} fuzzed command lines (seed {args.seed}):",
           ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())))
+    columns = sorted(outcomes)
+    print("\n| command | cases | " + " | ".join(columns) + " |\n|---|---:|" + "---:|" * len(columns))
+    for command, counts in sorted(by_command.items()):
+        print(f"| {command} | {sum(counts.values())} | " + " | ".join(str(counts[c]) for c in columns) + " |")
     for line in bad[:args.show]:
         print("----\n" + line)
     return 1 if bad else 0

@@ -153,6 +153,7 @@ def main_fuzz() -> int:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     outcomes: collections.Counter = collections.Counter()
+    by_format: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     crashes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="trace-fuzz-") as tmp:
         base = seeds(Path(tmp)) + parquet_seeds()
@@ -167,19 +168,25 @@ def main_fuzz() -> int:
                     code = main(["traces", "inspect", str(path), "--json"])
                 lines = [ln for ln in err.getvalue().splitlines() if ln]
                 if code == 2 and (len(lines) != 1 or "Traceback" in err.getvalue()):
-                    outcomes["exit 2 but not one line"] += 1
+                    outcome = "exit 2 but not one line"
                     crashes.append(f"{path.name}: {err.getvalue()[:300]}")
                 else:
-                    outcomes[f"exit {code}"] += 1
+                    outcome = f"exit {code}"
             except SystemExit as exc:
-                outcomes[f"exit {exc.code}"] += 1
+                outcome = f"exit {exc.code}"
             except MemoryError:
-                outcomes["OUT OF MEMORY"] += 1
+                outcome = "OUT OF MEMORY"
                 crashes.append(f"{path.name}: MemoryError")
             except BaseException as exc:  # a traceback
-                outcomes[f"TRACEBACK {type(exc).__name__}"] += 1
+                outcome = f"TRACEBACK {type(exc).__name__}"
                 crashes.append(f"{path.name}: {''.join(traceback.format_exception(exc))[-1200:]}")
+            outcomes[outcome] += 1
+            by_format[suffix][outcome] += 1
     print(f"{args.count} mutated traces (seed {args.seed}):", ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())))
+    columns = sorted(outcomes)
+    print("\n| format | files | " + " | ".join(columns) + " |\n|---|---:|" + "---:|" * len(columns))
+    for suffix, counts in sorted(by_format.items()):
+        print(f"| {suffix} | {sum(counts.values())} | " + " | ".join(str(counts[c]) for c in columns) + " |")
     for c in crashes[:args.show]:
         print("----\n" + c)
     return 1 if crashes else 0

@@ -31,7 +31,7 @@ def _with_earlier(ctx, frame: pd.DataFrame, name: str) -> pd.DataFrame:
     return pd.concat([earlier[keep], frame], ignore_index=True) if len(frame) else earlier[keep]
 
 
-BLOCK_CYCLES = 2048  # cycles read at once at a run's end: memory holds a block's events and truth, not a campaign's
+BLOCK_CYCLES = 1024  # cycles read at once at a run's end: memory holds a block's events and truth (~80 MB), not a campaign's
 
 
 class EventBlocks:
@@ -177,6 +177,7 @@ def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:
         # an optional stage (CMIS states) the bench's tools never showed in this run is unobservable here, not lost
         unseen = set(OPTIONAL_STAGES) - events.stages(pc_field("cycle") > 0)
         watched_until = {o.cycle: o.done_ns for r in ctx.results.values() for o in r.cycles}
+    stage_names = sorted(STAGES)
     faults, stall_rows, tables = 0, [], []
     matched, checks, n_watched, lost_ok, lost_faulted, first_lost = [], [], 0, 0, 0, []
     for block, a, b in events.blocks(min(events.first, 1), last):
@@ -193,7 +194,10 @@ def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:
         earlier = file.earlier_of(a, b)
         if earlier is not None:  # a resumed run's earlier cycles: their truth from the earlier attempt
             true = pd.concat([earlier, true], ignore_index=True)
-        matched.append(match(measured, true)[["stage", "error_ns", "covered"]])
+        pairs = match(measured, true)  # kept to the run's end: a category and two numbers a row, ~10 B
+        matched.append(pd.DataFrame({"stage": pd.Categorical(pairs["stage"].astype(str), categories=stage_names),
+                                     "error_ns": pairs["error_ns"].to_numpy("int64"),
+                                     "covered": pairs["covered"].to_numpy(bool)}))
         # this process's cycles, each while it watched: true events without a recorded one
         watched = watched_truth(true[~true["stage"].isin(unseen)], watched_until)
         if len(watched):

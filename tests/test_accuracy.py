@@ -1,6 +1,7 @@
+import numpy as np
 import pandas as pd
 
-from analysis.accuracy import accuracy_table, assign_cycles, clock_sample_errors, match, unrecorded, watched_truth
+from analysis.accuracy import KEY, accuracy_table, assign_cycles, clock_sample_errors, match, unrecorded, watched_truth
 
 
 def test_cycles_are_assigned_by_start_time():
@@ -118,3 +119,37 @@ def test_a_truth_known_to_within_a_window_is_met_by_a_bound_that_reaches_the_win
     assert m["error_ns"].tolist() == [-500, -500, -150]
     exact = match(events, truth.drop(columns="truth_halfwidth_ns")).set_index("port")
     assert not exact["covered"].any()
+
+
+def test_unrecorded_is_the_set_difference_whatever_the_columns_dtypes():
+    """The join against a brute-force oracle (a Python set of keys, the implementation it replaced): random
+    keys with repeats, missing values and string, category and object columns on either side."""
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        def frame(n, dtype):
+            cols = {"cycle": rng.integers(1, 6, n), "t_ns": rng.integers(0, 10**6, n)}
+            for k, choices in (("stage", ["phy_up", "port_active", "fault"]), ("host", ["h", "g", None]),
+                               ("port", ["p", "q", ""])):
+                cols[k] = pd.Series(rng.choice(np.array(choices, dtype=object), n)).astype(dtype)
+            return pd.DataFrame(cols)
+        dtypes = ["string", "category", object]
+        events = frame(int(rng.integers(0, 40)), dtypes[trial % 3])
+        watched = frame(int(rng.integers(0, 40)), dtypes[(trial // 3) % 3])
+
+        def key_set(f):
+            return list(zip(*(f[k].astype(str if k != "cycle" else "int64") for k in KEY)))
+        seen = set(key_set(events))
+        expected = watched.loc[[key not in seen for key in key_set(watched)]].reset_index(drop=True)
+        pd.testing.assert_frame_equal(unrecorded(events, watched), expected)
+
+
+def test_the_accuracy_table_of_category_stages_is_that_of_their_names():
+    """A run's end keeps each matched truth's stage as a category over every stage name (most unused): the
+    table is the one the names give, with no row for a stage that has no pair."""
+    rng = np.random.default_rng(3)
+    names = rng.choice(["phy_up", "light_detected", "port_active"], 500)
+    plain = pd.DataFrame({"stage": names, "error_ns": rng.integers(-10**6, 10**6, 500),
+                          "covered": rng.random(500) < 0.9})
+    coded = plain.assign(stage=pd.Categorical(names, categories=sorted(["cdr_locked", "first_packet", "light_detected",
+                                                                         "phy_up", "port_active"])))
+    pd.testing.assert_frame_equal(accuracy_table(coded), accuracy_table(plain))

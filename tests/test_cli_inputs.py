@@ -117,3 +117,27 @@ def test_a_damaged_parquet_trace_is_a_clear_error(tmp_path, capsys, damage):
     result = in_process(capsys, "traces", "inspect", str(path))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-1500:]
     assert result.stderr.strip().count("\n") == 0 and str(path) in result.stderr
+
+
+def test_a_parquet_reason_over_several_lines_is_still_one_line(tmp_path, capsys):
+    """benchmarks/trace_fuzz.py --seed 2: one flipped byte in a page header made pyarrow's reason two lines
+    ("Couldn't deserialize thrift ...\\nDeserializing page header failed."), printed as they came."""
+    from traces.generate import generate_moe
+    from traces.schema import write_moe
+
+    path = tmp_path / "m.parquet"
+    write_moe(generate_moe(seed=1, iterations=8, layers=2, micro_batches=1, num_experts=8, top_k=2, ep=4,
+                           regime_changes=1), path)
+    raw = bytearray(path.read_bytes())
+    raw[377] = 187
+    path.write_bytes(raw)
+    result = in_process(capsys, "traces", "inspect", str(path))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"harness: {path}: damaged or unreadable Parquet file")
+
+
+@pytest.mark.parametrize("message", ["a\nb", "a \r\n  b\n", "a\u2028b", "a\x0bb"])
+def test_an_input_error_is_one_line_whatever_its_message_holds(message):
+    from harness.errors import InputError
+
+    assert InputError(message, "f.yaml", 3).format() == "f.yaml:3: a b"

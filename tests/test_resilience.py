@@ -461,22 +461,34 @@ def _logged_cycle(log_dir: Path) -> int:
     return max((json.loads(x)["cycle"] for x in lines if x.endswith("}")), default=0)
 
 
-def test_a_resume_from_the_state_the_switch_is_already_in_proceeds(tmp_path):
-    """Issue 38, reproduction 6: killed inside `settle_s` after a cycle, the switch shows that cycle's mapping,
-    which is where the resume starts; its first (unmeasured) cycle then changed nothing, waited out the cycle
-    timeout for light that never changes, and the resumed run ended "failed"."""
+@pytest.mark.parametrize("killed", ["after cycle 0", "inside settle_s"])
+def test_a_resume_from_the_state_the_switch_is_already_in_proceeds(tmp_path, killed):
+    """Issue 38, reproduction 6: killed once the unmeasured cycle 0 had set the switch (in the clock warm-up
+    before cycle 1) or inside `settle_s` after cycle 1, the switch shows the mapping the resume starts from;
+    its first (unmeasured) cycle then changed nothing, waited out the cycle timeout for light that never
+    changes, and the resumed run ended "failed" (5 of 5)."""
     with EmulatedBench(profile_from_dict(PROFILE), seed=9, workdir=tmp_path / "bench") as bench:
         out = tmp_path / "runs"
-        pb = playbook(tmp_path, 2, settle_s=3, cycle_timeout_s=3)
+        original = bench.physics.ocs_patches()
+        at_zero = killed == "after cycle 0"
+        pb = playbook(tmp_path, 2, cycle_timeout_s=3, **({"clock_warmup_s": 3} if at_zero else {"settle_s": 3}))
         proc = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--out", str(out / "run"), "-q")
         end = time.monotonic() + 60
-        while _logged_cycle(out) < 1 and time.monotonic() < end and proc.poll() is None:
-            time.sleep(0.05)
-        assert _logged_cycle(out) == 1, proc.stderr.read().decode() if proc.poll() is not None else "no cycle"
-        os.kill(proc.pid, signal.SIGKILL)  # inside cycle 1's 3 s settle: the switch shows cycle 1's mapping
+
+        def there() -> bool:
+            return bench.physics.ocs_patches() != original if at_zero else _logged_cycle(out) >= 1
+
+        while not there() and time.monotonic() < end and proc.poll() is None:
+            time.sleep(0.02)
+        assert there() and _logged_cycle(out) == (0 if at_zero else 1), \
+            proc.stderr.read().decode() if proc.poll() is not None else "not there in time"
+        shown = bench.physics.ocs_patches()
+        os.kill(proc.pid, signal.SIGKILL)  # the switch shows the mapping of the cycle the resume starts from
         proc.wait(timeout=30)
+        assert bench.physics.ocs_patches() == shown != original
         run = only_run(out)
         resumed = _harness("run", "--resume", str(run), "-q")
         assert resumed.wait(timeout=120) == 0, resumed.stderr.read().decode()[-2000:]
         events, manifest = record(run)
         assert manifest["status"] == "ok" and not (events["stage"] == "fault").any()
+        assert sorted(events["cycle"].unique()) == [1, 2]

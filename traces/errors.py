@@ -5,6 +5,10 @@ harness re-exports it (`harness.errors.InputError`), so there is one input error
 """
 from __future__ import annotations
 
+import re
+
+_LINE_BREAKS = re.compile(r"\s*[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+\s*")  # what str.splitlines splits on
+
 
 class InputError(Exception):
     """Bad input from the user: a file, a URL, a name. Printed as `file:line: message`, exit code 2."""
@@ -19,7 +23,8 @@ class InputError(Exception):
         where = ""
         if self.file:
             where = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
-        return f"{where}{self.message}"
+        # one line whatever the message quotes (a library's multi-line reason, a value with a newline)
+        return f"{where}{_LINE_BREAKS.sub(' ', str(self.message)).strip()}"
 
 
 class TraceFormatError(InputError, ValueError):
