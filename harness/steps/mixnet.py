@@ -205,6 +205,49 @@ PUBLIC_KEYS = ("provenance", "headline", "claims", "lateness", "bound", "seed_te
                "measured", "paper_delay", "calibration", "break_even_ms", "baseline", "options", "inputs")
 
 
+# The parts of verdict.json that come from measured stamps (or the machine's timing: the emulator's lateness):
+# the only parts that may differ between two runs with the same seed. "*": any key or list item; a path names
+# its whole subtree (a dict or list is masked whole: how many late cycles there are is the machine's); numbers in
+# strings are masked too (mask_measured).
+MEASURED_FIELDS = (
+    "headline.d_s", "headline.bound_ratio", "claims.*.summary", "claims.*.model_verdict.summary",
+    "claims.*.by_scenario.*.reason", "claims.*.by_scenario.*.short", "lateness", "inputs.late_cycles",
+    "bound.delay_s", "bound.rows.*.delay_s", "bound.rows.*.bound_ratio", "bound.rows.*.claims.*.value",
+    "bound.rows.*.claims.*.flips.k", "bound.rows.*.claims.*.flips.mfu", "bound.rows.*.claims.*.flips.window_s",
+    "measured", "baseline.scenarios.*.t_mixnet_s", "baseline.scenarios.*.delay_per_reconfiguration_ms",
+    "baseline.scenarios.*.claims.*.reason", "baseline.scenarios.*.claims.*.short",
+    "baseline.scenarios.*.claims.*.numbers", "baseline.scenarios.*.claims.*.numbers_short",
+    "baseline.scenarios.*.claims.*.value", "baseline.scenarios.*.claims.*.value_ci",
+    "baseline.claims.*.reason")
+
+
+def mask_measured(data, fields=MEASURED_FIELDS):
+    """verdict.json's data with every MEASURED_FIELDS value masked: a dict or list -> "(measured)", a number ->
+    None, numbers in a string -> "#"."""
+    import re
+
+    def blank(x):
+        if isinstance(x, (dict, list)):
+            return "(measured)"
+        if isinstance(x, str):
+            return re.sub(r"[-+]?\d[\d.e+-]*", "#", x)
+        return None if isinstance(x, (int, float)) and not isinstance(x, bool) else x
+
+    def walk(x, parts):
+        if not parts:
+            return blank(x)
+        head, rest = parts[0], parts[1:]
+        if isinstance(x, dict):
+            return {k: walk(v, rest) if head in ("*", k) else v for k, v in x.items()}
+        if isinstance(x, list) and head == "*":
+            return [walk(v, rest) for v in x]
+        return x
+
+    for path in fields:
+        data = walk(data, path.split("."))
+    return data
+
+
 def verdict_json_text(verdict: dict) -> str:
     """verdict.json as bytes-stable text: fixed key order, floats by repr."""
     from harness.record import RECORD_SCHEMA_VERSION
