@@ -811,13 +811,22 @@ def _verdict(ci: Sequence[float], bound: float, delay_ci: Sequence[float] | None
 def evaluate_point(measured: Mapping, scenarios: Sequence[Scenario], *, claims: Sequence[Claim] | None = None,
                    calibration: Calibration = Calibration(), seed: int = 0, verdict_delay: str = "total",
                    n_reps: int = 32, n_boot: int = 200, confidence: float = 0.95, full: bool = True,
-                   gate: Mapping[str, dict] | None = None) -> dict:
+                   gate: Mapping[str, dict] | None = None, memo: dict | None = None) -> dict:
     """Every scenario's numbers and per-claim verdicts at one set of assumptions, and the claims' verdicts
     there: {"scenarios": [...], "claims": {id: {"verdict", "falsified_by", "reason"}}}.
 
     `gate`: the scorecard's `per_model` (a model absent from it carries no verdict); None: every model carries
     one with no error (hand-built scenarios). `full=False` (the grid's other points) runs the Monte Carlo only
-    where it can decide a verdict: the `verdict_delay` kind of scenarios that move circuits and carry one."""
+    where it can decide a verdict: the `verdict_delay` kind of scenarios that move circuits and carry one.
+    `memo`: break-even delays of these scenarios (they do not depend on the measured delays), kept across calls
+    that judge the same scenarios on other delays."""
+    memo = {} if memo is None else memo
+
+    def break_even(si: int, target: float) -> float | None:
+        if (si, target) not in memo:
+            memo[si, target] = mx.break_even_delay(scenarios[si].mixnet, target)
+        return memo[si, target]
+
     if verdict_delay not in DELAY_KINDS:
         raise ClaimInputError(f"verdict_delay must be one of {DELAY_KINDS}")
     if not 0 < confidence < 1 or n_reps < 1 or n_boot < 2:
@@ -837,7 +846,7 @@ def evaluate_point(measured: Mapping, scenarios: Sequence[Scenario], *, claims: 
                "cost_ratio": sc.cost_ratio, "cost_basis": sc.cost_basis,
                "region_servers": sc.region_servers, "reconfigurations_per_region": sc.mixnet.reconfigurations_per_region,
                "applicable": na is None, "not_applicable_reason": na, "calibration": calibration.check(sc),
-               "break_even_ms": _ms(mx.break_even_delay(sc.mixnet, claims[0].time_bound(t_ft, sc.cost_ratio)))
+               "break_even_ms": _ms(break_even(si, claims[0].time_bound(t_ft, sc.cost_ratio)))
                if claims and claims[0].quantity == "iteration_ratio" else None,
                "delay_model": {}, "t_mixnet_s": {}, "delay_per_reconfiguration_ms": {}, "claims": {},
                "delay_sources": {**{f"measured_{k}": delays[k].source for k in DELAY_KINDS},
@@ -873,7 +882,7 @@ def evaluate_point(measured: Mapping, scenarios: Sequence[Scenario], *, claims: 
                 "not_applicable": na, "not_applicable_short": sc.not_applicable_short(), "t_fat_tree_s": t_ft,
                 "cost_ratio": sc.cost_ratio, "t_mean_s": st["t_mean_s"], "t_ci_s": st["t_ci_s"],
                 "delay_ci_s": st["delay_ci_s"], "time_bound_s": bound,
-                "critical_delay_s": mx.break_even_delay(sc.mixnet, bound), "verdict_delay": verdict_delay},
+                "critical_delay_s": break_even(si, bound), "verdict_delay": verdict_delay},
                 UNGATED if gate is None else gate.get(sc.model))
         if full:
             row["seed_test_t_mixnet_s"] = {f"{d:.3f}": float(mx.constant_delay_times(sc.mixnet, [d])[0])
@@ -1058,7 +1067,7 @@ def _run_points(task: tuple) -> list[dict]:
         scenarios = setup.scenarios(assumptions, rail=index == 0)     # only the baseline reports the rail
         kw = dict(claims=setup.claims, calibration=setup.calibration, seed=setup.seed,
                   verdict_delay=setup.verdict_delay, n_reps=setup.n_reps, n_boot=setup.n_boot,
-                  confidence=setup.confidence, gate=gate)
+                  confidence=setup.confidence, gate=gate, memo={})
         res = evaluate_point(measured, scenarios, full=index == 0, **kw)
         if index == 0:
             res["plot"] = plot_series(scenarios, setup.claims)
