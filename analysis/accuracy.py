@@ -152,8 +152,38 @@ def accuracy_table(matched: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def realised_vs_profile(draws: pd.DataFrame, *, alpha: float = 0.01, floor_ms: float = 0.1,
-                        rel_tolerance: float = 0.05) -> dict:
+LATE_FLOOR_MS = 0.1        # below this an action ran on time, whatever its stage
+LATE_REL_TOLERANCE = 0.05  # ... and below this share of its stage's p99 delay
+
+
+def late_threshold_ms(stage_p99_ms, floor_ms: float = LATE_FLOOR_MS, rel_tolerance: float = LATE_REL_TOLERANCE):
+    """The lateness beyond the profile's resolution: max(floor, rel_tolerance × the stage's p99 delay)."""
+    return np.maximum(floor_ms, rel_tolerance * np.asarray(stage_p99_ms, dtype=float))
+
+
+def late_cycles(draws: pd.DataFrame, cycle_starts: list[tuple[int, int]], *, floor_ms: float = LATE_FLOOR_MS,
+                rel_tolerance: float = LATE_REL_TOLERANCE) -> list[dict]:
+    """Recorded cycles (> 0) in which the emulator ran an action later than the profile's resolution
+    (`late_threshold_ms` of the stage whose drawn delay timed it; the stage's p99 over the run's draws).
+
+    `draws`: stage, port, delay_ns, late_ns, due_ns (-1: never ran); an action belongs to the cycle its due time
+    falls in (`assign_cycles`). One row per late cycle, in cycle order: cycle, late_ms (its latest action),
+    stage and port of that action, threshold_ms."""
+    if draws.empty:
+        return []
+    p99_ms = draws.groupby("stage")["delay_ns"].quantile(0.99) / 1e6
+    ran = assign_cycles(draws[draws["due_ns"] >= 0].rename(columns={"due_ns": "t_ns"}), cycle_starts)
+    ran = ran.assign(late_ms=ran["late_ns"] / 1e6,
+                     threshold_ms=late_threshold_ms(p99_ms.reindex(ran["stage"]).to_numpy()
+                                                    if len(ran) else [], floor_ms, rel_tolerance))
+    late = ran[(ran["late_ms"] > ran["threshold_ms"]) & (ran["cycle"] > 0)]
+    worst = late.sort_values(["cycle", "late_ms"], ascending=[True, False]).drop_duplicates("cycle")
+    return [{"cycle": int(r.cycle), "late_ms": float(r.late_ms), "stage": str(r.stage), "port": str(r.port),
+             "threshold_ms": float(r.threshold_ms)} for r in worst.itertuples(index=False)]
+
+
+def realised_vs_profile(draws: pd.DataFrame, *, alpha: float = 0.01, floor_ms: float = LATE_FLOOR_MS,
+                        rel_tolerance: float = LATE_REL_TOLERANCE) -> dict:
     """Did the emulator keep its profile? Per stage, the delays it drew against those it realised.
 
     `draws` has one row per drawn delay: stage, delay_ns, late_ns (how long after its due time the action
@@ -171,7 +201,7 @@ def realised_vs_profile(draws: pd.DataFrame, *, alpha: float = 0.01, floor_ms: f
         d50, d99 = np.quantile(drawn, [0.5, 0.99])
         r50, r99 = np.quantile(drawn + late, [0.5, 0.99])
         late99 = float(np.quantile(late, 0.99))
-        missed = (ks_p is None or ks_p < alpha) and late99 > max(floor_ms, rel_tolerance * d99)
+        missed = (ks_p is None or ks_p < alpha) and late99 > late_threshold_ms(d99, floor_ms, rel_tolerance)
         out["stages"][stage] = {"n": int(len(g)), "profile_p50_ms": float(d50), "profile_p99_ms": float(d99),
                                 "realised_p50_ms": float(r50), "realised_p99_ms": float(r99),
                                 "late_p99_ms": late99, "late_max_ms": float(late.max()), "ks_p": ks_p,

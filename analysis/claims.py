@@ -535,8 +535,13 @@ def bound_flips(r25: float, d_s: float, t_max_s: float, a: BoundAssumptions, thr
     return {"already_beyond": False,
             "k": need * t_max_s / x if x > 0 else math.inf,                     # falsified for k above this
             "mfu": a.mfu * need * t_max_s / (a.k * x) if x > 0 else math.inf,  # ... for MFU above this
-            "window_s": d_s - PAPER_DELAY_S - need * t_max_s / a.k,            # ... for a window below this
+            "window_s": _at_least_zero(d_s - PAPER_DELAY_S - need * t_max_s / a.k),  # ... for a window below
             "delay_s": PAPER_DELAY_S + a.window_s + need * t_max_s / a.k}      # ... for d above this (d*_bound)
+
+
+def _at_least_zero(x: float) -> float | None:
+    """A flip point of an assumption that cannot be negative: None where no value >= 0 flips it."""
+    return x if x >= 0 else None
 
 
 def bound_finding(claims: Sequence[Claim], models: Sequence[str], links: Sequence[int], d_s: float,
@@ -806,13 +811,22 @@ def _verdict(ci: Sequence[float], bound: float, delay_ci: Sequence[float] | None
 def evaluate_point(measured: Mapping, scenarios: Sequence[Scenario], *, claims: Sequence[Claim] | None = None,
                    calibration: Calibration = Calibration(), seed: int = 0, verdict_delay: str = "total",
                    n_reps: int = 32, n_boot: int = 200, confidence: float = 0.95, full: bool = True,
-                   gate: Mapping[str, dict] | None = None) -> dict:
+                   gate: Mapping[str, dict] | None = None, memo: dict | None = None) -> dict:
     """Every scenario's numbers and per-claim verdicts at one set of assumptions, and the claims' verdicts
     there: {"scenarios": [...], "claims": {id: {"verdict", "falsified_by", "reason"}}}.
 
     `gate`: the scorecard's `per_model` (a model absent from it carries no verdict); None: every model carries
     one with no error (hand-built scenarios). `full=False` (the grid's other points) runs the Monte Carlo only
-    where it can decide a verdict: the `verdict_delay` kind of scenarios that move circuits and carry one."""
+    where it can decide a verdict: the `verdict_delay` kind of scenarios that move circuits and carry one.
+    `memo`: break-even delays of these scenarios (they do not depend on the measured delays), kept across calls
+    that judge the same scenarios on other delays."""
+    memo = {} if memo is None else memo
+
+    def break_even(si: int, target: float) -> float | None:
+        if (si, target) not in memo:
+            memo[si, target] = mx.break_even_delay(scenarios[si].mixnet, target)
+        return memo[si, target]
+
     if verdict_delay not in DELAY_KINDS:
         raise ClaimInputError(f"verdict_delay must be one of {DELAY_KINDS}")
     if not 0 < confidence < 1 or n_reps < 1 or n_boot < 2:
@@ -832,7 +846,7 @@ def evaluate_point(measured: Mapping, scenarios: Sequence[Scenario], *, claims: 
                "cost_ratio": sc.cost_ratio, "cost_basis": sc.cost_basis,
                "region_servers": sc.region_servers, "reconfigurations_per_region": sc.mixnet.reconfigurations_per_region,
                "applicable": na is None, "not_applicable_reason": na, "calibration": calibration.check(sc),
-               "break_even_ms": _ms(mx.break_even_delay(sc.mixnet, claims[0].time_bound(t_ft, sc.cost_ratio)))
+               "break_even_ms": _ms(break_even(si, claims[0].time_bound(t_ft, sc.cost_ratio)))
                if claims and claims[0].quantity == "iteration_ratio" else None,
                "delay_model": {}, "t_mixnet_s": {}, "delay_per_reconfiguration_ms": {}, "claims": {},
                "delay_sources": {**{f"measured_{k}": delays[k].source for k in DELAY_KINDS},
@@ -868,7 +882,7 @@ def evaluate_point(measured: Mapping, scenarios: Sequence[Scenario], *, claims: 
                 "not_applicable": na, "not_applicable_short": sc.not_applicable_short(), "t_fat_tree_s": t_ft,
                 "cost_ratio": sc.cost_ratio, "t_mean_s": st["t_mean_s"], "t_ci_s": st["t_ci_s"],
                 "delay_ci_s": st["delay_ci_s"], "time_bound_s": bound,
-                "critical_delay_s": mx.break_even_delay(sc.mixnet, bound), "verdict_delay": verdict_delay},
+                "critical_delay_s": break_even(si, bound), "verdict_delay": verdict_delay},
                 UNGATED if gate is None else gate.get(sc.model))
         if full:
             row["seed_test_t_mixnet_s"] = {f"{d:.3f}": float(mx.constant_delay_times(sc.mixnet, [d])[0])
@@ -1047,15 +1061,18 @@ class Setup:
 def _run_points(task: tuple) -> list[dict]:
     """Points that share routing and circuits (same skew, α, greedy) run together: the circuit and all-to-all
     memo of analysis.mixnet then serves the GPU/MFU/overlap variants."""
-    setup, points, measured, gate = task
+    setup, points, measured, gate, alternatives = task
     out = []
     for index, assumptions in points:
         scenarios = setup.scenarios(assumptions, rail=index == 0)     # only the baseline reports the rail
-        res = evaluate_point(measured, scenarios, claims=setup.claims, calibration=setup.calibration,
-                             seed=setup.seed, verdict_delay=setup.verdict_delay, n_reps=setup.n_reps,
-                             n_boot=setup.n_boot, confidence=setup.confidence, full=index == 0, gate=gate)
+        kw = dict(claims=setup.claims, calibration=setup.calibration, seed=setup.seed,
+                  verdict_delay=setup.verdict_delay, n_reps=setup.n_reps, n_boot=setup.n_boot,
+                  confidence=setup.confidence, gate=gate, memo={})
+        res = evaluate_point(measured, scenarios, full=index == 0, **kw)
         if index == 0:
             res["plot"] = plot_series(scenarios, setup.claims)
+        # the same scenarios judged on other delays (a sensitivity check): only what decides a verdict
+        res["alternatives"] = [evaluate_point(alt, scenarios, full=False, **kw) for alt in alternatives]
         out.append((index, res))
     return out
 
@@ -1126,14 +1143,17 @@ def _model_scorecard(setup: Setup, baseline: Assumptions, max_workers: int | Non
 
 
 def run_grid(setup: Setup, grid: Sequence[Assumptions], measured: Mapping, *,
-             max_workers: int | None = 1, gate: Mapping[str, dict] | None = None) -> list[dict]:
+             max_workers: int | None = 1, gate: Mapping[str, dict] | None = None,
+             alternatives: Sequence[Mapping] = ()) -> list[dict]:
     """Evaluate every grid point (the first in full, with plot series); on a local process pool when
-    max_workers > 1. The results do not depend on where or in which order the points ran."""
+    max_workers > 1. The results do not depend on where or in which order the points ran. Each point's
+    `alternatives`: its verdicts on each of the other delays given (the same scenarios, built once)."""
     measured = as_cycle_delays(measured)
+    alternatives = [as_cycle_delays(a) for a in alternatives]
     families: dict[tuple, list] = {}
     for i, a in enumerate(grid):
         families.setdefault((a.skew, a.alpha, a.greedy), []).append((i, a))
-    tasks = [(setup, points, measured, gate) for points in families.values()]
+    tasks = [(setup, points, measured, gate, alternatives) for points in families.values()]
     done = [r for chunk in _pool_map(_run_points, tasks, max_workers) for r in chunk]
     return [res for _, res in sorted(done, key=lambda r: r[0])]
 
@@ -1240,18 +1260,8 @@ def headline(bound: dict, claims: Sequence[Claim]) -> dict | None:
     return best
 
 
-def evaluate_claims(measured: Mapping, *, setup: Setup = Setup(), grid: Sequence[Assumptions] | None = None,
-                    max_workers: int | None = 1) -> dict:
-    """The verdict: first the bound (fewest assumptions), then the model's estimate over the assumption grid
-    (baseline first) wherever the model's scorecard against the authors' record lets it carry a verdict."""
-    grid = [Assumptions()] if grid is None else list(grid)
-    if not grid:
-        raise ClaimInputError("the assumption grid is empty")
-    delays = as_cycle_delays(measured)
-    card = model_scorecard(setup, grid[0], max_workers=max_workers)
-    setup = replace(setup, fit=card.pop("record_fit"))
-    gate = card["per_model"]
-    results = run_grid(setup, grid, delays, max_workers=max_workers, gate=gate)
+def _judge(setup: Setup, grid: Sequence[Assumptions], results: Sequence[dict], delays: Mapping) -> tuple:
+    """(robustness, bound) of the grid's results on `delays`, each claim's verdict the bound's where it decides."""
     rob = robustness(setup, grid, results)
     kind = setup.verdict_delay
     d_low = one_port_delay_low(delays[kind], setup.confidence)
@@ -1268,6 +1278,53 @@ def evaluate_claims(measured: Mapping, *, setup: Setup = Setup(), grid: Sequence
         else:
             c["basis"] = "model" if any(r["claims"][c["id"]]["calibrated_scenarios"] for r in results) else "none"
             c["summary"] = f"the bound does not decide it; the model's estimate: {c['summary']}"
+    return rob, bound
+
+
+def verdict_changes(claims: Sequence[dict], bound: dict, other_claims: Sequence[dict], other_bound: dict) -> list[str]:
+    """What differs between two verdicts on the same grid: each claim's verdict, each scenario's model verdict and
+    each bound cell's conclusion, as "where: before → after"."""
+    def said(v: Mapping) -> str:
+        return v["verdict"] + (f" ({' or '.join(v['conditions'])})" if v.get("conditions") else "")
+
+    out = []
+    for a, b in zip(claims, other_claims):
+        if said(a) != said(b):
+            out.append(f"{a['id']}: {said(a)} → {said(b)}")
+        for name, cell in a["by_scenario"].items():
+            other = b["by_scenario"].get(name)
+            if other is not None and said(cell) != said(other):
+                out.append(f"{a['id']} in {name} (model): {said(cell)} → {said(other)}")
+    for ra, rb in zip(bound["rows"], other_bound["rows"]):
+        for cid, cell in ra["claims"].items():
+            if cell["falsified"] != rb["claims"][cid]["falsified"]:
+                out.append(f"{cid} in {ra['scenario']} (bound): "
+                           f"{'falsified' if cell['falsified'] else 'not shown'} → "
+                           f"{'falsified' if rb['claims'][cid]['falsified'] else 'not shown'}")
+    return out
+
+
+def evaluate_claims(measured: Mapping, *, setup: Setup = Setup(), grid: Sequence[Assumptions] | None = None,
+                    max_workers: int | None = 1, sensitivity: Mapping | None = None) -> dict:
+    """The verdict: first the bound (fewest assumptions), then the model's estimate over the assumption grid
+    (baseline first) wherever the model's scorecard against the authors' record lets it carry a verdict.
+
+    `sensitivity`: {"measured": other delays, "label": what they are}; the verdict is judged on them too (same
+    scenarios) and `sensitivity` in the result lists what would change (`verdict_changes`)."""
+    grid = [Assumptions()] if grid is None else list(grid)
+    if not grid:
+        raise ClaimInputError("the assumption grid is empty")
+    delays = as_cycle_delays(measured)
+    card = model_scorecard(setup, grid[0], max_workers=max_workers)
+    setup = replace(setup, fit=card.pop("record_fit"))
+    gate = card["per_model"]
+    alternatives = [] if sensitivity is None else [as_cycle_delays(sensitivity["measured"])]
+    results = run_grid(setup, grid, delays, max_workers=max_workers, gate=gate, alternatives=alternatives)
+    rob, bound = _judge(setup, grid, results, delays)
+    changes = None
+    if alternatives:
+        other_rob, other_bound = _judge(setup, grid, [r["alternatives"][0] for r in results], alternatives[0])
+        changes = verdict_changes(rob["claims"], bound, other_rob["claims"], other_bound)
     return _plain({
         "headline": headline(bound, setup.claims),
         "claims": rob["claims"],
@@ -1292,6 +1349,7 @@ def evaluate_claims(measured: Mapping, *, setup: Setup = Setup(), grid: Sequence
                     "n_boot": setup.n_boot, "confidence": setup.confidence, "reconfigure": setup.reconfigure,
                     "cost_basis": setup.cost_basis, "models": list(setup.models), "links": list(setup.links),
                     "rail_spine_share": RAIL_SPINE_SHARE},
+        "sensitivity": None if sensitivity is None else {"label": sensitivity.get("label", ""), "changes": changes},
     })
 
 

@@ -152,7 +152,7 @@ def pc_field(name: str):
 def write_draws(ctx) -> None:
     # Every delay the emulator drew, keyed (command, port, stage): the same seed gives the same file.
     draws = ctx.emulated.physics.draws_frame()
-    draws.drop(columns="late_ns").to_parquet(ctx.run_dir / "ground_truth_delays.parquet", index=False)
+    draws.drop(columns=["late_ns", "due_ns"]).to_parquet(ctx.run_dir / "ground_truth_delays.parquet", index=False)
 
 
 def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:

@@ -238,7 +238,7 @@ def verdict_section(run: RunData) -> str:
     if v is None:
         return _missing("no verdict.json: this playbook evaluated no claims")
     from harness import glossary
-    from harness.steps.mixnet import claim_sentences, claims_table
+    from harness.steps.mixnet import claim_sentences, claims_table, lateness_lines
 
     prov = v.get("provenance") or {}
     parts = ["<ul class=\"claims\">" + "".join(f"<li><b>{_e(x)}</b></li>" for x in claim_sentences(v)) + "</ul>"]
@@ -247,6 +247,9 @@ def verdict_section(run: RunData) -> str:
         if prov.get("copies_published_figures"):
             text += f" That profile copies published figures ({prov['copies_published_figures']})."
         parts.append(f'<p class="banner">{_e(text)}</p>')
+    for line in lateness_lines(v):  # the report's note on cycles the emulator ran late, as plain text
+        if line:
+            parts.append(f'<p class="banner">{_e(line.lstrip("> ").replace("**", ""))}</p>')
     t = claims_table(v)
     parts.append(_table(["claim", "verdict", "the bound", "the model's estimate"], [
         [f"<b>{_e(c['statement'])}</b><br><code>{_e(c['id'])}</code>",

@@ -1,5 +1,6 @@
 import numpy as np
 import pandas as pd
+import pytest
 
 from analysis.accuracy import KEY, accuracy_table, assign_cycles, clock_sample_errors, match, unrecorded, watched_truth
 
@@ -153,3 +154,24 @@ def test_the_accuracy_table_of_category_stages_is_that_of_their_names():
     coded = plain.assign(stage=pd.Categorical(names, categories=sorted(["cdr_locked", "first_packet", "light_detected",
                                                                          "phy_up", "port_active"])))
     pd.testing.assert_frame_equal(accuracy_table(coded), accuracy_table(plain))
+
+
+def test_late_cycles_judge_each_action_against_its_own_stages_resolution():
+    from analysis.accuracy import late_cycles
+
+    ms = 1_000_000
+    # a short stage (p99 2 ms: resolution 0.1 ms) and a long one (p99 1 s: resolution 50 ms)
+    draws = pd.DataFrame({
+        "stage": ["short"] * 4 + ["long"] * 4, "port": ["a", "b", "a", "b", "a", "b", "a", "b"],
+        "delay_ns": [2 * ms] * 4 + [1000 * ms] * 4,
+        "late_ns": [0.05 * ms, 0, 0.3 * ms, 0.2 * ms, 40 * ms, 0, 0, 60 * ms],
+        "due_ns": [5 * ms, 105 * ms, 205 * ms, 206 * ms, 110 * ms, 50 * ms, 300 * ms, -1]})
+    starts = [(-1, 0), (1, 100 * ms), (2, 200 * ms)]
+    # cycle 1: a long action 40 ms late (under its 50 ms) and a short one on time; cycle 2: two short actions
+    # late beyond 0.1 ms (the latest named); warm-up (cycle -1) is not a measured cycle; a draw that never ran
+    # (due -1, its lateness 60 ms is a placeholder) belongs to no cycle
+    assert late_cycles(draws, starts) == [{"cycle": 2, "late_ms": pytest.approx(0.3), "stage": "short", "port": "a",
+                                           "threshold_ms": pytest.approx(0.1)}]
+    # at a coarser floor nothing is late
+    assert late_cycles(draws, starts, floor_ms=0.5) == []
+    assert late_cycles(draws.iloc[0:0], starts) == []

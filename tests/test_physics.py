@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from analysis.accuracy import late_cycles
 from devices.emulated.physics import OcsRefusal, OpticalBench
 from devices.emulated.profile import load_profile, profile_from_dict
 
@@ -200,6 +201,11 @@ def test_a_late_scheduler_cannot_reorder_a_link_down_after_the_next_light_up():
     assert late["max_ms"] == pytest.approx(1000 - 1, abs=1e-6)  # the release was due 1 ms in, ran at 1000 ms
     assert {d["late_ns"] for d in bench.draws() if d["command"] == 3 and d["stage"] == "los_clear"} \
         == {int(1000 * ms - 21 * ms)}
+    # each draw knows when the action it timed was due, so its lateness is assigned to the cycle it belongs to
+    draws = bench.draws_frame()
+    assert set(draws.loc[(draws["command"] == 3) & (draws["stage"] == "los_clear"), "due_ns"]) == {t0 + 21 * ms}
+    late = late_cycles(draws, [(-1, 0), (1, t0)])
+    assert [(r["cycle"], r["late_ms"]) for r in late] == [(1, pytest.approx(999, abs=1e-6))]
 
 
 def test_readers_see_the_state_due_now_even_without_a_scheduler_thread():

@@ -119,15 +119,16 @@ class OpticalBench:
         # switches over this physics draw the same whichever command reaches its server first
         self._commands: dict[int, int] = {}
         # Every draw, column-wise (a pod draws ~10^4 per cycle): command, port index (-1: the switch), stage
-        # code, delay, and how late the action it timed ran (the schedule fills that in).
+        # code, delay, and how late the action it timed ran and when it was due (the schedule fills those in;
+        # due -1 until it ran).
         self._draws = {k: array(t) for k, t in (("command", "q"), ("port", "l"), ("stage", "b"), ("delay_ns", "q"),
-                                                 ("late_ns", "q"))}
+                                                 ("late_ns", "q"), ("due_ns", "q"))}
         topo = profile.topology
         self.ocs_size = topo.ocs_size
         n_in = topo.ocs_size[0]
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._schedule = Schedule(clock, self._wake, self._draws["late_ns"])
+        self._schedule = Schedule(clock, self._wake, self._draws["late_ns"], self._draws["due_ns"])
         self._patches: dict[int, int] = {}  # commanded: ingress -> egress
         self._settled: dict[int, int] = {}  # mirrors in place: ingress -> egress
         self._settled_to: dict[int, int] = {}  # mirrors in place: egress -> ingress (O(1) peer lookup)
@@ -239,6 +240,7 @@ class OpticalBench:
         cols["stage"].append(_STAGE_CODE[stage])
         cols["delay_ns"].append(ns)
         cols["late_ns"].append(0)
+        cols["due_ns"].append(-1)
         return ns, len(cols["delay_ns"]) - 1
 
     # ------------------------------------------------------------------ OCS view
@@ -572,8 +574,9 @@ class OpticalBench:
             return self._truth.frame(stages)
 
     def draws(self) -> list[dict]:
-        """Every random delay drawn: command, port ("ocs" or host:netdev), stage, delay_ns, and late_ns — how
-        long after its due time the action it timed actually ran (0 until it ran)."""
+        """Every random delay drawn: command, port ("ocs" or host:netdev), stage, delay_ns, late_ns — how
+        long after its due time the action it timed actually ran (0 until it ran) — and due_ns, that due time on
+        the harness clock (-1 until it ran)."""
         return self.draws_frame().to_dict(orient="records")
 
     def draws_frame(self):
@@ -590,14 +593,12 @@ class OpticalBench:
                     for k, v in self._draws.items()}
         return pd.DataFrame({"command": cols["command"].astype(np.int64), "port": names[cols["port"]],
                              "stage": stages[cols["stage"]], "delay_ns": cols["delay_ns"].astype(np.int64),
-                             "late_ns": cols["late_ns"].astype(np.int64)},
-                            columns=["command", "port", "stage", "delay_ns", "late_ns"])
+                             "late_ns": cols["late_ns"].astype(np.int64), "due_ns": cols["due_ns"].astype(np.int64)},
+                            columns=["command", "port", "stage", "delay_ns", "late_ns", "due_ns"])
 
     def schedule_report(self) -> dict:
         """Lateness of the schedule and, per stage, the delays realised against the profile's
         (analysis.accuracy.realised_vs_profile), with a warning line when the machine made it late."""
-        import pandas as pd
-
         from analysis.accuracy import realised_vs_profile
 
         draws = self.draws_frame()

@@ -33,6 +33,10 @@ class Truth:
         """The emulator's timing profile (devices.emulated.profile.Profile)."""
         return self._emulated.profile
 
+    def draws(self):
+        """Every delay the emulator drew, with when its action was due and when it ran (a DataFrame)."""
+        return self._emulated.physics.draws_frame()
+
     def flap(self, keys: list[str], after_ns: int) -> tuple[int, int] | None:
         """(the first of the links of `keys` down, the instant the packet fabric detected the last loss of light
         among them), harness ns, for a flap after `after_ns`; None if the emulator saw none."""

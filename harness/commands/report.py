@@ -113,7 +113,7 @@ def _recompute(run) -> int:
         raise InputError("--recompute: verdict.json has no recorded inputs (written by an older version?)",
                          str(path)) from None
     events = read_parquet_events(run / "events.parquet")
-    verdict = step.compute_verdict(events, params, seed, prov)
+    verdict = step.compute_verdict(events, params, seed, prov, inputs.get("late_cycles"))
     new_text = step.verdict_json_text(verdict)
     step.write_outputs(run, events, verdict)
     if new_text == old_text:

@@ -78,8 +78,9 @@ class MixnetParams(Spec):
 
 
 
-def measured_delays(events, source: str = "unspecified") -> dict:
-    """Per (cycle, port) OCS-only and total delays as analysis.mixnet.CycleDelays, from cycles > 0."""
+def measured_delays(events, source: str = "unspecified", shorten: dict[int, float] | None = None) -> dict:
+    """Per (cycle, port) OCS-only and total delays as analysis.mixnet.CycleDelays, from cycles > 0; `shorten`:
+    {cycle: seconds} taken off every delay of those cycles (at least 0)."""
     from analysis.mixnet import CycleDelays
     from analysis.stats import stage_table
 
@@ -97,6 +98,10 @@ def measured_delays(events, source: str = "unspecified") -> dict:
         # made `per_port - shared` negative, and the decomposition added one cycle's late reply to another's
         # residual (reconfigurations of 50-90 ms from a 5 ms switch).
         shared = np.minimum(shared, wide.min(axis=1))
+        if shorten:
+            by = wide.index.to_series().map(shorten).fillna(0.0).to_numpy()
+            wide = (wide - by[:, None]).clip(lower=0.0)
+            shared = (shared - by).clip(lower=0.0)
         keep = np.isfinite(wide.to_numpy()).any(axis=1) & np.isfinite(shared.to_numpy())
         out[kind] = CycleDelays(wide.to_numpy()[keep], shared.to_numpy()[keep], source)
     return out
@@ -126,23 +131,108 @@ def _setup(params: dict, seed: int):
     return setup, grid
 
 
-def compute_verdict(events, params: dict, seed: int, prov: dict) -> dict:
-    """The whole verdict (with plot series) from a run's events, the step's params and provenance.
-    Raises analysis.claims.ClaimInputError / ValueError on bad params, LookupError without delays."""
+LATE_RULE = ("an action of the emulator's schedule ran later than max(0.1 ms, 5 % of the p99 delay of the stage "
+             "that timed it) (analysis.accuracy.late_cycles)")
+
+
+def compute_verdict(events, params: dict, seed: int, prov: dict, late: list[dict] | None = None) -> dict:
+    """The whole verdict (with plot series) from a run's events, the step's params and provenance; `late`: the
+    cycles in which the emulator ran late (analysis.accuracy.late_cycles; an input, so a recompute reproduces it).
+    Raises analysis.claims.ClaimInputError / ValueError on bad params, LookupError without delays.
+
+    Late cycles are judged twice: the verdict is re-evaluated with each late cycle's delays shortened by its
+    lateness (the most a late action can have added to any stamp in it: a follow-up is timed from its due time).
+    If no verdict moves, every cycle is kept; if one does, the late cycles are excluded and the verdict is the one
+    without them (kept, and said to be unresolved, if fewer than 2 cycles would remain)."""
     from analysis import claims as cl
 
+    late = list(late or [])
     measured = measured_delays(events, prov["delays"])
     if any(v is None for v in measured.values()):
         raise LookupError("no cycle recorded both light_detected and first_packet")
     setup, grid = _setup(params, seed)
-    verdict = cl.evaluate_claims(measured, setup=setup, grid=grid, max_workers=params["workers"])
+    sensitivity = None
+    if late:
+        sensitivity = {"label": "each late cycle's delays shortened by its lateness",
+                       "measured": measured_delays(events, prov["delays"],
+                                                   {r["cycle"]: r["late_ms"] / 1e3 for r in late})}
+    verdict = cl.evaluate_claims(measured, setup=setup, grid=grid, max_workers=params["workers"],
+                                 sensitivity=sensitivity)
+    changes = (verdict.pop("sensitivity") or {}).get("changes") or []
+    lateness = {"applies": bool(prov.get("emulated")), "rule": LATE_RULE, "cycles": late,
+                "check": sensitivity and sensitivity["label"], "changes": changes,
+                "decision": "none late" if not late else "kept: shown not to move any verdict" if not changes
+                else "excluded"}
+    if changes:
+        on_time = events[~events["cycle"].isin([r["cycle"] for r in late])]
+        kept = measured_delays(on_time, prov["delays"])
+        if all(v is not None and v.n_cycles >= 2 for v in kept.values()):
+            verdict = cl.evaluate_claims(kept, setup=setup, grid=grid, max_workers=params["workers"])
+            verdict.pop("sensitivity")
+        else:
+            lateness["decision"] = "unresolved: fewer than 2 cycles ran on time; every cycle kept"
+    if not prov.get("emulated"):
+        lateness["decision"] = "not applicable: delays measured on a bench"
+    verdict["lateness"] = lateness
     verdict["provenance"] = prov
-    verdict["inputs"] = {"params": params, "seed": seed}
+    verdict["inputs"] = {"params": params, "seed": seed, "late_cycles": late}
     return verdict
 
 
-PUBLIC_KEYS = ("provenance", "headline", "claims", "bound", "seed_test", "scorecard", "robustness", "measured",
-               "paper_delay", "calibration", "break_even_ms", "baseline", "options", "inputs")
+def late_cycles(ctx) -> list[dict]:
+    """The run's cycles in which the emulator ran late (analysis.accuracy.late_cycles); none on a real bench."""
+    from analysis.accuracy import late_cycles as late
+
+    if ctx.live.truth is None:
+        return []
+    return late(ctx.live.truth.draws(), [w for r in ctx.results.values() for w in r.truth_windows])
+
+
+PUBLIC_KEYS = ("provenance", "headline", "claims", "lateness", "bound", "seed_test", "scorecard", "robustness",
+               "measured", "paper_delay", "calibration", "break_even_ms", "baseline", "options", "inputs")
+
+
+# The parts of verdict.json that come from measured stamps (or the machine's timing: the emulator's lateness):
+# the only parts that may differ between two runs with the same seed. "*": any key or list item; a path names
+# its whole subtree (a dict or list is masked whole: how many late cycles there are is the machine's); numbers in
+# strings are masked too (mask_measured).
+MEASURED_FIELDS = (
+    "headline.d_s", "headline.bound_ratio", "claims.*.summary", "claims.*.model_verdict.summary",
+    "claims.*.by_scenario.*.reason", "claims.*.by_scenario.*.short", "lateness", "inputs.late_cycles",
+    "bound.delay_s", "bound.rows.*.delay_s", "bound.rows.*.bound_ratio", "bound.rows.*.claims.*.value",
+    "bound.rows.*.claims.*.flips.k", "bound.rows.*.claims.*.flips.mfu", "bound.rows.*.claims.*.flips.window_s",
+    "measured", "baseline.scenarios.*.t_mixnet_s", "baseline.scenarios.*.delay_per_reconfiguration_ms",
+    "baseline.scenarios.*.claims.*.reason", "baseline.scenarios.*.claims.*.short",
+    "baseline.scenarios.*.claims.*.numbers", "baseline.scenarios.*.claims.*.numbers_short",
+    "baseline.scenarios.*.claims.*.value", "baseline.scenarios.*.claims.*.value_ci",
+    "baseline.claims.*.reason")
+
+
+def mask_measured(data, fields=MEASURED_FIELDS):
+    """verdict.json's data with every MEASURED_FIELDS value masked: a dict or list -> "(measured)", a number ->
+    None, numbers in a string -> "#"."""
+    import re
+
+    def blank(x):
+        if isinstance(x, (dict, list)):
+            return "(measured)"
+        if isinstance(x, str):
+            return re.sub(r"[-+]?\d[\d.e+-]*", "#", x)
+        return None if isinstance(x, (int, float)) and not isinstance(x, bool) else x
+
+    def walk(x, parts):
+        if not parts:
+            return blank(x)
+        head, rest = parts[0], parts[1:]
+        if isinstance(x, dict):
+            return {k: walk(v, rest) if head in ("*", k) else v for k, v in x.items()}
+        if isinstance(x, list) and head == "*":
+            return [walk(v, rest) for v in x]
+        return x
+
+    for path in fields:
+        data = walk(data, path.split("."))
+    return data
 
 
 def verdict_json_text(verdict: dict) -> str:
@@ -166,6 +256,28 @@ def provenance_lines(prov: dict) -> list[str]:
                          "this verdict re-uses the paper's own numbers, it does not measure them.")
         return lines + [""]
     return [f"> Delays measured on bench `{prov['bench']}`.", ""]
+
+
+def lateness_lines(verdict: dict) -> list[str]:
+    """The report's note on cycles in which the emulator ran late, and what was done about them."""
+    late = verdict.get("lateness") or {}
+    if not late.get("applies"):
+        return []
+    if not late["cycles"]:
+        return [f"> The emulator ran every measured cycle on time (late means: {late['rule']}).", ""]
+    names = "; ".join(f"{r['cycle']} ({r['late_ms']:.3g} ms late: {r['stage']} on {r['port']}, resolution "
+                      f"{r['threshold_ms']:.3g} ms)" for r in late["cycles"])
+    changes = late["changes"]
+    moved = "; ".join(changes[:3]) + (f"; … {len(changes) - 3} more" if len(changes) > 3 else "")
+    decision = late["decision"]
+    what = (f"re-evaluated with {late['check']}, no verdict moves: every cycle is kept" if decision.startswith("kept")
+            else f"re-evaluated with {late['check']}, {len(changes)} verdict(s) move ({moved}): those cycles are "
+                 "**excluded**, every number below is from the cycles that ran on time" if decision == "excluded"
+            else f"re-evaluated with {late['check']}, {len(changes)} verdict(s) move ({moved}) and fewer than 2 "
+                 "cycles ran on time: every cycle is kept, and the verdict is **not resolved** against the "
+                 "emulator's lateness (rerun on a less loaded machine)")
+    return [f"> **The emulator ran late in {len(late['cycles'])} cycle(s)**: {names}. Late means {late['rule']}; "
+            f"{what}.", ""]
 
 
 def say(verdict: str, words: dict[str, str]) -> str:
@@ -310,7 +422,6 @@ def claims_markdown(verdict: dict) -> list[str]:
 
 def bound_markdown(verdict: dict) -> list[str]:
     b = verdict["bound"]
-    a = b["assumptions"]
     words = evidence_words(verdict["provenance"])
     lines = ["## The bound (fewest assumptions)", "",
              f"`{b['formula']}`, granting the authors' own r25. Assumptions: {b['assumptions_text']}. "
@@ -388,7 +499,7 @@ def verdict_markdown(verdict: dict) -> str:
 
     prov = verdict["provenance"]
     words = evidence_words(prov)
-    lines = provenance_lines(prov) + claims_markdown(verdict)
+    lines = provenance_lines(prov) + lateness_lines(verdict) + claims_markdown(verdict)
     lines += bound_markdown(verdict) + seed_test_markdown(verdict) + scorecard_markdown(verdict["scorecard"])
     m = verdict["measured"]
     lines += ["## Delays and where they come from", "",
@@ -481,7 +592,7 @@ def mixnet_verdict(ctx, step) -> StepResult:
     events = ctx.log.events()  # the run's events, in memory (events.jsonl stays the durable record)
     prov = ctx.live.provenance()
     try:
-        verdict = compute_verdict(events, p, ctx.seed, prov)
+        verdict = compute_verdict(events, p, ctx.seed, prov, late_cycles(ctx))
     except LookupError as exc:
         return StepResult(ok=False, checks=[{"name": "measured delays available", "ok": False, "detail": str(exc)}])
     except (ClaimInputError, ValueError, TypeError) as exc:
