@@ -103,6 +103,20 @@ def links_of(bench, detection_s: float) -> FabricLinks:
         return state
 
 
+def flap_truth_ns(bench, links, after_ns: int) -> tuple[int, int] | None:
+    """The emulator's truth of a flap of the leaf–spine `links` shut after `after_ns`, harness ns: (the last of
+    them dark, routed around — every flow off the shut links). From the last: a shell line of shut commands
+    spreads them over its own run time, which is the tool's, not the fabric's."""
+    state = _STATES.get(bench)
+    if state is None:
+        return None
+    with state.lock:
+        downs = [next((d for d, _ in state.spans.get(tuple(link), []) if d >= after_ns), None) for link in links]
+    if not downs or None in downs:
+        return None
+    return max(downs), max(downs) + int(state.detection_s * 1e9)
+
+
 def detection_of(bench) -> float:
     profile = getattr(bench, "profile", None)
     return profile.fabric_detection.at_quantile(0.5) if profile is not None else 1e-3
