@@ -175,8 +175,8 @@ def interval_text(q: dict) -> str:
     if q["ci95"] is not None:
         return f"{q['ci95'][0]:.3f}–{q['ci95'][1]:.3f}"
     if q["lower95"] is not None:
-        return f"≥ {q['lower95']:.3f} (needs {q['needs_iterations']} iterations for both ends)"
-    return f"none (needs {q['needs_iterations']} iterations)"
+        return f"≥ {q['lower95']:.3f} (needs {q['needs_iterations']} units a side for both ends)"
+    return f"none (needs {q['needs_iterations']} units a side)"
 
 
 def verdict_markdown(v: dict) -> str:
