@@ -147,6 +147,7 @@ class Collective:
         self._done = None  # (schedule, segments applied, bytes left after them, asked at): _left_at's progress
         self._begin(start_ns)
         self.checkpoints = {r: [(start_ns, 0.0, 0.0)] for r in self.ranks}
+        self.checkpoint_ns = {r: [start_ns] for r in self.ranks}  # their instants, for bisect (counters read often)
         self.done = {r: (0.0, 0.0) for r in self.ranks}  # bytes of the transfers before the current one
         self.ends: dict[str, list[tuple[int, int]]] = {r: [] for r in self.ranks}
         self._w: dict = {}
@@ -247,6 +248,7 @@ class Collective:
         for r, (s, rv) in self._rank_bytes(moved).items():
             s0, r0 = self.done[r]
             self.checkpoints[r].append((t, s0 + s, r0 + rv))
+            self.checkpoint_ns[r].append(t)
 
     def _end_transfer(self, t: int) -> None:
         pairs, size = self.iters[self.k]
@@ -305,13 +307,12 @@ class RankView:
     def delivered(self, t_ns: int) -> tuple[float, float]:
         with self.coll.links.lock:
             cps = self.coll.checkpoints[self.rank]
-            times = [c[0] for c in cps]
-        i = bisect.bisect_right(times, t_ns)
-        if i == 0:
-            return 0.0, 0.0
-        if i == len(cps):
-            return cps[-1][1], cps[-1][2]
-        (t0, s0, r0), (t1, s1, r1) = cps[i - 1], cps[i]
+            i = bisect.bisect_right(self.coll.checkpoint_ns[self.rank], t_ns)
+            if i == 0:
+                return 0.0, 0.0
+            if i == len(cps):
+                return cps[-1][1], cps[-1][2]
+            (t0, s0, r0), (t1, s1, r1) = cps[i - 1], cps[i]
         w = (t_ns - t0) / (t1 - t0) if t1 > t0 else 1.0
         return s0 + w * (s1 - s0), r0 + w * (r1 - r0)
 
