@@ -182,7 +182,7 @@ def test_link_flaps_shut_leafspine_links_on_the_emulated_bench(tmp_path):
     s = json.loads((run / "linkfail_flaps.json").read_text())
     assert s["provenance"]["fabric"]["links"] == 8
     (row,) = s["table"]
-    assert row["failed_links"] == 2 and row["ports"] >= 4  # the NICs of at least one leaf
+    assert row["failed_links"] == 2 and 1 <= row["ports"] <= 2  # one NIC a leaf of the shut links
     assert row["reroute_ms"] == pytest.approx(1.0, abs=1e-6) and row["reached"]
     assert 0 <= row["reaction_low_ms"] < row["reaction_high_ms"]
     assert row["down_seen_ns"][0] <= row["down_seen_ns"][1]  # link down between the line's sending and return

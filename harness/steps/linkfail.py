@@ -151,9 +151,10 @@ class LinkStudy:
         return sent
 
     def leaf_ports(self, links) -> list[int]:
-        """The endpoints on the leaves of `links`: their uplinks in that plane are what a shut link takes."""
+        """The first endpoint on each leaf of `links` (a shut link takes that leaf's uplinks in its plane, shared
+        by its NICs); one a leaf: every sampled port is a counter stream at `sample_us` on its host."""
         leaves = {leaf for _, leaf, _ in links}
-        return [i for i in range(self.n) if self.topo.leaf_of(i) in leaves]
+        return sorted({min(i for i in range(self.n) if self.topo.leaf_of(i) == leaf) for leaf in leaves})
 
     def restore_fabric(self) -> None:
         if self.on_fabric and getattr(self, "down", None):
@@ -668,7 +669,7 @@ def link_flaps(ctx, step) -> StepOutcome:
                 f"{study.p['load_balancing']}); ceil({pct:g} %) of them shut by the fabric command for "
                 f"{p['down_ms']:g} ms while one transfer runs, a fresh draw per flap; reaction = the last link down "
                 f"(between the shut line's sending and its return) → goodput ≥ 95 % of the new steady state, over the "
-                f"RDMA counters of the NICs on the shut links' leaves")
+                f"RDMA counters of the first NIC on each shut link's leaf")
     else:
         what = (f"ceil({pct:g} %) of {len(study.links)} OCS-carried links pulled for {p['down_ms']:g} ms while one "
                 f"transfer runs; reaction = link down (carrier drop) → goodput ≥ 95 % of the new steady state, over "
