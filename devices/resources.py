@@ -120,6 +120,7 @@ class Bench:
     hosts: dict[str, HostResource]
     nic_ports: tuple[NicPort, ...]
     source: str = "<memory>"  # inventory file, for error messages
+    host_workers: int = 0  # an emulated bench whose hosts worker processes serve (harness emulate --workers N)
 
     def ports_of(self, host: str) -> list[NicPort]:
         return [p for p in self.nic_ports if p.host == host]

@@ -357,6 +357,9 @@ def params_of(spec: Spec, node: Mapping) -> dict:
 class BenchSpec(Spec):
     name: str
     emulated: bool = False
+    host_workers: int = Field(
+        0, ge=0, description="emulated bench: its hosts are served by this many worker processes (harness emulate "
+                       "--workers N); state that lives in the bench's own process is not theirs")
     strict_host_keys: bool | None = Field(
         None, description="check every host's key against its known_hosts and refuse unknown ones; default: true "
                           "on a real bench, false on an emulated one (unknown keys are learned privately)")
@@ -660,7 +663,7 @@ def bench_from_data(data: YamlMap, source: str, env: Mapping[str, str] | None = 
                 problems.append(exc)
     raise_all(problems)
     return Bench(name=inv.bench.name, emulated=inv.bench.emulated, ocs=switches, hosts=hosts,
-                 nic_ports=tuple(nic_ports), source=source)
+                 nic_ports=tuple(nic_ports), source=source, host_workers=inv.bench.host_workers)
 
 
 SSH_CONFIG = "~/.ssh/config"

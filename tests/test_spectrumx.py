@@ -70,7 +70,7 @@ def test_link_failures_and_flaps_on_the_emulated_bench(tmp_path):
              "hidden_size": 1024, "max_phases": 2}
     playbook = {"name": "lf", "bench": "emulated:burst-mode", "seed": 5, "cycles": 1, "steps": [
         {"type": "link_failures", "name": "failures", "pull": "circuits", "fail_pct": [0, 10, 50], **small},
-        {"type": "link_flaps", "name": "flaps", "fail_pct": [25], "down_ms": 30, "flaps": 1, "ops_before": 2,
+        {"type": "link_flaps", "name": "flaps", "pull": "circuits", "fail_pct": [25], "down_ms": 30, "flaps": 1, "ops_before": 2,
          "lead_ms": 20, "tail_ms": 30, "sample_us": 500, **small, "tokens_per_micro_batch": 8192,
          "hidden_size": 4096},  # ~5 ms transfers: a few dozen in the long one
         {"type": "spectrumx_verdict", "name": "verdict", "reaction_bound_ms": 60000, "n_boot": 200}]}
@@ -162,3 +162,69 @@ def test_link_failures_pull_leafspine_links_on_the_emulated_bench(tmp_path):
         assert 0 < table[0]["line_fraction"] <= 1.0 + 1e-6  # line = the NICs' physical rate (inventory)
     # per-flow hashing collides on the intact fabric, spraying does not: below and at line rate
     assert out["ecmp"]["table"][0]["line_fraction"] < out["spray"]["table"][0]["line_fraction"] - 0.05
+
+
+def test_link_flaps_shut_leafspine_links_on_the_emulated_bench(tmp_path):
+    # a flap shuts ceil(f) of the leaf–spine links through the fabric command (one line), the NICs on their
+    # leaves are sampled; the emulator's reroute (the last shut link dark → routed around) is the profile's
+    # 1 ms detection after the shut the harness sent; the goodput reaction is bounded, not before the shut
+    playbook = {"name": "lf", "bench": "emulated:burst-mode", "seed": 5, "cycles": 1, "steps": [
+        {"type": "link_flaps", "name": "flaps", "fail_pct": [25], "planes": 2, "per_leaf": 4, "spines": 2,
+         "load_balancing": "spray", "down_ms": 30, "flaps": 1, "ops_before": 2, "lead_ms": 20, "tail_ms": 30,
+         "sample_us": 500, "trace": "generate", "iterations": 1, "layers": 1, "regime_changes": 0,
+         "max_phases": 1, "zipf_s": 0.0, "tokens_per_micro_batch": 65536, "hidden_size": 4096},  # few long
+        # transfers: the emulator integrates each one, a loaded machine keeps up
+        {"type": "spectrumx_verdict", "name": "verdict", "reaction_bound_ms": 60000, "n_boot": 200}]}
+    path = tmp_path / "pb.yaml"
+    path.write_text(yaml.safe_dump(playbook))
+    run = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(run), "-q"]) == 0
+    s = json.loads((run / "linkfail_flaps.json").read_text())
+    assert s["provenance"]["fabric"]["links"] == 8
+    (row,) = s["table"]
+    assert row["failed_links"] == 2 and 1 <= row["ports"] <= 2  # one NIC a leaf of the shut links
+    assert row["reroute_ms"] == pytest.approx(1.0, abs=1e-6) and row["reached"]
+    assert 0 <= row["reaction_low_ms"] < row["reaction_high_ms"]
+    assert row["down_seen_ns"][0] <= row["down_seen_ns"][1]  # link down between the line's sending and return
+    frame = pd.read_parquet(run / s["parquet"])
+    assert frame["endpoint"].nunique() == row["ports"]
+    verdict = json.loads((run / "verdict.json").read_text())
+    flap = next(c for c in verdict["claims"] if c["id"] == "flap_reaction")
+    assert flap["said"] == "consistent with the emulator's model"
+
+
+def test_latency_claim_decides_on_the_quantile_with_an_interval_and_names_what_the_other_lacks():
+    # 8 units a side: p50 has a verified interval, p99 none (needs hundreds). Either beyond the bound falsifies
+    # the claim (p50 and p99); "holds" needs both; each quantile says what it found or lacks
+    c = latency_claim(_frame(0.99, 1.20, n=8), 1.07, 10.0)
+    assert c["verdict"] == "falsified" and c["per_quantile"] == {"p50": "falsified", "p99": "inconclusive"}
+    c = latency_claim(_frame(0.99, 1.0, n=8), 1.07, 10.0)
+    assert c["verdict"] == "inconclusive" and c["per_quantile"]["p50"] == "holds"
+    needs = c["p99"]["needs_iterations"]
+    assert needs > 8 and c["reason"].startswith("p50 holds on its interval")
+    assert f"p99 needs >= {needs} iterations a side for an interval (8 ran)" in c["reason"]
+    rounds = _frame(0.99, 1.0, n=8).assign(unit=lambda f: f["iteration"].astype(str))  # the round as the unit
+    assert "p99 needs >= " in latency_claim(rounds, 1.07, 10.0)["reason"] and \
+        "rounds a side" in latency_claim(rounds, 1.07, 10.0)["reason"]
+
+
+def test_fabric_study_refuses_an_emulated_bench_served_by_host_workers(tmp_path, capsys, monkeypatch):
+    # the emulated leaf–spine lives in the bench's process: hosts served by worker processes (harness emulate
+    # --workers N writes bench.host_workers) would run ranks and fabric_link that never meet
+    monkeypatch.setenv("OCS_PASSWORD", "x")
+    nics = lambda first: [{"netdev": f"e{k}", "rdma_dev": f"mlx5_{k}", "ocs": "ocs1", "tx": first + k,
+                           "rx": 16 + first + k, "gbps": 400} for k in range(2)]
+    inventory = {"bench": {"name": "pod", "emulated": True, "host_workers": 2},
+                 "ocs": {"ocs1": {"protocol": "polatis-tl1", "url": "tcp://127.0.0.1:9", "size": [16, 16],
+                                  "allowed_ports": ["1-32"], "user": "admin", "password_env": "OCS_PASSWORD"}},
+                 "hosts": {f"gpu{h}": {"address": "127.0.0.1", "port": 9, "user": "lab", "nics": nics(1 + 2 * h)}
+                           for h in range(2)}}
+    step = {"type": "link_failures", "name": "failures", "planes": 2, "per_leaf": 2, "spines": 2, "trace": "generate",
+            "iterations": 1, "layers": 1, "regime_changes": 0, "max_phases": 1, "tokens_per_micro_batch": 1024,
+            "hidden_size": 1024}
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inventory))
+    for pull, rc in (("fabric", 2), ("circuits", 0)):
+        (tmp_path / "pb.yaml").write_text(yaml.safe_dump({"name": "lf", "seed": 5, "steps": [{**step, "pull": pull}]}))
+        assert main(["run", str(tmp_path / "pb.yaml"), "--bench", str(tmp_path / "inv.yaml"), "--dry-run", "-q"]) == rc
+    err = capsys.readouterr().err
+    assert "pb.yaml:" in err and "host_workers" in err and "--workers 0" in err and "Traceback" not in err

@@ -207,6 +207,8 @@ class EmulatedBench:
                               "allowed_ports": [str(p) for p in allowed], "user": EMULATED_USER,
                               "password_env": PASSWORD_ENV}
         bench = {"name": f"emulated-{self.profile.name}", "emulated": True}
+        if self.workers:  # the leaf–spine's state (devices/emulated/leafspine.py) is per process: a study refuses
+            bench["host_workers"] = self.workers
         if self.sshd_hosts is not None:  # real sshd: its host keys are known, and checked as on a real bench
             bench["strict_host_keys"] = True
         return {"bench": bench, "ocs": switches, "hosts": hosts}

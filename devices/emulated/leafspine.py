@@ -103,6 +103,20 @@ def links_of(bench, detection_s: float) -> FabricLinks:
         return state
 
 
+def flap_truth_ns(bench, links, after_ns: int) -> tuple[int, int] | None:
+    """The emulator's truth of a flap of the leaf–spine `links` shut after `after_ns`, harness ns: (the last of
+    them dark, routed around — every flow off the shut links). From the last: a shell line of shut commands
+    spreads them over its own run time, which is the tool's, not the fabric's."""
+    state = _STATES.get(bench)
+    if state is None:
+        return None
+    with state.lock:
+        downs = [next((d for d, _ in state.spans.get(tuple(link), []) if d >= after_ns), None) for link in links]
+    if not downs or None in downs:
+        return None
+    return max(downs), max(downs) + int(state.detection_s * 1e9)
+
+
 def detection_of(bench) -> float:
     profile = getattr(bench, "profile", None)
     return profile.fabric_detection.at_quantile(0.5) if profile is not None else 1e-3
@@ -130,8 +144,10 @@ class Collective:
         self.k, self.t = 0, start_ns
         self.start_ns = start_ns
         self.sched = None  # (state key, base ns, segments, left after) of the current transfer under one state
+        self._done = None  # (schedule, segments applied, bytes left after them, asked at): _left_at's progress
         self._begin(start_ns)
         self.checkpoints = {r: [(start_ns, 0.0, 0.0)] for r in self.ranks}
+        self.checkpoint_ns = {r: [start_ns] for r in self.ranks}  # their instants, for bisect (counters read often)
         self.done = {r: (0.0, 0.0) for r in self.ranks}  # bytes of the transfers before the current one
         self.ends: dict[str, list[tuple[int, int]]] = {r: [] for r in self.ranks}
         self._w: dict = {}
@@ -175,14 +191,28 @@ class Collective:
         return {r: (float(sent[i]), float(recv[i])) for r, i in self.pos.items()}
 
     def _left_at(self, x: int) -> np.ndarray:
-        """Bytes left of every flow at `x` under the current schedule."""
+        """Bytes left of every flow at `x` under the current schedule. `advance` asks for increasing instants:
+        the segments ended by then are applied once and kept (re-applying them from the schedule's start at
+        every instant made an ECMP transfer's integration quadratic in its flows' end times — slower than the
+        fabric's own time at 20 ranks)."""
         _, base, segments, left, _ = self.sched
-        for a, b, rates in segments:
-            ta = base + a * 1e9
-            if ta >= x:
+        i = 0
+        if self._done is not None and self._done[0] is self.sched and self._done[3] <= x:
+            _, i, left, _ = self._done
+        while i < len(segments) and math.isfinite(segments[i][1]) and base + segments[i][1] * 1e9 <= x:
+            a, b, rates = segments[i]
+            if base + a * 1e9 >= x:
                 break
-            dt = ((x if not math.isfinite(b) else min(base + b * 1e9, x)) - ta) / 1e9
-            left = np.where(rates > 0, np.maximum(left - rates * dt, 0.0), left)
+            left = np.where(rates > 0, np.maximum(left - rates * ((base + b * 1e9 - (base + a * 1e9)) / 1e9), 0.0),
+                            left)
+            i += 1
+        self._done = (self.sched, i, left, x)
+        if i < len(segments):
+            a, b, rates = segments[i]
+            ta = base + a * 1e9
+            if ta < x:
+                dt = ((x if not math.isfinite(b) else min(base + b * 1e9, x)) - ta) / 1e9
+                left = np.where(rates > 0, np.maximum(left - rates * dt, 0.0), left)
         size = self.iters[self.k][1]
         return np.where(left <= 1e-9 * np.maximum(size, 1.0), 0.0, left)
 
@@ -218,6 +248,7 @@ class Collective:
         for r, (s, rv) in self._rank_bytes(moved).items():
             s0, r0 = self.done[r]
             self.checkpoints[r].append((t, s0 + s, r0 + rv))
+            self.checkpoint_ns[r].append(t)
 
     def _end_transfer(self, t: int) -> None:
         pairs, size = self.iters[self.k]
@@ -276,13 +307,12 @@ class RankView:
     def delivered(self, t_ns: int) -> tuple[float, float]:
         with self.coll.links.lock:
             cps = self.coll.checkpoints[self.rank]
-            times = [c[0] for c in cps]
-        i = bisect.bisect_right(times, t_ns)
-        if i == 0:
-            return 0.0, 0.0
-        if i == len(cps):
-            return cps[-1][1], cps[-1][2]
-        (t0, s0, r0), (t1, s1, r1) = cps[i - 1], cps[i]
+            i = bisect.bisect_right(self.coll.checkpoint_ns[self.rank], t_ns)
+            if i == 0:
+                return 0.0, 0.0
+            if i == len(cps):
+                return cps[-1][1], cps[-1][2]
+            (t0, s0, r0), (t1, s1, r1) = cps[i - 1], cps[i]
         w = (t_ns - t0) / (t1 - t0) if t1 > t0 else 1.0
         return s0 + w * (s1 - s0), r0 + w * (r1 - r0)
 

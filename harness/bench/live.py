@@ -37,6 +37,13 @@ class Truth:
         """Every delay the emulator drew, with when its action was due and when it ran (a DataFrame)."""
         return self._emulated.physics.draws_frame()
 
+    def fabric_flap(self, links, after_ns: int) -> tuple[int, int] | None:
+        """The emulated fabric's truth of a flap of the leaf–spine `links` shut after `after_ns`, harness ns (the
+        last of them dark, routed around); None if it saw none."""
+        from devices.emulated.leafspine import flap_truth_ns
+
+        return flap_truth_ns(self._emulated.physics, links, after_ns)
+
     def flap(self, keys: list[str], after_ns: int) -> tuple[int, int] | None:
         """(the first of the links of `keys` down, the instant the packet fabric detected the last loss of light
         among them), harness ns, for a flap after `after_ns`; None if the emulator saw none."""
