@@ -48,7 +48,8 @@ def test_turnaround_on_real_sshd_hosts_matches_ground_truth(tmp_path, run_playbo
     profile.write_text(yaml.safe_dump(PROFILE))
     playbook = tmp_path / "pb.yaml"
     playbook.write_text(yaml.safe_dump({"name": "t", "seed": 5, "cycles": 3, "steps": [
-        {"type": "turnaround", "name": "measure", "cycle_timeout_s": 8, "clock_warmup_s": 0.3}]}))
+        {"type": "turnaround", "name": "measure", "cycle_timeout_s": 8, "clock_warmup_s": 0.3,
+         "watch_interval_us": 1000, "probe_interval_us": 1000}]}))  # polls: this judges bounds, not resolution
     result = run_playbook(playbook, bench=f"emulated-sshd:{profile}")
     run = result.run_dir
     # the harness logged in to each host's own sshd with its key, the host key checked against the bench's
