@@ -148,6 +148,12 @@ def test_probe_first_packet_after_the_link_comes_up(ssh, bench, server):
     with ssh.stream(f"python3 -u {AGENT} probe-recv --iface {nic.netdev} --gap-us 1000") as recv:
         sender = ssh.stream(f"python3 -u {AGENT} probe-send --iface {nic.netdev} --template {'00' * 74} "
                             f"--interval-us 100")
+        # both commands running before the light comes (a receiver started late, as a real one, reports the
+        # first probe after its start, not the flow's first)
+        until = time.monotonic() + 10
+        while time.monotonic() < until and not (
+                server.agent_streams().routed(nic.netdev, "probe_first") and bench.probing(host, nic.netdev)):
+            time.sleep(0.005)
         start = len(bench.ground_truth())
         bench.ocs_apply({nic.ocs_tx: nic.ocs_rx})  # loopback: the port receives its own probes
         item = recv.readline(Deadline(10))

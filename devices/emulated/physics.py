@@ -415,6 +415,11 @@ class OpticalBench:
             port.probe_interval_ns, port.probe_t0_ns = int(interval_ns), self._now()
             self._schedule.at(port.probe_t0_ns, lambda t: self._update_data_plane(t, self._dp_affected(port)))
 
+    def probing(self, host: str, netdev: str) -> bool:
+        """Whether the port's probe sender is running."""
+        with self._lock:
+            return self._port(host, netdev).probe_interval_ns > 0
+
     def probe_flow(self, host: str, netdev: str) -> tuple[str, int, int, int] | None:
         """The probes reaching this port: (sender MAC, seq of the flow's first, its arrival ns, interval ns),
         the k-th next arriving at arrival + k·interval; None while none get through."""

@@ -45,6 +45,10 @@ class AgentStreams:
                 routes[key] = routes.get(key, ()) + ((stream, *stream.grid(key[1])),)
             self._routes = routes
 
+    def routed(self, netdev: str, field: str) -> bool:
+        """Whether some stream now gets the changes of (netdev, field)."""
+        return bool(self._routes.get((netdev, field)))
+
     def remove(self, stream) -> None:
         """No change reaches `stream` and nothing is written to it once this returns."""
         with self._lock:
