@@ -24,6 +24,15 @@ def _frame(fraction: float, inflation: float, n: int = 60, links: int = 10, seed
     return pd.concat(rows, ignore_index=True)
 
 
+
+def _run_ok(tmp_path, playbook: dict):
+    """Run `playbook` on its bench; it must end ok. The run directory."""
+    path = tmp_path / "pb.yaml"
+    path.write_text(yaml.safe_dump(playbook))
+    run = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(run), "-q"]) == 0
+    return run
+
 def test_claims_hold_fail_and_straddle_by_their_intervals():
     rng = np.random.default_rng(1)
     assert line_rate_claim(_frame(0.99, 1.0), 0.98, rng, 500)["verdict"] == "holds"
@@ -74,10 +83,7 @@ def test_link_failures_and_flaps_on_the_emulated_bench(tmp_path):
          "lead_ms": 20, "tail_ms": 30, "sample_us": 500, **small, "tokens_per_micro_batch": 8192,
          "hidden_size": 4096},  # ~5 ms transfers: a few dozen in the long one
         {"type": "spectrumx_verdict", "name": "verdict", "reaction_bound_ms": 60000, "n_boot": 200}]}
-    path = tmp_path / "pb.yaml"
-    path.write_text(yaml.safe_dump(playbook))
-    run = tmp_path / "run"
-    assert main(["run", str(path), "--out", str(run), "-q"]) == 0
+    run = _run_ok(tmp_path, playbook)
     failures = json.loads((run / "linkfail_failures.json").read_text())
     table = failures["table"]
     links = table[0]["links"]
@@ -175,10 +181,7 @@ def test_link_flaps_shut_leafspine_links_on_the_emulated_bench(tmp_path):
          "max_phases": 1, "zipf_s": 0.0, "tokens_per_micro_batch": 65536, "hidden_size": 4096},  # few long
         # transfers: the emulator integrates each one, a loaded machine keeps up
         {"type": "spectrumx_verdict", "name": "verdict", "reaction_bound_ms": 60000, "n_boot": 200}]}
-    path = tmp_path / "pb.yaml"
-    path.write_text(yaml.safe_dump(playbook))
-    run = tmp_path / "run"
-    assert main(["run", str(path), "--out", str(run), "-q"]) == 0
+    run = _run_ok(tmp_path, playbook)
     s = json.loads((run / "linkfail_flaps.json").read_text())
     assert s["provenance"]["fabric"]["links"] == 8
     (row,) = s["table"]

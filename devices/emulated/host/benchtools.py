@@ -126,15 +126,7 @@ class _DataPlane:
         chain = dataplane.counters(self.ctx.bench, me.key).start(
             lambda t0: dataplane.Chain(view, me.key, steps, self.eps_bytes_s * scale,
                                        int(self.latency_s / scale * 1e9), t0), now_ns)
-        while True:
-            now = now_ns()
-            chain.advance(now)
-            if chain.finish_ns is not None:
-                return chain.intervals()
-            # the result does not depend on when we wake; waking in steps only ends the command near its end
-            wait = min(chain.projected_finish_ns() - now, _TRANSFER_WAKE_NS) / 1e9
-            if not self.ctx.sleep(max(wait, 0.0)):
-                return None
+        return _to_the_end(chain, self.ctx.sleep)
 
 
 _RENDEZVOUS_S = 30.0  # NCCL's own bootstrap gives up after a while; a rank alone waits this long
@@ -158,13 +150,18 @@ def _on_leafspine(ctx: ExecContext, plane: _DataPlane, declared, me, plan) -> li
         return None
     coll = group["collective"]
     view = dataplane.counters(ctx.bench, me.key).start(lambda _t0: leafspine.RankView(coll, me.key), now_ns)
+    return _to_the_end(view, ctx.sleep)
+
+
+def _to_the_end(transfer, sleep) -> list[tuple[int, int]] | None:
+    """Advance a rank's transfers until they end: their (start, end) intervals, None if the client went away.
+    The result does not depend on when we wake; waking in steps only ends the command near its end."""
     while True:
         now = now_ns()
-        view.advance(now)
-        if view.finish_ns is not None:
-            return view.intervals()
-        wait = min(view.projected_finish_ns() - now, _TRANSFER_WAKE_NS) / 1e9
-        if not ctx.sleep(max(wait, 0.0)):
+        transfer.advance(now)
+        if transfer.finish_ns is not None:
+            return transfer.intervals()
+        if not sleep(max(min(transfer.projected_finish_ns() - now, _TRANSFER_WAKE_NS) / 1e9, 0.0)):
             return None
 
 
