@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -67,6 +68,10 @@ def test_verdict_follows_measurement_not_profile_name(tmp_path, run_playbook):
     carries = data["scorecard"]["per_model"]["mixtral-8x22b"]["carries_verdict"]
     assert verdicts(fast)["iteration_time_within_fat_tree"] == ("holds" if carries else "inconclusive")
     slow_data = json.loads((slow / "verdict.json").read_text())
+    schema = json.loads((Path(__file__).resolve().parents[1] / "schemas" / "verdict.schema.json").read_text())
+    for record in (data, slow_data):  # the record follows its published schema, the bound's headline included
+        jsonschema.validate(record, schema)
+    assert isinstance(slow_data["headline"], dict) and slow_data["headline"]["falsified"] is True
     assert slow_data["measured"]["ocs_ms"]["per_cycle_slowest_port_ms"]["median"] > d_star
     assert verdicts(slow)["iteration_time_within_fat_tree"] == "falsified"
     report = (slow / "report.md").read_text().splitlines()
