@@ -159,5 +159,5 @@ class LiveBench:
         if self.truth is not None:
             prof = self.truth.profile
             profile = {"name": prof.name, "source": prof.source, "copies": getattr(prof, "copies", None)}
-        bench = getattr(getattr(ctx.bench, "name", None), "__str__", lambda: None)() or str(ctx.playbook.bench)
+        bench = getattr(ctx.bench, "name", "") or str(ctx.playbook.bench)
         return provenance({"profile": profile, "extra": {"bench": bench}})

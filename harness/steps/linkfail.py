@@ -130,10 +130,10 @@ class LinkStudy:
         self.down: set = set()
         return sorted(moe.sessions)
 
-    def set_fabric(self, links, state: str) -> int:
+    def set_fabric(self, links, state: str) -> tuple[int, int]:
         """Every link in `links` shut ("down") or opened ("up") by the fabric command, all in one shell line
-        (one round trip: a flap's links go down together); the harness ns it was sent (`self.last_done_ns`:
-        when it had returned)."""
+        (one round trip: a flap's links go down together); (harness ns it was sent, harness ns it had
+        returned)."""
         links = [tuple(link) for link in links]
         sent = now_ns()
         if links:
@@ -149,8 +149,7 @@ class LinkStudy:
                 raise PhaseFailed(f"{cmd[:200]!r} exited {result.exit_status}: {result.stderr.strip()[-200:]}")
             if state == "up":
                 self.down.difference_update(links)
-        self.last_done_ns = now_ns()
-        return sent
+        return sent, now_ns()
 
     def leaf_ports(self, links) -> list[int]:
         """The first endpoint on each leaf of `links` (a shut link takes that leaf's uplinks in its plane, shared
@@ -312,13 +311,13 @@ def link_failures(ctx, step) -> StepOutcome:
                     records.append({"fail_pct": pct, "failed_links": len(failed), "links": len(study.links),
                                     "n": study.n, "round": rnd, "iteration": ph.iteration, "layer": ph.layer, "phase": ph.phase,
                                     **extra, **row})
-            study.restore_fabric()
         except (DeviceError, PhaseFailed) as exc:
             failure = str(exc)
+        finally:
             try:
                 study.restore_fabric()
             except (DeviceError, PhaseFailed) as again:
-                failure += f"; restoring the fabric links: {again}"
+                failure = f"{failure + '; ' if failure else ''}restoring the fabric links: {again}"
     frame = pd.DataFrame.from_records(records)
     table = failure_table(frame) if len(frame) else []
     prov = _fabric_provenance(ctx, study)
@@ -563,9 +562,8 @@ def link_flaps(ctx, step) -> StepOutcome:
                     begin_ns = series.wait_moving(p["command_timeout_s"])  # every pulled port's rank started
                     time.sleep(max(0.0, (begin_ns + p["lead_ms"] * 1e6 - now_ns()) / 1e9))
                     if study.on_fabric:  # shut: down between the first command sent and the last returned
-                        down_ns = study.set_fabric(failed, "down")
-                        down_seen = (study.last_done_ns, down_ns)
-                        seen = down_seen[0]
+                        down_ns, done_ns = study.set_fabric(failed, "down")
+                        down_seen, seen = (done_ns, down_ns), done_ns
                     else:
                         down_ns, down_seen = study.pull(failed), None
                         seen = series.wait_down(down_ns, p["link_timeout_s"])  # down_ms counts from the link down
