@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from analysis.stages import PORT_CHAIN  # noqa: E402
 from harness.bench.stages import Arrivals, CycleEvents, PortRef, cycle_events  # noqa: E402
 from harness.eventlog import encode  # noqa: E402
-from harness.hostsession import Observation  # noqa: E402
+from harness.bench.hosts import Observation  # noqa: E402
 
 MS = 1_000_000
 PORT = PortRef("gpu1:eth0", "gpu1", "eth0", "mlx5_0", 3)

@@ -209,7 +209,7 @@ def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:
                            silent[KEY].head(5 - len(first_lost)).itertuples(index=False)]
         # this process's switch record only: a resumed run's earlier cycles have none (their n says so)
         checks.append(ocs_command_check(measured, switch_truth.of_cycles(a, b)))
-    summary = {"status": status, "wall_s": round(wall_s, 3), "bench": ctx.bench.name, "faults": faults,
+    summary = {"status": status, "wall_s": round(wall_s, 3), "bench": ctx.inventory.name, "faults": faults,
                "steps": {name: {"ok": r.ok, "checks": r.checks, "artifacts": list(r.artifacts)}
                          for name, r in ctx.results.items()}}
     if tables:
@@ -245,7 +245,7 @@ def claim_sentences(summary: dict) -> list[str]:
 def summary_markdown(ctx, summary: dict) -> str:
     from harness import glossary
 
-    lines = [f"# Run {ctx.run_id}", "", f"Playbook `{ctx.playbook.name}` on `{ctx.bench.name}`: "
+    lines = [f"# Run {ctx.run_id}", "", f"Playbook `{ctx.playbook.name}` on `{ctx.inventory.name}`: "
              f"**{summary['status']}** in {summary['wall_s']:.1f} s; faults: {summary['faults']}.", ""]
     opening = [f"- **{x}**" for x in claim_sentences(summary)]
     lines += opening + [""] if opening else []

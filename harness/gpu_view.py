@@ -68,7 +68,7 @@ class GpuView:
     def __init__(self, ctx, step_name: str, hosts, interval_s: float | None = None):
         self.ctx, self.step_name = ctx, step_name
         self.interval_s = INTERVAL_S if interval_s is None else interval_s
-        order = {h: i for i, h in enumerate(ctx.bench.hosts)}
+        order = {h: i for i, h in enumerate(ctx.inventory.hosts)}
         hosts = sorted(set(hosts), key=lambda h: (order.get(h, len(order)), h))  # the inventory's order
         self.hosts_total = len(hosts)
         self.hosts = spread(hosts)
@@ -88,7 +88,7 @@ class GpuView:
         sessions = self.ctx.open_sessions(self.hosts)
         # Its lines go through the run's one observation log (mirrored raw with the hosts' other streams in
         # observations.jsonl) and come back here, not to the queue a cycle's wait reads.
-        self._log = self.ctx.live.observe()
+        self._log = self.ctx.bench.observe()
         self._log.tap("gpu", self._arrived)
         self.started_ns = now_ns()
         for host in self.hosts:
@@ -117,7 +117,7 @@ class GpuView:
     def _put(self, host: str, recv_ns: int, lines: list[str]) -> None:
         """A packet's lines, as they came, into the log: host_ns 0, the line carries its host's local-time stamp
         (its zone is found, and the stamp converted, at the step's end)."""
-        from harness.hostsession import Observation
+        from harness.bench.hosts import Observation
 
         batch = [Observation("gpu", host, "", "nvidia-smi", line, 0, 0, recv_ns) for line in lines if line.strip()]
         if batch:

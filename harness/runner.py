@@ -58,7 +58,7 @@ class RunContext:
     """Everything a step may use. Drivers open on first use and close when the run ends."""
 
     playbook: Playbook
-    bench: Bench
+    inventory: Bench
     run_dir: Path
     run_id: str
     seed: int
@@ -66,8 +66,8 @@ class RunContext:
     log: EventLog
     stack: contextlib.ExitStack  # connections and emulators: closed last
     teardown: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # bench restores: before the record
-    emulated: Any = None  # EmulatedBench when the bench is emulated (the runner's and the record's; steps: live.truth)
-    live: Any = None  # harness.bench.live.LiveBench: the bench as a step sees it
+    emulated: Any = None  # EmulatedBench when the bench is emulated (the runner's and the record's; steps: bench.truth)
+    bench: LiveBench | None = None  # the bench as a step sees it (set once the inventory is open)
     dry_run: bool = False
     quiet: bool = False
     results: dict[str, StepOutcome] = field(default_factory=dict)
@@ -91,11 +91,11 @@ class RunContext:
         return np.random.default_rng(key)
 
     def switch(self, name: str | None = None) -> CircuitSwitch:
-        name = name or next(iter(self.bench.ocs))
+        name = name or next(iter(self.inventory.ocs))
         if name not in self._switches:
             from devices.ocs import open_switch
 
-            resource = self.bench.ocs[name]
+            resource = self.inventory.ocs[name]
             if self.dry_run:
                 from devices.ocs.fake import FakeSwitch
 
@@ -113,16 +113,16 @@ class RunContext:
         if host not in self._transports:
             from devices.ssh import SshTransport
 
-            self._transports[host] = SshTransport(self.bench.hosts[host])
+            self._transports[host] = SshTransport(self.inventory.hosts[host])
             self.stack.callback(self._transports[host].close)
         return self._transports[host]
 
     def session(self, host: str):
-        """The host's SSH session with its agent and clock tracker (harness.hostsession)."""
+        """The host's SSH session with its agent and clock tracker (harness.bench.hosts)."""
         if host not in self._sessions:
-            from harness.hostsession import HostSession
+            from harness.bench.hosts import HostSession
 
-            session = HostSession(self.bench.hosts[host], transport=self._transports.pop(host, None))
+            session = HostSession(self.inventory.hosts[host], transport=self._transports.pop(host, None))
             self.stack.callback(session.close)
             session.open()
             self._sessions[host] = session
@@ -133,14 +133,14 @@ class RunContext:
         about the slowest host, not the sum); the first failure is raised once every attempt has ended."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from harness.hostsession import HostSession
+        from harness.bench.hosts import HostSession
 
         todo = [h for h in dict.fromkeys(hosts) if h not in self._sessions]
 
         adopted = {h: self._transports.pop(h) for h in todo if h in self._transports}
 
         def open_one(host):
-            session = HostSession(self.bench.hosts[host], transport=adopted.get(host))
+            session = HostSession(self.inventory.hosts[host], transport=adopted.get(host))
             try:
                 session.open()
             except BaseException:
@@ -175,7 +175,7 @@ class RunContext:
         return tables
 
     def sessions(self) -> dict[str, Any]:
-        return self.open_sessions(list(self.bench.hosts))
+        return self.open_sessions(list(self.inventory.hosts))
 
     def record(self, events: list[Event], encoded: list | None = None) -> None:
         self.log.extend(events, encoded)
@@ -328,10 +328,10 @@ def _run(options: RunOptions, playbook: Playbook, ident, source, run_dir: Path, 
         stack.callback(log.close)
         bench, emulated = resolve_bench(bench_spec, seed, stack, run_dir, inventory=source.inventory)
         logs.hide_secrets(bench)  # before any device is opened
-        ctx = RunContext(playbook=playbook, bench=bench, run_dir=run_dir, run_id=run_id, seed=seed,
+        ctx = RunContext(playbook=playbook, inventory=bench, run_dir=run_dir, run_id=run_id, seed=seed,
                          cycles=cycles, log=log, stack=stack, emulated=emulated, dry_run=options.dry_run,
                          quiet=options.quiet, resume_after=resume_after, lease=lease)
-        ctx.live = LiveBench(ctx, emulated)
+        ctx.bench = LiveBench(ctx, emulated)
         if recovery is not None and recovery[1]:
             ctx.manifest_extra["adopted_state"] = recovery[1]
         if options.adopt_current_state:  # also for a unit found by its identity (harness.bench.circuits)
@@ -424,7 +424,7 @@ def _device_identity(ctx) -> dict | None:
 
     try:
         # a switch that could not be restored stopped answering: asking it who it is would only wait out a timeout
-        return device_identity(ctx._switches, ctx._sessions, ctx.bench.nic_ports,
+        return device_identity(ctx._switches, ctx._sessions, ctx.inventory.nic_ports,
                                not_asked=ctx.manifest_extra.get("restore_error"))
     except Exception as exc:  # evidence, not a requirement
         return {"error": str(exc)[:300]}
@@ -434,7 +434,7 @@ def _preflight(ctx) -> None:
     """Over the run's own switch drivers and SSH connections: the steps reuse them (no extra connection)."""
     from harness.preflight import PreflightFailed, quick_check
 
-    problems = quick_check(ctx.bench, switch_of=ctx.switch, transport_of=ctx.transport)
+    problems = quick_check(ctx.inventory, switch_of=ctx.switch, transport_of=ctx.transport)
     if problems:
         raise PreflightFailed(f"preflight: {problems[0]}" + (f" (+{len(problems) - 1} more: harness bench check)"
                                                              if len(problems) > 1 else ""))
@@ -455,7 +455,7 @@ def _preflight_stages(ctx) -> None:
     probes = any(p.get("probes") for p in observing)
     if probes:
         asked.add("first_packet")
-    reports = stage_report(ctx.bench, ctx.transport, probes=probes)
+    reports = stage_report(ctx.inventory, ctx.transport, probes=probes)
     stops = [r.line() for r in reports if any(fixable and stage in asked for stage, (_, fixable) in r.lost.items())]
     if not ctx.quiet or stops:
         for r in reports:

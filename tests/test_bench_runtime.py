@@ -33,14 +33,14 @@ MAC = {"h1:eth0": "02:00:00:00:00:02", "h2:eth0": "02:00:00:00:00:01"}
 
 
 def _ctx(tmp_path, nics, session):
-    ctx = SimpleNamespace(bench=SimpleNamespace(nic_ports=nics, ocs={"ocs1": OCS}), cycles=1, run_dir=tmp_path,
+    ctx = SimpleNamespace(inventory=SimpleNamespace(nic_ports=nics, ocs={"ocs1": OCS}), cycles=1, run_dir=tmp_path,
                           resume_after={},
                           dry_run=False, teardown=contextlib.ExitStack(), stack=contextlib.ExitStack(),
                           switch=lambda name: FakeSwitch(OCS), session=lambda host: session,
                           open_sessions=lambda hosts: {h: session for h in hosts}, emulated=None,
                           manifest_extra={}, guards={}, observations=None, run_id="r", lease=None, broken=None)
     ctx.latch_broken = lambda why: setattr(ctx, "broken", ctx.broken or why)
-    ctx.live = LiveBench(ctx)
+    ctx.bench = LiveBench(ctx)
     return ctx
 
 
@@ -777,7 +777,7 @@ def test_the_lines_of_one_poll_share_one_conversion_until_the_clock_steps():
     stage lines per port at one time; another time, interval or host, or a step (generation), converts again,
     and every answer is `interval`'s own."""
     from harness.bench.stages import CycleEvents, interval
-    from harness.hostsession import Observation
+    from harness.bench.hosts import Observation
 
     calls = []
 

@@ -222,7 +222,7 @@ def test_windowed_fit_bounds_every_past_time_of_a_long_run():
 def test_host_session_adds_clock_samples_under_the_probe_lock():
     """The race that crashed long runs: a sample added after the probe lock is released can be overtaken
     by a later one. Both sync paths add while holding it."""
-    from harness.hostsession import HostSession
+    from harness.bench.hosts import HostSession
 
     clock = SimTime()
     sessions = []

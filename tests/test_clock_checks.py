@@ -87,7 +87,7 @@ def test_the_generation_a_cycle_reads_changes_with_a_step_and_only_then():
     the new model with the old generation."""
     from devices.resources import HostResource
     from harness.clock import ClockSample, ClockTracker
-    from harness.hostsession import HostSession
+    from harness.bench.hosts import HostSession
 
     session = HostSession(HostResource("gpu1", "127.0.0.1"), transport=object())
     session.clock = ClockTracker("gpu1")

@@ -213,7 +213,7 @@ def lab(tmp_path):
 
 
 def test_bounds_from_real_ptp4l_and_chronyd_through_the_host_path(lab):
-    from harness.hostsession import HostSession
+    from harness.bench.hosts import HostSession
 
     ns, tmp = lab
     session = HostSession(HostResource(name="h1", address="netns"), clock_probes=8,
@@ -267,7 +267,7 @@ def test_a_disagreement_is_a_warning_in_summary_md_and_on_the_console(capsys):
     from harness.finish import console_summary, summary_markdown
 
     warning = "clock of h1: chrony says -4998.2 µs ± 4.6, the SSH probe -3.1 µs ± 11.6: they disagree by +4995.1 µs"
-    ctx = N(run_id="r", playbook=N(name="p"), bench=N(name="b"), manifest_extra={}, results={}, quiet=False)
+    ctx = N(run_id="r", playbook=N(name="p"), inventory=N(name="b"), manifest_extra={}, results={}, quiet=False)
     summary = {"status": "ok", "wall_s": 1.0, "faults": 0, "steps": {}, "clock_source_warnings": [warning]}
     assert f"⚠ {warning}" in summary_markdown(ctx, summary)
     console_summary(ctx, N(summary=summary))

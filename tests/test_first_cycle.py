@@ -29,7 +29,7 @@ from devices.resources import HostResource
 from devices.ssh import SshTransport
 from devices.timing import Deadline, now_ns
 from harness.cli import main
-from harness.hostsession import HostSession
+from harness.bench.hosts import HostSession
 
 PROFILE = {"name": "two-hosts", "description": "small, instant", "source": "none (a test fixture).",
            "ocs": {"switch": {"dist": "fixed", "ms": 1.0}, "dark": {"dist": "fixed", "ms": 0.0}},

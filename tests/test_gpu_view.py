@@ -149,9 +149,9 @@ def test_each_sample_is_bounded_by_its_host_stamp_and_arrival_and_a_dead_stream_
     from harness.bench.observe import ObservationLog
 
     log = ObservationLog(tmp_path / "observations.jsonl")
-    ctx = SimpleNamespace(bench=SimpleNamespace(hosts={"gpu1": None, "gpu2": None}), say=said.append,
+    ctx = SimpleNamespace(inventory=SimpleNamespace(hosts={"gpu1": None, "gpu2": None}), say=said.append,
                           open_sessions=lambda hosts: {h: _Session(streams[h]) for h in hosts},
-                          run_dir=tmp_path, manifest_extra={}, dry_run=False, live=SimpleNamespace(observe=lambda: log))
+                          run_dir=tmp_path, manifest_extra={}, dry_run=False, bench=SimpleNamespace(observe=lambda: log))
     view = gpu_view.GpuView(ctx, "measure", ["gpu1", "gpu2"]).start()
     end = _time.monotonic() + 30
     while [len(f.ends) for f in view._feeds] != [3, 1]:  # gpu1: two ends and a refused restart; gpu2: one end

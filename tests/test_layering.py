@@ -66,13 +66,13 @@ def test_cli_start_up_leaves_the_heavy_libraries_to_the_commands_that_use_them(a
 
 
 # What a step may not reach for, rule by rule (issue #33): the bench runtime (harness.bench, handed to a step as
-# `ctx.live`) gives a step what it needs, so the safety rules (lease, restore) and the emulator's glue live once.
+# `ctx.bench`) gives a step what it needs, so the safety rules (lease, restore) and the emulator's glue live once.
 STEP_RULES = {
     "no step imports another step (shared pieces live in harness.bench or harness.outcome)": ("harness.steps",),
-    "no step imports the emulator's glue (ctx.live.truth, ctx.live.faults)": ("harness.bench.emulated",
+    "no step imports the emulator's glue (ctx.bench.truth, ctx.bench.faults)": ("harness.bench.emulated",
                                                                               "devices.emulated"),
-    "no step parses a device's output (ctx.live.traffic)": ("devices.parsers",),
-    "no step drives the host agent (ctx.live.hosts, harness.bench.hosts)": ("devices.hostagent",),
+    "no step parses a device's output (ctx.bench.traffic)": ("devices.parsers",),
+    "no step drives the host agent (ctx.bench.hosts, harness.bench.hosts)": ("devices.hostagent",),
 }
 
 
@@ -91,7 +91,7 @@ def _step_violations(root: Path) -> dict[str, list[str]]:
                 if any(module == p or module.startswith(p + ".") for p in prefixes):
                     found.setdefault(rule, []).append(f"{path.relative_to(root)} imports {module}")
         if reads:
-            found.setdefault("no step reads ctx.emulated (ctx.live.truth: None on a real bench)", []).append(
+            found.setdefault("no step reads ctx.emulated (ctx.bench.truth: None on a real bench)", []).append(
                 f"{path.relative_to(root)} reads ctx.emulated")
     return found
 
@@ -106,9 +106,9 @@ def test_the_step_rules_catch_each_way_around_the_runtime(tmp_path):
     (steps / "a.py").write_text("from harness.steps.b import x\nfrom .c import y\n")
     (steps / "d.py").write_text("def f(ctx):\n    from devices.parsers.bench_tools import p\n    return ctx.emulated\n")
     (steps / "e.py").write_text("import devices.hostagent\nfrom harness.bench.emulated import Faults\n")
-    (steps / "ok.py").write_text("from harness.outcome import StepOutcome\ndef f(ctx):\n    return ctx.live.truth\n")
+    (steps / "ok.py").write_text("from harness.outcome import StepOutcome\ndef f(ctx):\n    return ctx.bench.truth\n")
     found = _step_violations(tmp_path)
-    assert sorted(found) == sorted([*STEP_RULES, "no step reads ctx.emulated (ctx.live.truth: None on a real bench)"])
+    assert sorted(found) == sorted([*STEP_RULES, "no step reads ctx.emulated (ctx.bench.truth: None on a real bench)"])
     assert found[next(iter(STEP_RULES))] == ["harness/steps/a.py imports harness.steps.b",
                                                "harness/steps/a.py imports harness.steps.c"]
     assert not any("ok.py" in site for sites in found.values() for site in sites)

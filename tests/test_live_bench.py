@@ -1,4 +1,4 @@
-"""The bench runtime a step is handed (`ctx.live`), through its test double: one step's logic in milliseconds,
+"""The bench runtime a step is handed (`ctx.bench`), through its test double: one step's logic in milliseconds,
 no emulator, and the safety rules every step inherits from the runtime's circuits."""
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ def test_the_circuits_a_step_is_handed_refuse_a_change_once_the_lease_is_lost_an
     switch = ctx.switch("ocs1")
     switch.apply({1: 9})
     found = switch.patches()
-    guard = ctx.live.circuits("ocs1")
-    assert ctx.live.circuits("ocs1") is guard  # one guard per switch and run
+    guard = ctx.bench.circuits("ocs1")
+    assert ctx.bench.circuits("ocs1") is guard  # one guard per switch and run
     guard.apply({3: 12})
     assert switch.patches()[3] == 12
     lease.lost = "taken over by theirs"
@@ -72,9 +72,9 @@ def test_the_circuits_a_step_is_handed_refuse_a_change_once_the_lease_is_lost_an
 
 def test_a_fake_run_refuses_hosts_it_was_not_given(tmp_path):
     ctx = fake_run(LAB, tmp_path, sessions={"h1": "session-h1"})
-    assert ctx.live.hosts.open(["h1"]) == {"h1": "session-h1"}
+    assert ctx.bench.hosts.open(["h1"]) == {"h1": "session-h1"}
     with pytest.raises(KeyError, match="h2"):
-        ctx.live.hosts.session("h2")
+        ctx.bench.hosts.session("h2")
 
 
 class _WatchedHost:
@@ -101,7 +101,7 @@ class _WatchedHost:
         return host_ns, 0, 0
 
     def report(self, netdev, changes, at_ns, interval_ns=1000):
-        from harness.hostsession import Observation
+        from harness.bench.hosts import Observation
 
         self.sink.put_many([Observation("watch", self.name, netdev, f, v, at_ns, interval_ns, at_ns)
                             for f, v in changes])
@@ -137,11 +137,11 @@ def test_wiring_waits_for_every_moved_port_to_train_and_says_what_arrived_when_o
             host.report(netdev, changes, now_ns())
 
     ctx, host, ports = _wired_bench(tmp_path, on_apply)
-    wired = ctx.live.links.wire("ocs1", {1: 10, 2: 9}, 0.3, ports=ports[:1])
+    wired = ctx.bench.links.wire("ocs1", {1: 10, 2: 9}, 0.3, ports=ports[:1])
     assert wired.up and wired.seen == "" and ctx.switches["ocs1"].patches() == {1: 10, 2: 9}
     stale = now_ns()
     host.report("eth1", [("carrier", "1"), ("state", "ACTIVE")], stale - 10_000_000)  # before the next command
-    wired = ctx.live.links.wire("ocs1", {1: 9, 2: 10}, 0.3, ports=ports)
+    wired = ctx.bench.links.wire("ocs1", {1: 9, 2: 10}, 0.3, ports=ports)
     assert not wired.up and host.started == [["eth0"], ["eth1"]]  # one watch per port and run
     assert "h1:eth0" not in wired.seen
     assert wired.seen.startswith("h1:eth1: saw phy_up, missing port_active (its watch: before the command "
@@ -157,14 +157,14 @@ def test_a_failed_wiring_latches_and_later_wirings_are_refused_with_its_cause(tm
     ctx, host, ports = _wired_bench(tmp_path, lambda mapping: None, lease=lease)
     switch = ctx.switch("ocs1")
     found = switch.patches()
-    assert ctx.live.links.wire("ocs1", {1: 10}, 0.1).up  # no port awaited: applied, nothing to train
+    assert ctx.bench.links.wire("ocs1", {1: 10}, 0.1).up  # no port awaited: applied, nothing to train
     lease.lost = "taken over by theirs"
     with pytest.raises(BenchBroken, match="bench lock lost"):
-        ctx.live.links.wire("ocs1", {3: 12}, 0.1, ports=ports)
+        ctx.bench.links.wire("ocs1", {3: 12}, 0.1, ports=ports)
     assert 3 not in switch.patches()
     lease.lost = None
     with pytest.raises(WiringRefused, match="an earlier wiring failed: bench lock lost: taken over by theirs"):
-        ctx.live.links.wire("ocs1", {5: 14}, 0.1)
+        ctx.bench.links.wire("ocs1", {5: 14}, 0.1)
     assert 5 not in switch.patches()
     ctx.teardown.close()
     assert switch.patches() == found

@@ -177,7 +177,7 @@ def test_each_ports_chain_starts_at_its_own_switchs_send():
     """A stage passed between two polls is bounded below by the command that caused it: on a cycle that commands
     two switches, the one its port is cabled to (`PortRef.ocs`), not the cycle's first send."""
     from harness.bench.stages import Arrivals, CycleEvents, OcsCommand, PortRef, stage_events
-    from harness.hostsession import Observation
+    from harness.bench.hosts import Observation
 
     ms = 1_000_000
     ports = {"h1:a": PortRef("h1:a", "h1", "a", "mlx5_0", 9, "ocs1"),

@@ -12,7 +12,7 @@ from analysis.stages import PORT_CHAIN, STAGES
 from harness.bench.stages import CycleEvents, PortRef, port_events
 from harness.eventlog import encode
 from harness.events import Event
-from harness.hostsession import Observation
+from harness.bench.hosts import Observation
 
 PORT = PortRef("h1:eth0", "h1", "eth0", "mlx5_0", 9)
 # watch values and the stage each marks; the probe's first packet marks first_packet

@@ -297,7 +297,7 @@ def test_summary_names_hosts_whose_clock_replies_were_dated_by_their_read():
 
     from harness.finish import summary_markdown
 
-    ctx = SimpleNamespace(run_id="r", playbook=SimpleNamespace(name="p"), bench=SimpleNamespace(name="b"),
+    ctx = SimpleNamespace(run_id="r", playbook=SimpleNamespace(name="p"), inventory=SimpleNamespace(name="b"),
                           manifest_extra={}, results={})
     base = {"status": "ok", "wall_s": 1.0, "faults": 0, "steps": {}}
     assert "dated by their read" not in summary_markdown(ctx, base)

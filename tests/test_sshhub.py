@@ -160,7 +160,7 @@ import json, os, queue, sys, threading
 import paramiko
 from devices.resources import HostResource
 from harness.bench.hosts import HostGroup
-from harness.hostsession import HostSession
+from harness.bench.hosts import HostSession
 from devices.timing import Deadline
 
 hosts = json.loads(sys.stdin.read())

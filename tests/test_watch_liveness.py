@@ -21,7 +21,7 @@ from harness.bench.observe import CycleWatch
 from harness.bench.scripted import ScriptedObservations
 from harness.bench.stages import PortRef, stage_events
 from harness.cli import main
-from harness.hostsession import Observation
+from harness.bench.hosts import Observation
 
 AGENT = "~/.cache/ocs-hil/hilagent-test.py"
 WATCHED = ["light_detected", "cdr_locked", "phy_up", "port_active"]

@@ -321,7 +321,7 @@ def guard(ctx, name: str, *, teardown_s: float = 15.0) -> CircuitGuard:
         path = None if ctx.dry_run else Path(ctx.run_dir) / "restore.json"
         g = CircuitGuard(name, switch, snapshot_path=path, resuming=bool(ctx.resume_after), teardown_s=teardown_s,
                          events_path=None if ctx.dry_run else Path(ctx.run_dir) / "ocs_events.jsonl",
-                         allowed=ctx.bench.ocs[name].allowed_ports, lease=ctx.lease, on_broken=ctx.latch_broken)
+                         allowed=ctx.inventory.ocs[name].allowed_ports, lease=ctx.lease, on_broken=ctx.latch_broken)
         guards[name] = g
 
         def restore():
@@ -345,7 +345,7 @@ def _claim_identity(ctx, name: str, switch: CircuitSwitch) -> None:
     from harness.lock import BenchLocked, ocs_identity_key
 
     try:
-        key = ocs_identity_key(ctx.bench.ocs[name].protocol, switch.identify())
+        key = ocs_identity_key(ctx.inventory.ocs[name].protocol, switch.identify())
     except DeviceError:
         return  # it cannot tell: its endpoints' lease stands alone
     if key is None:

@@ -42,7 +42,7 @@ def fake_run(inventory, run_dir, *, truth: Any = None, sessions: dict | None = N
             raise KeyError(f"fake_run: no session given for host(s) {', '.join(missing)}")
         return {h: sessions[h] for h in hosts}
 
-    ctx = SimpleNamespace(bench=inventory, run_dir=Path(run_dir), run_id=Path(run_dir).name, seed=seed, cycles=1,
+    ctx = SimpleNamespace(inventory=inventory, run_dir=Path(run_dir), run_id=Path(run_dir).name, seed=seed, cycles=1,
                           dry_run=False, quiet=True, results={}, resume_after={}, manifest_extra={}, broken=None,
                           lease=lease, guards={}, observations=None, teardown=contextlib.ExitStack(),
                           stack=contextlib.ExitStack(), playbook=SimpleNamespace(bench=playbook_bench, source=None),
@@ -53,5 +53,5 @@ def fake_run(inventory, run_dir, *, truth: Any = None, sessions: dict | None = N
     ctx.rng = lambda stream: np.random.default_rng([seed] + [ord(c) for c in stream])
     for key, value in fields.items():
         setattr(ctx, key, value)
-    ctx.live = FakeLiveBench(ctx, truth)
+    ctx.bench = FakeLiveBench(ctx, truth)
     return ctx

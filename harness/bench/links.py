@@ -1,4 +1,4 @@
-"""Circuits applied *and* links trained — the one way a step waits for links (`ctx.live.links.wire`), after
+"""Circuits applied *and* links trained — the one way a step waits for links (`ctx.bench.links.wire`), after
 labgrid's `Strategy.transition` with its `never_retry` latch: a wiring that failed (the switch command, the
 lease, a host's watch) leaves the bench in a state nobody knows, so every later wiring of the run is refused at
 once with that first cause instead of trying again over it.
@@ -69,7 +69,7 @@ class LinkWatch(CycleWatch):
 
 
 class Links:
-    """`ctx.live.links`: wire circuits and wait until the links they move trained (see the module doc)."""
+    """`ctx.bench.links`: wire circuits and wait until the links they move trained (see the module doc)."""
 
     def __init__(self, live):
         self._live = live

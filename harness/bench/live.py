@@ -1,4 +1,4 @@
-"""The one object a step is handed for the bench (`ctx.live`), after labgrid's Target: a step asks it for what
+"""The one object a step is handed for the bench (`ctx.bench`), after labgrid's Target: a step asks it for what
 it drives — the guarded circuits of a switch, the hosts' sessions, the one observation log, the transfer tools'
 results, the serving endpoint, the links wired and trained (`links.wire`) — and for what the bench is: its provenance, and the emulator's own record
 (`truth`, None on a real bench). A step imports no emulator glue, device parser or other step: what it needs
@@ -111,7 +111,7 @@ class LiveBench:
     @property
     def inventory(self):
         """The bench's resources (devices.resources.Bench): switches, hosts, NIC ports."""
-        return self._ctx.bench
+        return self._ctx.inventory
 
     def circuits(self, name: str, *, teardown_s: float = 15.0) -> "CircuitGuard":
         """The guard of OCS `name`: every apply checks the lease and the allowed ports; the circuits found are
@@ -159,5 +159,5 @@ class LiveBench:
         if self.truth is not None:
             prof = self.truth.profile
             profile = {"name": prof.name, "source": prof.source, "copies": getattr(prof, "copies", None)}
-        bench = getattr(ctx.bench, "name", "") or str(ctx.playbook.bench)
+        bench = getattr(ctx.inventory, "name", "") or str(ctx.playbook.bench)
         return provenance({"profile": profile, "extra": {"bench": bench}})

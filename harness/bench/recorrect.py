@@ -13,7 +13,7 @@ import pandas as pd
 from harness.bench.stages import Arrivals, OcsCommand, OcsStamps, PortRef, stage_events
 from harness.clock import ClockSample, ClockTracker
 from harness.events import EVENT_COLUMNS
-from harness.hostsession import Observation
+from harness.bench.hosts import Observation
 
 
 def read_observations(path: Path) -> tuple[dict[str, ClockTracker], list[dict]]:

@@ -2,7 +2,7 @@
 emulator, no waiting) — what a scripted agent would have printed, with a known host clock."""
 from __future__ import annotations
 
-from harness.hostsession import Observation
+from harness.bench.hosts import Observation
 
 
 class ScriptedObservations:

@@ -203,9 +203,9 @@ class MoeTraffic:
                              "launch: once needs a command template", *where)
         self.template = BUILTIN_COMMANDS.get(p["command"], p["command"])
         check_template(self.template, where, ONCE_PLACEHOLDERS if self.once else PLACEHOLDERS)
-        if p["launch_host"] and p["launch_host"] not in ctx.live.inventory.hosts:
+        if p["launch_host"] and p["launch_host"] not in ctx.bench.inventory.hosts:
             raise InputError(f"step {step.name}: launch_host {p['launch_host']!r} is not in the inventory", *where)
-        ports = {n.key: n for n in ctx.live.inventory.nic_ports}
+        ports = {n.key: n for n in ctx.bench.inventory.nic_ports}
         wanted = [str(k) for k in p["endpoints"]] or list(ports)
         unknown = [k for k in wanted if k not in ports]
         if unknown or len(set(wanted)) != len(wanted) or len(wanted) < 2:
@@ -281,12 +281,12 @@ class MoeTraffic:
 
     # ------------------------------------------------------------------ bench
     def reconfigure(self, circuits: np.ndarray) -> tuple[float, bool]:
-        """Apply `circuits` and wait until every re-pointed port trained a new link (ctx.live.links.wire, its
+        """Apply `circuits` and wait until every re-pointed port trained a new link (ctx.bench.links.wire, its
         deadline `link_timeout_s`). (seconds, all up)."""
         old_peer, new_peer = _peer_of(self.current), _peer_of(circuits)
         moved = [e for i, e in enumerate(self.endpoints) if new_peer[i] is not None and new_peer[i] != old_peer[i]]
         begin = now_ns()
-        wired = self.ctx.live.links.wire(self.ocs, self.others | circuit_mapping(circuits, self.endpoints),
+        wired = self.ctx.bench.links.wire(self.ocs, self.others | circuit_mapping(circuits, self.endpoints),
                                          self.p["link_timeout_s"], ports=moved, policy=self.policy,
                                          watch_us=max(1, round(self.p["poll_interval_s"] * 1e6)))
         self.current = circuits
@@ -299,7 +299,7 @@ class MoeTraffic:
     def open_bench(self, n: int) -> list[str]:
         """The switch's guard, the circuits found, one session per host of the first `n` endpoints."""
         # The run's guard restores the circuits found at its start, on the ports moved, however it ends.
-        self.guard = self.ctx.live.circuits(self.ocs)
+        self.guard = self.ctx.bench.circuits(self.ocs)
         self.policy = RetryPolicy(timeout_s=self.p["link_timeout_s"])
         self.original = self.guard.switch.patches()
         used = {x for e in self.endpoints for x in (e.tx, e.rx)}
@@ -307,7 +307,7 @@ class MoeTraffic:
         self.current = circuits_from_patches(self.original, self.endpoints)
         launch = {self.p["launch_host"]} if self.p["launch_host"] else set()
         hosts = sorted({e.host for e in self.endpoints[:n]} | launch)
-        self.sessions = self.ctx.live.hosts.open(hosts)
+        self.sessions = self.ctx.bench.hosts.open(hosts)
         return hosts
 
     # ------------------------------------------------------------------ phases

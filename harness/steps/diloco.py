@@ -100,28 +100,28 @@ def _measure_bandwidth_gbps(ctx, step) -> tuple[float, str]:
     whose hosts answer the client side; a real bench starts the server on the peer first)."""
     from devices.timing import Deadline
 
-    ports = list(ctx.live.inventory.nic_ports)
+    ports = list(ctx.bench.inventory.nic_ports)
     if len({n.host for n in ports}) < 2:
         raise _bad(step, "bandwidth: measure needs NIC ports on two hosts in the inventory")
     a = ports[0]
     b = next(n for n in ports if n.host != a.host)
     size, iters = 1 << 20, 200
     server = None
-    if ctx.live.truth is None:
+    if ctx.bench.truth is None:
         import threading
 
-        server = threading.Thread(target=ctx.live.hosts.session(b.host).transport.run, daemon=True,
+        server = threading.Thread(target=ctx.bench.hosts.session(b.host).transport.run, daemon=True,
                                   args=(f"ib_write_bw -d {b.rdma_dev} -i {b.rdma_port} -s {size} -n {iters} "
                                         "--report_gbits",), kwargs={"deadline": Deadline(60)})
         server.start()
     command = f"ib_write_bw -d {a.rdma_dev} -i {a.rdma_port} -s {size} -n {iters} --report_gbits {b.host}"
-    result = ctx.live.hosts.session(a.host).transport.run(command, deadline=Deadline(60))
+    result = ctx.bench.hosts.session(a.host).transport.run(command, deadline=Deadline(60))
     if server is not None:
         server.join(timeout=60)
     if result.exit_status != 0:
         raise _bad(step, f"bandwidth: {command!r} on {a.host} exited {result.exit_status}: "
                          f"{result.stderr.strip()[-200:]}")
-    return ctx.live.traffic.write_bandwidth_gbps(result.stdout), f"measured: `{command}` on {a.host} → {b.host}"
+    return ctx.bench.traffic.write_bandwidth_gbps(result.stdout), f"measured: `{command}` on {a.host} → {b.host}"
 
 
 def _turnaround_samples(ctx, step, spec: str) -> tuple[np.ndarray, str]:
@@ -140,7 +140,7 @@ def _turnaround_samples(ctx, step, spec: str) -> tuple[np.ndarray, str]:
         return samples, f"measured: {len(samples)} per-port turnarounds (first_packet − ocs_command_sent) of this run"
     if spec.startswith("profile:"):
         try:  # a malformed profile raises ValueError (ProfileError)
-            profile = ctx.live.model_profile(spec.removeprefix("profile:"))
+            profile = ctx.bench.model_profile(spec.removeprefix("profile:"))
         except (OSError, ValueError) as exc:
             raise _bad(step, f"turnaround: {exc}") from None
         rng = np.random.default_rng([0, 9])
@@ -373,7 +373,7 @@ def diloco_step(ctx, step) -> StepOutcome:
     p = dict(step.params)
     _check(step, p)
     study = _study_params(step, p)
-    url = check_endpoint(step, p["endpoint"], real_bench=ctx.live.truth is None)
+    url = check_endpoint(step, p["endpoint"], real_bench=ctx.bench.truth is None)
     if p["load"] == "trace":
         path = step.resolve_path(p["requests"])
         if not path.is_file():

@@ -69,7 +69,7 @@ class LinkStudy:
         self.moe = MoeTraffic(ctx, step)
         self.fail_pct = [float(v) for v in self.p["fail_pct"]]  # in [0, 100): the spec
         self.rng = np.random.default_rng([int(ctx.seed), 13])
-        bench = ctx.bench
+        bench = ctx.bench.inventory
         if self.on_fabric and bench.emulated and bench.host_workers:  # refused before anything runs, dry run too
             raise InputError(f"step {step.name}: pull: fabric on an emulated bench whose hosts {bench.host_workers} "
                              f"worker processes serve ({bench.source}: bench.host_workers): the emulated leaf–spine "
@@ -107,7 +107,7 @@ class LinkStudy:
         p, step, moe = self.p, self.step, self.moe
         where = (step.file, step.line)
         check_template(p["fabric_command"], where, ("plane", "leaf", "spine", "state"))
-        rates = {n.key: n.gbps for n in self.ctx.bench.nic_ports}
+        rates = {n.key: n.gbps for n in self.ctx.bench.inventory.nic_ports}
         missing = [e.key for e in moe.endpoints[: self.n] if not rates.get(e.key)]
         if missing:
             raise InputError(f"step {step.name}: the inventory states no line rate (hosts.HOST.nics[].gbps) for "
@@ -118,7 +118,7 @@ class LinkStudy:
         except ValueError as exc:
             raise InputError(f"step {step.name}: {exc}", *where) from None
         self.links = self.topo.fabric_links()
-        bench = self.ctx.bench
+        bench = self.ctx.bench.inventory
         self.fabric_host = p["fabric_host"] or moe.endpoints[0].host
         if self.fabric_host not in bench.hosts:
             raise InputError(f"step {step.name}: fabric_host {self.fabric_host!r} is not in the inventory", *where)
@@ -141,7 +141,7 @@ class LinkStudy:
                                                                         "state": state}, [])
                               for plane, leaf, spine in links)
             if state == "down":  # a change: not once the lease is lost (restoring runs regardless); restored
-                self.ctx.live.check_lease()  # at the end whatever part of the line took effect
+                self.ctx.bench.check_lease()  # at the end whatever part of the line took effect
                 self.down.update(links)
             result = self.moe.sessions[self.fabric_host].transport.run(
                 cmd, deadline=Deadline(self.p["link_timeout_s"]))
@@ -341,14 +341,14 @@ def link_failures(ctx, step) -> StepOutcome:
 
 def _fabric_provenance(ctx, study: LinkStudy) -> dict:
     """The run's provenance; a study over the leaf–spine names its fabric and (emulated) data plane."""
-    prov = link_provenance(ctx.live)
+    prov = link_provenance(ctx.bench)
     if study.on_fabric:
         t = study.topo
         prov["fabric"] = {"planes": t.planes, "leaves": t.leaves, "spines": t.spines, "per_leaf": t.per_leaf,
                           "link_gbps": t.link_gbps, "nic_gbps": t.nic_gbps, "links": len(study.links),
                           "load_balancing": study.p["load_balancing"], "line_rate": "the NICs' physical rate "
                           "(inventory gbps)", "unit": "round (one draw of failed links)"}
-        if ctx.live.truth:
+        if ctx.bench.truth:
             prov["data_plane"] = ("emulated: alltoall_perf's ranks as one collective over the declared leaf–spine "
                                   "(devices/emulated/leafspine.py: analysis.fabric's max-min fair fluid, "
                                   f"{study.p['load_balancing']}, shut links routed around after the detection delay)")
@@ -584,14 +584,14 @@ def link_flaps(ctx, step) -> StepOutcome:
                     raise PhaseFailed("; ".join(series.problems[:3]))
                 keys = [moe.endpoints[i].key for i in pulled]
                 row = flap_reaction(series, keys, begin_ns, down_ns, up_ns, p["sample_us"] / 1e6, down_seen)
-                if ctx.live.truth and study.on_fabric:
+                if ctx.bench.truth and study.on_fabric:
                     # a reference, not the truth of the goodput reaction: a NIC's goodput varies within each
                     # transfer of the collective (its flows end at different times), so the first window back at
                     # 95 % of the new median may wait past the reroute for the next transfer's start
-                    truth = ctx.live.truth.fabric_flap(failed, down_ns)
+                    truth = ctx.bench.truth.fabric_flap(failed, down_ns)
                     row["reroute_ms"] = None if truth is None else (truth[1] - truth[0]) / 1e6
-                elif ctx.live.truth:
-                    truth = ctx.live.truth.flap(keys, down_ns)
+                elif ctx.bench.truth:
+                    truth = ctx.bench.truth.flap(keys, down_ns)
                     row["truth_reaction_ms"] = None if truth is None else (truth[1] - truth[0]) / 1e6
                 row.update(iters=iters, op_s=wall_s)
                 return row, series, pulled, (down_ns, up_ns)
@@ -650,11 +650,11 @@ def link_flaps(ctx, step) -> StepOutcome:
     md += _md_table(table, FLAP_COLS) + [""] + ([f"**Stopped:** {failure}", ""] if failure else [])
     checks = [{"name": "every flap ran", "ok": failure is None and len(table) == p["flaps"],
                "detail": failure or f"{len(table)}/{p['flaps']}"}]
-    if study.on_fabric and ctx.live.truth:
+    if study.on_fabric and ctx.bench.truth:
         md += ["The emulator's reroute (the last shut link dark → its flows routed around) is a reference, not the "
                "truth of this reaction: a NIC's goodput varies within each transfer of the collective as its flows "
                "end, so the first window back at 95 % of the new median can wait for the next transfer.", ""]
-    elif ctx.live.truth and table:
+    elif ctx.bench.truth and table:
         inside = [r["reaction_low_ms"] < (r.get("truth_reaction_ms") or -1) <= (r["reaction_high_ms"] or -1)
                   for r in table]
         checks.append({"name": "reaction bounds contain the emulator's truth", "ok": all(inside),

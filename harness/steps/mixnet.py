@@ -183,9 +183,9 @@ def late_cycles(ctx) -> list[dict]:
     """The run's cycles in which the emulator ran late (analysis.accuracy.late_cycles); none on a real bench."""
     from analysis.accuracy import late_cycles as late
 
-    if ctx.live.truth is None:
+    if ctx.bench.truth is None:
         return []
-    return late(ctx.live.truth.draws(), [w for r in ctx.results.values() for w in r.truth_windows])
+    return late(ctx.bench.truth.draws(), [w for r in ctx.results.values() for w in r.truth_windows])
 
 
 PUBLIC_KEYS = ("provenance", "headline", "claims", "lateness", "bound", "seed_test", "scorecard", "robustness",
@@ -590,7 +590,7 @@ def mixnet_verdict(ctx, step) -> StepResult:
     if ctx.dry_run:
         return StepResult(ok=True, summary_md="(dry run: no verdict)")
     events = ctx.log.events()  # the run's events, in memory (events.jsonl stays the durable record)
-    prov = ctx.live.provenance()
+    prov = ctx.bench.provenance()
     try:
         verdict = compute_verdict(events, p, ctx.seed, prov, late_cycles(ctx))
     except LookupError as exc:

@@ -265,7 +265,7 @@ def replay_step(ctx, step) -> StepResult:
 
     p = dict(step.params)
     _check_params(step, p)
-    url = check_endpoint(step, p["endpoint"], real_bench=ctx.live.truth is None)
+    url = check_endpoint(step, p["endpoint"], real_bench=ctx.bench.truth is None)
     requests, label = load_trace(ctx, step, p)
     arrival_s = requests["arrival_s"].to_numpy(dtype=float)
     trace_end = float(p["duration_s"]) if p["requests"] in GENERATORS else float(arrival_s[-1])

@@ -227,7 +227,7 @@ def spectrumx_verdict(ctx, step) -> StepOutcome:
     frames = [pd.read_parquet(ctx.run_dir / s["parquet"]) for s in studies if s["kind"] == "failures"]
     failures = pd.concat(frames, ignore_index=True) if frames else None
     flaps = [row for s in studies if s["kind"] == "flaps" for row in s["table"]]
-    prov = link_provenance(ctx.live)
+    prov = link_provenance(ctx.bench)
     for s in studies:  # a study over the leaf–spine names its fabric and data plane
         if s["provenance"].get("fabric"):
             prov.update(fabric=s["provenance"]["fabric"], data_plane=s["provenance"]["data_plane"])

@@ -165,7 +165,7 @@ class TurnaroundRun:
     def __init__(self, ctx, step):
         self.ctx, self.step, self.p = ctx, step, step.params
         self.cycles = self.p["cycles"] or ctx.cycles
-        nics = {n.key: n for n in ctx.live.inventory.nic_ports}
+        nics = {n.key: n for n in ctx.bench.inventory.nic_ports}
         wanted = self.p["ports"] or list(nics)
         unknown = [k for k in wanted if k not in nics]
         if unknown:
@@ -190,19 +190,19 @@ class TurnaroundRun:
         self.mac_of: dict[str, str] = {}  # port key -> MAC its probes carry
         self._leftover: tuple | None = None  # the last cycle's, dealt with once the next command is out
         self._ahead: CyclePlan | None = None  # the next cycle's, made in this one's wait
-        self.faults = ctx.live.faults(step, self.p["faults"], self.cycles, list(self.ports))
+        self.faults = ctx.bench.faults(step, self.p["faults"], self.cycles, list(self.ports))
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         ctx, p = self.ctx, self.p
-        self.guards = {ocs: ctx.live.circuits(ocs, teardown_s=p["teardown_s"]) for ocs in self.switches}
+        self.guards = {ocs: ctx.bench.circuits(ocs, teardown_s=p["teardown_s"]) for ocs in self.switches}
         if ctx.dry_run:
             return
         if len(self.switches) > 1:
             self._issuers = ThreadPoolExecutor(len(self.switches) - 1, thread_name_prefix="ocs-begin")
             ctx.stack.callback(self._issuers.shutdown, wait=False)
-        self.log = ctx.live.observe()
-        self.hosts = HostGroup(ctx.live.hosts.open(sorted({n.host for n in self.nics})),
+        self.log = ctx.bench.observe()
+        self.hosts = HostGroup(ctx.bench.hosts.open(sorted({n.host for n in self.nics})),
                                retries=p["retries"], backoff_s=p["retry_backoff_s"])
         self.mac_of = self.hosts.observe(self.nics, self.log, watch_us=p["watch_interval_us"],
                                          ethtool_us=p["ethtool_interval_us"], clock_resync_s=p["clock_resync_s"],

@@ -13,10 +13,10 @@ class CensusParams(Spec):
 
 @register_step("cross_connect_census", CensusParams)
 def cross_connect_census(ctx, step) -> StepOutcome:
-    names = step.params["switches"] or list(ctx.bench.ocs)
+    names = step.params["switches"] or list(ctx.bench.inventory.ocs)
     summary, checks = {}, []
     for name in names:
-        resource = ctx.bench.ocs[name]
+        resource = ctx.bench.inventory.ocs[name]
         patches = {i: e for i, e in ctx.switch(name).patches().items()
                    if i in resource.allowed_ports or e in resource.allowed_ports}
         summary[f"{name}_patches"] = len(patches)
