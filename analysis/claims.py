@@ -782,9 +782,8 @@ def bootstrap_mixnet(timeline: mx.Timeline, delays: mx.CycleDelays, rng: np.rand
         if timeline.n_triggers == 0:
             boot_t[lo:hi] = timeline.times(np.zeros((1, 0)))[0]
             continue
-        draws = np.concatenate([mx.draw_delays(timeline.trig_ports,
-                                               delays.take(rng.integers(0, delays.n_cycles, delays.n_cycles)),
-                                               rows, rng) for _ in range(lo, hi)])
+        draws = mx.draw_resampled_delays(timeline.trig_ports, delays, hi - lo, rows, rng)
+        draws = draws.reshape(-1, timeline.n_triggers)
         boot_t[lo:hi] = timeline.times(draws).reshape(hi - lo, n_reps, timeline.dp).max(axis=2).mean(axis=1)
         if switching.any():
             boot_d[lo:hi] = draws.reshape(hi - lo, rows, -1)[:, :, switching].mean(axis=(1, 2))

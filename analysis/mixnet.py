@@ -179,9 +179,10 @@ def all_to_all_time(demand, circuits, b_ocs: float, b_eps) -> float:
     """
     d = _demand(demand)
     n = d.shape[0]
-    c = _check_circuits(circuits, n)
-    b_ocs = _positive(b_ocs, "b_ocs")
-    eps = _per_server(b_eps, n, "b_eps")
+    return _dedicated_time(d, _check_circuits(circuits, n), _positive(b_ocs, "b_ocs"), _per_server(b_eps, n, "b_eps"))
+
+
+def _dedicated_time(d: np.ndarray, c: np.ndarray, b_ocs: float, eps: np.ndarray) -> float:
     pair = _pair_demand(d)
     with_circuit = c > 0
     circuit_time = float(np.max(pair[with_circuit] / (c[with_circuit] * b_ocs), initial=0.0))
@@ -228,9 +229,10 @@ def hybrid_all_to_all_time(demand, circuits, b_ocs: float, b_eps) -> float:
     """
     d = _demand(demand)
     n = d.shape[0]
-    c = _check_circuits(circuits, n)
-    b_ocs = _positive(b_ocs, "b_ocs")
-    eps = _per_server(b_eps, n, "b_eps")
+    return _hybrid_time(d, _check_circuits(circuits, n), _positive(b_ocs, "b_ocs"), _per_server(b_eps, n, "b_eps"))
+
+
+def _hybrid_time(d: np.ndarray, c: np.ndarray, b_ocs: float, eps: np.ndarray) -> float:
     cap = c * b_ocs
     return float(max(_eps_root(d, cap, eps).max(initial=0.0), _eps_root(d.T, cap, eps).max(initial=0.0)))
 
@@ -501,18 +503,25 @@ def fabric_a2a_time(demand, fabric: Fabric, circuits=None, cross_rail=None) -> f
     if fabric.kind == "mixnet":
         if circuits is None:
             raise MixnetInputError("mixnet needs circuits")
-        model = hybrid_all_to_all_time if fabric.a2a_model == "hybrid" else all_to_all_time
-        return model(d, circuits, fabric.nic_bytes_per_s, fabric.eps_bytes_per_s)
+        circuits = _check_circuits(circuits, d.shape[0])
+    return _fabric_time(d, fabric, circuits, None if cross_rail is None else _demand(cross_rail))
+
+
+def _fabric_time(d: np.ndarray, fabric: Fabric, circuits: np.ndarray | None, cross: np.ndarray | None) -> float:
+    """`fabric_a2a_time` on checked input: demands with a zero diagonal, circuits as `_check_circuits` gives."""
+    if fabric.kind == "mixnet":
+        model = _hybrid_time if fabric.a2a_model == "hybrid" else _dedicated_time
+        return model(d, circuits, _positive(fabric.nic_bytes_per_s, "b_ocs"),
+                     _per_server(fabric.eps_bytes_per_s, d.shape[0], "b_eps"))
     load = float(np.maximum(d.sum(axis=1), d.sum(axis=0)).max(initial=0.0))
     t = load / fabric.eps_bytes_per_s     # non-blocking: only the server's NICs limit
     if fabric.kind == "rail_optimized":
         # all but 1/g of a server's traffic changes rail: one NVLink hop first (PXN)
         g = fabric.nics_per_server
         t = max(t, load * (g - 1) / g / (g * fabric.nvlink_bytes_per_s))
-        if cross_rail is not None:
-            c = _demand(cross_rail)
-            cross = float(np.maximum(c.sum(axis=1), c.sum(axis=0)).max(initial=0.0))
-            t = max(t, cross / (fabric.rail_spine_share * fabric.eps_bytes_per_s))
+        if cross is not None:
+            most = float(np.maximum(cross.sum(axis=1), cross.sum(axis=0)).max(initial=0.0))
+            t = max(t, most / (fabric.rail_spine_share * fabric.eps_bytes_per_s))
     return t
 
 
@@ -681,7 +690,7 @@ def _a2a_by_bytes(demand: bytes, n: int, fabric: Fabric, circuits: bytes | None,
     d = np.frombuffer(demand).reshape(n, n)
     c = None if circuits is None else np.frombuffer(circuits, dtype=np.int64).reshape(n, n)
     x = None if cross is None else np.frombuffer(cross).reshape(n, n)
-    return fabric_a2a_time(d, fabric, c, x)
+    return _fabric_time(d, fabric, c, x)  # built here from checked matrices: not checked again
 
 
 def _memo_a2a(demand: np.ndarray, fabric: Fabric, circuits, cross_rail=None) -> float:
@@ -692,16 +701,53 @@ def _memo_a2a(demand: np.ndarray, fabric: Fabric, circuits, cross_rail=None) -> 
 
 
 @lru_cache(maxsize=1 << 14)
-def _greedy_by_bytes(demand: bytes, n: int, fabric: Fabric, greedy_eps: float) -> np.ndarray:
-    c = greedy_circuits(np.frombuffer(demand).reshape(n, n), fabric.alpha, fabric.nic_bytes_per_s, greedy_eps,
-                        code_compat=fabric.code_compat_greedy)
+def _greedy_by_bytes(demand: bytes, n: int, alpha: int, b_ocs: float, greedy_eps: float,
+                     code_compat: bool) -> np.ndarray:
+    c = greedy_circuits(np.frombuffer(demand).reshape(n, n), alpha, b_ocs, greedy_eps, code_compat=code_compat)
     c.setflags(write=False)
     return c
 
 
 def _memo_greedy(demand: np.ndarray, fabric: Fabric, greedy_eps: float) -> np.ndarray:
+    # keyed by what the greedy reads: fabrics that differ only in how an all-to-all uses the circuits share it
     d = np.ascontiguousarray(demand, dtype=float)
-    return _greedy_by_bytes(d.tobytes(), d.shape[0], fabric, float(greedy_eps))
+    return _greedy_by_bytes(d.tobytes(), d.shape[0], fabric.alpha, float(fabric.nic_bytes_per_s),
+                            float(greedy_eps), bool(fabric.code_compat_greedy))
+
+
+def _cross_rail(par: mm.Parallelism) -> np.ndarray:
+    """Rank pairs on different rails: a rank's GPUs sit on rails (r·tp mod g) .. +tp−1."""
+    rail = (np.arange(par.ep) * par.tp) % par.gpus_per_server
+    return rail[:, None] != rail[None, :]
+
+
+@lru_cache(maxsize=16)
+def _routed_traffic(model: mm.MoeModel, par: mm.Parallelism, skew: float, seed: int, sampled_routing: bool,
+                    dtype_bytes: int) -> tuple[dict, ...]:
+    """`build_timeline`'s default traffic, per stage {(MoE layer, micro-batch): (the most (token, expert)
+    pairs one rank receives, server demand, its cross-rail part)}: the routing depends on neither the fabric
+    nor the GPU, so every fabric and link of one model and seed reads the same draws, made once."""
+    rng = np.random.default_rng(seed)
+    popularity = expert_popularity(model.n_moe_layers, model.n_experts, skew, rng)
+    expert_rank = np.arange(model.n_experts) // (model.n_experts // par.ep)
+    servers_of_rank = rank_servers(par.ep, par.tp, par.gpus_per_server)
+    cross_rail = _cross_rail(par)
+    out, offset = [], 0
+    for n_dense, n_moe in mm.stage_layers(model, par.pp):
+        stage = {}
+        for b in range(par.micro_batches):
+            for l in range(n_moe):
+                mat = moe_dispatch_bytes(par.tokens_per_rank, model.top_k, model.hidden, dtype_bytes, expert_rank,
+                                         popularity[offset + l], rng if sampled_routing else None, n_ranks=par.ep)
+                recv = mat.sum(axis=0) / (model.hidden * dtype_bytes)
+                demand = server_demand(mat, servers_of_rank)
+                cross = server_demand(np.where(cross_rail, mat, 0.0), servers_of_rank)
+                demand.setflags(write=False)
+                cross.setflags(write=False)
+                stage[l, b] = (float(recv.max()), demand, cross)
+        out.append(stage)
+        offset += n_moe
+    return tuple(out)
 
 
 def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fabric: Fabric, *,
@@ -726,7 +772,6 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
         raise MixnetInputError(f"unknown overlap {overlap!r}")
     if reconfigure not in ("always", "on_change"):
         raise MixnetInputError(f"unknown reconfigure {reconfigure!r}")
-    rng = np.random.default_rng(seed)
     stages = mm.stage_layers(model, par.pp)
     m = par.micro_batches
     rate = par.tp * gpu.flops                        # FLOP/s of one EP rank (a TP group)
@@ -736,13 +781,10 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
     t_dense = tokens * mm.local_ffn_flops_per_token(model, dense=True) / rate
     t_head = tokens * mm.head_flops_per_token(model) / rate
     per_assignment = mm.expert_flops_per_assignment(model) / rate
-    expert_rank = np.arange(model.n_experts) // (model.n_experts // par.ep)
     servers_of_rank = rank_servers(par.ep, par.tp, par.gpus_per_server)
-    popularity = expert_popularity(model.n_moe_layers, model.n_experts, skew, rng)
+    routed = _routed_traffic(model, par, skew, seed, sampled_routing, dtype_bytes) if traffic is None else None
     ranks_per_server = par.gpus_per_server // par.tp
-    # a rank's GPUs sit on rails (r·tp mod g) .. +tp−1: ranks on other rails exchange cross-rail bytes
-    rail = (np.arange(par.ep) * par.tp) % par.gpus_per_server
-    cross_rail = rail[:, None] != rail[None, :]
+    cross_rail = _cross_rail(par)
     rails = fabric.kind == "rail_optimized"
     p2p = ranks_per_server * tokens * model.hidden * dtype_bytes / fabric.eps_bytes_per_s if par.pp > 1 else 0.0
 
@@ -752,7 +794,6 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
     bwd_comm = np.zeros((par.pp, m))
     trig = {k: [] for k in ("stage", "dir", "mb", "window", "ports", "expert")}
     a2a_log, circuit_log = [], []
-    moe_offset = 0
     for s, (n_dense, n_moe) in enumerate(stages):
         head = t_head if s == par.pp - 1 else 0.0
         fwd_base[s] += n_dense * (t_attn + t_dense) + head
@@ -773,13 +814,11 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
                         if rails:   # ranks spread evenly over rails: the share of rank pairs on other rails
                             crosses[l, b] = demands[l, b] * float(cross_rail.mean())
                 else:
-                    mat = moe_dispatch_bytes(tokens, model.top_k, model.hidden, dtype_bytes, expert_rank,
-                                             popularity[moe_offset + l], rng if sampled_routing else None,
-                                             n_ranks=par.ep)
-                    recv = mat.sum(axis=0) / (model.hidden * dtype_bytes)
-                    demands[l, b] = server_demand(mat, servers_of_rank)
+                    most, demands[l, b], cross = routed[s][l, b]
                     if rails:
-                        crosses[l, b] = server_demand(np.where(cross_rail, mat, 0.0), servers_of_rank)
+                        crosses[l, b] = cross
+                    expert_times[l, b] = most * per_assignment
+                    continue
                 expert_times[l, b] = float(recv.max()) * per_assignment
         # the order in which this stage's region meets its triggers: forward (b, l), then backward (b, l↓)
         sequence = [(0, b, l) for b in range(m) for l in range(n_moe)] + \
@@ -817,7 +856,6 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
             else:  # combine-grad all-to-all still runs on the previous circuits
                 bwd_base[s, b] += 2 * (t_attn + t_shared) + a2a_old + 2 * t_exp + a2a_new
                 bwd_comm[s, b] += a2a_old + a2a_new
-        moe_offset += n_moe
     as_array = {k: np.asarray(v, dtype=float if k in ("window", "expert") else np.int64) for k, v in trig.items()}
     return Timeline(fabric=fabric, overlap=overlap, fwd_base=fwd_base, bwd_base=bwd_base, p2p_s=p2p,
                     dp=par.dp, trig_stage=as_array["stage"], trig_dir=as_array["dir"], trig_mb=as_array["mb"],
@@ -921,27 +959,75 @@ def draw_delays(ports, delays: CycleDelays, n_rows: int, rng: np.random.Generato
     A reconfiguration switching no port takes 0.
     """
     k = np.asarray(ports, dtype=np.int64).ravel()
-    values = np.sort(delays.per_port, axis=1)             # NaN last
-    counts = np.isfinite(values).sum(axis=1)
-    resid = np.sort((delays.per_port - delays.shared[:, None])[np.isfinite(delays.per_port)])
     c = rng.integers(0, delays.n_cycles, size=(n_rows, k.size))
     u = rng.random((n_rows, k.size))
-    pc = counts[c]
-    kk = np.broadcast_to(np.minimum(k, values.shape[1]), c.shape)
-    table = _max_rank_cdf(values.shape[1])
-    group = pc * (values.shape[1] + 1) + kk          # one inverse CDF per (ports in the cycle, k)
-    rank = np.empty(c.shape, dtype=np.int64)
-    for g in np.unique(group):
-        sel = group == g
-        p, kg = divmod(int(g), values.shape[1] + 1)
-        rank[sel] = np.searchsorted(table[p, kg], u[sel], side="left")
-    rank = np.minimum(rank, np.maximum(pc - 1, 0))
-    joint = values[c, rank]
-    kpos = np.maximum(k, 1)
-    idx = np.minimum((resid.size * u ** (1.0 / kpos)).astype(np.int64), resid.size - 1)
-    decomposed = np.maximum(delays.shared[c] + resid[idx], 0.0)
-    out = np.where(k <= pc, joint, decomposed)
-    return np.where(k > 0, out, 0.0)
+    return _DelayPool(delays).draw(k, np.arange(delays.n_cycles)[None], c[None], u[None])[0]
+
+
+def draw_resampled_delays(ports, delays: CycleDelays, n_boot: int, n_rows: int,
+                          rng: np.random.Generator) -> np.ndarray:
+    """(n_boot, n_rows, K): per replicate, `draw_delays` on a cluster-bootstrap resample of the cycles (drawn
+    with replacement). The same numbers, from the same stream, as drawing each replicate in turn with
+    `draw_delays(ports, delays.take(rng.integers(0, C, C)), n_rows, rng)`, computed together."""
+    k = np.asarray(ports, dtype=np.int64).ravel()
+    n = delays.n_cycles
+    takes = np.empty((n_boot, n), dtype=np.int64)
+    c = np.empty((n_boot, n_rows, k.size), dtype=np.int64)
+    u = np.empty((n_boot, n_rows, k.size))
+    for b in range(n_boot):     # the stream's order: each replicate's resample, then its draws
+        takes[b] = rng.integers(0, n, n)
+        c[b] = rng.integers(0, n, size=(n_rows, k.size))
+        u[b] = rng.random((n_rows, k.size))
+    return _DelayPool(delays).draw(k, takes, c, u)
+
+
+class _DelayPool:
+    """`draw_delays`' sorted tables of one set of cycles, shared by every resample of them: a resample's rows
+    are rows of these, and its pool of per-port components is this pool with each cycle's part repeated as
+    often as the resample took the cycle."""
+
+    def __init__(self, delays: CycleDelays):
+        self.values = np.sort(delays.per_port, axis=1)             # NaN last
+        self.counts = np.isfinite(self.values).sum(axis=1)
+        self.shared = delays.shared
+        finite = np.isfinite(delays.per_port)
+        resid = (delays.per_port - delays.shared[:, None])[finite]
+        owner = np.nonzero(finite)[0]
+        order = np.argsort(resid, kind="stable")
+        self.resid, self.owner = resid[order], owner[order]
+
+    def draw(self, k: np.ndarray, takes: np.ndarray, c: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Per replicate b: `takes[b]` the cycles resampled, c[b] and u[b] (rows, K) its draws."""
+        n_boot, n_ports = takes.shape[0], self.values.shape[1]
+        cycle = np.take_along_axis(takes, c.reshape(n_boot, -1), axis=1).reshape(c.shape)
+        pc = self.counts[cycle]
+        kk = np.broadcast_to(np.minimum(k, n_ports), c.shape)
+        # the rank of the slowest of k of the cycle's p ports: how many of F[p, k, :] lie below u, one
+        # inverse CDF per (p, k)
+        table = _max_rank_cdf(n_ports)
+        group = pc * (n_ports + 1) + kk
+        rank = np.zeros(c.shape, dtype=np.int64)
+        for g in np.flatnonzero(np.bincount(group.ravel())):
+            p, kg = divmod(int(g), n_ports + 1)
+            sel = group == g
+            below = np.zeros(np.count_nonzero(sel), dtype=np.int64)
+            u_sel = u[sel]
+            for f in table[p, kg, :p]:          # F = 1 beyond p: never below u < 1
+                below += f < u_sel
+            rank[sel] = below
+        out = self.values[cycle, np.minimum(rank, np.maximum(pc - 1, 0))]
+        kk = np.broadcast_to(k, c.shape)
+        beyond = kk > pc
+        if beyond.any():
+            # each replicate's pool: the sorted pool with every element repeated as often as its cycle was
+            # taken, the replicates' pools one after the other
+            taken = np.stack([np.bincount(t, minlength=self.counts.size) for t in takes])[:, self.owner]
+            pools = np.repeat(np.tile(self.resid, n_boot), taken.ravel())
+            size = np.broadcast_to(taken.sum(axis=1)[:, None, None], c.shape)[beyond]
+            start = np.broadcast_to((np.cumsum(taken.sum(axis=1)) - taken.sum(axis=1))[:, None, None], c.shape)
+            idx = np.minimum((size * u[beyond] ** (1.0 / kk[beyond])).astype(np.int64), size - 1)
+            out[beyond] = np.maximum(self.shared[cycle[beyond]] + pools[start[beyond] + idx], 0.0)
+        return np.where(kk > 0, out, 0.0)
 
 
 def sample_iteration_times(timeline: Timeline, delays: CycleDelays, n_reps: int,
@@ -973,10 +1059,24 @@ def break_even_delay(timeline: Timeline, target_s: float, d_max: float = 1e4) ->
         lo, hi = hi, hi * 2
         if hi > d_max:
             return float("inf")
-    for _ in range(80):
-        mid = 0.5 * (lo + hi)
-        if float(constant_delay_times(timeline, [mid])[0]) < target_s:
-            lo = mid
-        else:
-            hi = mid
+    steps = 80
+    while steps:
+        # the next `depth` halvings at once: every midpoint they could visit, evaluated together, then the
+        # path the one-at-a-time bisection takes through them (the same midpoints, so the same answer)
+        depth = min(6, steps)
+        tree = [(lo, hi)]
+        for i in range((1 << (depth - 1)) - 1):
+            a, b = tree[i]
+            mid = 0.5 * (a + b)
+            tree += [(a, mid), (mid, b)]
+        below = constant_delay_times(timeline, [0.5 * (a + b) for a, b in tree]) < target_s
+        node = 0
+        for _ in range(depth):
+            a, b = tree[node]
+            mid = 0.5 * (a + b)
+            lo, hi = (mid, b) if below[node] else (a, mid)
+            node = 2 * node + (2 if below[node] else 1)
+            if node >= len(tree):
+                break
+        steps -= depth
     return 0.5 * (lo + hi)

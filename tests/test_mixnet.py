@@ -431,6 +431,28 @@ def test_more_ports_than_the_bench_use_the_shared_plus_per_port_decomposition():
         mx.sample_iteration_times(_one_trigger(1), np.array([1.0, 2.0]), 10, np.random.default_rng(0))
 
 
+def test_resampled_draws_are_each_replicates_draws_on_its_resample_in_turn():
+    # the oracle is the definition: per replicate, resample the cycles, then draw_delays on the resample — with
+    # NaN ports, ties, k both within and beyond the bench's ports, and k = 0
+    g = np.random.default_rng(1)
+    for trial in range(60):
+        n_cycles, n_ports = int(g.integers(1, 12)), int(g.integers(1, 9))
+        per_port = g.gamma(2.0, 1.0, (n_cycles, n_ports))
+        per_port[g.random((n_cycles, n_ports)) < 0.3] = np.nan
+        per_port[:, 0] = np.where(np.isnan(per_port[:, 0]), 1.0, per_port[:, 0])
+        if trial % 3 == 0:
+            per_port = np.round(per_port, 1)
+        delays = mx.CycleDelays(per_port, np.nanmin(per_port, axis=1) * g.random(n_cycles))
+        ports = g.integers(0, 2 * n_ports + 3, int(g.integers(1, 20)))
+        rows, n_boot = int(g.integers(1, 40)), int(g.integers(1, 8))
+        one_by_one, together = np.random.default_rng(trial), np.random.default_rng(trial)
+        expected = np.stack([mx.draw_delays(ports, delays.take(one_by_one.integers(0, delays.n_cycles,
+                                                                                   delays.n_cycles)),
+                                            rows, one_by_one) for _ in range(n_boot)])
+        assert np.array_equal(mx.draw_resampled_delays(ports, delays, n_boot, rows, together), expected), trial
+        assert one_by_one.random() == together.random()        # the stream left where the sequential one is
+
+
 def test_data_parallel_replicas_wait_for_the_slowest():
     model, par, gpu, _ = _small()
     par_dp = mm.with_overrides(par, dp=4)
