@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from analysis.accuracy import late_cycles
-from devices.emulated.physics import OcsRefusal, OpticalBench
+from devices.emulated.physics import OpticalBench
+from devices.emulated.switching import OcsRefusal
 from devices.emulated.profile import load_profile, profile_from_dict
 
 FAST = {

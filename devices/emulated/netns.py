@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from devices.emulated.physics import NicChange, NicModel, OpticalBench
+from devices.emulated.nic import NicChange, NicModel
+from devices.emulated.physics import OpticalBench
 from devices.timing import now_ns
 
 log = logging.getLogger(__name__)
