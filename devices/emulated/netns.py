@@ -324,8 +324,7 @@ class NetnsPlane:
 
     def stop(self) -> None:
         """Stop following the bench, end started processes, delete every namespace this plane created."""
-        if self._on_mirror in self.bench.on_mirror:
-            self.bench.on_mirror.remove(self._on_mirror)
+        self.bench.unwatch_mirror(self._on_mirror)
         for unsubscribe in self._unsubscribes:
             unsubscribe()
         self._unsubscribes.clear()

@@ -84,7 +84,8 @@ class OpticalBench:
             far_end=lambda port: self._switch.source_of(port.model.ocs_rx), peer_of=self._peer_of,
             link_changed=lambda t, port: self._update_data_plane(t, self._dp_affected(port)))
         self._subs = Subscribers()
-        # Observers of mirror moves (MirrorSwitch.on_mirror): quick, and never calling back into the bench.
+        # Observers of mirror moves (MirrorSwitch.on_mirror): quick, and never calling back into the bench;
+        # `unwatch_mirror` removes one.
         self.on_mirror = self._switch.on_mirror
         self.on_clock_step: list[Callable[[str], None]] = []  # called (host) after a clock step, no lock held
         self._thread: threading.Thread | None = None
@@ -317,17 +318,7 @@ class OpticalBench:
         with self._lock:
             now = self._now()
             self._advance()  # runs everything due by `now` (it reads the clock after us): undo what is later
-            states = {p.model.key: p.state for p in self._ports.values()}
-            later: set[str] = set()  # ports whose state moved past `now`: their last state by `now` instead
-            for t, key, state in reversed(self._nic.rate_log):  # due order
-                if t > now:
-                    later.add(key)
-                elif not later:
-                    break
-                elif key in later:
-                    states[key] = NicSnapshot._make(state)
-                    later.discard(key)
-            return now, states
+            return now, self._nic.states_at(now, self._ports.values())
 
     def nic_changes(self, since_ns: int) -> tuple[int, list[tuple[int, str, NicSnapshot]]]:
         """(now on the schedule, the (due ns, "host:netdev", state) changes of light, PHY and port state in
@@ -335,13 +326,7 @@ class OpticalBench:
         with self._lock:
             now = self._now()
             self._advance()
-            out = []
-            for t, key, state in reversed(self._nic.rate_log):
-                if t <= since_ns:
-                    break
-                if t <= now:
-                    out.append((t, key, NicSnapshot._make(state)))
-            return now, out[::-1]
+            return now, self._nic.changes(since_ns, now)
 
     def nic_snapshots(self, host: str) -> list[tuple[NicModel, NicSnapshot]]:
         """Every NIC port of `host` with its state, read at one instant of the schedule."""
@@ -384,16 +369,8 @@ class OpticalBench:
             command = self._admin_changes
             self._switch.transmit(port.model.ocs_tx, up)
             self._truth.append(t, "admin_up" if up else "admin_down", host, netdev, port.model.ocs_tx)
-            if up:
-                self._nic.emit(port, t, None, admin_up=True, phys_state="Polling")
-                if self._switch.lit(port.model.ocs_rx):
-                    self._nic.light_changed(port, t, True, command, ADMIN)
-            else:
-                port.gen += 1  # a training in flight stops here
-                had_carrier = port.state.carrier
-                self._nic.emit(port, t, "port_down" if had_carrier or port.state.ib_state != "DOWN" else None,
-                           admin_up=False, carrier=False, phys_state="Disabled", ib_state="DOWN", operstate="down",
-                           carrier_down_count=port.state.carrier_down_count + int(had_carrier))
+            self._nic.admin_changed(port, t, up, self._switch.lit(port.model.ocs_rx), command, ADMIN)
+            if not up:
                 self._update_data_plane(t, (port,))
             egress = self._switch.target_of(port.model.ocs_tx)
             if egress is not None:
@@ -412,6 +389,17 @@ class OpticalBench:
             self._advance()
             port = self._port(host, netdev)
             port.fault, port.flaps, port.flap_ns = fault, int(flaps), int(flap_ms * 1e6)
+
+    def unwatch_mirror(self, observer: Callable[[int, int, int, bool], None]) -> None:
+        """Remove `observer` from `on_mirror` if there (under the lock the scheduler calls the observers with)."""
+        with self._lock:
+            if observer in self.on_mirror:
+                self.on_mirror.remove(observer)
+
+    def port_fault(self, host: str, netdev: str) -> str | None:
+        """The port's injected fault (`set_port_fault`), None if none."""
+        with self._lock:
+            return self._port(host, netdev).fault
 
     def subscribe(self, host: str, callback: Callable[[NicChange], None]) -> Callable[[], None]:
         with self._lock:  # not between a batch of changes and the subscribers it goes to
