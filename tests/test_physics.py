@@ -293,9 +293,9 @@ def test_data_plane_updates_only_changed_ports(monkeypatch):
     for p in ports:
         bench.probe_start(p.host, p.netdev, 100_000)
     evaluated = []
-    original = bench._update_data_plane
-    monkeypatch.setattr(bench, "_update_data_plane", lambda t, ps: (evaluated.append(len(ps := tuple(ps))),
-                                                                   original(t, ps)))
+    original = bench._probes.update
+    monkeypatch.setattr(bench._probes, "update", lambda t, ps: (evaluated.append(len(ps := tuple(ps))),
+                                                               original(t, ps)))
     bench.ocs_apply({p.ocs_tx: ports[(i + 1) % 256].ocs_rx for i, p in enumerate(ports)})
     clock.advance_ms(100)
     firsts = [t for t in bench.ground_truth() if t["stage"] == "first_packet"]

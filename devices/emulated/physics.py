@@ -23,13 +23,12 @@ import numpy as np
 
 from devices.emulated.draws import ADMIN, CLOCK, DrawLog, KeyedStreams
 from devices.emulated.nic import CMIS_RESET, NicChange, NicModel, NicSnapshot, NicStateMachine, Port, Subscribers
+from devices.emulated.probes import ProbePaths
 from devices.emulated.profile import Profile
 from devices.emulated.schedule import Schedule
 from devices.emulated.switching import MirrorSwitch
 from devices.emulated.truth import TruthLog
 from devices.timing import now_ns
-
-WIRE_LATENCY_NS = 2_000  # fibre + serialisation of one probe frame
 
 
 @dataclass
@@ -81,8 +80,9 @@ class OpticalBench:
                                     draw=self._draw, light=self._egress_light)
         self._nic = NicStateMachine(
             profile, at=self._schedule.at, draw=self._draw, truth=self._truth,
-            far_end=lambda port: self._switch.source_of(port.model.ocs_rx), peer_of=self._peer_of,
-            link_changed=lambda t, port: self._update_data_plane(t, self._dp_affected(port)))
+            far_end=lambda port: self._switch.source_of(port.model.ocs_rx),
+            peer_of=lambda port: self._probes.peer_of(port),
+            link_changed=lambda t, port: self._probes.update(t, self._probes.affected(port)))
         self._subs = Subscribers()
         # Observers of mirror moves (MirrorSwitch.on_mirror): quick, and never calling back into the bench;
         # `unwatch_mirror` removes one.
@@ -118,9 +118,9 @@ class OpticalBench:
         self._host_ports: dict[str, list[Port]] = {h: [] for h in self.hosts}  # O(NICs of the host) lookups
         for port in self._ports.values():
             self._host_ports[port.model.host].append(port)
-        self._by_rx = {p.model.ocs_rx: p for p in self._ports.values()}
-        self._by_tx = {p.model.ocs_tx: p for p in self._ports.values()}
-        for ingress in self._by_tx:  # every NIC laser is on
+        self._probes = ProbePaths(self._switch, self._ports.values(), at=self._schedule.at, truth=self._truth,
+                                  nic=self._nic)
+        for ingress in self._probes.by_tx:  # every NIC laser is on
             self._switch.transmit(ingress, True)
         self._admin_changes = 0  # `ip link set` calls that changed a port: the command part of their draws
         for key in profile.faults.get("never_up") or []:
@@ -210,67 +210,21 @@ class OpticalBench:
     def _egress_light(self, t: int, egress: int, on: bool, changed: bool, source: int | None, command: int,
                       domain: int) -> None:
         """The switch lit egress `egress` (`on`, from ingress `source`) or not; `changed`: it was not before."""
-        port = self._by_rx.get(egress)
+        port = self._probes.by_rx.get(egress)
         if port is None:
             return
         if changed or (on and self._nic.link_up(port) and port.trained_on != source):
             # a light change, or another transmitter on a link up (never dark between)
             self._nic.light_changed(port, t, on, command, domain)
-        self._update_data_plane(t, (port,))  # its peer may have changed even where the light did not
+        self._probes.update(t, (port,))  # its peer may have changed even where the light did not
 
     # ------------------------------------------------------------------ data plane (probes)
-    def _peer_of(self, port: Port) -> Port | None:
-        """The NIC whose transmitter currently lights this port's receiver."""
-        ingress = self._switch.source_of(port.model.ocs_rx)
-        return None if ingress is None else self._by_tx.get(ingress)
-
-    def _receiver_of(self, port: Port) -> Port | None:
-        """The NIC whose receiver this port's transmitter currently lights."""
-        egress = self._switch.target_of(port.model.ocs_tx)
-        return None if egress is None else self._by_rx.get(egress)
-
-    def _dp_affected(self, port: Port) -> tuple[Port, ...]:
-        """Receivers whose probe path depends on `port`'s state: itself and the port it transmits to."""
-        receiver = self._receiver_of(port)
-        return (port,) if receiver is None or receiver is port else (port, receiver)
-
-    def _update_data_plane(self, t: int, ports: Iterable[Port]) -> None:
-        """Re-evaluate, for the given receiving ports (those whose path just changed), whether probes from
-        their peer get through: O(changed ports), not O(ports²)."""
-        for port in ports:
-            peer = self._peer_of(port) if self._switch.lit(port.model.ocs_rx) else None
-            up = (peer is not None and peer.probe_interval_ns > 0 and port.state.ib_state == "ACTIVE"
-                  and peer.state.ib_state == "ACTIVE")
-            if up == port.dp_up:
-                continue
-            port.dp_up = up
-            port.dp_gen += 1
-            port.dp_flow = None
-            if up:
-                interval, t0 = peer.probe_interval_ns, peer.probe_t0_ns
-                seq = -(-(t - t0) // interval)  # first send tick at or after t
-                arrival = t0 + seq * interval + WIRE_LATENCY_NS
-                port.dp_flow = (peer.model.mac, seq, arrival, interval)
-                gen = port.dp_gen
-
-                def first(t_now, port=port, peer=peer, seq=seq, gen=gen):
-                    if port.dp_gen != gen:
-                        return
-                    self._nic.pending.append(NicChange(t_now, port.model.host, port.model.netdev, "probe_first",
-                                                   f"{peer.model.mac} {seq}"))
-                    self._truth.append(t_now, "first_packet", port.model.host, port.model.netdev,
-                                       port.model.ocs_rx)
-
-                self._schedule.at(arrival, first)
-
     def probe_start(self, host: str, netdev: str, interval_ns: int) -> None:
         if interval_ns <= 0:
             raise ValueError("probe interval must be > 0")
         with self._lock:
             self._advance()
-            port = self._port(host, netdev)
-            port.probe_interval_ns, port.probe_t0_ns = int(interval_ns), self._now()
-            self._schedule.at(port.probe_t0_ns, lambda t: self._update_data_plane(t, self._dp_affected(port)))
+            self._probes.send(self._port(host, netdev), self._now(), interval_ns)
 
     def probing(self, host: str, netdev: str) -> bool:
         """Whether the port's probe sender is running."""
@@ -287,9 +241,7 @@ class OpticalBench:
     def probe_stop(self, host: str, netdev: str) -> None:
         with self._lock:
             self._advance()
-            port = self._port(host, netdev)
-            port.probe_interval_ns = 0
-            self._schedule.at(self._now(), lambda t: self._update_data_plane(t, self._dp_affected(port)))
+            self._probes.send(self._port(host, netdev), self._now(), 0)
 
     # ------------------------------------------------------------------ host view
     def _port(self, host: str, netdev: str) -> Port:
@@ -371,7 +323,7 @@ class OpticalBench:
             self._truth.append(t, "admin_up" if up else "admin_down", host, netdev, port.model.ocs_tx)
             self._nic.admin_changed(port, t, up, self._switch.lit(port.model.ocs_rx), command, ADMIN)
             if not up:
-                self._update_data_plane(t, (port,))
+                self._probes.update(t, (port,))
             egress = self._switch.target_of(port.model.ocs_tx)
             if egress is not None:
                 self._switch.set_light(t, egress, command, ADMIN)  # the receiver it lit goes dark, or lights again
