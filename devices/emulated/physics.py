@@ -1,12 +1,13 @@
-"""The physical truth of the emulated bench: fibres, host clocks, probe paths, and the composition of the switch's
-mirrors (devices/emulated/switching.py), the NIC port state machines (devices/emulated/nic.py), the seeded delays
-they draw (devices/emulated/draws.py) and the schedule they run on (devices/emulated/schedule.py).
+"""The physical truth of the emulated bench, composed in `OpticalBench`: the switch's mirrors
+(devices/emulated/switching.py), the fibres from them to the NIC ports and the ports' state machines
+(devices/emulated/nic.py), the data-plane probes (devices/emulated/probes.py), the hosts' clocks, the seeded delays
+they all draw (devices/emulated/draws.py) and the schedule they run on (devices/emulated/schedule.py).
 
 Protocol servers (TL1/SCPI/NETCONF, SSH hosts) are thin views over one `OpticalBench`. State changes are actions
 on the schedule, each run with its DUE time: a late scheduler thread (a busy machine) cannot reorder cause and
 effect or stretch the profile's delays. Every reader (snapshots, port power, ground truth, the next command)
-first runs whatever is due, so the state it sees is the state at "now" on the schedule. Late running is recorded (`lateness()`, `schedule_report()`).
-Ground truth is appended with due times on the harness clock (CLOCK_MONOTONIC).
+first runs whatever is due, so the state it sees is the state at "now" on the schedule. Late running is recorded
+(`lateness()`, `schedule_report()`). Ground truth is appended with due times on the harness clock (CLOCK_MONOTONIC).
 
 Every random delay comes from a stream keyed by (seed, command, port, stage) — `command` is the switch
 command that moved the mirror (one or two per harness cycle), so the same seed and the same commands give
@@ -209,7 +210,7 @@ class OpticalBench:
 
     def _egress_light(self, t: int, egress: int, on: bool, changed: bool, source: int | None, command: int,
                       domain: int) -> None:
-        """The switch lit egress `egress` (`on`, from ingress `source`) or not; `changed`: it was not before."""
+        """Egress `egress` is lit (`on`, from ingress `source`) or dark; `changed`: it was the other before."""
         port = self._probes.by_rx.get(egress)
         if port is None:
             return

@@ -40,8 +40,8 @@ class MirrorSwitch:
 
     What it needs of the bench it is part of: `schedule` (devices.emulated.schedule.Schedule), `draw(domain,
     command, stage, delay)` → (delay ns, draw index) of a profile delay of the switch, `truth` (the ground truth
-    it appends mirror moves to), and `light(t, egress, on, changed, source, command, domain)`: egress `egress`
-    is lit (`on`) by ingress `source` at `t`, `changed` whether it was not before. Not thread-safe: the bench
+    it appends mirror moves to), and `light(t, egress, on, changed, source, command, domain)`: at `t` egress
+    `egress` is lit (`on`, by ingress `source`) or dark, `changed` whether it was the other before. Not thread-safe: the bench
     holds its lock around every call."""
 
     def __init__(self, size: tuple[int, int], delays: dict, *, schedule: Schedule,
