@@ -174,6 +174,27 @@ class FakeClock:
         self.t_ns += int(ms * 1e6)
 
 
+def test_an_unwatched_mirror_observer_sees_no_further_moves():
+    clock = FakeClock()
+    bench = OpticalBench(profile_from_dict(FAST), seed=1, clock=clock)
+    mapping, a, b = pair(bench)
+    moves = []
+
+    def observer(t_ns, ingress, egress, settled):
+        moves.append((ingress, egress, settled))
+
+    bench.on_mirror.append(observer)
+    bench.ocs_apply(mapping)
+    clock.advance_ms(50)
+    bench.ocs_patches()  # a reader runs what is due
+    assert sorted(moves) == sorted([(a.ocs_tx, b.ocs_rx, True), (b.ocs_tx, a.ocs_rx, True)])
+    bench.unwatch_mirror(observer)
+    bench.unwatch_mirror(observer)  # no longer there: nothing to do
+    bench.ocs_apply({}, removes=[a.ocs_tx])
+    clock.advance_ms(50)
+    assert [t["stage"] for t in bench.ground_truth()].count("mirror_released") == 1 and len(moves) == 2
+
+
 def truth_of(bench, host):
     return [(t["stage"], t["t_ns"]) for t in bench.ground_truth() if t["host"] == host]
 
