@@ -20,7 +20,7 @@ from scapy.packet import Raw
 
 from devices.agent import AGENT_FILE, PROBE_UDP_SPORT, agent_path, agent_source, build_probe_template
 from devices.emulated import formats
-from devices.emulated.physics import NicSnapshot
+from devices.emulated.nic import NicSnapshot
 from devices.hostagent import parse_counter_line
 from devices.parsers.nic import parse_ethtool_module
 

@@ -124,7 +124,7 @@ def test_the_agent_reads_module_state_from_a_real_cmis_capture():
 @pytest.mark.parametrize("state", ["ModuleLowPwr", "ModulePwrUp", "ModuleReady", "ModulePwrDn"])
 def test_the_emulated_ethtool_prints_the_module_state_as_the_parsers_read_it(state):
     from devices.emulated import formats
-    from devices.emulated.physics import NicSnapshot
+    from devices.emulated.nic import NicSnapshot
     from devices.parsers.nic import parse_ethtool_module
 
     text = formats.ethtool_module(NicSnapshot(module_state=state))  # the 400G CMIS layout

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from devices.emulated.dataplane import FabricView, Peer, Transfer, carries
-from devices.emulated.physics import NicSnapshot
+from devices.emulated.nic import NicSnapshot
 
 MS = 1_000_000
 BC, BE = 50e9, 12.5e9  # 400 Gb/s circuit, 100 Gb/s packet fabric (bytes/s)

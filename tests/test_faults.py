@@ -297,6 +297,6 @@ def test_injector_arms_and_disarms_on_a_running_bench(tmp_path):
         assert bench.host_servers["gpu2"].reply_delay_s == 0
         assert bench.ocs_servers.faults.take("ENT-PATCH", True) is None
         host, _, netdev = ports[1].partition(":")
-        assert bench.physics._port(host, netdev).fault is None
+        assert bench.physics.port_fault(host, netdev) is None
         assert json.dumps(injector.fired)  # the injection record is plain data
         ssh.close()

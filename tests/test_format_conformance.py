@@ -12,7 +12,7 @@ import pytest
 
 from devices.emulated import formats
 from devices.emulated.formats import EmulatedGpu, ToolVersions
-from devices.emulated.physics import NicSnapshot
+from devices.emulated.nic import NicSnapshot
 from devices.emulated.profile import ProfileError, profile_from_dict
 from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests
 from devices.parsers.gpu import parse_nvidia_smi_table

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from devices.emulated.bench import EmulatedBench, SwitchSlice
-from devices.emulated.physics import OcsRefusal, OpticalBench
+from devices.emulated.physics import OpticalBench
+from devices.emulated.switching import OcsRefusal
 from devices.emulated.profile import load_profile
 from harness.bench.recorrect import recorrected_events
 from harness.cli import main

@@ -232,7 +232,7 @@ def test_a_foreign_patch_to_a_port_outside_the_inventory_made_between_two_applie
 def test_every_refusal_kind_has_words_in_every_protocol():
     """The switch side refuses in neutral kinds: each protocol server must say every one in its own words."""
     from devices.emulated import netconf_server, ocs_server
-    from devices.emulated.physics import OcsRefusal
+    from devices.emulated.switching import OcsRefusal
 
     for words in (ocs_server._TL1_CODES, ocs_server._SCPI_ERRORS, netconf_server._TAGS):
         assert words.keys() == OcsRefusal.KINDS

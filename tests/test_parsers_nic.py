@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from devices.emulated import formats
-from devices.emulated.physics import NicSnapshot
+from devices.emulated.nic import NicSnapshot
 from devices.parsers import ParseError
 from devices.parsers.nic import (IB_PHYS_STATES, IB_STATES, parse_carrier, parse_ethtool, parse_ethtool_json,
                                  parse_ethtool_module, parse_ib_phys_state, parse_ib_rate, parse_ib_state,

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from analysis.accuracy import late_cycles
-from devices.emulated.physics import OcsRefusal, OpticalBench
+from devices.emulated.physics import OpticalBench
+from devices.emulated.switching import OcsRefusal
 from devices.emulated.profile import load_profile, profile_from_dict
 
 FAST = {
@@ -173,6 +174,27 @@ class FakeClock:
         self.t_ns += int(ms * 1e6)
 
 
+def test_an_unwatched_mirror_observer_sees_no_further_moves():
+    clock = FakeClock()
+    bench = OpticalBench(profile_from_dict(FAST), seed=1, clock=clock)
+    mapping, a, b = pair(bench)
+    moves = []
+
+    def observer(t_ns, ingress, egress, settled):
+        moves.append((ingress, egress, settled))
+
+    bench.on_mirror.append(observer)
+    bench.ocs_apply(mapping)
+    clock.advance_ms(50)
+    bench.ocs_patches()  # a reader runs what is due
+    assert sorted(moves) == sorted([(a.ocs_tx, b.ocs_rx, True), (b.ocs_tx, a.ocs_rx, True)])
+    bench.unwatch_mirror(observer)
+    bench.unwatch_mirror(observer)  # no longer there: nothing to do
+    bench.ocs_apply({}, removes=[a.ocs_tx])
+    clock.advance_ms(50)
+    assert [t["stage"] for t in bench.ground_truth()].count("mirror_released") == 1 and len(moves) == 2
+
+
 def truth_of(bench, host):
     return [(t["stage"], t["t_ns"]) for t in bench.ground_truth() if t["host"] == host]
 
@@ -292,9 +314,9 @@ def test_data_plane_updates_only_changed_ports(monkeypatch):
     for p in ports:
         bench.probe_start(p.host, p.netdev, 100_000)
     evaluated = []
-    original = bench._update_data_plane
-    monkeypatch.setattr(bench, "_update_data_plane", lambda t, ps: (evaluated.append(len(ps := tuple(ps))),
-                                                                   original(t, ps)))
+    original = bench._probes.update
+    monkeypatch.setattr(bench._probes, "update", lambda t, ps: (evaluated.append(len(ps := tuple(ps))),
+                                                               original(t, ps)))
     bench.ocs_apply({p.ocs_tx: ports[(i + 1) % 256].ocs_rx for i, p in enumerate(ports)})
     clock.advance_ms(100)
     firsts = [t for t in bench.ground_truth() if t["stage"] == "first_packet"]

@@ -261,7 +261,7 @@ def test_run_stops_at_the_preflight_before_touching_the_switch(correct, tmp_path
 
 def test_a_port_set_down_prints_as_iproute2_prints_one():
     """`ip link` of a port set down (the identity probe's read-back) has the flags of a real admin-down link."""
-    from devices.emulated.physics import NicModel
+    from devices.emulated.nic import NicModel
     from devices.emulated.formats import ip_link_lines
     from devices.parsers.nic import parse_ip_monitor_line
 
@@ -306,7 +306,7 @@ def test_a_host_that_refuses_the_link_command_leaves_tx_identity_unverified_not_
 def test_without_ingress_power_nic_receivers_watch_the_light_and_name_the_swap(miscabled, monkeypatch):
     """A switch without power monitors (its RTRV-PORT-POWER is denied): the claimed ingresses are connected onto
     receivers that passed their loop, in batches, while each NIC is set down — the same two TX fibres named."""
-    from devices.emulated.physics import OcsRefusal
+    from devices.emulated.switching import OcsRefusal
 
     def no_monitor(port):
         raise OcsRefusal("not_equipped", "No optical power monitor on this unit")

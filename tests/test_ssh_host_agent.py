@@ -209,7 +209,7 @@ def test_a_hosts_streams_share_one_subscription_and_get_only_their_changes():
     import threading
     from types import SimpleNamespace
 
-    from devices.emulated.physics import NicChange
+    from devices.emulated.nic import NicChange
     from devices.emulated.host.agent import _ProbeRecvStream
     from devices.emulated.host.streams import AgentStreams
 

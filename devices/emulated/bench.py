@@ -14,8 +14,9 @@ from typing import Callable, Iterable
 
 import yaml
 
-from devices.emulated.physics import OcsRefusal, OpticalBench
+from devices.emulated.physics import OpticalBench
 from devices.emulated.profile import Profile, load_profile
+from devices.emulated.switching import OcsRefusal
 from devices.ocs.registry import DEFAULT_PROTOCOL, get_protocol
 
 PASSWORD_ENV = "OCS_HIL_EMULATED_PASSWORD"

@@ -1,7 +1,7 @@
 """The emulated tools' data plane: how many bytes a transfer has moved at any instant, from the physics.
 
 A rank's transfer (`Transfer`) sends and receives given bytes to and from each peer. Its rates follow the
-NIC ports' states over time (`physics.OpticalBench.nic_history`: light, PHY and port state changes at their
+NIC ports' states over time (`physics.OpticalBench.nic_changes`: light, PHY and port state changes at their
 DUE times), integrated piecewise — never the moment a tool thread happens to run. So a busy machine delays
 when a tool returns, not what it prints, and a link pulled while a transfer runs slows it from that instant.
 

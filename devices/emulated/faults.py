@@ -300,13 +300,7 @@ class FaultInjector:
             os.kill(os.getpid(), signum)
 
         physics.on_mirror.append(on_mirror)
-
-        def remove():
-            with physics._lock:  # the scheduler iterates on_mirror under this lock
-                if on_mirror in physics.on_mirror:
-                    physics.on_mirror.remove(on_mirror)
-
-        self._undo.append(remove)
+        self._undo.append(lambda: physics.unwatch_mirror(on_mirror))
 
     def disarm(self) -> None:
         """Undo the faults that outlast a cycle (pending drops are cancelled)."""

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import paramiko
 
-from devices.emulated.physics import OcsRefusal
+from devices.emulated.switching import OcsRefusal
 from devices.emulated.host.ssh import accept_ssh, forget_accepted, generate_ed25519
 from devices.timing import now_ns
 

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from devices.emulated.physics import NicChange, NicModel, OpticalBench
+from devices.emulated.nic import NicChange, NicModel
+from devices.emulated.physics import OpticalBench
 from devices.timing import now_ns
 
 log = logging.getLogger(__name__)
@@ -323,8 +324,7 @@ class NetnsPlane:
 
     def stop(self) -> None:
         """Stop following the bench, end started processes, delete every namespace this plane created."""
-        if self._on_mirror in self.bench.on_mirror:
-            self.bench.on_mirror.remove(self._on_mirror)
+        self.bench.unwatch_mirror(self._on_mirror)
         for unsubscribe in self._unsubscribes:
             unsubscribe()
         self._unsubscribes.clear()

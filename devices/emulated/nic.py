@@ -1,8 +1,8 @@
 """The emulated NIC ports: their state (`NicSnapshot`), the changes pushed to hosts (`NicChange`), and the state
 machine a port runs through when its receiver's light changes: light detected, CDR lock, (CMIS module and data
-path), PHY up, port ACTIVE; and the link drops when the light goes, the far-end transmitter changes, or a fault
-says so. The composition (devices/emulated/physics.py) decides when the light changes, draws the delays and
-runs the schedule."""
+path), PHY up, port ACTIVE; and the link drops when the light goes, the far-end transmitter changes, the port is
+set down, or a fault says so. The composition (devices/emulated/physics.py) decides when the light changes, draws
+the delays and runs the schedule."""
 from __future__ import annotations
 
 import threading
@@ -194,6 +194,45 @@ class NicStateMachine:
             self._truth.append(t, stage, port.model.host, port.model.netdev, port.model.ocs_rx)
             if stage in RATE_STAGES:
                 self.rate_log.append((t, port.model.key, tuple(port.state)))
+
+    def admin_changed(self, port: Port, t: int, up: bool, lit: bool, command: int, domain: int) -> None:
+        """`ip link set` changed the port's admin state at `t` (`lit`: its receiver sees light; `command` and
+        `domain` key the draws). Down: the link drops at once (Disabled); up: it trains again if lit."""
+        if up:
+            self.emit(port, t, None, admin_up=True, phys_state="Polling")
+            if lit:
+                self.light_changed(port, t, True, command, domain)
+        else:
+            port.gen += 1  # a training in flight stops here
+            had_carrier = port.state.carrier
+            self.emit(port, t, "port_down" if had_carrier or port.state.ib_state != "DOWN" else None,
+                      admin_up=False, carrier=False, phys_state="Disabled", ib_state="DOWN", operstate="down",
+                      carrier_down_count=port.state.carrier_down_count + int(had_carrier))
+
+    def states_at(self, now: int, ports: Iterable[Port]) -> dict[str, NicSnapshot]:
+        """{"host:netdev": state at `now`} of `ports`, whose states may have run past `now` (the rate log tells
+        their last state by then)."""
+        states = {p.model.key: p.state for p in ports}
+        later: set[str] = set()  # ports whose state moved past `now`: their last state by `now` instead
+        for t, key, state in reversed(self.rate_log):  # due order
+            if t > now:
+                later.add(key)
+            elif not later:
+                break
+            elif key in later:
+                states[key] = NicSnapshot._make(state)
+                later.discard(key)
+        return states
+
+    def changes(self, since_ns: int, now: int) -> list[tuple[int, str, NicSnapshot]]:
+        """The rate log's (due ns, "host:netdev", state) in (since_ns, now], in due order."""
+        out = []
+        for t, key, state in reversed(self.rate_log):
+            if t <= since_ns:
+                break
+            if t <= now:
+                out.append((t, key, NicSnapshot._make(state)))
+        return out[::-1]
 
     def light_changed(self, port: Port, t: int, on: bool, command: int, domain: int) -> None:
         """The port's receiver saw its light come (`on`) or go at `t`; `command` and `domain` key the draws."""

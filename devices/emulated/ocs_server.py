@@ -24,7 +24,8 @@ import tty
 from collections import deque
 from typing import Callable, NamedTuple
 
-from devices.emulated.physics import OcsRefusal, OpticalBench
+from devices.emulated.physics import OpticalBench
+from devices.emulated.switching import OcsRefusal
 from devices.timing import ReceiveStamps, enable_receive_stamps, now_ns
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")

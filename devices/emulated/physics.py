@@ -1,11 +1,13 @@
-"""The physical truth of the emulated bench: switch mirrors, fibres, host clocks, and the composition of the
-NIC port state machines (devices/emulated/nic.py) and the schedule they run on (devices/emulated/schedule.py).
+"""The physical truth of the emulated bench, composed in `OpticalBench`: the switch's mirrors
+(devices/emulated/switching.py), the fibres from them to the NIC ports and the ports' state machines
+(devices/emulated/nic.py), the data-plane probes (devices/emulated/probes.py), the hosts' clocks, the seeded delays
+they all draw (devices/emulated/draws.py) and the schedule they run on (devices/emulated/schedule.py).
 
 Protocol servers (TL1/SCPI/NETCONF, SSH hosts) are thin views over one `OpticalBench`. State changes are actions
 on the schedule, each run with its DUE time: a late scheduler thread (a busy machine) cannot reorder cause and
 effect or stretch the profile's delays. Every reader (snapshots, port power, ground truth, the next command)
-first runs whatever is due, so the state it sees is the state at "now" on the schedule. Late running is recorded (`lateness()`, `schedule_report()`).
-Ground truth is appended with due times on the harness clock (CLOCK_MONOTONIC).
+first runs whatever is due, so the state it sees is the state at "now" on the schedule. Late running is recorded
+(`lateness()`, `schedule_report()`). Ground truth is appended with due times on the harness clock (CLOCK_MONOTONIC).
 
 Every random delay comes from a stream keyed by (seed, command, port, stage) — `command` is the switch
 command that moved the mirror (one or two per harness cycle), so the same seed and the same commands give
@@ -15,74 +17,26 @@ from __future__ import annotations
 
 import threading
 import time
-from array import array
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from devices.emulated.nic import (CMIS_RESET, DARK_DBM, NicChange, NicModel, NicSnapshot, NicStateMachine, Port,
-                                  Subscribers)
-from devices.emulated.profile import NIC_KEYS, OCS_KEYS, OPTIONAL_NIC_KEYS, Profile
+from devices.emulated.draws import ADMIN, CLOCK, DrawLog, KeyedStreams
+from devices.emulated.nic import CMIS_RESET, NicChange, NicModel, NicSnapshot, NicStateMachine, Port, Subscribers
+from devices.emulated.probes import ProbePaths
+from devices.emulated.profile import Profile
 from devices.emulated.schedule import Schedule
+from devices.emulated.switching import MirrorSwitch
 from devices.emulated.truth import TruthLog
 from devices.timing import now_ns
 
-WIRE_LATENCY_NS = 2_000  # fibre + serialisation of one probe frame
-# Stream key of every random quantity: (domain, command, stage) -> one value per port (or per host).
-# The optional stages come last: the others keep their codes, so a profile without them draws as before.
-_STREAM_STAGES = OCS_KEYS + NIC_KEYS + ("clock_offset", "clock_drift") + OPTIONAL_NIC_KEYS
-_STAGE_CODE = {stage: i for i, stage in enumerate(_STREAM_STAGES)}
-_OCS, _NIC, _CLOCK, _ADMIN = 0, 1, 2, 3  # _ADMIN: re-training after `ip link set up` (its own streams)
-
-
-class OcsRefusal(Exception):
-    """The switch refuses a command, for a reason of `kind` (one of KINDS; each protocol server says it in its
-    own words: TL1 error codes, SCPI error numbers, NETCONF error tags); `text` is the switch's comment."""
-
-    KINDS = frozenset({
-        "invalid_port",  # not a port of this switch, or not of the side the command needs
-        "port_in_use",  # an ingress already connected
-        "egress_in_use",  # an egress already connected, or named twice in one command
-        "no_patch",  # removing a connection that is not there
-        "listed_twice",  # an ingress named twice in one command
-        "lists_differ",  # ingress and egress lists of different lengths
-        "unsupported",  # a request the emulated switch does not offer
-        "not_equipped",  # the unit lacks the hardware (e.g. no optical power monitor)
-    })
-
-    def __init__(self, kind: str, text: str):
-        if kind not in self.KINDS:
-            raise TypeError(f"unknown refusal kind {kind!r}; expected one of {sorted(self.KINDS)}")
-        super().__init__(f"{kind}: {text}")
-        self.kind, self.text = kind, text
-
-
-class KeyedStreams:
-    """Uniform draws keyed by (seed, domain, command, stage, index): SeedSequence spawn keys, so a value depends
-    on its key alone, never on how many draws came before it. One block of `size` values per
-    (domain, command, stage), cached while recent."""
-
-    _KEEP = 256
-
-    def __init__(self, seed: int):
-        self.seed = int(seed)
-        self._blocks: dict[tuple[int, int, int], np.ndarray] = {}
-
-    def uniform(self, domain: int, command: int, stage: str, index: int, size: int) -> float:
-        key = (domain, command, _STAGE_CODE[stage])
-        block = self._blocks.get(key)
-        if block is None or len(block) < size:
-            words = np.random.SeedSequence(self.seed, spawn_key=key).generate_state(size, np.uint64)
-            block = (words >> np.uint64(11)).astype(np.float64) * 2.0**-53  # [0, 1) with 53 bits
-            self._blocks[key] = block
-            if len(self._blocks) > self._KEEP:
-                del self._blocks[next(iter(self._blocks))]
-        return float(block[index])
-
 
 @dataclass
-class _HostClock:
+class HostClock:
+    """A host's clock (the physics' and a worker's view of it, devices/emulated/shards.py): CLOCK_MONOTONIC plus
+    the wall epoch, a seeded offset and drift, and the steps injected since."""
+
     epoch_ns: int
     offset_ns: int
     drift_ppm: float
@@ -114,34 +68,26 @@ class OpticalBench:
                  clock: Callable[[], int] = now_ns, miscable: Iterable[Sequence[int]] = ()):
         self.profile = profile
         self._streams = KeyedStreams(seed)
+        self._draws = DrawLog(self._streams)
         self._now = clock  # CLOCK_MONOTONIC ns; tests pass a fake clock to make the scheduler late at will
-        # switch commands that moved a mirror, counted per switch: the "cycle" part of the stream keys, so that two
-        # switches over this physics draw the same whichever command reaches its server first
-        self._commands: dict[int, int] = {}
-        # Every draw, column-wise (a pod draws ~10^4 per cycle): command, port index (-1: the switch), stage
-        # code, delay, and how late the action it timed ran and when it was due (the schedule fills those in;
-        # due -1 until it ran).
-        self._draws = {k: array(t) for k, t in (("command", "q"), ("port", "l"), ("stage", "b"), ("delay_ns", "q"),
-                                                 ("late_ns", "q"), ("due_ns", "q"))}
         topo = profile.topology
         self.ocs_size = topo.ocs_size
         n_in = topo.ocs_size[0]
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._schedule = Schedule(clock, self._wake, self._draws["late_ns"], self._draws["due_ns"])
-        self._patches: dict[int, int] = {}  # commanded: ingress -> egress
-        self._settled: dict[int, int] = {}  # mirrors in place: ingress -> egress
-        self._settled_to: dict[int, int] = {}  # mirrors in place: egress -> ingress (O(1) peer lookup)
-        self._lit_egress: set[int] = set()
+        self._schedule = Schedule(clock, self._wake, self._draws.late_ns, self._draws.due_ns)
         self._truth = TruthLog()
+        self._switch = MirrorSwitch(self.ocs_size, profile.ocs, schedule=self._schedule, truth=self._truth,
+                                    draw=self._draw, light=self._egress_light)
         self._nic = NicStateMachine(
             profile, at=self._schedule.at, draw=self._draw, truth=self._truth,
-            far_end=lambda port: self._settled_to.get(port.model.ocs_rx), peer_of=self._peer_of,
-            link_changed=lambda t, port: self._update_data_plane(t, self._dp_affected(port)))
+            far_end=lambda port: self._switch.source_of(port.model.ocs_rx),
+            peer_of=lambda port: self._probes.peer_of(port),
+            link_changed=lambda t, port: self._probes.update(t, self._probes.affected(port)))
         self._subs = Subscribers()
-        # Observers of mirror moves, called (t_ns, ingress, egress, settled) on the scheduler thread with
-        # the bench lock held: they must return quickly and not call back into the bench.
-        self.on_mirror: list[Callable[[int, int, int, bool], None]] = []
+        # Observers of mirror moves (MirrorSwitch.on_mirror): quick, and never calling back into the bench;
+        # `unwatch_mirror` removes one.
+        self.on_mirror = self._switch.on_mirror
         self.on_clock_step: list[Callable[[str], None]] = []  # called (host) after a clock step, no lock held
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -151,9 +97,9 @@ class OpticalBench:
         start = self._now()
         lo, hi = profile.clock_offset_ms
         dlo, dhi = profile.drift_ppm
-        draw = lambda stage, h: self._streams.uniform(_CLOCK, 0, stage, h, len(self.hosts))  # noqa: E731
-        self._clocks = {h: _HostClock(epoch, int((lo + (hi - lo) * draw("clock_offset", i)) * 1e6),
-                                      float(dlo + (dhi - dlo) * draw("clock_drift", i)), start)
+        draw = lambda stage, h: self._streams.uniform(CLOCK, 0, stage, h, len(self.hosts))  # noqa: E731
+        self._clocks = {h: HostClock(epoch, int((lo + (hi - lo) * draw("clock_offset", i)) * 1e6),
+                                     float(dlo + (dhi - dlo) * draw("clock_drift", i)), start)
                         for i, h in enumerate(self.hosts)}
         # Mis-cabling: each pair [a, b] swaps the fibres at OCS ports a and b (both ingress or both egress).
         # `cabled_as` keeps the intended cabling — what the inventory claims; the models carry the real one.
@@ -173,9 +119,10 @@ class OpticalBench:
         self._host_ports: dict[str, list[Port]] = {h: [] for h in self.hosts}  # O(NICs of the host) lookups
         for port in self._ports.values():
             self._host_ports[port.model.host].append(port)
-        self._by_rx = {p.model.ocs_rx: p for p in self._ports.values()}
-        self._by_tx = {p.model.ocs_tx: p for p in self._ports.values()}
-        self._lit_ingress = set(self._by_tx)  # every NIC laser is on
+        self._probes = ProbePaths(self._switch, self._ports.values(), at=self._schedule.at, truth=self._truth,
+                                  nic=self._nic)
+        for ingress in self._probes.by_tx:  # every NIC laser is on
+            self._switch.transmit(ingress, True)
         self._admin_changes = 0  # `ip link set` calls that changed a port: the command part of their draws
         for key in profile.faults.get("never_up") or []:
             self._port_by_key(str(key)).fault = "never_up"
@@ -232,26 +179,18 @@ class OpticalBench:
 
     def _draw(self, domain: int, command: int, stage: str, delay, port: Port | None = None) -> tuple[int, int]:
         """(delay ns, draw index) of `delay` from the stream keyed (seed, command, port index, stage)."""
-        index, size = (0, 1) if port is None else (port.index, len(self._ports))
-        ns = int(delay.at_quantile(self._streams.uniform(domain, command, stage, index, size)) * 1e9)
-        cols = self._draws
-        cols["command"].append(command)
-        cols["port"].append(index if port is not None else -1)
-        cols["stage"].append(_STAGE_CODE[stage])
-        cols["delay_ns"].append(ns)
-        cols["late_ns"].append(0)
-        cols["due_ns"].append(-1)
-        return ns, len(cols["delay_ns"]) - 1
+        return self._draws.draw(domain, command, stage, delay, -1 if port is None else port.index, len(self._ports))
 
     # ------------------------------------------------------------------ OCS view
     def ocs_patches(self) -> dict[int, int]:
         with self._lock:
             self._advance()
-            return dict(self._patches)
+            return self._switch.patches()
 
     def ocs_apply(self, adds: dict[int, int], removes: Iterable[int] = (), at_ns: int | None = None,
                   switch: int = 0) -> int:
-        """Validate, then move mirrors. Returns the monotonic ns when every moved mirror has settled.
+        """Validate, then move mirrors (refused with switching.OcsRefusal). Returns the monotonic ns when every
+        moved mirror has settled.
 
         `switch`: which switch over this physics sent it (devices.emulated.bench.SwitchSlice); its commands are
         counted on their own, the first switch's keyed exactly as a lone switch's.
@@ -260,160 +199,33 @@ class OpticalBench:
         then, not from when a busy machine let the server's thread get to it — as far back as no reader has
         seen the state since (every change it makes falls after the last read)."""
         removes = list(removes)
-        n, m = self.ocs_size
         with self._lock:
             self._advance(observed=False)
-            for port in list(removes) + list(adds):
-                if not 1 <= port <= n:
-                    raise OcsRefusal("invalid_port", f"Invalid ingress port {port}")
-            for egress in adds.values():
-                if not n < egress <= n + m:
-                    raise OcsRefusal("invalid_port", f"Invalid egress port {egress}")
-            if len(set(removes)) != len(removes):
-                raise OcsRefusal("listed_twice", "Port listed twice")
-            for ingress in removes:
-                if ingress not in self._patches:
-                    raise OcsRefusal("no_patch", f"No patch on port {ingress}")
-            remaining = {i: e for i, e in self._patches.items() if i not in set(removes)}
-            used_egress = set(remaining.values())
-            if len(set(adds.values())) != len(adds):
-                raise OcsRefusal("egress_in_use", "Egress port used twice in one command")
-            for ingress, egress in adds.items():
-                if ingress in remaining:
-                    raise OcsRefusal("port_in_use", f"Port {ingress} already connected to {remaining[ingress]}")
-                if egress in used_egress:
-                    raise OcsRefusal("egress_in_use", f"Port {egress} already connected")
-            t0 = self._now()
-            if not (adds or removes):
-                return t0
-            count = self._commands[switch] = self._commands.get(switch, 0) + 1
-            command = count + (switch << 40)
-            # when the command had surely reached the switch (the server's kernel stamp plus its conversion's bound;
-            # else when it was handled, later — `port` says which): what the harness's recorded send must precede
-            # (analysis.accuracy.ocs_command_check)
-            self._truth.append(t0 if at_ns is None else at_ns, "ocs_command_arrived", "ocs",
-                               "handled" if at_ns is None else "kernel", 0)
-            dark, dark_draw = self._draw(_OCS, command, "dark", self.profile.ocs["dark"]) if removes else (0, -1)
-            base, base_draw = self._draw(_OCS, command, "switch", self.profile.ocs["switch"]) if adds else (0, -1)
-            if at_ns is not None:
-                first = min(d for d, on in ((dark, removes), (base, adds)) if on)
-                t0 = min(t0, max(at_ns, max(self._schedule.observed_ns, self._schedule.ran_ns) - first + 1))
-            if removes:
-                for ingress in removes:
-                    egress = self._patches.pop(ingress)
-                    self._schedule.at(t0 + dark, lambda t, i=ingress, e=egress: self._mirror_away(t, i, e, command),
-                             dark_draw)
-            settle = t0
-            if adds:
-                settle = t0 + base
-                draw = base_draw
-                for ingress, egress in adds.items():
-                    self._patches[ingress] = egress
-                    self._schedule.at(settle, lambda t, i=ingress, e=egress: self._mirror_settled(t, i, e, command),
-                                      draw)
-            return settle
+            return self._switch.apply(adds, removes, at_ns, switch)
 
     def ocs_port_power(self, port: int) -> float:
-        n, _ = self.ocs_size
         with self._lock:
             self._advance()
-            if port <= n:
-                return 1.0 if port in self._lit_ingress else DARK_DBM
-            if port in self._lit_egress:
-                return -3.0 - 0.05 * (port % 7)  # a per-port insertion loss, stable across runs
-            return DARK_DBM
+            return self._switch.port_power(port)
 
-    def _mirror_away(self, t: int, ingress: int, egress: int, command: int) -> None:
-        if self._settled.get(ingress) == egress:
-            del self._settled[ingress]
-            if self._settled_to.get(egress) == ingress:
-                del self._settled_to[egress]
-                # another mirror may already have settled onto this egress (a fast switch, a slow release)
-                for other, e in self._settled.items():
-                    if e == egress:
-                        self._settled_to[egress] = other
-        self._truth.append(t, "mirror_released", "ocs", str(egress), egress)
-        for observer in self.on_mirror:
-            observer(t, ingress, egress, False)
-        self._set_light(t, egress, command)
-
-    def _mirror_settled(self, t: int, ingress: int, egress: int, command: int) -> None:
-        if self._patches.get(ingress) != egress:
-            return  # superseded before it settled
-        self._settled[ingress] = egress
-        self._settled_to[egress] = ingress
-        self._truth.append(t, "mirror_settled", "ocs", str(egress), egress)
-        for observer in self.on_mirror:
-            observer(t, ingress, egress, True)
-        self._set_light(t, egress, command)
-
-    def _set_light(self, t: int, egress: int, command: int, domain: int = _NIC) -> None:
-        """Egress `egress` is lit iff a settled mirror points a lit ingress at it."""
-        source = self._settled_to.get(egress)
-        on = source is not None and source in self._lit_ingress
-        port = self._by_rx.get(egress)
-        if on != (egress in self._lit_egress):
-            (self._lit_egress.add if on else self._lit_egress.discard)(egress)
-            if port is not None:
-                self._nic.light_changed(port, t, on, command, domain)
-        elif on and port is not None and self._nic.link_up(port) and port.trained_on != source:
-            self._nic.light_changed(port, t, on, command, domain)  # another transmitter, never dark between
-        if port is not None:
-            self._update_data_plane(t, (port,))  # its peer may have changed even where the light did not
+    def _egress_light(self, t: int, egress: int, on: bool, changed: bool, source: int | None, command: int,
+                      domain: int) -> None:
+        """Egress `egress` is lit (`on`, from ingress `source`) or dark; `changed`: it was the other before."""
+        port = self._probes.by_rx.get(egress)
+        if port is None:
+            return
+        if changed or (on and self._nic.link_up(port) and port.trained_on != source):
+            # a light change, or another transmitter on a link up (never dark between)
+            self._nic.light_changed(port, t, on, command, domain)
+        self._probes.update(t, (port,))  # its peer may have changed even where the light did not
 
     # ------------------------------------------------------------------ data plane (probes)
-    def _peer_of(self, port: Port) -> Port | None:
-        """The NIC whose transmitter currently lights this port's receiver."""
-        ingress = self._settled_to.get(port.model.ocs_rx)
-        return None if ingress is None else self._by_tx.get(ingress)
-
-    def _receiver_of(self, port: Port) -> Port | None:
-        """The NIC whose receiver this port's transmitter currently lights."""
-        egress = self._settled.get(port.model.ocs_tx)
-        return None if egress is None else self._by_rx.get(egress)
-
-    def _dp_affected(self, port: Port) -> tuple[Port, ...]:
-        """Receivers whose probe path depends on `port`'s state: itself and the port it transmits to."""
-        receiver = self._receiver_of(port)
-        return (port,) if receiver is None or receiver is port else (port, receiver)
-
-    def _update_data_plane(self, t: int, ports: Iterable[Port]) -> None:
-        """Re-evaluate, for the given receiving ports (those whose path just changed), whether probes from
-        their peer get through: O(changed ports), not O(ports²)."""
-        for port in ports:
-            peer = self._peer_of(port) if port.model.ocs_rx in self._lit_egress else None
-            up = (peer is not None and peer.probe_interval_ns > 0 and port.state.ib_state == "ACTIVE"
-                  and peer.state.ib_state == "ACTIVE")
-            if up == port.dp_up:
-                continue
-            port.dp_up = up
-            port.dp_gen += 1
-            port.dp_flow = None
-            if up:
-                interval, t0 = peer.probe_interval_ns, peer.probe_t0_ns
-                seq = -(-(t - t0) // interval)  # first send tick at or after t
-                arrival = t0 + seq * interval + WIRE_LATENCY_NS
-                port.dp_flow = (peer.model.mac, seq, arrival, interval)
-                gen = port.dp_gen
-
-                def first(t_now, port=port, peer=peer, seq=seq, gen=gen):
-                    if port.dp_gen != gen:
-                        return
-                    self._nic.pending.append(NicChange(t_now, port.model.host, port.model.netdev, "probe_first",
-                                                   f"{peer.model.mac} {seq}"))
-                    self._truth.append(t_now, "first_packet", port.model.host, port.model.netdev,
-                                       port.model.ocs_rx)
-
-                self._schedule.at(arrival, first)
-
     def probe_start(self, host: str, netdev: str, interval_ns: int) -> None:
         if interval_ns <= 0:
             raise ValueError("probe interval must be > 0")
         with self._lock:
             self._advance()
-            port = self._port(host, netdev)
-            port.probe_interval_ns, port.probe_t0_ns = int(interval_ns), self._now()
-            self._schedule.at(port.probe_t0_ns, lambda t: self._update_data_plane(t, self._dp_affected(port)))
+            self._probes.send(self._port(host, netdev), self._now(), interval_ns)
 
     def probing(self, host: str, netdev: str) -> bool:
         """Whether the port's probe sender is running."""
@@ -430,9 +242,7 @@ class OpticalBench:
     def probe_stop(self, host: str, netdev: str) -> None:
         with self._lock:
             self._advance()
-            port = self._port(host, netdev)
-            port.probe_interval_ns = 0
-            self._schedule.at(self._now(), lambda t: self._update_data_plane(t, self._dp_affected(port)))
+            self._probes.send(self._port(host, netdev), self._now(), 0)
 
     # ------------------------------------------------------------------ host view
     def _port(self, host: str, netdev: str) -> Port:
@@ -461,17 +271,7 @@ class OpticalBench:
         with self._lock:
             now = self._now()
             self._advance()  # runs everything due by `now` (it reads the clock after us): undo what is later
-            states = {p.model.key: p.state for p in self._ports.values()}
-            later: set[str] = set()  # ports whose state moved past `now`: their last state by `now` instead
-            for t, key, state in reversed(self._nic.rate_log):  # due order
-                if t > now:
-                    later.add(key)
-                elif not later:
-                    break
-                elif key in later:
-                    states[key] = NicSnapshot._make(state)
-                    later.discard(key)
-            return now, states
+            return now, self._nic.states_at(now, self._ports.values())
 
     def nic_changes(self, since_ns: int) -> tuple[int, list[tuple[int, str, NicSnapshot]]]:
         """(now on the schedule, the (due ns, "host:netdev", state) changes of light, PHY and port state in
@@ -479,13 +279,7 @@ class OpticalBench:
         with self._lock:
             now = self._now()
             self._advance()
-            out = []
-            for t, key, state in reversed(self._nic.rate_log):
-                if t <= since_ns:
-                    break
-                if t <= now:
-                    out.append((t, key, NicSnapshot._make(state)))
-            return now, out[::-1]
+            return now, self._nic.changes(since_ns, now)
 
     def nic_snapshots(self, host: str) -> list[tuple[NicModel, NicSnapshot]]:
         """Every NIC port of `host` with its state, read at one instant of the schedule."""
@@ -526,22 +320,14 @@ class OpticalBench:
             t = self._now()
             self._admin_changes += 1
             command = self._admin_changes
-            (self._lit_ingress.add if up else self._lit_ingress.discard)(port.model.ocs_tx)
+            self._switch.transmit(port.model.ocs_tx, up)
             self._truth.append(t, "admin_up" if up else "admin_down", host, netdev, port.model.ocs_tx)
-            if up:
-                self._nic.emit(port, t, None, admin_up=True, phys_state="Polling")
-                if port.model.ocs_rx in self._lit_egress:
-                    self._nic.light_changed(port, t, True, command, _ADMIN)
-            else:
-                port.gen += 1  # a training in flight stops here
-                had_carrier = port.state.carrier
-                self._nic.emit(port, t, "port_down" if had_carrier or port.state.ib_state != "DOWN" else None,
-                           admin_up=False, carrier=False, phys_state="Disabled", ib_state="DOWN", operstate="down",
-                           carrier_down_count=port.state.carrier_down_count + int(had_carrier))
-                self._update_data_plane(t, (port,))
-            egress = self._settled.get(port.model.ocs_tx)
+            self._nic.admin_changed(port, t, up, self._switch.lit(port.model.ocs_rx), command, ADMIN)
+            if not up:
+                self._probes.update(t, (port,))
+            egress = self._switch.target_of(port.model.ocs_tx)
             if egress is not None:
-                self._set_light(t, egress, command, _ADMIN)  # the receiver it lit goes dark, or lights again
+                self._switch.set_light(t, egress, command, ADMIN)  # the receiver it lit goes dark, or lights again
 
     def set_port_fault(self, host: str, netdev: str, fault: str | None, *, flaps: int = 3,
                        flap_ms: float = 1.0) -> None:
@@ -556,6 +342,17 @@ class OpticalBench:
             self._advance()
             port = self._port(host, netdev)
             port.fault, port.flaps, port.flap_ns = fault, int(flaps), int(flap_ms * 1e6)
+
+    def unwatch_mirror(self, observer: Callable[[int, int, int, bool], None]) -> None:
+        """Remove `observer` from `on_mirror` if there (under the lock the scheduler calls the observers with)."""
+        with self._lock:
+            if observer in self.on_mirror:
+                self.on_mirror.remove(observer)
+
+    def port_fault(self, host: str, netdev: str) -> str | None:
+        """The port's injected fault (`set_port_fault`), None if none."""
+        with self._lock:
+            return self._port(host, netdev).fault
 
     def subscribe(self, host: str, callback: Callable[[NicChange], None]) -> Callable[[], None]:
         with self._lock:  # not between a batch of changes and the subscribers it goes to
@@ -586,20 +383,7 @@ class OpticalBench:
 
     def draws_frame(self):
         """`draws()` as a DataFrame, built from the columns (strings shared per distinct value)."""
-        import pandas as pd
-
-        names = np.empty(len(self._ports) + 1, dtype=object)
-        names[:] = [p.model.key for p in self._ports.values()] + ["ocs"]  # index -1: the switch
-        stages = np.empty(len(_STREAM_STAGES), dtype=object)
-        stages[:] = list(_STREAM_STAGES)
-        with self._lock:
-            n = len(self._draws["command"])
-            cols = {k: np.frombuffer(v, dtype=np.dtype(v.typecode))[:n].copy() if n else np.array([], dtype=np.int64)
-                    for k, v in self._draws.items()}
-        return pd.DataFrame({"command": cols["command"].astype(np.int64), "port": names[cols["port"]],
-                             "stage": stages[cols["stage"]], "delay_ns": cols["delay_ns"].astype(np.int64),
-                             "late_ns": cols["late_ns"].astype(np.int64), "due_ns": cols["due_ns"].astype(np.int64)},
-                            columns=["command", "port", "stage", "delay_ns", "late_ns", "due_ns"])
+        return self._draws.frame([p.model.key for p in self._ports.values()], self._lock)
 
     def schedule_report(self) -> dict:
         """Lateness of the schedule and, per stage, the delays realised against the profile's

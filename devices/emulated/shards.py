@@ -270,17 +270,17 @@ class PhysicsView:
     """The physics as a worker's host servers see it: the `OpticalBench` methods they use."""
 
     def __init__(self, spec: dict, calls: Connection):
-        from devices.emulated.physics import _HostClock
+        from devices.emulated.physics import HostClock
 
         self.profile = spec["profile"]
         self.hosts = spec["hosts"]
         self._models = spec["models"]
         self._all_models = spec["all_models"]
-        self._clocks = {h: _HostClock(p["epoch_ns"], p["offset_ns"], p["drift_ppm"], p["t0_ns"])
+        self._clocks = {h: HostClock(p["epoch_ns"], p["offset_ns"], p["drift_ppm"], p["t0_ns"])
                         for h, p in spec["clocks"].items()}
         self._calls = calls
         self._call_lock = threading.Lock()
-        from devices.emulated.physics import Subscribers
+        from devices.emulated.nic import Subscribers
 
         self._subs = Subscribers()
 
@@ -341,10 +341,10 @@ class PhysicsView:
                 "epoch_ns": c.epoch_ns}
 
     def set_clock(self, host, params) -> None:
-        from devices.emulated.physics import _HostClock
+        from devices.emulated.physics import HostClock
 
-        self._clocks[host] = _HostClock(params["epoch_ns"], params["offset_ns"], params["drift_ppm"],
-                                        params["t0_ns"])
+        self._clocks[host] = HostClock(params["epoch_ns"], params["offset_ns"], params["drift_ppm"],
+                                       params["t0_ns"])
 
     # pushed changes
     def subscribe(self, host, callback):

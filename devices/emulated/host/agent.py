@@ -17,7 +17,7 @@ from devices.emulated.host.context import ChannelGone, ExecContext, Handler
 from devices.emulated.host.net import ETHTOOL_FIELDS, ETHTOOL_STATES
 from devices.emulated.host.shell import PYTHON_NAMES, has_tool
 from devices.emulated.host.streams import Stream
-from devices.emulated.physics import NicChange
+from devices.emulated.nic import NicChange
 from devices.sshhub import HubSocket
 from devices.timing import now_ns
 
