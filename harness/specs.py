@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal, Mapping  # noqa: F401  (Literal: for
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, create_model
 from pydantic_core import PydanticCustomError
 
-from devices.specs import AtLeastOne, Count, Expect, Interval, Name, Port, Positive, Seconds, Spec, ranged  # noqa: F401
+from devices.specs import (AtLeastOne, Count, Expect, Fraction, Interval, Name, NonNegative, Port, Positive,  # noqa: F401
+                           Seconds, Spec, ranged)
 from harness.errors import InputError
 
 

@@ -17,7 +17,7 @@ from devices.parsers.common import ParseError
 from devices.timing import Deadline, now_ns
 from harness.bench.circuits import RetryPolicy
 from harness.errors import InputError
-from harness.specs import AtLeastOne, Count, Field, Literal, Positive, Spec, ranged, union_of
+from harness.specs import AtLeastOne, Count, Field, Literal, NonNegative, Positive, Spec, ranged, union_of
 
 RECONFIGURE = ("none", "per_regime", "per_iteration")
 # The emulated hosts' alltoall_perf: one rank per endpoint, its own row and column of the phase matrix.
@@ -32,8 +32,6 @@ PLACEHOLDERS = ("bytes", "recv_bytes", "host", "netdev", "rdma_dev", "rdma_port"
 ONCE_PLACEHOLDERS = ("bytes", "recv_bytes", "hosts", "nranks", "iters", "link_gbps", "eps_gbps", "time_scale",
                      "args")
 LAUNCH = ("per_endpoint", "once")
-
-NonNegative = ranged(float, "a value >= 0", ge=0)
 
 
 class MoeTrafficParams(Spec):

@@ -19,12 +19,11 @@ from analysis.cost import BASES, DEFAULT_PRICES
 from analysis.moe_models import GPUS, MODELS
 from harness.config import register_step
 from harness.errors import InputError
-from harness.specs import Annotated, AtLeastOne, Expect, Field, Literal, Positive, Seconds, Spec, create_model
+from harness.specs import Annotated, AtLeastOne, Expect, Field, Fraction, Literal, Positive, Seconds, Spec, create_model
 from harness.outcome import StepResult
 from harness.provenance import evidence_words
 
 STAGE_OF = {"ocs": "light_detected", "total": "first_packet"}
-Fraction = Annotated[float, Field(gt=0, le=1), Expect("a value in (0, 1]")]
 
 
 class Assumption(Spec):
