@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Mapping  # noqa: F401  (Literal: for step specs)
 
-from pydantic import AfterValidator, BaseModel, Field, ValidationError, create_model
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, create_model, model_validator  # noqa: F401
 from pydantic_core import PydanticCustomError
 
 from devices.specs import (AtLeastOne, Count, Expect, Fraction, Interval, Name, NonNegative, Port, Positive,  # noqa: F401
