@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import shlex
 import string
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from devices.parsers.common import ParseError
 from devices.timing import Deadline, now_ns
 from harness.bench.circuits import RetryPolicy
 from harness.errors import InputError
-from harness.specs import AtLeastOne, Count, Field, Literal, NonNegative, Positive, Spec, ranged, union_of
+from harness.specs import AtLeastOne, Count, Field, Literal, NonNegative, Positive, Spec, union_of
 
 RECONFIGURE = ("none", "per_regime", "per_iteration")
 # The emulated hosts' alltoall_perf: one rank per endpoint, its own row and column of the phase matrix.
@@ -68,12 +67,6 @@ class MoeTrafficParams(Spec):
     command_timeout_s: Positive = 120.0
     poll_interval_s: Positive = Field(0.005, description="how often the hosts' watch reads link state while "
                                                          "links train")
-
-
-# The same parameters in the `{param: (type, default)}` form, for a step that extends them (the link studies).
-SCHEMA = {name: (hint, MoeTrafficParams.model_fields[name].default)
-          for name, hint in typing.get_type_hints(MoeTrafficParams, include_extras=True).items()
-          if name in MoeTrafficParams.model_fields}
 
 
 class PhaseFailed(DeviceError):
