@@ -86,6 +86,7 @@ def _regime_form(pct: list) -> list:
 
 
 Percent = ranged(float, "a percentage in [0, 100]", ge=0, le=100)
+Level = ranged(float, "a level in (0, 1)", gt=0, lt=1)
 
 
 class DilocoParams(Spec):
@@ -148,7 +149,7 @@ class DilocoParams(Spec):
                                                                                 "by the model")
     fidelity_ms: Seconds = Field(0.0, description="a replay is faithful if send-error p99 × time_scale ≤ this "
                                                   "(0: TTFT SLO / 10)")
-    alpha: ranged(float, "a level in (0, 1)", gt=0, lt=1) = 0.05
+    alpha: Level = Field(0.05, description="the paired test's significance level")
     min_effect_pp: NonNegative = 0.5
     timeout_s: Positive = Field(60.0, description="per request, wall seconds")
     max_connections: AtLeastOne = 512
