@@ -36,7 +36,7 @@ from harness.errors import InputError
 from harness.bench.linkstudy import iteration_units, link_provenance
 from harness.bench.traffic import (RECONFIGURE, MoeTraffic, MoeTrafficParams, PhaseFailed, check_template,
                                    circuit_mapping, render_command)
-from harness.outcome import StepOutcome
+from harness.outcome import Check, StepOutcome
 
 Percentages = Annotated[list[Annotated[float, Field(ge=0, lt=100)]], Field(min_length=1),
                         Expect("a list of percentages in [0, 100)")]
@@ -352,8 +352,8 @@ def link_failures(ctx, step) -> StepOutcome:
                 "every phase of the trace per f.")
     md = [f"## Link failures ({step.name})", "", what, ""]
     md += _md_table(table, FAILURE_COLS) + [""] + ([f"**Stopped:** {failure}", ""] if failure else [])
-    checks = [{"name": "every fraction ran", "ok": failure is None and len(table) == len(set(study.fail_pct)),
-               "detail": failure or f"{len(table)}/{len(study.fail_pct)}"}]
+    checks = [Check(name="every fraction ran", ok=failure is None and len(table) == len(set(study.fail_pct)),
+                    detail=failure or f"{len(table)}/{len(study.fail_pct)}")]
     return StepOutcome(ok=checks[0]["ok"], checks=checks, summary=summary, summary_md="\n".join(md),
                        artifacts=[summary["parquet"], f"linkfail_{step.name}.json"], data={"linkfail": summary})
 
@@ -667,8 +667,8 @@ def link_flaps(ctx, step) -> StepOutcome:
     md = [f"## Link flaps ({step.name})", "", f"{p['flaps']} flaps: {what}, sampled every {p['sample_us']} µs on "
           f"their hosts (bounds widened by the clock uncertainty).", ""]
     md += _md_table(table, FLAP_COLS) + [""] + ([f"**Stopped:** {failure}", ""] if failure else [])
-    checks = [{"name": "every flap ran", "ok": failure is None and len(table) == p["flaps"],
-               "detail": failure or f"{len(table)}/{p['flaps']}"}]
+    checks = [Check(name="every flap ran", ok=failure is None and len(table) == p["flaps"],
+                    detail=failure or f"{len(table)}/{p['flaps']}")]
     if study.on_fabric and ctx.bench.truth:
         md += ["The emulator's reroute (the last shut link dark → its flows routed around) is a reference, not the "
                "truth of this reaction: a NIC's goodput varies within each transfer of the collective as its flows "
@@ -676,7 +676,7 @@ def link_flaps(ctx, step) -> StepOutcome:
     elif ctx.bench.truth and table:
         inside = [r["reaction_low_ms"] < (r.get("truth_reaction_ms") or -1) <= (r["reaction_high_ms"] or -1)
                   for r in table]
-        checks.append({"name": "reaction bounds contain the emulator's truth", "ok": all(inside),
-                       "detail": f"{sum(inside)}/{len(inside)} flaps"})
+        checks.append(Check(name="reaction bounds contain the emulator's truth", ok=all(inside),
+                            detail=f"{sum(inside)}/{len(inside)} flaps"))
     return StepOutcome(ok=all(c["ok"] for c in checks), checks=checks, summary=summary, summary_md="\n".join(md),
                        artifacts=[summary["parquet"], f"linkfail_{step.name}.json"], data={"linkfail": summary})

@@ -20,7 +20,7 @@ from analysis.moe_models import GPUS, MODELS
 from harness.config import register_step
 from harness.errors import InputError
 from harness.specs import Annotated, AtLeastOne, Expect, Field, Fraction, Literal, Positive, Seconds, Spec, create_model
-from harness.outcome import StepResult
+from harness.outcome import Check, StepResult
 from harness.provenance import evidence_words
 
 STAGE_OF = {"ocs": "light_detected", "total": "first_packet"}
@@ -593,15 +593,15 @@ def mixnet_verdict(ctx, step) -> StepResult:
     try:
         verdict = compute_verdict(events, p, ctx.seed, prov, late_cycles(ctx))
     except LookupError as exc:
-        return StepResult(ok=False, checks=[{"name": "measured delays available", "ok": False, "detail": str(exc)}])
+        return StepResult(ok=False, checks=[Check(name="measured delays available", ok=False, detail=str(exc))])
     except (ClaimInputError, ValueError, TypeError) as exc:
         raise InputError(f"step {step.name}: {exc}", step.file, step.line) from None
     artifacts = write_outputs(ctx.run_dir, events, verdict)
     md = verdict_markdown(verdict)  # summary.md opens with the claims' sentences (the step's summary) and terms
     falsified = [c["id"] for c in verdict["claims"] if c["verdict"] == "falsified"]
     # Verdicts are results, not failures of the run, unless the playbook asks for that.
-    checks = [{"name": f"claim {c['id']} not falsified", "ok": c["verdict"] != "falsified",
-               "detail": c["verdict"]} for c in verdict["claims"]] if p["fail_on_falsified"] else []
+    checks = [Check(name=f"claim {c['id']} not falsified", ok=c["verdict"] != "falsified", detail=c["verdict"])
+              for c in verdict["claims"]] if p["fail_on_falsified"] else []
     return StepResult(ok=not (falsified and p["fail_on_falsified"]), checks=checks, summary_md=md,
                       summary={"claims": claim_sentences(verdict),
                                **{c["id"]: say(c["verdict"], evidence_words(prov)) +

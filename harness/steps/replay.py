@@ -24,7 +24,7 @@ from analysis.serving import in_windows, request_latencies, slo_violations
 from harness.bench.serving import check_endpoint, run_replay
 from harness.config import register_step
 from harness.errors import InputError
-from harness.outcome import StepResult
+from harness.outcome import Check, StepResult
 from harness.specs import AfterValidator, Annotated, AtLeastOne, Count, Field, Fraction, Positive, Seconds, Spec
 
 GENERATORS = ("generate:poisson", "generate:mmpp")
@@ -316,9 +316,9 @@ def _result(step, summary: dict, label: str, endpoint: str, records: pd.DataFram
     else:
         complete = summary["recorded"] == n
     # Failed and timed-out requests are data (SLO violations), not a step failure: only a lost record is.
-    checks = [{"name": "every request has a record", "ok": bool(complete),
-               "detail": f"{summary['recorded']} records for {n} requests ({summary['ok']} ok, "
-                         f"{summary['failed']} failed, {summary['timeout']} timed out)"}]
+    checks = [Check(name="every request has a record", ok=bool(complete),
+                    detail=f"{summary['recorded']} records for {n} requests ({summary['ok']} ok, "
+                           f"{summary['failed']} failed, {summary['timeout']} timed out)")]
     return StepResult(ok=bool(complete), summary=summary, checks=checks,
                       summary_md=summary_markdown(step.name, summary, label, endpoint),
                       artifacts=[summary["log"], summary["parquet"], f"replay_{step.name}.json"])
