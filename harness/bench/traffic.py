@@ -16,7 +16,7 @@ from devices.parsers.common import ParseError
 from devices.timing import Deadline, now_ns
 from harness.bench.circuits import RetryPolicy
 from harness.errors import InputError
-from harness.specs import AtLeastOne, Count, Field, Literal, NonNegative, Positive, Spec, union_of
+from harness.specs import AtLeastOne, Count, Field, Literal, NonNegative, Positive, Spec, model_validator, union_of
 
 RECONFIGURE = ("none", "per_regime", "per_iteration")
 # The emulated hosts' alltoall_perf: one rank per endpoint, its own row and column of the phase matrix.
@@ -68,6 +68,19 @@ class MoeTrafficParams(Spec):
     poll_interval_s: Positive = Field(0.005, description="how often the hosts' watch reads link state while "
                                                          "links train")
 
+    @model_validator(mode="after")
+    def _command_fits_launch(self):
+        once = self.launch == "once"
+        if once and self.command in BUILTIN_COMMANDS:
+            raise ValueError(f"the built-in {self.command} runs one rank per endpoint; launch: once needs a "
+                             "command template")
+        try:
+            check_template(BUILTIN_COMMANDS.get(self.command, self.command),
+                           ONCE_PLACEHOLDERS if once else PLACEHOLDERS)
+        except ValueError as exc:
+            raise ValueError(f"command: {exc}") from None
+        return self
+
 
 class PhaseFailed(DeviceError):
     """A transfer command failed or printed something unparsable."""
@@ -85,21 +98,21 @@ class Endpoint:
     rx: int
 
 
-def check_template(template: str, where: tuple[str | None, int | None],
-                   known: tuple[str, ...] = PLACEHOLDERS) -> None:
-    """Only `known` placeholders, without conversions or format specs (the values are quoted strings)."""
+def check_template(template: str, known: tuple[str, ...] = PLACEHOLDERS) -> str:
+    """Only `known` placeholders, without conversions or format specs (the values are quoted strings);
+    ValueError otherwise."""
     try:
         fields = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise InputError(f"command: bad template ({exc})", *where) from None
+        raise ValueError(f"bad template ({exc})") from None
     for _, name, spec, conversion in fields:
         if name is None:
             continue
         if name not in known:
-            raise InputError(f"command: unknown placeholder {{{name}}} (known: "
-                             f"{', '.join('{' + p + '}' for p in known)})", *where)
+            raise ValueError(f"unknown placeholder {{{name}}} (known: {', '.join('{' + p + '}' for p in known)})")
         if spec or conversion:
-            raise InputError(f"command: placeholder {{{name}}} takes no conversion or format spec", *where)
+            raise ValueError(f"placeholder {{{name}}} takes no conversion or format spec")
+    return template
 
 
 def render_command(template: str, values: dict[str, object], args: list) -> str:
@@ -189,11 +202,7 @@ class MoeTraffic:
         self.ctx, self.step, self.p = ctx, step, step.params
         p, where = self.p, (step.file, step.line)
         self.once = p["launch"] == "once"
-        if self.once and p["command"] in BUILTIN_COMMANDS:
-            raise InputError(f"step {step.name}: the built-in {p['command']} runs one rank per endpoint; "
-                             "launch: once needs a command template", *where)
-        self.template = BUILTIN_COMMANDS.get(p["command"], p["command"])
-        check_template(self.template, where, ONCE_PLACEHOLDERS if self.once else PLACEHOLDERS)
+        self.template = BUILTIN_COMMANDS.get(p["command"], p["command"])  # fits the launch: the spec
         if p["launch_host"] and p["launch_host"] not in ctx.bench.inventory.hosts:
             raise InputError(f"step {step.name}: launch_host {p['launch_host']!r} is not in the inventory", *where)
         ports = {n.key: n for n in ctx.bench.inventory.nic_ports}

@@ -31,7 +31,7 @@ from devices.errors import DeviceError
 from devices.timing import Deadline, now_ns
 from harness.config import register_step
 from analysis.fabric import MODES
-from harness.specs import Annotated, AtLeastOne, Expect, Field, Literal, Positive
+from harness.specs import AfterValidator, Annotated, AtLeastOne, Expect, Field, Literal, Positive
 from harness.errors import InputError
 from harness.bench.linkstudy import iteration_units, link_provenance
 from harness.bench.traffic import (RECONFIGURE, MoeTraffic, MoeTrafficParams, PhaseFailed, check_template,
@@ -41,6 +41,7 @@ from harness.outcome import Check, StepOutcome
 Percentages = Annotated[list[Annotated[float, Field(ge=0, lt=100)]], Field(min_length=1),
                         Expect("a list of percentages in [0, 100)")]
 Ops = Annotated[int, Field(ge=2), Expect("a value >= 2")]
+FABRIC_PLACEHOLDERS = ("plane", "leaf", "spine", "state")
 
 
 class LinkStudyParams(MoeTrafficParams):
@@ -55,7 +56,8 @@ class LinkStudyParams(MoeTrafficParams):
     per_leaf: AtLeastOne = 4
     spines: AtLeastOne = 4
     load_balancing: Literal[MODES] = "ecmp"
-    fabric_command: str = "fabric_link {plane} {leaf} {spine} {state}"
+    fabric_command: Annotated[str, AfterValidator(lambda t: check_template(t, FABRIC_PLACEHOLDERS))] = \
+        "fabric_link {plane} {leaf} {spine} {state}"
     fabric_host: str = Field("", description="default: the first endpoint's host")
     settle_ms: Positive = Field(10.0, description="after a pull, before measuring: the fabric routed around it")
 
@@ -125,7 +127,6 @@ class LinkStudy:
 
         p, step, moe = self.p, self.step, self.moe
         where = (step.file, step.line)
-        check_template(p["fabric_command"], where, ("plane", "leaf", "spine", "state"))
         rates = {n.key: n.gbps for n in self.ctx.bench.inventory.nic_ports}
         missing = [e.key for e in moe.endpoints[: self.n] if not rates.get(e.key)]
         if missing:
