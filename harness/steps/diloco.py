@@ -34,7 +34,7 @@ from harness.outcome import StepOutcome
 from harness.specs import (AfterValidator, Annotated, AtLeastOne, Count, Field, Fraction, Literal, NonNegative,
                            Positive, Seconds, Spec, model_validator, ranged)
 
-LIMITS = {"nice": (-20, 19), "fifo": (1, 99)}
+PRIORITY_LIMITS = {"nice": (-20, 19), "fifo": (1, 99)}
 PRIORITY_FORMS = "inherit, nice:N (-20..19) or fifo:N (1..99)"
 
 
@@ -47,7 +47,8 @@ def priority_level(spec: str) -> tuple[str, int] | None:
         level = int(value)
     except ValueError:
         level = None
-    if kind not in LIMITS or level is None or not LIMITS[kind][0] <= level <= LIMITS[kind][1]:
+    low, high = PRIORITY_LIMITS.get(kind, (0, -1))
+    if level is None or not low <= level <= high:
         raise ValueError(f"expected {PRIORITY_FORMS}, found {spec!r}")
     return kind, level
 
@@ -63,7 +64,7 @@ def _bandwidth_form(spec: str) -> str:
             gbps = float(spec)
         except ValueError:
             gbps = math.nan
-        if not gbps > 0:
+        if not (math.isfinite(gbps) and gbps > 0):
             raise ValueError(f"expected 'measure' or Gb/s > 0, found {spec!r}")
     return spec
 
@@ -74,7 +75,7 @@ def _turnaround_form(spec: str) -> str:
             seconds = float(spec)
         except ValueError:
             seconds = math.nan
-        if not seconds >= 0:
+        if not (math.isfinite(seconds) and seconds >= 0):
             raise ValueError(f"expected events, profile:NAME, none or seconds >= 0, found {spec!r}")
     return spec
 
