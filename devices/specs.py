@@ -27,8 +27,10 @@ def ranged(kind: type, text: str, **bounds):
 
 Port = ranged(int, "a port number in 1..65535", ge=1, le=65535)
 Interval = ranged(int, "a positive interval", gt=0)
-Seconds = ranged(float, "a value >= 0", ge=0)
+NonNegative = ranged(float, "a value >= 0", ge=0)
+Seconds = NonNegative  # a duration, in any unit
 Count = ranged(int, "a value >= 0", ge=0)
 AtLeastOne = ranged(int, "a value >= 1", ge=1)
 Positive = ranged(float, "a value > 0", gt=0)
+Fraction = ranged(float, "a value in (0, 1]", gt=0, le=1)
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]+$", description="letters, digits, '_', '.', '-'")]

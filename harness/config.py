@@ -27,8 +27,8 @@ from devices.resources import Bench, HostResource, NicPort, OcsResource
 from harness.errors import InputError
 from pydantic import ValidationError, ValidationInfo, field_validator
 
-from harness.specs import (REQUIRED, AfterValidator, BaseModel, Expect, Field, Literal, Name, Port, Spec, describe,
-                           errors_of, model_from_schema, raise_all, union_of, validate)
+from harness.specs import (AfterValidator, BaseModel, Expect, Field, Literal, Name, Port, Spec, create_model,
+                           describe, errors_of, raise_all, union_of, validate)
 
 PortItem = union_of((int, str))
 
@@ -329,13 +329,11 @@ def load_yaml(path: str | os.PathLike) -> LoadedYaml:
 
 
 # ------------------------------------------------------------------------------------ schema checks
-def check_mapping(node: Any, schema: Mapping[str, tuple] | type[Spec], what: str,
-                  where: tuple[str, int | None]) -> dict:
-    """Validate `node` against a declared spec (a Spec model, or the tuple form {key: (type,
-    default|REQUIRED)}); return a plain dict with defaults filled. Every problem is reported at once."""
+def check_mapping(node: Any, model: type[Spec], what: str, where: tuple[str, int | None]) -> dict:
+    """Validate `node` against a declared spec; return a plain dict with defaults filled. Every problem is
+    reported at once."""
     if not isinstance(node, dict):
         raise InputError(f"{what}: expected a mapping, found {describe(node)}", *where)
-    model = schema if isinstance(schema, type) else model_from_schema("Params", schema)
     return params_of(validate(model, node, what, where), node)
 
 
@@ -770,15 +768,10 @@ def load_inventory(path: str | os.PathLike) -> Bench:
 @dataclass(frozen=True)
 class StepType:
     name: str
-    schema: dict[str, tuple]  # {param: (type, default | REQUIRED)}, as declared or read from `model`
+    model: type[Spec]  # the step's parameters
     impl: Any = None
     # resume_point(run_dir, step, last_logged_cycle) -> cycles already done; None: the step reruns whole
     resume_point: Any = None
-    model: Any = None  # the step's parameters as a Spec model (built from `schema` when declared as tuples)
-
-    def __post_init__(self):
-        if self.model is None:
-            object.__setattr__(self, "model", model_from_schema(_model_name(self.name), self.schema))
 
 
 class RegistrationError(TypeError):
@@ -786,42 +779,39 @@ class RegistrationError(TypeError):
 
 
 STEP_TYPES: dict[str, StepType] = {}
-# Extra top-level playbook keys a lab (or the runner) may declare: {key: (type, default)}.
-PLAYBOOK_OPTIONS: dict[str, tuple] = {}
+# Extra top-level playbook keys a lab (or the runner) may declare: Spec classes, each field a key.
+PLAYBOOK_OPTIONS: list[type[Spec]] = []
 
 
 def _model_name(type_name: str) -> str:
     return "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", type_name)) + "Params"
 
 
-def register_step(type_name: str, schema: Mapping[str, tuple] | type[Spec] | None = None,
-                  registry: dict[str, StepType] | None = None, *, resume_point=None):
-    """Declare a step type and its params: a Spec model (preferred: types, defaults and ranges declared
-    once, with a JSON Schema), or the older {param: (type, default | REQUIRED)}.
+def register_step(type_name: str, params: type[Spec] | None = None, registry: dict[str, StepType] | None = None,
+                  *, resume_point=None):
+    """Declare a step type and its parameters: a Spec class (each field's type, default and range once; the
+    JSON Schema follows from it); None: the step takes none.
 
     Registers at once; the returned decorator attaches the implementation:
-    `@register_step("ocs_apply", {"mapping": (dict, REQUIRED)})` above a function or class. A name already
-    registered is refused (RegistrationError). `resume_point`: see StepType.
+    `@register_step("soak", SoakParams)` above a function or class. A name already registered is refused
+    (RegistrationError). `resume_point`: see StepType.
     """
     registry = STEP_TYPES if registry is None else registry
     if type_name in registry:
         raise RegistrationError(f"step type {type_name!r} is already registered")
-    model = None
-    if isinstance(schema, type) and issubclass(schema, Spec):
-        model = schema
-        schema = {k: (f.annotation, REQUIRED if f.is_required() else f.default) for k, f in model.model_fields.items()}
-    schema = dict(schema or {})
-    for param, spec in schema.items():
-        if not isinstance(spec, tuple) or len(spec) < 2:
-            raise TypeError(f"step {type_name}: schema for {param!r} must be (type, default|REQUIRED)")
-        if param in ("type", "name"):
-            raise TypeError(f"step {type_name}: 'type' and 'name' are reserved step keys")
-    registry[type_name] = StepType(type_name, schema, resume_point=resume_point, model=model)
+    if params is None:
+        params = create_model(_model_name(type_name), __base__=Spec)
+    if not (isinstance(params, type) and issubclass(params, Spec)):
+        raise TypeError(f"step {type_name}: parameters must be a Spec class (harness.specs), found {params!r}")
+    reserved = {"type", "name"} & set(params.model_fields)
+    if reserved:
+        raise TypeError(f"step {type_name}: {', '.join(sorted(reserved))} are reserved step keys")
+    registry[type_name] = StepType(type_name, params, resume_point=resume_point)
 
     def attach(impl):
         if registry[type_name].impl is not None:
             raise RegistrationError(f"step type {type_name!r} already has an implementation")
-        registry[type_name] = StepType(type_name, schema, impl, resume_point, registry[type_name].model)
+        registry[type_name] = StepType(type_name, params, impl, resume_point)
         return impl
 
     return attach
@@ -962,7 +952,7 @@ class PlaybookSpec(Spec):
 
 def playbook_model() -> type[Spec]:
     """PlaybookSpec with the extra top-level keys labs declared in PLAYBOOK_OPTIONS."""
-    return model_from_schema("Playbook", PLAYBOOK_OPTIONS, base=PlaybookSpec) if PLAYBOOK_OPTIONS else PlaybookSpec
+    return create_model("Playbook", __base__=(PlaybookSpec, *PLAYBOOK_OPTIONS)) if PLAYBOOK_OPTIONS else PlaybookSpec
 
 
 def discover_steps() -> dict[str, StepType]:
@@ -1007,7 +997,7 @@ def playbook_from_data(loaded: LoadedYaml, source: str, step_types: Mapping[str,
     raise_all(problems)
     if not steps:
         raise InputError("playbook.steps: expected at least one step", *data.where("steps"))
-    options = {k: top[k] for k in PLAYBOOK_OPTIONS}
+    options = {k: top[k] for spec in PLAYBOOK_OPTIONS for k in spec.model_fields}
     sweep = None
     if top["sweep"] is not None:
         sweep = check_sweep(data["sweep"], steps, step_types, data.where("sweep"))

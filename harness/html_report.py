@@ -252,22 +252,21 @@ def verdict_section(run: RunData) -> str:
             parts.append(f'<p class="banner">{_e(line.lstrip("> ").replace("**", ""))}</p>')
     t = claims_table(v)
     parts.append(_table(["claim", "verdict", "the bound", "the model's estimate"], [
-        [f"<b>{_e(c['statement'])}</b><br><code>{_e(c['id'])}</code>",
-         f'<td class="{_verdict_class(c["class"])}"><b>{_e(c["verdict"])}</b></td>', _e(c["bound"]), _e(c["model"])]
-        for c in t["claims"]]))
-    parts.append(f"<p><small>{_e(t['assumptions'])}</small></p>")
+        [f"<b>{_e(c.statement)}</b><br><code>{_e(c.id)}</code>",
+         f'<td class="{_verdict_class(c.verdict_class)}"><b>{_e(c.verdict)}</b></td>', _e(c.bound), _e(c.model)]
+        for c in t.claims]))
+    parts.append(f"<p><small>{_e(t.assumptions)}</small></p>")
     rows = []
-    for r in t["rows"]:
-        cells = [f"<b>{_e(r['scenario'])}</b>"]
-        for c in r["cells"]:
+    for r in t.rows:
+        cells = [f"<b>{_e(r.scenario)}</b>"]
+        for c in r.cells:
             cells.append("–" if c is None else
-                         f'<td class="{_verdict_class(c["class"])}">bound: {_e(c["bound"])}<br>model: '
-                         f'{_e(c["model"])} <a href="#note-{c["note"]}">[{c["note"]}]</a></td>')
+                         f'<td class="{_verdict_class(c.verdict_class)}">bound: {_e(c.bound)}<br>model: '
+                         f'{_e(c.model)} <a href="#note-{c.note}">[{c.note}]</a></td>')
         rows.append(cells)
-    notes = "".join(f'<li id="note-{i}">{_e(n)}</li>' for i, n in enumerate(t["notes"], 1))
-    parts.append("<h3>By scenario</h3>" + _table(["scenario"] + [f"<code>{_e(c['id'])}</code>" for c in t["claims"]],
-                                                 rows) +
-                 f"<p><small>{_e(t['legend'].replace('*', ''))}</small></p><ol class=\"notes\">{notes}</ol>")
+    notes = "".join(f'<li id="note-{i}">{_e(n)}</li>' for i, n in enumerate(t.notes, 1))
+    parts.append("<h3>By scenario</h3>" + _table(["scenario"] + [f"<code>{_e(c.id)}</code>" for c in t.claims], rows) +
+                 f"<p><small>{_e(t.legend.replace('*', ''))}</small></p><ol class=\"notes\">{notes}</ol>")
     rob = v.get("robustness") or {}
     if rob.get("table"):
         from harness.steps.mixnet import evidence_words, say

@@ -17,6 +17,47 @@ class Check(TypedDict):
 
 
 @dataclass(frozen=True)
+class ClaimRow:
+    """One claim as the writers (summary.md, the HTML report) show it: its verdict in words and on what it rests.
+    `verdict_class` is the bare verdict (holds | falsified | inconclusive | …) a writer styles by."""
+
+    id: str
+    statement: str
+    verdict: str
+    verdict_class: str
+    bound: str  # what the analytic bound concludes
+    model: str  # what the model concludes over the assumption grid
+
+
+@dataclass(frozen=True)
+class ScenarioCell:
+    """One claim in one scenario: the bound's and the model's short verdicts, and the number of its reason."""
+
+    bound: str
+    model: str
+    note: int  # 1-based, into ClaimsTable.notes
+    verdict_class: str
+
+
+@dataclass(frozen=True)
+class ScenarioRow:
+    scenario: str
+    cells: tuple[ScenarioCell | None, ...]  # one per claim, in ClaimsTable.claims' order; None: not evaluated
+    notes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ClaimsTable:
+    """The claims × scenarios table, each reason once (`notes`), that every writer renders."""
+
+    claims: tuple[ClaimRow, ...]
+    rows: tuple[ScenarioRow, ...]
+    notes: tuple[str, ...]
+    legend: str
+    assumptions: str
+
+
+@dataclass(frozen=True)
 class CycleOutcome:
     """One measured cycle's bookkeeping (harness clock), for `cycles.parquet` and resume."""
 

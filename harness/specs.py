@@ -9,19 +9,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Mapping  # noqa: F401  (Literal: for step specs)
 
-from pydantic import AfterValidator, BaseModel, Field, ValidationError, create_model
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, create_model, model_validator  # noqa: F401
 from pydantic_core import PydanticCustomError
 
-from devices.specs import AtLeastOne, Count, Expect, Interval, Name, Port, Positive, Seconds, Spec, ranged  # noqa: F401
+from devices.specs import (AtLeastOne, Count, Expect, Fraction, Interval, Name, NonNegative, Port,  # noqa: F401
+                           Positive, Seconds, Spec, ranged)
 from harness.errors import InputError
 
-
-class _Required:
-    def __repr__(self) -> str:
-        return "REQUIRED"
-
-
-REQUIRED: Any = _Required()  # a step parameter without a default, in the `{param: (type, default)}` form
 
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true/false", list: "a list",
                dict: "a mapping", type(None): "null"}
@@ -58,23 +52,9 @@ def is_instance(value: Any, types: type | tuple[type, ...]) -> bool:
     return isinstance(value, types)
 
 
-# ------------------------------------------------------------------------------ tuple schemas -> models
-def _range_by_name(key: str, kind: type) -> Any:
-    """The semantic range a parameter of its kind meets, by its name (the playbook convention): ports,
-    intervals (> 0), durations and timeouts (>= 0), retry counts (>= 0)."""
-    if kind is int and (key == "port" or key.endswith("_port")):
-        return Port
-    if kind in (int, float) and "interval" in key:
-        return ranged(kind, "a positive interval", gt=0)
-    if kind in (int, float) and (key.endswith(("_s", "_ms", "_us")) or "timeout" in key
-                                 or key in ("retries", "seconds")):
-        return ranged(kind, "a value >= 0", ge=0)
-    return kind
-
-
+# ------------------------------------------------------------------------------------ plain unions
 def union_of(types: tuple[type, ...]) -> Any:
-    """A parameter of several plain types, checked as the tuple form always did (a float field takes an
-    int; bool is never an int)."""
+    """A parameter of several plain types (a float takes an int; bool is never an int)."""
     def check(value):
         if not is_instance(value, types):
             raise PydanticCustomError("types", "expected {types}", {"types": type_name(types)})
@@ -83,21 +63,6 @@ def union_of(types: tuple[type, ...]) -> Any:
     schema = {"anyOf": [{"type": {int: "integer", float: "number", str: "string", bool: "boolean",
                                   list: "array", dict: "object", type(None): "null"}[t]} for t in types]}
     return Annotated[Any, AfterValidator(check), Field(json_schema_extra=schema)]
-
-
-def model_from_schema(name: str, schema: Mapping[str, tuple], base: type[Spec] | None = None) -> type[Spec]:
-    """A step model from the older `{param: (type, default | REQUIRED)}` form, with the semantic range its
-    name implies (so a lab's tuple schema gets the same checks and a JSON Schema)."""
-    fields = {}
-    for key, (types, default, *_) in schema.items():
-        types = types if isinstance(types, tuple) else (types,)
-        nullable = type(None) in types
-        plain = tuple(t for t in types if t is not type(None))
-        annotation = _range_by_name(key, plain[0]) if len(plain) == 1 else union_of(plain)
-        if nullable:
-            annotation = annotation | None
-        fields[key] = (annotation, ... if default is REQUIRED else Field(default=default, validate_default=False))
-    return create_model(name, __base__=base or Spec, **fields)
 
 
 # ----------------------------------------------------------------------------------- error reporting

@@ -7,8 +7,9 @@ import pytest
 
 from harness import config
 from harness.cli import main
-from harness.config import REQUIRED, RegistrationError, StepType, load_inventory, load_playbook, load_yaml, register_step
+from harness.config import RegistrationError, StepType, load_inventory, load_playbook, load_yaml, register_step
 from harness.errors import InputError
+from harness.specs import Positive, Spec
 
 INVENTORY = """\
 bench: {name: lab-a, emulated: false}
@@ -194,15 +195,24 @@ steps:
 """
 
 
+class ReconfigureParams(Spec):
+    mapping: dict
+    exclusive: bool = False
+
+
+class WaitParams(Spec):
+    seconds: float
+
+
 @pytest.fixture
 def registry():
     reg: dict[str, StepType] = {}
 
-    @register_step("reconfigure", {"mapping": (dict, REQUIRED), "exclusive": (bool, False)}, registry=reg)
+    @register_step("reconfigure", ReconfigureParams, registry=reg)
     def reconfigure():  # pragma: no cover - never called
         pass
 
-    register_step("wait", {"seconds": (float, REQUIRED)}, registry=reg)
+    register_step("wait", WaitParams, registry=reg)
     assert reg["reconfigure"].impl is reconfigure and reg["wait"].impl is None
     return reg
 
@@ -240,21 +250,45 @@ def test_playbook_errors(tmp_path, registry, old, new, line, match):
     expect_error(load_playbook, path, registry, line=line, match=match)
 
 
+def test_a_labs_playbook_options_are_declared_as_a_spec(tmp_path, registry, monkeypatch):
+    class LabOptions(Spec):
+        shift: str = "day"
+        budget_s: Positive = 60.0
+
+    monkeypatch.setattr(config, "PLAYBOOK_OPTIONS", [LabOptions])
+    pb = load_playbook(write(tmp_path, "pb.yaml", PLAYBOOK.replace("seed: 7", "seed: 7\nbudget_s: 90")), registry)
+    assert pb.options == {"shift": "day", "budget_s": 90.0}
+    bad = write(tmp_path, "bad.yaml", PLAYBOOK.replace("seed: 7", "seed: 7\nbudget_s: -1\ncolour: red"))
+    expect_error(load_playbook, bad, registry, line=3, match="budget_s: expected a value > 0, found -1")
+    expect_error(load_playbook, bad, registry, line=4, match="unknown key 'colour'")
+    monkeypatch.setattr(config, "discover_steps", lambda: registry)
+    from harness.commands.schema import playbook_schema
+
+    assert playbook_schema()["properties"]["budget_s"]["exclusiveMinimum"] == 0  # editors see the option too
+
+
 def test_register_step_rejects_bad_schema():
-    with pytest.raises(TypeError):
-        register_step("x", {"a": int}, registry={})
-    with pytest.raises(TypeError):
-        register_step("x", {"name": (str, "")}, registry={})
+    with pytest.raises(TypeError, match="must be a Spec class"):
+        register_step("x", {"a": (int, 1)}, registry={})  # the parameters are declared one way only
+
+    class Named(Spec):
+        name: str = ""
+
+    with pytest.raises(TypeError, match="name are reserved"):
+        register_step("x", Named, registry={})
+    registry = {}
+    register_step("x", registry=registry)  # no parameters: any key is refused
+    assert registry["x"].model.model_fields == {}
 
 
 def test_duplicate_step_registration_is_refused(registry):
     with pytest.raises(RegistrationError, match="'wait' is already registered"):
-        register_step("wait", {"seconds": (float, 1.0)}, registry=registry)
-    attach = register_step("nap", {}, registry=registry)
+        register_step("wait", ReconfigureParams, registry=registry)
+    attach = register_step("nap", registry=registry)
     attach(lambda ctx, step: None)
     with pytest.raises(RegistrationError, match="already has an implementation"):
         attach(lambda ctx, step: None)
-    assert registry["wait"].schema == {"seconds": (float, REQUIRED)}  # the first registration stands
+    assert registry["wait"].model is WaitParams  # the first registration stands
 
 
 def test_validate_command(tmp_path, capsys, monkeypatch):
@@ -267,10 +301,10 @@ def test_validate_command(tmp_path, capsys, monkeypatch):
     assert main(["validate", str(good), str(bad), str(other)]) == 2
     out = capsys.readouterr()
     assert f"{bad}:21: " in out.err and f"{other}:1: cannot tell" in out.err and "Traceback" not in out.err
-    monkeypatch.setattr(config, "discover_steps", lambda: {"wait": StepType("wait", {"seconds": (float, 1.0)})})
+    monkeypatch.setattr(config, "discover_steps", lambda: {"wait": StepType("wait", WaitParams)})
     import harness.commands.validate as validate
     monkeypatch.setattr(validate, "discover_steps", config.discover_steps)
-    pb = write(tmp_path, "pb.yaml", "name: p\nsteps:\n  - type: wait\n")
+    pb = write(tmp_path, "pb.yaml", "name: p\nsteps:\n  - {type: wait, seconds: 1}\n")
     assert main(["validate", str(pb)]) == 0
     assert "playbook 'p': 1 steps, 1 cycles" in capsys.readouterr().out
 

@@ -282,9 +282,11 @@ def test_sync_cost_from_this_runs_turnaround_events(tmp_path):
 def test_step_input_errors(tmp_path, capsys):
     code, _ = _run(tmp_path, "bad", policies=["wa", "oracle"])
     err = capsys.readouterr().err
-    assert code == 2 and f"{tmp_path / 'bad.yaml'}:5: step study: policies: unknown ['oracle']" in err
+    assert code == 2 and "(diloco 'study').policies[1]: expected one of 'wa', " in err
+    line = next(i for i, text in enumerate((tmp_path / "bad.yaml").read_text().splitlines(), 1) if "oracle" in text)
+    assert f"{tmp_path / 'bad.yaml'}:{line}: " in err and "found string 'oracle'" in err  # at the item's line
     assert "Traceback" not in err
-    expected = "priority must be inherit, nice:N (-20..19) or fifo:N (1..99), found {!r}"
+    expected = "priority: expected inherit, nice:N (-20..19) or fifo:N (1..99), found {!r}"
     code, _ = _run(tmp_path, "prio", priority="fifo:0")
     assert code == 2 and expected.format("fifo:0") in capsys.readouterr().err
     from types import SimpleNamespace

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import harness.commands.validate as validate
 from harness.cli import main
-from harness.config import REQUIRED, StepType
+from harness.config import StepType
+from harness.specs import Spec
 
 INVENTORY = {
     "bench": {"name": "lab", "emulated": True},
@@ -32,8 +33,18 @@ PROFILE = {"name": "fuzz", "source": "a test", "ocs": {"switch": {"dist": "logno
                    "cdr_lock": {"dist": "empirical", "quantiles_ms": [0.1, 0.2, 0.5]}},
            "topology": {"hosts": 2, "nics_per_host": 2, "ocs_size": [8, 8]}, "tools": {"ethtool": "6.1"},
            "faults": {"miscable": [[9, 10]], "inject": [{"kind": "port_flap", "probability": 0.1, "flaps": 2}]}}
-REGISTRY = {"wait": StepType("wait", {"seconds": (float, REQUIRED)}),
-            "turn": StepType("turn", {"count": (int, 1), "pattern": (str, "ring")})}
+
+
+class WaitParams(Spec):
+    seconds: float
+
+
+class TurnParams(Spec):
+    count: int = 1
+    pattern: str = "ring"
+
+
+REGISTRY = {"wait": StepType("wait", WaitParams), "turn": StepType("turn", TurnParams)}
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 MESSAGE = re.compile(r"^harness: (?P<file>.+?):(?P<line>\d+): \S")

@@ -21,7 +21,6 @@ from devices.parsers.bench_tools import parse_ib_write_bw, parse_nccl_tests
 from devices.ssh import SshTransport
 from devices.parsers.common import ParseError
 from harness.cli import main
-from harness.errors import InputError
 from harness.bench.traffic import check_template, render_command, transfer_seconds
 from harness.steps.moe_traffic import MoeTrafficRun
 from traces.generate import generate_moe
@@ -339,11 +338,13 @@ def test_bad_step_params_are_input_errors(tmp_path, capsys, change, message):
 
 @pytest.mark.parametrize("kind", ["link_failures", "link_flaps"])
 def test_the_link_studies_check_the_traffic_parameters_alike(tmp_path, capsys, kind):
-    book = _playbook(tmp_path / "bad.yaml", [{"type": kind, "name": "m", **TRACE, "layers": 0, "zipf_s": -1.0}])
+    book = _playbook(tmp_path / "bad.yaml", [{"type": kind, "name": "m", **TRACE, "layers": 0, "zipf_s": -1.0,
+                                              "fabric_command": "fabric_link {plane} {port}"}])
     assert main(["run", book, "--dry-run", "--out", str(tmp_path / "runs"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "layers: expected a value >= 1, found 0" in err and "zipf_s: expected a value >= 0" in err, err
-    assert err.count("bad.yaml:") == 2
+    assert "fabric_command: unknown placeholder {port} (known: {plane}, {leaf}, {spine}, {state})" in err, err
+    assert err.count("bad.yaml:") == 3
 
 
 HOSTILE = ["x; echo pwned > /tmp/pwned", "$(touch /tmp/pwned)", "`id`", "a && echo pwned > /tmp/pwned2", "'\"", ""]
@@ -351,12 +352,12 @@ HOSTILE = ["x; echo pwned > /tmp/pwned", "$(touch /tmp/pwned)", "`id`", "a && ec
 
 def test_template_values_are_shell_quoted():
     template = "probe {self} {args} -b {bytes}"
-    check_template(template, ("p.yaml", 3))
+    check_template(template)
     values = {"self": HOSTILE[0], "bytes": HOSTILE[1]}
     words = shlex.split(render_command(template, values, HOSTILE))
     assert words == ["probe", HOSTILE[0], *HOSTILE, "-b", HOSTILE[1]]
-    with pytest.raises(InputError):
-        check_template("probe {bytes.real}", ("p.yaml", 3))
+    with pytest.raises(ValueError, match=r"unknown placeholder \{bytes\.real\}"):
+        check_template("probe {bytes.real}")
 
 
 def test_no_injection_through_a_remote_shell():

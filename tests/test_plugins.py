@@ -97,7 +97,7 @@ def test_imports_in_a_playbook_register_before_its_steps_are_checked(tmp_path, m
         from harness.config import register_step
         from harness.steps import StepOutcome
 
-        @register_step("lab_noop_for_test_plugins", {})
+        @register_step("lab_noop_for_test_plugins")
         def noop(ctx, step):
             return StepOutcome(summary={"ran": 1})
         """))
@@ -111,7 +111,7 @@ def test_imports_in_a_playbook_register_before_its_steps_are_checked(tmp_path, m
 
 
 @pytest.mark.parametrize("source, fragment", [
-    ("from harness.config import register_step\nregister_step('turnaround', {})\n",
+    ("from harness.config import register_step\nregister_step('turnaround')\n",
      "RegistrationError: step type 'turnaround' is already registered"),
     ("from devices.ocs.registry import OcsProtocol, register_protocol\n"
      "register_protocol(OcsProtocol(name='polatis-tl1', driver='x:y', schemes=('tcp',), default_port=1, "
@@ -146,7 +146,7 @@ def test_an_inventory_imports_the_protocol_it_names(tmp_path, capsys):
 
 def test_registries_refuse_a_name_twice():
     with pytest.raises(RegistrationError, match="already registered"):
-        register_step("turnaround", {})
+        register_step("turnaround")
     with pytest.raises(ValueError, match="already registered"):
         register_protocol(get_protocol("polatis-scpi"))
     with pytest.raises(PluginError, match="no such file"):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import shlex
 import string
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from devices.parsers.common import ParseError
 from devices.timing import Deadline, now_ns
 from harness.bench.circuits import RetryPolicy
 from harness.errors import InputError
-from harness.specs import AtLeastOne, Count, Field, Literal, Positive, Spec, ranged, union_of
+from harness.specs import AtLeastOne, Count, Field, Literal, NonNegative, Positive, Spec, model_validator, union_of
 
 RECONFIGURE = ("none", "per_regime", "per_iteration")
 # The emulated hosts' alltoall_perf: one rank per endpoint, its own row and column of the phase matrix.
@@ -32,8 +31,6 @@ PLACEHOLDERS = ("bytes", "recv_bytes", "host", "netdev", "rdma_dev", "rdma_port"
 ONCE_PLACEHOLDERS = ("bytes", "recv_bytes", "hosts", "nranks", "iters", "link_gbps", "eps_gbps", "time_scale",
                      "args")
 LAUNCH = ("per_endpoint", "once")
-
-NonNegative = ranged(float, "a value >= 0", ge=0)
 
 
 class MoeTrafficParams(Spec):
@@ -71,11 +68,18 @@ class MoeTrafficParams(Spec):
     poll_interval_s: Positive = Field(0.005, description="how often the hosts' watch reads link state while "
                                                          "links train")
 
-
-# The same parameters in the `{param: (type, default)}` form, for a step that extends them (the link studies).
-SCHEMA = {name: (hint, MoeTrafficParams.model_fields[name].default)
-          for name, hint in typing.get_type_hints(MoeTrafficParams, include_extras=True).items()
-          if name in MoeTrafficParams.model_fields}
+    @model_validator(mode="after")
+    def _command_fits_launch(self):
+        once = self.launch == "once"
+        if once and self.command in BUILTIN_COMMANDS:
+            raise ValueError(f"the built-in {self.command} runs one rank per endpoint; launch: once needs a "
+                             "command template")
+        try:
+            check_template(BUILTIN_COMMANDS.get(self.command, self.command),
+                           ONCE_PLACEHOLDERS if once else PLACEHOLDERS)
+        except ValueError as exc:
+            raise ValueError(f"command: {exc}") from None
+        return self
 
 
 class PhaseFailed(DeviceError):
@@ -94,21 +98,21 @@ class Endpoint:
     rx: int
 
 
-def check_template(template: str, where: tuple[str | None, int | None],
-                   known: tuple[str, ...] = PLACEHOLDERS) -> None:
-    """Only `known` placeholders, without conversions or format specs (the values are quoted strings)."""
+def check_template(template: str, known: tuple[str, ...] = PLACEHOLDERS) -> str:
+    """Only `known` placeholders, without conversions or format specs (the values are quoted strings);
+    ValueError otherwise."""
     try:
         fields = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise InputError(f"command: bad template ({exc})", *where) from None
+        raise ValueError(f"bad template ({exc})") from None
     for _, name, spec, conversion in fields:
         if name is None:
             continue
         if name not in known:
-            raise InputError(f"command: unknown placeholder {{{name}}} (known: "
-                             f"{', '.join('{' + p + '}' for p in known)})", *where)
+            raise ValueError(f"unknown placeholder {{{name}}} (known: {', '.join('{' + p + '}' for p in known)})")
         if spec or conversion:
-            raise InputError(f"command: placeholder {{{name}}} takes no conversion or format spec", *where)
+            raise ValueError(f"placeholder {{{name}}} takes no conversion or format spec")
+    return template
 
 
 def render_command(template: str, values: dict[str, object], args: list) -> str:
@@ -198,11 +202,7 @@ class MoeTraffic:
         self.ctx, self.step, self.p = ctx, step, step.params
         p, where = self.p, (step.file, step.line)
         self.once = p["launch"] == "once"
-        if self.once and p["command"] in BUILTIN_COMMANDS:
-            raise InputError(f"step {step.name}: the built-in {p['command']} runs one rank per endpoint; "
-                             "launch: once needs a command template", *where)
-        self.template = BUILTIN_COMMANDS.get(p["command"], p["command"])
-        check_template(self.template, where, ONCE_PLACEHOLDERS if self.once else PLACEHOLDERS)
+        self.template = BUILTIN_COMMANDS.get(p["command"], p["command"])  # fits the launch: the spec
         if p["launch_host"] and p["launch_host"] not in ctx.bench.inventory.hosts:
             raise InputError(f"step {step.name}: launch_host {p['launch_host']!r} is not in the inventory", *where)
         ports = {n.key: n for n in ctx.bench.inventory.nic_ports}

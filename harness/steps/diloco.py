@@ -27,66 +27,160 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.diloco import POLICIES
 from harness.config import register_step
 from harness.errors import InputError
 from harness.outcome import StepOutcome
+from harness.specs import (AfterValidator, Annotated, AtLeastOne, Count, Field, Fraction, Literal, NonNegative,
+                           Positive, Seconds, Spec, model_validator, ranged)
 
-SCHEMA = {
-    "requests": (str, "../../shared/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"),
-    # trace: the trace's own arrivals (open loop); bursty: the artifact's closed-loop bursty client
-    # (analysis.serving.BurstyClosedLoop, its fields overridable in closed_loop:), evaluated by the model
-    "load": (str, "trace"),
-    "closed_loop": (dict, {}),
-    "seeds": (int, 10),
-    "policies": (list, []),  # empty: all of analysis.diloco.POLICIES
-    "duration_s": (float, 600.0),  # trace seconds per seed (a segment of the trace)
-    "cycle_s": (float, 1.0),
-    "draws": (int, 5),
-    "min_gap_s": (float, 18.0),
-    "ewma_span": (int, 5),
-    "fixed_period_steps": (int, 256),
-    "controller": (dict, {}),  # overrides of analysis.diloco.ControllerParams
-    "learner": (dict, {}),  # overrides of analysis.diloco.LearnerModel
-    "evaluate": (str, "replay"),  # replay | model
-    "endpoint": (str, "emulated"),
-    "model": (str, "emulated-llm"),
-    "time_scale": (float, 60.0),
-    "workers": (int, 0),  # 0: one per CPU; 1: serial
-    # the pool's replay workers: inherit (the harness's scheduling) | nice:N | fifo:N (SCHED_FIFO priority N,
-    # root): a real-time replay keeps its send times while the machine runs other work; the kernel's RT
+PRIORITY_LIMITS = {"nice": (-20, 19), "fifo": (1, 99)}
+PRIORITY_FORMS = "inherit, nice:N (-20..19) or fifo:N (1..99)"
+
+
+def priority_level(spec: str) -> tuple[str, int] | None:
+    """None (inherit), ("nice", N) or ("fifo", N); ValueError for any other form."""
+    if spec == "inherit":
+        return None
+    kind, _, value = spec.partition(":")
+    try:
+        level = int(value)
+    except ValueError:
+        level = None
+    low, high = PRIORITY_LIMITS.get(kind, (0, -1))
+    if level is None or not low <= level <= high:
+        raise ValueError(f"expected {PRIORITY_FORMS}, found {spec!r}")
+    return kind, level
+
+
+def _priority_form(spec: str) -> str:
+    priority_level(spec)
+    return spec
+
+
+def _bandwidth_form(spec: str) -> str:
+    if spec != "measure":
+        try:
+            gbps = float(spec)
+        except ValueError:
+            gbps = math.nan
+        if not (math.isfinite(gbps) and gbps > 0):
+            raise ValueError(f"expected 'measure' or Gb/s > 0, found {spec!r}")
+    return spec
+
+
+def _turnaround_form(spec: str) -> str:
+    if spec not in ("events", "none") and not spec.startswith("profile:"):
+        try:
+            seconds = float(spec)
+        except ValueError:
+            seconds = math.nan
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"expected events, profile:NAME, none or seconds >= 0, found {spec!r}")
+    return spec
+
+
+def _regime_form(pct: list) -> list:
+    if len(pct) != 2 or not 0 <= pct[0] < pct[1]:
+        raise ValueError(f"expected [low, high] percent with 0 <= low < high, found {pct}")
+    return pct
+
+
+Percent = ranged(float, "a percentage in [0, 100]", ge=0, le=100)
+Level = ranged(float, "a level in (0, 1)", gt=0, lt=1)
+
+
+class DilocoParams(Spec):
+    """Serving-aware DiLoCo synchronisation on a serving trace: every policy's sync schedule replayed (or
+    modelled) against the emulated endpoint, and a verdict for "WA+EWMA beats matched random"."""
+
+    requests: str = "../../shared/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
+    load: Literal["trace", "bursty"] = Field(
+        "trace", description="trace: the trace's own arrivals (open loop); bursty: the artifact's closed-loop "
+                             "bursty client (analysis.serving.BurstyClosedLoop, its fields overridable in "
+                             "closed_loop:), evaluated by the model")
+    closed_loop: dict = {}
+    seeds: AtLeastOne = 10
+    policies: list[Literal[POLICIES]] = Field([], description="empty: all of analysis.diloco.POLICIES")
+    duration_s: Positive = Field(600.0, description="trace seconds per seed (a segment of the trace)")
+    cycle_s: Positive = 1.0
+    draws: AtLeastOne = 5
+    min_gap_s: Seconds = 18.0
+    ewma_span: AtLeastOne = 5
+    fixed_period_steps: AtLeastOne = 256
+    controller: dict = Field({}, description="overrides of analysis.diloco.ControllerParams")
+    learner: dict = Field({}, description="overrides of analysis.diloco.LearnerModel")
+    evaluate: Literal["replay", "model"] = "replay"
+    endpoint: str = "emulated"
+    model: str = "emulated-llm"
+    time_scale: Positive = 60.0
+    workers: Count = Field(0, description="0: one per CPU; 1: serial")
+    # fifo: a real-time replay keeps its send times while the machine runs other work; the kernel's RT
     # throttling still leaves that work 5 % of each CPU
-    "priority": (str, "inherit"),
-    "prefill_tokens_per_s": (float, 20_000.0),
-    "decode_tokens_per_s": (float, 50.0),
-    "batch_slots": (int, 0),  # 0: calibrate to target_no_sync_pct
-    "max_model_len": (int, 262_144),
-    "stream_interval_s": (float, 1.0),  # wall s between SSE writes (first and last token exact, the rest coalesced)
-    "sync_capacity": (float, 0.5),  # fraction of the serving capacity left while a sync runs (assumption)
-    "target_no_sync_pct": (float, 4.0),
-    "regime_pct": (list, [2.0, 6.5]),
-    "slo_ttft_ms": (float, 2000.0),
-    "slo_tpot_ms": (float, 0.0),
-    "slo_e2e_ms": (float, 0.0),
-    "slo_batch_ms": (float, 0.0),  # closed loop: a request violates when its batch takes longer than this
-    "model_params": (float, 1.0e9),  # parameters of the trained model (its delta is what a sync moves)
-    "bytes_per_param": (float, 2.0),  # bf16
-    "compression": (float, 1.0),  # fraction of the delta's bytes sent (e.g. 0.25 for 4-bit)
-    "bandwidth": (str, "measure"),  # measure (ib_write_bw on the bench) | Gb/s as a number
-    "turnaround": (str, "events"),  # events (this run's turnaround cycles) | profile:NAME | none | SECONDS
-    # > 0: every sync is a window of this many seconds (the artifact's compute-stress window after a sync)
-    # instead of the transfer and turnaround above, which are then not measured
-    "sync_window_s": (float, 0.0),
-    "sensitivity_capacity": (list, [0.25, 0.75, 0.9]),  # sync_capacity values re-evaluated by the model
-    "fidelity_ms": (float, 0.0),  # a replay is faithful if send-error p99 × time_scale ≤ this (0: TTFT SLO / 10)
-    "alpha": (float, 0.05),
-    "min_effect_pp": (float, 0.5),
-    "timeout_s": (float, 60.0),  # per request, wall seconds
-    "max_connections": (int, 512),
-    # keep-alive connections opened before the first request: a burst then finds them instead of paying a new
-    # connection's set-up on its send path (the connection waits a replay reports)
-    "warm_connections": (int, 256),
-    "lead_s": (float, 1.0),  # wall s from a replay's start-up to its first request
-}
+    priority: Annotated[str, AfterValidator(_priority_form)] = Field(
+        "inherit", description="the pool's replay workers: inherit (the harness's scheduling) | nice:N | fifo:N "
+                               "(SCHED_FIFO priority N, root)")
+    prefill_tokens_per_s: Positive = 20_000.0
+    decode_tokens_per_s: Positive = 50.0
+    batch_slots: Count = Field(0, description="0: calibrate to target_no_sync_pct")
+    max_model_len: AtLeastOne = 262_144
+    stream_interval_s: Positive = Field(1.0, description="wall s between SSE writes (first and last token exact, "
+                                                         "the rest coalesced)")
+    sync_capacity: Fraction = Field(0.5, description="fraction of the serving capacity left while a sync runs "
+                                                     "(assumption)")
+    target_no_sync_pct: Percent = 4.0
+    regime_pct: Annotated[list[float], AfterValidator(_regime_form)] = [2.0, 6.5]
+    slo_ttft_ms: Seconds = 2000.0
+    slo_tpot_ms: Seconds = 0.0
+    slo_e2e_ms: Seconds = 0.0
+    slo_batch_ms: Seconds = Field(0.0, description="closed loop: a request violates when its batch takes longer "
+                                                   "than this")
+    model_params: Positive = Field(1.0e9, description="parameters of the trained model (its delta is what a sync "
+                                                      "moves)")
+    bytes_per_param: Positive = Field(2.0, description="2: bf16")
+    compression: Fraction = Field(1.0, description="fraction of the delta's bytes sent (e.g. 0.25 for 4-bit)")
+    bandwidth: Annotated[str, AfterValidator(_bandwidth_form)] = Field(
+        "measure", description="measure (ib_write_bw on the bench) | Gb/s as a number")
+    turnaround: Annotated[str, AfterValidator(_turnaround_form)] = Field(
+        "events", description="events (this run's turnaround cycles) | profile:NAME | none | SECONDS")
+    sync_window_s: Seconds = Field(0.0, description="> 0: every sync is a window of this many seconds (the "
+                                                    "artifact's compute-stress window after a sync) instead of the "
+                                                    "transfer and turnaround, which are then not measured")
+    sensitivity_capacity: list[Fraction] = Field([0.25, 0.75, 0.9], description="sync_capacity values re-evaluated "
+                                                                                "by the model")
+    fidelity_ms: Seconds = Field(0.0, description="a replay is faithful if send-error p99 × time_scale ≤ this "
+                                                  "(0: TTFT SLO / 10)")
+    alpha: Level = Field(0.05, description="the paired test's significance level")
+    min_effect_pp: NonNegative = 0.5
+    timeout_s: Positive = Field(60.0, description="per request, wall seconds")
+    max_connections: AtLeastOne = 512
+    # a burst then finds them instead of paying a new connection's set-up on its send path
+    warm_connections: Count = Field(256, description="keep-alive connections opened before the first request")
+    lead_s: Seconds = Field(1.0, description="wall s from a replay's start-up to its first request")
+
+    @model_validator(mode="after")
+    def _coherent(self):
+        """What holds between the fields (each field's own range is its type)."""
+        p = self.model_dump()
+        if not any(p[k] > 0 for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "slo_batch_ms")):
+            raise ValueError("set at least one of slo_ttft_ms, slo_tpot_ms, slo_e2e_ms, slo_batch_ms")
+        if p["load"] == "bursty":
+            if p["evaluate"] != "model":
+                raise ValueError("load: bursty is evaluated by the model only (evaluate: model): the replay client "
+                                 "sends a trace's own arrivals, not a closed loop")
+            if p["batch_slots"] < 1:
+                raise ValueError("load: bursty needs batch_slots ≥ 1 (the closed loop's no-sync rate does not "
+                                 "depend on them once they hold a batch, so there is nothing to calibrate)")
+            try:
+                _closed_loop(p)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"closed_loop: {exc}") from None
+        elif p["slo_batch_ms"] > 0:
+            raise ValueError("slo_batch_ms needs load: bursty (a trace's requests are not sent in batches)")
+        study_params(p)
+        return self
+
+
 RING_FACTOR = "2(n−1)/n"  # ring all-reduce bytes per learner for the outer merge
 
 
@@ -147,12 +241,7 @@ def _turnaround_samples(ctx, step, spec: str) -> tuple[np.ndarray, str]:
         stages = [profile.ocs["switch"]] + [profile.nic[k] for k in ("los_clear", "cdr_lock", "phy_up", "port_active")]
         samples = np.asarray([sum(d.sample(rng) for d in stages) for _ in range(2000)])
         return samples, f"profile {profile.name} (sum of OCS switch and NIC stage delays; source: {profile.source.strip()})"
-    try:
-        value = float(spec)
-    except ValueError:
-        raise _bad(step, f"turnaround must be events, profile:NAME, none or seconds, found {spec!r}") from None
-    if not value >= 0:
-        raise _bad(step, f"turnaround seconds must be >= 0, found {value}")
+    value = float(spec)  # seconds >= 0: the spec
     return np.full(1, value), f"declared: {value:g} s"
 
 
@@ -165,14 +254,11 @@ def sync_cost(ctx, step, p: dict, n_learners: int) -> dict:
     wire_bytes = bytes_delta * 2 * (n_learners - 1) / n_learners
     if p["bandwidth"] == "measure":
         gbps, bw_source = _measure_bandwidth_gbps(ctx, step)
+        if not gbps > 0:
+            raise _bad(step, f"bandwidth: measured {gbps} Gb/s")
     else:
-        try:
-            gbps = float(p["bandwidth"])
-        except ValueError:
-            raise _bad(step, f"bandwidth must be 'measure' or Gb/s, found {p['bandwidth']!r}") from None
+        gbps = float(p["bandwidth"])  # > 0: the spec
         bw_source = f"declared: {gbps:g} Gb/s"
-    if not gbps > 0:
-        raise _bad(step, f"bandwidth must be > 0 Gb/s, found {gbps}")
     samples, turnaround_source = _turnaround_samples(ctx, step, p["turnaround"])
     transfer_s = wire_bytes / (gbps * 1.25e8)
     return {"delta_bytes": bytes_delta, "wire_bytes_per_learner": wire_bytes, "ring": RING_FACTOR,
@@ -287,7 +373,8 @@ def calibrate_slots(segments: list[pd.DataFrame], p: dict, target_pct: float) ->
 
 
 # ---- the step ---------------------------------------------------------------------------------------------------
-def _study_params(step, p: dict):
+def study_params(p: dict):
+    """The schedules' parameters; ValueError names what of controller: or learner: cannot be."""
     from dataclasses import fields
 
     from analysis.diloco import ControllerParams, LearnerModel, StudyParams
@@ -296,57 +383,16 @@ def _study_params(step, p: dict):
         known = {f.name for f in fields(cls)}
         unknown = set(overrides) - known
         if unknown:
-            raise _bad(step, f"{name}: unknown keys {sorted(unknown)} (known: {sorted(known)})")
+            raise ValueError(f"{name}: unknown keys {sorted(unknown)} (known: {sorted(known)})")
         try:
             return cls(**overrides)
         except (TypeError, ValueError) as exc:
-            raise _bad(step, f"{name}: {exc}") from None
+            raise ValueError(f"{name}: {exc}") from None
 
-    try:
-        return StudyParams(duration_s=p["duration_s"], cycle_s=p["cycle_s"], ewma_span=p["ewma_span"],
-                           min_gap_s=p["min_gap_s"], draws=p["draws"], fixed_period_steps=p["fixed_period_steps"],
-                           controller=build(ControllerParams, p["controller"], "controller"),
-                           learner=build(LearnerModel, p["learner"], "learner"))
-    except ValueError as exc:
-        raise _bad(step, str(exc)) from None
-
-
-def _check(step, p: dict) -> None:
-    from analysis.diloco import POLICIES
-
-    for key in ("duration_s", "cycle_s", "time_scale", "prefill_tokens_per_s", "decode_tokens_per_s",
-                "model_params", "bytes_per_param", "timeout_s", "draws", "seeds"):
-        if not p[key] > 0:
-            raise _bad(step, f"{key} must be > 0, found {p[key]}")
-    _priority(step, p["priority"], applied=p["evaluate"] == "replay" and p["workers"] != 1)
-    if not 0 < p["sync_capacity"] <= 1 or not 0 < p["compression"] <= 1:
-        raise _bad(step, "sync_capacity and compression must be in (0, 1]")
-    if p["evaluate"] not in ("replay", "model"):
-        raise _bad(step, f"evaluate must be replay or model, found {p['evaluate']!r}")
-    unknown = [x for x in p["policies"] if x not in POLICIES]
-    if unknown:
-        raise _bad(step, f"policies: unknown {unknown} (known: {', '.join(POLICIES)})")
-    if not any(p[k] > 0 for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "slo_batch_ms")):
-        raise _bad(step, "set at least one of slo_ttft_ms, slo_tpot_ms, slo_e2e_ms, slo_batch_ms")
-    if p["sync_window_s"] < 0:
-        raise _bad(step, f"sync_window_s must be >= 0, found {p['sync_window_s']}")
-    if p["load"] not in ("trace", "bursty"):
-        raise _bad(step, f"load must be trace or bursty, found {p['load']!r}")
-    if p["load"] == "bursty":
-        if p["evaluate"] != "model":
-            raise _bad(step, "load: bursty is evaluated by the model only (evaluate: model): the replay client "
-                             "sends a trace's own arrivals, not a closed loop")
-        if p["batch_slots"] < 1:
-            raise _bad(step, "load: bursty needs batch_slots ≥ 1 (the closed loop's no-sync rate does not depend "
-                             "on them once they hold a batch, so there is nothing to calibrate)")
-        try:
-            _closed_loop(p)
-        except (TypeError, ValueError) as exc:
-            raise _bad(step, f"closed_loop: {exc}") from None
-    elif p["slo_batch_ms"] > 0:
-        raise _bad(step, "slo_batch_ms needs load: bursty (a trace's requests are not sent in batches)")
-    if len(p["regime_pct"]) != 2 or not 0 <= p["regime_pct"][0] < p["regime_pct"][1]:
-        raise _bad(step, f"regime_pct must be [low, high] percent, found {p['regime_pct']}")
+    return StudyParams(duration_s=p["duration_s"], cycle_s=p["cycle_s"], ewma_span=p["ewma_span"],
+                       min_gap_s=p["min_gap_s"], draws=p["draws"], fixed_period_steps=p["fixed_period_steps"],
+                       controller=build(ControllerParams, p["controller"], "controller"),
+                       learner=build(LearnerModel, p["learner"], "learner"))
 
 
 def _segments(frame: pd.DataFrame, n_seeds: int, duration_s: float, seed: int) -> tuple[list, list]:
@@ -364,15 +410,15 @@ def _segments(frame: pd.DataFrame, n_seeds: int, duration_s: float, seed: int) -
     return segments, offsets
 
 
-@register_step("diloco", SCHEMA)
+@register_step("diloco", DilocoParams)
 def diloco_step(ctx, step) -> StepOutcome:
     import traces
     from analysis import diloco as dl
     from harness.bench.serving import check_endpoint
 
     p = dict(step.params)
-    _check(step, p)
-    study = _study_params(step, p)
+    priority = _priority(step, p["priority"], applied=p["evaluate"] == "replay" and p["workers"] != 1)
+    study = study_params(p)
     url = check_endpoint(step, p["endpoint"], real_bench=ctx.bench.truth is None)
     if p["load"] == "trace":
         path = step.resolve_path(p["requests"])
@@ -447,31 +493,28 @@ def diloco_step(ctx, step) -> StepOutcome:
             f"draws) of {load_name}, {p['duration_s']:g} s each at ×{p['time_scale']:g}, {workers} workers; "
             f"batch_slots {slots} ({calibration['chosen']})")
     started_s = time.monotonic()
-    results = _run_tasks(tasks, workers, _priority(step, p["priority"], applied=p["evaluate"] == "replay"))
+    results = _run_tasks(tasks, workers, priority)
     return _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration, load_name, url, run_dir,
                    {t["key"]: t for t in tasks}, started_s)
 
 
 def _priority(step, spec: str, applied: bool) -> tuple[str, int] | None:
     """None (inherit, or nothing to apply it to), ("nice", N) or ("fifo", N); raising a priority needs root."""
-    if spec == "inherit":
-        return None
-    kind, _, value = spec.partition(":")
-    limits = {"nice": (-20, 19), "fifo": (1, 99)}
     try:
-        level = int(value)
-    except ValueError:
-        level = None
-    if kind not in limits or level is None or not limits[kind][0] <= level <= limits[kind][1]:
-        raise _bad(step, f"priority must be inherit, nice:N (-20..19) or fifo:N (1..99), found {spec!r}")
+        level = priority_level(spec)
+    except ValueError as exc:
+        raise _bad(step, f"priority: {exc}") from None
+    if level is None:
+        return None
+    kind, n = level
     if kind == "fifo" and not hasattr(os, "sched_setscheduler"):
         raise _bad(step, "priority fifo:N needs Linux (sched_setscheduler)")
     if not applied:  # model evaluation: the workers only compute
         return None
-    if os.geteuid() != 0 and (kind == "fifo" or level < os.getpriority(os.PRIO_PROCESS, 0)):
+    if os.geteuid() != 0 and (kind == "fifo" or n < os.getpriority(os.PRIO_PROCESS, 0)):
         raise _bad(step, f"priority {spec} raises the replay workers' priority, which needs root (CAP_SYS_NICE); "
                          "set priority: inherit (DILOCO_PRIORITY=inherit for the shipped playbook)")
-    return kind, level
+    return level
 
 
 def _run_tasks(tasks: list[dict], workers: int, priority: tuple[str, int] | None = None) -> dict:

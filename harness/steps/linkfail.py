@@ -31,34 +31,55 @@ from devices.errors import DeviceError
 from devices.timing import Deadline, now_ns
 from harness.config import register_step
 from analysis.fabric import MODES
-from harness.specs import Annotated, AtLeastOne, Expect, Field, Literal, Positive
+from harness.specs import AfterValidator, Annotated, AtLeastOne, Expect, Field, Literal, Positive
 from harness.errors import InputError
 from harness.bench.linkstudy import iteration_units, link_provenance
-from harness.bench.traffic import SCHEMA as MOE_SCHEMA
-from harness.bench.traffic import MoeTraffic, PhaseFailed, check_template, circuit_mapping, render_command
-from harness.outcome import StepOutcome
+from harness.bench.traffic import (RECONFIGURE, MoeTraffic, MoeTrafficParams, PhaseFailed, check_template,
+                                   circuit_mapping, render_command)
+from harness.outcome import Check, StepOutcome
 
 Percentages = Annotated[list[Annotated[float, Field(ge=0, lt=100)]], Field(min_length=1),
                         Expect("a list of percentages in [0, 100)")]
 Ops = Annotated[int, Field(ge=2), Expect("a value >= 2")]
-# The packet fabric whose leaf–spine links a study pulls (pull: fabric): its shape and load balancing as the
-# bench has them (the emulated bench builds it so), and how a link is shut / opened on it: a command run on
-# `fabric_host` (default: the first endpoint's host), e.g. on Cumulus "nv set interface swp{spine} link state
-# {state} && nv config apply" behind an ssh to the leaf; the emulated hosts have `fabric_link`.
-FABRIC_SCHEMA = {"pull": (Literal[("fabric", "circuits")], "fabric"),
-                 "planes": (AtLeastOne, 2), "per_leaf": (AtLeastOne, 4), "spines": (AtLeastOne, 4),
-                 "load_balancing": (Literal[MODES], "ecmp"),
-                 "fabric_command": (str, "fabric_link {plane} {leaf} {spine} {state}"),
-                 "fabric_host": (str, ""),
-                 "settle_ms": (Positive, 10.0)}  # after a pull, before measuring: the fabric routed around it
-FAILURE_SCHEMA = {**MOE_SCHEMA, **FABRIC_SCHEMA, "reconfigure": (MOE_SCHEMA["reconfigure"][0], "none"),
-                  "fail_pct": (Percentages, [0, 10, 25, 50]),
-                  "rounds": (AtLeastOne, 1)}  # each round: every f once, in a seeded random order (no f always first)
-FLAP_SCHEMA = {**MOE_SCHEMA, **FABRIC_SCHEMA, "reconfigure": (MOE_SCHEMA["reconfigure"][0], "none"),
-               "fail_pct": (Percentages, [10]),
-               "down_ms": (Positive, 200.0), "flaps": (AtLeastOne, 2), "ops_before": (Ops, 4),
-               "lead_ms": (Positive, 100.0), "tail_ms": (Positive, 150.0),  # transfer before the pull, after up
-               "sample_us": (AtLeastOne, 500)}  # the counters' sampling interval on the hosts
+FABRIC_PLACEHOLDERS = ("plane", "leaf", "spine", "state")
+
+
+class LinkStudyParams(MoeTrafficParams):
+    """The traffic of moe_traffic, and the packet fabric whose leaf–spine links a study pulls (pull: fabric):
+    its shape and load balancing as the bench has them (the emulated bench builds it so), and how a link is
+    shut / opened on it: a command run on `fabric_host`, e.g. on Cumulus "nv set interface swp{spine} link
+    state {state} && nv config apply" behind an ssh to the leaf; the emulated hosts have `fabric_link`."""
+
+    reconfigure: Literal[RECONFIGURE] = "none"
+    pull: Literal["fabric", "circuits"] = "fabric"
+    planes: AtLeastOne = 2
+    per_leaf: AtLeastOne = 4
+    spines: AtLeastOne = 4
+    load_balancing: Literal[MODES] = "ecmp"
+    fabric_command: Annotated[str, AfterValidator(lambda t: check_template(t, FABRIC_PLACEHOLDERS))] = \
+        "fabric_link {plane} {leaf} {spine} {state}"
+    fabric_host: str = Field("", description="default: the first endpoint's host")
+    settle_ms: Positive = Field(10.0, description="after a pull, before measuring: the fabric routed around it")
+
+
+class LinkFailuresParams(LinkStudyParams):
+    """Bandwidth kept as a share of the links fails, each share once per round."""
+
+    fail_pct: Percentages = [0, 10, 25, 50]
+    rounds: AtLeastOne = Field(1, description="each round: every share once, in a seeded random order (no share "
+                                              "always first)")
+
+
+class LinkFlapsParams(LinkStudyParams):
+    """How transfers react while links go down and come back."""
+
+    fail_pct: Percentages = [10]
+    down_ms: Positive = 200.0
+    flaps: AtLeastOne = 2
+    ops_before: Ops = 4
+    lead_ms: Positive = Field(100.0, description="transfer before the pull")
+    tail_ms: Positive = Field(150.0, description="transfer after the links are up again")
+    sample_us: AtLeastOne = Field(500, description="the counters' sampling interval on the hosts")
 
 
 class LinkStudy:
@@ -106,7 +127,6 @@ class LinkStudy:
 
         p, step, moe = self.p, self.step, self.moe
         where = (step.file, step.line)
-        check_template(p["fabric_command"], where, ("plane", "leaf", "spine", "state"))
         rates = {n.key: n.gbps for n in self.ctx.bench.inventory.nic_ports}
         missing = [e.key for e in moe.endpoints[: self.n] if not rates.get(e.key)]
         if missing:
@@ -282,7 +302,7 @@ def _write(ctx, step, kind: str, frame: pd.DataFrame, table: list[dict], prov: d
     return summary
 
 
-@register_step("link_failures", FAILURE_SCHEMA)
+@register_step("link_failures", LinkFailuresParams)
 def link_failures(ctx, step) -> StepOutcome:
     study = LinkStudy(ctx, step)
     if ctx.dry_run:
@@ -333,8 +353,8 @@ def link_failures(ctx, step) -> StepOutcome:
                 "every phase of the trace per f.")
     md = [f"## Link failures ({step.name})", "", what, ""]
     md += _md_table(table, FAILURE_COLS) + [""] + ([f"**Stopped:** {failure}", ""] if failure else [])
-    checks = [{"name": "every fraction ran", "ok": failure is None and len(table) == len(set(study.fail_pct)),
-               "detail": failure or f"{len(table)}/{len(study.fail_pct)}"}]
+    checks = [Check(name="every fraction ran", ok=failure is None and len(table) == len(set(study.fail_pct)),
+                    detail=failure or f"{len(table)}/{len(study.fail_pct)}")]
     return StepOutcome(ok=checks[0]["ok"], checks=checks, summary=summary, summary_md="\n".join(md),
                        artifacts=[summary["parquet"], f"linkfail_{step.name}.json"], data={"linkfail": summary})
 
@@ -525,7 +545,7 @@ def flap_reaction(series: FlapSeries, keys: list[str], begin_ns: int, sent_ns: i
             "recovered_high_ms": (max(backs) + widen) * 1e3 if np.isfinite(max(backs)) else None}
 
 
-@register_step("link_flaps", FLAP_SCHEMA)
+@register_step("link_flaps", LinkFlapsParams)
 def link_flaps(ctx, step) -> StepOutcome:
     p = step.params
     study = LinkStudy(ctx, step)
@@ -648,8 +668,8 @@ def link_flaps(ctx, step) -> StepOutcome:
     md = [f"## Link flaps ({step.name})", "", f"{p['flaps']} flaps: {what}, sampled every {p['sample_us']} µs on "
           f"their hosts (bounds widened by the clock uncertainty).", ""]
     md += _md_table(table, FLAP_COLS) + [""] + ([f"**Stopped:** {failure}", ""] if failure else [])
-    checks = [{"name": "every flap ran", "ok": failure is None and len(table) == p["flaps"],
-               "detail": failure or f"{len(table)}/{p['flaps']}"}]
+    checks = [Check(name="every flap ran", ok=failure is None and len(table) == p["flaps"],
+                    detail=failure or f"{len(table)}/{p['flaps']}")]
     if study.on_fabric and ctx.bench.truth:
         md += ["The emulator's reroute (the last shut link dark → its flows routed around) is a reference, not the "
                "truth of this reaction: a NIC's goodput varies within each transfer of the collective as its flows "
@@ -657,7 +677,7 @@ def link_flaps(ctx, step) -> StepOutcome:
     elif ctx.bench.truth and table:
         inside = [r["reaction_low_ms"] < (r.get("truth_reaction_ms") or -1) <= (r["reaction_high_ms"] or -1)
                   for r in table]
-        checks.append({"name": "reaction bounds contain the emulator's truth", "ok": all(inside),
-                       "detail": f"{sum(inside)}/{len(inside)} flaps"})
+        checks.append(Check(name="reaction bounds contain the emulator's truth", ok=all(inside),
+                            detail=f"{sum(inside)}/{len(inside)} flaps"))
     return StepOutcome(ok=all(c["ok"] for c in checks), checks=checks, summary=summary, summary_md="\n".join(md),
                        artifacts=[summary["parquet"], f"linkfail_{step.name}.json"], data={"linkfail": summary})

@@ -19,12 +19,11 @@ from analysis.cost import BASES, DEFAULT_PRICES
 from analysis.moe_models import GPUS, MODELS
 from harness.config import register_step
 from harness.errors import InputError
-from harness.specs import Annotated, AtLeastOne, Expect, Field, Literal, Positive, Seconds, Spec, create_model
-from harness.outcome import StepResult
+from harness.specs import Annotated, AtLeastOne, Expect, Field, Fraction, Literal, Positive, Seconds, Spec, create_model
+from harness.outcome import Check, ClaimRow, ClaimsTable, ScenarioCell, ScenarioRow, StepResult
 from harness.provenance import evidence_words
 
 STAGE_OF = {"ocs": "light_detected", "total": "first_packet"}
-Fraction = Annotated[float, Field(gt=0, le=1), Expect("a value in (0, 1]")]
 
 
 class Assumption(Spec):
@@ -348,7 +347,7 @@ def claim_sentences(verdict: dict) -> list[str]:
     return out
 
 
-def claims_table(verdict: dict) -> dict:
+def claims_table(verdict: dict) -> ClaimsTable:
     """The claims × scenarios table as data, each reason once: per claim its verdict and basis; per scenario
     and claim the bound's and the model's short verdicts with a note number; the notes (reasons) once each."""
     prov = verdict["provenance"]
@@ -375,10 +374,10 @@ def claims_table(verdict: dict) -> dict:
         mv = c["model_verdict"]
         model = (f"{model_words(mv['verdict'], mv['conditions'])} ({len(carrying)} of {len(c['by_point'])} grid "
                  "points let the model carry a verdict)") if carrying else "no grid point lets the model carry a verdict"
-        summary.append({"id": c["id"], "statement": c["statement"], "verdict": claim_label(c, evidence_words(prov)),
-                        "class": c["verdict"],
-                        "bound": f"{short['falsified']} in {len(falsified)} of {len(scenarios)} scenarios"
-                                 if falsified else "does not decide it", "model": model})
+        summary.append(ClaimRow(id=c["id"], statement=c["statement"], verdict=claim_label(c, evidence_words(prov)),
+                                verdict_class=c["verdict"],
+                                bound=f"{short['falsified']} in {len(falsified)} of {len(scenarios)} scenarios"
+                                      if falsified else "does not decide it", model=model))
     rows = []
     for s in verdict["baseline"]["scenarios"]:
         name = s["scenario"]
@@ -393,30 +392,30 @@ def claims_table(verdict: dict) -> dict:
                 short["falsified"] if bc["falsified"] else "not shown"
             ref = note(cell["reason"])
             refs.append(ref)
-            cells.append({"bound": bound, "model": model_words(cell["verdict"], cell["conditions"]), "note": ref,
-                          "class": "falsified" if bc is not None and bc["falsified"] else cell["verdict"]})
-        rows.append({"scenario": name, "cells": cells, "notes": sorted(set(refs))})
+            cells.append(ScenarioCell(bound=bound, model=model_words(cell["verdict"], cell["conditions"]), note=ref,
+                                      verdict_class="falsified" if bc is not None and bc["falsified"]
+                                      else cell["verdict"]))
+        rows.append(ScenarioRow(scenario=name, cells=tuple(cells), notes=tuple(sorted(set(refs)))))
     legend = (f"Each cell: the bound's conclusion, then the model's estimate over the assumption grid; "
               f"[n]: its reason, below. *{short['falsified']}*: {say('falsified', evidence_words(prov))}; "
               "*not shown*: the bound does not reach the threshold there; *no r25*: the authors published no "
               "ratio for it, so the bound cannot speak; *n/a*: the model never moves a circuit, "
               "so no delay can matter; *inconclusive*: the numbers straddle the threshold, or no grid point lets "
               "the model carry a verdict (scorecard); *… at / if P*: only at the grid points named.")
-    return {"claims": summary, "rows": rows, "notes": notes, "legend": legend,
-            "assumptions": f"The bound assumes {b['assumptions_text']} (its table below)."}
+    return ClaimsTable(claims=tuple(summary), rows=tuple(rows), notes=tuple(notes), legend=legend,
+                       assumptions=f"The bound assumes {b['assumptions_text']} (its table below).")
 
 
 def claims_markdown(verdict: dict) -> list[str]:
     t = claims_table(verdict)
     lines = ["## Claims × scenarios", "", "| claim | verdict | the bound | the model's estimate |", "|---|---|---|---|"]
-    lines += [f"| {c['statement']} (`{c['id']}`) | **{c['verdict']}** | {c['bound']} | {c['model']} |"
-              for c in t["claims"]]
-    lines += ["", t["assumptions"], "", "| scenario | " + " | ".join(f"`{c['id']}`" for c in t["claims"]) + " |",
-              "|---|" + "---|" * len(t["claims"])]
-    for r in t["rows"]:
-        cells = ["—" if c is None else f"bound: {c['bound']}; model: {c['model']} [{c['note']}]" for c in r["cells"]]
-        lines.append(f"| {r['scenario']} | " + " | ".join(cells) + " |")
-    lines += ["", t["legend"], ""] + [f"{i}. {reason}" for i, reason in enumerate(t["notes"], 1)] + [""]
+    lines += [f"| {c.statement} (`{c.id}`) | **{c.verdict}** | {c.bound} | {c.model} |" for c in t.claims]
+    lines += ["", t.assumptions, "", "| scenario | " + " | ".join(f"`{c.id}`" for c in t.claims) + " |",
+              "|---|" + "---|" * len(t.claims)]
+    for r in t.rows:
+        cells = ["—" if c is None else f"bound: {c.bound}; model: {c.model} [{c.note}]" for c in r.cells]
+        lines.append(f"| {r.scenario} | " + " | ".join(cells) + " |")
+    lines += ["", t.legend, ""] + [f"{i}. {reason}" for i, reason in enumerate(t.notes, 1)] + [""]
     return lines
 
 
@@ -594,15 +593,15 @@ def mixnet_verdict(ctx, step) -> StepResult:
     try:
         verdict = compute_verdict(events, p, ctx.seed, prov, late_cycles(ctx))
     except LookupError as exc:
-        return StepResult(ok=False, checks=[{"name": "measured delays available", "ok": False, "detail": str(exc)}])
+        return StepResult(ok=False, checks=[Check(name="measured delays available", ok=False, detail=str(exc))])
     except (ClaimInputError, ValueError, TypeError) as exc:
         raise InputError(f"step {step.name}: {exc}", step.file, step.line) from None
     artifacts = write_outputs(ctx.run_dir, events, verdict)
     md = verdict_markdown(verdict)  # summary.md opens with the claims' sentences (the step's summary) and terms
     falsified = [c["id"] for c in verdict["claims"] if c["verdict"] == "falsified"]
     # Verdicts are results, not failures of the run, unless the playbook asks for that.
-    checks = [{"name": f"claim {c['id']} not falsified", "ok": c["verdict"] != "falsified",
-               "detail": c["verdict"]} for c in verdict["claims"]] if p["fail_on_falsified"] else []
+    checks = [Check(name=f"claim {c['id']} not falsified", ok=c["verdict"] != "falsified", detail=c["verdict"])
+              for c in verdict["claims"]] if p["fail_on_falsified"] else []
     return StepResult(ok=not (falsified and p["fail_on_falsified"]), checks=checks, summary_md=md,
                       summary={"claims": claim_sentences(verdict),
                                **{c["id"]: say(c["verdict"], evidence_words(prov)) +

@@ -33,7 +33,7 @@ from harness.bench.traffic import MoeTraffic, MoeTrafficParams, PhaseFailed, cir
 from harness.config import register_step
 from harness.errors import InputError
 from harness.gpu_view import gpu_view
-from harness.outcome import StepOutcome
+from harness.outcome import Check, StepOutcome
 
 
 def rows_path(run_dir, step) -> Path:
@@ -175,10 +175,10 @@ class MoeTrafficRun(MoeTraffic):
                         "regime_changes": [int(c) for c in trace.regime_changes], "parquet": parquet.name,
                         "resumed_after_phases": done})
         rec.write_json_atomic(ctx.run_dir / f"moe_traffic_{step.name}.json", summary)
-        checks = [{"name": "every phase ran", "ok": failure is None and len(frame) == len(phases),
-                   "detail": failure or f"{len(frame)}/{len(phases)} phases"},
-                  {"name": "links up after every reconfiguration", "ok": all(r["links_up"] for r in reconfigurations),
-                   "detail": f"{sum(r['links_up'] for r in reconfigurations)}/{len(reconfigurations)}"}]
+        checks = [Check(name="every phase ran", ok=failure is None and len(frame) == len(phases),
+                        detail=failure or f"{len(frame)}/{len(phases)} phases"),
+                  Check(name="links up after every reconfiguration", ok=all(r["links_up"] for r in reconfigurations),
+                        detail=f"{sum(r['links_up'] for r in reconfigurations)}/{len(reconfigurations)}")]
         return StepOutcome(ok=all(c["ok"] for c in checks), summary=summary, checks=checks,
                            summary_md=markdown(step.name, summary, frame),
                            artifacts=[parquet.name, f"moe_traffic_{step.name}.json", rows_path(".", step).name])

@@ -17,8 +17,6 @@ has no record in the durable log.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
@@ -26,38 +24,56 @@ from analysis.serving import in_windows, request_latencies, slo_violations
 from harness.bench.serving import check_endpoint, run_replay
 from harness.config import register_step
 from harness.errors import InputError
-from harness.outcome import StepResult
+from harness.outcome import Check, StepResult
+from harness.specs import AfterValidator, Annotated, AtLeastOne, Count, Field, Fraction, Positive, Seconds, Spec
 
 GENERATORS = ("generate:poisson", "generate:mmpp")
-SCHEMA = {
-    "requests": (str, "generate:mmpp"),  # trace path, or generate:poisson | generate:mmpp
-    "rate": (float, 2.0),  # generated: requests/s of trace time (mmpp: the calm rate)
-    "burst_factor": (float, 5.0),  # mmpp: burst rate = burst_factor × rate
-    "mean_burst_s": (float, 5.0),
-    "mean_gap_s": (float, 30.0),
-    "duration_s": (float, 60.0),  # generated trace length (trace seconds)
-    "prompt_median": (float, 1020.0),  # generated token counts: lognormal around these medians
-    "output_median": (float, 129.0),
-    "limit": (int, 0),  # the first N requests only; 0: all
-    "time_scale": (float, 1.0),  # > 1 replays faster than the trace (and speeds the emulated service alike)
-    "endpoint": (str, "emulated"),  # or http://127.0.0.1:PORT (other hosts only on a real bench)
-    "model": (str, "emulated-llm"),
-    "prefill_tokens_per_s": (float, 20_000.0),  # emulated service model (model seconds)
-    "decode_tokens_per_s": (float, 50.0),
-    "batch_slots": (int, 64),
-    "max_model_len": (int, 32_768),
-    "interference": (str, "none"),  # none | generate:diloco | a sync-window file (CSV or Parquet)
-    "interference_capacity": (float, 0.5),  # fraction of rates and slots left inside a window
-    "sync_count": (int, 3),  # generate:diloco
-    "sync_window_s": (float, 8.0),
-    "sync_min_gap_s": (float, 18.0),
-    "slo_ttft_ms": (float, 0.0),  # 0: not part of the SLO
-    "slo_tpot_ms": (float, 0.0),
-    "slo_e2e_ms": (float, 0.0),
-    "timeout_s": (float, 60.0),  # per request, wall seconds
-    "max_connections": (int, 256),
-    "lead_s": (float, 0.5),  # wall time between start-up and the first request
-}
+
+
+def _generator_known(known: tuple[str, ...]) -> AfterValidator:
+    """A `generate:KIND` value names one of `known`; any other value is a file, looked for when the step runs."""
+    def check(value: str) -> str:
+        if value.startswith("generate:") and value not in known:
+            raise ValueError(f"unknown generator {value!r} (known: {', '.join(known)})")
+        return value
+
+    return AfterValidator(check)
+
+
+class ReplayParams(Spec):
+    """Replay an inference trace in real time against a serving endpoint, SLO violations split by
+    interference windows."""
+
+    requests: Annotated[str, _generator_known(GENERATORS)] = Field(
+        "generate:mmpp", description="a trace file, or generate:poisson | generate:mmpp")
+    rate: Positive = Field(2.0, description="generated: requests/s of trace time (mmpp: the calm rate)")
+    burst_factor: Positive = Field(5.0, description="mmpp: burst rate = burst_factor × rate")
+    mean_burst_s: Positive = 5.0
+    mean_gap_s: Positive = 30.0
+    duration_s: Positive = Field(60.0, description="generated trace length (trace seconds)")
+    prompt_median: Positive = Field(1020.0, description="generated token counts: lognormal around these medians")
+    output_median: Positive = 129.0
+    limit: Count = Field(0, description="the first N requests only; 0: all")
+    time_scale: Positive = Field(1.0, description="> 1 replays faster than the trace (and speeds the emulated "
+                                                  "service alike)")
+    endpoint: str = Field("emulated", description="or http://127.0.0.1:PORT (other hosts only on a real bench)")
+    model: str = "emulated-llm"
+    prefill_tokens_per_s: Positive = Field(20_000.0, description="emulated service model (model seconds)")
+    decode_tokens_per_s: Positive = 50.0
+    batch_slots: AtLeastOne = 64
+    max_model_len: AtLeastOne = 32_768
+    interference: Annotated[str, _generator_known(("generate:diloco",))] = Field(
+        "none", description="none | generate:diloco | a sync-window file (CSV or Parquet)")
+    interference_capacity: Fraction = Field(0.5, description="fraction of rates and slots left inside a window")
+    sync_count: AtLeastOne = Field(3, description="generate:diloco")
+    sync_window_s: Positive = 8.0
+    sync_min_gap_s: Seconds = 18.0
+    slo_ttft_ms: Seconds = Field(0.0, description="0: not part of the SLO")
+    slo_tpot_ms: Seconds = 0.0
+    slo_e2e_ms: Seconds = 0.0
+    timeout_s: Positive = Field(60.0, description="per request, wall seconds")
+    max_connections: AtLeastOne = 256
+    lead_s: Seconds = Field(0.5, description="wall time between start-up and the first request")
 
 
 # ---- pure summary ------------------------------------------------------------------------------------------
@@ -179,22 +195,6 @@ def _bad(step, message: str) -> InputError:
     return InputError(f"step {step.name}: {message}", step.file, step.line)
 
 
-def _check_params(step, p: dict) -> None:
-    positive = ("rate", "duration_s", "time_scale", "timeout_s", "prefill_tokens_per_s", "decode_tokens_per_s",
-                "burst_factor", "mean_burst_s", "mean_gap_s", "prompt_median", "output_median", "sync_window_s")
-    for key in positive:
-        if not (math.isfinite(p[key]) and p[key] > 0):
-            raise _bad(step, f"{key} must be a number > 0, found {p[key]}")
-    for key in ("limit", "sync_min_gap_s", "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "lead_s"):
-        if not p[key] >= 0:
-            raise _bad(step, f"{key} must be >= 0, found {p[key]}")
-    for key in ("batch_slots", "max_model_len", "max_connections", "sync_count"):
-        if p[key] < 1:
-            raise _bad(step, f"{key} must be >= 1, found {p[key]}")
-    if not 0 < p["interference_capacity"] <= 1:
-        raise _bad(step, f"interference_capacity must be in (0, 1], found {p['interference_capacity']}")
-
-
 def stream_seed(ctx, step, purpose: str) -> int:
     """A generator seed from the run's seed, the step name and the purpose (reproducible on resume)."""
     return int(ctx.rng(f"replay-{purpose}:{step.name}").integers(2**62))
@@ -215,8 +215,6 @@ def load_trace(ctx, step, p: dict) -> tuple[pd.DataFrame, str]:
         frame = traces.mmpp_arrivals(base_rate=p["rate"], burst_rate=p["rate"] * p["burst_factor"],
                                      mean_burst_s=p["mean_burst_s"], mean_gap_s=p["mean_gap_s"], **common).requests
         label = f"MMPP {p['rate']:g}/s, bursts ×{p['burst_factor']:g}, {p['duration_s']:g} s"
-    elif source.startswith("generate:"):
-        raise _bad(step, f"requests: unknown generator {source!r} (known: {', '.join(GENERATORS)})")
     else:
         path = step.resolve_path(source)
         if not path.is_file():
@@ -246,8 +244,6 @@ def load_windows(ctx, step, p: dict, trace_end_s: float, emulated_endpoint: bool
                                               window_s=p["sync_window_s"], min_gap_s=p["sync_min_gap_s"])
         except ValueError as exc:
             raise _bad(step, f"interference: {exc} (the trace spans {trace_end_s:g} s)") from None
-    if choice.startswith("generate:"):
-        raise _bad(step, f"interference: unknown generator {choice!r} (known: generate:diloco)")
     path = step.resolve_path(choice)
     if not path.is_file():
         raise _bad(step, f"interference: no such sync-window file {str(path)!r}")
@@ -255,7 +251,7 @@ def load_windows(ctx, step, p: dict, trace_end_s: float, emulated_endpoint: bool
 
 
 # ---- the step --------------------------------------------------------------------------------------------
-@register_step("replay", SCHEMA)
+@register_step("replay", ReplayParams)
 def replay_step(ctx, step) -> StepResult:
     import json
 
@@ -264,7 +260,6 @@ def replay_step(ctx, step) -> StepResult:
     from traces.schema import write_requests, write_sync_windows
 
     p = dict(step.params)
-    _check_params(step, p)
     url = check_endpoint(step, p["endpoint"], real_bench=ctx.bench.truth is None)
     requests, label = load_trace(ctx, step, p)
     arrival_s = requests["arrival_s"].to_numpy(dtype=float)
@@ -321,9 +316,9 @@ def _result(step, summary: dict, label: str, endpoint: str, records: pd.DataFram
     else:
         complete = summary["recorded"] == n
     # Failed and timed-out requests are data (SLO violations), not a step failure: only a lost record is.
-    checks = [{"name": "every request has a record", "ok": bool(complete),
-               "detail": f"{summary['recorded']} records for {n} requests ({summary['ok']} ok, "
-                         f"{summary['failed']} failed, {summary['timeout']} timed out)"}]
+    checks = [Check(name="every request has a record", ok=bool(complete),
+                    detail=f"{summary['recorded']} records for {n} requests ({summary['ok']} ok, "
+                           f"{summary['failed']} failed, {summary['timeout']} timed out)")]
     return StepResult(ok=bool(complete), summary=summary, checks=checks,
                       summary_md=summary_markdown(step.name, summary, label, endpoint),
                       artifacts=[summary["log"], summary["parquet"], f"replay_{step.name}.json"])

@@ -39,7 +39,7 @@ from harness.events import Event
 from harness.gpu_view import gpu_view
 from harness.specs import Count, Field, Interval, Port, Seconds, Spec
 from harness.patterns import cycle_mappings, sources
-from harness.outcome import CycleOutcome, StepOutcome, resume_after_logged
+from harness.outcome import Check, CycleOutcome, StepOutcome, resume_after_logged
 
 class TurnaroundParams(Spec):
     """Measure the reconfiguration turnaround, cycle by cycle, on NIC ports of one or several OCSs (a port's
@@ -294,15 +294,15 @@ class TurnaroundRun:
 
     def outcome(self) -> StepOutcome:
         ok = all(o.status == "ok" for o in self.outcomes) and not self.skipped
-        checks = [{"name": "all cycles completed", "ok": ok,
-                   "detail": f"{sum(o.status == 'ok' for o in self.outcomes)}/{len(self.outcomes)} ok"
-                             + (f", {len(self.skipped)} skipped" if self.skipped else "")}]
+        checks = [Check(name="all cycles completed", ok=ok,
+                        detail=f"{sum(o.status == 'ok' for o in self.outcomes)}/{len(self.outcomes)} ok"
+                               + (f", {len(self.skipped)} skipped" if self.skipped else ""))]
         if self.settling_faults:
             ok = False
-            checks.append({"name": "bench brought into the pattern's first state", "ok": False,
-                           "detail": "; ".join(self.settling_faults)[:1000]})
+            checks.append(Check(name="bench brought into the pattern's first state", ok=False,
+                                detail="; ".join(self.settling_faults)[:1000]))
         if self.ctx.broken:
-            checks.append({"name": "bench usable", "ok": False, "detail": self.ctx.broken})
+            checks.append(Check(name="bench usable", ok=False, detail=self.ctx.broken))
         self.faults.record()
         summary, summary_md = self.switch_summary()
         return StepOutcome(ok=ok, checks=checks, cycles=list(self.outcomes), truth_windows=self.truth_windows,

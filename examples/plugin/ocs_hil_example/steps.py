@@ -2,7 +2,7 @@
 ports, read back through the driver (nothing is changed), as the step's summary."""
 from harness.config import register_step
 from harness.specs import Field, Spec
-from harness.steps import StepOutcome
+from harness.steps import Check, StepOutcome
 
 
 class CensusParams(Spec):
@@ -22,6 +22,6 @@ def cross_connect_census(ctx, step) -> StepOutcome:
         summary[f"{name}_patches"] = len(patches)
         n, m = resource.size
         inside = all(1 <= i <= n < e <= n + m for i, e in patches.items())
-        checks.append({"name": f"{name}: every patch joins an ingress to an egress", "ok": inside,
-                       "detail": ", ".join(f"{i}->{e}" for i, e in sorted(patches.items()))[:500]})
+        checks.append(Check(name=f"{name}: every patch joins an ingress to an egress", ok=inside,
+                            detail=", ".join(f"{i}->{e}" for i, e in sorted(patches.items()))[:500]))
     return StepOutcome(ok=all(c["ok"] for c in checks), checks=checks, summary=summary)
