@@ -263,7 +263,8 @@ FAILURE_COLS = [("fail_pct", "f %", "g"), ("failed_links", "failed", "d"), ("lin
                 ("iterations", "iterations", "d"), ("p50_inflation", "p50 ÷ 0 %", ".3f"), ("p50_ci", "95 %", "s"),
                 ("p99_inflation", "p99 ÷ 0 %", ".3f"), ("p99_ci", "95 %", "s"),
                 ("capacity_fraction", "capacity kept", ".3f"), ("proportionality", "BW kept ÷ capacity kept", ".3f")]
-FLAP_COLS = [("flap", "flap", "d"), ("failed_links", "links pulled", "d"), ("down_ms", "down ms", ".0f"),
+FLAP_COLS = [("flap", "flap", "d"), ("failed_links", "links pulled", "d"), ("attempts", "attempts", "d"),
+             ("moving_ms", "counters moving after ms", ".0f"), ("down_ms", "down ms", ".0f"),
              ("ports", "ports sampled", "d"), ("samples", "samples", "d"), ("clock_ms", "clock ± ms", ".3f"),
              ("steady_fraction", "steady goodput ÷ before", ".3f"), ("reaction_low_ms", "reaction > ms", ".3f"),
              ("reaction_high_ms", "reaction ≤ ms", ".3f"), ("truth_reaction_ms", "emulator truth ms", ".3f"),
@@ -558,6 +559,7 @@ def link_flaps(ctx, step) -> StepOutcome:
                     moe.sessions[host].sync_clock()
                 series = FlapSeries(moe.sessions, [moe.endpoints[i] for i in pulled], p["sample_us"])
                 try:
+                    launched_ns = now_ns()
                     running = launcher.submit(moe.run_phase, matrix, iters)
                     begin_ns = series.wait_moving(p["command_timeout_s"])  # every pulled port's rank started
                     time.sleep(max(0.0, (begin_ns + p["lead_ms"] * 1e6 - now_ns()) / 1e9))
@@ -583,7 +585,11 @@ def link_flaps(ctx, step) -> StepOutcome:
                 if series.problems:
                     raise PhaseFailed("; ".join(series.problems[:3]))
                 keys = [moe.endpoints[i].key for i in pulled]
-                row = flap_reaction(series, keys, begin_ns, down_ns, up_ns, p["sample_us"] / 1e6, down_seen)
+                moving_ms = (begin_ns - launched_ns) / 1e6
+                try:
+                    row = flap_reaction(series, keys, begin_ns, down_ns, up_ns, p["sample_us"] / 1e6, down_seen)
+                except TransferTooShort as exc:  # a late start is what shortens it: say how late
+                    raise TransferTooShort(f"{exc}; its counters moved {moving_ms:.0f} ms after the launch") from None
                 if ctx.bench.truth and study.on_fabric:
                     # a reference, not the truth of the goodput reaction: a NIC's goodput varies within each
                     # transfer of the collective (its flows end at different times), so the first window back at
@@ -593,7 +599,7 @@ def link_flaps(ctx, step) -> StepOutcome:
                 elif ctx.bench.truth:
                     truth = ctx.bench.truth.flap(keys, down_ns)
                     row["truth_reaction_ms"] = None if truth is None else (truth[1] - truth[0]) / 1e6
-                row.update(iters=iters, op_s=wall_s)
+                row.update(iters=iters, op_s=wall_s, moving_ms=moving_ms)
                 return row, series, pulled, (down_ns, up_ns)
 
             for flap in range(p["flaps"]):
