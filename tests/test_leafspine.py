@@ -155,3 +155,18 @@ def test_a_shut_never_waits_for_an_integration(monkeypatch):
         threading.Thread(target=lambda: (links.set_state((0, 0, 0), False), done.set()), daemon=True).start()
         assert done.wait(30)
     assert links.state(clock.ns)[0] == {(0, 0, 0)}
+
+
+def test_the_emulated_host_clocks_inverse_is_exact():
+    # the oracle puts a counter sample's host stamp back on the harness clock through the emulated clock's own
+    # inverse: every host of a drifting, offset pod, far from and near the clocks' origin
+    from devices.emulated.physics import OpticalBench
+    from devices.emulated.profile import load_profile
+    from harness.bench.emulated import harness_ns
+
+    with OpticalBench(load_profile("spectrumx-pod"), seed=3) as bench:
+        emulated = types.SimpleNamespace(physics=bench)
+        for host in bench.hosts:
+            assert bench.host_clock_params(host)["drift_ppm"] != 0
+            for t in (T0, T0 + 123_456_789, T0 + 3_600 * 10**9 + 7, 5 * 10**9):
+                assert harness_ns(emulated, host, bench.host_time(host, t)) == t
