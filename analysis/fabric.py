@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -206,22 +206,69 @@ def max_min_rates(w: np.ndarray, cap: np.ndarray, rtol: float = 1e-12) -> np.nda
     the flows crossing a full link are frozen. Flows crossing a link of capacity 0, or with no route (an
     all-zero row), get 0."""
     w, cap = np.asarray(w, dtype=float), np.asarray(cap, dtype=float)
-    rates = np.zeros(w.shape[0])
-    routed = w.sum(axis=1) > 0
-    active = routed & ~((w > 0) & (cap <= 0)).any(axis=1)
-    left = cap.astype(float).copy()
+    return _max_min(_Sparse.of(w), cap, np.ones(w.shape[0], dtype=bool), rtol)
+
+
+@dataclass(frozen=True)
+class _Sparse:
+    """W's nonzeros: a flow crosses a handful of the links (4 with ECMP), so progressive filling over them is
+    O(nonzeros) a round instead of O(flows × links)."""
+
+    rows: np.ndarray
+    cols: np.ndarray
+    vals: np.ndarray
+    n_flows: int
+
+    @classmethod
+    def of(cls, w: np.ndarray) -> "_Sparse":
+        rows, cols = np.nonzero(w > 0)
+        return cls(rows, cols, w[rows, cols], w.shape[0])
+
+
+def _max_min(w: _Sparse, cap: np.ndarray, among: np.ndarray, rtol: float = 1e-12) -> np.ndarray:
+    """`max_min_rates` of the flows `among` (the others get 0 and load nothing)."""
+    rates = np.zeros(w.n_flows)
+    active = among & (np.bincount(w.rows, minlength=w.n_flows) > 0)
+    active[w.rows[cap[w.cols] <= 0]] = False
+    left = cap.copy()
+    tol = rtol * np.maximum(cap, 1.0)
     for _ in range(cap.size + 1):  # every round fills at least one more link
-        if not active.any():
+        on = active[w.rows]
+        if not on.any():
             break
-        load = w[active].sum(axis=0)
+        load = np.bincount(w.cols[on], weights=w.vals[on], minlength=cap.size)
         used = load > 0
         step = float(np.min(left[used] / load[used]))
         rates[active] += step
         left[used] -= step * load[used]
-        full = used & (left <= rtol * np.maximum(cap, 1.0))
+        full = used & (left <= tol)
         left[full] = 0.0
-        active &= ~(w[:, full] > 0).any(axis=1)
+        active[w.rows[full[w.cols]]] = False
     return rates
+
+
+def fluid_steps(w: np.ndarray, cap: np.ndarray, remaining: np.ndarray, horizon: float = math.inf
+                ) -> Iterator[tuple[float, float, np.ndarray, np.ndarray]]:
+    """`fluid` one segment at a time, as (start s, end s, rates, bytes left at its end): a caller that needs
+    the flows only until the fabric changes again stops there and pays for no more max-min solves."""
+    left = np.asarray(remaining, dtype=float).copy()
+    sparse = _Sparse.of(np.asarray(w, dtype=float))
+    cap = np.asarray(cap, dtype=float)
+    t = 0.0
+    while t < horizon:
+        moving = left > 0
+        if not moving.any():
+            return
+        rates = _max_min(sparse, cap, moving)
+        going = rates > 0
+        if not going.any():
+            yield t, horizon, rates, left
+            return
+        dt = min(float(np.min(left[going] / rates[going])), horizon - t)
+        left = np.where(going, left - rates * dt, left)
+        left[left <= 1e-9 * np.maximum(remaining, 1.0)] = 0.0
+        yield t, t + dt, rates, left
+        t += dt
 
 
 def fluid(w: np.ndarray, cap: np.ndarray, remaining: np.ndarray, horizon: float = math.inf
@@ -229,23 +276,9 @@ def fluid(w: np.ndarray, cap: np.ndarray, remaining: np.ndarray, horizon: float 
     """Flows with `remaining` bytes under fixed routes and capacities for at most `horizon` s: rates are
     max-min fair and solved again whenever a flow ends. Returns the segments (start s, end s, rates) and the
     bytes left at the end; flows that cannot move (rate 0) stay."""
-    left = np.asarray(remaining, dtype=float).copy()
-    segments, t = [], 0.0
-    while t < horizon:
-        moving = left > 0
-        if not moving.any():
-            break
-        rates = np.zeros_like(left)
-        rates[moving] = max_min_rates(w[moving], cap)
-        going = rates > 0
-        if not going.any():
-            segments.append((t, horizon, rates))
-            break
-        dt = min(float(np.min(left[going] / rates[going])), horizon - t)
-        segments.append((t, t + dt, rates))
-        left = np.where(going, left - rates * dt, left)
-        left[left <= 1e-9 * np.maximum(remaining, 1.0)] = 0.0
-        t += dt
+    segments, left = [], np.asarray(remaining, dtype=float).copy()
+    for a, b, rates, left in fluid_steps(w, cap, remaining, horizon):
+        segments.append((a, b, rates))
     return segments, left
 
 

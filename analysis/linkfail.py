@@ -121,20 +121,22 @@ class Reaction:
 
 
 def reaction_time(start_s, end_s, goodput, down_s: float, steady_from_s: float, steady_to_s: float,
-                  fraction: float = 0.95) -> Reaction:
+                  fraction: float = 0.95, steady: float | None = None) -> Reaction:
     """Flap reaction time over a series of back-to-back operations (start, end, goodput), time in s.
 
     The new steady state is the median goodput of the operations that start within
-    [steady_from_s, steady_to_s) (after the link went down and before it returns). The reaction is reached
+    [steady_from_s, steady_to_s) (after the link went down and before it returns), or `steady` if given (an
+    oracle judging the same samples against the same state). The reaction is reached
     at the first operation starting at or after `down_s` (and before `steady_to_s`) with goodput ≥
     fraction × steady; its bounds are relative to `down_s`."""
     start, end, good = (np.asarray(x, dtype=float) for x in (start_s, end_s, goodput))
     if not (start.shape == end.shape == good.shape) or np.any(end < start):
         raise ValueError("start, end and goodput must be equal-length with end >= start")
-    window = (start >= steady_from_s) & (start < steady_to_s)
-    if not window.any():
-        raise ValueError("no operation inside the steady-state window")
-    steady = float(np.median(good[window]))
+    if steady is None:
+        window = (start >= steady_from_s) & (start < steady_to_s)
+        if not window.any():
+            raise ValueError("no operation inside the steady-state window")
+        steady = float(np.median(good[window]))
     after = np.flatnonzero((start >= down_s) & (start < steady_to_s))
     if after.size == 0:
         raise ValueError("no operation after the link went down")

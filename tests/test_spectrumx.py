@@ -189,6 +189,8 @@ def test_link_flaps_shut_leafspine_links_on_the_emulated_bench(tmp_path):
     assert row["reroute_ms"] == pytest.approx(1.0, abs=1e-6) and row["reached"]
     assert 0 <= row["reaction_low_ms"] < row["reaction_high_ms"]
     assert row["down_seen_ns"][0] <= row["down_seen_ns"][1]  # link down between the line's sending and return
+    # the emulator's own reaction (true sample instants, true shut) lies within the measured bounds
+    assert row["reaction_low_ms"] <= row["truth_low_ms"] < row["truth_high_ms"] <= row["reaction_high_ms"]
     frame = pd.read_parquet(run / s["parquet"])
     assert frame["endpoint"].nunique() == row["ports"]
     verdict = json.loads((run / "verdict.json").read_text())
@@ -231,3 +233,34 @@ def test_fabric_study_refuses_an_emulated_bench_served_by_host_workers(tmp_path,
         assert main(["run", str(tmp_path / "pb.yaml"), "--bench", str(tmp_path / "inv.yaml"), "--dry-run", "-q"]) == rc
     err = capsys.readouterr().err
     assert "pb.yaml:" in err and "host_workers" in err and "--workers 0" in err and "Traceback" not in err
+
+
+def test_flap_bounds_hold_for_the_true_down_anywhere_in_the_shut_lines_span():
+    # a NIC's goodput: full before the true down D, stalled until the reroute, then a lower rate with a slow
+    # tail in every transfer (its flows end at different times); sampled every 0.5 ms at a random phase. The
+    # step knows only that D lies in the shut line's span [sent, returned]: its bounds must contain the
+    # reaction judged from the true D on the same samples and steady state (the oracle the emulated bench
+    # checks), wherever D is in the span
+    from harness.steps.linkfail import flap_reaction
+
+    rng = np.random.default_rng(0)
+    interval, full, step = 500_000, 1e10, 10_000
+    for _ in range(60):
+        lo = 10**9 + int(rng.integers(0, interval))
+        hi = lo + int(rng.integers(0, 20_000_000))
+        down = int(rng.integers(lo, hi + 1))
+        stall, after = int(rng.uniform(0, 3e6)), full * rng.uniform(0.4, 1.0)
+        period, tail = int(rng.uniform(1.5e6, 4e6)), rng.uniform(0.2, 0.5)
+        up = down + 300_000_000
+        grid = np.arange(0, up + 50_000_000, step)
+        since = grid - down - stall
+        rate = np.where(grid < down, full, np.where(since < 0, 0.0, np.where(since % period < (1 - tail) * period,
+                                                                                after, 0.3 * after)))
+        rate[grid >= up] = full
+        t = np.arange(int(rng.integers(0, interval)), up + 40_000_000, interval)
+        octets = np.interp(t, grid, np.r_[0.0, np.cumsum(rate[:-1]) * step / 1e9])
+        samples = {"p": (t, octets, 0)}
+        got = flap_reaction(samples, 0, lo, up, interval / 1e9, (hi, lo))
+        truth = flap_reaction(samples, 0, lo, up, interval / 1e9, (down, down), got["steady_bytes_s"])
+        assert got["reaction_low_ms"] <= truth["reaction_low_ms"] + 1e-9
+        assert truth["reaction_high_ms"] <= got["reaction_high_ms"] + 1e-9

@@ -4,14 +4,16 @@ emulated `alltoall_perf` when it is given `--fabric` (the Spectrum-X link studie
 - Endpoints are the bench's NIC ports in inventory order: port i sits on leaf i // per_leaf of every plane.
 - Leaf–spine links are pulled and restored by the emulated `fabric_link PLANE LEAF SPINE down|up` (a switch's
   port shut, as `nv set interface … link state down` on a real leaf): each change is stamped with the harness
-  clock under the fabric's lock, so an integration never runs past a change it has not seen.
+  clock under the fabric's lock, so an integration never runs past a change it has not seen; integrations
+  hold their own lock, so a shut never waits for one.
 - A link is dark (carries nothing) from its pull to its restore; routes avoid it from the profile's
   `fabric.detection` after the pull (until then the flows hashed or sprayed onto it stall).
 - A collective: every rank of `--self` + `--peers` joins a rendezvous (NCCL's communicator set-up) and the
   collective starts when the last one joined; each of its transfers starts when the previous one has ended
   on every rank (a barrier). The flows of a transfer move at max-min fair rates over the links
-  (analysis.fabric.fluid), solved again at every flow's end and every fabric change, integrated lazily up to
-  the instant a reader asks for — so a busy machine delays when a tool returns, not what it prints.
+  (analysis.fabric.fluid_steps), solved again at every flow's end and every fabric change, only as far as a
+  reader asks (`Schedule`), and read in closed form between (rates are constant there): a counter read costs
+  a bisect. A busy machine delays when a tool returns, not what it prints.
 """
 from __future__ import annotations
 
@@ -80,7 +82,9 @@ class FabricLinks:
         """(dark links, links routed around) at `t`."""
         det = int(self.detection_s * 1e9)
         dark, out = set(), set()
-        for link, spans in self.spans.items():
+        with self.lock:
+            items = [(link, [tuple(span) for span in spans]) for link, spans in self.spans.items()]
+        for link, spans in items:
             for down, up in spans:
                 if down <= t and (up is None or t < up):
                     dark.add(link)
@@ -90,7 +94,9 @@ class FabricLinks:
 
     def next_change(self, t: int) -> int | None:
         det = int(self.detection_s * 1e9)
-        later = [x for spans in self.spans.values() for down, up in spans
+        with self.lock:
+            spans = [tuple(span) for spans in self.spans.values() for span in spans]
+        later = [x for down, up in spans
                  for x in (down, down + det if up is None or down + det < up else None, up) if x is not None and x > t]
         return min(later, default=None)
 
@@ -122,8 +128,74 @@ def detection_of(bench) -> float:
     return profile.fabric_detection.at_quantile(0.5) if profile is not None else 1e-3
 
 
+class Schedule:
+    """A transfer's flows under one fabric state from `left` bytes on, in closed form relative to its start:
+    every rank's bytes at any instant (rates are constant between segment ends), each flow's end and the
+    transfer's. Its segments (analysis.fabric.fluid_steps: a max-min solve each) are solved only as far as a
+    reader asks — a state the fabric leaves again soon (a shut link before its detection) costs the segments
+    it lasted. A whole transfer under one state is kept per bench once complete (a tool's iterations repeat
+    it)."""
+
+    def __init__(self, w: np.ndarray, cap: np.ndarray, left: np.ndarray, pairs: np.ndarray, endpoints: int,
+                 scale: float, memo=None):
+        self.left, self.memo = left, memo
+        self._steps = fb.fluid_steps(w, cap, left)
+        self.by_rank = np.zeros((len(left), 2 * endpoints))  # a flow's bytes to its rank's sent and received
+        self.by_rank[np.arange(len(left)), pairs[:, 0]] = scale
+        self.by_rank[np.arange(len(left)), endpoints + pairs[:, 1]] += scale
+        self.segments: list[tuple[float, float, np.ndarray]] = []
+        self.starts: list[float] = []
+        self.stops: list[float] = []
+        self.rank_rates: list[np.ndarray] = []  # per segment: every rank column's bytes/s
+        self.rank_bytes = [np.zeros(2 * endpoints)]  # by every segment's start, and the last one's end
+        self.flow_end = np.where(left <= 0, 0, -1).astype(np.int64)  # the first ns it is done, -1 not yet
+        self.complete = not (left > 0).any()
+        self.finish: int | None = 0 if self.complete else None  # ns after the start, once every flow is done
+
+    def extend_to(self, dt_ns: float) -> None:
+        """Solve segments until they cover `dt_ns` after the start (or the transfer is done or stalls)."""
+        while not self.complete and (not self.stops or self.stops[-1] * 1e9 < dt_ns):
+            step = next(self._steps, None)
+            if step is None:
+                self.complete = True
+                break
+            a, b, rates, after = step
+            self.segments.append((a, b, rates))
+            self.starts.append(a)
+            self.stops.append(b)
+            self.rank_rates.append(rates @ self.by_rank)
+            if math.isfinite(b):
+                self.rank_bytes.append(self.rank_bytes[-1] + self.rank_rates[-1] * (b - a))
+                ended = (after <= 0) & (self.flow_end < 0)
+                self.flow_end[ended] = int(math.ceil(b * 1e9))
+            if not (after > 0).any():
+                self.complete, self.finish = True, int(math.ceil(b * 1e9))
+
+    def bytes_at(self, dt_ns: int, cols) -> np.ndarray:
+        """The bytes of rank columns `cols` moved `dt_ns` after the start (solved that far)."""
+        x = dt_ns / 1e9
+        i = bisect.bisect_right(self.starts, x) - 1
+        if i < 0:
+            return np.zeros(self.rank_bytes[0][cols].shape)
+        if x >= self.stops[i]:
+            return self.rank_bytes[i + 1][cols]
+        return self.rank_bytes[i][cols] + self.rank_rates[i][cols] * (x - self.starts[i])
+
+    def left_at(self, dt_ns: int, size: np.ndarray) -> np.ndarray:
+        """Every flow's bytes left `dt_ns` after the start (a state change cuts the schedule there)."""
+        left = self.left
+        x = dt_ns / 1e9
+        for a, b, rates in self.segments:
+            if a >= x:
+                break
+            left = np.where(rates > 0, np.maximum(left - rates * (min(b, x) - a), 0.0), left)
+        return np.where(left <= 1e-9 * np.maximum(size, 1.0), 0.0, left)
+
+
 class Collective:
-    """One collective's transfers over the fabric, every rank's bytes integrated together."""
+    """One collective's transfers over the fabric, every rank's bytes integrated together: a transfer is
+    solved (`Schedule`) at its start and at every fabric change while it runs, and between those read in
+    closed form — a counter read costs a bisect, not an integration."""
 
     def __init__(self, links: FabricLinks, topo: fb.LeafSpine, declared: Declared, index: dict[str, int],
                  plans: dict[str, list[list[tuple[str, float, float]]]], latency_ns: int, scale: float,
@@ -143,14 +215,17 @@ class Collective:
         self.pos = {r: index[r] for r in self.ranks}
         self.k, self.t = 0, start_ns
         self.start_ns = start_ns
-        self.sched = None  # (state key, base ns, segments, left after) of the current transfer under one state
-        self._done = None  # (schedule, segments applied, bytes left after them, asked at): _left_at's progress
-        self._begin(start_ns)
-        self.checkpoints = {r: [(start_ns, 0.0, 0.0)] for r in self.ranks}
-        self.checkpoint_ns = {r: [start_ns] for r in self.ranks}  # their instants, for bisect (counters read often)
-        self.done = {r: (0.0, 0.0) for r in self.ranks}  # bytes of the transfers before the current one
+        self.sched: tuple | None = None  # (state key, start ns, Schedule) of the current transfer
+        self.done = np.zeros(2 * topo.endpoints)  # every rank's bytes of the transfers before the current one
+        # what the counters read: from each start ns on, (schedule start, Schedule | None, bytes by then)
+        self.piece_ns: list[int] = [start_ns]
+        self.pieces: list[tuple[int, Schedule | None, np.ndarray]] = [(start_ns, None, self.done.copy())]
         self.ends: dict[str, list[tuple[int, int]]] = {r: [] for r in self.ranks}
         self._w: dict = {}
+        # the integration's own lock: a fabric_link stamps its change under the links' lock and never waits for
+        # a solve; an integration up to `until` (<= now when asked) reads the changes stamped by then
+        self.lock = threading.RLock()
+        self._begin(start_ns)
 
     def _begin(self, t: int) -> None:
         self.t_k = t
@@ -159,21 +234,22 @@ class Collective:
         self.flow_end = np.full(size.shape, -1, dtype=np.int64)
         self.sched = None
 
-    def _fluid(self, key) -> tuple[list, np.ndarray, np.ndarray]:
-        """(segments, bytes left at the start, after) of the current transfer from now under state `key`; a
-        whole transfer under one state is solved once per bench (the iterations of a tool repeat it)."""
+    def _solve(self, key) -> Schedule:
+        """The current transfer from now under state `key` (a whole transfer under one state: once per bench)."""
         pairs, size = self.iters[self.k]
         fresh = bool(np.array_equal(self.left, size))
-        memo = (self.topo, self.declared, pairs.tobytes(), size.tobytes(), key) if fresh else None
-        if memo is not None and memo in self.links.solved:
-            segments, after = self.links.solved[memo]
-        else:
-            segments, after = fb.fluid(self._route(key[1]), self.topo.capacities(key[0]), self.left)
-            if memo is not None:
+        memo = (self.topo, self.declared, self.scale, pairs.tobytes(), size.tobytes(), key) if fresh else None
+        with self.links.lock:
+            known = self.links.solved.get(memo) if memo is not None else None
+        return known or Schedule(self._route(key[1]), self.topo.capacities(key[0]), self.left, pairs,
+                                 self.topo.endpoints, self.scale, memo)
+
+    def _keep(self, sched: Schedule) -> None:
+        if sched.memo is not None and sched.complete:
+            with self.links.lock:
                 if len(self.links.solved) > 256:
                     self.links.solved.clear()
-                self.links.solved[memo] = (segments, after)
-        return segments, self.left.copy(), after
+                self.links.solved.setdefault(sched.memo, sched)
 
     def _route(self, out: frozenset) -> np.ndarray:
         key = (self.k, out)
@@ -184,37 +260,28 @@ class Collective:
                                            self.declared.seed)
         return self._w[key]
 
-    def _rank_bytes(self, moved: np.ndarray) -> dict[str, tuple[float, float]]:
-        pairs = self.iters[self.k][0]
-        sent = np.bincount(pairs[:, 0], weights=moved, minlength=self.topo.endpoints) * self.scale
-        recv = np.bincount(pairs[:, 1], weights=moved, minlength=self.topo.endpoints) * self.scale
-        return {r: (float(sent[i]), float(recv[i])) for r, i in self.pos.items()}
+    def _bytes(self, i: int, t: int) -> np.ndarray:
+        """Every rank column's bytes at `t` (in piece i)."""
+        base, sched, before = self.pieces[i]
+        if sched is None:
+            return before
+        return before + sched.bytes_at(t - base, slice(None))
 
-    def _left_at(self, x: int) -> np.ndarray:
-        """Bytes left of every flow at `x` under the current schedule. `advance` asks for increasing instants:
-        the segments ended by then are applied once and kept (re-applying them from the schedule's start at
-        every instant made an ECMP transfer's integration quadratic in its flows' end times — slower than the
-        fabric's own time at 20 ranks)."""
-        _, base, segments, left, _ = self.sched
-        i = 0
-        if self._done is not None and self._done[0] is self.sched and self._done[3] <= x:
-            _, i, left, _ = self._done
-        while i < len(segments) and math.isfinite(segments[i][1]) and base + segments[i][1] * 1e9 <= x:
-            a, b, rates = segments[i]
-            if base + a * 1e9 >= x:
-                break
-            left = np.where(rates > 0, np.maximum(left - rates * ((base + b * 1e9 - (base + a * 1e9)) / 1e9), 0.0),
-                            left)
-            i += 1
-        self._done = (self.sched, i, left, x)
-        if i < len(segments):
-            a, b, rates = segments[i]
-            ta = base + a * 1e9
-            if ta < x:
-                dt = ((x if not math.isfinite(b) else min(base + b * 1e9, x)) - ta) / 1e9
-                left = np.where(rates > 0, np.maximum(left - rates * dt, 0.0), left)
+    def _cut(self, t: int) -> None:
+        """The current schedule ends at `t` (the fabric changed): its flows' ends and bytes left by then."""
+        _, base, sched = self.sched
         size = self.iters[self.k][1]
-        return np.where(left <= 1e-9 * np.maximum(size, 1.0), 0.0, left)
+        ended = (sched.flow_end >= 0) & (base + sched.flow_end <= t) & (self.flow_end < 0)
+        self.flow_end[ended] = base + sched.flow_end[ended]
+        self.left = sched.left_at(t - base, size)
+        self.flow_end[(self.left <= 0) & (self.flow_end < 0)] = t
+
+    def _start(self, t: int, sched: Schedule | None, before: np.ndarray) -> None:
+        if self.piece_ns[-1] == t:
+            self.piece_ns.pop()
+            self.pieces.pop()
+        self.piece_ns.append(t)
+        self.pieces.append((t, sched, before))
 
     def advance(self, until: int) -> None:
         """Integrate every rank up to `until` (<= now: every fabric change by then is known)."""
@@ -225,50 +292,60 @@ class Collective:
                 continue
             key = self.links.state(self.t)
             if self.sched is None or self.sched[0] != key:
-                self.sched = (key, self.t, *self._fluid(key), )
-            _, base, segments, _, after = self.sched
+                before = self.done.copy()
+                if self.sched is not None:
+                    before = self._bytes(len(self.pieces) - 1, self.t)
+                    self._cut(self.t)
+                sched = self._solve(key)
+                self.sched = (key, self.t, sched)
+                self._start(self.t, sched, before)
+            _, base, sched = self.sched
             nxt = self.links.next_change(self.t)
             stop = until if nxt is None else min(until, nxt)
-            finish = None
-            if not (after > 0).any():
-                finish = base + int(math.ceil(segments[-1][1] * 1e9)) if segments else self.t
+            sched.extend_to(stop - base)
+            self._keep(sched)
+            finish = None if sched.finish is None else base + sched.finish
+            if finish is not None:
                 stop = min(stop, finish)
-            ends = (base + int(round(b * 1e9)) for _, b, _ in segments if math.isfinite(b))
-            bounds = sorted({x for x in ends if self.t < x < stop} | {stop})
-            for x in bounds:
-                left = self._left_at(x)
-                self.flow_end[(left <= 0) & (self.flow_end < 0)] = x
-                self.left, self.t = left, x
-                self._count(self.iters[self.k][1] - left, x)
+            self.t = stop
             if finish is not None and self.t >= finish:
-                self.flow_end[self.flow_end < 0] = finish
                 self._end_transfer(finish)
 
-    def _count(self, moved: np.ndarray, t: int) -> None:
-        for r, (s, rv) in self._rank_bytes(moved).items():
-            s0, r0 = self.done[r]
-            self.checkpoints[r].append((t, s0 + s, r0 + rv))
-            self.checkpoint_ns[r].append(t)
-
     def _end_transfer(self, t: int) -> None:
+        _, base, sched = self.sched
+        ended = (sched.flow_end >= 0) & (self.flow_end < 0)
+        self.flow_end[ended] = base + sched.flow_end[ended]
+        self.flow_end[self.flow_end < 0] = t
         pairs, size = self.iters[self.k]
-        per = self._rank_bytes(size)
         for r, i in self.pos.items():
             mine = (pairs[:, 0] == i) | (pairs[:, 1] == i)
             end = int(self.flow_end[mine].max()) if mine.any() else self.t_k + self.latency_ns
             self.ends[r].append((self.t_k, end))
-            s0, r0 = self.done[r]
-            self.done[r] = (s0 + per[r][0], r0 + per[r][1])
+        e = self.topo.endpoints
+        self.done = self.done + np.r_[np.bincount(pairs[:, 0], weights=size, minlength=e),
+                                      np.bincount(pairs[:, 1], weights=size, minlength=e)] * self.scale
+        self._start(t, None, self.done)
         self.k += 1
         if self.k < self.k_total:
             self._begin(t)
 
+    def delivered(self, rank: str, t: int) -> tuple[float, float]:
+        """`rank`'s (bytes sent, received) by `t`, no later than integrated."""
+        t = min(t, self.t)
+        i = bisect.bisect_right(self.piece_ns, t) - 1
+        if i < 0:
+            return 0.0, 0.0
+        base, sched, before = self.pieces[i]
+        cols = [self.pos[rank], self.topo.endpoints + self.pos[rank]]
+        got = before[cols] if sched is None else before[cols] + sched.bytes_at(t - base, cols)
+        return float(got[0]), float(got[1])
+
     def projected_finish_ns(self) -> int:
         if self.k >= self.k_total:
             return self.t
-        if self.sched is not None and self.sched[2] and math.isfinite(self.sched[2][-1][1]):
-            return self.sched[1] + int(self.sched[2][-1][1] * 1e9) + 1
-        return self.t + 1_000_000
+        if self.sched is not None and self.sched[2].finish is not None:
+            return self.sched[1] + self.sched[2].finish
+        return self.t + 1_000_000  # solved only up to now: look again soon
 
 
 class RankView:
@@ -293,28 +370,20 @@ class RankView:
         return ends[-1][1] if len(ends) == self.coll.k_total else None
 
     def advance(self, until_ns: int) -> None:
-        with self.coll.links.lock:
+        with self.coll.lock:
             self.coll.advance(until_ns)
 
     def projected_finish_ns(self) -> int:
-        with self.coll.links.lock:
+        with self.coll.lock:
             return self.coll.projected_finish_ns()
 
     def intervals(self) -> list[tuple[int, int]]:
-        with self.coll.links.lock:
+        with self.coll.lock:
             return list(self.coll.ends[self.rank])
 
     def delivered(self, t_ns: int) -> tuple[float, float]:
-        with self.coll.links.lock:
-            cps = self.coll.checkpoints[self.rank]
-            i = bisect.bisect_right(self.coll.checkpoint_ns[self.rank], t_ns)
-            if i == 0:
-                return 0.0, 0.0
-            if i == len(cps):
-                return cps[-1][1], cps[-1][2]
-            (t0, s0, r0), (t1, s1, r1) = cps[i - 1], cps[i]
-        w = (t_ns - t0) / (t1 - t0) if t1 > t0 else 1.0
-        return s0 + w * (s1 - s0), r0 + w * (r1 - r0)
+        with self.coll.lock:
+            return self.coll.delivered(self.rank, t_ns)
 
 
 def join(bench, declared: Declared, me: str, plan: list[list[tuple[str, float, float]]], latency_ns: int,

@@ -74,6 +74,17 @@ def flap_truth_ns(emulated, keys: list[str], after_ns: int) -> tuple[int, int] |
     return down, max(t + detection_ns(emulated.profile, key, t) for key, t in lost.items())
 
 
+def harness_ns(emulated, host: str, host_ns: int) -> int:
+    """The harness instant at which emulated `host`'s clock read `host_ns` (its clock's own inverse, to the
+    ns: the drift term is an int of the harness time, so a few fixed-point steps settle it)."""
+    c = emulated.physics.host_clock_params(host)
+    base = int(host_ns) - c["epoch_ns"] - c["offset_ns"]
+    t = base
+    for _ in range(4):
+        t = base - int(c["drift_ppm"] * 1e-6 * (t - c["t0_ns"]))
+    return t
+
+
 def emulated_clocks(emulated) -> dict:
     """Every emulated host's true clock parameters (for the manifest: how far the correction was off)."""
     return {h: emulated.physics.host_clock_params(h) for h in emulated.physics.hosts}

@@ -44,6 +44,10 @@ class Truth:
 
         return flap_truth_ns(self._emulated.physics, links, after_ns)
 
+    def harness_ns(self, host: str, host_ns: int) -> int:
+        """The harness instant at which `host`'s emulated clock read `host_ns` (no uncertainty)."""
+        return emulated.harness_ns(self._emulated, host, host_ns)
+
     def flap(self, keys: list[str], after_ns: int) -> tuple[int, int] | None:
         """(the first of the links of `keys` down, the instant the packet fabric detected the last loss of light
         among them), harness ns, for a flap after `after_ns`; None if the emulator saw none."""
