@@ -172,7 +172,7 @@ def _adaptive(fabric: LeafSpine, flows: Flows, out: frozenset) -> np.ndarray:
     from scipy.sparse import coo_matrix
 
     cap = fabric.capacities(out)
-    cols, eq_rows, link_rows, link_cols, owner = [], [], [], [], []
+    cols, link_rows, link_cols, owner = [], [], [], []
     for f, (src, dst, _) in enumerate(flows.pairs):
         for _, links in fabric.paths(int(src), int(dst), out):
             c = len(cols)

@@ -8,7 +8,6 @@ sum_t costs[t, s_t] + C[start, s_0] + sum_t C[s_{t-1}, s_t].
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 import numpy as np
 
