@@ -162,13 +162,16 @@ def late_threshold_ms(stage_p99_ms, floor_ms: float = LATE_FLOOR_MS, rel_toleran
 
 
 def late_cycles(draws: pd.DataFrame, cycle_starts: list[tuple[int, int]], *, floor_ms: float = LATE_FLOOR_MS,
-                rel_tolerance: float = LATE_REL_TOLERANCE) -> list[dict]:
+                rel_tolerance: float = LATE_REL_TOLERANCE, stages: tuple[str, ...] | None = None) -> list[dict]:
     """Recorded cycles (> 0) in which the emulator ran an action later than the profile's resolution
     (`late_threshold_ms` of the stage whose drawn delay timed it; the stage's p99 over the run's draws).
 
     `draws`: stage, port, delay_ns, late_ns, due_ns (-1: never ran); an action belongs to the cycle its due time
-    falls in (`assign_cycles`). One row per late cycle, in cycle order: cycle, late_ms (its latest action),
-    stage and port of that action, threshold_ms."""
+    falls in (`assign_cycles`). `stages`: judge only the actions of these stages (None: all) — a follow-up is
+    timed from its due time, so a late action moves no stamp but its own. One row per late cycle, in cycle
+    order: cycle, late_ms (its latest action), stage and port of that action, threshold_ms."""
+    if stages is not None:
+        draws = draws[draws["stage"].isin(stages)]
     if draws.empty:
         return []
     p99_ms = draws.groupby("stage")["delay_ns"].quantile(0.99) / 1e6

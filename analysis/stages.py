@@ -55,5 +55,8 @@ WATCH_STAGES = {s.watch: s.name for s in STAGE_TABLE if s.watch}
 CHAIN = {(s.profile_key or s.name): (s.name, s.after) for s in STAGE_TABLE
          if s.after and s.name not in ("ocs_command_completed",) and not s.optional}
 NIC_PROFILE_KEYS = tuple(s.profile_key for s in STAGE_TABLE if s.profile_key and s.name in PORT_CHAIN + STAGES_DOWN)
+# Profile keys of the delays on the path from the command to traffic: the ones that time the stamps a
+# reconfiguration's delay is measured between (the side losing light, `dark` and `link_down`, is not among them).
+UP_PROFILE_KEYS = tuple(s.profile_key for s in STAGE_TABLE if s.up and s.profile_key)
 # Profile keys of the optional stages: absent (the default), the emulated port has no such states.
 OPTIONAL_NIC_PROFILE_KEYS = tuple(s.profile_key for s in STAGE_TABLE if s.optional and s.profile_key)

@@ -174,4 +174,7 @@ def test_late_cycles_judge_each_action_against_its_own_stages_resolution():
                                            "threshold_ms": pytest.approx(0.1)}]
     # at a coarser floor nothing is late
     assert late_cycles(draws, starts, floor_ms=0.5) == []
+    # judged on the long stage's actions alone (the short one times no stamp asked about): none late
+    assert late_cycles(draws, starts, stages=("long",)) == []
+    assert [r["cycle"] for r in late_cycles(draws, starts, stages=("short",))] == [2]
     assert late_cycles(draws.iloc[0:0], starts) == []

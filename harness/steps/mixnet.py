@@ -17,6 +17,7 @@ import numpy as np
 
 from analysis.cost import BASES, DEFAULT_PRICES
 from analysis.moe_models import GPUS, MODELS
+from analysis.stages import UP_PROFILE_KEYS
 from harness.config import register_step
 from harness.errors import InputError
 from harness.specs import Annotated, AtLeastOne, Expect, Field, Fraction, Literal, Positive, Seconds, Spec, create_model
@@ -130,8 +131,9 @@ def _setup(params: dict, seed: int):
     return setup, grid
 
 
-LATE_RULE = ("an action of the emulator's schedule ran later than max(0.1 ms, 5 % of the p99 delay of the stage "
-             "that timed it) (analysis.accuracy.late_cycles)")
+LATE_RULE = ("an action of the emulator's schedule on the path from the command to traffic (the stamps the delays "
+             "are measured between) ran later than max(0.1 ms, 5 % of the p99 delay of the stage that timed it) "
+             "(analysis.accuracy.late_cycles)")
 
 
 def compute_verdict(events, params: dict, seed: int, prov: dict, late: list[dict] | None = None) -> dict:
@@ -184,7 +186,8 @@ def late_cycles(ctx) -> list[dict]:
 
     if ctx.bench.truth is None:
         return []
-    return late(ctx.bench.truth.draws(), [w for r in ctx.results.values() for w in r.truth_windows])
+    return late(ctx.bench.truth.draws(), [w for r in ctx.results.values() for w in r.truth_windows],
+                stages=UP_PROFILE_KEYS)
 
 
 PUBLIC_KEYS = ("provenance", "headline", "claims", "lateness", "bound", "seed_test", "scorecard", "robustness",
