@@ -114,19 +114,9 @@ def test_link_failures_and_flaps_on_the_emulated_bench(tmp_path):
 def test_emulated_leafspine_collective_is_the_fabric_models_answer():
     # the emulator's ranks, joined as one collective, finish when analysis.fabric says (intact and with links
     # shut before the start), ECMP and spraying alike; each rank's counters reach its bytes
-    import types
-
     from analysis import fabric as fb
     from devices.emulated import leafspine as ls
-
-    class Bench:
-        profile = None
-
-        def __init__(self, n):
-            self.ports = [types.SimpleNamespace(key=f"h{i}:e") for i in range(n)]
-
-        def all_nic_ports(self):
-            return self.ports
+    from tests.test_leafspine import Bench
 
     n, pair = 8, 1e6
     for lb in ("ecmp", "spray"):
