@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import threading
 import time
-from array import array
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from devices.emulated.columns import Column
 from devices.emulated.nic import (CMIS_RESET, DARK_DBM, NicChange, NicModel, NicSnapshot, NicStateMachine, Port,
                                   Subscribers)
 from devices.emulated.profile import NIC_KEYS, OCS_KEYS, OPTIONAL_NIC_KEYS, Profile
@@ -121,7 +121,7 @@ class OpticalBench:
         # Every draw, column-wise (a pod draws ~10^4 per cycle): command, port index (-1: the switch), stage
         # code, delay, and how late the action it timed ran and when it was due (the schedule fills those in;
         # due -1 until it ran).
-        self._draws = {k: array(t) for k, t in (("command", "q"), ("port", "l"), ("stage", "b"), ("delay_ns", "q"),
+        self._draws = {k: Column(t) for k, t in (("command", "q"), ("port", "l"), ("stage", "b"), ("delay_ns", "q"),
                                                  ("late_ns", "q"), ("due_ns", "q"))}
         topo = profile.topology
         self.ocs_size = topo.ocs_size
@@ -594,8 +594,7 @@ class OpticalBench:
         stages[:] = list(_STREAM_STAGES)
         with self._lock:
             n = len(self._draws["command"])
-            cols = {k: np.frombuffer(v, dtype=np.dtype(v.typecode))[:n].copy() if n else np.array([], dtype=np.int64)
-                    for k, v in self._draws.items()}
+            cols = {k: v.numpy(0, n) for k, v in self._draws.items()}
         return pd.DataFrame({"command": cols["command"].astype(np.int64), "port": names[cols["port"]],
                              "stage": stages[cols["stage"]], "delay_ns": cols["delay_ns"].astype(np.int64),
                              "late_ns": cols["late_ns"].astype(np.int64), "due_ns": cols["due_ns"].astype(np.int64)},
