@@ -17,8 +17,8 @@ class Column:
     process ends, however it ends); a value may still be set by index after it went there (`late_ns` is set when
     the action its draw timed runs). Not thread-safe: the physics' lock guards it."""
 
-    def __init__(self, typecode: str, chunk: int = CHUNK):
-        self.typecode, self._chunk = typecode, chunk
+    def __init__(self, typecode: str, chunk: int | None = None):
+        self.typecode, self._chunk = typecode, chunk or CHUNK
         self._tail = array(typecode)
         self._itemsize = self._tail.itemsize
         self._dtype = np.dtype(typecode)
