@@ -150,9 +150,23 @@ def pc_field(name: str):
 
 
 def write_draws(ctx) -> None:
-    # Every delay the emulator drew, keyed (command, port, stage): the same seed gives the same file.
-    draws = ctx.emulated.physics.draws_frame()
-    draws.drop(columns=["late_ns", "due_ns"]).to_parquet(ctx.run_dir / "ground_truth_delays.parquet", index=False)
+    """Every delay the emulator drew, keyed (command, port, stage): the same seed gives the same file. Written a
+    block of draws at a time (a campaign draws ~10^7)."""
+    import pyarrow.parquet as pq
+    from devices.emulated.physics import DRAW_BLOCK
+
+    physics, writer = ctx.emulated.physics, None
+    n = physics.draw_count()
+    try:
+        for start in range(0, max(n, 1), DRAW_BLOCK):
+            frame = physics.draws_frame(start, min(n, start + DRAW_BLOCK)).drop(columns=["late_ns", "due_ns"])
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+            if writer is None:
+                writer = pq.ParquetWriter(ctx.run_dir / "ground_truth_delays.parquet", table.schema)
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:

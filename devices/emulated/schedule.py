@@ -63,8 +63,8 @@ class Schedule:
     @staticmethod
     def summary(late_ns) -> dict:
         """n, p50, p99 and max in ms of the lateness values `late_ns`."""
-        late = np.asarray(late_ns, dtype=float) / 1e6
+        late = np.asarray(late_ns)
         if late.size == 0:
             return {"n": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
-        p50, p99 = np.quantile(late, [0.5, 0.99])
-        return {"n": int(late.size), "p50_ms": float(p50), "p99_ms": float(p99), "max_ms": float(late.max())}
+        p50, p99 = np.quantile(late, [0.5, 0.99]) / 1e6
+        return {"n": int(late.size), "p50_ms": float(p50), "p99_ms": float(p99), "max_ms": float(late.max()) / 1e6}
