@@ -84,10 +84,14 @@ class TruthBlocks:
     def __init__(self, emulated, cycle_starts: list[tuple[int, int]], stages):
         from analysis.accuracy import cycle_of
 
+        import numpy as np
+
         self.t, self.code, self.keys, self.halfwidth = emulated.ground_truth_columns(stages)
         self.cycle = cycle_of(self.t, cycle_starts)
         keep = self.cycle >= 1
-        self.t, self.code, self.cycle = self.t[keep], self.code[keep], self.cycle[keep]
+        # held for the whole summary (a campaign's ~10^7 rows): the codes and cycles fit 32 bits
+        self.t, self.code, self.cycle = self.t[keep], self.code[keep].astype(np.int32), \
+            self.cycle[keep].astype(np.int32)
         if self.halfwidth is not None:
             self.halfwidth = self.halfwidth[keep]
 
@@ -97,7 +101,7 @@ class TruthBlocks:
         rows = (self.cycle >= a) & (self.cycle < b)
         frame = truth_frame(self.t[rows], self.code[rows], self.keys,
                             None if self.halfwidth is None else self.halfwidth[rows])
-        frame["cycle"] = self.cycle[rows]
+        frame["cycle"] = self.cycle[rows].astype("int64")
         return frame
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from devices.emulated.columns import Column
 
 TRUTH_COLUMNS = ("t_ns", "stage", "host", "port", "ocs_port")
+BLOCK_ROWS = 1 << 20  # rows read at once from the columns
 
 
 class TruthLog:
@@ -40,11 +41,19 @@ class TruthLog:
         (stage, host, port, ocs_port) the codes index."""
         import numpy as np
 
-        t, code = self._t.numpy(), self._code.numpy()
-        if stages is not None and len(t):
-            keep = np.array([k[0] in stages for k in self._keys])[code]
-            t, code = t[keep], code[keep]
-        return t, code, list(self._keys)
+        keys = list(self._keys)
+        wanted = None if stages is None else np.array([k[0] in stages for k in keys] or [False])
+        t, code = [], []
+        for start in range(0, len(self._t), BLOCK_ROWS):  # a block at a time: only the rows kept are held whole
+            t_block, code_block = self._t.numpy(start, start + BLOCK_ROWS), self._code.numpy(start, start + BLOCK_ROWS)
+            if wanted is not None:
+                keep = wanted[code_block]
+                t_block, code_block = t_block[keep], code_block[keep]
+            t.append(t_block)
+            code.append(code_block)
+        if not t:
+            return np.array([], dtype=np.int64), np.array([], dtype=np.int64), keys
+        return np.concatenate(t), np.concatenate(code), keys
 
     def frame(self, stages=None):
         """The rows as a DataFrame (TRUTH_COLUMNS; strings as objects, shared per distinct value), only those of
