@@ -65,9 +65,6 @@ class IntRows:
     def __iter__(self) -> Iterator[tuple[int, ...]]:
         return zip(*self._cols)
 
-    def __eq__(self, other) -> bool:
-        return list(self) == [tuple(r) for r in other] if isinstance(other, (IntRows, list, tuple)) else NotImplemented
-
 
 class CycleOutcomes:
     """A step's CycleOutcome per measured cycle, kept compact (~50 bytes a cycle, where the objects took ~700): the
