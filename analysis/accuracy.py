@@ -195,22 +195,32 @@ def realised_vs_profile(draws: pd.DataFrame, *, alpha: float = 0.01, floor_ms: f
     its profile when the test rejects at `alpha` (or the delay is fixed) and the p99 lateness exceeds
     max(floor_ms, rel_tolerance × the stage's p99): a machine too busy to run the schedule on time.
     """
-    out = {"stages": {}, "late": [], "warning": None}
-    for stage, g in draws.groupby("stage", sort=False):
-        drawn = g["delay_ns"].to_numpy(dtype=float) / 1e6
-        late = g["late_ns"].to_numpy(dtype=float) / 1e6
-        u = g["u_realised"].to_numpy(dtype=float)
-        ks_p = float(stats.kstest(u, "uniform").pvalue) if np.isfinite(u).all() and len(u) >= 2 else None
-        d50, d99 = np.quantile(drawn, [0.5, 0.99])
-        r50, r99 = np.quantile(drawn + late, [0.5, 0.99])
-        late99 = float(np.quantile(late, 0.99))
-        missed = (ks_p is None or ks_p < alpha) and late99 > late_threshold_ms(d99, floor_ms, rel_tolerance)
-        out["stages"][stage] = {"n": int(len(g)), "profile_p50_ms": float(d50), "profile_p99_ms": float(d99),
-                                "realised_p50_ms": float(r50), "realised_p99_ms": float(r99),
-                                "late_p99_ms": late99, "late_max_ms": float(late.max()), "ks_p": ks_p,
-                                "missed": bool(missed)}
-        if missed:
-            out["late"].append(stage)
+    return stages_vs_profile({stage: stage_vs_profile(g["delay_ns"].to_numpy(), g["late_ns"].to_numpy(),
+                                                      g["u_realised"].to_numpy(dtype=float), alpha=alpha,
+                                                      floor_ms=floor_ms, rel_tolerance=rel_tolerance)
+                              for stage, g in draws.groupby("stage", sort=False)})
+
+
+def stage_vs_profile(delay_ns: np.ndarray, late_ns: np.ndarray, u: np.ndarray, *, alpha: float = 0.01,
+                     floor_ms: float = LATE_FLOOR_MS, rel_tolerance: float = LATE_REL_TOLERANCE) -> dict:
+    """One stage's row of `realised_vs_profile` from its draws' delays, lateness and u_realised (one stage at a
+    time: a campaign draws ~10^6 delays a stage)."""
+    drawn = np.asarray(delay_ns, dtype=float) / 1e6
+    late = np.asarray(late_ns, dtype=float) / 1e6
+    u = np.asarray(u, dtype=float)
+    ks_p = float(stats.kstest(u, "uniform").pvalue) if np.isfinite(u).all() and len(u) >= 2 else None
+    d50, d99 = np.quantile(drawn, [0.5, 0.99])
+    r50, r99 = np.quantile(drawn + late, [0.5, 0.99])
+    late99 = float(np.quantile(late, 0.99))
+    missed = (ks_p is None or ks_p < alpha) and late99 > late_threshold_ms(d99, floor_ms, rel_tolerance)
+    return {"n": int(len(drawn)), "profile_p50_ms": float(d50), "profile_p99_ms": float(d99),
+            "realised_p50_ms": float(r50), "realised_p99_ms": float(r99), "late_p99_ms": late99,
+            "late_max_ms": float(late.max()), "ks_p": ks_p, "missed": bool(missed)}
+
+
+def stages_vs_profile(stages: dict[str, dict]) -> dict:
+    """`realised_vs_profile`'s report from its rows per stage (`stage_vs_profile`), in their order."""
+    out = {"stages": dict(stages), "late": [s for s, r in stages.items() if r["missed"]], "warning": None}
     if out["late"]:
         worst = max(out["late"], key=lambda s: out["stages"][s]["late_p99_ms"])
         w = out["stages"][worst]

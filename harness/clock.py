@@ -146,6 +146,15 @@ class _Fit:
 
     def near(self, x: float) -> float:
         s = self.slope_bound + self.wander
+        if self._t is None:  # compacted: the same sums, from the arrays
+            k = int(np.searchsorted(self.times, x, side="right"))
+            best = math.inf
+            if k:
+                best = s * x + float(np.minimum.accumulate(self.bounds[:k] - s * self.times[:k])[-1])
+            if k < len(self.times):
+                best = min(best, float(np.minimum.accumulate(
+                    (self.bounds[k:] + s * self.times[k:])[::-1])[-1]) - s * x)
+            return best
         k = bisect.bisect_right(self._t, x)  # samples [0, k) at or before x
         best = math.inf
         if k:
@@ -153,6 +162,11 @@ class _Fit:
         if k < len(self._t):
             best = min(best, self._right[k] - s * x)
         return best
+
+    def compact(self) -> None:
+        """Drop the lists that make `near` one bisection (~16 KB of Python floats a fit): a kept fit that is no
+        longer the current one answers only for past times, and a campaign keeps thousands of them."""
+        self._t = self._e = self._left = self._right = None
 
 
 class _Segment:
@@ -212,6 +226,8 @@ class _Segment:
         self.recent.append(sample)
         self.count += 1
         self.min_delay_ns = min(self.min_delay_ns, sample.delay_ns)
+        if self.history and self.history[-1] is self.fit and fit is not self.fit:
+            self.fit.compact()  # kept for past times only, from now on
         self.fit = fit
         if self.count >= self.window and (self.count - self.window) % (self.window // 2) == 0:
             self.history.append(fit)
@@ -353,7 +369,7 @@ class ClockTracker:
         # tight sample close by beats interpolating towards a loose neighbour (a probe under load). Beyond
         # the first or last sample that is also the extrapolated bound.
         bound = fit.near(x)
-        t, e = fit._t, fit._e
+        t, e = (fit._t, fit._e) if fit._t is not None else (fit.times.tolist(), fit.bounds.tolist())
         if t[0] < x < t[-1]:
             j = bisect.bisect_left(t, x)  # t[j-1] < x <= t[j]
             lam = (x - t[j - 1]) / (t[j] - t[j - 1]) if t[j] > t[j - 1] else 0.0

@@ -84,10 +84,14 @@ class TruthBlocks:
     def __init__(self, emulated, cycle_starts: list[tuple[int, int]], stages):
         from analysis.accuracy import cycle_of
 
+        import numpy as np
+
         self.t, self.code, self.keys, self.halfwidth = emulated.ground_truth_columns(stages)
         self.cycle = cycle_of(self.t, cycle_starts)
         keep = self.cycle >= 1
-        self.t, self.code, self.cycle = self.t[keep], self.code[keep], self.cycle[keep]
+        # held for the whole summary (a campaign's ~10^7 rows): the codes and cycles fit 32 bits
+        self.t, self.code, self.cycle = self.t[keep], self.code[keep].astype(np.int32), \
+            self.cycle[keep].astype(np.int32)
         if self.halfwidth is not None:
             self.halfwidth = self.halfwidth[keep]
 
@@ -97,7 +101,7 @@ class TruthBlocks:
         rows = (self.cycle >= a) & (self.cycle < b)
         frame = truth_frame(self.t[rows], self.code[rows], self.keys,
                             None if self.halfwidth is None else self.halfwidth[rows])
-        frame["cycle"] = self.cycle[rows]
+        frame["cycle"] = self.cycle[rows].astype("int64")
         return frame
 
 
@@ -150,9 +154,23 @@ def pc_field(name: str):
 
 
 def write_draws(ctx) -> None:
-    # Every delay the emulator drew, keyed (command, port, stage): the same seed gives the same file.
-    draws = ctx.emulated.physics.draws_frame()
-    draws.drop(columns=["late_ns", "due_ns"]).to_parquet(ctx.run_dir / "ground_truth_delays.parquet", index=False)
+    """Every delay the emulator drew, keyed (command, port, stage): the same seed gives the same file. Written a
+    block of draws at a time (a campaign draws ~10^7)."""
+    import pyarrow.parquet as pq
+    from devices.emulated.physics import DRAW_BLOCK
+
+    physics, writer = ctx.emulated.physics, None
+    n = physics.draw_count()
+    try:
+        for start in range(0, max(n, 1), DRAW_BLOCK):
+            frame = physics.draws_frame(start, min(n, start + DRAW_BLOCK)).drop(columns=["late_ns", "due_ns"])
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+            if writer is None:
+                writer = pq.ParquetWriter(ctx.run_dir / "ground_truth_delays.parquet", table.schema)
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:

@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import json
 import os
+import tempfile
 import threading
 
 from devices.errors import DeviceError
@@ -54,14 +55,25 @@ def spread(hosts: list[str], at_most: int = MAX_HOSTS) -> list[str]:
 
 class _Feed:
     """One host's nvidia-smi loop: its lines as they arrived (through the run's observation log, which mirrors
-    them raw), and how it ended."""
+    them raw), and how it ended. The lines wait for the step's end in an unnamed temporary file, not in memory:
+    a host prints ~25 a second for as long as the step runs."""
 
     def __init__(self, host: str, session):
         self.host, self.session = host, session
         self.stream = None
-        self.arrived: list[tuple[int, list[str]]] = []  # (harness ns the packet arrived, its complete lines)
+        self.lines = tempfile.TemporaryFile(prefix="ocs-hil-gpu-")  # "RECV_NS LINE\n" per line, as they came
+        self.batches = 0  # packets of lines arrived
         self.ends: list[tuple[int, str, int]] = []  # (harness ns, why, batches arrived by then): each early end
-        self.others: list[str] = []  # lines that are no sample (an XID/ECC event nvidia-smi prints, an error)
+        self.others = 0  # lines that are no sample (an XID/ECC event nvidia-smi prints, an error) ...
+        self.first_other = ""  # ... and the first of them
+
+    def arrived(self):
+        """(harness ns its packet arrived, line) of every line, in the order they came."""
+        self.lines.flush()
+        self.lines.seek(0)
+        for raw in self.lines:
+            recv_ns, _, line = raw[:-1].partition(b" ")
+            yield int(recv_ns), line.decode(errors="replace")
 
 
 class GpuView:
@@ -72,7 +84,6 @@ class GpuView:
         hosts = sorted(set(hosts), key=lambda h: (order.get(h, len(order)), h))  # the inventory's order
         self.hosts_total = len(hosts)
         self.hosts = spread(hosts)
-        self.samples: list[dict] = []
         self.windows: list[tuple[int, int]] = []  # (begin_ns, end_ns) marked by the step
         self.faults: dict[str, str] = {}  # host -> what went wrong with its view (stream ended, gaps)
         self._feeds: list[_Feed] = []
@@ -104,7 +115,7 @@ class GpuView:
         try:
             stream = feed.session.transport.stream(query(self.interval_s))
         except (DeviceError, OSError) as exc:
-            feed.ends.append((now_ns(), f"cannot start nvidia-smi: {str(exc)[:300]}", len(feed.arrived)))
+            feed.ends.append((now_ns(), f"cannot start nvidia-smi: {str(exc)[:300]}", feed.batches))
             return
         with self._lock:
             if self._stopping.is_set():
@@ -126,64 +137,65 @@ class GpuView:
     def _arrived(self, batch: list) -> None:
         feed = self._by_host.get(batch[0].host)
         if feed is not None:
-            feed.arrived.append((batch[0].recv_ns, [obs.value for obs in batch]))
+            recv = b"%d " % batch[0].recv_ns
+            feed.lines.write(b"".join(recv + obs.value.replace("\n", " ").encode() + b"\n" for obs in batch))
+            feed.batches += 1
 
     def _ended(self, feed: _Feed, reason: str) -> None:
         """Its loop ended while the step runs (the SSH hub's thread: the restart waits on a thread of its own)."""
         if self._stopping.is_set():
             return
-        feed.ends.append((now_ns(), reason.strip()[:300], len(feed.arrived)))
-        if feed.arrived and len(feed.ends) <= RESTARTS:  # (no line ever: a host without GPUs or nvidia-smi)
+        feed.ends.append((now_ns(), reason.strip()[:300], feed.batches))
+        if feed.batches and len(feed.ends) <= RESTARTS:  # (no line ever: a host without GPUs or nvidia-smi)
             threading.Thread(target=self._restart, args=(feed,), daemon=True, name=f"gpu-view-{feed.host}").start()
 
     def _restart(self, feed: _Feed) -> None:
         if not self._stopping.wait(self.interval_s):
             self._start(feed)
 
-    def _host_samples(self, feed: _Feed) -> list[dict]:
-        """The feed's lines as samples on the harness clock (after the step: the host's final clock model)."""
-        rows = []
-        for recv_ns, lines in feed.arrived:
-            for line in lines:
-                if not line.strip():
-                    continue
-                try:
-                    row = parse_nvidia_smi_csv(line, FIELDS, header=False).records()[0]
-                    rows.append((recv_ns, parse_nvidia_timestamp(str(row["timestamp"])), row))
-                except ParseError:
-                    feed.others.append(line[:300])
-        if not rows:
-            return []
-        # The timestamp is local time without a zone: the zone is the whole quarter hour between it and the
-        # host's clock when its first line arrived (the clock model's offset; a sample is well under 7 min old).
-        recv_ns, naive, _ = rows[0]
-        offset_ns = feed.session.to_harness(naive)[1]
-        zone = round((naive - (recv_ns + offset_ns)) / ZONE_NS) * ZONE_NS
-        out = []
-        for recv_ns, naive, row in rows:
+    def _host_samples(self, feed: _Feed):
+        """The feed's lines as samples on the harness clock (after the step: the host's final clock model), one at
+        a time."""
+        zone = None
+        for recv_ns, line in feed.arrived():
+            if not line.strip():
+                continue
+            try:
+                row = parse_nvidia_smi_csv(line, FIELDS, header=False).records()[0]
+                naive = parse_nvidia_timestamp(str(row["timestamp"]))
+            except ParseError:
+                feed.others += 1
+                feed.first_other = feed.first_other or line[:300]
+                continue
+            if zone is None:
+                # The timestamp is local time without a zone: the zone is the whole quarter hour between it and the
+                # host's clock when its first line arrived (the clock model's offset; a sample is well under 7 min
+                # old).
+                offset_ns = feed.session.to_harness(naive)[1]
+                zone = round((naive - (recv_ns + offset_ns)) / ZONE_NS) * ZONE_NS
             host_ns = naive - zone
             t, _, bound = feed.session.to_harness(host_ns)  # the query began in [host_ns, host_ns + 1 ms)
             lo = t - bound
             hi = max(recv_ns, lo)  # read before its line was sent, so before it arrived
-            out.append({"step": self.step_name, "host": feed.host, "gpu": row["index"], "t_ns": (lo + hi) // 2,
-                        "uncertainty_ns": (hi - lo + 1) // 2, "host_ns": host_ns,
-                        "utilization_gpu": row["utilization.gpu"], "memory_used_mib": row["memory.used"],
-                        "power_w": row["power.draw"]})
-        return out
+            yield {"step": self.step_name, "host": feed.host, "gpu": row["index"], "t_ns": (lo + hi) // 2,
+                   "uncertainty_ns": (hi - lo + 1) // 2, "host_ns": host_ns,
+                   "utilization_gpu": row["utilization.gpu"], "memory_used_mib": row["memory.used"],
+                   "power_w": row["power.draw"]}
 
-    def _feed_faults(self, feed: _Feed, samples: list[dict]) -> str | None:
-        """What a reader of the view must know about this host's samples: an early end, gaps."""
+    def _feed_faults(self, feed: _Feed, samples: int, times: set[int]) -> str | None:
+        """What a reader of the view must know about this host's samples (`samples` of them, at host `times`): an
+        early end, gaps."""
         problems = []
         if feed.ends and samples:  # (no sample at all: a host without GPUs or nvidia-smi)
             problems.append(f"nvidia-smi stream ended {len(feed.ends)} time(s): " + "; ".join(
                 f"{(t - self.started_ns) / 1e9:.1f} s into the step ({why})" for t, why, _ in feed.ends)
-                + ("; no samples after the last" if feed.ends[-1][2] == len(feed.arrived) else ""))
-        times = sorted({s["host_ns"] for s in samples})
+                + ("; no samples after the last" if feed.ends[-1][2] == feed.batches else ""))
+        times = sorted(times)
         gaps = [(b - a) / 1e9 for a, b in zip(times, times[1:]) if b - a > GAP_INTERVALS * self.interval_s * 1e9]
         if gaps:
             problems.append(f"{len(gaps)} gap(s) in its samples, the longest {max(gaps):.2f} s")
         if feed.others:
-            problems.append(f"{len(feed.others)} line(s) not a sample, the first: {feed.others[0]!r}")
+            problems.append(f"{feed.others} line(s) not a sample, the first: {feed.first_other!r}")
         return "; ".join(problems) or None
 
     def window(self, begin_ns: int, end_ns: int) -> None:
@@ -215,47 +227,61 @@ class GpuView:
         if self._log is not None:
             self._log.tap("gpu", None)
         self.stopped_ns = now_ns()
-        for feed in self._feeds:
-            samples = self._host_samples(feed)
-            self.samples += samples
-            problem = self._feed_faults(feed, samples)
-            if problem:
-                self.faults[feed.host] = problem
-                self.ctx.say(f"{self.step_name}: GPU view of {feed.host}: {problem}")
-        if not self.samples:
-            return {}
-        path = self.ctx.run_dir / "gpu_samples.jsonl"
-        with open(path, "a", encoding="utf-8") as out:
-            out.writelines(json.dumps(s, separators=(",", ":")) + "\n" for s in self.samples)
-            out.flush()
-            os.fsync(out.fileno())
-        windows = sorted(self.windows or self._event_windows())
-        if not windows:
-            return {}
-        summary = {"samples": len(self.samples), "windows": len(windows), "hosts_total": self.hosts_total, "hosts": {},
-                   "faults": dict(self.faults), "windows_ns": [[int(b), int(e)] for b, e in windows]}
-        # A window reaching past `t` from a begin at or before it: the latest end among the windows begun by then
-        # (a campaign has ~10^5 windows and ~10^5 samples: a search each, not every pair).
-        begins = [b for b, _ in windows]
-        reach = list(itertools.accumulate((e for _, e in windows), max))
+        # The samples go to the file as they are converted, and only counts stay: a step's samples are ~10^5 a
+        # campaign. A window reaching past `t` from a begin at or before it: the latest end among the windows begun
+        # by then (~10^5 windows: a search a sample, not every pair).
+        path, out, windows, begins, reach = self.ctx.run_dir / "gpu_samples.jsonl", None, [], [], []
+        counts: dict[str, list] = {}  # host -> [n inside, sum inside, idle inside, n between, sum between]
+        total = 0
 
         def reached(t: int, by: int) -> bool:  # some window begun at or before `t` ends at or after `by`
             k = bisect.bisect_right(begins, t)
             return k > 0 and reach[k - 1] >= by
 
-        for host in sorted({s["host"] for s in self.samples}):
-            inside, outside = [], []
-            for s in (s for s in self.samples if s["host"] == host and s["utilization_gpu"] is not None):
-                lo, hi = s["t_ns"] - s["uncertainty_ns"], s["t_ns"] + s["uncertainty_ns"]
-                if reached(lo, hi):  # within one window
-                    inside.append(s["utilization_gpu"])
-                elif windows[0][0] <= lo and hi <= windows[-1][1] and not reached(hi, lo):  # touches none
-                    outside.append(s["utilization_gpu"])  # between two reconfigurations: the steady state
+        try:
+            for feed in self._feeds:
+                n, times = 0, set()
+                for s in self._host_samples(feed):
+                    if out is None:
+                        out = open(path, "a", encoding="utf-8")
+                        windows = sorted(self.windows or self._event_windows())
+                        begins = [b for b, _ in windows]
+                        reach = list(itertools.accumulate((e for _, e in windows), max))
+                    out.write(json.dumps(s, separators=(",", ":")) + "\n")
+                    n += 1
+                    times.add(s["host_ns"])
+                    c = counts.setdefault(feed.host, [0, 0, 0, 0, 0])
+                    util = s["utilization_gpu"]
+                    if util is None or not windows:
+                        continue
+                    lo, hi = s["t_ns"] - s["uncertainty_ns"], s["t_ns"] + s["uncertainty_ns"]
+                    if reached(lo, hi):  # within one window
+                        c[0], c[1], c[2] = c[0] + 1, c[1] + util, c[2] + (util <= IDLE_PERCENT)
+                    elif windows[0][0] <= lo and hi <= windows[-1][1] and not reached(hi, lo):  # touches none
+                        c[3], c[4] = c[3] + 1, c[4] + util  # between two reconfigurations: the steady state
+                feed.lines.close()
+                total += n
+                problem = self._feed_faults(feed, n, times)
+                if problem:
+                    self.faults[feed.host] = problem
+                    self.ctx.say(f"{self.step_name}: GPU view of {feed.host}: {problem}")
+            if out is not None:
+                out.flush()
+                os.fsync(out.fileno())
+        finally:
+            if out is not None:
+                out.close()
+        if not total or not windows:
+            return {}
+        summary = {"samples": total, "windows": len(windows), "hosts_total": self.hosts_total, "hosts": {},
+                   "faults": dict(self.faults), "windows_ns": [[int(b), int(e)] for b, e in windows]}
+        for host in sorted(counts):
+            n_in, sum_in, idle_in, n_out, sum_out = counts[host]
             summary["hosts"][host] = {
-                "n_inside": len(inside), "n_outside": len(outside),
-                "mean_util_inside": sum(inside) / len(inside) if inside else None,
-                "mean_util_outside": sum(outside) / len(outside) if outside else None,
-                "idle_fraction_inside": sum(u <= IDLE_PERCENT for u in inside) / len(inside) if inside else None}
+                "n_inside": n_in, "n_outside": n_out,
+                "mean_util_inside": sum_in / n_in if n_in else None,
+                "mean_util_outside": sum_out / n_out if n_out else None,
+                "idle_fraction_inside": idle_in / n_in if n_in else None}
         self.ctx.manifest_extra.setdefault("gpu_view", {})[self.step_name] = summary
         shown = [f"{h} {v['mean_util_inside']:.0f} % (between: {v['mean_util_outside']:.0f} %)"
                  for h, v in summary["hosts"].items() if v["mean_util_inside"] is not None

@@ -3,8 +3,9 @@ the record read these fields, never a step's type name or private data. Below th
 the runner both import it, no step imports another."""
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, Iterable, Iterator, TypedDict
 
 
 class Check(TypedDict):
@@ -76,6 +77,98 @@ class CycleOutcome:
                 "completed_ns": self.completed_ns, "done_ns": self.done_ns}
 
 
+class IntRows:
+    """Rows of a fixed number of integers, one row a cycle of a campaign (a span, a truth window), kept as int64
+    columns: 8 bytes a value where a tuple of Python ints took ~30, so what a step keeps per cycle does not grow
+    its memory with the cycles run. Read as tuples."""
+
+    def __init__(self, width: int, rows: Iterable[tuple[int, ...]] = ()):
+        self._cols = [array("q") for _ in range(width)]
+        for row in rows:
+            self.append(row)
+
+    def append(self, row: tuple[int, ...]) -> None:
+        if len(row) != len(self._cols):
+            raise ValueError(f"a row of {len(self._cols)} integers, not {len(row)}")
+        for col, value in zip(self._cols, row):
+            col.append(value)
+
+    def __len__(self) -> int:
+        return len(self._cols[0])
+
+    def __getitem__(self, index: int) -> tuple[int, ...]:
+        return tuple(col[index] for col in self._cols)
+
+    def __setitem__(self, index: int, row: tuple[int, ...]) -> None:
+        for col, value in zip(self._cols, row, strict=True):
+            col[index] = value
+
+    def __iter__(self) -> Iterator[tuple[int, ...]]:
+        return zip(*self._cols)
+
+
+class CycleOutcomes:
+    """A step's CycleOutcome per measured cycle, kept compact (~50 bytes a cycle, where the objects took ~700): the
+    times and codes of status and affected ports as int64 columns (a campaign repeats a few distinct ones), the
+    missing stages and fault causes only for the cycles that have any. A sequence of CycleOutcome."""
+
+    def __init__(self, outcomes: Iterable[CycleOutcome] = ()):
+        self._rows = IntRows(7)  # cycle, status code, begin, sent, completed, done, affected code
+        self._codes: dict[Any, int] = {}
+        self._values: list = []
+        self._extra: dict[int, tuple[dict, tuple]] = {}  # row -> (missing, causes), where either is not empty
+        for o in outcomes:
+            self.append(o)
+
+    def _code(self, value) -> int:
+        code = self._codes.get(value)
+        if code is None:
+            code = self._codes[value] = len(self._values)
+            self._values.append(value)
+        return code
+
+    def _row(self, o: CycleOutcome) -> tuple[int, ...]:
+        return (o.cycle, self._code(o.status), o.begin_ns, o.sent_ns, o.completed_ns, o.done_ns,
+                self._code(tuple(o.affected)))
+
+    def append(self, o: CycleOutcome) -> None:
+        self._rows.append(self._row(o))
+        if o.missing or o.causes:
+            self._extra[len(self._rows) - 1] = (o.missing, o.causes)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, index: int) -> CycleOutcome:
+        index = range(len(self))[index]
+        cycle, status, begin, sent, completed, done, affected = self._rows[index]
+        missing, causes = self._extra.get(index, ({}, ()))
+        return CycleOutcome(cycle, self._values[status], begin, sent, completed, done, self._values[affected],
+                            missing, causes)
+
+    def __setitem__(self, index: int, o: CycleOutcome) -> None:
+        index = range(len(self))[index]
+        self._rows[index] = self._row(o)
+        if o.missing or o.causes:
+            self._extra[index] = (o.missing, o.causes)
+        else:
+            self._extra.pop(index, None)
+
+    def __iter__(self) -> Iterator[CycleOutcome]:
+        return (self[i] for i in range(len(self)))
+
+    def __reversed__(self) -> Iterator[CycleOutcome]:
+        return (self[i] for i in range(len(self) - 1, -1, -1))
+
+    def index_of(self, cycle: int) -> int | None:
+        """The row of `cycle` (the latest, if recorded twice), or None."""
+        cycles = self._rows._cols[0]
+        for i in range(len(cycles) - 1, -1, -1):
+            if cycles[i] == cycle:
+                return i
+        return None
+
+
 @dataclass
 class StepOutcome:
     """What a step leaves for the run record and for later steps (`ctx.results[step.name]`).
@@ -88,8 +181,8 @@ class StepOutcome:
     checks: list[Check] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     summary_md: str = ""
-    cycles: list[CycleOutcome] = field(default_factory=list)
-    truth_windows: list[tuple[int, int]] = field(default_factory=list)
+    cycles: list[CycleOutcome] | CycleOutcomes = field(default_factory=list)
+    truth_windows: list[tuple[int, int]] | IntRows = field(default_factory=list)
     artifacts: list[str] = field(default_factory=list)  # files the step wrote (run-dir relative): summary, report
     data: dict[str, Any] = field(default_factory=dict)
 

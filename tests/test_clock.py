@@ -417,3 +417,47 @@ def test_fit_over_arrays_is_bit_identical_to_the_fit_over_lists():
             host_ns = base + rng.randint(10**12, t + 10**10)
             assert ours.to_harness(host_ns) == oracle.to_harness(host_ns)
         assert ours.table() == oracle.table()
+
+
+def test_a_campaign_keeps_its_past_fits_compact_and_they_answer_as_before(monkeypatch):
+    """Every half window a fit is kept for past times, a campaign's whole length: one no longer current drops the
+    Python lists that make its bound one bisection (~16 KB a fit), so the tracker grows by ~2 KB a kept fit, not
+    ~18; a past time converts to exactly what the uncompacted fit gave, at every kind of query."""
+    import random
+    import tracemalloc
+
+    from harness.clock import ClockSample, ClockTracker
+
+    def feed(tracker, rng, count, t):
+        for _ in range(count):
+            t += rng.randint(1, 100) * 1_000_000
+            delay = rng.randint(50_000, 3_000_000)
+            tracker.add(ClockSample(t, 1_700_000_000_000_000_000 + int(t * 1e-5) +
+                                    rng.randint(-delay // 2, delay // 2), delay, delay // 2 + 1000))
+        return t
+
+    tracker, t = ClockTracker("h"), 10**12
+    t = feed(tracker, random.Random(7), 200, t)
+    tracemalloc.start()
+    try:
+        t = feed(tracker, random.Random(8), 1280, t)  # 20 fits kept
+        after_n = tracemalloc.get_traced_memory()[0]
+        t = feed(tracker, random.Random(9), 1280, t)
+        after_2n = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert (after_2n - after_n) / 20 < 5_000  # bytes a kept fit
+    kept = tracker.segments[0].history
+    assert len(kept) > 40 and all(f._t is None for f in kept[:-2]) and tracker.segments[0].fit._t is not None
+
+    monkeypatch.setattr("harness.clock._Fit.compact", lambda self: None)
+    whole, t2 = ClockTracker("h"), 10**12
+    for seed, count in ((7, 200), (8, 1280), (9, 1280)):
+        t2 = feed(whole, random.Random(seed), count, t2)
+    assert whole.segments[0].history[0]._t is not None and t2 == t
+    rng = random.Random(3)
+    for _ in range(2000):
+        host_ns = 1_700_000_000_000_000_000 + rng.randint(10**12 - 10**10, t + 10**10)
+        assert tracker._to_harness(host_ns) == whole._to_harness(host_ns)
+        at = rng.randint(10**12, t)
+        assert tracker.offset_at(at) == whole.offset_at(at)

@@ -335,6 +335,26 @@ def test_schedule_report_warns_only_when_the_machine_made_it_late():
         good["stages"]["los_clear"]["profile_p99_ms"]  # same draws, realised late
 
 
+def test_the_schedule_report_read_a_block_of_draws_at_a_time_is_the_report_of_them_all(monkeypatch):
+    """A campaign's ~10^7 draws are reported one stage and one block at a time: the same numbers as from the whole
+    draws table at once (analysis.accuracy.realised_vs_profile over every draw)."""
+    from analysis.accuracy import realised_vs_profile
+
+    bench = run_cycles(3, 30, 100)
+    draws = bench.draws_frame()
+    u = np.full(len(draws), np.nan)
+    for (port, stage), rows in draws.groupby(["port", "stage"]).groups.items():
+        delay = bench.profile.ocs[stage] if port == "ocs" else bench.profile.nic_delay(port, stage)
+        cdf = delay.cdf((draws.loc[rows, "delay_ns"] + draws.loc[rows, "late_ns"]).to_numpy(dtype=float) / 1e9)
+        if cdf is not None:
+            u[draws.index.get_indexer(rows)] = cdf
+    whole = realised_vs_profile(draws.assign(u_realised=u))
+    monkeypatch.setattr("devices.emulated.physics.DRAW_BLOCK", 7)
+    blocked = bench.schedule_report()
+    assert len(draws) > 7 * 10 and blocked.pop("lateness_ms")["n"] > 0
+    assert blocked == whole and blocked["late"]
+
+
 @pytest.mark.parametrize("dark_ms, switch_ms", [(0, 0), (5, 1)])
 def test_a_new_far_end_transmitter_breaks_the_link_even_without_a_dark_gap(dark_ms, switch_ms):
     """One command swaps every circuit (SCPI and NETCONF send the whole map at once). With no dark time (0, 0),
@@ -378,3 +398,59 @@ def test_snapshot_copy_matches_replace_and_refuses_unknown_fields():
     assert old.carrier is False  # the old snapshot, handed out to readers, is untouched
     with pytest.raises(TypeError, match="carier"):
         _with(old, {"carier": True})
+
+
+def test_the_memory_the_physics_holds_does_not_grow_with_the_commands_it_ran():
+    """An emulated campaign runs in the harness's process: after 2N reconfigurations the physics holds what it
+    held after N (its ground truth, drawn delays and lateness on disk but for a chunk), where in-memory columns
+    held ~1 KB more per reconfiguration of two ports. Every row is still there, in order. Measured in a process
+    of its own: another test's emulator threads would allocate meanwhile."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import sys, tracemalloc
+from collections import deque
+sys.path.insert(0, "tests")
+import devices.emulated.columns
+devices.emulated.columns.CHUNK = 64  # a chunk to disk every few reconfigurations
+from test_physics import FAST, FakeClock, pair
+from devices.emulated.physics import OpticalBench
+from devices.emulated.profile import profile_from_dict
+
+clock = FakeClock()
+bench = OpticalBench(profile_from_dict(FAST), seed=1, clock=clock)  # no scheduler thread: readers run it
+assert bench._nic.rate_log.maxlen is not None  # bounded on its own; here a short one, full before N
+bench._nic.rate_log = deque(maxlen=64)
+mapping, a, b = pair(bench)
+
+def reconfigure(times):
+    for _ in range(times):
+        bench.ocs_apply(mapping)
+        clock.advance_ms(50)
+        bench.ocs_apply({}, removes=[a.ocs_tx, b.ocs_tx])
+        clock.advance_ms(50)
+        bench.nic_snapshot(b.host, b.netdev)  # a reader: the schedule runs what is due
+        bench._nic.pending.clear()  # what the scheduler thread hands to the hosts' subscribers
+
+reconfigure(20)  # first draws, distinct truth rows, imports
+tracemalloc.start()
+reconfigure(200)
+after_n = tracemalloc.get_traced_memory()[0]
+reconfigure(200)
+after_2n = tracemalloc.get_traced_memory()[0]
+tracemalloc.stop()
+truth, draws = bench.ground_truth_frame(), bench.draws_frame()
+print((after_2n - after_n) / 200, truth.t_ns.is_monotonic_increasing,
+      *truth.stage.value_counts()[["light_lost", "port_active"]].tolist(), len(draws),
+      bool((draws.due_ns >= 0).all() and (draws.late_ns >= 0).all()))
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    grown, ordered, lost, active, draws, ran = out.stdout.split()
+    assert float(grown) < 100  # bytes a reconfiguration
+    assert ordered == "True" and int(lost) == int(active) == 420 * 2
+    # each draw's due time and lateness set when it ran, its chunk on disk or not
+    assert int(draws) == 420 * 12 and ran == "True"

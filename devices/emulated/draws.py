@@ -4,10 +4,10 @@ timing, and a run can list every delay it drew."""
 from __future__ import annotations
 
 import threading
-from array import array
 
 import numpy as np
 
+from devices.emulated.columns import Column
 from devices.emulated.profile import NIC_KEYS, OCS_KEYS, OPTIONAL_NIC_KEYS
 
 # Stream key of every random quantity: (domain, command, stage) -> one value per port (or per host).
@@ -43,14 +43,15 @@ class KeyedStreams:
 class DrawLog:
     """Delays drawn from `streams` at a profile delay's quantile, each recorded: command, port index (-1: the
     switch), stage code, delay, and how late the action it timed ran and when it was due (`late_ns` and `due_ns`,
-    which the schedule fills in; due -1 until it ran). Column-wise: a pod draws ~10^4 per cycle. Not thread-safe:
+    which the schedule fills in; due -1 until it ran). Column-wise, on disk but for the last chunk: a pod draws
+    ~10^4 per cycle, a campaign ~10^7. Not thread-safe:
     its owner holds one lock around every draw and the schedule's runs."""
 
     _COLUMNS = (("command", "q"), ("port", "l"), ("stage", "b"), ("delay_ns", "q"), ("late_ns", "q"), ("due_ns", "q"))
 
     def __init__(self, streams: KeyedStreams):
         self.streams = streams
-        self.columns = {k: array(t) for k, t in self._COLUMNS}
+        self.columns = {k: Column(t) for k, t in self._COLUMNS}
         self.late_ns, self.due_ns = self.columns["late_ns"], self.columns["due_ns"]
 
     def draw(self, domain: int, command: int, stage: str, delay, index: int, size: int) -> tuple[int, int]:
@@ -67,10 +68,13 @@ class DrawLog:
         cols["due_ns"].append(-1)
         return ns, len(cols["delay_ns"]) - 1
 
-    def frame(self, port_names: list[str], lock: threading.Lock):
-        """The draws as a DataFrame (command, port, stage, delay_ns, late_ns, due_ns); `port_names[i]` names port
-        index i, "ocs" index -1 (strings shared per distinct value). The columns are copied under `lock`, the
-        owner's."""
+    def __len__(self) -> int:
+        return len(self.columns["command"])
+
+    def frame(self, port_names: list[str], lock: threading.Lock, start: int = 0, stop: int | None = None):
+        """The draws [start, stop) as a DataFrame (command, port, stage, delay_ns, late_ns, due_ns); `port_names[i]`
+        names port index i, "ocs" index -1 (strings shared per distinct value). The columns are copied under
+        `lock`, the owner's."""
         import pandas as pd
 
         names = np.empty(len(port_names) + 1, dtype=object)
@@ -78,9 +82,8 @@ class DrawLog:
         stages = np.empty(len(STREAM_STAGES), dtype=object)
         stages[:] = list(STREAM_STAGES)
         with lock:
-            n = len(self.columns["command"])
-            cols = {k: np.frombuffer(v, dtype=np.dtype(v.typecode))[:n].copy() if n else np.array([], dtype=np.int64)
-                    for k, v in self.columns.items()}
+            stop = len(self) if stop is None else stop
+            cols = {k: v.numpy(start, stop) for k, v in self.columns.items()}
         return pd.DataFrame({"command": cols["command"].astype(np.int64), "port": names[cols["port"]],
                              "stage": stages[cols["stage"]], "delay_ns": cols["delay_ns"].astype(np.int64),
                              "late_ns": cols["late_ns"].astype(np.int64), "due_ns": cols["due_ns"].astype(np.int64)},

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from devices.emulated.draws import ADMIN, CLOCK, DrawLog, KeyedStreams
+from devices.emulated.draws import ADMIN, CLOCK, STREAM_STAGES, DrawLog, KeyedStreams
 from devices.emulated.nic import CMIS_RESET, NicChange, NicModel, NicSnapshot, NicStateMachine, Port, Subscribers
 from devices.emulated.probes import ProbePaths
 from devices.emulated.profile import Profile
@@ -30,6 +30,8 @@ from devices.emulated.schedule import Schedule
 from devices.emulated.switching import MirrorSwitch
 from devices.emulated.truth import TruthLog
 from devices.timing import now_ns
+
+DRAW_BLOCK = 1 << 20  # draws read at once when reporting on them
 
 
 @dataclass
@@ -381,35 +383,58 @@ class OpticalBench:
         the harness clock (-1 until it ran)."""
         return self.draws_frame().to_dict(orient="records")
 
-    def draws_frame(self):
-        """`draws()` as a DataFrame, built from the columns (strings shared per distinct value)."""
-        return self._draws.frame([p.model.key for p in self._ports.values()], self._lock)
+    def draws_frame(self, start: int = 0, stop: int | None = None):
+        """`draws()` as a DataFrame, built from the columns (strings shared per distinct value); only the draws
+        [start, stop) if given."""
+        return self._draws.frame([p.model.key for p in self._ports.values()], self._lock, start, stop)
+
+    def draw_count(self) -> int:
+        with self._lock:
+            return len(self._draws)
+
+    def _draw_columns(self, names: tuple[str, ...], rows: int = DRAW_BLOCK):
+        """The draws' columns `names` as numpy arrays, a block of `rows` draws at a time (a campaign draws ~10^7)."""
+        n = self.draw_count()
+        for start in range(0, n, rows):
+            with self._lock:
+                yield [self._draws.columns[k].numpy(start, min(n, start + rows)) for k in names]
 
     def schedule_report(self) -> dict:
         """Lateness of the schedule and, per stage, the delays realised against the profile's
-        (analysis.accuracy.realised_vs_profile), with a warning line when the machine made it late."""
-        from analysis.accuracy import realised_vs_profile
+        (analysis.accuracy.realised_vs_profile), with a warning line when the machine made it late. One stage's
+        draws in memory at a time, read a block at a time."""
+        from analysis.accuracy import stage_vs_profile, stages_vs_profile
 
-        draws = self.draws_frame()
-        delays = {}
-        for key in draws[["port", "stage"]].drop_duplicates().itertuples(index=False):
-            delays[key] = (self.profile.ocs[key.stage] if key.port == "ocs"
-                           else self.profile.nic_delay(key.port, key.stage))
-        realised = (draws["delay_ns"] + draws["late_ns"]).to_numpy(dtype=float) / 1e9
-        u = np.full(len(draws), np.nan)
-        for (port, stage), delay in delays.items():
-            rows = ((draws["port"] == port) & (draws["stage"] == stage)).to_numpy()
-            cdf = delay.cdf(realised[rows])
-            if cdf is not None:
-                u[rows] = cdf
-        report = realised_vs_profile(draws.assign(u_realised=u)) if len(draws) else {"stages": {}, "late": [],
-                                                                                     "warning": None}
-        return {"lateness_ms": self.lateness(), **report}
+        order: dict[int, None] = {}  # the stages in the order first drawn
+        for (stage,) in self._draw_columns(("stage",)):
+            codes, first = np.unique(stage, return_index=True)
+            order.update(dict.fromkeys(codes[np.argsort(first)].tolist()))
+        ports = [p.model.key for p in self._ports.values()]
+        rows = {}
+        for code in order:
+            name = STREAM_STAGES[code]
+            delay, late, u = [], [], []
+            for stage, port, d, lt in self._draw_columns(("stage", "port", "delay_ns", "late_ns")):
+                mine = stage == code
+                port, d, lt = port[mine], d[mine], lt[mine]
+                realised = (d + lt).astype(float) / 1e9
+                uu = np.full(len(d), np.nan)
+                for index in np.unique(port).tolist():
+                    model = self.profile.ocs[name] if index == -1 else self.profile.nic_delay(ports[index], name)
+                    at = port == index
+                    cdf = model.cdf(realised[at])
+                    if cdf is not None:
+                        uu[at] = cdf
+                delay.append(d)
+                late.append(lt)
+                u.append(uu)
+            rows[name] = stage_vs_profile(np.concatenate(delay), np.concatenate(late), np.concatenate(u))
+        return {"lateness_ms": self.lateness(), **stages_vs_profile(rows)}
 
     def lateness(self) -> dict:
         """How late actions ran against their due time: n, p50, p99 and max in ms."""
         with self._lock:
-            late = np.asarray(self._schedule.late_ns, dtype=float)
+            late = self._schedule.late_ns.numpy()  # int64: a float copy of ~10^7 values is not needed
         return Schedule.summary(late)
 
     def wait_idle(self, timeout: float = 10.0) -> bool:

@@ -8,22 +8,23 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from array import array
 from typing import Callable
 
 import numpy as np
+
+from devices.emulated.columns import Column
 
 
 class Schedule:
     """Not thread-safe: its owner holds the lock `wake` is built on around every call."""
 
-    def __init__(self, clock: Callable[[], int], wake: threading.Condition, draw_late_ns: array,
-                 draw_due_ns: array | None = None):
+    def __init__(self, clock: Callable[[], int], wake: threading.Condition, draw_late_ns: Column,
+                 draw_due_ns: Column | None = None):
         self.now = clock
         self._wake = wake  # notified when a new earliest action is scheduled: the runner thread must wake sooner
         self._heap: list[tuple[int, int, Callable[[int], None], int]] = []  # (due, seq, action, draw index)
         self._seq = itertools.count()
-        self.late_ns = array("q")  # how late every action ran
+        self.late_ns = Column("q")  # how late every action ran
         self._draw_late_ns = draw_late_ns  # per draw: how late the action its delay timed ran
         self._draw_due_ns = draw_due_ns  # ... and when it was due (which harness cycle it belongs to)
         # The latest time a reader saw the state at, and the due time of the last action run: a change dated
@@ -62,8 +63,8 @@ class Schedule:
     @staticmethod
     def summary(late_ns) -> dict:
         """n, p50, p99 and max in ms of the lateness values `late_ns`."""
-        late = np.asarray(late_ns, dtype=float) / 1e6
+        late = np.asarray(late_ns)
         if late.size == 0:
             return {"n": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
-        p50, p99 = np.quantile(late, [0.5, 0.99])
-        return {"n": int(late.size), "p50_ms": float(p50), "p99_ms": float(p99), "max_ms": float(late.max())}
+        p50, p99 = np.quantile(late, [0.5, 0.99]) / 1e6
+        return {"n": int(late.size), "p50_ms": float(p50), "p99_ms": float(p99), "max_ms": float(late.max()) / 1e6}

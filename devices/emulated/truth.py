@@ -1,19 +1,21 @@
 """The emulated bench's ground truth, kept compact: a campaign of 10^5 cycles records ~10^7 physical events."""
 from __future__ import annotations
 
-from array import array
+from devices.emulated.columns import Column
 
 TRUTH_COLUMNS = ("t_ns", "stage", "host", "port", "ocs_port")
+BLOCK_ROWS = 1 << 20  # rows read at once from the columns
 
 
 class TruthLog:
     """Physical events `(t_ns, stage, host, port, ocs_port)` in the order they happened: each row's time in an
-    int64 column and the rest as the code of one of the few distinct (stage, host, port, ocs_port) — ~16 bytes
-    a row where a dict took ~400. Appended under the physics' lock."""
+    int64 column and the rest as the code of one of the few distinct (stage, host, port, ocs_port) — 16 bytes
+    a row where a dict took ~400, on disk but for the columns' last chunk (devices.emulated.columns). Appended
+    under the physics' lock."""
 
     def __init__(self):
-        self._t = array("q")
-        self._code = array("q")
+        self._t = Column("q")
+        self._code = Column("q")
         self._codes: dict[tuple, int] = {}
         self._keys: list[tuple] = []
 
@@ -31,19 +33,27 @@ class TruthLog:
 
     def rows(self) -> list[dict]:
         keys = self._keys
-        return [dict(zip(TRUTH_COLUMNS, (t, *keys[c]))) for t, c in zip(self._t, self._code)]
+        return [dict(zip(TRUTH_COLUMNS, (t, *keys[c]))) for t, c in zip(self._t.numpy().tolist(),
+                                                                         self._code.numpy().tolist())]
 
     def columns(self, stages=None):
         """(t_ns, code) as int64 arrays (copies) of the rows of `stages` (all if None), and the distinct
         (stage, host, port, ocs_port) the codes index."""
         import numpy as np
 
-        t = np.frombuffer(self._t, dtype=np.int64).copy() if len(self._t) else np.array([], dtype=np.int64)
-        code = np.frombuffer(self._code, dtype=np.int64).copy() if len(self._code) else np.array([], dtype=np.int64)
-        if stages is not None and len(t):
-            keep = np.array([k[0] in stages for k in self._keys])[code]
-            t, code = t[keep], code[keep]
-        return t, code, list(self._keys)
+        keys = list(self._keys)
+        wanted = None if stages is None else np.array([k[0] in stages for k in keys] or [False])
+        t, code = [], []
+        for start in range(0, len(self._t), BLOCK_ROWS):  # a block at a time: only the rows kept are held whole
+            t_block, code_block = self._t.numpy(start, start + BLOCK_ROWS), self._code.numpy(start, start + BLOCK_ROWS)
+            if wanted is not None:
+                keep = wanted[code_block]
+                t_block, code_block = t_block[keep], code_block[keep]
+            t.append(t_block)
+            code.append(code_block)
+        if not t:
+            return np.array([], dtype=np.int64), np.array([], dtype=np.int64), keys
+        return np.concatenate(t), np.concatenate(code), keys
 
     def frame(self, stages=None):
         """The rows as a DataFrame (TRUTH_COLUMNS; strings as objects, shared per distinct value), only those of

@@ -25,6 +25,7 @@ from devices.resources import HostResource
 from devices.ssh import SshTransport
 from devices.timing import Deadline, now_ns
 from harness.bench import BenchBroken
+from harness.outcome import IntRows
 
 
 @record
@@ -352,7 +353,7 @@ class HostGroup:
         self._check_wanted: list[tuple[int, int]] = []  # (cycle, probes) the clock thread is to check
         self._checks_asked = self._checks_done = 0
         self._check_failures: list[tuple[int, str, str]] = []  # (cycle, host, cause)
-        self._spans: list[list[int]] = []  # [cycle, begin_ns, done_ns] (done: -1 while running)
+        self._spans = IntRows(3)  # (cycle, begin_ns, done_ns) (done: -1 while running)
         self._steps_labelled: dict[str, int] = {}  # host -> its clock steps already reported
         self.unwatched: list[tuple[str, str]] = []  # (host, fault source): a watch not live when observe() ended
         self.liveness_ns = 0  # a watch silent this long has stalled (0: no heartbeat asked, not judged)
@@ -453,10 +454,10 @@ class HostGroup:
 
     # ---- clock checks and the cycles they label
     def cycle_started(self, cycle: int, begin_ns: int) -> None:
-        self._spans.append([cycle, begin_ns, -1])
+        self._spans.append((cycle, begin_ns, -1))
 
     def cycle_ended(self, done_ns: int) -> None:
-        self._spans[-1][2] = done_ns
+        self._spans[-1] = (*self._spans[-1][:2], done_ns)
 
     def request_check(self, cycle: int, probes: int) -> Callable[[], bool]:
         """Probe every host's clock now, on the clock thread (without it: here, at once); a step or a

@@ -39,7 +39,7 @@ from harness.events import Event
 from harness.gpu_view import gpu_view
 from harness.specs import Count, Field, Interval, Port, Seconds, Spec
 from harness.patterns import cycle_mappings, sources
-from harness.outcome import Check, CycleOutcome, StepOutcome, resume_after_logged
+from harness.outcome import Check, CycleOutcome, CycleOutcomes, IntRows, StepOutcome, resume_after_logged
 
 class TurnaroundParams(Spec):
     """Measure the reconfiguration turnaround, cycle by cycle, on NIC ports of one or several OCSs (a port's
@@ -181,10 +181,10 @@ class TurnaroundRun:
         self.rx = {n.key: n.ocs_rx for n in self.nics}
         self.chain = PORT_CHAIN if self.p["probes"] else PORT_CHAIN[:-1]
         self.policy = RetryPolicy(self.p["retries"], self.p["retry_backoff_s"], self.p["ocs_timeout_s"])
-        self.outcomes: list[CycleOutcome] = []
+        self.outcomes = CycleOutcomes()  # compact: a campaign's memory must not grow with its cycles
         self.per_switch: dict[str, list[tuple[int, int]]] = {o: [] for o in self.switches}  # (command, turnaround)
         self._issuers: ThreadPoolExecutor | None = None  # begins the other switches' commands with the first's
-        self.truth_windows: list[tuple[int, int]] = []  # (cycle, harness ns the cycle began)
+        self.truth_windows = IntRows(2)  # (cycle, harness ns the cycle began)
         self.skipped: list[int] = []  # cycles not run because the bench was latched broken
         self.settling_faults: list[str] = []  # the unmeasured first cycle's fault sources (recorded as cycle 0)
         self.mac_of: dict[str, str] = {}  # port key -> MAC its probes carry
@@ -305,7 +305,7 @@ class TurnaroundRun:
             checks.append(Check(name="bench usable", ok=False, detail=self.ctx.broken))
         self.faults.record()
         summary, summary_md = self.switch_summary()
-        return StepOutcome(ok=ok, checks=checks, cycles=list(self.outcomes), truth_windows=self.truth_windows,
+        return StepOutcome(ok=ok, checks=checks, cycles=self.outcomes, truth_windows=self.truth_windows,
                            summary=summary, summary_md=summary_md,
                            data={"ports": list(self.ports), "ocs": self.ocs, "switches": self.switches,
                                  "skipped_cycles": self.skipped, "faults_injected": self.faults.fired})
@@ -474,7 +474,7 @@ class TurnaroundRun:
         turns faulted); -1, the unmeasured first cycle, has nothing to label."""
         events = []
         for cycle, causes in sorted(labels.items()):
-            index = next((i for i, o in enumerate(self.outcomes) if o.cycle == cycle), None)
+            index = self.outcomes.index_of(cycle)
             if index is None:
                 continue
             done = self.outcomes[index].done_ns
@@ -499,7 +499,8 @@ class TurnaroundRun:
             self.log.flush()
             self.ctx.log.spill()  # a row group of events to Parquet, when enough are durable
             up = max((e.t_ns for e in events if e.stage in self.chain), default=arrivals.done_ns)
-            status = next((o.status for o in reversed(self.outcomes) if o.cycle == cycle), "")
+            index = self.outcomes.index_of(cycle)
+            status = self.outcomes[index].status if index is not None else ""
             self.progress.update(self.task, advance=1, last=f"{status} {(up - sent) / 1e6:8.1f} ms")
 
     def finish_checks(self) -> None:
@@ -587,7 +588,7 @@ def turnaround(ctx, step) -> StepOutcome:
             outcome = run.run()
     except BaseException:
         # The run stops (disk full, signal, ...): leave what was measured for the record and ground truth.
-        ctx.results[step.name] = StepOutcome(ok=False, cycles=list(run.outcomes), truth_windows=run.truth_windows,
+        ctx.results[step.name] = StepOutcome(ok=False, cycles=run.outcomes, truth_windows=run.truth_windows,
                                              data={"faults_injected": run.faults.fired})
         if ctx.observations is not None:
             run.after_command()
