@@ -28,7 +28,7 @@ import numpy as np
 # Scripts run with benchmarks/ on sys.path; put the repo root first so the project's packages win.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import traces  # noqa: E402
-from traces.replay import ReplayConfig, replay_requests, run_loop, wire_trace_config  # noqa: E402
+from traces.replay import ReplayConfig, replay_requests, run_loop, warm_pool_size  # noqa: E402
 
 SHARED = Path(os.environ.get("OCS_HIL_SHARED") or Path(__file__).resolve().parents[1].parent / "shared")
 TRACE = SHARED / "traces" / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
@@ -55,16 +55,39 @@ def start_server(scale: float, stream_interval_s: float) -> tuple[subprocess.Pop
 
 
 def harness_config(url: str, scale: float, requests) -> ReplayConfig:
-    """The replay step's configuration: its pool size and warm-up where this version of the code has them."""
-    from harness.bench import serving
+    """The replay step's configuration, its warm pool sized here (outside the measured CPU)."""
+    from analysis.serving import ServiceModel
 
-    kwargs = dict(url=url, time_scale=scale, max_connections=256)
-    sized = getattr(serving, "warm_pool_size", None)
-    if sized is not None:
-        from analysis.serving import ServiceModel
+    return ReplayConfig(url=url, time_scale=scale, max_connections=256,
+                        warm_connections=warm_pool_size(requests, ServiceModel(time_scale=scale), 256))
 
-        kwargs["warm_connections"] = sized(requests, ServiceModel(time_scale=scale), 256)
-    return ReplayConfig(**kwargs)
+
+def wire_trace_config():
+    """aiohttp tracing for the naive replay, stamping its record (`trace_request_ctx`) as the harness's client
+    does: `sent_ns` when the body is written to the socket, `connection_wait_ns` += time queued for a pooled
+    connection or opening one."""
+    import aiohttp
+
+    from devices.timing import now_ns
+
+    config = aiohttp.TraceConfig()
+
+    async def on_chunk_sent(session, ctx, params) -> None:
+        if ctx.trace_request_ctx["sent_ns"] is None:
+            ctx.trace_request_ctx["sent_ns"] = now_ns()
+
+    async def wait_start(session, ctx, params) -> None:
+        ctx.wait_from = now_ns()
+
+    async def wait_end(session, ctx, params) -> None:
+        ctx.trace_request_ctx["connection_wait_ns"] += now_ns() - ctx.wait_from
+
+    config.on_request_chunk_sent.append(on_chunk_sent)
+    for start, end in ((config.on_connection_queued_start, config.on_connection_queued_end),
+                       (config.on_connection_create_start, config.on_connection_create_end)):
+        start.append(wait_start)
+        end.append(wait_end)
+    return config
 
 
 async def naive_replay(requests, url: str, scale: float, prompts, origin_ns: int) -> list[dict]:
