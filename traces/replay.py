@@ -200,7 +200,7 @@ class _Answer(Response):
 class _Replayer:
     def __init__(self, config: ReplayConfig, log: ReplayLog, pool: ConnectionPool):
         self.config, self.log, self.pool = config, log, pool
-        self.path = (urlsplit(config.url).path.rstrip("/") or "") + "/v1/completions"
+        self.path = urlsplit(config.url).path.rstrip("/") + "/v1/completions"
         self.loop = asyncio.get_running_loop()
         self.in_flight = 0
         self.max_in_flight = 0
