@@ -553,7 +553,7 @@ def _start_worker(priority: tuple[str, int] | None, ready) -> None:
 
     import aiohttp.web  # noqa: F401  (the emulated endpoint's server)
     import harness.bench.serving  # noqa: F401
-    import traces.replay  # noqa: F401  (aiohttp's client, uvloop)
+    import traces.replay  # noqa: F401  (the replay client: httptools, uvloop)
 
     if priority is not None:
         kind, level = priority
