@@ -1,8 +1,10 @@
 """Replay fidelity: the Azure 2023 conversation trace, time-scaled to each named rate, against the emulated vLLM
 endpoint in its own process (a fresh one per run), replayed by `traces.replay` and, beside it, by the naive
 script a lab would write. Prints, per rate and replayer: send-time error p50/p99 (on the wire − scheduled, on
-the monotonic clock), the part of it spent waiting for a client connection, and CPU per request of the client
-and of the server. Goals: p99 <= 1 ms at 1 000 req/s and <= 5 ms at 5 000 req/s.
+the monotonic clock), the part of it spent waiting for a client connection, CPU per request of the client
+and of the server, and the share of the replay's wall time its loop was runnable without a CPU (other load on
+the machine: wall-clock figures taken with it well above 0 are the machine's, not the replay's). Goals: p99
+<= 1 ms at 1 000 req/s and <= 5 ms at 5 000 req/s.
 
 The naive replay: one loop that `asyncio.sleep`s until each request is due and starts it as a task, aiohttp's
 default session (a pool of 100, nothing opened ahead), the stream read line by line with `json.loads`; the
@@ -28,7 +30,7 @@ import numpy as np
 # Scripts run with benchmarks/ on sys.path; put the repo root first so the project's packages win.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import traces  # noqa: E402
-from traces.replay import ReplayConfig, replay_requests, run_loop, wire_trace_config  # noqa: E402
+from traces.replay import ReplayConfig, replay_requests, run_loop, warm_pool_size  # noqa: E402
 
 SHARED = Path(os.environ.get("OCS_HIL_SHARED") or Path(__file__).resolve().parents[1].parent / "shared")
 TRACE = SHARED / "traces" / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
@@ -55,16 +57,39 @@ def start_server(scale: float, stream_interval_s: float) -> tuple[subprocess.Pop
 
 
 def harness_config(url: str, scale: float, requests) -> ReplayConfig:
-    """The replay step's configuration: its pool size and warm-up where this version of the code has them."""
-    from harness.bench import serving
+    """The replay step's configuration, its warm pool sized here (outside the measured CPU)."""
+    from analysis.serving import ServiceModel
 
-    kwargs = dict(url=url, time_scale=scale, max_connections=256)
-    sized = getattr(serving, "warm_pool_size", None)
-    if sized is not None:
-        from analysis.serving import ServiceModel
+    return ReplayConfig(url=url, time_scale=scale, max_connections=256,
+                        warm_connections=warm_pool_size(requests, ServiceModel(time_scale=scale), 256))
 
-        kwargs["warm_connections"] = sized(requests, ServiceModel(time_scale=scale), 256)
-    return ReplayConfig(**kwargs)
+
+def wire_trace_config():
+    """aiohttp tracing for the naive replay, stamping its record (`trace_request_ctx`) as the harness's client
+    does: `sent_ns` when the body is written to the socket, `connection_wait_ns` += time queued for a pooled
+    connection or opening one."""
+    import aiohttp
+
+    from devices.timing import now_ns
+
+    config = aiohttp.TraceConfig()
+
+    async def on_chunk_sent(session, ctx, params) -> None:
+        if ctx.trace_request_ctx["sent_ns"] is None:
+            ctx.trace_request_ctx["sent_ns"] = now_ns()
+
+    async def wait_start(session, ctx, params) -> None:
+        ctx.wait_from = now_ns()
+
+    async def wait_end(session, ctx, params) -> None:
+        ctx.trace_request_ctx["connection_wait_ns"] += now_ns() - ctx.wait_from
+
+    config.on_request_chunk_sent.append(on_chunk_sent)
+    for start, end in ((config.on_connection_queued_start, config.on_connection_queued_end),
+                       (config.on_connection_create_start, config.on_connection_create_end)):
+        start.append(wait_start)
+        end.append(wait_end)
+    return config
 
 
 async def naive_replay(requests, url: str, scale: float, prompts, origin_ns: int) -> list[dict]:
@@ -114,12 +139,12 @@ def percentiles(values_ns) -> tuple[float, float]:
 
 
 async def measure(kind: str, requests, scale: float, url: str, server_pid: int | None, cprofile) -> dict:
-    from devices.timing import now_ns
+    from devices.timing import cpu_wait_s, now_ns
     from traces.replay import prepared_prompts
 
     prompts = prepared_prompts(requests, ReplayConfig(url=url))
     config = harness_config(url, scale, requests) if kind == "harness" else None  # the pool's sizing: not per request
-    cpu0 = time.process_time()
+    cpu0, wait0, wall0 = time.process_time(), cpu_wait_s(), time.monotonic()
     server_cpu0 = process_cpu_s(server_pid) if server_pid else None
     if cprofile is not None:
         cprofile.enable()
@@ -137,12 +162,13 @@ async def measure(kind: str, requests, scale: float, url: str, server_pid: int |
             ok, warm = sum(r["ok"] for r in rows), 0
     if cprofile is not None:
         cprofile.disable()
-    cpu = time.process_time() - cpu0
+    cpu, wait1, wall = time.process_time() - cpu0, cpu_wait_s(), time.monotonic() - wall0
     server_cpu = process_cpu_s(server_pid) if server_pid else None
     n = len(requests)
     (e50, e99), (w50, w99) = percentiles(errors), percentiles(waits)
     return {"kind": kind, "n": n, "ok": ok, "warm": warm, "err_p50_us": e50, "err_p99_us": e99,
             "wait_p50_us": w50, "wait_p99_us": w99, "client_cpu_us": 1e6 * cpu / n,
+            "client_cpu_wait": None if wait0 is None or wait1 is None else (wait1 - wait0) / wall,
             "server_cpu_us": None if server_cpu is None or server_cpu0 is None else 1e6 * (server_cpu - server_cpu0) / n}
 
 
@@ -218,13 +244,14 @@ def run_one(kind: str, requests, scale: float, args, cprofile) -> dict:
 def print_table(rows: list[dict]) -> None:
     f = lambda v: "—" if v is None else (f"{v / 1e3:.2f} ms" if v >= 1e3 else f"{v:.0f} µs")  # noqa: E731
     print("| req/s | replay | requests (ok) | warm | send error p50 | p99 | connection wait p50 | p99 | "
-          "client CPU/req | server CPU/req | load |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "client CPU/req | server CPU/req | client waiting for a CPU | load |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         server = "—" if r["server_cpu_us"] is None else f"{r['server_cpu_us']:.0f} µs"
+        starved = "—" if r["client_cpu_wait"] is None else f"{r['client_cpu_wait']:.0%}"
         print(f"| {r['rate']:.0f} | {r['kind']} | {r['n']} ({r['ok']}) | {r['warm']} | {f(r['err_p50_us'])} | "
               f"{f(r['err_p99_us'])} | {f(r['wait_p50_us'])} | {f(r['wait_p99_us'])} | {r['client_cpu_us']:.0f} µs | "
-              f"{server} | {r['load']:.1f} |")
+              f"{server} | {starved} | {r['load']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,17 @@ def now_ns() -> int:
     return time.monotonic_ns()
 
 
+def cpu_wait_s() -> float | None:
+    """Seconds the calling thread has spent runnable but waiting for a CPU (the kernel's schedstat run_delay),
+    or None where the kernel does not report it. A timed loop that is late while this grows was held back by
+    other load on the machine, not by its own work."""
+    try:
+        with open("/proc/thread-self/schedstat") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class Deadline:
     """A point on the monotonic clock. Pass it down the call stack instead of loose timeouts."""
 

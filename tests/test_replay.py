@@ -78,6 +78,18 @@ def test_send_time_is_on_the_wire_after_the_connection_wait(tmp_path):
     assert on_disk["connection_wait_ns"].tolist() == wait.tolist()
 
 
+def test_sends_wait_for_no_connection_the_pool_could_open_ahead(tmp_path):
+    # Nothing warmed: the first request waits for a connection; while it does, the pool opens its spare ones,
+    # and every later request (spaced well beyond a loopback handshake) finds one idle.
+    requests = frame(np.arange(6) * 0.2, [5] * 6, [3] * 6)
+    service = ServiceModel(prefill_tokens_per_s=1e5, decode_tokens_per_s=1000)
+    summary, _ = asyncio.run(_replay_with(service, requests, tmp_path / "r.jsonl", warm_connections=0,
+                                          spare_connections=2))
+    wait = summary.records.sort_values("index")["connection_wait_ns"].to_numpy(dtype=np.int64)
+    assert summary.by_status["ok"] == 6
+    assert wait[0] > 0 and (wait[1:] == 0).all()
+
+
 def test_failures_are_recorded_not_dropped(tmp_path):
     # Request 1 exceeds the context length (HTTP 400); request 2 needs 40 s of decode but times out at 1 s.
     requests = frame([0.0, 0.01, 0.02, 0.03], [10, 50000, 10, 10], [2, 2, 4000, 2])
@@ -278,7 +290,7 @@ def test_peak_in_flight_matches_brute_force_and_sizes_the_warm_pool():
     """The most requests open at once, against a count at every start instant (ends exclusive, NaN never open);
     the warm pool is that peak of the service model's simulation plus its margin, within max_connections."""
     from analysis.serving import ServiceModel, peak_in_flight, simulate_service
-    from harness.bench.serving import warm_pool_size
+    from traces.replay import warm_pool_size
 
     rng = np.random.default_rng(7)
     start = np.sort(rng.uniform(0, 10, 300))

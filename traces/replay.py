@@ -7,9 +7,11 @@ the task waits on a timerfd (nanosecond deadlines; asyncio's own timers round up
 armed `timerfd_early_s` before the deadline, then yields to the loop until the deadline and sends at once;
 elsewhere it sleeps until `spin_s` before the deadline and yields from there.
 
-`sent_ns` is when the request went on the wire: aiohttp's tracing signal for the body's write to the socket,
-after any wait for a free pooled connection or a new one's handshake. Those waits are recorded apart
-(`connection_wait_ns`, the pool queue plus connection set-up), so send error = sent_ns − scheduled_ns is the
+Requests are built (bytes) before their deadline and written on a keep-alive connection of
+`traces.http_pool`, opened ahead: `warm_connections` before the origin, and `spare_connections` kept idle while
+the replay runs. `sent_ns` is when the request went on the wire: the write of its bytes to the socket, after
+any wait for a connection (every one busy, or none opened yet). That wait is recorded apart
+(`connection_wait_ns`), so send error = sent_ns − scheduled_ns is the
 true on-wire lateness and the connection's share of it is visible. A request that never reached the wire
 (refused connection, timeout in the pool queue) keeps its hand-over time as `sent_ns` and a failed status.
 """
@@ -21,19 +23,18 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
-import aiohttp
 import numpy as np
 import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from yarl import URL
-
 from devices.timing import now_ns
 from traces._timerfd import MonotonicTimer
 from traces.errors import TraceFormatError
+from traces.http_pool import ConnectionPool, Response, ResponseError, request_bytes
 from traces.requests import PromptSynthesizer
 
 REPLAY_LOG_COLUMNS = ("index", "scheduled_ns", "sent_ns", "send_error_ns", "connection_wait_ns", "first_token_ns",
@@ -54,11 +55,15 @@ class ReplayConfig:
     origin_ns: int | None = None  # share it with an emulator's interference epoch
     spin_s: float = 0.0015  # without timerfd: asyncio timers round up to 1 ms, so the last stretch is spun
     use_timerfd: bool = True  # Linux: wake on time via a timerfd instead of spinning
-    timerfd_early_s: float = 0.0003
+    # a timerfd wakes the loop ~60 µs late (p50; p90 ~100 µs); woken earlier than needed, the task spins (yields)
+    # the rest, CPU an endpoint on the same cores could use
+    timerfd_early_s: float = 0.00015
     lookahead_s: float = 0.05  # a request's task is created this long before its deadline
     fsync_interval_s: float = 0.5
     pause_gc: bool = True  # cyclic GC pauses reach milliseconds; the replay makes few cycles
-    warm_connections: int = 16  # open this many keep-alive connections (GET /health) before the origin
+    warm_connections: int | None = None  # connections opened before the origin; None: `warm_pool_size` of the
+    # trace under the default service model at this time scale
+    spare_connections: int = 16  # while replaying, connections kept idle (opened ahead of the requests that take them)
     prompt_seed: int = 0  # seeds the synthesised prompt contents (traces.requests.PromptSynthesizer)
 
     def __post_init__(self):
@@ -166,20 +171,47 @@ def _body(model: str, ids: bytes, max_tokens: int, stream: bool) -> bytes:
             f',"max_tokens":{max_tokens},"min_tokens":{max_tokens},"ignore_eos":true,"temperature":0{extra}}}'.encode())
 
 
-_JSON_HEADERS = {"Content-Type": "application/json"}
+class _Answer(Response):
+    """A completion's answer. While streamed, the arrival of its first text-bearing SSE event is stamped
+    (`first_token_ns`) as the bytes are parsed; the rest is kept whole for one read at the end."""
+
+    __slots__ = ("record", "pending")
+
+    def __init__(self, loop, record: dict, stream: bool):
+        super().__init__(loop)
+        self.record = record
+        self.pending = b"" if stream else None  # events not yet searched for text; None once found
+
+    def on_body(self, piece: bytes) -> None:
+        self.chunks.append(piece)
+        if self.pending is None:
+            return
+        pending = self.pending + piece
+        cut = max(pending.rfind(b"\n\n"), pending.rfind(b"\r\n\r\n"))  # whole events only
+        if cut < 0:
+            self.pending = pending
+        elif self.status == 200 and _first_text_event(pending[:cut]):
+            self.record["first_token_ns"] = now_ns()
+            self.pending = None
+        else:
+            self.pending = pending[cut:]
 
 
 class _Replayer:
-    def __init__(self, config: ReplayConfig, log: ReplayLog):
-        self.config, self.log = config, log
-        self.url = URL(config.url.rstrip("/") + "/v1/completions")  # parsed once, not per request
+    def __init__(self, config: ReplayConfig, log: ReplayLog, pool: ConnectionPool):
+        self.config, self.log, self.pool = config, log, pool
+        self.path = urlsplit(config.url).path.rstrip("/") + "/v1/completions"
+        self.loop = asyncio.get_running_loop()
         self.in_flight = 0
         self.max_in_flight = 0
         self.limit_reached = 0
         self.results: list[dict] = []
 
-    async def send(self, session: aiohttp.ClientSession, index: int, scheduled_ns: int, prompt_tokens: int,
-                   max_tokens: int, body: bytes) -> None:
+    def request(self, body: bytes) -> bytes:
+        return request_bytes("POST", self.path, self.pool.authority, body)
+
+    async def send(self, index: int, scheduled_ns: int, prompt_tokens: int, max_tokens: int, data: bytes) -> None:
+        """Send `data` (a whole request, from `request`) on a pooled connection and read its answer."""
         cfg = self.config
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -190,26 +222,25 @@ class _Replayer:
                   "prompt_tokens": prompt_tokens, "output_tokens_requested": max_tokens, "output_tokens": None,
                   "status": "error", "http_status": None, "error": None}
         handed_ns = now_ns()
+        conn = answer = None
         try:
             async with asyncio.timeout(cfg.timeout_s):
-                async with session.post(self.url, data=body, headers=_JSON_HEADERS,
-                                        trace_request_ctx=record) as resp:
-                    record["http_status"] = resp.status
-                    if resp.status != 200:
-                        text = await resp.text()
-                        record["status"], record["error"] = "http_error", text[:300]
-                    elif cfg.stream:
-                        await self._read_stream(resp, record)
-                    else:
-                        payload = await resp.json(content_type=None)
-                        record["first_token_ns"] = now_ns()
-                        record["output_tokens"] = int((payload.get("usage") or {}).get("completion_tokens", 0))
-                        record["status"] = "ok"
+                conn = self.pool.take()
+                if conn is None:  # every connection busy (or none open yet): wait for one
+                    conn = await self.pool.acquire()
+                    record["connection_wait_ns"] = now_ns() - handed_ns
+                answer = _Answer(self.loop, record, cfg.stream)
+                conn.send(data, answer)
+                record["sent_ns"] = now_ns()  # the request is in the socket
+                await answer.done
+            _read_answer(answer, record, cfg.stream)
         except TimeoutError:
             record["status"], record["error"] = "timeout", f"no complete answer within {cfg.timeout_s} s"
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
+        except (ResponseError, OSError, ValueError) as exc:
             record["status"], record["error"] = "error", f"{type(exc).__name__}: {exc}"[:300]
         finally:
+            if answer is not None and not (answer.done.done() and not answer.done.cancelled()):
+                conn.abort()  # left mid-answer: the connection is out of step
             record["completed_ns"] = now_ns()
             if record["sent_ns"] is None:  # never on the wire
                 record["sent_ns"] = handed_ns
@@ -218,28 +249,25 @@ class _Replayer:
             self.log.append(record)
             self.results.append(record)
 
-    @staticmethod
-    async def _read_stream(resp: aiohttp.ClientResponse, record: dict) -> None:
-        # Whole network reads, cut at event boundaries and searched with bytes methods (C): events are
-        # decoded only until the first text-bearing one, and the usage event once, at the end. Decoding every
-        # token's event cost ~4 µs a token, most of a request's client CPU at ~200 tokens a request.
-        events_seen, usage_tokens, done, pending, previous = 0, None, False, b"", b""
-        async for data in resp.content.iter_any():
-            pending += data
-            cut = max(pending.rfind(b"\n\n"), pending.rfind(b"\r\n\r\n"))
-            if cut < 0:
-                continue
-            events, pending = pending[:cut], pending[cut:]
-            events_seen += events.count(b"data:")
-            if record["first_token_ns"] is None and _first_text_event(events):
-                record["first_token_ns"] = now_ns()
-            if b"[DONE]" in events:
-                done = True
-                usage_tokens = _usage_tokens(previous + events)
-            previous = events
-        # Servers may coalesce tokens into one chunk; usage is exact, the event count a lower bound (neither
-        # the usage-only event nor [DONE] carries a token).
-        record["output_tokens"] = usage_tokens if usage_tokens is not None else max(0, events_seen - done)
+
+def _read_answer(answer: _Answer, record: dict, stream: bool) -> None:
+    body = answer.body()
+    record["http_status"] = answer.status
+    if answer.status != 200:
+        record["status"], record["error"] = "http_error", body.decode("utf-8", "replace")[:300]
+    elif not stream:
+        payload = orjson.loads(body)
+        record["first_token_ns"] = now_ns()
+        record["output_tokens"] = int((payload.get("usage") or {}).get("completion_tokens", 0))
+        record["status"] = "ok"
+    else:
+        # Searched with bytes methods (C); only the usage event is decoded, from the end. Servers may coalesce
+        # tokens into one chunk: usage is exact, the event count a lower bound (neither the usage-only event
+        # nor [DONE] carries a token).
+        done = body.rfind(b"[DONE]") >= 0  # from the end, where it is
+        usage_tokens = _usage_tokens(body) if done else None
+        record["output_tokens"] = (usage_tokens if usage_tokens is not None
+                                   else max(0, body.count(b"data:") - done))
         if done:
             record["status"] = "ok"
         else:
@@ -247,52 +275,40 @@ class _Replayer:
 
 
 def _first_text_event(events: bytes) -> bool:
-    """Whether some completion chunk among `events` (whole SSE events) carries text."""
-    for line in events.split(b"\n"):
-        if line.startswith(b"data:") and b"[DONE]" not in line:
-            choices = orjson.loads(line[5:]).get("choices")
+    """Whether some completion chunk among `events` (whole SSE events) carries text. Decoded one event at a
+    time from the first (which usually does): a coalesced network read holds many. A `data:` field starts a
+    line, and JSON text holds no raw newline, so a newline before `data:` finds them."""
+    text = b"\n" + events
+    start = text.find(b"\ndata:")
+    while start >= 0:
+        end = text.find(b"\n", start + 1)
+        line = text[start + 6:end if end >= 0 else len(text)].strip()
+        if line != b"[DONE]":
+            choices = orjson.loads(line).get("choices")
             if choices and choices[0].get("text"):
                 return True
+        if end < 0:
+            return False
+        start = text.find(b"\ndata:", end)
     return False
 
 
-def _usage_tokens(events: bytes) -> int | None:
+def _usage_tokens(body: bytes) -> int | None:
     """completion_tokens of the usage object among the stream's final events (it follows the last text
-    chunk), if any; the events are decoded from the end, so usually two."""
-    for line in reversed(events.split(b"\n")):
-        if not line.startswith(b"data:") or b"[DONE]" in line:
+    chunk), if any; decoded from the end, so usually two events."""
+    text = b"\n" + body
+    end = len(text)
+    while (start := text.rfind(b"\ndata:", 0, end)) >= 0:
+        line = text[start + 6:end].strip()
+        end = start
+        if line == b"[DONE]":
             continue
-        payload = orjson.loads(line[5:])
+        payload = orjson.loads(line)
         if isinstance(payload.get("usage"), dict):
             return int(payload["usage"].get("completion_tokens", 0))
         if payload.get("choices"):
             return None
     return None
-
-
-def wire_trace_config() -> aiohttp.TraceConfig:
-    """aiohttp tracing that stamps a request's record (its `trace_request_ctx`): `sent_ns` when the body is
-    written to the socket, `connection_wait_ns` += time queued for a pooled connection or opening one."""
-    config = aiohttp.TraceConfig()
-
-    async def on_chunk_sent(session, ctx, params) -> None:
-        record = ctx.trace_request_ctx
-        if record is not None and record["sent_ns"] is None:  # None: a warm-up request, not a replayed one
-            record["sent_ns"] = now_ns()
-
-    async def wait_start(session, ctx, params) -> None:
-        ctx.wait_from = now_ns()
-
-    async def wait_end(session, ctx, params) -> None:
-        if ctx.trace_request_ctx is not None:
-            ctx.trace_request_ctx["connection_wait_ns"] += now_ns() - ctx.wait_from
-
-    config.on_request_chunk_sent.append(on_chunk_sent)
-    for start, end in ((config.on_connection_queued_start, config.on_connection_queued_end),
-                       (config.on_connection_create_start, config.on_connection_create_end)):
-        start.append(wait_start)
-        end.append(wait_end)
-    return config
 
 
 def prepared_prompts(requests: pd.DataFrame, config: ReplayConfig) -> PromptSynthesizer:
@@ -323,23 +339,27 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
     arrival_ns -= arrival_ns[0] if len(arrival_ns) else 0
     prompts = requests["prompt_tokens"].to_numpy(dtype=np.int64)
     outputs = requests["output_tokens"].to_numpy(dtype=np.int64)
-    connector = aiohttp.TCPConnector(limit=config.max_connections, force_close=False)
     spin_ns = int(config.spin_s * 1e9)
     timer_early_ns = int(config.timerfd_early_s * 1e9)
+    warm = config.warm_connections
+    if warm is None:
+        from analysis.serving import ServiceModel
+
+        warm = warm_pool_size(requests, ServiceModel(time_scale=config.time_scale), config.max_connections)
     async with ReplayLog(log_path, config.fsync_interval_s) as log:
-        replayer = _Replayer(config, log)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                                         trace_configs=[wire_trace_config()]) as session:
+        pool = ConnectionPool(config.url, config.max_connections, spare=config.spare_connections)
+        try:
+            replayer = _Replayer(config, log, pool)
             origin = config.origin_ns if config.origin_ns is not None else now_ns() + int(config.lead_s * 1e9)
-            await _warm_up(session, config, origin)
+            await _warm_up(pool, warm, origin)
             tasks = set()
 
             timer = MonotonicTimer.create(asyncio.get_running_loop()) if config.use_timerfd else None
 
             async def timed(i: int, deadline: int) -> None:
-                # The body is built before the wait (the task starts `lookahead` ahead), never on the send path.
+                # The request is built before the wait (the task starts `lookahead` ahead), never on the send path.
                 max_tokens = max(1, int(outputs[i]))
-                body = _body(config.model, prompts_text.json_ids(i), max_tokens, config.stream)
+                data = replayer.request(_body(config.model, prompts_text.json_ids(i), max_tokens, config.stream))
                 if timer is not None:
                     # Wake a little early (a sleeping process takes ~0.1 ms to run again), then yield briefly.
                     await timer.wait_until(deadline - timer_early_ns)
@@ -349,7 +369,7 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
                         await asyncio.sleep(coarse)
                 while now_ns() < deadline:
                     await asyncio.sleep(0)
-                await replayer.send(session, i, deadline, int(prompts[i]), max_tokens, body)
+                await replayer.send(i, deadline, int(prompts[i]), max_tokens, data)
 
             # Each request's own task waits for its deadline and sends at once; a feeder creates the tasks
             # `lookahead` ahead, so the feeder's own lateness never reaches the send (and there is no
@@ -368,26 +388,34 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
             if timer is not None:
                 timer.close()
             finished = now_ns()
+        finally:
+            await pool.close()
     records = pd.DataFrame(replayer.results, columns=list(REPLAY_LOG_COLUMNS)).sort_values("index")
     return _summarise(records, origin, finished, replayer, str(log_path))
 
 
-async def _warm_up(session: aiohttp.ClientSession, config: ReplayConfig, origin: int) -> None:
-    """Open keep-alive connections ahead of the first deadline so early sends skip the TCP handshake.
-    Best effort: endpoints without /health, or a short lead, just skip it."""
+async def _warm_up(pool: ConnectionPool, count: int, origin: int) -> None:
+    """Open `count` keep-alive connections ahead of the first deadline so early sends skip the TCP handshake.
+    Best effort: a short lead opens what it can (the pool opens the rest as requests need them)."""
     budget = (origin - now_ns()) / 1e9 - 0.01
-    count = min(config.warm_connections, config.max_connections)
     if budget <= 0 or count <= 0:
         return
-
-    async def one() -> None:
-        async with session.get(config.url.rstrip("/") + "/health") as resp:
-            await resp.read()
     try:
         async with asyncio.timeout(budget):
-            await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True)
+            await pool.warm(count)
     except TimeoutError:
         pass
+
+
+def warm_pool_size(requests: pd.DataFrame, service, max_connections: int) -> int:
+    """Keep-alive connections to open before the first request: the most requests the service model has in
+    flight at once over the trace (the emulated endpoint's own model; an estimate for a real endpoint), with
+    a quarter and 8 more for a client that reads answers late, within `max_connections`."""
+    from analysis.serving import peak_in_flight, simulate_service
+
+    arrival = requests["arrival_s"].to_numpy(dtype=float)
+    done = simulate_service(service, arrival, requests["prompt_tokens"], requests["output_tokens"])["done_s"]
+    return min(max_connections, int(peak_in_flight(arrival, done) * 1.25) + 8)
 
 
 def replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | Path) -> ReplaySummary:

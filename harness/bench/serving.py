@@ -44,23 +44,12 @@ def check_endpoint(step, endpoint: str, real_bench: bool) -> str | None:
     return endpoint.rstrip("/")
 
 
-def warm_pool_size(requests: pd.DataFrame, service, max_connections: int) -> int:
-    """Keep-alive connections to open before the first request: the most requests the service model has in
-    flight at once over the trace (the emulated endpoint's own model; an estimate for a real endpoint), with
-    a quarter and 8 more for a client that reads answers late, within `max_connections`."""
-    from analysis.serving import peak_in_flight, simulate_service
-
-    arrival = requests["arrival_s"].to_numpy(dtype=float)
-    done = simulate_service(service, arrival, requests["prompt_tokens"], requests["output_tokens"])["done_s"]
-    return min(max_connections, int(peak_in_flight(arrival, done) * 1.25) + 8)
-
-
 async def serve_and_replay(requests: pd.DataFrame, url: str | None, p: dict, windows: pd.DataFrame | None,
                            log_path: Path):
     from devices.timing import now_ns
     from analysis.serving import ServiceModel
     from harness.bench.emulated import ServingEndpoint
-    from traces.replay import ReplayConfig, prepared_prompts, replay_requests
+    from traces.replay import ReplayConfig, prepared_prompts, replay_requests, warm_pool_size
 
     async with contextlib.AsyncExitStack() as stack:
         emulator = None if url is not None else await stack.enter_async_context(ServingEndpoint(p))

@@ -330,10 +330,16 @@ def evaluate_run(task: dict) -> dict:
 
         window_frame = pd.DataFrame(task["windows"], columns=["start_s", "duration_s"]) if task["windows"] else None
         replay_p = {**p, "interference_capacity": p["sync_capacity"]}
+        from devices.timing import cpu_wait_s
+
         log_path = Path(task["log_path"])
         if log_path.exists():  # a rerun replays from scratch; the old log stays beside it
             log_path.replace(log_path.with_suffix(".incomplete.jsonl"))
+        waited, span = cpu_wait_s(), time.monotonic()
         summary = run_loop(serve_and_replay(frame, task["url"], replay_p, window_frame, log_path))
+        after, span = cpu_wait_s(), time.monotonic() - span
+        # the share of the replay's wall time its loop was runnable but had no CPU
+        out["cpu_wait_share"] = None if waited is None or after is None else min(1.0, (after - waited) / span)
         scale = p["time_scale"] if task["url"] is None else 1.0
         out["replay"] = request_latencies(summary.records, scale)
         out["send_error_p99_us"] = float(np.percentile(summary.records["send_error_ns"], 99) / 1e3)  # on the wire
@@ -547,7 +553,7 @@ def _start_worker(priority: tuple[str, int] | None, ready) -> None:
 
     import aiohttp.web  # noqa: F401  (the emulated endpoint's server)
     import harness.bench.serving  # noqa: F401
-    import traces.replay  # noqa: F401  (aiohttp's client, uvloop)
+    import traces.replay  # noqa: F401  (the replay client: httptools, uvloop)
 
     if priority is not None:
         kind, level = priority
@@ -609,7 +615,7 @@ def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration,
                      "violation_pct": measured, "model_violation_pct": modelled,
                      "send_error_p99_us": r.get("send_error_p99_us"),
                      "connection_wait_p99_us": r.get("connection_wait_p99_us"), "wall_s": r.get("wall_s"),
-                     "cpu_s": r.get("cpu_s")})
+                     "cpu_s": r.get("cpu_s"), "cpu_wait_share": r.get("cpu_wait_share")})
     seed_rate = {pol: np.nanmean(v, axis=1) for pol, v in rates.items()}  # draw mean per seed
     no_sync = seed_rate["no_sync"]
     table = []
@@ -652,9 +658,13 @@ def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration,
         fidelity_ms = p["fidelity_ms"] or (p["slo_ttft_ms"] or p["slo_e2e_ms"] or 1000.0) / 10
         lateness = np.asarray([r["send_error_p99_us"] for r in runs]) / 1e3 * p["time_scale"]  # trace ms
         faithful = float(np.mean(lateness <= fidelity_ms))
+        # Runnable without a CPU: other load on the machine, which no setting of the study removes (None where
+        # the kernel does not say).
+        waits = [r["cpu_wait_share"] for r in runs if r.get("cpu_wait_share") is not None]
+        cpu_wait_share = float(np.mean(waits)) if waits else None
         agreement = {"max_abs_pp": float(np.nanmax(np.abs(diffs))), "mean_pp": float(np.nanmean(diffs)),
                      "fidelity_ms": fidelity_ms, "faithful_runs": faithful,
-                     "send_error_p99_trace_ms_max": float(lateness.max()),
+                     "send_error_p99_trace_ms_max": float(lateness.max()), "cpu_wait_share": cpu_wait_share,
                      "connection_wait_p99_trace_ms_max": float(np.nanmax(
                          [r["connection_wait_p99_us"] for r in runs]) / 1e3 * p["time_scale"])}
         if faithful < 0.9:
@@ -662,7 +672,10 @@ def _finish(ctx, step, p, study, policies, per_seed, results, cost, calibration,
                      "reasons": claim["reasons"] + [
                          f"only {faithful:.0%} of the replays kept their timing (send-error p99 × time scale ≤ "
                          f"{fidelity_ms:g} ms of trace time; worst {lateness.max():.0f} ms): the machine was too "
-                         "loaded for this time scale — lower time_scale or use fewer workers"]}
+                         "loaded for this time scale — " + (
+                             f"the replays waited for a CPU {cpu_wait_share:.0%} of their wall time (other load: "
+                             "rerun on an idle machine)" if cpu_wait_share is not None and cpu_wait_share > 0.05
+                             else "lower time_scale or use fewer workers")]}
     sensitivity = _sensitivity(p, policies, per_seed, tasks_by_key, rule, seed)
     public_cost = {k: v for k, v in cost.items() if not k.startswith("_")}
     out = {"study_kind": RE_IMPLEMENTATION, "trace": load_name, "evaluate": source, "endpoint": url or "emulated", "policies": policies,
@@ -758,5 +771,7 @@ def report_markdown(out: dict) -> str:
                       f"on average, at most {a['max_abs_pp']:.2f} pp in one run; {a['faithful_runs']:.0%} of the "
                       f"replays kept their send times within {a['fidelity_ms']:g} ms of trace time (worst p99 "
                       f"{a['send_error_p99_trace_ms_max']:.0f} ms, on the wire; of it, waiting for a client connection "
-                      f"at most {a['connection_wait_p99_trace_ms_max']:.0f} ms p99)."]
+                      f"at most {a['connection_wait_p99_trace_ms_max']:.0f} ms p99)"
+                      + ("." if a.get("cpu_wait_share") is None else
+                         f"; the replays' loops waited for a CPU {a['cpu_wait_share']:.0%} of their wall time.")]
     return "\n".join(lines) + "\n"
