@@ -53,11 +53,14 @@ class CounterLine:
     read_ns: int
 
 
+HOST_INT_END = 2**63  # a host number is below this: it fits every int64 column of the record
+
+
 def host_int(text: str, what: str, line: str) -> int:
     """A number an agent printed (a host time in ns, an interval, a counter): 0 <= value < 2**63, so it fits
     every int64 column of the record; anything else is the host's fault, said for that line alone."""
     value = int(text)
-    if not 0 <= value < 2**63:
+    if not 0 <= value < HOST_INT_END:
         raise DeviceError(f"agent {what}: {_digits(text)} out of range 0..2**63-1 in {line[:200]!r}")
     return value
 
