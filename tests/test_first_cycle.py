@@ -235,3 +235,22 @@ def test_a_watch_packet_s_lines_become_what_the_line_parsers_make_of_each():
     assert [o.kind for o in got].count("fault") == 7
     assert session.watch_heard_ns == 777  # heard from
     assert session.wait_watching(Deadline(0)) == ["eth0 carrier"]  # operstate's current value came, carrier's not
+
+
+def test_a_host_s_one_probe_receiver_gives_each_line_its_port():
+    """Over several ports the receiver's lines name their port: each becomes that port's probe observation; a line
+    naming a port it was not asked for, or without a port, is a fault of its own (the rest still count)."""
+    delivered, asked = {}, []
+    session = HostSession(HostResource(name="h1", address="127.0.0.1"), transport=SimpleNamespace(),
+                          readers=SimpleNamespace(add_lines=lambda stream, on_lines, on_end: delivered.update(
+                              on_lines=on_lines)))
+    session.agent = SimpleNamespace(probe_recv=lambda iface, gap_us, udp_port: asked.append(iface) or object())
+    got = []
+    session.start_probe_recv(["eth0", "eth1"], 2000, 4791, SimpleNamespace(put_many=got.extend, put=got.append))
+    assert asked == [["eth0", "eth1"]]
+    delivered["on_lines"](5, ["11 first 0C:42:A1:00:00:01 7 eth1", "12 last 0c:42:a1:00:00:01 9 eth0",
+                              "13 first 0c:42:a1:00:00:01 3 eth9", "14 first 0c:42:a1:00:00:01 3"])
+    assert [(o.kind, o.netdev, o.field, o.value, o.host_ns) for o in got[:2]] == [
+        ("probe", "eth1", "first", "0c:42:a1:00:00:01 7", 11), ("probe", "eth0", "last", "0c:42:a1:00:00:01 9", 12)]
+    assert [(o.kind, o.field) for o in got[2:]] == [("fault", "agent_output")] * 2
+    assert "eth9" in got[2].value and "NETDEV" in got[3].value

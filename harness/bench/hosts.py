@@ -18,8 +18,8 @@ from typing import Callable
 
 from devices import hostagent
 from devices.errors import DeviceError
-from devices.hostagent import (HOST_INT_END, WATCH_FIELDS, HostAgent, parse_probe_line, sysfs_watch_fields,
-                               watch_heartbeat, watch_line_fields)
+from devices.hostagent import (HOST_INT_END, WATCH_FIELDS, HostAgent, parse_port_probe_line, parse_probe_line,
+                               sysfs_watch_fields, watch_heartbeat, watch_line_fields)
 from devices.protocols import LineStream
 from devices.records import record
 from devices.resources import HostResource
@@ -293,18 +293,25 @@ class HostSession:
         with self._watch_lock:
             return sorted(f"{netdev} {field}" for netdev, field in self._watch_awaited)
 
-    def start_probe_recv(self, netdev: str, gap_us: int, udp_port: int, sink) -> None:
-        self._starters.append(lambda: self._start_probe_recv(netdev, gap_us, udp_port, sink))
-        self._start_probe_recv(netdev, gap_us, udp_port, sink)
+    def start_probe_recv(self, netdevs: list[str], gap_us: int, udp_port: int, sink) -> None:
+        """One probe receiver over the host's `netdevs` (one stream: a host's first probes come in few packets)."""
+        self._starters.append(lambda: self._start_probe_recv(netdevs, gap_us, udp_port, sink))
+        self._start_probe_recv(netdevs, gap_us, udp_port, sink)
 
-    def _start_probe_recv(self, netdev: str, gap_us: int, udp_port: int, sink) -> None:
-        stream = self._keep(self.agent.probe_recv(netdev, gap_us, udp_port))
+    def _start_probe_recv(self, netdevs: list[str], gap_us: int, udp_port: int, sink) -> None:
+        stream = self._keep(self.agent.probe_recv(netdevs[0] if len(netdevs) == 1 else netdevs, gap_us, udp_port))
+        name, mine = self.name, frozenset(netdevs)
 
         def parse(recv_ns: int, line: str) -> Observation:
-            p = parse_probe_line(line)
-            return Observation("probe", self.name, netdev, p.kind, f"{p.src_mac} {p.seq}", p.host_ns, 0, recv_ns)
+            if len(netdevs) == 1:
+                netdev, p = netdevs[0], parse_probe_line(line)
+            else:
+                netdev, p = parse_port_probe_line(line)
+                if netdev not in mine:
+                    raise DeviceError(f"agent probe-recv: a port it does not watch in {line[:200]!r}")
+            return Observation("probe", name, netdev, p.kind, f"{p.src_mac} {p.seq}", p.host_ns, 0, recv_ns)
 
-        self._spawn(stream, sink, self._each_line(parse), f"probe-recv-{netdev}")
+        self._spawn(stream, sink, self._each_line(parse), f"probe-recv-{'+'.join(netdevs)}")
 
     def start_probe_send(self, netdev: str, template: bytes, interval_us: int, sink) -> None:
         self._starters.append(lambda: self._start_probe_send(netdev, template, interval_us, sink))
@@ -423,8 +430,8 @@ class HostGroup:
             session.start_watch([(n.netdev, n.rdma_dev, n.rdma_port) for n in mine], watch_us, ethtool_us, log,
                                 heartbeat_us)
             if probe_us:
-                for n in mine:
-                    session.start_probe_recv(n.netdev, probe_gap_us, udp_port, log)
+                if mine:
+                    session.start_probe_recv([n.netdev for n in mine], probe_gap_us, udp_port, log)
                 for i, n in enumerate(nics):
                     if n.host == host:
                         mac_of[n.key] = _port_mac(session, n.netdev, i)
