@@ -3,7 +3,7 @@ time responder, local watcher, counter sampler and probes. The protocol is in AR
 from __future__ import annotations
 
 import shlex
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from devices.errors import DeviceError
 from devices.protocols import CommandTransport, LineStream
@@ -53,11 +53,14 @@ class CounterLine:
     read_ns: int
 
 
+HOST_INT_END = 2**63  # a host number is below this: it fits every int64 column of the record
+
+
 def host_int(text: str, what: str, line: str) -> int:
     """A number an agent printed (a host time in ns, an interval, a counter): 0 <= value < 2**63, so it fits
     every int64 column of the record; anything else is the host's fault, said for that line alone."""
     value = int(text)
-    if not 0 <= value < 2**63:
+    if not 0 <= value < HOST_INT_END:
         raise DeviceError(f"agent {what}: {_digits(text)} out of range 0..2**63-1 in {line[:200]!r}")
     return value
 
@@ -108,9 +111,22 @@ def watch_line_fields(line: str) -> tuple[int, str, str, str, int]:
 
 
 def parse_probe_line(line: str) -> ProbeLine:
+    """A line of a receiver over one port (`HOST_NS first|last SRC_MAC SEQ`)."""
     parts = line.split()
     if len(parts) != 4 or parts[1] not in ("first", "last"):
         raise DeviceError(f"agent probe-recv: expected 'HOST_NS first|last SRC_MAC SEQ', got {line!r}")
+    return _probe_line(parts, line)
+
+
+def parse_port_probe_line(line: str) -> tuple[str, ProbeLine]:
+    """A line of a receiver over several ports (`HOST_NS first|last SRC_MAC SEQ NETDEV`): (its port, the probe)."""
+    parts = line.split()
+    if len(parts) != 5 or parts[1] not in ("first", "last"):
+        raise DeviceError(f"agent probe-recv: expected 'HOST_NS first|last SRC_MAC SEQ NETDEV', got {line!r}")
+    return parts[4], _probe_line(parts, line)
+
+
+def _probe_line(parts: list[str], line: str) -> ProbeLine:
     try:
         return ProbeLine(host_int(parts[0], "probe-recv", line), parts[1], parts[2].lower(),
                          host_int(parts[3], "probe-recv", line))
@@ -169,6 +185,10 @@ class HostAgent:
         return self.transport.stream(self._cmd("probe-send", "--iface", iface, "--template", template.hex(),
                                                "--interval-us", str(int(interval_us))))
 
-    def probe_recv(self, iface: str, gap_us: int, udp_port: int = 4791) -> LineStream:
-        return self.transport.stream(self._cmd("probe-recv", "--iface", iface, "--gap-us", str(int(gap_us)),
+    def probe_recv(self, iface: str | Sequence[str], gap_us: int, udp_port: int = 4791) -> LineStream:
+        """One receiver over `iface`, or over several ports (a sequence of names) at once: one stream, one process,
+        its lines (`parse_port_probe_line`) naming their port, those received together written together."""
+        ifaces = [iface] if isinstance(iface, str) else list(iface)
+        return self.transport.stream(self._cmd("probe-recv", *(w for n in ifaces for w in ("--iface", n)),
+                                               "--gap-us", str(int(gap_us)),
                                                "--udp-port", str(int(udp_port))))

@@ -199,3 +199,58 @@ def test_a_probe_receiver_started_while_probes_flow_reports_the_first_it_sees(be
         sender.close_stdin()
         sender.close()
     bench.ocs_apply({}, removes=[nic.ocs_tx])
+
+
+def test_a_watch_packet_s_lines_become_what_the_line_parsers_make_of_each():
+    """The one pass over a packet's lines gives, line by line, what `watch_line_fields` / `watch_heartbeat` give:
+    a watch observation, a heartbeat, or a fault naming the malformed line (the rest of the packet still counts)."""
+    from devices.errors import DeviceError
+    from devices.hostagent import watch_heartbeat, watch_line_fields
+
+    delivered = {}
+    session = HostSession(HostResource(name="h1", address="127.0.0.1"), transport=SimpleNamespace(),
+                          readers=SimpleNamespace(add_lines=lambda stream, on_lines, on_end: delivered.update(
+                              on_lines=on_lines)))
+    session.agent = SimpleNamespace(watch=lambda ports, interval_us, ethtool_us, heartbeat_us: object())
+    got = []
+    sink = SimpleNamespace(put_many=got.extend, put=got.append)
+    session.start_watch([("eth0", None, None)], 200, 1000, sink)
+    lines = ["11 eth0 carrier 1 200000", "", "  ", "12 alive", "13 eth0 bogus 1 0", "x eth0 carrier 1 0",
+             f"{2**63} eth0 carrier 1 0", "14 eth0 carrier 1 -1", "15 eth0 carrier 1", "16 alive now",
+             " 17  eth0\tstate  ACTIVE 0 ", "18 eth0 operstate up 0", "1_9 eth0 rx_los 0 2_0", "x alive"]
+    delivered["on_lines"](777, lines)
+    want = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            if (beat := watch_heartbeat(line)) is not None:
+                want.append(hosts.Observation("alive", "h1", "", "alive", "", beat, 0, 777))
+                continue
+            host_ns, netdev, field, value, interval_ns = watch_line_fields(line)
+            want.append(hosts.Observation("watch", "h1", netdev, field, value, host_ns, interval_ns, 777))
+        except DeviceError as exc:
+            want.append(hosts.Observation("fault", "h1", "", "agent_output", str(exc)[:300], 0, 0, 777))
+    assert got == want
+    assert [o.kind for o in got].count("fault") == 7
+    assert session.watch_heard_ns == 777  # heard from
+    assert session.wait_watching(Deadline(0)) == ["eth0 carrier"]  # operstate's current value came, carrier's not
+
+
+def test_a_host_s_one_probe_receiver_gives_each_line_its_port():
+    """Over several ports the receiver's lines name their port: each becomes that port's probe observation; a line
+    naming a port it was not asked for, or without a port, is a fault of its own (the rest still count)."""
+    delivered, asked = {}, []
+    session = HostSession(HostResource(name="h1", address="127.0.0.1"), transport=SimpleNamespace(),
+                          readers=SimpleNamespace(add_lines=lambda stream, on_lines, on_end: delivered.update(
+                              on_lines=on_lines)))
+    session.agent = SimpleNamespace(probe_recv=lambda iface, gap_us, udp_port: asked.append(iface) or object())
+    got = []
+    session.start_probe_recv(["eth0", "eth1"], 2000, 4791, SimpleNamespace(put_many=got.extend, put=got.append))
+    assert asked == [["eth0", "eth1"]]
+    delivered["on_lines"](5, ["11 first 0C:42:A1:00:00:01 7 eth1", "12 last 0c:42:a1:00:00:01 9 eth0",
+                              "13 first 0c:42:a1:00:00:01 3 eth9", "14 first 0c:42:a1:00:00:01 3"])
+    assert [(o.kind, o.netdev, o.field, o.value, o.host_ns) for o in got[:2]] == [
+        ("probe", "eth1", "first", "0c:42:a1:00:00:01 7", 11), ("probe", "eth0", "last", "0c:42:a1:00:00:01 9", 12)]
+    assert [(o.kind, o.field) for o in got[2:]] == [("fault", "agent_output")] * 2
+    assert "eth9" in got[2].value and "NETDEV" in got[3].value

@@ -186,6 +186,41 @@ def test_probes_follow_the_physics_and_the_mirrors(bench, prefix):
         assert not plane.errors
 
 
+def test_one_receiver_over_a_host_s_ports_names_the_port_of_each_line(prefix):
+    """`probe-recv` over several ports: each line ends with the port the probe came in on (the line protocol of
+    ARCHITECTURE.md, as `devices.hostagent.parse_port_probe_line` reads it); a re-pointed flow is `first` on its
+    new port and `last` on its old one."""
+    from devices.hostagent import parse_port_probe_line
+
+    profile = fast_profile(hosts=2)
+    profile["topology"] = {"hosts": 2, "nics_per_host": 2, "ocs_size": [4, 4]}
+    two = OpticalBench(profile_from_dict(profile), seed=3).start()
+    try:
+        with NetnsPlane(two, prefix) as plane:
+            a, _, b1, b2 = two.all_nic_ports()
+            assert b1.host == b2.host != a.host
+            pa, pb = plane.port(a.host, a.netdev), plane.port(b1.host, b1.netdev)
+            rx = agent(plane, b1.host, "probe-recv", "--iface", b1.netdev, "--iface", b2.netdev, "--gap-us", "20000")
+            template = build_probe_template(a.mac, b1.mac, pa.ip, pb.ip)
+            tx = agent(plane, a.host, "probe-send", "--iface", a.netdev, "--template", template.hex(),
+                       "--interval-us", "1000")
+            two.ocs_apply({a.ocs_tx: b1.ocs_rx, b1.ocs_tx: a.ocs_rx})
+            port, first_1 = parse_port_probe_line(" ".join(rx.next_matching(lambda w: w[1] == "first")))
+            assert (port, first_1.src_mac) == (b1.netdev, a.mac)
+            two.ocs_apply({a.ocs_tx: b2.ocs_rx}, removes=[a.ocs_tx])
+            seen = {}  # (kind, port) -> its line: the old port's last and the new one's first come in either order
+            while not {("first", b2.netdev), ("last", b1.netdev)} <= seen.keys():
+                port, probe = parse_port_probe_line(" ".join(rx.next_matching(lambda w: True)))
+                seen.setdefault((probe.kind, port), probe)
+            first_2, last_1 = seen["first", b2.netdev], seen["last", b1.netdev]
+            assert first_2.src_mac == last_1.src_mac == a.mac and first_1.seq <= last_1.seq < first_2.seq
+            tx.finish()
+            assert all(len(w) == 5 and w[4] in (b1.netdev, b2.netdev) for w in rx.finish())
+            assert not plane.errors
+    finally:
+        two.stop()
+
+
 def test_a_failed_start_removes_what_it_built(bench, prefix, monkeypatch):
     import devices.emulated.netns as netns
 

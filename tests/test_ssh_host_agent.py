@@ -232,6 +232,37 @@ def test_a_hosts_streams_share_one_subscription_and_get_only_their_changes():
     assert written == [f"{mine.started + 1000} first 0c:42:a1:00:01:01 7\n"]
 
 
+def test_one_probe_receiver_over_several_ports_names_each_line_s_port():
+    """`probe-recv` over several ports (a host's one receiver): it gets the first probes of its ports only, each
+    line ending with its port (what `parse_port_probe_line` reads, as from the real agent); the changes its host's
+    thread hands it at once make one write."""
+    from types import SimpleNamespace
+
+    from devices.emulated.nic import NicChange
+    from devices.emulated.host.agent import _ProbeRecvStream
+    from devices.emulated.host.streams import AgentStreams
+    from devices.hostagent import ProbeLine, parse_port_probe_line
+
+    callbacks, written = [], []
+    bench = SimpleNamespace(subscribe=lambda host, cb: callbacks.append(cb) or (lambda: None),
+                            host_time=lambda host, t: t + 1000)
+    streams = AgentStreams(SimpleNamespace(host_name="gpu1", bench=bench))
+    ctx = SimpleNamespace(bench=bench, host="gpu1", out=written.append)
+    both = _ProbeRecvStream(ctx, "ens1f0np0", "ens2f0np0")
+    streams.add(both)
+    for netdev, field in (("ens2f0np0", "probe_first"), ("ens3f0np0", "probe_first"),
+                          ("ens1f0np0", "carrier"), ("ens1f0np0", "probe_first")):
+        callbacks[0](NicChange(both.started + 5, "gpu1", netdev, field, "0c:42:a1:00:01:01 7"))
+    until = time.monotonic() + 10
+    while time.monotonic() < until and "".join(written).count("\n") < 2:
+        time.sleep(0.005)
+    streams.close()
+    assert [parse_port_probe_line(line) for line in "".join(written).splitlines()] == [
+        (netdev, ProbeLine(both.started + 1005, "first", "0c:42:a1:00:01:01", 7)) for netdev in ("ens2f0np0", "ens1f0np0")]
+    change = NicChange(both.started + 5, "gpu1", "ens1f0np0", "probe_first", "0c:42:a1:00:01:01 8")
+    assert both.lines([(0, change), (0, change)]).count("\n") == 2  # handed over together: one write
+
+
 def test_probe_stamps_are_taken_at_the_socket_on_both_legs(ssh, bench, server):
     """The clock probe's legs are stamped alike: t1 when the token went to the socket (not before the channel's
     locks and encryption), t4 when the hub took the reply off the socket (not when a thread got round to

@@ -518,19 +518,29 @@ def kernel_rx_ns(ancdata):
 def cmd_probe_recv(args):
     if args.gap_us <= 0:
         raise SystemExit("probe-recv: --gap-us must be > 0")
+    if len(set(args.iface)) != len(args.iface):
+        raise SystemExit("probe-recv: an --iface given twice")
     gap = args.gap_us * 1000
-    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_IP))
-    sock.bind((args.iface, ETH_P_IP))
-    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-    sock.setblocking(False)
+    named = len(args.iface) > 1  # over several ports each line ends with its port's name
+    port_of = {}  # socket -> its port's name
+    for iface in args.iface:
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_IP))
+        sock.bind((iface, ETH_P_IP))
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        sock.setblocking(False)
+        port_of[sock] = iface
     parse = ProbeParser(args.udp_port)
     cmsg_size = socket.CMSG_SPACE(16)
-    last = {}  # src_mac -> (kernel rx ns, seq) of the newest probe of a running stream
+    last = {}  # (socket, src_mac) -> (kernel rx ns, seq) of the newest probe of a running stream
     stdin_fd = 0
-    watch = [sock, stdin_fd]
+    watch = list(port_of) + [stdin_fd]
 
-    def receive_pending():
+    def line(sock, rx_ns, kind, mac, seq):
+        text = "%d %s %s %d" % (rx_ns, kind, mac, seq)
+        return text + " " + port_of[sock] if named else text
+
+    def receive_pending(sock, out):
         while True:
             try:
                 data, anc, _flags, addr = sock.recvmsg(2048, cmsg_size)
@@ -543,13 +553,13 @@ def cmd_probe_recv(args):
                 continue
             mac, seq = probe
             rx_ns = kernel_rx_ns(anc)
-            previous = last.get(mac)
+            previous = last.get((sock, mac))
             if previous is not None and rx_ns - previous[0] >= gap:
-                emit("%d last %s %d" % (previous[0], mac, previous[1]))  # we were slower than the gap
+                out.append(line(sock, previous[0], "last", mac, previous[1]))  # we were slower than the gap
                 previous = None
             if previous is None:
-                emit("%d first %s %d" % (rx_ns, mac, seq))
-            last[mac] = (rx_ns, seq)
+                out.append(line(sock, rx_ns, "first", mac, seq))
+            last[(sock, mac)] = (rx_ns, seq)
 
     while True:
         timeout = None
@@ -558,15 +568,21 @@ def cmd_probe_recv(args):
         readable, _, _ = select.select(watch, [], [], timeout)
         if stdin_fd in readable and not os.read(stdin_fd, 4096):
             return 0
-        if sock in readable:
-            receive_pending()
-        # Declare a silence only when nothing is queued: a late reader must not invent gaps.
+        out = []
+        for sock in readable:
+            if sock in port_of:
+                receive_pending(sock, out)
+        # Declare a silence only when nothing is queued on that port: a late reader must not invent gaps.
         now = time.time_ns()
-        if any(now - t >= gap for t, _ in last.values()) and not select.select([sock], [], [], 0)[0]:
-            for mac, (t, seq) in list(last.items()):
-                if now - t >= gap:
-                    emit("%d last %s %d" % (t, mac, seq))
-                    del last[mac]
+        silent = set(sock for (sock, _), (t, _) in last.items() if now - t >= gap)
+        if silent:
+            queued = select.select(list(silent), [], [], 0)[0]
+            for (sock, mac), (t, seq) in list(last.items()):
+                if sock in silent and sock not in queued and now - t >= gap:
+                    out.append(line(sock, t, "last", mac, seq))
+                    del last[(sock, mac)]
+        if out:
+            emit("\n".join(out))  # what one round received, in one write (a host's ports: one packet)
 
 
 # --------------------------------------------------------------------------------------------- main
@@ -601,7 +617,8 @@ def make_parser():
                         "late on a busy machine)")
     s.set_defaults(func=cmd_probe_send)
     r = sub.add_parser("probe-recv", help="print the first and last probe around each silence")
-    r.add_argument("--iface", required=True)
+    r.add_argument("--iface", required=True, action="append",
+                   help="a port to receive on; several: each line ends with its port's name")
     r.add_argument("--gap-us", type=int, required=True)
     r.add_argument("--udp-port", type=int, default=ROCE_V2_PORT)
     r.set_defaults(func=cmd_probe_recv)

@@ -520,16 +520,18 @@ def _pump(ctx, proc: subprocess.Popen, stops_on_stdin_eof: bool) -> int:
     then end the process (by closing its stdin if it stops on EOF, else by SIGTERM)."""
     from devices.emulated.host.context import ChannelGone
 
-    def relay(stream, write):
+    def relay(read, write):
         try:
-            for line in iter(stream.readline, b""):
-                write(line)
+            for data in iter(read, b""):
+                write(data)
         except ChannelGone:
             pass
 
-    threads = [threading.Thread(target=relay, args=(proc.stdout, ctx.out), daemon=True),
-               threading.Thread(target=relay, args=(proc.stderr, lambda b: ctx.err(b.decode(errors="replace"))),
-                                daemon=True)]
+    # stdout as the process wrote it (what one write of the agent's holds goes on in one SSH packet, not a line
+    # each); stderr by lines, each decoded whole
+    threads = [threading.Thread(target=relay, args=(lambda: proc.stdout.read1(65536), ctx.out), daemon=True),
+               threading.Thread(target=relay, args=(proc.stderr.readline,
+                                                    lambda b: ctx.err(b.decode(errors="replace"))), daemon=True)]
     for thread in threads:
         thread.start()
     try:

@@ -18,7 +18,8 @@ from typing import Callable
 
 from devices import hostagent
 from devices.errors import DeviceError
-from devices.hostagent import HostAgent, parse_probe_line, sysfs_watch_fields, watch_heartbeat, watch_line_fields
+from devices.hostagent import (HOST_INT_END, WATCH_FIELDS, HostAgent, parse_port_probe_line, parse_probe_line,
+                               sysfs_watch_fields, watch_heartbeat, watch_line_fields)
 from devices.protocols import LineStream
 from devices.records import record
 from devices.resources import HostResource
@@ -178,9 +179,10 @@ class HostSession:
         self._streams.append(stream)
         return stream
 
-    def _spawn(self, stream: LineStream, sink, parse, what: str) -> None:
-        """Deliver the stream's parsed lines into `sink` from the shared reader; its end, unless ours, is
-        reported once as a 'fault' observation."""
+    def _spawn(self, stream: LineStream, sink, parse_lines, what: str) -> None:
+        """Deliver the stream's lines into `sink` from the shared reader, each packet's made observations at once
+        by `parse_lines(recv_ns, lines)` (None: nothing delivered); its end, unless ours, is reported once as a
+        'fault' observation."""
         if self._readers is None:
             from harness.bench.readers import shared_readers
 
@@ -189,6 +191,20 @@ class HostSession:
         put_many = getattr(sink, "put_many", None) or (lambda batch: [sink.put(obs) for obs in batch])
 
         def on_lines(recv_ns: int, lines: list[str]) -> None:
+            batch = parse_lines(recv_ns, lines)
+            if batch:
+                put_many(batch)  # the lines that arrived together, in one (a cycle's burst: one wake-up a packet)
+
+        def on_end(reason: str) -> None:
+            if not getattr(stream, "closed_by_us", False) and not self._stop.is_set():
+                sink.put(Observation("fault", self.name, "", f"agent {what}", reason.strip()[:300], 0, 0, now_ns()))
+
+        self._readers.add_lines(stream, on_lines if parse_lines is not None else lambda recv_ns, lines: None, on_end)
+
+    def _each_line(self, parse: Callable[[int, str], "Observation"]) -> Callable[[int, list[str]], list]:
+        """A packet's lines parsed one by one by `parse(recv_ns, line)`: blank lines skipped, a malformed one
+        (DeviceError) a fault observation of its own."""
+        def parse_lines(recv_ns: int, lines: list[str]) -> list:
             batch = []
             for line in lines:
                 if not line or line.isspace():
@@ -197,14 +213,9 @@ class HostSession:
                     batch.append(parse(recv_ns, line))
                 except DeviceError as exc:
                     batch.append(Observation("fault", self.name, "", "agent_output", str(exc)[:300], 0, 0, recv_ns))
-            if batch:
-                put_many(batch)  # the lines that arrived together, in one (a cycle's burst: one wake-up a packet)
+            return batch
 
-        def on_end(reason: str) -> None:
-            if not getattr(stream, "closed_by_us", False) and not self._stop.is_set():
-                sink.put(Observation("fault", self.name, "", f"agent {what}", reason.strip()[:300], 0, 0, now_ns()))
-
-        self._readers.add_lines(stream, on_lines if parse is not None else lambda recv_ns, lines: None, on_end)
+        return parse_lines
 
     def start_watch(self, ports: list[tuple[str, str | None, int | None]], interval_us: int,
                     ethtool_interval_us: int, sink: "queue.Queue[Observation]", heartbeat_us: int = 0) -> None:
@@ -223,26 +234,56 @@ class HostSession:
         stream = self._keep(self.agent.watch(ports, interval_us, ethtool_interval_us, heartbeat_us))
 
         name = self.name
-
         self.watch_heard_ns = now_ns()
 
-        def parse(recv_ns: int, line: str) -> Observation:
-            if recv_ns - self.watch_heard_ns > self.watch_gap_ns > 0:
-                self.watch_gaps.append((self.watch_heard_ns, recv_ns))
-            self.watch_heard_ns = recv_ns
-            if "alive" in line:
-                beat = watch_heartbeat(line)
-                if beat is not None:
-                    return Observation("alive", name, "", "alive", "", beat, 0, recv_ns)
-            host_ns, netdev, field, value, interval_ns = watch_line_fields(line)
-            if interval_ns == 0 and not live.is_set():
+        def current(netdev: str, field: str) -> None:  # a field's current value printed (INTERVAL 0)
+            if not live.is_set():
                 with self._watch_lock:
                     awaited.discard((netdev, field))
                     if not awaited:
                         live.set()
+
+        def odd(recv_ns: int, line: str) -> Observation:
+            """A line the one pass below did not take: a heartbeat, or a malformed line (DeviceError)."""
+            if "alive" in line:
+                beat = watch_heartbeat(line)
+                if beat is not None:
+                    return Observation("alive", name, "", "alive", "", beat, 0, recv_ns)
+            host_ns, netdev, field, value, interval_ns = watch_line_fields(line)  # raises: not a watch line
+            if interval_ns == 0:
+                current(netdev, field)
             return Observation("watch", name, netdev, field, value, host_ns, interval_ns, recv_ns)
 
-        self._spawn(stream, sink, parse, "watch")
+        odd_lines = self._each_line(odd)
+        fields, top = frozenset(WATCH_FIELDS), HOST_INT_END
+
+        def parse_lines(recv_ns: int, lines: list[str]) -> list:
+            # One pass over a packet's lines (a cycle's burst: ~100 lines a host), on the SSH hub's thread that the
+            # cycle's end waits for: a well-formed watch line is split and checked inline (`watch_line_fields`'
+            # checks, the same outcome); any other goes through `odd`, one by one.
+            batch = []
+            for line in lines:
+                parts = line.split()
+                if len(parts) == 5 and parts[2] in fields:
+                    try:
+                        host_ns, interval_ns = int(parts[0]), int(parts[4])
+                    except ValueError:
+                        host_ns = interval_ns = -1
+                    if 0 <= host_ns < top and 0 <= interval_ns < top:
+                        if interval_ns == 0:
+                            current(parts[1], parts[2])
+                        batch.append(Observation("watch", name, parts[1], parts[2], parts[3], host_ns, interval_ns,
+                                                 recv_ns))
+                        continue
+                if parts:
+                    batch += odd_lines(recv_ns, [line])
+            if batch:  # heard from (a line or a heartbeat, well-formed or not): its liveness
+                if recv_ns - self.watch_heard_ns > self.watch_gap_ns > 0:
+                    self.watch_gaps.append((self.watch_heard_ns, recv_ns))
+                self.watch_heard_ns = recv_ns
+            return batch
+
+        self._spawn(stream, sink, parse_lines, "watch")
 
     def wait_watching(self, deadline: Deadline) -> list[str]:
         """Wait until the watch has printed the current value of every field it polls from sysfs; the
@@ -253,18 +294,25 @@ class HostSession:
         with self._watch_lock:
             return sorted(f"{netdev} {field}" for netdev, field in self._watch_awaited)
 
-    def start_probe_recv(self, netdev: str, gap_us: int, udp_port: int, sink) -> None:
-        self._starters.append(lambda: self._start_probe_recv(netdev, gap_us, udp_port, sink))
-        self._start_probe_recv(netdev, gap_us, udp_port, sink)
+    def start_probe_recv(self, netdevs: list[str], gap_us: int, udp_port: int, sink) -> None:
+        """One probe receiver over the host's `netdevs` (one stream: a host's first probes come in few packets)."""
+        self._starters.append(lambda: self._start_probe_recv(netdevs, gap_us, udp_port, sink))
+        self._start_probe_recv(netdevs, gap_us, udp_port, sink)
 
-    def _start_probe_recv(self, netdev: str, gap_us: int, udp_port: int, sink) -> None:
-        stream = self._keep(self.agent.probe_recv(netdev, gap_us, udp_port))
+    def _start_probe_recv(self, netdevs: list[str], gap_us: int, udp_port: int, sink) -> None:
+        stream = self._keep(self.agent.probe_recv(netdevs[0] if len(netdevs) == 1 else netdevs, gap_us, udp_port))
+        name, mine = self.name, frozenset(netdevs)
 
         def parse(recv_ns: int, line: str) -> Observation:
-            p = parse_probe_line(line)
-            return Observation("probe", self.name, netdev, p.kind, f"{p.src_mac} {p.seq}", p.host_ns, 0, recv_ns)
+            if len(netdevs) == 1:
+                netdev, p = netdevs[0], parse_probe_line(line)
+            else:
+                netdev, p = parse_port_probe_line(line)
+                if netdev not in mine:
+                    raise DeviceError(f"agent probe-recv: a port it does not watch in {line[:200]!r}")
+            return Observation("probe", name, netdev, p.kind, f"{p.src_mac} {p.seq}", p.host_ns, 0, recv_ns)
 
-        self._spawn(stream, sink, parse, f"probe-recv-{netdev}")
+        self._spawn(stream, sink, self._each_line(parse), f"probe-recv-{'+'.join(netdevs)}")
 
     def start_probe_send(self, netdev: str, template: bytes, interval_us: int, sink) -> None:
         self._starters.append(lambda: self._start_probe_send(netdev, template, interval_us, sink))
@@ -383,8 +431,8 @@ class HostGroup:
             session.start_watch([(n.netdev, n.rdma_dev, n.rdma_port) for n in mine], watch_us, ethtool_us, log,
                                 heartbeat_us)
             if probe_us:
-                for n in mine:
-                    session.start_probe_recv(n.netdev, probe_gap_us, udp_port, log)
+                if mine:
+                    session.start_probe_recv([n.netdev for n in mine], probe_gap_us, udp_port, log)
                 for i, n in enumerate(nics):
                     if n.host == host:
                         mac_of[n.key] = _port_mac(session, n.netdev, i)

@@ -37,6 +37,7 @@ def _meaning(field: str, value: str) -> tuple[str | None, str | None]:
 
 
 _WATCHED = frozenset(WATCH_STAGES.values())  # the stages a watch line marks (not the first probe)
+_OBS = b'{"k":"obs",'  # an observation's line in observations.jsonl starts so, then its own fields
 _UNWRITTEN_MAX = 20_000  # batches put before the mirror writes them anyway (an 8 x 8 cycle puts ~80)
 
 
@@ -162,22 +163,29 @@ class CycleWatch:
         # Unless the change is surely after the command by its host time alone (`_mark_after`), convert it to the
         # harness clock (a line's costly part) and check it is not stale: the exact check would decide the same.
         mark = self._host_after.get(obs.host)
+        events = self.events
+        bounded = False  # `events.bound(obs)` made in this call: the port's events reuse it, asked once
         if mark is None or obs.host_ns - obs.interval_ns < mark[0] or mark[1] != self._generation(obs.host):
-            lo, hi, offset = interval(obs, self.convert) if self.events is None else self.events.bound(obs)
+            if events is None:
+                lo, hi, offset = interval(obs, self.convert)
+            else:
+                lo, hi, offset = events.bound(obs)
+                bounded = True
             if hi < self.first_sent:  # happened before this cycle's command — or the host's clock stepped
                 if obs.recv_ns >= self.first_sent and self.suspect is not None and not released:
                     self._held[obs.host] = self.suspect(obs.host)
                     self._parked.append(obs)
                 return
             self._mark_after(obs.host, (lo + hi) // 2, offset)
-        events, kept = self.events, self.arrivals.kept
+        kept = self.arrivals.kept
         # A latched flag's "1" counts even where a later stage already implies the one it gates: it says when the
         # flag was set, which bounds its clearing — the "0" that follows — from below (stages.own_bound).
         if gated is not None and gated in need and (obs.field in LATCHED_FIELDS or not self._implied(key, gated)):
             self.arrivals.not_yet[(key, gated)] = obs
             self.version[key] += 1
-            if events is not None:
+            if events is not None and not bounded:
                 events.bound(obs)  # what the port's events are made of is bounded now, not at the cycle's end
+                bounded = True
         if stage is None:
             return
         if stage == "port_down" and (key, "phy_up") in kept:
@@ -191,7 +199,7 @@ class CycleWatch:
             kept[(key, stage)] = obs
             need.discard(stage)
             self.version[key] += 1
-            if events is not None:
+            if events is not None and not bounded:
                 events.bound(obs)
             self._settle_port(key)
 
@@ -413,10 +421,12 @@ class ObservationLog:
 
     def _mirror(self) -> None:
         """Write the observations put so far (under `_lock`), each batch in one write."""
-        unwritten, write = self._unwritten, self._file.write
+        unwritten, write, dumps = self._unwritten, self._file.write, orjson.dumps
         while unwritten:
-            # orjson serialises the flat dataclass itself (no dict built per observation)
-            write(b"".join([b'{"k":"obs",' + orjson.dumps(obs)[1:] + b"\n" for obs in unwritten.popleft()]))
+            # orjson serialises the flat dataclass itself (no dict built per observation); each line is `{"k":"obs",`
+            # then the observation's own fields, so the prefix joins a batch's lines (one copy a batch)
+            if batch := unwritten.popleft():
+                write(_OBS + _OBS.join([dumps(obs, option=orjson.OPT_APPEND_NEWLINE)[1:] for obs in batch]))
 
     def flush(self) -> None:
         """Mirror the observations put so far and hand the log to the OS (it survives the process). The step

@@ -142,7 +142,8 @@ def agent_timesrv(ctx: ExecContext, argv: list[str]) -> int:
 
 
 def _options(argv: list[str], known: dict[str, type]) -> tuple[dict[str, object], list[str]]:
-    """`--name value` options (with defaults None) and the positional words."""
+    """`--name value` options (with defaults None; a `list` option: every value given, in order) and the positional
+    words."""
     values: dict[str, object] = {name: None for name in known}
     positional = []
     i = 0
@@ -157,7 +158,7 @@ def _options(argv: list[str], known: dict[str, type]) -> tuple[dict[str, object]
                 if i >= len(argv):
                     raise ValueError(f"--{name} needs a value")
                 value = argv[i]
-            values[name] = known[name](value)
+            values[name] = (values[name] or []) + [value] if known[name] is list else known[name](value)
         else:
             positional.append(word)
         i += 1
@@ -411,14 +412,16 @@ def _agent_probe_send(ctx: ExecContext, argv: list[str]) -> int:
 
 
 class _ProbeRecvStream(Stream):
-    """The agent's `probe-recv`: a `first` line for each stream of probes the port starts to receive, stamped
-    with the host clock at the first probe's arrival (a kernel receive stamp), printed at once. As a real
-    receiver: no probe from before it started, and the first after its start is "first"."""
+    """The agent's `probe-recv`: a `first` line for each stream of probes a port starts to receive, stamped
+    with the host clock at the first probe's arrival (a kernel receive stamp), printed at once; over several
+    ports, each line names its port (the lines due together in one write). As a real receiver: no probe from
+    before it started, and the first after its start is "first"."""
 
-    def __init__(self, ctx: ExecContext, netdev: str):
+    def __init__(self, ctx: ExecContext, netdev: str, *more: str):
         super().__init__(ctx)
-        self.netdev = netdev
-        self.keys = ((netdev, "probe_first"),)
+        self.netdevs = (netdev, *more)
+        self.named = bool(more)  # several ports: each line ends with its port's name
+        self.keys = tuple((n, "probe_first") for n in self.netdevs)
         self.started = now_ns()  # set again once registered (first_lines)
 
     @staticmethod
@@ -430,32 +433,40 @@ class _ProbeRecvStream(Stream):
         ctx = self.ctx
         # Its start is after it registered: a flow's first probe before then never came as a change to it.
         self.started = now_ns()
-        flow = ctx.bench.probe_flow(ctx.host, self.netdev)
-        if flow is None or flow[2] >= self.started:
-            return ""
-        mac, seq, arrival, interval = flow
-        k = -(-(self.started - arrival) // interval)
-        seen = arrival + k * interval
-        time.sleep(max(0, seen - now_ns()) / 1e9)  # printed no earlier than the probe arrived
-        return f"{ctx.bench.host_time(ctx.host, seen)} first {mac} {seq + k}\n"
+        lines = []
+        for netdev in self.netdevs:
+            flow = ctx.bench.probe_flow(ctx.host, netdev)
+            if flow is None or flow[2] >= self.started:
+                continue
+            mac, seq, arrival, interval = flow
+            k = -(-(self.started - arrival) // interval)
+            seen = arrival + k * interval
+            time.sleep(max(0, seen - now_ns()) / 1e9)  # printed no earlier than the probe arrived
+            lines.append(f"{ctx.bench.host_time(ctx.host, seen)} first {mac} {seq + k}"
+                         + (f" {netdev}\n" if self.named else "\n"))
+        return "".join(lines)
 
     def lines(self, items: list) -> str:
         host_time, host, started = self.ctx.bench.host_time, self.ctx.host, self.started
+        if self.named:
+            return "".join(f"{host_time(host, change.t_ns)} first {change.value} {change.netdev}\n"
+                           for _, change in items if change.t_ns >= started)
         return "".join(f"{host_time(host, change.t_ns)} first {change.value}\n" for _, change in items
                        if change.t_ns >= started)
 
 
 def _agent_probe_recv(ctx: ExecContext, argv: list[str]) -> int:
     try:
-        opts, _ = _options(argv[1:], {"iface": str, "gap-us": int, "udp-port": int})
+        opts, _ = _options(argv[1:], {"iface": list, "gap-us": int, "udp-port": int})
     except ValueError as exc:
         ctx.err(f"probe-recv: {exc}\n")
         return 2
-    netdev = opts["iface"]
-    if ctx.server.nic_by_netdev(str(netdev)) is None:
-        ctx.err("usage: probe-recv --iface NETDEV --gap-us G [--udp-port P]\n")
+    netdevs = opts["iface"] or []
+    if not netdevs or any(ctx.server.nic_by_netdev(str(n)) is None for n in netdevs) \
+            or len(set(netdevs)) != len(netdevs):
+        ctx.err("usage: probe-recv --iface NETDEV [--iface NETDEV ...] --gap-us G [--udp-port P]\n")
         return 2
-    stream = _ProbeRecvStream(ctx, str(netdev))
+    stream = _ProbeRecvStream(ctx, *map(str, netdevs))
     return stream.serve(stream.first_lines)
 
 
