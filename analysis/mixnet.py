@@ -755,6 +755,14 @@ def _cross_rail(par: mm.Parallelism) -> np.ndarray:
     return rail[:, None] != rail[None, :]
 
 
+def _rank_traffic(mat: np.ndarray, token_bytes: int, servers_of_rank: np.ndarray, cross_rail: np.ndarray | None):
+    """A rank×rank bytes matrix as a timeline reads it: (the most (token, expert) pairs one rank receives, the
+    server demand, its cross-rail part — None without `cross_rail`)."""
+    most = float((mat.sum(axis=0) / token_bytes).max())
+    cross = None if cross_rail is None else server_demand(np.where(cross_rail, mat, 0.0), servers_of_rank)
+    return most, server_demand(mat, servers_of_rank), cross
+
+
 @lru_cache(maxsize=16)
 def _routed_traffic(model: mm.MoeModel, par: mm.Parallelism, skew: float, seed: int, sampled_routing: bool,
                     dtype_bytes: int) -> tuple[dict, ...]:
@@ -767,18 +775,16 @@ def _routed_traffic(model: mm.MoeModel, par: mm.Parallelism, skew: float, seed: 
     servers_of_rank = rank_servers(par.ep, par.tp, par.gpus_per_server)
     cross_rail = _cross_rail(par)
     out, offset = [], 0
-    for n_dense, n_moe in mm.stage_layers(model, par.pp):
+    for _, n_moe in mm.stage_layers(model, par.pp):
         stage = {}
         for b in range(par.micro_batches):
             for l in range(n_moe):
                 mat = moe_dispatch_bytes(par.tokens_per_rank, model.top_k, model.hidden, dtype_bytes, expert_rank,
                                          popularity[offset + l], rng if sampled_routing else None, n_ranks=par.ep)
-                recv = mat.sum(axis=0) / (model.hidden * dtype_bytes)
-                demand = server_demand(mat, servers_of_rank)
-                cross = server_demand(np.where(cross_rail, mat, 0.0), servers_of_rank)
+                most, demand, cross = _rank_traffic(mat, model.hidden * dtype_bytes, servers_of_rank, cross_rail)
                 demand.setflags(write=False)
                 cross.setflags(write=False)
-                stage[l, b] = (float(recv.max()), demand, cross)
+                stage[l, b] = (most, demand, cross)
         out.append(stage)
         offset += n_moe
     return tuple(out)
@@ -835,25 +841,20 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
         demands, expert_times, crosses = {}, {}, {}
         for b in range(m):
             for l in range(n_moe):
-                if traffic is not None:
-                    mat = np.asarray(traffic(s, l, b), dtype=float)
-                    if traffic_level == "rank":
-                        recv = mat.sum(axis=0) / (model.hidden * dtype_bytes)
-                        demands[l, b] = server_demand(mat, servers_of_rank)
-                        if rails:
-                            crosses[l, b] = server_demand(np.where(cross_rail, mat, 0.0), servers_of_rank)
-                    else:
-                        recv = np.full(par.ep, tokens * model.top_k)   # unknown per rank: balanced
-                        demands[l, b] = _demand(mat)
-                        if rails:   # ranks spread evenly over rails: the share of rank pairs on other rails
-                            crosses[l, b] = demands[l, b] * float(cross_rail.mean())
-                else:
+                if traffic is None:
                     most, demands[l, b], cross = routed[s][l, b]
-                    if rails:
-                        crosses[l, b] = cross
-                    expert_times[l, b] = most * per_assignment
-                    continue
-                expert_times[l, b] = float(recv.max()) * per_assignment
+                elif traffic_level == "rank":
+                    most, demands[l, b], cross = _rank_traffic(np.asarray(traffic(s, l, b), dtype=float),
+                                                               model.hidden * dtype_bytes, servers_of_rank,
+                                                               cross_rail if rails else None)
+                else:
+                    most = float(tokens * model.top_k)   # unknown per rank: balanced
+                    demands[l, b] = _demand(np.asarray(traffic(s, l, b), dtype=float))
+                    # ranks spread evenly over rails: the share of rank pairs on other rails
+                    cross = demands[l, b] * float(cross_rail.mean()) if rails else None
+                if rails:
+                    crosses[l, b] = cross
+                expert_times[l, b] = most * per_assignment
         # the order in which this stage's region meets its triggers: forward (b, l), then backward (b, l↓)
         sequence = [(0, b, l) for b in range(m) for l in range(n_moe)] + \
                    [(1, b, l) for b in range(m) for l in reversed(range(n_moe))]
@@ -1041,11 +1042,10 @@ class _DelayPool:
         n_boot, n_ports = takes.shape[0], self.values.shape[1]
         cycle = np.take_along_axis(takes, c.reshape(n_boot, -1), axis=1).reshape(c.shape)
         pc = self.counts[cycle]
-        kk = np.broadcast_to(np.minimum(k, n_ports), c.shape)
         # the rank of the slowest of k of the cycle's p ports: how many of F[p, k, :] lie below u, one
         # inverse CDF per (p, k)
         table = _max_rank_cdf(n_ports)
-        group = pc * (n_ports + 1) + kk
+        group = pc * (n_ports + 1) + np.minimum(k, n_ports)
         rank = np.zeros(c.shape, dtype=np.int64)
         for g in np.flatnonzero(np.bincount(group.ravel())):
             p, kg = divmod(int(g), n_ports + 1)
@@ -1063,10 +1063,11 @@ class _DelayPool:
             # taken, the replicates' pools one after the other
             taken = np.stack([np.bincount(t, minlength=self.counts.size) for t in takes])[:, self.owner]
             pools = np.repeat(np.tile(self.resid, n_boot), taken.ravel())
-            size = np.broadcast_to(taken.sum(axis=1)[:, None, None], c.shape)[beyond]
-            start = np.broadcast_to((np.cumsum(taken.sum(axis=1)) - taken.sum(axis=1))[:, None, None], c.shape)
+            sizes = taken.sum(axis=1)
+            size = np.broadcast_to(sizes[:, None, None], c.shape)[beyond]
+            start = np.broadcast_to((np.cumsum(sizes) - sizes)[:, None, None], c.shape)[beyond]
             idx = np.minimum((size * u[beyond] ** (1.0 / kk[beyond])).astype(np.int64), size - 1)
-            out[beyond] = np.maximum(self.shared[cycle[beyond]] + pools[start[beyond] + idx], 0.0)
+            out[beyond] = np.maximum(self.shared[cycle[beyond]] + pools[start + idx], 0.0)
         return np.where(kk > 0, out, 0.0)
 
 
