@@ -25,6 +25,17 @@ def ssh(server):
         yield t
 
 
+@pytest.fixture(autouse=True)
+def unpatched_switch(request):
+    """Each test that patches the module's switch starts from no cross-connects, whatever ran before it on this
+    worker (xdist hands a worker the file's tests in any subset)."""
+    if "bench" in request.fixturenames:
+        bench = request.getfixturevalue("bench")
+        bench.ocs_apply({}, removes=list(bench.ocs_patches()))
+        assert bench.wait_idle()
+    yield
+
+
 def probe_timesrv(ssh, bench, host: str, probes: int, prefix: str) -> None:
     """`probes` round trips to the agent's time responder: each token echoed with a host time that causality
     allows (the host read its clock between our send and our receive)."""
@@ -180,9 +191,7 @@ def test_counters_sample_the_bytes_a_running_transfer_moved_at_each_tick(ssh, be
 
     me = bench.nic_ports(server.host_name)[0]
     peer = next(m for m in bench.all_nic_ports() if m.host != me.host)
-    patches = bench.ocs_patches()
-    bench.ocs_apply({me.ocs_tx: peer.ocs_rx, peer.ocs_tx: me.ocs_rx},
-                    removes=[i for i in (me.ocs_tx, peer.ocs_tx) if i in patches])
+    bench.ocs_apply({me.ocs_tx: peer.ocs_rx, peer.ocs_tx: me.ocs_rx})
     assert bench.wait_idle()
     counter = f"/sys/class/infiniband/{me.rdma_dev}/ports/{me.rdma_port}/counters/port_xmit_data"
     start_words = int(ssh.run(f"cat {counter}", check=True).stdout)
@@ -376,7 +385,6 @@ def test_watch_reads_a_loss_of_light_shorter_than_a_poll_latched(ssh, bench, ser
     host = server.host_name
     nic, other = bench.nic_ports(host)[:2]
     ethtool_us = 5000
-    bench.ocs_apply({}, removes=list(bench.ocs_patches()))  # the module's bench, as earlier tests left it
     bench.ocs_apply({nic.ocs_tx: nic.ocs_rx})
     assert bench.wait_idle()
     with ssh.stream(f"python3 -u {AGENT} watch --interval-us 2000 --ethtool-interval-us {ethtool_us} "
