@@ -5,7 +5,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Generator, Generic, Iterator, Mapping, Sequence, TypeVar
 
-from devices.timing import CommandTiming, Deadline
+from devices.timing import CommandTiming, Deadline, now_ns
 
 T = TypeVar("T")
 
@@ -137,6 +137,11 @@ class LineStream(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def caught_up_ns(self) -> int:
+        """Harness time up to which every line that reached this machine has been received: a silence is the
+        peer's only up to it (a stream read as it arrives: now)."""
+        return now_ns()
 
 
 class CommandTransport(ABC):

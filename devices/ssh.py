@@ -503,6 +503,10 @@ class SshLineStream(LineStream):
         self._pipe.push_to(self._pushed, lambda: hub.spawn(self._pushed_end))
         return True
 
+    def caught_up_ns(self) -> int:
+        """Pushed from a hub: when its loop last caught up with its sockets (Hub.caught_up_ns); else now."""
+        return self._hub.caught_up_ns if self._hub is not None and self._on_lines is not None else now_ns()
+
     def _pushed(self, data: bytes, arrival_ns: int) -> None:
         """A chunk of output (under the pipe's lock: nothing here may take the channel's)."""
         self._recv_ns = arrival_ns

@@ -102,6 +102,9 @@ class Hub:
         self.greenlets = 0  # running now (each a connection's loop)
         self._live: set = set()
         self._stopping = False
+        # When the loop last returned from its selector and has since served everything that was ready then: every
+        # byte that reached a socket of this hub before it has been taken off and delivered (`caught_up_ns`).
+        self.caught_up_ns = now_ns()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name=name)
         self._thread.start()
@@ -240,6 +243,7 @@ class Hub:
                 ready = select_(timeout)
             except OSError:  # a descriptor closed under the selector: the next round has the map without it
                 ready = []
+            selected_ns = now_ns()
             for key, _ in ready:
                 waiter = key.data
                 if waiter is None:
@@ -263,6 +267,7 @@ class Hub:
                     fn()
                 except BaseException:  # noqa: BLE001
                     _log.exception("%s: a call failed", self.name)
+            self.caught_up_ns = selected_ns
 
 
 _hub: Hub | None = None

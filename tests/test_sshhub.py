@@ -21,7 +21,7 @@ from devices.emulated.profile import load_profile
 from devices.emulated.host.server import EmulatedHostServer
 from devices.ssh import SshTransport
 from devices.sshhub import Hub, HubLock, HubSocket, HubTransport
-from devices.timing import Deadline
+from devices.timing import Deadline, now_ns
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,6 +56,31 @@ def test_a_greenlet_recv_waits_on_the_hub_and_times_out_like_a_socket(hub):
     pending = _in_hub(hub, lambda: s.recv(10))
     b.send(b"line\n")
     assert pending.get(timeout=30) == b"line\n"
+    s.close()
+    b.close()
+
+
+def test_caught_up_is_a_time_before_which_everything_that_came_was_served(hub):
+    """While the hub's thread is held up, its caught-up time stays before the hold; bytes that came meanwhile
+    are served before it moves past their arrival."""
+    a, b = socket.socketpair()
+    s = HubSocket(a, hub)
+    release, holding = threading.Event(), threading.Event()
+    hub.call_soon(lambda: (holding.set(), release.wait(30)))
+    assert holding.wait(30)
+    held_from = now_ns()
+    got = _in_hub(hub, lambda: s.recv(10))
+    b.send(b"line\n")
+    sent = now_ns()
+    time.sleep(0.05)
+    assert hub.caught_up_ns < held_from and got.empty()
+    release.set()
+    assert got.get(timeout=30) == b"line\n"
+    deadline = Deadline(30)
+    while hub.caught_up_ns <= sent:
+        assert not deadline.expired()
+        hub.call_soon(lambda: None)  # a round of the loop
+        time.sleep(0.001)
     s.close()
     b.close()
 

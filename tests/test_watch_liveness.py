@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -16,12 +17,13 @@ import yaml
 
 from devices.agent import AGENT_FILE
 from devices.hostagent import watch_heartbeat
+from devices.resources import HostResource
 from devices.timing import Deadline, now_ns
 from harness.bench.observe import CycleWatch
 from harness.bench.scripted import ScriptedObservations
 from harness.bench.stages import PortRef, stage_events
 from harness.cli import main
-from harness.bench.hosts import Observation
+from harness.bench.hosts import HostGroup, HostSession, Observation
 
 AGENT = "~/.cache/ocs-hil/hilagent-test.py"
 WATCHED = ["light_detected", "cdr_locked", "phy_up", "port_active"]
@@ -110,6 +112,78 @@ def test_emulated_watch_stall_prints_nothing_then_what_changed_with_its_true_bou
     assert interval >= 300_000_000  # reaching back to the last tick before the stall
     active = bench.host_time(host, truth["port_active"]["t_ns"])
     assert host_ns - interval < active <= host_ns
+
+
+def test_an_emulator_running_late_still_dates_each_heartbeat_when_it_was_due():
+    """The emulated agent polls on its own clock whatever the emulator's thread is doing: held up 0.85 s, its
+    stream's timer finds every beat it missed due at once, and each is printed dated a period after the one
+    before, not when the late thread got to it (that would be a silence the agent never had)."""
+    from devices.emulated.host.agent import _Tick, _WatchStream
+
+    armed, out = [], []
+    ctx = SimpleNamespace(host="h1", out=out.append,
+                          server=SimpleNamespace(watch_stalled_until_ns=0,
+                                                 agent_streams=lambda: SimpleNamespace(arm=armed.append)),
+                          bench=SimpleNamespace(host_time=lambda host, t: t + 7))
+    period = 100_000_000
+    stream = _WatchStream(ctx, {"eth0": ("carrier",)}, 1_000_000, 2_000_000, heartbeat=period)
+    stream.printed_ns = 0
+    stream.write([(period, _Tick(*stream.timer, period))])  # now_ns() is far past every due time here
+    while armed[-1].t_ns <= 8 * period:
+        stream.write([(armed[-1].t_ns, armed[-1])])
+    assert [int(line.split()[0]) - 7 for line in out] == [k * period for k in range(1, 9)]
+    assert all(line.split()[1] == "alive" for line in out)
+
+
+# ---- what counts as a silence
+PERIOD = 100_000_000  # the agent's heartbeat
+
+
+def _watched_host():
+    """One host's watch over a stream whose reader caught up at `reader["caught_up"]`; `deliver(recv_ns, lines)`."""
+    delivered, reader = {}, {"caught_up": 0}
+    session = HostSession(HostResource(name="h1", address="127.0.0.1"), transport=SimpleNamespace(),
+                          readers=SimpleNamespace(add_lines=lambda stream, on_lines, on_end: delivered.update(
+                              on_lines=on_lines)))
+    stream = SimpleNamespace(caught_up_ns=lambda: reader["caught_up"])
+    session.agent = SimpleNamespace(watch=lambda ports, interval_us, ethtool_us, heartbeat_us: stream)
+    group = HostGroup({"h1": session})
+    group.liveness_ns = session.watch_gap_ns = 3 * PERIOD
+    session.start_watch([("eth0", None, None)], 200, 1000, SimpleNamespace(put_many=lambda b: None, put=print),
+                        heartbeat_us=PERIOD // 1000)
+    return group, reader, lambda recv_ns, lines: delivered["on_lines"](recv_ns, lines)
+
+
+def test_lines_printed_on_time_but_received_late_are_no_silence_of_the_agent():
+    """A harness (or the emulator in its process) held up 0.8 s receives the agent's beats late and at once: their
+    arrival has a gap, the agent's own clock has none. Not a stall."""
+    group, reader, deliver = _watched_host()
+    base = 10 * PERIOD
+    deliver(base, [f"{base} eth0 carrier 1 0"])
+    deliver(base + 8 * PERIOD, [f"{base + k * PERIOD} alive" for k in range(1, 9)])
+    reader["caught_up"] = base + 8 * PERIOD
+    assert group.silence("h1", base, base + 8 * PERIOD) == 0
+
+
+def test_an_agent_that_printed_nothing_for_a_while_on_its_own_clock_was_silent():
+    group, reader, deliver = _watched_host()
+    base = 10 * PERIOD
+    deliver(base, [f"{base} eth0 carrier 1 0"])
+    deliver(base + 8 * PERIOD, [f"{base + 8 * PERIOD} alive"])  # stopped 0.8 s, then a beat
+    reader["caught_up"] = base + 9 * PERIOD
+    assert group.silence("h1", base, base + 9 * PERIOD) == 8 * PERIOD
+
+
+def test_a_silence_going_on_counts_only_up_to_when_the_reader_last_caught_up():
+    """Nothing heard for 0.8 s: the agent's silence if the stream's reader was current all along; if the reader
+    itself last caught up 50 ms after the last line, the rest may be lines waiting unread — not yet a silence."""
+    group, reader, deliver = _watched_host()
+    base = 10 * PERIOD
+    deliver(base, [f"{base} eth0 carrier 1 0"])
+    reader["caught_up"] = base + PERIOD // 2
+    assert group.silence("h1", base, base + 8 * PERIOD) == PERIOD // 2
+    reader["caught_up"] = base + 8 * PERIOD
+    assert group.silence("h1", base, base + 8 * PERIOD) == 8 * PERIOD
 
 
 # ---- the cycle rules

@@ -70,8 +70,12 @@ class HostSession:
         self._watch_awaited: set[tuple[str, str]] = set()  # (netdev, field) whose current value is still due
         self._watch_live: threading.Event | None = None
         self.watch_heard_ns = 0  # harness time the watch last printed a line or a heartbeat (its liveness)
+        self.watch_printed_ns = 0  # host time of the latest line or heartbeat it printed
+        self.watch_caught_up: Callable[[], int] = now_ns  # its stream's LineStream.caught_up_ns
         self.watch_gap_ns = 0  # a silence longer than this is kept in `watch_gaps` (0: none kept)
-        self.watch_gaps: collections.deque = collections.deque(maxlen=64)  # (last heard, heard again) ns
+        # (begin, end) harness ns of each silence kept: the agent printed nothing for that long on its own clock, and
+        # nothing arrived meanwhile (a late delivery of lines printed on time is the path's lag, not a stall)
+        self.watch_gaps: collections.deque = collections.deque(maxlen=64)
         self.reconnects = 0
         self.on_clock_sample = None  # called (host, ClockSample) for every sample added (observations.jsonl)
         self.generations: dict[str, int] | None = None  # host -> clock generation, kept by HostGroup (a step: +1)
@@ -232,6 +236,7 @@ class HostSession:
         if not awaited:
             live.set()
         stream = self._keep(self.agent.watch(ports, interval_us, ethtool_interval_us, heartbeat_us))
+        self.watch_caught_up = getattr(stream, "caught_up_ns", now_ns)  # a LineStream's; a bare fake: now
 
         name = self.name
         self.watch_heard_ns = now_ns()
@@ -278,9 +283,13 @@ class HostSession:
                 if parts:
                     batch += odd_lines(recv_ns, [line])
             if batch:  # heard from (a line or a heartbeat, well-formed or not): its liveness
-                if recv_ns - self.watch_heard_ns > self.watch_gap_ns > 0:
-                    self.watch_gaps.append((self.watch_heard_ns, recv_ns))
+                printed = batch[0].host_ns
+                if recv_ns - self.watch_heard_ns > self.watch_gap_ns > 0 and self.watch_printed_ns \
+                        and printed - self.watch_printed_ns > self.watch_gap_ns:
+                    silent = min(recv_ns - self.watch_heard_ns, printed - self.watch_printed_ns)
+                    self.watch_gaps.append((recv_ns - silent, recv_ns))
                 self.watch_heard_ns = recv_ns
+                self.watch_printed_ns = max(self.watch_printed_ns, batch[-1].host_ns)
             return batch
 
         self._spawn(stream, sink, parse_lines, "watch")
@@ -570,7 +579,9 @@ class HostGroup:
         counts). A silence that ends just after `since_ns` is short here: the lines that end it say what changed
         meanwhile, with intervals that reach back over it."""
         session = self.sessions[host]
-        longest = now_ns - max(session.watch_heard_ns, since_ns)
+        # a silence going on is the agent's only up to when its stream's reader last caught up (a harness held up
+        # has lines waiting unread)
+        longest = min(now_ns, session.watch_caught_up()) - max(session.watch_heard_ns, since_ns)
         # a copy: the SSH hub's thread appends to the deque meanwhile (tuple() copies it without yielding the GIL)
         for begin, end in reversed(tuple(session.watch_gaps)):
             if end <= since_ns:

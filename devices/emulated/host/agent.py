@@ -221,8 +221,9 @@ class _WatchStream(Stream):
     def write(self, items: list) -> None:
         super().write(items)
         if self.heartbeat and not self.closed and any(item[1].field == self.timer[1] for item in items):  # its one chain of ticks
-            self.arm_heartbeat(max(self.printed_ns + self.heartbeat, self.ctx.server.watch_stalled_until_ns,
-                                   now_ns() + 1))
+            # due a period after the last line printed, even when that is past: an agent is not stopped by the
+            # emulator running late, so the beats it missed meanwhile are printed at once, each dated when due
+            self.arm_heartbeat(max(self.printed_ns + self.heartbeat, self.ctx.server.watch_stalled_until_ns))
 
     def first_lines(self) -> str:
         """Every watched field's value now, INTERVAL_NS 0 (as the real agent's first poll)."""
@@ -241,10 +242,12 @@ class _WatchStream(Stream):
         if now < stall or self.stalled_since is not None:
             return self._stalled(items, now, stall)
         out, last, live, i = [], self.last, self.live, 0
-        if self.heartbeat and now - self.printed_ns >= self.heartbeat and \
-                all(item[1].field == self.timer[1] for item in items):  # a silent tick: the agent's heartbeat
-            self.printed_ns = now
-            return f"{self.ctx.bench.host_time(self.ctx.host, now)} alive\n"
+        if self.heartbeat and all(item[1].field == self.timer[1] for item in items):  # a silent tick
+            due = items[-1][0]
+            if due - self.printed_ns < self.heartbeat:
+                return ""  # a line was printed since this beat was armed
+            self.printed_ns = due
+            return f"{self.ctx.bench.host_time(self.ctx.host, due)} alive\n"
         while i < len(items):  # tick by tick: a poller sees only the value at the tick
             tick = items[i][0]
             seen: dict[tuple[str, str], str] = {}
@@ -278,7 +281,7 @@ class _WatchStream(Stream):
                 elif key[1] == "state" and key in flipped and value == "ACTIVE":  # ... and link_downed move
                     out += [f"{host_ns} {key[0]} {key[1]} {v} {step}\n" for v in ("DOWN", value)]
         if out:
-            self.printed_ns = now
+            self.printed_ns = max(self.printed_ns, tick)
         return "".join(out)
 
     def _stalled(self, items: list, now: int, stall: int) -> str:
