@@ -163,13 +163,13 @@ def late_threshold_ms(stage_p99_ms, floor_ms: float = LATE_FLOOR_MS, rel_toleran
 
 def late_cycles(draws: pd.DataFrame, cycle_starts: list[tuple[int, int]], *, floor_ms: float = LATE_FLOOR_MS,
                 rel_tolerance: float = LATE_REL_TOLERANCE, stages: tuple[str, ...] | None = None) -> list[dict]:
-    """Recorded cycles (> 0) in which the emulator ran an action later than the profile's resolution
-    (`late_threshold_ms` of the stage whose drawn delay timed it; the stage's p99 over the run's draws).
+    """Recorded cycles (> 0) in which the emulated bench realised a drawn delay later than drawn by more than the
+    profile's resolution (`late_threshold_ms` of the stage; the stage's p99 over the run's draws).
 
-    `draws`: stage, port, delay_ns, late_ns, due_ns (-1: never ran); an action belongs to the cycle its due time
-    falls in (`assign_cycles`). `stages`: judge only the actions of these stages (None: all) — a follow-up is
-    timed from its due time, so a late action moves no stamp but its own. One row per late cycle, in cycle
-    order: cycle, late_ms (its latest action), stage and port of that action, threshold_ms."""
+    `draws`: stage, port, delay_ns, late_ns (how much later than drawn it was realised:
+    devices.emulated.schedule), due_ns (-1: never ran); a draw belongs to the cycle its due time falls in
+    (`assign_cycles`). `stages`: judge only the draws of these stages (None: all). One row per late cycle, in
+    cycle order: cycle, late_ms (its latest draw), stage and port of that draw, threshold_ms."""
     if stages is not None:
         draws = draws[draws["stage"].isin(stages)]
     if draws.empty:
@@ -189,11 +189,11 @@ def realised_vs_profile(draws: pd.DataFrame, *, alpha: float = 0.01, floor_ms: f
                         rel_tolerance: float = LATE_REL_TOLERANCE) -> dict:
     """Did the emulator keep its profile? Per stage, the delays it drew against those it realised.
 
-    `draws` has one row per drawn delay: stage, delay_ns, late_ns (how long after its due time the action
-    ran) and u_realised — the profile's CDF at the realised delay (delay + late), NaN for a fixed delay.
+    `draws` has one row per drawn delay: stage, delay_ns, late_ns (how much later than drawn the bench
+    realised it) and u_realised — the profile's CDF at the realised delay (delay + late), NaN for a fixed delay.
     The realised delays follow the profile iff u_realised is uniform (a KS test per stage). A stage missed
     its profile when the test rejects at `alpha` (or the delay is fixed) and the p99 lateness exceeds
-    max(floor_ms, rel_tolerance × the stage's p99): a machine too busy to run the schedule on time.
+    max(floor_ms, rel_tolerance × the stage's p99): a machine too busy to keep the profile.
     """
     return stages_vs_profile({stage: stage_vs_profile(g["delay_ns"].to_numpy(), g["late_ns"].to_numpy(),
                                                       g["u_realised"].to_numpy(dtype=float), alpha=alpha,

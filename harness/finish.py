@@ -360,10 +360,10 @@ def lost_line(lost: dict) -> str:
 def emulator_line(report) -> str:
     """One line: did the emulated bench keep its own profile on this machine?"""
     late = report["lateness_ms"]
-    head = (f"lateness p50 {late['p50_ms']:.3f} ms, p99 {late['p99_ms']:.3f} ms, max {late['max_ms']:.3f} ms "
-            f"over {late['n']} scheduled actions")
+    head = (f"its thread ran {late['n']} actions p50 {late['p50_ms']:.3f} ms, p99 {late['p99_ms']:.3f} ms, max "
+            f"{late['max_ms']:.3f} ms after due; a change it shows itself appears at its due time")
     if report.get("warning"):
-        return f"WARNING: {report['warning']} ({head}; stage times are due times, deliveries ran late)"
+        return f"WARNING: {report['warning']} ({head})"
     return f"on schedule: realised delays match the profile in every stage ({head})"
 
 

@@ -247,7 +247,7 @@ def verdict_section(run: RunData) -> str:
         if prov.get("copies_published_figures"):
             text += f" That profile copies published figures ({prov['copies_published_figures']})."
         parts.append(f'<p class="banner">{_e(text)}</p>')
-    for line in lateness_lines(v):  # the report's note on cycles the emulator ran late, as plain text
+    for line in lateness_lines(v):  # the report's note on cycles realised late, as plain text
         if line:
             parts.append(f'<p class="banner">{_e(line.lstrip("> ").replace("**", ""))}</p>')
     t = claims_table(v)

@@ -40,9 +40,9 @@ def test_page_is_self_contained_and_carries_the_records_numbers(run_dir):
         row = text[text.index(f"<code>{claim['id']}</code>"):]
         label = claim_label(claim, evidence_words(verdict["provenance"]))
         assert row.split("</tr>")[0].count(f"<b>{label}</b>") == 1
-    late = verdict["lateness"]   # the cycles the emulator ran late are named on the page too
-    assert (f"ran late in {len(late['cycles'])} cycle(s)" if late["cycles"] else "ran every measured cycle on time") \
-        in text
+    late = verdict["lateness"]   # the cycles whose delays the emulator realised late are named on the page too
+    assert (f"realised delays late in {len(late['cycles'])} cycle(s)" if late["cycles"]
+            else "realised the delays of every measured cycle as drawn") in text
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     for r in summary["accuracy"]:
         assert f"<td>{r['stage']}</td><td class=\"num\">{r['n']}</td>" in text

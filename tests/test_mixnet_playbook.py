@@ -160,7 +160,7 @@ def test_cycles_the_emulator_ran_late_are_named_and_kept_only_where_no_verdict_m
         v["lateness"]["changes"]
     assert v["measured"]["total_ms"]["cycles"] == 2
     text = "\n".join(step.lateness_lines(v))
-    assert "ran late in 2 cycle(s)**: 1 (29 ms late: dark on ocs" in text and "**excluded**" in text
+    assert "realised delays late in 2 cycle(s)**: 1 (29 ms late: dark on ocs" in text and "**excluded**" in text
     # ... in three of 4: one cycle would be left, so all are kept and the verdict says it is not resolved
     v = step.compute_verdict(events, params, seed, prov, late([1, 2, 3], 29.0))
     assert v["lateness"]["decision"].startswith("unresolved") and v["measured"]["total_ms"]["cycles"] == 4

@@ -26,7 +26,28 @@ def test_a_late_pass_runs_everything_due_in_due_order_with_due_times_and_records
         now[0] = 2_000  # the pass comes 900 ns after the first action was due
         schedule.run_due(observed=False)
     assert ran == [("first", 1_100), ("follow_up", 1_150), ("later", 1_300)]
-    assert list(schedule.late_ns) == [900, 850, 700] and list(draw_late) == [900, 700]
+    # in process every change shows at its due time: the draws were realised as drawn
+    assert list(schedule.late_ns) == [900, 850, 700] and list(draw_late) == [0, 0]
     assert schedule.ran_ns == 1_300 and schedule.observed_ns == 0 and schedule.next_due() == 5_000
     assert Schedule.summary(schedule.late_ns)["max_ms"] == 900 / 1e6
     assert Schedule.summary([]) == {"n": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+
+
+def test_a_draw_is_realised_late_by_its_chain_s_late_start_and_on_a_kernel_bench_by_its_late_run():
+    now = [1_000]
+    draw_late = array("q", [0, 0, 0, 0])
+    wake = threading.Condition()
+    schedule = Schedule(lambda: now[0], wake, draw_late)
+    with wake:
+        schedule.at(1_100, lambda t: None, draw=0, late_ns=40)  # its chain started 40 ns after the command came
+        schedule.at(1_200, lambda t: None, draw=1)
+        assert list(draw_late) == [40, 0, 0, 0]  # known when scheduled, before it runs
+        now[0] = 1_500
+        schedule.run_due()
+        assert list(draw_late) == [40, 0, 0, 0]
+        schedule.realised_when_run = True  # a kernel shows each change when its action ran
+        schedule.at(1_600, lambda t: None, draw=2, late_ns=40)
+        schedule.at(1_700, lambda t: None, draw=3)
+        now[0] = 2_000
+        schedule.run_due()
+    assert list(draw_late) == [40, 0, 40 + 400, 300]

@@ -140,6 +140,7 @@ class EmulatedBench:
                 from devices.emulated.netns import NetnsPlane, passthrough_commands
 
                 self.netns = NetnsPlane(self.physics, self.netns_prefix)
+                self.physics.realise_when_run()
                 if self.sshd:
                     from devices.emulated.sshd_hosts import SshdHosts
 

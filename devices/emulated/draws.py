@@ -42,9 +42,9 @@ class KeyedStreams:
 
 class DrawLog:
     """Delays drawn from `streams` at a profile delay's quantile, each recorded: command, port index (-1: the
-    switch), stage code, delay, and how late the action it timed ran and when it was due (`late_ns` and `due_ns`,
-    which the schedule fills in; due -1 until it ran). Column-wise, on disk but for the last chunk: a pod draws
-    ~10^4 per cycle, a campaign ~10^7. Not thread-safe:
+    switch), stage code, delay, how much later than drawn the bench realised it and when its action was due
+    (`late_ns` and `due_ns`, which the schedule fills in: devices.emulated.schedule; due -1 until it ran).
+    Column-wise, on disk but for the last chunk: a pod draws ~10^4 per cycle, a campaign ~10^7. Not thread-safe:
     its owner holds one lock around every draw and the schedule's runs."""
 
     _COLUMNS = (("command", "q"), ("port", "l"), ("stage", "b"), ("delay_ns", "q"), ("late_ns", "q"), ("due_ns", "q"))

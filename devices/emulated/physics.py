@@ -378,15 +378,22 @@ class OpticalBench:
             return self._truth.frame(stages)
 
     def draws(self) -> list[dict]:
-        """Every random delay drawn: command, port ("ocs" or host:netdev), stage, delay_ns, late_ns — how
-        long after its due time the action it timed actually ran (0 until it ran) — and due_ns, that due time on
-        the harness clock (-1 until it ran)."""
+        """Every random delay drawn: command, port ("ocs" or host:netdev), stage, delay_ns, late_ns — how much
+        later than drawn the bench realised it (devices.emulated.schedule: a switch that started late; on a bench
+        realised in a kernel, also how late the action ran) — and due_ns, its action's due time on the harness
+        clock (-1 until it ran)."""
         return self.draws_frame().to_dict(orient="records")
 
     def draws_frame(self, start: int = 0, stop: int | None = None):
         """`draws()` as a DataFrame, built from the columns (strings shared per distinct value); only the draws
         [start, stop) if given."""
         return self._draws.frame([p.model.key for p in self._ports.values()], self._lock, start, stop)
+
+    def realise_when_run(self) -> None:
+        """Changes are realised outside this process when their actions run (a netns data plane, sshd hosts): a
+        late action then adds to its draw's realised delay (Schedule.realised_when_run)."""
+        with self._lock:
+            self._schedule.realised_when_run = True
 
     def draw_count(self) -> int:
         with self._lock:

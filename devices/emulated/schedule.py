@@ -2,7 +2,12 @@
 
 Follow-ups an action schedules are timed from that due time, never from when it actually ran: a late runner (a
 busy machine) delays the wall-clock moment an action runs, but cannot reorder cause and effect or stretch a
-delay. How late each action ran is recorded (`late_ns`; `summary`)."""
+delay. How late each action ran is recorded (`late_ns`; `summary`): the machine's load.
+
+What a drawn delay's realised excess is (the draws' late column) depends on the bench: in process, every change
+shows at its due time (a reader runs what is due before it reads; pushed changes carry their due times), so only
+a start dated later than the command's arrival (`at`'s `late_ns`) adds to a draw; a bench that realises changes
+in a kernel (`realised_when_run`: netns links, sshd hosts) shows them when they ran, so that lateness adds too."""
 from __future__ import annotations
 
 import heapq
@@ -22,7 +27,7 @@ class Schedule:
                  draw_due_ns: Column | None = None):
         self.now = clock
         self._wake = wake  # notified when a new earliest action is scheduled: the runner thread must wake sooner
-        self._heap: list[tuple[int, int, Callable[[int], None], int]] = []  # (due, seq, action, draw index)
+        self._heap: list[tuple[int, int, Callable[[int], None], int, int]] = []  # (due, seq, action, draw, late)
         self._seq = itertools.count()
         self.late_ns = Column("q")  # how late every action ran
         self._draw_late_ns = draw_late_ns  # per draw: how late the action its delay timed ran
@@ -30,10 +35,14 @@ class Schedule:
         # The latest time a reader saw the state at, and the due time of the last action run: a change dated
         # back (OpticalBench.ocs_apply's at_ns) must fall after both.
         self.observed_ns = self.ran_ns = 0
+        self.realised_when_run = False  # a kernel realises the changes when their actions run (see above)
 
-    def at(self, due_ns: int, action: Callable[[int], None], draw: int = -1) -> None:
-        """Run `action(due_ns)` when due; `draw` is the index of the drawn delay that set the due time."""
-        heapq.heappush(self._heap, (due_ns, next(self._seq), action, draw))
+    def at(self, due_ns: int, action: Callable[[int], None], draw: int = -1, late_ns: int = 0) -> None:
+        """Run `action(due_ns)` when due; `draw` is the index of the drawn delay that set the due time, `late_ns`
+        how much later than drawn its chain started (a switch that began moving after the command arrived)."""
+        heapq.heappush(self._heap, (due_ns, next(self._seq), action, draw, late_ns))
+        if draw >= 0 and late_ns:
+            self._draw_late_ns[draw] = late_ns
         if self._heap[0][0] == due_ns:
             self._wake.notify()
 
@@ -51,11 +60,12 @@ class Schedule:
             self.observed_ns = now
         heap = self._heap
         while heap and heap[0][0] <= now:
-            due, _, action, draw = heapq.heappop(heap)
+            due, _, action, draw, late = heapq.heappop(heap)
             self.ran_ns = max(self.ran_ns, due)
             self.late_ns.append(now - due)
             if draw >= 0:
-                self._draw_late_ns[draw] = now - due
+                if self.realised_when_run:
+                    self._draw_late_ns[draw] = late + now - due
                 if self._draw_due_ns is not None:
                     self._draw_due_ns[draw] = due
             action(due)

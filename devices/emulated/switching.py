@@ -117,18 +117,22 @@ class MirrorSwitch:
                            "handled" if at_ns is None else "kernel", 0)
         dark, dark_draw = self._draw(OCS, command, "dark", self._delays["dark"]) if removes else (0, -1)
         base, base_draw = self._draw(OCS, command, "switch", self._delays["switch"]) if adds else (0, -1)
+        started_late = 0  # how much later than the command's arrival the mirrors began to move
         if at_ns is not None:
             first = min(d for d, on in ((dark, removes), (base, adds)) if on)
             t0 = min(t0, max(at_ns, max(schedule.observed_ns, schedule.ran_ns) - first + 1))
+            started_late = max(0, t0 - at_ns)
         for ingress in removes:
             egress = self._patches.pop(ingress)
-            schedule.at(t0 + dark, lambda t, i=ingress, e=egress: self._mirror_away(t, i, e, command), dark_draw)
+            schedule.at(t0 + dark, lambda t, i=ingress, e=egress: self._mirror_away(t, i, e, command), dark_draw,
+                        started_late)
         settle = t0
         if adds:
             settle = t0 + base
             for ingress, egress in adds.items():
                 self._patches[ingress] = egress
-                schedule.at(settle, lambda t, i=ingress, e=egress: self._mirror_settled(t, i, e, command), base_draw)
+                schedule.at(settle, lambda t, i=ingress, e=egress: self._mirror_settled(t, i, e, command), base_draw,
+                            started_late)
         return settle
 
     def port_power(self, port: int) -> float:

@@ -131,9 +131,11 @@ def _setup(params: dict, seed: int):
     return setup, grid
 
 
-LATE_RULE = ("an action of the emulator's schedule on the path from the command to traffic (the stamps the delays "
-             "are measured between) ran later than max(0.1 ms, 5 % of the p99 delay of the stage that timed it) "
-             "(analysis.accuracy.late_cycles)")
+LATE_RULE = ("the emulated bench realised a delay on the path from the command to traffic (the stamps the delays "
+             "are measured between) later than drawn by more than max(0.1 ms, 5 % of the stage's p99 delay): its "
+             "switch began moving after the command arrived, or a change realised in a kernel ran late "
+             "(analysis.accuracy.late_cycles; a change the emulator shows itself appears at its due time however late "
+             "its thread ran)")
 
 
 def compute_verdict(events, params: dict, seed: int, prov: dict, late: list[dict] | None = None) -> dict:
@@ -181,7 +183,8 @@ def compute_verdict(events, params: dict, seed: int, prov: dict, late: list[dict
 
 
 def late_cycles(ctx) -> list[dict]:
-    """The run's cycles in which the emulator ran late (analysis.accuracy.late_cycles); none on a real bench."""
+    """The run's cycles whose delays the emulated bench realised late (analysis.accuracy.late_cycles); none on a
+    real bench."""
     from analysis.accuracy import late_cycles as late
 
     if ctx.bench.truth is None:
@@ -261,12 +264,13 @@ def provenance_lines(prov: dict) -> list[str]:
 
 
 def lateness_lines(verdict: dict) -> list[str]:
-    """The report's note on cycles in which the emulator ran late, and what was done about them."""
+    """The report's note on cycles whose delays the emulated bench realised late, and what was done about them."""
     late = verdict.get("lateness") or {}
     if not late.get("applies"):
         return []
     if not late["cycles"]:
-        return [f"> The emulator ran every measured cycle on time (late means: {late['rule']}).", ""]
+        return [f"> The emulated bench realised the delays of every measured cycle as drawn (late means: "
+                f"{late['rule']}).", ""]
     names = "; ".join(f"{r['cycle']} ({r['late_ms']:.3g} ms late: {r['stage']} on {r['port']}, resolution "
                       f"{r['threshold_ms']:.3g} ms)" for r in late["cycles"])
     changes = late["changes"]
@@ -278,8 +282,8 @@ def lateness_lines(verdict: dict) -> list[str]:
             else f"re-evaluated with {late['check']}, {len(changes)} verdict(s) move ({moved}) and fewer than 2 "
                  "cycles ran on time: every cycle is kept, and the verdict is **not resolved** against the "
                  "emulator's lateness (rerun on a less loaded machine)")
-    return [f"> **The emulator ran late in {len(late['cycles'])} cycle(s)**: {names}. Late means {late['rule']}; "
-            f"{what}.", ""]
+    return [f"> **The emulated bench realised delays late in {len(late['cycles'])} cycle(s)**: {names}. Late means "
+            f"{late['rule']}; {what}.", ""]
 
 
 def say(verdict: str, words: dict[str, str]) -> str:
