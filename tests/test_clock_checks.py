@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from harness.bench.hosts import HostGroup
 from harness.clock import ClockStep
@@ -69,33 +68,6 @@ def test_a_check_runs_on_the_clock_thread_and_labels_wait_for_it(monkeypatch):
     assert ran_on == [("clock-sync", 1)]
     assert labels == {2: [("a", "host:a: clock probe failed: no reply to c7 before the deadline"),
                           ("a", "clock-step:a: +5.000 ms ± 0.000")]}
-
-
-def test_while_cycles_ask_for_checks_the_periodic_rounds_go_out_with_one(monkeypatch):
-    # A check is asked for once a cycle's command is out: a due re-estimation waits for the next one and goes
-    # out with it (in that command's physical wait), unless no check came within the last period.
-    hosts, a = group((1, 100, 200))
-    a.clock_probes = 4  # the background rounds of a one-host bench
-    period = 0.2
-    calls, asked = [], []
-
-    def sync_all(sessions, probes):
-        calls.append((time.monotonic(), probes, hosts._checks_done < hosts._checks_asked))
-        return []
-
-    monkeypatch.setattr(HostGroup, "_sync_all", staticmethod(sync_all))
-    hosts.start_clock_sync(period)
-    end = time.monotonic() + 30
-    while not any(probes == 4 and in_check for _, probes, in_check in calls) and time.monotonic() < end:
-        asked.append(time.monotonic())
-        hosts.request_check(1, 1)
-        hosts.clock_labels()
-        time.sleep(0.01)
-    hosts.stop()
-    assert any(probes == 4 and in_check for _, probes, in_check in calls), calls  # merged into a check
-    for t, probes, in_check in calls:
-        if not in_check:  # on its own only when no check had been asked for within a period
-            assert probes == 4 and t - max((s for s in asked if s <= t), default=-1e9) >= period, (t, calls, asked)
 
 
 def test_no_check_without_probes_and_at_once_without_the_thread(monkeypatch):

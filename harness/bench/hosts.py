@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import math
 import queue
 import re
 import shlex
@@ -388,8 +387,8 @@ def background_rounds(hosts: int, wanted: int, budget: int = CLOCK_PROBE_BUDGET)
 
 class HostGroup:
     """The observed hosts of one step. Clock checks: one thread re-estimates every host's offset each
-    period and, after a cycle, once more on request (`request_check`, asked once the next command is out;
-    a due re-estimation goes out with it while cycles ask for them). A step labels every cycle
+    period and, after a cycle, once more on request (`request_check`, which the turnaround step makes once the
+    next command is out: its probes then run in that command's physical wait). A step labels every cycle
     that may contain it (`clock_labels`), including one already written, whose label is then appended."""
 
     def __init__(self, sessions: dict, *, retries: int = 3, backoff_s: float = 0.1):
@@ -401,7 +400,6 @@ class HostGroup:
         self._wake = threading.Condition()
         self._check_wanted: list[tuple[int, int]] = []  # (cycle, probes) the clock thread is to check
         self._checks_asked = self._checks_done = 0
-        self._check_asked_at = -math.inf  # time.monotonic() of the last check asked for
         self._check_failures: list[tuple[int, str, str]] = []  # (cycle, host, cause)
         self._spans = IntRows(3)  # (cycle, begin_ns, done_ns) (done: -1 while running)
         self._steps_labelled: dict[str, int] = {}  # host -> its clock steps already reported
@@ -463,22 +461,13 @@ class HostGroup:
             due = time.monotonic() + period_s
             while not self._stop.is_set():
                 with self._wake:
-                    # While cycles ask for checks (one came within the last period), a due re-estimation waits
-                    # for the next one, up to a period more: a check is asked for once a command is out, so
-                    # their probes go out together in its physical wait, not among a cycle's burst of host
-                    # lines, whose handling on this process's one GIL their Python (sends, replies, fits) delays.
-                    while not self._check_wanted and not self._stop.is_set() and (
-                            (now := time.monotonic()) < due
-                            or now < due + period_s and now - self._check_asked_at < period_s):
-                        self._wake.wait((due if now < due else due + period_s) - now)
+                    while not self._check_wanted and not self._stop.is_set() and time.monotonic() < due:
+                        self._wake.wait(due - time.monotonic())
                     checks, self._check_wanted = self._check_wanted, []
                 if self._stop.is_set():
                     break
-                if checks:  # one round answers every check asked for meanwhile (and, once due, the period's)
-                    rounds = 1
-                    if time.monotonic() >= due:
-                        rounds, due = probes, time.monotonic() + period_s
-                    self._check(checks[0][0], max(p for _, p in checks), len(checks), rounds)
+                if checks:  # one round answers every check asked for meanwhile
+                    self._check(checks[0][0], max(p for _, p in checks), len(checks))
                     continue
                 due = time.monotonic() + period_s
                 live = [s for s in self.sessions.values() if not s._stop.is_set()]
@@ -528,17 +517,15 @@ class HostGroup:
             return lambda: True
         with self._wake:
             self._checks_asked += 1
-            self._check_asked_at = time.monotonic()
             ticket = self._checks_asked
             self._check_wanted.append((cycle, probes))
             self._wake.notify_all()
         return lambda: self._checks_done >= ticket
 
-    def _check(self, cycle: int, probes: int, answers: int = 1, rounds: int = 1) -> None:
-        """`probes` per host, or, with `rounds` > 1 (a due re-estimation's), that many pipelined for all hosts."""
+    def _check(self, cycle: int, probes: int, answers: int = 1) -> None:
         live = [s for s in self.sessions.values() if not s._stop.is_set()]
         try:
-            failed = self._sync_all(live, max(probes, rounds)) if probes == 1 or rounds > 1 else \
+            failed = self._sync_all(live, probes) if probes == 1 else \
                 [f for s in live for f in self._sync_all([s], probes)]
         except Exception as exc:  # noqa: BLE001 — reported as the cycle's fault, the thread goes on
             failed = [(s.name, f"{type(exc).__name__}: {exc}"[:200]) for s in live]
