@@ -61,7 +61,8 @@ class LineSplitter:
     def feed(self, data: bytes) -> list[str]:
         # A reply is one or a few chunks of many short lines (RTRV-PATCH: a line per patch, on the reply thread
         # while a cycle's host lines arrive): split in C. `bytes.splitlines` ends lines at CR, LF and CRLF only,
-        # as the loop below does; a chunk holding a line that may be over-long, or that follows one, takes it.
+        # as the loop below does, which still takes a chunk inside an over-long line's tail or with a line that
+        # may be over-long.
         if self._discarding:
             return self._feed(data)
         if self._after_cr:
