@@ -15,6 +15,7 @@ import re
 
 WIRE = logging.getLogger("ocs_hil.wire")
 _CONTROL = re.compile(rb"[\x00-\x1f\x7f\\]")
+_RARE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # the control bytes but TAB, LF and CR
 
 
 def enabled() -> bool:
@@ -55,6 +56,17 @@ class _Shown:
 
     def __str__(self) -> str:
         """One line per line of the data: a handler prefixes each (harness.logs)."""
+        data = self.data
+        if _RARE.search(data) is None:
+            # Only CR, LF, TAB and backslash to escape (a switch's reply: tens of lines, formatted on the reply
+            # thread while a cycle's host lines arrive): whole-chunk replaces, a NUL (which the data then does
+            # not hold) after each line end where a record line ends — what `_lines` makes line by line.
+            data = data.replace(b"\\", b"\\\\").replace(b"\t", b"\\t")
+            data = data.replace(b"\r\n", b"\\r\\n\0").replace(b"\r", b"\\r\0").replace(b"\n", b"\\n\0")
+            return data.removesuffix(b"\0").replace(b"\0", b"\n").decode("utf-8", "backslashreplace")
+        return self._lines()
+
+    def _lines(self) -> str:
         return "\n".join(_CONTROL.sub(_escape, piece).decode("utf-8", "backslashreplace")
                          for piece in self.data.splitlines(keepends=True))
 

@@ -82,6 +82,20 @@ def test_splitter_is_independent_of_line_ends_and_chunking(lines, endings, cuts)
     assert splitter.pending == ""
 
 
+@settings(suppress_health_check=[HealthCheck.too_slow])  # generation time is the machine's load, not ours
+@given(data=st.binary(max_size=120).map(lambda b: b.translate(bytes.maketrans(b"\x00\x01\x02\x03", b"\r\n\r\n"))),
+       cuts=st.lists(st.integers(0, 200), max_size=10), max_line=st.sampled_from([4, 16, 1000]))
+def test_splitter_splits_in_c_as_its_byte_loop_does(data, cuts, max_line):
+    # `feed` splits a chunk with bytes.splitlines; `_feed`, the byte loop, is what it must equal (over-long
+    # lines, CR, LF and CRLF split across chunks, invalid UTF-8)
+    fast, loop = LineSplitter(max_line), LineSplitter(max_line)
+    bounds = sorted({0, len(data), *[c % (len(data) + 1) for c in cuts]})
+    for a, b in zip(bounds, bounds[1:]):
+        got, want = fast.feed(data[a:b]), loop._feed(data[a:b])
+        assert got == want and [type(x) for x in got] == [type(x) for x in want]
+        assert fast.pending == loop.pending
+
+
 def test_splitter_keeps_a_prompt_until_the_next_line():
     splitter = LineSplitter()
     assert splitter.feed(b";\n<") == [";"]
@@ -296,3 +310,17 @@ def test_a_clock_pair_interrupted_between_its_reads_is_read_again(monkeypatch):
     assert timing.ClockPair.now() == timing.ClockPair(2_000_050, 10_000_000_000_000, 100)
     assert timing.ClockPair.now() == timing.ClockPair(3_000_025, 10_000_000_000_000, 50)
     assert next(mono, None) is None and next(real, None) is None  # the narrow one took one reading
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])  # generation time is the machine's load, not ours
+@given(data=st.one_of(st.binary(max_size=80),
+                      st.lists(st.sampled_from([b"\r", b"\n", b"\r\n", b"\t", b"\\", b"\x00", b"\x7f", b"\xe2\x82",
+                                                b'"1,65"', b"COMPLD", b"\xc3\xa9", b" "]), max_size=24)
+                      .map(b"".join)))
+def test_the_wire_log_escapes_a_chunk_at_once_as_line_by_line(data):
+    # `_Shown` escapes a chunk of only CR, LF, TAB and backslash with whole-chunk replaces; `_lines`, the
+    # per-line escape that any other control byte takes, is what it must equal
+    from devices.wirelog import _Shown
+
+    shown = _Shown(data)
+    assert str(shown) == shown._lines()

@@ -172,6 +172,29 @@ def test_disk_full_stops_cleanly_with_one_line(tmp_path, profile, capsys):
     assert lost_in_ok_cycles(run, events) == set()
 
 
+def test_a_cycle_s_clock_check_is_asked_for_once_the_next_command_is_out(tmp_path, profile, monkeypatch):
+    # docs/turnaround.md, "Clock checks": not between a cycle's end and the next command, where its probes'
+    # Python contends with the step's thread; the last cycle's before the step ends
+    from harness.bench.hosts import HostGroup
+
+    asked, request = [], HostGroup.request_check
+
+    def request_check(self, cycle, probes):
+        if probes == 2:  # the step's own (`clock_check_probes`), not a suspect line's single probe
+            asked.append((cycle, time.monotonic_ns()))
+        return request(self, cycle, probes)
+
+    monkeypatch.setattr(HostGroup, "request_check", request_check)
+    out = tmp_path / "runs"
+    assert main(["run", str(playbook(tmp_path, 4, clock_check_probes=2)), "--bench", profile, "--out",
+                 str(out / "run"), "-q"]) == 0
+    cycles = pd.read_parquet(only_run(out) / "cycles.parquet").set_index("cycle")
+    assert [c for c, _ in asked] == [-1, 1, 2, 3, 4]  # the unmeasured first cycle's too, as cycle -1
+    for (cycle, at), after in zip(asked, [1, 2, 3, 4, None]):
+        if after is not None:
+            assert at > cycles.loc[after, "sent_ns"], (cycle, at, cycles.loc[after, "sent_ns"])
+
+
 def test_profile_can_inject_faults_too(tmp_path, capsys):
     path = tmp_path / "flaky.yaml"
     path.write_text(yaml.safe_dump({**PROFILE, "faults": {"inject": [

@@ -59,6 +59,28 @@ class LineSplitter:
         self._max_line = max_line
 
     def feed(self, data: bytes) -> list[str]:
+        # A reply is one or a few chunks of many short lines (RTRV-PATCH: a line per patch, on the reply thread
+        # while a cycle's host lines arrive): split in C. `bytes.splitlines` ends lines at CR, LF and CRLF only,
+        # as the loop below does, which still takes a chunk inside an over-long line's tail or with a line that
+        # may be over-long.
+        if self._discarding:
+            return self._feed(data)
+        if self._after_cr:
+            self._after_cr = False
+            if data[:1] == b"\n":  # LF of a CRLF pair split across reads
+                data = data[1:]
+        parts = (bytes(self._buf) + data if self._buf else data).splitlines(True)
+        if not parts or max(map(len, parts)) > self._max_line:
+            return self._feed(data)
+        self._buf.clear()
+        tail = parts[-1]
+        if tail[-1:] not in (b"\n", b"\r"):
+            self._buf += parts.pop()  # no line end yet
+        elif tail[-1:] == b"\r":
+            self._after_cr = True  # a LF first in the next chunk ends no line
+        return [line.decode("utf-8", "replace") for part in parts if (line := part.rstrip(b"\r\n"))]
+
+    def _feed(self, data: bytes) -> list[str]:
         lines: list[str] = []
         start = 0
         if self._after_cr and data[:1] == b"\n":  # LF of a CRLF pair split across reads

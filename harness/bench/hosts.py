@@ -396,8 +396,8 @@ def background_rounds(hosts: int, wanted: int, budget: int = CLOCK_PROBE_BUDGET)
 
 class HostGroup:
     """The observed hosts of one step. Clock checks: one thread re-estimates every host's offset each
-    period and, when a cycle ends, once more on request (`request_check`): that probe runs while the run
-    converts and writes the cycle and sends the next command, not before them. A step labels every cycle
+    period and, after a cycle, once more on request (`request_check`, which the turnaround step makes once the
+    next command is out: its probes then run in that command's physical wait). A step labels every cycle
     that may contain it (`clock_labels`), including one already written, whose label is then appended."""
 
     def __init__(self, sessions: dict, *, retries: int = 3, backoff_s: float = 0.1):

@@ -189,6 +189,7 @@ class TurnaroundRun:
         self.settling_faults: list[str] = []  # the unmeasured first cycle's fault sources (recorded as cycle 0)
         self.mac_of: dict[str, str] = {}  # port key -> MAC its probes carry
         self._leftover: tuple | None = None  # the last cycle's, dealt with once the next command is out
+        self._check: int | None = None  # the last cycle, its clock check not yet asked for (`ask_check`)
         self._ahead: CyclePlan | None = None  # the next cycle's, made in this one's wait
         self.faults = ctx.bench.faults(step, self.p["faults"], self.cycles, list(self.ports))
 
@@ -359,7 +360,8 @@ class TurnaroundRun:
                 else:
                     finishing = replies[0] if single else latest_reply(replies, self.log.wake)
                 sent = min(c.sent for c in commands)
-                self.after_command()  # the command is out: the last cycle's leftovers cost it nothing now
+                self.ask_check()  # the command is out: the last cycle's check and leftovers cost it nothing now
+                self.after_command()
                 collect_young()
                 built = CycleEvents(self.ctx.run_id, cycle, self.ports, sent, self.hosts.convert, self.chain,
                                     self.hosts.clock_generation, encode,
@@ -411,11 +413,12 @@ class TurnaroundRun:
                 self._per_switch(issued, events)
         elif faults:
             self._record_settling(events, arrivals)
-        # This cycle's clock check runs on the clock thread once the cycle is on disk, while the next command
-        # goes out (docs/turnaround.md, "Clock checks"): its events were converted with the samples taken up
-        # to now; a step that only the check finds labels this cycle when a later one ends (an appended fault
-        # event). Asked for after the write, so that its probes' Python does not contend with it.
-        self.hosts.request_check(cycle if record else -1, self.p["clock_check_probes"])
+        # This cycle's clock check runs on the clock thread once the next command is out, in its physical wait
+        # (docs/turnaround.md, "Clock checks"): its events were converted with the samples taken up to now; a
+        # step that only the check finds labels this cycle when a later one ends (an appended fault event).
+        # Asked for then, not here, so that its probes' Python (sends, replies, the tracker's fits) contends
+        # neither with the write nor with the way to the next command.
+        self._check = cycle if record else -1
         return CycleOutcome(cycle, "faulted" if faults else "ok", begin, sent, completed, arrivals.done_ns,
                             tuple(affected), arrivals.missing, faults)
 
@@ -503,8 +506,15 @@ class TurnaroundRun:
             status = self.outcomes[index].status if index is not None else ""
             self.progress.update(self.task, advance=1, last=f"{status} {(up - sent) / 1e6:8.1f} ms")
 
+    def ask_check(self) -> None:
+        """Ask for the last cycle's clock check, once the next command is out (or the step ends)."""
+        if self._check is not None:
+            self.hosts.request_check(self._check, self.p["clock_check_probes"])
+            self._check = None
+
     def finish_checks(self) -> None:
         """The last cycle's clock check has no next cycle to overlap: wait for it and write its labels."""
+        self.ask_check()
         self.after_command()
         if not self.outcomes or self.ctx.broken or self.ctx.dry_run:
             return
