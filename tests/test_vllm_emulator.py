@@ -170,3 +170,45 @@ def test_no_token_and_no_slot_before_the_model_time(loop):
     assert all(got >= due for got, due in zip(sorted(s[-1] for s in received), done))
     for k, rec in enumerate(records[2:], start=2):
         assert rec[1] >= done[k - 2]  # admitted only once an earlier sequence's model time was over
+
+
+def test_http_keep_alive_pipelining_and_bad_requests_on_the_wire():
+    # The endpoint's own HTTP/1.1 layer, on a raw socket: two pipelined requests answered in order on one
+    # connection (the stream chunked, one SSE event per token), vLLM's 404/405 bodies, a malformed request
+    # answered 400 and the connection closed, and `Connection: close` honoured.
+    async def exchange(port: int, data: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(data)
+        got = await reader.read()  # to EOF: every exchange here ends with the server closing
+        writer.close()
+        return got
+
+    def post(body: dict, close: bool = False) -> bytes:
+        raw = json.dumps(body).encode()
+        return (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+                (b"Connection: close\r\n" if close else b"") + b"Content-Length: %d\r\n\r\n" % len(raw) + raw)
+
+    async def body(em, session):
+        pipelined = await exchange(em.port, post({"prompt": [1, 2, 3], "max_tokens": 4, "stream": True}) +
+                                   post({"prompt": "a b", "max_tokens": 2}, close=True))
+        missing = await exchange(em.port, b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        wrong = await exchange(em.port, b"GET /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        bad = await exchange(em.port, b"NOT HTTP AT ALL\r\n\r\n")
+        return pipelined, missing, wrong, bad
+
+    service = ServiceModel(prefill_tokens_per_s=1e5, decode_tokens_per_s=2000)
+    em, (pipelined, missing, wrong, bad) = run(_with_server(service, body))
+    first, _, rest = pipelined.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked" in first
+    assert b"content-type: text/event-stream" in first
+    stream, _, second = rest.partition(b"0\r\n\r\n")  # the chunked terminator ends the first answer
+    events = [e for e in stream.split(b"\n\n") if b"data: " in e]
+    texts = [json.loads(e.split(b"data: ", 1)[1])["choices"][0]["text"] for e in events if b"[DONE]" not in e]
+    assert texts == [" t"] * 4 and b"data: [DONE]" in events[-1]
+    head, _, plain = second.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"connection: close" in head
+    assert json.loads(plain)["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    assert missing.startswith(b"HTTP/1.1 404 ") and missing.endswith(b'{"detail":"Not Found"}')
+    assert wrong.startswith(b"HTTP/1.1 405 ") and wrong.endswith(b'{"detail":"Method Not Allowed"}')
+    assert bad.startswith(b"HTTP/1.1 400 ")
+    assert em.stats.received == 2 and em.stats.completed == 2

@@ -1,4 +1,4 @@
-"""Emulated vLLM-compatible endpoint (aiohttp, 127.0.0.1 only): `POST /v1/completions` and
+"""Emulated vLLM-compatible endpoint (127.0.0.1 only): `POST /v1/completions` and
 `POST /v1/chat/completions` (streaming SSE or not, `usage`, `stream_options.include_usage`), `GET /v1/models`,
 `GET /health`, `GET /metrics` (Prometheus text with vLLM's metric names), `GET /stats`.
 
@@ -13,6 +13,11 @@ rates and the slot count by their capacity factor while they last. `time_scale` 
 (service times and window times alike), matching a time-scaled replay. Like vLLM with `ignore_eos`,
 a request always produces exactly `max_tokens` tokens.
 
+HTTP/1.1 on asyncio Protocols with httptools (llhttp) parsing requests, uvicorn's response headers (vLLM's
+server), keep-alive and pipelining; an answer has no task of its own: admission, each stream write and the
+end are callbacks on the emulator's timerfd clock, so a streamed token costs one timer entry and one socket
+write (the endpoint's CPU per request is what a replay at thousands of requests/s is limited by).
+
 Run standalone: `python -m devices.emulated.vllm_server --port 0` prints `listening 127.0.0.1:PORT`.
 """
 from __future__ import annotations
@@ -25,10 +30,11 @@ import time
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
+from email.utils import formatdate
 
+import httptools
 import numpy as np
 import orjson
-from aiohttp import web
 
 from analysis.serving import InterferenceWindow, ServiceModel, capacity_profile
 from devices.timing import now_ns
@@ -182,33 +188,33 @@ class VllmEmulator:
         self._edges_list, self._factor_list = [], [1.0]  # the same as lists: bisect per request beats numpy's call
         self._clock: MonotonicTimer | None = None  # exact wake-ups (see _at)
         self._running = 0
-        self._waiting: deque[asyncio.Future] = deque()
-        self._runner: web.AppRunner | None = None
+        self._waiting: deque[_Completion] = deque()  # admitted in order as slots free
+        self._server: asyncio.Server | None = None
+        self._connections: set[_Connection] = set()
         self._timers: list = []  # window edges' admission wake-ups (see _at)
+        self._routes = {b"/v1/completions": (b"POST", self._completions),
+                        b"/v1/chat/completions": (b"POST", self._chat_completions),
+                        b"/metrics": (b"GET", self._metrics), b"/v1/models": (b"GET", self._models),
+                        b"/health": (b"GET", self._health), b"/stats": (b"GET", self._stats)}
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> int:
-        self._clock = MonotonicTimer.create(asyncio.get_running_loop())
-        app = web.Application()
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat_completions)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/stats", self._stats)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=1024, reuse_address=True)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - aiohttp exposes no public getter
+        loop = asyncio.get_running_loop()
+        self._clock = MonotonicTimer.create(loop)
+        self._server = await loop.create_server(lambda: _Connection(self), self.host, self.port, backlog=1024,
+                                                reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
     async def stop(self) -> None:
         for timer in self._timers:
             timer.cancel()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            self._server.close()
+            for conn in list(self._connections):
+                conn.transport.abort()
+            await self._server.wait_closed()
+            self._server = None
         if self._clock is not None:
             self._clock.close()
             self._clock = None
@@ -246,22 +252,12 @@ class VllmEmulator:
     # the nanosecond: asyncio's timers round up to whole milliseconds and uvloop's fire up to half a
     # millisecond early, which at ×60 is 30–60 ms of model time on every token and every slot.
     def _at(self, t_ns: int, callback):
-        """Run `callback()` at t_ns, never before; returns a handle with cancel()."""
+        """Run `callback()` at t_ns, never before on the timerfd (a fallback timer may fire early: callers
+        check); returns a handle with cancel()."""
         if self._clock is not None:
-            future = self._clock.wait_until(t_ns)
-            future.add_done_callback(lambda f: f.cancelled() or callback())
-            return future
+            return self._clock.call_at(t_ns, callback)
         loop = asyncio.get_running_loop()
         return loop.call_later(max(0.0, (t_ns - now_ns()) / 1e9), callback)
-
-    async def _until(self, t_ns: int) -> None:
-        """Sleep until t_ns on the harness clock, never waking before it."""
-        if self._clock is not None:
-            if t_ns > now_ns():
-                await self._clock.wait_until(t_ns)
-            return
-        while (delay := (t_ns - now_ns()) / 1e9) > 0:
-            await asyncio.sleep(delay)
 
     def _slots_at(self, t_ns: int) -> int:
         return max(1, int(self.service.batch_slots * self.capacity_at(t_ns)))
@@ -285,194 +281,372 @@ class VllmEmulator:
     def _admit(self) -> None:
         slots = self._slots_at(now_ns())
         while self._waiting and self._running < slots:
-            fut = self._waiting.popleft()
-            if not fut.done():
-                self._running += 1
-                fut.set_result(None)
+            self._running += 1
+            self._waiting.popleft().admitted()
         self.stats.max_running = max(self.stats.max_running, self._running)
 
-    async def _acquire(self) -> None:
+    def _acquire(self, answer: "_Completion") -> None:
+        """`answer.admitted()` now if a slot is free and nobody waits, else when its turn comes."""
         if not self._waiting and self._running < self._slots_at(now_ns()):
             self._running += 1
             self.stats.max_running = max(self.stats.max_running, self._running)
+            answer.admitted()
             return
-        fut = asyncio.get_running_loop().create_future()
-        self._waiting.append(fut)
+        self._waiting.append(answer)
         self.stats.max_waiting = max(self.stats.max_waiting, len(self._waiting))
+
+    def _forget(self, answer: "_Completion") -> None:
         try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self._release()
-            raise
+            self._waiting.remove(answer)
+        except ValueError:
+            pass
 
     def _release(self) -> None:
         self._running -= 1
         self._admit()
 
     # ---- HTTP --------------------------------------------------------------------------------------------
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(text="")
+    def _handle(self, conn: "_Connection", method: bytes, url: bytes, body: bytes, keep_alive: bool) -> None:
+        """Answer one request (routing as vLLM's FastAPI app: 404/405 with a `detail` body)."""
+        path = url.split(b"?", 1)[0]
+        route = self._routes.get(path)
+        if route is None:
+            conn.respond(404, _JSON, b'{"detail":"Not Found"}', keep_alive)
+        elif method != route[0]:
+            conn.respond(405, _JSON, b'{"detail":"Method Not Allowed"}', keep_alive)
+        else:
+            route[1](conn, body, keep_alive)
 
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model",
-                                                              "owned_by": "ocs-hil-emulator"}]})
+    def _health(self, conn, body: bytes, keep_alive: bool) -> None:
+        conn.respond(200, _JSON, b"", keep_alive)
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    def _models(self, conn, body: bytes, keep_alive: bool) -> None:
+        conn.respond(200, _JSON, _json({"object": "list", "data": [{"id": self.model, "object": "model",
+                                                                    "owned_by": "ocs-hil-emulator"}]}), keep_alive)
+
+    def _metrics(self, conn, body: bytes, keep_alive: bool) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        conn.respond(200, CONTENT_TYPE_LATEST.encode(), self.metrics.render(), keep_alive)
 
-    async def _stats(self, request: web.Request) -> web.Response:
+    def _stats(self, conn, body: bytes, keep_alive: bool) -> None:
         s = self.stats
-        return web.json_response({"received": s.received, "completed": s.completed, "rejected": s.rejected,
-                                  "disconnected": s.disconnected, "running": self._running,
-                                  "waiting": len(self._waiting), "max_running": s.max_running,
-                                  "max_waiting": s.max_waiting})
+        conn.respond(200, _JSON, _json({"received": s.received, "completed": s.completed, "rejected": s.rejected,
+                                        "disconnected": s.disconnected, "running": self._running,
+                                        "waiting": len(self._waiting), "max_running": s.max_running,
+                                        "max_waiting": s.max_waiting}), keep_alive)
 
-    @staticmethod
-    def _error(status: int, message: str, param: str | None = None) -> web.Response:
+    def _reject(self, conn, keep_alive: bool, status: int, message: str, param: str | None = None) -> None:
         # vLLM's ErrorResponse: OpenAI's {"error": {...}} envelope, `code` = the HTTP status.
         kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
-        return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                                 status=status)
+        self.stats.rejected += 1
+        conn.respond(status, _JSON, _json({"error": {"message": message, "type": kind, "param": param,
+                                                     "code": status}}), keep_alive)
 
-    def _parse(self, body, chat: bool) -> tuple[int, int] | web.Response:
-        """(prompt_tokens, max_tokens) of a valid request, else the error response."""
+    def _parse(self, body, chat: bool) -> tuple[int, int] | tuple[int, str, str | None]:
+        """(prompt_tokens, max_tokens) of a valid request, else (status, message, param) of its error."""
         if not isinstance(body, dict):
-            return self._error(400, "request body must be a JSON object")
+            return 400, "request body must be a JSON object", None
         model = body.get("model")
         if model is not None and model != self.model:
-            return self._error(404, f"The model `{model}` does not exist.", "model")
+            return 404, f"The model `{model}` does not exist.", "model"
         for key, ok in (("n", lambda v: v in (None, 1)), ("best_of", lambda v: v in (None, 1)),
                         ("logprobs", lambda v: v in (None, False)), ("top_logprobs", lambda v: v in (None, 0)),
                         ("prompt_logprobs", lambda v: v is None), ("echo", lambda v: v in (None, False))):
             if not ok(body.get(key)):
-                return self._error(400, f"{key}={body[key]!r} is not supported by this endpoint", key)
+                return 400, f"{key}={body[key]!r} is not supported by this endpoint", key
         try:
             limit = body.get("max_completion_tokens") if chat else None
             max_tokens = int(body.get("max_tokens", 16) if limit is None else limit)
             prompt_tokens = _count_messages(body["messages"]) if chat else _count_prompt(body["prompt"])
         except KeyError as exc:
-            return self._error(400, f"invalid request: missing {exc.args[0]!r}", exc.args[0])
+            return 400, f"invalid request: missing {exc.args[0]!r}", exc.args[0]
         except (ValueError, TypeError) as exc:
-            return self._error(400, f"invalid request: {exc}")
+            return 400, f"invalid request: {exc}", None
         if max_tokens < 1 or prompt_tokens + max_tokens > self.service.max_model_len:
-            return self._error(400, f"This model's maximum context length is {self.service.max_model_len} "
-                                    f"tokens; requested {prompt_tokens + max_tokens} (prompt {prompt_tokens}, "
-                                    f"max_tokens {max_tokens})", "max_tokens")
+            return (400, f"This model's maximum context length is {self.service.max_model_len} tokens; requested "
+                         f"{prompt_tokens + max_tokens} (prompt {prompt_tokens}, max_tokens {max_tokens})",
+                    "max_tokens")
         return prompt_tokens, max_tokens
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, chat=False)
+    def _completions(self, conn, body: bytes, keep_alive: bool) -> None:
+        self._serve(conn, body, keep_alive, chat=False)
 
-    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, chat=True)
+    def _chat_completions(self, conn, body: bytes, keep_alive: bool) -> None:
+        self._serve(conn, body, keep_alive, chat=True)
 
-    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    def _serve(self, conn, raw: bytes, keep_alive: bool, chat: bool) -> None:
         t_received = now_ns()
         self.stats.received += 1
         try:
-            body = orjson.loads(await request.read())  # bytes as they came: prompts of token ids are the cost
+            body = orjson.loads(raw)  # bytes as they came: prompts of token ids are the cost
         except ValueError as exc:
-            body = exc
-        parsed = self._error(400, f"invalid JSON body: {body}") if isinstance(body, ValueError) \
-            else self._parse(body, chat)
-        if isinstance(parsed, web.Response):
-            self.stats.rejected += 1
-            return parsed
+            return self._reject(conn, keep_alive, 400, f"invalid JSON body: {exc}")
+        parsed = self._parse(body, chat)
+        if len(parsed) == 3:
+            return self._reject(conn, keep_alive, *parsed)
         prompt_tokens, max_tokens = parsed
         stream = bool(body.get("stream", False))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
-        await self._acquire()
-        t_admitted = now_ns()
-        # The slot frees when the model says the sequence is done, not when a late writer gets the last
-        # chunk out: a loaded machine delays the bytes, not the service model's capacity.
-        held = [True]
+        include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage", False))
+        answer = _Completion(self, conn, keep_alive, chat, stream, include_usage, t_received, prompt_tokens,
+                             max_tokens)
+        conn.current = answer
+        self._acquire(answer)
 
-        def release() -> None:
-            if held[0]:
-                held[0] = False
-                self._release()
-        timer = None
-        try:
-            times = self.token_times_ns(t_admitted, prompt_tokens, max_tokens)
-            timer = self._at(int(times[-1]), release)
-            ident = f"{'chatcmpl' if chat else 'cmpl'}-{self.stats.received}"
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-                     "total_tokens": prompt_tokens + max_tokens}
-            if stream:
-                response = await self._stream(request, ident, times, usage if include_usage else None, chat)
-            else:
-                await self._until(int(times[-1]))
-                text = TOKEN_TEXT * max_tokens
-                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                           "finish_reason": "length"} if chat else
-                          {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
-                response = web.json_response({
-                    "id": ident, "object": "chat.completion" if chat else "text_completion",
-                    "created": int(time.time()), "model": self.model, "choices": [choice], "usage": usage})
-        except ConnectionResetError:  # the client left mid-answer (e.g. its own timeout): counted, not logged as
-            self.stats.disconnected += 1  # a server error; aiohttp drops the reply to the closed connection
-            return web.Response(status=499)
-        except asyncio.CancelledError:
-            self.stats.disconnected += 1
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-            release()
-        self.stats.completed += 1
-        self.metrics.observe(self.service.time_scale, t_received, t_admitted, times, prompt_tokens)
-        if self.keep_records:
-            self.stats.records.append((t_received, t_admitted, int(times[0]), int(times[-1])))
-        return response
 
-    async def _stream(self, request: web.Request, ident: str, times: np.ndarray, usage: dict | None, chat: bool
-                      ) -> web.StreamResponse:
-        """One token per SSE chunk (as vLLM streams); tokens that are already due when the writer wakes leave
-        in one network write, still one chunk each. `stream_interval_s` > 0 coalesces instead (the first and
-        the last token still leave when due, so TTFT, TPOT and end-to-end latency stay exact)."""
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        head = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()), "model": self.model}
-        tail = ', "usage": null}' if usage is not None else "}"
-        prefix = f'data: {json.dumps(head)[:-1]}, "choices": [{{"index": 0, ' + \
-            ('"delta": {"content": "' if chat else '"text": "')
-        close = '"}' if chat else '"'
+class _Completion:
+    """One completion from admission to its last byte, driven by the emulator's clock (no task of its own: a
+    streamed answer is a callback per write). One token per SSE chunk, as vLLM streams; tokens already due when
+    the writer wakes leave in one network write, still one chunk each. `stream_interval_s` > 0 coalesces
+    instead (the first and the last token still leave when due, so TTFT, TPOT and end-to-end latency stay
+    exact)."""
 
-        def chunk(count: int, finish: str | None) -> bytes:  # TOKEN_TEXT needs no JSON escaping
-            reason = "null" if finish is None else f'"{finish}"'
-            return f'{prefix}{TOKEN_TEXT * count}{close}, "logprobs": null, "finish_reason": {reason}}}]{tail}\n\n'.encode()
+    __slots__ = ("em", "conn", "keep_alive", "chat", "stream", "include_usage", "t_received", "t_admitted",
+                 "prompt_tokens", "max_tokens", "ident", "times", "due", "sent", "last_write", "target", "handle",
+                 "one", "prefix", "tail", "held", "finished")
 
-        if chat:  # the first chunk carries the role, as OpenAI's and vLLM's do
+    def __init__(self, em: VllmEmulator, conn, keep_alive: bool, chat: bool, stream: bool, include_usage: bool,
+                 t_received: int, prompt_tokens: int, max_tokens: int):
+        self.em, self.conn, self.keep_alive, self.chat, self.stream = em, conn, keep_alive, chat, stream
+        self.include_usage, self.t_received = include_usage, t_received
+        self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
+        self.ident = f"{'chatcmpl' if chat else 'cmpl'}-{em.stats.received}"
+        self.handle = None
+        self.held = self.finished = False
+
+    def admitted(self) -> None:
+        """A slot is ours: the model's token instants are fixed now."""
+        em = self.em
+        self.held, self.t_admitted = True, now_ns()
+        self.times = em.token_times_ns(self.t_admitted, self.prompt_tokens, self.max_tokens)
+        self.due = self.times.tolist()  # Python ints: a wake per write reads them, numpy's scalars cost more
+        if not self.stream:
+            self._schedule(self.due[-1], self._whole)
+            return
+        head = {"id": self.ident, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": int(time.time()), "model": em.model}
+        self.tail = ', "usage": null}' if self.include_usage else "}"
+        self.prefix = (f'data: {json.dumps(head)[:-1]}, "choices": [{{"index": 0, ' +
+                       ('"delta": {"content": "' if self.chat else '"text": "'))
+        self.one = self._chunk(1, None)
+        first = b""
+        if self.chat:  # the first chunk carries the role, as OpenAI's and vLLM's do
             role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]}
-            await response.write(b"data: " + json.dumps(role).encode() + b"\n\n")
-        interval_ns = int(self.service.stream_interval_s * 1e9)
-        sent, last_write, n = 0, -interval_ns, len(times)
-        one = chunk(1, None)
-        due = times.tolist()  # Python ints: a wake per token reads them, numpy's scalars cost more per read
-        last = due[-1]
-        while sent < n:
+            first = b"data: " + json.dumps(role).encode() + b"\n\n"
+        self.conn.start_chunked(_SSE, first)
+        interval = int(em.service.stream_interval_s * 1e9)
+        self.sent, self.last_write = 0, -interval
+        self._schedule(self.due[0], self._write)
+
+    def _chunk(self, count: int, finish: str | None) -> bytes:  # TOKEN_TEXT needs no JSON escaping
+        reason = "null" if finish is None else f'"{finish}"'
+        close = '"}' if self.chat else '"'
+        return (f'{self.prefix}{TOKEN_TEXT * count}{close}, "logprobs": null, "finish_reason": {reason}}}]'
+                f'{self.tail}\n\n').encode()
+
+    def _schedule(self, t_ns: int, callback) -> None:
+        self.target = t_ns
+        self.handle = self.em._at(t_ns, callback)  # noqa: SLF001 - the emulator's clock
+
+    def _write(self) -> None:
+        now = now_ns()
+        if now < self.target:  # a coarse fallback timer fired early: never a token before its time
+            self._schedule(self.target, self._write)
+            return
+        due, sent, n = self.due, self.sent, len(self.due)
+        interval = int(self.em.service.stream_interval_s * 1e9)
+        ready = max(bisect_right(due, now), sent + 1)
+        if interval:
+            parts = [self._chunk(ready - sent, "length" if ready == n else None)]
+        else:
+            parts = [self.one] * (ready - sent - (ready == n)) + ([self._chunk(1, "length")] if ready == n else [])
+        self.sent, self.last_write = ready, now
+        if ready < n:
+            self.conn.write_chunk(b"".join(parts))
             # Coalescing never holds back the last token: the completion time stays the model's.
-            await self._until(max(due[sent], min(last_write + interval_ns, last)))
-            now = now_ns()
-            ready = max(bisect_right(due, now), sent + 1)
-            if interval_ns:
-                parts = [chunk(ready - sent, "length" if ready == n else None)]
+            self._schedule(max(due[ready], min(now + interval, due[-1])), self._write)
+            return
+        # the last chunk, usage, [DONE] and the chunked terminator leave in one write
+        if self.include_usage:
+            usage = {"id": self.ident, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                     "created": int(time.time()), "model": self.em.model, "choices": [], "usage": self._usage()}
+            parts.append(b"data: " + json.dumps(usage).encode() + b"\n\n")
+        parts.append(b"data: [DONE]\n\n")
+        self._finish()
+        self.conn.write_chunk(b"".join(parts), last=True, keep_alive=self.keep_alive)
+
+    def _whole(self) -> None:
+        if now_ns() < self.target:
+            self._schedule(self.target, self._whole)
+            return
+        text = TOKEN_TEXT * self.max_tokens
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                   "finish_reason": "length"} if self.chat else
+                  {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
+        body = _json({"id": self.ident, "object": "chat.completion" if self.chat else "text_completion",
+                      "created": int(time.time()), "model": self.em.model, "choices": [choice],
+                      "usage": self._usage()})
+        self._finish()
+        self.conn.respond(200, _JSON, body, self.keep_alive)
+
+    def _usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.max_tokens,
+                "total_tokens": self.prompt_tokens + self.max_tokens}
+
+    def _finish(self) -> None:
+        # The slot frees when the model says the sequence is done (this wake is due at the last token's
+        # instant), not when a slow client has read the bytes.
+        em = self.em
+        self.finished, self.handle = True, None
+        self._release()
+        em.stats.completed += 1
+        em.metrics.observe(em.service.time_scale, self.t_received, self.t_admitted, self.times, self.prompt_tokens)
+        if em.keep_records:
+            em.stats.records.append((self.t_received, self.t_admitted, self.due[0], self.due[-1]))
+
+    def _release(self) -> None:
+        if self.held:
+            self.held = False
+            self.em._release()  # noqa: SLF001
+
+    def abort(self) -> None:
+        """The client left before the answer ended: counted, its slot (or its place in the queue) given up."""
+        if self.finished:
+            return
+        self.finished = True
+        self.em.stats.disconnected += 1
+        if self.handle is not None:
+            self.handle.cancel()
+        if self.held:
+            self._release()
+        else:
+            self.em._forget(self)  # noqa: SLF001
+
+
+_JSON = b"application/json"
+_SSE = b"text/event-stream; charset=utf-8"  # what vLLM's StreamingResponse sends
+_STATUS = {200: b"200 OK", 400: b"400 Bad Request", 404: b"404 Not Found", 405: b"405 Method Not Allowed",
+           413: b"413 Request Entity Too Large"}
+MAX_BODY = 16 << 20
+
+
+def _json(payload) -> bytes:
+    return json.dumps(payload).encode()
+
+
+_date_cache = [0, b""]
+
+
+def _date() -> bytes:
+    second = int(time.time())
+    if _date_cache[0] != second:
+        _date_cache[:] = second, formatdate(second, usegmt=True).encode()
+    return _date_cache[1]
+
+
+def _head(status: int, content_type: bytes, length: int | None, keep_alive: bool) -> bytes:
+    # The header set uvicorn (vLLM's server) sends.
+    return b"".join((b"HTTP/1.1 ", _STATUS[status], b"\r\ndate: ", _date(), b"\r\nserver: uvicorn\r\ncontent-type: ",
+                     content_type, b"\r\n",
+                     b"transfer-encoding: chunked\r\n" if length is None else b"content-length: %d\r\n" % length,
+                     b"" if keep_alive else b"connection: close\r\n", b"\r\n"))
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: requests parsed by httptools (llhttp), answered in order (a pipelined request
+    waits for the answer before it). Answers are bounded (at most max_model_len tokens), so writes go to the
+    transport without waiting for it to drain."""
+
+    def __init__(self, em: VllmEmulator):
+        self.em = em
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.current: _Completion | None = None  # the answer being produced
+        self.busy = False  # an answer is under way (current, or a synchronous one being written)
+        self.pending: deque = deque()  # pipelined requests
+        self.url, self.body, self.size, self.expect = b"", [], 0, False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.em._connections.add(self)  # noqa: SLF001
+
+    def connection_lost(self, exc) -> None:
+        self.em._connections.discard(self)  # noqa: SLF001
+        self.pending.clear()
+        current, self.current = self.current, None
+        if current is not None:
+            current.abort()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if not self.busy:
+                self.respond(400, _JSON, b'{"detail":"Invalid HTTP request received."}', False)
             else:
-                parts = [one] * (ready - sent - (ready == n)) + ([chunk(1, "length")] if ready == n else [])
-            sent, last_write = ready, now
-            if sent == n:  # the last chunk, usage, [DONE] and the chunked terminator leave in one write
-                if usage is not None:
-                    parts.append(b"data: " + json.dumps({**head, "choices": [], "usage": usage}).encode() + b"\n\n")
-                parts.append(b"data: [DONE]\n\n")
-                await response.write_eof(b"".join(parts))
-            else:
-                await response.write(b"".join(parts))
-        return response
+                self.transport.close()
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self.url, self.body, self.size, self.expect = b"", [], 0, False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"expect" and value.lower() == b"100-continue":
+            self.expect = True
+
+    def on_headers_complete(self) -> None:
+        if self.expect and not self.busy:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size <= MAX_BODY:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        request = (self.parser.get_method(), self.url, b"".join(self.body), self.parser.should_keep_alive(),
+                   self.size > MAX_BODY)
+        if self.busy:
+            self.pending.append(request)
+        else:
+            self._start(request)
+
+    def _start(self, request) -> None:
+        method, url, body, keep_alive, too_large = request
+        self.busy = True
+        if too_large:
+            self.respond(413, _JSON, b'{"detail":"Request body too large."}', False)
+        else:
+            self.em._handle(self, method, url, body, keep_alive)  # noqa: SLF001
+
+    # writing
+    def respond(self, status: int, content_type: bytes, body: bytes, keep_alive: bool) -> None:
+        """A whole answer with a length."""
+        self.transport.write(_head(status, content_type, len(body), keep_alive) + body)
+        self._done(keep_alive)
+
+    def start_chunked(self, content_type: bytes, first: bytes = b"") -> None:
+        self.transport.write(_head(200, content_type, None, True) +
+                             (b"%x\r\n%s\r\n" % (len(first), first) if first else b""))
+
+    def write_chunk(self, data: bytes, last: bool = False, keep_alive: bool = True) -> None:
+        if self.transport.is_closing():
+            return
+        self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if last else
+                             b"%x\r\n%s\r\n" % (len(data), data))
+        if last:
+            self._done(keep_alive)
+
+    def _done(self, keep_alive: bool) -> None:
+        self.current, self.busy = None, False
+        if not keep_alive:
+            self.transport.close()
+        elif self.pending:
+            self._start(self.pending.popleft())
 
 
 TOKEN_TEXT = " t"  # every emulated output token
