@@ -41,6 +41,21 @@ def test_token_times_closed_form_without_windows():
     np.testing.assert_allclose(times, expected, atol=2)
 
 
+def test_a_streams_schedule_counts_exactly_the_tokens_done():
+    # A streaming answer asks its schedule how many tokens are done at each wake (closed form at constant
+    # speed); it must agree with the instants themselves to the nanosecond, or a token leaves early.
+    from bisect import bisect_right
+
+    for scale, prompt, n in ((1.0, 1, 7), (904.1368285566743, 1155, 211), (37.5, 14050, 1000), (3.0, 0, 1)):
+        em = VllmEmulator(ServiceModel(prefill_tokens_per_s=20_000, decode_tokens_per_s=50, time_scale=scale))
+        start = 7 * 10**12 + 123_457
+        schedule = em.schedule(start, prompt, n)
+        times = schedule.array()
+        assert [schedule.at(k) for k in range(n)] == times.tolist()
+        for t in {start - 1, *times.tolist(), *(times - 1).tolist(), *(times + 1).tolist(), int(times[-1]) + 10**9}:
+            assert schedule.ready(t) == bisect_right(times.tolist(), t), (scale, t)
+
+
 def test_token_times_integrate_the_capacity_profile():
     async def body():
         em = VllmEmulator(ServiceModel(prefill_tokens_per_s=100, decode_tokens_per_s=10, time_scale=2))

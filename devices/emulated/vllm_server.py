@@ -54,6 +54,50 @@ class _Stats:
     records: list = field(default_factory=list)  # (t_received_ns, t_admitted_ns, t_first_ns, t_done_ns)
 
 
+class _Steady:
+    """Token k done at int(start + (prefill + k·per_token) / speed) ns: model seconds of work over model seconds
+    per real ns, the same arithmetic as numpy's on the whole array."""
+
+    __slots__ = ("start", "prefill", "per_token", "speed", "n")
+
+    def __init__(self, start: int, prefill: float, per_token: float, speed: float, n: int):
+        self.start, self.prefill, self.per_token, self.speed, self.n = start, prefill, per_token, speed, n
+
+    def at(self, k: int) -> int:
+        return int(self.start + (self.prefill + k * self.per_token) / self.speed)
+
+    def ready(self, now: int) -> int:
+        """How many tokens are done at `now`."""
+        k = min(self.n, max(0, int(((now - self.start) * self.speed - self.prefill) / self.per_token)))
+        while k < self.n and self.at(k) <= now:  # the estimate's float rounding, settled on the exact instants
+            k += 1
+        while k > 0 and self.at(k - 1) > now:
+            k -= 1
+        return k
+
+    def array(self) -> np.ndarray:
+        work = self.prefill + np.arange(self.n) * self.per_token
+        return (self.start + work / self.speed).astype(np.int64)
+
+
+class _Listed:
+    """Token instants listed (a window edge ahead changes the speed on the way)."""
+
+    __slots__ = ("times", "due", "n")
+
+    def __init__(self, times: np.ndarray):
+        self.times, self.due, self.n = times, times.tolist(), len(times)
+
+    def at(self, k: int) -> int:
+        return self.due[k]
+
+    def ready(self, now: int) -> int:
+        return bisect_right(self.due, now)
+
+    def array(self) -> np.ndarray:
+        return self.times
+
+
 # Histogram buckets of vLLM's V1 Prometheus logger (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -136,17 +180,18 @@ class VllmMetrics:
         self.queue = histogram("vllm:request_queue_time_seconds",
                                "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
 
-    def observe(self, time_scale: float, received_ns: int, admitted_ns: int, token_ns: np.ndarray,
-                prompt_tokens: int) -> None:
-        """Record one finished request; counted into the metrics when they are next rendered (a scrape),
-        so the request path pays a list append rather than a dozen metric updates."""
-        self._pending.append((time_scale, received_ns, admitted_ns, token_ns, prompt_tokens))
+    def observe(self, time_scale: float, received_ns: int, admitted_ns: int, tokens, prompt_tokens: int) -> None:
+        """Record one finished request (`tokens`: its schedule, or its token instants as an array); counted into
+        the metrics when they are next rendered (a scrape), so the request path pays a list append rather than
+        a dozen metric updates."""
+        self._pending.append((time_scale, received_ns, admitted_ns, tokens, prompt_tokens))
         if len(self._pending) >= 10_000:  # an endpoint nobody scrapes keeps bounded memory
             self._flush()
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
-        for time_scale, received_ns, admitted_ns, token_ns, prompt_tokens in pending:
+        for time_scale, received_ns, admitted_ns, tokens, prompt_tokens in pending:
+            token_ns = tokens if isinstance(tokens, np.ndarray) else tokens.array()
             to_s = time_scale / 1e9
             self.prompt_tokens.inc(prompt_tokens)
             self.generation_tokens.inc(len(token_ns))
@@ -192,6 +237,8 @@ class VllmEmulator:
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
         self._timers: list = []  # window edges' admission wake-ups (see _at)
+        self._model_json = json.dumps(self.model)
+        self._interval_ns = int(self.service.stream_interval_s * 1e9)
         self._routes = {b"/v1/completions": (b"POST", self._completions),
                         b"/v1/chat/completions": (b"POST", self._chat_completions),
                         b"/metrics": (b"GET", self._metrics), b"/v1/models": (b"GET", self._models),
@@ -264,18 +311,25 @@ class VllmEmulator:
 
     def token_times_ns(self, start_ns: int, prompt_tokens: int, output_tokens: int) -> np.ndarray:
         """Real (harness-clock) completion time of each output token for a sequence admitted at start_ns."""
+        return self.schedule(start_ns, prompt_tokens, output_tokens).array()
+
+    def schedule(self, start_ns: int, prompt_tokens: int, output_tokens: int) -> "_Steady | _Listed":
+        """The token instants of a sequence admitted at start_ns (`token_times_ns`), as a schedule a streaming
+        answer reads per write: closed-form at constant speed (the common case: no numpy per request), listed
+        when a window edge lies ahead."""
         svc = self.service
+        if bisect_right(self._edges_list, start_ns) == len(self._edges_list):  # no window edge ahead
+            speed = svc.time_scale * self.capacity_at(start_ns) / 1e9
+            return _Steady(start_ns, prompt_tokens / svc.prefill_tokens_per_s, 1 / svc.decode_tokens_per_s, speed,
+                           output_tokens)
         work = prompt_tokens / svc.prefill_tokens_per_s + np.arange(output_tokens) / svc.decode_tokens_per_s
         later = self._edges_ns[self._edges_ns > start_ns]
-        if not len(later):  # no window ahead: constant speed (the common case, kept cheap)
-            speed = svc.time_scale * self.capacity_at(start_ns) / 1e9
-            return (start_ns + work / speed).astype(np.int64)
         # Speed = model seconds per real ns: piecewise constant between window edges.
         starts = np.r_[start_ns, later].astype(np.float64)
         speed = svc.time_scale / 1e9 * np.asarray([self.capacity_at(int(t)) for t in starts])
         cum = np.r_[0.0, np.cumsum(np.diff(starts) * speed[:-1])]
         seg = np.searchsorted(cum, work, side="right") - 1
-        return (starts[seg] + (work - cum[seg]) / speed[seg]).astype(np.int64)
+        return _Listed((starts[seg] + (work - cum[seg]) / speed[seg]).astype(np.int64))
 
     # ---- admission ---------------------------------------------------------------------------------------
     def _admit(self) -> None:
@@ -402,7 +456,7 @@ class _Completion:
     exact)."""
 
     __slots__ = ("em", "conn", "keep_alive", "chat", "stream", "include_usage", "t_received", "t_admitted",
-                 "prompt_tokens", "max_tokens", "ident", "times", "due", "sent", "last_write", "target", "handle",
+                 "prompt_tokens", "max_tokens", "ident", "tokens", "last", "sent", "target", "handle",
                  "one", "prefix", "tail", "held", "finished")
 
     def __init__(self, em: VllmEmulator, conn, keep_alive: bool, chat: bool, stream: bool, include_usage: bool,
@@ -418,26 +472,29 @@ class _Completion:
         """A slot is ours: the model's token instants are fixed now."""
         em = self.em
         self.held, self.t_admitted = True, now_ns()
-        self.times = em.token_times_ns(self.t_admitted, self.prompt_tokens, self.max_tokens)
-        self.due = self.times.tolist()  # Python ints: a wake per write reads them, numpy's scalars cost more
+        self.tokens = em.schedule(self.t_admitted, self.prompt_tokens, self.max_tokens)
+        self.last = self.tokens.at(self.max_tokens - 1)
         if not self.stream:
-            self._schedule(self.due[-1], self._whole)
+            self._schedule(self.last, self._whole)
             return
-        head = {"id": self.ident, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": int(time.time()), "model": em.model}
         self.tail = ', "usage": null}' if self.include_usage else "}"
-        self.prefix = (f'data: {json.dumps(head)[:-1]}, "choices": [{{"index": 0, ' +
-                       ('"delta": {"content": "' if self.chat else '"text": "'))
+        self.prefix = 'data: ' + self._head()[:-1] + ', "choices": [{"index": 0, ' + (
+            '"delta": {"content": "' if self.chat else '"text": "')
         self.one = self._chunk(1, None)
         first = b""
         if self.chat:  # the first chunk carries the role, as OpenAI's and vLLM's do
-            role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}]}
-            first = b"data: " + json.dumps(role).encode() + b"\n\n"
+            first = (f'data: {self._head()[:-1]}, "choices": [{{"index": 0, "delta": {{"role": "assistant", '
+                     f'"content": ""}}, "logprobs": null, "finish_reason": null}}]}}\n\n').encode()
         self.conn.start_chunked(_SSE, first)
-        interval = int(em.service.stream_interval_s * 1e9)
-        self.sent, self.last_write = 0, -interval
-        self._schedule(self.due[0], self._write)
+        self.sent = 0
+        self._schedule(self.tokens.at(0), self._write)
+
+    def _head(self) -> str:
+        """The chunk's leading fields, as json.dumps writes them (an id and a model name need no escaping
+        beyond the model's, done once)."""
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return (f'{{"id": "{self.ident}", "object": "{kind}", "created": {int(time.time())}, '
+                f'"model": {self.em._model_json}}}')  # noqa: SLF001
 
     def _chunk(self, count: int, finish: str | None) -> bytes:  # TOKEN_TEXT needs no JSON escaping
         reason = "null" if finish is None else f'"{finish}"'
@@ -454,24 +511,24 @@ class _Completion:
         if now < self.target:  # a coarse fallback timer fired early: never a token before its time
             self._schedule(self.target, self._write)
             return
-        due, sent, n = self.due, self.sent, len(self.due)
-        interval = int(self.em.service.stream_interval_s * 1e9)
-        ready = max(bisect_right(due, now), sent + 1)
+        tokens, sent, n = self.tokens, self.sent, self.max_tokens
+        interval = self.em._interval_ns  # noqa: SLF001
+        ready = max(tokens.ready(now), sent + 1)
         if interval:
             parts = [self._chunk(ready - sent, "length" if ready == n else None)]
         else:
             parts = [self.one] * (ready - sent - (ready == n)) + ([self._chunk(1, "length")] if ready == n else [])
-        self.sent, self.last_write = ready, now
+        self.sent = ready
         if ready < n:
             self.conn.write_chunk(b"".join(parts))
             # Coalescing never holds back the last token: the completion time stays the model's.
-            self._schedule(max(due[ready], min(now + interval, due[-1])), self._write)
+            self._schedule(max(tokens.at(ready), min(now + interval, self.last)), self._write)
             return
         # the last chunk, usage, [DONE] and the chunked terminator leave in one write
         if self.include_usage:
-            usage = {"id": self.ident, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                     "created": int(time.time()), "model": self.em.model, "choices": [], "usage": self._usage()}
-            parts.append(b"data: " + json.dumps(usage).encode() + b"\n\n")
+            p, m = self.prompt_tokens, self.max_tokens
+            parts.append((f'data: {self._head()[:-1]}, "choices": [], "usage": {{"prompt_tokens": {p}, '
+                          f'"completion_tokens": {m}, "total_tokens": {p + m}}}}}\n\n').encode())
         parts.append(b"data: [DONE]\n\n")
         self._finish()
         self.conn.write_chunk(b"".join(parts), last=True, keep_alive=self.keep_alive)
@@ -501,9 +558,9 @@ class _Completion:
         self.finished, self.handle = True, None
         self._release()
         em.stats.completed += 1
-        em.metrics.observe(em.service.time_scale, self.t_received, self.t_admitted, self.times, self.prompt_tokens)
+        em.metrics.observe(em.service.time_scale, self.t_received, self.t_admitted, self.tokens, self.prompt_tokens)
         if em.keep_records:
-            em.stats.records.append((self.t_received, self.t_admitted, self.due[0], self.due[-1]))
+            em.stats.records.append((self.t_received, self.t_admitted, self.tokens.at(0), self.last))
 
     def _release(self) -> None:
         if self.held:
