@@ -21,6 +21,7 @@ import asyncio
 import gc
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -171,30 +172,45 @@ def _body(model: str, ids: bytes, max_tokens: int, stream: bool) -> bytes:
             f',"max_tokens":{max_tokens},"min_tokens":{max_tokens},"ignore_eos":true,"temperature":0{extra}}}'.encode())
 
 
-class _Answer(Response):
-    """A completion's answer. While streamed, the arrival of its first text-bearing SSE event is stamped
-    (`first_token_ns`) as the bytes are parsed; the rest is kept whole for one read at the end."""
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+_TAIL_BYTES = 16384  # a streamed answer's end kept for its usage event (a few hundred bytes)
 
-    __slots__ = ("record", "pending")
+
+class _Answer(Response):
+    """A completion's answer, read for what the record needs. Streamed with status 200: the arrival of the
+    first text-bearing SSE event is stamped (`first_token_ns`) as the bytes are parsed, `data:` fields are
+    counted, and only the answer's last bytes are kept (its usage event and [DONE]); anything else (an error,
+    a whole JSON answer) is kept whole."""
+
+    __slots__ = ("record", "stream", "pending", "events", "edge", "kept")
 
     def __init__(self, loop, record: dict, stream: bool):
         super().__init__(loop)
-        self.record = record
-        self.pending = b"" if stream else None  # events not yet searched for text; None once found
+        self.record, self.stream = record, stream
+        self.pending = b"" if stream else None  # bytes of events not yet searched for text; None once found
+        self.events, self.edge, self.kept = 0, b"", 0
 
     def on_body(self, piece: bytes) -> None:
-        self.chunks.append(piece)
+        chunks = self.chunks
+        chunks.append(piece)
+        if not self.stream or self.status != 200:
+            return
+        # a "data:" across two pieces is in the previous piece's last 4 bytes and this one's first 4
+        self.events += piece.count(b"data:") + (self.edge + piece[:4]).count(b"data:")
+        self.edge = piece[-4:]
+        self.kept += len(piece)
+        while self.kept - len(chunks[0]) >= _TAIL_BYTES:
+            self.kept -= len(chunks.pop(0))
         if self.pending is None:
             return
-        pending = self.pending + piece
-        cut = max(pending.rfind(b"\n\n"), pending.rfind(b"\r\n\r\n"))  # whole events only
-        if cut < 0:
-            self.pending = pending
-        elif self.status == 200 and _first_text_event(pending[:cut]):
-            self.record["first_token_ns"] = now_ns()
-            self.pending = None
-        else:
-            self.pending = pending[cut:]
+        pending, start = self.pending + piece, 0
+        while (end := _EVENT_END.search(pending, start)) is not None:  # whole events, from the first
+            if _text_event(pending[start:end.start()]):
+                self.record["first_token_ns"] = now_ns()
+                self.pending = None
+                return
+            start = end.end()
+        self.pending = pending[start:]
 
 
 class _Replayer:
@@ -224,22 +240,30 @@ class _Replayer:
         handed_ns = now_ns()
         conn = answer = None
         try:
-            async with asyncio.timeout(cfg.timeout_s):
-                conn = self.pool.take()
-                if conn is None:  # every connection busy (or none open yet): wait for one
+            conn = self.pool.take()
+            if conn is None:  # every connection busy (or none open yet): wait for one
+                async with asyncio.timeout(cfg.timeout_s):
                     conn = await self.pool.acquire()
-                    record["connection_wait_ns"] = now_ns() - handed_ns
-                answer = _Answer(self.loop, record, cfg.stream)
-                conn.send(data, answer)
-                record["sent_ns"] = now_ns()  # the request is in the socket
+                record["connection_wait_ns"] = now_ns() - handed_ns
+            answer = _Answer(self.loop, record, cfg.stream)
+            conn.send(data, answer)
+            record["sent_ns"] = now_ns()  # the request is in the socket
+            # The rest of the timeout is one timer handle that fails the answer (cheaper than a timeout
+            # context per request, which reschedules and uncancels a task).
+            left_s = cfg.timeout_s - (record["sent_ns"] - handed_ns) / 1e9
+            expiry = self.loop.call_later(max(0.0, left_s), _expire, answer)
+            try:
                 await answer.done
+            finally:
+                expiry.cancel()
             _read_answer(answer, record, cfg.stream)
         except TimeoutError:
             record["status"], record["error"] = "timeout", f"no complete answer within {cfg.timeout_s} s"
         except (ResponseError, OSError, ValueError) as exc:
             record["status"], record["error"] = "error", f"{type(exc).__name__}: {exc}"[:300]
         finally:
-            if answer is not None and not (answer.done.done() and not answer.done.cancelled()):
+            if answer is not None and not (answer.done.done() and not answer.done.cancelled()
+                                           and answer.done.exception() is None):
                 conn.abort()  # left mid-answer: the connection is out of step
             record["completed_ns"] = now_ns()
             if record["sent_ns"] is None:  # never on the wire
@@ -248,6 +272,11 @@ class _Replayer:
             self.in_flight -= 1
             self.log.append(record)
             self.results.append(record)
+
+
+def _expire(answer: _Answer) -> None:
+    if not answer.done.done():
+        answer.done.set_exception(TimeoutError())
 
 
 def _read_answer(answer: _Answer, record: dict, stream: bool) -> None:
@@ -261,35 +290,28 @@ def _read_answer(answer: _Answer, record: dict, stream: bool) -> None:
         record["output_tokens"] = int((payload.get("usage") or {}).get("completion_tokens", 0))
         record["status"] = "ok"
     else:
-        # Searched with bytes methods (C); only the usage event is decoded, from the end. Servers may coalesce
-        # tokens into one chunk: usage is exact, the event count a lower bound (neither the usage-only event
-        # nor [DONE] carries a token).
+        # `body` is the answer's last bytes; only the usage event is decoded, from the end. Servers may
+        # coalesce tokens into one chunk: usage is exact, the event count a lower bound (neither the
+        # usage-only event nor [DONE] carries a token).
         done = body.rfind(b"[DONE]") >= 0  # from the end, where it is
         usage_tokens = _usage_tokens(body) if done else None
         record["output_tokens"] = (usage_tokens if usage_tokens is not None
-                                   else max(0, body.count(b"data:") - done))
+                                   else max(0, answer.events - done))
         if done:
             record["status"] = "ok"
         else:
             record["status"], record["error"] = "error", "stream ended without [DONE]"
 
 
-def _first_text_event(events: bytes) -> bool:
-    """Whether some completion chunk among `events` (whole SSE events) carries text. Decoded one event at a
-    time from the first (which usually does): a coalesced network read holds many. A `data:` field starts a
-    line, and JSON text holds no raw newline, so a newline before `data:` finds them."""
-    text = b"\n" + events
-    start = text.find(b"\ndata:")
-    while start >= 0:
-        end = text.find(b"\n", start + 1)
-        line = text[start + 6:end if end >= 0 else len(text)].strip()
-        if line != b"[DONE]":
-            choices = orjson.loads(line).get("choices")
-            if choices and choices[0].get("text"):
-                return True
-        if end < 0:
-            return False
-        start = text.find(b"\ndata:", end)
+def _text_event(event: bytes) -> bool:
+    """Whether one SSE event is a completion chunk that carries text (its `data:` line decoded)."""
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return False
+            choices = orjson.loads(data).get("choices")
+            return bool(choices and choices[0].get("text"))
     return False
 
 
