@@ -309,9 +309,10 @@ def test_peak_in_flight_matches_brute_force_and_sizes_the_warm_pool():
 
 
 def test_a_long_stream_is_read_for_its_first_token_and_usage_only():
-    # The client keeps only a streamed answer's last bytes: a stream far longer than that tail, fed in
-    # pieces that cut through events, still yields the first token's stamp (at the piece that completes the
-    # first text event, not before) and the usage event's count; without usage, the data: fields counted.
+    # The client searches only a streamed answer's last bytes for its usage: a stream far longer than that
+    # tail, fed in pieces that cut through events, still yields the first token's stamp (at the piece that
+    # completes the first text event, not before) and the usage event's count; without usage, the data:
+    # fields counted over the whole answer.
     from traces.replay import _Answer, _read_answer
 
     async def read(stream: bytes, piece: int) -> tuple[dict, list[bool]]:

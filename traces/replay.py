@@ -164,44 +164,33 @@ def replay_log_to_parquet(jsonl_path: str | Path, parquet_path: str | Path) -> p
     return frame
 
 
-def _body(model: str, ids: bytes, max_tokens: int, stream: bool) -> bytes:
+def _body(model_json: bytes, ids: bytes, max_tokens: int, stream: bool) -> bytes:
     # Token ids (a JSON array text from PromptSynthesizer), not text, so the server sees exactly the trace's
     # prompt length; the body is assembled as bytes because json.dumps of long lists costs more than the send.
-    extra = ',"stream":true,"stream_options":{"include_usage":true}' if stream else ""
-    return (f'{{"model":{json.dumps(model)},"prompt":'.encode() + ids +
-            f',"max_tokens":{max_tokens},"min_tokens":{max_tokens},"ignore_eos":true,"temperature":0{extra}}}'.encode())
+    extra = b',"stream":true,"stream_options":{"include_usage":true}}' if stream else b"}"
+    return b"".join((b'{"model":', model_json, b',"prompt":', ids, b',"max_tokens":%d,"min_tokens":%d,'
+                     b'"ignore_eos":true,"temperature":0' % (max_tokens, max_tokens), extra))
 
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
-_TAIL_BYTES = 16384  # a streamed answer's end kept for its usage event (a few hundred bytes)
+_TAIL_BYTES = 16384  # a streamed answer's end searched for its usage event (a few hundred bytes)
 
 
 class _Answer(Response):
-    """A completion's answer, read for what the record needs. Streamed with status 200: the arrival of the
-    first text-bearing SSE event is stamped (`first_token_ns`) as the bytes are parsed, `data:` fields are
-    counted, and only the answer's last bytes are kept (its usage event and [DONE]); anything else (an error,
-    a whole JSON answer) is kept whole."""
+    """A completion's answer, read for what the record needs. While streamed, the arrival of the first
+    text-bearing SSE event is stamped (`first_token_ns`) as the bytes are parsed; the pieces are kept as they
+    came (no copy) and only the last ones are searched at the end (`tail`)."""
 
-    __slots__ = ("record", "stream", "pending", "events", "edge", "kept")
+    __slots__ = ("record", "pending")
 
     def __init__(self, loop, record: dict, stream: bool):
         super().__init__(loop)
-        self.record, self.stream = record, stream
+        self.record = record
         self.pending = b"" if stream else None  # bytes of events not yet searched for text; None once found
-        self.events, self.edge, self.kept = 0, b"", 0
 
     def on_body(self, piece: bytes) -> None:
-        chunks = self.chunks
-        chunks.append(piece)
-        if not self.stream or self.status != 200:
-            return
-        # a "data:" across two pieces is in the previous piece's last 4 bytes and this one's first 4
-        self.events += piece.count(b"data:") + (self.edge + piece[:4]).count(b"data:")
-        self.edge = piece[-4:]
-        self.kept += len(piece)
-        while self.kept - len(chunks[0]) >= _TAIL_BYTES:
-            self.kept -= len(chunks.pop(0))
-        if self.pending is None:
+        self.chunks.append(piece)
+        if self.pending is None or self.status != 200:
             return
         pending, start = self.pending + piece, 0
         while (end := _EVENT_END.search(pending, start)) is not None:  # whole events, from the first
@@ -211,6 +200,14 @@ class _Answer(Response):
                 return
             start = end.end()
         self.pending = pending[start:]
+
+    def tail(self) -> bytes:
+        """The answer's last pieces, at least `_TAIL_BYTES` of them (or all)."""
+        chunks, size, k = self.chunks, 0, len(self.chunks)
+        while k and size < _TAIL_BYTES:
+            k -= 1
+            size += len(chunks[k])
+        return b"".join(chunks[k:])
 
 
 class _Replayer:
@@ -280,7 +277,7 @@ def _expire(answer: _Answer) -> None:
 
 
 def _read_answer(answer: _Answer, record: dict, stream: bool) -> None:
-    body = answer.body()
+    body = answer.tail() if stream and answer.status == 200 else answer.body()
     record["http_status"] = answer.status
     if answer.status != 200:
         record["status"], record["error"] = "http_error", body.decode("utf-8", "replace")[:300]
@@ -291,12 +288,12 @@ def _read_answer(answer: _Answer, record: dict, stream: bool) -> None:
         record["status"] = "ok"
     else:
         # `body` is the answer's last bytes; only the usage event is decoded, from the end. Servers may
-        # coalesce tokens into one chunk: usage is exact, the event count a lower bound (neither the
-        # usage-only event nor [DONE] carries a token).
+        # coalesce tokens into one chunk: usage is exact, the event count (the whole answer searched, only
+        # when there is no usage) a lower bound (neither the usage-only event nor [DONE] carries a token).
         done = body.rfind(b"[DONE]") >= 0  # from the end, where it is
         usage_tokens = _usage_tokens(body) if done else None
         record["output_tokens"] = (usage_tokens if usage_tokens is not None
-                                   else max(0, answer.events - done))
+                                   else max(0, answer.body().count(b"data:") - done))
         if done:
             record["status"] = "ok"
         else:
@@ -362,6 +359,7 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
     prompts = requests["prompt_tokens"].to_numpy(dtype=np.int64)
     outputs = requests["output_tokens"].to_numpy(dtype=np.int64)
     spin_ns = int(config.spin_s * 1e9)
+    model_json = json.dumps(config.model).encode()
     timer_early_ns = int(config.timerfd_early_s * 1e9)
     warm = config.warm_connections
     if warm is None:
@@ -381,7 +379,7 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
             async def timed(i: int, deadline: int) -> None:
                 # The request is built before the wait (the task starts `lookahead` ahead), never on the send path.
                 max_tokens = max(1, int(outputs[i]))
-                data = replayer.request(_body(config.model, prompts_text.json_ids(i), max_tokens, config.stream))
+                data = replayer.request(_body(model_json, prompts_text.json_ids(i), max_tokens, config.stream))
                 if timer is not None:
                     # Wake a little early (a sleeping process takes ~0.1 ms to run again), then yield briefly.
                     await timer.wait_until(deadline - timer_early_ns)
