@@ -227,3 +227,62 @@ def test_http_keep_alive_pipelining_and_bad_requests_on_the_wire():
     assert wrong.startswith(b"HTTP/1.1 405 ") and wrong.endswith(b'{"detail":"Method Not Allowed"}')
     assert bad.startswith(b"HTTP/1.1 400 ")
     assert em.stats.received == 2 and em.stats.completed == 2
+
+
+@pytest.mark.parametrize("decode", [2e7 / 500_000.5, 37.0])
+def test_metrics_counted_in_bulk_match_prometheus_clients_own_histograms(decode):
+    # /metrics counts finished requests in one numpy pass per scrape; prometheus_client's own Histogram,
+    # fed one observation at a time, must give the same buckets, counts and sums (steady and listed
+    # schedules mixed: a window edge ahead of some admissions). At ×50, 2e7/500 000.5 tokens/s puts the
+    # gaps at 500 000 and 500 001 ns, either side of the 0.025 s bucket bound (counted one by one); at 37
+    # a steady schedule's gaps all share a bucket (counted at once).
+    from prometheus_client import CollectorRegistry, Histogram
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from devices.emulated import vllm_server as vs
+
+    rng = np.random.default_rng(3)
+    em = VllmEmulator(ServiceModel(prefill_tokens_per_s=20_000, decode_tokens_per_s=decode, time_scale=50.0))
+    em._set_profile([10**12 + 40_000_000, 10**12 + 60_000_000], [1.0, 0.5, 1.0])  # half speed in between
+    registry, reference = CollectorRegistry(), {}
+    specs = {"ttft": ("vllm:time_to_first_token_seconds", vs.TTFT_BUCKETS),
+             "tpot": ("vllm:time_per_output_token_seconds", vs.TPOT_BUCKETS),
+             "e2e": ("vllm:e2e_request_latency_seconds", vs.REQUEST_LATENCY_BUCKETS),
+             "queue": ("vllm:request_queue_time_seconds", vs.REQUEST_LATENCY_BUCKETS),
+             "prompt": ("vllm:request_prompt_tokens", vs._1_2_5_buckets(32_768)),
+             "generation": ("vllm:request_generation_tokens", vs._1_2_5_buckets(32_768))}
+    for key, (name, buckets) in specs.items():
+        reference[key] = Histogram(name.replace(":", "_"), "ref", buckets=buckets, registry=registry)
+    kinds = set()
+    for i in range(60):
+        received = 10**12 + int(rng.integers(0, 80_000_000))
+        admitted = received + int(rng.integers(0, 5_000_000))
+        prompt, n = int(rng.integers(1, 3000)), int(rng.integers(1, 400))
+        schedule = em.schedule(admitted, prompt, n)
+        kinds.add(type(schedule).__name__)
+        em.metrics.observe(50.0, received, admitted, schedule, prompt)
+        times, to_s = schedule.array(), 50.0 / 1e9
+        reference["ttft"].observe((int(times[0]) - received) * to_s)
+        for gap in np.diff(times):
+            reference["tpot"].observe(int(gap) * to_s)
+        reference["e2e"].observe((int(times[-1]) - received) * to_s)
+        reference["queue"].observe((admitted - received) * to_s)
+        reference["prompt"].observe(prompt)
+        reference["generation"].observe(n)
+    assert kinds == {"_Steady", "_Listed"}
+
+    def samples(text: str) -> dict:
+        return {(s.name.replace(":", "_"), s.labels.get("le")): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples
+                if not s.name.endswith("_created")}
+
+    from prometheus_client import generate_latest
+
+    got, want = samples(em.metrics.render().decode()), samples(generate_latest(registry).decode())
+    for key, (name, _) in specs.items():
+        prefix = name.replace(":", "_")
+        mine = {k: v for k, v in got.items() if k[0].startswith(prefix + "_")}
+        theirs = {k: v for k, v in want.items() if k[0].startswith(prefix + "_")}
+        assert mine.keys() == theirs.keys() and len(mine) > 3, key
+        for k, v in theirs.items():
+            assert mine[k] == pytest.approx(v, rel=1e-9), (key, k)

@@ -118,35 +118,52 @@ def _1_2_5_buckets(max_value: int) -> list[int]:
 
 
 class _BulkHistogram:
-    """A Prometheus histogram fed with arrays of observations (a custom collector)."""
+    """A Prometheus histogram fed with arrays of observations (a custom collector), rendered as
+    prometheus_client renders its own (`le` labels, `_count`, `_sum`, `_created`)."""
 
     def __init__(self, name: str, doc: str, buckets, labels: list[str], values: tuple[str, ...]):
         self.name, self.doc, self.labels, self.values = name, doc, labels, list(values)
         self.bounds = np.asarray(buckets, dtype=float)
         self.counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)  # the last one is +Inf
         self.total = 0.0
+        self.created = time.time()
 
     def observe_many(self, values: np.ndarray) -> None:
         values = np.asarray(values, dtype=float)
+        # prometheus_client's bucket for x is the first bound >= x
         self.counts += np.bincount(np.searchsorted(self.bounds, values, side="left"), minlength=len(self.counts))
         self.total += float(values.sum())
 
+    def add(self, buckets: np.ndarray, counts: np.ndarray, total: float) -> None:
+        """`counts[i]` observations in bucket `buckets[i]` (indices as `observe_many` finds them), summing to
+        `total`."""
+        self.counts += np.bincount(buckets, weights=counts, minlength=len(self.counts)).astype(np.int64)
+        self.total += total
+
     def collect(self):
         from prometheus_client.core import HistogramMetricFamily
+        from prometheus_client.metrics import _use_created
+        from prometheus_client.samples import Sample
+        from prometheus_client.utils import floatToGoString
 
         family = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
         cumulative = np.cumsum(self.counts)
-        buckets = [(repr(float(b)), int(c)) for b, c in zip(self.bounds, cumulative[:-1])]
+        buckets = [(floatToGoString(b), int(c)) for b, c in zip(self.bounds, cumulative[:-1])]
         family.add_metric(self.values, buckets + [("+Inf", int(cumulative[-1]))], self.total)
+        if _use_created:
+            family.samples.append(Sample(self.name + "_created", dict(zip(self.labels, self.values)), self.created))
         yield family
 
 
 class VllmMetrics:
     """`/metrics` under vLLM's V1 names and labels (`model_name`, `engine`), rendered by prometheus_client as
-    vLLM itself does. Times are service-model seconds (real × time_scale), like the latencies of a replay."""
+    vLLM itself does. Times are service-model seconds (real × time_scale), like the latencies of a replay.
+    Finished requests are counted in when the metrics are next rendered, all at once (numpy): the request
+    path pays a list append, and a batch of 10 000 costs milliseconds, not the ~0.2 s of per-request
+    prometheus_client calls that stalled the endpoint's loop."""
 
     def __init__(self, model: str, max_model_len: int, queue_depths):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge
 
         self.registry = CollectorRegistry()
         self._pending: list[tuple] = []
@@ -156,7 +173,9 @@ class VllmMetrics:
         counter = lambda name, doc: Counter(name, doc, labels, registry=self.registry).labels(*values)  # noqa: E731
 
         def histogram(name, doc, buckets):
-            return Histogram(name, doc, labels, buckets=buckets, registry=self.registry).labels(*values)
+            bulk = _BulkHistogram(name, doc, buckets, labels, values)
+            self.registry.register(bulk)
+            return bulk
 
         self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
@@ -170,38 +189,49 @@ class VllmMetrics:
                                             "Number of generation tokens processed.", sizes)
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               TTFT_BUCKETS)
-        # One observation per output token, as vLLM makes them: counted in bulk (numpy) by a collector,
-        # because prometheus_client's per-call observe would cost more than the request itself.
-        self.tpot = _BulkHistogram("vllm:time_per_output_token_seconds",
-                                   "Histogram of time per output token in seconds.", TPOT_BUCKETS, labels, values)
-        self.registry.register(self.tpot)
+        self.tpot = histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
+                              TPOT_BUCKETS)  # one observation per output token after the first, as vLLM's
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                              REQUEST_LATENCY_BUCKETS)
         self.queue = histogram("vllm:request_queue_time_seconds",
                                "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
 
     def observe(self, time_scale: float, received_ns: int, admitted_ns: int, tokens, prompt_tokens: int) -> None:
-        """Record one finished request (`tokens`: its schedule, or its token instants as an array); counted into
-        the metrics when they are next rendered (a scrape), so the request path pays a list append rather than
-        a dozen metric updates."""
-        self._pending.append((time_scale, received_ns, admitted_ns, tokens, prompt_tokens))
+        """Record one finished request (`tokens`: its schedule, or its token instants as an array)."""
+        if isinstance(tokens, np.ndarray):
+            tokens = _Listed(tokens)
+        self._pending.append((time_scale / 1e9, received_ns, admitted_ns, tokens.at(0), tokens.at(tokens.n - 1),
+                              tokens.n, prompt_tokens, tokens))
         if len(self._pending) >= 10_000:  # an endpoint nobody scrapes keeps bounded memory
             self._flush()
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
-        for time_scale, received_ns, admitted_ns, tokens, prompt_tokens in pending:
-            token_ns = tokens if isinstance(tokens, np.ndarray) else tokens.array()
-            to_s = time_scale / 1e9
-            self.prompt_tokens.inc(prompt_tokens)
-            self.generation_tokens.inc(len(token_ns))
-            self.success.inc()
-            self.request_prompt.observe(prompt_tokens)
-            self.request_generation.observe(len(token_ns))
-            self.ttft.observe((int(token_ns[0]) - received_ns) * to_s)
-            self.tpot.observe_many(np.diff(token_ns) * to_s)
-            self.e2e.observe((int(token_ns[-1]) - received_ns) * to_s)
-            self.queue.observe((admitted_ns - received_ns) * to_s)
+        if not pending:
+            return
+        cols = list(zip(*pending))
+        to_s = np.array(cols[0])
+        received, admitted, first, last, n, prompt = (np.array(c, dtype=np.int64) for c in cols[1:7])
+        self.prompt_tokens.inc(int(prompt.sum()))
+        self.generation_tokens.inc(int(n.sum()))
+        self.success.inc(len(pending))
+        self.request_prompt.observe_many(prompt)
+        self.request_generation.observe_many(n)
+        self.ttft.observe_many((first - received) * to_s)
+        self.e2e.observe_many((last - received) * to_s)
+        self.queue.observe_many((admitted - received) * to_s)
+        # Time per output token: a steady schedule's gaps are all within a nanosecond or two of its step
+        # (whole ns either side of it cover the rounding), so when that range lies in one bucket its n-1 gaps
+        # go there at once and their sum is last - first; otherwise (a step on a bucket's bound, or a
+        # listed schedule) gap by gap.
+        step = np.array([t.per_token / t.speed if isinstance(t, _Steady) else np.nan for t in cols[7]])
+        bounds = self.tpot.bounds
+        low = np.searchsorted(bounds, (np.floor(step) - 1) * to_s, side="left")
+        high = np.searchsorted(bounds, (np.floor(step) + 2) * to_s, side="left")
+        whole = ~np.isnan(step) & (low == high)
+        self.tpot.add(low[whole], (n - 1)[whole], float(((last - first) * to_s)[whole].sum()))
+        for i in np.flatnonzero(~whole):
+            self.tpot.observe_many(np.diff(cols[7][i].array()) * to_s[i])
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
