@@ -209,10 +209,11 @@ def test_http_keep_alive_pipelining_and_bad_requests_on_the_wire():
         missing = await exchange(em.port, b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         wrong = await exchange(em.port, b"GET /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         bad = await exchange(em.port, b"NOT HTTP AT ALL\r\n\r\n")
-        return pipelined, missing, wrong, bad
+        closing = await exchange(em.port, post({"prompt": [1], "max_tokens": 2, "stream": True}, close=True))
+        return pipelined, missing, wrong, bad, closing
 
     service = ServiceModel(prefill_tokens_per_s=1e5, decode_tokens_per_s=2000)
-    em, (pipelined, missing, wrong, bad) = run(_with_server(service, body))
+    em, (pipelined, missing, wrong, bad, closing) = run(_with_server(service, body))
     first, _, rest = pipelined.partition(b"\r\n\r\n")
     assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked" in first
     assert b"content-type: text/event-stream" in first
@@ -226,7 +227,9 @@ def test_http_keep_alive_pipelining_and_bad_requests_on_the_wire():
     assert missing.startswith(b"HTTP/1.1 404 ") and missing.endswith(b'{"detail":"Not Found"}')
     assert wrong.startswith(b"HTTP/1.1 405 ") and wrong.endswith(b'{"detail":"Method Not Allowed"}')
     assert bad.startswith(b"HTTP/1.1 400 ")
-    assert em.stats.received == 2 and em.stats.completed == 2
+    assert b"connection: close" in closing.partition(b"\r\n\r\n")[0] and closing.endswith(b"0\r\n\r\n")
+    assert b"connection: close" not in first
+    assert em.stats.received == 3 and em.stats.completed == 3
 
 
 @pytest.mark.parametrize("decode", [2e7 / 500_000.5, 37.0])

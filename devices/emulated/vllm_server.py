@@ -515,7 +515,7 @@ class _Completion:
         if self.chat:  # the first chunk carries the role, as OpenAI's and vLLM's do
             first = (f'data: {self._head()[:-1]}, "choices": [{{"index": 0, "delta": {{"role": "assistant", '
                      f'"content": ""}}, "logprobs": null, "finish_reason": null}}]}}\n\n').encode()
-        self.conn.start_chunked(_SSE, first)
+        self.conn.start_chunked(_SSE, first, self.keep_alive)
         self.sent = 0
         self._schedule(self.tokens.at(0), self._write)
 
@@ -716,8 +716,8 @@ class _Connection(asyncio.Protocol):
         self.transport.write(_head(status, content_type, len(body), keep_alive) + body)
         self._done(keep_alive)
 
-    def start_chunked(self, content_type: bytes, first: bytes = b"") -> None:
-        self.transport.write(_head(200, content_type, None, True) +
+    def start_chunked(self, content_type: bytes, first: bytes = b"", keep_alive: bool = True) -> None:
+        self.transport.write(_head(200, content_type, None, keep_alive) +
                              (b"%x\r\n%s\r\n" % (len(first), first) if first else b""))
 
     def write_chunk(self, data: bytes, last: bool = False, keep_alive: bool = True) -> None:
