@@ -306,3 +306,34 @@ def test_peak_in_flight_matches_brute_force_and_sizes_the_warm_pool():
     assert 8 < peak  # requests queue for the 8 slots: in flight counts the queued too
     assert warm_pool_size(requests, service, 1000) == int(peak * 1.25) + 8
     assert warm_pool_size(requests, service, 10) == 10
+
+
+def test_a_long_stream_is_read_for_its_first_token_and_usage_only():
+    # The client searches only a streamed answer's last bytes for its usage: a stream far longer than that
+    # tail, fed in pieces that cut through events, still yields the first token's stamp (at the piece that
+    # completes the first text event, not before) and the usage event's count; without usage, the data:
+    # fields counted over the whole answer.
+    from traces.replay import _Answer, _read_answer
+
+    async def read(stream: bytes, piece: int) -> tuple[dict, list[bool]]:
+        record = {"first_token_ns": None}
+        answer = _Answer(asyncio.get_running_loop(), record, True)
+        answer.status = 200
+        stamped = []
+        for i in range(0, len(stream), piece):
+            answer.on_body(stream[i:i + piece])
+            stamped.append(record["first_token_ns"] is not None)
+        _read_answer(answer, record, True)
+        return record, stamped
+
+    role = b'data: {"choices": [{"index": 0, "text": ""}]}\n\n'  # no text yet
+    token = b'data: {"choices": [{"index": 0, "text": " t", "finish_reason": null}], "usage": null}\n\n'
+    usage = b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 900}}\n\n'
+    with_usage = role + token * 900 + usage + b"data: [DONE]\n\n"
+    without = role + token * 900 + b"data: [DONE]\n\n"
+    (rec_u, stamped_u), (rec_n, _) = asyncio.run(read(with_usage, 13)), asyncio.run(read(without, 4096))
+    assert len(with_usage) > 4 * 16384
+    assert rec_u["status"] == "ok" and rec_u["output_tokens"] == 900
+    first_text_end = len(role) + len(token)  # the piece holding this byte completes the first text event
+    assert stamped_u.index(True) == (first_text_end - 1) // 13
+    assert rec_n["status"] == "ok" and rec_n["output_tokens"] == 901  # the role event has a data: field too

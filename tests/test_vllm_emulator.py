@@ -41,6 +41,21 @@ def test_token_times_closed_form_without_windows():
     np.testing.assert_allclose(times, expected, atol=2)
 
 
+def test_a_streams_schedule_counts_exactly_the_tokens_done():
+    # A streaming answer asks its schedule how many tokens are done at each wake (closed form at constant
+    # speed); it must agree with the instants themselves to the nanosecond, or a token leaves early.
+    from bisect import bisect_right
+
+    for scale, prompt, n in ((1.0, 1, 7), (904.1368285566743, 1155, 211), (37.5, 14050, 1000), (3.0, 0, 1)):
+        em = VllmEmulator(ServiceModel(prefill_tokens_per_s=20_000, decode_tokens_per_s=50, time_scale=scale))
+        start = 7 * 10**12 + 123_457
+        schedule = em.schedule(start, prompt, n)
+        times = schedule.array()
+        assert [schedule.at(k) for k in range(n)] == times.tolist()
+        for t in {start - 1, *times.tolist(), *(times - 1).tolist(), *(times + 1).tolist(), int(times[-1]) + 10**9}:
+            assert schedule.ready(t) == bisect_right(times.tolist(), t), (scale, t)
+
+
 def test_token_times_integrate_the_capacity_profile():
     async def body():
         em = VllmEmulator(ServiceModel(prefill_tokens_per_s=100, decode_tokens_per_s=10, time_scale=2))
@@ -170,3 +185,107 @@ def test_no_token_and_no_slot_before_the_model_time(loop):
     assert all(got >= due for got, due in zip(sorted(s[-1] for s in received), done))
     for k, rec in enumerate(records[2:], start=2):
         assert rec[1] >= done[k - 2]  # admitted only once an earlier sequence's model time was over
+
+
+def test_http_keep_alive_pipelining_and_bad_requests_on_the_wire():
+    # The endpoint's own HTTP/1.1 layer, on a raw socket: two pipelined requests answered in order on one
+    # connection (the stream chunked, one SSE event per token), vLLM's 404/405 bodies, a malformed request
+    # answered 400 and the connection closed, and `Connection: close` honoured.
+    async def exchange(port: int, data: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(data)
+        got = await reader.read()  # to EOF: every exchange here ends with the server closing
+        writer.close()
+        return got
+
+    def post(body: dict, close: bool = False) -> bytes:
+        raw = json.dumps(body).encode()
+        return (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+                (b"Connection: close\r\n" if close else b"") + b"Content-Length: %d\r\n\r\n" % len(raw) + raw)
+
+    async def body(em, session):
+        pipelined = await exchange(em.port, post({"prompt": [1, 2, 3], "max_tokens": 4, "stream": True}) +
+                                   post({"prompt": "a b", "max_tokens": 2}, close=True))
+        missing = await exchange(em.port, b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        wrong = await exchange(em.port, b"GET /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        bad = await exchange(em.port, b"NOT HTTP AT ALL\r\n\r\n")
+        closing = await exchange(em.port, post({"prompt": [1], "max_tokens": 2, "stream": True}, close=True))
+        return pipelined, missing, wrong, bad, closing
+
+    service = ServiceModel(prefill_tokens_per_s=1e5, decode_tokens_per_s=2000)
+    em, (pipelined, missing, wrong, bad, closing) = run(_with_server(service, body))
+    first, _, rest = pipelined.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked" in first
+    assert b"content-type: text/event-stream" in first
+    stream, _, second = rest.partition(b"0\r\n\r\n")  # the chunked terminator ends the first answer
+    events = [e for e in stream.split(b"\n\n") if b"data: " in e]
+    texts = [json.loads(e.split(b"data: ", 1)[1])["choices"][0]["text"] for e in events if b"[DONE]" not in e]
+    assert texts == [" t"] * 4 and b"data: [DONE]" in events[-1]
+    head, _, plain = second.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"connection: close" in head
+    assert json.loads(plain)["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    assert missing.startswith(b"HTTP/1.1 404 ") and missing.endswith(b'{"detail":"Not Found"}')
+    assert wrong.startswith(b"HTTP/1.1 405 ") and wrong.endswith(b'{"detail":"Method Not Allowed"}')
+    assert bad.startswith(b"HTTP/1.1 400 ")
+    assert b"connection: close" in closing.partition(b"\r\n\r\n")[0] and closing.endswith(b"0\r\n\r\n")
+    assert b"connection: close" not in first
+    assert em.stats.received == 3 and em.stats.completed == 3
+
+
+@pytest.mark.parametrize("decode", [2e7 / 500_000.5, 37.0])
+def test_metrics_counted_in_bulk_match_prometheus_clients_own_histograms(decode):
+    # /metrics counts finished requests in one numpy pass per scrape; prometheus_client's own Histogram,
+    # fed one observation at a time, must give the same buckets, counts and sums (steady and listed
+    # schedules mixed: a window edge ahead of some admissions). At ×50, 2e7/500 000.5 tokens/s puts the
+    # gaps at 500 000 and 500 001 ns, either side of the 0.025 s bucket bound (counted one by one); at 37
+    # a steady schedule's gaps all share a bucket (counted at once).
+    from prometheus_client import CollectorRegistry, Histogram
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from devices.emulated import vllm_server as vs
+
+    rng = np.random.default_rng(3)
+    em = VllmEmulator(ServiceModel(prefill_tokens_per_s=20_000, decode_tokens_per_s=decode, time_scale=50.0))
+    em._set_profile([10**12 + 40_000_000, 10**12 + 60_000_000], [1.0, 0.5, 1.0])  # half speed in between
+    registry, reference = CollectorRegistry(), {}
+    specs = {"ttft": ("vllm:time_to_first_token_seconds", vs.TTFT_BUCKETS),
+             "tpot": ("vllm:time_per_output_token_seconds", vs.TPOT_BUCKETS),
+             "e2e": ("vllm:e2e_request_latency_seconds", vs.REQUEST_LATENCY_BUCKETS),
+             "queue": ("vllm:request_queue_time_seconds", vs.REQUEST_LATENCY_BUCKETS),
+             "prompt": ("vllm:request_prompt_tokens", vs._1_2_5_buckets(32_768)),
+             "generation": ("vllm:request_generation_tokens", vs._1_2_5_buckets(32_768))}
+    for key, (name, buckets) in specs.items():
+        reference[key] = Histogram(name.replace(":", "_"), "ref", buckets=buckets, registry=registry)
+    kinds = set()
+    for i in range(60):
+        received = 10**12 + int(rng.integers(0, 80_000_000))
+        admitted = received + int(rng.integers(0, 5_000_000))
+        prompt, n = int(rng.integers(1, 3000)), int(rng.integers(1, 400))
+        schedule = em.schedule(admitted, prompt, n)
+        kinds.add(type(schedule).__name__)
+        em.metrics.observe(50.0, received, admitted, schedule, prompt)
+        times, to_s = schedule.array(), 50.0 / 1e9
+        reference["ttft"].observe((int(times[0]) - received) * to_s)
+        for gap in np.diff(times):
+            reference["tpot"].observe(int(gap) * to_s)
+        reference["e2e"].observe((int(times[-1]) - received) * to_s)
+        reference["queue"].observe((admitted - received) * to_s)
+        reference["prompt"].observe(prompt)
+        reference["generation"].observe(n)
+    assert kinds == {"_Steady", "_Listed"}
+
+    def samples(text: str) -> dict:
+        return {(s.name.replace(":", "_"), s.labels.get("le")): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples
+                if not s.name.endswith("_created")}
+
+    from prometheus_client import generate_latest
+
+    got, want = samples(em.metrics.render().decode()), samples(generate_latest(registry).decode())
+    for key, (name, _) in specs.items():
+        prefix = name.replace(":", "_")
+        mine = {k: v for k, v in got.items() if k[0].startswith(prefix + "_")}
+        theirs = {k: v for k, v in want.items() if k[0].startswith(prefix + "_")}
+        assert mine.keys() == theirs.keys() and len(mine) > 3, key
+        for k, v in theirs.items():
+            assert mine[k] == pytest.approx(v, rel=1e-9), (key, k)

@@ -3,6 +3,7 @@ usage, one token per chunk, OpenAI error bodies, and `/metrics` in vLLM's names.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
 import openai
@@ -117,7 +118,7 @@ def test_a_client_leaving_mid_stream_is_counted_not_logged_as_a_server_error(cap
                 async with session.post(em.url + "/v1/completions",
                                         json={"prompt": [1, 2], "max_tokens": 40, "stream": True}) as resp:
                     await resp.content.readany()  # the first token, then the client goes away
-            for _ in range(400):  # the server notices at its next write (~50 ms)
+            for _ in range(400):  # the server sees the connection close
                 if em.stats.disconnected:
                     break
                 await asyncio.sleep(0.025)
@@ -125,7 +126,7 @@ def test_a_client_leaving_mid_stream_is_counted_not_logged_as_a_server_error(cap
         finally:
             await em.stop()
 
-    with caplog.at_level("ERROR", logger="aiohttp.server"):
+    with caplog.at_level("ERROR"):
         stats = asyncio.run(body())
     assert stats.disconnected == 1 and stats.completed == 0
-    assert "Error handling request" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

@@ -43,14 +43,27 @@ def _libc():
         return None
 
 
+class TimerHandle:
+    """A scheduled callback of `MonotonicTimer.call_at`; `cancel()` before it runs and it never does."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self, entry: list):
+        self._entry = entry
+
+    def cancel(self) -> None:
+        self._entry[2] = None
+
+
 class MonotonicTimer:
-    """Futures that resolve at given `now_ns()` instants; one timerfd armed at the earliest one."""
+    """Callbacks and futures due at given `now_ns()` instants; one timerfd armed at the earliest one."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, libc, fd: int):
         self._loop, self._libc, self._fd = loop, libc, fd
-        self._heap: list[tuple[int, int, asyncio.Future]] = []
+        self._heap: list[list] = []  # [deadline_ns, seq, callback or None once cancelled]
         self._seq = itertools.count()
         self._armed: int | None = None
+        self._futures: set[asyncio.Future] = set()  # wait_until's, cancelled on close
         loop.add_reader(fd, self._fire)
 
     @classmethod
@@ -67,11 +80,24 @@ class MonotonicTimer:
             os.close(fd)
             return None
 
-    def wait_until(self, deadline_ns: int) -> asyncio.Future:
-        future = self._loop.create_future()
-        heapq.heappush(self._heap, (deadline_ns, next(self._seq), future))
+    def call_at(self, deadline_ns: int, callback) -> TimerHandle:
+        """Run `callback()` from the loop at `deadline_ns` or later, never before. Callbacks run without a task
+        or future of their own: a streaming endpoint wakes once per write on this."""
+        entry = [deadline_ns, next(self._seq), callback]
+        heapq.heappush(self._heap, entry)
         if self._armed is None or deadline_ns < self._armed:
             self._arm(deadline_ns)
+        return TimerHandle(entry)
+
+    def wait_until(self, deadline_ns: int) -> asyncio.Future:
+        future = self._loop.create_future()
+        self._futures.add(future)
+
+        def fire() -> None:
+            self._futures.discard(future)
+            if not future.done():
+                future.set_result(None)
+        self.call_at(deadline_ns, fire)
         return future
 
     def _arm(self, deadline_ns: int) -> None:
@@ -89,16 +115,23 @@ class MonotonicTimer:
             pass
         self._armed = None
         now = now_ns()
-        while self._heap and self._heap[0][0] <= now:
-            _, _, future = heapq.heappop(self._heap)
-            if not future.done():
-                future.set_result(None)
-        if self._heap:
-            self._arm(self._heap[0][0])
+        heap, due = self._heap, []
+        while heap and heap[0][0] <= now:
+            callback = heapq.heappop(heap)[2]
+            if callback is not None:
+                due.append(callback)
+        if heap:
+            self._arm(heap[0][0])
+        for callback in due:  # after re-arming: a callback may schedule (and arm) again
+            try:
+                callback()
+            except Exception as exc:  # noqa: BLE001 - reported as the loop reports a failed callback
+                self._loop.call_exception_handler({"message": "MonotonicTimer callback failed", "exception": exc})
 
     def close(self) -> None:
         self._loop.remove_reader(self._fd)
         os.close(self._fd)
-        for _, _, future in self._heap:
+        for future in self._futures:
             future.cancel()
+        self._futures.clear()
         self._heap.clear()

@@ -21,6 +21,7 @@ import asyncio
 import gc
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -163,38 +164,50 @@ def replay_log_to_parquet(jsonl_path: str | Path, parquet_path: str | Path) -> p
     return frame
 
 
-def _body(model: str, ids: bytes, max_tokens: int, stream: bool) -> bytes:
+def _body(model_json: bytes, ids: bytes, max_tokens: int, stream: bool) -> bytes:
     # Token ids (a JSON array text from PromptSynthesizer), not text, so the server sees exactly the trace's
     # prompt length; the body is assembled as bytes because json.dumps of long lists costs more than the send.
-    extra = ',"stream":true,"stream_options":{"include_usage":true}' if stream else ""
-    return (f'{{"model":{json.dumps(model)},"prompt":'.encode() + ids +
-            f',"max_tokens":{max_tokens},"min_tokens":{max_tokens},"ignore_eos":true,"temperature":0{extra}}}'.encode())
+    extra = b',"stream":true,"stream_options":{"include_usage":true}}' if stream else b"}"
+    return b"".join((b'{"model":', model_json, b',"prompt":', ids, b',"max_tokens":%d,"min_tokens":%d,'
+                     b'"ignore_eos":true,"temperature":0' % (max_tokens, max_tokens), extra))
+
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+_TAIL_BYTES = 16384  # a streamed answer's end searched for its usage event (a few hundred bytes)
 
 
 class _Answer(Response):
-    """A completion's answer. While streamed, the arrival of its first text-bearing SSE event is stamped
-    (`first_token_ns`) as the bytes are parsed; the rest is kept whole for one read at the end."""
+    """A completion's answer, read for what the record needs. While streamed, the arrival of the first
+    text-bearing SSE event is stamped (`first_token_ns`) as the bytes are parsed; the pieces are kept as they
+    came (no copy) and only the last ones are searched at the end (`tail`)."""
 
     __slots__ = ("record", "pending")
 
     def __init__(self, loop, record: dict, stream: bool):
         super().__init__(loop)
         self.record = record
-        self.pending = b"" if stream else None  # events not yet searched for text; None once found
+        self.pending = b"" if stream else None  # bytes of events not yet searched for text; None once found
 
     def on_body(self, piece: bytes) -> None:
         self.chunks.append(piece)
-        if self.pending is None:
+        if self.pending is None or self.status != 200:
             return
-        pending = self.pending + piece
-        cut = max(pending.rfind(b"\n\n"), pending.rfind(b"\r\n\r\n"))  # whole events only
-        if cut < 0:
-            self.pending = pending
-        elif self.status == 200 and _first_text_event(pending[:cut]):
-            self.record["first_token_ns"] = now_ns()
-            self.pending = None
-        else:
-            self.pending = pending[cut:]
+        pending, start = self.pending + piece, 0
+        while (end := _EVENT_END.search(pending, start)) is not None:  # whole events, from the first
+            if _text_event(pending[start:end.start()]):
+                self.record["first_token_ns"] = now_ns()
+                self.pending = None
+                return
+            start = end.end()
+        self.pending = pending[start:]
+
+    def tail(self) -> bytes:
+        """The answer's last pieces, at least `_TAIL_BYTES` of them (or all)."""
+        chunks, size, k = self.chunks, 0, len(self.chunks)
+        while k and size < _TAIL_BYTES:
+            k -= 1
+            size += len(chunks[k])
+        return b"".join(chunks[k:])
 
 
 class _Replayer:
@@ -224,22 +237,30 @@ class _Replayer:
         handed_ns = now_ns()
         conn = answer = None
         try:
-            async with asyncio.timeout(cfg.timeout_s):
-                conn = self.pool.take()
-                if conn is None:  # every connection busy (or none open yet): wait for one
+            conn = self.pool.take()
+            if conn is None:  # every connection busy (or none open yet): wait for one
+                async with asyncio.timeout(cfg.timeout_s):
                     conn = await self.pool.acquire()
-                    record["connection_wait_ns"] = now_ns() - handed_ns
-                answer = _Answer(self.loop, record, cfg.stream)
-                conn.send(data, answer)
-                record["sent_ns"] = now_ns()  # the request is in the socket
+                record["connection_wait_ns"] = now_ns() - handed_ns
+            answer = _Answer(self.loop, record, cfg.stream)
+            conn.send(data, answer)
+            record["sent_ns"] = now_ns()  # the request is in the socket
+            # The rest of the timeout is one timer handle that fails the answer (cheaper than a timeout
+            # context per request, which reschedules and uncancels a task).
+            left_s = cfg.timeout_s - (record["sent_ns"] - handed_ns) / 1e9
+            expiry = self.loop.call_later(max(0.0, left_s), _expire, answer)
+            try:
                 await answer.done
+            finally:
+                expiry.cancel()
             _read_answer(answer, record, cfg.stream)
         except TimeoutError:
             record["status"], record["error"] = "timeout", f"no complete answer within {cfg.timeout_s} s"
         except (ResponseError, OSError, ValueError) as exc:
             record["status"], record["error"] = "error", f"{type(exc).__name__}: {exc}"[:300]
         finally:
-            if answer is not None and not (answer.done.done() and not answer.done.cancelled()):
+            if answer is not None and not (answer.done.done() and not answer.done.cancelled()
+                                           and answer.done.exception() is None):
                 conn.abort()  # left mid-answer: the connection is out of step
             record["completed_ns"] = now_ns()
             if record["sent_ns"] is None:  # never on the wire
@@ -250,8 +271,13 @@ class _Replayer:
             self.results.append(record)
 
 
+def _expire(answer: _Answer) -> None:
+    if not answer.done.done():
+        answer.done.set_exception(TimeoutError())
+
+
 def _read_answer(answer: _Answer, record: dict, stream: bool) -> None:
-    body = answer.body()
+    body = answer.tail() if stream and answer.status == 200 else answer.body()
     record["http_status"] = answer.status
     if answer.status != 200:
         record["status"], record["error"] = "http_error", body.decode("utf-8", "replace")[:300]
@@ -261,35 +287,28 @@ def _read_answer(answer: _Answer, record: dict, stream: bool) -> None:
         record["output_tokens"] = int((payload.get("usage") or {}).get("completion_tokens", 0))
         record["status"] = "ok"
     else:
-        # Searched with bytes methods (C); only the usage event is decoded, from the end. Servers may coalesce
-        # tokens into one chunk: usage is exact, the event count a lower bound (neither the usage-only event
-        # nor [DONE] carries a token).
+        # `body` is the answer's last bytes; only the usage event is decoded, from the end. Servers may
+        # coalesce tokens into one chunk: usage is exact, the event count (the whole answer searched, only
+        # when there is no usage) a lower bound (neither the usage-only event nor [DONE] carries a token).
         done = body.rfind(b"[DONE]") >= 0  # from the end, where it is
         usage_tokens = _usage_tokens(body) if done else None
         record["output_tokens"] = (usage_tokens if usage_tokens is not None
-                                   else max(0, body.count(b"data:") - done))
+                                   else max(0, answer.body().count(b"data:") - done))
         if done:
             record["status"] = "ok"
         else:
             record["status"], record["error"] = "error", "stream ended without [DONE]"
 
 
-def _first_text_event(events: bytes) -> bool:
-    """Whether some completion chunk among `events` (whole SSE events) carries text. Decoded one event at a
-    time from the first (which usually does): a coalesced network read holds many. A `data:` field starts a
-    line, and JSON text holds no raw newline, so a newline before `data:` finds them."""
-    text = b"\n" + events
-    start = text.find(b"\ndata:")
-    while start >= 0:
-        end = text.find(b"\n", start + 1)
-        line = text[start + 6:end if end >= 0 else len(text)].strip()
-        if line != b"[DONE]":
-            choices = orjson.loads(line).get("choices")
-            if choices and choices[0].get("text"):
-                return True
-        if end < 0:
-            return False
-        start = text.find(b"\ndata:", end)
+def _text_event(event: bytes) -> bool:
+    """Whether one SSE event is a completion chunk that carries text (its `data:` line decoded)."""
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return False
+            choices = orjson.loads(data).get("choices")
+            return bool(choices and choices[0].get("text"))
     return False
 
 
@@ -340,6 +359,7 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
     prompts = requests["prompt_tokens"].to_numpy(dtype=np.int64)
     outputs = requests["output_tokens"].to_numpy(dtype=np.int64)
     spin_ns = int(config.spin_s * 1e9)
+    model_json = json.dumps(config.model).encode()
     timer_early_ns = int(config.timerfd_early_s * 1e9)
     warm = config.warm_connections
     if warm is None:
@@ -359,7 +379,7 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
             async def timed(i: int, deadline: int) -> None:
                 # The request is built before the wait (the task starts `lookahead` ahead), never on the send path.
                 max_tokens = max(1, int(outputs[i]))
-                data = replayer.request(_body(config.model, prompts_text.json_ids(i), max_tokens, config.stream))
+                data = replayer.request(_body(model_json, prompts_text.json_ids(i), max_tokens, config.stream))
                 if timer is not None:
                     # Wake a little early (a sleeping process takes ~0.1 ms to run again), then yield briefly.
                     await timer.wait_until(deadline - timer_early_ns)

@@ -1,4 +1,4 @@
-"""Emulated vLLM-compatible endpoint (aiohttp, 127.0.0.1 only): `POST /v1/completions` and
+"""Emulated vLLM-compatible endpoint (127.0.0.1 only): `POST /v1/completions` and
 `POST /v1/chat/completions` (streaming SSE or not, `usage`, `stream_options.include_usage`), `GET /v1/models`,
 `GET /health`, `GET /metrics` (Prometheus text with vLLM's metric names), `GET /stats`.
 
@@ -13,6 +13,11 @@ rates and the slot count by their capacity factor while they last. `time_scale` 
 (service times and window times alike), matching a time-scaled replay. Like vLLM with `ignore_eos`,
 a request always produces exactly `max_tokens` tokens.
 
+HTTP/1.1 on asyncio Protocols with httptools (llhttp) parsing requests, uvicorn's response headers (vLLM's
+server), keep-alive and pipelining; an answer has no task of its own: admission, each stream write and the
+end are callbacks on the emulator's timerfd clock, so a streamed token costs one timer entry and one socket
+write (the endpoint's CPU per request is what a replay at thousands of requests/s is limited by).
+
 Run standalone: `python -m devices.emulated.vllm_server --port 0` prints `listening 127.0.0.1:PORT`.
 """
 from __future__ import annotations
@@ -25,10 +30,11 @@ import time
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
+from email.utils import formatdate
 
+import httptools
 import numpy as np
-import orjson
-from aiohttp import web
+import simdjson
 
 from analysis.serving import InterferenceWindow, ServiceModel, capacity_profile
 from devices.timing import now_ns
@@ -46,6 +52,50 @@ class _Stats:
     max_running: int = 0
     max_waiting: int = 0
     records: list = field(default_factory=list)  # (t_received_ns, t_admitted_ns, t_first_ns, t_done_ns)
+
+
+class _Steady:
+    """Token k done at int(start + (prefill + k·per_token) / speed) ns: model seconds of work over model seconds
+    per real ns, the same arithmetic as numpy's on the whole array."""
+
+    __slots__ = ("start", "prefill", "per_token", "speed", "n")
+
+    def __init__(self, start: int, prefill: float, per_token: float, speed: float, n: int):
+        self.start, self.prefill, self.per_token, self.speed, self.n = start, prefill, per_token, speed, n
+
+    def at(self, k: int) -> int:
+        return int(self.start + (self.prefill + k * self.per_token) / self.speed)
+
+    def ready(self, now: int) -> int:
+        """How many tokens are done at `now`."""
+        k = min(self.n, max(0, int(((now - self.start) * self.speed - self.prefill) / self.per_token)))
+        while k < self.n and self.at(k) <= now:  # the estimate's float rounding, settled on the exact instants
+            k += 1
+        while k > 0 and self.at(k - 1) > now:
+            k -= 1
+        return k
+
+    def array(self) -> np.ndarray:
+        work = self.prefill + np.arange(self.n) * self.per_token
+        return (self.start + work / self.speed).astype(np.int64)
+
+
+class _Listed:
+    """Token instants listed (a window edge ahead changes the speed on the way)."""
+
+    __slots__ = ("times", "due", "n")
+
+    def __init__(self, times: np.ndarray):
+        self.times, self.due, self.n = times, times.tolist(), len(times)
+
+    def at(self, k: int) -> int:
+        return self.due[k]
+
+    def ready(self, now: int) -> int:
+        return bisect_right(self.due, now)
+
+    def array(self) -> np.ndarray:
+        return self.times
 
 
 # Histogram buckets of vLLM's V1 Prometheus logger (vllm/v1/metrics/loggers.py).
@@ -68,35 +118,52 @@ def _1_2_5_buckets(max_value: int) -> list[int]:
 
 
 class _BulkHistogram:
-    """A Prometheus histogram fed with arrays of observations (a custom collector)."""
+    """A Prometheus histogram fed with arrays of observations (a custom collector), rendered as
+    prometheus_client renders its own (`le` labels, `_count`, `_sum`, `_created`)."""
 
     def __init__(self, name: str, doc: str, buckets, labels: list[str], values: tuple[str, ...]):
         self.name, self.doc, self.labels, self.values = name, doc, labels, list(values)
         self.bounds = np.asarray(buckets, dtype=float)
         self.counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)  # the last one is +Inf
         self.total = 0.0
+        self.created = time.time()
 
     def observe_many(self, values: np.ndarray) -> None:
         values = np.asarray(values, dtype=float)
+        # prometheus_client's bucket for x is the first bound >= x
         self.counts += np.bincount(np.searchsorted(self.bounds, values, side="left"), minlength=len(self.counts))
         self.total += float(values.sum())
 
+    def add(self, buckets: np.ndarray, counts: np.ndarray, total: float) -> None:
+        """`counts[i]` observations in bucket `buckets[i]` (indices as `observe_many` finds them), summing to
+        `total`."""
+        self.counts += np.bincount(buckets, weights=counts, minlength=len(self.counts)).astype(np.int64)
+        self.total += total
+
     def collect(self):
         from prometheus_client.core import HistogramMetricFamily
+        from prometheus_client.metrics import _use_created
+        from prometheus_client.samples import Sample
+        from prometheus_client.utils import floatToGoString
 
         family = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
         cumulative = np.cumsum(self.counts)
-        buckets = [(repr(float(b)), int(c)) for b, c in zip(self.bounds, cumulative[:-1])]
+        buckets = [(floatToGoString(b), int(c)) for b, c in zip(self.bounds, cumulative[:-1])]
         family.add_metric(self.values, buckets + [("+Inf", int(cumulative[-1]))], self.total)
+        if _use_created:
+            family.samples.append(Sample(self.name + "_created", dict(zip(self.labels, self.values)), self.created))
         yield family
 
 
 class VllmMetrics:
     """`/metrics` under vLLM's V1 names and labels (`model_name`, `engine`), rendered by prometheus_client as
-    vLLM itself does. Times are service-model seconds (real × time_scale), like the latencies of a replay."""
+    vLLM itself does. Times are service-model seconds (real × time_scale), like the latencies of a replay.
+    Finished requests are counted in when the metrics are next rendered, all at once (numpy): the request
+    path pays a list append, and a batch of 10 000 costs milliseconds, not the ~0.2 s of per-request
+    prometheus_client calls that stalled the endpoint's loop."""
 
     def __init__(self, model: str, max_model_len: int, queue_depths):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge
 
         self.registry = CollectorRegistry()
         self._pending: list[tuple] = []
@@ -106,7 +173,9 @@ class VllmMetrics:
         counter = lambda name, doc: Counter(name, doc, labels, registry=self.registry).labels(*values)  # noqa: E731
 
         def histogram(name, doc, buckets):
-            return Histogram(name, doc, labels, buckets=buckets, registry=self.registry).labels(*values)
+            bulk = _BulkHistogram(name, doc, buckets, labels, values)
+            self.registry.register(bulk)
+            return bulk
 
         self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
@@ -120,37 +189,49 @@ class VllmMetrics:
                                             "Number of generation tokens processed.", sizes)
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               TTFT_BUCKETS)
-        # One observation per output token, as vLLM makes them: counted in bulk (numpy) by a collector,
-        # because prometheus_client's per-call observe would cost more than the request itself.
-        self.tpot = _BulkHistogram("vllm:time_per_output_token_seconds",
-                                   "Histogram of time per output token in seconds.", TPOT_BUCKETS, labels, values)
-        self.registry.register(self.tpot)
+        self.tpot = histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
+                              TPOT_BUCKETS)  # one observation per output token after the first, as vLLM's
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                              REQUEST_LATENCY_BUCKETS)
         self.queue = histogram("vllm:request_queue_time_seconds",
                                "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
 
-    def observe(self, time_scale: float, received_ns: int, admitted_ns: int, token_ns: np.ndarray,
-                prompt_tokens: int) -> None:
-        """Record one finished request; counted into the metrics when they are next rendered (a scrape),
-        so the request path pays a list append rather than a dozen metric updates."""
-        self._pending.append((time_scale, received_ns, admitted_ns, token_ns, prompt_tokens))
+    def observe(self, time_scale: float, received_ns: int, admitted_ns: int, tokens, prompt_tokens: int) -> None:
+        """Record one finished request (`tokens`: its schedule, or its token instants as an array)."""
+        if isinstance(tokens, np.ndarray):
+            tokens = _Listed(tokens)
+        self._pending.append((time_scale / 1e9, received_ns, admitted_ns, tokens.at(0), tokens.at(tokens.n - 1),
+                              tokens.n, prompt_tokens, tokens))
         if len(self._pending) >= 10_000:  # an endpoint nobody scrapes keeps bounded memory
             self._flush()
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
-        for time_scale, received_ns, admitted_ns, token_ns, prompt_tokens in pending:
-            to_s = time_scale / 1e9
-            self.prompt_tokens.inc(prompt_tokens)
-            self.generation_tokens.inc(len(token_ns))
-            self.success.inc()
-            self.request_prompt.observe(prompt_tokens)
-            self.request_generation.observe(len(token_ns))
-            self.ttft.observe((int(token_ns[0]) - received_ns) * to_s)
-            self.tpot.observe_many(np.diff(token_ns) * to_s)
-            self.e2e.observe((int(token_ns[-1]) - received_ns) * to_s)
-            self.queue.observe((admitted_ns - received_ns) * to_s)
+        if not pending:
+            return
+        cols = list(zip(*pending))
+        to_s = np.array(cols[0])
+        received, admitted, first, last, n, prompt = (np.array(c, dtype=np.int64) for c in cols[1:7])
+        self.prompt_tokens.inc(int(prompt.sum()))
+        self.generation_tokens.inc(int(n.sum()))
+        self.success.inc(len(pending))
+        self.request_prompt.observe_many(prompt)
+        self.request_generation.observe_many(n)
+        self.ttft.observe_many((first - received) * to_s)
+        self.e2e.observe_many((last - received) * to_s)
+        self.queue.observe_many((admitted - received) * to_s)
+        # Time per output token: a steady schedule's gaps are all within a nanosecond or two of its step
+        # (whole ns either side of it cover the rounding), so when that range lies in one bucket its n-1 gaps
+        # go there at once and their sum is last - first; otherwise (a step on a bucket's bound, or a
+        # listed schedule) gap by gap.
+        step = np.array([t.per_token / t.speed if isinstance(t, _Steady) else np.nan for t in cols[7]])
+        bounds = self.tpot.bounds
+        low = np.searchsorted(bounds, (np.floor(step) - 1) * to_s, side="left")
+        high = np.searchsorted(bounds, (np.floor(step) + 2) * to_s, side="left")
+        whole = ~np.isnan(step) & (low == high)
+        self.tpot.add(low[whole], (n - 1)[whole], float(((last - first) * to_s)[whole].sum()))
+        for i in np.flatnonzero(~whole):
+            self.tpot.observe_many(np.diff(cols[7][i].array()) * to_s[i])
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
@@ -182,33 +263,35 @@ class VllmEmulator:
         self._edges_list, self._factor_list = [], [1.0]  # the same as lists: bisect per request beats numpy's call
         self._clock: MonotonicTimer | None = None  # exact wake-ups (see _at)
         self._running = 0
-        self._waiting: deque[asyncio.Future] = deque()
-        self._runner: web.AppRunner | None = None
+        self._waiting: deque[_Completion] = deque()  # admitted in order as slots free
+        self._server: asyncio.Server | None = None
+        self._connections: set[_Connection] = set()
         self._timers: list = []  # window edges' admission wake-ups (see _at)
+        self._model_json = json.dumps(self.model)
+        self._interval_ns = int(self.service.stream_interval_s * 1e9)
+        self._routes = {b"/v1/completions": (b"POST", self._completions),
+                        b"/v1/chat/completions": (b"POST", self._chat_completions),
+                        b"/metrics": (b"GET", self._metrics), b"/v1/models": (b"GET", self._models),
+                        b"/health": (b"GET", self._health), b"/stats": (b"GET", self._stats)}
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> int:
-        self._clock = MonotonicTimer.create(asyncio.get_running_loop())
-        app = web.Application()
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat_completions)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/stats", self._stats)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=1024, reuse_address=True)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - aiohttp exposes no public getter
+        loop = asyncio.get_running_loop()
+        self._clock = MonotonicTimer.create(loop)
+        self._server = await loop.create_server(lambda: _Connection(self), self.host, self.port, backlog=1024,
+                                                reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
     async def stop(self) -> None:
         for timer in self._timers:
             timer.cancel()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            self._server.close()
+            for conn in list(self._connections):
+                conn.transport.abort()
+            await self._server.wait_closed()
+            self._server = None
         if self._clock is not None:
             self._clock.close()
             self._clock = None
@@ -246,243 +329,443 @@ class VllmEmulator:
     # the nanosecond: asyncio's timers round up to whole milliseconds and uvloop's fire up to half a
     # millisecond early, which at ×60 is 30–60 ms of model time on every token and every slot.
     def _at(self, t_ns: int, callback):
-        """Run `callback()` at t_ns, never before; returns a handle with cancel()."""
+        """Run `callback()` at t_ns, never before on the timerfd (a fallback timer may fire early: callers
+        check); returns a handle with cancel()."""
         if self._clock is not None:
-            future = self._clock.wait_until(t_ns)
-            future.add_done_callback(lambda f: f.cancelled() or callback())
-            return future
+            return self._clock.call_at(t_ns, callback)
         loop = asyncio.get_running_loop()
         return loop.call_later(max(0.0, (t_ns - now_ns()) / 1e9), callback)
-
-    async def _until(self, t_ns: int) -> None:
-        """Sleep until t_ns on the harness clock, never waking before it."""
-        if self._clock is not None:
-            if t_ns > now_ns():
-                await self._clock.wait_until(t_ns)
-            return
-        while (delay := (t_ns - now_ns()) / 1e9) > 0:
-            await asyncio.sleep(delay)
 
     def _slots_at(self, t_ns: int) -> int:
         return max(1, int(self.service.batch_slots * self.capacity_at(t_ns)))
 
     def token_times_ns(self, start_ns: int, prompt_tokens: int, output_tokens: int) -> np.ndarray:
         """Real (harness-clock) completion time of each output token for a sequence admitted at start_ns."""
+        return self.schedule(start_ns, prompt_tokens, output_tokens).array()
+
+    def schedule(self, start_ns: int, prompt_tokens: int, output_tokens: int) -> "_Steady | _Listed":
+        """The token instants of a sequence admitted at start_ns (`token_times_ns`), as a schedule a streaming
+        answer reads per write: closed-form at constant speed (the common case: no numpy per request), listed
+        when a window edge lies ahead."""
         svc = self.service
+        if bisect_right(self._edges_list, start_ns) == len(self._edges_list):  # no window edge ahead
+            speed = svc.time_scale * self.capacity_at(start_ns) / 1e9
+            return _Steady(start_ns, prompt_tokens / svc.prefill_tokens_per_s, 1 / svc.decode_tokens_per_s, speed,
+                           output_tokens)
         work = prompt_tokens / svc.prefill_tokens_per_s + np.arange(output_tokens) / svc.decode_tokens_per_s
         later = self._edges_ns[self._edges_ns > start_ns]
-        if not len(later):  # no window ahead: constant speed (the common case, kept cheap)
-            speed = svc.time_scale * self.capacity_at(start_ns) / 1e9
-            return (start_ns + work / speed).astype(np.int64)
         # Speed = model seconds per real ns: piecewise constant between window edges.
         starts = np.r_[start_ns, later].astype(np.float64)
         speed = svc.time_scale / 1e9 * np.asarray([self.capacity_at(int(t)) for t in starts])
         cum = np.r_[0.0, np.cumsum(np.diff(starts) * speed[:-1])]
         seg = np.searchsorted(cum, work, side="right") - 1
-        return (starts[seg] + (work - cum[seg]) / speed[seg]).astype(np.int64)
+        return _Listed((starts[seg] + (work - cum[seg]) / speed[seg]).astype(np.int64))
 
     # ---- admission ---------------------------------------------------------------------------------------
     def _admit(self) -> None:
         slots = self._slots_at(now_ns())
         while self._waiting and self._running < slots:
-            fut = self._waiting.popleft()
-            if not fut.done():
-                self._running += 1
-                fut.set_result(None)
+            self._running += 1
+            self._waiting.popleft().admitted()
         self.stats.max_running = max(self.stats.max_running, self._running)
 
-    async def _acquire(self) -> None:
+    def _acquire(self, answer: "_Completion") -> None:
+        """`answer.admitted()` now if a slot is free and nobody waits, else when its turn comes."""
         if not self._waiting and self._running < self._slots_at(now_ns()):
             self._running += 1
             self.stats.max_running = max(self.stats.max_running, self._running)
+            answer.admitted()
             return
-        fut = asyncio.get_running_loop().create_future()
-        self._waiting.append(fut)
+        self._waiting.append(answer)
         self.stats.max_waiting = max(self.stats.max_waiting, len(self._waiting))
+
+    def _forget(self, answer: "_Completion") -> None:
         try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self._release()
-            raise
+            self._waiting.remove(answer)
+        except ValueError:
+            pass
 
     def _release(self) -> None:
         self._running -= 1
         self._admit()
 
     # ---- HTTP --------------------------------------------------------------------------------------------
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(text="")
+    def _handle(self, conn: "_Connection", method: bytes, url: bytes, body: bytes, keep_alive: bool) -> None:
+        """Answer one request (routing as vLLM's FastAPI app: 404/405 with a `detail` body)."""
+        path = url.split(b"?", 1)[0]
+        route = self._routes.get(path)
+        if route is None:
+            conn.respond(404, _JSON, b'{"detail":"Not Found"}', keep_alive)
+        elif method != route[0]:
+            conn.respond(405, _JSON, b'{"detail":"Method Not Allowed"}', keep_alive)
+        else:
+            route[1](conn, body, keep_alive)
 
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model",
-                                                              "owned_by": "ocs-hil-emulator"}]})
+    def _health(self, conn, body: bytes, keep_alive: bool) -> None:
+        conn.respond(200, _JSON, b"", keep_alive)
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    def _models(self, conn, body: bytes, keep_alive: bool) -> None:
+        conn.respond(200, _JSON, _json({"object": "list", "data": [{"id": self.model, "object": "model",
+                                                                    "owned_by": "ocs-hil-emulator"}]}), keep_alive)
+
+    def _metrics(self, conn, body: bytes, keep_alive: bool) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        conn.respond(200, CONTENT_TYPE_LATEST.encode(), self.metrics.render(), keep_alive)
 
-    async def _stats(self, request: web.Request) -> web.Response:
+    def _stats(self, conn, body: bytes, keep_alive: bool) -> None:
         s = self.stats
-        return web.json_response({"received": s.received, "completed": s.completed, "rejected": s.rejected,
-                                  "disconnected": s.disconnected, "running": self._running,
-                                  "waiting": len(self._waiting), "max_running": s.max_running,
-                                  "max_waiting": s.max_waiting})
+        conn.respond(200, _JSON, _json({"received": s.received, "completed": s.completed, "rejected": s.rejected,
+                                        "disconnected": s.disconnected, "running": self._running,
+                                        "waiting": len(self._waiting), "max_running": s.max_running,
+                                        "max_waiting": s.max_waiting}), keep_alive)
 
-    @staticmethod
-    def _error(status: int, message: str, param: str | None = None) -> web.Response:
+    def _reject(self, conn, keep_alive: bool, status: int, message: str, param: str | None = None) -> None:
         # vLLM's ErrorResponse: OpenAI's {"error": {...}} envelope, `code` = the HTTP status.
         kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
-        return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                                 status=status)
+        self.stats.rejected += 1
+        conn.respond(status, _JSON, _json({"error": {"message": message, "type": kind, "param": param,
+                                                     "code": status}}), keep_alive)
 
-    def _parse(self, body, chat: bool) -> tuple[int, int] | web.Response:
-        """(prompt_tokens, max_tokens) of a valid request, else the error response."""
+    def _parse(self, body, chat: bool) -> tuple[int, int] | tuple[int, str, str | None]:
+        """(prompt_tokens, max_tokens) of a valid request, else (status, message, param) of its error."""
         if not isinstance(body, dict):
-            return self._error(400, "request body must be a JSON object")
+            return 400, "request body must be a JSON object", None
         model = body.get("model")
         if model is not None and model != self.model:
-            return self._error(404, f"The model `{model}` does not exist.", "model")
+            return 404, f"The model `{model}` does not exist.", "model"
         for key, ok in (("n", lambda v: v in (None, 1)), ("best_of", lambda v: v in (None, 1)),
                         ("logprobs", lambda v: v in (None, False)), ("top_logprobs", lambda v: v in (None, 0)),
                         ("prompt_logprobs", lambda v: v is None), ("echo", lambda v: v in (None, False))):
             if not ok(body.get(key)):
-                return self._error(400, f"{key}={body[key]!r} is not supported by this endpoint", key)
+                return 400, f"{key}={body[key]!r} is not supported by this endpoint", key
         try:
             limit = body.get("max_completion_tokens") if chat else None
             max_tokens = int(body.get("max_tokens", 16) if limit is None else limit)
             prompt_tokens = _count_messages(body["messages"]) if chat else _count_prompt(body["prompt"])
         except KeyError as exc:
-            return self._error(400, f"invalid request: missing {exc.args[0]!r}", exc.args[0])
+            return 400, f"invalid request: missing {exc.args[0]!r}", exc.args[0]
         except (ValueError, TypeError) as exc:
-            return self._error(400, f"invalid request: {exc}")
+            return 400, f"invalid request: {exc}", None
         if max_tokens < 1 or prompt_tokens + max_tokens > self.service.max_model_len:
-            return self._error(400, f"This model's maximum context length is {self.service.max_model_len} "
-                                    f"tokens; requested {prompt_tokens + max_tokens} (prompt {prompt_tokens}, "
-                                    f"max_tokens {max_tokens})", "max_tokens")
+            return (400, f"This model's maximum context length is {self.service.max_model_len} tokens; requested "
+                         f"{prompt_tokens + max_tokens} (prompt {prompt_tokens}, max_tokens {max_tokens})",
+                    "max_tokens")
         return prompt_tokens, max_tokens
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, chat=False)
+    def _completions(self, conn, body: bytes, keep_alive: bool) -> None:
+        self._serve(conn, body, keep_alive, chat=False)
 
-    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, chat=True)
+    def _chat_completions(self, conn, body: bytes, keep_alive: bool) -> None:
+        self._serve(conn, body, keep_alive, chat=True)
 
-    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    def _serve(self, conn, raw: bytes, keep_alive: bool, chat: bool) -> None:
         t_received = now_ns()
         self.stats.received += 1
         try:
-            body = orjson.loads(await request.read())  # bytes as they came: prompts of token ids are the cost
+            body = _request_body(raw)
         except ValueError as exc:
-            body = exc
-        parsed = self._error(400, f"invalid JSON body: {body}") if isinstance(body, ValueError) \
-            else self._parse(body, chat)
-        if isinstance(parsed, web.Response):
-            self.stats.rejected += 1
-            return parsed
+            return self._reject(conn, keep_alive, 400, f"invalid JSON body: {exc}")
+        parsed = self._parse(body, chat)
+        if len(parsed) == 3:
+            return self._reject(conn, keep_alive, *parsed)
         prompt_tokens, max_tokens = parsed
         stream = bool(body.get("stream", False))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
-        await self._acquire()
-        t_admitted = now_ns()
-        # The slot frees when the model says the sequence is done, not when a late writer gets the last
-        # chunk out: a loaded machine delays the bytes, not the service model's capacity.
-        held = [True]
+        include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage", False))
+        answer = _Completion(self, conn, keep_alive, chat, stream, include_usage, t_received, prompt_tokens,
+                             max_tokens)
+        conn.current = answer
+        self._acquire(answer)
 
-        def release() -> None:
-            if held[0]:
-                held[0] = False
-                self._release()
-        timer = None
-        try:
-            times = self.token_times_ns(t_admitted, prompt_tokens, max_tokens)
-            timer = self._at(int(times[-1]), release)
-            ident = f"{'chatcmpl' if chat else 'cmpl'}-{self.stats.received}"
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-                     "total_tokens": prompt_tokens + max_tokens}
-            if stream:
-                response = await self._stream(request, ident, times, usage if include_usage else None, chat)
-            else:
-                await self._until(int(times[-1]))
-                text = TOKEN_TEXT * max_tokens
-                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                           "finish_reason": "length"} if chat else
-                          {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
-                response = web.json_response({
-                    "id": ident, "object": "chat.completion" if chat else "text_completion",
-                    "created": int(time.time()), "model": self.model, "choices": [choice], "usage": usage})
-        except ConnectionResetError:  # the client left mid-answer (e.g. its own timeout): counted, not logged as
-            self.stats.disconnected += 1  # a server error; aiohttp drops the reply to the closed connection
-            return web.Response(status=499)
-        except asyncio.CancelledError:
-            self.stats.disconnected += 1
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-            release()
-        self.stats.completed += 1
-        self.metrics.observe(self.service.time_scale, t_received, t_admitted, times, prompt_tokens)
-        if self.keep_records:
-            self.stats.records.append((t_received, t_admitted, int(times[0]), int(times[-1])))
-        return response
 
-    async def _stream(self, request: web.Request, ident: str, times: np.ndarray, usage: dict | None, chat: bool
-                      ) -> web.StreamResponse:
-        """One token per SSE chunk (as vLLM streams); tokens that are already due when the writer wakes leave
-        in one network write, still one chunk each. `stream_interval_s` > 0 coalesces instead (the first and
-        the last token still leave when due, so TTFT, TPOT and end-to-end latency stay exact)."""
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        head = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()), "model": self.model}
-        tail = ', "usage": null}' if usage is not None else "}"
-        prefix = f'data: {json.dumps(head)[:-1]}, "choices": [{{"index": 0, ' + \
-            ('"delta": {"content": "' if chat else '"text": "')
-        close = '"}' if chat else '"'
+class _Completion:
+    """One completion from admission to its last byte, driven by the emulator's clock (no task of its own: a
+    streamed answer is a callback per write). One token per SSE chunk, as vLLM streams; tokens already due when
+    the writer wakes leave in one network write, still one chunk each. `stream_interval_s` > 0 coalesces
+    instead (the first and the last token still leave when due, so TTFT, TPOT and end-to-end latency stay
+    exact)."""
 
-        def chunk(count: int, finish: str | None) -> bytes:  # TOKEN_TEXT needs no JSON escaping
-            reason = "null" if finish is None else f'"{finish}"'
-            return f'{prefix}{TOKEN_TEXT * count}{close}, "logprobs": null, "finish_reason": {reason}}}]{tail}\n\n'.encode()
+    __slots__ = ("em", "conn", "keep_alive", "chat", "stream", "include_usage", "t_received", "t_admitted",
+                 "prompt_tokens", "max_tokens", "ident", "tokens", "last", "sent", "target", "handle",
+                 "one", "prefix", "tail", "held", "finished")
 
-        if chat:  # the first chunk carries the role, as OpenAI's and vLLM's do
-            role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}]}
-            await response.write(b"data: " + json.dumps(role).encode() + b"\n\n")
-        interval_ns = int(self.service.stream_interval_s * 1e9)
-        sent, last_write, n = 0, -interval_ns, len(times)
-        one = chunk(1, None)
-        due = times.tolist()  # Python ints: a wake per token reads them, numpy's scalars cost more per read
-        last = due[-1]
-        while sent < n:
+    def __init__(self, em: VllmEmulator, conn, keep_alive: bool, chat: bool, stream: bool, include_usage: bool,
+                 t_received: int, prompt_tokens: int, max_tokens: int):
+        self.em, self.conn, self.keep_alive, self.chat, self.stream = em, conn, keep_alive, chat, stream
+        self.include_usage, self.t_received = include_usage, t_received
+        self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
+        self.ident = f"{'chatcmpl' if chat else 'cmpl'}-{em.stats.received}"
+        self.handle = None
+        self.held = self.finished = False
+
+    def admitted(self) -> None:
+        """A slot is ours: the model's token instants are fixed now."""
+        em = self.em
+        self.held, self.t_admitted = True, now_ns()
+        self.tokens = em.schedule(self.t_admitted, self.prompt_tokens, self.max_tokens)
+        self.last = self.tokens.at(self.max_tokens - 1)
+        if not self.stream:
+            self._schedule(self.last, self._whole)
+            return
+        self.tail = ', "usage": null}' if self.include_usage else "}"
+        self.prefix = 'data: ' + self._head()[:-1] + ', "choices": [{"index": 0, ' + (
+            '"delta": {"content": "' if self.chat else '"text": "')
+        self.one = self._chunk(1, None)
+        first = b""
+        if self.chat:  # the first chunk carries the role, as OpenAI's and vLLM's do
+            first = (f'data: {self._head()[:-1]}, "choices": [{{"index": 0, "delta": {{"role": "assistant", '
+                     f'"content": ""}}, "logprobs": null, "finish_reason": null}}]}}\n\n').encode()
+        self.conn.start_chunked(_SSE, first, self.keep_alive)
+        self.sent = 0
+        self._schedule(self.tokens.at(0), self._write)
+
+    def _head(self) -> str:
+        """The chunk's leading fields, as json.dumps writes them (an id and a model name need no escaping
+        beyond the model's, done once)."""
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return (f'{{"id": "{self.ident}", "object": "{kind}", "created": {int(time.time())}, '
+                f'"model": {self.em._model_json}}}')  # noqa: SLF001
+
+    def _chunk(self, count: int, finish: str | None) -> bytes:  # TOKEN_TEXT needs no JSON escaping
+        reason = "null" if finish is None else f'"{finish}"'
+        close = '"}' if self.chat else '"'
+        return (f'{self.prefix}{TOKEN_TEXT * count}{close}, "logprobs": null, "finish_reason": {reason}}}]'
+                f'{self.tail}\n\n').encode()
+
+    def _schedule(self, t_ns: int, callback) -> None:
+        self.target = t_ns
+        self.handle = self.em._at(t_ns, callback)  # noqa: SLF001 - the emulator's clock
+
+    def _write(self) -> None:
+        now = now_ns()
+        if now < self.target:  # a coarse fallback timer fired early: never a token before its time
+            self._schedule(self.target, self._write)
+            return
+        tokens, sent, n = self.tokens, self.sent, self.max_tokens
+        interval = self.em._interval_ns  # noqa: SLF001
+        ready = max(tokens.ready(now), sent + 1)
+        if interval:
+            parts = [self._chunk(ready - sent, "length" if ready == n else None)]
+        else:
+            parts = [self.one] * (ready - sent - (ready == n)) + ([self._chunk(1, "length")] if ready == n else [])
+        self.sent = ready
+        if ready < n:
+            self.conn.write_chunk(b"".join(parts))
             # Coalescing never holds back the last token: the completion time stays the model's.
-            await self._until(max(due[sent], min(last_write + interval_ns, last)))
-            now = now_ns()
-            ready = max(bisect_right(due, now), sent + 1)
-            if interval_ns:
-                parts = [chunk(ready - sent, "length" if ready == n else None)]
+            self._schedule(max(tokens.at(ready), min(now + interval, self.last)), self._write)
+            return
+        # the last chunk, usage, [DONE] and the chunked terminator leave in one write
+        if self.include_usage:
+            p, m = self.prompt_tokens, self.max_tokens
+            parts.append((f'data: {self._head()[:-1]}, "choices": [], "usage": {{"prompt_tokens": {p}, '
+                          f'"completion_tokens": {m}, "total_tokens": {p + m}}}}}\n\n').encode())
+        parts.append(b"data: [DONE]\n\n")
+        self._finish()
+        self.conn.write_chunk(b"".join(parts), last=True, keep_alive=self.keep_alive)
+
+    def _whole(self) -> None:
+        if now_ns() < self.target:
+            self._schedule(self.target, self._whole)
+            return
+        text = TOKEN_TEXT * self.max_tokens
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                   "finish_reason": "length"} if self.chat else
+                  {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
+        body = _json({"id": self.ident, "object": "chat.completion" if self.chat else "text_completion",
+                      "created": int(time.time()), "model": self.em.model, "choices": [choice],
+                      "usage": self._usage()})
+        self._finish()
+        self.conn.respond(200, _JSON, body, self.keep_alive)
+
+    def _usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.max_tokens,
+                "total_tokens": self.prompt_tokens + self.max_tokens}
+
+    def _finish(self) -> None:
+        # The slot frees when the model says the sequence is done (this wake is due at the last token's
+        # instant), not when a slow client has read the bytes.
+        em = self.em
+        self.finished, self.handle = True, None
+        self._release()
+        em.stats.completed += 1
+        em.metrics.observe(em.service.time_scale, self.t_received, self.t_admitted, self.tokens, self.prompt_tokens)
+        if em.keep_records:
+            em.stats.records.append((self.t_received, self.t_admitted, self.tokens.at(0), self.last))
+
+    def _release(self) -> None:
+        if self.held:
+            self.held = False
+            self.em._release()  # noqa: SLF001
+
+    def abort(self) -> None:
+        """The client left before the answer ended: counted, its slot (or its place in the queue) given up."""
+        if self.finished:
+            return
+        self.finished = True
+        self.em.stats.disconnected += 1
+        if self.handle is not None:
+            self.handle.cancel()
+        if self.held:
+            self._release()
+        else:
+            self.em._forget(self)  # noqa: SLF001
+
+
+_JSON = b"application/json"
+_SSE = b"text/event-stream; charset=utf-8"  # what vLLM's StreamingResponse sends
+_STATUS = {200: b"200 OK", 400: b"400 Bad Request", 404: b"404 Not Found", 405: b"405 Method Not Allowed",
+           413: b"413 Request Entity Too Large"}
+MAX_BODY = 16 << 20
+
+
+def _json(payload) -> bytes:
+    return json.dumps(payload).encode()
+
+
+_date_cache = [0, b""]
+
+
+def _date() -> bytes:
+    second = int(time.time())
+    if _date_cache[0] != second:
+        _date_cache[:] = second, formatdate(second, usegmt=True).encode()
+    return _date_cache[1]
+
+
+def _head(status: int, content_type: bytes, length: int | None, keep_alive: bool) -> bytes:
+    # The header set uvicorn (vLLM's server) sends.
+    return b"".join((b"HTTP/1.1 ", _STATUS[status], b"\r\ndate: ", _date(), b"\r\nserver: uvicorn\r\ncontent-type: ",
+                     content_type, b"\r\n",
+                     b"transfer-encoding: chunked\r\n" if length is None else b"content-length: %d\r\n" % length,
+                     b"" if keep_alive else b"connection: close\r\n", b"\r\n"))
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: requests parsed by httptools (llhttp), answered in order (a pipelined request
+    waits for the answer before it). Answers are bounded (at most max_model_len tokens), so writes go to the
+    transport without waiting for it to drain."""
+
+    def __init__(self, em: VllmEmulator):
+        self.em = em
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.current: _Completion | None = None  # the answer being produced
+        self.busy = False  # an answer is under way (current, or a synchronous one being written)
+        self.pending: deque = deque()  # pipelined requests
+        self.url, self.body, self.size, self.expect = b"", [], 0, False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.em._connections.add(self)  # noqa: SLF001
+
+    def connection_lost(self, exc) -> None:
+        self.em._connections.discard(self)  # noqa: SLF001
+        self.pending.clear()
+        current, self.current = self.current, None
+        if current is not None:
+            current.abort()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if not self.busy:
+                self.respond(400, _JSON, b'{"detail":"Invalid HTTP request received."}', False)
             else:
-                parts = [one] * (ready - sent - (ready == n)) + ([chunk(1, "length")] if ready == n else [])
-            sent, last_write = ready, now
-            if sent == n:  # the last chunk, usage, [DONE] and the chunked terminator leave in one write
-                if usage is not None:
-                    parts.append(b"data: " + json.dumps({**head, "choices": [], "usage": usage}).encode() + b"\n\n")
-                parts.append(b"data: [DONE]\n\n")
-                await response.write_eof(b"".join(parts))
-            else:
-                await response.write(b"".join(parts))
-        return response
+                self.transport.close()
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self.url, self.body, self.size, self.expect = b"", [], 0, False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"expect" and value.lower() == b"100-continue":
+            self.expect = True
+
+    def on_headers_complete(self) -> None:
+        if self.expect and not self.busy:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size <= MAX_BODY:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        request = (self.parser.get_method(), self.url, b"".join(self.body), self.parser.should_keep_alive(),
+                   self.size > MAX_BODY)
+        if self.busy:
+            self.pending.append(request)
+        else:
+            self._start(request)
+
+    def _start(self, request) -> None:
+        method, url, body, keep_alive, too_large = request
+        self.busy = True
+        if too_large:
+            self.respond(413, _JSON, b'{"detail":"Request body too large."}', False)
+        else:
+            self.em._handle(self, method, url, body, keep_alive)  # noqa: SLF001
+
+    # writing
+    def respond(self, status: int, content_type: bytes, body: bytes, keep_alive: bool) -> None:
+        """A whole answer with a length."""
+        self.transport.write(_head(status, content_type, len(body), keep_alive) + body)
+        self._done(keep_alive)
+
+    def start_chunked(self, content_type: bytes, first: bytes = b"", keep_alive: bool = True) -> None:
+        self.transport.write(_head(200, content_type, None, keep_alive) +
+                             (b"%x\r\n%s\r\n" % (len(first), first) if first else b""))
+
+    def write_chunk(self, data: bytes, last: bool = False, keep_alive: bool = True) -> None:
+        if self.transport.is_closing():
+            return
+        self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if last else
+                             b"%x\r\n%s\r\n" % (len(data), data))
+        if last:
+            self._done(keep_alive)
+
+    def _done(self, keep_alive: bool) -> None:
+        self.current, self.busy = None, False
+        if not keep_alive:
+            self.transport.close()
+        elif self.pending:
+            self._start(self.pending.popleft())
 
 
 TOKEN_TEXT = " t"  # every emulated output token
+
+
+def _request_body(raw: bytes):
+    """A request's JSON: an object becomes a dict whose `prompt`, if an array, stays simdjson's view of it (its
+    length and first element read in place: a prompt of token ids is most of the body, and building a
+    Python int for each cost the endpoint a fifth of its CPU per request); anything else as Python values.
+    A parser per request: simdjson's views pin their parser's document."""
+    doc = simdjson.Parser().parse(raw)
+    if not isinstance(doc, simdjson.Object):
+        return doc.as_list() if isinstance(doc, simdjson.Array) else doc
+    body = {}
+    for key in doc.keys():
+        value = doc.get(key)
+        if key == "prompt" and isinstance(value, simdjson.Array):
+            body[key] = value
+        elif isinstance(value, simdjson.Object):
+            body[key] = value.as_dict()
+        elif isinstance(value, simdjson.Array):
+            body[key] = value.as_list()
+        else:
+            body[key] = value
+    return body
 
 
 def _count_prompt(prompt) -> int:
     """Tokens in a completions prompt: a list of token ids counts exactly; text counts one token per
     whitespace-separated word. Batches (lists of prompts) are refused."""
     # Checking the first element tells a token list from a batch without a per-token loop.
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+    if isinstance(prompt, (list, simdjson.Array)) and len(prompt) and isinstance(prompt[0], int):
         return len(prompt)
     if isinstance(prompt, str):
         return len(prompt.split())

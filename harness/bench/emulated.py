@@ -184,7 +184,7 @@ _LAZY = {"ProfileError": "devices.emulated.profile"}
 
 def __getattr__(name: str):
     """The emulator's serving model and profiles, for steps that evaluate a model of the bench; imported on
-    first use (the serving emulator pulls in aiohttp, which a plain run does not need)."""
+    first use (the serving emulator pulls in its HTTP and metrics libraries, which a plain run does not need)."""
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
