@@ -1037,18 +1037,59 @@ class _DelayPool:
         order = np.argsort(resid, kind="stable")
         self.resid, self.owner = resid[order], owner[order]
 
+    def _pools(self, takes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each replicate's pool of per-port components: the sorted pool with every element repeated as often
+        as its cycle was taken, the replicates' pools one after the other; (pools, sizes, starts)."""
+        taken = np.stack([np.bincount(t, minlength=self.counts.size) for t in takes])[:, self.owner]
+        pools = np.repeat(np.tile(self.resid, takes.shape[0]), taken.ravel())
+        sizes = taken.sum(axis=1)
+        return pools, sizes, np.cumsum(sizes) - sizes
+
     def draw(self, k: np.ndarray, takes: np.ndarray, c: np.ndarray, u: np.ndarray) -> np.ndarray:
         """Per replicate b: `takes[b]` the cycles resampled, c[b] and u[b] (rows, K) its draws."""
+        n_ports = self.values.shape[1]
+        out = np.zeros(c.shape)
+        pools = None
+        # a reconfiguration switching more ports than any cycle has is always the decomposition: no rank to
+        # find, and the same k over many of them (a region re-applied whole) is one pass
+        for kv in np.unique(k[k > n_ports]):
+            cols = k == kv
+            if pools is None:
+                pools = self._pools(takes)
+            res = self._beyond(kv, takes, *((c, u) if cols.all() else (c[..., cols], u[..., cols])), pools)
+            if cols.all():
+                return res
+            out[..., cols] = res
+        cols = (k > 0) & (k <= n_ports)
+        if cols.any():
+            out[..., cols] = self._within(k[cols], takes, c[..., cols], u[..., cols], pools)
+        return out
+
+    def _beyond(self, k, takes: np.ndarray, c: np.ndarray, u: np.ndarray, pools) -> np.ndarray:
+        """The drawn cycle's shared part + the max of k of its replicate's pool (exact inverse CDF)."""
+        pools, sizes, starts = pools
+        n_boot = takes.shape[0]
+        shared = np.take_along_axis(self.shared[takes], c.reshape(n_boot, -1), axis=1).reshape(c.shape)
+        size = sizes[:, None, None]
+        idx = np.minimum((size * u ** (1.0 / k)).astype(np.int64), size - 1)
+        idx += starts[:, None, None]
+        return np.maximum(shared + pools[idx], 0.0)
+
+    def _within(self, k: np.ndarray, takes: np.ndarray, c: np.ndarray, u: np.ndarray, pools) -> np.ndarray:
+        """0 < k <= the bench's ports: the slowest of a random k-subset of the drawn cycle's ports (the
+        decomposition where that cycle has fewer than k)."""
         n_boot, n_ports = takes.shape[0], self.values.shape[1]
         cycle = np.take_along_axis(takes, c.reshape(n_boot, -1), axis=1).reshape(c.shape)
         pc = self.counts[cycle]
         # the rank of the slowest of k of the cycle's p ports: how many of F[p, k, :] lie below u, one
         # inverse CDF per (p, k)
         table = _max_rank_cdf(n_ports)
-        group = pc * (n_ports + 1) + np.minimum(k, n_ports)
+        group = pc * (n_ports + 1) + k
         rank = np.zeros(c.shape, dtype=np.int64)
         for g in np.flatnonzero(np.bincount(group.ravel())):
             p, kg = divmod(int(g), n_ports + 1)
+            if kg > p:          # the decomposition's, below
+                continue
             sel = group == g
             below = np.zeros(np.count_nonzero(sel), dtype=np.int64)
             u_sel = u[sel]
@@ -1059,16 +1100,12 @@ class _DelayPool:
         kk = np.broadcast_to(k, c.shape)
         beyond = kk > pc
         if beyond.any():
-            # each replicate's pool: the sorted pool with every element repeated as often as its cycle was
-            # taken, the replicates' pools one after the other
-            taken = np.stack([np.bincount(t, minlength=self.counts.size) for t in takes])[:, self.owner]
-            pools = np.repeat(np.tile(self.resid, n_boot), taken.ravel())
-            sizes = taken.sum(axis=1)
+            pools, sizes, starts = self._pools(takes) if pools is None else pools
             size = np.broadcast_to(sizes[:, None, None], c.shape)[beyond]
-            start = np.broadcast_to((np.cumsum(sizes) - sizes)[:, None, None], c.shape)[beyond]
+            start = np.broadcast_to(starts[:, None, None], c.shape)[beyond]
             idx = np.minimum((size * u[beyond] ** (1.0 / kk[beyond])).astype(np.int64), size - 1)
             out[beyond] = np.maximum(self.shared[cycle[beyond]] + pools[start + idx], 0.0)
-        return np.where(kk > 0, out, 0.0)
+        return out
 
 
 def sample_iteration_times(timeline: Timeline, delays: CycleDelays, n_reps: int,
