@@ -31,7 +31,8 @@ __all__ = [
     "MixnetInputError", "greedy_circuits", "all_to_all_time", "hybrid_all_to_all_time", "exact_circuits",
     "greedy_gap_report", "expert_popularity", "moe_dispatch_bytes", "server_demand", "rank_servers", "Fabric",
     "fabric_a2a_time", "ports_switched", "Timeline", "build_timeline", "traffic_from_matrices", "CycleDelays",
-    "delay_model_of", "draw_delays", "sample_iteration_times", "constant_delay_times", "break_even_delay",
+    "delay_model_of", "draw_delays", "sample_iteration_times", "sample_iteration_times_many",
+    "same_reconfigurations", "constant_delay_times", "break_even_delay",
 ]
 
 
@@ -1112,13 +1113,31 @@ def sample_iteration_times(timeline: Timeline, delays: CycleDelays, n_reps: int,
                            rng: np.random.Generator) -> np.ndarray:
     """Monte Carlo iteration times, each reconfiguration's delay from `draw_delays`. Data-parallel replicas
     draw independently; the iteration waits for the slowest."""
+    return sample_iteration_times_many([timeline], delays, n_reps, rng)[0]
+
+
+def sample_iteration_times_many(timelines, delays: CycleDelays, n_reps: int,
+                                rng: np.random.Generator) -> list[np.ndarray]:
+    """`sample_iteration_times` of timelines that switch the same ports with the same data-parallel replicas
+    (one iteration under other compute or overlap assumptions), each on the draws it would make alone."""
     if not isinstance(delays, CycleDelays):
         raise MixnetInputError("delays must be CycleDelays (per cycle and port); CycleDelays.independent() "
                                "for i.i.d. samples")
-    if timeline.n_triggers == 0:
-        return timeline.times(np.zeros((n_reps, 0)))
-    t = timeline.times(draw_delays(timeline.trig_ports, delays, n_reps * timeline.dp, rng))
-    return t.reshape(n_reps, timeline.dp).max(axis=1)
+    first = same_reconfigurations(timelines)
+    if first.n_triggers == 0:
+        return [t.times(np.zeros((n_reps, 0))) for t in timelines]
+    draws = draw_delays(first.trig_ports, delays, n_reps * first.dp, rng)
+    return [t.times(draws).reshape(n_reps, t.dp).max(axis=1) for t in timelines]
+
+
+def same_reconfigurations(timelines) -> Timeline:
+    """The first of `timelines` after checking that they all switch the same ports with the same replicas
+    (so one set of drawn delays serves each of them)."""
+    first = timelines[0]
+    for t in timelines[1:]:
+        if t.dp != first.dp or not np.array_equal(t.trig_ports, first.trig_ports):
+            raise MixnetInputError("timelines drawn together must switch the same ports with the same replicas")
+    return first
 
 
 def break_even_delay(timeline: Timeline, target_s: float, d_max: float = 1e4) -> float | None:
