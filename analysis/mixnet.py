@@ -599,13 +599,15 @@ class Timeline:
         return int(np.bincount(self.trig_stage).max())
 
     @cached_property
-    def _slots(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Triggers grouped by (stage, direction, micro-batch) slot: order, segment starts, slot ids."""
+    def _slots(self) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, bool]:
+        """Triggers grouped by (stage, direction, micro-batch) slot: order (None: already in slot order),
+        segment starts, slot ids, and whether every trigger switches ports."""
         m = self.fwd_base.shape[1]
         slot = (self.trig_stage * 2 + self.trig_dir) * m + self.trig_mb
         order = np.argsort(slot, kind="stable")
         starts = np.flatnonzero(np.r_[True, np.diff(slot[order]) != 0]) if slot.size else np.zeros(0, int)
-        return order, starts, slot[order][starts]
+        in_order = bool(np.array_equal(order, np.arange(order.size)))
+        return None if in_order else order, starts, slot[order][starts], bool(np.all(self.trig_ports > 0))
 
     def times(self, delays) -> np.ndarray:
         """Iteration time (s) for per-trigger delays of shape (R, K) or (K,); returns (R,)."""
@@ -614,14 +616,18 @@ class Timeline:
         if d.shape[1] != self.n_triggers:
             raise MixnetInputError(f"need {self.n_triggers} delays per replicate, got {d.shape[1]}")
         reps = d.shape[0]
-        extra = np.zeros((reps, s_count * 2 * m))
+        extra = np.zeros((s_count * 2 * m, reps))       # replicates last: _gpipe's steps are contiguous
         if self.n_triggers:
-            exposed = np.clip(d - self.trig_window, 0.0, None) * (self.trig_ports > 0)
-            order, starts, slots = self._slots
-            extra[:, slots] = np.add.reduceat(exposed[:, order], starts, axis=1)
-        extra = extra.reshape(reps, s_count, 2, m)
-        fwd = self.fwd_base[None] + extra[:, :, 0, :]
-        bwd = self.bwd_base[None] + extra[:, :, 1, :]
+            order, starts, slots, all_switch = self._slots
+            exposed = d - self.trig_window
+            np.maximum(exposed, 0.0, out=exposed)
+            if not all_switch:
+                exposed *= self.trig_ports > 0
+            # summed along the contiguous trigger axis (a slot's sum in numpy's pairwise order)
+            extra[slots] = np.add.reduceat(exposed if order is None else exposed[:, order], starts, axis=1).T
+        extra = extra.reshape(s_count, 2, m, reps)
+        fwd = self.fwd_base[:, :, None] + extra[:, 0]
+        bwd = self.bwd_base[:, :, None] + extra[:, 1]
         return _gpipe(fwd, bwd, self.p2p_s)
 
 
@@ -642,27 +648,24 @@ def blend_timelines(a: Timeline, b: Timeline, weight: float) -> Timeline:
 
 
 def _gpipe(fwd: np.ndarray, bwd: np.ndarray, p2p: float) -> np.ndarray:
-    """Finish time of a GPipe schedule, vectorised over replicates: fwd, bwd of shape (R, S, m)."""
-    reps, s_count, m = fwd.shape
-    fe = np.zeros((reps, s_count, m))
+    """Finish time of a GPipe schedule, vectorised over replicates: fwd, bwd of shape (S, m, R). A micro-batch
+    starts when the previous stage has handed it over (+ p2p) and its stage is done with the previous one;
+    what comes from the previous stage is known for all its micro-batches at once."""
+    s_count, m, reps = fwd.shape
+    fe = np.empty((s_count, m, reps))
     for s in range(s_count):
-        for b in range(m):
-            start = np.zeros(reps)
-            if s > 0:
-                start = np.maximum(start, fe[:, s - 1, b] + p2p)
-            if b > 0:
-                start = np.maximum(start, fe[:, s, b - 1])
-            fe[:, s, b] = start + fwd[:, s, b]
-    be = np.zeros((reps, s_count, m))
+        ready = np.maximum(0.0, fe[s - 1] + p2p) if s > 0 else np.zeros((m, reps))
+        np.add(ready[0], fwd[s, 0], out=fe[s, 0])
+        for b in range(1, m):
+            np.add(np.maximum(ready[b], fe[s, b - 1]), fwd[s, b], out=fe[s, b])
+    be = np.empty((s_count, m, reps))
     for s in reversed(range(s_count)):
-        for b in range(m):
-            start = fe[:, s, m - 1].copy()
-            if s < s_count - 1:
-                start = np.maximum(start, be[:, s + 1, b] + p2p)
-            if b > 0:
-                start = np.maximum(start, be[:, s, b - 1])
-            be[:, s, b] = start + bwd[:, s, b]
-    return be[:, :, m - 1].max(axis=1)
+        ready = np.maximum(fe[s, m - 1], be[s + 1] + p2p) if s < s_count - 1 else \
+            np.broadcast_to(fe[s, m - 1], (m, reps))
+        np.add(ready[0], bwd[s, 0], out=be[s, 0])
+        for b in range(1, m):
+            np.add(np.maximum(ready[b], be[s, b - 1]), bwd[s, b], out=be[s, b])
+    return be[:, m - 1].max(axis=0)
 
 
 TrafficFn = Callable[[int, int, int], np.ndarray]
