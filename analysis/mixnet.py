@@ -512,8 +512,7 @@ def _fabric_time(d: np.ndarray, fabric: Fabric, circuits: np.ndarray | None, cro
     """`fabric_a2a_time` on checked input: demands with a zero diagonal, circuits as `_check_circuits` gives."""
     if fabric.kind == "mixnet":
         model = _hybrid_time if fabric.a2a_model == "hybrid" else _dedicated_time
-        return model(d, circuits, _positive(fabric.nic_bytes_per_s, "b_ocs"),
-                     _per_server(fabric.eps_bytes_per_s, d.shape[0], "b_eps"))
+        return model(d, circuits, _positive(fabric.nic_bytes_per_s, "b_ocs"), _eps_per_server(fabric, d.shape[0]))
     load = float(np.maximum(d.sum(axis=1), d.sum(axis=0)).max(initial=0.0))
     t = load / fabric.eps_bytes_per_s     # non-blocking: only the server's NICs limit
     if fabric.kind == "rail_optimized":
@@ -524,6 +523,14 @@ def _fabric_time(d: np.ndarray, fabric: Fabric, circuits: np.ndarray | None, cro
             most = float(np.maximum(cross.sum(axis=1), cross.sum(axis=0)).max(initial=0.0))
             t = max(t, most / (fabric.rail_spine_share * fabric.eps_bytes_per_s))
     return t
+
+
+@lru_cache(maxsize=256)
+def _eps_per_server(fabric: Fabric, n: int) -> np.ndarray:
+    """Every server's EPS bandwidth (a valid Fabric's is positive): one read-only array per fabric and size."""
+    eps = _per_server(fabric.eps_bytes_per_s, n, "b_eps")
+    eps.setflags(write=False)
+    return eps
 
 
 def ports_switched(old, new) -> int:
@@ -794,6 +801,54 @@ def _routed_traffic(model: mm.MoeModel, par: mm.Parallelism, skew: float, seed: 
     return tuple(out)
 
 
+def _stage_network(traffic: dict, n_moe: int, m: int, fabric: Fabric, reconfigure: str,
+                   region_servers: int) -> tuple[dict, list]:
+    """One stage's network side of `build_timeline`, which no GPU, MFU or overlap assumption changes, from its
+    traffic {(MoE layer, micro-batch): (the most (token, expert) pairs one rank receives, server demand, its
+    cross-rail part)}: ({(l, b): most}, per trigger in the order the stage's region meets them — forward (b, l),
+    then backward (b, l↓) — (direction, b, l, all-to-all time on the new circuits, on the previous ones, ports
+    switched, the new circuits; the last two None off MixNet))."""
+    sequence = [(0, b, l) for b in range(m) for l in range(n_moe)] + \
+               [(1, b, l) for b in range(m) for l in reversed(range(n_moe))]
+    mixnet = fabric.kind == "mixnet"
+    circuits = {}
+    if mixnet:
+        greedy_eps = fabric.nic_bytes_per_s if fabric.greedy_eps == "nic" else fabric.eps_bytes_per_s
+        for lb, (_, demand, _) in traffic.items():
+            circuits[lb] = _memo_greedy(demand, fabric, greedy_eps)
+    previous = circuits[sequence[-1][2], sequence[-1][1]] if circuits and sequence else None
+    if mixnet and fabric.a2a_model == "hybrid":
+        wanted, before = [], previous
+        for _, b, l in sequence:
+            wanted += [(traffic[l, b][1], circuits[l, b]), (traffic[l, b][1], before)]
+            before = circuits[l, b]
+        _prefetch_hybrid_a2a(fabric, wanted)
+    steps = []
+    for direction, b, l in sequence:
+        _, demand, cross = traffic[l, b]
+        if mixnet:
+            now = circuits[l, b]
+            a2a_new = _memo_a2a(demand, fabric, now)
+            a2a_old = a2a_new if np.array_equal(previous, now) else _memo_a2a(demand, fabric, previous)
+            ports = fabric.alpha * region_servers if reconfigure == "always" else ports_switched(previous, now)
+            steps.append((direction, b, l, a2a_new, a2a_old, ports, now))
+            previous = now
+        else:
+            a2a = _memo_a2a(demand, fabric, None, cross if fabric.kind == "rail_optimized" else None)
+            steps.append((direction, b, l, a2a, a2a, None, None))
+    return {lb: most for lb, (most, _, _) in traffic.items()}, steps
+
+
+@lru_cache(maxsize=512)
+def _routed_network(model: mm.MoeModel, par: mm.Parallelism, fabric: Fabric, reconfigure: str, skew: float,
+                    seed: int, sampled_routing: bool, dtype_bytes: int) -> tuple:
+    """`_stage_network` of every stage on the default routing: a grid's points under other GPU, MFU or overlap
+    assumptions share it."""
+    routed = _routed_traffic(model, par, skew, seed, sampled_routing, dtype_bytes)
+    return tuple(_stage_network(routed[s], n_moe, par.micro_batches, fabric, reconfigure, par.region_servers)
+                 for s, (_, n_moe) in enumerate(mm.stage_layers(model, par.pp)))
+
+
 def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fabric: Fabric, *,
                    overlap: Literal["simulator", "all_hidden"] = "simulator",
                    reconfigure: Literal["always", "on_change"] = "always",
@@ -826,7 +881,8 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
     t_head = tokens * mm.head_flops_per_token(model) / rate
     per_assignment = mm.expert_flops_per_assignment(model) / rate
     servers_of_rank = rank_servers(par.ep, par.tp, par.gpus_per_server)
-    routed = _routed_traffic(model, par, skew, seed, sampled_routing, dtype_bytes) if traffic is None else None
+    network = _routed_network(model, par, fabric, reconfigure, skew, seed, sampled_routing, dtype_bytes) \
+        if traffic is None else None
     ranks_per_server = par.gpus_per_server // par.tp
     cross_rail = _cross_rail(par)
     rails = fabric.kind == "rail_optimized"
@@ -842,44 +898,27 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
         head = t_head if s == par.pp - 1 else 0.0
         fwd_base[s] += n_dense * (t_attn + t_dense) + head
         bwd_base[s] += 2 * (n_dense * (t_attn + t_dense) + head)
-        demands, expert_times, crosses = {}, {}, {}
-        for b in range(m):
-            for l in range(n_moe):
-                if traffic is None:
-                    most, demands[l, b], cross = routed[s][l, b]
-                elif traffic_level == "rank":
-                    most, demands[l, b], cross = _rank_traffic(np.asarray(traffic(s, l, b), dtype=float),
-                                                               model.hidden * dtype_bytes, servers_of_rank,
-                                                               cross_rail if rails else None)
-                else:
-                    most = float(tokens * model.top_k)   # unknown per rank: balanced
-                    demands[l, b] = _demand(np.asarray(traffic(s, l, b), dtype=float))
-                    # ranks spread evenly over rails: the share of rank pairs on other rails
-                    cross = demands[l, b] * float(cross_rail.mean()) if rails else None
-                if rails:
-                    crosses[l, b] = cross
-                expert_times[l, b] = most * per_assignment
-        # the order in which this stage's region meets its triggers: forward (b, l), then backward (b, l↓)
-        sequence = [(0, b, l) for b in range(m) for l in range(n_moe)] + \
-                   [(1, b, l) for b in range(m) for l in reversed(range(n_moe))]
-        circuits = {}
-        greedy_eps = fabric.nic_bytes_per_s if fabric.greedy_eps == "nic" else fabric.eps_bytes_per_s
-        if fabric.kind == "mixnet":
-            for l, b in demands:
-                circuits[l, b] = _memo_greedy(demands[l, b], fabric, greedy_eps)
-        previous = circuits[sequence[-1][2], sequence[-1][1]] if circuits and sequence else None
-        if fabric.kind == "mixnet" and fabric.a2a_model == "hybrid":
-            wanted, before = [], previous
-            for _, b, l in sequence:
-                wanted += [(demands[l, b], circuits[l, b]), (demands[l, b], before)]
-                before = circuits[l, b]
-            _prefetch_hybrid_a2a(fabric, wanted)
-        for direction, b, l in sequence:
-            dem, t_exp = demands[l, b], expert_times[l, b]
+        if network is not None:
+            most_of, steps = network[s]
+        else:
+            given = {}
+            for b in range(m):
+                for l in range(n_moe):
+                    if traffic_level == "rank":
+                        given[l, b] = _rank_traffic(np.asarray(traffic(s, l, b), dtype=float),
+                                                    model.hidden * dtype_bytes, servers_of_rank,
+                                                    cross_rail if rails else None)
+                    else:
+                        demand = _demand(np.asarray(traffic(s, l, b), dtype=float))
+                        # unknown per rank: balanced; ranks spread evenly over rails: the share of rank pairs on
+                        # other rails
+                        given[l, b] = (float(tokens * model.top_k), demand,
+                                       demand * float(cross_rail.mean()) if rails else None)
+            most_of, steps = _stage_network(given, n_moe, m, fabric, reconfigure, par.region_servers)
+        expert_times = {lb: most * per_assignment for lb, most in most_of.items()}
+        for direction, b, l, a2a_new, a2a_old, ports, now in steps:
+            t_exp = expert_times[l, b]
             if fabric.kind == "mixnet":
-                now = circuits[l, b]
-                a2a_new = _memo_a2a(dem, fabric, now)
-                a2a_old = a2a_new if np.array_equal(previous, now) else _memo_a2a(dem, fabric, previous)
                 trig["stage"].append(s)
                 trig["dir"].append(direction)
                 trig["mb"].append(b)
@@ -887,13 +926,9 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
                 trig["expert"].append(t_exp if direction == 0 else 2 * t_exp)
                 hidden = direction == 1 or overlap == "all_hidden"
                 trig["window"].append(trig["expert"][-1] if hidden else 0.0)
-                trig["ports"].append(fabric.alpha * par.region_servers if reconfigure == "always"
-                                     else ports_switched(previous, now))
-                previous = now
+                trig["ports"].append(ports)
                 if direction == 0:
                     circuit_log.append(now)
-            else:
-                a2a_new = a2a_old = _memo_a2a(dem, fabric, None, crosses.get((l, b)))
             if direction == 0:
                 fwd_base[s, b] += t_attn + t_shared + 2 * a2a_new + t_exp
                 fwd_comm[s, b] += 2 * a2a_new
