@@ -24,10 +24,10 @@ identical to a serial run. The output is JSON-serialisable and identical for ide
 from __future__ import annotations
 
 import copy
-import functools
 import math
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+import os
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal, Mapping, Sequence
 
@@ -1174,26 +1174,73 @@ def plot_series(scenarios: Sequence[Scenario], claims: Sequence[Claim], lo_ms: f
     return out
 
 
-def _pool_map(fn, tasks: list, max_workers: int | None) -> list:
-    if max_workers is None or max_workers > 1 and len(tasks) > 1:
-        # spawn: the caller may hold threads (an emulated bench), which fork would copy mid-lock
-        with ProcessPoolExecutor(max_workers=max_workers,
-                                 mp_context=multiprocessing.get_context("spawn")) as pool:
-            return list(pool.map(fn, tasks))
-    return [fn(t) for t in tasks]
+class Workers:
+    """Tasks shared between this process and `max_workers` − 1 spawned ones (None: one per CPU; 1: this process
+    alone). Each spawned process is handed the next task from the front whenever it is free, this process runs
+    tasks from the back meanwhile (in a thread, while the main one hands out work), so the shares balance
+    themselves; the results come in task order and do not depend on where a task ran. One pool serves every
+    `map` (its processes start once); `close` ends it."""
+
+    def __init__(self, max_workers: int | None = 1):
+        self.n = (os.cpu_count() or 1) if max_workers is None else max_workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    def map(self, fn, tasks: Sequence) -> list:
+        tasks = list(tasks)
+        if self.n <= 1 or len(tasks) <= 1:
+            return [fn(t) for t in tasks]
+        if self._pool is None:
+            # spawn: the caller may hold threads (an emulated bench), which fork would copy mid-lock
+            self._pool = ProcessPoolExecutor(max_workers=self.n - 1, mp_context=multiprocessing.get_context("spawn"))
+        out: list = [None] * len(tasks)
+        front, back = 0, len(tasks)
+        running: dict = {}
+        with ThreadPoolExecutor(max_workers=1) as here:
+            while front < back or running:
+                while front < back and sum(1 for f, (_, remote) in running.items() if remote) < self.n - 1:
+                    running[self._pool.submit(fn, tasks[front])] = (front, True)
+                    front += 1
+                if front < back and not any(not remote for _, remote in running.values()):
+                    back -= 1
+                    running[here.submit(fn, tasks[back])] = (back, False)
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:
+                    out[running.pop(f)[0]] = f.result()
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
 
 
-def model_scorecard(setup: Setup, baseline: Assumptions, *, max_workers: int | None = 1) -> dict:
+def model_scorecard(setup: Setup, baseline: Assumptions, *, max_workers: int | None = 1,
+                    workers: Workers | None = None) -> dict:
     """The model fitted to the authors' record on TRAIN_LINKS (`fit_record`) at the baseline assumptions, and
     its scorecard over every link they published: {"fit": RecordFit, **scorecard}. It depends on the setup and
-    the baseline alone (not on any measurement), so a process computes it once per pair (~10 s of CPU)."""
-    return copy.deepcopy(_model_scorecard(setup, baseline, max_workers))  # a copy: callers take parts out
+    the baseline alone (not on any measurement), so a process computes it once per pair (~10 s of CPU).
+    `workers`: a pool to share (else one of `max_workers` for this call)."""
+    key = (setup, baseline)
+    if key not in _SCORECARDS:
+        own = workers is None
+        workers = Workers(max_workers) if own else workers
+        try:
+            card = _model_scorecard(setup, baseline, workers)
+        finally:
+            if own:
+                workers.close()
+        if len(_SCORECARDS) >= 4:
+            _SCORECARDS.pop(next(iter(_SCORECARDS)))
+        _SCORECARDS[key] = card
+    return copy.deepcopy(_SCORECARDS[key])  # a copy: callers take parts out
 
 
-@functools.lru_cache(maxsize=4)
-def _model_scorecard(setup: Setup, baseline: Assumptions, max_workers: int | None) -> dict:
+_SCORECARDS: dict[tuple, dict] = {}
+
+
+def _model_scorecard(setup: Setup, baseline: Assumptions, workers: Workers) -> dict:
     models = setup.record_models
-    parts = _pool_map(_record_task, [(setup, baseline, m) for m in models], max_workers)
+    parts = workers.map(_record_task, [(setup, baseline, m) for m in models])
     timelines = dict(zip(models, parts))
     tau_max = time_scale_max(replace(mm.GPUS[baseline.gpu], mfu=float(baseline.mfu)), setup.bound)
     fitted = fit_record(timelines, tau_max)
@@ -1207,16 +1254,22 @@ def _model_scorecard(setup: Setup, baseline: Assumptions, max_workers: int | Non
 
 def run_grid(setup: Setup, grid: Sequence[Assumptions], measured: Mapping, *,
              max_workers: int | None = 1, gate: Mapping[str, dict] | None = None,
-             alternatives: Sequence[Mapping] = ()) -> list[dict]:
+             alternatives: Sequence[Mapping] = (), workers: Workers | None = None) -> list[dict]:
     """Evaluate every grid point (the first in full, with plot series); on a local process pool when
-    max_workers > 1, a share of the models in each task. The results do not depend on where or in which order
-    the points ran. Each point's `alternatives`: its verdicts on each of the other delays given (the same
+    max_workers > 1 (or on `workers`), one model in each task. The results do not depend on where or in which
+    order the points ran. Each point's `alternatives`: its verdicts on each of the other delays given (the same
     scenarios, built once)."""
     measured = as_cycle_delays(measured)
     alternatives = [as_cycle_delays(a) for a in alternatives]
-    shares = [setup.models] if max_workers == 1 else [(m,) for m in setup.models]
-    done = _pool_map(_run_models, [(setup, list(grid), share, measured, gate, alternatives) for share in shares],
-                     max_workers)
+    own = workers is None
+    workers = Workers(max_workers) if own else workers
+    shares = [setup.models] if workers.n <= 1 else [(m,) for m in setup.models]
+    try:
+        done = workers.map(_run_models, [(setup, list(grid), share, measured, gate, alternatives)
+                                         for share in shares])
+    finally:
+        if own:
+            workers.close()
     results = []
     for p in range(len(grid)):
         # each share's rows in the order of setup.models (the shares are)
@@ -1386,11 +1439,15 @@ def evaluate_claims(measured: Mapping, *, setup: Setup = Setup(), grid: Sequence
     if not grid:
         raise ClaimInputError("the assumption grid is empty")
     delays = as_cycle_delays(measured)
-    card = model_scorecard(setup, grid[0], max_workers=max_workers)
-    setup = replace(setup, fit=card.pop("record_fit"))
-    gate = card["per_model"]
-    alternatives = [] if sensitivity is None else [as_cycle_delays(sensitivity["measured"])]
-    results = run_grid(setup, grid, delays, max_workers=max_workers, gate=gate, alternatives=alternatives)
+    workers = Workers(max_workers)      # one pool for the scorecard and the grid
+    try:
+        card = model_scorecard(setup, grid[0], workers=workers)
+        setup = replace(setup, fit=card.pop("record_fit"))
+        gate = card["per_model"]
+        alternatives = [] if sensitivity is None else [as_cycle_delays(sensitivity["measured"])]
+        results = run_grid(setup, grid, delays, gate=gate, alternatives=alternatives, workers=workers)
+    finally:
+        workers.close()
     rob, bound = _judge(setup, grid, results, delays)
     changes = None
     if alternatives:
