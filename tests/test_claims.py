@@ -222,6 +222,18 @@ def test_timelines_bootstrapped_together_get_the_numbers_each_gets_alone():
         claims.bootstrap_many([tls[0], timeline(1.0, ports=4)], d, np.random.default_rng(9), n_reps=6, n_boot=30)
 
 
+def test_workers_return_every_task_in_order_wherever_it_ran():
+    import math as m
+
+    workers = claims.Workers(2)
+    try:
+        assert workers.map(m.factorial, range(9)) == [m.factorial(i) for i in range(9)]
+        assert workers.map(m.isqrt, [49, 50]) == [7, 7]       # the pool serves a second map
+    finally:
+        workers.close()
+    assert claims.Workers(1).map(m.factorial, [3]) == [6]
+
+
 def test_bad_measured_input():
     with pytest.raises(claims.ClaimInputError):
         claims.as_cycle_delays({"ocs": [0.1]})
