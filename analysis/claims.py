@@ -402,9 +402,16 @@ def _comm_scale_for(slow: mx.Timeline, fast: mx.Timeline, target: float) -> floa
 
 
 def _record_ratio(tls: Mapping, link: int, blend: float, compute: float, comm: float,
-                  delay_s: float = PAPER_DELAY_S) -> float:
-    mix = mx.blend_timelines(tls[link]["dedicated"], tls[link]["mixnet"], blend).scaled(compute, comm)
-    return float(mx.constant_delay_times(mix, [delay_s])[0]) / _t0(tls[link]["fat_tree"].scaled(compute, comm))
+                  delay_s: float = PAPER_DELAY_S, memo: dict | None = None) -> float:
+    """T_mix/T_ft at `delay_s` of one model's timelines `tls` under blend and scales; `memo` (one per `tls`)
+    keeps the blends and fat-tree times the fit asks for again (every blend tries the same time scales)."""
+    memo = {} if memo is None else memo
+    if (link, blend) not in memo:
+        memo[link, blend] = mx.blend_timelines(tls[link]["dedicated"], tls[link]["mixnet"], blend)
+    if (link, compute, comm) not in memo:
+        memo[link, compute, comm] = _t0(tls[link]["fat_tree"].scaled(compute, comm))
+    mix = memo[link, blend].scaled(compute, comm)
+    return float(mx.constant_delay_times(mix, [delay_s])[0]) / memo[link, compute, comm]
 
 
 def time_scale_max(gpu: mm.GpuSpec, bound: BoundAssumptions) -> float:
@@ -413,7 +420,7 @@ def time_scale_max(gpu: mm.GpuSpec, bound: BoundAssumptions) -> float:
 
 
 def _fit_model(name: str, tls: Mapping, blend: float, kappa: float, tau_max: float,
-               paper: Mapping) -> tuple[float, float, float]:
+               paper: Mapping, memo: dict | None = None) -> tuple[float, float, float]:
     """(κ, τ, train sum of squares) of one paper model at blend β."""
     from scipy import optimize
 
@@ -422,7 +429,8 @@ def _fit_model(name: str, tls: Mapping, blend: float, kappa: float, tau_max: flo
 
     def loss(log_tau: float) -> float:
         tau = math.exp(log_tau)
-        return sum((_record_ratio(tls, link, blend, tau, tau * kappa) - ratio(link)) ** 2 for link in TRAIN_LINKS)
+        return sum((_record_ratio(tls, link, blend, tau, tau * kappa, memo=memo) - ratio(link)) ** 2
+                   for link in TRAIN_LINKS)
     lo, hi = math.log(TIME_SCALE_MIN), math.log(tau_max)
     grid = np.linspace(lo, hi, 25)
     values = [loss(g) for g in grid]
@@ -445,10 +453,11 @@ def fit_record(timelines: Mapping[str, Mapping[int, Mapping[str, mx.Timeline]]],
     kappas = {name: _comm_scale_for(tls[lo]["fat_tree"], tls[hi]["fat_tree"],
                                     paper[name, hi]["fat_tree"] / paper[name, lo]["fat_tree"])
               for name, tls in timelines.items()}
-    trials = []
+    trials, memos = [], {name: {} for name in timelines}
     for blend in blends:
-        per = {name: _fit_model(name, tls, blend, kappas[name], tau_max, paper) for name, tls in timelines.items()}
-        errs = [abs(_record_ratio(tls, link, blend, per[name][1], per[name][1] * per[name][0])
+        per = {name: _fit_model(name, tls, blend, kappas[name], tau_max, paper, memos[name])
+               for name, tls in timelines.items()}
+        errs = [abs(_record_ratio(tls, link, blend, per[name][1], per[name][1] * per[name][0], memo=memos[name])
                     - paper[name, link]["mixnet"] / paper[name, link]["fat_tree"])
                 for name, tls in timelines.items() for link in TRAIN_LINKS]
         trials.append((float(np.mean(errs)), float(blend), per))

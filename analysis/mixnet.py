@@ -635,6 +635,8 @@ class Timeline:
         extra = extra.reshape(s_count, 2, m, reps)
         fwd = self.fwd_base[:, :, None] + extra[:, 0]
         bwd = self.bwd_base[:, :, None] + extra[:, 1]
+        if reps == 1:
+            return np.array([_gpipe_one(fwd[:, :, 0].tolist(), bwd[:, :, 0].tolist(), float(self.p2p_s))])
         return _gpipe(fwd, bwd, self.p2p_s)
 
 
@@ -673,6 +675,30 @@ def _gpipe(fwd: np.ndarray, bwd: np.ndarray, p2p: float) -> np.ndarray:
         for b in range(1, m):
             np.add(np.maximum(ready[b], be[s, b - 1]), bwd[s, b], out=be[s, b])
     return be[:, m - 1].max(axis=0)
+
+
+def _max(a: float, b: float) -> float:
+    return a if a != a or a >= b else b        # np.maximum's: NaN wins
+
+
+def _gpipe_one(fwd: list, bwd: list, p2p: float) -> float:
+    """`_gpipe` of one replicate on Python floats (the same operations; numpy's per-call cost is most of a
+    one-replicate schedule): fwd, bwd as (S, m) nested lists."""
+    s_count, m = len(fwd), len(fwd[0])
+    fe = [[0.0] * m for _ in range(s_count)]
+    for s in range(s_count):
+        for b in range(m):
+            ready = _max(0.0, fe[s - 1][b] + p2p) if s > 0 else 0.0
+            fe[s][b] = (_max(ready, fe[s][b - 1]) if b > 0 else ready) + fwd[s][b]
+    be = [[0.0] * m for _ in range(s_count)]
+    for s in reversed(range(s_count)):
+        for b in range(m):
+            ready = _max(fe[s][m - 1], be[s + 1][b] + p2p) if s < s_count - 1 else fe[s][m - 1]
+            be[s][b] = (_max(ready, be[s][b - 1]) if b > 0 else ready) + bwd[s][b]
+    out = be[0][m - 1]
+    for s in range(1, s_count):
+        out = _max(out, be[s][m - 1])
+    return out
 
 
 TrafficFn = Callable[[int, int, int], np.ndarray]
