@@ -18,8 +18,8 @@ its model carries no verdict; otherwise "holds" / "falsified" / "inconclusive" a
 model's error) lies within / beyond / across the claim's bound, or inconclusive when the CI of the mean delay
 straddles the critical delay. Over the declared grid (`Assumptions`, `assumption_grid`): "falsified" only
 when every point with a model verdict falsifies, "falsified if …" naming the points that do. A claim the
-bound falsifies is falsified whatever the model says. Grid points run on a local process pool; the result is
-identical to a serial run. The output is JSON-serialisable and identical for identical inputs and seed.
+bound falsifies is falsified whatever the model says. The grid's models run on `Workers` (this process and
+spawned ones); the result is identical to a serial run. The output is JSON-serialisable and identical for identical inputs and seed.
 """
 from __future__ import annotations
 
@@ -1264,7 +1264,7 @@ def _model_scorecard(setup: Setup, baseline: Assumptions, workers: Workers) -> d
 def run_grid(setup: Setup, grid: Sequence[Assumptions], measured: Mapping, *,
              max_workers: int | None = 1, gate: Mapping[str, dict] | None = None,
              alternatives: Sequence[Mapping] = (), workers: Workers | None = None) -> list[dict]:
-    """Evaluate every grid point (the first in full, with plot series); on a local process pool when
+    """Evaluate every grid point (the first in full, with plot series); on `Workers` when
     max_workers > 1 (or on `workers`), one model in each task. The results do not depend on where or in which
     order the points ran. Each point's `alternatives`: its verdicts on each of the other delays given (the same
     scenarios, built once)."""
