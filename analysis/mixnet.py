@@ -1083,7 +1083,7 @@ def draw_resampled_delays(ports, delays: CycleDelays, n_boot: int, n_rows: int,
     for b in range(n_boot):     # the stream's order: each replicate's resample, then its draws
         takes[b] = rng.integers(0, n, n)
         c[b] = rng.integers(0, n, size=(n_rows, k.size))
-        u[b] = rng.random((n_rows, k.size))
+        rng.random(out=u[b])
     return _DelayPool(delays).draw(k, takes, c, u)
 
 
