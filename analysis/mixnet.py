@@ -67,6 +67,15 @@ def _per_server(value, n: int, what: str, integer: bool = False) -> np.ndarray:
     return v
 
 
+@lru_cache(maxsize=256)
+def _scalar_per_server(value: float, n: int, what: str, integer: bool = False) -> np.ndarray:
+    """`_per_server` of a scalar, one read-only array per value and size (the memoised paths ask again and
+    again)."""
+    v = _per_server(value, n, what, integer)
+    v.setflags(write=False)
+    return v
+
+
 def _positive(x: float, what: str) -> float:
     x = float(x)
     if not np.isfinite(x) or x <= 0:
@@ -93,9 +102,11 @@ def greedy_circuits(demand, ports_per_server, b_ocs: float, b_eps, code_compat: 
     """
     d = _demand(demand)
     n = d.shape[0]
-    ports = _per_server(ports_per_server, n, "ports_per_server", integer=True)
+    scalar = np.ndim(ports_per_server) == 0 and np.ndim(b_eps) == 0
+    per_server = _scalar_per_server if scalar else _per_server
+    ports = per_server(ports_per_server, n, "ports_per_server", True)
     b_ocs = _positive(b_ocs, "b_ocs")
-    eps = _per_server(b_eps, n, "b_eps")
+    eps = per_server(b_eps, n, "b_eps")
     pair = _pair_demand(d)
     if code_compat:
         t0 = pair.copy()
@@ -133,7 +144,7 @@ def greedy_circuits(demand, ports_per_server, b_ocs: float, b_eps, code_compat: 
     # Pairs i<j in descending (T, then lowest (i, j)) order, walked once; a pair that got a circuit goes back,
     # with its smaller T, into a small heap of (-T, i, j). The next pick is the better of the two heads, so
     # the order is exactly Algorithm 1's; pairs whose ends are full are skipped as the walk reaches them.
-    iu, ju = np.triu_indices(n, 1)
+    iu, ju = _pairs(n)
     live = (pair[iu, ju] > 0) & (free[iu] > 0) & (free[ju] > 0)
     iu, ju = iu[live], ju[live]
     neg = -t0[iu, ju]
@@ -238,8 +249,13 @@ def _hybrid_time(d: np.ndarray, c: np.ndarray, b_ocs: float, eps: np.ndarray) ->
     return float(max(_eps_root(d, cap, eps).max(initial=0.0), _eps_root(d.T, cap, eps).max(initial=0.0)))
 
 
+@lru_cache(maxsize=64)
 def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
-    return np.triu_indices(n, 1)
+    """The pairs i < j of n servers (read-only)."""
+    iu, ju = np.triu_indices(n, 1)
+    iu.setflags(write=False)
+    ju.setflags(write=False)
+    return iu, ju
 
 
 def _exact_milp(d: np.ndarray, ports: np.ndarray, b_ocs: float, eps: np.ndarray) -> np.ndarray:
@@ -512,7 +528,8 @@ def _fabric_time(d: np.ndarray, fabric: Fabric, circuits: np.ndarray | None, cro
     """`fabric_a2a_time` on checked input: demands with a zero diagonal, circuits as `_check_circuits` gives."""
     if fabric.kind == "mixnet":
         model = _hybrid_time if fabric.a2a_model == "hybrid" else _dedicated_time
-        return model(d, circuits, _positive(fabric.nic_bytes_per_s, "b_ocs"), _eps_per_server(fabric, d.shape[0]))
+        return model(d, circuits, _positive(fabric.nic_bytes_per_s, "b_ocs"),
+                     _scalar_per_server(fabric.eps_bytes_per_s, d.shape[0], "b_eps"))
     load = float(np.maximum(d.sum(axis=1), d.sum(axis=0)).max(initial=0.0))
     t = load / fabric.eps_bytes_per_s     # non-blocking: only the server's NICs limit
     if fabric.kind == "rail_optimized":
@@ -523,14 +540,6 @@ def _fabric_time(d: np.ndarray, fabric: Fabric, circuits: np.ndarray | None, cro
             most = float(np.maximum(cross.sum(axis=1), cross.sum(axis=0)).max(initial=0.0))
             t = max(t, most / (fabric.rail_spine_share * fabric.eps_bytes_per_s))
     return t
-
-
-@lru_cache(maxsize=256)
-def _eps_per_server(fabric: Fabric, n: int) -> np.ndarray:
-    """Every server's EPS bandwidth (a valid Fabric's is positive): one read-only array per fabric and size."""
-    eps = _per_server(fabric.eps_bytes_per_s, n, "b_eps")
-    eps.setflags(write=False)
-    return eps
 
 
 def ports_switched(old, new) -> int:
