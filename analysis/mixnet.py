@@ -21,7 +21,6 @@ from functools import cached_property, lru_cache
 from typing import Callable, Literal
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 from analysis import moe_models as mm
 
@@ -259,6 +258,8 @@ def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _exact_milp(d: np.ndarray, ports: np.ndarray, b_ocs: float, eps: np.ndarray) -> np.ndarray:
+    from scipy.optimize import Bounds, LinearConstraint, milp   # only here: the verdict's workers never solve one
+
     n = d.shape[0]
     if d.max(initial=0.0) > 0:
         # times scale linearly with D: solve at unit scale so HiGHS's absolute tolerances do not dominate
