@@ -19,7 +19,8 @@ model's error) lies within / beyond / across the claim's bound, or inconclusive 
 straddles the critical delay. Over the declared grid (`Assumptions`, `assumption_grid`): "falsified" only
 when every point with a model verdict falsifies, "falsified if …" naming the points that do. A claim the
 bound falsifies is falsified whatever the model says. The grid's models run on `Workers` (this process and
-spawned ones); the result is identical to a serial run. The output is JSON-serialisable and identical for identical inputs and seed.
+spawned ones); the result is identical to a serial run. The output is JSON-serialisable and identical for
+identical inputs and seed.
 """
 from __future__ import annotations
 
