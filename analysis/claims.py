@@ -18,16 +18,17 @@ its model carries no verdict; otherwise "holds" / "falsified" / "inconclusive" a
 model's error) lies within / beyond / across the claim's bound, or inconclusive when the CI of the mean delay
 straddles the critical delay. Over the declared grid (`Assumptions`, `assumption_grid`): "falsified" only
 when every point with a model verdict falsifies, "falsified if …" naming the points that do. A claim the
-bound falsifies is falsified whatever the model says. Grid points run on a local process pool; the result is
-identical to a serial run. The output is JSON-serialisable and identical for identical inputs and seed.
+bound falsifies is falsified whatever the model says. The grid's models run on `Workers` (this process and
+spawned ones); the result is identical to a serial run. The output is JSON-serialisable and identical for
+identical inputs and seed.
 """
 from __future__ import annotations
 
 import copy
-import functools
 import math
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+import os
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal, Mapping, Sequence
 
@@ -402,9 +403,16 @@ def _comm_scale_for(slow: mx.Timeline, fast: mx.Timeline, target: float) -> floa
 
 
 def _record_ratio(tls: Mapping, link: int, blend: float, compute: float, comm: float,
-                  delay_s: float = PAPER_DELAY_S) -> float:
-    mix = mx.blend_timelines(tls[link]["dedicated"], tls[link]["mixnet"], blend).scaled(compute, comm)
-    return float(mx.constant_delay_times(mix, [delay_s])[0]) / _t0(tls[link]["fat_tree"].scaled(compute, comm))
+                  delay_s: float = PAPER_DELAY_S, memo: dict | None = None) -> float:
+    """T_mix/T_ft at `delay_s` of one model's timelines `tls` under blend and scales; `memo` (one per `tls`)
+    keeps the blends and fat-tree times the fit asks for again (every blend tries the same time scales)."""
+    memo = {} if memo is None else memo
+    if (link, blend) not in memo:
+        memo[link, blend] = mx.blend_timelines(tls[link]["dedicated"], tls[link]["mixnet"], blend)
+    if (link, compute, comm) not in memo:
+        memo[link, compute, comm] = _t0(tls[link]["fat_tree"].scaled(compute, comm))
+    mix = memo[link, blend].scaled(compute, comm)
+    return float(mx.constant_delay_times(mix, [delay_s])[0]) / memo[link, compute, comm]
 
 
 def time_scale_max(gpu: mm.GpuSpec, bound: BoundAssumptions) -> float:
@@ -413,7 +421,7 @@ def time_scale_max(gpu: mm.GpuSpec, bound: BoundAssumptions) -> float:
 
 
 def _fit_model(name: str, tls: Mapping, blend: float, kappa: float, tau_max: float,
-               paper: Mapping) -> tuple[float, float, float]:
+               paper: Mapping, memo: dict | None = None) -> tuple[float, float, float]:
     """(κ, τ, train sum of squares) of one paper model at blend β."""
     from scipy import optimize
 
@@ -422,7 +430,8 @@ def _fit_model(name: str, tls: Mapping, blend: float, kappa: float, tau_max: flo
 
     def loss(log_tau: float) -> float:
         tau = math.exp(log_tau)
-        return sum((_record_ratio(tls, link, blend, tau, tau * kappa) - ratio(link)) ** 2 for link in TRAIN_LINKS)
+        return sum((_record_ratio(tls, link, blend, tau, tau * kappa, memo=memo) - ratio(link)) ** 2
+                   for link in TRAIN_LINKS)
     lo, hi = math.log(TIME_SCALE_MIN), math.log(tau_max)
     grid = np.linspace(lo, hi, 25)
     values = [loss(g) for g in grid]
@@ -445,10 +454,11 @@ def fit_record(timelines: Mapping[str, Mapping[int, Mapping[str, mx.Timeline]]],
     kappas = {name: _comm_scale_for(tls[lo]["fat_tree"], tls[hi]["fat_tree"],
                                     paper[name, hi]["fat_tree"] / paper[name, lo]["fat_tree"])
               for name, tls in timelines.items()}
-    trials = []
+    trials, memos = [], {name: {} for name in timelines}
     for blend in blends:
-        per = {name: _fit_model(name, tls, blend, kappas[name], tau_max, paper) for name, tls in timelines.items()}
-        errs = [abs(_record_ratio(tls, link, blend, per[name][1], per[name][1] * per[name][0])
+        per = {name: _fit_model(name, tls, blend, kappas[name], tau_max, paper, memos[name])
+               for name, tls in timelines.items()}
+        errs = [abs(_record_ratio(tls, link, blend, per[name][1], per[name][1] * per[name][0], memo=memos[name])
                     - paper[name, link]["mixnet"] / paper[name, link]["fat_tree"])
                 for name, tls in timelines.items() for link in TRAIN_LINKS]
         trials.append((float(np.mean(errs)), float(blend), per))
@@ -759,12 +769,12 @@ def expanded_tail(confidence: float, n: int) -> float:
     """The tail probability of Hesterberg's expanded percentile interval (2015): Φ(−√(n/(n−1))·t_{n−1}) instead
     of (1 − confidence)/2, so a percentile bootstrap over n clusters keeps its coverage at small n (10 cycles:
     0.86 % instead of 2.5 %; benchmarks/coverage.py --verdict)."""
-    from scipy import stats as st
+    from scipy import special   # scipy.stats' norm.cdf and t.ppf are these; a grid worker need not import stats
 
     alpha = (1 - confidence) / 2
     if n < 2:
         return alpha
-    return float(st.norm.cdf(-math.sqrt(n / (n - 1)) * st.t.ppf(1 - alpha, n - 1)))
+    return float(special.ndtr(-math.sqrt(n / (n - 1)) * special.stdtrit(n - 1, 1 - alpha)))
 
 
 def bootstrap_mixnet(timeline: mx.Timeline, delays: mx.CycleDelays, rng: np.random.Generator, *, n_reps: int,
@@ -772,25 +782,35 @@ def bootstrap_mixnet(timeline: mx.Timeline, delays: mx.CycleDelays, rng: np.rand
     """E[T_mix] and the mean delay per switching reconfiguration, each with a cluster-bootstrap expanded
     percentile CI (`expanded_tail`): every replicate resamples whole cycles, then runs `n_reps` Monte Carlo
     iterations on them."""
-    point_t = mx.sample_iteration_times(timeline, delays, n_reps * max(1, n_boot // 4), rng)
-    switching = timeline.trig_ports > 0
-    rows = n_reps * timeline.dp
-    boot_t, boot_d = np.empty(n_boot), np.zeros(n_boot)
+    return bootstrap_many([timeline], delays, rng, n_reps=n_reps, n_boot=n_boot, confidence=confidence)[0]
+
+
+def bootstrap_many(timelines: Sequence[mx.Timeline], delays: mx.CycleDelays, rng: np.random.Generator, *,
+                   n_reps: int, n_boot: int, confidence: float = 0.95) -> list[dict]:
+    """`bootstrap_mixnet` of timelines that switch the same ports with the same replicas (one iteration under
+    other compute or overlap assumptions): the draws depend only on those and `rng`, so they are made once and
+    each timeline gets the numbers it would get alone from the same `rng` state."""
+    first = mx.same_reconfigurations(timelines)
+    point_t = mx.sample_iteration_times_many(timelines, delays, n_reps * max(1, n_boot // 4), rng)
+    switching = first.trig_ports > 0
+    rows = n_reps * first.dp
+    boot_t, boot_d = np.empty((len(timelines), n_boot)), np.zeros(n_boot)
     chunk = max(1, 2048 // rows)
     for lo in range(0, n_boot, chunk):
         hi = min(n_boot, lo + chunk)
-        if timeline.n_triggers == 0:
-            boot_t[lo:hi] = timeline.times(np.zeros((1, 0)))[0]
+        if first.n_triggers == 0:
+            boot_t[:, lo:hi] = [[t.times(np.zeros((1, 0)))[0]] for t in timelines]
             continue
-        draws = mx.draw_resampled_delays(timeline.trig_ports, delays, hi - lo, rows, rng)
-        draws = draws.reshape(-1, timeline.n_triggers)
-        boot_t[lo:hi] = timeline.times(draws).reshape(hi - lo, n_reps, timeline.dp).max(axis=2).mean(axis=1)
-        if switching.any():
+        draws = mx.draw_resampled_delays(first.trig_ports, delays, hi - lo, rows, rng)
+        draws = draws.reshape(-1, first.n_triggers)
+        for i, t in enumerate(timelines):
+            boot_t[i, lo:hi] = t.times(draws).reshape(hi - lo, n_reps, t.dp).max(axis=2).mean(axis=1)
+        if switching.any():     # (the boolean index's layout sets the mean's summation order)
             boot_d[lo:hi] = draws.reshape(hi - lo, rows, -1)[:, :, switching].mean(axis=(1, 2))
     tail = expanded_tail(confidence, delays.n_cycles) * 100
-    return {"t_mean_s": float(point_t.mean()), "t_ci_s": [float(v) for v in np.percentile(boot_t, [tail, 100 - tail])],
-            "delay_mean_s": float(boot_d.mean()),
-            "delay_ci_s": [float(v) for v in np.percentile(boot_d, [tail, 100 - tail])]}
+    delay_ci = [float(v) for v in np.percentile(boot_d, [tail, 100 - tail])]
+    return [{"t_mean_s": float(p.mean()), "t_ci_s": [float(v) for v in np.percentile(b, [tail, 100 - tail])],
+             "delay_mean_s": float(boot_d.mean()), "delay_ci_s": list(delay_ci)} for p, b in zip(point_t, boot_t)]
 
 
 def _verdict(ci: Sequence[float], bound: float, delay_ci: Sequence[float] | None,
@@ -819,22 +839,77 @@ def evaluate_point(measured: Mapping, scenarios: Sequence[Scenario], *, claims: 
     where it can decide a verdict: the `verdict_delay` kind of scenarios that move circuits and carry one.
     `memo`: break-even delays of these scenarios (they do not depend on the measured delays), kept across calls
     that judge the same scenarios on other delays."""
-    memo = {} if memo is None else memo
-
-    def break_even(si: int, target: float) -> float | None:
-        if (si, target) not in memo:
-            memo[si, target] = mx.break_even_delay(scenarios[si].mixnet, target)
-        return memo[si, target]
-
     if verdict_delay not in DELAY_KINDS:
         raise ClaimInputError(f"verdict_delay must be one of {DELAY_KINDS}")
     if not 0 < confidence < 1 or n_reps < 1 or n_boot < 2:
         raise ClaimInputError("need 0 < confidence < 1, n_reps >= 1, n_boot >= 2")
-    claims = tuple(paper_claims() if claims is None else claims)
+    setup = Setup(claims=tuple(paper_claims() if claims is None else claims), calibration=calibration, seed=seed,
+                  verdict_delay=verdict_delay, n_reps=n_reps, n_boot=n_boot, confidence=confidence)
     delays = as_cycle_delays(measured)
-    seeds = np.random.SeedSequence(seed).spawn(len(scenarios) * len(DELAY_KINDS))
+    indexed = list(enumerate(scenarios))
+    stats = monte_carlo(_point_jobs(indexed, setup, gate, full), [delays], setup, len(scenarios))
+    rows = _point_rows(indexed, delays, stats, setup, gate, full, {} if memo is None else memo)
+    return _point_result(rows, setup.claims)
+
+
+def _mc_mode(sc: Scenario, gate: Mapping[str, dict] | None, full: bool, kind: str, verdict_delay: str) -> str:
+    """What the Monte Carlo computes for a scenario that moves circuits and a delay kind: "bootstrap" where a
+    verdict rests on it; else the baseline's point estimate ("mean"), the other points nothing ("skip")."""
+    decides = gate is None or bool((gate.get(sc.model) or {}).get("carries_verdict"))
+    if decides and (full or kind == verdict_delay):
+        return "bootstrap"
+    return "mean" if full else "skip"
+
+
+def _point_jobs(indexed: Sequence[tuple[int, Scenario]], setup: Setup, gate: Mapping[str, dict] | None,
+                full: bool, tag: tuple = (), delay_set: int = 0) -> dict:
+    """The Monte Carlo a point needs: {(*tag, scenario index, kind): (scenario index, kind, delay set, mode,
+    timeline)}; nothing for a scenario that never moves a circuit (T_mix = T_mix(0))."""
+    return {(*tag, si, kind): (si, kind, delay_set, _mc_mode(sc, gate, full, kind, setup.verdict_delay), sc.mixnet)
+            for si, sc in indexed if sc.moves_circuits for kind in DELAY_KINDS}
+
+
+def monte_carlo(jobs: Mapping, delay_sets: Sequence[Mapping[str, mx.CycleDelays]], setup: Setup,
+                n_scenarios: int) -> dict:
+    """{key: stats} of `jobs` {key: (scenario index, kind, delay set, mode, timeline)} (`_point_jobs`). Each
+    job draws from the stream of its scenario index and delay kind (seeded by `setup.seed`, `n_scenarios`
+    streams per kind), so its numbers do not depend on the jobs beside it; bootstraps on the same draws (the
+    same scenario, kind and delays, the same switched ports: the grid's points but skew and α) share them."""
+    seeds = np.random.SeedSequence(setup.seed).spawn(n_scenarios * len(DELAY_KINDS))
+
+    def rng(si: int, kind: str) -> np.random.Generator:
+        return np.random.default_rng(seeds[si * len(DELAY_KINDS) + DELAY_KINDS.index(kind)])
+
+    out, together = {}, {}
+    for key, (si, kind, di, mode, tl) in jobs.items():
+        if mode == "bootstrap":
+            together.setdefault((si, kind, di, tl.dp, tl.trig_ports.tobytes()), []).append(key)
+            continue
+        t_mean = math.nan
+        if mode == "mean":
+            t_mean = float(mx.sample_iteration_times(tl, delay_sets[di][kind], setup.n_reps, rng(si, kind)).mean())
+        out[key] = {"t_mean_s": t_mean, "t_ci_s": [math.nan, math.nan], "delay_mean_s": math.nan,
+                    "delay_ci_s": [math.nan, math.nan]}
+    for (si, kind, di, _, _), keys in together.items():
+        stats = bootstrap_many([jobs[k][4] for k in keys], delay_sets[di][kind], rng(si, kind),
+                               n_reps=setup.n_reps, n_boot=setup.n_boot, confidence=setup.confidence)
+        out.update(zip(keys, stats))
+    return out
+
+
+def _point_rows(indexed: Sequence[tuple[int, Scenario]], delays: Mapping[str, mx.CycleDelays], stats: Mapping,
+                setup: Setup, gate: Mapping[str, dict] | None, full: bool, memo: dict, tag: tuple = ()) -> list[dict]:
+    """The point's scenario rows from its Monte Carlo `stats` (keyed as `_point_jobs` with `tag`)."""
+    claims, verdict_delay = setup.claims, setup.verdict_delay
+
+    def break_even(si: int, target: float) -> float | None:
+        if (si, target) not in memo:
+            memo[si, target] = mx.break_even_delay(sc_of[si].mixnet, target)
+        return memo[si, target]
+
+    sc_of = dict(indexed)
     rows = []
-    for si, sc in enumerate(scenarios):
+    for si, sc in indexed:
         t_ft = sc.t_fat_tree
         t0 = float(mx.constant_delay_times(sc.mixnet, [0.0])[0])
         na = sc.not_applicable_reason()
@@ -844,39 +919,28 @@ def evaluate_point(measured: Mapping, scenarios: Sequence[Scenario], *, claims: 
                "cost_fat_tree_usd": sc.cost_fat_tree, "cost_mixnet_usd": sc.cost_mixnet,
                "cost_ratio": sc.cost_ratio, "cost_basis": sc.cost_basis,
                "region_servers": sc.region_servers, "reconfigurations_per_region": sc.mixnet.reconfigurations_per_region,
-               "applicable": na is None, "not_applicable_reason": na, "calibration": calibration.check(sc),
+               "applicable": na is None, "not_applicable_reason": na, "calibration": setup.calibration.check(sc),
                "break_even_ms": _ms(break_even(si, claims[0].time_bound(t_ft, sc.cost_ratio)))
                if claims and claims[0].quantity == "iteration_ratio" else None,
                "delay_model": {}, "t_mixnet_s": {}, "delay_per_reconfiguration_ms": {}, "claims": {},
                "delay_sources": {**{f"measured_{k}": delays[k].source for k in DELAY_KINDS},
                                  "calibration_delay": PAPER_DELAY_SOURCE, "break_even_ms": MODEL_DELAY_SOURCE,
                                  "critical_delay_ms": MODEL_DELAY_SOURCE}}
-        stats = {}
-        decides = na is None and (gate is None or bool((gate.get(sc.model) or {}).get("carries_verdict")))
-        for ki, kind in enumerate(DELAY_KINDS):
+        stats_of = {}
+        for kind in DELAY_KINDS:
             row["delay_model"][kind] = mx.delay_model_of(sc.mixnet.trig_ports, delays[kind].bench_ports)
-            if na is not None:      # nothing switches: the delay never enters, T_mix = T_mix(0)
-                stats[kind] = {"t_mean_s": t0, "t_ci_s": [t0, t0], "delay_mean_s": 0.0, "delay_ci_s": [0.0, 0.0]}
-            elif not decides or not (full or kind == verdict_delay):
-                # no verdict rests on it: the baseline reports a point estimate, the other points nothing
-                t_mean = math.nan
-                if full:
-                    rng = np.random.default_rng(seeds[si * len(DELAY_KINDS) + ki])
-                    t_mean = float(mx.sample_iteration_times(sc.mixnet, delays[kind], n_reps, rng).mean())
-                stats[kind] = {"t_mean_s": t_mean, "t_ci_s": [math.nan, math.nan], "delay_mean_s": math.nan,
-                               "delay_ci_s": [math.nan, math.nan]}
-            else:
-                rng = np.random.default_rng(seeds[si * len(DELAY_KINDS) + ki])
-                stats[kind] = bootstrap_mixnet(sc.mixnet, delays[kind], rng, n_reps=n_reps, n_boot=n_boot,
-                                               confidence=confidence)
-            row["t_mixnet_s"][kind] = {"mean": stats[kind]["t_mean_s"], "ci": stats[kind]["t_ci_s"]}
-            row["delay_per_reconfiguration_ms"][kind] = {"mean": stats[kind]["delay_mean_s"] * 1e3,
-                                                         "ci": [v * 1e3 for v in stats[kind]["delay_ci_s"]]}
+            # nothing switches: the delay never enters, T_mix = T_mix(0)
+            st = {"t_mean_s": t0, "t_ci_s": [t0, t0], "delay_mean_s": 0.0, "delay_ci_s": [0.0, 0.0]} \
+                if na is not None else stats[(*tag, si, kind)]
+            stats_of[kind] = st
+            row["t_mixnet_s"][kind] = {"mean": st["t_mean_s"], "ci": st["t_ci_s"]}
+            row["delay_per_reconfiguration_ms"][kind] = {"mean": st["delay_mean_s"] * 1e3,
+                                                         "ci": [v * 1e3 for v in st["delay_ci_s"]]}
         for claim in claims:
             if not claim.applies_to(sc.link_gbps):
                 continue
             bound = claim.time_bound(t_ft, sc.cost_ratio)
-            st = stats[verdict_delay]
+            st = stats_of[verdict_delay]
             row["claims"][claim.id] = judge_cell(claim, {
                 "not_applicable": na, "not_applicable_short": sc.not_applicable_short(), "t_fat_tree_s": t_ft,
                 "cost_ratio": sc.cost_ratio, "t_mean_s": st["t_mean_s"], "t_ci_s": st["t_ci_s"],
@@ -887,6 +951,10 @@ def evaluate_point(measured: Mapping, scenarios: Sequence[Scenario], *, claims: 
             row["seed_test_t_mixnet_s"] = {f"{d:.3f}": float(mx.constant_delay_times(sc.mixnet, [d])[0])
                                            for d in SEED_TEST_DELAYS_S}
         rows.append(row)
+    return _plain(rows)
+
+
+def _point_result(rows: list[dict], claims: Sequence[Claim]) -> dict:
     return _plain({"scenarios": rows, "claims": point_claims(rows, claims)})
 
 
@@ -1057,22 +1125,28 @@ class Setup:
         return tuple(m for m in PAPER_MODELS if m in self.models)
 
 
-def _run_points(task: tuple) -> list[dict]:
-    """Points that share routing and circuits (same skew, α, greedy) run together: the circuit and all-to-all
-    memo of analysis.mixnet then serves the GPU/MFU/overlap variants."""
-    setup, points, measured, gate, alternatives = task
+def _run_models(task: tuple) -> list[tuple]:
+    """Every grid point for some of the models: their scenarios at each point built here (the circuit and
+    all-to-all memo of analysis.mixnet serves a model's other points) and their Monte Carlo run together, so
+    the points that switch the same ports share each bootstrap's draws. Per point: (scenario rows per delay set,
+    plot series at the baseline)."""
+    setup, grid, models, measured, gate, alternatives = task
+    delay_sets = [measured, *alternatives]
+    n_links = len(setup.links)
+    first = [setup.models.index(m) * n_links + li for m in models for li in range(n_links)]  # global indices
+    built, jobs = [], {}
+    for p, assumptions in enumerate(grid):
+        indexed = list(zip(first, setup.scenarios(assumptions, models=models, rail=p == 0)))  # the rail: baseline
+        built.append(indexed)
+        for di in range(len(delay_sets)):
+            jobs.update(_point_jobs(indexed, setup, gate, p == 0 and di == 0, (p, di), di))
+    stats = monte_carlo(jobs, delay_sets, setup, len(setup.models) * n_links)
     out = []
-    for index, assumptions in points:
-        scenarios = setup.scenarios(assumptions, rail=index == 0)     # only the baseline reports the rail
-        kw = dict(claims=setup.claims, calibration=setup.calibration, seed=setup.seed,
-                  verdict_delay=setup.verdict_delay, n_reps=setup.n_reps, n_boot=setup.n_boot,
-                  confidence=setup.confidence, gate=gate, memo={})
-        res = evaluate_point(measured, scenarios, full=index == 0, **kw)
-        if index == 0:
-            res["plot"] = plot_series(scenarios, setup.claims)
-        # the same scenarios judged on other delays (a sensitivity check): only what decides a verdict
-        res["alternatives"] = [evaluate_point(alt, scenarios, full=False, **kw) for alt in alternatives]
-        out.append((index, res))
+    for p, indexed in enumerate(built):
+        memo: dict = {}
+        rows = [_point_rows(indexed, delays, stats, setup, gate, p == 0 and di == 0, memo, (p, di))
+                for di, delays in enumerate(delay_sets)]
+        out.append((rows, plot_series([sc for _, sc in indexed], setup.claims) if p == 0 else []))
     return out
 
 
@@ -1110,26 +1184,73 @@ def plot_series(scenarios: Sequence[Scenario], claims: Sequence[Claim], lo_ms: f
     return out
 
 
-def _pool_map(fn, tasks: list, max_workers: int | None) -> list:
-    if max_workers is None or max_workers > 1 and len(tasks) > 1:
-        # spawn: the caller may hold threads (an emulated bench), which fork would copy mid-lock
-        with ProcessPoolExecutor(max_workers=max_workers,
-                                 mp_context=multiprocessing.get_context("spawn")) as pool:
-            return list(pool.map(fn, tasks))
-    return [fn(t) for t in tasks]
+class Workers:
+    """Tasks shared between this process and `max_workers` − 1 spawned ones (None: one per CPU; 1: this process
+    alone). Each spawned process is handed the next task from the front whenever it is free, this process runs
+    tasks from the back meanwhile (in a thread, while the main one hands out work), so the shares balance
+    themselves; the results come in task order and do not depend on where a task ran. One pool serves every
+    `map` (its processes start once); `close` ends it."""
+
+    def __init__(self, max_workers: int | None = 1):
+        self.n = (os.cpu_count() or 1) if max_workers is None else max_workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    def map(self, fn, tasks: Sequence) -> list:
+        tasks = list(tasks)
+        if self.n <= 1 or len(tasks) <= 1:
+            return [fn(t) for t in tasks]
+        if self._pool is None:
+            # spawn: the caller may hold threads (an emulated bench), which fork would copy mid-lock
+            self._pool = ProcessPoolExecutor(max_workers=self.n - 1, mp_context=multiprocessing.get_context("spawn"))
+        out: list = [None] * len(tasks)
+        front, back = 0, len(tasks)
+        running: dict = {}
+        with ThreadPoolExecutor(max_workers=1) as here:
+            while front < back or running:
+                while front < back and sum(1 for f, (_, remote) in running.items() if remote) < self.n - 1:
+                    running[self._pool.submit(fn, tasks[front])] = (front, True)
+                    front += 1
+                if front < back and not any(not remote for _, remote in running.values()):
+                    back -= 1
+                    running[here.submit(fn, tasks[back])] = (back, False)
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:
+                    out[running.pop(f)[0]] = f.result()
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
 
 
-def model_scorecard(setup: Setup, baseline: Assumptions, *, max_workers: int | None = 1) -> dict:
+def model_scorecard(setup: Setup, baseline: Assumptions, *, max_workers: int | None = 1,
+                    workers: Workers | None = None) -> dict:
     """The model fitted to the authors' record on TRAIN_LINKS (`fit_record`) at the baseline assumptions, and
     its scorecard over every link they published: {"fit": RecordFit, **scorecard}. It depends on the setup and
-    the baseline alone (not on any measurement), so a process computes it once per pair (~10 s of CPU)."""
-    return copy.deepcopy(_model_scorecard(setup, baseline, max_workers))  # a copy: callers take parts out
+    the baseline alone (not on any measurement), so a process computes it once per pair (~10 s of CPU).
+    `workers`: a pool to share (else one of `max_workers` for this call)."""
+    key = (setup, baseline)
+    if key not in _SCORECARDS:
+        own = workers is None
+        workers = Workers(max_workers) if own else workers
+        try:
+            card = _model_scorecard(setup, baseline, workers)
+        finally:
+            if own:
+                workers.close()
+        if len(_SCORECARDS) >= 4:
+            _SCORECARDS.pop(next(iter(_SCORECARDS)))
+        _SCORECARDS[key] = card
+    return copy.deepcopy(_SCORECARDS[key])  # a copy: callers take parts out
 
 
-@functools.lru_cache(maxsize=4)
-def _model_scorecard(setup: Setup, baseline: Assumptions, max_workers: int | None) -> dict:
+_SCORECARDS: dict[tuple, dict] = {}
+
+
+def _model_scorecard(setup: Setup, baseline: Assumptions, workers: Workers) -> dict:
     models = setup.record_models
-    parts = _pool_map(_record_task, [(setup, baseline, m) for m in models], max_workers)
+    parts = workers.map(_record_task, [(setup, baseline, m) for m in models])
     timelines = dict(zip(models, parts))
     tau_max = time_scale_max(replace(mm.GPUS[baseline.gpu], mfu=float(baseline.mfu)), setup.bound)
     fitted = fit_record(timelines, tau_max)
@@ -1143,18 +1264,32 @@ def _model_scorecard(setup: Setup, baseline: Assumptions, max_workers: int | Non
 
 def run_grid(setup: Setup, grid: Sequence[Assumptions], measured: Mapping, *,
              max_workers: int | None = 1, gate: Mapping[str, dict] | None = None,
-             alternatives: Sequence[Mapping] = ()) -> list[dict]:
-    """Evaluate every grid point (the first in full, with plot series); on a local process pool when
-    max_workers > 1. The results do not depend on where or in which order the points ran. Each point's
-    `alternatives`: its verdicts on each of the other delays given (the same scenarios, built once)."""
+             alternatives: Sequence[Mapping] = (), workers: Workers | None = None) -> list[dict]:
+    """Evaluate every grid point (the first in full, with plot series); on `Workers` when
+    max_workers > 1 (or on `workers`), one model in each task. The results do not depend on where or in which
+    order the points ran. Each point's `alternatives`: its verdicts on each of the other delays given (the same
+    scenarios, built once)."""
     measured = as_cycle_delays(measured)
     alternatives = [as_cycle_delays(a) for a in alternatives]
-    families: dict[tuple, list] = {}
-    for i, a in enumerate(grid):
-        families.setdefault((a.skew, a.alpha, a.greedy), []).append((i, a))
-    tasks = [(setup, points, measured, gate, alternatives) for points in families.values()]
-    done = [r for chunk in _pool_map(_run_points, tasks, max_workers) for r in chunk]
-    return [res for _, res in sorted(done, key=lambda r: r[0])]
+    own = workers is None
+    workers = Workers(max_workers) if own else workers
+    shares = [setup.models] if workers.n <= 1 else [(m,) for m in setup.models]
+    try:
+        done = workers.map(_run_models, [(setup, list(grid), share, measured, gate, alternatives)
+                                         for share in shares])
+    finally:
+        if own:
+            workers.close()
+    results = []
+    for p in range(len(grid)):
+        # each share's rows in the order of setup.models (the shares are)
+        sets = [[row for part in done for row in part[p][0][di]] for di in range(1 + len(alternatives))]
+        res = _point_result(sets[0], setup.claims)
+        if p == 0:
+            res["plot"] = [s for part in done for s in part[p][1]]
+        res["alternatives"] = [_point_result(rows, setup.claims) for rows in sets[1:]]
+        results.append(res)
+    return results
 
 
 def _aggregate(outcomes: Sequence[tuple[str, str]]) -> tuple[str, list[str]]:
@@ -1314,11 +1449,15 @@ def evaluate_claims(measured: Mapping, *, setup: Setup = Setup(), grid: Sequence
     if not grid:
         raise ClaimInputError("the assumption grid is empty")
     delays = as_cycle_delays(measured)
-    card = model_scorecard(setup, grid[0], max_workers=max_workers)
-    setup = replace(setup, fit=card.pop("record_fit"))
-    gate = card["per_model"]
-    alternatives = [] if sensitivity is None else [as_cycle_delays(sensitivity["measured"])]
-    results = run_grid(setup, grid, delays, max_workers=max_workers, gate=gate, alternatives=alternatives)
+    workers = Workers(max_workers)      # one pool for the scorecard and the grid
+    try:
+        card = model_scorecard(setup, grid[0], workers=workers)
+        setup = replace(setup, fit=card.pop("record_fit"))
+        gate = card["per_model"]
+        alternatives = [] if sensitivity is None else [as_cycle_delays(sensitivity["measured"])]
+        results = run_grid(setup, grid, delays, gate=gate, alternatives=alternatives, workers=workers)
+    finally:
+        workers.close()
     rob, bound = _judge(setup, grid, results, delays)
     changes = None
     if alternatives:

@@ -21,7 +21,6 @@ from functools import cached_property, lru_cache
 from typing import Callable, Literal
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 from analysis import moe_models as mm
 
@@ -31,7 +30,8 @@ __all__ = [
     "MixnetInputError", "greedy_circuits", "all_to_all_time", "hybrid_all_to_all_time", "exact_circuits",
     "greedy_gap_report", "expert_popularity", "moe_dispatch_bytes", "server_demand", "rank_servers", "Fabric",
     "fabric_a2a_time", "ports_switched", "Timeline", "build_timeline", "traffic_from_matrices", "CycleDelays",
-    "delay_model_of", "draw_delays", "sample_iteration_times", "constant_delay_times", "break_even_delay",
+    "delay_model_of", "draw_delays", "sample_iteration_times", "sample_iteration_times_many",
+    "same_reconfigurations", "constant_delay_times", "break_even_delay",
 ]
 
 
@@ -66,6 +66,15 @@ def _per_server(value, n: int, what: str, integer: bool = False) -> np.ndarray:
     return v
 
 
+@lru_cache(maxsize=256)
+def _scalar_per_server(value: float, n: int, what: str, integer: bool = False) -> np.ndarray:
+    """`_per_server` of a scalar, one read-only array per value and size (the memoised paths ask again and
+    again)."""
+    v = _per_server(value, n, what, integer)
+    v.setflags(write=False)
+    return v
+
+
 def _positive(x: float, what: str) -> float:
     x = float(x)
     if not np.isfinite(x) or x <= 0:
@@ -92,9 +101,11 @@ def greedy_circuits(demand, ports_per_server, b_ocs: float, b_eps, code_compat: 
     """
     d = _demand(demand)
     n = d.shape[0]
-    ports = _per_server(ports_per_server, n, "ports_per_server", integer=True)
+    scalar = np.ndim(ports_per_server) == 0 and np.ndim(b_eps) == 0
+    per_server = _scalar_per_server if scalar else _per_server
+    ports = per_server(ports_per_server, n, "ports_per_server", True)
     b_ocs = _positive(b_ocs, "b_ocs")
-    eps = _per_server(b_eps, n, "b_eps")
+    eps = per_server(b_eps, n, "b_eps")
     pair = _pair_demand(d)
     if code_compat:
         t0 = pair.copy()
@@ -132,7 +143,7 @@ def greedy_circuits(demand, ports_per_server, b_ocs: float, b_eps, code_compat: 
     # Pairs i<j in descending (T, then lowest (i, j)) order, walked once; a pair that got a circuit goes back,
     # with its smaller T, into a small heap of (-T, i, j). The next pick is the better of the two heads, so
     # the order is exactly Algorithm 1's; pairs whose ends are full are skipped as the walk reaches them.
-    iu, ju = np.triu_indices(n, 1)
+    iu, ju = _pairs(n)
     live = (pair[iu, ju] > 0) & (free[iu] > 0) & (free[ju] > 0)
     iu, ju = iu[live], ju[live]
     neg = -t0[iu, ju]
@@ -237,11 +248,18 @@ def _hybrid_time(d: np.ndarray, c: np.ndarray, b_ocs: float, eps: np.ndarray) ->
     return float(max(_eps_root(d, cap, eps).max(initial=0.0), _eps_root(d.T, cap, eps).max(initial=0.0)))
 
 
+@lru_cache(maxsize=64)
 def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
-    return np.triu_indices(n, 1)
+    """The pairs i < j of n servers (read-only)."""
+    iu, ju = np.triu_indices(n, 1)
+    iu.setflags(write=False)
+    ju.setflags(write=False)
+    return iu, ju
 
 
 def _exact_milp(d: np.ndarray, ports: np.ndarray, b_ocs: float, eps: np.ndarray) -> np.ndarray:
+    from scipy.optimize import Bounds, LinearConstraint, milp   # only here: the verdict's workers never solve one
+
     n = d.shape[0]
     if d.max(initial=0.0) > 0:
         # times scale linearly with D: solve at unit scale so HiGHS's absolute tolerances do not dominate
@@ -512,7 +530,7 @@ def _fabric_time(d: np.ndarray, fabric: Fabric, circuits: np.ndarray | None, cro
     if fabric.kind == "mixnet":
         model = _hybrid_time if fabric.a2a_model == "hybrid" else _dedicated_time
         return model(d, circuits, _positive(fabric.nic_bytes_per_s, "b_ocs"),
-                     _per_server(fabric.eps_bytes_per_s, d.shape[0], "b_eps"))
+                     _scalar_per_server(fabric.eps_bytes_per_s, d.shape[0], "b_eps"))
     load = float(np.maximum(d.sum(axis=1), d.sum(axis=0)).max(initial=0.0))
     t = load / fabric.eps_bytes_per_s     # non-blocking: only the server's NICs limit
     if fabric.kind == "rail_optimized":
@@ -598,13 +616,15 @@ class Timeline:
         return int(np.bincount(self.trig_stage).max())
 
     @cached_property
-    def _slots(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Triggers grouped by (stage, direction, micro-batch) slot: order, segment starts, slot ids."""
+    def _slots(self) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, bool]:
+        """Triggers grouped by (stage, direction, micro-batch) slot: order (None: already in slot order),
+        segment starts, slot ids, and whether every trigger switches ports."""
         m = self.fwd_base.shape[1]
         slot = (self.trig_stage * 2 + self.trig_dir) * m + self.trig_mb
         order = np.argsort(slot, kind="stable")
         starts = np.flatnonzero(np.r_[True, np.diff(slot[order]) != 0]) if slot.size else np.zeros(0, int)
-        return order, starts, slot[order][starts]
+        in_order = bool(np.array_equal(order, np.arange(order.size)))
+        return None if in_order else order, starts, slot[order][starts], bool(np.all(self.trig_ports > 0))
 
     def times(self, delays) -> np.ndarray:
         """Iteration time (s) for per-trigger delays of shape (R, K) or (K,); returns (R,)."""
@@ -613,14 +633,20 @@ class Timeline:
         if d.shape[1] != self.n_triggers:
             raise MixnetInputError(f"need {self.n_triggers} delays per replicate, got {d.shape[1]}")
         reps = d.shape[0]
-        extra = np.zeros((reps, s_count * 2 * m))
+        extra = np.zeros((s_count * 2 * m, reps))       # replicates last: _gpipe's steps are contiguous
         if self.n_triggers:
-            exposed = np.clip(d - self.trig_window, 0.0, None) * (self.trig_ports > 0)
-            order, starts, slots = self._slots
-            extra[:, slots] = np.add.reduceat(exposed[:, order], starts, axis=1)
-        extra = extra.reshape(reps, s_count, 2, m)
-        fwd = self.fwd_base[None] + extra[:, :, 0, :]
-        bwd = self.bwd_base[None] + extra[:, :, 1, :]
+            order, starts, slots, all_switch = self._slots
+            exposed = d - self.trig_window
+            np.maximum(exposed, 0.0, out=exposed)
+            if not all_switch:
+                exposed *= self.trig_ports > 0
+            # summed along the contiguous trigger axis (a slot's sum in numpy's pairwise order)
+            extra[slots] = np.add.reduceat(exposed if order is None else exposed[:, order], starts, axis=1).T
+        extra = extra.reshape(s_count, 2, m, reps)
+        fwd = self.fwd_base[:, :, None] + extra[:, 0]
+        bwd = self.bwd_base[:, :, None] + extra[:, 1]
+        if reps == 1:
+            return np.array([_gpipe_one(fwd[:, :, 0].tolist(), bwd[:, :, 0].tolist(), float(self.p2p_s))])
         return _gpipe(fwd, bwd, self.p2p_s)
 
 
@@ -641,27 +667,48 @@ def blend_timelines(a: Timeline, b: Timeline, weight: float) -> Timeline:
 
 
 def _gpipe(fwd: np.ndarray, bwd: np.ndarray, p2p: float) -> np.ndarray:
-    """Finish time of a GPipe schedule, vectorised over replicates: fwd, bwd of shape (R, S, m)."""
-    reps, s_count, m = fwd.shape
-    fe = np.zeros((reps, s_count, m))
+    """Finish time of a GPipe schedule, vectorised over replicates: fwd, bwd of shape (S, m, R). A micro-batch
+    starts when the previous stage has handed it over (+ p2p) and its stage is done with the previous one;
+    what comes from the previous stage is known for all its micro-batches at once."""
+    s_count, m, reps = fwd.shape
+    fe = np.empty((s_count, m, reps))
+    for s in range(s_count):
+        ready = np.maximum(0.0, fe[s - 1] + p2p) if s > 0 else np.zeros((m, reps))
+        np.add(ready[0], fwd[s, 0], out=fe[s, 0])
+        for b in range(1, m):
+            np.add(np.maximum(ready[b], fe[s, b - 1]), fwd[s, b], out=fe[s, b])
+    be = np.empty((s_count, m, reps))
+    for s in reversed(range(s_count)):
+        ready = np.maximum(fe[s, m - 1], be[s + 1] + p2p) if s < s_count - 1 else \
+            np.broadcast_to(fe[s, m - 1], (m, reps))
+        np.add(ready[0], bwd[s, 0], out=be[s, 0])
+        for b in range(1, m):
+            np.add(np.maximum(ready[b], be[s, b - 1]), bwd[s, b], out=be[s, b])
+    return be[:, m - 1].max(axis=0)
+
+
+def _max(a: float, b: float) -> float:
+    return a if a != a or a >= b else b        # np.maximum's: NaN wins
+
+
+def _gpipe_one(fwd: list, bwd: list, p2p: float) -> float:
+    """`_gpipe` of one replicate on Python floats (the same operations; numpy's per-call cost is most of a
+    one-replicate schedule): fwd, bwd as (S, m) nested lists."""
+    s_count, m = len(fwd), len(fwd[0])
+    fe = [[0.0] * m for _ in range(s_count)]
     for s in range(s_count):
         for b in range(m):
-            start = np.zeros(reps)
-            if s > 0:
-                start = np.maximum(start, fe[:, s - 1, b] + p2p)
-            if b > 0:
-                start = np.maximum(start, fe[:, s, b - 1])
-            fe[:, s, b] = start + fwd[:, s, b]
-    be = np.zeros((reps, s_count, m))
+            ready = _max(0.0, fe[s - 1][b] + p2p) if s > 0 else 0.0
+            fe[s][b] = (_max(ready, fe[s][b - 1]) if b > 0 else ready) + fwd[s][b]
+    be = [[0.0] * m for _ in range(s_count)]
     for s in reversed(range(s_count)):
         for b in range(m):
-            start = fe[:, s, m - 1].copy()
-            if s < s_count - 1:
-                start = np.maximum(start, be[:, s + 1, b] + p2p)
-            if b > 0:
-                start = np.maximum(start, be[:, s, b - 1])
-            be[:, s, b] = start + bwd[:, s, b]
-    return be[:, :, m - 1].max(axis=1)
+            ready = _max(fe[s][m - 1], be[s + 1][b] + p2p) if s < s_count - 1 else fe[s][m - 1]
+            be[s][b] = (_max(ready, be[s][b - 1]) if b > 0 else ready) + bwd[s][b]
+    out = be[0][m - 1]
+    for s in range(1, s_count):
+        out = _max(out, be[s][m - 1])
+    return out
 
 
 TrafficFn = Callable[[int, int, int], np.ndarray]
@@ -790,6 +837,54 @@ def _routed_traffic(model: mm.MoeModel, par: mm.Parallelism, skew: float, seed: 
     return tuple(out)
 
 
+def _stage_network(traffic: dict, n_moe: int, m: int, fabric: Fabric, reconfigure: str,
+                   region_servers: int) -> tuple[dict, list]:
+    """One stage's network side of `build_timeline`, which no GPU, MFU or overlap assumption changes, from its
+    traffic {(MoE layer, micro-batch): (the most (token, expert) pairs one rank receives, server demand, its
+    cross-rail part)}: ({(l, b): most}, per trigger in the order the stage's region meets them — forward (b, l),
+    then backward (b, l↓) — (direction, b, l, all-to-all time on the new circuits, on the previous ones, ports
+    switched, the new circuits; the last two None off MixNet))."""
+    sequence = [(0, b, l) for b in range(m) for l in range(n_moe)] + \
+               [(1, b, l) for b in range(m) for l in reversed(range(n_moe))]
+    mixnet = fabric.kind == "mixnet"
+    circuits = {}
+    if mixnet:
+        greedy_eps = fabric.nic_bytes_per_s if fabric.greedy_eps == "nic" else fabric.eps_bytes_per_s
+        for lb, (_, demand, _) in traffic.items():
+            circuits[lb] = _memo_greedy(demand, fabric, greedy_eps)
+    previous = circuits[sequence[-1][2], sequence[-1][1]] if circuits and sequence else None
+    if mixnet and fabric.a2a_model == "hybrid":
+        wanted, before = [], previous
+        for _, b, l in sequence:
+            wanted += [(traffic[l, b][1], circuits[l, b]), (traffic[l, b][1], before)]
+            before = circuits[l, b]
+        _prefetch_hybrid_a2a(fabric, wanted)
+    steps = []
+    for direction, b, l in sequence:
+        _, demand, cross = traffic[l, b]
+        if mixnet:
+            now = circuits[l, b]
+            a2a_new = _memo_a2a(demand, fabric, now)
+            a2a_old = a2a_new if np.array_equal(previous, now) else _memo_a2a(demand, fabric, previous)
+            ports = fabric.alpha * region_servers if reconfigure == "always" else ports_switched(previous, now)
+            steps.append((direction, b, l, a2a_new, a2a_old, ports, now))
+            previous = now
+        else:
+            a2a = _memo_a2a(demand, fabric, None, cross if fabric.kind == "rail_optimized" else None)
+            steps.append((direction, b, l, a2a, a2a, None, None))
+    return {lb: most for lb, (most, _, _) in traffic.items()}, steps
+
+
+@lru_cache(maxsize=512)
+def _routed_network(model: mm.MoeModel, par: mm.Parallelism, fabric: Fabric, reconfigure: str, skew: float,
+                    seed: int, sampled_routing: bool, dtype_bytes: int) -> tuple:
+    """`_stage_network` of every stage on the default routing: a grid's points under other GPU, MFU or overlap
+    assumptions share it."""
+    routed = _routed_traffic(model, par, skew, seed, sampled_routing, dtype_bytes)
+    return tuple(_stage_network(routed[s], n_moe, par.micro_batches, fabric, reconfigure, par.region_servers)
+                 for s, (_, n_moe) in enumerate(mm.stage_layers(model, par.pp)))
+
+
 def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fabric: Fabric, *,
                    overlap: Literal["simulator", "all_hidden"] = "simulator",
                    reconfigure: Literal["always", "on_change"] = "always",
@@ -822,7 +917,8 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
     t_head = tokens * mm.head_flops_per_token(model) / rate
     per_assignment = mm.expert_flops_per_assignment(model) / rate
     servers_of_rank = rank_servers(par.ep, par.tp, par.gpus_per_server)
-    routed = _routed_traffic(model, par, skew, seed, sampled_routing, dtype_bytes) if traffic is None else None
+    network = _routed_network(model, par, fabric, reconfigure, skew, seed, sampled_routing, dtype_bytes) \
+        if traffic is None else None
     ranks_per_server = par.gpus_per_server // par.tp
     cross_rail = _cross_rail(par)
     rails = fabric.kind == "rail_optimized"
@@ -838,44 +934,27 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
         head = t_head if s == par.pp - 1 else 0.0
         fwd_base[s] += n_dense * (t_attn + t_dense) + head
         bwd_base[s] += 2 * (n_dense * (t_attn + t_dense) + head)
-        demands, expert_times, crosses = {}, {}, {}
-        for b in range(m):
-            for l in range(n_moe):
-                if traffic is None:
-                    most, demands[l, b], cross = routed[s][l, b]
-                elif traffic_level == "rank":
-                    most, demands[l, b], cross = _rank_traffic(np.asarray(traffic(s, l, b), dtype=float),
-                                                               model.hidden * dtype_bytes, servers_of_rank,
-                                                               cross_rail if rails else None)
-                else:
-                    most = float(tokens * model.top_k)   # unknown per rank: balanced
-                    demands[l, b] = _demand(np.asarray(traffic(s, l, b), dtype=float))
-                    # ranks spread evenly over rails: the share of rank pairs on other rails
-                    cross = demands[l, b] * float(cross_rail.mean()) if rails else None
-                if rails:
-                    crosses[l, b] = cross
-                expert_times[l, b] = most * per_assignment
-        # the order in which this stage's region meets its triggers: forward (b, l), then backward (b, l↓)
-        sequence = [(0, b, l) for b in range(m) for l in range(n_moe)] + \
-                   [(1, b, l) for b in range(m) for l in reversed(range(n_moe))]
-        circuits = {}
-        greedy_eps = fabric.nic_bytes_per_s if fabric.greedy_eps == "nic" else fabric.eps_bytes_per_s
-        if fabric.kind == "mixnet":
-            for l, b in demands:
-                circuits[l, b] = _memo_greedy(demands[l, b], fabric, greedy_eps)
-        previous = circuits[sequence[-1][2], sequence[-1][1]] if circuits and sequence else None
-        if fabric.kind == "mixnet" and fabric.a2a_model == "hybrid":
-            wanted, before = [], previous
-            for _, b, l in sequence:
-                wanted += [(demands[l, b], circuits[l, b]), (demands[l, b], before)]
-                before = circuits[l, b]
-            _prefetch_hybrid_a2a(fabric, wanted)
-        for direction, b, l in sequence:
-            dem, t_exp = demands[l, b], expert_times[l, b]
+        if network is not None:
+            most_of, steps = network[s]
+        else:
+            given = {}
+            for b in range(m):
+                for l in range(n_moe):
+                    if traffic_level == "rank":
+                        given[l, b] = _rank_traffic(np.asarray(traffic(s, l, b), dtype=float),
+                                                    model.hidden * dtype_bytes, servers_of_rank,
+                                                    cross_rail if rails else None)
+                    else:
+                        demand = _demand(np.asarray(traffic(s, l, b), dtype=float))
+                        # unknown per rank: balanced; ranks spread evenly over rails: the share of rank pairs on
+                        # other rails
+                        given[l, b] = (float(tokens * model.top_k), demand,
+                                       demand * float(cross_rail.mean()) if rails else None)
+            most_of, steps = _stage_network(given, n_moe, m, fabric, reconfigure, par.region_servers)
+        expert_times = {lb: most * per_assignment for lb, most in most_of.items()}
+        for direction, b, l, a2a_new, a2a_old, ports, now in steps:
+            t_exp = expert_times[l, b]
             if fabric.kind == "mixnet":
-                now = circuits[l, b]
-                a2a_new = _memo_a2a(dem, fabric, now)
-                a2a_old = a2a_new if np.array_equal(previous, now) else _memo_a2a(dem, fabric, previous)
                 trig["stage"].append(s)
                 trig["dir"].append(direction)
                 trig["mb"].append(b)
@@ -883,13 +962,9 @@ def build_timeline(model: mm.MoeModel, par: mm.Parallelism, gpu: mm.GpuSpec, fab
                 trig["expert"].append(t_exp if direction == 0 else 2 * t_exp)
                 hidden = direction == 1 or overlap == "all_hidden"
                 trig["window"].append(trig["expert"][-1] if hidden else 0.0)
-                trig["ports"].append(fabric.alpha * par.region_servers if reconfigure == "always"
-                                     else ports_switched(previous, now))
-                previous = now
+                trig["ports"].append(ports)
                 if direction == 0:
                     circuit_log.append(now)
-            else:
-                a2a_new = a2a_old = _memo_a2a(dem, fabric, None, crosses.get((l, b)))
             if direction == 0:
                 fwd_base[s, b] += t_attn + t_shared + 2 * a2a_new + t_exp
                 fwd_comm[s, b] += 2 * a2a_new
@@ -1018,7 +1093,7 @@ def draw_resampled_delays(ports, delays: CycleDelays, n_boot: int, n_rows: int,
     for b in range(n_boot):     # the stream's order: each replicate's resample, then its draws
         takes[b] = rng.integers(0, n, n)
         c[b] = rng.integers(0, n, size=(n_rows, k.size))
-        u[b] = rng.random((n_rows, k.size))
+        rng.random(out=u[b])
     return _DelayPool(delays).draw(k, takes, c, u)
 
 
@@ -1037,18 +1112,59 @@ class _DelayPool:
         order = np.argsort(resid, kind="stable")
         self.resid, self.owner = resid[order], owner[order]
 
+    def _pools(self, takes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each replicate's pool of per-port components: the sorted pool with every element repeated as often
+        as its cycle was taken, the replicates' pools one after the other; (pools, sizes, starts)."""
+        taken = np.stack([np.bincount(t, minlength=self.counts.size) for t in takes])[:, self.owner]
+        pools = np.repeat(np.tile(self.resid, takes.shape[0]), taken.ravel())
+        sizes = taken.sum(axis=1)
+        return pools, sizes, np.cumsum(sizes) - sizes
+
     def draw(self, k: np.ndarray, takes: np.ndarray, c: np.ndarray, u: np.ndarray) -> np.ndarray:
         """Per replicate b: `takes[b]` the cycles resampled, c[b] and u[b] (rows, K) its draws."""
+        n_ports = self.values.shape[1]
+        out = np.zeros(c.shape)
+        pools = None
+        # a reconfiguration switching more ports than any cycle has is always the decomposition: no rank to
+        # find, and the same k over many of them (a region re-applied whole) is one pass
+        for kv in np.unique(k[k > n_ports]):
+            cols = k == kv
+            if pools is None:
+                pools = self._pools(takes)
+            res = self._beyond(kv, takes, *((c, u) if cols.all() else (c[..., cols], u[..., cols])), pools)
+            if cols.all():
+                return res
+            out[..., cols] = res
+        cols = (k > 0) & (k <= n_ports)
+        if cols.any():
+            out[..., cols] = self._within(k[cols], takes, c[..., cols], u[..., cols], pools)
+        return out
+
+    def _beyond(self, k, takes: np.ndarray, c: np.ndarray, u: np.ndarray, pools) -> np.ndarray:
+        """The drawn cycle's shared part + the max of k of its replicate's pool (exact inverse CDF)."""
+        pools, sizes, starts = pools
+        n_boot = takes.shape[0]
+        shared = np.take_along_axis(self.shared[takes], c.reshape(n_boot, -1), axis=1).reshape(c.shape)
+        size = sizes[:, None, None]
+        idx = np.minimum((size * u ** (1.0 / k)).astype(np.int64), size - 1)
+        idx += starts[:, None, None]
+        return np.maximum(shared + pools[idx], 0.0)
+
+    def _within(self, k: np.ndarray, takes: np.ndarray, c: np.ndarray, u: np.ndarray, pools) -> np.ndarray:
+        """0 < k <= the bench's ports: the slowest of a random k-subset of the drawn cycle's ports (the
+        decomposition where that cycle has fewer than k)."""
         n_boot, n_ports = takes.shape[0], self.values.shape[1]
         cycle = np.take_along_axis(takes, c.reshape(n_boot, -1), axis=1).reshape(c.shape)
         pc = self.counts[cycle]
         # the rank of the slowest of k of the cycle's p ports: how many of F[p, k, :] lie below u, one
         # inverse CDF per (p, k)
         table = _max_rank_cdf(n_ports)
-        group = pc * (n_ports + 1) + np.minimum(k, n_ports)
+        group = pc * (n_ports + 1) + k
         rank = np.zeros(c.shape, dtype=np.int64)
         for g in np.flatnonzero(np.bincount(group.ravel())):
             p, kg = divmod(int(g), n_ports + 1)
+            if kg > p:          # the decomposition's, below
+                continue
             sel = group == g
             below = np.zeros(np.count_nonzero(sel), dtype=np.int64)
             u_sel = u[sel]
@@ -1059,29 +1175,43 @@ class _DelayPool:
         kk = np.broadcast_to(k, c.shape)
         beyond = kk > pc
         if beyond.any():
-            # each replicate's pool: the sorted pool with every element repeated as often as its cycle was
-            # taken, the replicates' pools one after the other
-            taken = np.stack([np.bincount(t, minlength=self.counts.size) for t in takes])[:, self.owner]
-            pools = np.repeat(np.tile(self.resid, n_boot), taken.ravel())
-            sizes = taken.sum(axis=1)
+            pools, sizes, starts = self._pools(takes) if pools is None else pools
             size = np.broadcast_to(sizes[:, None, None], c.shape)[beyond]
-            start = np.broadcast_to((np.cumsum(sizes) - sizes)[:, None, None], c.shape)[beyond]
+            start = np.broadcast_to(starts[:, None, None], c.shape)[beyond]
             idx = np.minimum((size * u[beyond] ** (1.0 / kk[beyond])).astype(np.int64), size - 1)
             out[beyond] = np.maximum(self.shared[cycle[beyond]] + pools[start + idx], 0.0)
-        return np.where(kk > 0, out, 0.0)
+        return out
 
 
 def sample_iteration_times(timeline: Timeline, delays: CycleDelays, n_reps: int,
                            rng: np.random.Generator) -> np.ndarray:
     """Monte Carlo iteration times, each reconfiguration's delay from `draw_delays`. Data-parallel replicas
     draw independently; the iteration waits for the slowest."""
+    return sample_iteration_times_many([timeline], delays, n_reps, rng)[0]
+
+
+def sample_iteration_times_many(timelines, delays: CycleDelays, n_reps: int,
+                                rng: np.random.Generator) -> list[np.ndarray]:
+    """`sample_iteration_times` of timelines that switch the same ports with the same data-parallel replicas
+    (one iteration under other compute or overlap assumptions), each on the draws it would make alone."""
     if not isinstance(delays, CycleDelays):
         raise MixnetInputError("delays must be CycleDelays (per cycle and port); CycleDelays.independent() "
                                "for i.i.d. samples")
-    if timeline.n_triggers == 0:
-        return timeline.times(np.zeros((n_reps, 0)))
-    t = timeline.times(draw_delays(timeline.trig_ports, delays, n_reps * timeline.dp, rng))
-    return t.reshape(n_reps, timeline.dp).max(axis=1)
+    first = same_reconfigurations(timelines)
+    if first.n_triggers == 0:
+        return [t.times(np.zeros((n_reps, 0))) for t in timelines]
+    draws = draw_delays(first.trig_ports, delays, n_reps * first.dp, rng)
+    return [t.times(draws).reshape(n_reps, t.dp).max(axis=1) for t in timelines]
+
+
+def same_reconfigurations(timelines) -> Timeline:
+    """The first of `timelines` after checking that they all switch the same ports with the same replicas
+    (so one set of drawn delays serves each of them)."""
+    first = timelines[0]
+    for t in timelines[1:]:
+        if t.dp != first.dp or not np.array_equal(t.trig_ports, first.trig_ports):
+            raise MixnetInputError("timelines drawn together must switch the same ports with the same replicas")
+    return first
 
 
 def break_even_delay(timeline: Timeline, target_s: float, d_max: float = 1e4) -> float | None:

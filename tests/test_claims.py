@@ -209,6 +209,31 @@ def test_cluster_bootstrap_resamples_whole_cycles():
     assert 1.0 <= lo and hi <= 3.0 and out["t_ci_s"][0] >= 1.0
 
 
+def test_timelines_bootstrapped_together_get_the_numbers_each_gets_alone():
+    # one iteration's reconfigurations under other windows and compute: the draws are made once for all of them,
+    # each timeline's intervals are those of its own bootstrap from the same stream; other ports are refused
+    rng = np.random.default_rng(2)
+    d = mx.CycleDelays(rng.gamma(2.0, 0.01, (7, 3)), np.full(7, 0.001), "test")
+    tls = [timeline(1.0, 0.0, ports=5), timeline(1.3, 0.012, ports=5), timeline(0.7, 0.03, ports=5)]
+    together = claims.bootstrap_many(tls, d, np.random.default_rng(9), n_reps=6, n_boot=30)
+    alone = [claims.bootstrap_mixnet(t, d, np.random.default_rng(9), n_reps=6, n_boot=30) for t in tls]
+    assert together == alone and len({r["t_mean_s"] for r in alone}) == 3
+    with pytest.raises(mx.MixnetInputError):
+        claims.bootstrap_many([tls[0], timeline(1.0, ports=4)], d, np.random.default_rng(9), n_reps=6, n_boot=30)
+
+
+def test_workers_return_every_task_in_order_wherever_it_ran():
+    import math as m
+
+    workers = claims.Workers(2)
+    try:
+        assert workers.map(m.factorial, range(9)) == [m.factorial(i) for i in range(9)]
+        assert workers.map(m.isqrt, [49, 50]) == [7, 7]       # the pool serves a second map
+    finally:
+        workers.close()
+    assert claims.Workers(1).map(m.factorial, [3]) == [6]
+
+
 def test_bad_measured_input():
     with pytest.raises(claims.ClaimInputError):
         claims.as_cycle_delays({"ocs": [0.1]})

@@ -70,7 +70,8 @@ class MixnetParams(Spec):
     baseline: Assumption = Assumption()
     grid: AssumptionGrid = Field(AssumptionGrid(), description="empty: analysis.claims.DEFAULT_GRID")
     design: Literal["one_at_a_time", "full"] = Field("one_at_a_time", description='"full": every combination')
-    workers: AtLeastOne = Field(2, description="local process pool for the grid (1: serial; identical results)")
+    workers: AtLeastOne = Field(2, description="processes for the grid, this one included (1: serial; identical "
+                                               "results)")
     n_reps: AtLeastOne = 32
     n_boot: AtLeastOne = 200
     fail_on_falsified: bool = False
