@@ -437,8 +437,12 @@ def write_cycles(ctx, events: EventBlocks) -> None:
     """Per-cycle bookkeeping of measuring steps (harness clock): begin, command sent/completed, done. On a
     resumed run the earlier cycles come from the earlier attempt's table, or, where a SIGKILL left none,
     from the event log (`recorded: events`: command times and status only)."""
-    rows = [{"step": name, **c.row(), "recorded": "live"} for name, r in ctx.results.items() for c in r.cycles]
-    frame = pd.DataFrame(rows)
+    from harness.outcome import CycleOutcomes
+
+    parts = [(r.cycles.frame() if isinstance(r.cycles, CycleOutcomes) else pd.DataFrame([c.row() for c in r.cycles]))
+             .assign(recorded="live") for r in ctx.results.values()]
+    frame = pd.concat([p.assign(step=name)[["step"] + list(p.columns)] for name, p in zip(ctx.results, parts)
+                       if len(p)], ignore_index=True) if any(len(p) for p in parts) else pd.DataFrame()
     frame = _with_earlier(ctx, frame, "cycles.parquet")
     for step, last in ctx.resume_after.items():
         known = set(frame.loc[frame["step"] == step, "cycle"]) if len(frame) else set()

@@ -222,8 +222,13 @@ def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Pa
 def run(options: RunOptions) -> int:
     """Validate every input, then take the run directory (new, or the resumed one), its lock and the bench
     lease, then run. Nothing is created for input that fails validation; a dry run writes nothing."""
+    import pyarrow as pa
+
     from harness.lock import RunDirLock, RunDirLocked
 
+    # Arrow's default pool (mimalloc) keeps what it once held: reading a campaign's events back at its end grew the
+    # process by ~150 MiB at 10^4 cycles with ~30 MiB in use. The system allocator hands it back.
+    pa.set_memory_pool(pa.system_memory_pool())
     resumed = None
     if options.resume:
         if options.dry_run:

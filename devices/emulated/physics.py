@@ -31,7 +31,7 @@ from devices.emulated.switching import MirrorSwitch
 from devices.emulated.truth import TruthLog
 from devices.timing import now_ns
 
-DRAW_BLOCK = 1 << 20  # draws read at once when reporting on them
+DRAW_BLOCK = 1 << 17  # draws read at once when reporting on them or writing them (a block as a frame: ~15 MB)
 
 
 @dataclass
