@@ -32,7 +32,7 @@ def _with_earlier(ctx, frame: pd.DataFrame, name: str) -> pd.DataFrame:
     return pd.concat([earlier[keep], frame], ignore_index=True) if len(frame) else earlier[keep]
 
 
-BLOCK_CYCLES = 1024  # cycles read at once at a run's end: memory holds a block's events and truth (~80 MB), not a campaign's
+BLOCK_CYCLES = 512  # cycles read at once at a run's end: memory holds a block's events and truth (~35 MB), not a campaign's
 
 
 class EventBlocks:
