@@ -167,25 +167,34 @@ def ocs_command_numbers(counts: dict, transit_ns: np.ndarray, after_ns: np.ndarr
 def accuracy_table(matched: pd.DataFrame) -> pd.DataFrame:
     """Per stage: n, p50 and p99 of |error| (ms), mean error (bias, ms), coverage of ±uncertainty."""
     groups = list(matched.groupby("stage", observed=True)) + [("all", matched)]
-    return accuracy_rows((stage, lambda g=g: (g["error_ns"].to_numpy(), g["covered"].to_numpy()))
+    return accuracy_rows((stage, lambda g=g: (g["error_ns"].to_numpy(copy=True), g["covered"].to_numpy()))
                          for stage, g in groups)
+
+
+def _as_float(values: np.ndarray, chunk: int = 1 << 16) -> np.ndarray:
+    """int64 values as float64 in their own buffer, a chunk at a time (a campaign's matched errors: ~10^7)."""
+    out = values.view(np.float64)
+    for at in range(0, len(values), chunk):
+        out[at:at + chunk] = values[at:at + chunk].copy()
+    return out
 
 
 def accuracy_rows(stages) -> pd.DataFrame:
     """`accuracy_table` from (stage, read) pairs, "all" last, `read()` giving that stage's matched error_ns (int64)
-    and covered (bool) as whole arrays (read from disk at a campaign's end: one stage held at a time)."""
+    and covered (bool) as whole arrays (read from disk at a campaign's end: one stage held at a time; error_ns is
+    overwritten)."""
     rows = []
     for stage, read in stages:
         error_ns, covered = read()
         if len(error_ns) == 0:
             continue
-        bias_ms = float(pd.Series(error_ns).mean() / 1e6)
-        err = np.abs(error_ns).astype(float)
+        bias_ms = float(pd.Series(error_ns, copy=False).mean() / 1e6)
+        err = np.abs(error_ns).astype(float) if error_ns.dtype != np.int64 else _as_float(np.abs(error_ns, out=error_ns))
         del error_ns
         err /= 1e6
         p50, p99 = np.quantile(err, [0.5, 0.99], overwrite_input=True)
         rows.append({"stage": stage, "n": len(err), "abs_err_p50_ms": float(p50), "abs_err_p99_ms": float(p99),
-                     "bias_ms": bias_ms, "coverage": float(pd.Series(covered).mean())})
+                     "bias_ms": bias_ms, "coverage": float(pd.Series(covered, copy=False).mean())})
     return pd.DataFrame(rows)
 
 
