@@ -126,29 +126,75 @@ def ocs_command_table(check: pd.DataFrame) -> dict:
     "kernel" receive stamp, or when it "handled" the command — later, so those transits are upper bounds),
     transit p50 / p99 / max, sends not causal, and the completion after the last mirror settled, p50 / p99 (over
     the cycles that have both), and how many came before it."""
-    transit = check["transit_ns"].to_numpy(dtype=float) / 1e6
-    after = check["settled_to_completed_ns"].dropna().to_numpy(dtype=float) / 1e6
-    q = lambda v, p: float(np.quantile(v, p)) if len(v) else float("nan")  # noqa: E731
+    counts, transit, after = ocs_command_parts(check)
+    return ocs_command_numbers(counts, transit, after)
+
+
+def ocs_command_parts(check: pd.DataFrame) -> tuple[dict, np.ndarray, np.ndarray]:
+    """What `ocs_command_numbers` needs of an `ocs_command_check` table: its counts (`add_counts` adds those of
+    disjoint blocks of cycles), the transits and the completions after the last settling (ns, the blocks' values
+    concatenated in cycle order)."""
     by = check["arrived_by"].value_counts(sort=False)
-    return {"n": int(len(check)), "arrived_by": {str(k): int(v) for k, v in by.items()},
+    counts = {"n": int(len(check)), "arrived_by": {str(k): int(v) for k, v in by.items()},
+              "not_causal": int((~check["causal"]).sum()),
+              "completed_before_settled": int(check["completed_before_settled"].sum())}
+    return (counts, check["transit_ns"].to_numpy(dtype=float),
+            check["settled_to_completed_ns"].dropna().to_numpy(dtype=float))
+
+
+def add_counts(total: dict, counts: dict) -> dict:
+    """Counts (ints, or dicts of them, as `ocs_command_parts` gives) added key by key, in the order first seen."""
+    for key, value in counts.items():
+        if isinstance(value, dict):
+            add_counts(total.setdefault(key, {}), value)
+        else:
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def ocs_command_numbers(counts: dict, transit_ns: np.ndarray, after_ns: np.ndarray) -> dict:
+    """`ocs_command_table` from `ocs_command_parts` (of a whole run)."""
+    transit, after = transit_ns / 1e6, after_ns / 1e6
+    q = lambda v, p: float(np.quantile(v, p)) if len(v) else float("nan")  # noqa: E731
+    return {"n": counts["n"], "arrived_by": counts["arrived_by"],
             "transit_p50_ms": q(transit, 0.5), "transit_p99_ms": q(transit, 0.99),
             "transit_max_ms": float(transit.max()) if len(transit) else float("nan"),
-            "not_causal": int((~check["causal"]).sum()), "settled_to_completed_n": int(len(after)),
-            "completed_before_settled": int(check["completed_before_settled"].sum()),
+            "not_causal": counts["not_causal"], "settled_to_completed_n": int(len(after)),
+            "completed_before_settled": counts["completed_before_settled"],
             "settled_to_completed_p50_ms": q(after, 0.5), "settled_to_completed_p99_ms": q(after, 0.99)}
 
 
 def accuracy_table(matched: pd.DataFrame) -> pd.DataFrame:
     """Per stage: n, p50 and p99 of |error| (ms), mean error (bias, ms), coverage of ±uncertainty."""
+    groups = list(matched.groupby("stage", observed=True)) + [("all", matched)]
+    return accuracy_rows((stage, lambda g=g: (g["error_ns"].to_numpy(copy=True), g["covered"].to_numpy()))
+                         for stage, g in groups)
+
+
+def _as_float(values: np.ndarray, chunk: int = 1 << 16) -> np.ndarray:
+    """int64 values as float64 in their own buffer, a chunk at a time (a campaign's matched errors: ~10^7)."""
+    out = values.view(np.float64)
+    for at in range(0, len(values), chunk):
+        out[at:at + chunk] = values[at:at + chunk].copy()
+    return out
+
+
+def accuracy_rows(stages) -> pd.DataFrame:
+    """`accuracy_table` from (stage, read) pairs, "all" last, `read()` giving that stage's matched error_ns (int64)
+    and covered (bool) as whole arrays (read from disk at a campaign's end: one stage held at a time; error_ns is
+    overwritten)."""
     rows = []
-    for stage, g in list(matched.groupby("stage", observed=True)) + [("all", matched)]:
-        err = g["error_ns"].abs().to_numpy(dtype=float) / 1e6
-        if len(err) == 0:
+    for stage, read in stages:
+        error_ns, covered = read()
+        if len(error_ns) == 0:
             continue
-        rows.append({"stage": stage, "n": len(err), "abs_err_p50_ms": float(np.quantile(err, 0.5)),
-                     "abs_err_p99_ms": float(np.quantile(err, 0.99)),
-                     "bias_ms": float(g["error_ns"].mean() / 1e6),
-                     "coverage": float(g["covered"].mean())})
+        bias_ms = float(pd.Series(error_ns, copy=False).mean() / 1e6)
+        err = np.abs(error_ns).astype(float) if error_ns.dtype != np.int64 else _as_float(np.abs(error_ns, out=error_ns))
+        del error_ns
+        err /= 1e6
+        p50, p99 = np.quantile(err, [0.5, 0.99], overwrite_input=True)
+        rows.append({"stage": stage, "n": len(err), "abs_err_p50_ms": float(p50), "abs_err_p99_ms": float(p99),
+                     "bias_ms": bias_ms, "coverage": float(pd.Series(covered, copy=False).mean())})
     return pd.DataFrame(rows)
 
 

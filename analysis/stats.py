@@ -358,20 +358,38 @@ def summarize_events(events: pd.DataFrame, rng_seed: int, *, scale: float = 1e-6
 
 def summarize_cycle_tables(parts: list[dict], rng_seed: int, *, scale: float = 1e-6) -> dict:
     """`summarize_events` over the `cycle_tables` of blocks of cycles (disjoint, in cycle order)."""
-    table = pd.concat([p["table"] for p in parts]) if len(parts) > 1 else parts[0]["table"]
-    per_cycle_ocs = pd.concat([p["ocs_switch"] for p in parts]) if len(parts) > 1 else parts[0]["ocs_switch"]
+    columns = [cycle_columns(p) for p in parts]
+    return summarize_columns(lambda name: np.concatenate([c[name] for c in columns]),
+                             sum(p["cycles"] for p in parts), rng_seed, scale=scale)
+
+
+def cycle_columns(part: dict) -> dict[str, np.ndarray]:
+    """A `cycle_tables` part as the flat columns `summarize_columns` reads: per row (cycle, host, port) its
+    "cycle" and every delay column of the stage table; per cycle "ocs_switch" and "turnaround". The columns of
+    disjoint blocks of cycles, in cycle order and each concatenated, are those of the blocks' events together."""
+    table = part["table"]
     turn = table["first_packet"].groupby(level="cycle").max().dropna() if len(table) else pd.Series([], dtype="float64")
-    cycles = table.index.get_level_values("cycle").to_numpy()
+    out = {"cycle": table.index.get_level_values("cycle").to_numpy().astype("int64", copy=False),
+           "ocs_switch": part["ocs_switch"].to_numpy(dtype="float64"), "turnaround": turn.to_numpy(dtype="float64")}
+    for name in list(UP_STAGES[1:]) + [f"chain_{name}" for name in CHAIN]:
+        out[name] = table[name].to_numpy(dtype="float64")
+    return out
+
+
+def summarize_columns(column, cycles: int, rng_seed: int, *, scale: float = 1e-6) -> dict:
+    """`summarize_cycle_tables` from the `cycle_columns` of a run, `column(name)` giving one whole column at a time
+    (read from disk at a campaign's end: only one column and the row cycles are held at once)."""
+    row_cycles = column("cycle")
     out = {"unit_scale": scale, "stages": {}, "chain": {}}
+    per_cycle_ocs = column("ocs_switch")
     for i, stage in enumerate(UP_STAGES):
         if stage == "ocs_command_completed":  # one value per cycle, not one per port
-            out["stages"][stage] = summarize(per_cycle_ocs.to_numpy() * scale, rng_seed + i)
+            out["stages"][stage] = summarize(per_cycle_ocs * scale, rng_seed + i)
         else:
-            out["stages"][stage] = summarize(table[stage].to_numpy() * scale, rng_seed + i, cycles=cycles)
+            out["stages"][stage] = summarize(column(stage) * scale, rng_seed + i, cycles=row_cycles)
     for i, name in enumerate(CHAIN):
-        out["chain"][name] = summarize(table[f"chain_{name}"].to_numpy() * scale, rng_seed + 100 + i,
-                                       cycles=cycles)
-    out["ocs_switch"] = summarize(per_cycle_ocs.to_numpy() * scale, rng_seed + 200)
-    out["turnaround"] = summarize(turn.to_numpy() * scale, rng_seed + 300)
-    out["cycles"] = sum(p["cycles"] for p in parts)
+        out["chain"][name] = summarize(column(f"chain_{name}") * scale, rng_seed + 100 + i, cycles=row_cycles)
+    out["ocs_switch"] = summarize(per_cycle_ocs * scale, rng_seed + 200)
+    out["turnaround"] = summarize(column("turnaround") * scale, rng_seed + 300)
+    out["cycles"] = cycles
     return out

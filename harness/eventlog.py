@@ -120,6 +120,16 @@ class EventLog:
             return EVENT_SCHEMA.empty_table().select(columns or list(EVENT_COLUMNS))
         return ds.dataset(parts, schema=EVENT_SCHEMA, format="parquet").to_table(columns=columns, filter=filter)
 
+    def batches(self, columns: list[str], filter=None):
+        """`table(columns, filter)` a record batch at a time, one fragment read at once (no read-ahead): memory
+        holds a batch, not the run's events."""
+        import pyarrow.dataset as ds
+
+        parts = self._parts_closed()
+        if parts:
+            yield from ds.dataset(parts, schema=EVENT_SCHEMA, format="parquet").to_batches(
+                columns=columns, filter=filter, batch_readahead=0, fragment_readahead=0)
+
     def events(self) -> pd.DataFrame:
         """Every event recorded in this run (typed as `read_events` gives them), read back from disk."""
         if self._failed is None:

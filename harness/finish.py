@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -31,7 +32,7 @@ def _with_earlier(ctx, frame: pd.DataFrame, name: str) -> pd.DataFrame:
     return pd.concat([earlier[keep], frame], ignore_index=True) if len(frame) else earlier[keep]
 
 
-BLOCK_CYCLES = 1024  # cycles read at once at a run's end: memory holds a block's events and truth (~80 MB), not a campaign's
+BLOCK_CYCLES = 512  # cycles read at once at a run's end: memory holds a block's events and truth (~35 MB), not a campaign's
 
 
 class EventBlocks:
@@ -77,31 +78,52 @@ class EventBlocks:
         return seen
 
 
+TRUTH_ROWS = 1 << 16  # rows of the emulator's truth log read at once (~1 000 cycles of an 8-port bench)
+
+
 class TruthBlocks:
     """The emulator's ground truth of `stages` with each row's cycle (`analysis.accuracy.assign_cycles`, cycles ≥ 1
-    only), handed out a block of cycles at a time in the order it happened."""
+    only), handed out a block of cycles at a time in the order it happened. The truth log is read a chunk of rows at
+    a time; what is kept per row is its cycle, on disk (a campaign's ~10^7 rows), and per chunk the cycles it spans."""
 
     def __init__(self, emulated, cycle_starts: list[tuple[int, int]], stages):
         from analysis.accuracy import cycle_of
+        from devices.emulated.columns import Column
 
-        import numpy as np
-
-        self.t, self.code, self.keys, self.halfwidth = emulated.ground_truth_columns(stages)
-        self.cycle = cycle_of(self.t, cycle_starts)
-        keep = self.cycle >= 1
-        # held for the whole summary (a campaign's ~10^7 rows): the codes and cycles fit 32 bits
-        self.t, self.code, self.cycle = self.t[keep], self.code[keep].astype(np.int32), \
-            self.cycle[keep].astype(np.int32)
-        if self.halfwidth is not None:
-            self.halfwidth = self.halfwidth[keep]
+        self.emulated, self.stages = emulated, stages
+        self.cycles = Column("i")  # each kept-stage row's cycle, in log order
+        self.chunks: list[tuple[int, int, int, int, int]] = []  # log rows [start, stop), first cycle row, cycles
+        self.last = 0
+        starts = sorted(cycle_starts, key=lambda cs: cs[1])  # sorted once: cycle_of's input, every chunk
+        n = emulated.physics.truth_rows()  # rows logged later (the bench still runs) are not this run's
+        rows = TRUTH_ROWS
+        for start in range(0, n, rows):
+            t = emulated.ground_truth_columns(stages, start, min(n, start + rows))[0]
+            cycle = cycle_of(t, starts)
+            at = len(self.cycles)
+            self.cycles.extend(np.maximum(cycle, -1))  # (before the first start: -1, dropped as cycles < 1 are)
+            kept = cycle[cycle >= 1]
+            if len(kept):
+                self.chunks.append((start, min(n, start + rows), at, int(kept.min()), int(kept.max())))
+                self.last = max(self.last, int(kept.max()))
 
     def of_cycles(self, a: int, b: int) -> pd.DataFrame:
         from devices.emulated.truth import truth_frame
 
-        rows = (self.cycle >= a) & (self.cycle < b)
-        frame = truth_frame(self.t[rows], self.code[rows], self.keys,
-                            None if self.halfwidth is None else self.halfwidth[rows])
-        frame["cycle"] = self.cycle[rows].astype("int64")
+        parts = []
+        for start, stop, at, lowest, highest in self.chunks:
+            if lowest < b and highest >= a:
+                t, code, keys, halfwidth = self.emulated.ground_truth_columns(self.stages, start, stop)
+                cycle = self.cycles.numpy(at, at + len(t))
+                rows = (cycle >= max(a, 1)) & (cycle < b)
+                parts.append((t[rows], code[rows], keys, None if halfwidth is None else halfwidth[rows], cycle[rows]))
+        if not parts:
+            t, code, keys, halfwidth = self.emulated.ground_truth_columns(self.stages, 0, 0)
+            parts = [(t, code, keys, halfwidth, np.array([], dtype=np.int64))]
+        keys = parts[-1][2]  # the codes index one growing list of keys: the latest read holds every earlier code
+        frame = truth_frame(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), keys,
+                            None if parts[0][3] is None else np.concatenate([p[3] for p in parts]))
+        frame["cycle"] = np.concatenate([p[4] for p in parts]).astype("int64")
         return frame
 
 
@@ -173,12 +195,36 @@ def write_draws(ctx) -> None:
             writer.close()
 
 
+class Spool:
+    """A run's per-row and per-cycle values for its summary, on disk, a column a name (devices.emulated.columns):
+    appended a block of cycles at a time, read back whole one column at a time for the exact statistics at the end
+    (a column of 10^5 cycles × 8 ports is ~6 MB)."""
+
+    CHUNK = 1 << 13  # values a column keeps in memory before they go to its file
+
+    def __init__(self):
+        self.columns: dict = {}
+
+    def add(self, name: str, values, typecode: str = "d") -> None:
+        from devices.emulated.columns import Column
+
+        column = self.columns.get(name)
+        if column is None:
+            column = self.columns[name] = Column(typecode, self.CHUNK)
+        column.extend(values)
+
+    def __call__(self, name: str):
+        column = self.columns.get(name)
+        return column.numpy() if column is not None else np.array([], dtype=np.float64)
+
+
 def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:
     """The run's summary, from events.parquet and the emulator's truth read once, a block of cycles at a time: each
-    table below is per cycle (or per port of a cycle), so its blocks, in cycle order, are the table."""
-    from analysis.accuracy import KEY, OCS_TRUTH_STAGES, accuracy_table, match, ocs_command_check, ocs_command_table, \
-        unrecorded, watched_truth
-    from analysis.stats import cycle_tables, summarize_cycle_tables
+    table below is per cycle (or per port of a cycle), so its blocks, in cycle order, are the table. What the
+    summary needs of each block goes to disk (`Spool`) or into counts: memory holds a block, not a campaign."""
+    from analysis.accuracy import KEY, OCS_TRUTH_STAGES, accuracy_rows, add_counts, match, ocs_command_check, \
+        ocs_command_numbers, ocs_command_parts, unrecorded, watched_truth
+    from analysis.stats import cycle_columns, cycle_tables, summarize_columns
     from harness.events import STAGES
 
     truth = switch_truth = file = None
@@ -190,21 +236,27 @@ def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:
             recorded.discard("first_packet")
         truth = TruthBlocks(ctx.emulated, windows, recorded)
         switch_truth = TruthBlocks(ctx.emulated, windows, set(OCS_TRUTH_STAGES))
-        last = max([last] + [int(t.cycle.max()) for t in (truth, switch_truth) if len(t.cycle)])
+        last = max([last] + [t.last for t in (truth, switch_truth) if t.chunks])
         file = GroundTruthFile(ctx)
         # an optional stage (CMIS states) the bench's tools never showed in this run is unobservable here, not lost
         unseen = set(OPTIONAL_STAGES) - events.stages(pc_field("cycle") > 0)
         watched_until = {o.cycle: o.done_ns for r in ctx.results.values() for o in r.cycles}
     stage_names = sorted(STAGES)
-    faults, stall_rows, tables = 0, [], []
-    matched, checks, n_watched, lost_ok, lost_faulted, first_lost = [], [], 0, 0, 0, []
+    spool, n_cycles, n_tables = Spool(), 0, 0
+    faults, stalled_cycles, stalled_hosts = 0, 0, {}
+    n_watched, lost_ok, lost_faulted, first_lost, command_counts = 0, 0, 0, [], {}
     for block, a, b in events.blocks(min(events.first, 1), last):
         faults += int((block["stage"] == "fault").sum())
-        stall_rows.append(block[(block["stage"] == "fault")
-                                & block["source"].astype(str).str.startswith("watch-stall:")][["cycle", "host"]])
+        stalls = block[(block["stage"] == "fault") & block["source"].astype(str).str.startswith("watch-stall:")]
+        stalled_cycles += int(stalls["cycle"].nunique())  # blocks are disjoint sets of cycles: their counts add
+        for host, n in stalls.groupby("host")["cycle"].nunique().items():
+            stalled_hosts[str(host)] = stalled_hosts.get(str(host), 0) + int(n)
         measured = block[block["cycle"] > 0]
         if len(measured):
-            tables.append(cycle_tables(measured))
+            part = cycle_tables(measured)
+            for name, values in cycle_columns(part).items():
+                spool.add(name, values, "q" if name == "cycle" else "d")
+            n_cycles, n_tables = n_cycles + part["cycles"], n_tables + 1
         if truth is None or b <= 1:
             continue
         true = truth.of_cycles(a, b)
@@ -212,10 +264,16 @@ def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:
         earlier = file.earlier_of(a, b)
         if earlier is not None:  # a resumed run's earlier cycles: their truth from the earlier attempt
             true = pd.concat([earlier, true], ignore_index=True)
-        pairs = match(measured, true)  # kept to the run's end: a category and two numbers a row, ~10 B
-        matched.append(pd.DataFrame({"stage": pd.Categorical(pairs["stage"].astype(str), categories=stage_names),
-                                     "error_ns": pairs["error_ns"].to_numpy("int64"),
-                                     "covered": pairs["covered"].to_numpy(bool)}))
+        pairs = match(measured, true)
+        stage, error, covered = pairs["stage"].astype(str).to_numpy(), pairs["error_ns"].to_numpy("int64"), \
+            pairs["covered"].to_numpy(bool)
+        spool.add("error:all", error, "q")
+        spool.add("covered:all", covered, "b")
+        for name in stage_names:  # each stage's rows in their order, as a groupby of the whole run's gives them
+            rows = stage == name
+            if rows.any():
+                spool.add(f"error:{name}", error[rows], "q")
+                spool.add(f"covered:{name}", covered[rows], "b")
         # this process's cycles, each while it watched: true events without a recorded one
         watched = watched_truth(true[~true["stage"].isin(unseen)], watched_until)
         if len(watched):
@@ -226,29 +284,31 @@ def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:
             first_lost += [[int(c), str(st), str(h), str(p)] for c, st, h, p in
                            silent[KEY].head(5 - len(first_lost)).itertuples(index=False)]
         # this process's switch record only: a resumed run's earlier cycles have none (their n says so)
-        checks.append(ocs_command_check(measured, switch_truth.of_cycles(a, b)))
+        counts, transit, after = ocs_command_parts(ocs_command_check(measured, switch_truth.of_cycles(a, b)))
+        add_counts(command_counts, counts)
+        spool.add("transit", transit)
+        spool.add("after", after)
     summary = {"status": status, "wall_s": round(wall_s, 3), "bench": ctx.inventory.name, "faults": faults,
                "steps": {name: {"ok": r.ok, "checks": r.checks, "artifacts": list(r.artifacts)}
                          for name, r in ctx.results.items()}}
-    if tables:
-        summary["delays_ms"] = summarize_cycle_tables(tables, ctx.seed)
-    stalls = pd.concat(stall_rows) if stall_rows else pd.DataFrame(columns=["cycle", "host"])
-    if len(stalls):  # a host's watch went silent: those cycles' unreported stages are unobserved, not inferred
-        summary["watch_stalls"] = {"cycles": int(stalls["cycle"].nunique()),
-                                   "hosts": {str(h): int(n) for h, n in stalls.groupby("host")["cycle"].nunique().items()}}
+    if n_tables:
+        summary["delays_ms"] = summarize_columns(spool, n_cycles, ctx.seed)
+    if stalled_cycles:  # a host's watch went silent: those cycles' unreported stages are unobserved, not inferred
+        summary["watch_stalls"] = {"cycles": stalled_cycles, "hosts": dict(sorted(stalled_hosts.items()))}
     if truth is not None:
         file.close()
         write_draws(ctx)
         summary["emulator"] = ctx.emulated.physics.schedule_report()
-        matched = pd.concat(matched, ignore_index=True) if matched else pd.DataFrame()
-        if len(matched):
-            summary["accuracy"] = accuracy_table(matched).to_dict(orient="records")
+        if "error:all" in spool.columns and len(spool.columns["error:all"]):
+            read = lambda name: lambda: (spool(f"error:{name}"), spool(f"covered:{name}").astype(bool))  # noqa: E731
+            summary["accuracy"] = accuracy_rows([(name, read(name)) for name in stage_names
+                                                 if f"error:{name}" in spool.columns] + [("all", read("all"))]
+                                                ).to_dict(orient="records")
         if n_watched:
             summary["lost_events"] = {"true": n_watched, "in_ok_cycles": lost_ok, "in_faulted_cycles": lost_faulted,
                                       "first_in_ok_cycles": first_lost}
-        check = pd.concat(checks, ignore_index=True) if checks else pd.DataFrame()
-        if len(check):
-            summary["ocs_command"] = ocs_command_table(check)
+        if command_counts.get("n"):
+            summary["ocs_command"] = ocs_command_numbers(command_counts, spool("transit"), spool("after"))
     for name, r in ctx.results.items():
         if r.summary:
             summary.setdefault("results", {})[name] = r.summary
@@ -377,8 +437,12 @@ def write_cycles(ctx, events: EventBlocks) -> None:
     """Per-cycle bookkeeping of measuring steps (harness clock): begin, command sent/completed, done. On a
     resumed run the earlier cycles come from the earlier attempt's table, or, where a SIGKILL left none,
     from the event log (`recorded: events`: command times and status only)."""
-    rows = [{"step": name, **c.row(), "recorded": "live"} for name, r in ctx.results.items() for c in r.cycles]
-    frame = pd.DataFrame(rows)
+    from harness.outcome import CycleOutcomes
+
+    parts = [(r.cycles.frame() if isinstance(r.cycles, CycleOutcomes) else pd.DataFrame([c.row() for c in r.cycles]))
+             .assign(recorded="live") for r in ctx.results.values()]
+    frame = pd.concat([p.assign(step=name)[["step"] + list(p.columns)] for name, p in zip(ctx.results, parts)
+                       if len(p)], ignore_index=True) if any(len(p) for p in parts) else pd.DataFrame()
     frame = _with_earlier(ctx, frame, "cycles.parquet")
     for step, last in ctx.resume_after.items():
         known = set(frame.loc[frame["step"] == step, "cycle"]) if len(frame) else set()

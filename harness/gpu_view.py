@@ -202,16 +202,26 @@ class GpuView:
         self.windows.append((begin_ns, end_ns))
 
     def _event_windows(self) -> list[tuple[int, int]]:
-        import pandas as pd
+        """Each cycle's (first ocs_command_sent, last port_active) of the step's events, reduced a batch at a time."""
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         t, stage = pc.field("t_ns"), pc.field("stage")
-        events = self.ctx.log.table(["cycle", "stage", "t_ns"], (t >= self.started_ns) & (t <= self.stopped_ns) & (
-            stage.isin(["ocs_command_sent", "port_active"]))).to_pandas()  # of the step's events, only these
-        sent = events[events.stage == "ocs_command_sent"].groupby("cycle").t_ns.min()
-        up = events[events.stage == "port_active"].groupby("cycle").t_ns.max()
-        both = pd.concat([sent.rename("sent"), up.rename("up")], axis=1, join="inner").sort_index()
-        return [(int(s), int(u)) for s, u in zip(both["sent"], both["up"])]
+        ends = {"ocs_command_sent": ([], "min"), "port_active": ([], "max")}
+        for batch in self.ctx.log.batches(["cycle", "stage", "t_ns"], (t >= self.started_ns) & (t <= self.stopped_ns)
+                                          & stage.isin(list(ends))):
+            table = pa.Table.from_batches([batch])
+            for name, (parts, how) in ends.items():
+                rows = table.filter(pc.equal(table["stage"], name))
+                parts.append(rows.group_by("cycle").aggregate([("t_ns", how)]))
+        per_cycle = {}
+        for name, (parts, how) in ends.items():
+            if parts:  # a cycle's events may straddle two batches: reduced again over the batches' results
+                whole = pa.concat_tables(parts).group_by("cycle").aggregate([(f"t_ns_{how}", how)])
+                per_cycle[name] = dict(zip(whole["cycle"].to_pylist(), whole[f"t_ns_{how}_{how}"].to_pylist()))
+        pa.default_memory_pool().release_unused()  # the scan's buffers, back to the system
+        sent, up = per_cycle.get("ocs_command_sent", {}), per_cycle.get("port_active", {})
+        return [(sent[c], up[c]) for c in sorted(set(sent) & set(up))]
 
     def stop(self) -> dict:
         from harness.bench.readers import shared_readers

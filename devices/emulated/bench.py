@@ -221,11 +221,11 @@ class EmulatedBench:
         t, code, keys, _ = self.ground_truth_columns()
         return [{"t_ns": int(ti), **dict(zip(("stage", "host", "port", "ocs_port"), keys[c]))} for ti, c in zip(t, code)]
 
-    def ground_truth_columns(self, stages=None):
-        """`ground_truth()` as columns (devices.emulated.truth.TruthLog.columns), only `stages` if given, and
-        each row's half-width (None where every row is exact): a realised stage is known only to within its
-        window, which a loaded machine widens."""
-        t, code, keys = self.physics.ground_truth_columns(stages)
+    def ground_truth_columns(self, stages=None, start: int = 0, stop: int | None = None):
+        """`ground_truth()` as columns (devices.emulated.truth.TruthLog.columns), only `stages` if given, of the
+        rows [start, stop) if given (`physics.truth_rows()`), and each row's half-width (None where every row is
+        exact): a realised stage is known only to within its window, which a loaded machine widens."""
+        t, code, keys = self.physics.ground_truth_columns(stages, start, stop)
         if self.sshd_hosts is None:
             return t, code, keys, None
         import numpy as np

@@ -30,6 +30,16 @@ class Column:
         if len(self._tail) >= self._chunk:
             self._spill()
 
+    def extend(self, values) -> None:
+        """Append an array of values (converted to the column's type)."""
+        values = np.ascontiguousarray(values, dtype=self._dtype)
+        if len(self._tail) + len(values) < self._chunk:
+            self._tail.frombytes(values.tobytes())
+            return
+        self._spill()
+        _pwrite_all(self._file.fileno(), memoryview(values).cast("B"), self._spilled * self._itemsize)
+        self._spilled += len(values)
+
     def _spill(self) -> None:
         if self._file is None:
             self._file = tempfile.TemporaryFile(prefix="ocs-hil-column-")

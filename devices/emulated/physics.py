@@ -31,7 +31,7 @@ from devices.emulated.switching import MirrorSwitch
 from devices.emulated.truth import TruthLog
 from devices.timing import now_ns
 
-DRAW_BLOCK = 1 << 20  # draws read at once when reporting on them
+DRAW_BLOCK = 1 << 17  # draws read at once when reporting on them or writing them (a block as a frame: ~15 MB)
 
 
 @dataclass
@@ -365,11 +365,17 @@ class OpticalBench:
             self._advance()
             return self._truth.rows()
 
-    def ground_truth_columns(self, stages=None):
-        """`ground_truth()` as columns (devices.emulated.truth.TruthLog.columns), only `stages` if given."""
+    def ground_truth_columns(self, stages=None, start: int = 0, stop: int | None = None):
+        """`ground_truth()` as columns (devices.emulated.truth.TruthLog.columns), only `stages` if given, of the
+        rows [start, stop) if given (`truth_rows()`: how many there are)."""
         with self._lock:
             self._advance()
-            return self._truth.columns(stages)
+            return self._truth.columns(stages, start, stop)
+
+    def truth_rows(self) -> int:
+        with self._lock:
+            self._advance()
+            return len(self._truth)
 
     def ground_truth_frame(self, stages=None):
         """`ground_truth()` as a DataFrame (devices.emulated.truth.TRUTH_COLUMNS), only `stages` if given."""

@@ -36,16 +36,18 @@ class TruthLog:
         return [dict(zip(TRUTH_COLUMNS, (t, *keys[c]))) for t, c in zip(self._t.numpy().tolist(),
                                                                          self._code.numpy().tolist())]
 
-    def columns(self, stages=None):
-        """(t_ns, code) as int64 arrays (copies) of the rows of `stages` (all if None), and the distinct
-        (stage, host, port, ocs_port) the codes index."""
+    def columns(self, stages=None, start: int = 0, stop: int | None = None):
+        """(t_ns, code) as int64 arrays (copies) of the rows of `stages` (all if None) among rows [start, stop) (all
+        if not given), and the distinct (stage, host, port, ocs_port) the codes index."""
         import numpy as np
 
         keys = list(self._keys)
         wanted = None if stages is None else np.array([k[0] in stages for k in keys] or [False])
         t, code = [], []
-        for start in range(0, len(self._t), BLOCK_ROWS):  # a block at a time: only the rows kept are held whole
-            t_block, code_block = self._t.numpy(start, start + BLOCK_ROWS), self._code.numpy(start, start + BLOCK_ROWS)
+        stop = len(self._t) if stop is None else min(stop, len(self._t))
+        for at in range(start, stop, BLOCK_ROWS):  # a block at a time: only the rows kept are held whole
+            end = min(stop, at + BLOCK_ROWS)
+            t_block, code_block = self._t.numpy(at, end), self._code.numpy(at, end)
             if wanted is not None:
                 keep = wanted[code_block]
                 t_block, code_block = t_block[keep], code_block[keep]
