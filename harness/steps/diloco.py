@@ -551,7 +551,7 @@ def _start_worker(priority: tuple[str, int] | None, ready) -> None:
     another worker is still starting up (a spawned worker's imports take ~1 CPU-s)."""
     import threading
 
-    import devices.emulated.vllm_server  # noqa: F401  (the emulated endpoint)
+    import httptools  # noqa: F401  (the emulated endpoint's HTTP parser)
     import harness.bench.serving  # noqa: F401
     import traces.replay  # noqa: F401  (the replay client: httptools, uvloop)
 
