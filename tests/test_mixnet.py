@@ -317,6 +317,20 @@ def test_gpipe_uniform_closed_form():
     assert t == pytest.approx((m + s_count - 1) * (f + b) + 2 * (s_count - 1) * p)
 
 
+@pytest.mark.parametrize("pp, m", [(1, 2), (3, 4)])
+def test_many_replicates_give_each_replicate_s_own_time(pp, m):
+    """`Timeline.times` over R replicates (the vectorised schedule) against one replicate at a time (its Python
+    twin for R = 1): the same numbers, bit for bit, NaN included."""
+    model, par, gpu, _ = _small(pp=pp, m=m)
+    tl = mx.build_timeline(model, par, gpu, mx.Fabric("mixnet", 100), reconfigure="on_change")
+    rng = np.random.default_rng(pp * 10 + m)
+    draws = rng.exponential(0.03, size=(7, tl.n_triggers))
+    draws[3, 0] = np.nan
+    many = tl.times(draws)
+    one = np.array([tl.times(draws[i:i + 1])[0] for i in range(len(draws))])
+    assert np.array_equal(many, one, equal_nan=True) and np.isnan(many[3]) and np.isfinite(many[:3]).all()
+
+
 def _small(model="mixtral-8x7b", pp=1, m=2, **fabric):
     par = mm.Parallelism(ep=8, tp=4, pp=pp, micro_batches=m, micro_batch_sequences=1, seq_len=1024)
     return mm.get_model(model), par, mm.GPUS["h100-sxm"], fabric
