@@ -24,6 +24,7 @@ identical inputs and seed.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import multiprocessing
@@ -1223,22 +1224,30 @@ class Workers:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
 
+    @staticmethod
+    @contextlib.contextmanager
+    def given(workers: "Workers | None", max_workers: int | None):
+        """`workers` if given (its owner closes it), else a pool of `max_workers` closed at the block's end."""
+        if workers is not None:
+            yield workers
+            return
+        own = Workers(max_workers)
+        try:
+            yield own
+        finally:
+            own.close()
+
 
 def model_scorecard(setup: Setup, baseline: Assumptions, *, max_workers: int | None = 1,
                     workers: Workers | None = None) -> dict:
     """The model fitted to the authors' record on TRAIN_LINKS (`fit_record`) at the baseline assumptions, and
     its scorecard over every link they published: {"fit": RecordFit, **scorecard}. It depends on the setup and
-    the baseline alone (not on any measurement), so a process computes it once per pair (~10 s of CPU).
+    the baseline alone (not on any measurement), so a process computes it once per pair.
     `workers`: a pool to share (else one of `max_workers` for this call)."""
     key = (setup, baseline)
     if key not in _SCORECARDS:
-        own = workers is None
-        workers = Workers(max_workers) if own else workers
-        try:
-            card = _model_scorecard(setup, baseline, workers)
-        finally:
-            if own:
-                workers.close()
+        with Workers.given(workers, max_workers) as pool:
+            card = _model_scorecard(setup, baseline, pool)
         if len(_SCORECARDS) >= 4:
             _SCORECARDS.pop(next(iter(_SCORECARDS)))
         _SCORECARDS[key] = card
@@ -1271,15 +1280,9 @@ def run_grid(setup: Setup, grid: Sequence[Assumptions], measured: Mapping, *,
     scenarios, built once)."""
     measured = as_cycle_delays(measured)
     alternatives = [as_cycle_delays(a) for a in alternatives]
-    own = workers is None
-    workers = Workers(max_workers) if own else workers
-    shares = [setup.models] if workers.n <= 1 else [(m,) for m in setup.models]
-    try:
-        done = workers.map(_run_models, [(setup, list(grid), share, measured, gate, alternatives)
-                                         for share in shares])
-    finally:
-        if own:
-            workers.close()
+    with Workers.given(workers, max_workers) as pool:
+        shares = [setup.models] if pool.n <= 1 else [(m,) for m in setup.models]
+        done = pool.map(_run_models, [(setup, list(grid), share, measured, gate, alternatives) for share in shares])
     results = []
     for p in range(len(grid)):
         # each share's rows in the order of setup.models (the shares are)
@@ -1449,15 +1452,12 @@ def evaluate_claims(measured: Mapping, *, setup: Setup = Setup(), grid: Sequence
     if not grid:
         raise ClaimInputError("the assumption grid is empty")
     delays = as_cycle_delays(measured)
-    workers = Workers(max_workers)      # one pool for the scorecard and the grid
-    try:
+    with Workers.given(None, max_workers) as workers:      # one pool for the scorecard and the grid
         card = model_scorecard(setup, grid[0], workers=workers)
         setup = replace(setup, fit=card.pop("record_fit"))
         gate = card["per_model"]
         alternatives = [] if sensitivity is None else [as_cycle_delays(sensitivity["measured"])]
         results = run_grid(setup, grid, delays, gate=gate, alternatives=alternatives, workers=workers)
-    finally:
-        workers.close()
     rob, bound = _judge(setup, grid, results, delays)
     changes = None
     if alternatives:
