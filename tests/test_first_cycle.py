@@ -133,6 +133,9 @@ class _FedStream:
     def close(self):
         self.lines.put(None)
 
+    def caught_up_ns(self) -> int:  # read as it comes (LineStream's)
+        return now_ns()
+
 
 def test_a_watch_is_live_once_every_sysfs_field_gave_its_current_value():
     stream = _FedStream()
@@ -211,7 +214,8 @@ def test_a_watch_packet_s_lines_become_what_the_line_parsers_make_of_each():
     session = HostSession(HostResource(name="h1", address="127.0.0.1"), transport=SimpleNamespace(),
                           readers=SimpleNamespace(add_lines=lambda stream, on_lines, on_end: delivered.update(
                               on_lines=on_lines)))
-    session.agent = SimpleNamespace(watch=lambda ports, interval_us, ethtool_us, heartbeat_us: object())
+    session.agent = SimpleNamespace(watch=lambda ports, interval_us, ethtool_us, heartbeat_us:
+                                    SimpleNamespace(caught_up_ns=now_ns))
     got = []
     sink = SimpleNamespace(put_many=got.extend, put=got.append)
     session.start_watch([("eth0", None, None)], 200, 1000, sink)

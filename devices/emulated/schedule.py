@@ -30,7 +30,7 @@ class Schedule:
         self._heap: list[tuple[int, int, Callable[[int], None], int, int]] = []  # (due, seq, action, draw, late)
         self._seq = itertools.count()
         self.late_ns = Column("q")  # how late every action ran
-        self._draw_late_ns = draw_late_ns  # per draw: how late the action its delay timed ran
+        self._draw_late_ns = draw_late_ns  # per draw: how much later than drawn it was realised (see above)
         self._draw_due_ns = draw_due_ns  # ... and when it was due (which harness cycle it belongs to)
         # The latest time a reader saw the state at, and the due time of the last action run: a change dated
         # back (OpticalBench.ocs_apply's at_ns) must fall after both.

@@ -236,7 +236,7 @@ class HostSession:
         if not awaited:
             live.set()
         stream = self._keep(self.agent.watch(ports, interval_us, ethtool_interval_us, heartbeat_us))
-        self.watch_caught_up = getattr(stream, "caught_up_ns", now_ns)  # a LineStream's; a bare fake: now
+        self.watch_caught_up = stream.caught_up_ns
 
         name = self.name
         self.watch_heard_ns = now_ns()
