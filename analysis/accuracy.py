@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 from scipy import stats
+
+from analysis.keys import Keys, _arrow_strings, first_of_groups
 
 KEY = ["cycle", "stage", "host", "port"]
 
@@ -35,12 +38,25 @@ def assign_cycles(truth: pd.DataFrame, cycle_starts: list[tuple[int, int]]) -> p
 def match(events: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
     """First recorded event and first true event per (cycle, stage, host, port); error = recorded − true.
     Covered: the recorded bound meets the truth's — the truth is a point unless the frame has `truth_halfwidth_ns`
-    (an emulator that knows a change only to within a window: sshd hosts' kernel and file changes)."""
-    rec = events.groupby(KEY, observed=True).agg(t_ns=("t_ns", "min"), uncertainty_ns=("uncertainty_ns", "first"))
-    columns = ["t_ns", "truth_halfwidth_ns"] if "truth_halfwidth_ns" in truth else ["t_ns"]
-    tru = (truth.sort_values("t_ns", kind="stable").groupby(KEY, observed=True)[columns].first()
-           .rename(columns={"t_ns": "true_ns"}))
-    joined = rec.join(tru, how="inner").reset_index()
+    (an emulator that knows a change only to within a window: sshd hosts' kernel and file changes). Rows in KEY's
+    order; the recorded uncertainty is the key's first row's."""
+    keys = Keys([events, truth], KEY)
+    rec, rec_starts = first_of_groups(keys.codes[0], keys.valid[0])
+    t = events["t_ns"].to_numpy(np.int64)
+    t_rec = np.minimum.reduceat(t[rec], rec_starts) if len(rec) else t[:0]
+    rec = rec[rec_starts]
+    true_t = truth["t_ns"].to_numpy(np.int64)
+    tru, tru_starts = first_of_groups(keys.codes[1], keys.valid[1], by=true_t)
+    tru = tru[tru_starts]  # the earliest true row of each key
+    _, on_rec, on_tru = np.intersect1d(keys.codes[0][rec], keys.codes[1][tru], assume_unique=True,
+                                       return_indices=True)
+    rows = rec[on_rec]
+    joined = events[KEY].iloc[rows].reset_index(drop=True)
+    joined["t_ns"] = t_rec[on_rec]
+    joined["uncertainty_ns"] = events["uncertainty_ns"].to_numpy()[rows]
+    joined["true_ns"] = true_t[tru[on_tru]]
+    if "truth_halfwidth_ns" in truth:
+        joined["truth_halfwidth_ns"] = truth["truth_halfwidth_ns"].to_numpy()[tru[on_tru]]
     joined["error_ns"] = joined["t_ns"] - joined["true_ns"]
     slack = joined["truth_halfwidth_ns"] if "truth_halfwidth_ns" in joined else 0
     joined["covered"] = joined["error_ns"].abs() <= joined["uncertainty_ns"] + slack
@@ -50,7 +66,11 @@ def match(events: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
 def watched_truth(truth: pd.DataFrame, watched_until: dict[int, int]) -> pd.DataFrame:
     """The first true event per (cycle, stage, host, port) that happened while its cycle was watched: at or
     before `watched_until[cycle]` (harness ns the cycle stopped watching; a cycle not in it was not watched)."""
-    first = truth.groupby(KEY, observed=True, as_index=False)["t_ns"].min()
+    keys = Keys([truth], KEY)
+    t = truth["t_ns"].to_numpy(np.int64)
+    order, starts = first_of_groups(keys.codes[0], keys.valid[0], by=t)
+    first = truth[KEY].iloc[order[starts]].reset_index(drop=True)
+    first["t_ns"] = t[order[starts]]
     until = first["cycle"].map(watched_until)
     return first[until.notna() & (first["t_ns"] <= until)].reset_index(drop=True)
 
@@ -58,16 +78,8 @@ def watched_truth(truth: pd.DataFrame, watched_until: dict[int, int]) -> pd.Data
 def unrecorded(events: pd.DataFrame, watched: pd.DataFrame) -> pd.DataFrame:
     """The rows of `watched` (`watched_truth`) with no recorded event of the same (cycle, stage, host, port):
     true events the harness lost — unless its cycle's faults name them."""
-    # One join, not a Python set over every row: at a campaign's end that loop was ~1 ms a cycle.
-    recorded = _keys(events).drop_duplicates()
-    joined = _keys(watched).merge(recorded, on=KEY, how="left", indicator=True)
-    return watched.loc[(joined["_merge"] == "left_only").to_numpy()].reset_index(drop=True)
-
-
-def _keys(frame: pd.DataFrame) -> pd.DataFrame:
-    """KEY's columns as plain values (cycle int64, the rest str): frames whose columns differ in dtype (string,
-    category, object) join on what they say."""
-    return pd.DataFrame({k: frame[k].astype("int64" if k == "cycle" else str).to_numpy() for k in KEY})
+    keys = Keys([events, watched], KEY)
+    return watched.loc[~np.isin(keys.codes[1], keys.codes[0])].reset_index(drop=True)
 
 
 def clock_sample_errors(samples: pd.DataFrame, clocks: dict[str, dict]) -> pd.DataFrame:
@@ -101,14 +113,27 @@ def ocs_command_check(events: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame
     had no stamp). `settled_to_completed_ns` = the recorded completion − the cycle's last mirror settling;
     `completed_before_settled`: the completion's upper bound is before it (a switch that answers once its mirrors
     settled, as the emulated TL1 one, never does). Cycles without a send and an arrival are left out."""
-    def first(stage: str, how: str) -> pd.DataFrame:
-        rows = events[events["stage"] == stage]
-        return rows.groupby("cycle").agg(**{f"{stage}_ns": ("t_ns", how), f"{stage}_bound_ns": ("uncertainty_ns",
-                                                                                                 "first")})
-    arrivals = truth[truth["stage"] == "ocs_command_arrived"].sort_values("t_ns", kind="stable")
-    arrived = arrivals.groupby("cycle").agg(arrived_ns=("t_ns", "first"), arrived_by=("port", "first"))
-    settled = truth[truth["stage"] == "mirror_settled"].groupby("cycle")["t_ns"].max().rename("settled_ns")
-    out = first("ocs_command_sent", "min").join(arrived, how="inner").join(first("ocs_command_completed", "max")) \
+    def per_cycle(frame: pd.DataFrame, stage: str, how: str, **first: str) -> pd.DataFrame:
+        """The rows of `stage`, per cycle: t_ns reduced by `how` ("min", "max", or "first": the earliest, ties in
+        row order), and for each `first` column its value in the cycle's first row (row order; "first": the
+        earliest row's)."""
+        rows = np.flatnonzero(pc.equal(_arrow_strings(frame["stage"]), stage).fill_null(False)
+                              .to_numpy(zero_copy_only=False))
+        cycle, t = frame["cycle"].to_numpy(np.int64)[rows], frame["t_ns"].to_numpy(np.int64)[rows]
+        order = np.lexsort((t, cycle)) if how == "first" else np.argsort(cycle, kind="stable")
+        starts = np.flatnonzero(np.r_[True, np.diff(cycle[order]) != 0]) if len(rows) else order
+        reduce = {"min": np.minimum, "max": np.maximum}.get(how)
+        columns = {f"{stage}_ns": (reduce.reduceat(t[order], starts) if len(rows) else t) if reduce else
+                   t[order[starts]]}
+        columns.update({name: frame[column].array[rows[order[starts]]] for name, column in first.items()})
+        return pd.DataFrame(columns, index=pd.Index(cycle[order[starts]], name="cycle"))
+
+    arrived = per_cycle(truth, "ocs_command_arrived", "first", arrived_by="port") \
+        .rename(columns={"ocs_command_arrived_ns": "arrived_ns"})
+    settled = per_cycle(truth, "mirror_settled", "max")["mirror_settled_ns"].rename("settled_ns")
+    out = per_cycle(events, "ocs_command_sent", "min", ocs_command_sent_bound_ns="uncertainty_ns") \
+        .join(arrived, how="inner") \
+        .join(per_cycle(events, "ocs_command_completed", "max", ocs_command_completed_bound_ns="uncertainty_ns")) \
         .join(settled)
     out = out.rename(columns={"ocs_command_sent_ns": "sent_ns", "ocs_command_sent_bound_ns": "sent_bound_ns",
                               "ocs_command_completed_ns": "completed_ns",

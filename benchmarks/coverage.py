@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/coverage.py [--reps 2000 --seed 0 --json]
     .venv/bin/python benchmarks/coverage.py --verdict [--reps 300]   # the MixNet verdict's intervals
     .venv/bin/python benchmarks/coverage.py --inflation [--reps 1000] # the link studies' latency inflation
+    .venv/bin/python benchmarks/coverage.py --large [--reps 1000]     # campaigns: 5 000 and 50 000 cycles
 
 `--inflation`: the interval of p50 / p99 latency inflation (analysis.linkfail.inflation_interval, the
 iteration as the unit) against the one it replaced (a percentile bootstrap over phase times as if i.i.d.).
@@ -17,6 +18,9 @@ interval covers exactly when E[T_mix]'s does) at n = 10, 20, 80 cycles, on a tim
 reconfigurations of 4 ports each, with cycle-correlated, heavy-tailed delays: 8 ports per cycle sharing the
 cycle's OCS draw (lognormal, mean 44, p99 64 ms) plus a per-port NIC part (lognormal, mean 5.67 s, p99
 6.33 s; or mean 20, p99 40 ms: heavy relative to the OCS). Truth from 10⁶ cycles.
+
+`--large`: the summary's intervals at 5 000 and 50 000 cycles (a campaign's), where the mean's interval is the
+bootstrap-t expanded (analysis.stats.EDGEWORTH_MEAN_UNITS), without the old method.
 
 For n = 10, 20, 80, 400 cycles, data drawn from known distributions are summarised exactly as a run's
 summary does (analysis.stats.summarize); the truth (mean, p99 of the per-sample distribution) is known in
@@ -232,6 +236,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--verdict", action="store_true", help="the MixNet verdict's intervals instead")
     ap.add_argument("--inflation", action="store_true", help="the link studies' latency-inflation intervals")
+    ap.add_argument("--large", action="store_true", help="campaign sizes: 5 000 and 50 000 cycles")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--reps-old", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
@@ -264,8 +269,10 @@ def main() -> None:
         print(f"\nnominal 95 %; binomial SE ≈ {100 * math.sqrt(0.95 * 0.05 / reps):.2f} pp at {reps} repetitions "
               f"({args.reps_old} for the old method); {time.perf_counter() - t0:.0f} s")
         return
-    args.reps = args.reps or 2000
-    rows = run(args.reps, args.reps_old, args.seed)
+    args.reps = args.reps or (1000 if args.large else 2000)
+    if args.large:
+        args.reps_old = 0
+    rows = run(args.reps, args.reps_old, args.seed, (5000, 50_000) if args.large else (10, 20, 80, 400))
     if args.json:
         print(json.dumps(rows, indent=1))
     print(table(rows))
