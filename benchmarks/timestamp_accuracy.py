@@ -29,7 +29,10 @@ compares every recorded event with the emulator's ground truth:
   a burst of work in one delays the other; and the emulator's own line on how late its schedule ran (`harness
   emulate` prints it at exit).
 
-    .venv/bin/python benchmarks/timestamp_accuracy.py [--cycles 200] [--profile burst-mode]
+    .venv/bin/python benchmarks/timestamp_accuracy.py [--cycles 200] [--profile burst-mode] [--pod 8x8]
+
+`--pod HOSTSxNICS`: the profile's delays over that many hosts and NICs per host, every NIC on one switch
+(`benchmarks/scale.py`'s `write_profile`): the harness's own part at 8 hosts by 1, 2, 4, 8 NICs per host.
 """
 from __future__ import annotations
 
@@ -304,6 +307,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=200)
     ap.add_argument("--profile", default="burst-mode")
+    ap.add_argument("--pod", metavar="HOSTSxNICS", default=None,
+                    help="the profile's delays over this topology, every NIC on one switch (e.g. 8x8)")
     ap.add_argument("--watch-us", type=int, default=200, help="agent poll interval (sysfs and ethtool -m)")
     ap.add_argument("--emulator", choices=("process", "in-process"), default="process",
                     help="`harness emulate` in its own process (default, as on a bench) or inside the harness")
@@ -324,8 +329,16 @@ if __name__ == "__main__":
 
         WIRE = record_wire()  # this process's hub sockets, opened by the run (in-process: the emulator's too)
     with tempfile.TemporaryDirectory() as tmp:
-        r = report(*runner(args.cycles, args.profile, args.watch_us, Path(tmp), step))
-    print(f"{r['cycles']} cycles x {r['ports']} ports, profile {args.profile}, poll {args.watch_us} µs, "
+        profile = args.profile
+        if args.pod:
+            from scale import write_profile
+
+            hosts, _, nics = args.pod.partition("x")
+            (Path(tmp) / "pod").mkdir()
+            profile = str(write_profile(Path(tmp) / "pod", int(hosts), int(nics), args.profile))
+        r = report(*runner(args.cycles, profile, args.watch_us, Path(tmp), step))
+    print(f"{r['cycles']} cycles x {r['ports']} ports, profile {args.profile}"
+          f"{f' as a {args.pod} pod' if args.pod else ''}, poll {args.watch_us} µs, "
           f"emulator {args.emulator}, OCS {args.protocol}, late_report_ms {step.get('late_report_ms', 'default')}, "
           f"line arrival: {args.arrival}" + (f" ({WIRE_MATCHED[0]} of {WIRE_MATCHED[1]} lines matched to their send)"
                                               if args.arrival == "wire" else ""))
