@@ -240,7 +240,7 @@ def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:
         file = GroundTruthFile(ctx)
         # an optional stage (CMIS states) the bench's tools never showed in this run is unobservable here, not lost
         unseen = set(OPTIONAL_STAGES) - events.stages(pc_field("cycle") > 0)
-        watched_until = {o.cycle: o.done_ns for r in ctx.results.values() for o in r.cycles}
+        watched_until = pd.Series({o.cycle: o.done_ns for r in ctx.results.values() for o in r.cycles})
     stage_names = sorted(STAGES)
     spool, n_cycles, n_tables = Spool(), 0, 0
     faults, stalled_cycles, stalled_hosts = 0, 0, {}
