@@ -112,6 +112,7 @@ class TruthBlocks:
         self.emulated, self.stages = emulated, stages
         self.cycles = Column("i")  # each kept-stage row's cycle, in log order
         self.chunks: list[tuple[int, int, int, int, int]] = []  # log rows [start, stop), first cycle row, cycles
+        self._read: dict[int, tuple] = {}  # the last block's chunks as read, by their first row
         self.last = 0
         starts = sorted(cycle_starts, key=lambda cs: cs[1])  # sorted once: cycle_of's input, every chunk
         n = emulated.physics.truth_rows()  # rows logged later (the bench still runs) are not this run's
@@ -129,13 +130,15 @@ class TruthBlocks:
     def of_cycles(self, a: int, b: int) -> pd.DataFrame:
         from devices.emulated.truth import truth_frame
 
-        parts = []
+        parts, read = [], {}
         for start, stop, at, lowest, highest in self.chunks:
-            if lowest < b and highest >= a:
-                t, code, keys, halfwidth = self.emulated.ground_truth_columns(self.stages, start, stop)
+            if lowest < b and highest >= a:  # (kept for the next block, which mostly begins in the last chunk)
+                read[start] = self._read.get(start) or self.emulated.ground_truth_columns(self.stages, start, stop)
+                t, code, keys, halfwidth = read[start]
                 cycle = self.cycles.numpy(at, at + len(t))
                 rows = (cycle >= max(a, 1)) & (cycle < b)
                 parts.append((t[rows], code[rows], keys, None if halfwidth is None else halfwidth[rows], cycle[rows]))
+        self._read = read
         if not parts:
             t, code, keys, halfwidth = self.emulated.ground_truth_columns(self.stages, 0, 0)
             parts = [(t, code, keys, halfwidth, np.array([], dtype=np.int64))]
