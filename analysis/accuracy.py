@@ -63,9 +63,10 @@ def match(events: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
     return joined
 
 
-def watched_truth(truth: pd.DataFrame, watched_until: dict[int, int]) -> pd.DataFrame:
+def watched_truth(truth: pd.DataFrame, watched_until: dict[int, int] | pd.Series) -> pd.DataFrame:
     """The first true event per (cycle, stage, host, port) that happened while its cycle was watched: at or
-    before `watched_until[cycle]` (harness ns the cycle stopped watching; a cycle not in it was not watched)."""
+    before `watched_until[cycle]` (harness ns the cycle stopped watching; a cycle not in it was not watched). A
+    caller with many cycles passes them as a Series (a dict is made one on every call)."""
     keys = Keys([truth], KEY)
     t = truth["t_ns"].to_numpy(np.int64)
     order, starts = first_of_groups(keys.codes[0], keys.valid[0], by=t)

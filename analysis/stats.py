@@ -224,8 +224,8 @@ MIN_DIFFERENCE_UNITS = 10
 _RESAMPLE_VALUES = 1 << 20  # bootstrap values held at once (8 MiB: at 32 a run's end grew by ~110 MB over its summaries)
 # From here on the bootstrap-t's quantiles are taken from their Edgeworth expansion instead of 1999 resamples: the
 # two agree to O(1/n) (Hall 1992, §3.5), within 1 % of the interval's width at 5 000 units of a lognormal σ 1,
-# and the expansion costs O(n), not O(1999 n) (a campaign of 10^5 cycles: seconds per column). Its coverage at
-# 5 000 and 50 000 units: benchmarks/coverage.py --large.
+# and the expansion costs O(n), not O(1999 n) (at 10^5 cycles ~10 ms a column, not ~2 s). Its coverage at 5 000 and
+# 50 000 units: benchmarks/coverage.py --large.
 EDGEWORTH_MEAN_UNITS = 5000
 
 
@@ -245,39 +245,54 @@ def mean_interval(units, confidence: float = 0.95, *, rng_seed: int = 0,
     n = x.size
     mean, se = x.mean(), x.std(ddof=1) / np.sqrt(n)
     if n >= EDGEWORTH_MEAN_UNITS:
-        return _edgeworth_t_interval(x, mean, se, confidence)
-    rng = np.random.default_rng(rng_seed)
-    # The resamples a block of rows at a time (one block up to ~520 units: the same draws as all at once), so a
-    # campaign of 10^5 cycles needs ~8 MiB here, not 1999 x 10^5 values
+        return _expanded_t_interval(mean, se, _third_cumulant_of_mean(x) / se ** 3, confidence)
+    means, variances = _resampled_moments(x, np.random.default_rng(rng_seed), n_resamples)
+    se_star = np.sqrt(variances / n)
+    keep = se_star > 0                      # a resample of one repeated value has no studentised statistic
+    return _resampled_t_interval(mean, se, (means[keep] - mean) / se_star[keep], confidence)
+
+
+def _resampled_moments(x: np.ndarray, rng: np.random.Generator, n_resamples: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each of `n_resamples` resamples' mean and variance (ddof 1). Drawn a block of resamples at a time (one block
+    holds them all up to ~520 units: the same draws as all at once), so a campaign of 10^5 cycles needs ~8 MiB here,
+    not 1999 x 10^5 values."""
+    n = x.size
     rows = max(1, min(n_resamples, _RESAMPLE_VALUES // n))
-    means, se_star = np.empty(n_resamples), np.empty(n_resamples)
+    means, variances = np.empty(n_resamples), np.empty(n_resamples)
     for start in range(0, n_resamples, rows):
         resampled = x[rng.integers(0, n, size=(min(rows, n_resamples - start), n))]
         means[start:start + len(resampled)] = resampled.mean(axis=1)
-        se_star[start:start + len(resampled)] = resampled.std(axis=1, ddof=1) / np.sqrt(n)
-    keep = se_star > 0                      # a resample of one repeated value has no studentised statistic
-    t_star = (means[keep] - mean) / se_star[keep]
+        variances[start:start + len(resampled)] = resampled.var(axis=1, ddof=1)
+    return means, variances
+
+
+def _resampled_t_interval(estimate: float, se: float, t_star: np.ndarray, confidence: float) -> list[float]:
     alpha = 1.0 - confidence
     lo_q, hi_q = np.quantile(t_star, [alpha / 2, 1 - alpha / 2])
-    return [float(mean - hi_q * se), float(mean - lo_q * se)]
+    return [float(estimate - hi_q * se), float(estimate - lo_q * se)]
 
 
-def _edgeworth_t_interval(x: np.ndarray, mean: float, se: float, confidence: float) -> list[float]:
-    """The bootstrap-t interval with the studentised mean's quantiles from their one-term Edgeworth (Cornish-Fisher)
-    expansion, P(T ≤ t) = Φ(t) + γ (2t² + 1) φ(t) / (6 √n) + O(1/n) with γ the skewness: right-skewed delays give a
-    left-skewed T, so the interval reaches further above the mean than below it, as the resampled one does."""
-    n = x.size
-    skew = float(stats.skew(x, bias=False))
+def _third_cumulant_of_mean(x: np.ndarray) -> float:
+    """κ3 of the sample mean, μ3 / n², μ3 estimated without bias (k-statistic)."""
+    return float(stats.kstat(x, 3)) / x.size ** 2
+
+
+def _expanded_t_interval(estimate: float, se: float, skew: float, confidence: float) -> list[float]:
+    """The bootstrap-t interval with the studentised statistic's quantiles from their one-term Edgeworth
+    (Cornish-Fisher) expansion, P(T ≤ t) = Φ(t) + s (2t² + 1) φ(t) / 6 + O(1/n), `skew` s the estimate's own
+    skewness (κ3 / σ³: γ / √n for one mean): right-skewed delays give a left-skewed T, so the interval reaches
+    further above the estimate than below it, as the resampled one does."""
     z = stats.norm.ppf([(1 - confidence) / 2, (1 + confidence) / 2])
-    t = z - skew * (2 * z ** 2 + 1) / (6 * math.sqrt(n))
-    return [float(mean - t[1] * se), float(mean - t[0] * se)]
+    t = z - skew * (2 * z ** 2 + 1) / 6
+    return [float(estimate - t[1] * se), float(estimate - t[0] * se)]
 
 
 def mean_difference_interval(a_units, b_units, confidence: float = 0.95, *, rng_seed: int = 0,
                              n_resamples: int = 1999) -> list[float] | None:
     """Interval of mean(b) − mean(a) over two independent sets of units (per-cycle values of two runs): the
     two-sample studentised bootstrap of Welch's statistic (each run resampled within itself), as
-    `mean_interval` is for one. None below MIN_DIFFERENCE_UNITS units on either side. Coverage:
+    `mean_interval` is for one, and as it from EDGEWORTH_MEAN_UNITS units a side the expansion (the difference's
+    κ3 = κ3(mean b) − κ3(mean a)). None below MIN_DIFFERENCE_UNITS units on either side. Coverage:
     benchmarks/coverage_difference.py."""
     a, b = (np.asarray(u, dtype=float) for u in (a_units, b_units))
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
@@ -287,15 +302,15 @@ def mean_difference_interval(a_units, b_units, confidence: float = 0.95, *, rng_
     se = np.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
     if se == 0:
         return [float(diff), float(diff)]
+    if min(a.size, b.size) >= EDGEWORTH_MEAN_UNITS:
+        return _expanded_t_interval(diff, se, (_third_cumulant_of_mean(b) - _third_cumulant_of_mean(a)) / se ** 3,
+                                    confidence)
     rng = np.random.default_rng(rng_seed)
-    ra = a[rng.integers(0, a.size, size=(n_resamples, a.size))]
-    rb = b[rng.integers(0, b.size, size=(n_resamples, b.size))]
-    se_star = np.sqrt(ra.var(axis=1, ddof=1) / a.size + rb.var(axis=1, ddof=1) / b.size)
+    mean_a, var_a = _resampled_moments(a, rng, n_resamples)
+    mean_b, var_b = _resampled_moments(b, rng, n_resamples)
+    se_star = np.sqrt(var_a / a.size + var_b / b.size)
     keep = se_star > 0
-    t_star = (rb.mean(axis=1)[keep] - ra.mean(axis=1)[keep] - diff) / se_star[keep]
-    alpha = 1.0 - confidence
-    lo_q, hi_q = np.quantile(t_star, [alpha / 2, 1 - alpha / 2])
-    return [float(diff - hi_q * se), float(diff - lo_q * se)]
+    return _resampled_t_interval(diff, se, (mean_b[keep] - mean_a[keep] - diff) / se_star[keep], confidence)
 
 
 def cycle_units(events: pd.DataFrame) -> dict[str, np.ndarray]:

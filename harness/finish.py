@@ -37,18 +37,25 @@ BLOCK_CYCLES = 512  # cycles read at once at a run's end: memory holds a block's
 
 class EventBlocks:
     """events.parquet a block of cycles at a time (typed as `read_parquet_events` gives them), in cycle order:
-    every summary of a run is per cycle, or a reduction of per-cycle tables."""
+    every summary of a run is per cycle, or a reduction of per-cycle tables. A block reads the row groups whose
+    cycles meet it (their statistics say which) and keeps them for the next block, which mostly begins inside the
+    last of them: each row group is decoded about once, not once per block that meets it."""
 
     def __init__(self, path):
         import pyarrow.dataset as ds
         import pyarrow.parquet as pq
 
         self.dataset = ds.dataset(path, format="parquet")
-        meta, column = pq.ParquetFile(path).metadata, EVENT_COLUMNS.index("cycle")
-        stats = [meta.row_group(g).column(column).statistics for g in range(meta.num_row_groups)]
-        stats = [st for st in stats if st is not None and st.has_min_max]
-        self.first = min((st.min for st in stats), default=0)
-        self.last = max((st.max for st in stats), default=-1)
+        self.file = pq.ParquetFile(path)
+        meta, column = self.file.metadata, EVENT_COLUMNS.index("cycle")
+        self.ranges = []  # per row group: (lowest, highest) cycle, None where the statistics do not say
+        for g in range(meta.num_row_groups):
+            st = meta.row_group(g).column(column).statistics
+            self.ranges.append((st.min, st.max) if st is not None and st.has_min_max else None)
+        known = [r for r in self.ranges if r is not None]
+        self.first = min((lo for lo, _ in known), default=0)
+        self.last = max((hi for _, hi in known), default=-1)
+        self._groups: dict[int, pa.Table] = {}
 
     def blocks(self, first: int | None = None, last: int | None = None):
         """(events of cycles [a, b), a, b) for consecutive blocks from `first` to `last` (default: the first and
@@ -60,13 +67,25 @@ class EventBlocks:
     def of_cycles(self, a: int, b: int) -> pd.DataFrame:
         import pyarrow.compute as pc
 
-        cycle = pc.field("cycle")
-        return self.frame((cycle >= a) & (cycle < b))
+        wanted = [g for g, r in enumerate(self.ranges) if r is None or (r[0] < b and r[1] >= a)]
+        self._groups = {g: self._groups.get(g) or self.file.read_row_group(g) for g in wanted}
+        if not wanted:
+            return _typed_frame([], EVENT_COLUMNS, EVENT_DTYPES)
+        table = pa.concat_tables([self._groups[g] for g in wanted])
+        cycle = table.column("cycle")
+        table = table.filter(pc.and_(pc.greater_equal(cycle, a), pc.less(cycle, b)))
+        return self._typed(table)
 
     def frame(self, where) -> pd.DataFrame:
-        table = self.dataset.to_table(filter=where)
-        return table.to_pandas()[list(EVENT_COLUMNS)].astype(EVENT_DTYPES) if len(table) else \
-            _typed_frame([], EVENT_COLUMNS, EVENT_DTYPES)
+        return self._typed(self.dataset.to_table(filter=where))
+
+    @staticmethod
+    def _typed(table: pa.Table) -> pd.DataFrame:
+        if not len(table):
+            return _typed_frame([], EVENT_COLUMNS, EVENT_DTYPES)
+        strings = pd.StringDtype("pyarrow")
+        frame = table.to_pandas(types_mapper=lambda t: strings if t in (pa.string(), pa.large_string()) else None)
+        return frame[list(EVENT_COLUMNS)].astype(EVENT_DTYPES)
 
     def stages(self, where) -> set[str]:
         """The distinct stages of the events where `where` holds (one column read, a batch at a time)."""
@@ -93,6 +112,7 @@ class TruthBlocks:
         self.emulated, self.stages = emulated, stages
         self.cycles = Column("i")  # each kept-stage row's cycle, in log order
         self.chunks: list[tuple[int, int, int, int, int]] = []  # log rows [start, stop), first cycle row, cycles
+        self._read: dict[int, tuple] = {}  # the last block's chunks as read, by their first row
         self.last = 0
         starts = sorted(cycle_starts, key=lambda cs: cs[1])  # sorted once: cycle_of's input, every chunk
         n = emulated.physics.truth_rows()  # rows logged later (the bench still runs) are not this run's
@@ -110,13 +130,15 @@ class TruthBlocks:
     def of_cycles(self, a: int, b: int) -> pd.DataFrame:
         from devices.emulated.truth import truth_frame
 
-        parts = []
+        parts, read = [], {}
         for start, stop, at, lowest, highest in self.chunks:
-            if lowest < b and highest >= a:
-                t, code, keys, halfwidth = self.emulated.ground_truth_columns(self.stages, start, stop)
+            if lowest < b and highest >= a:  # (kept for the next block, which mostly begins in the last chunk)
+                read[start] = self._read.get(start) or self.emulated.ground_truth_columns(self.stages, start, stop)
+                t, code, keys, halfwidth = read[start]
                 cycle = self.cycles.numpy(at, at + len(t))
                 rows = (cycle >= max(a, 1)) & (cycle < b)
                 parts.append((t[rows], code[rows], keys, None if halfwidth is None else halfwidth[rows], cycle[rows]))
+        self._read = read
         if not parts:
             t, code, keys, halfwidth = self.emulated.ground_truth_columns(self.stages, 0, 0)
             parts = [(t, code, keys, halfwidth, np.array([], dtype=np.int64))]
@@ -240,14 +262,15 @@ def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:
         file = GroundTruthFile(ctx)
         # an optional stage (CMIS states) the bench's tools never showed in this run is unobservable here, not lost
         unseen = set(OPTIONAL_STAGES) - events.stages(pc_field("cycle") > 0)
-        watched_until = {o.cycle: o.done_ns for r in ctx.results.values() for o in r.cycles}
+        watched_until = pd.Series({o.cycle: o.done_ns for r in ctx.results.values() for o in r.cycles})
     stage_names = sorted(STAGES)
     spool, n_cycles, n_tables = Spool(), 0, 0
     faults, stalled_cycles, stalled_hosts = 0, 0, {}
     n_watched, lost_ok, lost_faulted, first_lost, command_counts = 0, 0, 0, [], {}
     for block, a, b in events.blocks(min(events.first, 1), last):
-        faults += int((block["stage"] == "fault").sum())
-        stalls = block[(block["stage"] == "fault") & block["source"].astype(str).str.startswith("watch-stall:")]
+        faulted = block[(block["stage"] == "fault").to_numpy(bool, na_value=False)]
+        faults += len(faulted)
+        stalls = faulted[faulted["source"].astype(str).str.startswith("watch-stall:")]
         stalled_cycles += int(stalls["cycle"].nunique())  # blocks are disjoint sets of cycles: their counts add
         for host, n in stalls.groupby("host")["cycle"].nunique().items():
             stalled_hosts[str(host)] = stalled_hosts.get(str(host), 0) + int(n)
@@ -279,7 +302,7 @@ def build_summary(ctx, events: EventBlocks, status: str, wall_s: float) -> dict:
         if len(watched):
             n_watched += len(watched)
             lost = unrecorded(measured, watched)
-            silent = lost[~lost["cycle"].isin(measured.loc[measured["stage"] == "fault", "cycle"])]
+            silent = lost[~lost["cycle"].isin(faulted["cycle"])]
             lost_ok, lost_faulted = lost_ok + len(silent), lost_faulted + len(lost) - len(silent)
             first_lost += [[int(c), str(st), str(h), str(p)] for c, st, h, p in
                            silent[KEY].head(5 - len(first_lost)).itertuples(index=False)]

@@ -120,3 +120,23 @@ def test_memory_held_between_blocks_does_not_grow_with_the_campaign(tmp_path, mo
     growth = held[-1] - held[1]  # from the first block summarised to the last
     # (a stage table of one block is ~0.2 MB: the eleven more kept to the end would be > 2 MB)
     assert 11 * table_bytes > 2e6 and growth < 5e5, (growth, table_bytes, held)
+
+
+def test_blocks_read_by_row_group_are_the_events_of_their_cycles(tmp_path, monkeypatch):
+    """Oracle: the whole file filtered by each block's cycles. Row groups that end mid-cycle, a late event of an
+    earlier cycle in a later row group, and blocks that begin inside a row group kept from the block before."""
+    path = tmp_path / "events.parquet"
+    synthetic_events(path, cycles=40, ports=2)
+    events = read_parquet_events(path)
+    late = events[events["cycle"] == 3].head(1).assign(t_ns=10**15)
+    events = pd.concat([events, late], ignore_index=True)  # cycle 3's last event written after cycle 40's
+    pq.write_table(pa.Table.from_pandas(events, preserve_index=False), path, row_group_size=37)
+    monkeypatch.setattr(finish, "BLOCK_CYCLES", 7)
+    blocks = finish.EventBlocks(path)
+    assert pq.ParquetFile(path).metadata.num_row_groups > 10
+    seen = 0
+    for block, a, b in blocks.blocks():
+        expected = events[(events["cycle"] >= a) & (events["cycle"] < b)].reset_index(drop=True)
+        pd.testing.assert_frame_equal(block.reset_index(drop=True), expected)
+        seen += len(block)
+    assert seen == len(events)

@@ -99,3 +99,13 @@ def _pread_all(fd: int, size: int, offset: int) -> bytearray:
             raise OSError(f"column file ended {size - got} bytes early")
         got += n
     return out
+
+
+def coded_strings(values, codes):
+    """`values[codes]` as pandas' Arrow strings, taken in Arrow (no Python string a row): how the emulator's
+    columns of a few distinct names (stages, hosts, ports) become a frame's."""
+    import pandas as pd
+    import pyarrow as pa
+
+    strings = pa.array(list(values), pa.string()).take(pa.array(np.asarray(codes, dtype=np.int64)))
+    return pd.array(strings, dtype=pd.StringDtype("pyarrow"))

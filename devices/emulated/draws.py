@@ -73,18 +73,20 @@ class DrawLog:
 
     def frame(self, port_names: list[str], lock: threading.Lock, start: int = 0, stop: int | None = None):
         """The draws [start, stop) as a DataFrame (command, port, stage, delay_ns, late_ns, due_ns); `port_names[i]`
-        names port index i, "ocs" index -1 (strings shared per distinct value). The columns are copied under
+        names port index i, "ocs" index -1 (Arrow strings taken by code). The columns are copied under
         `lock`, the owner's."""
         import pandas as pd
 
-        names = np.empty(len(port_names) + 1, dtype=object)
-        names[:] = list(port_names) + ["ocs"]  # index -1: the switch
-        stages = np.empty(len(STREAM_STAGES), dtype=object)
-        stages[:] = list(STREAM_STAGES)
+        from devices.emulated.columns import coded_strings
+
+        names = list(port_names) + ["ocs"]  # index -1: the switch
         with lock:
             stop = len(self) if stop is None else stop
             cols = {k: v.numpy(start, stop) for k, v in self.columns.items()}
-        return pd.DataFrame({"command": cols["command"].astype(np.int64), "port": names[cols["port"]],
-                             "stage": stages[cols["stage"]], "delay_ns": cols["delay_ns"].astype(np.int64),
+        port = cols["port"].astype(np.int64)
+        port[port < 0] += len(names)
+        return pd.DataFrame({"command": cols["command"].astype(np.int64), "port": coded_strings(names, port),
+                             "stage": coded_strings(STREAM_STAGES, cols["stage"]),
+                             "delay_ns": cols["delay_ns"].astype(np.int64),
                              "late_ns": cols["late_ns"].astype(np.int64), "due_ns": cols["due_ns"].astype(np.int64)},
                             columns=["command", "port", "stage", "delay_ns", "late_ns", "due_ns"])

@@ -58,24 +58,25 @@ class TruthLog:
         return np.concatenate(t), np.concatenate(code), keys
 
     def frame(self, stages=None):
-        """The rows as a DataFrame (TRUTH_COLUMNS; strings as objects, shared per distinct value), only those of
-        `stages` if given."""
+        """The rows as a DataFrame (TRUTH_COLUMNS), only those of `stages` if given."""
         return truth_frame(*self.columns(stages))
 
 
 def truth_frame(t, code, keys, halfwidth=None):
-    """Truth columns (TruthLog.columns) as a DataFrame of TRUTH_COLUMNS, strings shared per distinct value; with
-    `halfwidth` (ns a row's time may be off: its window's half), a truth_halfwidth_ns column as well."""
+    """Truth columns (TruthLog.columns) as a DataFrame of TRUTH_COLUMNS, the strings as pandas' Arrow strings taken
+    from each column's few distinct values by code (no Python object a row); with `halfwidth` (ns a row's time may
+    be off: its window's half), a truth_halfwidth_ns column as well."""
     import numpy as np
     import pandas as pd
 
+    from devices.emulated.columns import coded_strings
+
     columns = {"t_ns": t}
     for i, name in enumerate(TRUTH_COLUMNS[1:]):
-        values = np.empty(len(keys), dtype=object)
-        values[:] = [k[i] for k in keys]
-        columns[name] = values[code] if len(keys) else np.array([], dtype=object)
+        values = [k[i] for k in keys]
+        columns[name] = np.asarray(values, dtype=np.int64)[np.asarray(code, dtype=np.int64)] if name == "ocs_port" \
+            else coded_strings(values, code)
     frame = pd.DataFrame(columns)
-    frame["ocs_port"] = frame["ocs_port"].astype("int64")
     if halfwidth is not None:
         frame["truth_halfwidth_ns"] = halfwidth
     return frame
