@@ -260,6 +260,13 @@ def test_the_bulk_conversion_equals_the_one_line_reference(tmp_path, monkeypatch
              "gpu3": (_Clocked(_tracker(t0 - 10**9, offset)), [(t0, "nvidia-smi: command not found")])}
     edges = [t0 + k * 50_000_000 + 1_000_000 for k in range(0, 200, 3)]  # a sample is bounded by [~0.4, 3] ms
     windows = [(b, b + 80_000_000) for b in edges[::2]] + [(edges[5], edges[9]), (edges[20], edges[21])]
+    # and windows on samples' own bounds (from a first conversion, without windows): an edge equal to a bound's
+    view, _ = _view_of(tmp_path, feeds, [(0, 0)])
+    view.stop()
+    bounds = [(r["t_ns"] - r["uncertainty_ns"], r["t_ns"] + r["uncertainty_ns"])
+              for r in map(json.loads, (tmp_path / "gpu_samples.jsonl").read_text().splitlines())][-80::4]
+    windows += [(lo, hi) for lo, hi in bounds[0::4]] + [(hi, hi + 10**6) for _, hi in bounds[1::4]] + \
+        [(lo - 10**6, lo) for lo, _ in bounds[2::4]]
     results, took = [], []
     real_bulk = gpu_view._Host.bulk
     for chunk, bulk in ((1 << 21, True), (333, True), (1 << 21, False)):
