@@ -83,7 +83,7 @@ class _Feed:
 
 
 # ---- the step's end: a feed's lines to samples, a chunk at a time (a step's samples are ~10^5 a campaign)
-CHUNK_BYTES = 1 << 21  # of a feed's lines converted at once: memory holds a chunk, not the step's lines
+CHUNK_BYTES = 1 << 20  # of a feed's lines converted at once: memory holds a chunk, not the step's lines
 _CELL = r"[ !#-+\--~]*"  # printable ASCII but the CSV's comma and quote: csv.reader's cell, unchanged
 # A line as nvidia-smi prints it (RE2, through Arrow): its arrival, a timestamp with a month 1-12 of 1970-2099 (read
 # as UTC, well inside int64 ns), four plain cells. A line of another shape is read by the parser itself.
@@ -116,19 +116,22 @@ def _utc_ns(y, m, d, hh, mi, ss, ms):
 def _head_numbers(head) -> tuple[np.ndarray, list[np.ndarray]]:
     """Of plain lines' first cells ("RECV_NS YYYY/MM/DD HH:MM:SS.mmm", an Arrow string array): RECV_NS, and the
     stamp's year, month, day, hour, minute, second and millisecond, read from their digits in place."""
-    ends = np.frombuffer(head.buffers()[1], dtype=np.int32)[head.offset + 1:head.offset + len(head) + 1]
-    if not len(ends):
+    offsets = np.frombuffer(head.buffers()[1], dtype=np.int32)[head.offset:head.offset + len(head) + 1]
+    if len(offsets) < 2:
         return np.empty(0, dtype=np.int64), [np.empty(0, dtype=np.int64)] * 7
     text = np.frombuffer(head.buffers()[2], dtype=np.uint8)
-    stamp = text[ends[:, None] + np.arange(-_STAMP, 0)].astype(np.int64) - ord("0")
+    ends = offsets[1:, None]
+    stamp = text[ends + np.arange(-_STAMP, 0, dtype=np.int32)] - np.uint8(ord("0"))
+    # RECV_NS: up to 18 digits ending before the stamp's space, the places before its first one zero
+    at = ends + np.arange(-_STAMP - 19, -_STAMP - 1, dtype=np.int32)
+    recv = np.where(at >= offsets[:-1, None], text[np.maximum(at, 0)] - np.uint8(ord("0")), np.uint8(0))
 
     def number(digits: np.ndarray) -> np.ndarray:
-        return digits @ 10 ** np.arange(digits.shape[1] - 1, -1, -1)
+        value = np.zeros(len(digits), dtype=np.int64)
+        for column in digits.T:
+            value = value * 10 + column
+        return value
 
-    # RECV_NS: up to 18 digits ending before the stamp's space, the places before its first one zero
-    at = ends[:, None] + np.arange(-_STAMP - 19, -_STAMP - 1)
-    starts = np.frombuffer(head.buffers()[1], dtype=np.int32)[head.offset:head.offset + len(head)]
-    recv = np.where(at >= starts[:, None], text[np.maximum(at, 0)].astype(np.int64) - ord("0"), 0)
     return number(recv), [number(stamp[:, i:i + w]) for i, w in ((0, 4), (5, 2), (8, 2), (11, 2), (14, 2), (17, 2),
                                                                   (20, 3))]
 
@@ -285,12 +288,13 @@ class _Host:
                 return None
             host_ns = naive_ns - zone
             distinct, where = np.unique(host_ns, return_inverse=True)
-            to_harness = self.feed.session.to_harness
-            converted = [to_harness(h) for h in distinct.tolist()]  # the query began in [host_ns, host_ns + 1 ms)
-            if max(abs(t) for t, _, _ in converted) + max(abs(b) for _, _, b in converted) >= _SAFE:
+            try:  # the query began in [host_ns, host_ns + 1 ms)
+                t, _, bound = self.feed.session.to_harness_many(distinct)
+            except OverflowError:
                 return None
-            t = np.array([t for t, _, _ in converted], dtype=np.int64)[where]
-            lo = t - np.array([b for _, _, b in converted], dtype=np.int64)[where]
+            if int(np.abs(t).max()) + int(np.abs(bound).max()) >= _SAFE:
+                return None
+            lo = t[where] - bound[where]
             hi = np.maximum(recv_ns, lo)  # read before its line was sent, so before it arrived
             mid, half = (lo + hi) // 2, (hi - lo + 1) // 2
             windows = self.windows()

@@ -121,6 +121,11 @@ class _Session:  # a host clock 3 s ahead of the harness, known to ±0.2 ms; its
     def to_harness(self, host_ns):
         return host_ns - self.OFFSET, self.OFFSET, self.BOUND
 
+    def to_harness_many(self, host_ns):
+        import numpy as np
+
+        return host_ns - self.OFFSET, np.full_like(host_ns, self.OFFSET), np.full_like(host_ns, self.BOUND)
+
 
 def test_each_sample_is_bounded_by_its_host_stamp_and_arrival_and_a_dead_stream_is_a_fault(tmp_path):
     """A host in UTC+2 whose nvidia-smi dies, is started again, stops printing for 1.2 s and dies again (then
@@ -200,6 +205,9 @@ class _Clocked:
 
     def to_harness(self, host_ns):
         return self.clock.to_harness(host_ns)
+
+    def to_harness_many(self, host_ns):
+        return self.clock.to_harness_many(host_ns)
 
 
 def _stamp(local_ns: int) -> str:
