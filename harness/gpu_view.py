@@ -11,10 +11,10 @@ values were read after the query began and before they were sent, whatever the q
 stream that ends before the step does (host rebooted, nvidia-smi exited) is a fault of the view, reported with
 its reason, and is started again (at most RESTARTS times); the hole it leaves is a gap (successive samples more
 than GAP_INTERVALS intervals apart), also a fault. At the end of the step the
-samples go to `gpu_samples.jsonl` (fsynced) and the manifest gets the windows (`windows_ns`, for the report's
-plot) and, per host, the utilisation inside the
-re-training windows (a cycle's `ocs_command_sent` to its last `port_active`, or the windows a step marks)
-against between them (the steady state); a sample whose bound straddles a window edge is counted in neither.
+samples go to `gpu_samples.jsonl` (fsynced), the re-training windows (a cycle's `ocs_command_sent` to its last
+`port_active`, or the windows a step marks) to `gpu_windows.parquet` (for the report's plot), and the manifest gets,
+per host, the utilisation inside the windows against between them (the steady state); a sample whose bound
+straddles a window edge is counted in neither.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import math
 import os
 import tempfile
 import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -38,6 +39,7 @@ IDLE_PERCENT = 5  # at or below: the GPU is idle
 INTERVAL_S = 0.2  # nvidia-smi's sleep between two queries of one host (a query itself takes tens of ms)
 MAX_HOSTS = 16  # hosts sampled per step: a pod's GPUs are shown by a spread of its hosts (bounded tool load)
 GAP_INTERVALS = 3  # successive samples of a host further apart than this many intervals: a gap in the view
+WINDOWS_FILE = "gpu_windows.parquet"  # step, begin_ns, end_ns: each viewed step's re-training windows
 RESTARTS = 3  # a host's loop that ends while the step runs is started again at most this often (each end a fault)
 ZONE_NS = 15 * 60 * 1_000_000_000  # time zones are whole quarter hours from UTC
 
@@ -441,8 +443,9 @@ class GpuView:
     def window(self, begin_ns: int, end_ns: int) -> None:
         self.windows.append((begin_ns, end_ns))
 
-    def _event_windows(self) -> list[tuple[int, int]]:
-        """Each cycle's (first ocs_command_sent, last port_active) of the step's events, reduced a batch at a time."""
+    def _event_windows(self) -> np.ndarray:
+        """Each cycle's (first ocs_command_sent, last port_active) of the step's events, reduced a batch at a time;
+        (begin_ns, end_ns) rows."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -454,14 +457,14 @@ class GpuView:
             for name, (parts, how) in ends.items():
                 rows = table.filter(pc.equal(table["stage"], name))
                 parts.append(rows.group_by("cycle").aggregate([("t_ns", how)]))
-        per_cycle = {}
-        for name, (parts, how) in ends.items():
-            if parts:  # a cycle's events may straddle two batches: reduced again over the batches' results
-                whole = pa.concat_tables(parts).group_by("cycle").aggregate([(f"t_ns_{how}", how)])
-                per_cycle[name] = dict(zip(whole["cycle"].to_pylist(), whole[f"t_ns_{how}_{how}"].to_pylist()))
+        if not all(parts for parts, _ in ends.values()):
+            return np.empty((0, 2), dtype=np.int64)
+        # a cycle's events may straddle two batches: reduced again over the batches' results, then the cycles with both
+        sent, up = (pa.concat_tables(parts).group_by("cycle").aggregate([(f"t_ns_{how}", how)])
+                    for parts, how in ends.values())
+        both = sent.join(up, "cycle", join_type="inner")
         pa.default_memory_pool().release_unused()  # the scan's buffers, back to the system
-        sent, up = per_cycle.get("ocs_command_sent", {}), per_cycle.get("port_active", {})
-        return [(sent[c], up[c]) for c in sorted(set(sent) & set(up))]
+        return np.column_stack([both["t_ns_min_min"].to_numpy(), both["t_ns_max_max"].to_numpy()])
 
     def stop(self) -> dict:
         from harness.bench.readers import shared_readers
@@ -483,8 +486,9 @@ class GpuView:
 
         def windows() -> _Windows:  # the step's, once there is a sample
             if not found:
-                pairs = self.windows or self._event_windows()
-                found.append(_Windows(np.array(pairs, dtype=np.int64).reshape(-1, 2)))
+                pairs = np.array(self.windows, dtype=np.int64).reshape(-1, 2) if self.windows else \
+                    self._event_windows()
+                found.append(_Windows(pairs))
             return found[0]
 
         try:
@@ -511,11 +515,11 @@ class GpuView:
         finally:
             if out is not None:
                 out.close()
-        windows = found[0].pairs if found else []
-        if not total or not len(windows):
+        if not total or not len(found[0]):
             return {}
-        summary = {"samples": total, "windows": len(windows), "hosts_total": self.hosts_total, "hosts": {},
-                   "faults": dict(self.faults), "windows_ns": windows.tolist()}
+        _save_windows(self.ctx.run_dir, self.step_name, found[0].pairs)
+        summary = {"samples": total, "windows": len(found[0]), "hosts_total": self.hosts_total, "hosts": {},
+                   "faults": dict(self.faults)}
         for host in sorted(counts):
             n_in, sum_in, idle_in, n_out, sum_out = counts[host]
             summary["hosts"][host] = {
@@ -530,6 +534,36 @@ class GpuView:
         if shown:
             self.ctx.say(f"{self.step_name}: GPU utilisation while the network re-trains: " + ", ".join(shown))
         return summary
+
+
+def _save_windows(run_dir: Path, step: str, pairs: np.ndarray) -> None:
+    """The step's windows into WINDOWS_FILE (rewritten with the other steps' rows: a run has a few viewed steps)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from harness.record import write_bytes_atomic
+
+    path = run_dir / WINDOWS_FILE
+    table = pa.table({"step": pa.repeat(step, len(pairs)), "begin_ns": pairs[:, 0], "end_ns": pairs[:, 1]})
+    if path.is_file():
+        before = pq.read_table(path)
+        table = pa.concat_tables([before.filter(pc.not_equal(before["step"], step)), table])
+    out = pa.BufferOutputStream()
+    pq.write_table(table, out)
+    write_bytes_atomic(path, out.getvalue().to_pybytes())
+
+
+def run_windows(run_dir, view: dict) -> np.ndarray:
+    """A run's re-training windows, every viewed step's, as (begin_ns, end_ns) rows: WINDOWS_FILE, or the manifest's
+    `windows_ns` of a run recorded before that file (`view`: the manifest's `extra.gpu_view`)."""
+    path = Path(run_dir) / WINDOWS_FILE
+    if path.is_file():
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path, columns=["begin_ns", "end_ns"])
+        return np.column_stack([table["begin_ns"].to_numpy(), table["end_ns"].to_numpy()])
+    return np.array([w for v in view.values() for w in v.get("windows_ns") or []], dtype=np.int64).reshape(-1, 2)
 
 
 @contextlib.contextmanager

@@ -150,11 +150,11 @@ def plot_request_rate(stats: dict, out: str) -> None:
     plt.close(fig)
 
 
-def plot_gpu_view(samples: pd.DataFrame, views: dict, path) -> None:
+def plot_gpu_view(samples: pd.DataFrame, windows: np.ndarray, path) -> None:
     """The GPU view over time: per sampled host, its GPUs' mean utilisation and their summed power, seconds since
     the first sample, each re-training window (a cycle: OCS command to the last port ACTIVE) shaded. `samples`:
-    gpu_samples.jsonl; `views`: the manifest's `extra.gpu_view` (per step: windows_ns)."""
-    windows = sorted(tuple(w) for v in views.values() for w in v.get("windows_ns") or [])
+    gpu_samples.jsonl; `windows`: (begin_ns, end_ns) rows (`harness.gpu_view.run_windows`)."""
+    windows = windows[np.lexsort((windows[:, 1], windows[:, 0]))].tolist()
     t0 = min([int(samples["t_ns"].min())] + [b for b, _ in windows])
     hosts = list(dict.fromkeys(samples["host"]))
     gpus = samples.groupby("host")["gpu"].nunique()

@@ -40,6 +40,9 @@ def test_turnaround_records_gpus_idle_while_the_network_retrains(tmp_path, monke
     assert set(samples.utilization_gpu) <= {GPU_BUSY["utilization_gpu"], GPU_STALLED["utilization_gpu"]}
     view = json.loads((run / "manifest.json").read_text())["extra"]["gpu_view"]["measure"]
     assert view["windows"] == 2  # the measured cycles: ocs_command_sent .. last port_active
+    windows = pd.read_parquet(run / gpu_view.WINDOWS_FILE)  # beside the samples, not in the manifest
+    assert list(windows.step) == ["measure"] * 2 and (windows.begin_ns < windows.end_ns).all()
+    assert gpu_view.run_windows(run, {"measure": view}).tolist() == windows[["begin_ns", "end_ns"]].values.tolist()
     for host, s in view["hosts"].items():
         assert s["n_inside"] >= 1 and s["n_outside"] >= 1, (host, s)
         assert s["mean_util_outside"] == GPU_BUSY["utilization_gpu"]
@@ -346,3 +349,17 @@ def test_timestamps_in_bulk_read_as_the_parser_reads_them():
                                                            [0, 999, 0, 999]))]
     texts = [f"{y:04d}/{m:02d}/{d:02d} {h:02d}:{mi:02d}:{s:02d}.{ms:03d}" for y, m, d, h, mi, s, ms in zip(*parts)]
     assert gpu_view._utc_ns(*parts).tolist() == [parse_nvidia_timestamp(t) for t in texts]
+
+
+def test_the_windows_file_keeps_each_steps_windows_and_an_older_run_reads_the_manifests(tmp_path):
+    import numpy as np
+
+    gpu_view._save_windows(tmp_path, "a", np.array([[1, 5], [7, 9]]))
+    gpu_view._save_windows(tmp_path, "b", np.array([[2, 3]]))
+    gpu_view._save_windows(tmp_path, "a", np.array([[4, 6]]))  # the step again (resumed): its rows replaced
+    assert sorted(gpu_view.run_windows(tmp_path, {}).tolist()) == [[2, 3], [4, 6]]
+    older = tmp_path / "older"
+    older.mkdir()
+    view = {"a": {"windows_ns": [[1, 5], [7, 9]]}, "b": {"windows_ns": [[2, 3]]}}
+    assert gpu_view.run_windows(older, view).tolist() == [[1, 5], [7, 9], [2, 3]]
+    assert gpu_view.run_windows(older, {"a": {}}).shape == (0, 2)
