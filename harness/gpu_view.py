@@ -89,7 +89,8 @@ CHUNK_BYTES = 1 << 20  # of a feed's lines converted at once: memory holds a chu
 _CELL = r"[ !#-+\--~]*"  # printable ASCII but the CSV's comma and quote: csv.reader's cell, unchanged
 # A line as nvidia-smi prints it (RE2, through Arrow): its arrival, a timestamp with a month 1-12 of 1970-2099 (read
 # as UTC, well inside int64 ns), four plain cells. A line of another shape is read by the parser itself.
-_LINE = r"^\d{1,18} (?:19[7-9]\d|20\d\d)/(?:0[1-9]|1[0-2])/\d\d \d\d:\d\d:\d\d\.\d{3}" + f",{_CELL}" * (len(FIELDS) - 1) + "$"
+_LINE = (r"^\d{1,18} (?:19[7-9]\d|20\d\d)/(?:0[1-9]|1[0-2])/\d\d \d\d:\d\d:\d\d\.\d{3}"
+         + f",{_CELL}" * (len(FIELDS) - 1) + "$")
 _STAMP = 23  # characters of "YYYY/MM/DD HH:MM:SS.mmm"
 _LONGEST = 100_000  # characters of a line beyond which csv.reader refuses a cell (its field size limit)
 _SAFE = 1 << 62  # times and bounds below this in size: every sum and difference of a conversion fits int64

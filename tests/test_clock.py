@@ -481,10 +481,10 @@ def test_to_harness_many_is_to_harness_element_by_element():
                                     delay_ns=2 * unc, uncertainty_ns=unc))
         assert len(tracker.segments) == len(steps) + 1, tracker.steps
         first = tracker.segments[0].first_t + EPOCH
+        near_steps = [s.t_ns + EPOCH + d for s in tracker.steps for d in range(-4 * 10**9, 4 * 10**9, 5 * 10**6)]
         host = np.unique(np.concatenate([rng.integers(first - 10**11, t + offset + 10**11, 3000),
                                          np.arange(first, t + offset, 9_999_991),
-                                         np.array([s.t_ns + EPOCH + d for s in tracker.steps for d in range(-4 * 10**9, 4 * 10**9, 5 * 10**6)],
-                                                  dtype=np.int64)]))
+                                         np.array(near_steps, dtype=np.int64)]))
         many = tracker.to_harness_many(host)
         assert host.dtype == np.int64
         assert [tuple(int(a[i]) for a in many) for i in range(len(host))] == \

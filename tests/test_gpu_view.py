@@ -263,7 +263,8 @@ def test_the_bulk_conversion_equals_the_one_line_reference(tmp_path, monkeypatch
     odd = {0: ["Xid 79: GPU has fallen off the bus", "   "],
            3: ["STAMP, 0, [N/A], 1024, [N/A]", "STAMP, 1, 97, [Not Supported], 612.40"],
            5: ['STAMP, "2", 97, 1024, 612.40', "STAMP,   3 , 97, 1024 , 612.40 "],
-           8: ["STAMP, 0, 97, 1024, 612.40, extra", "STAMP, 1, 97, 1024 MiB, 612.4 W", "2026/13/01 00:00:00.000, 0, 1, 2, 3"],
+           8: ["STAMP, 0, 97, 1024, 612.40, extra", "STAMP, 1, 97, 1024 MiB, 612.4 W",
+               "2026/13/01 00:00:00.000, 0, 1, 2, 3"],
            9: ["STAMP, 0, 97, 1024, 612.40 \u00b5", "STAMP, 1, 0, 0, \udcff"],
            11: ["STAMP, 0, 4, 7, 0.0001", "STAMP, 1, 5, 7, 12345678901234567890.5", "STAMP, 2, 6, 7, -1", ""]}
     feeds = {"gpu1": (_Clocked(_tracker(t0 - 10**9, offset)), _lines(t0, offset, 19_800 * 10**9, 90, odd)),
@@ -342,8 +343,8 @@ def test_timestamps_in_bulk_read_as_the_parser_reads_them():
     from devices.parsers.gpu import parse_nvidia_timestamp
 
     rng = np.random.default_rng(5)
-    parts = [rng.integers(1970, 2100, 500), rng.integers(1, 13, 500), rng.integers(0, 100, 500),
-             rng.integers(0, 100, 500), rng.integers(0, 100, 500), rng.integers(0, 100, 500), rng.integers(0, 1000, 500)]
+    parts = [rng.integers(1970, 2100, 500), rng.integers(1, 13, 500)] + [rng.integers(0, 100, 500) for _ in range(4)] \
+        + [rng.integers(0, 1000, 500)]
     parts = [np.concatenate([p, q]) for p, q in zip(parts, ([1970, 2000, 2024, 2099], [1, 2, 2, 12], [1, 29, 29, 31],
                                                            [0, 23, 0, 99], [0, 59, 0, 99], [0, 59, 0, 99],
                                                            [0, 999, 0, 999]))]
