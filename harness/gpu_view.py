@@ -72,7 +72,7 @@ class _Feed:
         self.first_other = ""  # ... and the first of them
 
     def chunks(self, size: int):
-        """Its lines as they came ("RECV_NS LINE\n" each), in chunks of whole lines of about `size` bytes."""
+        """Its lines as they came ("RECV_NS LINE", newline-ended), in chunks of whole lines of about `size` bytes."""
         self.lines.flush()
         self.lines.seek(0)
         rest = b""
