@@ -12,7 +12,7 @@ stream that ends before the step does (host rebooted, nvidia-smi exited) is a fa
 its reason, and is started again (at most RESTARTS times); the hole it leaves is a gap (successive samples more
 than GAP_INTERVALS intervals apart), also a fault. At the end of the step the
 samples go to `gpu_samples.jsonl` (fsynced), the re-training windows (a cycle's `ocs_command_sent` to its last
-`port_active`, or the windows a step marks) to `gpu_windows.parquet` (for the report's plot), and the manifest gets,
+`port_active`, or the windows a step marks) to `gpu_windows.npz` (for the report's plot), and the manifest gets,
 per host, the utilisation inside the windows against between them (the steady state); a sample whose bound
 straddles a window edge is counted in neither.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import io
 import json
 import math
 import os
@@ -39,7 +40,7 @@ IDLE_PERCENT = 5  # at or below: the GPU is idle
 INTERVAL_S = 0.2  # nvidia-smi's sleep between two queries of one host (a query itself takes tens of ms)
 MAX_HOSTS = 16  # hosts sampled per step: a pod's GPUs are shown by a spread of its hosts (bounded tool load)
 GAP_INTERVALS = 3  # successive samples of a host further apart than this many intervals: a gap in the view
-WINDOWS_FILE = "gpu_windows.parquet"  # step, begin_ns, end_ns: each viewed step's re-training windows
+WINDOWS_FILE = "gpu_windows.npz"  # each viewed step's re-training windows: (begin_ns, end_ns) rows under its name
 RESTARTS = 3  # a host's loop that ends while the step runs is started again at most this often (each end a fault)
 ZONE_NS = 15 * 60 * 1_000_000_000  # time zones are whole quarter hours from UTC
 
@@ -538,21 +539,13 @@ class GpuView:
 
 
 def _save_windows(run_dir: Path, step: str, pairs: np.ndarray) -> None:
-    """The step's windows into WINDOWS_FILE (rewritten with the other steps' rows: a run has a few viewed steps)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
+    """The step's windows into WINDOWS_FILE (rewritten with the other steps' arrays: a run has a few viewed steps)."""
     from harness.record import write_bytes_atomic
 
-    path = run_dir / WINDOWS_FILE
-    table = pa.table({"step": pa.repeat(step, len(pairs)), "begin_ns": pairs[:, 0], "end_ns": pairs[:, 1]})
-    if path.is_file():
-        before = pq.read_table(path)
-        table = pa.concat_tables([before.filter(pc.not_equal(before["step"], step)), table])
-    out = pa.BufferOutputStream()
-    pq.write_table(table, out)
-    write_bytes_atomic(path, out.getvalue().to_pybytes())
+    path, out = run_dir / WINDOWS_FILE, io.BytesIO()
+    with np.load(path) if path.is_file() else contextlib.nullcontext({}) as before:
+        np.savez(out, **{**{name: before[name] for name in before if name != step}, step: pairs})
+    write_bytes_atomic(path, out.getvalue())
 
 
 def run_windows(run_dir, view: dict) -> np.ndarray:
@@ -560,10 +553,8 @@ def run_windows(run_dir, view: dict) -> np.ndarray:
     `windows_ns` of a run recorded before that file (`view`: the manifest's `extra.gpu_view`)."""
     path = Path(run_dir) / WINDOWS_FILE
     if path.is_file():
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(path, columns=["begin_ns", "end_ns"])
-        return np.column_stack([table["begin_ns"].to_numpy(), table["end_ns"].to_numpy()])
+        with np.load(path) as steps:
+            return np.concatenate([steps[name] for name in steps.files] or [np.empty((0, 2), dtype=np.int64)])
     return np.array([w for v in view.values() for w in v.get("windows_ns") or []], dtype=np.int64).reshape(-1, 2)
 
 
