@@ -540,11 +540,15 @@ class GpuView:
 
 def _save_windows(run_dir: Path, step: str, pairs: np.ndarray) -> None:
     """The step's windows into WINDOWS_FILE (rewritten with the other steps' arrays: a run has a few viewed steps)."""
+    import zipfile
+
     from harness.record import write_bytes_atomic
 
     path, out = run_dir / WINDOWS_FILE, io.BytesIO()
-    with np.load(path) if path.is_file() else contextlib.nullcontext({}) as before:
-        np.savez(out, **{**{name: before[name] for name in before if name != step}, step: pairs})
+    with np.load(path) if path.is_file() else contextlib.nullcontext({}) as before, zipfile.ZipFile(out, "w") as npz:
+        for name, rows in [*((n, before[n]) for n in before if n != step), (step, pairs)]:  # as np.savez writes
+            with npz.open(f"{name}.npy", "w") as member:  # (np.savez's keywords would refuse a step named "file")
+                np.lib.format.write_array(member, np.asarray(rows))
     write_bytes_atomic(path, out.getvalue())
 
 

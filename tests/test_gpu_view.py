@@ -360,9 +360,11 @@ def test_the_windows_file_keeps_each_steps_windows_and_an_older_run_reads_the_ma
     import numpy as np
 
     gpu_view._save_windows(tmp_path, "a", np.array([[1, 5], [7, 9]]))
-    gpu_view._save_windows(tmp_path, "b", np.array([[2, 3]]))
+    gpu_view._save_windows(tmp_path, "file", np.array([[2, 3]]))  # (any step name)
     gpu_view._save_windows(tmp_path, "a", np.array([[4, 6]]))  # the step again (resumed): its rows replaced
     assert sorted(gpu_view.run_windows(tmp_path, {}).tolist()) == [[2, 3], [4, 6]]
+    with np.load(tmp_path / gpu_view.WINDOWS_FILE) as saved:
+        assert sorted(saved.files) == ["a", "file"] and saved["file"].dtype == np.int64
     older = tmp_path / "older"
     older.mkdir()
     view = {"a": {"windows_ns": [[1, 5], [7, 9]]}, "b": {"windows_ns": [[2, 3]]}}
