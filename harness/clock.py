@@ -105,6 +105,13 @@ def probe_each(streams: dict[str, LineStream], *, deadline: Deadline | None = No
             for name, stream in streams.items()}
 
 
+def _rint64(x: np.ndarray) -> np.ndarray:
+    """round() of each of `x` as int64; OverflowError at ±2**62 and beyond (or NaN), never a wrapped value."""
+    if len(x) and not np.abs(x).max() < 2.0**62:
+        raise OverflowError("a time beyond int64 arithmetic")
+    return np.rint(x).astype(np.int64)
+
+
 @dataclass(frozen=True)
 class ClockStep:
     """A discontinuity: at harness time ~`t_ns` the offset jumped by `jump_ns` (± `uncertainty_ns`)."""
@@ -162,6 +169,16 @@ class _Fit:
         if k < len(self._t):
             best = min(best, self._right[k] - s * x)
         return best
+
+    def near_many(self, x: np.ndarray) -> np.ndarray:
+        """`near` of each of `x`, the same sums (and so the same floats)."""
+        s = self.slope_bound + self.wander
+        n = len(self.times)
+        left = np.minimum.accumulate(self.bounds - s * self.times)
+        right = np.minimum.accumulate((self.bounds + s * self.times)[::-1])[::-1]
+        k = np.searchsorted(self.times, x, side="right")
+        best = np.where(k > 0, s * x + left[np.maximum(k - 1, 0)], np.inf)
+        return np.where(k < n, np.minimum(best, right[np.minimum(k, n - 1)] - s * x), best)
 
     def compact(self) -> None:
         """Drop the lists that make `near` one bisection (~16 KB of Python floats a fit): a kept fit that is no
@@ -444,6 +461,69 @@ class ClockTracker:
         hi = max(i[1] for i in intervals)
         t_mid = round((lo + hi) / 2)
         return t_mid, host_ns - t_mid, math.ceil((hi - lo) / 2)
+
+    # ---- the same over arrays: `to_harness` of many host times at once, element by element the same floats
+    def _predict_bound_many(self, fit: _Fit, t_ns: np.ndarray) -> np.ndarray:
+        """`_predict(fit, t)[1]` of each of `t_ns` (int64)."""
+        x = (t_ns - fit.t_ref).astype(np.float64)
+        bound = fit.near_many(x)
+        t, e = fit.times, fit.bounds
+        between = (t[0] < x) & (x < t[-1])
+        if between.any():
+            j = np.clip(np.searchsorted(t, x, side="left"), 1, len(t) - 1)
+            t0, t1 = t[j - 1], t[j]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lam = np.where(t1 > t0, (x - t0) / (t1 - t0), 0.0)
+            inner = (1 - lam) * e[j - 1] + lam * e[j] + self.wander * np.minimum(x - t0, t1 - x)
+            bound = np.where(between, np.minimum(bound, inner), bound)
+        return bound
+
+    @staticmethod
+    def _solve_many(fit: _Fit, host_ns: np.ndarray) -> np.ndarray:
+        return float(fit.t_ref) + ((host_ns - fit.base - fit.t_ref).astype(np.float64) - fit.a) / (1.0 + fit.b)
+
+    def to_harness_many(self, host_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`to_harness` of each of `host_ns` (int64) as arrays (t_ns, offset_ns, uncertainty_ns), each element the
+        same as one call gives. OverflowError when a time or the model is too large for int64 arithmetic."""
+        if not self.segments:
+            raise ClockSyncError(f"no clock estimate for host {self.host} yet")
+        host_ns = np.asarray(host_ns, dtype=np.int64)
+        if len(host_ns):  # `host_ns - base - t_ref` of every fit, exact in int64
+            ends = int(host_ns.min()), int(host_ns.max())
+            if any(abs(h - f.base) >= 1 << 63 or abs(h - f.base - f.t_ref) >= 1 << 63
+                   for seg in self.segments for f in [seg.fit, *seg.history] for h in ends):
+                raise OverflowError("host times too far from the clock model for int64 arithmetic")
+        # as `_to_harness_segments` (one segment: its one window, unbounded both ways, gives `_to_harness`'s answer)
+        lo, hi = np.full(len(host_ns), np.inf), np.full(len(host_ns), -np.inf)
+        taken = np.zeros(len(host_ns), dtype=bool)
+        nearest = np.full(len(host_ns), np.inf), np.zeros(len(host_ns)), np.zeros(len(host_ns))
+        for k, seg in enumerate(self.segments):
+            # the window around each time: `seg.fit_at`
+            at = _rint64(self._solve_many(seg.fit, host_ns))
+            which = np.full(len(host_ns), -1)
+            if seg.history:
+                older = at < seg.fit.first_t
+                which[older] = np.maximum(np.searchsorted(seg.history_starts, at[older], side="right") - 1, 0)
+            t, bound = np.empty(len(host_ns)), np.empty(len(host_ns))
+            for w in np.unique(which).tolist():
+                mine = which == w
+                fit = seg.fit if w < 0 else seg.history[w]
+                t[mine] = self._solve_many(fit, host_ns[mine])
+                bound[mine] = self._predict_bound_many(fit, _rint64(t[mine])) * (1.0 + abs(fit.b))
+            lo_window = self.segments[k - 1].last_t if k > 0 else -math.inf
+            hi_window = self.segments[k + 1].first_t if k + 1 < len(self.segments) else math.inf
+            inside = (lo_window - bound < t) & (t < hi_window + bound)
+            lo = np.where(inside, np.minimum(lo, t - bound), lo)
+            hi = np.where(inside, np.maximum(hi, t + bound), hi)
+            taken |= inside
+            gap = np.maximum(np.maximum(lo_window - t, t - hi_window), 0.0)
+            closer = gap < nearest[0]
+            nearest = (np.where(closer, gap, nearest[0]), np.where(closer, t - bound, nearest[1]),
+                       np.where(closer, t + bound, nearest[2]))
+        # inconsistent with every segment's window: the closest one
+        lo, hi = np.where(taken, lo, nearest[1]), np.where(taken, hi, nearest[2])
+        t_mid = _rint64((lo + hi) / 2)
+        return t_mid, host_ns - t_mid, _rint64(np.ceil((hi - lo) / 2))
 
     # ---- reporting
     @property

@@ -340,7 +340,8 @@ GPU_PLOT = "gpu_view.png"
 
 
 def gpu_plot(run: RunData) -> bytes | None:
-    """The GPU view over time as PNG bytes (gpu_samples.jsonl and the manifest's windows), or None."""
+    """The GPU view over time as PNG bytes (gpu_samples.jsonl and the steps' windows), or None."""
+    from harness.gpu_view import run_windows
     from harness.plots import plot_gpu_view
 
     view = ((run.manifest or {}).get("extra") or {}).get("gpu_view")
@@ -348,7 +349,7 @@ def gpu_plot(run: RunData) -> bytes | None:
     if not view or not path.is_file() or not path.stat().st_size:
         return None
     buf = io.BytesIO()
-    plot_gpu_view(pd.read_json(path, lines=True), view, buf)
+    plot_gpu_view(pd.read_json(path, lines=True), run_windows(run.path, view), buf)
     return buf.getvalue()
 
 

@@ -461,3 +461,33 @@ def test_a_campaign_keeps_its_past_fits_compact_and_they_answer_as_before(monkey
         assert tracker._to_harness(host_ns) == whole._to_harness(host_ns)
         at = rng.randint(10**12, t)
         assert tracker.offset_at(at) == whole.offset_at(at)
+
+
+def test_to_harness_many_is_to_harness_element_by_element():
+    """The array form against one call per time, bit for bit: one segment and several (clock steps back and
+    forth, times near and between them), kept and compacted fits of long segments, times before, inside and long
+    after the samples."""
+    rng = np.random.default_rng(11)
+    for steps, window, jump in (((), 128, 0), ((), 8, 0), ((30, 31, 70), 8, 50_000_000), ((5, 60), 16, 3 * 10**9)):
+        tracker = ClockTracker("h", window=window)
+        offset, t = EPOCH, 10**12
+        for k in range(120):
+            t += int(rng.integers(50_000_000, 400_000_000))
+            if k in steps:
+                offset += int(rng.choice([-1, 1])) * int(rng.integers(jump // 20, jump))  # a clock step
+                # (one longer than the probes' interval leaves host times no segment's window holds)
+            unc = int(rng.integers(20_000, 2_000_000))
+            tracker.add(ClockSample(t_ns=t, offset_ns=offset + k * 3_000 + int(rng.integers(-unc // 2, unc // 2)),
+                                    delay_ns=2 * unc, uncertainty_ns=unc))
+        assert len(tracker.segments) == len(steps) + 1, tracker.steps
+        first = tracker.segments[0].first_t + EPOCH
+        near_steps = [s.t_ns + EPOCH + d for s in tracker.steps for d in range(-4 * 10**9, 4 * 10**9, 5 * 10**6)]
+        host = np.unique(np.concatenate([rng.integers(first - 10**11, t + offset + 10**11, 3000),
+                                         np.arange(first, t + offset, 9_999_991),
+                                         np.array(near_steps, dtype=np.int64)]))
+        many = tracker.to_harness_many(host)
+        assert host.dtype == np.int64
+        assert [tuple(int(a[i]) for a in many) for i in range(len(host))] == \
+            [tracker.to_harness(h) for h in host.tolist()]
+    with pytest.raises(OverflowError):
+        tracker.to_harness_many(np.array([-(1 << 62), 1 << 62]))

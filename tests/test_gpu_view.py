@@ -40,6 +40,13 @@ def test_turnaround_records_gpus_idle_while_the_network_retrains(tmp_path, monke
     assert set(samples.utilization_gpu) <= {GPU_BUSY["utilization_gpu"], GPU_STALLED["utilization_gpu"]}
     view = json.loads((run / "manifest.json").read_text())["extra"]["gpu_view"]["measure"]
     assert view["windows"] == 2  # the measured cycles: ocs_command_sent .. last port_active
+    import numpy as np
+
+    with np.load(run / gpu_view.WINDOWS_FILE) as saved:  # beside the samples, not in the manifest
+        assert saved.files == ["measure"]
+        windows = saved["measure"]
+    assert windows.shape == (2, 2) and (windows[:, 0] < windows[:, 1]).all()
+    assert gpu_view.run_windows(run, {"measure": view}).tolist() == windows.tolist()
     for host, s in view["hosts"].items():
         assert s["n_inside"] >= 1 and s["n_outside"] >= 1, (host, s)
         assert s["mean_util_outside"] == GPU_BUSY["utilization_gpu"]
@@ -121,6 +128,11 @@ class _Session:  # a host clock 3 s ahead of the harness, known to ±0.2 ms; its
     def to_harness(self, host_ns):
         return host_ns - self.OFFSET, self.OFFSET, self.BOUND
 
+    def to_harness_many(self, host_ns):
+        import numpy as np
+
+        return host_ns - self.OFFSET, np.full_like(host_ns, self.OFFSET), np.full_like(host_ns, self.BOUND)
+
 
 def test_each_sample_is_bounded_by_its_host_stamp_and_arrival_and_a_dead_stream_is_a_fault(tmp_path):
     """A host in UTC+2 whose nvidia-smi dies, is started again, stops printing for 1.2 s and dies again (then
@@ -178,3 +190,183 @@ def test_each_sample_is_bounded_by_its_host_stamp_and_arrival_and_a_dead_stream_
     assert [(m["kind"], m["host"], m["value"]) for m in mirrored] == \
         [("gpu", "gpu1", line) for line in printed]
     assert log.get(0) is None
+
+
+def _tracker(t0: int, offset: int):
+    """A host clock model with a step and more samples than a fit's window (kept and compacted fits)."""
+    from harness.clock import ClockSample, ClockTracker
+
+    tracker = ClockTracker("gpu1", window=16)
+    for k in range(80):
+        t = t0 + k * 100_000_000
+        jump = 5_000_000 if k >= 50 else 0  # the host's clock stepped 5 ms
+        unc = 30_000 + (k * 7919) % 90_000
+        tracker.add(ClockSample(t_ns=t, offset_ns=offset + jump + k * 1_000 + unc // 3, delay_ns=2 * unc,
+                                uncertainty_ns=unc))
+    return tracker
+
+
+class _Clocked:
+    def __init__(self, tracker):
+        self.clock = tracker
+
+    def to_harness(self, host_ns):
+        return self.clock.to_harness(host_ns)
+
+    def to_harness_many(self, host_ns):
+        return self.clock.to_harness_many(host_ns)
+
+
+def _stamp(local_ns: int) -> str:
+    import time as _time
+
+    return _time.strftime("%Y/%m/%d %H:%M:%S", _time.gmtime(local_ns // 10**9)) + f".{local_ns % 10**9 // 10**6:03d}"
+
+
+def _view_of(tmp_path, feeds: dict, windows):
+    """A GpuView at its step's end whose hosts printed `feeds` (host -> (session, [(recv_ns, line)]))."""
+    from types import SimpleNamespace
+
+    said = []
+    ctx = SimpleNamespace(inventory=SimpleNamespace(hosts=dict.fromkeys(feeds)), say=said.append,
+                          run_dir=tmp_path, manifest_extra={}, dry_run=False)
+    view = gpu_view.GpuView(ctx, "measure", list(feeds))
+    for host, (session, lines) in feeds.items():
+        feed = gpu_view._Feed(host, session)
+        feed.lines.write(b"".join(b"%d " % recv + line.encode("utf-8", "surrogateescape") + b"\n"
+                                  for recv, line in lines))
+        view._feeds.append(feed)
+    view.started_ns = min(recv for _, lines in feeds.values() for recv, _ in lines)
+    for w in windows:
+        view.window(*w)
+    return view, said
+
+
+def _lines(t0: int, offset: int, zone: int, queries: int, odd: dict):
+    """`queries` of 4 GPUs each, 50 ms apart (one hole of 1 s), arriving 3 ms after; `odd`: query number -> lines
+    to print in its place."""
+    lines = []
+    for q in range(queries):
+        t = t0 + q * 50_000_000 + (1_000_000_000 if q > queries // 2 else 0)
+        host_ns = t + offset + 400_000
+        if q in odd:
+            lines += [(t + 3_000_000, line.replace("STAMP", _stamp(host_ns + zone))) for line in odd[q]]
+            continue
+        busy = (q // 7) % 2
+        lines += [(t + 3_000_000, f"{_stamp(host_ns + zone)}, {gpu}, {97 if busy else 0}, {1024 + gpu}, "
+                                  f"{'612.40' if busy else '118.3'}") for gpu in range(4)]
+    return lines
+
+
+def test_the_bulk_conversion_equals_the_one_line_reference(tmp_path, monkeypatch):
+    """Lines of every shape (XID events, blank, [N/A] values, quoted and spaced cells, non-ASCII, an impossible
+    month), hosts in other zones, windows overlapping and samples straddling their edges, chunks cut anywhere:
+    the bulk path writes the same samples file, counts and faults as the one-line reference, and took the
+    chunks itself."""
+    t0, offset = 10**12, 1_765_000_000 * 10**9
+    odd = {0: ["Xid 79: GPU has fallen off the bus", "   "],
+           3: ["STAMP, 0, [N/A], 1024, [N/A]", "STAMP, 1, 97, [Not Supported], 612.40"],
+           5: ['STAMP, "2", 97, 1024, 612.40', "STAMP,   3 , 97, 1024 , 612.40 "],
+           8: ["STAMP, 0, 97, 1024, 612.40, extra", "STAMP, 1, 97, 1024 MiB, 612.4 W",
+               "2026/13/01 00:00:00.000, 0, 1, 2, 3"],
+           9: ["STAMP, 0, 97, 1024, 612.40 \u00b5", "STAMP, 1, 0, 0, \udcff"],
+           11: ["STAMP, 0, 4, 7, 0.0001", "STAMP, 1, 5, 7, 12345678901234567890.5", "STAMP, 2, 6, 7, -1", ""]}
+    feeds = {"gpu1": (_Clocked(_tracker(t0 - 10**9, offset)), _lines(t0, offset, 19_800 * 10**9, 90, odd)),
+             "gpu2": (_Clocked(_tracker(t0 - 10**9, offset + 7)), _lines(t0, offset + 7, -3 * 3600 * 10**9, 60, {})),
+             "gpu3": (_Clocked(_tracker(t0 - 10**9, offset)), [(t0, "nvidia-smi: command not found")])}
+    edges = [t0 + k * 50_000_000 + 1_000_000 for k in range(0, 200, 3)]  # a sample is bounded by [~0.4, 3] ms
+    windows = [(b, b + 80_000_000) for b in edges[::2]] + [(edges[5], edges[9]), (edges[20], edges[21])]
+    # and windows on samples' own bounds (from a first conversion, without windows): an edge equal to a bound's
+    view, _ = _view_of(tmp_path, feeds, [(0, 0)])
+    view.stop()
+    bounds = [(r["t_ns"] - r["uncertainty_ns"], r["t_ns"] + r["uncertainty_ns"])
+              for r in map(json.loads, (tmp_path / "gpu_samples.jsonl").read_text().splitlines())][-80::4]
+    windows += [(lo, hi) for lo, hi in bounds[0::4]] + [(hi, hi + 10**6) for _, hi in bounds[1::4]] + \
+        [(lo - 10**6, lo) for lo, _ in bounds[2::4]]
+    results, took = [], []
+    real_bulk = gpu_view._Host.bulk
+    for chunk, bulk in ((1 << 21, True), (333, True), (1 << 21, False)):
+        monkeypatch.setattr(gpu_view, "CHUNK_BYTES", chunk)
+
+        def counted(host, data, _bulk=bulk):
+            took.append(real_bulk(host, data) if _bulk else None)
+            return took[-1]
+
+        monkeypatch.setattr(gpu_view._Host, "bulk", counted)
+        run = tmp_path / f"{chunk}-{bulk}"
+        run.mkdir()
+        view, said = _view_of(run, feeds, windows)
+        summary = view.stop()
+        results.append(((run / "gpu_samples.jsonl").read_bytes(), summary, said))
+        assert bulk is False or all(x is not None for x in took), "a chunk left to the one-line path"
+        took.clear()
+    assert results[0] == results[2] and results[1] == results[2]
+    samples, summary, said = results[2]
+    # what the reference itself says of these lines (so the comparison covers every case above)
+    assert summary["hosts"]["gpu1"]["n_inside"] and summary["hosts"]["gpu1"]["n_outside"]
+    assert summary["samples"] == len(samples.splitlines())
+    rows = [json.loads(x) for x in samples.splitlines()]
+    assert {r["host"] for r in rows} == {"gpu1", "gpu2"}
+    assert any(r["utilization_gpu"] is None for r in rows) and any(r["power_w"] is None for r in rows)
+    assert not any(r["memory_used_mib"] == "1024 MiB" for r in rows)  # a lone unit word goes
+    assert any(isinstance(r["power_w"], float) and r["power_w"] > 1e18 for r in rows)
+    straddling = 0
+    for r in rows:
+        lo, hi = r["t_ns"] - r["uncertainty_ns"], r["t_ns"] + r["uncertainty_ns"]
+        straddling += any(lo < e <= hi for w in windows for e in w)
+    assert straddling, "no sample crosses a window edge"
+    fault = summary["faults"]["gpu1"]
+    assert "3 line(s) not a sample, the first: 'Xid 79: GPU has fallen off the bus'" in fault and "gap(s)" in fault
+    assert summary["faults"]["gpu3"] == "1 line(s) not a sample, the first: 'nvidia-smi: command not found'"
+    assert "gpu3" not in summary["hosts"]
+
+
+def test_a_float_utilisation_leaves_its_chunk_to_the_one_line_path(tmp_path, monkeypatch):
+    """A utilisation that is not an integer sums in the reference's order: its chunk goes one line at a time,
+    the result still the reference's."""
+    t0, offset = 10**12, 1_765_000_000 * 10**9
+    lines = _lines(t0, offset, 0, 40, {4: ["STAMP, 0, 50.5, 1024, 612.40"]})
+    feeds = {"gpu1": (_Clocked(_tracker(t0 - 10**9, offset)), lines)}
+    windows = [(t0 + k * 200_000_000, t0 + k * 200_000_000 + 100_000_000) for k in range(20)]
+    out = []
+    for bulk in (True, False):
+        if not bulk:
+            monkeypatch.setattr(gpu_view._Host, "bulk", lambda host, data: None)
+        run = tmp_path / str(bulk)
+        run.mkdir()
+        view, said = _view_of(run, feeds, windows)
+        out.append(((run / "gpu_samples.jsonl").read_bytes() if view.stop() is not None else b"", view.faults,
+                    view.ctx.manifest_extra))
+    assert out[0] == out[1]
+    assert any(isinstance(v["mean_util_inside"], float) for v in out[0][2]["gpu_view"]["measure"]["hosts"].values())
+
+
+def test_timestamps_in_bulk_read_as_the_parser_reads_them():
+    import numpy as np
+
+    from devices.parsers.gpu import parse_nvidia_timestamp
+
+    rng = np.random.default_rng(5)
+    parts = [rng.integers(1970, 2100, 500), rng.integers(1, 13, 500)] + [rng.integers(0, 100, 500) for _ in range(4)] \
+        + [rng.integers(0, 1000, 500)]
+    parts = [np.concatenate([p, q]) for p, q in zip(parts, ([1970, 2000, 2024, 2099], [1, 2, 2, 12], [1, 29, 29, 31],
+                                                           [0, 23, 0, 99], [0, 59, 0, 99], [0, 59, 0, 99],
+                                                           [0, 999, 0, 999]))]
+    texts = [f"{y:04d}/{m:02d}/{d:02d} {h:02d}:{mi:02d}:{s:02d}.{ms:03d}" for y, m, d, h, mi, s, ms in zip(*parts)]
+    assert gpu_view._utc_ns(*parts).tolist() == [parse_nvidia_timestamp(t) for t in texts]
+
+
+def test_the_windows_file_keeps_each_steps_windows_and_an_older_run_reads_the_manifests(tmp_path):
+    import numpy as np
+
+    gpu_view._save_windows(tmp_path, "a", np.array([[1, 5], [7, 9]]))
+    gpu_view._save_windows(tmp_path, "file", np.array([[2, 3]]))  # (any step name)
+    gpu_view._save_windows(tmp_path, "a", np.array([[4, 6]]))  # the step again (resumed): its rows replaced
+    assert sorted(gpu_view.run_windows(tmp_path, {}).tolist()) == [[2, 3], [4, 6]]
+    with np.load(tmp_path / gpu_view.WINDOWS_FILE) as saved:
+        assert sorted(saved.files) == ["a", "file"] and saved["file"].dtype == np.int64
+    older = tmp_path / "older"
+    older.mkdir()
+    view = {"a": {"windows_ns": [[1, 5], [7, 9]]}, "b": {"windows_ns": [[2, 3]]}}
+    assert gpu_view.run_windows(older, view).tolist() == [[1, 5], [7, 9], [2, 3]]
+    assert gpu_view.run_windows(older, {"a": {}}).shape == (0, 2)

@@ -59,7 +59,8 @@ _TEXT_FIELDS = ("driver_version", "vbios_version", "inforom.", "pci.", "uuid", "
                 "timestamp", "platform.", "fabric.", "hostname", "gpu_name", "gpu_uuid", "gpu_serial", "gpu_bus_id")
 
 
-def _value(raw: str, unit: str | None, field: str = "") -> GpuValue:
+def cell_value(raw: str, unit: str | None, field: str = "") -> GpuValue:
+    """One CSV cell as its typed value (`field`: its canonical name, `unit` from the header or None)."""
     text = raw.strip()
     if text in _NOT_AVAILABLE or (text.startswith("[") and text.endswith("]")):
         return None
@@ -105,7 +106,7 @@ def parse_nvidia_smi_csv(text: str, fields: list[str] | tuple[str, ...] | None =
         cells = next(csv.reader([line], skipinitialspace=True))
         if len(cells) != len(names):
             raise ParseError(f"{len(names)} comma-separated values ({', '.join(names)})", line)
-        rows.append(tuple(_value(cell, unit, name) for cell, unit, name in zip(cells, units, names)))
+        rows.append(tuple(cell_value(cell, unit, name) for cell, unit, name in zip(cells, units, names)))
     return GpuQuery(tuple(names), tuple(units), tuple(rows))
 
 
@@ -185,7 +186,11 @@ def parse_nvidia_timestamp(text: str) -> int:
     if not m:
         raise ParseError("a timestamp 'YYYY/MM/DD HH:MM:SS.mmm' (nvidia-smi)", text)
     y, mo, d, h, mi, s, ms = (int(g) for g in m.groups())
-    return (calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0)) * 1000 + ms) * 1_000_000
+    try:
+        seconds = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
+    except ValueError:  # a month outside 1-12, or year 0
+        raise ParseError("a timestamp 'YYYY/MM/DD HH:MM:SS.mmm' with a month 1-12 (nvidia-smi)", text) from None
+    return (seconds * 1000 + ms) * 1_000_000
 
 
 # ---- the default `nvidia-smi` table ------------------------------------------------------------------------

@@ -179,6 +179,11 @@ class HostSession:
         with self._clock_lock:
             return self.clock.to_harness(host_ns)
 
+    def to_harness_many(self, host_ns):
+        """`to_harness` of each of an int64 array of host timestamps, as arrays (the tracker's `to_harness_many`)."""
+        with self._clock_lock:
+            return self.clock.to_harness_many(host_ns)
+
     def _keep(self, stream: LineStream) -> LineStream:
         self._streams.append(stream)
         return stream
