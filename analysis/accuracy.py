@@ -6,7 +6,7 @@ import pandas as pd
 import pyarrow.compute as pc
 from scipy import stats
 
-from analysis.keys import Keys, _arrow_strings, first_of_groups
+from analysis.keys import Keys, arrow_strings, first_of_groups
 
 KEY = ["cycle", "stage", "host", "port"]
 
@@ -118,7 +118,7 @@ def ocs_command_check(events: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame
         """The rows of `stage`, per cycle: t_ns reduced by `how` ("min", "max", or "first": the earliest, ties in
         row order), and for each `first` column its value in the cycle's first row (row order; "first": the
         earliest row's)."""
-        rows = np.flatnonzero(pc.equal(_arrow_strings(frame["stage"]), stage).fill_null(False)
+        rows = np.flatnonzero(pc.equal(arrow_strings(frame["stage"]), stage).fill_null(False)
                               .to_numpy(zero_copy_only=False))
         cycle, t = frame["cycle"].to_numpy(np.int64)[rows], frame["t_ns"].to_numpy(np.int64)[rows]
         order = np.lexsort((t, cycle)) if how == "first" else np.argsort(cycle, kind="stable")

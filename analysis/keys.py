@@ -28,7 +28,7 @@ class Keys:
                 high = max((int(i.max()) for i in ints if len(i)), default=0)
                 parts.append(([i - low + 1 for i in ints], pd.RangeIndex(low, high + 1)))
                 continue
-            strings = [_arrow_strings(v) for v in values]
+            strings = [arrow_strings(v) for v in values]
             vocab = pa.array(sorted({x for a in strings for x in pc.unique(a).to_pylist() if x is not None}),
                              pa.string())
             parts.append(([pc.index_in(a, value_set=vocab).fill_null(-1).to_numpy().astype(np.int64) + 1
@@ -51,9 +51,10 @@ class Keys:
 
     def index(self, k: int, rows: np.ndarray) -> pd.MultiIndex:
         """The key columns of frame `k`'s `rows` as a MultiIndex (as a groupby's result has them)."""
-        return pd.MultiIndex(levels=[level for _, level in self.parts], codes=[codes[k][rows] - 1 for codes, _ in
-                                                                                 self.parts],
-                             names=self.columns, verify_integrity=False).remove_unused_levels()
+        levels = [level for _, level in self.parts]
+        codes = [column_codes[k][rows] - 1 for column_codes, _ in self.parts]  # (-1: missing)
+        return pd.MultiIndex(levels=levels, codes=codes, names=self.columns,
+                             verify_integrity=False).remove_unused_levels()
 
 
 def first_of_groups(code: np.ndarray, valid: np.ndarray, by: np.ndarray | None = None):
@@ -68,9 +69,10 @@ def first_of_groups(code: np.ndarray, valid: np.ndarray, by: np.ndarray | None =
     return order, starts
 
 
-def _arrow_strings(column: pd.Series) -> pa.Array:
+def arrow_strings(column: pd.Series) -> pa.Array:
     """A column's values as one Arrow string array (no copy where pandas holds them in Arrow already)."""
-    values = pa.array(column.array if isinstance(column.dtype, pd.StringDtype) else column.astype(object), from_pandas=True)
+    values = pa.array(column.array if isinstance(column.dtype, pd.StringDtype) else column.astype(object),
+                      from_pandas=True)
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     return values if values.type == pa.string() else values.cast(pa.string())

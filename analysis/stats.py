@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy import stats
 
-from analysis.keys import Keys, _arrow_strings, first_of_groups
+from analysis.keys import Keys, arrow_strings, first_of_groups
 
 from analysis.stages import CHAIN, PORT_CHAIN, STAGES_DOWN, STAGES_UP  # noqa: F401  (the one stage table)
 
@@ -30,7 +30,7 @@ NIC_STAGES = PORT_CHAIN + STAGES_DOWN
 
 def _cycle_times(events: pd.DataFrame) -> pd.DataFrame:
     """Per cycle: ocs_command_sent (earliest) and ocs_command_completed (latest)."""
-    stage, t = _arrow_strings(events["stage"]), events["t_ns"].to_numpy(np.int64)
+    stage, t = arrow_strings(events["stage"]), events["t_ns"].to_numpy(np.int64)
     cycle = events["cycle"].to_numpy(np.int64)
     out = {}
     for name, reduce in (("ocs_command_sent", np.minimum), ("ocs_command_completed", np.maximum)):
@@ -43,7 +43,7 @@ def _cycle_times(events: pd.DataFrame) -> pd.DataFrame:
 
 def port_stage_times(events: pd.DataFrame) -> pd.DataFrame:
     """Absolute stage times, one row per (cycle, host, port), one column per NIC stage (first occurrence)."""
-    stage = pc.index_in(_arrow_strings(events["stage"]), value_set=pa.array(NIC_STAGES, pa.string()))
+    stage = pc.index_in(arrow_strings(events["stage"]), value_set=pa.array(NIC_STAGES, pa.string()))
     stage = stage.fill_null(-1).to_numpy().astype(np.int64)
     keys = Keys([events], ["cycle", "host", "port"])
     nic = keys.valid[0] & (stage >= 0)
