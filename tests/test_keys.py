@@ -43,7 +43,8 @@ def test_match_watched_and_unrecorded_equal_pandas(seed):
     expected = first[limit.notna() & (first["t_ns"] <= limit)].reset_index(drop=True)
     watched = watched_truth(truth, until)
     pd.testing.assert_frame_equal(watched, expected, check_dtype=strings)
-    plain = lambda f: pd.DataFrame({k: f[k].astype("int64" if k == "cycle" else str).to_numpy() for k in KEY})  # noqa: E731
+    def plain(f):
+        return pd.DataFrame({k: f[k].astype("int64" if k == "cycle" else str).to_numpy() for k in KEY})
     joined = plain(watched).merge(plain(events).drop_duplicates(), on=KEY, how="left", indicator=True)
     lost = watched.loc[(joined["_merge"] == "left_only").to_numpy()].reset_index(drop=True)
     assert len(lost) and len(lost) < len(watched)

@@ -304,7 +304,8 @@ def test_from_many_cycles_a_side_the_difference_interval_is_its_bootstrap_t_expa
     import analysis.stats as stats
 
     rng = np.random.default_rng(7)
-    a, b = rng.lognormal(0.0, 1.0, stats.EDGEWORTH_MEAN_UNITS + 1000), rng.lognormal(0.05, 1.2, stats.EDGEWORTH_MEAN_UNITS)
+    n = stats.EDGEWORTH_MEAN_UNITS
+    a, b = rng.lognormal(0.0, 1.0, n + 1000), rng.lognormal(0.05, 1.2, n)
     expanded = stats.mean_difference_interval(a, b)
     monkeypatch.setattr(stats, "EDGEWORTH_MEAN_UNITS", 10 ** 9)
     resampled = stats.mean_difference_interval(a, b, n_resamples=4999)
