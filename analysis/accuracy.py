@@ -11,16 +11,23 @@ from analysis.keys import Keys, arrow_strings, first_of_groups
 KEY = ["cycle", "stage", "host", "port"]
 
 
-def cycle_of(t_ns: np.ndarray, cycle_starts: list[tuple[int, int]]) -> np.ndarray:
+class CycleIndex:
     """Each time's cycle: the one whose start is the latest at or before it (`cycle_starts`: [(cycle, start_ns),
-    ...]); -2**63 for a time before the first start."""
-    t_ns = np.asarray(t_ns, dtype=np.int64)
-    if not cycle_starts:
-        return np.full(len(t_ns), np.iinfo(np.int64).min)
-    starts = sorted(cycle_starts, key=lambda cs: cs[1])
-    times = np.array([s for _, s in starts], dtype=np.int64)
-    cycles = np.array([c for c, _ in starts] + [np.iinfo(np.int64).min], dtype=np.int64)
-    return cycles[np.searchsorted(times, t_ns, side="right") - 1]  # index -1: before the first start
+    ...]); -2**63 for a time before the first start. Sorted once, for a campaign's many chunks of times."""
+
+    def __init__(self, cycle_starts: list[tuple[int, int]]):
+        starts = sorted(cycle_starts, key=lambda cs: cs[1])
+        self.times = np.array([s for _, s in starts], dtype=np.int64)
+        self.cycles = np.array([c for c, _ in starts] + [np.iinfo(np.int64).min], dtype=np.int64)
+
+    def __call__(self, t_ns: np.ndarray) -> np.ndarray:
+        t_ns = np.asarray(t_ns, dtype=np.int64)
+        return self.cycles[np.searchsorted(self.times, t_ns, side="right") - 1]  # index -1: before the first start
+
+
+def cycle_of(t_ns: np.ndarray, cycle_starts: list[tuple[int, int]]) -> np.ndarray:
+    """`CycleIndex(cycle_starts)(t_ns)`."""
+    return CycleIndex(cycle_starts)(t_ns)
 
 
 def assign_cycles(truth: pd.DataFrame, cycle_starts: list[tuple[int, int]]) -> pd.DataFrame:
