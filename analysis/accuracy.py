@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pyarrow.compute as pc
 from scipy import stats
 
-from analysis.keys import Keys, arrow_strings, first_of_groups
+from analysis.keys import Keys, equals, first_of_groups
 
 KEY = ["cycle", "stage", "host", "port"]
 
@@ -125,15 +124,12 @@ def ocs_command_check(events: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame
         """The rows of `stage`, per cycle: t_ns reduced by `how` ("min", "max", or "first": the earliest, ties in
         row order), and for each `first` column its value in the cycle's first row (row order; "first": the
         earliest row's)."""
-        rows = np.flatnonzero(pc.equal(arrow_strings(frame["stage"]), stage).fill_null(False)
-                              .to_numpy(zero_copy_only=False))
-        cycle, t = frame["cycle"].to_numpy(np.int64)[rows], frame["t_ns"].to_numpy(np.int64)[rows]
-        order = np.lexsort((t, cycle)) if how == "first" else np.argsort(cycle, kind="stable")
-        starts = np.flatnonzero(np.r_[True, np.diff(cycle[order]) != 0]) if len(rows) else order
+        cycle, t = frame["cycle"].to_numpy(np.int64), frame["t_ns"].to_numpy(np.int64)
+        order, starts = first_of_groups(cycle, equals(frame["stage"], stage), by=t if how == "first" else None)
         reduce = {"min": np.minimum, "max": np.maximum}.get(how)
-        columns = {f"{stage}_ns": (reduce.reduceat(t[order], starts) if len(rows) else t) if reduce else
+        columns = {f"{stage}_ns": (reduce.reduceat(t[order], starts) if len(order) else t[:0]) if reduce else
                    t[order[starts]]}
-        columns.update({name: frame[column].array[rows[order[starts]]] for name, column in first.items()})
+        columns.update({name: frame[column].array[order[starts]] for name, column in first.items()})
         return pd.DataFrame(columns, index=pd.Index(cycle[order[starts]], name="cycle"))
 
     arrived = per_cycle(truth, "ocs_command_arrived", "first", arrived_by="port") \

@@ -81,3 +81,8 @@ def arrow_strings(column: pd.Series) -> pa.Array:
 def _string_dtype(column: pd.Series):
     """The dtype a column's values keep as an index level: pandas' strings stay strings; anything else is object."""
     return column.dtype if isinstance(column.dtype, pd.StringDtype) else object
+
+
+def equals(column: pd.Series, value: str) -> np.ndarray:
+    """Where a string column holds `value` (missing: False), compared in Arrow."""
+    return pc.equal(arrow_strings(column), value).fill_null(False).to_numpy(zero_copy_only=False)

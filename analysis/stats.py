@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy import stats
 
-from analysis.keys import Keys, arrow_strings, first_of_groups
+from analysis.keys import Keys, arrow_strings, equals, first_of_groups
 
 from analysis.stages import CHAIN, PORT_CHAIN, STAGES_DOWN, STAGES_UP  # noqa: F401  (the one stage table)
 
@@ -30,13 +30,10 @@ NIC_STAGES = PORT_CHAIN + STAGES_DOWN
 
 def _cycle_times(events: pd.DataFrame) -> pd.DataFrame:
     """Per cycle: ocs_command_sent (earliest) and ocs_command_completed (latest)."""
-    stage, t = arrow_strings(events["stage"]), events["t_ns"].to_numpy(np.int64)
-    cycle = events["cycle"].to_numpy(np.int64)
+    t, cycle = events["t_ns"].to_numpy(np.int64), events["cycle"].to_numpy(np.int64)
     out = {}
     for name, reduce in (("ocs_command_sent", np.minimum), ("ocs_command_completed", np.maximum)):
-        rows = np.flatnonzero(pc.equal(stage, name).fill_null(False).to_numpy(zero_copy_only=False))
-        order = rows[np.argsort(cycle[rows], kind="stable")]
-        starts = np.flatnonzero(np.r_[True, np.diff(cycle[order]) != 0]) if len(order) else order
+        order, starts = first_of_groups(cycle, equals(events["stage"], name))
         out[name] = pd.Series(reduce.reduceat(t[order], starts) if len(order) else t[:0], index=cycle[order[starts]])
     return pd.DataFrame(out).astype("float64").rename_axis("cycle")
 
