@@ -275,8 +275,9 @@ def test_a_key_re_exchange_runs_inside_both_hub_loops_while_commands_run(two_hos
 def test_arrival_stamps_follow_the_bytes_read_not_the_read(monkeypatch):
     from devices import sshhub
 
-    clock = iter([100, 200, 300])
-    monkeypatch.setattr(sshhub, "now_ns", lambda: next(clock))
+    # this thread's clock only: a hub loop left running by another test reads the module's too, and must go on
+    clock, real, mine = iter([100, 200, 300]), sshhub.now_ns, threading.get_ident()
+    monkeypatch.setattr(sshhub, "now_ns", lambda: next(clock) if threading.get_ident() == mine else real())
     pipe = sshhub.ArrivalStampedPipe()
     pipe.feed(b"ab\n")  # 100
     pipe.feed(b"cd")  # 200
