@@ -226,6 +226,13 @@ class Hub:
             self.call_soon(lambda: self._fire(key.data, False))
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException:
+            _log.critical("%s: its loop died; connections on it are lost", self.name, exc_info=True)
+            raise
+
+    def _serve(self) -> None:
         self._main = greenlet.getcurrent()
         self._ready.set()
         select_ = self._selector.select
@@ -283,10 +290,11 @@ def _stop_hubs() -> None:
 
 
 def shared_hub() -> Hub:
-    """The process's one SSH hub (a forked child makes its own: it has no threads)."""
+    """The process's one SSH hub (a forked child makes its own: it has no threads; a hub whose loop died is replaced,
+    or every later connection would wait for bytes no loop moves)."""
     global _hub
     with _hub_lock:
-        if _hub is None or _hub.pid != os.getpid():
+        if _hub is None or _hub.pid != os.getpid() or not _hub._thread.is_alive():
             _hub = Hub()
         return _hub
 

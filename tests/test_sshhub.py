@@ -541,3 +541,26 @@ def test_a_hub_client_asks_for_aes_gcm_first_and_takes_what_the_server_has(hub, 
         client.close()  # closes its socket on the hub (closing `a` here, behind the hub's back, would leave the
         server.close()  # hub watching a descriptor number the next socket may reuse)
         b.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the loop's death, on purpose
+def test_a_hub_whose_loop_died_is_replaced_by_the_next_caller(monkeypatch):
+    from devices import sshhub
+
+    dying = sshhub.Hub(name="test-dying-hub")
+    monkeypatch.setattr(sshhub, "_hub", dying)  # the process's own shared hub stays as it is
+    assert sshhub.shared_hub() is dying
+    real = sshhub.now_ns
+    monkeypatch.setattr(sshhub, "now_ns", lambda: (_ for _ in ()).throw(RuntimeError("test: the loop dies"))
+                        if threading.current_thread() is dying._thread else real())
+    dying.call_soon(lambda: None)  # wakes its loop, which then reads the clock
+    dying._thread.join(30)
+    assert not dying._thread.is_alive()
+    fresh = sshhub.shared_hub()
+    try:
+        assert fresh is not dying and fresh._thread.is_alive()
+        done = threading.Event()
+        fresh.call_soon(done.set)
+        assert done.wait(30)
+    finally:
+        fresh.stop()
