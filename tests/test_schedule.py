@@ -51,3 +51,24 @@ def test_a_draw_is_realised_late_by_its_chain_s_late_start_and_on_a_kernel_bench
         now[0] = 2_000
         schedule.run_due()
     assert list(draw_late) == [40, 0, 40 + 400, 300]
+
+
+def test_the_lateness_summary_is_numpy_s_quantiles_and_holds_one_copy_of_a_campaign_s_values():
+    import tracemalloc
+
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    late = rng.integers(0, 5_000_000, 1_000_000)
+    kept = late.copy()
+    expected = {"n": late.size, "p50_ms": float(np.quantile(kept, 0.5)) / 1e6,
+                "p99_ms": float(np.quantile(kept, 0.99)) / 1e6, "max_ms": float(kept.max()) / 1e6}
+    assert Schedule.summary(late) == expected
+    assert np.array_equal(late, kept)  # not the caller's scratch: left as it was
+    tracemalloc.start()
+    try:
+        assert Schedule.summary(late, scratch=True) == expected
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < late.nbytes / 4  # reordered in place: no copy of the values (a column's own copy is the one)

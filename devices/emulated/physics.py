@@ -448,7 +448,7 @@ class OpticalBench:
         """How late actions ran against their due time: n, p50, p99 and max in ms."""
         with self._lock:
             late = self._schedule.late_ns.numpy()  # int64: a float copy of ~10^7 values is not needed
-        return Schedule.summary(late)
+        return Schedule.summary(late, scratch=True)
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until no transition is scheduled (for tests)."""
