@@ -34,8 +34,6 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from analysis.stats import MIN_MEAN_UNITS, mean_interval
-
 POLICIES = ("wa", "wa_ewma", "random_policy", "random_schedule", "random_spaced", "fixed_period", "no_sync",
             "offline_bound")
 DEPLOYABLE = {p: p != "offline_bound" for p in POLICIES}
@@ -348,6 +346,8 @@ def interval_coverage(n: int, *, reps: int = 4000, confidence: float = 0.95) -> 
     is a function of n alone: one fixed stream, the same answer for every study seed, and enough repetitions
     that its standard error is below 0.4 pp near 95 % (the percentile bootstrap this replaced covered 90.4 % at
     10 seeds, a coin flip against a 90 % gate when estimated from 400 repetitions)."""
+    from analysis.stats import MIN_MEAN_UNITS, mean_interval
+
     if n < MIN_MEAN_UNITS:
         return float("nan"), float("nan")
     data = np.random.default_rng([n, 6]).normal(0.0, 1.0, size=(reps, n))
@@ -362,6 +362,8 @@ def interval_coverage(n: int, *, reps: int = 4000, confidence: float = 0.95) -> 
 def paired_comparison(a, b, *, seed: int = 0, max_exact: int = 20, n_mc: int = 200_000) -> dict:
     """a vs b per seed (percentage points): d = a − b; sign-flip and sign tests, effect size, and the mean's
     bootstrap-t interval over seeds (None below MIN_MEAN_UNITS seeds) with its realised coverage at this n."""
+    from analysis.stats import mean_interval
+
     d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
     sd = float(d.std(ddof=1)) if len(d) > 1 else float("nan")
     coverage, coverage_se = interval_coverage(len(d))

@@ -28,8 +28,7 @@ def profile(tmp_path: Path, name: str, switch_ms: float, copies: str | None = No
     return path
 
 
-def run(run_playbook, tmp_path: Path, bench_profile: Path) -> Path:
-    """The job through the pytest plugin, as a lab's test runs it; its run directory."""
+def job(tmp_path: Path) -> Path:
     playbook = tmp_path / "falsify.yaml"
     playbook.write_text(yaml.safe_dump({
         "name": "falsify", "bench": "emulated:instant", "seed": 9, "cycles": 4,
@@ -37,9 +36,26 @@ def run(run_playbook, tmp_path: Path, bench_profile: Path) -> Path:
                   {"type": "mixnet_verdict", "name": "verdict", "models": ["mixtral-8x22b"],
                    "links_gbps": [100], "n_boot": 40, "n_reps": 4, "grid": {"gpu": ["h100-sxm"]},
                    "workers": 1}]}))
-    result = run_playbook(playbook, bench=f"emulated:{bench_profile}")
+    return playbook
+
+
+def run(run_playbook, tmp_path: Path, bench_profile: Path) -> Path:
+    """The job through the pytest plugin, as a lab's test runs it; its run directory."""
+    result = run_playbook(job(tmp_path), bench=f"emulated:{bench_profile}")
     assert result.exit_code == 0, result
     return result.run_dir
+
+
+@pytest.fixture(scope="module")
+def at_30_ms(tmp_path_factory) -> tuple[Path, Path]:
+    """The job once on a 30 ms bench (`harness run`, in this process), for the tests that only read its record:
+    its run directory and its profile."""
+    tmp = tmp_path_factory.mktemp("at-30-ms")
+    bench = profile(tmp, "p", 30.0)
+    with pytest.MonkeyPatch.context() as env:  # leases of its own, as each test's (conftest.private_lock_dir)
+        env.setenv("OCS_HIL_LOCK_DIR", str(tmp / "locks"))
+        assert main(["run", str(job(tmp)), "--bench", f"emulated:{bench}", "--out", str(tmp / "run"), "-q"]) == 0
+    return tmp / "run", bench
 
 
 def verdicts(run_dir: Path) -> dict:
@@ -116,11 +132,13 @@ def test_same_events_and_seed_give_an_identical_verdict(tmp_path, run_playbook, 
     assert "DIFFERS" in capsys.readouterr().out and (first / "verdict.json").read_text() == before
 
 
-def test_the_same_seed_twice_gives_the_same_verdict_but_for_the_listed_measured_fields(tmp_path, run_playbook):
+def test_the_same_seed_twice_gives_the_same_verdict_but_for_the_listed_measured_fields(tmp_path, run_playbook,
+                                                                                       at_30_ms):
     from harness.steps.mixnet import MEASURED_FIELDS, mask_measured
 
-    bench = profile(tmp_path, "p", 30.0)
-    first, second = (json.loads((run(run_playbook, tmp_path, bench) / "verdict.json").read_text()) for _ in range(2))
+    shared, bench = at_30_ms  # the first run; the second here, on the same bench (its path is in the provenance)
+    first, second = (json.loads((run_dir / "verdict.json").read_text())
+                     for run_dir in (shared, run(run_playbook, tmp_path, bench)))
     assert mask_measured(first) == mask_measured(second)
     # what is masked is only what the stamps (or the machine's timing) decide: verdicts, the scorecard, the bound's
     # d* and the seed's test stay compared exactly
@@ -135,11 +153,11 @@ def test_the_same_seed_twice_gives_the_same_verdict_but_for_the_listed_measured_
         first["claims"][0]["by_scenario"]["mixtral-8x22b@100G"]["verdict"]
 
 
-def test_cycles_the_emulator_ran_late_are_named_and_kept_only_where_no_verdict_moves(tmp_path, run_playbook):
+def test_cycles_the_emulator_ran_late_are_named_and_kept_only_where_no_verdict_moves(at_30_ms):
     from harness.eventlog import read_parquet_events
     from harness.steps import mixnet as step
 
-    run_dir = run(run_playbook, tmp_path, profile(tmp_path, "p", 30.0))
+    run_dir, _ = at_30_ms  # read only: the verdicts below are computed in memory
     first = json.loads((run_dir / "verdict.json").read_text())
     assert first["lateness"]["applies"] is True and first["inputs"]["late_cycles"] == first["lateness"]["cycles"]
     events = read_parquet_events(run_dir / "events.parquet")

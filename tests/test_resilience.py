@@ -239,6 +239,14 @@ def _harness(*args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE)
 
 
+def _resume(capsys, *args: str) -> tuple[int, str]:
+    """`harness run --resume ...` in this process, as the other resume tests run it (the killed run was the
+    process of its own that a signal needs): its exit code and what it wrote to stderr."""
+    capsys.readouterr()
+    code = main(["run", *args])
+    return code, capsys.readouterr().err
+
+
 def _signal_mid_reconfiguration(bench: EmulatedBench, proc: subprocess.Popen, log_dir: Path, signum: int,
                                 after_cycle: int = 2, then: tuple[int, ...] = ()) -> threading.Event:
     """Send `signum` when a mirror is released (the switch is mid-move) once `after_cycle` is logged; then
@@ -264,7 +272,7 @@ def _signal_mid_reconfiguration(bench: EmulatedBench, proc: subprocess.Popen, lo
 
 @pytest.mark.parametrize("signum, code, then", [(signal.SIGINT, 130, (signal.SIGINT,)),
                                                 (signal.SIGTERM, 143, (signal.SIGTERM, signal.SIGINT))])
-def test_signal_mid_reconfiguration_restores_verifies_and_resumes(tmp_path, signum, code, then):
+def test_signal_mid_reconfiguration_restores_verifies_and_resumes(tmp_path, capsys, signum, code, then):
     """Any sequence of signals: the first stops the run, later ones cannot cut the restore, its verification
     or the record short."""
     with EmulatedBench(profile_from_dict(PROFILE), seed=4, workdir=tmp_path / "bench") as bench:
@@ -291,8 +299,8 @@ def test_signal_mid_reconfiguration_restores_verifies_and_resumes(tmp_path, sign
         assert later and all(later.count(name) <= sent_later.count(name) for name in later)
         assert (run / "summary.json").exists() and (run / "events.parquet").exists()
         # and the run can be completed
-        resumed = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--resume", str(run), "-q")
-        assert resumed.wait(timeout=90) == 0, resumed.stderr.read().decode()
+        resumed, err = _resume(capsys, str(pb), "--bench", str(bench.inventory_path), "--resume", str(run), "-q")
+        assert resumed == 0, err
         events, manifest = record(run)
         assert sorted(events["cycle"].unique()) == list(range(1, 7))
         assert (events[events["stage"] == "ocs_command_sent"].groupby("cycle").size() == 1).all()
@@ -318,7 +326,7 @@ def test_sigterm_mid_moe_traffic_reconfiguration_restores_and_verifies(tmp_path)
         assert manifest["status"] == "aborted" and manifest["extra"]["restored"] == {"ocs1": True}
 
 
-def test_sigkill_mid_reconfiguration_then_resume_restores_the_original(tmp_path):
+def test_sigkill_mid_reconfiguration_then_resume_restores_the_original(tmp_path, capsys):
     with EmulatedBench(profile_from_dict(PROFILE), seed=6, workdir=tmp_path / "bench") as bench:
         bench.physics.ocs_apply({2: 11})
         original = bench.physics.ocs_patches()
@@ -330,8 +338,8 @@ def test_sigkill_mid_reconfiguration_then_resume_restores_the_original(tmp_path)
         bench.physics.on_mirror.clear()
         assert bench.physics.ocs_patches() != original  # nobody restored: the process died
         run = only_run(out)
-        resumed = _harness("run", str(pb), "--bench", str(bench.inventory_path), "--resume", str(run), "-q")
-        assert resumed.wait(timeout=90) == 0, resumed.stderr.read().decode()
+        resumed, err = _resume(capsys, str(pb), "--bench", str(bench.inventory_path), "--resume", str(run), "-q")
+        assert resumed == 0, err
         # restored to what the *first* run found, not to the state the kill left behind
         assert bench.physics.ocs_patches() == original
         events, manifest = record(run)
@@ -485,7 +493,7 @@ def _logged_cycle(log_dir: Path) -> int:
 
 
 @pytest.mark.parametrize("killed", ["after cycle 0", "inside settle_s"])
-def test_a_resume_from_the_state_the_switch_is_already_in_proceeds(tmp_path, killed):
+def test_a_resume_from_the_state_the_switch_is_already_in_proceeds(tmp_path, capsys, killed):
     """Issue 38, reproduction 6: killed once the unmeasured cycle 0 had set the switch (in the clock warm-up
     before cycle 1) or inside `settle_s` after cycle 1, the switch shows the mapping the resume starts from;
     its first (unmeasured) cycle then changed nothing, waited out the cycle timeout for light that never
@@ -510,8 +518,8 @@ def test_a_resume_from_the_state_the_switch_is_already_in_proceeds(tmp_path, kil
         proc.wait(timeout=30)
         assert bench.physics.ocs_patches() == shown != original
         run = only_run(out)
-        resumed = _harness("run", "--resume", str(run), "-q")
-        assert resumed.wait(timeout=120) == 0, resumed.stderr.read().decode()[-2000:]
+        resumed, err = _resume(capsys, "--resume", str(run), "-q")
+        assert resumed == 0, err[-2000:]
         events, manifest = record(run)
         assert manifest["status"] == "ok" and not (events["stage"] == "fault").any()
         assert sorted(events["cycle"].unique()) == [1, 2]

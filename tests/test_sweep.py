@@ -15,7 +15,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from distributed import LocalCluster
 
 from devices.emulated.bench import EmulatedBench
 from devices.emulated.profile import profile_from_dict
@@ -163,10 +162,16 @@ def _wait_for(path: Path, alive, timeout_s: float = 180.0) -> dict:
     return json.loads(path.read_text())
 
 
-def test_physical_points_take_turns_under_the_lease_on_a_given_scheduler(tmp_path, inventory_bench, capsys):
+def test_physical_points_take_turns_under_the_lease_on_a_given_scheduler(tmp_path, inventory_bench, capsys,
+                                                                        monkeypatch):
     """Two points on a 2-worker cluster reached by its tcp:// address: the first waits for a lease someone
     else holds and starts only once it is released; the second is chained after the first (never refused:
     it never raced for the bench); their runs do not overlap, and the switch ends as it was found."""
+    from distributed import LocalCluster  # here, not at the top: every test worker collects this module
+
+    # The waiting point looks again every 0.2 s, not every 2 s (the cluster's workers are this process's threads):
+    # the lease is released as soon as its first refusal is seen, and that look found it free 2 s later.
+    monkeypatch.setattr(sweep, "LEASE_POLL_S", 0.2)
     path = write(tmp_path, PHYSICAL)
     points = sweep.expand(load_playbook(path).sweep, 1)
     original = inventory_bench.physics.ocs_patches()

@@ -6,7 +6,6 @@ import asyncio
 import logging
 
 import aiohttp
-import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -16,6 +15,8 @@ MODEL = "emulated-llm"
 
 
 async def _with_client(body, **service):
+    import openai  # here, not at the top: ~0.5 CPU-s that every test worker would pay to collect this module
+
     emulator = VllmEmulator(ServiceModel(prefill_tokens_per_s=1e5, decode_tokens_per_s=2000, max_model_len=4096,
                                          **service), model=MODEL)
     await emulator.start()
@@ -58,6 +59,8 @@ def test_chat_and_completions_streaming_and_not():
 
 
 def test_errors_in_openai_form():
+    import openai
+
     async def body(client, em):
         errors = []
         calls = [
