@@ -146,3 +146,22 @@ def test_debug_shows_scpi_and_netconf_bytes_both_ways(switch_servers, capsys, mo
     peer = re.escape("netconf://" + netconf.url.removeprefix("ssh://").split("?")[0])
     assert any(re.fullmatch(rf"\d+ {peer} > .*<nc:rpc .*get-config.*", line) for line in err.splitlines()), err
     assert any(re.fullmatch(rf"\d+ {peer} < .*<rpc-reply .*", line) for line in err.splitlines()), err
+
+
+@pytest.mark.parametrize("chosen, expected", [(None, "system"), ("jemalloc", "jemalloc")])
+def test_the_cli_gives_arrow_the_c_allocator_unless_the_user_chose_one(chosen, expected):
+    """Arrow's default pool (mimalloc) keeps memory a campaign's end freed: the CLI asks for the C library's,
+    which returns it; an ARROW_DEFAULT_MEMORY_POOL of the user's stands."""
+    import pyarrow as pa
+
+    if expected not in pa.supported_memory_backends():
+        pytest.skip(f"this pyarrow has no {expected} pool")
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if chosen:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = chosen
+    code = ("import contextlib, sys; from harness.cli import main\n"
+            "with contextlib.redirect_stdout(sys.stderr), contextlib.suppress(SystemExit): main(['--version'])\n"
+            "import pyarrow as pa; print(pa.default_memory_pool().backend_name)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == expected
