@@ -72,9 +72,10 @@ def _parsers(parser: argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Arrow's buffers from the C library's allocator, which gives freed memory back: Arrow's default (mimalloc)
-    # keeps what a campaign's end reads a block at a time (~50 MiB more at its peak). Set before Arrow's first
-    # allocation, inherited by worker processes; the user's own choice stands.
+    # Arrow's C++ default pool (its Parquet readers' and datasets') on the C library's allocator, which gives freed
+    # memory back (harness.runner.memory_handed_back): mimalloc kept what a campaign's end read a block at a time,
+    # ~50 MiB more at its peak. Fixed at Arrow's first allocation, so set here; inherited by worker processes; the
+    # user's own choice stands.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     args = build_parser().parse_args(argv)  # --version and --help end here, before the logs' rich import
     from harness import logs

@@ -222,8 +222,10 @@ def resolve_bench(spec: str, seed: int, stack: contextlib.ExitStack, workdir: Pa
 def memory_handed_back() -> None:
     """Freed memory goes back to the system: a campaign's end reads its blocks of cycles one after another, and what
     one block took must not stay with the process. Arrow's default pool (mimalloc) kept what it once held (~150 MiB
-    at 10^4 cycles with ~30 MiB in use): the system allocator instead. glibc's malloc raises its mmap threshold as
-    large blocks are freed, then serves them from a heap it cannot shrink (~+70 MiB): a fixed threshold instead."""
+    at 10^4 cycles with ~30 MiB in use): the system allocator instead — here for pyarrow's own calls; Arrow's C++
+    default, which its Parquet readers and datasets take, is fixed at its first allocation, so the CLI chooses it
+    (`harness.cli.main`). glibc's malloc raises its mmap threshold as large blocks are freed, then serves them from
+    a heap it cannot shrink (~+70 MiB): a fixed threshold instead."""
     import ctypes
 
     import pyarrow as pa
