@@ -44,7 +44,7 @@ from pathlib import Path
 import paramiko
 
 from devices.emulated.switching import OcsRefusal
-from devices.emulated.host.ssh import _CLOSE_AFTER_S, accept_ssh, forget_accepted, generate_ed25519
+from devices.emulated.host.ssh import CLOSE_AFTER_S, accept_ssh, forget_accepted, generate_ed25519
 from devices.timing import now_ns
 
 log = logging.getLogger(__name__)
@@ -301,7 +301,7 @@ class NetconfServer:
                 channel.send_exit_status(0)  # as sshd reports the end of a subsystem
                 channel.shutdown_write()  # EOF; the client closes (spec/feasibility.md §1)
                 # or leaves it to us: a stock `ssh -s` waits for the server's close (the hosts' reaper: same wait)
-                channel.status_event.wait(_CLOSE_AFTER_S)
+                channel.status_event.wait(CLOSE_AFTER_S)
                 channel.close()
             except (OSError, EOFError):
                 pass

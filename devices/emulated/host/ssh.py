@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-_CLOSE_AFTER_S = 0.25  # then the reaper closes a finished channel the client left open (stock ssh waits for it)
+CLOSE_AFTER_S = 0.25  # then the reaper closes a finished channel the client left open (stock ssh waits for it)
 
 
 def generate_ed25519(path: Path) -> paramiko.Ed25519Key:
@@ -190,7 +190,7 @@ class HostsLoop:
 
     def close_later(self, channel: paramiko.Channel) -> None:
         with self._reap_cv:
-            heapq.heappush(self._reap, (time.monotonic() + _CLOSE_AFTER_S, next(self._reap_seq), channel))
+            heapq.heappush(self._reap, (time.monotonic() + CLOSE_AFTER_S, next(self._reap_seq), channel))
             if len(self._reap) == 1:  # the reaper waits for an earlier deadline, or for nothing: wake it only then
                 self._reap_cv.notify()
 
@@ -199,7 +199,7 @@ class HostsLoop:
             with self._reap_cv:
                 while not self._reap or self._reap[0][0] > time.monotonic():
                     self._reap_cv.wait(None if not self._reap else self._reap[0][0] - time.monotonic())
-                now = time.monotonic() + _CLOSE_AFTER_S / 5  # those due soon too: one wake-up per batch of
+                now = time.monotonic() + CLOSE_AFTER_S / 5  # those due soon too: one wake-up per batch of
                 due = []  # commands, not per command
                 while self._reap and self._reap[0][0] <= now:
                     due.append(heapq.heappop(self._reap)[2])
