@@ -156,14 +156,30 @@ def test_a_watch_is_live_once_every_sysfs_field_gave_its_current_value():
     stream.close()
 
 
-def _flow_reaches(bench, nic) -> None:
-    """Light the port's loopback circuit and wait until the probe flow's first probe has arrived."""
+def _flow_reaches(bench, nic) -> int:
+    """Light the port's loopback circuit and wait until the probe flow's first probe has arrived; its time."""
     start = len(bench.ground_truth())
     bench.ocs_apply({nic.ocs_tx: nic.ocs_rx})  # loopback: the port receives its own probes
     deadline = Deadline(30)
-    while not [g for g in bench.ground_truth()[start:] if g["stage"] == "first_packet"]:
+    while not (arrived := [g for g in bench.ground_truth()[start:] if g["stage"] == "first_packet"]):
         assert not deadline.expired(), "the probes never got through"
         time.sleep(0.005)
+    return arrived[0]["t_ns"]
+
+
+class _InboxMarker:
+    """Put on an agent's inbox: `taken` is set when its thread routes it (it reads `netdev`), so everything put
+    before it has been taken off; no stream has its key."""
+
+    field, t_ns = "marker", 0
+
+    def __init__(self):
+        self.taken = threading.Event()
+
+    @property
+    def netdev(self) -> str:
+        self.taken.set()
+        return "marker"
 
 
 @pytest.mark.parametrize("flow_starts", ["before the receiver's command", "while the receiver registers"])
@@ -176,11 +192,19 @@ def test_a_probe_receiver_started_while_probes_flow_reports_the_first_it_sees(be
 
         def late_add(self, stream):
             if isinstance(stream, emulated_agent._ProbeRecvStream):
-                _flow_reaches(bench, nic)
-                deadline = Deadline(30)  # ... and the flow's first probe went by, to nobody
-                while bench._nic.pending or not self._inbox.empty():
-                    assert not deadline.expired()
-                    time.sleep(0.001)
+                delivered = [0]  # the latest change the physics handed this host's subscribers, the agent's first
+                unsubscribe = bench.subscribe(host, lambda c: delivered.__setitem__(0, max(delivered[0], c.t_ns)))
+                try:
+                    first = _flow_reaches(bench, nic)
+                    deadline = Deadline(30)  # ... and the flow's first probe went by, to nobody: it reached the
+                    while delivered[0] < first:  # agent's inbox, and the agent's thread took all before a marker
+                        assert not deadline.expired()
+                        time.sleep(0.001)
+                finally:
+                    unsubscribe()
+                marker = _InboxMarker()
+                self._inbox.put(marker)  # (a probe every 100 µs: on a loaded machine the inbox is never empty)
+                assert marker.taken.wait(30)
                 time.sleep(0.05)  # the host's thread routes what it took off its inbox
             add(self, stream)
 
