@@ -77,8 +77,8 @@ class Column:
             end = min(stop, self._spilled)
             _pread_into(self._file.fileno(), memoryview(out[:end - start]).cast("B"), start * self._itemsize)
         if stop > self._spilled:
-            first = max(start, self._spilled)
-            out[first - start:] = np.frombuffer(self._tail, dtype=self._dtype)[first - self._spilled:stop - self._spilled]
+            first, tail = max(start, self._spilled), np.frombuffer(self._tail, dtype=self._dtype)
+            out[first - start:] = tail[first - self._spilled:stop - self._spilled]
         return out
 
 
