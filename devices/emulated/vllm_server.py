@@ -9,9 +9,10 @@ request. Prompt length: token ids count exactly, text one token per whitespace-s
 Service model, per sequence and token by token: a request waits for one of `batch_slots` slots, its prompt
 is prefilled at `prefill_tokens_per_s` (the first output token appears when prefill ends), then each further
 token takes 1/`decode_tokens_per_s`. Declared interference windows (e.g. DiLoCo sync windows) scale both
-rates and the slot count by their capacity factor while they last. `time_scale` speeds everything up
-(service times and window times alike), matching a time-scaled replay. Like vLLM with `ignore_eos`,
-a request always produces exactly `max_tokens` tokens.
+rates and the slot count by their capacity factor while they last. Admission instants are the model's (a
+waiting request's is the instant its slot frees, whenever the loop gets to it: see `_advance`). `time_scale`
+speeds everything up (service times and window times alike), matching a time-scaled replay. Like vLLM with
+`ignore_eos`, a request always produces exactly `max_tokens` tokens.
 
 HTTP/1.1 on asyncio Protocols with httptools (llhttp) parsing requests, uvicorn's response headers (vLLM's
 server), keep-alive and pipelining; an answer has no task of its own: admission, each stream write and the
