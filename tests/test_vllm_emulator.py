@@ -289,3 +289,82 @@ def test_metrics_counted_in_bulk_match_prometheus_clients_own_histograms(decode)
         assert mine.keys() == theirs.keys() and len(mine) > 3, key
         for k, v in theirs.items():
             assert mine[k] == pytest.approx(v, rel=1e-9), (key, k)
+
+
+def _fifo_oracle(em, arrivals):
+    """The service model's admissions, offline: requests (t_received_ns, prompt, max_tokens) in receive order,
+    FIFO into the slots; request i is admitted at the first instant t >= its receive time (and >= the
+    admission before it) at which fewer than `_slots_at(t)` earlier sequences hold a slot (admitted at or before
+    t, last token after t). Candidate instants: its receive time, every earlier sequence's last token, every
+    window edge. Returns (admitted_ns, token instants) per request, in the emulator's own arithmetic."""
+    out = []  # (admitted, times)
+    for t_received, prompt, n in arrivals:
+        floor = max([t_received] + [a for a, _ in out[-1:]])
+        candidates = sorted({floor} | {int(t[-1]) for _, t in out if t[-1] > floor} |
+                            {e for e in em._edges_list if e > floor})
+        for t in candidates:
+            held = sum(1 for a, times in out if a <= t < times[-1])
+            if held < em._slots_at(t):
+                break
+        else:  # pragma: no cover - the last candidate frees every slot
+            raise AssertionError("no admission instant")
+        out.append((t, em.token_times_ns(t, prompt, n)))
+    return out
+
+
+@pytest.mark.parametrize("slots,windows", [(1, ()), (2, ()), (4, ((0.0, 0.05, 0.5),))])
+def test_admission_is_the_models_fifo_queue_however_late_the_loop(slots, windows):
+    # The loop is blocked on purpose (twice, 40 ms, while requests queue and slots free): the wakes that
+    # free slots and admit the queue's head come late. The model does not: each request is admitted at the
+    # instant its slot frees (the finishing sequence's last token, or a window edge adding slots), or at its
+    # receive time if a slot is free then, and its token instants follow. The emulator's records
+    # (received, admitted, first, last) must be an offline FIFO c-server's, to the nanosecond, computed from
+    # the receive times it recorded and its own closed-form schedules: however late the loop is, as late wakes
+    # only move bytes (an admission dated by its wake's clock is late by that wake's lateness, never early).
+    import time
+
+    sizes = [(10 + k, 2 + (5 * k) % 7) for k in range(14)]  # (prompt, max_tokens): 2-8 tokens, 2 ms each
+    offsets = [0.0] * 6 + [0.02, 0.021, 0.03, 0.06, 0.061, 0.062, 0.09, 0.1]  # s after the start
+
+    async def body(em, session):
+        if windows:
+            em.set_interference([InterferenceWindow(*w) for w in windows])  # half the slots for 50 ms
+
+        async def one(k):
+            await asyncio.sleep(offsets[k])
+            prompt, n = sizes[k]
+            async with session.post(em.url + "/v1/completions",
+                                    json={"prompt": [1] * prompt, "max_tokens": n, "stream": k % 2 == 0}) as r:
+                raw = await r.read()
+            text = raw.decode()
+            ident = text[text.index('"id": "cmpl-') + 12:].split('"', 1)[0]
+            tokens = text.count('"text": " t"') if k % 2 == 0 else json.loads(text)["choices"][0]["text"].count(" t")
+            return k, ident, tokens
+
+        tasks = [asyncio.ensure_future(one(k)) for k in range(len(sizes))]
+        loop = asyncio.get_running_loop()
+        for at in (0.01, 0.065):
+            loop.call_later(at, time.sleep, 0.04)  # the loop late on purpose
+        return await asyncio.gather(*tasks)
+
+    service = ServiceModel(prefill_tokens_per_s=1e5, decode_tokens_per_s=500, batch_slots=slots,
+                           stream_interval_s=0.0)
+    em, answers = run(_with_server(service, body))
+    # every answer whole, with its id: `cmpl-<n>` is the n-th request the emulator received
+    assert sorted(tokens for _, _, tokens in answers) == sorted(n for _, n in sizes)
+    order = {int(ident): k for k, ident, _ in answers}
+    assert sorted(order) == list(range(1, len(sizes) + 1))
+    records = sorted(em.stats.records)  # by receive time: record i is request cmpl-(i+1)
+    assert len(records) == len(sizes) and em.stats.disconnected == 0
+    arrivals = [(rec[0], *sizes[order[i + 1]]) for i, rec in enumerate(records)]
+    want = _fifo_oracle(em, arrivals)
+    assert [rec[1] for rec in records] == [a for a, _ in want]  # admitted
+    assert [rec[2] for rec in records] == [int(t[0]) for _, t in want]  # first token
+    assert [rec[3] for rec in records] == [int(t[-1]) for _, t in want]  # last token
+    assert any(a > rec[0] for rec, (a, _) in zip(records, want))  # requests did queue
+    assert em.stats.max_running <= slots
+    # vLLM's queue-time histogram counts the model's waits
+    text = em.metrics.render().decode()
+    total = float(text.split("vllm:request_queue_time_seconds_sum{")[1].split("} ", 1)[1].split()[0])
+    assert total == pytest.approx(sum(a - rec[0] for rec, (a, _) in zip(records, want)) / 1e9, rel=1e-9,
+                                  abs=1e-12)

@@ -9,9 +9,10 @@ request. Prompt length: token ids count exactly, text one token per whitespace-s
 Service model, per sequence and token by token: a request waits for one of `batch_slots` slots, its prompt
 is prefilled at `prefill_tokens_per_s` (the first output token appears when prefill ends), then each further
 token takes 1/`decode_tokens_per_s`. Declared interference windows (e.g. DiLoCo sync windows) scale both
-rates and the slot count by their capacity factor while they last. `time_scale` speeds everything up
-(service times and window times alike), matching a time-scaled replay. Like vLLM with `ignore_eos`,
-a request always produces exactly `max_tokens` tokens.
+rates and the slot count by their capacity factor while they last. Admission instants are the model's (a
+waiting request's is the instant its slot frees, whenever the loop gets to it: see `_advance`). `time_scale`
+speeds everything up (service times and window times alike), matching a time-scaled replay. Like vLLM with
+`ignore_eos`, a request always produces exactly `max_tokens` tokens.
 
 HTTP/1.1 on asyncio Protocols with httptools (llhttp) parsing requests, uvicorn's response headers (vLLM's
 server), keep-alive and pipelining; an answer has no task of its own: admission, each stream write and the
@@ -25,6 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import heapq
+import itertools
 import json
 import time
 from bisect import bisect_right
@@ -262,8 +265,11 @@ class VllmEmulator:
         self._edge_factor = np.ones(1)  # capacity factor in each interval between edges
         self._edges_list, self._factor_list = [], [1.0]  # the same as lists: bisect per request beats numpy's call
         self._clock: MonotonicTimer | None = None  # exact wake-ups (see _at)
-        self._running = 0
+        self._running = 0  # slots held in the model at `_model_ns`
         self._waiting: deque[_Completion] = deque()  # admitted in order as slots free
+        self._busy: list = []  # (last token ns, seq, answer) of each held slot: when the model frees it
+        self._seq = itertools.count()
+        self._model_ns = 0  # the instant the service model has been run to (see _advance)
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
         self._timers: list = []  # window edges' admission wake-ups (see _at)
@@ -303,8 +309,11 @@ class VllmEmulator:
     # ---- interference ------------------------------------------------------------------------------------
     def set_interference(self, windows: list[InterferenceWindow], epoch_ns: int | None = None) -> None:
         """Declare capacity cuts; window times are trace seconds after `epoch_ns` (harness clock), divided by
-        the service time scale. Overlapping windows multiply their capacities."""
-        self._epoch_ns = now_ns() if epoch_ns is None else int(epoch_ns)
+        the service time scale. Overlapping windows multiply their capacities. They apply from now on: the
+        model is first run to now under the capacities declared before."""
+        now = now_ns()
+        self._advance(now)
+        self._epoch_ns = now if epoch_ns is None else int(epoch_ns)
         self._windows = sorted(windows, key=lambda w: w.start_s)
         edges_s, factors = capacity_profile(self._windows)
         scale = self.service.time_scale
@@ -312,8 +321,8 @@ class VllmEmulator:
         self._set_profile(edges, factors)
         for timer in self._timers:
             timer.cancel()
-        # Slots may reopen when a window ends: re-run admission at every edge.
-        self._timers = [self._at(edge, self._admit) for edge in edges]
+        # Slots may reopen when a window ends: run the model to every edge as it passes.
+        self._timers = [self._at(edge, self._wake) for edge in edges]
 
     def _set_profile(self, edges_ns, factors) -> None:
         """Window edges (real ns, sorted) and the capacity factor before, between and after them."""
@@ -362,32 +371,74 @@ class VllmEmulator:
         return _Listed((starts[seg] + (work - cum[seg]) / speed[seg]).astype(np.int64))
 
     # ---- admission ---------------------------------------------------------------------------------------
-    def _admit(self) -> None:
-        slots = self._slots_at(now_ns())
+    # Admission is dated by the model, not by the wake that processes it: a slot frees at the finishing
+    # sequence's last-token instant (or a window edge's instant adds slots) and the head of the queue is
+    # admitted then, however late the loop gets to it; a request that finds a slot free is admitted at its
+    # receive time (`t_received`, stamped when it was parsed). Every entry point first runs the model to its
+    # own instant (`_advance`), slot frees and window edges in time order, so the queue's admissions are the
+    # FIFO c-server's whatever the loop's lateness: a late wake delays the bytes (the writers catch up on the
+    # tokens already due), never the model's instants.
+    def _advance(self, t_ns: int) -> None:
+        """Run the service model to t_ns: each slot freed (a held sequence's last token) and each window edge
+        up to t_ns, in time order, admitting waiting requests at that instant."""
+        busy, edges = self._busy, self._edges_list
+        while True:
+            i = bisect_right(edges, self._model_ns)
+            edge = edges[i] if i < len(edges) else None
+            if busy and busy[0][0] <= t_ns and (edge is None or busy[0][0] <= edge):
+                t, _, answer = heapq.heappop(busy)
+                self._model_ns = t
+                if answer.held:  # else an abort gave the slot back already
+                    answer.held = False
+                    self._running -= 1
+                    self._admit(t)
+            elif edge is not None and edge <= t_ns:
+                self._model_ns = edge
+                self._admit(edge)
+            else:
+                break
+        self._model_ns = max(self._model_ns, t_ns)
+
+    def _wake(self) -> None:
+        self._advance(now_ns())
+
+    def _admit(self, t_ns: int) -> None:
+        """Admit waiting requests into the slots free at model instant t_ns (the model has been run to it)."""
+        slots = self._slots_at(t_ns)
         while self._waiting and self._running < slots:
-            self._running += 1
-            self._waiting.popleft().admitted()
+            self._hold(self._waiting.popleft(), t_ns)
         self.stats.max_running = max(self.stats.max_running, self._running)
 
+    def _hold(self, answer: "_Completion", t_ns: int) -> None:
+        self._running += 1
+        answer.admitted(t_ns)
+        heapq.heappush(self._busy, (answer.last, next(self._seq), answer))
+
     def _acquire(self, answer: "_Completion") -> None:
-        """`answer.admitted()` now if a slot is free and nobody waits, else when its turn comes."""
-        if not self._waiting and self._running < self._slots_at(now_ns()):
-            self._running += 1
+        """`answer` admitted at its receive time if a slot is free then and nobody waits, else when its turn
+        comes."""
+        t = answer.t_received
+        self._advance(t)
+        if not self._waiting and self._running < self._slots_at(t):
+            self._hold(answer, t)
             self.stats.max_running = max(self.stats.max_running, self._running)
-            answer.admitted()
             return
         self._waiting.append(answer)
         self.stats.max_waiting = max(self.stats.max_waiting, len(self._waiting))
 
-    def _forget(self, answer: "_Completion") -> None:
-        try:
-            self._waiting.remove(answer)
-        except ValueError:
-            pass
-
-    def _release(self) -> None:
-        self._running -= 1
-        self._admit()
+    def _abort(self, answer: "_Completion") -> None:
+        """The client left at now: its slot (if the model still holds it) frees now, or it leaves the queue."""
+        now = now_ns()
+        self._advance(now)  # it may have been admitted, or even finished, in the model before now
+        if answer.held:
+            answer.held = False
+            self._running -= 1
+            self._admit(now)
+        else:
+            try:
+                self._waiting.remove(answer)
+            except ValueError:
+                pass
 
     # ---- HTTP --------------------------------------------------------------------------------------------
     def _handle(self, conn: "_Connection", method: bytes, url: bytes, body: bytes, keep_alive: bool) -> None:
@@ -498,12 +549,15 @@ class _Completion:
         self.handle = None
         self.held = self.finished = False
 
-    def admitted(self) -> None:
-        """A slot is ours: the model's token instants are fixed now."""
+    def admitted(self, t_ns: int) -> None:
+        """A slot is ours from model instant t_ns (now or earlier): the model's token instants follow from it.
+        Writes due already run at once and catch up."""
         em = self.em
-        self.held, self.t_admitted = True, now_ns()
-        self.tokens = em.schedule(self.t_admitted, self.prompt_tokens, self.max_tokens)
+        self.held, self.t_admitted = True, t_ns
+        self.tokens = em.schedule(t_ns, self.prompt_tokens, self.max_tokens)
         self.last = self.tokens.at(self.max_tokens - 1)
+        if self.finished:  # its client left while the model caught up: the slot is given back by the abort
+            return
         if not self.stream:
             self._schedule(self.last, self._whole)
             return
@@ -582,20 +636,16 @@ class _Completion:
                 "total_tokens": self.prompt_tokens + self.max_tokens}
 
     def _finish(self) -> None:
-        # The slot frees when the model says the sequence is done (this wake is due at the last token's
-        # instant), not when a slow client has read the bytes.
+        # The slot frees when the model says the sequence is done (its last token's instant, which this wake
+        # is due at or after: running the model to now frees it there), not when a slow client has read the
+        # bytes.
         em = self.em
         self.finished, self.handle = True, None
-        self._release()
+        em._advance(now_ns())  # noqa: SLF001
         em.stats.completed += 1
         em.metrics.observe(em.service.time_scale, self.t_received, self.t_admitted, self.tokens, self.prompt_tokens)
         if em.keep_records:
             em.stats.records.append((self.t_received, self.t_admitted, self.tokens.at(0), self.last))
-
-    def _release(self) -> None:
-        if self.held:
-            self.held = False
-            self.em._release()  # noqa: SLF001
 
     def abort(self) -> None:
         """The client left before the answer ended: counted, its slot (or its place in the queue) given up."""
@@ -605,10 +655,7 @@ class _Completion:
         self.em.stats.disconnected += 1
         if self.handle is not None:
             self.handle.cancel()
-        if self.held:
-            self._release()
-        else:
-            self.em._forget(self)  # noqa: SLF001
+        self.em._abort(self)  # noqa: SLF001
 
 
 _JSON = b"application/json"
