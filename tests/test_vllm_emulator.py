@@ -368,3 +368,43 @@ def test_admission_is_the_models_fifo_queue_however_late_the_loop(slots, windows
     total = float(text.split("vllm:request_queue_time_seconds_sum{")[1].split("} ", 1)[1].split()[0])
     assert total == pytest.approx(sum(a - rec[0] for rec, (a, _) in zip(records, want)) / 1e9, rel=1e-9,
                                   abs=1e-12)
+
+
+def test_running_and_waiting_are_the_model_s_now_even_before_the_loop_ends_a_sequence():
+    # /stats and /metrics count what the model says is running: the loop is blocked past a sequence's last token
+    # (its end's wake cannot have run), and the depths read in that same blocked callback already count it done,
+    # the queued request admitted in its slot.
+    import time
+
+    seen = {}
+
+    async def body(em, session):
+        loop = asyncio.get_running_loop()
+
+        async def one(n):
+            async with session.post(em.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": n}) as r:
+                return await r.read()
+
+        first = asyncio.ensure_future(one(200))  # 200 tokens of 2 ms: running for ~0.4 s
+        while em.stats.received < 1:
+            await asyncio.sleep(0.001)
+        second = asyncio.ensure_future(one(5))  # waits for the one slot
+        while em.stats.received < 2:
+            await asyncio.sleep(0.001)
+
+        def blocked():
+            seen["before"] = (em._running, len(em._waiting), em.stats.completed)  # noqa: SLF001
+            end = em._busy[0][0]  # noqa: SLF001 - the first's last token, in the model
+            while now_ns() <= end:
+                time.sleep(0.01)  # past it: its end's wake is due, and cannot run
+            seen["completed"] = em.stats.completed
+            seen["depths"] = em._depths()  # noqa: SLF001
+
+        loop.call_soon(blocked)
+        await asyncio.gather(first, second)
+
+    service = ServiceModel(prefill_tokens_per_s=1e5, decode_tokens_per_s=500, batch_slots=1, stream_interval_s=0.0)
+    run(_with_server(service, body))
+    assert seen["before"] == (1, 1, 0)  # the first running, the second queued
+    assert seen["completed"] == 0  # the first's end had not run
+    assert seen["depths"] == (1, 0)  # the model: the first done, the second admitted in its slot

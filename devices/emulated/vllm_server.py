@@ -257,8 +257,7 @@ class VllmEmulator:
         self.model, self.host, self.port = model, host, port
         self.keep_records = keep_records
         self.stats = _Stats()
-        self.metrics = VllmMetrics(self.model, self.service.max_model_len, lambda: (self._running,
-                                                                                    len(self._waiting)))
+        self.metrics = VllmMetrics(self.model, self.service.max_model_len, self._depths)
         self._epoch_ns = now_ns()
         self._windows: list[InterferenceWindow] = []
         self._edges_ns = np.empty(0, dtype=np.int64)  # window edges (real ns), sorted
@@ -402,6 +401,12 @@ class VllmEmulator:
     def _wake(self) -> None:
         self._advance(now_ns())
 
+    def _depths(self) -> tuple[int, int]:
+        """(running, waiting) in the model now: a sequence whose last token has passed is not running, even if
+        the loop has not yet got to its end."""
+        self._advance(now_ns())
+        return self._running, len(self._waiting)
+
     def _admit(self, t_ns: int) -> None:
         """Admit waiting requests into the slots free at model instant t_ns (the model has been run to it)."""
         slots = self._slots_at(t_ns)
@@ -465,10 +470,10 @@ class VllmEmulator:
         conn.respond(200, CONTENT_TYPE_LATEST.encode(), self.metrics.render(), keep_alive)
 
     def _stats(self, conn, body: bytes, keep_alive: bool) -> None:
-        s = self.stats
+        s, (running, waiting) = self.stats, self._depths()
         conn.respond(200, _JSON, _json({"received": s.received, "completed": s.completed, "rejected": s.rejected,
-                                        "disconnected": s.disconnected, "running": self._running,
-                                        "waiting": len(self._waiting), "max_running": s.max_running,
+                                        "disconnected": s.disconnected, "running": running,
+                                        "waiting": waiting, "max_running": s.max_running,
                                         "max_waiting": s.max_waiting}), keep_alive)
 
     def _reject(self, conn, keep_alive: bool, status: int, message: str, param: str | None = None) -> None:
