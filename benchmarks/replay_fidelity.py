@@ -1,7 +1,9 @@
 """Replay fidelity: the Azure 2023 conversation trace, time-scaled to each named rate, against the emulated vLLM
 endpoint in its own process (a fresh one per run), replayed by `traces.replay` and, beside it, by the naive
-script a lab would write. Prints, per rate and replayer: send-time error p50/p99 (on the wire − scheduled, on
-the monotonic clock), the part of it spent waiting for a client connection, CPU per request of the client
+script a lab would write. Prints, per rate and replayer: the connections warmed before the origin and the most
+requests in flight at once (sent, answer not yet read: more than the service model's peak when the endpoint
+runs late), send-time error p50/p99 (on the wire − scheduled, on the monotonic clock), the part of it spent
+waiting for a client connection, CPU per request of the client
 and of the server, and the share of the replay's wall time its loop was runnable without a CPU (other load on
 the machine: wall-clock figures taken with it well above 0 are the machine's, not the replay's). Goals: p99
 <= 1 ms at 1 000 req/s and <= 5 ms at 5 000 req/s.
@@ -11,7 +13,7 @@ default session (a pool of 100, nothing opened ahead), the stream read line by l
 same request bodies, and its send time stamped on the wire the same way.
 
     .venv/bin/python benchmarks/replay_fidelity.py [--rates 100,1000,5000] [--seconds 4] [--runs 1]
-        [--no-naive] [--in-process] [--cprofile FILE]
+        [--no-naive] [--in-process] [--warm N] [--cprofile FILE]
 """
 from __future__ import annotations
 
@@ -56,12 +58,13 @@ def start_server(scale: float, stream_interval_s: float) -> tuple[subprocess.Pop
     return proc, "http://" + line.split()[1]
 
 
-def harness_config(url: str, scale: float, requests) -> ReplayConfig:
-    """The replay step's configuration, its warm pool sized here (outside the measured CPU)."""
+def harness_config(url: str, scale: float, requests, warm: int | None = None) -> ReplayConfig:
+    """The replay step's configuration, its warm pool sized here (outside the measured CPU) unless `warm` is given."""
     from analysis.serving import ServiceModel
 
-    return ReplayConfig(url=url, time_scale=scale, max_connections=256,
-                        warm_connections=warm_pool_size(requests, ServiceModel(time_scale=scale), 256))
+    if warm is None:
+        warm = warm_pool_size(requests, ServiceModel(time_scale=scale), 256)
+    return ReplayConfig(url=url, time_scale=scale, max_connections=256, warm_connections=warm)
 
 
 def wire_trace_config():
@@ -138,12 +141,14 @@ def percentiles(values_ns) -> tuple[float, float]:
     return float(np.percentile(values, 50)), float(np.percentile(values, 99))
 
 
-async def measure(kind: str, requests, scale: float, url: str, server_pid: int | None, cprofile) -> dict:
+async def measure(kind: str, requests, scale: float, url: str, server_pid: int | None, cprofile,
+                  warm: int | None = None) -> dict:
+    from analysis.serving import peak_in_flight
     from devices.timing import cpu_wait_s, now_ns
     from traces.replay import prepared_prompts
 
     prompts = prepared_prompts(requests, ReplayConfig(url=url))
-    config = harness_config(url, scale, requests) if kind == "harness" else None  # the pool's sizing: not per request
+    config = harness_config(url, scale, requests, warm) if kind == "harness" else None  # the pool's sizing: not per request
     cpu0, wait0, wall0 = time.process_time(), cpu_wait_s(), time.monotonic()
     server_cpu0 = process_cpu_s(server_pid) if server_pid else None
     if cprofile is not None:
@@ -154,19 +159,20 @@ async def measure(kind: str, requests, scale: float, url: str, server_pid: int |
             rec = summary.records
             errors, waits = rec["send_error_ns"].to_numpy(), rec["connection_wait_ns"].to_numpy()
             ok, warm = int((rec["status"] == "ok").sum()), config.warm_connections
+            peak = peak_in_flight(rec["sent_ns"].to_numpy(dtype=float), rec["completed_ns"].to_numpy(dtype=float))
         else:
             origin = now_ns() + int(0.2e9)
             rows = await naive_replay(requests, url, scale, prompts, origin)
             errors = [r["sent_ns"] - r["scheduled_ns"] for r in rows]
             waits = [r["connection_wait_ns"] for r in rows]
-            ok, warm = sum(r["ok"] for r in rows), 0
+            ok, warm, peak = sum(r["ok"] for r in rows), 0, None
     if cprofile is not None:
         cprofile.disable()
     cpu, wait1, wall = time.process_time() - cpu0, cpu_wait_s(), time.monotonic() - wall0
     server_cpu = process_cpu_s(server_pid) if server_pid else None
     n = len(requests)
     (e50, e99), (w50, w99) = percentiles(errors), percentiles(waits)
-    return {"kind": kind, "n": n, "ok": ok, "warm": warm, "err_p50_us": e50, "err_p99_us": e99,
+    return {"kind": kind, "n": n, "ok": ok, "warm": warm, "peak_in_flight": peak, "err_p50_us": e50, "err_p99_us": e99,
             "wait_p50_us": w50, "wait_p99_us": w99, "client_cpu_us": 1e6 * cpu / n,
             "client_cpu_wait": None if wait0 is None or wait1 is None else (wait1 - wait0) / wall,
             "server_cpu_us": None if server_cpu is None or server_cpu0 is None else 1e6 * (server_cpu - server_cpu0) / n}
@@ -182,6 +188,8 @@ def main() -> int:
     parser.add_argument("--cprofile", help="write a cProfile of the client's replays (traces.replay only) here")
     parser.add_argument("--stream-interval-s", type=float, default=0.0,
                         help="the emulator's real seconds between stream writes (0: every token when due, as vLLM)")
+    parser.add_argument("--warm", type=int, help="connections the harness's replay opens before the origin "
+                        "(default: `traces.replay.warm_pool_size` under the emulator's model)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per run instead of a table")
     args = parser.parse_args()
     if not TRACE.exists():
@@ -229,13 +237,13 @@ def run_one(kind: str, requests, scale: float, args, cprofile) -> dict:
                                     keep_records=False)
             await emulator.start()
             try:
-                return await measure(kind, requests, scale, emulator.url, None, cprofile)
+                return await measure(kind, requests, scale, emulator.url, None, cprofile, args.warm)
             finally:
                 await emulator.stop()
         return run_loop(body())
     proc, url = start_server(scale, args.stream_interval_s)
     try:
-        return run_loop(measure(kind, requests, scale, url, proc.pid, cprofile))
+        return run_loop(measure(kind, requests, scale, url, proc.pid, cprofile, args.warm))
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -243,13 +251,14 @@ def run_one(kind: str, requests, scale: float, args, cprofile) -> dict:
 
 def print_table(rows: list[dict]) -> None:
     f = lambda v: "—" if v is None else (f"{v / 1e3:.2f} ms" if v >= 1e3 else f"{v:.0f} µs")  # noqa: E731
-    print("| req/s | replay | requests (ok) | warm | send error p50 | p99 | connection wait p50 | p99 | "
+    print("| req/s | replay | requests (ok) | warm | in flight (peak) | send error p50 | p99 | connection wait p50 | p99 | "
           "client CPU/req | server CPU/req | client waiting for a CPU | load |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         server = "—" if r["server_cpu_us"] is None else f"{r['server_cpu_us']:.0f} µs"
+        peak = "—" if r["peak_in_flight"] is None else r["peak_in_flight"]
         starved = "—" if r["client_cpu_wait"] is None else f"{r['client_cpu_wait']:.0%}"
-        print(f"| {r['rate']:.0f} | {r['kind']} | {r['n']} ({r['ok']}) | {r['warm']} | {f(r['err_p50_us'])} | "
+        print(f"| {r['rate']:.0f} | {r['kind']} | {r['n']} ({r['ok']}) | {r['warm']} | {peak} | {f(r['err_p50_us'])} | "
               f"{f(r['err_p99_us'])} | {f(r['wait_p50_us'])} | {f(r['wait_p99_us'])} | {r['client_cpu_us']:.0f} µs | "
               f"{server} | {starved} | {r['load']:.1f} |")
 

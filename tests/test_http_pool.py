@@ -92,6 +92,31 @@ def test_spare_connections_are_opened_ahead_of_the_requests_that_take_them():
     assert idle == 3 and size == 6
 
 
+def test_each_expected_request_gets_a_connection_opened_before_it_asks():
+    async def handler(request):
+        return web.Response(text="ok")
+
+    async def body():
+        async with _Server(handler) as server:
+            pool = ConnectionPool(server.url, limit=10, spare=0)
+            try:
+                for _ in range(3):
+                    pool.expect()
+                assert pool.size == 3  # opening for them now, nobody asked yet
+                for _ in range(200):
+                    if len(pool._idle) == 3:  # noqa: SLF001
+                        break
+                    await asyncio.sleep(0.01)
+                conns = [pool.take(expected=True) for _ in range(3)]
+                await asyncio.sleep(0.05)  # a top-up, were one due, would be under way by now
+                return conns, pool.size
+            finally:
+                await pool.close()
+    conns, size = asyncio.run(body())
+    assert all(c is not None for c in conns) and len(set(conns)) == 3
+    assert size == 3  # no spare asked for: the three announced requests took their own, nothing more opened
+
+
 def test_connection_close_answers_are_not_reused_and_the_limit_holds():
     async def handler(request):
         await asyncio.sleep(0.05)

@@ -2,10 +2,10 @@
 
 A request is bytes built before its deadline (`request_bytes`) and written straight to the connection's
 socket, so its send instant is stamped as the write returns; the response is parsed by httptools (llhttp, the
-parser uvicorn uses) — status line, headers, chunked or sized bodies, keep-alive. The pool keeps `spare`
-connections idle while the replay runs, opening the next ones in the background as requests take them, so a
-send waits for a connection only when more are in flight than the pool may hold or a burst outruns the
-handshakes already under way.
+parser uvicorn uses) — status line, headers, chunked or sized bodies, keep-alive. The pool keeps a connection
+idle or opening for each request announced ahead (`expect`: the replay announces a request when its task is
+made, `lookahead_s` before it is due) plus `spare` more, opening them in the background, so a send waits for a
+connection only when more are in flight than the pool may hold or a burst outruns the handshakes under way.
 """
 from __future__ import annotations
 
@@ -129,6 +129,7 @@ class ConnectionPool:
         self._busy: set[Connection] = set()
         self._waiters: deque[asyncio.Future] = deque()
         self._opening = 0
+        self._expected = 0  # requests announced (`expect`) that have not taken a connection yet
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
 
@@ -137,18 +138,28 @@ class ConnectionPool:
         """Connections open or opening."""
         return len(self._idle) + len(self._busy) + self._opening
 
-    def take(self) -> Connection | None:
-        """An idle connection, or None (then `acquire`)."""
+    def expect(self) -> None:
+        """A request will take a connection soon (`take(expected=True)`): one is opened for it now, if none is
+        idle or opening for it, so its handshake is over before it is due."""
+        self._expected += 1
+        if len(self._idle) + self._opening < self.spare + self._expected:
+            self._top_up()
+
+    def take(self, expected: bool = False) -> Connection | None:
+        """An idle connection, or None (then `acquire`). `expected`: by a request announced with `expect`."""
+        if expected:
+            self._expected -= 1
         idle = self._idle
         if not idle:
             return None
         conn = idle.pop()
         self._busy.add(conn)
-        if len(idle) + self._opening < self.spare:
+        if len(idle) + self._opening < self.spare + self._expected:
             self._top_up()
         return conn
 
     async def acquire(self) -> Connection:
+        """A connection, once one is idle (after `take` gave None: an `expect`ed request is counted there)."""
         conn = self.take()
         if conn is not None:
             return conn
@@ -182,7 +193,8 @@ class ConnectionPool:
                 waiter.set_exception(ResponseError("connection pool closed"))
 
     def _top_up(self) -> None:
-        want = min(self.spare + len(self._waiters) - len(self._idle) - self._opening, self.limit - self.size)
+        want = min(self.spare + self._expected + len(self._waiters) - len(self._idle) - self._opening,
+                   self.limit - self.size)
         if want <= 0:
             return
         self._opening += want  # counted now: a task not yet started is a connection on its way
@@ -234,5 +246,5 @@ class ConnectionPool:
             self._idle.remove(conn)
         except ValueError:
             pass
-        if not self._closed and (self._waiters or len(self._idle) + self._opening < self.spare):
+        if not self._closed and (self._waiters or len(self._idle) + self._opening < self.spare + self._expected):
             self._top_up()

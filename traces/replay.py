@@ -237,7 +237,7 @@ class _Replayer:
         handed_ns = now_ns()
         conn = answer = None
         try:
-            conn = self.pool.take()
+            conn = self.pool.take(expected=True)
             if conn is None:  # every connection busy (or none open yet): wait for one
                 async with asyncio.timeout(cfg.timeout_s):
                     conn = await self.pool.acquire()
@@ -400,6 +400,7 @@ async def _replay(requests: pd.DataFrame, config: ReplayConfig, log_path: str | 
                 ahead = (deadline - lookahead_ns - now_ns()) / 1e9
                 if ahead > 0:
                     await asyncio.sleep(ahead)
+                pool.expect()  # its connection opens now if none is spare, `lookahead` before it is due
                 task = asyncio.create_task(timed(i, deadline))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
