@@ -27,7 +27,10 @@ compares every recorded event with the emulator's ground truth:
   With the emulator in its own process, its CPU per cycle too (`cpu_emulator`: every thread, sampled from
   /proc, the measured cycles' span divided by their number): both processes share the machine's cores, so
   a burst of work in one delays the other; and the emulator's own line on how late its schedule ran (`harness
-  emulate` prints it at exit).
+  emulate` prints it at exit). The harness's CPU per cycle beside the step's thread, the same way, per thread
+  (/proc/self/task/TID/schedstat): the SSH hub's (`cpu_hub_thread`: reads, decryption, line parsing for every
+  host), the switches' reply threads', the clock thread's (its probes and fits), the others'. Their Python
+  shares one GIL: a thread's CPU is its own work, not the time it waited for the others.
 
     .venv/bin/python benchmarks/timestamp_accuracy.py [--cycles 200] [--profile burst-mode] [--pod 8x8]
 
@@ -43,7 +46,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -112,37 +117,86 @@ def run_in_process(cycles: int, profile: str, watch_us: int, out: Path,
     return run_dir, pd.read_parquet(run_dir / "ground_truth.parquet"), manifest["emulated_clocks"]
 
 
+def process_cpu(pid: int):
+    """`CpuSampler`'s reader of another process: {"all": its CPU ns, every thread} from /proc/PID/stat."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def read() -> dict | None:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return None
+        return {"all": (int(fields[11]) + int(fields[12])) * 10**9 // tick}
+    return read
+
+
+def harness_threads_cpu() -> dict:
+    """`CpuSampler`'s reader of this process's threads but the samplers': {(name, native id): CPU ns} from
+    /proc/self/task/TID/schedstat (what `time.thread_time_ns` reads, in the thread). A thread gone since keeps
+    the CPU last read of it (`CpuSampler.per_cycle_ms`)."""
+    cpu = {}
+    for thread in threading.enumerate():
+        if thread.native_id is None or thread.name == SAMPLER_THREAD:
+            continue
+        try:
+            cpu[(thread.name, thread.native_id)] = int(
+                Path(f"/proc/self/task/{thread.native_id}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # ended meanwhile, or no schedstat on this kernel
+            pass
+    return cpu
+
+
+def thread_part(key: tuple[str, int]) -> str | None:
+    """A harness thread's part: the SSH hub's, the clock thread's, the switches' reply threads', or the rest;
+    None for the step's (the main thread's: `cpu_step_thread`, per cycle, from the run's own records)."""
+    name = key[0]
+    if name == "MainThread":
+        return None
+    if name.startswith("ssh-hub"):
+        return "hub_thread"
+    if name == "clock-sync":
+        return "clock_thread"
+    return "reply_threads" if name.startswith("ocs-replies") else "other_threads"
+
+
+SAMPLER_THREAD = "cpu-sampler"
+
+
 class CpuSampler:
-    """(monotonic ns, CPU ns of every thread) of a process, every `period_s`, from /proc/PID/stat."""
+    """(monotonic ns, `read()`: {key: CPU ns}) every `period_s`, until `read` returns None or `stop`."""
 
-    def __init__(self, pid: int, period_s: float = 0.02):
-        import threading
-
-        self.pid, self.period_s, self.samples = pid, period_s, []
-        self._tick = os.sysconf("SC_CLK_TCK")
+    def __init__(self, read: Callable[[], dict | None], period_s: float = 0.02):
+        self.read, self.period_s, self.samples = read, period_s, []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=SAMPLER_THREAD)
         self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
-            try:
-                fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
-            except OSError:
+            cpu = self.read()
+            if cpu is None:
                 return
-            self.samples.append((time.monotonic_ns(), (int(fields[11]) + int(fields[12])) * 10**9 // self._tick))
+            self.samples.append((time.monotonic_ns(), cpu))
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
 
-    def per_cycle_ms(self, cycles: pd.DataFrame) -> np.ndarray:
-        """CPU over the measured cycles (first begin -> last done) / their number, in ms (one value)."""
+    def per_cycle_ms(self, cycles: pd.DataFrame, part: Callable = lambda key: key) -> dict[str, np.ndarray]:
+        """CPU over the measured cycles (first begin -> last done) / their number, in ms (one value), per
+        `part(key)` (None: left out): a key's CPU is 0 before its first sample and its last after its last."""
         if len(self.samples) < 2 or cycles.empty:
-            return np.array([])
-        t, cpu = np.array(self.samples).T
-        span = np.interp([cycles["begin_ns"].min(), cycles["done_ns"].max()], t, cpu)
-        return np.array([(span[1] - span[0]) / len(cycles) / 1e6])
+            return {}
+        t = np.array([at for at, _ in self.samples], dtype=np.float64)
+        ends = [cycles["begin_ns"].min(), cycles["done_ns"].max()]
+        total: dict[str, float] = {}
+        for key in set().union(*(cpu for _, cpu in self.samples)):
+            if part(key) is None:
+                continue
+            values = pd.Series([cpu.get(key) for _, cpu in self.samples], dtype="float64").ffill().fillna(0)
+            span = np.interp(ends, t, values.to_numpy())
+            total[part(key)] = total.get(part(key), 0.0) + span[1] - span[0]
+        return {name: np.array([cpu / len(cycles) / 1e6]) for name, cpu in total.items()}
 
 
 def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
@@ -156,7 +210,8 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
                                  "--inventory-out", str(inventory), "--truth-out", str(truth_file)]
                                 + (["--wire-out", str(wire_file)] if WIRE is not None else []),
                                 stdout=emulator_out, stderr=subprocess.PIPE)
-    sampler = CpuSampler(emulator.pid)
+    sampler = CpuSampler(process_cpu(emulator.pid))
+    threads = CpuSampler(harness_threads_cpu, period_s=0.1)  # only the measured span's ends matter
     try:
         end = time.monotonic() + 60
         while not inventory.exists():
@@ -170,14 +225,15 @@ def run_separate_process(cycles: int, profile: str, watch_us: int, out: Path,
             raise SystemExit(f"run failed with exit code {code}")
     finally:
         sampler.stop()
+        threads.stop()
         emulator.send_signal(signal.SIGINT)
         emulator.wait(timeout=30)
         emulator_out.close()
     run_dir = next((out / "runs").iterdir())
     EMULATOR_SCHEDULE.extend(line for line in (out / "emulator.out").read_text().splitlines()
                              if line.startswith("emulator schedule:"))
-    global EMULATOR_CPU
-    EMULATOR_CPU = sampler
+    global EMULATOR_CPU, HARNESS_THREADS_CPU
+    EMULATOR_CPU, HARNESS_THREADS_CPU = sampler, threads
     if WIRE is not None:
         EMULATOR_WIRE.extend(json.loads(wire_file.read_text()))
     rows = [json.loads(line) for line in truth_file.read_text().splitlines()]
@@ -259,6 +315,7 @@ def delivery_split_ms(recv: np.ndarray, reads: np.ndarray, cycles: pd.DataFrame,
 
 OCS_COMMAND: dict = {}  # the last run's analysis.accuracy.ocs_command_table: recorded sends against the switch
 EMULATOR_CPU: CpuSampler | None = None  # the separate emulator's, when the last run had one
+HARNESS_THREADS_CPU: CpuSampler | None = None  # this process's threads', when the last run had its own emulator
 EMULATOR_SCHEDULE: list[str] = []  # the separate emulator's own line on its schedule's lateness, at its exit
 
 
@@ -291,8 +348,13 @@ def report(run_dir: Path, truth: pd.DataFrame, clocks: dict) -> dict:
     parts.update(delivery_split_ms(arrived, reads, cycles, truth))
     parts["harness_side"] = harness_side_ms(arrived, cycles)
     parts.update({f"cpu_{k}": v for k, v in cpu_ms(records.get("cycle", [])).items()})
+    measured_cycles = cycles[cycles["cycle"] > 0]
     if EMULATOR_CPU is not None:
-        parts["cpu_emulator"] = EMULATOR_CPU.per_cycle_ms(cycles[cycles["cycle"] > 0])
+        parts.update({"cpu_emulator": v for v in EMULATOR_CPU.per_cycle_ms(measured_cycles).values()})
+    if HARNESS_THREADS_CPU is not None:
+        threads = HARNESS_THREADS_CPU.per_cycle_ms(measured_cycles, thread_part)
+        parts.update({f"cpu_{k}": threads[k] for k in ("hub_thread", "reply_threads", "clock_thread", "other_threads")
+                      if k in threads})
     samples = clock_sample_errors(pd.DataFrame(records.get("clock", []), columns=[
         "host", "t_ns", "offset_ns", "delay_ns", "uncertainty_ns"]), clocks)
     return {"cycles": int(cycles["cycle"].nunique()), "ports": int(ports), "lost": lost,
