@@ -48,8 +48,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import orjson
@@ -349,12 +349,12 @@ def report(run_dir: Path, truth: pd.DataFrame, clocks: dict) -> dict:
     parts["harness_side"] = harness_side_ms(arrived, cycles)
     parts.update({f"cpu_{k}": v for k, v in cpu_ms(records.get("cycle", [])).items()})
     measured_cycles = cycles[cycles["cycle"] > 0]
-    if EMULATOR_CPU is not None:
-        parts.update({"cpu_emulator": v for v in EMULATOR_CPU.per_cycle_ms(measured_cycles).values()})
+    if EMULATOR_CPU is not None and "all" in (emulator := EMULATOR_CPU.per_cycle_ms(measured_cycles)):
+        parts["cpu_emulator"] = emulator["all"]
     if HARNESS_THREADS_CPU is not None:
         threads = HARNESS_THREADS_CPU.per_cycle_ms(measured_cycles, thread_part)
-        parts.update({f"cpu_{k}": threads[k] for k in ("hub_thread", "reply_threads", "clock_thread", "other_threads")
-                      if k in threads})
+        parts.update({f"cpu_{k}": threads[k] for k in ("hub_thread", "reply_threads", "clock_thread",
+                                                        "other_threads") if k in threads})
     samples = clock_sample_errors(pd.DataFrame(records.get("clock", []), columns=[
         "host", "t_ns", "offset_ns", "delay_ns", "uncertainty_ns"]), clocks)
     return {"cycles": int(cycles["cycle"].nunique()), "ports": int(ports), "lost": lost,
