@@ -57,6 +57,7 @@ class Lines:
     def __init__(self, proc: subprocess.Popen):
         self.proc = proc
         self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self.seen: list[str] = []  # every line taken so far, for a failure's message
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self):
@@ -72,15 +73,20 @@ class Lines:
             except queue.Empty:
                 break
             if words is None:
-                raise AssertionError(f"process ended (rc {self.proc.wait()}) before the expected line")
+                raise AssertionError(f"process ended (rc {self.proc.wait()}) before the expected line; "
+                                     f"{self.came()}")
+            self.seen.append(" ".join(words))
             if predicate(words):
                 return words
-        raise AssertionError("expected line did not come")
+        raise AssertionError(f"expected line did not come within {timeout} s; {self.came()}")
+
+    def came(self) -> str:
+        return f"{len(self.seen)} lines came, the last: {self.seen[-8:]}"
 
     def finish(self) -> list[list[str]]:
         """Close stdin (the agent's stop signal) and return the remaining lines."""
         self.proc.stdin.close()
-        assert self.proc.wait(timeout=WAIT_S) == 0
+        assert self.proc.wait(timeout=WAIT_S) == 0, self.came()
         rest = []
         while (words := self._q.get(timeout=WAIT_S)) is not None:
             rest.append(words)
@@ -213,10 +219,12 @@ def test_one_receiver_over_a_host_s_ports_names_the_port_of_each_line(prefix):
                 port, probe = parse_port_probe_line(" ".join(rx.next_matching(lambda w: True)))
                 seen.setdefault((probe.kind, port), probe)
             first_2, last_1 = seen["first", b2.netdev], seen["last", b1.netdev]
-            assert first_2.src_mac == last_1.src_mac == a.mac and first_1.seq <= last_1.seq < first_2.seq
+            assert first_2.src_mac == last_1.src_mac == a.mac and first_1.seq <= last_1.seq < first_2.seq, \
+                (first_1, last_1, first_2, rx.came())
             tx.finish()
-            assert all(len(w) == 5 and w[4] in (b1.netdev, b2.netdev) for w in rx.finish())
-            assert not plane.errors
+            rest = rx.finish()
+            assert all(len(w) == 5 and w[4] in (b1.netdev, b2.netdev) for w in rest), rest
+            assert not plane.errors, plane.errors
     finally:
         two.stop()
 
