@@ -118,15 +118,12 @@ def run_in_process(cycles: int, profile: str, watch_us: int, out: Path,
 
 
 def process_cpu(pid: int):
-    """`CpuSampler`'s reader of another process: {"all": its CPU ns, every thread} from /proc/PID/stat."""
-    tick = os.sysconf("SC_CLK_TCK")
+    """`CpuSampler`'s reader of another process: {"all": its CPU ns, every thread and live child}
+    (`benchmarks/scale.py`'s `cpu_s`); None once it has ended."""
+    from scale import cpu_s
 
     def read() -> dict | None:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            return None
-        return {"all": (int(fields[11]) + int(fields[12])) * 10**9 // tick}
+        return {"all": int(cpu_s(pid) * 1e9)} if Path(f"/proc/{pid}").exists() else None
     return read
 
 
@@ -144,6 +141,9 @@ def harness_threads_cpu() -> dict:
         except (OSError, ValueError, IndexError):  # ended meanwhile, or no schedstat on this kernel
             pass
     return cpu
+
+
+THREAD_PARTS = ("hub_thread", "reply_threads", "clock_thread", "other_threads")  # `thread_part`'s, as printed
 
 
 def thread_part(key: tuple[str, int]) -> str | None:
@@ -191,11 +191,11 @@ class CpuSampler:
         ends = [cycles["begin_ns"].min(), cycles["done_ns"].max()]
         total: dict[str, float] = {}
         for key in set().union(*(cpu for _, cpu in self.samples)):
-            if part(key) is None:
+            if (name := part(key)) is None:
                 continue
             values = pd.Series([cpu.get(key) for _, cpu in self.samples], dtype="float64").ffill().fillna(0)
             span = np.interp(ends, t, values.to_numpy())
-            total[part(key)] = total.get(part(key), 0.0) + span[1] - span[0]
+            total[name] = total.get(name, 0.0) + span[1] - span[0]
         return {name: np.array([cpu / len(cycles) / 1e6]) for name, cpu in total.items()}
 
 
@@ -353,8 +353,7 @@ def report(run_dir: Path, truth: pd.DataFrame, clocks: dict) -> dict:
         parts["cpu_emulator"] = emulator["all"]
     if HARNESS_THREADS_CPU is not None:
         threads = HARNESS_THREADS_CPU.per_cycle_ms(measured_cycles, thread_part)
-        parts.update({f"cpu_{k}": threads[k] for k in ("hub_thread", "reply_threads", "clock_thread",
-                                                        "other_threads") if k in threads})
+        parts.update({f"cpu_{k}": threads[k] for k in THREAD_PARTS if k in threads})
     samples = clock_sample_errors(pd.DataFrame(records.get("clock", []), columns=[
         "host", "t_ns", "offset_ns", "delay_ns", "uncertainty_ns"]), clocks)
     return {"cycles": int(cycles["cycle"].nunique()), "ports": int(ports), "lost": lost,
