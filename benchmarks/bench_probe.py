@@ -59,7 +59,7 @@ class RawCounter:
 
     def __init__(self, netns: str, iface: str):
         with in_netns(netns):
-            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)  # hears nothing until bound
         self.sock.bind((iface, 0x0800))
         self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 256 << 20)

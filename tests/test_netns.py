@@ -229,6 +229,32 @@ def test_one_receiver_over_a_host_s_ports_names_the_port_of_each_line(prefix):
         two.stop()
 
 
+def test_a_receiver_starting_while_a_neighbour_port_carries_probes_reports_none_of_them(prefix):
+    """A packet socket opened for one protocol hears every port of its namespace until it is bound to one: a
+    `probe-recv` on an idle port, started while its neighbour port carries probes, must print nothing."""
+    profile = fast_profile(hosts=2)
+    profile["topology"] = {"hosts": 2, "nics_per_host": 2, "ocs_size": [4, 4]}
+    two = OpticalBench(profile_from_dict(profile), seed=3).start()
+    try:
+        with NetnsPlane(two, prefix) as plane:
+            a, _, b1, b2 = two.all_nic_ports()
+            pa, pb = plane.port(a.host, a.netdev), plane.port(b1.host, b1.netdev)
+            two.ocs_apply({a.ocs_tx: b1.ocs_rx, b1.ocs_tx: a.ocs_rx})
+            busy = agent(plane, b1.host, "probe-recv", "--iface", b1.netdev, "--gap-us", "20000")
+            tx = agent(plane, a.host, "probe-send", "--iface", a.netdev, "--interval-us", "5", "--spin-us", "1000",
+                       "--template", build_probe_template(a.mac, b1.mac, pa.ip, pb.ip).hex())
+            busy.next_matching(lambda w: w[1] == "first")  # probes flow into b1 now
+            for _ in range(16):  # each start is one chance to hear b1 before its bind
+                idle = agent(plane, b1.host, "probe-recv", "--iface", b2.netdev, "--gap-us", "20000")
+                time.sleep(0.05)
+                assert idle.finish() == [], f"{b2.netdev} carries no probes, yet its receiver printed lines"
+            tx.finish()
+            busy.finish()
+            assert not plane.errors, plane.errors
+    finally:
+        two.stop()
+
+
 def test_a_failed_start_removes_what_it_built(bench, prefix, monkeypatch):
     import devices.emulated.netns as netns
 

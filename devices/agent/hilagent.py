@@ -524,7 +524,8 @@ def cmd_probe_recv(args):
     named = len(args.iface) > 1  # over several ports each line ends with its port's name
     port_of = {}  # socket -> its port's name
     for iface in args.iface:
-        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_IP))
+        # protocol 0 until bound: a socket opened for IP hears every port of the namespace before its bind
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
         sock.bind((iface, ETH_P_IP))
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
