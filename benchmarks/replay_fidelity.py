@@ -39,12 +39,10 @@ TRACE = SHARED / "traces" / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
 
 
 def process_cpu_s(pid: int) -> float | None:
-    """utime + stime of another process (Linux /proc), or None elsewhere."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
+    """utime + stime of another process and its children (`benchmarks/scale.py`'s `cpu_s`), None without /proc."""
+    from scale import cpu_s
+
+    return cpu_s(pid) if Path(f"/proc/{pid}/stat").exists() else None
 
 
 def start_server(scale: float, stream_interval_s: float) -> tuple[subprocess.Popen, str]:
