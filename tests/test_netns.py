@@ -1,6 +1,7 @@
 """The real data plane: agent processes inside network namespaces, carrier driven by the physics, probes
 through the u32+mirred OCS cross-connect. Needs root; skipped otherwise. Bounds are loose on purpose
 (a loaded 2-core machine); speed is measured in benchmarks/bench_probe.py."""
+import contextlib
 import itertools
 import os
 import queue
@@ -192,67 +193,68 @@ def test_probes_follow_the_physics_and_the_mirrors(bench, prefix):
         assert not plane.errors
 
 
+@contextlib.contextmanager
+def one_host_beside_a_two_port_host(prefix: str):
+    """Host A (one NIC) and host B (two NICs) on one switch, their namespaces up: (bench, plane); the plane
+    logged no errors by the end."""
+    profile = fast_profile(hosts=2)
+    profile["topology"] = {"hosts": 2, "nics_per_host": 2, "ocs_size": [4, 4]}
+    two = OpticalBench(profile_from_dict(profile), seed=3).start()
+    try:
+        with NetnsPlane(two, prefix) as plane:
+            yield two, plane
+            assert not plane.errors, plane.errors
+    finally:
+        two.stop()
+
+
 def test_one_receiver_over_a_host_s_ports_names_the_port_of_each_line(prefix):
     """`probe-recv` over several ports: each line ends with the port the probe came in on (the line protocol of
     ARCHITECTURE.md, as `devices.hostagent.parse_port_probe_line` reads it); a re-pointed flow is `first` on its
     new port and `last` on its old one."""
     from devices.hostagent import parse_port_probe_line
 
-    profile = fast_profile(hosts=2)
-    profile["topology"] = {"hosts": 2, "nics_per_host": 2, "ocs_size": [4, 4]}
-    two = OpticalBench(profile_from_dict(profile), seed=3).start()
-    try:
-        with NetnsPlane(two, prefix) as plane:
-            a, _, b1, b2 = two.all_nic_ports()
-            assert b1.host == b2.host != a.host
-            pa, pb = plane.port(a.host, a.netdev), plane.port(b1.host, b1.netdev)
-            rx = agent(plane, b1.host, "probe-recv", "--iface", b1.netdev, "--iface", b2.netdev, "--gap-us", "20000")
-            template = build_probe_template(a.mac, b1.mac, pa.ip, pb.ip)
-            tx = agent(plane, a.host, "probe-send", "--iface", a.netdev, "--template", template.hex(),
-                       "--interval-us", "1000")
-            two.ocs_apply({a.ocs_tx: b1.ocs_rx, b1.ocs_tx: a.ocs_rx})
-            port, first_1 = parse_port_probe_line(" ".join(rx.next_matching(lambda w: w[1] == "first")))
-            assert (port, first_1.src_mac) == (b1.netdev, a.mac)
-            two.ocs_apply({a.ocs_tx: b2.ocs_rx}, removes=[a.ocs_tx])
-            seen = {}  # (kind, port) -> its line: the old port's last and the new one's first come in either order
-            while not {("first", b2.netdev), ("last", b1.netdev)} <= seen.keys():
-                port, probe = parse_port_probe_line(" ".join(rx.next_matching(lambda w: True)))
-                seen.setdefault((probe.kind, port), probe)
-            first_2, last_1 = seen["first", b2.netdev], seen["last", b1.netdev]
-            assert first_2.src_mac == last_1.src_mac == a.mac and first_1.seq <= last_1.seq < first_2.seq, \
-                (first_1, last_1, first_2, rx.came())
-            tx.finish()
-            rest = rx.finish()
-            assert all(len(w) == 5 and w[4] in (b1.netdev, b2.netdev) for w in rest), rest
-            assert not plane.errors, plane.errors
-    finally:
-        two.stop()
+    with one_host_beside_a_two_port_host(prefix) as (two, plane):
+        a, _, b1, b2 = two.all_nic_ports()
+        assert b1.host == b2.host != a.host
+        pa, pb = plane.port(a.host, a.netdev), plane.port(b1.host, b1.netdev)
+        rx = agent(plane, b1.host, "probe-recv", "--iface", b1.netdev, "--iface", b2.netdev, "--gap-us", "20000")
+        template = build_probe_template(a.mac, b1.mac, pa.ip, pb.ip)
+        tx = agent(plane, a.host, "probe-send", "--iface", a.netdev, "--template", template.hex(),
+                   "--interval-us", "1000")
+        two.ocs_apply({a.ocs_tx: b1.ocs_rx, b1.ocs_tx: a.ocs_rx})
+        port, first_1 = parse_port_probe_line(" ".join(rx.next_matching(lambda w: w[1] == "first")))
+        assert (port, first_1.src_mac) == (b1.netdev, a.mac)
+        two.ocs_apply({a.ocs_tx: b2.ocs_rx}, removes=[a.ocs_tx])
+        seen = {}  # (kind, port) -> its line: the old port's last and the new one's first come in either order
+        while not {("first", b2.netdev), ("last", b1.netdev)} <= seen.keys():
+            port, probe = parse_port_probe_line(" ".join(rx.next_matching(lambda w: True)))
+            seen.setdefault((probe.kind, port), probe)
+        first_2, last_1 = seen["first", b2.netdev], seen["last", b1.netdev]
+        assert first_2.src_mac == last_1.src_mac == a.mac and first_1.seq <= last_1.seq < first_2.seq, \
+            (first_1, last_1, first_2, rx.came())
+        tx.finish()
+        rest = rx.finish()
+        assert all(len(w) == 5 and w[4] in (b1.netdev, b2.netdev) for w in rest), rest
 
 
 def test_a_receiver_starting_while_a_neighbour_port_carries_probes_reports_none_of_them(prefix):
     """A packet socket opened for one protocol hears every port of its namespace until it is bound to one: a
     `probe-recv` on an idle port, started while its neighbour port carries probes, must print nothing."""
-    profile = fast_profile(hosts=2)
-    profile["topology"] = {"hosts": 2, "nics_per_host": 2, "ocs_size": [4, 4]}
-    two = OpticalBench(profile_from_dict(profile), seed=3).start()
-    try:
-        with NetnsPlane(two, prefix) as plane:
-            a, _, b1, b2 = two.all_nic_ports()
-            pa, pb = plane.port(a.host, a.netdev), plane.port(b1.host, b1.netdev)
-            two.ocs_apply({a.ocs_tx: b1.ocs_rx, b1.ocs_tx: a.ocs_rx})
-            busy = agent(plane, b1.host, "probe-recv", "--iface", b1.netdev, "--gap-us", "20000")
-            tx = agent(plane, a.host, "probe-send", "--iface", a.netdev, "--interval-us", "5", "--spin-us", "1000",
-                       "--template", build_probe_template(a.mac, b1.mac, pa.ip, pb.ip).hex())
-            busy.next_matching(lambda w: w[1] == "first")  # probes flow into b1 now
-            for _ in range(16):  # each start is one chance to hear b1 before its bind
-                idle = agent(plane, b1.host, "probe-recv", "--iface", b2.netdev, "--gap-us", "20000")
-                time.sleep(0.05)
-                assert idle.finish() == [], f"{b2.netdev} carries no probes, yet its receiver printed lines"
-            tx.finish()
-            busy.finish()
-            assert not plane.errors, plane.errors
-    finally:
-        two.stop()
+    with one_host_beside_a_two_port_host(prefix) as (two, plane):
+        a, _, b1, b2 = two.all_nic_ports()
+        pa, pb = plane.port(a.host, a.netdev), plane.port(b1.host, b1.netdev)
+        two.ocs_apply({a.ocs_tx: b1.ocs_rx, b1.ocs_tx: a.ocs_rx})
+        busy = agent(plane, b1.host, "probe-recv", "--iface", b1.netdev, "--gap-us", "20000")
+        tx = agent(plane, a.host, "probe-send", "--iface", a.netdev, "--interval-us", "5", "--spin-us", "1000",
+                   "--template", build_probe_template(a.mac, b1.mac, pa.ip, pb.ip).hex())
+        busy.next_matching(lambda w: w[1] == "first")  # probes flow into b1 now
+        for _ in range(16):  # each start is one chance to hear b1 before its bind
+            idle = agent(plane, b1.host, "probe-recv", "--iface", b2.netdev, "--gap-us", "20000")
+            time.sleep(0.05)
+            assert idle.finish() == [], f"{b2.netdev} carries no probes, yet its receiver printed lines"
+        tx.finish()
+        busy.finish()
 
 
 def test_a_failed_start_removes_what_it_built(bench, prefix, monkeypatch):
