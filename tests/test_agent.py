@@ -195,6 +195,45 @@ def test_a_carrier_flip_between_two_polls_is_reported_from_the_change_counter(tm
     assert no_counter.changes_since_last() == 0  # an old kernel: polling alone
 
 
+@pytest.mark.parametrize("before, within_one_poll, printed", [
+    ("1", ["0"], ["0"]),
+    ("1", ["0", "1"], ["0", "1"]),  # down and up again: carrier_changes +2, the value as before
+    ("1", ["0", "1", "0", "1"], ["0", "1"]),  # +4: one flap shown
+    ("1", ["0", "1", "0"], ["0", "1", "0"]),  # +3: changed, and the flap before it
+    ("0", ["1", "0", "1", "0", "1"], ["1", "0", "1"]),  # +5: changed, one flap shown
+])
+def test_both_agents_print_the_same_carrier_lines_for_changes_within_one_poll(tmp_path, before, within_one_poll,
+                                                                               printed):
+    """The real agent reads the value and carrier_changes; the emulated one sees every change of the tick: given the
+    same changes between two polls, both print the same carrier values."""
+    from types import SimpleNamespace
+
+    from devices.emulated.host.agent import _WatchStream
+    from devices.emulated.nic import NicChange
+
+    carrier, changes = tmp_path / "carrier", tmp_path / "carrier_changes"
+    carrier.write_text(before + "\n")
+    changes.write_text("10\n")
+    field = hilagent.SysfsField("eth0", "carrier", str(carrier), str, str(changes))
+    first = hilagent.poll_lines(field, field.read(), field.changes_since_last(), 0, 10)
+    assert first == ["10 eth0 carrier %s 0" % before]
+    carrier.write_text(within_one_poll[-1] + "\n")
+    changes.write_text("%d\n" % (10 + len(within_one_poll)))
+    real = hilagent.poll_lines(field, field.read(), field.changes_since_last(), 1_000, 1_010)
+
+    out = []
+    ctx = SimpleNamespace(host="h1", out=out.append, server=SimpleNamespace(watch_stalled_until_ns=0),
+                          bench=SimpleNamespace(host_time=lambda host, t: t))
+    stream = _WatchStream(ctx, {"eth0": ("carrier",)}, 200_000, 100_000_000)
+    stream.last[("eth0", "carrier")] = stream.live[("eth0", "carrier")] = before
+    tick = 10_000_000
+    stream.write([(tick, NicChange(tick - 100_000 + k, "h1", "eth0", "carrier", value))
+                  for k, value in enumerate(within_one_poll)])
+    emulated = "".join(out).splitlines()
+    assert [line.split()[3] for line in real] == [line.split()[3] for line in emulated] == printed
+    assert {line.split()[0] for line in real} == {"1010"} and {line.split()[0] for line in emulated} == {str(tick)}
+
+
 def test_an_ib_link_down_and_retrained_between_two_polls_is_reported_from_link_downed(tmp_path):
     """The IB state reads ACTIVE at both polls, but the port's PortLinkDownedCounter moved: it went DOWN and
     trained again in between (a swap faster than the poll), so port_active is not lost. The counter is 8 bits."""

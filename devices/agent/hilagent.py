@@ -232,13 +232,19 @@ def watch_ethtool(netdevs, interval_ns, stop, ethtool="ethtool"):
 
 
 def poll_lines(f, value, changes, start, end):
-    """The lines one poll of `f` prints: a changed value; or — when the value reads as before but its
-    change counter moved (carrier_changes by two or more, the IB state's link_downed at all) — the change and
-    its revert, both within this poll's interval, so a transition faster than the poll is not lost. Updates f's last value and poll start."""
+    """The lines one poll of `f` prints: a changed value (and, when carrier_changes moved by three or more, the
+    change, its revert and the change again); or — when the value reads as before but its change counter moved
+    (carrier_changes by two or more, the IB state's link_downed at all) — the change and its revert, all within
+    this poll's interval, so a transition faster than the poll is not lost. Updates f's last value and poll
+    start."""
     lines = []
     interval = end - f.prev_start_ns if f.value is not None else 0
     if value != f.value:
-        lines.append("%d %s %s %s %d" % (end, f.netdev, f.name, value, interval))
+        if changes >= 3 and f.value is not None and value in ("0", "1"):
+            # changed, and back and forth besides (carrier_changes moved by three or more): the flap in between
+            lines += ["%d %s %s %s %d" % (end, f.netdev, f.name, v, interval) for v in (value, f.value, value)]
+        else:
+            lines.append("%d %s %s %s %d" % (end, f.netdev, f.name, value, interval))
     elif changes >= 2 and value in ("0", "1"):
         other = "0" if value == "1" else "1"
         lines += ["%d %s %s %s %d" % (end, f.netdev, f.name, v, interval) for v in (other, value)]

@@ -187,9 +187,9 @@ class _WatchStream(Stream):
     stamped with the host clock at that tick, and printed no earlier than that tick (the ticks reached late,
     in one write). Changes that revert between two ticks are never seen, as with a real poller — except
     carrier and the IB state, whose drop and return the agent reads from `carrier_changes` and `link_downed`
-    (both lines, one tick), and the module's LOS and LOL flags, which `ethtool -m` reads latched (as the
-    emulated `ethtool -m` does): a tick after the flag was set reads "1" even if it has cleared since, and the
-    tick after that reads it as it is then."""
+    (both lines, one tick; a carrier change with a flap before it: the change, its revert, the change), and the
+    module's LOS and LOL flags, which `ethtool -m` reads latched (as the emulated `ethtool -m` does): a tick after
+    the flag was set reads "1" even if it has cleared since, and the tick after that reads it as it is then."""
 
     def __init__(self, ctx: ExecContext, watched: dict[str, tuple[str, ...]], interval: int, ethtool_interval: int,
                  heartbeat: int = 0):
@@ -252,6 +252,7 @@ class _WatchStream(Stream):
             tick = items[i][0]
             seen: dict[tuple[str, str], str] = {}
             flipped: set[tuple[str, str]] = set()  # a value that changed in this tick (carrier_changes moved)
+            carrier_changes: dict[tuple[str, str], int] = {}  # the carrier's changes in this tick, counted
             latched: set[tuple[str, str]] = set()  # a module flag set since the last tick
             while i < len(items) and items[i][0] == tick:
                 change = items[i][1]
@@ -262,6 +263,8 @@ class _WatchStream(Stream):
                     continue
                 if change.value != last.get(key) or key in seen:
                     flipped.add(key)
+                if key[1] == "carrier" and change.value != seen.get(key, last.get(key)):
+                    carrier_changes[key] = carrier_changes.get(key, 0) + 1
                 if change.value == "1" and key[1] in ETHTOOL_FIELDS:
                     latched.add(key)
                 seen[key] = live[key] = change.value
@@ -273,8 +276,11 @@ class _WatchStream(Stream):
                     value = "1"
                     self.ctx.server.agent_streams().arm(NicChange(tick + 1, self.ctx.host, *key, None))
                 if last.get(key) != value:
-                    last[key] = value
-                    out.append(f"{host_ns} {key[0]} {key[1]} {value} {step}\n")
+                    before, last[key] = last.get(key), value
+                    if before is not None and carrier_changes.get(key, 0) >= 3:  # and back and forth besides
+                        out += [f"{host_ns} {key[0]} {key[1]} {v} {step}\n" for v in (value, before, value)]
+                    else:
+                        out.append(f"{host_ns} {key[0]} {key[1]} {value} {step}\n")
                 elif key[1] == "carrier" and key in flipped:  # down and up between two ticks: the agent
                     other = "0" if value == "1" else "1"  # sees carrier_changes move by two
                     out += [f"{host_ns} {key[0]} {key[1]} {v} {step}\n" for v in (other, value)]
