@@ -38,13 +38,6 @@ SHARED = Path(os.environ.get("OCS_HIL_SHARED") or Path(__file__).resolve().paren
 TRACE = SHARED / "traces" / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
 
 
-def process_cpu_s(pid: int) -> float | None:
-    """utime + stime of another process and its children (`benchmarks/scale.py`'s `cpu_s`), None without /proc."""
-    from scale import cpu_s
-
-    return cpu_s(pid) if Path(f"/proc/{pid}/stat").exists() else None
-
-
 def start_server(scale: float, stream_interval_s: float) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "devices.emulated.vllm_server", "--port", "0",
                              "--time-scale", str(scale), "--stream-interval-s", str(stream_interval_s)], stdout=subprocess.PIPE, text=True,
@@ -143,12 +136,13 @@ async def measure(kind: str, requests, scale: float, url: str, server_pid: int |
                   warm: int | None = None) -> dict:
     from analysis.serving import peak_in_flight
     from devices.timing import cpu_wait_s, now_ns
+    from scale import live_cpu_s
     from traces.replay import prepared_prompts
 
     prompts = prepared_prompts(requests, ReplayConfig(url=url))
     config = harness_config(url, scale, requests, warm) if kind == "harness" else None  # the pool's sizing: not per request
     cpu0, wait0, wall0 = time.process_time(), cpu_wait_s(), time.monotonic()
-    server_cpu0 = process_cpu_s(server_pid) if server_pid else None
+    server_cpu0 = live_cpu_s(server_pid) if server_pid else None
     if cprofile is not None:
         cprofile.enable()
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,7 +161,7 @@ async def measure(kind: str, requests, scale: float, url: str, server_pid: int |
     if cprofile is not None:
         cprofile.disable()
     cpu, wait1, wall = time.process_time() - cpu0, cpu_wait_s(), time.monotonic() - wall0
-    server_cpu = process_cpu_s(server_pid) if server_pid else None
+    server_cpu = live_cpu_s(server_pid) if server_pid else None
     n = len(requests)
     (e50, e99), (w50, w99) = percentiles(errors), percentiles(waits)
     return {"kind": kind, "n": n, "ok": ok, "warm": warm, "peak_in_flight": peak, "err_p50_us": e50, "err_p99_us": e99,

@@ -124,6 +124,11 @@ def cpu_s(pid: int) -> float:
     return total / ticks
 
 
+def live_cpu_s(pid: int) -> float | None:
+    """`cpu_s` of a process still running; None once it has ended (or without /proc)."""
+    return cpu_s(pid) if Path(f"/proc/{pid}/stat").exists() else None
+
+
 def py_spy(pid: int, out: Path | None, name: str) -> subprocess.Popen | None:
     """Sample `pid` with py-spy until it exits (`--py-spy DIR`: DIR/NAME-HOSTS.txt, folded stacks, GIL
     holders only, so the counts are where the process spends its interpreter)."""

@@ -119,11 +119,12 @@ def run_in_process(cycles: int, profile: str, watch_us: int, out: Path,
 
 def process_cpu(pid: int):
     """`CpuSampler`'s reader of another process: {"all": its CPU ns, every thread and live child}
-    (`benchmarks/scale.py`'s `cpu_s`); None once it has ended."""
-    from scale import cpu_s
+    (`benchmarks/scale.py`'s `live_cpu_s`); None once it has ended."""
+    from scale import live_cpu_s
 
     def read() -> dict | None:
-        return {"all": int(cpu_s(pid) * 1e9)} if Path(f"/proc/{pid}").exists() else None
+        cpu = live_cpu_s(pid)
+        return None if cpu is None else {"all": int(cpu * 1e9)}
     return read
 
 
