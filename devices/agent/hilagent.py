@@ -448,6 +448,15 @@ def probe_template_from_args(args):
     return build_probe_frame(src_mac, args.dst_mac, src_ip, args.dst_ip or src_ip, args.udp_port, args.dqpn)
 
 
+def port_socket(iface, protocol):
+    """A raw packet socket on `iface` alone, for `protocol` (an Ethernet type; 0: none). It is opened with
+    protocol 0 and given `protocol` only in its bind: opened for a protocol, it would hear every port of the
+    namespace until bound."""
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+    sock.bind((iface, protocol))
+    return sock
+
+
 def cmd_probe_send(args):
     if args.interval_us <= 0:
         raise SystemExit("probe-send: --interval-us must be > 0")
@@ -455,8 +464,7 @@ def cmd_probe_send(args):
         layout = ProbeLayout(probe_template_from_args(args))
     except ValueError as exc:
         raise SystemExit("probe-send: %s" % exc) from None
-    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)  # protocol 0: this socket receives nothing
-    sock.bind((args.iface, 0))
+    sock = port_socket(args.iface, 0)  # protocol 0: it receives nothing
     stop = stdin_closed_event()
     buf = bytearray(layout.template)
     interval = args.interval_us * 1000
@@ -530,9 +538,7 @@ def cmd_probe_recv(args):
     named = len(args.iface) > 1  # over several ports each line ends with its port's name
     port_of = {}  # socket -> its port's name
     for iface in args.iface:
-        # protocol 0 until bound: a socket opened for IP hears every port of the namespace before its bind
-        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
-        sock.bind((iface, ETH_P_IP))
+        sock = port_socket(iface, ETH_P_IP)
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
         sock.setblocking(False)
