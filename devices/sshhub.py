@@ -16,7 +16,7 @@ How, and why it stays paramiko:
   (the packetizer's write lock, `clear_to_send_lock`) are tried without blocking and waited for on the hub, a
   user message during key exchange waits on the hub (`_send_user_message`), and the handshake timeout is a
   deadline instead of paramiko's `threading.Timer` (a thread per connection while it lasts).
-Relies on paramiko internals (the packetizer's write lock, `_send_user_message`, `sock._closed`): the verified
+Relies on paramiko internals (the packetizer's write lock, `_send_user_message`, `clear_to_send`, `sock._closed`): the verified
 versions are pinned in pyproject.toml and held to by tests/test_sshhub.py.
 """
 from __future__ import annotations
@@ -632,6 +632,16 @@ class HubTransport(paramiko.Transport):
     def join(self, timeout: float | None = None) -> None:
         if not self._hub.on_thread():  # on the hub, waiting for a greenlet would stop it: never
             self._loop_done.wait(timeout)
+
+    def renegotiate_keys(self) -> None:
+        """As paramiko's, but returns only once user messages may flow again. paramiko wakes the caller (its
+        completion event) before its loop lets them through (`clear_to_send`) and leaves `in_kex`: an exchange
+        asked for in that gap has its hold on user messages undone, so a channel opened meanwhile goes out in
+        the middle of the exchange and the peer drops the connection (MessageOrderError)."""
+        super().renegotiate_keys()
+        while not self.clear_to_send.wait(0.1):
+            if not self.active:
+                raise self.get_exception() or paramiko.SSHException("Negotiation failed.")
 
     def _send_user_message(self, data) -> None:
         """As paramiko's (wait while keys are exchanged, drop the message once inactive), with the wait on the

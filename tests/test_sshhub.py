@@ -272,6 +272,28 @@ def test_a_key_re_exchange_runs_inside_both_hub_loops_while_commands_run(two_hos
     assert second.run("echo other", deadline=Deadline(30)).stdout == "other\n"
 
 
+def test_a_key_re_exchange_returns_only_once_user_messages_may_flow_again(two_hosts, monkeypatch):
+    """paramiko wakes `renegotiate_keys`' caller before its loop lets user messages through again; the gap is
+    widened here (the loop pauses in it), so a caller that asked for the next exchange at once would have its
+    hold on user messages undone. The hub's transport returns only after the gap: the next exchange holds."""
+    first, second = two_hosts
+    transport = first._transport()
+    need_rekey = transport.packetizer.need_rekey
+
+    def pausing_in_the_gap():  # paramiko asks this between its completion event and `clear_to_send`
+        event = transport.completion_event
+        if event is not None and event.is_set() and not transport.clear_to_send.is_set():
+            time.sleep(0.2)
+        return need_rekey()
+
+    monkeypatch.setattr(transport.packetizer, "need_rekey", pausing_in_the_gap)
+    for _ in range(2):
+        transport.renegotiate_keys()
+        assert transport.clear_to_send.is_set() and not transport.in_kex
+    assert first.run("echo after", deadline=Deadline(30)).stdout == "after\n"
+    assert transport.is_active() and first.connects == 1
+
+
 def test_arrival_stamps_follow_the_bytes_read_not_the_read(monkeypatch):
     from devices import sshhub
 
