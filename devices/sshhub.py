@@ -14,10 +14,11 @@ How, and why it stays paramiko:
   `threading.Event` work unchanged (paramiko's loop sets those events, now from the hub thread).
 - A greenlet never blocks the hub on another thread: the two locks paramiko may hold across a socket send
   (the packetizer's write lock, `clear_to_send_lock`) are tried without blocking and waited for on the hub, a
-  user message during key exchange waits on the hub (`_send_user_message`), and the handshake timeout is a
-  deadline instead of paramiko's `threading.Timer` (a thread per connection while it lasts).
-Relies on paramiko internals (the packetizer's write lock, `_send_user_message`, `clear_to_send`, `sock._closed`): the verified
-versions are pinned in pyproject.toml and held to by tests/test_sshhub.py.
+  user message during key exchange waits on the hub, or is held if the connection's own loop sent it (only the
+  loop can finish the exchange: `_send_user_message`), and the handshake timeout is a deadline instead of
+  paramiko's `threading.Timer` (a thread per connection while it lasts).
+Relies on paramiko internals (the packetizer's write lock, `_send_user_message`, `clear_to_send`, `sock._closed`):
+the verified versions are pinned in pyproject.toml and held to by tests/test_sshhub.py.
 """
 from __future__ import annotations
 
@@ -610,6 +611,8 @@ class HubTransport(paramiko.Transport):
         self._hub = hub
         self._loop_started = False
         self._loop_done = threading.Event()
+        self._loop_greenlet = None
+        self._held: collections.deque = collections.deque()  # the loop's own user messages, held during a key exchange
         # a HubSocket already (a route's: a jump host's channel, a proxy command) is used as it is
         sock = sock if isinstance(sock, HubSocket) else HubSocket(sock, hub, stamps_since)
         super().__init__(sock, *args, packetizer_class=HubPacketizer, **kwargs)
@@ -621,6 +624,7 @@ class HubTransport(paramiko.Transport):
         self._hub.spawn(self._run_loop)
 
     def _run_loop(self) -> None:
+        self._loop_greenlet = greenlet.getcurrent()
         try:
             self.run()
         finally:
@@ -645,17 +649,43 @@ class HubTransport(paramiko.Transport):
 
     def _send_user_message(self, data) -> None:
         """As paramiko's (wait while keys are exchanged, drop the message once inactive), with the wait on the
-        hub when the loop itself sends (a reply to the peer's request, a keep-alive)."""
+        hub for a greenlet. The connection's own loop never waits: only it can finish the exchange, so its
+        messages (the answer to a channel the peer closed, a keep-alive) are held, in order, and sent once the
+        exchange is over. paramiko waits in its loop and reads nothing more until the wait times out and the
+        connection is lost (its issue 822)."""
         if not self._hub.in_greenlet():
             return super()._send_user_message(data)
+        if greenlet.getcurrent() is not self._loop_greenlet:
+            return self._send_when_clear(collections.deque([data]))
+        with self.clear_to_send_lock:
+            if self.clear_to_send.is_set() and not self._held:
+                self._send_message(data)
+                return
+            self._held.append(data)
+            if len(self._held) > 1:  # a greenlet waits to send them already
+                return
+        self._hub.spawn(self._send_held)
+
+    def _send_held(self) -> None:
+        try:
+            self._send_when_clear(self._held)
+        except paramiko.SSHException as exc:  # as paramiko's loop would have ended on it
+            self.saved_exception = exc
+            self.close()
+
+    def _send_when_clear(self, messages: collections.deque) -> None:
+        """Send `messages` in order once user messages may flow, waiting on the hub; dropped once inactive."""
         give_up = time.monotonic() + self.clear_to_send_timeout
         while True:
             if not self.active:
+                messages.clear()
                 return
             with self.clear_to_send_lock:
                 if self.clear_to_send.is_set():
-                    self._send_message(data)
+                    while messages:
+                        self._send_message(messages.popleft())
                     return
             if time.monotonic() > give_up:
+                messages.clear()
                 raise paramiko.SSHException("Key-exchange timed out waiting for key negotiation")
             self._hub.sleep(0.01)

@@ -153,30 +153,35 @@ def two_hosts():
     bench.stop()
 
 
-def test_keepalive_runs_on_the_hub_and_a_user_message_during_key_exchange_waits_there(two_hosts):
-    """paramiko's keep-alive check runs at its socket timeouts; here its message finds a key exchange under
-    way (clear_to_send cleared) and waits, on the hub: the other host's commands still run meanwhile."""
+def test_keepalive_runs_on_the_hub_and_its_message_during_key_exchange_is_held_not_waited_for(two_hosts):
+    """paramiko's keep-alive check runs at its socket timeouts, in the connection's loop; here its message finds a
+    key exchange under way (clear_to_send cleared): the loop goes on (only it can finish the exchange) and the
+    message is held, then sent once user messages may flow; the other host's commands run meanwhile."""
     first, second = two_hosts
     transport = first._transport()
     assert isinstance(transport, HubTransport) and isinstance(second._transport(), HubTransport)
-    called, sent = threading.Event(), threading.Event()
+    returned = threading.Event()
     on = []
 
     def keepalive():
+        if on:  # once: its message is not written, so paramiko asks again every interval
+            return
         on.append(threading.current_thread().name)
-        called.set()
         transport.global_request("keepalive@lag.net", wait=False)  # -> _send_user_message
-        sent.set()
+        returned.set()
 
     transport.clear_to_send.clear()
     transport.packetizer.set_keepalive(0.05, keepalive)
-    assert called.wait(30)
+    assert returned.wait(30)
+    transport.packetizer.set_keepalive(0, None)
     assert on == ["ssh-hub"]
     assert second.run("echo still", deadline=Deadline(30)).stdout == "still\n"  # the hub is not held
-    assert not sent.is_set()
+    assert len(transport._held) == 1  # noqa: SLF001 - held, not sent
     transport.clear_to_send.set()
-    assert sent.wait(30)
-    transport.packetizer.set_keepalive(0, None)
+    deadline = time.monotonic() + 30
+    while transport._held and time.monotonic() < deadline:  # noqa: SLF001
+        time.sleep(0.01)
+    assert not transport._held  # noqa: SLF001
     assert first.run("echo after", deadline=Deadline(30)).stdout == "after\n"
 
 
@@ -562,6 +567,55 @@ def test_a_hub_client_asks_for_aes_gcm_first_and_takes_what_the_server_has(hub, 
     finally:
         client.close()  # closes its socket on the hub (closing `a` here, behind the hub's back, would leave the
         server.close()  # hub watching a descriptor number the next socket may reuse)
+        b.close()
+
+
+def test_a_channel_closed_by_the_peer_during_our_key_exchange_neither_stalls_nor_breaks_the_connection(hub):
+    """paramiko's loop answers a peer's channel close itself, with a user message, which must wait while keys are
+    exchanged; waiting in the loop, it never reads the rest of the exchange (paramiko issue 822: stuck until the
+    wait times out, then the connection is lost). Here the client asks for new keys and a plain paramiko server
+    closes a channel before it answers (its close was on its way): the client's answer goes out once the new
+    keys are in force, and the connection carries on."""
+    a, b = socket.socketpair()
+    server = paramiko.Transport(b)
+    server.add_server_key(paramiko.RSAKey.generate(1024))
+    interface = _OneCommandServer()
+    server.start_server(event=threading.Event(), server=interface)
+    client = HubTransport(a, hub=hub)
+    client.clear_to_send_timeout = 5.0  # paramiko's 30 s wait, shortened: the stall fails the test sooner
+    try:
+        client.start_client(timeout=20)
+        client.auth_none("test")
+        closing, kept = client.open_session(timeout=20), client.open_session(timeout=20)
+        for channel in (closing, kept):
+            channel.exec_command("x")
+        served = {}
+        for _ in range(2):
+            channel = server.accept(20)
+            served[channel.get_id()] = channel
+        handlers = server._handler_table  # noqa: SLF001 - bound methods, taken when the transport was made
+        negotiate = handlers[paramiko.common.MSG_KEXINIT]  # the server's answer to our KEXINIT
+
+        def close_first(m):
+            served[closing.remote_chanid].close()  # before the server's own KEXINIT: allowed, and on the wire
+            return negotiate(m)
+
+        handlers[paramiko.common.MSG_KEXINIT] = close_first
+        client.renegotiate_keys()
+        assert client.is_active() and server.is_active()
+        deadline = time.monotonic() + 20
+        while not closing.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert closing.closed
+        served[kept.remote_chanid].sendall(b"still here")
+        kept.settimeout(20)
+        assert kept.recv(100) == b"still here"
+        kept.sendall(b"and back")
+        served[kept.remote_chanid].settimeout(20)
+        assert served[kept.remote_chanid].recv(100) == b"and back"
+    finally:
+        client.close()
+        server.close()
         b.close()
 
 
