@@ -45,9 +45,9 @@ def _free_port() -> int:
 class Sshd:
     """A real sshd on 127.0.0.1:port: its host key, one authorized client key for root, forwarding allowed."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, *extra_config: str):
         folder.mkdir(parents=True, exist_ok=True)
-        self.folder = folder
+        self.folder, self.extra_config = folder, list(extra_config)
         self.host_key = _keygen(folder / "ssh_host_ed25519_key")
         self.client_key = _keygen(folder / "id_jump")
         (folder / "authorized_keys").write_text((folder / "id_jump.pub").read_text())
@@ -65,7 +65,8 @@ class Sshd:
                 f"AuthorizedKeysFile {self.folder / 'authorized_keys'} %h/.ssh/authorized_keys", "PidFile none",
                 "UsePAM no",
                 "StrictModes no", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
-                "KbdInteractiveAuthentication no", "AllowTcpForwarding yes", "LogLevel DEBUG1", ""]))
+                "KbdInteractiveAuthentication no", "AllowTcpForwarding yes", "LogLevel DEBUG1",
+                *self.extra_config, ""]))
             log = open(self.log, "wb")
             self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log)
             log.close()
@@ -167,6 +168,37 @@ def test_output_that_comes_with_the_close_is_kept(sshd, tmp_path, monkeypatch):
                         str(sshd.known_hosts(tmp_path / "kh")))
     with SshTransport(root, retries=0) as t:
         assert [t.run("sleep 0.2; echo x", check=True).stdout for _ in range(3)] == ["x\n"] * 3
+
+
+@needs_sshd
+def test_key_re_exchanges_asked_by_both_ends_while_commands_run_against_real_sshd(tmp_path):
+    """A real sshd that asks for new keys every 2 KiB (RekeyLimit) and a client that asks every 2 KiB too (~27
+    exchanges), while three threads run commands whose channels OpenSSH closes as exchanges start: every command
+    runs, on one connection, and the sshd's own log counts the exchanges. (The close that crosses our request
+    for new keys is rare here, a loopback round trip wide: test_sshhub.py takes it every time.)"""
+    daemon = Sshd(tmp_path / "sshd", "RekeyLimit 2K").start()
+    try:
+        root = HostResource("real", "127.0.0.1", daemon.port, "root", str(daemon.client_key),
+                            str(daemon.known_hosts(tmp_path / "kh")))
+        with SshTransport(root, retries=0) as t:
+            t.run("true", check=True)
+            t._client.get_transport().packetizer.REKEY_BYTES = 2048  # paramiko's limit, 512 MiB, made small
+            results: list[str] = []
+
+            def commands(k: int) -> None:
+                results.extend(t.run(f"echo {k}-{i}", check=True).stdout for i in range(30))
+
+            workers = [threading.Thread(target=commands, args=(k,)) for k in range(3)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join(120)
+            assert sorted(results) == sorted(f"{k}-{i}\n" for k in range(3) for i in range(30))
+            assert t.connects == 1
+    finally:
+        daemon.stop()
+    log = daemon.log.read_text(errors="replace")
+    assert log.count("SSH2_MSG_KEXINIT sent") >= 10, log[-3000:]
 
 
 @needs_sshd
