@@ -181,8 +181,11 @@ class HostAgent:
         return self.transport.stream(self._cmd("counters", "--interval-us", str(int(interval_us)),
                                                *(f"{d}/{p}" for d, p in ports)))
 
-    def probe_send(self, iface: str, template: bytes, interval_us: int) -> LineStream:
-        return self.transport.stream(self._cmd("probe-send", "--iface", iface, "--template", template.hex(),
+    def probe_send(self, ports: Sequence[tuple[str, bytes]], interval_us: int) -> LineStream:
+        """One sender over `ports` ((netdev, frame template) each): one process and one SSH session for all of a
+        host's ports, each port's probe sent every tick."""
+        return self.transport.stream(self._cmd("probe-send", *(w for iface, template in ports
+                                                                for w in ("--iface", iface, "--template", template.hex())),
                                                "--interval-us", str(int(interval_us))))
 
     def probe_recv(self, iface: str | Sequence[str], gap_us: int, udp_port: int = 4791) -> LineStream:

@@ -244,7 +244,12 @@ class SshTransport(CommandTransport):
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 # nothing ran yet, so one reconnect-and-retry is safe
                 if attempt or transport.is_active():
-                    raise TransportClosed(f"{self._where}: cannot open a channel: {self._scrub(str(exc))}") from None
+                    hint = (" (the host refused another session on this connection: OpenSSH's MaxSessions, 10 by "
+                            "default, counts every stream and command open at once)"
+                            if isinstance(exc, paramiko.ChannelException)
+                            and exc.code == paramiko.OPEN_FAILED_CONNECT_FAILED else "")
+                    raise TransportClosed(f"{self._where}: cannot open a channel: {self._scrub(str(exc))}{hint}"
+                                          ) from None
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ commands

@@ -176,6 +176,12 @@ def test_bad_arguments_exit_with_usage_not_traceback():
     done = subprocess.run([sys.executable, str(AGENT_FILE), "probe-send", "--iface", "lo", "--interval-us", "10",
                            "--template", "zz"], capture_output=True, text=True, timeout=20)
     assert done.returncode != 0 and "hex" in done.stderr and "Traceback" not in done.stderr
+    for args, says in ((["--iface", "lo", "--iface", "eth9", "--template", "00"], "one --template per --iface"),
+                       (["--iface", "lo", "--iface", "lo", "--template", "00", "--template", "00"], "given twice"),
+                       (["--iface", "lo", "--iface", "eth9", "--dst-mac", "02:00:00:00:00:01"], "one --iface")):
+        done = subprocess.run([sys.executable, str(AGENT_FILE), "probe-send", "--interval-us", "10", *args],
+                              capture_output=True, text=True, timeout=20)
+        assert done.returncode != 0 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_a_carrier_flip_between_two_polls_is_reported_from_the_change_counter(tmp_path):

@@ -238,6 +238,28 @@ def test_one_receiver_over_a_host_s_ports_names_the_port_of_each_line(prefix):
         assert all(len(w) == 5 and w[4] in (b1.netdev, b2.netdev) for w in rest), rest
 
 
+def test_one_sender_over_a_host_s_ports_sends_each_port_s_own_frame(prefix):
+    """`probe-send` over several ports (one process and one SSH session for a host's ports): each port sends its
+    own template every tick, so the peer hears whichever port its circuit comes from, with that port's MAC; at the
+    end, one summary line per port."""
+    with one_host_beside_a_two_port_host(prefix) as (two, plane):
+        a, _, b1, b2 = two.all_nic_ports()
+        pa = plane.port(a.host, a.netdev)
+        rx = agent(plane, a.host, "probe-recv", "--iface", a.netdev, "--gap-us", "20000")
+        tx = agent(plane, b1.host, "probe-send", "--interval-us", "1000",
+                   *(w for b in (b1, b2) for w in ("--iface", b.netdev, "--template",
+                                                   build_probe_template(b.mac, a.mac, plane.port(b.host, b.netdev).ip,
+                                                                        pa.ip).hex())))
+        two.ocs_apply({b1.ocs_tx: a.ocs_rx, a.ocs_tx: b1.ocs_rx})
+        assert rx.next_matching(lambda w: w[1] == "first")[2] == b1.mac
+        two.ocs_apply({b2.ocs_tx: a.ocs_rx, a.ocs_tx: b2.ocs_rx}, removes=[b1.ocs_tx, a.ocs_tx])
+        assert rx.next_matching(lambda w: w[1] == "first" and w[2] != b1.mac)[2] == b2.mac
+        summary = tx.finish()
+        assert [w[4] for w in summary] == [b1.netdev, b2.netdev], summary
+        assert all(w[0] == "sent" and int(w[1]) > 0 and w[2] == "errors" for w in summary), summary
+        rx.finish()
+
+
 def test_a_receiver_starting_while_a_neighbour_port_carries_probes_reports_none_of_them(prefix):
     """A packet socket opened for one protocol hears every port of its namespace until it is bound to one: a
     `probe-recv` on an idle port, started while its neighbour port carries probes, must print nothing."""

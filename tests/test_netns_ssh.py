@@ -69,7 +69,7 @@ def test_driver_probes_and_ip_monitor_run_inside_the_namespaces():
             receiver = agent_b.probe_recv(b.netdev, gap_us=20_000)
             template = build_probe_template(a.mac, b.mac, plane.port(a.host, a.netdev).ip,
                                             plane.port(b.host, b.netdev).ip)
-            sender = agent_a.probe_send(a.netdev, template, interval_us=1000)
+            sender = agent_a.probe_send([(a.netdev, template)], interval_us=1000)
             wait_until_live(monitor, plane, b.host, b.netdev)  # else its LOWER_UP can come before it listens
 
             bench.ocs_apply({a.ocs_tx: b.ocs_rx, b.ocs_tx: a.ocs_rx})

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from devices.resources import HostResource, JumpHost
+from devices.errors import TransportClosed
 from devices.ssh import AuthenticationFailed, HostKeyError, SshTransport, learned_known_hosts
 from harness.config import load_inventory
 from harness.errors import InputError
@@ -199,6 +200,36 @@ def test_key_re_exchanges_asked_by_both_ends_while_commands_run_against_real_ssh
         daemon.stop()
     log = daemon.log.read_text(errors="replace")
     assert log.count("SSH2_MSG_KEXINIT sent") >= 10, log[-3000:]
+
+
+@pytest.mark.parametrize("host", ["real sshd", "emulated host"])
+def test_the_eleventh_session_at_once_is_refused_as_openssh_does(host, request, tmp_path):
+    """OpenSSH's MaxSessions, 10 by default: ten sessions open at once on one connection, the eleventh refused
+    (channel open failure 2, "no more sessions" in sshd's log) until one ends. The emulated host does as the real
+    sshd does, so the emulated bench holds the harness to it; the harness's error names the limit."""
+    if host == "real sshd":
+        daemon = request.getfixturevalue("sshd")
+        resource = HostResource("real", "127.0.0.1", daemon.port, "root", str(daemon.client_key),
+                                str(daemon.known_hosts(tmp_path / "kh")))
+    else:
+        resource = request.getfixturevalue("server").resource()
+    with SshTransport(resource, retries=0) as t:
+        streams = [t.stream("cat") for _ in range(10)]  # each ends as its channel closes (its stdin ends)
+        with pytest.raises(TransportClosed, match="ChannelException\\(2, 'Connect failed'\\).*MaxSessions"):
+            t.stream("cat")
+        streams.pop().close()
+        deadline = time.monotonic() + 20
+        while True:  # the session is freed once both ends have closed its channel
+            try:
+                assert t.run("echo again", check=True).stdout == "again\n"
+                break
+            except TransportClosed:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        for stream in streams:
+            stream.close()
+    if host == "real sshd":
+        assert "no more sessions" in daemon.log.read_text(errors="replace")
 
 
 @needs_sshd

@@ -434,18 +434,25 @@ def interface_ipv4(iface):
     return socket.inet_ntoa(ifreq[20:24])
 
 
-def probe_template_from_args(args):
+def probe_templates_from_args(args):
+    """One frame template per --iface, in order: each its --template, or (one port only) built from --dst-mac."""
     if args.template:
+        if len(args.template) != len(args.iface):
+            raise SystemExit("probe-send: give one --template per --iface (%d ports, %d templates)"
+                             % (len(args.iface), len(args.template)))
         try:
-            return bytes.fromhex(args.template)
+            return [bytes.fromhex(t) for t in args.template]
         except ValueError:
             raise SystemExit("probe-send: --template must be hex") from None
     if not args.dst_mac:
         raise SystemExit("probe-send: give --template HEX or --dst-mac MAC")
-    with open("/sys/class/net/%s/address" % args.iface) as f:
+    if len(args.iface) != 1:
+        raise SystemExit("probe-send: --dst-mac builds the frame of one --iface; give a --template per port")
+    iface = args.iface[0]
+    with open("/sys/class/net/%s/address" % iface) as f:
         src_mac = f.read().strip()
-    src_ip = interface_ipv4(args.iface)
-    return build_probe_frame(src_mac, args.dst_mac, src_ip, args.dst_ip or src_ip, args.udp_port, args.dqpn)
+    src_ip = interface_ipv4(iface)
+    return [build_probe_frame(src_mac, args.dst_mac, src_ip, args.dst_ip or src_ip, args.udp_port, args.dqpn)]
 
 
 def port_socket(iface, protocol):
@@ -460,19 +467,23 @@ def port_socket(iface, protocol):
 def cmd_probe_send(args):
     if args.interval_us <= 0:
         raise SystemExit("probe-send: --interval-us must be > 0")
+    if len(set(args.iface)) != len(args.iface):
+        raise SystemExit("probe-send: an --iface given twice")
     try:
-        layout = ProbeLayout(probe_template_from_args(args))
+        layouts = [ProbeLayout(t) for t in probe_templates_from_args(args)]
     except ValueError as exc:
         raise SystemExit("probe-send: %s" % exc) from None
-    sock = port_socket(args.iface, 0)  # protocol 0: it receives nothing
+    # one process for all of a host's ports: each port's probe leaves on every tick, its own sequence in each
+    # (a process and an SSH session per port would pass sshd's MaxSessions, 10 by default, on an 8-NIC host)
+    ports = [(layout.patch, bytearray(layout.template), port_socket(iface, 0).send)  # protocol 0: hears nothing
+             for iface, layout in zip(args.iface, layouts)]
     stop = stdin_closed_event()
-    buf = bytearray(layout.template)
     interval = args.interval_us * 1000
     spin_ns = args.spin_us * 1000
     ignored = (errno.ENOBUFS, errno.ENETDOWN, errno.EAGAIN)  # carrier down: the kernel refuses, we go on
-    sent = errors = skipped = 0
-    monotonic_ns, time_ns, pack, patch, send = (time.monotonic_ns, time.time_ns, struct.pack, layout.patch,
-                                                sock.send)
+    sent, errors = [0] * len(ports), [0] * len(ports)
+    skipped = 0
+    monotonic_ns, time_ns, pack = time.monotonic_ns, time.time_ns, struct.pack
     t0 = monotonic_ns()
     seq = 0
     while not stop.is_set():
@@ -482,14 +493,15 @@ def cmd_probe_send(args):
             time.sleep((remaining - spin_ns) / 1e9)
         while monotonic_ns() < due:
             pass
-        patch(buf, seq, pack("!QQ", seq, time_ns()))
-        try:
-            send(buf)
-            sent += 1
-        except OSError as exc:
-            if exc.errno not in ignored:
-                raise
-            errors += 1
+        for i, (patch, buf, send) in enumerate(ports):
+            patch(buf, seq, pack("!QQ", seq, time_ns()))
+            try:
+                send(buf)
+                sent[i] += 1
+            except OSError as exc:
+                if exc.errno not in ignored:
+                    raise
+                errors[i] += 1
         seq += 1
         late = monotonic_ns() - (t0 + seq * interval)
         if late > MAX_CATCH_UP_NS:
@@ -498,7 +510,10 @@ def cmd_probe_send(args):
             seq += missed
     if skipped:
         note("probe-send: skipped %d ticks after stalls longer than %d us" % (skipped, MAX_CATCH_UP_NS // 1000))
-    emit("sent %d errors %d" % (sent, errors))
+    if len(ports) == 1:
+        emit("sent %d errors %d" % (sent[0], errors[0]))
+    else:
+        emit("\n".join("sent %d errors %d %s" % (n, e, iface) for n, e, iface in zip(sent, errors, args.iface)))
     return 0
 
 
@@ -617,11 +632,13 @@ def make_parser():
     c.add_argument("--interval-us", type=int, required=True)
     c.add_argument("ports", nargs="+", type=parse_counter_spec, metavar="RDMADEV/PORT")
     c.set_defaults(func=cmd_counters)
-    s = sub.add_parser("probe-send", help="paced RoCEv2 probes from a raw socket until stdin closes")
-    s.add_argument("--iface", required=True)
+    s = sub.add_parser("probe-send", help="paced RoCEv2 probes from raw sockets until stdin closes")
+    s.add_argument("--iface", required=True, action="append",
+                   help="a port to send on; several: each with its --template, in the same order")
     s.add_argument("--interval-us", type=int, required=True)
-    s.add_argument("--template", help="hex of a full probe frame (Ether/IPv4/UDP/BTH/payload/ICRC)")
-    s.add_argument("--dst-mac", help="build the frame here instead of --template")
+    s.add_argument("--template", action="append",
+                   help="hex of a full probe frame (Ether/IPv4/UDP/BTH/payload/ICRC), one per --iface")
+    s.add_argument("--dst-mac", help="build the frame of a single --iface here instead of --template")
     s.add_argument("--dst-ip", help="with --dst-mac (default: the interface's address)")
     s.add_argument("--udp-port", type=int, default=ROCE_V2_PORT)
     s.add_argument("--dqpn", type=int, default=1)

@@ -557,20 +557,24 @@ def _pump(ctx, proc: subprocess.Popen, stops_on_stdin_eof: bool) -> int:
     return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
 
 
-def _modelled_probe(bench: OpticalBench, host: str, agent_args: list[str]) -> str | None:
+def _modelled_probe(bench: OpticalBench, host: str, agent_args: list[str]) -> list[str]:
     """Mirror a real `probe-send` in the physics' probe model, so the ground truth keeps its modelled
-    `first_packet` events (the real receiver's kernel timestamps are the measurement)."""
+    `first_packet` events (the real receiver's kernel timestamps are the measurement); the ports started."""
     if agent_args[0] != "probe-send":
-        return None
-    opts = dict(zip(agent_args[1::2], agent_args[2::2]))
-    iface, interval = opts.get("--iface"), opts.get("--interval-us", "")
-    if iface is None or not interval.isdigit() or int(interval) <= 0:
-        return None
-    try:
-        bench.probe_start(host, iface, int(interval) * 1000)
-    except KeyError:
-        return None
-    return iface
+        return []
+    pairs = list(zip(agent_args[1::2], agent_args[2::2]))
+    ifaces = [value for name, value in pairs if name == "--iface"]
+    interval = dict(pairs).get("--interval-us", "")
+    if not interval.isdigit() or int(interval) <= 0:
+        return []
+    started = []
+    for iface in ifaces:
+        try:
+            bench.probe_start(host, iface, int(interval) * 1000)
+        except KeyError:
+            continue
+        started.append(iface)
+    return started
 
 
 def passthrough_commands(plane: NetnsPlane, host: str) -> dict:
@@ -604,8 +608,8 @@ def passthrough_commands(plane: NetnsPlane, host: str) -> dict:
                 try:
                     return _pump(ctx, proc, stops_on_stdin_eof=True)
                 finally:
-                    if modelled:
-                        ctx.bench.probe_stop(host, modelled)
+                    for iface in modelled:
+                        ctx.bench.probe_stop(host, iface)
         return emulated_python(ctx, argv)
 
     return {"ip": ip, **{name: python for name in PYTHON_NAMES}}

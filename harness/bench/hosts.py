@@ -328,13 +328,15 @@ class HostSession:
 
         self._spawn(stream, sink, self._each_line(parse), f"probe-recv-{'+'.join(netdevs)}")
 
-    def start_probe_send(self, netdev: str, template: bytes, interval_us: int, sink) -> None:
-        self._starters.append(lambda: self._start_probe_send(netdev, template, interval_us, sink))
-        self._start_probe_send(netdev, template, interval_us, sink)
+    def start_probe_send(self, ports: list[tuple[str, bytes]], interval_us: int, sink) -> None:
+        """One probe sender over the host's `ports` ((netdev, frame template) each): one SSH session, however many
+        NICs (a session per port would pass sshd's MaxSessions, 10 by default, on an 8-NIC host)."""
+        self._starters.append(lambda: self._start_probe_send(ports, interval_us, sink))
+        self._start_probe_send(ports, interval_us, sink)
 
-    def _start_probe_send(self, netdev: str, template: bytes, interval_us: int, sink) -> None:
-        stream = self._keep(self.agent.probe_send(netdev, template, interval_us))
-        self._spawn(stream, sink, None, f"probe-send-{netdev}")
+    def _start_probe_send(self, ports: list[tuple[str, bytes]], interval_us: int, sink) -> None:
+        stream = self._keep(self.agent.probe_send(ports, interval_us))
+        self._spawn(stream, sink, None, f"probe-send-{'+'.join(netdev for netdev, _ in ports)}")
 
     def _end(self, streams) -> None:
         for stream in streams:
@@ -444,13 +446,14 @@ class HostGroup:
             session.watch_gap_ns = self.liveness_ns
             session.start_watch([(n.netdev, n.rdma_dev, n.rdma_port) for n in mine], watch_us, ethtool_us, log,
                                 heartbeat_us)
-            if probe_us:
-                if mine:
-                    session.start_probe_recv([n.netdev for n in mine], probe_gap_us, udp_port, log)
+            if probe_us and mine:
+                session.start_probe_recv([n.netdev for n in mine], probe_gap_us, udp_port, log)
+                templates = []
                 for i, n in enumerate(nics):
                     if n.host == host:
                         mac_of[n.key] = _port_mac(session, n.netdev, i)
-                        session.start_probe_send(n.netdev, _probe_template(mac_of[n.key], i, udp_port), probe_us, log)
+                        templates.append((n.netdev, _probe_template(mac_of[n.key], i, udp_port)))
+                session.start_probe_send(templates, probe_us, log)
         self.start_clock_sync(clock_resync_s)
         # A watch that starts after the first command prints that cycle's changes as current values, and
         # the cycle waits for transitions that never come: every watch is live before observe() returns.

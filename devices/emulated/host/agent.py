@@ -403,20 +403,37 @@ def _agent_counters(ctx: ExecContext, argv: list[str]) -> int:
 
 def _agent_probe_send(ctx: ExecContext, argv: list[str]) -> int:
     try:
-        opts, _ = _options(argv[1:], {"iface": str, "dst-mac": str, "dst-ip": str, "template": bytes.fromhex,
+        opts, _ = _options(argv[1:], {"iface": list, "dst-mac": str, "dst-ip": str, "template": list,
                                       "interval-us": int, "udp-port": int, "dqpn": int})
+        for template in opts["template"] or ():
+            bytes.fromhex(template)
     except ValueError as exc:
         ctx.err(f"probe-send: {exc}\n")
         return 2
-    if ctx.server.nic_by_netdev(str(opts["iface"])) is None or not opts["interval-us"] \
-            or (opts["template"] is None and opts["dst-mac"] is None):
-        ctx.err("usage: probe-send --iface NETDEV (--template HEX | --dst-mac MAC) --interval-us N\n")
+    ifaces, templates = opts["iface"] or [], opts["template"] or []
+    if len(set(ifaces)) != len(ifaces):
+        ctx.err("probe-send: an --iface given twice\n")
         return 2
-    ctx.bench.probe_start(ctx.host, opts["iface"], int(opts["interval-us"]) * 1000)
+    if templates and len(templates) != len(ifaces):
+        ctx.err(f"probe-send: give one --template per --iface ({len(ifaces)} ports, {len(templates)} templates)\n")
+        return 2
+    if not templates and opts["dst-mac"] is not None and len(ifaces) != 1:
+        ctx.err("probe-send: --dst-mac builds the frame of one --iface; give a --template per port\n")
+        return 2
+    if not ifaces or any(ctx.server.nic_by_netdev(i) is None for i in ifaces) or not opts["interval-us"] \
+            or (not templates and opts["dst-mac"] is None):
+        ctx.err("usage: probe-send --iface NETDEV (--template HEX | --dst-mac MAC) [--iface NETDEV --template HEX "
+                "...] --interval-us N\n")
+        return 2
+    started = []
     try:
+        for iface in ifaces:  # one sender's ports, each on every tick from its start
+            ctx.bench.probe_start(ctx.host, iface, int(opts["interval-us"]) * 1000)
+            started.append(iface)
         ctx.wait_stdin_eof_or_gone()
     finally:
-        ctx.bench.probe_stop(ctx.host, opts["iface"])
+        for iface in started:
+            ctx.bench.probe_stop(ctx.host, iface)
     return 0
 
 

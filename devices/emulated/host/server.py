@@ -28,9 +28,15 @@ from devices.timing import now_ns
 log = logging.getLogger(__name__)
 
 
+# OpenSSH's MaxSessions default: sessions open at once on one connection; the next one is refused ("no more
+# sessions", channel open failure 2). A lab's hosts keep it unless their admin raised it.
+MAX_SESSIONS = 10
+
+
 class SshServer(paramiko.ServerInterface):
     def __init__(self, host: "EmulatedHostServer"):
         self.host = host
+        self.transport: paramiko.Transport | None = None  # set by server_transport before the handshake
         self.ptys: set[int] = set()  # the channels (ids) that asked for a pty
 
     def get_allowed_auths(self, username: str) -> str:
@@ -42,9 +48,12 @@ class SshServer(paramiko.ServerInterface):
         return paramiko.AUTH_FAILED
 
     def check_channel_request(self, kind: str, chanid: int) -> int:
-        if kind == "session":
-            return paramiko.OPEN_SUCCEEDED
-        return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+        if kind != "session":
+            return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+        if len(self.transport._channels) >= MAX_SESSIONS:  # noqa: SLF001 - open on this connection, not yet freed
+            log.info("no more sessions")  # OpenSSH's words, in its log
+            return paramiko.OPEN_FAILED_CONNECT_FAILED  # what OpenSSH answers
+        return paramiko.OPEN_SUCCEEDED
 
     def check_channel_env_request(self, channel, name, value) -> bool:
         return True  # stock OpenSSH sends LANG/LC_*; accept and ignore

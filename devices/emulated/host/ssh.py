@@ -66,6 +66,7 @@ def server_transport(sock: socket.socket, host_key: paramiko.PKey, interface: pa
     paramiko's set_subsystem_handler takes them. None if it cannot start."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     transport = HubTransport(sock)
+    interface.transport = transport  # what the connection has open, for the interface's limits (MaxSessions)
     transport.add_server_key(host_key)
     for name, (handler, *args) in (subsystems or {}).items():
         transport.set_subsystem_handler(name, handler, *args)

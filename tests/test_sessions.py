@@ -1,0 +1,44 @@
+"""A host's SSH sessions within OpenSSH's MaxSessions (10 by default): a turnaround with probes on hosts of 8 NICs
+(a DGX's count) runs on the emulated bench, whose hosts refuse the eleventh session at once as sshd does
+(tests/test_ssh_lab.py holds the emulated host to the real sshd there). One probe sender and one receiver per host,
+not one per port: a sender per port made 11 sessions on such a host, and the run stopped at its first command."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from devices.emulated.host import server as host_server
+from harness.cli import main
+
+PROFILE = {"name": "eight-nics", "description": "two hosts of 8 NICs, instant", "source": "none (a test fixture).",
+           "ocs": {"switch": {"dist": "fixed", "ms": 1.0}, "dark": {"dist": "fixed", "ms": 0.0}},
+           "nic": {k: {"dist": "fixed", "ms": 0.0} for k in ("los_clear", "cdr_lock", "phy_up", "port_active",
+                                                            "link_down")},
+           "hosts": {"clock_offset_ms": [-5, 5], "drift_ppm": [-10, 10]},
+           "topology": {"hosts": 2, "nics_per_host": 8, "ocs_size": [16, 16]}}
+
+
+def test_a_turnaround_with_probes_on_hosts_of_eight_nics_keeps_within_max_sessions(tmp_path, monkeypatch):
+    peak: dict[int, int] = {}  # connection -> the most sessions it had open at once (the one asked for included)
+    check = host_server.SshServer.check_channel_request
+
+    def counted(self, kind, chanid):
+        opened = len(self.transport._channels) + 1  # noqa: SLF001
+        peak[id(self)] = max(peak.get(id(self), 0), opened)
+        return check(self, kind, chanid)
+
+    monkeypatch.setattr(host_server.SshServer, "check_channel_request", counted)
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(PROFILE))
+    (tmp_path / "pb.yaml").write_text(yaml.safe_dump({
+        "name": "eight", "bench": f"emulated:{tmp_path / 'p.yaml'}", "seed": 1, "cycles": 2,
+        "steps": [{"type": "turnaround", "name": "measure", "clock_warmup_s": 0.1, "probes": True,
+                   "cycle_timeout_s": 20}]}))
+    code = main(["run", str(tmp_path / "pb.yaml"), "--out", str(tmp_path / "run"), "-q"])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert code == 0, summary
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert not [e for e in events if e["stage"] == "fault"]
+    assert {e["port"] for e in events if e["stage"] == "first_packet"} == {f"ens{i}f0np0" for i in range(1, 9)}
+    assert peak and max(peak.values()) <= host_server.MAX_SESSIONS - 3, peak  # room for commands at once (5 seen)
