@@ -55,6 +55,22 @@ class CommandFailed(DeviceError):
         self.result = result
 
 
+OVERFLOW_CONNECTIONS = 4  # more connections to one host, at most, for sessions its sshd refused on the first
+
+
+def _no_more_sessions(exc: BaseException) -> bool:
+    """The host's sshd refused a session channel as OpenSSH does past MaxSessions ("no more sessions")."""
+    return isinstance(exc, paramiko.ChannelException) and exc.code == paramiko.OPEN_FAILED_CONNECT_FAILED
+
+
+def _close_route(client: paramiko.SSHClient | None, hops: list[paramiko.SSHClient]) -> None:
+    """Close a connection, then the jump hosts' connections it went through, the last hop first."""
+    if client is not None:
+        client.close()
+    for hop in reversed(hops):
+        hop.close()
+
+
 class SshTransport(CommandTransport):
     """`CommandTransport` over SSH to one `HostResource`. Thread-safe: many channels may run at once.
 
@@ -76,6 +92,10 @@ class SshTransport(CommandTransport):
         self._fallbacks_before = 0  # read-time fallbacks of the connections before this one (`receive_stamps`)
         self._closed_report = (False, 0, "never connected")  # the last connection's, once closed
         self._hops: list[paramiko.SSHClient] = []  # the jump hosts' connections of the live route, in order
+        # more connections to the host, for sessions it refused on the first (`_overflow_channel`), with their hops
+        self._overflow: list[tuple[paramiko.SSHClient, list[paramiko.SSHClient]]] = []
+        self._overflow_lock = threading.Lock()
+        self.overflow_connects = 0
 
     # ------------------------------------------------------------------ connection
     @property
@@ -91,10 +111,10 @@ class SshTransport(CommandTransport):
                 text = text.replace(secret, "***")
         return text
 
-    def _connect_once(self) -> paramiko.SSHClient:
-        """One connection along the host's route: each `proxy_jump` hop logged into in turn (strict host keys on
-        every hop), the next one reached through a direct-tcpip channel of the one before; or the
-        `proxy_command`'s pipes; else a TCP socket."""
+    def _connect_once(self) -> tuple[paramiko.SSHClient, list[paramiko.SSHClient]]:
+        """One connection along the host's route, and the jump hosts' connections it goes through: each
+        `proxy_jump` hop logged into in turn (strict host keys on every hop), the next one reached through a
+        direct-tcpip channel of the one before; or the `proxy_command`'s pipes; else a TCP socket."""
         r = self.resource
         since = ClockPair.now()  # the replies' kernel stamps are trusted from here (HubSocket)
         hops: list[paramiko.SSHClient] = []
@@ -115,11 +135,9 @@ class SshTransport(CommandTransport):
             client = self._login(sock, r.address, r.port, r.user, r.identity_file, r.known_hosts, r.passphrase,
                                  since, self._where)
         except BaseException:
-            for hop_client in reversed(hops):
-                hop_client.close()
+            _close_route(None, hops)
             raise
-        self._hops = hops
-        return client
+        return client, hops
 
     def _tcp(self, address: str, port: int) -> socket.socket:
         sock = socket.create_connection((address, port), timeout=self.connect_timeout)
@@ -205,7 +223,7 @@ class SshTransport(CommandTransport):
                 if attempt:
                     time.sleep(self.backoff_s * 2 ** (attempt - 1))
                 try:
-                    self._client = self._connect_once()
+                    self._client, self._hops = self._connect_once()
                     self.connects += 1
                     transport = self._client.get_transport()
                     assert transport is not None
@@ -238,19 +256,59 @@ class SshTransport(CommandTransport):
         for attempt in range(2):
             transport = self._transport()
             try:
-                timeout = deadline.remaining()
-                return transport.open_session(timeout=self.connect_timeout if timeout is None
-                                              else min(timeout, self.connect_timeout))
+                return self._open_session(transport, deadline)
             except (paramiko.SSHException, OSError, EOFError) as exc:
+                if _no_more_sessions(exc) and transport.is_active():
+                    return self._overflow_channel(deadline)
                 # nothing ran yet, so one reconnect-and-retry is safe
                 if attempt or transport.is_active():
-                    hint = (" (the host refused another session on this connection: OpenSSH's MaxSessions, 10 by "
-                            "default, counts every stream and command open at once)"
-                            if isinstance(exc, paramiko.ChannelException)
-                            and exc.code == paramiko.OPEN_FAILED_CONNECT_FAILED else "")
-                    raise TransportClosed(f"{self._where}: cannot open a channel: {self._scrub(str(exc))}{hint}"
-                                          ) from None
+                    raise TransportClosed(f"{self._where}: cannot open a channel: {self._scrub(str(exc))}") from None
         raise AssertionError("unreachable")
+
+    def _open_session(self, transport: paramiko.Transport, deadline: Deadline) -> paramiko.Channel:
+        timeout = deadline.remaining()
+        return transport.open_session(timeout=self.connect_timeout if timeout is None
+                                      else min(timeout, self.connect_timeout))
+
+    def _overflow_channel(self, deadline: Deadline) -> paramiko.Channel:
+        """A session on another connection to the host: its sshd refused one more on this connection (OpenSSH's
+        MaxSessions, 10 by default, counts every stream and command open at once; 8 ranks of a traffic phase on a
+        host of 8 NICs beside the harness's streams pass it). Opened as the first, on the same route, and kept
+        for the next refusal; at most OVERFLOW_CONNECTIONS of them."""
+        with self._overflow_lock:
+            live = []
+            for client, hops in self._overflow:
+                transport = client.get_transport()
+                if transport is not None and transport.is_active():
+                    live.append((client, hops))
+                else:
+                    _close_route(client, hops)
+            self._overflow = live
+            last = None
+            for client, _ in live:
+                try:
+                    return self._open_session(client.get_transport(), deadline)
+                except (paramiko.SSHException, OSError, EOFError) as exc:
+                    last = exc
+            if len(live) >= OVERFLOW_CONNECTIONS:
+                raise TransportClosed(f"{self._where}: cannot open a channel: the host refused another session on "
+                                      f"each of {1 + len(live)} connections ({self._scrub(str(last))}; OpenSSH's "
+                                      f"MaxSessions, 10 by default, counts every stream and command open at once)")
+            with self._lock:
+                if self._closed:
+                    raise TransportClosed(f"{self._where}: transport was closed")
+            try:
+                client, hops = self._connect_once()
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise TransportClosed(f"{self._where}: the host refused another session on this connection, and "
+                                      f"another connection failed: {self._scrub(str(exc))}") from None
+            self._overflow.append((client, hops))
+            self.overflow_connects += 1
+            try:
+                return self._open_session(client.get_transport(), deadline)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise TransportClosed(f"{self._where}: cannot open a channel on another connection: "
+                                      f"{self._scrub(str(exc))}") from None
 
     # ------------------------------------------------------------------ commands
     def run(self, command: str, *, deadline: Deadline | None = None, stdin: str | bytes | None = None,
@@ -361,11 +419,14 @@ class SshTransport(CommandTransport):
                 self._client.close()
                 self._client = None
             self._close_hops()
+        with self._overflow_lock:
+            overflow, self._overflow = self._overflow, []
+        for client, hops in overflow:
+            _close_route(client, hops)
 
     def _close_hops(self) -> None:
         hops, self._hops = self._hops, []
-        for client in reversed(hops):
-            client.close()
+        _close_route(None, hops)
 
     def __enter__(self) -> "SshTransport":
         return self
