@@ -12,6 +12,7 @@ Secrets (passwords, key material) never appear in error messages.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import functools
 import os
@@ -61,6 +62,20 @@ OVERFLOW_CONNECTIONS = 4  # more connections to one host, at most, for sessions 
 def _no_more_sessions(exc: BaseException) -> bool:
     """The host's sshd refused a session channel as OpenSSH does past MaxSessions ("no more sessions")."""
     return isinstance(exc, paramiko.ChannelException) and exc.code == paramiko.OPEN_FAILED_CONNECT_FAILED
+
+
+# OpenSSH's MaxStartups (10:30:100 by default) drops new connections at random once 10 are between their TCP accept
+# and their login (every one past 100), and a lab's bastion is dialled by every host's route at set-up (32 at once):
+# drops cost retries, and fail2ban on the bastion may count them against the harness's address. At most this many
+# of the process's logins are under way at one jump host.
+JUMP_LOGINS_AT_ONCE = 8
+_jump_logins: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+_jump_logins_lock = threading.Lock()
+
+
+def _jump_login_slot(hop: JumpHost) -> threading.BoundedSemaphore:
+    with _jump_logins_lock:
+        return _jump_logins.setdefault((hop.address, hop.port), threading.BoundedSemaphore(JUMP_LOGINS_AT_ONCE))
 
 
 def _close_route(client: paramiko.SSHClient | None, hops: list[paramiko.SSHClient]) -> None:
@@ -119,15 +134,17 @@ class SshTransport(CommandTransport):
         since = ClockPair.now()  # the replies' kernel stamps are trusted from here (HubSocket)
         hops: list[paramiko.SSHClient] = []
         try:
-            first = r.proxy_jump[0] if r.proxy_jump else None
-            if r.proxy_command and not first:
-                sock = _CommandSocket(r.proxy_command, shared_hub())
-            else:
-                sock = self._tcp(first.address if first else r.address, first.port if first else r.port)
+            if not r.proxy_jump:
+                sock = (_CommandSocket(r.proxy_command, shared_hub()) if r.proxy_command
+                        else self._tcp(r.address, r.port))
             for i, hop in enumerate(r.proxy_jump):
                 passphrase = r.passphrase if hop.identity_file == r.identity_file else None  # the host's key
-                client = self._login(sock, hop.address, hop.port, hop.user, hop.identity_file, hop.known_hosts,
-                                     passphrase, since, f"{self._where}: jump host {hop}")
+                # the first hop, from its TCP connect to its login, is what the jump host's MaxStartups counts
+                with _jump_login_slot(hop) if i == 0 else contextlib.nullcontext():
+                    if i == 0:
+                        sock = self._tcp(hop.address, hop.port)
+                    client = self._login(sock, hop.address, hop.port, hop.user, hop.identity_file, hop.known_hosts,
+                                         passphrase, since, f"{self._where}: jump host {hop}")
                 hops.append(client)
                 nxt = r.proxy_jump[i + 1] if i + 1 < len(r.proxy_jump) else r
                 sock = _ChannelSocket.open(client.get_transport(), nxt.address, nxt.port, self.connect_timeout,

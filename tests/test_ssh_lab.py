@@ -228,6 +228,48 @@ def test_an_eleventh_session_at_once_goes_on_another_connection(host, request, t
 
 
 @needs_sshd
+def test_hosts_behind_one_bastion_log_in_at_once_without_passing_its_max_startups(tmp_path):
+    """24 hosts behind one real bastion whose sshd drops every connection past 10 not yet logged in (`MaxStartups
+    10:100:10`, the default's 10 made hard), all connected at once, none retried: at most 8 of a process's logins
+    are under way at one jump host, so none is dropped (9 of 32 were, on the default 10:30:100, before)."""
+    from devices.emulated.physics import OpticalBench
+    from devices.emulated.profile import load_profile, profile_from_dict
+    from devices.emulated.host.server import EmulatedHostServer
+
+    data = yaml.safe_load(Path(load_profile("instant").path).read_text())
+    data["topology"] = {"hosts": 24, "nics_per_host": 1, "ocs_size": [24, 24]}
+    bench = OpticalBench(profile_from_dict(data), seed=1)
+    servers = [EmulatedHostServer(bench, name).start() for name in bench.hosts]
+    daemon = Sshd(tmp_path / "bastion", "MaxStartups 10:100:10").start()
+    try:
+        hop = _jump(daemon, tmp_path)
+        transports = [SshTransport(_behind(s, hop), retries=0) for s in servers]
+        failed: list[str] = []
+
+        def connect(t: SshTransport) -> None:
+            try:
+                t.connect()
+            except TransportClosed as exc:
+                failed.append(str(exc))
+
+        threads = [threading.Thread(target=connect, args=(t,)) for t in transports]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        assert failed == []
+        assert [t.run("hostname", check=True).stdout.strip() for t in transports] == [s.host_name for s in servers]
+        for t in transports:
+            t.close()
+    finally:
+        daemon.stop()
+        for s in servers:
+            s.stop()
+        bench.stop()
+    assert "drop connection" not in daemon.log.read_text(errors="replace")
+
+
+@needs_sshd
 def test_two_hop_chain(sshd, server, tmp_path):
     before = len(sshd.forwards())
     hop = _jump(sshd, tmp_path)
