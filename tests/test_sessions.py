@@ -13,15 +13,16 @@ from pathlib import Path
 import yaml
 
 from devices.emulated.host import server as host_server
+from devices.emulated.profile import load_profile
 from harness.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILE = {"name": "eight-nics", "description": "two hosts of 8 NICs, instant", "source": "none (a test fixture).",
-           "ocs": {"switch": {"dist": "fixed", "ms": 1.0}, "dark": {"dist": "fixed", "ms": 0.0}},
-           "nic": {k: {"dist": "fixed", "ms": 0.0} for k in ("los_clear", "cdr_lock", "phy_up", "port_active",
-                                                            "link_down")},
-           "hosts": {"clock_offset_ms": [-5, 5], "drift_ppm": [-10, 10]},
-           "topology": {"hosts": 2, "nics_per_host": 8, "ocs_size": [16, 16]}}
+def _write_profile(path: Path) -> Path:
+    """The shipped `instant` profile over two hosts of 8 NICs."""
+    data = yaml.safe_load(Path(load_profile("instant").path).read_text())
+    data["topology"] = {"hosts": 2, "nics_per_host": 8, "ocs_size": [16, 16]}
+    path.write_text(yaml.safe_dump(data))
+    return path
 
 
 def _count_sessions(monkeypatch) -> dict[tuple[str, int], int]:
@@ -40,7 +41,7 @@ def _count_sessions(monkeypatch) -> dict[tuple[str, int], int]:
 
 def test_a_turnaround_with_probes_on_hosts_of_eight_nics_keeps_within_max_sessions(tmp_path, monkeypatch):
     peak = _count_sessions(monkeypatch)
-    (tmp_path / "p.yaml").write_text(yaml.safe_dump(PROFILE))
+    _write_profile(tmp_path / "p.yaml")
     (tmp_path / "pb.yaml").write_text(yaml.safe_dump({
         "name": "eight", "bench": f"emulated:{tmp_path / 'p.yaml'}", "seed": 1, "cycles": 2,
         "steps": [{"type": "turnaround", "name": "measure", "clock_warmup_s": 0.1, "probes": True,
@@ -57,7 +58,7 @@ def test_a_turnaround_with_probes_on_hosts_of_eight_nics_keeps_within_max_sessio
 
 def test_a_moe_traffic_phase_of_eight_commands_a_host_takes_a_second_connection(tmp_path, monkeypatch):
     peak = _count_sessions(monkeypatch)
-    (tmp_path / "p.yaml").write_text(yaml.safe_dump(PROFILE))
+    _write_profile(tmp_path / "p.yaml")
     playbook = yaml.safe_load((ROOT / "playbooks" / "moe-traffic.yaml").read_text())
     playbook["bench"] = f"emulated:{tmp_path / 'p.yaml'}"
     playbook["steps"][0].update(iterations=1, layers=1, regime_changes=0)
