@@ -319,6 +319,10 @@ class SshTransport(CommandTransport):
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 raise TransportClosed(f"{self._where}: the host refused another session on this connection, and "
                                       f"another connection failed: {self._scrub(str(exc))}") from None
+            with self._lock:
+                if self._closed:  # closed while this one connected: not kept, no channel on it
+                    _close_route(client, hops)
+                    raise TransportClosed(f"{self._where}: transport was closed")
             self._overflow.append((client, hops))
             self.overflow_connects += 1
             try:
