@@ -143,6 +143,7 @@ class HostAgent:
         self.python = python
         self.ethtool = ethtool  # the path the host runs ethtool by (its inventory `tools:`), for the watch
         self._path: str | None = None
+        self.python_version: str | None = None  # MAJOR.MINOR.MICRO of the Python the agent runs under, once installed
 
     def install(self, deadline: Deadline | None = None) -> str:
         from devices.agent import agent_path, agent_source
@@ -152,9 +153,22 @@ class HostAgent:
             path = path[2:]  # SSH commands start in the home directory; a quoted "~" would not expand
         quoted = shlex.quote(path)
         folder = shlex.quote(path.rsplit("/", 1)[0])
-        self.transport.run(f"mkdir -p {folder} && cat > {quoted}", stdin=agent_source(),
-                           deadline=deadline or Deadline(10), check=True)
+        deadline = deadline or Deadline(10)
+        self.transport.run(f"mkdir -p {folder} && cat > {quoted}", stdin=agent_source(), deadline=deadline,
+                           check=True)
         self._path = quoted
+        # the interpreter it will run under (sudo's, with `become`): a missing or too old one named here, once
+        done = self.transport.run(self._cmd("version"), deadline=deadline)
+        said = (done.stderr.strip() or done.stdout.strip())[-300:]
+        if done.exit_status in (126, 127):
+            raise DeviceError(f"agent: cannot run {self.python!r} on the host ({said}); name its Python 3 in the "
+                              "inventory (`python:`)")
+        if done.exit_status == 3 and "needs Python" in said:
+            raise DeviceError(f"agent: {said.removeprefix('hilagent: ')}; name a newer Python 3 in the inventory "
+                              "(`python:`)")
+        if done.exit_status != 0:
+            raise DeviceError(f"agent: {self.python} -u {path} version exited {done.exit_status}: {said}")
+        self.python_version = done.stdout.strip()
         return path
 
     def _cmd(self, *args: str) -> str:

@@ -4,6 +4,7 @@ import ast
 import hashlib
 import importlib.util
 import queue
+import re
 import struct
 import subprocess
 import sys
@@ -167,6 +168,27 @@ def test_watch_reports_initial_values_notes_missing_sources_and_stops_on_stdin_e
     assert all(before <= int(f[0]) <= time.time_ns() for f in first)
     stderr = proc.stderr.read()
     assert "phys_state unavailable" in stderr and "state unavailable" in stderr
+
+
+def test_the_agent_s_declared_minimum_python_is_what_vermin_reads_in_it():
+    """vermin (an independent reading of every module, member and syntax the file uses) finds the oldest Python
+    that runs the agent; the agent's own check refuses older ones with exactly that bound."""
+    done = subprocess.run([sys.executable, "-c", "import sys; from vermin import main; sys.exit(main())", "--no-tips",
+                           str(AGENT_FILE)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = re.search(r"Minimum required versions: (\d+)\.(\d+)", done.stdout)
+    assert found and (int(found[1]), int(found[2])) == hilagent.MIN_PYTHON, done.stdout
+
+
+def test_an_older_python_gets_one_line_naming_the_versions_not_a_traceback():
+    """As a RHEL 8 host's python3 (3.6.8) would run it: the agent's first check, before anything else runs."""
+    old = ("import runpy, sys; sys.version_info = (3, 6, 8, 'final', 0); sys.version = '3.6.8 (default)'; "
+           f"sys.argv = ['hilagent', 'version']; runpy.run_path({str(AGENT_FILE)!r}, run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", old], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 3 and done.stdout == ""
+    assert done.stderr == f"hilagent: needs Python 3.7 or newer; {sys.executable} is 3.6.8\n"
+    done = subprocess.run([sys.executable, str(AGENT_FILE), "version"], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0 and done.stdout == "%d.%d.%d\n" % sys.version_info[:3]
 
 
 def test_bad_arguments_exit_with_usage_not_traceback():

@@ -403,3 +403,25 @@ def test_watch_reads_a_loss_of_light_shorter_than_a_poll_latched(ssh, bench, ser
              if g["host"] == host and g["port"] == nic.netdev and g["stage"] in ("light_lost", "light_detected")}
     assert truth["light_lost"] == truth["light_detected"]  # dark for no time at all
     assert set_at - step < truth["light_detected"] <= set_at  # within the "1"'s interval, not the "0"'s
+
+
+def test_install_names_the_python_it_runs_under_and_refuses_a_missing_or_old_one(server, monkeypatch):
+    """The agent is checked where it will run, once, at install: its Python's version is kept; a host whose
+    python3 is older than the agent needs (a RHEL 8 host's 3.6.8) or has none at the inventory's path is an error
+    naming it and the inventory's `python:`, not a stream that dies later."""
+    import dataclasses
+
+    from devices.errors import DeviceError
+    from devices.hostagent import HostAgent
+
+    with SshTransport(server.resource()) as t:
+        agent = HostAgent(t)
+        agent.install()
+        assert agent.python_version == server.tools.python
+        monkeypatch.setattr(server, "tools", dataclasses.replace(server.tools, python="3.6.8"))
+        with pytest.raises(DeviceError, match=r"needs Python 3\.7 or newer; /usr/bin/python3 is 3\.6\.8; name a "
+                                              r"newer Python 3 in the inventory \(`python:`\)"):
+            HostAgent(t).install()
+        monkeypatch.undo()
+        with pytest.raises(DeviceError, match=r"cannot run '/opt/python3\.11/bin/python3' on the host .*`python:`"):
+            HostAgent(t, python="/opt/python3.11/bin/python3").install()

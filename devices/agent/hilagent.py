@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ocs-hil host agent: time responder, local link watcher, RDMA data counters, RoCEv2 probe sender and receiver.
 
-Standard library only (Python >= 3.8), one file: the harness copies it to each host and runs
+Standard library only (Python >= 3.7, MIN_PYTHON), one file: the harness copies it to each host and runs
 `python3 -u hilagent-XXXX.py SUBCOMMAND ...`. The line protocol is in ARCHITECTURE.md ("Host agent
 protocol"). Every timestamp printed is this host's CLOCK_REALTIME in ns.
 """
@@ -16,6 +16,14 @@ import sys
 import threading
 import time
 import zlib
+
+# time.monotonic_ns and time.time_ns (3.7); tests/test_agent.py holds this to vermin's reading of the file. A
+# RHEL 8 host's python3 is 3.6: say so in one line (the harness's `version` check reads it), not a traceback later.
+MIN_PYTHON = (3, 7)
+if sys.version_info < MIN_PYTHON:
+    sys.stderr.write("hilagent: needs Python %d.%d or newer; %s is %s\n"
+                     % (MIN_PYTHON[0], MIN_PYTHON[1], sys.executable, sys.version.split()[0]))
+    sys.exit(3)
 
 ETH_P_IP = 0x0800
 ETH_HEADER = 14
@@ -620,6 +628,8 @@ def make_parser():
     sub.required = True
     sub.add_parser("timesrv", help="answer each stdin line TOKEN with `TOKEN HOST_NS`").set_defaults(
         func=cmd_timesrv)
+    sub.add_parser("version", help="print the Python version running the agent (MAJOR.MINOR.MICRO)").set_defaults(
+        func=cmd_version)
     w = sub.add_parser("watch", help="poll link state locally, print changes")
     w.add_argument("--interval-us", type=int, required=True)
     w.add_argument("--ethtool-interval-us", type=int, default=100_000, help="0 disables `ethtool -m` polls")
@@ -653,6 +663,11 @@ def make_parser():
     r.add_argument("--udp-port", type=int, default=ROCE_V2_PORT)
     r.set_defaults(func=cmd_probe_recv)
     return parser
+
+
+def cmd_version(args):
+    emit("%d.%d.%d" % sys.version_info[:3])
+    return 0
 
 
 def main(argv=None):

@@ -56,8 +56,9 @@ class ToolVersions:
     nccl_tests: str = "2.17.6"  # >= 2.17: version and `Collective test starting` lines, `  #wrong` columns
     perftest: str = "24.07"  # the table unit without --report_gbits: MB/sec (perftest divides by 2^20)
     mft: str = "4.28.0"  # mlxlink; >= 4.20 prints a Tool Information section
+    python: str = "3.12.3"  # python3 (Ubuntu 24.04's, as uname's kernel); < 3.7 (RHEL 8's 3.6): the agent refuses
 
-    KNOWN = ("ethtool", "iproute2", "nccl_tests", "perftest", "mft")
+    KNOWN = ("ethtool", "iproute2", "nccl_tests", "perftest", "mft", "python")
 
     def __post_init__(self):
         for name in self.KNOWN:

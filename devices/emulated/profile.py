@@ -140,6 +140,7 @@ class ToolPins(Spec):
     nccl_tests: str | None = None
     perftest: str | None = None
     mft: str | None = None
+    python: str | None = None  # python3's version: below the agent's minimum (RHEL 8's "3.6.8"), the agent refuses
 
     @model_validator(mode="after")
     def _known(self):

@@ -84,7 +84,10 @@ class HostSession:
         from harness.clock import ClockTracker
 
         self.transport.connect()
-        self.agent.install(Deadline(15))
+        try:
+            self.agent.install(Deadline(15))
+        except DeviceError as exc:
+            raise DeviceError(f"host {self.name}: {exc}") from None
         self._timesrv = self._keep(self.agent.timesrv())
         self.clock = ClockTracker(self.name)
         self.sync_clock()

@@ -496,7 +496,12 @@ def _agent_probe_recv(ctx: ExecContext, argv: list[str]) -> int:
     return stream.serve(stream.first_lines)
 
 
+def _agent_version(ctx: ExecContext, argv: list[str]) -> int:
+    ctx.out(ctx.server.tools.python + "\n")
+    return 0
+
+
 AGENT_COMMANDS: dict[str, Handler] = {
     "timesrv": agent_timesrv, "watch": _agent_watch, "counters": _agent_counters,
-    "probe-send": _agent_probe_send, "probe-recv": _agent_probe_recv,
+    "probe-send": _agent_probe_send, "probe-recv": _agent_probe_recv, "version": _agent_version,
 }

@@ -302,4 +302,5 @@ DEFAULT_COMMANDS: dict[str, Handler] = {
 # mlxlink from MFT and nvidia-smi in /usr/bin)
 TOOL_PATHS = {"ethtool": ("/usr/sbin/ethtool", "/sbin/ethtool"), "ip": ("/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"),
               "rdma": ("/usr/sbin/rdma", "/sbin/rdma", "/usr/bin/rdma", "/bin/rdma"),
-              "mlxlink": ("/usr/bin/mlxlink",), "nvidia-smi": ("/usr/bin/nvidia-smi",)}
+              "mlxlink": ("/usr/bin/mlxlink",), "nvidia-smi": ("/usr/bin/nvidia-smi",),
+              "python3": ("/usr/bin/python3", "/bin/python3")}

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import paramiko
 
+from devices.agent.hilagent import MIN_PYTHON
 from devices.emulated.host import coreutils
 from devices.emulated.host.context import ChannelGone, ExecContext, Handler
 from devices.emulated.host.files import ls_names, read_file
@@ -286,7 +287,8 @@ def _not_found(ctx: ExecContext, name: str) -> int:
 
 def has_tool(server: "EmulatedHostServer", path: str, tool: str) -> bool:
     """Whether `path` runs `tool` on this host: its bare name, or an absolute path where the host keeps it."""
-    return (path == tool or path in server.tool_paths.get(tool, ())) and tool in server.commands
+    return (path == tool or path in server.tool_paths.get(tool, ())) and (tool in server.commands
+                                                                         or tool in PYTHON_NAMES)
 
 
 def _sudo(ctx: ExecContext, argv: list[str]) -> int:
@@ -407,6 +409,10 @@ def run_python(ctx: ExecContext, argv: list[str]) -> int:
     if not present:
         ctx.err(f"{argv[0]}: can't open file '{args[0]}': [Errno 2] No such file or directory\n")
         return 2
+    python = ctx.server.tools.python
+    if not ctx.server.tools.at_least("python", "%d.%d" % MIN_PYTHON):  # the agent's own first check, its words
+        ctx.err(f"hilagent: needs Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer; /usr/bin/python3 is {python}\n")
+        return 3
     if len(args) < 2 or args[1] not in ctx.server.agent_commands:
         ctx.err(f"usage: {posixpath.basename(path)} {{{','.join(ctx.server.agent_commands)}}} ...\n")
         return 2
