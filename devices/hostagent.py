@@ -2,6 +2,8 @@
 time responder, local watcher, counter sampler and probes. The protocol is in ARCHITECTURE.md ("Host agent protocol")."""
 from __future__ import annotations
 
+import re
+import secrets
 import shlex
 from typing import Iterable, Sequence
 
@@ -154,8 +156,11 @@ class HostAgent:
         quoted = shlex.quote(path)
         folder = shlex.quote(path.rsplit("/", 1)[0])
         deadline = deadline or Deadline(10)
-        self.transport.run(f"mkdir -p {folder} && cat > {quoted}", stdin=agent_source(), deadline=deadline,
-                           check=True)
+        # written aside, then renamed: hosts that share a home (NFS, as clusters do) install the same path at once,
+        # and a `cat >` truncating it under another host's start ran that host's agent on an empty file
+        partial = shlex.quote(f"{path}.partial-{secrets.token_hex(6)}")
+        self.transport.run(f"mkdir -p {folder} && cat > {partial} && mv -f {partial} {quoted}",
+                           stdin=agent_source(), deadline=deadline, check=True)
         self._path = quoted
         # the interpreter it will run under (sudo's, with `become`): a missing or too old one named here, once
         done = self.transport.run(self._cmd("version"), deadline=deadline)
@@ -166,8 +171,8 @@ class HostAgent:
         if done.exit_status == 3 and "needs Python" in said:
             raise DeviceError(f"agent: {said.removeprefix('hilagent: ')}; name a newer Python 3 in the inventory "
                               "(`python:`)")
-        if done.exit_status != 0:
-            raise DeviceError(f"agent: {self.python} -u {path} version exited {done.exit_status}: {said}")
+        if done.exit_status != 0 or not re.fullmatch(r"\d+\.\d+\.\d+", done.stdout.strip()):
+            raise DeviceError(f"agent: {self.python} -u {path} version exited {done.exit_status}: {said!r}")
         self.python_version = done.stdout.strip()
         return path
 

@@ -425,3 +425,32 @@ def test_install_names_the_python_it_runs_under_and_refuses_a_missing_or_old_one
         monkeypatch.undo()
         with pytest.raises(DeviceError, match=r"cannot run '/opt/python3\.11/bin/python3' on the host .*`python:`"):
             HostAgent(t, python="/opt/python3.11/bin/python3").install()
+
+
+def test_install_writes_the_agent_aside_and_renames_it_so_a_shared_home_never_holds_half_of_it(server, monkeypatch):
+    """Hosts that share a home (NFS, as clusters do) install the same content-addressed path at once: written in
+    place, one host's `cat >` truncated the file under another host's start (1 of 160 parallel installs against one
+    real sshd's home ran the agent on an empty file). The upload goes to a path of its own, then `mv -f` renames it
+    over the agent's path whole; the emulated host's `mv` renames as GNU mv does."""
+    from devices.agent import agent_path, agent_source
+    from devices.hostagent import HostAgent
+
+    with SshTransport(server.resource()) as t:
+        commands = []
+        run = t.run
+        monkeypatch.setattr(t, "run", lambda command, **kw: commands.append(command) or run(command, **kw))
+        HostAgent(t).install()
+        HostAgent(t).install()
+        monkeypatch.undo()
+        final = agent_path().removeprefix("~/")
+        uploads = [c for c in commands if "cat >" in c]
+        assert len(uploads) == 2
+        for upload in uploads:
+            partial = upload.split("cat > ", 1)[1].split(" && ", 1)[0]
+            assert partial.startswith(f"{final}.partial-") and upload.endswith(f"&& mv -f {partial} {final}")
+        assert uploads[0] != uploads[1]  # each install its own partial file
+        listed = t.run(f"ls {final.rsplit('/', 1)[0]}", check=True).stdout.split()
+        assert listed == [final.rsplit("/", 1)[1]]  # no partial file left behind
+        assert t.run(f"cat {final}", check=True).stdout == agent_source()
+        missing = t.run("mv -f nothing-here elsewhere")
+        assert (missing.exit_status, missing.stderr) == (1, "mv: cannot stat 'nothing-here': No such file or directory\n")

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from devices.resources import HostResource, JumpHost
-from devices.errors import TransportClosed
+from devices.errors import DeviceError, TransportClosed
 from devices.ssh import AuthenticationFailed, HostKeyError, SshTransport, learned_known_hosts
 from harness.config import load_inventory
 from harness.errors import InputError
@@ -267,6 +267,37 @@ def test_hosts_behind_one_bastion_log_in_at_once_without_passing_its_max_startup
             s.stop()
         bench.stop()
     assert "drop connection" not in daemon.log.read_text(errors="replace")
+
+
+@needs_sshd
+def test_installs_at_once_into_one_home_always_leave_a_whole_agent(sshd, tmp_path):
+    """Four connections to one real sshd share its home, as hosts on an NFS home do: each installs the agent and
+    checks it 12 times, all at once. Every check runs a whole agent, which names this machine's python3 (written in
+    place, 1 of 160 such installs ran an empty one)."""
+    from devices.hostagent import HostAgent
+
+    root = HostResource("real", "127.0.0.1", sshd.port, "root", str(sshd.client_key),
+                        str(sshd.known_hosts(tmp_path / "kh")))
+    versions: list[str | None] = []
+
+    def installs() -> None:
+        with SshTransport(root, retries=0) as t:
+            for _ in range(12):
+                agent = HostAgent(t)
+                try:
+                    agent.install()
+                except DeviceError as exc:
+                    versions.append(str(exc))
+                else:
+                    versions.append(agent.python_version)
+
+    threads = [threading.Thread(target=installs) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    here = subprocess.run(["python3", "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
+    assert versions == [here] * 48
 
 
 @needs_sshd

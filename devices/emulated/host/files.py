@@ -43,6 +43,24 @@ def _rm(ctx: ExecContext, argv: list[str]) -> int:
     return 0
 
 
+def _mv(ctx: ExecContext, argv: list[str]) -> int:
+    """`mv [-f] SOURCE DEST` of an uploaded file: a rename, whole at once (what an upload relies on), GNU mv's
+    words when the source is missing."""
+    words = [a for a in argv[1:] if a not in ("-f", "--force")]
+    if len(words) != 2 or any(w.startswith("-") for w in words):
+        ctx.err("mv: the emulated host moves one file: mv [-f] SOURCE DEST\n")
+        return 1
+    source, dest = (ctx.path(w) for w in words)
+    with ctx.server.fs.lock:
+        if source not in ctx.server.fs.files:
+            ctx.err(f"mv: cannot stat '{words[0]}': No such file or directory\n")
+            return 1
+        if dest in ctx.server.fs.dirs:
+            dest = posixpath.join(dest, posixpath.basename(source))
+        ctx.server.fs.files[dest] = ctx.server.fs.files.pop(source)
+    return 0
+
+
 def read_file(ctx: ExecContext, path: str) -> str | bytes | None:
     """A virtual file, or an emulated sysfs file rendered from the bench now."""
     with ctx.server.fs.lock:
@@ -148,4 +166,5 @@ def _ls(ctx: ExecContext, argv: list[str]) -> int:
     return status
 
 
-COMMANDS: dict[str, Handler] = {"mkdir": _mkdir, "rm": _rm, "cat": _cat, "sha256sum": _sha256sum, "ls": _ls}
+COMMANDS: dict[str, Handler] = {"mkdir": _mkdir, "rm": _rm, "mv": _mv, "cat": _cat, "sha256sum": _sha256sum,
+                                "ls": _ls}
