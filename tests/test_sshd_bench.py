@@ -106,3 +106,24 @@ def _other_change_within(truth: pd.DataFrame, m) -> bool:
     same = truth[(truth["stage"] == m["stage"]) & (truth["host"] == m["host"]) & (truth["port"] == m["port"])]
     near = (same["t_ns"] - m["t_ns"]).abs() <= m["uncertainty_ns"] + same["truth_halfwidth_ns"]
     return bool((near & (same["t_ns"] != m["true_ns"])).any())
+
+
+def test_hosts_of_eight_nics_on_real_sshd_keep_within_its_max_sessions(tmp_path, run_playbook):
+    """Two hosts of 8 NICs, each Debian's sshd with its default MaxSessions (10): a turnaround with probes opens one
+    receiver and one sender per host, so every port's first packet comes and no session is refused ("no more
+    sessions" in the sshd's log). A sender per port, as before, stopped the run at its first command. Timing is
+    not judged here (the test above does)."""
+    profile = tmp_path / "sshd-8nic.yaml"
+    profile.write_text(yaml.safe_dump({**PROFILE, "name": "sshd-8nic",
+                                       "topology": {"hosts": 2, "nics_per_host": 8, "ocs_size": [16, 16]}}))
+    playbook = tmp_path / "pb.yaml"
+    playbook.write_text(yaml.safe_dump({"name": "t8", "seed": 5, "cycles": 1, "steps": [
+        {"type": "turnaround", "name": "measure", "cycle_timeout_s": 20, "clock_warmup_s": 0.3,
+         "watch_interval_us": 1000, "probe_interval_us": 1000}]}))
+    result = run_playbook(playbook, bench=f"emulated-sshd:{profile}")
+    run = result.run_dir
+    logs = [(run / "bench" / "sshd" / f"sshd-{host}.log").read_text() for host in ("gpu1", "gpu2")]
+    assert all("Starting session: command" in log and "no more sessions" not in log for log in logs)
+    events = result.events()
+    first = events[events["stage"] == "first_packet"]
+    assert len({(h, p) for h, p in zip(first["host"], first["port"])}) == 16, events
