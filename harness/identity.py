@@ -2,7 +2,8 @@
 SCPI `*IDN?`), per NIC port the firmware (`/sys/class/infiniband/<dev>/fw_ver`), the transceiver's
 vendor, part number and serial (`ethtool -m`) and the link-up settings the NIC exposes (`ethtool`'s
 auto-negotiation, which link training rides on, and the driver's private flags, where a driver puts its own
-link-up behaviour), per host the GPU model and serial (`nvidia-smi`).
+link-up behaviour), per host the GPU model and serial (`nvidia-smi`) and the Python its agent ran under (checked
+at install, `agent_python`).
 
 Read once, at the end of a run, over the connections the run already has (no new ones), every device at once
 (harness.fanout); every probe is bounded and a device that cannot tell is recorded as such (`null` with the
@@ -43,10 +44,11 @@ def _module_fields(text: str) -> dict[str, str]:
 def host_identity(session, ports, within_s: float = 10.0) -> dict[str, Any]:
     """NIC firmware and transceivers of the host's NIC ports, and its GPUs; a host gone from the wire (e.g. the
     one that broke the run) is recorded as such after its first probe, not waited on once per question."""
+    agent = {"agent_python": session.agent.python_version}
     try:
-        return _host_identity(session, ports, within_s)
+        return {**_host_identity(session, ports, within_s), **agent}
     except _Unreachable as exc:
-        return {"nics": None, "gpus": None, "error": str(exc)}
+        return {"nics": None, "gpus": None, **agent, "error": str(exc)}
 
 
 def _host_identity(session, ports, within_s: float) -> dict[str, Any]:

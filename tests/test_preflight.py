@@ -104,11 +104,12 @@ def test_device_identity_asks_every_host_at_once_and_keeps_each_hosts_answer():
     hosts = _rendezvous_hosts(names)
     gone = hosts["h3"].run
     hosts["h3"].run = lambda command, **kw: (gone(command, **kw), (_ for _ in ()).throw(DeviceTimeout("h3 gone")))[1]
-    sessions = {n: type("Session", (), {"transport": hosts[n]})() for n in names}
+    agent = type("Agent", (), {"python_version": "3.12.3"})()  # what install found
+    sessions = {n: type("Session", (), {"transport": hosts[n], "agent": agent})() for n in names}
     found = device_identity({}, sessions, [])
     assert list(found["hosts"]) == names  # the order asked
-    assert found["hosts"]["h3"] == {"nics": None, "gpus": None, "error": "h3 gone"}
-    assert all(found["hosts"][n] == {"nics": {}, "gpus": None} for n in ("h1", "h2", "h4"))
+    assert found["hosts"]["h3"] == {"nics": None, "gpus": None, "agent_python": "3.12.3", "error": "h3 gone"}
+    assert all(found["hosts"][n] == {"nics": {}, "gpus": None, "agent_python": "3.12.3"} for n in ("h1", "h2", "h4"))
 
 
 def test_topo_parser_reads_the_real_capture():

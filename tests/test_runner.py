@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from analysis.accuracy import match
-from devices.emulated.formats import MLX5_PRIV_FLAGS
+from devices.emulated.formats import CURRENT_TOOLS, MLX5_PRIV_FLAGS
 from harness.cli import main
 from harness.events import EVENT_COLUMNS, GROUND_TRUTH_COLUMNS, STAGES_UP
 
@@ -129,6 +129,7 @@ def test_turnaround_run_record_matches_ground_truth(tmp_path, fast_profile, run_
     assert port["transceiver"]["part"] and port["transceiver"]["serial"] and port["transceiver"]["vendor"]
     assert port["link"] == {"autoneg": True, "priv_flags": dict(MLX5_PRIV_FLAGS)}  # link-up settings, as exposed
     assert all(g["name"] and g["uuid"].startswith("GPU-") for g in devices["hosts"]["gpu1"]["gpus"])
+    assert devices["hosts"]["gpu1"]["agent_python"] == CURRENT_TOOLS.python  # the emulated host's python3
     acc = {r["stage"]: r for r in summary["summary"]["accuracy"]}
     # Recorded times agree with the emulator's truth far inside one profile delay (0.5-6 ms),
     # and the stated uncertainty covers the truth.

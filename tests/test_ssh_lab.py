@@ -296,7 +296,8 @@ def test_installs_at_once_into_one_home_always_leave_a_whole_agent(sshd, tmp_pat
         th.start()
     for th in threads:
         th.join(120)
-    here = subprocess.run(["python3", "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
+    with SshTransport(root, retries=0) as t:  # the python3 the sshd's sessions find
+        here = t.run("python3 --version", check=True).stdout.split()[1]
     assert versions == [here] * 48
 
 

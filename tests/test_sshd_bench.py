@@ -14,6 +14,8 @@ after a return of light no poll saw (the harness inferred it between polls; the 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 
 import pandas as pd
 import pytest
@@ -21,7 +23,7 @@ import yaml
 
 from analysis.accuracy import match
 from devices.emulated.netns import netns_available
-from devices.emulated.sshd_hosts import sshd_missing
+from devices.emulated.sshd_hosts import STANDARD_PATH, sshd_missing
 
 pytestmark = pytest.mark.netns
 _UNAVAILABLE = netns_available() or sshd_missing()
@@ -62,6 +64,10 @@ def test_turnaround_on_real_sshd_hosts_matches_ground_truth(tmp_path, run_playbo
     # the NIC's link-up settings through the tool program, as the paramiko host gives them
     nic = result.manifest()["extra"]["devices"]["hosts"]["gpu1"]["nics"]["ens1f0np0"]
     assert nic["link"]["autoneg"] is True and nic["link"]["priv_flags"]["rx_striding_rq"] is True, nic
+    # the agent ran under the python3 the hosts' sshd sessions find (their PATH: the tool program's, then the standard)
+    python3 = shutil.which("python3", path=STANDARD_PATH)
+    here = subprocess.run([python3, "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
+    assert result.manifest()["extra"]["devices"]["hosts"]["gpu1"]["agent_python"] == here
     cycles = pd.read_parquet(run / "cycles.parquet")
     events, truth = result.events(), result.ground_truth()
     summary = result.summary()["summary"]

@@ -60,7 +60,7 @@ HARDWARE_TOOLS = ("ethtool", "rdma", "mlxlink", "nvidia-smi", "ibstat", "ibstatu
 IB_PORT_FILES = ("state", "phys_state", "rate", "link_layer")
 # Stages a host reads from a file or the kernel here, and the (watch field, value) whose realised change marks them
 REALISED_STAGES = {"phy_up": ("carrier", "1"), "port_down": ("carrier", "0"), "port_active": ("state", "ACTIVE")}
-_STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class SshdHostError(RuntimeError):
@@ -381,7 +381,7 @@ class SshdHosts:
                 "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PubkeyAuthentication yes",
                 f"AllowUsers {self.user}", "PermitRootLogin prohibit-password", "UsePAM no", "StrictModes no",
                 "PrintMotd no", "PrintLastLog no", "PidFile none", "LogLevel VERBOSE",
-                f"SetEnv PATH={h / 'bin'}:{_STANDARD_PATH}", ""]))
+                f"SetEnv PATH={h / 'bin'}:{STANDARD_PATH}", ""]))
             _run([SSHD, "-t", "-f", str(h / "sshd_config")])
             self.tools[host] = ToolServer(self.bench, host, h / "tools.sock")
         self.sysfs = IbSysfs(self.bench, {host: self.host_dir(host) / "infiniband" for host in self.bench.hosts},
