@@ -22,6 +22,7 @@ import yaml
 from devices.resources import HostResource, JumpHost
 from devices.errors import DeviceError, TransportClosed
 from devices.ssh import AuthenticationFailed, HostKeyError, SshTransport, learned_known_hosts
+from devices.timing import Deadline
 from harness.config import load_inventory
 from harness.errors import InputError
 
@@ -200,6 +201,24 @@ def test_key_re_exchanges_asked_by_both_ends_while_commands_run_against_real_ssh
         daemon.stop()
     log = daemon.log.read_text(errors="replace")
     assert log.count("SSH2_MSG_KEXINIT sent") >= 10, log[-3000:]
+
+
+@pytest.mark.parametrize("host", ["real sshd", "emulated host"])
+def test_cat_copies_stdin_as_it_comes(host, request, tmp_path):
+    """`cat` reading a session's stdin writes each piece before the next comes, on the real host and the emulated
+    one alike (the emulated one held it all until stdin ended)."""
+    if host == "real sshd":
+        daemon = request.getfixturevalue("sshd")
+        resource = HostResource("real", "127.0.0.1", daemon.port, "root", str(daemon.client_key),
+                                str(daemon.known_hosts(tmp_path / "kh")))
+    else:
+        resource = request.getfixturevalue("server").resource()
+    with SshTransport(resource, retries=0) as t:
+        stream = t.stream("cat")
+        for i in range(3):
+            stream.write(f"piece {i}\n")
+            assert stream.readline(Deadline(20))[1] == f"piece {i}"
+        stream.close()
 
 
 @pytest.mark.parametrize("host", ["real sshd", "emulated host"])

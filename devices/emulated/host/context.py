@@ -83,6 +83,17 @@ class ExecContext:
             chunks.append(data)
         return b"".join(chunks)
 
+    def stdin_chunks(self) -> Iterator[bytes]:
+        """Stdin as it arrives, up to EOF (or the client closing): what a filter copying it at once reads."""
+        if self._stdin_buffer:
+            data, self._stdin_buffer = self._stdin_buffer, b""
+            yield data
+        while not self._stdin_fixed:
+            data = self.channel.recv(65536)
+            if not data:
+                return
+            yield data
+
     def stdin_lines(self) -> Iterator[bytes]:
         """Stdin line by line (without newline) until EOF."""
         while True:

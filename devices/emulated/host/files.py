@@ -83,8 +83,9 @@ def read_file(ctx: ExecContext, path: str) -> str | bytes | None:
 
 def _cat(ctx: ExecContext, argv: list[str]) -> int:
     paths = [a for a in argv[1:] if a != "-"]
-    if not paths:
-        ctx.out(ctx.read_stdin())
+    if not paths:  # stdin, copied as it comes (a real cat writes each read before the next)
+        for data in ctx.stdin_chunks():
+            ctx.out(data)
         return 0
     status = 0
     for word in paths:
