@@ -203,16 +203,20 @@ def test_key_re_exchanges_asked_by_both_ends_while_commands_run_against_real_ssh
     assert log.count("SSH2_MSG_KEXINIT sent") >= 10, log[-3000:]
 
 
+def _real_or_emulated(host: str, request, tmp_path: Path) -> HostResource:
+    """Root on the module's real sshd, or the emulated host: one test holds both to the same behaviour."""
+    if host == "real sshd":
+        daemon = request.getfixturevalue("sshd")
+        return HostResource("real", "127.0.0.1", daemon.port, "root", str(daemon.client_key),
+                            str(daemon.known_hosts(tmp_path / "kh")))
+    return request.getfixturevalue("server").resource()
+
+
 @pytest.mark.parametrize("host", ["real sshd", "emulated host"])
 def test_cat_copies_stdin_as_it_comes(host, request, tmp_path):
     """`cat` reading a session's stdin writes each piece before the next comes, on the real host and the emulated
     one alike (the emulated one held it all until stdin ended)."""
-    if host == "real sshd":
-        daemon = request.getfixturevalue("sshd")
-        resource = HostResource("real", "127.0.0.1", daemon.port, "root", str(daemon.client_key),
-                                str(daemon.known_hosts(tmp_path / "kh")))
-    else:
-        resource = request.getfixturevalue("server").resource()
+    resource = _real_or_emulated(host, request, tmp_path)
     with SshTransport(resource, retries=0) as t:
         stream = t.stream("cat")
         for i in range(3):
@@ -227,12 +231,7 @@ def test_an_eleventh_session_at_once_goes_on_another_connection(host, request, t
     (channel open failure 2; "no more sessions" in sshd's log). The emulated host refuses it as the real sshd does,
     so the emulated bench holds the harness to it; the harness opens the session on a second connection to the
     host, and the next refused one there too, not on a third."""
-    if host == "real sshd":
-        daemon = request.getfixturevalue("sshd")
-        resource = HostResource("real", "127.0.0.1", daemon.port, "root", str(daemon.client_key),
-                                str(daemon.known_hosts(tmp_path / "kh")))
-    else:
-        resource = request.getfixturevalue("server").resource()
+    resource = _real_or_emulated(host, request, tmp_path)
     with SshTransport(resource, retries=0) as t:
         streams = [t.stream("cat") for _ in range(10)]  # each ends as its channel closes (its stdin ends)
         assert t.overflow_connects == 0
@@ -243,7 +242,7 @@ def test_an_eleventh_session_at_once_goes_on_another_connection(host, request, t
         for stream in streams:
             stream.close()
     if host == "real sshd":
-        assert "no more sessions" in daemon.log.read_text(errors="replace")
+        assert "no more sessions" in request.getfixturevalue("sshd").log.read_text(errors="replace")
 
 
 @needs_sshd
