@@ -409,9 +409,11 @@ def run_python(ctx: ExecContext, argv: list[str]) -> int:
     if not present:
         ctx.err(f"{argv[0]}: can't open file '{args[0]}': [Errno 2] No such file or directory\n")
         return 2
-    python = ctx.server.tools.python
     if not ctx.server.tools.at_least("python", "%d.%d" % MIN_PYTHON):  # the agent's own first check, its words
-        ctx.err(f"hilagent: needs Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer; /usr/bin/python3 is {python}\n")
+        # the interpreter's own path (sys.executable): as run, or where the host keeps python3
+        executable = argv[0] if argv[0].startswith("/") else ctx.server.tool_paths["python3"][0]
+        ctx.err(f"hilagent: needs Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer; {executable} is "
+                f"{ctx.server.tools.python}\n")
         return 3
     if len(args) < 2 or args[1] not in ctx.server.agent_commands:
         ctx.err(f"usage: {posixpath.basename(path)} {{{','.join(ctx.server.agent_commands)}}} ...\n")
